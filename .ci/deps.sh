@@ -1,0 +1,20 @@
+#!/bin/sh
+# Installs every build and test dependency from Debian packages, only when missing.
+# Quick and silent when everything is present.
+set -eu
+PKGS="cmake make gcc pkg-config libzmq3-dev libprotobuf-c-dev protobuf-c-compiler libcriterion-dev
+libsystemd-dev libmicrohttpd-dev libhiredis-dev redis-server gnuplot-nox valgrind systemd dpkg-dev"
+missing=""
+for p in $PKGS; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing="$missing $p"
+  fi
+done
+[ -z "$missing" ] && exit 0
+echo "make deps: installing$missing"
+SUDO=""
+[ "$(id -u)" -ne 0 ] && SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+# shellcheck disable=SC2086
+$SUDO apt-get install -y -qq --no-install-recommends $missing >/dev/null

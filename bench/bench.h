@@ -1,0 +1,11 @@
+/* bench.h - commitkv-bench subcommands.  Each bench_<name>.c implements one
+ * entry point; main.c dispatches on argv[1].  Every subcommand prints a table
+ * for people and, with --json, exactly one JSON object on stdout. */
+#ifndef CKV_BENCH_H
+#define CKV_BENCH_H
+
+/* argv[0] is the subcommand name; returns a process exit code. */
+int ckv_bench_kernels(int argc, char **argv);
+int ckv_bench_control(int argc, char **argv);
+
+#endif

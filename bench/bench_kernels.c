@@ -1,0 +1,356 @@
+/* bench_kernels.c - `commitkv-bench kernels [--json] [--quick] [--mib N]`:
+ * throughput of each kernel operation (GB/s of bytes read + written, on
+ * buffers larger than the last-level cache) next to memcpy measured in the
+ * same run on the same sizes, and fused decode attention for one layer at
+ * realistic geometry (8 KV heads, 32 query heads, head_dim 128) over 4K, 32K
+ * and 128K tokens stored all-draft (fp16), all-staged (int8), all-committed
+ * (int4, int2) and a realistic mix.  One thread, the auto-detected CPU path.
+ * Reports figures only; it never judges them. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bench/bench.h"
+#include "kernels/kernels.h"
+#include "kernels/quant.h"
+
+typedef struct op_result {
+  const char *name;
+  double gbps;
+} op_result;
+
+typedef struct attn_result {
+  uint32_t tokens;
+  const char *format;
+  double us, gbps, bits;
+} attn_result;
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Blocks of one format, all allocated in one arena-like buffer. */
+typedef struct blockset {
+  uint8_t *mem;
+  void **blk;
+  size_t n, bytes_each;
+} blockset;
+
+static int blockset_new(blockset *s, uint32_t fmt, const ckv_geometry *g, uint32_t cap, uint32_t kept, size_t n) {
+  s->bytes_each = ckv_format_block_bytes(fmt, g, cap, kept);
+  s->n = n;
+  s->mem = aligned_alloc(64, s->bytes_each * n);
+  s->blk = calloc(n, sizeof(void *));
+  if (!s->mem || !s->blk) return -1;
+  for (size_t i = 0; i < n; i++) {
+    s->blk[i] = s->mem + i * s->bytes_each;
+    memset(s->blk[i], 0, s->bytes_each); /* touch every page before timing */
+    ckv_block_init(s->blk[i], fmt, g, cap, kept, 1);
+  }
+  return 0;
+}
+static void blockset_reinit(blockset *s, uint32_t fmt, const ckv_geometry *g, uint32_t cap, uint32_t kept) {
+  for (size_t i = 0; i < s->n; i++) ckv_block_init(s->blk[i], fmt, g, cap, kept, 1);
+}
+static void blockset_free(blockset *s) {
+  free(s->mem);
+  free(s->blk);
+  memset(s, 0, sizeof *s);
+}
+
+/* Draft blocks full of pseudo-random FP16 (a random table tiled with a moving offset). */
+static int drafts_new(blockset *s, const ckv_geometry *g, size_t tokens, uint64_t seed) {
+  if (blockset_new(s, CKV_FORMAT_DRAFT, g, 16, 0, tokens / 16)) return -1;
+  enum { TAB = 1 << 15 };
+  static uint16_t tab[TAB + 4096];
+  uint64_t x = seed | 1;
+  for (size_t i = 0; i < TAB + 4096; i++) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    float f = ((float)((x >> 40) & 0xffff) / 32768.0f - 1.0f) * ((x & 63) == 0 ? 20.0f : 2.0f);
+    tab[i] = ckv_f32_to_f16(f);
+  }
+  size_t te = ckv_draft_token_elems(g), off = 0;
+  for (size_t b = 0; b < s->n; b++) {
+    for (uint32_t l = 0; l < g->n_layers; l++)
+      for (uint32_t kv = 0; kv < 2; kv++)
+        for (uint32_t t = 0; t < 16; t++) {
+          uint16_t *d = (uint16_t *)((uint8_t *)s->blk[b] + ckv_draft_kv_offset(g, 16, l, kv, t));
+          for (size_t e = 0; e < te; e += 4096) {
+            size_t n = te - e < 4096 ? te - e : 4096;
+            memcpy(d + e, tab + off, n * 2);
+            off = (off + 997) % TAB;
+          }
+        }
+    for (uint32_t t = 0; t < 16; t++) {
+      ckv_block_positions(s->blk[b])[t] = (uint32_t)(b * 16 + t);
+      ckv_block_set_valid(s->blk[b], t, true);
+    }
+  }
+  return 0;
+}
+
+/* Moves of every draft token, in order, into dst blocks of capacity dcap. */
+static ckv_move *moves_new(const blockset *src, const blockset *dst, uint32_t dcap, size_t tokens) {
+  ckv_move *m = malloc(tokens * sizeof *m);
+  if (!m) return NULL;
+  for (size_t i = 0; i < tokens; i++)
+    m[i] = (ckv_move){.src = src->blk[i / 16], .src_slot = (uint32_t)(i % 16), .dst = dst->blk[i / dcap], .dst_slot = (uint32_t)(i % dcap)};
+  return m;
+}
+
+static double best_of(int reps, double (*fn)(void *), void *ctx) {
+  double best = 1e30;
+  for (int r = 0; r < reps; r++) {
+    double t = fn(ctx);
+    if (t < best) best = t;
+  }
+  return best;
+}
+
+typedef struct op_ctx {
+  const ckv_geometry *g;
+  blockset *src, *dst;
+  ckv_move *moves;
+  size_t tokens;
+  uint32_t fmt, cap, kept;
+  float *ring;
+  size_t ring_floats;
+  uint8_t *a, *b;
+  size_t bytes;
+} op_ctx;
+
+static double run_memcpy(void *p) {
+  op_ctx *c = p;
+  double t = now_s();
+  memcpy(c->b, c->a, c->bytes);
+  return now_s() - t;
+}
+static double run_move(void *p) {
+  op_ctx *c = p;
+  blockset_reinit(c->dst, c->fmt, c->g, c->cap, c->kept);
+  double t = now_s();
+  ckv_kernels_move(c->g, c->moves, c->tokens, 0);
+  return now_s() - t;
+}
+static double run_prune(void *p) {
+  op_ctx *c = p;
+  blockset_reinit(c->dst, c->fmt, c->g, c->cap, c->kept);
+  double t = now_s();
+  ckv_kernels_prune_keys(c->g, c->moves, c->tokens);
+  return now_s() - t;
+}
+static double run_dequant(void *p) {
+  op_ctx *c = p;
+  size_t te = ckv_draft_token_elems(c->g), pos = 0;
+  double t = now_s();
+  for (size_t b = 0; b < c->dst->n; b++)
+    for (uint32_t s = 0; s < c->cap; s++)
+      for (uint32_t l = 0; l < c->g->n_layers; l++)
+        for (uint32_t kv = 0; kv < 2; kv++) {
+          if (pos + te > c->ring_floats) pos = 0;
+          ckv_kernels_dequantize(c->g, c->dst->blk[b], l, kv, s, c->ring + pos);
+          pos += te;
+        }
+  return now_s() - t;
+}
+
+static size_t llc_bytes(void) {
+#ifdef _SC_LEVEL3_CACHE_SIZE
+  long v = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  if (v > 0) return (size_t)v;
+#endif
+  return 0;
+}
+
+/* ---- attention ---- */
+static const char *const attn_formats[] = {"fp16", "int8", "int4", "int2", "mix"};
+
+/* Builds the blocks of one attention format from the drafts; returns the block list (caller frees sets). */
+static int attn_blocks(const ckv_geometry *g, blockset *drafts, size_t tokens, int f, blockset sets[4],
+                       const void ***ret_list, size_t *ret_n) {
+  /* mix: oldest 1/4 int2, next 3/8 int4, next 1/4 int8, newest 1/8 draft */
+  size_t cut[4];
+  uint32_t fmts[4] = {CKV_FORMAT_COMMIT2, CKV_FORMAT_COMMIT4, CKV_FORMAT_STAGED, CKV_FORMAT_DRAFT};
+  if (f == 0) cut[0] = cut[1] = cut[2] = 0, cut[3] = tokens;
+  else if (f == 1) cut[0] = cut[1] = 0, cut[2] = tokens, cut[3] = 0;
+  else if (f == 2) cut[0] = 0, cut[1] = tokens, cut[2] = cut[3] = 0;
+  else if (f == 3) cut[0] = tokens, cut[1] = cut[2] = cut[3] = 0;
+  else cut[0] = tokens / 4, cut[1] = tokens * 3 / 8, cut[2] = tokens / 4, cut[3] = tokens - cut[0] - cut[1] - cut[2];
+  const void **list = calloc(tokens / 16 + 4, sizeof(void *));
+  size_t n = 0, start = 0;
+  for (int k = 0; k < 4; k++) {
+    memset(&sets[k], 0, sizeof sets[k]);
+    if (!cut[k]) continue;
+    if (fmts[k] == CKV_FORMAT_DRAFT) {
+      for (size_t b = start / 16; b < (start + cut[k]) / 16; b++) list[n++] = drafts->blk[b];
+    } else {
+      if (blockset_new(&sets[k], fmts[k], g, 64, 0, cut[k] / 64)) return -1;
+      ckv_move *m = malloc(cut[k] * sizeof *m);
+      for (size_t i = 0; i < cut[k]; i++)
+        m[i] = (ckv_move){.src = drafts->blk[(start + i) / 16], .src_slot = (uint32_t)((start + i) % 16),
+                          .dst = sets[k].blk[i / 64], .dst_slot = (uint32_t)(i % 64)};
+      ckv_kernels_move(g, m, cut[k], CKV_MOVE_SET_VALID);
+      free(m);
+      for (size_t b = 0; b < sets[k].n; b++) list[n++] = sets[k].blk[b];
+    }
+    start += cut[k];
+  }
+  *ret_list = list;
+  *ret_n = n;
+  return 0;
+}
+
+int ckv_bench_kernels(int argc, char **argv) {
+  int json = 0, quick = 0;
+  size_t mib = 1024;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--json")) json = 1;
+    else if (!strcmp(argv[i], "--quick")) quick = 1;
+    else if (!strcmp(argv[i], "--mib") && i + 1 < argc) mib = strtoul(argv[++i], NULL, 10);
+    else {
+      fprintf(stderr, "usage: commitkv-bench kernels [--json] [--quick] [--mib N]\n");
+      return 2;
+    }
+  }
+  if (quick) mib = 32;
+  if (mib < 8) mib = 8;
+  const ckv_geometry g = {.n_layers = 32, .n_kv_heads = 8, .head_dim = 128, .dtype = CKV_DTYPE_FP16};
+  size_t tok_bytes = ckv_token_elems(&g) * 2, tokens = (mib << 20) / tok_bytes / 64 * 64;
+  if (tokens < 64) tokens = 64;
+  int reps = quick ? 2 : 3;
+  FILE *log = json ? stderr : stdout;
+  fprintf(log, "kernels: path %s, %zu tokens (%.0f MiB fp16), LLC %.0f MiB\n", ckv_kernels_path_name(ckv_kernels_path()),
+          tokens, tokens * tok_bytes / 1048576.0, llc_bytes() / 1048576.0);
+
+  blockset dr = {0}, st = {0}, c4 = {0}, c2 = {0}, pr = {0};
+  if (drafts_new(&dr, &g, tokens, 7) || blockset_new(&st, CKV_FORMAT_STAGED, &g, 64, 0, tokens / 64) ||
+      blockset_new(&c4, CKV_FORMAT_COMMIT4, &g, 64, 0, tokens / 64) ||
+      blockset_new(&c2, CKV_FORMAT_COMMIT2, &g, 64, 0, tokens / 64) ||
+      blockset_new(&pr, CKV_FORMAT_COMMIT4, &g, 64, 64, tokens / 64)) {
+    fprintf(stderr, "kernels: out of memory\n");
+    return 1;
+  }
+  size_t draft_bytes = dr.n * dr.bytes_each, fp32_bytes = tokens * ckv_token_elems(&g) * 4;
+  op_ctx c = {.g = &g, .tokens = tokens, .cap = 64, .src = &dr};
+  c.bytes = draft_bytes;
+  c.a = dr.mem;
+  c.b = aligned_alloc(64, draft_bytes);
+  c.ring_floats = draft_bytes / 4;
+  c.ring = (float *)c.b; /* the memcpy target doubles as the FP32 output ring (as large as the source) */
+  memset(c.b, 1, draft_bytes);
+  double memcpy_gbps = 2.0 * draft_bytes / best_of(reps, run_memcpy, &c) / 1e9;
+
+  op_result ops[6];
+  int nops = 0;
+  struct {
+    const char *name;
+    blockset *dst;
+    uint32_t fmt, kept;
+    int kind; /* 0 move, 1 dequant, 2 prune */
+  } plan[] = {
+      {"quantize_int8", &st, CKV_FORMAT_STAGED, 0, 0}, {"dequantize_int8", &st, CKV_FORMAT_STAGED, 0, 1},
+      {"quantize_int4", &c4, CKV_FORMAT_COMMIT4, 0, 0}, {"dequantize_int4", &c4, CKV_FORMAT_COMMIT4, 0, 1},
+      {"quantize_int2", &c2, CKV_FORMAT_COMMIT2, 0, 0}, {"prune_keys", &pr, CKV_FORMAT_COMMIT4, 64, 2},
+  };
+  for (size_t i = 0; i < 6; i++) {
+    c.dst = plan[i].dst;
+    c.fmt = plan[i].fmt;
+    c.kept = plan[i].kept;
+    free(c.moves);
+    c.moves = moves_new(&dr, c.dst, 64, tokens);
+    size_t dst_bytes = c.dst->n * c.dst->bytes_each, bytes;
+    double t;
+    if (plan[i].kind == 0) {
+      t = best_of(reps, run_move, &c);
+      bytes = draft_bytes + dst_bytes;
+    } else if (plan[i].kind == 1) {
+      /* the blocks hold the previous quantize's output */
+      ckv_kernels_move(&g, c.moves, tokens, CKV_MOVE_SET_VALID);
+      t = best_of(reps, run_dequant, &c);
+      bytes = dst_bytes + fp32_bytes;
+    } else {
+      t = best_of(reps, run_prune, &c);
+      bytes = draft_bytes / 2; /* reads every key once; the masks are a few bytes */
+    }
+    ops[nops++] = (op_result){plan[i].name, bytes / t / 1e9};
+  }
+  free(c.moves);
+  blockset_free(&st), blockset_free(&c4), blockset_free(&c2), blockset_free(&pr), blockset_free(&dr);
+  free(c.b);
+
+  /* attention: one layer */
+  const ckv_geometry ga = {.n_layers = 1, .n_kv_heads = 8, .head_dim = 128, .dtype = CKV_DTYPE_FP16};
+  const uint32_t QH = 32;
+  size_t sizes_full[] = {4096, 32768, 131072}, sizes_quick[] = {1024, 4096};
+  size_t *sizes = quick ? sizes_quick : sizes_full, nsizes = quick ? 2 : 3;
+  attn_result ar[15];
+  int nar = 0;
+  float q[32 * 128], out[32 * 128];
+  for (size_t i = 0; i < 32 * 128; i++) q[i] = (float)((i * 2654435761u) % 1000) / 500.0f - 1.0f;
+  for (size_t si = 0; si < nsizes; si++) {
+    blockset drafts = {0};
+    if (drafts_new(&drafts, &ga, sizes[si], 11 + si)) return 1;
+    for (int f = 0; f < 5; f++) {
+      blockset sets[4];
+      const void **list;
+      size_t nb;
+      if (attn_blocks(&ga, &drafts, sizes[si], f, sets, &list, &nb)) return 1;
+      size_t bytes = 0;
+      for (size_t b = 0; b < nb; b++) {
+        const ckv_block_header *h = list[b];
+        bytes += ckv_format_block_bytes(h->format, &ga, h->capacity, h->kept_channels);
+      }
+      ckv_attn_args a = {.geom = &ga, .n_rows = 1, .n_q_heads = QH, .q = q, .blocks = list, .n_blocks = (uint32_t)nb, .out = out};
+      float *mass = malloc(ckv_attention_mass_len(list, (uint32_t)nb) * sizeof(float));
+      a.mass = mass;
+      a.workspace_bytes = ckv_attention_workspace_bytes(&a);
+      a.workspace = malloc(a.workspace_bytes);
+      double best = 1e30, spent = 0;
+      int iters = 0, min_iters = quick ? 2 : 3;
+      while (iters < min_iters || (spent < (quick ? 0.05 : 0.5) && iters < 50)) {
+        double t = now_s();
+        ckv_kernels_attention(&a);
+        t = now_s() - t;
+        spent += t;
+        iters++;
+        if (t < best) best = t;
+      }
+      ar[nar++] = (attn_result){(uint32_t)sizes[si], attn_formats[f], best * 1e6, bytes / best / 1e9,
+                                bytes * 8.0 / ((double)sizes[si] * 2 * ckv_draft_token_elems(&ga))};
+      free(a.workspace);
+      free(mass);
+      free(list);
+      for (int k = 0; k < 4; k++) blockset_free(&sets[k]);
+    }
+    blockset_free(&drafts);
+  }
+
+  if (json) {
+    printf("{\"path\": \"%s\", \"tokens_ops\": %zu, \"llc_bytes\": %zu, \"memcpy_gbps\": %.3f, \"ops\": [",
+           ckv_kernels_path_name(ckv_kernels_path()), tokens, llc_bytes(), memcpy_gbps);
+    for (int i = 0; i < nops; i++)
+      printf("%s{\"name\": \"%s\", \"gbps\": %.3f, \"ratio_to_memcpy\": %.3f}", i ? ", " : "", ops[i].name, ops[i].gbps,
+             ops[i].gbps / memcpy_gbps);
+    printf("], \"attention\": [");
+    for (int i = 0; i < nar; i++) {
+      double fp16 = ar[i - i % 5].us;
+      printf("%s{\"tokens\": %u, \"format\": \"%s\", \"us_per_query\": %.1f, \"speedup_vs_fp16\": %.3f, \"gbps\": %.3f, "
+             "\"bits_per_element\": %.3f}",
+             i ? ", " : "", ar[i].tokens, ar[i].format, ar[i].us, fp16 / ar[i].us, ar[i].gbps, ar[i].bits);
+    }
+    printf("]}\n");
+  } else {
+    printf("\nmemcpy: %.2f GB/s (read + written)\n\n%-18s %10s %10s\n", memcpy_gbps, "op", "GB/s", "x memcpy");
+    for (int i = 0; i < nops; i++) printf("%-18s %10.2f %10.2f\n", ops[i].name, ops[i].gbps, ops[i].gbps / memcpy_gbps);
+    printf("\nattention, one layer, 8 KV heads x 128, 32 query heads, 1 query row\n%-8s %-6s %12s %10s %8s %6s\n",
+           "tokens", "format", "us/query", "vs fp16", "GB/s", "bits");
+    for (int i = 0; i < nar; i++)
+      printf("%-8u %-6s %12.1f %10.2f %8.2f %6.2f\n", ar[i].tokens, ar[i].format, ar[i].us, ar[i - i % 5].us / ar[i].us,
+             ar[i].gbps, ar[i].bits);
+  }
+  return 0;
+}

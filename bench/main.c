@@ -1,0 +1,36 @@
+/* main.c - commitkv-bench: dispatches to one benchmark per subcommand. */
+#include <stdio.h>
+#include <string.h>
+
+#include "bench/bench.h"
+
+typedef struct bench_cmd {
+  const char *name;
+  int (*run)(int argc, char **argv);
+  const char *help;
+} bench_cmd;
+
+/* Weak so the binary links while a subcommand is still being written. */
+__attribute__((weak)) int ckv_bench_kernels(int argc, char **argv);
+__attribute__((weak)) int ckv_bench_control(int argc, char **argv);
+
+int main(int argc, char **argv) {
+  const bench_cmd cmds[] = {
+      {"kernels", ckv_bench_kernels, "kernel throughput vs memcpy, fused attention per format [--json]"},
+      {"control", ckv_bench_control, "control-plane requests/s and latency vs a ZeroMQ echo [--workers N] [--json]"},
+  };
+  const size_t n = sizeof(cmds) / sizeof(cmds[0]);
+  if (argc >= 2) {
+    for (size_t i = 0; i < n; i++)
+      if (strcmp(argv[1], cmds[i].name) == 0) {
+        if (!cmds[i].run) {
+          fprintf(stderr, "commitkv-bench: '%s' is not built in this binary\n", argv[1]);
+          return 2;
+        }
+        return cmds[i].run(argc - 1, argv + 1);
+      }
+  }
+  fprintf(stderr, "usage: commitkv-bench COMMAND [options]\n\ncommands:\n");
+  for (size_t i = 0; i < n; i++) fprintf(stderr, "  %-10s %s\n", cmds[i].name, cmds[i].help);
+  return argc >= 2 && strcmp(argv[1], "--help") != 0 ? 2 : 0;
+}

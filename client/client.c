@@ -1,0 +1,340 @@
+/* client.c - attach, connect, request/reply, heartbeat (see commitkv.h).
+ *
+ * Attach: a unix stream socket to the daemon's attach socket; the kernel
+ * proves our uid; the reply brings the tenant's arena fds (SCM_RIGHTS) and a
+ * random key that becomes our ZeroMQ routing id.  We keep that socket open:
+ * when this process dies the daemon sees EOF and reclaims our lease at once.
+ *
+ * Requests: one DEALER, one request in flight, replies matched by
+ * request_id (a late reply to a timed-out request is discarded).  The boot
+ * token in every reply detects a daemon restart. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "client/rpc.h"
+#include "shm/arena.h"
+#include "shm/fdpass.h"
+
+#define DEFAULT_TIMEOUT_MS 5000
+#define ATTACH_MAX_FRAME 4096
+
+static void default_socket(char *buf, size_t len) {
+  const char *env = getenv("CKV_SOCKET");
+  const char *rt = getenv("RUNTIME_DIRECTORY");
+  if (env && *env)
+    snprintf(buf, len, "%s", env);
+  else if (rt && *rt)
+    snprintf(buf, len, "ipc://%s/commitkvd.sock", rt);
+  else
+    snprintf(buf, len, "ipc:///run/commitkv/commitkvd.sock");
+}
+
+/* commitkvd.attach beside an ipc:// socket; the standard path otherwise. */
+static void default_attach(const char *socket, char *buf, size_t len) {
+  const char *env = getenv("CKV_ATTACH_SOCKET");
+  if (env && *env) {
+    snprintf(buf, len, "%s", env);
+    return;
+  }
+  if (strncmp(socket, "ipc://", 6) == 0) {
+    const char *path = socket + 6, *slash = strrchr(path, '/');
+    if (slash) {
+      snprintf(buf, len, "%.*s/commitkvd.attach", (int)(slash - path), path);
+      return;
+    }
+  }
+  snprintf(buf, len, "/run/commitkv/commitkvd.attach");
+}
+
+static int attach(ckv_client *c, const char *path, const char *name, bool want_arenas) {
+  int r = ckv_unix_connect(path, &c->attach_fd);
+  if (r < 0) {
+    snprintf(c->last_error, sizeof(c->last_error), "cannot connect to %.300s: %s", path, ckv_strerror(r));
+    return r;
+  }
+  struct timeval tv = {.tv_sec = c->timeout_ms / 1000, .tv_usec = (c->timeout_ms % 1000) * 1000};
+  setsockopt(c->attach_fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(c->attach_fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  Commitkv__V1__AttachRequest req = COMMITKV__V1__ATTACH_REQUEST__INIT;
+  req.version = CKV_CLIENT_VERSION;
+  req.client_name = (char *)name;
+  req.want_arenas = want_arenas;
+  uint8_t buf[ATTACH_MAX_FRAME];
+  size_t len = commitkv__v1__attach_request__get_packed_size(&req);
+  commitkv__v1__attach_request__pack(&req, buf);
+  r = ckv_frame_send(c->attach_fd, buf, len, NULL, 0);
+  if (r < 0) return r;
+  int fds[CKV_ARENA_MAX_FDS];
+  size_t n_fds = 0;
+  r = ckv_frame_recv(c->attach_fd, buf, sizeof(buf), &len, fds, CKV_ARENA_MAX_FDS, &n_fds);
+  if (r < 0) {
+    snprintf(c->last_error, sizeof(c->last_error), "attach: no reply from %.300s: %s", path, ckv_strerror(r));
+    return r == -EAGAIN || r == -EWOULDBLOCK ? CKV_ERR_TIMEOUT : r;
+  }
+  Commitkv__V1__AttachReply *rep = commitkv__v1__attach_reply__unpack(NULL, len, buf);
+  if (!rep) {
+    r = CKV_ERR_PROTO;
+    goto out;
+  }
+  if (rep->code != 0) {
+    r = rep->code;
+    snprintf(c->last_error, sizeof(c->last_error), "%s", rep->message ? rep->message : "");
+    goto out;
+  }
+  if (rep->attach_key.len != sizeof(c->key) || rep->boot_token.len != sizeof(c->boot_token)) {
+    r = CKV_ERR_PROTO;
+    goto out;
+  }
+  memcpy(c->key, rep->attach_key.data, sizeof(c->key));
+  memcpy(c->boot_token, rep->boot_token.data, sizeof(c->boot_token));
+  snprintf(c->tenant, sizeof(c->tenant), "%s", rep->tenant ? rep->tenant : "");
+  c->admin = rep->admin;
+  for (size_t i = 0; i < rep->n_arenas && i < 1; i++) {
+    const Commitkv__V1__ArenaInfo *a = rep->arenas[i];
+    ckv_arena_desc d;
+    memset(&d, 0, sizeof(d));
+    snprintf(d.kind, sizeof(d.kind), "%s", a->kind ? a->kind : "");
+    d.bytes = a->bytes;
+    d.generation = a->generation;
+    if (strcmp(d.kind, "host") == 0) {
+      if (a->fd_index >= n_fds) {
+        r = CKV_ERR_PROTO;
+        goto out;
+      }
+      d.fds[0] = fds[a->fd_index];
+      d.n_fds = 1;
+    }
+    if (a->handle.len > sizeof(d.handle)) {
+      r = CKV_ERR_PROTO;
+      goto out;
+    }
+    memcpy(d.handle, a->handle.data, a->handle.len);
+    d.handle_len = (uint32_t)a->handle.len;
+    r = ckv_arena_import(&d, &c->arena);
+    if (r < 0) {
+      snprintf(c->last_error, sizeof(c->last_error), "cannot map arena %u: %s", a->arena_id, ckv_strerror(r));
+      goto out;
+    }
+    c->arena_id = a->arena_id;
+  }
+  r = CKV_OK;
+out:
+  for (size_t i = 0; i < n_fds; i++) close(fds[i]); /* a host mapping survives its fd */
+  if (rep) commitkv__v1__attach_reply__free_unpacked(rep, NULL);
+  return r;
+}
+
+static void *heartbeat_main(void *arg) {
+  ckv_client *c = arg;
+  pthread_mutex_lock(&c->hb_lock);
+  while (!c->hb_stop) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)c->heartbeat_ms * 1000000u;
+    ts.tv_sec += (time_t)(ns / 1000000000u);
+    ts.tv_nsec = (long)(ns % 1000000000u);
+    pthread_cond_timedwait(&c->hb_cond, &c->hb_lock, &ts);
+    if (c->hb_stop) break;
+    pthread_mutex_unlock(&c->hb_lock);
+    (void)ckv_client_heartbeat(c);
+    pthread_mutex_lock(&c->hb_lock);
+  }
+  pthread_mutex_unlock(&c->hb_lock);
+  return NULL;
+}
+
+int ckv_client_connect(const ckv_client_options *opt, ckv_client **ret) {
+  ckv_client_options o = opt ? *opt : (ckv_client_options){0};
+  if (!ret) return CKV_ERR_INVALID;
+  ckv_client *c = calloc(1, sizeof(*c));
+  if (!c) return -ENOMEM;
+  pthread_mutex_init(&c->lock, NULL);
+  pthread_mutex_init(&c->hb_lock, NULL);
+  pthread_cond_init(&c->hb_cond, NULL);
+  c->attach_fd = -1;
+  c->timeout_ms = o.timeout_ms > 0 ? o.timeout_ms : DEFAULT_TIMEOUT_MS;
+  char sock[512], att[512];
+  if (o.socket)
+    snprintf(sock, sizeof(sock), "%s", o.socket);
+  else
+    default_socket(sock, sizeof(sock));
+  if (o.attach_socket)
+    snprintf(att, sizeof(att), "%s", o.attach_socket);
+  else
+    default_attach(sock, att, sizeof(att));
+  const char *name = o.name ? o.name : "libcommitkv";
+  int r = attach(c, att, name, !o.no_arenas);
+  if (r < 0) goto fail;
+
+  c->zctx = zmq_ctx_new();
+  if (!c->zctx) {
+    r = -ENOMEM;
+    goto fail;
+  }
+  c->dealer = zmq_socket(c->zctx, ZMQ_DEALER);
+  if (!c->dealer) {
+    r = -ENOMEM;
+    goto fail;
+  }
+  int zero = 0;
+  zmq_setsockopt(c->dealer, ZMQ_LINGER, &zero, sizeof(zero));
+  zmq_setsockopt(c->dealer, ZMQ_ROUTING_ID, c->key, sizeof(c->key));
+  if (zmq_connect(c->dealer, sock) != 0) {
+    r = -zmq_errno();
+    snprintf(c->last_error, sizeof(c->last_error), "cannot connect %.300s: %s", sock, zmq_strerror(zmq_errno()));
+    goto fail;
+  }
+  Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
+  Commitkv__V1__Hello hello = COMMITKV__V1__HELLO__INIT;
+  hello.max_version = CKV_CLIENT_VERSION;
+  hello.min_version = CKV_CLIENT_VERSION;
+  hello.client_name = (char *)name;
+  req.body_case = COMMITKV__V1__REQUEST__BODY_HELLO;
+  req.hello = &hello;
+  Commitkv__V1__Response *rep;
+  r = ckv_rpc(c, &req, &rep);
+  if (r < 0) goto fail;
+  if (rep->body_case != COMMITKV__V1__RESPONSE__BODY_WELCOME) {
+    ckv_rpc_free(rep);
+    r = CKV_ERR_PROTO;
+    goto fail;
+  }
+  c->lease_ms = rep->welcome->lease_ms;
+  c->heartbeat_ms = rep->welcome->heartbeat_ms ? rep->welcome->heartbeat_ms : 1000;
+  ckv_rpc_free(rep);
+  if (o.heartbeat) {
+    if (pthread_create(&c->hb_thread, NULL, heartbeat_main, c) == 0) c->hb_running = true;
+  }
+  *ret = c;
+  return CKV_OK;
+fail:
+  ckv_client_free(c);
+  return r;
+}
+
+ckv_client *ckv_client_free(ckv_client *c) {
+  if (!c) return NULL;
+  if (c->hb_running) {
+    pthread_mutex_lock(&c->hb_lock);
+    c->hb_stop = true;
+    pthread_cond_signal(&c->hb_cond);
+    pthread_mutex_unlock(&c->hb_lock);
+    pthread_join(c->hb_thread, NULL);
+  }
+  if (c->dealer) zmq_close(c->dealer);
+  if (c->zctx) zmq_ctx_term(c->zctx);
+  if (c->attach_fd >= 0) close(c->attach_fd);
+  ckv_arena_free(c->arena);
+  pthread_cond_destroy(&c->hb_cond);
+  pthread_mutex_destroy(&c->hb_lock);
+  pthread_mutex_destroy(&c->lock);
+  free(c);
+  return NULL;
+}
+
+const char *ckv_client_tenant(const ckv_client *c) { return c->tenant; }
+const char *ckv_client_last_error(const ckv_client *c) { return c->last_error; }
+uint32_t ckv_client_lease_ms(const ckv_client *c) { return c->lease_ms; }
+
+int ckv_client_heartbeat(ckv_client *c) {
+  Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
+  Commitkv__V1__Heartbeat hb = COMMITKV__V1__HEARTBEAT__INIT;
+  req.body_case = COMMITKV__V1__REQUEST__BODY_HEARTBEAT;
+  req.heartbeat = &hb;
+  Commitkv__V1__Response *rep;
+  int r = ckv_rpc(c, &req, &rep);
+  if (r == 0) ckv_rpc_free(rep);
+  return r;
+}
+
+void *ckv_rpc_arena_ptr(ckv_client *c, uint32_t arena_id, uint64_t off, uint64_t len) {
+  if (!c->arena || arena_id != c->arena_id) return NULL;
+  uint64_t size = ckv_arena_size(c->arena);
+  if (off > size || len > size - off) return NULL;
+  return (uint8_t *)ckv_arena_base(c->arena) + off;
+}
+
+static int64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int ckv_rpc(ckv_client *c, Commitkv__V1__Request *req, Commitkv__V1__Response **ret) {
+  pthread_mutex_lock(&c->lock);
+  int r;
+  Commitkv__V1__Response *rep = NULL;
+  if (c->restarted) {
+    r = CKV_ERR_DAEMON_RESTARTED;
+    goto out;
+  }
+  req->version = CKV_CLIENT_VERSION;
+  req->request_id = ++c->next_request_id;
+  size_t len = commitkv__v1__request__get_packed_size(req);
+  zmq_msg_t m;
+  if (zmq_msg_init_size(&m, len) != 0) {
+    r = -ENOMEM;
+    goto out;
+  }
+  commitkv__v1__request__pack(req, zmq_msg_data(&m));
+  if (zmq_msg_send(&m, c->dealer, 0) < 0) {
+    zmq_msg_close(&m);
+    r = CKV_ERR_DISCONNECTED;
+    goto out;
+  }
+  int64_t deadline = now_ms() + c->timeout_ms;
+  for (;;) {
+    int64_t left = deadline - now_ms();
+    if (left <= 0) {
+      r = CKV_ERR_TIMEOUT;
+      snprintf(c->last_error, sizeof(c->last_error), "no reply from the daemon within %d ms", c->timeout_ms);
+      goto out;
+    }
+    zmq_pollitem_t it = {.socket = c->dealer, .events = ZMQ_POLLIN};
+    if (zmq_poll(&it, 1, (long)left) <= 0) continue;
+    zmq_msg_t in;
+    zmq_msg_init(&in);
+    if (zmq_msg_recv(&in, c->dealer, ZMQ_DONTWAIT) < 0) {
+      zmq_msg_close(&in);
+      continue;
+    }
+    rep = commitkv__v1__response__unpack(NULL, zmq_msg_size(&in), zmq_msg_data(&in));
+    zmq_msg_close(&in);
+    if (!rep) {
+      r = CKV_ERR_PROTO;
+      goto out;
+    }
+    if (rep->request_id == req->request_id || rep->request_id == 0) break;
+    commitkv__v1__response__free_unpacked(rep, NULL); /* late reply to an abandoned request */
+    rep = NULL;
+  }
+  if (rep->boot_token.len == sizeof(c->boot_token) && memcmp(rep->boot_token.data, c->boot_token, 16) != 0) {
+    c->restarted = true;
+    r = CKV_ERR_DAEMON_RESTARTED;
+    snprintf(c->last_error, sizeof(c->last_error), "the daemon restarted: reconnect");
+    goto out;
+  }
+  if (rep->code != 0) {
+    r = rep->code;
+    snprintf(c->last_error, sizeof(c->last_error), "%s", rep->message ? rep->message : "");
+    goto out;
+  }
+  *ret = rep;
+  rep = NULL;
+  r = CKV_OK;
+out:
+  if (rep) commitkv__v1__response__free_unpacked(rep, NULL);
+  pthread_mutex_unlock(&c->lock);
+  return r;
+}
+
+void ckv_rpc_free(Commitkv__V1__Response *rep) {
+  if (rep) commitkv__v1__response__free_unpacked(rep, NULL);
+}

@@ -1,0 +1,179 @@
+/* commitkv/commitkv.h - libcommitkv, the worker's side of CommitKV.
+ *
+ * A worker (an inference engine process) attaches to commitkvd, maps its
+ * tenant's KV arenas, opens sessions, appends tokens and writes their K/V
+ * straight into the slots the daemon hands out (zero copy), reads K/V back
+ * through views (block tables with an epoch), reports each round's attention
+ * mass and acknowledges view epochs so the daemon can reclaim memory.
+ *
+ * Rules:
+ * - Every call returns a ckv_status (0 = CKV_OK, negative = error; see
+ *   commitkv/status.h and ckv_strerror()).  The library never prints, aborts
+ *   or exits.  ckv_client_last_error() gives the daemon's explanation of the
+ *   last refused request.
+ * - A ckv_client and its sessions may be used from several threads: calls
+ *   are serialised by the client's lock.  The background heartbeat shares it.
+ * - Out-parameters are written only on success.
+ * - If the daemon restarts, calls fail with CKV_ERR_DAEMON_RESTARTED: free
+ *   the client and connect again (its arenas and sessions are gone).
+ *
+ * Plain ISO C11; usable from C++ and FFI. */
+#ifndef COMMITKV_COMMITKV_H
+#define COMMITKV_COMMITKV_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "commitkv/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CKV_CLIENT_VERSION 1u /* protocol version spoken */
+
+typedef struct ckv_client ckv_client;
+typedef struct ckv_session ckv_session;
+
+/* A session's model geometry (identical to kernels/format.h). */
+#ifndef CKV_GEOMETRY_DEFINED
+#define CKV_GEOMETRY_DEFINED
+typedef struct ckv_geometry {
+  uint32_t n_layers;
+  uint32_t n_kv_heads;
+  uint32_t head_dim;
+  uint32_t dtype; /* 0 = FP16, 1 = BF16 */
+} ckv_geometry;
+#endif
+
+/* Token roles and structure tags (commitkv.proto Role and Tag). */
+enum { CKV_ROLE_UNSPECIFIED = 0, CKV_ROLE_SYSTEM = 1, CKV_ROLE_USER = 2, CKV_ROLE_ASSISTANT = 3, CKV_ROLE_TOOL = 4 };
+enum { CKV_TAG_TURN_START = 1, CKV_TAG_SENTENCE_START = 2, CKV_TAG_CONFIRMATION = 4 };
+/* Token states (commitkv.proto TokenState). */
+enum { CKV_TOKEN_DRAFT = 0, CKV_TOKEN_STAGED = 1, CKV_TOKEN_COMMITTED = 2, CKV_TOKEN_RECYCLED = 3 };
+
+typedef struct ckv_client_options {
+  const char *socket;        /* ZeroMQ endpoint; NULL: $CKV_SOCKET, else
+                              * ipc://$RUNTIME_DIRECTORY/commitkvd.sock, else ipc:///run/commitkv/commitkvd.sock */
+  const char *attach_socket; /* unix path; NULL: $CKV_ATTACH_SOCKET, else commitkvd.attach beside the socket */
+  const char *name;          /* shown in the daemon's logs; NULL: "libcommitkv" */
+  int timeout_ms;            /* per request; 0: 5000 */
+  bool heartbeat;            /* keep the lease alive from a background thread */
+  bool no_arenas;            /* admin tools: attach without mapping arenas */
+} ckv_client_options;
+
+/* Attaches (unix socket, SO_PEERCRED), maps the tenant's arenas, connects
+ * the control socket and says Hello.  opt may be NULL (all defaults).
+ * Returns CKV_OK; CKV_ERR_AUTH (uid not mapped to a tenant); CKV_ERR_VERSION;
+ * CKV_ERR_DISCONNECTED / -ENOENT / -ECONNREFUSED (no daemon there);
+ * CKV_ERR_TIMEOUT; CKV_ERR_FORMAT (arena from an incompatible build). */
+int ckv_client_connect(const ckv_client_options *opt, ckv_client **ret);
+/* Disconnects and unmaps.  Sessions still open are detached by the daemon
+ * (kept for resume); their handles must have been freed first or are freed
+ * here.  Accepts NULL; returns NULL. */
+ckv_client *ckv_client_free(ckv_client *c);
+const char *ckv_client_tenant(const ckv_client *c);
+/* The daemon's explanation of the last failed request (empty when none). */
+const char *ckv_client_last_error(const ckv_client *c);
+/* One heartbeat now (the background thread does this by itself). */
+int ckv_client_heartbeat(ckv_client *c);
+/* Lease length the daemon announced, in milliseconds. */
+uint32_t ckv_client_lease_ms(const ckv_client *c);
+
+typedef struct ckv_session_options {
+  const char *policy;            /* NULL: daemon default ("commitkv") */
+  bool resume;                   /* attach to an existing (detached) session */
+  uint32_t draft_block_tokens;   /* 0: daemon default */
+  uint32_t commit_block_tokens;  /* 0: daemon default */
+  const char *const *param_names; /* per-session policy overrides ([policy] keys) */
+  const double *param_values;
+  size_t n_params;
+} ckv_session_options;
+
+/* Opens (or, with opt->resume, resumes) session `id` (1..128 of
+ * [A-Za-z0-9._:-]).  g may be NULL when resuming.  Returns CKV_OK,
+ * CKV_ERR_EXISTS, CKV_ERR_NOT_FOUND (resume), CKV_ERR_LIMIT (geometry or
+ * session count), CKV_ERR_INVALID, CKV_ERR_BUSY, CKV_ERR_FORMAT. */
+int ckv_session_open(ckv_client *c, const char *id, const ckv_geometry *g, const ckv_session_options *opt,
+                     ckv_session **ret);
+/* Detaches the session (the daemon keeps it for resume) and frees the handle.
+ * Returns the daemon's status; the handle is freed in every case. */
+int ckv_session_close(ckv_session *s);
+/* Drops the session in the daemon (its memory is freed) and frees the handle. */
+int ckv_session_drop(ckv_session *s);
+
+const char *ckv_session_id(const ckv_session *s);
+const ckv_geometry *ckv_session_geometry(const ckv_session *s);
+/* Tokens appended so far (the next position). */
+uint64_t ckv_session_tokens(const ckv_session *s);
+/* The newest view epoch this client has heard of. */
+uint64_t ckv_session_epoch(const ckv_session *s);
+
+/* Appends `count` tokens; roles, tags (one byte each), semantic (float in
+ * [0,1]) and token_ids may be NULL.  On success the tokens have draft slots:
+ * write their K/V with ckv_session_write_kv / ckv_session_kv_ptr.
+ * Returns CKV_OK, CKV_ERR_QUOTA, CKV_ERR_LIMIT, CKV_ERR_INVALID. */
+int ckv_session_append(ckv_session *s, uint32_t count, const uint8_t *roles, const uint8_t *tags,
+                       const float *semantic, const uint32_t *token_ids, uint64_t *ret_first_position);
+/* Address of the draft slot of `position` for layer `layer`: kv 0 = K, 1 = V;
+ * n_kv_heads * head_dim 16-bit elements, head-major.  NULL when the position
+ * has no draft slot (never appended, or moved out of draft). */
+void *ckv_session_kv_ptr(ckv_session *s, uint64_t position, uint32_t layer, int kv);
+/* Copies one token's K and V of one layer into its draft slot.
+ * CKV_ERR_RANGE (no draft slot / layer out of range). */
+int ckv_session_write_kv(ckv_session *s, uint64_t position, uint32_t layer, const void *k, const void *v);
+
+/* One block of a view, mapped in this process.  Decode with kernels/format.h. */
+typedef struct ckv_block_view {
+  const void *data;
+  uint64_t id;
+  uint64_t bytes;
+  uint32_t format; /* 0 draft, 1 staged, 2 committed INT4, 3 committed INT2 */
+  uint32_t capacity;
+} ckv_block_view;
+
+typedef struct ckv_view {
+  uint64_t epoch;
+  uint64_t n_tokens;
+  const ckv_block_view *draft;
+  size_t n_draft;
+  const ckv_block_view *staged;
+  size_t n_staged;
+  const ckv_block_view *committed;
+  size_t n_committed;
+} ckv_view;
+
+/* The session's current view (fetched from the daemon when the epoch moved).
+ * Valid until the next call on this session.  Reading it is safe until this
+ * client acknowledges a newer epoch. */
+int ckv_session_view(ckv_session *s, const ckv_view **ret);
+
+typedef struct ckv_transition {
+  uint64_t first_position;
+  uint32_t count;
+  uint8_t from, to; /* CKV_TOKEN_* */
+} ckv_transition;
+
+typedef struct ckv_round_result {
+  uint64_t epoch;   /* view epoch after this round's published transitions */
+  uint32_t pending; /* transitions still being compressed */
+  const ckv_transition *transitions; /* valid until the next call on the session */
+  size_t n_transitions;
+} ckv_round_result;
+
+/* Reports round `round` (strictly increasing, from 1): attn[i] is the
+ * attention mass of position first_position + i.  ret may be NULL. */
+int ckv_session_report(ckv_session *s, uint64_t round, uint64_t first_position, const float *attn, size_t n,
+                       ckv_round_result *ret);
+/* Semantic-score updates for a report: call before ckv_session_report; they
+ * travel with it. */
+int ckv_session_set_semantic(ckv_session *s, const uint32_t *positions, const float *scores, size_t n);
+/* This client no longer reads anything older than `epoch`.  ret_reclaimed
+ * (may be NULL) receives the bytes the daemon freed. */
+int ckv_session_ack(ckv_session *s, uint64_t epoch, uint64_t *ret_reclaimed);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

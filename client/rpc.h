@@ -1,0 +1,49 @@
+/* rpc.h - libcommitkv internals: the client object and one request/reply
+ * exchange with the daemon.  Not installed; commitkvctl and the tests use it. */
+#ifndef CKV_CLIENT_RPC_H
+#define CKV_CLIENT_RPC_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "commitkv.pb-c.h"
+#include "commitkv/commitkv.h"
+
+typedef struct ckv_arena ckv_arena;
+
+struct ckv_client {
+  pthread_mutex_t lock; /* serialises every exchange on the DEALER */
+  void *zctx, *dealer;
+  int attach_fd;        /* kept open: closing it tells the daemon we are gone */
+  ckv_arena *arena;     /* the tenant's arena, mapped (host backend) */
+  uint32_t arena_id;
+  uint8_t key[16];
+  uint8_t boot_token[16];
+  char tenant[64];
+  bool admin;
+  uint64_t next_request_id;
+  int timeout_ms;
+  uint32_t lease_ms, heartbeat_ms;
+  char last_error[512];
+  bool restarted; /* the daemon's boot token changed: every call fails */
+  pthread_t hb_thread;
+  bool hb_running;
+  pthread_mutex_t hb_lock;
+  pthread_cond_t hb_cond;
+  bool hb_stop;
+};
+
+/* Sends `req` (request_id and version are filled in) and waits for the reply.
+ * On CKV_OK *ret is the unpacked Response whose code is 0; free it with
+ * ckv_rpc_free.  A reply with a non-zero code returns that code and stores
+ * its text in c->last_error.  CKV_ERR_TIMEOUT, CKV_ERR_DAEMON_RESTARTED,
+ * CKV_ERR_PROTO are the transport's own failures. */
+int ckv_rpc(ckv_client *c, Commitkv__V1__Request *req, Commitkv__V1__Response **ret);
+void ckv_rpc_free(Commitkv__V1__Response *rep);
+
+/* Address of arena offset `off` in this process, or NULL when out of range. */
+void *ckv_rpc_arena_ptr(ckv_client *c, uint32_t arena_id, uint64_t off, uint64_t len);
+
+#endif

@@ -1,0 +1,372 @@
+/* session.c - libcommitkv sessions: open, append, write K/V, views, rounds.
+ *
+ * The client keeps, per position, where its draft slot is (arena offset of
+ * the block and slot index), so writing a token's K/V is pointer arithmetic
+ * over the mapped arena: no copy through the daemon. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client/rpc.h"
+#include "kernels/format.h"
+
+typedef struct slot_ref {
+  uint64_t block_offset; /* UINT64_MAX: no draft slot */
+  uint32_t arena_id;
+  uint16_t capacity;
+  uint16_t slot;
+} slot_ref;
+
+struct ckv_session {
+  ckv_client *c;
+  char id[129];
+  ckv_geometry geom;
+  uint32_t draft_tokens, commit_tokens;
+  uint64_t epoch;
+  slot_ref *slots;
+  uint64_t n_tokens, cap_slots;
+  /* the last fetched view */
+  ckv_view view;
+  ckv_block_view *blocks;
+  size_t cap_blocks;
+  uint64_t view_epoch; /* 0 = none fetched */
+  /* pending semantic updates for the next report */
+  uint32_t *sem_pos;
+  float *sem_scores;
+  size_t n_sem;
+  ckv_transition *transitions;
+};
+
+static ckv_session *session_free(ckv_session *s) {
+  if (!s) return NULL;
+  free(s->slots);
+  free(s->blocks);
+  free(s->sem_pos);
+  free(s->sem_scores);
+  free(s->transitions);
+  free(s);
+  return NULL;
+}
+
+int ckv_session_open(ckv_client *c, const char *id, const ckv_geometry *g, const ckv_session_options *opt,
+                     ckv_session **ret) {
+  if (!c || !id || !ret || (!g && !(opt && opt->resume))) return CKV_ERR_INVALID;
+  if (opt && opt->n_params && (!opt->param_names || !opt->param_values)) return CKV_ERR_INVALID;
+  Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
+  Commitkv__V1__OpenSession o = COMMITKV__V1__OPEN_SESSION__INIT;
+  Commitkv__V1__Geometry pg = COMMITKV__V1__GEOMETRY__INIT;
+  o.session_id = (char *)id;
+  if (g) {
+    pg.n_layers = g->n_layers;
+    pg.n_kv_heads = g->n_kv_heads;
+    pg.head_dim = g->head_dim;
+    pg.dtype = (Commitkv__V1__Dtype)g->dtype;
+    o.geometry = &pg;
+  }
+  Commitkv__V1__OpenSession__ParamsEntry *entries = NULL, **eptr = NULL;
+  if (opt) {
+    o.policy = (char *)(opt->policy ? opt->policy : "");
+    o.resume = opt->resume;
+    pg.draft_block_tokens = opt->draft_block_tokens;
+    pg.commit_block_tokens = opt->commit_block_tokens;
+    if (opt->n_params) {
+      entries = calloc(opt->n_params, sizeof(*entries));
+      eptr = calloc(opt->n_params, sizeof(*eptr));
+      if (!entries || !eptr) {
+        free(entries);
+        free(eptr);
+        return -ENOMEM;
+      }
+      for (size_t i = 0; i < opt->n_params; i++) {
+        commitkv__v1__open_session__params_entry__init(&entries[i]);
+        entries[i].key = (char *)opt->param_names[i];
+        entries[i].value = opt->param_values[i];
+        eptr[i] = &entries[i];
+      }
+      o.params = eptr;
+      o.n_params = opt->n_params;
+    }
+  }
+  req.body_case = COMMITKV__V1__REQUEST__BODY_OPEN_SESSION;
+  req.open_session = &o;
+  Commitkv__V1__Response *rep;
+  int r = ckv_rpc(c, &req, &rep);
+  free(entries);
+  free(eptr);
+  if (r < 0) return r;
+  const Commitkv__V1__SessionOpened *so = rep->session_opened;
+  ckv_session *s = calloc(1, sizeof(*s));
+  if (!s || rep->body_case != COMMITKV__V1__RESPONSE__BODY_SESSION_OPENED || !so->geometry) {
+    free(s);
+    ckv_rpc_free(rep);
+    return s ? CKV_ERR_PROTO : -ENOMEM;
+  }
+  s->c = c;
+  snprintf(s->id, sizeof(s->id), "%s", id);
+  s->geom = (ckv_geometry){so->geometry->n_layers, so->geometry->n_kv_heads, so->geometry->head_dim,
+                           (uint32_t)so->geometry->dtype};
+  s->draft_tokens = so->geometry->draft_block_tokens;
+  s->commit_tokens = so->geometry->commit_block_tokens;
+  s->epoch = so->epoch;
+  s->n_tokens = so->n_tokens;
+  ckv_rpc_free(rep);
+  /* A resumed session's old draft slots are found through its view. */
+  if (s->n_tokens) {
+    s->slots = malloc(s->n_tokens * sizeof(*s->slots));
+    if (!s->slots) {
+      session_free(s);
+      return -ENOMEM;
+    }
+    s->cap_slots = s->n_tokens;
+    for (uint64_t i = 0; i < s->n_tokens; i++) s->slots[i].block_offset = UINT64_MAX;
+    const ckv_view *v;
+    if (ckv_session_view(s, &v) == CKV_OK)
+      for (size_t b = 0; b < v->n_draft; b++) {
+        const uint8_t *base = v->draft[b].data;
+        const ckv_block_header *h = (const ckv_block_header *)base;
+        const uint32_t *pos = (const uint32_t *)(base + ckv_block_positions_offset());
+        const uint64_t *bits = (const uint64_t *)(base + ckv_block_bitmap_offset(h->capacity));
+        for (uint32_t sl = 0; sl < h->capacity; sl++)
+          if ((bits[sl / 64] >> (sl % 64)) & 1u && pos[sl] < s->n_tokens)
+            s->slots[pos[sl]] = (slot_ref){(uint64_t)((const uint8_t *)base - (const uint8_t *)ckv_rpc_arena_ptr(c, c->arena_id, 0, 0)),
+                                           c->arena_id, h->capacity, (uint16_t)sl};
+      }
+  }
+  *ret = s;
+  return CKV_OK;
+}
+
+static int simple_session_request(ckv_session *s, bool drop) {
+  Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
+  Commitkv__V1__CloseSession cl = COMMITKV__V1__CLOSE_SESSION__INIT;
+  Commitkv__V1__DropSession dr = COMMITKV__V1__DROP_SESSION__INIT;
+  if (drop) {
+    dr.session_id = s->id;
+    req.body_case = COMMITKV__V1__REQUEST__BODY_DROP_SESSION;
+    req.drop_session = &dr;
+  } else {
+    cl.session_id = s->id;
+    req.body_case = COMMITKV__V1__REQUEST__BODY_CLOSE_SESSION;
+    req.close_session = &cl;
+  }
+  Commitkv__V1__Response *rep;
+  int r = ckv_rpc(s->c, &req, &rep);
+  if (r == 0) ckv_rpc_free(rep);
+  session_free(s);
+  return r;
+}
+
+int ckv_session_close(ckv_session *s) { return s ? simple_session_request(s, false) : CKV_ERR_INVALID; }
+int ckv_session_drop(ckv_session *s) { return s ? simple_session_request(s, true) : CKV_ERR_INVALID; }
+
+const char *ckv_session_id(const ckv_session *s) { return s->id; }
+const ckv_geometry *ckv_session_geometry(const ckv_session *s) { return &s->geom; }
+uint64_t ckv_session_tokens(const ckv_session *s) { return s->n_tokens; }
+uint64_t ckv_session_epoch(const ckv_session *s) { return s->epoch; }
+
+int ckv_session_append(ckv_session *s, uint32_t count, const uint8_t *roles, const uint8_t *tags,
+                       const float *semantic, const uint32_t *token_ids, uint64_t *ret_first_position) {
+  if (!s || !count) return CKV_ERR_INVALID;
+  Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
+  Commitkv__V1__AppendTokens a = COMMITKV__V1__APPEND_TOKENS__INIT;
+  a.session_id = s->id;
+  a.count = count;
+  if (roles) a.roles = (ProtobufCBinaryData){count, (uint8_t *)roles};
+  if (tags) a.tags = (ProtobufCBinaryData){count, (uint8_t *)tags};
+  if (semantic) a.semantic = (ProtobufCBinaryData){4u * (size_t)count, (uint8_t *)semantic};
+  if (token_ids) a.token_ids = (ProtobufCBinaryData){4u * (size_t)count, (uint8_t *)token_ids};
+  req.body_case = COMMITKV__V1__REQUEST__BODY_APPEND_TOKENS;
+  req.append_tokens = &a;
+  Commitkv__V1__Response *rep;
+  int r = ckv_rpc(s->c, &req, &rep);
+  if (r < 0) return r;
+  const Commitkv__V1__TokensAppended *t = rep->tokens_appended;
+  if (rep->body_case != COMMITKV__V1__RESPONSE__BODY_TOKENS_APPENDED || t->first_position != s->n_tokens ||
+      t->count != count) {
+    ckv_rpc_free(rep);
+    return CKV_ERR_PROTO;
+  }
+  uint64_t need = s->n_tokens + count;
+  if (need > s->cap_slots) {
+    uint64_t ncap = s->cap_slots ? s->cap_slots : 256;
+    while (ncap < need) ncap *= 2;
+    slot_ref *ns = realloc(s->slots, ncap * sizeof(*ns));
+    if (!ns) {
+      ckv_rpc_free(rep);
+      return -ENOMEM;
+    }
+    s->slots = ns;
+    s->cap_slots = ncap;
+  }
+  for (uint64_t i = s->n_tokens; i < need; i++) s->slots[i].block_offset = UINT64_MAX;
+  for (size_t i = 0; i < t->n_slots; i++) {
+    const Commitkv__V1__SlotRun *sr = t->slots[i];
+    uint64_t block_bytes = ckv_draft_block_bytes(&s->geom, sr->capacity);
+    if (sr->first_position < s->n_tokens || sr->count > need - sr->first_position ||
+        sr->first_slot + (uint64_t)sr->count > sr->capacity ||
+        !ckv_rpc_arena_ptr(s->c, sr->arena_id, sr->block_offset, block_bytes)) {
+      ckv_rpc_free(rep);
+      return CKV_ERR_PROTO;
+    }
+    for (uint32_t k = 0; k < sr->count; k++)
+      s->slots[sr->first_position + k] =
+          (slot_ref){sr->block_offset, sr->arena_id, (uint16_t)sr->capacity, (uint16_t)(sr->first_slot + k)};
+  }
+  s->n_tokens = need;
+  if (t->epoch > s->epoch) s->epoch = t->epoch;
+  if (ret_first_position) *ret_first_position = t->first_position;
+  ckv_rpc_free(rep);
+  return CKV_OK;
+}
+
+void *ckv_session_kv_ptr(ckv_session *s, uint64_t position, uint32_t layer, int kv) {
+  if (!s || position >= s->n_tokens || layer >= s->geom.n_layers || (kv != 0 && kv != 1)) return NULL;
+  const slot_ref *r = &s->slots[position];
+  if (r->block_offset == UINT64_MAX) return NULL;
+  uint8_t *base = ckv_rpc_arena_ptr(s->c, r->arena_id, r->block_offset, ckv_draft_block_bytes(&s->geom, r->capacity));
+  if (!base) return NULL;
+  return base + ckv_draft_kv_offset(&s->geom, r->capacity, layer, (uint32_t)kv, r->slot);
+}
+
+int ckv_session_write_kv(ckv_session *s, uint64_t position, uint32_t layer, const void *k, const void *v) {
+  uint8_t *kp = ckv_session_kv_ptr(s, position, layer, 0), *vp = ckv_session_kv_ptr(s, position, layer, 1);
+  if (!kp || !vp) return CKV_ERR_RANGE;
+  size_t bytes = ckv_draft_token_elems(&s->geom) * 2u;
+  if (k) memcpy(kp, k, bytes);
+  if (v) memcpy(vp, v, bytes);
+  return CKV_OK;
+}
+
+static int fill_blocks(ckv_session *s, Commitkv__V1__BlockRef **refs, size_t n, size_t at, size_t *ret_n) {
+  for (size_t i = 0; i < n; i++) {
+    const Commitkv__V1__BlockRef *b = refs[i];
+    void *p = ckv_rpc_arena_ptr(s->c, b->arena_id, b->offset, b->bytes);
+    if (!p) return CKV_ERR_PROTO;
+    s->blocks[at + i] = (ckv_block_view){p, b->block_id, b->bytes, (uint32_t)b->format, b->capacity};
+  }
+  *ret_n = n;
+  return CKV_OK;
+}
+
+int ckv_session_view(ckv_session *s, const ckv_view **ret) {
+  if (!s || !ret) return CKV_ERR_INVALID;
+  if (s->view_epoch && s->view_epoch == s->epoch) {
+    *ret = &s->view;
+    return CKV_OK;
+  }
+  Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
+  Commitkv__V1__GetView g = COMMITKV__V1__GET_VIEW__INIT;
+  g.session_id = s->id;
+  req.body_case = COMMITKV__V1__REQUEST__BODY_GET_VIEW;
+  req.get_view = &g;
+  Commitkv__V1__Response *rep;
+  int r = ckv_rpc(s->c, &req, &rep);
+  if (r < 0) return r;
+  const Commitkv__V1__View *v = rep->view;
+  if (rep->body_case != COMMITKV__V1__RESPONSE__BODY_VIEW) {
+    ckv_rpc_free(rep);
+    return CKV_ERR_PROTO;
+  }
+  size_t total = v->n_draft + v->n_staged + v->n_committed;
+  if (total > s->cap_blocks) {
+    ckv_block_view *nb = realloc(s->blocks, total * sizeof(*nb));
+    if (!nb) {
+      ckv_rpc_free(rep);
+      return -ENOMEM;
+    }
+    s->blocks = nb;
+    s->cap_blocks = total;
+  }
+  size_t nd, ns, nc;
+  if ((r = fill_blocks(s, v->draft, v->n_draft, 0, &nd)) < 0 ||
+      (r = fill_blocks(s, v->staged, v->n_staged, nd, &ns)) < 0 ||
+      (r = fill_blocks(s, v->committed, v->n_committed, nd + ns, &nc)) < 0) {
+    ckv_rpc_free(rep);
+    s->view_epoch = 0;
+    return r;
+  }
+  s->view = (ckv_view){.epoch = v->epoch, .n_tokens = v->n_tokens, .draft = s->blocks, .n_draft = nd,
+                       .staged = s->blocks + nd, .n_staged = ns, .committed = s->blocks + nd + ns,
+                       .n_committed = nc};
+  s->view_epoch = v->epoch;
+  if (v->epoch > s->epoch) s->epoch = v->epoch;
+  ckv_rpc_free(rep);
+  *ret = &s->view;
+  return CKV_OK;
+}
+
+int ckv_session_set_semantic(ckv_session *s, const uint32_t *positions, const float *scores, size_t n) {
+  if (!s || (n && (!positions || !scores))) return CKV_ERR_INVALID;
+  uint32_t *np = realloc(s->sem_pos, (s->n_sem + n) * sizeof(*np) + 1);
+  if (!np) return -ENOMEM;
+  s->sem_pos = np;
+  float *nsc = realloc(s->sem_scores, (s->n_sem + n) * sizeof(*nsc) + 1);
+  if (!nsc) return -ENOMEM;
+  s->sem_scores = nsc;
+  memcpy(s->sem_pos + s->n_sem, positions, n * sizeof(*positions));
+  memcpy(s->sem_scores + s->n_sem, scores, n * sizeof(*scores));
+  s->n_sem += n;
+  return CKV_OK;
+}
+
+int ckv_session_report(ckv_session *s, uint64_t round, uint64_t first_position, const float *attn, size_t n,
+                       ckv_round_result *ret) {
+  if (!s || (n && !attn)) return CKV_ERR_INVALID;
+  Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
+  Commitkv__V1__ReportRound rr = COMMITKV__V1__REPORT_ROUND__INIT;
+  rr.session_id = s->id;
+  rr.round = round;
+  rr.first_position = first_position;
+  rr.attention = (ProtobufCBinaryData){n * 4u, (uint8_t *)attn};
+  rr.semantic_positions = (ProtobufCBinaryData){s->n_sem * 4u, (uint8_t *)s->sem_pos};
+  rr.semantic_scores = (ProtobufCBinaryData){s->n_sem * 4u, (uint8_t *)s->sem_scores};
+  req.body_case = COMMITKV__V1__REQUEST__BODY_REPORT_ROUND;
+  req.report_round = &rr;
+  Commitkv__V1__Response *rep;
+  int r = ckv_rpc(s->c, &req, &rep);
+  s->n_sem = 0;
+  if (r < 0) return r;
+  const Commitkv__V1__RoundReport *out = rep->round_report;
+  if (rep->body_case != COMMITKV__V1__RESPONSE__BODY_ROUND_REPORT) {
+    ckv_rpc_free(rep);
+    return CKV_ERR_PROTO;
+  }
+  free(s->transitions);
+  s->transitions = out->n_transitions ? calloc(out->n_transitions, sizeof(*s->transitions)) : NULL;
+  if (out->n_transitions && !s->transitions) {
+    ckv_rpc_free(rep);
+    return -ENOMEM;
+  }
+  for (size_t i = 0; i < out->n_transitions; i++) {
+    const Commitkv__V1__TransitionRange *t = out->transitions[i];
+    s->transitions[i] = (ckv_transition){t->first_position, t->count, (uint8_t)t->from, (uint8_t)t->to};
+    /* tokens that left draft have no draft slot any more */
+    if (t->from == COMMITKV__V1__TOKEN_STATE__STATE_DRAFT)
+      for (uint64_t p = t->first_position; p < t->first_position + t->count && p < s->n_tokens; p++)
+        s->slots[p].block_offset = UINT64_MAX;
+  }
+  if (out->epoch > s->epoch) s->epoch = out->epoch;
+  if (ret)
+    *ret = (ckv_round_result){.epoch = out->epoch, .pending = out->pending, .transitions = s->transitions,
+                              .n_transitions = out->n_transitions};
+  ckv_rpc_free(rep);
+  return CKV_OK;
+}
+
+int ckv_session_ack(ckv_session *s, uint64_t epoch, uint64_t *ret_reclaimed) {
+  if (!s) return CKV_ERR_INVALID;
+  Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
+  Commitkv__V1__AckEpoch a = COMMITKV__V1__ACK_EPOCH__INIT;
+  a.session_id = s->id;
+  a.epoch = epoch;
+  req.body_case = COMMITKV__V1__REQUEST__BODY_ACK_EPOCH;
+  req.ack_epoch = &a;
+  Commitkv__V1__Response *rep;
+  int r = ckv_rpc(s->c, &req, &rep);
+  if (r < 0) return r;
+  if (ret_reclaimed && rep->body_case == COMMITKV__V1__RESPONSE__BODY_EPOCH_ACKED)
+    *ret_reclaimed = rep->epoch_acked->reclaimed_bytes;
+  ckv_rpc_free(rep);
+  return CKV_OK;
+}

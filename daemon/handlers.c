@@ -1,0 +1,602 @@
+/* handlers.c - one handler per request type, chosen from a table keyed by
+ * the proto's oneof case.
+ *
+ * Every request is untrusted: each handler validates sizes, ids, geometry
+ * and ownership before it touches state, and answers a failure with a code
+ * and a sentence.  Sessions are looked up within the caller's tenant only, so
+ * another tenant's session id answers NOT_FOUND, exactly like an unknown id. */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "commitkv/status.h"
+#include "daemon/log.h"
+#include "daemon/server.h"
+#include "daemon/session.h"
+#include "daemon/strmap.h"
+#include "daemon/tenant.h"
+#include "shm/arena.h"
+
+typedef struct reply_ctx {
+  Commitkv__V1__Response *rep;
+  char msg[512];
+} reply_ctx;
+
+typedef int (*handler_fn)(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, reply_ctx *x);
+
+__attribute__((format(printf, 3, 4))) static int fail(reply_ctx *x, int code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(x->msg, sizeof(x->msg), fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+static void *new_msg(ckv_server *s, size_t size, const void *init) {
+  void *p = ckv_wire_alloc(&s->out, size);
+  if (p) memcpy(p, init, size);
+  return p;
+}
+/* A reply sub-message from the scratch arena, initialised with its INIT value. */
+#define NEW(s, type, init) ((type *)new_msg((s), sizeof(type), &(type)init))
+
+static const char *const k_policies[] = {"commitkv", "fp16", "int8", "kivi4", "kivi2", "h2o", "streaming"};
+
+static bool policy_known(const char *p) {
+  for (size_t i = 0; i < sizeof(k_policies) / sizeof(k_policies[0]); i++)
+    if (strcmp(p, k_policies[i]) == 0) return true;
+  return false;
+}
+
+/* Look a session up in the caller's tenant and check the caller owns it. */
+static int find_session(ckv_server *s, ckv_conn *c, const char *id, bool need_owner, ckv_srv_session **ret,
+                        reply_ctx *x) {
+  if (!c->tenant) return fail(x, CKV_ERR_AUTH, "this client is attached without a tenant (admin only)");
+  if (ckv_wire_check_session_id(id) < 0)
+    return fail(x, CKV_ERR_INVALID, "session id must be 1..128 characters of [A-Za-z0-9._:-]");
+  char key[256];
+  ckv_server_session_key(c->tenant, id, key, sizeof(key));
+  ckv_srv_session *sess = ckv_strmap_get(s->sessions, key);
+  if (!sess) return fail(x, CKV_ERR_NOT_FOUND, "no session '%s'", id);
+  if (need_owner && sess->owner != c->id) {
+    if (sess->owner == 0) return fail(x, CKV_ERR_STATE, "session '%s' is detached: open it with resume", id);
+    return fail(x, CKV_ERR_BUSY, "session '%s' is attached to another client", id);
+  }
+  *ret = sess;
+  return CKV_OK;
+}
+
+static Commitkv__V1__ArenaInfo **arena_infos(ckv_server *s, const ckv_tenant *t, size_t *ret_n) {
+  *ret_n = 0;
+  if (!t) return NULL;
+  Commitkv__V1__ArenaInfo **v = ckv_wire_alloc(&s->out, sizeof(*v));
+  Commitkv__V1__ArenaInfo *a = NEW(s, Commitkv__V1__ArenaInfo, COMMITKV__V1__ARENA_INFO__INIT);
+  if (!v || !a) return NULL;
+  a->arena_id = t->arena_id;
+  a->kind = (char *)ckv_arena_kind(t->arena);
+  a->bytes = ckv_arena_size(t->arena);
+  v[0] = a;
+  *ret_n = 1;
+  return v;
+}
+
+static int h_hello(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, reply_ctx *x) {
+  const Commitkv__V1__Hello *h = req->hello;
+  uint32_t lo = h->min_version ? h->min_version : 1, hi = h->max_version ? h->max_version : 1;
+  if (lo > CKV_PROTOCOL_VERSION || hi < CKV_PROTOCOL_VERSION)
+    return fail(x, CKV_ERR_VERSION, "client speaks versions %u..%u, this daemon speaks %u", lo, hi,
+                CKV_PROTOCOL_VERSION);
+  Commitkv__V1__Welcome *w = NEW(s, Commitkv__V1__Welcome, COMMITKV__V1__WELCOME__INIT);
+  if (!w) return -ENOMEM;
+  c->hello = true;
+  c->version = CKV_PROTOCOL_VERSION;
+  if (h->client_name && *h->client_name) snprintf(c->name, sizeof(c->name), "%s", h->client_name);
+  w->version = CKV_PROTOCOL_VERSION;
+  w->tenant = c->tenant ? c->tenant->name : "";
+  w->client_id = c->id;
+  w->lease_ms = s->opt.lease_ms;
+  w->heartbeat_ms = s->opt.heartbeat_ms;
+  w->max_message_bytes = s->opt.max_message;
+  w->arenas = arena_infos(s, c->tenant, &w->n_arenas);
+  x->rep->body_case = COMMITKV__V1__RESPONSE__BODY_WELCOME;
+  x->rep->welcome = w;
+  return CKV_OK;
+}
+
+static Commitkv__V1__Geometry *geometry_msg(ckv_server *s, const ckv_srv_session *sess) {
+  Commitkv__V1__Geometry *g = NEW(s, Commitkv__V1__Geometry, COMMITKV__V1__GEOMETRY__INIT);
+  if (!g) return NULL;
+  g->n_layers = sess->geom.n_layers;
+  g->n_kv_heads = sess->geom.n_kv_heads;
+  g->head_dim = sess->geom.head_dim;
+  g->dtype = (Commitkv__V1__Dtype)sess->geom.dtype;
+  g->draft_block_tokens = sess->draft_tokens;
+  g->commit_block_tokens = sess->commit_tokens;
+  return g;
+}
+
+static int opened_reply(ckv_server *s, ckv_srv_session *sess, bool resumed, reply_ctx *x) {
+  Commitkv__V1__SessionOpened *o = NEW(s, Commitkv__V1__SessionOpened, COMMITKV__V1__SESSION_OPENED__INIT);
+  if (!o || !(o->geometry = geometry_msg(s, sess))) return -ENOMEM;
+  o->session_id = sess->id;
+  o->resumed = resumed;
+  o->epoch = sess->epoch;
+  o->n_tokens = sess->tokens.n;
+  o->policy = sess->policy;
+  x->rep->body_case = COMMITKV__V1__RESPONSE__BODY_SESSION_OPENED;
+  x->rep->session_opened = o;
+  return CKV_OK;
+}
+
+static int h_open(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, reply_ctx *x) {
+  const Commitkv__V1__OpenSession *o = req->open_session;
+  if (!c->tenant) return fail(x, CKV_ERR_AUTH, "this client is attached without a tenant (admin only)");
+  if (ckv_wire_check_session_id(o->session_id) < 0)
+    return fail(x, CKV_ERR_INVALID, "session id must be 1..128 characters of [A-Za-z0-9._:-]");
+  const char *policy = o->policy && *o->policy ? o->policy : "commitkv";
+  if (!policy_known(policy))
+    return fail(x, CKV_ERR_INVALID, "unknown policy '%.64s' (commitkv, fp16, int8, kivi4, kivi2, h2o, streaming)",
+                policy);
+  for (size_t i = 0; i < o->n_params; i++)
+    if (!o->params[i]->key || !isfinite(o->params[i]->value))
+      return fail(x, CKV_ERR_INVALID, "policy parameter %zu is not a finite number", i);
+  char key[256];
+  ckv_server_session_key(c->tenant, o->session_id, key, sizeof(key));
+  ckv_srv_session *sess = ckv_strmap_get(s->sessions, key);
+  if (o->resume) {
+    if (!sess) return fail(x, CKV_ERR_NOT_FOUND, "no session '%s' to resume", o->session_id);
+    if (sess->owner && sess->owner != c->id)
+      return fail(x, CKV_ERR_BUSY, "session '%s' is attached to another client", o->session_id);
+    const Commitkv__V1__Geometry *g = o->geometry;
+    if (g && g->n_layers && (g->n_layers != sess->geom.n_layers || g->n_kv_heads != sess->geom.n_kv_heads ||
+                             g->head_dim != sess->geom.head_dim || (uint32_t)g->dtype != sess->geom.dtype))
+      return fail(x, CKV_ERR_FORMAT, "session '%s' has another geometry", o->session_id);
+    sess->owner = c->id;
+    sess->acked_epoch = 0;
+    ckv_log(CKV_LOG_INFO, "session-resume", c->tenant->name, sess->id, "resumed by client %llu",
+            (unsigned long long)c->id);
+    return opened_reply(s, sess, true, x);
+  }
+  if (sess) return fail(x, CKV_ERR_EXISTS, "session '%s' exists (use resume to attach to it)", o->session_id);
+  if (!o->geometry) return fail(x, CKV_ERR_INVALID, "OpenSession needs a geometry");
+  ckv_geometry g = {o->geometry->n_layers, o->geometry->n_kv_heads, o->geometry->head_dim,
+                    (uint32_t)o->geometry->dtype};
+  uint32_t dt = o->geometry->draft_block_tokens ? o->geometry->draft_block_tokens : s->opt.draft_block_tokens;
+  uint32_t ct = o->geometry->commit_block_tokens ? o->geometry->commit_block_tokens : s->opt.commit_block_tokens;
+  int r = ckv_srv_session_check_geometry(&g, &dt, &ct);
+  if (r == CKV_ERR_LIMIT)
+    return fail(x, r, "geometry beyond limits (layers <= %u, kv heads <= %u, head_dim <= %u, block tokens <= %u, "
+                      "committed block tokens >= 32)",
+                CKV_MAX_LAYERS, CKV_MAX_KV_HEADS, CKV_MAX_HEAD_DIM, CKV_MAX_BLOCK_TOKENS);
+  if (r < 0) return fail(x, r, "invalid geometry: every size must be > 0, head_dim even, dtype fp16 or bf16");
+  if (ckv_draft_block_bytes(&g, dt) > c->tenant->quota_bytes)
+    return fail(x, CKV_ERR_QUOTA, "one draft block (%zu bytes) exceeds the tenant quota",
+                ckv_draft_block_bytes(&g, dt));
+  if (c->tenant->n_sessions >= c->tenant->max_sessions)
+    return fail(x, CKV_ERR_LIMIT, "tenant '%s' has its maximum of %u sessions", c->tenant->name,
+                c->tenant->max_sessions);
+  r = ckv_srv_session_new(o->session_id, c->tenant, &g, dt, ct, policy, &s->next_block_id, &sess);
+  if (r < 0) return fail(x, r, "cannot create session: %s", ckv_strerror(r));
+  if (ckv_strmap_put(s->sessions, key, sess) < 0) {
+    ckv_srv_session_free(sess);
+    return fail(x, -ENOMEM, "out of memory");
+  }
+  sess->owner = c->id;
+  c->tenant->n_sessions++;
+  ckv_log(CKV_LOG_INFO, "session-open", c->tenant->name, sess->id, "%u layers x %u kv heads x %u dims, policy %s",
+          g.n_layers, g.n_kv_heads, g.head_dim, policy);
+  return opened_reply(s, sess, false, x);
+}
+
+/* Copy a packed little-endian column out of a (possibly unaligned) bytes field. */
+static void *column(ckv_server *s, const ProtobufCBinaryData *b) {
+  if (!b->len) return NULL;
+  void *p = ckv_wire_alloc(&s->out, b->len);
+  if (p) memcpy(p, b->data, b->len);
+  return p;
+}
+
+static int h_append(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, reply_ctx *x) {
+  const Commitkv__V1__AppendTokens *a = req->append_tokens;
+  ckv_srv_session *sess;
+  int r = find_session(s, c, a->session_id, true, &sess, x);
+  if (r < 0) return r;
+  uint32_t n = a->count;
+  if (n == 0) return fail(x, CKV_ERR_INVALID, "count must be > 0");
+  if (n > s->opt.max_append) return fail(x, CKV_ERR_LIMIT, "at most %u tokens per AppendTokens", s->opt.max_append);
+  if (sess->tokens.n + n > s->opt.max_tokens_per_session)
+    return fail(x, CKV_ERR_LIMIT, "session would exceed max_tokens_per_session (%llu)",
+                (unsigned long long)s->opt.max_tokens_per_session);
+  if (a->roles.len && a->roles.len != n) return fail(x, CKV_ERR_INVALID, "roles must have count bytes");
+  if (a->tags.len && a->tags.len != n) return fail(x, CKV_ERR_INVALID, "tags must have count bytes");
+  if (a->semantic.len && a->semantic.len != 4ull * n)
+    return fail(x, CKV_ERR_INVALID, "semantic must have count float32 values");
+  if (a->token_ids.len && a->token_ids.len != 4ull * n)
+    return fail(x, CKV_ERR_INVALID, "token_ids must have count uint32 values");
+  for (size_t i = 0; i < a->roles.len; i++)
+    if (a->roles.data[i] > COMMITKV__V1__ROLE__ROLE_TOOL) return fail(x, CKV_ERR_INVALID, "role %zu is unknown", i);
+  float *sem = column(s, &a->semantic);
+  uint32_t *ids = column(s, &a->token_ids);
+  for (size_t i = 0; sem && i < n; i++)
+    if (!(sem[i] >= 0.f && sem[i] <= 1.f)) return fail(x, CKV_ERR_INVALID, "semantic score %zu not in [0,1]", i);
+  size_t max_runs = ckv_srv_session_max_runs(sess, n), n_runs = 0;
+  ckv_slot_run *runs = ckv_wire_alloc(&s->out, max_runs * sizeof(*runs));
+  Commitkv__V1__TokensAppended *t = NEW(s, Commitkv__V1__TokensAppended, COMMITKV__V1__TOKENS_APPENDED__INIT);
+  if (!runs || !t) return -ENOMEM;
+  uint64_t first;
+  r = ckv_srv_session_append(sess, n, a->roles.len ? a->roles.data : NULL, a->tags.len ? a->tags.data : NULL, sem, ids,
+                         runs, &n_runs, &first);
+  if (r == CKV_ERR_QUOTA)
+    return fail(x, r, "tenant '%s' quota of %llu bytes reached (%llu used)", c->tenant->name,
+                (unsigned long long)c->tenant->quota_bytes, (unsigned long long)c->tenant->bytes_used);
+  if (r < 0) return fail(x, r, "append failed: %s", ckv_strerror(r));
+  t->first_position = first;
+  t->count = n;
+  t->epoch = sess->epoch;
+  t->slots = ckv_wire_alloc(&s->out, n_runs * sizeof(*t->slots));
+  if (!t->slots) return -ENOMEM;
+  for (size_t i = 0; i < n_runs; i++) {
+    Commitkv__V1__SlotRun *sr = NEW(s, Commitkv__V1__SlotRun, COMMITKV__V1__SLOT_RUN__INIT);
+    if (!sr) return -ENOMEM;
+    const ckv_sblock *b = &sess->blocks[runs[i].block];
+    sr->block_id = b->id;
+    sr->arena_id = sess->tenant->arena_id;
+    sr->block_offset = b->offset;
+    sr->capacity = b->capacity;
+    sr->first_slot = runs[i].first_slot;
+    sr->count = runs[i].count;
+    sr->first_position = runs[i].first_position;
+    t->slots[i] = sr;
+  }
+  t->n_slots = n_runs;
+  x->rep->body_case = COMMITKV__V1__RESPONSE__BODY_TOKENS_APPENDED;
+  x->rep->tokens_appended = t;
+  return CKV_OK;
+}
+
+static int h_report(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, reply_ctx *x) {
+  const Commitkv__V1__ReportRound *rr = req->report_round;
+  ckv_srv_session *sess;
+  int r = find_session(s, c, rr->session_id, true, &sess, x);
+  if (r < 0) return r;
+  if (rr->attention.len % 4) return fail(x, CKV_ERR_INVALID, "attention must hold float32 values");
+  if (rr->semantic_positions.len % 4 || rr->semantic_positions.len != rr->semantic_scores.len)
+    return fail(x, CKV_ERR_INVALID, "semantic_positions and semantic_scores must pair uint32 with float32");
+  size_t n = rr->attention.len / 4, m = rr->semantic_positions.len / 4;
+  if (rr->first_position > sess->tokens.n || n > sess->tokens.n - rr->first_position)
+    return fail(x, CKV_ERR_RANGE, "attention covers positions %llu..%llu but the session has %zu tokens",
+                (unsigned long long)rr->first_position, (unsigned long long)(rr->first_position + n),
+                sess->tokens.n);
+  float *attn = column(s, &rr->attention), *scores = column(s, &rr->semantic_scores);
+  uint32_t *pos = column(s, &rr->semantic_positions);
+  for (size_t i = 0; i < m; i++)
+    if (!(scores[i] >= 0.f && scores[i] <= 1.f)) return fail(x, CKV_ERR_INVALID, "semantic score %zu not in [0,1]", i);
+  if (rr->round == 0) return fail(x, CKV_ERR_INVALID, "rounds start at 1");
+  r = ckv_srv_session_report_round(sess, rr->round, rr->first_position, attn, n, pos, scores, m);
+  if (r == CKV_ERR_INVALID)
+    return fail(x, r, "round %llu does not follow round %llu", (unsigned long long)rr->round,
+                (unsigned long long)sess->last_round);
+  if (r < 0) return fail(x, r, "bad round report: %s", ckv_strerror(r));
+  s->counters.rounds++;
+  Commitkv__V1__RoundReport *out = NEW(s, Commitkv__V1__RoundReport, COMMITKV__V1__ROUND_REPORT__INIT);
+  if (!out) return -ENOMEM;
+  out->round = rr->round;
+  out->epoch = sess->epoch;
+  x->rep->body_case = COMMITKV__V1__RESPONSE__BODY_ROUND_REPORT;
+  x->rep->round_report = out;
+  return CKV_OK;
+}
+
+static int h_ack(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, reply_ctx *x) {
+  ckv_srv_session *sess;
+  int r = find_session(s, c, req->ack_epoch->session_id, true, &sess, x);
+  if (r < 0) return r;
+  uint64_t reclaimed = 0;
+  r = ckv_srv_session_ack(sess, req->ack_epoch->epoch, &reclaimed);
+  if (r < 0)
+    return fail(x, r, "epoch %llu is beyond the current epoch %llu", (unsigned long long)req->ack_epoch->epoch,
+                (unsigned long long)sess->epoch);
+  Commitkv__V1__EpochAcked *e = NEW(s, Commitkv__V1__EpochAcked, COMMITKV__V1__EPOCH_ACKED__INIT);
+  if (!e) return -ENOMEM;
+  e->epoch = sess->acked_epoch;
+  e->reclaimed_bytes = reclaimed;
+  x->rep->body_case = COMMITKV__V1__RESPONSE__BODY_EPOCH_ACKED;
+  x->rep->epoch_acked = e;
+  return CKV_OK;
+}
+
+static int view_reply(ckv_server *s, ckv_srv_session *sess, reply_ctx *x) {
+  Commitkv__V1__View *v = NEW(s, Commitkv__V1__View, COMMITKV__V1__VIEW__INIT);
+  if (!v) return -ENOMEM;
+  size_t counts[3] = {0};
+  for (size_t i = 0; i < sess->n_blocks; i++) {
+    uint8_t f = sess->blocks[i].format;
+    if (f == CKV_BLOCK_UNUSED) continue;
+    counts[f == CKV_FORMAT_DRAFT ? 0 : f == CKV_FORMAT_STAGED ? 1 : 2]++;
+  }
+  Commitkv__V1__BlockRef **lists[3];
+  for (int k = 0; k < 3; k++) {
+    lists[k] = counts[k] ? ckv_wire_alloc(&s->out, counts[k] * sizeof(*lists[k])) : NULL;
+    if (counts[k] && !lists[k]) return -ENOMEM;
+  }
+  size_t fill[3] = {0};
+  for (size_t i = 0; i < sess->n_blocks; i++) {
+    const ckv_sblock *b = &sess->blocks[i];
+    if (b->format == CKV_BLOCK_UNUSED) continue;
+    int k = b->format == CKV_FORMAT_DRAFT ? 0 : b->format == CKV_FORMAT_STAGED ? 1 : 2;
+    Commitkv__V1__BlockRef *ref = NEW(s, Commitkv__V1__BlockRef, COMMITKV__V1__BLOCK_REF__INIT);
+    if (!ref) return -ENOMEM;
+    ref->block_id = b->id;
+    ref->arena_id = sess->tenant->arena_id;
+    ref->offset = b->offset;
+    ref->bytes = b->bytes;
+    ref->format = (Commitkv__V1__BlockFormat)b->format;
+    ref->capacity = b->capacity;
+    lists[k][fill[k]++] = ref;
+  }
+  v->epoch = sess->epoch;
+  v->n_tokens = sess->tokens.n;
+  v->draft = lists[0];
+  v->n_draft = counts[0];
+  v->staged = lists[1];
+  v->n_staged = counts[1];
+  v->committed = lists[2];
+  v->n_committed = counts[2];
+  x->rep->body_case = COMMITKV__V1__RESPONSE__BODY_VIEW;
+  x->rep->view = v;
+  return CKV_OK;
+}
+
+static int h_view(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, reply_ctx *x) {
+  ckv_srv_session *sess;
+  int r = find_session(s, c, req->get_view->session_id, true, &sess, x);
+  return r < 0 ? r : view_reply(s, sess, x);
+}
+
+static int h_acquire(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, reply_ctx *x) {
+  /* Host backend: every block is resident; tiering makes this bring blocks back. */
+  ckv_srv_session *sess;
+  int r = find_session(s, c, req->acquire->session_id, true, &sess, x);
+  return r < 0 ? r : view_reply(s, sess, x);
+}
+
+static int h_close(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, reply_ctx *x) {
+  ckv_srv_session *sess;
+  int r = find_session(s, c, req->close_session->session_id, true, &sess, x);
+  if (r < 0) return r;
+  sess->owner = 0;
+  sess->detached_at_ms = ckv_now_ms();
+  ckv_srv_session_release_retired(sess);
+  ckv_log(CKV_LOG_INFO, "session-close", sess->tenant->name, sess->id, "detached; kept %llu ms for resume",
+          (unsigned long long)s->opt.detach_keep_ms);
+  return CKV_OK;
+}
+
+static int h_drop(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, reply_ctx *x) {
+  const Commitkv__V1__DropSession *d = req->drop_session;
+  ckv_srv_session *sess = NULL;
+  if (d->tenant && *d->tenant) {
+    if (!c->admin) return fail(x, CKV_ERR_AUTH, "only an admin may drop another tenant's session");
+    if (ckv_wire_check_session_id(d->session_id) < 0) return fail(x, CKV_ERR_INVALID, "bad session id");
+    char key[256];
+    snprintf(key, sizeof(key), "%.63s/%s", d->tenant, d->session_id);
+    sess = ckv_strmap_get(s->sessions, key);
+    if (!sess) return fail(x, CKV_ERR_NOT_FOUND, "no session '%s'", d->session_id);
+  } else {
+    int r = find_session(s, c, d->session_id, false, &sess, x);
+    if (r < 0) return r;
+  }
+  if (sess->owner && sess->owner != c->id && !c->admin)
+    return fail(x, CKV_ERR_BUSY, "session '%s' is attached to another client", d->session_id);
+  ckv_log(CKV_LOG_INFO, "session-drop", sess->tenant->name, sess->id, "dropped by client %llu",
+          (unsigned long long)c->id);
+  ckv_server_destroy_session(s, sess);
+  return CKV_OK;
+}
+
+static int h_save(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, reply_ctx *x) {
+  ckv_srv_session *sess;
+  int r = find_session(s, c, req->save_session->session_id, false, &sess, x);
+  if (r < 0) return r;
+  return fail(x, CKV_ERR_UNSUPPORTED, "snapshots are not implemented in this build yet");
+}
+
+static int h_restore(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, reply_ctx *x) {
+  if (ckv_wire_check_session_id(req->restore_session->session_id) < 0)
+    return fail(x, CKV_ERR_INVALID, "bad session id");
+  return fail(x, CKV_ERR_UNSUPPORTED, "snapshots are not implemented in this build yet");
+}
+
+static Commitkv__V1__TokenCounts *token_counts(ckv_server *s, const uint64_t *c4) {
+  Commitkv__V1__TokenCounts *t = NEW(s, Commitkv__V1__TokenCounts, COMMITKV__V1__TOKEN_COUNTS__INIT);
+  if (!t) return NULL;
+  t->draft = c4[0];
+  t->staged = c4[1];
+  t->committed = c4[2];
+  t->recycled = c4[3];
+  return t;
+}
+
+/* bytes: draft, staged, committed (all committed formats), total, fp16 */
+static Commitkv__V1__ByteCounts *byte_counts(ckv_server *s, const uint64_t *b5) {
+  Commitkv__V1__ByteCounts *b = NEW(s, Commitkv__V1__ByteCounts, COMMITKV__V1__BYTE_COUNTS__INIT);
+  if (!b) return NULL;
+  b->draft = b5[0];
+  b->staged = b5[1];
+  b->committed = b5[2];
+  b->total = b5[3];
+  b->fp16_equivalent = b5[4];
+  return b;
+}
+
+static void session_figures(const ckv_srv_session *sess, uint64_t *tok4, uint64_t *bytes5) {
+  for (int i = 0; i < 4; i++) tok4[i] += sess->count_by_state[i];
+  for (size_t i = 0; i < sess->n_blocks; i++) {
+    const ckv_sblock *b = &sess->blocks[i];
+    if (b->format == CKV_BLOCK_UNUSED) continue;
+    bytes5[b->format == CKV_FORMAT_DRAFT ? 0 : b->format == CKV_FORMAT_STAGED ? 1 : 2] += b->bytes;
+  }
+  bytes5[3] += ckv_srv_session_bytes(sess);
+  bytes5[4] += ckv_srv_session_fp16_bytes(sess);
+}
+
+static int h_stats(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, reply_ctx *x) {
+  Commitkv__V1__Stats *st = NEW(s, Commitkv__V1__Stats, COMMITKV__V1__STATS__INIT);
+  if (!st) return -ENOMEM;
+  size_t nt = 0;
+  for (size_t i = 0; i < s->n_tenants; i++)
+    if (c->admin || s->tenants[i] == c->tenant) nt++;
+  st->tenants = ckv_wire_alloc(&s->out, (nt + 1) * sizeof(*st->tenants));
+  st->arenas = ckv_wire_alloc(&s->out, (nt + 1) * sizeof(*st->arenas));
+  if (!st->tenants || !st->arenas) return -ENOMEM;
+  uint64_t all_tok[4] = {0}, all_bytes[5] = {0}, detached = 0, sessions = 0, clients = 0;
+  for (size_t i = 0; i < s->n_tenants; i++) {
+    ckv_tenant *t = s->tenants[i];
+    if (!(c->admin || t == c->tenant)) continue;
+    uint64_t tok[4] = {0}, bytes[5] = {0};
+    size_t cur = 0;
+    ckv_srv_session *sess;
+    while ((sess = ckv_strmap_next(s->sessions, &cur, NULL))) {
+      if (sess->tenant != t) continue;
+      session_figures(sess, tok, bytes);
+      if (!sess->owner) detached++;
+    }
+    Commitkv__V1__TenantStats *ts = NEW(s, Commitkv__V1__TenantStats, COMMITKV__V1__TENANT_STATS__INIT);
+    Commitkv__V1__ArenaStats *as = NEW(s, Commitkv__V1__ArenaStats, COMMITKV__V1__ARENA_STATS__INIT);
+    if (!ts || !as || !(ts->tokens = token_counts(s, tok)) || !(ts->bytes = byte_counts(s, bytes))) return -ENOMEM;
+    ts->name = t->name;
+    ts->sessions = t->n_sessions;
+    ts->clients = t->n_clients;
+    ts->quota_bytes = t->quota_bytes;
+    as->kind = (char *)ckv_arena_kind(t->arena);
+    as->bytes_total = ckv_arena_size(t->arena);
+    as->bytes_used = t->bytes_used;
+    as->tenant = t->name;
+    as->arena_id = t->arena_id;
+    st->tenants[st->n_tenants++] = ts;
+    st->arenas[st->n_arenas++] = as;
+    for (int k = 0; k < 4; k++) all_tok[k] += tok[k];
+    for (int k = 0; k < 5; k++) all_bytes[k] += bytes[k];
+    sessions += t->n_sessions;
+    clients += t->n_clients;
+  }
+  if (c->admin) clients = ckv_strmap_size(s->conns);
+  if (!(st->tokens = token_counts(s, all_tok)) || !(st->bytes = byte_counts(s, all_bytes))) return -ENOMEM;
+  st->sessions = sessions;
+  st->clients = clients;
+  st->requests = s->counters.requests;
+  st->errors = s->counters.errors;
+  st->rounds = s->counters.rounds;
+  st->uptime_ms = ckv_now_ms() - s->start_ms;
+  st->backend = (char *)s->opt.backend;
+  st->detached_sessions = detached;
+  st->leases_expired = s->counters.leases_expired;
+  x->rep->body_case = COMMITKV__V1__RESPONSE__BODY_STATS;
+  x->rep->stats = st;
+  return CKV_OK;
+}
+
+static int h_list(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, reply_ctx *x) {
+  Commitkv__V1__SessionList *l = NEW(s, Commitkv__V1__SessionList, COMMITKV__V1__SESSION_LIST__INIT);
+  if (!l) return -ENOMEM;
+  size_t n = ckv_strmap_size(s->sessions), cur = 0;
+  l->sessions = ckv_wire_alloc(&s->out, (n + 1) * sizeof(*l->sessions));
+  if (!l->sessions) return -ENOMEM;
+  ckv_srv_session *sess;
+  while ((sess = ckv_strmap_next(s->sessions, &cur, NULL))) {
+    if (!c->admin && sess->tenant != c->tenant) continue;
+    Commitkv__V1__SessionInfo *i = NEW(s, Commitkv__V1__SessionInfo, COMMITKV__V1__SESSION_INFO__INIT);
+    uint64_t tok[4] = {0}, bytes[5] = {0};
+    session_figures(sess, tok, bytes);
+    if (!i || !(i->tokens = token_counts(s, tok)) || !(i->bytes = byte_counts(s, bytes)) ||
+        !(i->geometry = geometry_msg(s, sess)))
+      return -ENOMEM;
+    i->session_id = sess->id;
+    i->tenant = sess->tenant->name;
+    i->policy = sess->policy;
+    i->attached = sess->owner != 0;
+    i->epoch = sess->epoch;
+    i->rounds = sess->rounds;
+    l->sessions[l->n_sessions++] = i;
+  }
+  x->rep->body_case = COMMITKV__V1__RESPONSE__BODY_SESSION_LIST;
+  x->rep->session_list = l;
+  return CKV_OK;
+}
+
+static int h_heartbeat(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, reply_ctx *x) {
+  Commitkv__V1__HeartbeatAck *h = NEW(s, Commitkv__V1__HeartbeatAck, COMMITKV__V1__HEARTBEAT_ACK__INIT);
+  if (!h) return -ENOMEM;
+  h->server_time_ms = ckv_now_ms();
+  h->lease_ms = s->opt.lease_ms;
+  x->rep->body_case = COMMITKV__V1__RESPONSE__BODY_HEARTBEAT_ACK;
+  x->rep->heartbeat_ack = h;
+  return CKV_OK;
+}
+
+static int h_status(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, reply_ctx *x) {
+  Commitkv__V1__DaemonStatus *d = NEW(s, Commitkv__V1__DaemonStatus, COMMITKV__V1__DAEMON_STATUS__INIT);
+  if (!d) return -ENOMEM;
+  d->version = CKV_VERSION_STRING;
+  d->backend = (char *)s->opt.backend;
+  d->backend_reason = (char *)(s->opt.backend_reason ? s->opt.backend_reason : "");
+  d->pid = (uint32_t)getpid();
+  d->uptime_ms = ckv_now_ms() - s->start_ms;
+  d->socket = (char *)s->opt.socket;
+  d->attach_socket = (char *)s->opt.attach_socket;
+  d->protocol_version = CKV_PROTOCOL_VERSION;
+  x->rep->body_case = COMMITKV__V1__RESPONSE__BODY_STATUS;
+  x->rep->status = d;
+  return CKV_OK;
+}
+
+typedef struct handler_entry {
+  Commitkv__V1__Request__BodyCase kind;
+  const char *name;
+  handler_fn fn;
+} handler_entry;
+
+static const handler_entry k_handlers[] = {
+    {COMMITKV__V1__REQUEST__BODY_HELLO, "hello", h_hello},
+    {COMMITKV__V1__REQUEST__BODY_OPEN_SESSION, "open_session", h_open},
+    {COMMITKV__V1__REQUEST__BODY_APPEND_TOKENS, "append_tokens", h_append},
+    {COMMITKV__V1__REQUEST__BODY_REPORT_ROUND, "report_round", h_report},
+    {COMMITKV__V1__REQUEST__BODY_ACK_EPOCH, "ack_epoch", h_ack},
+    {COMMITKV__V1__REQUEST__BODY_ACQUIRE, "acquire", h_acquire},
+    {COMMITKV__V1__REQUEST__BODY_GET_VIEW, "get_view", h_view},
+    {COMMITKV__V1__REQUEST__BODY_SAVE_SESSION, "save_session", h_save},
+    {COMMITKV__V1__REQUEST__BODY_RESTORE_SESSION, "restore_session", h_restore},
+    {COMMITKV__V1__REQUEST__BODY_CLOSE_SESSION, "close_session", h_close},
+    {COMMITKV__V1__REQUEST__BODY_DROP_SESSION, "drop_session", h_drop},
+    {COMMITKV__V1__REQUEST__BODY_STATS, "stats", h_stats},
+    {COMMITKV__V1__REQUEST__BODY_LIST_SESSIONS, "list_sessions", h_list},
+    {COMMITKV__V1__REQUEST__BODY_HEARTBEAT, "heartbeat", h_heartbeat},
+    {COMMITKV__V1__REQUEST__BODY_STATUS, "status", h_status},
+};
+
+void ckv_handle_request(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, Commitkv__V1__Response *rep) {
+  reply_ctx x = {.rep = rep};
+  int r;
+  if (req->version > CKV_PROTOCOL_VERSION) {
+    r = fail(&x, CKV_ERR_VERSION, "request version %u is newer than this daemon's %u", req->version,
+             CKV_PROTOCOL_VERSION);
+  } else {
+    const handler_entry *h = NULL;
+    for (size_t i = 0; i < sizeof(k_handlers) / sizeof(k_handlers[0]); i++)
+      if (k_handlers[i].kind == req->body_case) h = &k_handlers[i];
+    r = h ? h->fn(s, c, req, &x) : fail(&x, CKV_ERR_INVALID, "empty or unknown request type %d", (int)req->body_case);
+    if (r == -ENOMEM && !x.msg[0]) snprintf(x.msg, sizeof(x.msg), "out of memory building the reply");
+  }
+  if (r < 0) {
+    /* The error reply carries no body: whatever a handler built is dropped. */
+    rep->body_case = COMMITKV__V1__RESPONSE__BODY__NOT_SET;
+    rep->code = r;
+    static char msg[sizeof(x.msg)];
+    memcpy(msg, x.msg, sizeof(msg));
+    rep->message = msg;
+  }
+}

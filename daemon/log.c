@@ -1,0 +1,186 @@
+/* daemon/log.c - journal or stderr records; see log.h.
+ *
+ * The level lives in an atomic int read with relaxed order on every call
+ * (a stale level for one record is harmless).  The target and identifier are
+ * set once by ckv_log_init before threads start.  Records are built in a
+ * fixed stack buffer so logging never allocates, which matters on the
+ * out-of-memory paths that most need a log line. */
+#define SD_JOURNAL_SUPPRESS_LOCATION /* CODE_FILE= would always say log.c */
+#include "daemon/log.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <systemd/sd-journal.h>
+
+#define LOG_MSG_MAX 2048  /* message text after formatting */
+#define LOG_LINE_MAX 3072 /* whole stderr line: prefix, fields, message */
+#define LOG_FIELD_MAX 256 /* event, tenant, session each */
+
+static const char *const level_names[] = {
+    [CKV_LOG_ERROR] = "error", [CKV_LOG_WARNING] = "warning", [CKV_LOG_NOTICE] = "notice",
+    [CKV_LOG_INFO] = "info",   [CKV_LOG_DEBUG] = "debug",
+};
+
+static atomic_int log_level = CKV_LOG_INFO;
+static ckv_log_target log_target = CKV_LOG_TARGET_STDERR; /* resolved; never AUTO */
+static char log_ident[32] = "commitkvd";
+static pthread_mutex_t log_write_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int clamp_level(int level) {
+  if (level < CKV_LOG_ERROR) return CKV_LOG_ERROR;
+  if (level > CKV_LOG_DEBUG) return CKV_LOG_DEBUG;
+  return level;
+}
+
+const char *ckv_log_level_name(int level) {
+  if (level < CKV_LOG_ERROR || level > CKV_LOG_DEBUG) return "?";
+  return level_names[level];
+}
+
+int ckv_log_level_from_name(const char *name) {
+  if (!name) return -1;
+  for (int l = CKV_LOG_ERROR; l <= CKV_LOG_DEBUG; l++)
+    if (strcmp(name, level_names[l]) == 0) return l;
+  return -1;
+}
+
+void ckv_log_set_level(int level) {
+  atomic_store_explicit(&log_level, clamp_level(level), memory_order_relaxed);
+}
+
+int ckv_log_get_level(void) { return atomic_load_explicit(&log_level, memory_order_relaxed); }
+
+bool ckv_log_enabled(int level) { return level <= ckv_log_get_level(); }
+
+bool ckv_log_stderr_is_journal(void) {
+  const char *e = getenv("JOURNAL_STREAM");
+  if (!e || !*e) return false;
+  uintmax_t dev, ino;
+  char tail;
+  if (sscanf(e, "%ju:%ju%c", &dev, &ino, &tail) != 2) return false;
+  struct stat st;
+  if (fstat(STDERR_FILENO, &st) < 0) return false;
+  return (uintmax_t)st.st_dev == dev && (uintmax_t)st.st_ino == ino;
+}
+
+void ckv_log_init(const char *ident, ckv_log_target target) {
+  if (ident && *ident) snprintf(log_ident, sizeof log_ident, "%s", ident);
+  if (target == CKV_LOG_TARGET_AUTO)
+    target = ckv_log_stderr_is_journal() ? CKV_LOG_TARGET_JOURNAL : CKV_LOG_TARGET_STDERR;
+  log_target = target;
+}
+
+/* Copies s into dst (at most cap-1 bytes), control bytes replaced by '?'. */
+static void sanitize(char *dst, size_t cap, const char *s) {
+  size_t n = 0;
+  for (; s && *s && n + 1 < cap; s++, n++) {
+    unsigned char ch = (unsigned char)*s;
+    dst[n] = (ch < 0x20 || ch == 0x7f) ? '?' : (char)ch;
+  }
+  dst[n] = '\0';
+}
+
+static void write_all(int fd, const char *p, size_t len) {
+  pthread_mutex_lock(&log_write_lock);
+  while (len > 0) {
+    ssize_t w = write(fd, p, len);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      break; /* nowhere left to complain to */
+    }
+    p += w;
+    len -= (size_t)w;
+  }
+  pthread_mutex_unlock(&log_write_lock);
+}
+
+static void log_stderr(int level, const char *event, const char *tenant, const char *session,
+                       const char *msg) {
+  char line[LOG_LINE_MAX], field[LOG_FIELD_MAX], clean[LOG_MSG_MAX];
+  size_t n = 0;
+  /* snprintf returns the would-be length: clamp so n never passes the buffer. */
+#define APPEND(...)                                                                   \
+  do {                                                                                \
+    if (n < sizeof line) {                                                            \
+      int k_ = snprintf(line + n, sizeof line - n, __VA_ARGS__);                      \
+      if (k_ > 0) n = ((size_t)k_ < sizeof line - n) ? n + (size_t)k_ : sizeof line - 1; \
+    }                                                                                 \
+  } while (0)
+  APPEND("%s: %s: ", log_ident, ckv_log_level_name(level));
+  bool any = false;
+  if (event) {
+    sanitize(field, sizeof field, event);
+    APPEND("[%s]", field);
+    any = true;
+  }
+  if (tenant) {
+    sanitize(field, sizeof field, tenant);
+    APPEND("%stenant=%s", any ? " " : "", field);
+    any = true;
+  }
+  if (session) {
+    sanitize(field, sizeof field, session);
+    APPEND("%ssession=%s", any ? " " : "", field);
+    any = true;
+  }
+  sanitize(clean, sizeof clean, msg);
+  APPEND("%s%s\n", any ? ": " : "", clean);
+#undef APPEND
+  if (n > 0 && line[n - 1] != '\n') line[n - 1] = '\n'; /* truncated: keep it one line */
+  write_all(STDERR_FILENO, line, n);
+}
+
+static void log_journal(int level, const char *event, const char *tenant, const char *session,
+                        const char *msg) {
+  char f_msg[LOG_MSG_MAX + 16], f_prio[16], f_ident[64];
+  char f_event[LOG_FIELD_MAX + 16], f_tenant[LOG_FIELD_MAX + 16], f_session[LOG_FIELD_MAX + 16];
+  struct iovec iov[6];
+  int n = 0;
+  /* Journal fields are binary-safe: no sanitising, but the same length caps. */
+#define FIELD(buf, ...)                                          \
+  do {                                                           \
+    int k_ = snprintf(buf, sizeof buf, __VA_ARGS__);             \
+    if (k_ < 0) break;                                           \
+    size_t len_ = (size_t)k_ < sizeof buf ? (size_t)k_ : sizeof buf - 1; \
+    iov[n++] = (struct iovec){.iov_base = buf, .iov_len = len_}; \
+  } while (0)
+  FIELD(f_msg, "MESSAGE=%s", msg);
+  FIELD(f_prio, "PRIORITY=%d", level);
+  FIELD(f_ident, "SYSLOG_IDENTIFIER=%s", log_ident);
+  if (event) FIELD(f_event, "CKV_EVENT=%.*s", LOG_FIELD_MAX - 1, event);
+  if (tenant) FIELD(f_tenant, "TENANT=%.*s", LOG_FIELD_MAX - 1, tenant);
+  if (session) FIELD(f_session, "SESSION=%.*s", LOG_FIELD_MAX - 1, session);
+#undef FIELD
+  if (sd_journal_sendv(iov, n) < 0) log_stderr(level, event, tenant, session, msg);
+}
+
+void ckv_logv(int level, const char *event, const char *tenant, const char *session,
+              const char *fmt, va_list ap) {
+  level = clamp_level(level);
+  if (!ckv_log_enabled(level)) return;
+  int saved_errno = errno; /* callers often log, then return -errno */
+  char msg[LOG_MSG_MAX];
+  if (vsnprintf(msg, sizeof msg, fmt ? fmt : "", ap) < 0) msg[0] = '\0';
+  if (log_target == CKV_LOG_TARGET_JOURNAL)
+    log_journal(level, event, tenant, session, msg);
+  else
+    log_stderr(level, event, tenant, session, msg);
+  errno = saved_errno;
+}
+
+void ckv_log(int level, const char *event, const char *tenant, const char *session,
+             const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  ckv_logv(level, event, tenant, session, fmt, ap);
+  va_end(ap);
+}

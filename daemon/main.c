@@ -1,0 +1,219 @@
+/* main.c - commitkvd: flags, configuration, systemd notification, the loop.
+ *
+ * Runs in the foreground (systemd style).  Configuration comes from the INI
+ * file (--config) with the flags applied over it; --check-config validates a
+ * file and prints the effective configuration. */
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <systemd/sd-daemon.h>
+#include <unistd.h>
+
+#include "commitkv/status.h"
+#include "daemon/config.h"
+#include "daemon/log.h"
+#include "daemon/server.h"
+
+static void usage(FILE *out) {
+  fprintf(out,
+          "usage: commitkvd [options]\n"
+          "  --config FILE         INI configuration (default: none; /etc/commitkv/commitkvd.conf in packages)\n"
+          "  --socket ENDPOINT     ZeroMQ control endpoint (default ipc://$RUNTIME_DIRECTORY/commitkvd.sock)\n"
+          "  --attach-socket PATH  unix socket for attach and fd passing (default beside the control socket)\n"
+          "  --backend auto|host|cuda\n"
+          "  --memory SIZE         KV memory for all tenants, e.g. 4G\n"
+          "  --state-dir DIR       snapshots and disk tier\n"
+          "  --set SECTION.KEY=VALUE  any configuration key (repeatable)\n"
+          "  --check-config FILE   validate FILE, print the effective configuration, exit\n"
+          "  --help-config         print every configuration key with its default and meaning\n"
+          "  --version\n");
+}
+
+typedef struct app {
+  ckv_config cfg;
+  const char *config_path;
+  ckv_server *server;
+  bool notify;
+} app;
+
+static bool resolve_tenant(void *ctx, uint32_t uid, uint32_t gid, ckv_tenant_spec *ret) {
+  app *a = ctx;
+  const ckv_tenant_config *t = ckv_config_tenant_for(&a->cfg, uid, gid);
+  if (!t) return false;
+  ret->name = t->name;
+  ret->quota_bytes = t->quota;
+  ret->max_sessions = t->max_sessions;
+  return true;
+}
+
+static void on_ready(void *ctx) {
+  app *a = ctx;
+  if (a->notify) sd_notify(0, "READY=1\nSTATUS=serving");
+}
+
+static void reload(app *a) {
+  if (!a->config_path) return;
+  ckv_config fresh;
+  ckv_config_init_defaults(&fresh);
+  char err[512];
+  int r = ckv_config_load_file(&fresh, a->config_path, err, sizeof(err));
+  if (r == 0) r = ckv_config_finalize(&fresh, err, sizeof(err));
+  if (r < 0) {
+    ckv_log(CKV_LOG_ERROR, "reload-failed", NULL, NULL, "keeping the running configuration: %s", err);
+  } else {
+    ckv_config_apply_reload(&a->cfg, &fresh);
+    ckv_log_set_level(a->cfg.log_level);
+    ckv_log(CKV_LOG_NOTICE, "reload", NULL, NULL, "configuration reloaded from %s", a->config_path);
+  }
+  ckv_config_done(&fresh);
+}
+
+static void on_tick(void *ctx, const char *status) {
+  app *a = ctx;
+  if (a->server && ckv_server_take_reload(a->server)) {
+    if (a->notify) sd_notify(0, "RELOADING=1");
+    reload(a);
+    if (a->notify) sd_notify(0, "READY=1");
+  }
+  if (a->notify) sd_notifyf(0, "WATCHDOG=1\nSTATUS=%s", status);
+}
+
+static int apply_flag(ckv_config *c, const char *section, const char *key, const char *value) {
+  char err[512];
+  int r = ckv_config_set(c, section, key, value, err, sizeof(err));
+  if (r < 0) fprintf(stderr, "commitkvd: --%s: %s\n", key, err);
+  return r;
+}
+
+int main(int argc, char **argv) {
+  static app a;
+  ckv_config_init_defaults(&a.cfg);
+  ckv_log_init("commitkvd", CKV_LOG_TARGET_AUTO);
+  enum { OPT_ATTACH = 1000, OPT_SET, OPT_CHECK, OPT_HELP_CONFIG, OPT_VERSION, OPT_STATE };
+  static const struct option opts[] = {
+      {"config", required_argument, 0, 'c'},    {"socket", required_argument, 0, 's'},
+      {"attach-socket", required_argument, 0, OPT_ATTACH}, {"backend", required_argument, 0, 'b'},
+      {"memory", required_argument, 0, 'm'},    {"state-dir", required_argument, 0, OPT_STATE},
+      {"set", required_argument, 0, OPT_SET},   {"check-config", required_argument, 0, OPT_CHECK},
+      {"help-config", no_argument, 0, OPT_HELP_CONFIG}, {"version", no_argument, 0, OPT_VERSION},
+      {"help", no_argument, 0, 'h'},            {0, 0, 0, 0}};
+  /* First pass: the config file, so flags apply over it whatever their order. */
+  int o;
+  while ((o = getopt_long(argc, argv, "c:s:b:m:h", opts, NULL)) != -1) {
+    if (o == 'c') a.config_path = optarg;
+    if (o == '?') {
+      usage(stderr);
+      return 2;
+    }
+  }
+  char err[512];
+  if (a.config_path) {
+    int r = ckv_config_load_file(&a.cfg, a.config_path, err, sizeof(err));
+    if (r < 0) {
+      fprintf(stderr, "commitkvd: %s\n", err);
+      return 1;
+    }
+  }
+  optind = 1;
+  while ((o = getopt_long(argc, argv, "c:s:b:m:h", opts, NULL)) != -1) {
+    int r = 0;
+    switch (o) {
+      case 'c': break;
+      case 's': r = apply_flag(&a.cfg, "daemon", "socket", optarg); break;
+      case OPT_ATTACH: r = apply_flag(&a.cfg, "daemon", "attach_socket", optarg); break;
+      case 'b': r = apply_flag(&a.cfg, "daemon", "backend", optarg); break;
+      case 'm': r = apply_flag(&a.cfg, "daemon", "memory", optarg); break;
+      case OPT_STATE: r = apply_flag(&a.cfg, "daemon", "state_dir", optarg); break;
+      case OPT_SET: {
+        char buf[1024];
+        snprintf(buf, sizeof(buf), "%s", optarg);
+        char *eq = strchr(buf, '='), *dot = strrchr(buf, '.');
+        if (!eq || !dot || dot > eq) {
+          fprintf(stderr, "commitkvd: --set wants SECTION.KEY=VALUE, got '%s'\n", optarg);
+          return 2;
+        }
+        *eq = 0;
+        *dot = 0;
+        r = apply_flag(&a.cfg, buf, dot + 1, eq + 1);
+        break;
+      }
+      case OPT_CHECK: {
+        ckv_config chk;
+        ckv_config_init_defaults(&chk);
+        int rc = ckv_config_load_file(&chk, optarg, err, sizeof(err));
+        if (rc == 0) rc = ckv_config_finalize(&chk, err, sizeof(err));
+        if (rc < 0) {
+          fprintf(stderr, "commitkvd: %s\n", err);
+          ckv_config_done(&chk);
+          return 1;
+        }
+        ckv_config_write(&chk, stdout);
+        ckv_config_done(&chk);
+        return 0;
+      }
+      case OPT_HELP_CONFIG: return ckv_config_write_docs(stdout, 0) < 0 ? 1 : 0;
+      case OPT_VERSION: printf("commitkvd %s (protocol %u)\n", CKV_VERSION_STRING, CKV_PROTOCOL_VERSION); return 0;
+      case 'h': usage(stdout); return 0;
+      default: usage(stderr); return 2;
+    }
+    if (r < 0) return 2;
+  }
+  if (ckv_config_finalize(&a.cfg, err, sizeof(err)) < 0) {
+    fprintf(stderr, "commitkvd: %s\n", err);
+    return 1;
+  }
+  ckv_config_ensure_default_tenant(&a.cfg, (uint32_t)geteuid());
+  ckv_log_set_level(a.cfg.log_level);
+
+  const char *backend = "host", *reason;
+  switch (a.cfg.backend) {
+    case CKV_BACKEND_CUDA:
+      fprintf(stderr, "commitkvd: --backend cuda: this build has no CUDA arena backend yet; use host\n");
+      return 1;
+    case CKV_BACKEND_HOST: reason = "host backend requested"; break;
+    default: reason = "auto: no CUDA arena backend in this build, using host memfd arenas"; break;
+  }
+  ckv_server_options so = {
+      .socket = a.cfg.socket,
+      .attach_socket = a.cfg.attach_socket,
+      .backend = backend,
+      .backend_reason = reason,
+      .memory_bytes = a.cfg.memory,
+      .state_dir = a.cfg.state_dir,
+      .lease_ms = (uint32_t)a.cfg.lease_ms,
+      .heartbeat_ms = (uint32_t)a.cfg.heartbeat_ms,
+      .detach_keep_ms = a.cfg.detach_keep_ms,
+      .max_clients = a.cfg.max_clients,
+      .max_sessions = a.cfg.max_sessions,
+      .max_message = a.cfg.max_message,
+      .max_tokens_per_session = a.cfg.max_tokens_per_session,
+      .max_append = 1u << 20,
+      .draft_block_tokens = a.cfg.draft_block_tokens,
+      .commit_block_tokens = a.cfg.commit_block_tokens,
+      .resolve_tenant = resolve_tenant,
+      .resolve_ctx = &a,
+      .on_ready = on_ready,
+      .on_tick = on_tick,
+      .notify_ctx = &a,
+      .tick_ms = 1000,
+  };
+  uint64_t wd_usec = 0;
+  a.notify = getenv("NOTIFY_SOCKET") != NULL;
+  if (sd_watchdog_enabled(0, &wd_usec) > 0 && wd_usec / 2000 < so.tick_ms) so.tick_ms = (uint32_t)(wd_usec / 2000);
+  if (so.tick_ms == 0) so.tick_ms = 1;
+
+  int r = ckv_server_new(&so, &a.server, err, sizeof(err));
+  if (r < 0) {
+    ckv_log(CKV_LOG_ERROR, "start-failed", NULL, NULL, "%s", err);
+    if (a.notify) sd_notifyf(0, "STATUS=failed: %s\nERRNO=%d", err, r < 0 && r > -4096 ? -r : 0);
+    ckv_config_done(&a.cfg);
+    return 1;
+  }
+  r = ckv_server_run(a.server);
+  if (a.notify) sd_notify(0, "STOPPING=1\nSTATUS=draining");
+  a.server = ckv_server_free(a.server);
+  ckv_config_done(&a.cfg);
+  return r == 0 ? 0 : 1;
+}

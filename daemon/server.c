@@ -1,0 +1,416 @@
+/* server.c - the server loop: sockets, signals, leases, detach expiry.
+ *
+ * One thread.  zmq_poll watches the ROUTER, the attach listener, a signalfd
+ * and every attached client's unix socket (EOF there means the client died:
+ * its lease ends at once instead of after lease_ms).  Replies are sent with
+ * ZMQ_DONTWAIT and ZMQ_ROUTER_MANDATORY, so a slow or vanished peer costs a
+ * dropped reply (counted), never a stalled loop. */
+#include "daemon/server.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "commitkv/status.h"
+#include "daemon/log.h"
+#include "daemon/session.h"
+#include "daemon/strmap.h"
+#include "daemon/tenant.h"
+#include "shm/arena.h"
+#include "shm/fdpass.h"
+
+#define HOUSEKEEPING_MS 100u
+#define MAX_BATCH 512
+
+uint64_t ckv_now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+void ckv_server_session_key(const ckv_tenant *t, const char *id, char *buf, size_t len) {
+  snprintf(buf, len, "%s/%s", t->name, id);
+}
+
+static int set_sockopt_int(void *sock, int opt, int v) { return zmq_setsockopt(sock, opt, &v, sizeof(v)); }
+
+/* Make the directory of an ipc:// endpoint or unix path exist. */
+static void ensure_parent_dir(const char *path) {
+  char dir[512];
+  snprintf(dir, sizeof(dir), "%s", path);
+  char *slash = strrchr(dir, '/');
+  if (!slash || slash == dir) return;
+  *slash = 0;
+  for (char *p = dir + 1; *p; p++)
+    if (*p == '/') {
+      *p = 0;
+      mkdir(dir, 0755);
+      *p = '/';
+    }
+  mkdir(dir, 0755);
+}
+
+int ckv_server_new(const ckv_server_options *opt, ckv_server **ret, char *err, size_t errlen) {
+  ckv_server *s = calloc(1, sizeof(*s));
+  if (!s) return -ENOMEM;
+  s->opt = *opt;
+  s->attach_fd = -1;
+  s->signal_fd = -1;
+  s->start_ms = ckv_now_ms();
+  int r;
+  if (getrandom(s->boot_token, sizeof(s->boot_token), 0) != sizeof(s->boot_token)) {
+    snprintf(err, errlen, "getrandom: %s", strerror(errno));
+    r = -errno;
+    goto fail;
+  }
+  s->backend = ckv_arena_backend_find(opt->backend ? opt->backend : "host");
+  if (!s->backend) {
+    snprintf(err, errlen, "unknown or unavailable backend '%s'", opt->backend);
+    r = CKV_ERR_UNSUPPORTED;
+    goto fail;
+  }
+  if ((r = ckv_strmap_new(&s->conns)) < 0 || (r = ckv_strmap_new(&s->sessions)) < 0) goto fail_nomem;
+  /* The decode cap: a request may expand when unpacked (repeated fields, maps);
+   * twice its wire size plus slack bounds what protobuf-c may allocate. */
+  if ((r = ckv_wire_arena_init(&s->in, (size_t)opt->max_message * 2 + 65536)) < 0) goto fail_nomem;
+  if ((r = ckv_wire_arena_init(&s->out, 8u << 20)) < 0) goto fail_nomem;
+
+  sigset_t mask;
+  sigemptyset(&mask);
+  sigaddset(&mask, SIGTERM);
+  sigaddset(&mask, SIGINT);
+  sigaddset(&mask, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &mask, NULL);
+  signal(SIGPIPE, SIG_IGN);
+  s->signal_fd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+  if (s->signal_fd < 0) {
+    snprintf(err, errlen, "signalfd: %s", strerror(errno));
+    r = -errno;
+    goto fail;
+  }
+
+  s->zctx = zmq_ctx_new();
+  if (!s->zctx) goto fail_nomem;
+  set_sockopt_int(s->zctx, ZMQ_BLOCKY, 0);
+  s->router = zmq_socket(s->zctx, ZMQ_ROUTER);
+  if (!s->router) goto fail_nomem;
+  int64_t maxmsg = (int64_t)opt->max_message;
+  zmq_setsockopt(s->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
+  set_sockopt_int(s->router, ZMQ_ROUTER_MANDATORY, 1);
+  set_sockopt_int(s->router, ZMQ_LINGER, 0);
+  set_sockopt_int(s->router, ZMQ_SNDHWM, 10000);
+  set_sockopt_int(s->router, ZMQ_RCVHWM, 10000);
+  if (strncmp(opt->socket, "ipc://", 6) == 0) ensure_parent_dir(opt->socket + 6);
+  if (zmq_bind(s->router, opt->socket) != 0) {
+    snprintf(err, errlen, "cannot bind %s: %s", opt->socket, zmq_strerror(zmq_errno()));
+    r = -zmq_errno();
+    goto fail;
+  }
+  ensure_parent_dir(opt->attach_socket);
+  r = ckv_unix_listen(opt->attach_socket, 0666, 64, &s->attach_fd);
+  if (r < 0) {
+    snprintf(err, errlen, "cannot listen on %s: %s", opt->attach_socket, ckv_strerror(r));
+    goto fail;
+  }
+  *ret = s;
+  return CKV_OK;
+fail_nomem:
+  r = -ENOMEM;
+  snprintf(err, errlen, "out of memory");
+fail:
+  ckv_server_free(s);
+  return r;
+}
+
+void ckv_server_destroy_session(ckv_server *s, ckv_srv_session *sess) {
+  char key[256];
+  ckv_server_session_key(sess->tenant, sess->id, key, sizeof(key));
+  if (ckv_strmap_get(s->sessions, key) == sess) ckv_strmap_del(s->sessions, key);
+  sess->tenant->n_sessions--;
+  ckv_srv_session_free(sess);
+}
+
+void ckv_server_drop_conn(ckv_server *s, ckv_conn *c, const char *why) {
+  uint64_t now = ckv_now_ms();
+  size_t cur = 0;
+  ckv_srv_session *sess;
+  while ((sess = ckv_strmap_next(s->sessions, &cur, NULL)))
+    if (sess->owner == c->id) {
+      sess->owner = 0;
+      sess->detached_at_ms = now;
+      ckv_srv_session_release_retired(sess); /* no reader is left to protect */
+    }
+  ckv_log(CKV_LOG_INFO, "client-gone", c->tenant ? c->tenant->name : NULL, NULL, "client %llu (pid %u, %s): %s",
+          (unsigned long long)c->id, c->pid, c->name, why);
+  if (c->tenant) c->tenant->n_clients--;
+  if (c->attach_fd >= 0) close(c->attach_fd);
+  ckv_strmap_del(s->conns, c->keyhex);
+  free(c);
+}
+
+ckv_server *ckv_server_free(ckv_server *s) {
+  if (!s) return NULL;
+  if (s->conns) {
+    size_t cur = 0;
+    ckv_conn *c;
+    while ((c = ckv_strmap_next(s->conns, &cur, NULL))) ckv_server_drop_conn(s, c, "daemon stopping");
+  }
+  if (s->sessions) {
+    size_t cur = 0;
+    ckv_srv_session *sess;
+    while ((sess = ckv_strmap_next(s->sessions, &cur, NULL))) ckv_server_destroy_session(s, sess);
+  }
+  for (size_t i = 0; i < s->n_tenants; i++) ckv_tenant_free(s->tenants[i]);
+  free(s->tenants);
+  s->conns = ckv_strmap_free(s->conns);
+  s->sessions = ckv_strmap_free(s->sessions);
+  if (s->router) zmq_close(s->router);
+  if (s->zctx) zmq_ctx_term(s->zctx);
+  if (s->attach_fd >= 0) {
+    close(s->attach_fd);
+    unlink(s->opt.attach_socket);
+  }
+  if (s->signal_fd >= 0) close(s->signal_fd);
+  ckv_wire_arena_done(&s->in);
+  ckv_wire_arena_done(&s->out);
+  free(s);
+  return NULL;
+}
+
+ckv_tenant *ckv_server_tenant(ckv_server *s, const ckv_tenant_spec *spec, int *ret_status) {
+  for (size_t i = 0; i < s->n_tenants; i++)
+    if (strcmp(s->tenants[i]->name, spec->name) == 0) return s->tenants[i];
+  uint64_t quota = spec->quota_bytes && spec->quota_bytes < s->opt.memory_bytes ? spec->quota_bytes
+                                                                                  : s->opt.memory_bytes;
+  ckv_tenant **nt = realloc(s->tenants, (s->n_tenants + 1) * sizeof(*nt));
+  if (!nt) {
+    *ret_status = -ENOMEM;
+    return NULL;
+  }
+  s->tenants = nt;
+  ckv_tenant *t;
+  /* The arena is sized at the quota plus room for the arena header and slab
+   * rounding; a memfd only costs the pages that are touched. */
+  int r = ckv_tenant_new(spec->name, quota, quota + (quota / 8) + (16u << 20), (uint32_t)s->n_tenants + 1,
+                         s->backend, &t);
+  if (r < 0) {
+    *ret_status = r;
+    return NULL;
+  }
+  t->max_sessions = spec->max_sessions ? spec->max_sessions : s->opt.max_sessions;
+  s->tenants[s->n_tenants++] = t;
+  ckv_log(CKV_LOG_INFO, "tenant-up", t->name, NULL, "arena %u of %llu bytes (%s), quota %llu bytes", t->arena_id,
+          (unsigned long long)ckv_arena_size(t->arena), ckv_arena_kind(t->arena), (unsigned long long)quota);
+  return t;
+}
+
+static void hex_of(const uint8_t *b, size_t n, char *out) {
+  static const char digits[] = "0123456789abcdef";
+  for (size_t i = 0; i < n; i++) {
+    out[2 * i] = digits[b[i] >> 4];
+    out[2 * i + 1] = digits[b[i] & 15];
+  }
+  out[2 * n] = 0;
+}
+
+/* Receive one multipart message: [identity][optional empty][payload].
+ * Returns 1 when a message was read, 0 when none is queued. */
+static int serve_one(ckv_server *s) {
+  zmq_msg_t frames[3];
+  int n = 0, more = 1;
+  bool overflow = false;
+  while (more) {
+    zmq_msg_t m;
+    zmq_msg_init(&m);
+    if (zmq_msg_recv(&m, s->router, n == 0 ? ZMQ_DONTWAIT : 0) < 0) {
+      zmq_msg_close(&m);
+      if (n == 0) return 0;
+      break;
+    }
+    more = zmq_msg_more(&m);
+    if (n < 3)
+      frames[n++] = m;
+    else {
+      overflow = true; /* garbage: drain and answer with an error */
+      zmq_msg_close(&m);
+    }
+  }
+  zmq_msg_t *id = &frames[0];
+  bool delim = n == 3 && zmq_msg_size(&frames[1]) == 0;
+  zmq_msg_t *payload = n >= 2 ? &frames[n - 1] : NULL;
+
+  Commitkv__V1__Response rep = COMMITKV__V1__RESPONSE__INIT;
+  rep.boot_token.data = s->boot_token;
+  rep.boot_token.len = sizeof(s->boot_token);
+  ckv_wire_reset(&s->out);
+  s->counters.requests++;
+  char key[2 * CKV_KEY_BYTES + 1] = "";
+  if (zmq_msg_size(id) == CKV_KEY_BYTES) hex_of(zmq_msg_data(id), CKV_KEY_BYTES, key);
+  ckv_conn *c = key[0] ? ckv_strmap_get(s->conns, key) : NULL;
+  static char msg[256];
+  Commitkv__V1__Request *req = NULL;
+  if (!c) {
+    rep.code = CKV_ERR_AUTH;
+    snprintf(msg, sizeof(msg), "unknown client: attach over %s first and use the attach key as routing id",
+             s->opt.attach_socket);
+    rep.message = msg;
+  } else if (overflow || !payload || (n == 3 && !delim)) {
+    rep.code = CKV_ERR_PROTO;
+    rep.message = "bad framing: expected [payload] or [empty][payload]";
+  } else {
+    c->last_seen_ms = ckv_now_ms();
+    int r = ckv_wire_decode_request(&s->in, zmq_msg_data(payload), zmq_msg_size(payload), &req);
+    if (r < 0) {
+      rep.code = r;
+      snprintf(msg, sizeof(msg), "could not decode a commitkv.v1.Request from %zu bytes",
+               zmq_msg_size(payload));
+      rep.message = msg;
+    } else {
+      rep.request_id = req->request_id;
+      ckv_handle_request(s, c, req, &rep);
+    }
+  }
+  if (rep.code != 0) s->counters.errors++;
+
+  size_t len = commitkv__v1__response__get_packed_size(&rep);
+  zmq_msg_t out;
+  if (zmq_msg_init_size(&out, len) == 0) {
+    commitkv__v1__response__pack(&rep, zmq_msg_data(&out));
+    int rc = zmq_msg_send(id, s->router, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+    if (rc >= 0 && delim) rc = zmq_send(s->router, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+    if (rc >= 0) rc = zmq_msg_send(&out, s->router, ZMQ_DONTWAIT);
+    if (rc < 0) {
+      /* EHOSTUNREACH: the peer went away; EAGAIN: its queue is full. Either
+       * way the reply is dropped, never the loop stalled. */
+      ckv_log(CKV_LOG_DEBUG, "reply-dropped", c && c->tenant ? c->tenant->name : NULL, NULL, "%s",
+              zmq_strerror(zmq_errno()));
+      zmq_msg_close(&out);
+    }
+  }
+  for (int i = 0; i < n; i++) zmq_msg_close(&frames[i]);
+  return 1;
+}
+
+static void housekeeping(ckv_server *s) {
+  uint64_t now = ckv_now_ms();
+  size_t cur = 0;
+  ckv_conn *c;
+  while ((c = ckv_strmap_next(s->conns, &cur, NULL)))
+    if (now - c->last_seen_ms > s->opt.lease_ms) {
+      s->counters.leases_expired++;
+      ckv_server_drop_conn(s, c, "lease expired");
+    }
+  cur = 0;
+  ckv_srv_session *sess;
+  while ((sess = ckv_strmap_next(s->sessions, &cur, NULL)))
+    if (sess->owner == 0 && now - sess->detached_at_ms >= s->opt.detach_keep_ms) {
+      ckv_log(CKV_LOG_INFO, "session-expired", sess->tenant->name, sess->id, "detached session freed after %llu ms",
+              (unsigned long long)s->opt.detach_keep_ms);
+      ckv_server_destroy_session(s, sess);
+    }
+}
+
+static void read_signals(ckv_server *s) {
+  struct signalfd_siginfo si;
+  while (read(s->signal_fd, &si, sizeof(si)) == sizeof(si)) {
+    if (si.ssi_signo == SIGHUP)
+      s->reload_requested = true;
+    else
+      s->stopping = true;
+  }
+}
+
+bool ckv_server_take_reload(ckv_server *s) {
+  bool r = s->reload_requested;
+  s->reload_requested = false;
+  return r;
+}
+
+static void status_line(ckv_server *s, char *buf, size_t len) {
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < s->n_tenants; i++) bytes += s->tenants[i]->bytes_used;
+  snprintf(buf, len, "%zu sessions, %zu clients, %llu bytes of KV", ckv_strmap_size(s->sessions),
+           ckv_strmap_size(s->conns), (unsigned long long)bytes);
+}
+
+int ckv_server_run(ckv_server *s) {
+  if (s->opt.on_ready) s->opt.on_ready(s->opt.notify_ctx);
+  ckv_log(CKV_LOG_NOTICE, "ready", NULL, NULL, "serving %s (attach %s), backend %s", s->opt.socket,
+          s->opt.attach_socket, s->opt.backend);
+  uint64_t last_house = 0, last_tick = 0;
+  size_t cap = 0;
+  zmq_pollitem_t *items = NULL;
+  ckv_conn **owners = NULL;
+  while (!s->stopping) {
+    size_t want = 3 + ckv_strmap_size(s->conns);
+    if (want > cap) {
+      size_t ncap = want * 2;
+      zmq_pollitem_t *ni = realloc(items, ncap * sizeof(*ni));
+      if (ni) items = ni;
+      ckv_conn **no = realloc(owners, ncap * sizeof(*no));
+      if (no) owners = no;
+      if (!ni || !no) {
+        ckv_log(CKV_LOG_ERROR, "oom", NULL, NULL, "out of memory in the server loop");
+        break;
+      }
+      cap = ncap;
+    }
+    size_t n = 0;
+    items[n++] = (zmq_pollitem_t){.socket = s->router, .events = ZMQ_POLLIN};
+    items[n++] = (zmq_pollitem_t){.fd = s->attach_fd, .events = ZMQ_POLLIN};
+    items[n++] = (zmq_pollitem_t){.fd = s->signal_fd, .events = ZMQ_POLLIN};
+    size_t cur = 0;
+    ckv_conn *c;
+    while ((c = ckv_strmap_next(s->conns, &cur, NULL))) {
+      owners[n] = c;
+      items[n++] = (zmq_pollitem_t){.fd = c->attach_fd, .events = ZMQ_POLLIN};
+    }
+    int rc = zmq_poll(items, (int)n, HOUSEKEEPING_MS);
+    if (rc < 0 && zmq_errno() != EINTR) {
+      ckv_log(CKV_LOG_ERROR, "poll", NULL, NULL, "zmq_poll: %s", zmq_strerror(zmq_errno()));
+      break;
+    }
+    if (rc > 0) {
+      if (items[2].revents) read_signals(s);
+      if (items[0].revents & ZMQ_POLLIN)
+        for (int i = 0; i < MAX_BATCH && serve_one(s); i++) {
+        }
+      if (items[1].revents & ZMQ_POLLIN) ckv_attach_handle(s);
+      for (size_t i = 3; i < n; i++) {
+        if (!items[i].revents) continue;
+        char buf[64];
+        ssize_t got = recv(items[i].fd, buf, sizeof(buf), MSG_DONTWAIT);
+        if (got == 0 || (got < 0 && errno != EAGAIN && errno != EINTR))
+          ckv_server_drop_conn(s, owners[i], "attach socket closed (process exited)");
+      }
+    }
+    uint64_t now = ckv_now_ms();
+    if (now - last_house >= HOUSEKEEPING_MS) {
+      housekeeping(s);
+      last_house = now;
+    }
+    if (s->opt.on_tick && s->opt.tick_ms && now - last_tick >= s->opt.tick_ms) {
+      char line[160];
+      status_line(s, line, sizeof(line));
+      s->opt.on_tick(s->opt.notify_ctx, line);
+      last_tick = now;
+    }
+    if (s->reload_requested && s->opt.on_tick == NULL) s->reload_requested = false;
+  }
+  /* Drain: answer what is already queued, then detach everyone. */
+  for (int i = 0; i < MAX_BATCH && serve_one(s); i++) {
+  }
+  free(items);
+  free(owners);
+  ckv_log(CKV_LOG_NOTICE, "stopping", NULL, NULL, "drained; %zu sessions released", ckv_strmap_size(s->sessions));
+  return 0;
+}

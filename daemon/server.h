@@ -1,0 +1,118 @@
+/* server.h - commitkvd's server: the ZeroMQ ROUTER loop, the attach socket,
+ * clients and their leases, tenants and sessions.
+ *
+ * One thread runs the loop (ckv_server_run); it never blocks on anything but
+ * zmq_poll.  Request handlers live in handlers.c, the attach handshake in
+ * attach.c; both work on the structures declared here. */
+#ifndef CKV_DAEMON_SERVER_H
+#define CKV_DAEMON_SERVER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "daemon/wire.h"
+
+typedef struct ckv_tenant ckv_tenant;
+typedef struct ckv_srv_session ckv_srv_session;
+typedef struct ckv_strmap ckv_strmap;
+typedef struct ckv_arena_backend ckv_arena_backend;
+
+#define CKV_PROTOCOL_VERSION 1u
+#define CKV_KEY_BYTES 16u
+
+/* What the daemon knows of a tenant before it exists at run time. */
+typedef struct ckv_tenant_spec {
+  const char *name;
+  uint64_t quota_bytes;   /* 0 = the daemon's whole memory */
+  uint32_t max_sessions;  /* 0 = the daemon-wide limit */
+} ckv_tenant_spec;
+
+/* Maps a peer's credentials to a tenant; false = refuse the attach. */
+typedef bool (*ckv_tenant_resolver)(void *ctx, uint32_t uid, uint32_t gid, ckv_tenant_spec *ret);
+
+typedef struct ckv_server_options {
+  const char *socket;         /* ZeroMQ endpoint, e.g. ipc:///run/commitkv/commitkvd.sock */
+  const char *attach_socket;  /* unix socket path */
+  const char *backend;        /* "host" (auto resolves before this) */
+  const char *backend_reason; /* why this backend: shown by `commitkvctl status` */
+  uint64_t memory_bytes;      /* all tenants' arenas together */
+  const char *state_dir;
+  uint32_t lease_ms, heartbeat_ms;
+  uint64_t detach_keep_ms;
+  uint32_t max_clients;
+  uint32_t max_sessions; /* per tenant */
+  uint64_t max_message;  /* ZMQ_MAXMSGSIZE and the decode cap */
+  uint64_t max_tokens_per_session;
+  uint32_t max_append;   /* tokens per AppendTokens */
+  uint32_t draft_block_tokens, commit_block_tokens;
+  ckv_tenant_resolver resolve_tenant;
+  void *resolve_ctx;
+  /* Called once after sockets and arenas are up (sd_notify READY=1), then
+   * about every `tick_ms` from the loop (watchdog, status). May be NULL. */
+  void (*on_ready)(void *ctx);
+  void (*on_tick)(void *ctx, const char *status_line);
+  void *notify_ctx;
+  uint32_t tick_ms;
+} ckv_server_options;
+
+/* A connected client: attached over the unix socket, talking over ZeroMQ. */
+typedef struct ckv_conn {
+  uint64_t id;
+  uint8_t key[CKV_KEY_BYTES]; /* attach key == ZeroMQ routing id */
+  char keyhex[2 * CKV_KEY_BYTES + 1];
+  ckv_tenant *tenant;
+  uint32_t uid, gid, pid;
+  char name[64];
+  int attach_fd;          /* kept open: EOF means the process is gone */
+  uint64_t last_seen_ms;
+  bool admin;
+  bool hello;
+  uint32_t version;
+} ckv_conn;
+
+typedef struct ckv_counters {
+  uint64_t requests, errors, rounds, leases_expired, attaches, attach_refused;
+} ckv_counters;
+
+typedef struct ckv_server {
+  ckv_server_options opt;
+  const ckv_arena_backend *backend;
+  void *zctx, *router;
+  int attach_fd, signal_fd;
+  uint8_t boot_token[16];
+  uint64_t start_ms;
+  uint64_t next_conn_id, next_block_id;
+  ckv_tenant **tenants;
+  size_t n_tenants;
+  ckv_strmap *conns;    /* keyhex -> ckv_conn */
+  ckv_strmap *sessions; /* "tenant/id" -> ckv_srv_session */
+  ckv_wire_arena in;    /* decode arena (capped) */
+  ckv_wire_arena out;   /* reply scratch */
+  ckv_counters counters;
+  bool stopping;
+  bool reload_requested;
+} ckv_server;
+
+/* Sets up sockets (binds; stale ipc/unix files are replaced).  Returns
+ * CKV_OK or a status with an explanation in err. */
+int ckv_server_new(const ckv_server_options *opt, ckv_server **ret, char *err, size_t errlen);
+ckv_server *ckv_server_free(ckv_server *s);
+/* Runs until SIGTERM/SIGINT (then drains: answers what is queued, detaches
+ * every session, closes sockets).  Returns 0 on a clean stop. */
+int ckv_server_run(ckv_server *s);
+/* True once a SIGHUP asked for a reload; clears the flag. */
+bool ckv_server_take_reload(ckv_server *s);
+
+/* Internal API shared by server.c, attach.c and handlers.c. */
+uint64_t ckv_now_ms(void);
+ckv_tenant *ckv_server_tenant(ckv_server *s, const ckv_tenant_spec *spec, int *ret_status);
+void ckv_server_drop_conn(ckv_server *s, ckv_conn *c, const char *why);
+void ckv_server_session_key(const ckv_tenant *t, const char *id, char *buf, size_t len);
+void ckv_server_destroy_session(ckv_server *s, ckv_srv_session *sess);
+/* Accept and serve one attach (attach.c). */
+void ckv_attach_handle(ckv_server *s);
+/* Serve one decoded request into `rep` (handlers.c). */
+void ckv_handle_request(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, Commitkv__V1__Response *rep);
+
+#endif

@@ -1,0 +1,107 @@
+/* session.h - one KV-cache session: geometry, block table, per-token
+ * metadata, view epochs and the blocks waiting for readers to let go.
+ *
+ * Memory rules (DESIGN.md §4):
+ * - every block of a session lives in its tenant's arena;
+ * - a block leaves the view by being *retired* with the epoch that dropped it;
+ *   it returns to the allocator only once the reader acknowledged that epoch
+ *   (or no reader is attached any more);
+ * - appends fill the current draft block, then allocate a new one. */
+#ifndef CKV_DAEMON_SESSION_H
+#define CKV_DAEMON_SESSION_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "daemon/tokens.h"
+#include "kernels/format.h"
+
+typedef struct ckv_tenant ckv_tenant;
+
+#define CKV_SESSION_ID_MAX 128
+#define CKV_BLOCK_UNUSED 0xffu
+
+typedef struct ckv_sblock {
+  uint64_t id;      /* unique per daemon run: clients key caches on it */
+  uint64_t offset;  /* in the tenant's arena */
+  uint64_t bytes;
+  uint8_t format;   /* ckv_format, or CKV_BLOCK_UNUSED for a free table entry */
+  uint16_t capacity;
+  uint16_t used;    /* slots handed out so far (draft: appends fill in order) */
+  uint16_t live;    /* slots currently valid */
+} ckv_sblock;
+
+typedef struct ckv_retired {
+  uint64_t offset, bytes;
+  uint8_t format;
+  uint64_t epoch; /* freed once the reader acked this epoch */
+} ckv_retired;
+
+/* A run of consecutive slots handed out by ckv_srv_session_append. */
+typedef struct ckv_slot_run {
+  uint32_t block;  /* index in the block table */
+  uint32_t first_slot;
+  uint32_t count;
+  uint64_t first_position;
+} ckv_slot_run;
+
+typedef struct ckv_srv_session {
+  char id[CKV_SESSION_ID_MAX + 1];
+  ckv_tenant *tenant;
+  ckv_geometry geom;
+  uint32_t draft_tokens;  /* capacity of draft blocks */
+  uint32_t commit_tokens; /* capacity of committed blocks */
+  char policy[16];
+  ckv_tokens tokens;
+  ckv_sblock *blocks;
+  size_t n_blocks, cap_blocks;
+  uint32_t cur_draft; /* block receiving appends, CKV_NO_BLOCK when none */
+  uint64_t epoch;       /* current view epoch */
+  uint64_t acked_epoch; /* highest epoch the reader acknowledged */
+  ckv_retired *retired;
+  size_t n_retired, cap_retired;
+  uint64_t owner;           /* client id of the attached reader/writer, 0 = detached */
+  uint64_t detached_at_ms;  /* when owner became 0 */
+  uint64_t rounds;          /* ReportRounds received */
+  uint64_t last_round;      /* round number of the last ReportRound */
+  uint64_t count_by_state[4];
+  uint64_t *next_block_id;  /* daemon-wide counter */
+} ckv_srv_session;
+
+/* Validate a geometry against the format limits; fills default block sizes.
+ * CKV_ERR_LIMIT (beyond limits) or CKV_ERR_INVALID (zero/unknown dtype). */
+int ckv_srv_session_check_geometry(ckv_geometry *g, uint32_t *draft_tokens, uint32_t *commit_tokens);
+
+int ckv_srv_session_new(const char *id, ckv_tenant *tenant, const ckv_geometry *g, uint32_t draft_tokens,
+                    uint32_t commit_tokens, const char *policy, uint64_t *next_block_id, ckv_srv_session **ret);
+/* Frees every block (now: the caller guarantees no reader remains) and the session. */
+ckv_srv_session *ckv_srv_session_free(ckv_srv_session *s);
+
+/* Hand out `count` draft slots for new tokens.  roles/tags/semantic/token_ids
+ * may be NULL.  On success fills runs[0..*ret_n_runs) (caller passes room for
+ * count/1 + 2 runs at most: see ckv_srv_session_max_runs) and returns the first
+ * position.  Nothing changes on failure (CKV_ERR_QUOTA, CKV_ERR_NOSPACE, -ENOMEM). */
+size_t ckv_srv_session_max_runs(const ckv_srv_session *s, uint32_t count);
+int ckv_srv_session_append(ckv_srv_session *s, uint32_t count, const uint8_t *roles, const uint8_t *tags,
+                       const float *semantic, const uint32_t *token_ids, ckv_slot_run *runs, size_t *ret_n_runs,
+                       uint64_t *ret_first_position);
+
+/* Record a round's attention (see ckv_tokens_record_round).  CKV_ERR_INVALID
+ * when the round does not increase or the range lies beyond the tokens. */
+int ckv_srv_session_report_round(ckv_srv_session *s, uint64_t round, uint64_t first, const float *attn, size_t n,
+                             const uint32_t *sem_pos, const float *sem_scores, size_t n_sem);
+
+/* Take a block out of the view (bumps the epoch; freed after the ack). */
+void ckv_srv_session_retire_block(ckv_srv_session *s, uint32_t block);
+/* The reader acknowledged `epoch`: free what it no longer can read.  Returns
+ * bytes reclaimed.  An epoch beyond the current one is CKV_ERR_RANGE. */
+int ckv_srv_session_ack(ckv_srv_session *s, uint64_t epoch, uint64_t *ret_reclaimed);
+/* No reader any more (detached or lease expired): free everything retired. */
+uint64_t ckv_srv_session_release_retired(ckv_srv_session *s);
+
+uint64_t ckv_srv_session_bytes(const ckv_srv_session *s);
+/* FP16 bytes of the live (non-recycled) tokens. */
+uint64_t ckv_srv_session_fp16_bytes(const ckv_srv_session *s);
+
+#endif

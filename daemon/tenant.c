@@ -1,0 +1,68 @@
+/* tenant.c - a tenant's arena, allocator, quota and usage (see tenant.h). */
+#include "daemon/tenant.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "commitkv/status.h"
+#include "shm/arena.h"
+#include "shm/slab.h"
+
+int ckv_tenant_new(const char *name, uint64_t quota_bytes, uint64_t arena_bytes, uint32_t arena_id,
+                   const ckv_arena_backend *be, ckv_tenant **ret) {
+  ckv_tenant *t = calloc(1, sizeof(*t));
+  if (!t) return -ENOMEM;
+  snprintf(t->name, sizeof(t->name), "%s", name);
+  t->quota_bytes = quota_bytes;
+  t->arena_id = arena_id;
+  int r = ckv_arena_new(be, arena_bytes, name, &t->arena);
+  if (r < 0) goto fail;
+  ckv_slab_config cfg = {
+      .offset = ckv_arena_data_offset(t->arena),
+      .bytes = ckv_arena_size(t->arena) - ckv_arena_data_offset(t->arena),
+      .discard = ckv_arena_discard_cb,
+      .discard_opaque = t->arena,
+  };
+  r = ckv_slab_new(&cfg, &t->slab);
+  if (r < 0) goto fail;
+  *ret = t;
+  return CKV_OK;
+fail:
+  ckv_tenant_free(t);
+  return r;
+}
+
+ckv_tenant *ckv_tenant_free(ckv_tenant *t) {
+  if (!t) return NULL;
+  ckv_slab_free(t->slab);
+  ckv_arena_free(t->arena);
+  free(t);
+  return NULL;
+}
+
+bool ckv_tenant_would_fit(const ckv_tenant *t, uint64_t bytes) {
+  return t->bytes_used + bytes <= t->quota_bytes;
+}
+
+int ckv_tenant_block_alloc(ckv_tenant *t, uint64_t bytes, uint32_t format, uint64_t *ret_offset) {
+  if (!ckv_tenant_would_fit(t, bytes)) return CKV_ERR_QUOTA;
+  uint32_t cls;
+  /* One class per block size and format: blocks of one class are interchangeable. */
+  int r = ckv_slab_class(t->slab, bytes, format, &cls);
+  if (r < 0) return r == CKV_ERR_LIMIT ? CKV_ERR_NOSPACE : r;
+  r = ckv_slab_alloc(t->slab, cls, ret_offset);
+  if (r < 0) return r;
+  t->bytes_used += bytes;
+  t->bytes_by_format[format & 3] += bytes;
+  return CKV_OK;
+}
+
+void ckv_tenant_block_free(ckv_tenant *t, uint64_t offset, uint64_t bytes, uint32_t format) {
+  if (ckv_slab_dealloc(t->slab, offset) < 0) return; /* not ours: never corrupt the accounting */
+  t->bytes_used -= bytes;
+  t->bytes_by_format[format & 3] -= bytes;
+}
+
+void *ckv_tenant_ptr(const ckv_tenant *t, uint64_t offset) { return (uint8_t *)ckv_arena_base(t->arena) + offset; }

@@ -1,0 +1,44 @@
+/* tenant.h - a tenant at run time: its arena, its block allocator, its quota
+ * and its usage.  Each tenant's KV lives in arenas of its own (DESIGN.md §4
+ * invariant 5): the only handles a client ever receives are its tenant's. */
+#ifndef CKV_DAEMON_TENANT_H
+#define CKV_DAEMON_TENANT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct ckv_arena ckv_arena;
+typedef struct ckv_slab ckv_slab;
+typedef struct ckv_arena_backend ckv_arena_backend;
+
+typedef struct ckv_tenant {
+  char name[64];
+  uint32_t arena_id;
+  uint64_t quota_bytes;  /* bytes of blocks this tenant may hold (all formats) */
+  uint32_t max_sessions;
+  ckv_arena *arena;
+  ckv_slab *slab;
+  uint64_t bytes_used;        /* bytes of allocated blocks */
+  uint64_t bytes_by_format[4];
+  uint64_t n_sessions;
+  uint64_t n_clients;
+} ckv_tenant;
+
+/* Create a tenant with an arena of `arena_bytes` on backend `be`.
+ * Returns CKV_OK, -errno from the arena, or -ENOMEM. */
+int ckv_tenant_new(const char *name, uint64_t quota_bytes, uint64_t arena_bytes, uint32_t arena_id,
+                   const ckv_arena_backend *be, ckv_tenant **ret);
+ckv_tenant *ckv_tenant_free(ckv_tenant *t);
+
+/* Allocate one block of `bytes` for a block of format `format`.  Refuses with
+ * CKV_ERR_QUOTA when the quota would be exceeded and CKV_ERR_NOSPACE when the
+ * arena is full.  *ret_offset is the block's byte offset in the arena. */
+int ckv_tenant_block_alloc(ckv_tenant *t, uint64_t bytes, uint32_t format, uint64_t *ret_offset);
+/* Return a block allocated by ckv_tenant_block_alloc. */
+void ckv_tenant_block_free(ckv_tenant *t, uint64_t offset, uint64_t bytes, uint32_t format);
+/* Daemon-side address of an arena offset. */
+void *ckv_tenant_ptr(const ckv_tenant *t, uint64_t offset);
+/* Whether `bytes` more would fit within quota and arena. */
+bool ckv_tenant_would_fit(const ckv_tenant *t, uint64_t bytes);
+
+#endif

@@ -1,0 +1,43 @@
+/* wire.h - decoding untrusted requests and encoding replies.
+ *
+ * Requests are unpacked with a capped allocator over a per-request bump arena,
+ * so a hostile message cannot make protobuf-c allocate more than the cap.
+ * The arena is reset (not freed) between requests. */
+#ifndef CKV_DAEMON_WIRE_H
+#define CKV_DAEMON_WIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "commitkv.pb-c.h"
+
+typedef struct ckv_wire_arena {
+  uint8_t *buf;
+  size_t cap;
+  size_t used;
+  ProtobufCAllocator allocator; /* points back at this arena */
+} ckv_wire_arena;
+
+/* Reserve `cap` bytes for decoding.  Returns CKV_OK or -ENOMEM. */
+int ckv_wire_arena_init(ckv_wire_arena *a, size_t cap);
+void ckv_wire_arena_done(ckv_wire_arena *a);
+
+/* Scratch allocation for building replies; NULL when the arena is full. */
+void *ckv_wire_alloc(ckv_wire_arena *a, size_t size);
+static inline void ckv_wire_reset(ckv_wire_arena *a) { a->used = 0; }
+
+/* Decode one Request from untrusted bytes.  On success *ret points into the
+ * arena and stays valid until the next decode.  CKV_ERR_PROTO when the bytes
+ * are not a Request or decoding needs more than the cap. */
+int ckv_wire_decode_request(ckv_wire_arena *a, const void *data, size_t len, Commitkv__V1__Request **ret);
+
+/* Session ids: 1..128 bytes of [A-Za-z0-9._:-].  Returns CKV_OK or CKV_ERR_INVALID. */
+int ckv_wire_check_session_id(const char *id);
+
+/* Little-endian packed column helpers: number of elements of `elem` bytes in a
+ * bytes field, or -1 when the length is not a multiple. */
+static inline long ckv_wire_column_len(const ProtobufCBinaryData *b, size_t elem) {
+  return b->len % elem ? -1 : (long)(b->len / elem);
+}
+
+#endif

@@ -1,0 +1,255 @@
+/* attention.c - fused decode attention over blocks of mixed formats.
+ *
+ * For one layer and each KV head: the query heads of its group (all query
+ * rows) are scored against every valid slot of every block, reading the
+ * block's bytes in place and dequantizing one row at a time into a small
+ * buffer that stays in L1 (nothing is expanded back into memory).  Softmax is
+ * online across blocks (running max and sum per query head, accumulator
+ * rescaled when the max grows), so any mix and order of draft, staged and
+ * committed blocks gives the same result.  Each block's exp(score - running
+ * max) values are kept in the workspace with the running max they were taken
+ * against; after the last block they are rescaled to probabilities and summed
+ * into the per-(block, slot) attention mass.  One thread; callers parallelise
+ * over layers or sessions. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/access.h"
+#include "kernels/kernels.h"
+#include "kernels/quant.h"
+
+typedef struct attn_ws {
+  float *qs, *qk, *acc, *kc, *m, *l, *tmp, *row, *S, *mblk;
+  uint32_t *idx;
+} attn_ws;
+
+static size_t up64(size_t n) { return (n + 63u) & ~(size_t)63u; }
+
+static int check_args(const ckv_attn_args *a, size_t *ret_slots) {
+  if (!a || !a->geom || !a->q || !a->out || (!a->blocks && a->n_blocks)) return CKV_ERR_INVALID;
+  const ckv_geometry *g = a->geom;
+  if (!ckv_format_valid(CKV_FORMAT_DRAFT, g, 1, 0)) return CKV_ERR_INVALID;
+  if (a->layer >= g->n_layers) return CKV_ERR_RANGE;
+  if (a->n_rows == 0 || a->n_q_heads == 0 || a->n_q_heads % g->n_kv_heads) return CKV_ERR_INVALID;
+  size_t slots = 0;
+  for (uint32_t b = 0; b < a->n_blocks; b++) {
+    int st = ckv_block_check(a->blocks[b], g);
+    if (st != CKV_OK) return st;
+    slots += ckv_hdr(a->blocks[b])->capacity;
+  }
+  *ret_slots = slots;
+  return CKV_OK;
+}
+
+static size_t ws_layout(const ckv_attn_args *a, size_t slots, attn_ws *w, uint8_t *base) {
+  const ckv_geometry *g = a->geom;
+  size_t RG = (size_t)a->n_rows * (a->n_q_heads / g->n_kv_heads), D = g->head_dim, te = ckv_draft_token_elems(g);
+  size_t sizes[] = {RG * D, RG * D, RG * D, RG, RG, RG, te, te, slots * RG, (size_t)a->n_blocks * RG, D};
+  float **ptrs[] = {&w->qs, &w->qk, &w->acc, &w->kc, &w->m, &w->l, &w->tmp, &w->row, &w->S, &w->mblk, NULL};
+  size_t off = 0;
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+    if (base) {
+      if (ptrs[i])
+        *ptrs[i] = (float *)(base + off);
+      else
+        w->idx = (uint32_t *)(base + off);
+    }
+    off += up64(sizes[i] * 4u);
+  }
+  return off + 64u; /* room to align the base */
+}
+
+size_t ckv_attention_workspace_bytes(const ckv_attn_args *a) {
+  size_t slots;
+  if (check_args(a, &slots) != CKV_OK) return 0;
+  attn_ws w;
+  return ws_layout(a, slots, &w, NULL);
+}
+
+size_t ckv_attention_mass_len(const void *const *blocks, uint32_t n_blocks) {
+  size_t n = 0;
+  for (uint32_t b = 0; b < n_blocks; b++) n += ckv_hdr(blocks[b])->capacity;
+  return n;
+}
+
+/* Scores of kv head h against every slot of one block: S[rg][slot], -inf for slots that are empty. */
+static void score_block(const ckv_rowops *ops, const ckv_attn_args *a, const void *blk, uint32_t h, size_t RG,
+                        attn_ws *w, float *S) {
+  const ckv_geometry *g = a->geom;
+  const ckv_block_header *hd = ckv_hdr(blk);
+  uint32_t cap = hd->capacity, D = g->head_dim, fmt = hd->format, L = a->layer;
+  size_t te = ckv_draft_token_elems(g);
+  for (size_t i = 0; i < RG * cap; i++) S[i] = -INFINITY;
+  if (fmt == CKV_FORMAT_DRAFT || fmt == CKV_FORMAT_STAGED) {
+    uint32_t ng = ckv_staged_groups(g), hg = ckv_staged_group_heads(g);
+    for (uint32_t t = 0; t < cap; t++) {
+      if (!ckv_block_slot_valid(blk, t)) continue;
+      if (fmt == CKV_FORMAT_DRAFT) {
+        const uint16_t *k = (const uint16_t *)ckv_cb(blk, ckv_draft_kv_offset(g, cap, L, 0, t)) + (size_t)h * D;
+        if (g->dtype == CKV_DTYPE_BF16)
+          ops->cvt_bf16(k, w->tmp, D);
+        else
+          ops->cvt_f16(k, w->tmp, D);
+      } else {
+        const int8_t *k = (const int8_t *)ckv_cb(blk, ckv_staged_codes_offset(g, cap, L, 0)) + t * te + (size_t)h * D;
+        const uint16_t *sc = (const uint16_t *)ckv_cb(blk, ckv_staged_scales_offset(g, cap, L, 0));
+        ops->cvt_i8(k, ckv_f16_to_f32(sc[(size_t)t * ng + h / hg]), w->tmp, D);
+      }
+      for (size_t rg = 0; rg < RG; rg++) S[rg * cap + t] = ops->dot(w->qs + rg * D, w->tmp, D);
+    }
+    return;
+  }
+  uint32_t kept = hd->kept_channels, bits = ckv_format_code_bits(fmt), sealed = ckv_block_sealed_chunks(blk);
+  size_t krow = ckv_commit_key_row_bytes(fmt, kept);
+  ckv_mask_channels(ckv_commit_mask(g, blk, L, h), D, w->idx);
+  for (uint32_t c = 0; c < ckv_commit_chunks(cap); c++) {
+    if (!((sealed >> c) & 1u)) continue;
+    const uint8_t *ch = ckv_cb(blk, ckv_commit_key_chunk_offset(fmt, g, cap, kept, L, h, c));
+    const uint16_t *sc = (const uint16_t *)ch, *zp = sc + kept;
+    /* q.k = sum_j (q_j s_j) u_j + sum_j q_j z_j: fold the channel scales into the query once per chunk */
+    for (uint32_t j = 0; j < kept; j++) {
+      w->tmp[j] = ckv_f16_to_f32(sc[j]);
+      w->row[j] = ckv_f16_to_f32(zp[j]);
+    }
+    for (size_t rg = 0; rg < RG; rg++) {
+      const float *q = w->qs + rg * D;
+      float *qk = w->qk + rg * D, kc = 0.0f;
+      for (uint32_t j = 0; j < kept; j++) {
+        qk[j] = q[w->idx[j]] * w->tmp[j];
+        kc += q[w->idx[j]] * w->row[j];
+      }
+      w->kc[rg] = kc;
+    }
+    for (uint32_t i = 0; i < CKV_COMMIT_CHUNK_TOKENS; i++) {
+      uint32_t t = c * CKV_COMMIT_CHUNK_TOKENS + i;
+      if (!ckv_block_slot_valid(blk, t)) continue;
+      ops->cvt_codes(ch + (size_t)kept * 4u + i * krow, bits, w->tmp, kept);
+      for (size_t rg = 0; rg < RG; rg++) S[rg * cap + t] = ops->dot(w->qk + rg * D, w->tmp, kept) + w->kc[rg];
+    }
+  }
+}
+
+/* Dequantized V of kv head h at one slot into w->tmp[0..D) (returns w->tmp or a row inside w->row). */
+static const float *value_row(const ckv_rowops *ops, const ckv_geometry *g, const void *blk, uint32_t L, uint32_t h,
+                              uint32_t t, attn_ws *w) {
+  const ckv_block_header *hd = ckv_hdr(blk);
+  uint32_t cap = hd->capacity, D = g->head_dim, fmt = hd->format;
+  size_t te = ckv_draft_token_elems(g);
+  if (fmt == CKV_FORMAT_DRAFT) {
+    const uint16_t *v = (const uint16_t *)ckv_cb(blk, ckv_draft_kv_offset(g, cap, L, 1, t)) + (size_t)h * D;
+    if (g->dtype == CKV_DTYPE_BF16)
+      ops->cvt_bf16(v, w->tmp, D);
+    else
+      ops->cvt_f16(v, w->tmp, D);
+    return w->tmp;
+  }
+  if (fmt == CKV_FORMAT_STAGED) {
+    const int8_t *v = (const int8_t *)ckv_cb(blk, ckv_staged_codes_offset(g, cap, L, 1)) + t * te + (size_t)h * D;
+    const uint16_t *sc = (const uint16_t *)ckv_cb(blk, ckv_staged_scales_offset(g, cap, L, 1));
+    ops->cvt_i8(v, ckv_f16_to_f32(sc[(size_t)t * ckv_staged_groups(g) + h / ckv_staged_group_heads(g)]), w->tmp, D);
+    return w->tmp;
+  }
+  uint32_t kept = hd->kept_channels, bits = ckv_format_code_bits(fmt), ng = ckv_commit_value_groups(g);
+  const uint16_t *par = (const uint16_t *)ckv_cb(blk, ckv_commit_value_params_offset(fmt, g, cap, kept, L)) +
+                        (size_t)t * ng * 2u;
+  const uint8_t *row = ckv_cb(blk, ckv_commit_value_codes_offset(fmt, g, cap, kept, L)) +
+                       (size_t)t * ckv_commit_value_row_bytes(fmt, g);
+  const size_t G = CKV_COMMIT_VALUE_GROUP;
+  if (D % G == 0) { /* the head's groups are its own: decode just them */
+    ops->cvt_codes(row + (size_t)h * D * bits / 8u, bits, w->tmp, D);
+    for (uint32_t q = 0; q < D / G; q++) {
+      size_t gi = (size_t)h * D / G + q;
+      ops->affine(w->tmp + q * G, ckv_f16_to_f32(par[2u * gi]), ckv_f16_to_f32(par[2u * gi + 1u]), G);
+    }
+    return w->tmp;
+  }
+  ops->cvt_codes(row, bits, w->row, te); /* groups straddle heads: decode the token's row */
+  for (uint32_t q = 0; q < ng; q++) {
+    size_t lo = (size_t)q * G, n = lo + G <= te ? G : te - lo;
+    ops->affine(w->row + lo, ckv_f16_to_f32(par[2u * q]), ckv_f16_to_f32(par[2u * q + 1u]), n);
+  }
+  return w->row + (size_t)h * D;
+}
+
+ckv_status ckv_kernels_attention(const ckv_attn_args *a) {
+  size_t slots;
+  int st = check_args(a, &slots);
+  if (st != CKV_OK) return (ckv_status)st;
+  const ckv_geometry *g = a->geom;
+  const ckv_rowops *ops = ckv_rowops_get();
+  uint32_t H = g->n_kv_heads, D = g->head_dim, G = a->n_q_heads / H;
+  size_t RG = (size_t)a->n_rows * G;
+  attn_ws w;
+  size_t need = ws_layout(a, slots, &w, NULL);
+  void *mem = NULL;
+  uint8_t *base = a->workspace;
+  if (!base || a->workspace_bytes < need) {
+    base = mem = malloc(need);
+    if (!mem) return (ckv_status)-12;
+  }
+  base = (uint8_t *)(((uintptr_t)base + 63u) & ~(uintptr_t)63u);
+  ws_layout(a, slots, &w, base);
+  float scale = a->scale != 0.0f ? a->scale : 1.0f / sqrtf((float)D);
+  if (a->mass) memset(a->mass, 0, slots * sizeof(float));
+
+  for (uint32_t h = 0; h < H; h++) {
+    for (size_t rg = 0; rg < RG; rg++) {
+      const float *q = a->q + ((rg / G) * a->n_q_heads + (size_t)h * G + rg % G) * D;
+      for (uint32_t d = 0; d < D; d++) w.qs[rg * D + d] = q[d] * scale;
+      w.m[rg] = -INFINITY;
+      w.l[rg] = 0.0f;
+    }
+    memset(w.acc, 0, RG * D * sizeof(float));
+    size_t base_slot = 0;
+    for (uint32_t b = 0; b < a->n_blocks; b++) {
+      const void *blk = a->blocks[b];
+      uint32_t cap = ckv_hdr(blk)->capacity;
+      float *S = w.S + base_slot * RG;
+      score_block(ops, a, blk, h, RG, &w, S);
+      for (size_t rg = 0; rg < RG; rg++) {
+        float bm = -INFINITY, *s = S + rg * cap;
+        for (uint32_t t = 0; t < cap; t++) bm = fmaxf(bm, s[t]);
+        float nm = fmaxf(w.m[rg], bm);
+        w.mblk[(size_t)b * RG + rg] = nm;
+        if (nm == -INFINITY) { /* nothing valid yet: exp values are all 0 */
+          memset(s, 0, cap * sizeof(float));
+          continue;
+        }
+        if (nm > w.m[rg]) {
+          float alpha = w.m[rg] == -INFINITY ? 0.0f : expf(w.m[rg] - nm);
+          for (uint32_t d = 0; d < D; d++) w.acc[rg * D + d] *= alpha;
+          w.l[rg] *= alpha;
+          w.m[rg] = nm;
+        }
+        w.l[rg] += ops->exp_sub(s, nm, cap);
+      }
+      for (uint32_t t = 0; t < cap; t++) {
+        bool any = false;
+        for (size_t rg = 0; rg < RG && !any; rg++) any = S[rg * cap + t] != 0.0f;
+        if (!any) continue; /* empty slot (or underflow): contributes nothing */
+        const float *v = value_row(ops, g, blk, a->layer, h, t, &w);
+        for (size_t rg = 0; rg < RG; rg++) ops->axpy(S[rg * cap + t], v, w.acc + rg * D, D);
+      }
+      base_slot += cap;
+    }
+    for (size_t rg = 0; rg < RG; rg++) {
+      float *o = a->out + ((rg / G) * a->n_q_heads + (size_t)h * G + rg % G) * D;
+      float inv = w.l[rg] > 0.0f ? 1.0f / w.l[rg] : 0.0f;
+      for (uint32_t d = 0; d < D; d++) o[d] = w.acc[rg * D + d] * inv;
+    }
+    if (!a->mass) continue;
+    base_slot = 0;
+    for (uint32_t b = 0; b < a->n_blocks; b++) {
+      uint32_t cap = ckv_hdr(a->blocks[b])->capacity;
+      for (size_t rg = 0; rg < RG; rg++) {
+        float mb = w.mblk[(size_t)b * RG + rg];
+        if (mb == -INFINITY || w.l[rg] <= 0.0f) continue;
+        ops->axpy(expf(mb - w.m[rg]) / w.l[rg], w.S + base_slot * RG + rg * cap, a->mass + base_slot, cap);
+      }
+      base_slot += cap;
+    }
+  }
+  free(mem);
+  return CKV_OK;
+}

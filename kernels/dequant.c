@@ -1,0 +1,74 @@
+/* dequant.c - reading blocks back as FP32: the row reader the converters use
+ * for draft and staged sources, and ckv_kernels_dequantize for every format
+ * (tests, the attention oracle, fidelity measurements). */
+#include <string.h>
+
+#include "kernels/access.h"
+#include "kernels/kernels.h"
+#include "kernels/quant.h"
+
+void ckv_read_row(const ckv_rowops *ops, const ckv_geometry *g, const void *blk, uint32_t layer, uint32_t kv,
+                  uint32_t slot, float *dst) {
+  const ckv_block_header *h = ckv_hdr(blk);
+  size_t te = ckv_draft_token_elems(g);
+  if (h->format == CKV_FORMAT_DRAFT) {
+    const uint16_t *src = (const uint16_t *)ckv_cb(blk, ckv_draft_kv_offset(g, h->capacity, layer, kv, slot));
+    if (g->dtype == CKV_DTYPE_BF16)
+      ops->cvt_bf16(src, dst, te);
+    else
+      ops->cvt_f16(src, dst, te);
+    return;
+  }
+  /* staged */
+  const int8_t *codes = (const int8_t *)ckv_cb(blk, ckv_staged_codes_offset(g, h->capacity, layer, kv)) + slot * te;
+  uint32_t ng = ckv_staged_groups(g), gl = ckv_staged_group_heads(g) * g->head_dim;
+  const uint16_t *sc = (const uint16_t *)ckv_cb(blk, ckv_staged_scales_offset(g, h->capacity, layer, kv)) +
+                       (size_t)slot * ng;
+  for (uint32_t q = 0; q < ng; q++) {
+    size_t lo = (size_t)q * gl, n = lo + gl <= te ? gl : te - lo;
+    ops->cvt_i8(codes + lo, ckv_f16_to_f32(sc[q]), dst + lo, n);
+  }
+}
+
+ckv_status ckv_kernels_dequantize(const ckv_geometry *g, const void *blk, uint32_t layer, uint32_t kv,
+                                  uint32_t slot, float *ret) {
+  if (!ret || kv > 1) return CKV_ERR_INVALID;
+  ckv_status st = ckv_block_check(blk, g);
+  if (st != CKV_OK) return st;
+  const ckv_block_header *h = ckv_hdr(blk);
+  if (layer >= g->n_layers || slot >= h->capacity) return CKV_ERR_RANGE;
+  const ckv_rowops *ops = ckv_rowops_get();
+  if (!ckv_format_is_commit(h->format)) {
+    ckv_read_row(ops, g, blk, layer, kv, slot, ret);
+    return CKV_OK;
+  }
+  uint32_t chunk = slot / CKV_COMMIT_CHUNK_TOKENS, fmt = h->format, bits = ckv_format_code_bits(fmt);
+  if (!((ckv_block_sealed_chunks(blk) >> chunk) & 1u)) return CKV_ERR_STATE;
+  uint32_t cap = h->capacity, kept = h->kept_channels, D = g->head_dim;
+  if (kv == 0) {
+    uint32_t idx[CKV_MAX_HEAD_DIM];
+    memset(ret, 0, ckv_draft_token_elems(g) * sizeof(float));
+    for (uint32_t hd = 0; hd < g->n_kv_heads; hd++) {
+      if (ckv_mask_channels(ckv_commit_mask(g, blk, layer, hd), D, idx) != kept) return CKV_ERR_CORRUPT;
+      const uint8_t *c = ckv_cb(blk, ckv_commit_key_chunk_offset(fmt, g, cap, kept, layer, hd, chunk));
+      const uint16_t *sc = (const uint16_t *)c, *zp = sc + kept;
+      const uint8_t *row = c + (size_t)kept * 4u + (slot % CKV_COMMIT_CHUNK_TOKENS) * ckv_commit_key_row_bytes(fmt, kept);
+      for (uint32_t j = 0; j < kept; j++)
+        ret[(size_t)hd * D + idx[j]] =
+            ckv_mul_add((float)ckv_unpack_code(row, j, bits), ckv_f16_to_f32(sc[j]), ckv_f16_to_f32(zp[j]));
+    }
+    return CKV_OK;
+  }
+  size_t te = ckv_draft_token_elems(g);
+  uint32_t ng = ckv_commit_value_groups(g);
+  const uint16_t *par = (const uint16_t *)ckv_cb(blk, ckv_commit_value_params_offset(fmt, g, cap, kept, layer)) +
+                        (size_t)slot * ng * 2u;
+  const uint8_t *row = ckv_cb(blk, ckv_commit_value_codes_offset(fmt, g, cap, kept, layer)) +
+                       (size_t)slot * ckv_commit_value_row_bytes(fmt, g);
+  ops->cvt_codes(row, bits, ret, te);
+  for (uint32_t q = 0; q < ng; q++) {
+    size_t lo = (size_t)q * CKV_COMMIT_VALUE_GROUP, n = lo + CKV_COMMIT_VALUE_GROUP <= te ? CKV_COMMIT_VALUE_GROUP : te - lo;
+    ops->affine(ret + lo, ckv_f16_to_f32(par[2u * q]), ckv_f16_to_f32(par[2u * q + 1u]), n);
+  }
+  return CKV_OK;
+}

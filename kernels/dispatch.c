@@ -1,0 +1,73 @@
+/* dispatch.c - chooses the CPU path (scalar, AVX2, AVX-512) from the CPU's
+ * features once, lets tests and benchmarks force one, and hands the matching
+ * row-primitive table to the kernels. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/kernels.h"
+#include "kernels/rowops.h"
+
+static int g_path; /* ckv_cpu_path; 0 = not chosen yet.  Accessed with __atomic builtins. */
+
+bool ckv_kernels_path_supported(ckv_cpu_path path) {
+  switch (path) {
+  case CKV_PATH_AUTO:
+  case CKV_PATH_SCALAR: return true;
+#if defined(__x86_64__) || defined(__i386__)
+  case CKV_PATH_AVX2:
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  case CKV_PATH_AVX512:
+    return ckv_kernels_path_supported(CKV_PATH_AVX2) && __builtin_cpu_supports("avx512f") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+#endif
+  default: return false;
+  }
+}
+
+static ckv_cpu_path detect(void) {
+  const char *env = getenv("CKV_KERNELS_PATH");
+  if (env) {
+    ckv_cpu_path want = !strcmp(env, "scalar") ? CKV_PATH_SCALAR
+                        : !strcmp(env, "avx2") ? CKV_PATH_AVX2
+                        : !strcmp(env, "avx512") ? CKV_PATH_AVX512
+                                                 : CKV_PATH_AUTO;
+    if (want != CKV_PATH_AUTO && ckv_kernels_path_supported(want)) return want;
+  }
+  if (ckv_kernels_path_supported(CKV_PATH_AVX512)) return CKV_PATH_AVX512;
+  if (ckv_kernels_path_supported(CKV_PATH_AVX2)) return CKV_PATH_AVX2;
+  return CKV_PATH_SCALAR;
+}
+
+ckv_status ckv_kernels_force(ckv_cpu_path path) {
+  if (path < CKV_PATH_AUTO || path > CKV_PATH_AVX512) return CKV_ERR_INVALID;
+  if (!ckv_kernels_path_supported(path)) return CKV_ERR_UNSUPPORTED;
+  __atomic_store_n(&g_path, (int)(path == CKV_PATH_AUTO ? detect() : path), __ATOMIC_RELEASE);
+  return CKV_OK;
+}
+
+ckv_cpu_path ckv_kernels_path(void) {
+  int p = __atomic_load_n(&g_path, __ATOMIC_ACQUIRE);
+  if (p == 0) {
+    p = (int)detect();
+    __atomic_store_n(&g_path, p, __ATOMIC_RELEASE);
+  }
+  return (ckv_cpu_path)p;
+}
+
+const char *ckv_kernels_path_name(ckv_cpu_path path) {
+  switch (path) {
+  case CKV_PATH_AUTO: return "auto";
+  case CKV_PATH_SCALAR: return "scalar";
+  case CKV_PATH_AVX2: return "avx2";
+  case CKV_PATH_AVX512: return "avx512";
+  default: return "unknown";
+  }
+}
+
+const ckv_rowops *ckv_rowops_get(void) {
+  switch (ckv_kernels_path()) {
+  case CKV_PATH_AVX512: return &ckv_rowops_avx512;
+  case CKV_PATH_AVX2: return &ckv_rowops_avx2;
+  default: return &ckv_rowops_scalar;
+  }
+}

@@ -1,0 +1,212 @@
+/* move.c - transitions: copies tokens between blocks of different formats,
+ * quantizing on the way (draft -> staged INT8, draft/staged -> committed
+ * INT4/INT2), as one call over a list of moves.  Committed destinations are
+ * written a 32-token chunk at a time (keys share per-channel scales across
+ * the chunk), then the chunk is sealed; see ckv_kernels_move in kernels.h. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/access.h"
+#include "kernels/kernels.h"
+#include "kernels/quant.h"
+
+#define ENOMEM_ (-12)
+
+static _Thread_local const ckv_move *t_sort_moves;
+
+static int by_dst(const void *a, const void *b) {
+  const ckv_move *x = &t_sort_moves[*(const size_t *)a], *y = &t_sort_moves[*(const size_t *)b];
+  if (x->dst != y->dst) return (uintptr_t)x->dst < (uintptr_t)y->dst ? -1 : 1;
+  return x->dst_slot < y->dst_slot ? -1 : x->dst_slot > y->dst_slot;
+}
+
+static int check_move(const ckv_geometry *g, const ckv_move *m) {
+  if (!m->src || !m->dst) return CKV_ERR_INVALID;
+  int st = ckv_block_check(m->src, g);
+  if (st == CKV_OK) st = ckv_block_check(m->dst, g);
+  if (st != CKV_OK) return st;
+  const ckv_block_header *s = ckv_hdr(m->src), *d = ckv_hdr(m->dst);
+  if (m->src_slot >= s->capacity || m->dst_slot >= d->capacity) return CKV_ERR_RANGE;
+  bool ok = (s->format == CKV_FORMAT_DRAFT && d->format != CKV_FORMAT_DRAFT) ||
+            (s->format == CKV_FORMAT_STAGED && ckv_format_is_commit(d->format));
+  return ok ? CKV_OK : CKV_ERR_UNSUPPORTED;
+}
+
+int ckv_moves_sorted(const ckv_geometry *g, const ckv_move *moves, size_t n, size_t **ret_order) {
+  if (!g || (!moves && n)) return CKV_ERR_INVALID;
+  for (size_t i = 0; i < n; i++) {
+    int st = check_move(g, &moves[i]);
+    if (st != CKV_OK) return st;
+  }
+  size_t *order = malloc((n ? n : 1) * sizeof *order);
+  if (!order) return ENOMEM_;
+  for (size_t i = 0; i < n; i++) order[i] = i;
+  t_sort_moves = moves;
+  qsort(order, n, sizeof *order, by_dst);
+  t_sort_moves = NULL;
+  for (size_t i = 1; i < n; i++)
+    if (moves[order[i]].dst == moves[order[i - 1]].dst && moves[order[i]].dst_slot == moves[order[i - 1]].dst_slot) {
+      free(order);
+      return CKV_ERR_INVALID;
+    }
+  *ret_order = order;
+  return CKV_OK;
+}
+
+/* Scratch for one call: a row, per-element zero/inv and one chunk of rows. */
+typedef struct scratch {
+  float *row, *zero, *inv, *mn, *mx, *chunk;
+  uint8_t *codes;
+} scratch;
+
+static void to_staged(const ckv_rowops *ops, const ckv_geometry *g, const ckv_move *m, scratch *s) {
+  void *dst = m->dst;
+  uint32_t cap = ckv_hdr(dst)->capacity, ng = ckv_staged_groups(g), gl = ckv_staged_group_heads(g) * g->head_dim;
+  size_t te = ckv_draft_token_elems(g);
+  for (uint32_t l = 0; l < g->n_layers; l++)
+    for (uint32_t kv = 0; kv < 2; kv++) {
+      ckv_read_row(ops, g, m->src, l, kv, m->src_slot, s->row);
+      int8_t *codes = (int8_t *)ckv_b(dst, ckv_staged_codes_offset(g, cap, l, kv)) + (size_t)m->dst_slot * te;
+      uint16_t *sc = (uint16_t *)ckv_b(dst, ckv_staged_scales_offset(g, cap, l, kv)) + (size_t)m->dst_slot * ng;
+      for (uint32_t q = 0; q < ng; q++) {
+        size_t lo = (size_t)q * gl, n = lo + gl <= te ? gl : te - lo;
+        uint16_t s16 = ckv_q8_scale(ops->absmax(s->row + lo, n));
+        sc[q] = s16;
+        ops->quant_i8(s->row + lo, ckv_inv_scale(s16), codes + lo, n);
+      }
+    }
+}
+
+/* Quantizes the moves order[0..n) (one chunk of one committed block). */
+static void to_commit_chunk(const ckv_rowops *ops, const ckv_geometry *g, const ckv_move *moves, const size_t *order,
+                            size_t n, uint32_t chunk, scratch *s) {
+  void *dst = moves[order[0]].dst;
+  const ckv_block_header *h = ckv_hdr(dst);
+  uint32_t fmt = h->format, cap = h->capacity, kept = h->kept_channels, bits = ckv_format_code_bits(fmt);
+  uint32_t D = g->head_dim, H = g->n_kv_heads, T = CKV_COMMIT_CHUNK_TOKENS, ng = ckv_commit_value_groups(g);
+  size_t te = ckv_draft_token_elems(g), krow = ckv_commit_key_row_bytes(fmt, kept);
+  size_t vrow = ckv_commit_value_row_bytes(fmt, g);
+  uint32_t idx[CKV_MAX_HEAD_DIM];
+  for (uint32_t l = 0; l < g->n_layers; l++) {
+    /* keys: gather the chunk's rows, then per head per kept channel min/max over tokens */
+    for (size_t i = 0; i < n; i++) ckv_read_row(ops, g, moves[order[i]].src, l, 0, moves[order[i]].src_slot, s->chunk + i * te);
+    for (uint32_t hd = 0; hd < H; hd++) {
+      ckv_mask_channels(ckv_commit_mask(g, dst, l, hd), D, idx);
+      uint8_t *c = ckv_b(dst, ckv_commit_key_chunk_offset(fmt, g, cap, kept, l, hd, chunk));
+      memset(c, 0, ckv_commit_key_chunk_bytes(fmt, kept));
+      uint16_t *sc = (uint16_t *)c, *zp = sc + kept;
+      for (uint32_t j = 0; j < kept; j++) {
+        s->mn[j] = INFINITY;
+        s->mx[j] = -INFINITY;
+      }
+      for (size_t i = 0; i < n; i++) {
+        const float *r = s->chunk + i * te + (size_t)hd * D;
+        for (uint32_t j = 0; j < kept; j++) s->row[j] = r[idx[j]];
+        ops->minmax(s->row, s->mn, s->mx, kept);
+      }
+      for (uint32_t j = 0; j < kept; j++) {
+        ckv_qa_params(s->mn[j], s->mx[j], bits, &sc[j], &zp[j]);
+        s->zero[j] = ckv_f16_to_f32(zp[j]);
+        s->inv[j] = ckv_inv_scale(sc[j]);
+      }
+      for (size_t i = 0; i < n; i++) {
+        const float *r = s->chunk + i * te + (size_t)hd * D;
+        for (uint32_t j = 0; j < kept; j++) s->row[j] = r[idx[j]];
+        ops->quant_u(s->row, s->zero, s->inv, bits, s->codes, kept);
+        ckv_pack_codes(s->codes, kept, bits, c + (size_t)kept * 4u + (moves[order[i]].dst_slot % T) * krow);
+      }
+    }
+    /* values: per token, per 32-element group */
+    uint16_t *par = (uint16_t *)ckv_b(dst, ckv_commit_value_params_offset(fmt, g, cap, kept, l));
+    uint8_t *vcodes = ckv_b(dst, ckv_commit_value_codes_offset(fmt, g, cap, kept, l));
+    memset(par + (size_t)chunk * T * ng * 2u, 0, (size_t)T * ng * 4u);
+    memset(vcodes + (size_t)chunk * T * vrow, 0, T * vrow);
+    for (size_t i = 0; i < n; i++) {
+      const ckv_move *m = &moves[order[i]];
+      ckv_read_row(ops, g, m->src, l, 1, m->src_slot, s->row);
+      uint16_t *p = par + (size_t)m->dst_slot * ng * 2u;
+      for (uint32_t q = 0; q < ng; q++) {
+        size_t lo = (size_t)q * CKV_COMMIT_VALUE_GROUP, e = lo + CKV_COMMIT_VALUE_GROUP <= te ? lo + CKV_COMMIT_VALUE_GROUP : te;
+        float mn = INFINITY, mx = -INFINITY;
+        for (size_t k = lo; k < e; k++) {
+          mn = fminf(mn, s->row[k]);
+          mx = fmaxf(mx, s->row[k]);
+        }
+        ckv_qa_params(mn, mx, bits, &p[2u * q], &p[2u * q + 1u]);
+        float z = ckv_f16_to_f32(p[2u * q + 1u]), inv = ckv_inv_scale(p[2u * q]);
+        for (size_t k = lo; k < e; k++) {
+          s->zero[k] = z;
+          s->inv[k] = inv;
+        }
+      }
+      ops->quant_u(s->row, s->zero, s->inv, bits, s->codes, te);
+      ckv_pack_codes(s->codes, te, bits, vcodes + (size_t)m->dst_slot * vrow);
+    }
+  }
+}
+
+static void seal(void *dst, uint32_t chunk) {
+  uint32_t *meta = (uint32_t *)ckv_b(dst, ckv_commit_meta_offset(ckv_hdr(dst)->capacity));
+  __atomic_fetch_or(meta, 1u << chunk, __ATOMIC_RELEASE);
+}
+
+ckv_status ckv_kernels_move(const ckv_geometry *g, const ckv_move *moves, size_t n_moves, unsigned flags) {
+  size_t *order = NULL;
+  int st = ckv_moves_sorted(g, moves, n_moves, &order);
+  if (st != CKV_OK) return (ckv_status)st;
+  const ckv_rowops *ops = ckv_rowops_get();
+  size_t te = ckv_draft_token_elems(g);
+  scratch s = {0};
+  s.row = malloc(te * sizeof(float));
+  s.zero = malloc(te * sizeof(float));
+  s.inv = malloc(te * sizeof(float));
+  s.mn = malloc(g->head_dim * sizeof(float));
+  s.mx = malloc(g->head_dim * sizeof(float));
+  s.chunk = malloc(te * CKV_COMMIT_CHUNK_TOKENS * sizeof(float));
+  s.codes = malloc(te);
+  if (!s.row || !s.zero || !s.inv || !s.mn || !s.mx || !s.chunk || !s.codes) st = ENOMEM_;
+  /* Check every committed chunk before writing anything. */
+  for (size_t i = 0; i < n_moves && st == CKV_OK; i++) {
+    const ckv_move *m = &moves[order[i]];
+    if (ckv_format_is_commit(ckv_hdr(m->dst)->format) &&
+        ((ckv_block_sealed_chunks(m->dst) >> (m->dst_slot / CKV_COMMIT_CHUNK_TOKENS)) & 1u))
+      st = CKV_ERR_STATE;
+  }
+  for (size_t i = 0; i < n_moves && st == CKV_OK;) {
+    const ckv_move *m = &moves[order[i]];
+    size_t j = i + 1;
+    if (!ckv_format_is_commit(ckv_hdr(m->dst)->format)) {
+      to_staged(ops, g, m, &s);
+    } else {
+      size_t blk_end = i;
+      while (blk_end < n_moves && moves[order[blk_end]].dst == m->dst) blk_end++;
+      st = ckv_prune_block(ops, g, m->dst, moves, order + i, blk_end - i);
+      for (size_t k = i; k < blk_end && st == CKV_OK;) {
+        uint32_t chunk = moves[order[k]].dst_slot / CKV_COMMIT_CHUNK_TOKENS;
+        size_t e = k;
+        while (e < blk_end && moves[order[e]].dst_slot / CKV_COMMIT_CHUNK_TOKENS == chunk) e++;
+        to_commit_chunk(ops, g, moves, order + k, e - k, chunk, &s);
+        for (size_t q = k; q < e; q++)
+          ckv_block_positions(moves[order[q]].dst)[moves[order[q]].dst_slot] =
+              ckv_block_positions_const(moves[order[q]].src)[moves[order[q]].src_slot];
+        seal(m->dst, chunk);
+        k = e;
+      }
+      j = blk_end;
+    }
+    if (!ckv_format_is_commit(ckv_hdr(m->dst)->format))
+      ckv_block_positions(m->dst)[m->dst_slot] = ckv_block_positions_const(m->src)[m->src_slot];
+    i = j;
+  }
+  if (st == CKV_OK && (flags & CKV_MOVE_SET_VALID))
+    for (size_t i = 0; i < n_moves; i++) ckv_block_set_valid(moves[i].dst, moves[i].dst_slot, true);
+  free(s.row);
+  free(s.zero);
+  free(s.inv);
+  free(s.mn);
+  free(s.mx);
+  free(s.chunk);
+  free(s.codes);
+  free(order);
+  return (ckv_status)st;
+}

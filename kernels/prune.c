@@ -1,0 +1,92 @@
+/* prune.c - structured pruning of committed key channels (ThinK-style): per
+ * (layer, head) keep the kept_channels channels with the largest magnitude
+ * (sum of |k| over the tokens bound for the block, summed in destination-slot
+ * order so the CUDA code gets the same floats), and write the block's mask. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/access.h"
+#include "kernels/kernels.h"
+
+typedef struct ranked {
+  float mag;
+  uint32_t ch;
+} ranked;
+
+static int by_magnitude(const void *a, const void *b) {
+  const ranked *x = a, *y = b;
+  if (x->mag != y->mag) return x->mag > y->mag ? -1 : 1;
+  return x->ch < y->ch ? -1 : x->ch > y->ch;
+}
+
+void ckv_kernels_select_channels(const float *mag, uint32_t head_dim, uint32_t r, uint64_t *ret_mask) {
+  ranked rk[CKV_MAX_HEAD_DIM];
+  uint32_t words = (head_dim + 63u) / 64u;
+  memset(ret_mask, 0, words * sizeof(uint64_t));
+  if (head_dim > CKV_MAX_HEAD_DIM) return;
+  for (uint32_t c = 0; c < head_dim; c++) rk[c] = (ranked){isnan(mag[c]) ? -1.0f : mag[c], c};
+  qsort(rk, head_dim, sizeof rk[0], by_magnitude);
+  for (uint32_t i = 0; i < r && i < head_dim; i++) ret_mask[rk[i].ch / 64u] |= 1ull << (rk[i].ch % 64u);
+}
+
+static bool mask_empty(const ckv_geometry *g, const void *blk) {
+  for (uint32_t l = 0; l < g->n_layers; l++)
+    for (uint32_t h = 0; h < g->n_kv_heads; h++) {
+      const uint64_t *m = ckv_commit_mask(g, blk, l, h);
+      for (uint32_t w = 0; w < ckv_commit_mask_words(g); w++)
+        if (m[w]) return false;
+    }
+  return true;
+}
+
+int ckv_prune_block(const ckv_rowops *ops, const ckv_geometry *g, void *dst, const ckv_move *moves,
+                    const size_t *order, size_t n) {
+  const ckv_block_header *h = ckv_hdr(dst);
+  if (!mask_empty(g, dst)) return CKV_OK;
+  if (ckv_block_sealed_chunks(dst)) return CKV_ERR_STATE;
+  uint32_t D = g->head_dim, H = g->n_kv_heads, kept = h->kept_channels, words = ckv_commit_mask_words(g);
+  size_t te = ckv_draft_token_elems(g);
+  float *row = malloc(te * sizeof(float)), *mag = calloc(te, sizeof(float));
+  if (!row || !mag) {
+    free(row);
+    free(mag);
+    return -12; /* -ENOMEM */
+  }
+  for (uint32_t l = 0; l < g->n_layers; l++) {
+    if (kept == D) {
+      for (uint32_t hd = 0; hd < H; hd++) ckv_kernels_select_channels(mag, D, D, (uint64_t *)ckv_commit_mask(g, dst, l, hd));
+      continue;
+    }
+    memset(mag, 0, te * sizeof(float));
+    for (size_t i = 0; i < n; i++) {
+      const ckv_move *mv = &moves[order[i]];
+      ckv_read_row(ops, g, mv->src, l, 0, mv->src_slot, row);
+      for (size_t e = 0; e < te; e++) mag[e] += fabsf(row[e]);
+    }
+    for (uint32_t hd = 0; hd < H; hd++) {
+      uint64_t m[CKV_MAX_HEAD_DIM / 64u];
+      ckv_kernels_select_channels(mag + (size_t)hd * D, D, kept, m);
+      memcpy((uint64_t *)ckv_commit_mask(g, dst, l, hd), m, words * sizeof(uint64_t));
+    }
+  }
+  free(row);
+  free(mag);
+  return CKV_OK;
+}
+
+ckv_status ckv_kernels_prune_keys(const ckv_geometry *g, const ckv_move *moves, size_t n_moves) {
+  size_t *order = NULL;
+  int st = ckv_moves_sorted(g, moves, n_moves, &order);
+  if (st != CKV_OK) return (ckv_status)st;
+  const ckv_rowops *ops = ckv_rowops_get();
+  for (size_t i = 0; i < n_moves && st == CKV_OK;) {
+    size_t j = i;
+    while (j < n_moves && moves[order[j]].dst == moves[order[i]].dst) j++;
+    if (ckv_format_is_commit(ckv_hdr(moves[order[i]].dst)->format))
+      st = ckv_prune_block(ops, g, moves[order[i]].dst, moves, order + i, j - i);
+    i = j;
+  }
+  free(order);
+  return (ckv_status)st;
+}

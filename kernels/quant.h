@@ -1,0 +1,139 @@
+/* quant.h - the quantization rules of every format, as inline functions that
+ * compile both as C11 and as CUDA device code, so a CPU and a GPU quantizing
+ * the same input write the same bytes (DESIGN.md §4 invariant 7).
+ *
+ * Rules (all arithmetic in IEEE FP32, no fused multiply-add, no fast-math):
+ *  - FP16 conversion is round-to-nearest-even (ckv_f32_to_f16); BF16 and FP16
+ *    inputs widen exactly to FP32.
+ *  - A scale is computed in FP32 and stored as FP16 rounded *up* (the smallest
+ *    FP16 >= the FP32 value, capped at 65504), so the largest element never
+ *    exceeds the code range; a zero point (the group minimum) is stored as FP16
+ *    rounded *down*, so x - zero >= 0.  The stored FP16 values, widened, are
+ *    what quantization then uses: inv = 1.0f / scale (0 when scale is 0).
+ *  - Staged INT8, symmetric: scale = absmax / 127; code = clamp(rint(x * inv),
+ *    -127, 127).  Dequantized value: code * scale.
+ *  - Committed INT4/INT2, asymmetric: zero = round_down(min); scale =
+ *    (max - zero) / (2^b - 1); code = clamp(rint((x - zero) * inv), 0, 2^b - 1).
+ *    Dequantized value: code * scale + zero.
+ *  - rint is round-half-to-even (rintf in C under the default rounding mode,
+ *    rintf / __float2int_rn on the GPU).  Clamping uses fminf/fmaxf, which
+ *    map NaN to the bound; absmax/min/max ignore NaN; +-Inf saturate.
+ *  - Staged -> committed converts from the dequantized INT8 values. */
+#ifndef CKV_QUANT_H
+#define CKV_QUANT_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels/format.h"
+
+#define CKV_F16_MAX 65504.0f
+
+CKV_HD uint32_t ckv_f32_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+}
+CKV_HD float ckv_bits_f32(uint32_t u) {
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+/* FP16 (IEEE binary16 bits) -> FP32, exact. */
+CKV_HD float ckv_f16_to_f32(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  if (e == 0) {
+    float v = (float)m * 5.9604644775390625e-8f; /* m * 2^-24, exact */
+    return sign ? -v : v;
+  }
+  if (e == 31) return ckv_bits_f32(sign | 0x7f800000u | (m << 13));
+  return ckv_bits_f32(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+/* FP32 -> FP16, round to nearest, ties to even; overflow gives Inf, NaN stays NaN. */
+CKV_HD uint16_t ckv_f32_to_f16(float f) {
+  uint32_t x = ckv_f32_bits(f), sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+  if (ax >= 0x7f800000u) return (uint16_t)(sign | (ax > 0x7f800000u ? 0x7e00u : 0x7c00u));
+  if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* >= 65520 */
+  if (ax < 0x38800000u) {                                     /* below 2^-14: subnormal */
+    if (ax < 0x33000000u) return (uint16_t)sign;              /* <= 2^-25 rounds to 0 */
+    uint32_t e = ax >> 23, m = (ax & 0x7fffffu) | 0x800000u, shift = 126u - e;
+    uint32_t h = m >> shift, rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+    if (rem > half || (rem == half && (h & 1u))) h++;
+    return (uint16_t)(sign | h);
+  }
+  uint32_t h = (ax >> 13) - (112u << 10), rem = ax & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++;
+  return (uint16_t)(sign | h);
+}
+
+CKV_HD float ckv_bf16_to_f32(uint16_t h) { return ckv_bits_f32((uint32_t)h << 16); }
+
+/* Smallest FP16 >= v for v in [0, 65504] (v is clamped to that range first). */
+CKV_HD uint16_t ckv_f16_round_up(float v) {
+  v = fminf(fmaxf(v, 0.0f), CKV_F16_MAX) + 0.0f; /* + 0: -0 becomes +0 on every path */
+  uint16_t h = ckv_f32_to_f16(v);
+  if (ckv_f16_to_f32(h) < v) h++;
+  return h;
+}
+/* Largest FP16 <= v for v in [-65504, 65504] (clamped first). */
+CKV_HD uint16_t ckv_f16_round_down(float v) {
+  v = fminf(fmaxf(v, -CKV_F16_MAX), CKV_F16_MAX) + 0.0f; /* -0 -> +0 */
+  uint16_t h = ckv_f32_to_f16(v);
+  if (ckv_f16_to_f32(h) > v) {
+    if (h == 0) return 0x8001u; /* +0 > v: v is a tiny negative */
+    h = (h & 0x8000u) ? (uint16_t)(h + 1u) : (uint16_t)(h - 1u);
+  }
+  return h;
+}
+
+/* a*b + c with two roundings, never contracted into an FMA (CPU and GPU agree). */
+CKV_HD float ckv_mul_add(float a, float b, float c) {
+#ifdef __CUDA_ARCH__
+  return __fadd_rn(__fmul_rn(a, b), c);
+#else
+  return a * b + c; /* C11 without -ffp-contract=fast: two roundings */
+#endif
+}
+
+/* ---- staged INT8 ---- */
+CKV_HD uint16_t ckv_q8_scale(float absmax) { return ckv_f16_round_up(absmax / 127.0f); }
+CKV_HD float ckv_inv_scale(uint16_t scale16) {
+  float s = ckv_f16_to_f32(scale16);
+  return s > 0.0f ? 1.0f / s : 0.0f;
+}
+CKV_HD int8_t ckv_q8_code(float x, float inv) {
+  float r = rintf(x * inv);
+  return (int8_t)fminf(fmaxf(r, -127.0f), 127.0f);
+}
+
+/* ---- committed INT4 / INT2 ---- */
+CKV_HD uint32_t ckv_qa_levels(uint32_t bits) { return (1u << bits) - 1u; }
+/* Scale and zero of an asymmetric group with minimum mn and maximum mx
+ * (mn > mx, an empty or all-NaN group, is treated as mn = mx = 0). */
+CKV_HD void ckv_qa_params(float mn, float mx, uint32_t bits, uint16_t *ret_scale, uint16_t *ret_zero) {
+  if (!(mn <= mx)) mn = mx = 0.0f;
+  uint16_t z = ckv_f16_round_down(mn);
+  float zf = ckv_f16_to_f32(z);
+  float top = fminf(mx, CKV_F16_MAX);
+  *ret_scale = ckv_f16_round_up((top - zf) / (float)ckv_qa_levels(bits));
+  *ret_zero = z;
+}
+CKV_HD uint8_t ckv_qa_code(float x, float zero, float inv, uint32_t bits) {
+  float r = rintf((x - zero) * inv);
+  return (uint8_t)fminf(fmaxf(r, 0.0f), (float)ckv_qa_levels(bits));
+}
+/* Code e of a packed row (b bits per code, low bits first). */
+CKV_HD uint32_t ckv_unpack_code(const uint8_t *row, size_t e, uint32_t bits) {
+  size_t bit = e * bits;
+  return (row[bit >> 3] >> (bit & 7u)) & ckv_qa_levels(bits);
+}
+/* OR code e into a packed row that was zeroed first. */
+CKV_HD void ckv_pack_code(uint8_t *row, size_t e, uint32_t bits, uint32_t code) {
+  size_t bit = e * bits;
+  row[bit >> 3] = (uint8_t)(row[bit >> 3] | (code << (bit & 7u)));
+}
+
+#endif

@@ -1,0 +1,54 @@
+/* rowops.h - private: the row primitives every kernel is built from, as a
+ * table of functions with one implementation per CPU path (scalar, AVX2,
+ * AVX-512), chosen at run time by dispatch.c.  The format-walking code
+ * (move.c, attention.c, ...) is written once over this table.
+ *
+ * Contract shared by all paths: quantizing primitives (quant_i8, quant_u,
+ * cvt_*, affine) give bit-identical results on every path (they follow
+ * kernels/quant.h element by element); reductions and accumulations (dot,
+ * axpy, exp_sub) may differ in the last bits (summation order, FMA). */
+#ifndef CKV_ROWOPS_H
+#define CKV_ROWOPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct ckv_rowops {
+  const char *name;
+  /* dst[i] = widen(src[i]) for FP16 / BF16 inputs. */
+  void (*cvt_f16)(const uint16_t *src, float *dst, size_t n);
+  void (*cvt_bf16)(const uint16_t *src, float *dst, size_t n);
+  /* dst[i] = src[i] * s (staged dequantization, one rounding). */
+  void (*cvt_i8)(const int8_t *src, float s, float *dst, size_t n);
+  /* dst[i] = code i of a packed row of bits-bit codes (4 or 2), as a float. */
+  void (*cvt_codes)(const uint8_t *row, uint32_t bits, float *dst, size_t n);
+  /* x[i] = x[i] * s + z, two roundings. */
+  void (*affine)(float *x, float s, float z, size_t n);
+  /* sum a[i]*b[i]. */
+  float (*dot)(const float *a, const float *b, size_t n);
+  /* y[i] += a * x[i]. */
+  void (*axpy)(float a, const float *x, float *y, size_t n);
+  /* x[i] = exp(x[i] - m) (0 for x[i] = -inf); returns the sum. */
+  float (*exp_sub)(float *x, float m, size_t n);
+  /* max |x[i]|, NaN ignored. */
+  float (*absmax)(const float *x, size_t n);
+  /* mn[i] = fminf(mn[i], x[i]); mx[i] = fmaxf(mx[i], x[i]). */
+  void (*minmax)(const float *x, float *mn, float *mx, size_t n);
+  /* dst[i] = ckv_q8_code(x[i], inv). */
+  void (*quant_i8)(const float *x, float inv, int8_t *dst, size_t n);
+  /* codes[i] = ckv_qa_code(x[i], zero[i], inv[i], bits), one byte each. */
+  void (*quant_u)(const float *x, const float *zero, const float *inv, uint32_t bits, uint8_t *codes, size_t n);
+} ckv_rowops;
+
+extern const ckv_rowops ckv_rowops_scalar;
+extern const ckv_rowops ckv_rowops_avx2;
+extern const ckv_rowops ckv_rowops_avx512;
+
+/* The table for the current path (dispatch.c). */
+const ckv_rowops *ckv_rowops_get(void);
+
+/* Packs n one-byte codes of bits bits into a row (low bits first); writes
+ * ceil(n*bits/8) bytes.  Portable, shared by every path. */
+void ckv_pack_codes(const uint8_t *codes, size_t n, uint32_t bits, uint8_t *row);
+
+#endif

@@ -1,0 +1,183 @@
+/* rows_avx2.c - the row primitives with AVX2 + FMA + F16C (8 floats a step).
+ * Compiled with -mavx2 -mfma -mf16c (kernels/CMakeLists.txt) and called only
+ * after dispatch.c checked the CPU.  Quantizing primitives do exactly the
+ * scalar operations, lane by lane, so their output bytes are the scalar ones;
+ * tails fall back to the scalar table. */
+#include <immintrin.h>
+#include <math.h>
+
+#include "kernels/quant.h"
+#include "kernels/rowops.h"
+
+#define SC ckv_rowops_scalar
+
+static void a_cvt_f16(const uint16_t *src, float *dst, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+  SC.cvt_f16(src + i, dst + i, n - i);
+}
+static void a_cvt_bf16(const uint16_t *src, float *dst, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + i)));
+    _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
+  }
+  SC.cvt_bf16(src + i, dst + i, n - i);
+}
+static void a_cvt_i8(const int8_t *src, float s, float *dst, size_t n) {
+  size_t i = 0;
+  __m256 vs = _mm256_set1_ps(s);
+  for (; i + 8 <= n; i += 8) {
+    __m256i w = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(src + i)));
+    _mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_cvtepi32_ps(w), vs));
+  }
+  SC.cvt_i8(src + i, s, dst + i, n - i);
+}
+/* 32 codes from a packed row, as 32 bytes in natural order. */
+static inline void unpack32(const uint8_t *row, uint32_t bits, __m128i *lo16, __m128i *hi16) {
+  if (bits == 4) {
+    __m128i b = _mm_loadu_si128((const __m128i *)row), m = _mm_set1_epi8(0x0f);
+    __m128i l = _mm_and_si128(b, m), h = _mm_and_si128(_mm_srli_epi16(b, 4), m);
+    *lo16 = _mm_unpacklo_epi8(l, h);
+    *hi16 = _mm_unpackhi_epi8(l, h);
+  } else {
+    __m128i b = _mm_loadl_epi64((const __m128i *)row), m = _mm_set1_epi8(0x03);
+    __m128i c0 = _mm_and_si128(b, m), c1 = _mm_and_si128(_mm_srli_epi16(b, 2), m);
+    __m128i c2 = _mm_and_si128(_mm_srli_epi16(b, 4), m), c3 = _mm_and_si128(_mm_srli_epi16(b, 6), m);
+    __m128i a = _mm_unpacklo_epi8(c0, c1), c = _mm_unpacklo_epi8(c2, c3);
+    *lo16 = _mm_unpacklo_epi16(a, c);
+    *hi16 = _mm_unpackhi_epi16(a, c);
+  }
+}
+static void a_cvt_codes(const uint8_t *row, uint32_t bits, float *dst, size_t n) {
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    __m128i lo, hi;
+    unpack32(row + i * bits / 8, bits, &lo, &hi);
+    _mm256_storeu_ps(dst + i, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)));
+    _mm256_storeu_ps(dst + i + 8, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))));
+    _mm256_storeu_ps(dst + i + 16, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)));
+    _mm256_storeu_ps(dst + i + 24, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))));
+  }
+  SC.cvt_codes(row + i * bits / 8, bits, dst + i, n - i);
+}
+static void a_affine(float *x, float s, float z, size_t n) {
+  size_t i = 0;
+  __m256 vs = _mm256_set1_ps(s), vz = _mm256_set1_ps(z);
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), vs), vz));
+  SC.affine(x + i, s, z, n - i);
+}
+static inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+static float a_dot(const float *a, const float *b, size_t n) {
+  size_t i = 0;
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+  for (; i + 16 <= n; i += 16) {
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+  }
+  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+  return hsum(_mm256_add_ps(s0, s1)) + SC.dot(a + i, b + i, n - i);
+}
+static void a_axpy(float a, const float *x, float *y, size_t n) {
+  size_t i = 0;
+  __m256 va = _mm256_set1_ps(a);
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  SC.axpy(a, x + i, y + i, n - i);
+}
+/* exp(x) for x <= 0 ... 88: Cody-Waite reduction, degree-6 polynomial, about 2 ulp. */
+static inline __m256 exp8(__m256 x) {
+  __m256 zero_mask = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ);
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+  __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.0f / 720.0f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  p = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+  return _mm256_andnot_ps(zero_mask, p);
+}
+static float a_exp_sub(float *x, float m, size_t n) {
+  size_t i = 0;
+  __m256 vm = _mm256_set1_ps(m), s = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) {
+    __m256 v = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), vm));
+    _mm256_storeu_ps(x + i, v);
+    s = _mm256_add_ps(s, v);
+  }
+  return hsum(s) + SC.exp_sub(x + i, m, n - i);
+}
+static float a_absmax(const float *x, size_t n) {
+  size_t i = 0;
+  __m256 m = _mm256_setzero_ps(), sign = _mm256_set1_ps(-0.0f);
+  for (; i + 8 <= n; i += 8) m = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)), m);
+  float lanes[8];
+  _mm256_storeu_ps(lanes, m);
+  float r = SC.absmax(x + i, n - i);
+  for (int k = 0; k < 8; k++) r = fmaxf(r, lanes[k]);
+  return r;
+}
+static void a_minmax(const float *x, float *mn, float *mx, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 v = _mm256_loadu_ps(x + i);
+    /* min_ps(a, b) returns b when a is NaN: NaN inputs leave mn/mx as they were. */
+    _mm256_storeu_ps(mn + i, _mm256_min_ps(v, _mm256_loadu_ps(mn + i)));
+    _mm256_storeu_ps(mx + i, _mm256_max_ps(v, _mm256_loadu_ps(mx + i)));
+  }
+  SC.minmax(x + i, mn + i, mx + i, n - i);
+}
+static void a_quant_i8(const float *x, float inv, int8_t *dst, size_t n) {
+  size_t i = 0;
+  __m256 vi = _mm256_set1_ps(inv), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+  for (; i + 8 <= n; i += 8) {
+    __m256 r = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), vi), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    r = _mm256_min_ps(_mm256_max_ps(r, lo), hi); /* max_ps(NaN, lo) = lo, as fmaxf */
+    __m256i w = _mm256_cvtps_epi32(r);
+    __m128i p = _mm_packs_epi32(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+    _mm_storel_epi64((__m128i *)(dst + i), _mm_packs_epi16(p, p));
+  }
+  SC.quant_i8(x + i, inv, dst + i, n - i);
+}
+static void a_quant_u(const float *x, const float *zero, const float *inv, uint32_t bits, uint8_t *codes, size_t n) {
+  size_t i = 0;
+  __m256 lo = _mm256_setzero_ps(), hi = _mm256_set1_ps((float)ckv_qa_levels(bits));
+  for (; i + 8 <= n; i += 8) {
+    __m256 d = _mm256_sub_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(zero + i));
+    __m256 r = _mm256_round_ps(_mm256_mul_ps(d, _mm256_loadu_ps(inv + i)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    r = _mm256_min_ps(_mm256_max_ps(r, lo), hi);
+    __m256i w = _mm256_cvtps_epi32(r);
+    __m128i p = _mm_packs_epi32(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+    _mm_storel_epi64((__m128i *)(codes + i), _mm_packus_epi16(p, p));
+  }
+  SC.quant_u(x + i, zero + i, inv + i, bits, codes + i, n - i);
+}
+
+const ckv_rowops ckv_rowops_avx2 = {
+    .name = "avx2",
+    .cvt_f16 = a_cvt_f16,
+    .cvt_bf16 = a_cvt_bf16,
+    .cvt_i8 = a_cvt_i8,
+    .cvt_codes = a_cvt_codes,
+    .affine = a_affine,
+    .dot = a_dot,
+    .axpy = a_axpy,
+    .exp_sub = a_exp_sub,
+    .absmax = a_absmax,
+    .minmax = a_minmax,
+    .quant_i8 = a_quant_i8,
+    .quant_u = a_quant_u,
+};

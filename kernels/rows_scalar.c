@@ -1,0 +1,102 @@
+/* rows_scalar.c - the plain C row primitives: the readable reference every
+ * SIMD path is tested against (see rowops.h for each contract), plus the
+ * code packer all paths share. */
+#include <math.h>
+
+#include "kernels/quant.h"
+#include "kernels/rowops.h"
+
+static void s_cvt_f16(const uint16_t *src, float *dst, size_t n) {
+  for (size_t i = 0; i < n; i++) dst[i] = ckv_f16_to_f32(src[i]);
+}
+static void s_cvt_bf16(const uint16_t *src, float *dst, size_t n) {
+  for (size_t i = 0; i < n; i++) dst[i] = ckv_bf16_to_f32(src[i]);
+}
+static void s_cvt_i8(const int8_t *src, float s, float *dst, size_t n) {
+  for (size_t i = 0; i < n; i++) dst[i] = (float)src[i] * s;
+}
+static void s_cvt_codes(const uint8_t *row, uint32_t bits, float *dst, size_t n) {
+  for (size_t i = 0; i < n; i++) dst[i] = (float)ckv_unpack_code(row, i, bits);
+}
+static void s_affine(float *x, float s, float z, size_t n) {
+  for (size_t i = 0; i < n; i++) x[i] = ckv_mul_add(x[i], s, z);
+}
+static float s_dot(const float *a, const float *b, size_t n) {
+  float acc = 0.0f;
+  for (size_t i = 0; i < n; i++) acc += a[i] * b[i];
+  return acc;
+}
+static void s_axpy(float a, const float *x, float *y, size_t n) {
+  for (size_t i = 0; i < n; i++) y[i] += a * x[i];
+}
+static float s_exp_sub(float *x, float m, size_t n) {
+  float sum = 0.0f;
+  for (size_t i = 0; i < n; i++) {
+    x[i] = x[i] == -INFINITY ? 0.0f : expf(x[i] - m);
+    sum += x[i];
+  }
+  return sum;
+}
+static float s_absmax(const float *x, size_t n) {
+  float m = 0.0f;
+  for (size_t i = 0; i < n; i++) m = fmaxf(m, fabsf(x[i]));
+  return m;
+}
+static void s_minmax(const float *x, float *mn, float *mx, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    mn[i] = fminf(mn[i], x[i]);
+    mx[i] = fmaxf(mx[i], x[i]);
+  }
+}
+static void s_quant_i8(const float *x, float inv, int8_t *dst, size_t n) {
+  for (size_t i = 0; i < n; i++) dst[i] = ckv_q8_code(x[i], inv);
+}
+static void s_quant_u(const float *x, const float *zero, const float *inv, uint32_t bits, uint8_t *codes, size_t n) {
+  for (size_t i = 0; i < n; i++) codes[i] = ckv_qa_code(x[i], zero[i], inv[i], bits);
+}
+
+void ckv_pack_codes(const uint8_t *codes, size_t n, uint32_t bits, uint8_t *row) {
+  size_t per = 8u / bits, i = 0, o = 0;
+  if (bits == 4) {
+    for (; i + 8 <= n; i += 8, o += 4) { /* 8 nibbles -> 4 bytes, branch free */
+      uint64_t x;
+      memcpy(&x, codes + i, 8);
+      x = (x | (x >> 4)) & 0x00ff00ff00ff00ffull;
+      x = (x | (x >> 8)) & 0x0000ffff0000ffffull;
+      x = (x | (x >> 16)) & 0xffffffffull;
+      uint32_t w = (uint32_t)x;
+      memcpy(row + o, &w, 4);
+    }
+  } else if (bits == 2) {
+    for (; i + 8 <= n; i += 8, o += 2) { /* 8 crumbs -> 2 bytes */
+      uint64_t x;
+      memcpy(&x, codes + i, 8);
+      x = (x | (x >> 6)) & 0x000f000f000f000full;
+      x = (x | (x >> 12)) & 0x000000ff000000ffull;
+      x = (x | (x >> 24)) & 0xffffull;
+      uint16_t w = (uint16_t)x;
+      memcpy(row + o, &w, 2);
+    }
+  }
+  for (; i < n; i += per, o++) {
+    uint32_t b = 0;
+    for (size_t k = 0; k < per && i + k < n; k++) b |= (uint32_t)codes[i + k] << (k * bits);
+    row[o] = (uint8_t)b;
+  }
+}
+
+const ckv_rowops ckv_rowops_scalar = {
+    .name = "scalar",
+    .cvt_f16 = s_cvt_f16,
+    .cvt_bf16 = s_cvt_bf16,
+    .cvt_i8 = s_cvt_i8,
+    .cvt_codes = s_cvt_codes,
+    .affine = s_affine,
+    .dot = s_dot,
+    .axpy = s_axpy,
+    .exp_sub = s_exp_sub,
+    .absmax = s_absmax,
+    .minmax = s_minmax,
+    .quant_i8 = s_quant_i8,
+    .quant_u = s_quant_u,
+};

@@ -1,0 +1,222 @@
+/* testutil.c - see testutil.h. */
+#include "testutil.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+const char *ckv_test_bin_dir(void) {
+  const char *d = getenv("CKV_BIN_DIR");
+  return d && *d ? d : "build/bin";
+}
+
+char *ckv_test_tmpdir(const char *prefix) {
+  char *p = NULL;
+  if (asprintf(&p, "/tmp/%s.XXXXXX", prefix ? prefix : "ckv") < 0) abort();
+  if (!mkdtemp(p)) abort();
+  return p;
+}
+
+void ckv_test_rmdir(char *dir) {
+  if (!dir) return;
+  char *cmd = NULL;
+  if (asprintf(&cmd, "rm -rf '%s'", dir) >= 0) {
+    if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", dir);
+    free(cmd);
+  }
+  free(dir);
+}
+
+long long ckv_test_now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+pid_t ckv_test_spawn(const char *const *argv, const char *out_path) {
+  char path[1024];
+  snprintf(path, sizeof(path), "%s/%s", ckv_test_bin_dir(), argv[0]);
+  pid_t pid = fork();
+  if (pid == 0) {
+    if (out_path) {
+      int fd = open(out_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
+      if (fd >= 0) {
+        dup2(fd, 1);
+        dup2(fd, 2);
+        close(fd);
+      }
+    }
+    execv(path, (char *const *)argv);
+    fprintf(stderr, "exec %s: %s\n", path, strerror(errno));
+    _exit(127);
+  }
+  return pid;
+}
+
+int ckv_test_wait(pid_t pid, int timeout_ms) {
+  long long end = ckv_test_now_ms() + timeout_ms;
+  for (;;) {
+    int st;
+    pid_t r = waitpid(pid, &st, WNOHANG);
+    if (r == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    if (r < 0) return -1;
+    if (ckv_test_now_ms() > end) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &st, 0);
+      return -1;
+    }
+    usleep(5000);
+  }
+}
+
+int ckv_test_daemon_start(ckv_test_daemon *d, const char *const *extra) {
+  memset(d, 0, sizeof(*d));
+  d->dir = ckv_test_tmpdir("ckv-test");
+  snprintf(d->socket, sizeof(d->socket), "ipc://%s/commitkvd.sock", d->dir);
+  snprintf(d->attach, sizeof(d->attach), "%s/commitkvd.attach", d->dir);
+  snprintf(d->log, sizeof(d->log), "%s/commitkvd.log", d->dir);
+  const char *argv[64] = {"commitkvd", "--socket", d->socket, "--attach-socket", d->attach, "--state-dir", d->dir};
+  int n = 7;
+  for (int i = 0; extra && extra[i] && n < 62; i++) argv[n++] = extra[i];
+  argv[n] = NULL;
+  d->pid = ckv_test_spawn(argv, d->log);
+  long long end = ckv_test_now_ms() + 5000;
+  struct stat st;
+  while (ckv_test_now_ms() < end) {
+    if (stat(d->attach, &st) == 0) return 0;
+    if (!ckv_test_daemon_alive(d)) return -1;
+    usleep(10000);
+  }
+  return -1;
+}
+
+int ckv_test_daemon_alive(const ckv_test_daemon *d) {
+  if (d->pid <= 0) return 0;
+  int st;
+  pid_t r = waitpid(d->pid, &st, WNOHANG);
+  return r == 0;
+}
+
+int ckv_test_daemon_stop(ckv_test_daemon *d) {
+  int rc = -1;
+  if (d->pid > 0) {
+    kill(d->pid, SIGTERM);
+    rc = ckv_test_wait(d->pid, 5000);
+    d->pid = 0;
+  }
+  ckv_test_rmdir(d->dir);
+  d->dir = NULL;
+  return rc;
+}
+
+char *ckv_test_ctl(const ckv_test_daemon *d, const char *const *args) {
+  char out[400];
+  snprintf(out, sizeof(out), "%s/ctl.%d.out", d->dir, (int)getpid());
+  unlink(out);
+  const char *argv[32] = {"commitkvctl", "--socket", d->socket, "--attach-socket", d->attach};
+  int n = 5;
+  for (int i = 0; args && args[i] && n < 30; i++) argv[n++] = args[i];
+  argv[n] = NULL;
+  pid_t pid = ckv_test_spawn(argv, out);
+  if (ckv_test_wait(pid, 10000) != 0) return NULL;
+  FILE *f = fopen(out, "r");
+  if (!f) return NULL;
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *mem = open_memstream(&buf, &len);
+  char chunk[4096];
+  size_t got;
+  while ((got = fread(chunk, 1, sizeof(chunk), f)) > 0) fwrite(chunk, 1, got, mem);
+  fclose(f);
+  fclose(mem);
+  return buf;
+}
+
+/* A tiny path walker over commitkvctl's JSON: enough for tests, not a parser. */
+static const char *skip_value(const char *p);
+
+static const char *skip_ws(const char *p) {
+  while (*p == ' ' || *p == '\n' || *p == '\t' || *p == '\r') p++;
+  return p;
+}
+
+static const char *skip_string(const char *p) {
+  p++;
+  while (*p && *p != '"') p += (*p == '\\' && p[1]) ? 2 : 1;
+  return *p ? p + 1 : p;
+}
+
+static const char *skip_value(const char *p) {
+  p = skip_ws(p);
+  if (*p == '"') return skip_string(p);
+  if (*p == '{' || *p == '[') {
+    char open = *p, close = open == '{' ? '}' : ']';
+    p++;
+    for (;;) {
+      p = skip_ws(p);
+      if (*p == close) return p + 1;
+      if (!*p) return p;
+      if (open == '{') {
+        p = skip_string(skip_ws(p));
+        p = skip_ws(p);
+        if (*p == ':') p++;
+      }
+      p = skip_value(p);
+      p = skip_ws(p);
+      if (*p == ',') p++;
+    }
+  }
+  while (*p && *p != ',' && *p != '}' && *p != ']') p++;
+  return p;
+}
+
+int ckv_test_json_u64(const char *json, const char *path, unsigned long long *ret) {
+  const char *p = skip_ws(json);
+  char part[128];
+  while (*path) {
+    size_t n = strcspn(path, ".");
+    if (n >= sizeof(part)) return -1;
+    memcpy(part, path, n);
+    part[n] = 0;
+    path += n + (path[n] == '.');
+    p = skip_ws(p);
+    if (*p == '{') {
+      p++;
+      for (;;) {
+        p = skip_ws(p);
+        if (*p != '"') return -1;
+        const char *k = p + 1, *e = skip_string(p);
+        size_t klen = (size_t)(e - 1 - k);
+        p = skip_ws(e);
+        if (*p++ != ':') return -1;
+        if (klen == strlen(part) && memcmp(k, part, klen) == 0) break;
+        p = skip_ws(skip_value(p));
+        if (*p == ',') p++;
+        else return -1;
+      }
+    } else if (*p == '[') {
+      long idx = strtol(part, NULL, 10);
+      p++;
+      for (long i = 0; i < idx; i++) {
+        p = skip_ws(skip_value(p));
+        if (*p == ',') p++;
+        else return -1;
+      }
+    } else {
+      return -1;
+    }
+  }
+  p = skip_ws(p);
+  char *end;
+  unsigned long long v = strtoull(p, &end, 10);
+  if (end == p) return -1;
+  *ret = v;
+  return 0;
+}

@@ -1,0 +1,184 @@
+/* test_kernels_simd.c - every CPU path (scalar, AVX2, AVX-512) forced in turn:
+ * quantizing row primitives and whole transitions must write the scalar
+ * path's bytes exactly (edge values included: ties, -0, NaN, Inf, huge and
+ * tiny magnitudes); attention must agree with the scalar path within 1e-4
+ * relative.  Paths the CPU lacks are reported as skipped. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+
+#include "kernels/rowops.h"
+#include "kernels_fixture.h"
+
+static const ckv_cpu_path simd_paths[] = {CKV_PATH_AVX2, CKV_PATH_AVX512};
+
+static void fill_edges(float *x, size_t n, kf_rng *r) {
+  static const float edge[] = {0.5f, 1.5f, 2.5f, -0.5f, -2.5f, -0.0f, 0.0f, NAN, INFINITY, -INFINITY,
+                               1e30f, -1e30f, 1e-30f, 126.5f, 127.49f, -127.5f, 7.5f, 15.5f, 3.5f, 65504.0f};
+  for (size_t i = 0; i < n; i++) x[i] = i < sizeof edge / sizeof edge[0] ? edge[i] : kf_normal(r) * 10.0f;
+}
+
+static const ckv_rowops *table(ckv_cpu_path p) {
+  return p == CKV_PATH_AVX512 ? &ckv_rowops_avx512 : p == CKV_PATH_AVX2 ? &ckv_rowops_avx2 : &ckv_rowops_scalar;
+}
+
+Test(simd, row_primitives_bit_equal) {
+  kf_rng r = {31};
+  enum { N = 203 }; /* not a multiple of any vector width: tails too */
+  float x[N], zero[N], inv[N], a[N], b[N], mn[N], mx[N], mn2[N], mx2[N];
+  uint16_t h[N];
+  int8_t q1[N], q2[N];
+  uint8_t c1[N], c2[N], packed[N];
+  fill_edges(x, N, &r);
+  for (int i = 0; i < N; i++) {
+    zero[i] = kf_normal(&r);
+    inv[i] = i % 5 == 0 ? 0.0f : fabsf(kf_normal(&r)) + 0.01f;
+    h[i] = (uint16_t)kf_next(&r);
+    mn[i] = mn2[i] = INFINITY;
+    mx[i] = mx2[i] = -INFINITY;
+  }
+  int tested = 0;
+  for (size_t p = 0; p < 2; p++) {
+    if (!ckv_kernels_path_supported(simd_paths[p])) {
+      printf("simd: %s not supported by this CPU: skipped\n", ckv_kernels_path_name(simd_paths[p]));
+      continue;
+    }
+    tested++;
+    const ckv_rowops *S = &ckv_rowops_scalar, *V = table(simd_paths[p]);
+    S->quant_i8(x, 0.37f, q1, N);
+    V->quant_i8(x, 0.37f, q2, N);
+    cr_expect_arr_eq(q1, q2, N, "quant_i8 %s", V->name);
+    for (uint32_t bits = 2; bits <= 4; bits += 2) {
+      S->quant_u(x, zero, inv, bits, c1, N);
+      V->quant_u(x, zero, inv, bits, c2, N);
+      cr_expect_arr_eq(c1, c2, N, "quant_u%u %s", bits, V->name);
+      ckv_pack_codes(c1, N, bits, packed);
+      S->cvt_codes(packed, bits, a, N);
+      V->cvt_codes(packed, bits, b, N);
+      cr_expect_arr_eq(a, b, N * sizeof(float), "cvt_codes%u %s", bits, V->name);
+      for (int i = 0; i < N; i++) cr_expect_eq(a[i], (float)c1[i]);
+    }
+    S->cvt_f16(h, a, N);
+    V->cvt_f16(h, b, N);
+    for (int i = 0; i < N; i++)
+      cr_expect(ckv_f32_bits(a[i]) == ckv_f32_bits(b[i]) || (isnan(a[i]) && isnan(b[i])), "cvt_f16 %04x", h[i]);
+    S->cvt_bf16(h, a, N);
+    V->cvt_bf16(h, b, N);
+    cr_expect_arr_eq(a, b, N * sizeof(float));
+    S->cvt_i8(q1, 0.37f, a, N);
+    V->cvt_i8(q1, 0.37f, b, N);
+    cr_expect_arr_eq(a, b, N * sizeof(float));
+    memcpy(a, zero, sizeof a);
+    memcpy(b, zero, sizeof b);
+    S->affine(a, 0.3f, -1.25f, N);
+    V->affine(b, 0.3f, -1.25f, N);
+    cr_expect_arr_eq(a, b, N * sizeof(float));
+    cr_expect_eq(S->absmax(x, N), V->absmax(x, N));
+    S->minmax(x, mn, mx, N);
+    V->minmax(x, mn2, mx2, N);
+    for (int i = 0; i < N; i++) cr_expect(mn[i] == mn2[i] && mx[i] == mx2[i], "minmax %d", i);
+    /* reductions: close, not bit-equal */
+    float d1 = S->dot(zero, inv, N), d2 = V->dot(zero, inv, N);
+    cr_expect_leq(fabsf(d1 - d2), 1e-4f * (1 + fabsf(d1)));
+    for (int i = 0; i < N; i++) a[i] = b[i] = i % 9 == 0 ? -INFINITY : -fabsf(zero[i]) * 20.0f;
+    float e1 = S->exp_sub(a, 1.0f, N), e2 = V->exp_sub(b, 1.0f, N);
+    cr_expect_leq(fabsf(e1 - e2), 1e-5f * e1);
+    for (int i = 0; i < N; i++) cr_expect_leq(fabsf(a[i] - b[i]), 1e-6f * a[i] + 1e-30f, "exp %d: %g %g", i, a[i], b[i]);
+    for (int i = 0; i < N; i += 9) cr_expect_eq(b[i], 0.0f);
+  }
+  if (!tested) cr_skip_test("no SIMD path on this CPU");
+}
+
+/* Whole transitions: the same blocks, byte for byte, on every path. */
+static void *convert_all(const ckv_geometry *g, void *const *drafts, uint32_t fmt, uint32_t kept, void **ret_staged) {
+  void *s = kf_block(CKV_FORMAT_STAGED, g, 64, 0), *c = kf_block(fmt, g, 64, kept);
+  ckv_move m[64];
+  for (uint32_t i = 0; i < 64; i++) m[i] = (ckv_move){.src = drafts[i / 16], .src_slot = i % 16, .dst = s, .dst_slot = i};
+  cr_assert_eq(ckv_kernels_move(g, m, 64, CKV_MOVE_SET_VALID), CKV_OK);
+  for (uint32_t i = 0; i < 40; i++) m[i] = (ckv_move){.src = i % 2 ? s : drafts[i / 16], .src_slot = i % 16, .dst = c, .dst_slot = i};
+  cr_assert_eq(ckv_kernels_move(g, m, 40, CKV_MOVE_SET_VALID), CKV_OK);
+  *ret_staged = s;
+  return c;
+}
+
+static float gen_wild(kf_rng *r, uint32_t l, uint32_t kv, uint32_t e, void *ctx) {
+  float v = kf_normal(r);
+  if (e % 17 == 3) v *= 40.0f; /* outlier channels */
+  if (kf_next(r) % 97 == 0) v = 0.0f;
+  return v;
+}
+
+Test(simd, transitions_bit_equal) {
+  const ckv_geometry geoms[] = {{2, 2, 64, CKV_DTYPE_FP16}, {1, 3, 40, CKV_DTYPE_BF16}, {1, 6, 8, CKV_DTYPE_FP16}};
+  int tested = 0;
+  for (size_t gi = 0; gi < 3; gi++) {
+    const ckv_geometry *g = &geoms[gi];
+    kf_rng r = {41 + gi};
+    void *d[4];
+    for (int i = 0; i < 4; i++) {
+      d[i] = kf_block(CKV_FORMAT_DRAFT, g, 16, 0);
+      kf_fill_draft(g, d[i], &r, gen_wild, NULL, 16u * i);
+    }
+    for (uint32_t fmt = CKV_FORMAT_COMMIT4; fmt <= CKV_FORMAT_COMMIT2; fmt++) {
+      uint32_t kept = fmt == CKV_FORMAT_COMMIT2 ? g->head_dim / 2 : 0;
+      cr_assert_eq(ckv_kernels_force(CKV_PATH_SCALAR), CKV_OK);
+      void *s_ref, *c_ref = convert_all(g, d, fmt, kept, &s_ref);
+      for (size_t p = 0; p < 2; p++) {
+        if (ckv_kernels_force(simd_paths[p]) != CKV_OK) continue;
+        tested++;
+        void *s, *c = convert_all(g, d, fmt, kept, &s);
+        cr_expect_eq(memcmp(s, s_ref, ckv_format_block_bytes(CKV_FORMAT_STAGED, g, 64, 0)), 0, "staged bytes, %s",
+                     ckv_kernels_path_name(simd_paths[p]));
+        cr_expect_eq(memcmp(c, c_ref, ckv_format_block_bytes(fmt, g, 64, kept)), 0, "commit bytes fmt %u, %s", fmt,
+                     ckv_kernels_path_name(simd_paths[p]));
+        free(s), free(c);
+      }
+      free(s_ref), free(c_ref);
+    }
+    for (int i = 0; i < 4; i++) free(d[i]);
+  }
+  ckv_kernels_force(CKV_PATH_AUTO);
+  if (!tested) cr_skip_test("no SIMD path on this CPU");
+}
+
+Test(simd, attention_close_to_scalar) {
+  const ckv_geometry g = {1, 2, 128, CKV_DTYPE_FP16};
+  kf_rng r = {51};
+  void *d[4];
+  for (int i = 0; i < 4; i++) {
+    d[i] = kf_block(CKV_FORMAT_DRAFT, &g, 16, 0);
+    kf_fill_draft(&g, d[i], &r, gen_wild, NULL, 16u * i);
+  }
+  void *s, *c = convert_all(&g, d, CKV_FORMAT_COMMIT4, 96, &s);
+  ckv_block_set_valid(d[0], 2, false);
+  const void *blocks[] = {d[0], s, c, d[3]};
+  enum { QH = 8, D = 128, R = 2 };
+  float q[R * QH * D], o_ref[R * QH * D], o[R * QH * D], m_ref[16 + 64 + 64 + 16], m[16 + 64 + 64 + 16];
+  for (int i = 0; i < R * QH * D; i++) q[i] = kf_normal(&r);
+  ckv_attn_args a = {.geom = &g, .n_rows = R, .n_q_heads = QH, .q = q, .blocks = blocks, .n_blocks = 4, .out = o_ref, .mass = m_ref};
+  ckv_kernels_force(CKV_PATH_SCALAR);
+  cr_assert_eq(ckv_kernels_attention(&a), CKV_OK);
+  int tested = 0;
+  for (size_t p = 0; p < 2; p++) {
+    if (ckv_kernels_force(simd_paths[p]) != CKV_OK) continue;
+    tested++;
+    a.out = o;
+    a.mass = m;
+    cr_assert_eq(ckv_kernels_attention(&a), CKV_OK);
+    double err = kf_max_rel(o, o_ref, R * QH * D, 0.05);
+    cr_expect_leq(err, 1e-4, "%s: %g", ckv_kernels_path_name(simd_paths[p]), err);
+    cr_expect_leq(kf_max_rel(m, m_ref, 160, 1e-3), 1e-4);
+  }
+  ckv_kernels_force(CKV_PATH_AUTO);
+  for (int i = 0; i < 4; i++) free(d[i]);
+  free(s), free(c);
+  if (!tested) cr_skip_test("no SIMD path on this CPU");
+}
+
+Test(simd, force_and_env) {
+  cr_expect_eq(ckv_kernels_force(CKV_PATH_SCALAR), CKV_OK);
+  cr_expect_eq(ckv_kernels_path(), CKV_PATH_SCALAR);
+  cr_expect_eq(ckv_kernels_force((ckv_cpu_path)9), CKV_ERR_INVALID);
+  cr_expect_eq(ckv_kernels_force(CKV_PATH_AUTO), CKV_OK);
+  cr_expect_neq(ckv_kernels_path(), CKV_PATH_AUTO);
+  printf("simd: auto path on this CPU: %s\n", ckv_kernels_path_name(ckv_kernels_path()));
+}
