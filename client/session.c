@@ -214,6 +214,13 @@ int ckv_session_append(ckv_session *s, uint32_t count, const uint8_t *roles, con
           (slot_ref){sr->block_offset, sr->arena_id, (uint16_t)sr->capacity, (uint16_t)(sr->first_slot + k)};
   }
   s->n_tokens = need;
+  /* tokens recycled to make room under the quota have no draft slot any more */
+  for (size_t i = 0; i < t->n_transitions; i++) {
+    const Commitkv__V1__TransitionRange *tr = t->transitions[i];
+    if (tr->from == COMMITKV__V1__TOKEN_STATE__STATE_DRAFT)
+      for (uint64_t p = tr->first_position; p < tr->first_position + tr->count && p < s->n_tokens; p++)
+        s->slots[p].block_offset = UINT64_MAX;
+  }
   if (t->epoch > s->epoch) s->epoch = t->epoch;
   if (ret_first_position) *ret_first_position = t->first_position;
   ckv_rpc_free(rep);

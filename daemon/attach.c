@@ -79,7 +79,7 @@ void ckv_attach_handle(ckv_server *s) {
     return;
   }
   bool admin = peer.uid == 0 || peer.uid == (uint32_t)geteuid();
-  ckv_tenant_spec spec = {0};
+  ckv_tenant_spec spec = {.default_policy = -1};
   bool mapped = s->opt.resolve_tenant && s->opt.resolve_tenant(s->opt.resolve_ctx, peer.uid, peer.gid, &spec);
   if (!mapped && !admin) {
     s->counters.attach_refused++;

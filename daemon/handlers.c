@@ -14,6 +14,9 @@
 #include <unistd.h>
 
 #include "commitkv/status.h"
+#include "daemon/compressor.h"
+#include "daemon/config.h"
+#include "daemon/lifecycle.h"
 #include "daemon/log.h"
 #include "daemon/server.h"
 #include "daemon/session.h"
@@ -44,12 +47,42 @@ static void *new_msg(ckv_server *s, size_t size, const void *init) {
 /* A reply sub-message from the scratch arena, initialised with its INIT value. */
 #define NEW(s, type, init) ((type *)new_msg((s), sizeof(type), &(type)init))
 
-static const char *const k_policies[] = {"commitkv", "fp16", "int8", "kivi4", "kivi2", "h2o", "streaming"};
+/* Per-session overrides (OpenSession.params): the [policy] keys, validated
+ * against the same bounds as the config file. */
+typedef struct param_def {
+  const char *name;
+  double min, max;
+  size_t offset;
+  bool is_float; /* else uint32_t */
+} param_def;
 
-static bool policy_known(const char *p) {
-  for (size_t i = 0; i < sizeof(k_policies) / sizeof(k_policies[0]); i++)
-    if (strcmp(p, k_policies[i]) == 0) return true;
-  return false;
+#define PF(field, lo, hi) {#field, lo, hi, offsetof(ckv_judge_params, field), true}
+#define PU(field, lo, hi) {#field, lo, hi, offsetof(ckv_judge_params, field), false}
+static const param_def k_params[] = {
+    PF(attn_threshold, 0, 1e6),        PF(semantic_threshold, 0, 1), PF(high_attn_threshold, 0, 1e6),
+    PU(history_rounds, 1, CKV_ATTN_HISTORY), PU(sink_tokens, 0, 4096), PU(recent_window, 0, 1 << 20),
+    PU(persistence_rounds, 1, 100000), PU(idle_rounds, 1, 1000000), PF(budget, 0.01, 1),
+    PU(commit_bits, 2, 4),             PF(prune_keep, 0.125, 1),
+};
+
+static int apply_params(const Commitkv__V1__OpenSession *o, ckv_judge_params *p, reply_ctx *x) {
+  for (size_t i = 0; i < o->n_params; i++) {
+    const char *key = o->params[i]->key;
+    double v = o->params[i]->value;
+    const param_def *d = NULL;
+    for (size_t k = 0; key && k < sizeof(k_params) / sizeof(k_params[0]); k++)
+      if (strcmp(key, k_params[k].name) == 0) d = &k_params[k];
+    if (!d) return fail(x, CKV_ERR_INVALID, "unknown policy parameter '%.64s'", key ? key : "");
+    if (!(v >= d->min && v <= d->max))
+      return fail(x, CKV_ERR_INVALID, "policy parameter %s=%g outside [%g, %g]", d->name, v, d->min, d->max);
+    if (strcmp(d->name, "commit_bits") == 0 && v != 2 && v != 4)
+      return fail(x, CKV_ERR_INVALID, "commit_bits must be 2 or 4");
+    if (d->is_float)
+      *(float *)((char *)p + d->offset) = (float)v;
+    else
+      *(uint32_t *)((char *)p + d->offset) = (uint32_t)v;
+  }
+  return CKV_OK;
 }
 
 /* Look a session up in the caller's tenant and check the caller owns it. */
@@ -137,13 +170,21 @@ static int h_open(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
   if (!c->tenant) return fail(x, CKV_ERR_AUTH, "this client is attached without a tenant (admin only)");
   if (ckv_wire_check_session_id(o->session_id) < 0)
     return fail(x, CKV_ERR_INVALID, "session id must be 1..128 characters of [A-Za-z0-9._:-]");
-  const char *policy = o->policy && *o->policy ? o->policy : "commitkv";
-  if (!policy_known(policy))
+  ckv_judge_params params = *s->opt.policy;
+  int pid = o->policy && *o->policy ? ckv_config_policy_from_name(o->policy)
+                                    : (c->tenant->default_policy >= 0 ? c->tenant->default_policy : params.policy);
+  if (pid < 0)
     return fail(x, CKV_ERR_INVALID, "unknown policy '%.64s' (commitkv, fp16, int8, kivi4, kivi2, h2o, streaming)",
-                policy);
-  for (size_t i = 0; i < o->n_params; i++)
-    if (!o->params[i]->key || !isfinite(o->params[i]->value))
-      return fail(x, CKV_ERR_INVALID, "policy parameter %zu is not a finite number", i);
+                o->policy);
+  if (c->tenant->policies && !(c->tenant->policies & (1u << pid)))
+    return fail(x, CKV_ERR_AUTH, "policy '%s' is not allowed for tenant '%s'", ckv_policy_names[pid],
+                c->tenant->name);
+  params.policy = pid;
+  if (pid == CKV_POLICY_KIVI2) params.commit_bits = 2;
+  if (pid == CKV_POLICY_KIVI4) params.commit_bits = 4;
+  int pr = apply_params(o, &params, x);
+  if (pr < 0) return pr;
+  const char *policy = ckv_policy_names[pid];
   char key[256];
   ckv_server_session_key(c->tenant, o->session_id, key, sizeof(key));
   ckv_srv_session *sess = ckv_strmap_get(s->sessions, key);
@@ -179,13 +220,14 @@ static int h_open(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
   if (c->tenant->n_sessions >= c->tenant->max_sessions)
     return fail(x, CKV_ERR_LIMIT, "tenant '%s' has its maximum of %u sessions", c->tenant->name,
                 c->tenant->max_sessions);
-  r = ckv_srv_session_new(o->session_id, c->tenant, &g, dt, ct, policy, &s->next_block_id, &sess);
+  r = ckv_srv_session_new(o->session_id, c->tenant, &g, dt, ct, policy, &params, &s->next_block_id, &sess);
   if (r < 0) return fail(x, r, "cannot create session: %s", ckv_strerror(r));
   if (ckv_strmap_put(s->sessions, key, sess) < 0) {
     ckv_srv_session_free(sess);
     return fail(x, -ENOMEM, "out of memory");
   }
   sess->owner = c->id;
+  sess->lane = ++s->next_lane;
   c->tenant->n_sessions++;
   ckv_log(CKV_LOG_INFO, "session-open", c->tenant->name, sess->id, "%u layers x %u kv heads x %u dims, policy %s",
           g.n_layers, g.n_kv_heads, g.head_dim, policy);
@@ -198,6 +240,22 @@ static void *column(ckv_server *s, const ProtobufCBinaryData *b) {
   void *p = ckv_wire_alloc(&s->out, b->len);
   if (p) memcpy(p, b->data, b->len);
   return p;
+}
+
+static Commitkv__V1__TransitionRange **transitions_msg(ckv_server *s, const ckv_transition_list *l, size_t *ret_n) {
+  Commitkv__V1__TransitionRange **v = ckv_wire_alloc(&s->out, (l->n + 1) * sizeof(*v));
+  if (!v) return NULL;
+  for (size_t i = 0; i < l->n; i++) {
+    Commitkv__V1__TransitionRange *tr = NEW(s, Commitkv__V1__TransitionRange, COMMITKV__V1__TRANSITION_RANGE__INIT);
+    if (!tr) return NULL;
+    tr->first_position = l->v[i].first;
+    tr->count = l->v[i].count;
+    tr->from = (Commitkv__V1__TokenState)l->v[i].from;
+    tr->to = (Commitkv__V1__TokenState)l->v[i].to;
+    v[i] = tr;
+  }
+  *ret_n = l->n;
+  return v;
 }
 
 static int h_append(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, reply_ctx *x) {
@@ -228,8 +286,25 @@ static int h_append(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req
   Commitkv__V1__TokensAppended *t = NEW(s, Commitkv__V1__TokensAppended, COMMITKV__V1__TOKENS_APPENDED__INIT);
   if (!runs || !t) return -ENOMEM;
   uint64_t first;
-  r = ckv_srv_session_append(sess, n, a->roles.len ? a->roles.data : NULL, a->tags.len ? a->tags.data : NULL, sem, ids,
-                         runs, &n_runs, &first);
+  ckv_transition_list made_room = {0};
+  uint64_t need = ckv_srv_session_append_bytes(sess, n);
+  if (need && !ckv_tenant_would_fit(sess->tenant, need)) {
+    /* Quota pressure: make room from this session's least valuable tokens
+     * before refusing (the reply reports every token recycled). */
+    ckv_server_settle_session(s, sess);
+    uint64_t recycled = 0;
+    r = ckv_lifecycle_reclaim(sess, s->compressor, need, &made_room, &recycled);
+    if (recycled)
+      ckv_log(CKV_LOG_NOTICE, "quota-reclaim", c->tenant->name, sess->id, "recycled %llu tokens to make room",
+              (unsigned long long)recycled);
+  }
+  r = ckv_srv_session_append(sess, n, a->roles.len ? a->roles.data : NULL, a->tags.len ? a->tags.data : NULL, sem,
+                             ids, runs, &n_runs, &first);
+  if (r == CKV_OK && made_room.n) {
+    t->transitions = transitions_msg(s, &made_room, &t->n_transitions);
+    if (!t->transitions) r = -ENOMEM;
+  }
+  ckv_transition_list_done(&made_room);
   if (r == CKV_ERR_QUOTA)
     return fail(x, r, "tenant '%s' quota of %llu bytes reached (%llu used)", c->tenant->name,
                 (unsigned long long)c->tenant->quota_bytes, (unsigned long long)c->tenant->bytes_used);
@@ -282,10 +357,17 @@ static int h_report(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req
                 (unsigned long long)sess->last_round);
   if (r < 0) return fail(x, r, "bad round report: %s", ckv_strerror(r));
   s->counters.rounds++;
+  ckv_transition_list decided = {0};
+  r = ckv_lifecycle_round(sess, s->compressor, (uint32_t)rr->round, &decided);
   Commitkv__V1__RoundReport *out = NEW(s, Commitkv__V1__RoundReport, COMMITKV__V1__ROUND_REPORT__INIT);
-  if (!out) return -ENOMEM;
+  if (out && decided.n) out->transitions = transitions_msg(s, &decided, &out->n_transitions);
+  bool oom = !out || (decided.n && !out->transitions);
+  ckv_transition_list_done(&decided);
+  if (oom) return -ENOMEM;
+  if (r < 0) ckv_log(CKV_LOG_ERROR, "lifecycle", sess->tenant->name, sess->id, "planning moves: %s", ckv_strerror(r));
   out->round = rr->round;
   out->epoch = sess->epoch;
+  out->pending = (uint32_t)ckv_lifecycle_pending(sess);
   x->rep->body_case = COMMITKV__V1__RESPONSE__BODY_ROUND_REPORT;
   x->rep->round_report = out;
   return CKV_OK;
@@ -495,6 +577,24 @@ static int h_stats(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req,
   st->backend = (char *)s->opt.backend;
   st->detached_sessions = detached;
   st->leases_expired = s->counters.leases_expired;
+  ckv_compressor_stats cs;
+  ckv_compressor_get_stats(s->compressor, &cs);
+  st->compress_queue = cs.queued;
+  st->compress_jobs = cs.completed;
+  st->compress_refused = cs.refused_busy;
+  uint64_t tr[4][4];
+  memcpy(tr, s->counters.transitions, sizeof(tr));
+  size_t tcur = 0;
+  ckv_srv_session *ts;
+  while ((ts = ckv_strmap_next(s->sessions, &tcur, NULL))) {
+    if (!(c->admin || ts->tenant == c->tenant)) continue;
+    for (int i = 0; i < 4; i++)
+      for (int j = 0; j < 4; j++) tr[i][j] += ts->transitions[i][j];
+    st->pending_tokens += ckv_lifecycle_pending(ts);
+  }
+  st->transitions_staged = tr[0][1];
+  st->transitions_committed = tr[1][2];
+  st->transitions_recycled = tr[0][3] + tr[1][3] + tr[2][3];
   x->rep->body_case = COMMITKV__V1__RESPONSE__BODY_STATS;
   x->rep->stats = st;
   return CKV_OK;
@@ -521,6 +621,7 @@ static int h_list(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
     i->attached = sess->owner != 0;
     i->epoch = sess->epoch;
     i->rounds = sess->rounds;
+    i->pending_tokens = ckv_lifecycle_pending(sess);
     l->sessions[l->n_sessions++] = i;
   }
   x->rep->body_case = COMMITKV__V1__RESPONSE__BODY_SESSION_LIST;

@@ -13,7 +13,9 @@
 
 #include "commitkv/status.h"
 #include "daemon/config.h"
+#include "daemon/judge.h"
 #include "daemon/log.h"
+#include "daemon/mlp.h"
 #include "daemon/server.h"
 
 static void usage(FILE *out) {
@@ -33,6 +35,8 @@ static void usage(FILE *out) {
 
 typedef struct app {
   ckv_config cfg;
+  ckv_judge_params policy; /* what new sessions start from; refreshed on SIGHUP */
+  ckv_mlp *mlp;
   const char *config_path;
   ckv_server *server;
   bool notify;
@@ -45,7 +49,44 @@ static bool resolve_tenant(void *ctx, uint32_t uid, uint32_t gid, ckv_tenant_spe
   ret->name = t->name;
   ret->quota_bytes = t->quota;
   ret->max_sessions = t->max_sessions;
+  ret->policies = t->policies;
+  ret->default_policy = t->default_policy;
   return true;
+}
+
+/* [policy] -> the judge's parameters (and the mlp judge's weights). */
+static int policy_from_config(app *a, char *err, size_t errlen) {
+  const ckv_policy_params *p = &a->cfg.policy;
+  ckv_judge_params j = {
+      .policy = p->default_policy,
+      .attn_threshold = (float)p->attn_threshold,
+      .semantic_threshold = (float)p->semantic_threshold,
+      .high_attn_threshold = (float)p->high_attn_threshold,
+      .history_rounds = p->history_rounds < CKV_ATTN_HISTORY ? p->history_rounds : CKV_ATTN_HISTORY,
+      .sink_tokens = p->sink_tokens,
+      .recent_window = p->recent_window,
+      .persistence_rounds = p->persistence_rounds,
+      .idle_rounds = p->idle_rounds,
+      .budget = (float)p->budget,
+      .commit_bits = p->commit_bits,
+      .prune_keep = (float)p->prune_keep,
+      .semantic_estimate_enabled = p->semantic_estimate,
+  };
+  ckv_mlp *mlp = NULL;
+  if (p->judge == CKV_JUDGE_MLP) {
+    if (!p->mlp_weights[0]) {
+      snprintf(err, errlen, "[policy] judge = mlp needs mlp_weights");
+      return CKV_ERR_INVALID;
+    }
+    int r = ckv_mlp_load(p->mlp_weights, &mlp, err, errlen);
+    if (r < 0) return r;
+  }
+  /* Sessions keep a pointer to the weights: the old ones stay alive. */
+  j.mlp = mlp ? mlp : a->mlp;
+  if (mlp) a->mlp = mlp;
+  if (p->judge != CKV_JUDGE_MLP) j.mlp = NULL;
+  a->policy = j;
+  return CKV_OK;
 }
 
 static void on_ready(void *ctx) {
@@ -65,6 +106,8 @@ static void reload(app *a) {
   } else {
     ckv_config_apply_reload(&a->cfg, &fresh);
     ckv_log_set_level(a->cfg.log_level);
+    if (policy_from_config(a, err, sizeof(err)) < 0)
+      ckv_log(CKV_LOG_ERROR, "reload-failed", NULL, NULL, "policy: %s", err);
     ckv_log(CKV_LOG_NOTICE, "reload", NULL, NULL, "configuration reloaded from %s", a->config_path);
   }
   ckv_config_done(&fresh);
@@ -166,6 +209,11 @@ int main(int argc, char **argv) {
   }
   ckv_config_ensure_default_tenant(&a.cfg, (uint32_t)geteuid());
   ckv_log_set_level(a.cfg.log_level);
+  if (policy_from_config(&a, err, sizeof(err)) < 0) {
+    fprintf(stderr, "commitkvd: %s\n", err);
+    ckv_config_done(&a.cfg);
+    return 1;
+  }
 
   const char *backend = "host", *reason;
   switch (a.cfg.backend) {
@@ -192,6 +240,9 @@ int main(int argc, char **argv) {
       .max_append = 1u << 20,
       .draft_block_tokens = a.cfg.draft_block_tokens,
       .commit_block_tokens = a.cfg.commit_block_tokens,
+      .compress_threads = a.cfg.compress_threads,
+      .compress_queue = a.cfg.compress_queue,
+      .policy = &a.policy,
       .resolve_tenant = resolve_tenant,
       .resolve_ctx = &a,
       .on_ready = on_ready,
@@ -214,6 +265,7 @@ int main(int argc, char **argv) {
   r = ckv_server_run(a.server);
   if (a.notify) sd_notify(0, "STOPPING=1\nSTATUS=draining");
   a.server = ckv_server_free(a.server);
+  a.mlp = ckv_mlp_free(a.mlp);
   ckv_config_done(&a.cfg);
   return r == 0 ? 0 : 1;
 }

@@ -21,6 +21,8 @@
 #include <zmq.h>
 
 #include "commitkv/status.h"
+#include "daemon/compressor.h"
+#include "daemon/lifecycle.h"
 #include "daemon/log.h"
 #include "daemon/session.h"
 #include "daemon/strmap.h"
@@ -98,6 +100,14 @@ int ckv_server_new(const ckv_server_options *opt, ckv_server **ret, char *err, s
     goto fail;
   }
 
+  /* Threads start after the signal mask is set, so they inherit it and only
+   * the signalfd ever sees SIGTERM/SIGINT/SIGHUP. */
+  r = ckv_compressor_new(opt->compress_threads, opt->compress_queue ? opt->compress_queue : 64, &s->compressor);
+  if (r < 0) {
+    snprintf(err, errlen, "cannot start the compressor: %s", ckv_strerror(r));
+    goto fail;
+  }
+
   s->zctx = zmq_ctx_new();
   if (!s->zctx) goto fail_nomem;
   set_sockopt_int(s->zctx, ZMQ_BLOCKY, 0);
@@ -136,7 +146,55 @@ void ckv_server_destroy_session(ckv_server *s, ckv_srv_session *sess) {
   ckv_server_session_key(sess->tenant, sess->id, key, sizeof(key));
   if (ckv_strmap_get(s->sessions, key) == sess) ckv_strmap_del(s->sessions, key);
   sess->tenant->n_sessions--;
+  for (int i = 0; i < 4; i++)
+    for (int j = 0; j < 4; j++) s->counters.transitions[i][j] += sess->transitions[i][j];
+  if (sess->jobs_inflight) {
+    /* a compressor thread may be writing its blocks: free when its jobs are back */
+    if (s->n_doomed == s->cap_doomed) {
+      size_t ncap = s->cap_doomed ? s->cap_doomed * 2 : 8;
+      ckv_srv_session **nd = realloc(s->doomed, ncap * sizeof(*nd));
+      if (!nd) {
+        ckv_compressor_drain_lane(s->compressor, sess->lane);
+        ckv_server_collect_jobs(s);
+        ckv_srv_session_free(sess);
+        return;
+      }
+      s->doomed = nd;
+      s->cap_doomed = ncap;
+    }
+    sess->doomed = true;
+    s->doomed[s->n_doomed++] = sess;
+    return;
+  }
   ckv_srv_session_free(sess);
+}
+
+void ckv_server_collect_jobs(ckv_server *s) {
+  ckv_job *j = ckv_compressor_collect(s->compressor);
+  while (j) {
+    ckv_job *next = j->next;
+    ckv_srv_session *sess = j->owner;
+    if (j->status < 0 && !sess->doomed)
+      ckv_log(CKV_LOG_ERROR, "compress-failed", sess->tenant->name, sess->id, "moving %zu tokens failed: %s",
+              j->n_moves, ckv_strerror(j->status));
+    ckv_lifecycle_publish(sess, s->compressor, j);
+    j = next;
+  }
+  for (size_t i = 0; i < s->n_doomed;) {
+    if (s->doomed[i]->jobs_inflight == 0) {
+      ckv_srv_session_free(s->doomed[i]);
+      s->doomed[i] = s->doomed[--s->n_doomed];
+    } else {
+      i++;
+    }
+  }
+}
+
+void ckv_server_settle_session(ckv_server *s, ckv_srv_session *sess) {
+  while (sess->jobs_inflight) {
+    ckv_compressor_drain_lane(s->compressor, sess->lane);
+    ckv_server_collect_jobs(s);
+  }
 }
 
 void ckv_server_drop_conn(ckv_server *s, ckv_conn *c, const char *why) {
@@ -164,11 +222,18 @@ ckv_server *ckv_server_free(ckv_server *s) {
     ckv_conn *c;
     while ((c = ckv_strmap_next(s->conns, &cur, NULL))) ckv_server_drop_conn(s, c, "daemon stopping");
   }
+  /* Stop the compressor first: its threads may still write blocks. */
+  s->compressor = ckv_compressor_free(s->compressor);
   if (s->sessions) {
     size_t cur = 0;
     ckv_srv_session *sess;
-    while ((sess = ckv_strmap_next(s->sessions, &cur, NULL))) ckv_server_destroy_session(s, sess);
+    while ((sess = ckv_strmap_next(s->sessions, &cur, NULL))) {
+      sess->jobs_inflight = 0;
+      ckv_server_destroy_session(s, sess);
+    }
   }
+  for (size_t i = 0; i < s->n_doomed; i++) ckv_srv_session_free(s->doomed[i]);
+  free(s->doomed);
   for (size_t i = 0; i < s->n_tenants; i++) ckv_tenant_free(s->tenants[i]);
   free(s->tenants);
   s->conns = ckv_strmap_free(s->conns);
@@ -207,6 +272,8 @@ ckv_tenant *ckv_server_tenant(ckv_server *s, const ckv_tenant_spec *spec, int *r
     return NULL;
   }
   t->max_sessions = spec->max_sessions ? spec->max_sessions : s->opt.max_sessions;
+  t->policies = spec->policies;
+  t->default_policy = spec->default_policy;
   s->tenants[s->n_tenants++] = t;
   ckv_log(CKV_LOG_INFO, "tenant-up", t->name, NULL, "arena %u of %llu bytes (%s), quota %llu bytes", t->arena_id,
           (unsigned long long)ckv_arena_size(t->arena), ckv_arena_kind(t->arena), (unsigned long long)quota);
@@ -351,7 +418,7 @@ int ckv_server_run(ckv_server *s) {
   zmq_pollitem_t *items = NULL;
   ckv_conn **owners = NULL;
   while (!s->stopping) {
-    size_t want = 3 + ckv_strmap_size(s->conns);
+    size_t want = 4 + ckv_strmap_size(s->conns);
     if (want > cap) {
       size_t ncap = want * 2;
       zmq_pollitem_t *ni = realloc(items, ncap * sizeof(*ni));
@@ -368,6 +435,7 @@ int ckv_server_run(ckv_server *s) {
     items[n++] = (zmq_pollitem_t){.socket = s->router, .events = ZMQ_POLLIN};
     items[n++] = (zmq_pollitem_t){.fd = s->attach_fd, .events = ZMQ_POLLIN};
     items[n++] = (zmq_pollitem_t){.fd = s->signal_fd, .events = ZMQ_POLLIN};
+    items[n++] = (zmq_pollitem_t){.fd = ckv_compressor_fd(s->compressor), .events = ZMQ_POLLIN};
     size_t cur = 0;
     ckv_conn *c;
     while ((c = ckv_strmap_next(s->conns, &cur, NULL))) {
@@ -381,11 +449,12 @@ int ckv_server_run(ckv_server *s) {
     }
     if (rc > 0) {
       if (items[2].revents) read_signals(s);
+      if (items[3].revents) ckv_server_collect_jobs(s);
       if (items[0].revents & ZMQ_POLLIN)
         for (int i = 0; i < MAX_BATCH && serve_one(s); i++) {
         }
       if (items[1].revents & ZMQ_POLLIN) ckv_attach_handle(s);
-      for (size_t i = 3; i < n; i++) {
+      for (size_t i = 4; i < n; i++) {
         if (!items[i].revents) continue;
         char buf[64];
         ssize_t got = recv(items[i].fd, buf, sizeof(buf), MSG_DONTWAIT);

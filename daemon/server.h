@@ -17,6 +17,8 @@ typedef struct ckv_tenant ckv_tenant;
 typedef struct ckv_srv_session ckv_srv_session;
 typedef struct ckv_strmap ckv_strmap;
 typedef struct ckv_arena_backend ckv_arena_backend;
+typedef struct ckv_compressor ckv_compressor;
+typedef struct ckv_judge_params ckv_judge_params;
 
 #define CKV_PROTOCOL_VERSION 1u
 #define CKV_KEY_BYTES 16u
@@ -26,6 +28,8 @@ typedef struct ckv_tenant_spec {
   const char *name;
   uint64_t quota_bytes;   /* 0 = the daemon's whole memory */
   uint32_t max_sessions;  /* 0 = the daemon-wide limit */
+  uint32_t policies;      /* bit per allowed ckv_policy_id; 0 = all */
+  int default_policy;     /* ckv_policy_id, or -1 = the daemon default */
 } ckv_tenant_spec;
 
 /* Maps a peer's credentials to a tenant; false = refuse the attach. */
@@ -46,6 +50,10 @@ typedef struct ckv_server_options {
   uint64_t max_tokens_per_session;
   uint32_t max_append;   /* tokens per AppendTokens */
   uint32_t draft_block_tokens, commit_block_tokens;
+  unsigned compress_threads, compress_queue;
+  /* Policy parameters new sessions start from (owned by the caller, who may
+   * change them between loop iterations, e.g. on SIGHUP). */
+  const ckv_judge_params *policy;
   ckv_tenant_resolver resolve_tenant;
   void *resolve_ctx;
   /* Called once after sockets and arenas are up (sd_notify READY=1), then
@@ -73,6 +81,7 @@ typedef struct ckv_conn {
 
 typedef struct ckv_counters {
   uint64_t requests, errors, rounds, leases_expired, attaches, attach_refused;
+  uint64_t transitions[4][4]; /* of sessions already gone; live ones keep their own */
 } ckv_counters;
 
 typedef struct ckv_server {
@@ -87,6 +96,10 @@ typedef struct ckv_server {
   size_t n_tenants;
   ckv_strmap *conns;    /* keyhex -> ckv_conn */
   ckv_strmap *sessions; /* "tenant/id" -> ckv_srv_session */
+  ckv_compressor *compressor;
+  ckv_srv_session **doomed; /* dropped while compressor jobs were in flight */
+  size_t n_doomed, cap_doomed;
+  uint64_t next_lane;
   ckv_wire_arena in;    /* decode arena (capped) */
   ckv_wire_arena out;   /* reply scratch */
   ckv_counters counters;
@@ -110,6 +123,10 @@ ckv_tenant *ckv_server_tenant(ckv_server *s, const ckv_tenant_spec *spec, int *r
 void ckv_server_drop_conn(ckv_server *s, ckv_conn *c, const char *why);
 void ckv_server_session_key(const ckv_tenant *t, const char *id, char *buf, size_t len);
 void ckv_server_destroy_session(ckv_server *s, ckv_srv_session *sess);
+/* Publish every finished compressor job (and free doomed sessions). */
+void ckv_server_collect_jobs(ckv_server *s);
+/* Wait for a session's jobs to finish and publish them (quota pressure). */
+void ckv_server_settle_session(ckv_server *s, ckv_srv_session *sess);
 /* Accept and serve one attach (attach.c). */
 void ckv_attach_handle(ckv_server *s);
 /* Serve one decoded request into `rep` (handlers.c). */

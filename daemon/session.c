@@ -2,6 +2,7 @@
 #include "daemon/session.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,9 +10,57 @@
 
 #include "commitkv/status.h"
 #include "daemon/tenant.h"
+#include "kernels/kernels.h"
 
 #define DEFAULT_DRAFT_TOKENS 16u
 #define DEFAULT_COMMIT_TOKENS 64u
+
+/* token id -> occurrences in this session (open addressing, power-of-two size) */
+typedef struct idcount {
+  uint32_t *keys; /* id + 1; 0 = empty */
+  uint32_t *counts;
+  size_t cap, n;
+} idcount;
+
+static uint32_t *idcount_slot(idcount *m, uint32_t id) {
+  size_t mask = m->cap - 1, i = (id * 2654435761u) & mask;
+  while (m->keys[i] && m->keys[i] != id + 1) i = (i + 1) & mask;
+  return &m->keys[i];
+}
+
+/* Occurrences of `id` before this one (and counts it). -1 on allocation failure. */
+static long idcount_bump(idcount *m, uint32_t id) {
+  if ((m->n + 1) * 2 > m->cap) {
+    idcount old = *m;
+    size_t ncap = old.cap ? old.cap * 2 : 1024;
+    m->keys = calloc(ncap, 4);
+    m->counts = calloc(ncap, 4);
+    if (!m->keys || !m->counts) {
+      free(m->keys);
+      free(m->counts);
+      *m = old;
+      return -1;
+    }
+    m->cap = ncap;
+    m->n = 0;
+    for (size_t i = 0; i < old.cap; i++)
+      if (old.keys[i]) {
+        uint32_t *k = idcount_slot(m, old.keys[i] - 1);
+        *k = old.keys[i];
+        m->counts[k - m->keys] = old.counts[i];
+        m->n++;
+      }
+    free(old.keys);
+    free(old.counts);
+  }
+  uint32_t *k = idcount_slot(m, id);
+  size_t i = (size_t)(k - m->keys);
+  if (!*k) {
+    *k = id + 1;
+    m->n++;
+  }
+  return (long)m->counts[i]++;
+}
 
 int ckv_srv_session_check_geometry(ckv_geometry *g, uint32_t *draft_tokens, uint32_t *commit_tokens) {
   if (!g->n_layers || !g->n_kv_heads || !g->head_dim) return CKV_ERR_INVALID;
@@ -22,44 +71,57 @@ int ckv_srv_session_check_geometry(ckv_geometry *g, uint32_t *draft_tokens, uint
   if (!*draft_tokens) *draft_tokens = DEFAULT_DRAFT_TOKENS;
   if (!*commit_tokens) *commit_tokens = DEFAULT_COMMIT_TOKENS;
   if (*draft_tokens > CKV_MAX_BLOCK_TOKENS || *commit_tokens > CKV_MAX_BLOCK_TOKENS) return CKV_ERR_LIMIT;
-  if (*commit_tokens < 32u) return CKV_ERR_LIMIT; /* per-channel key groups need >= 32 tokens */
+  /* per-channel key groups need >= 32 tokens; committed blocks hold whole chunks */
+  if (*commit_tokens < CKV_COMMIT_CHUNK_TOKENS || *commit_tokens % CKV_COMMIT_CHUNK_TOKENS) return CKV_ERR_LIMIT;
   return CKV_OK;
 }
 
 int ckv_srv_session_new(const char *id, ckv_tenant *tenant, const ckv_geometry *g, uint32_t draft_tokens,
-                    uint32_t commit_tokens, const char *policy, uint64_t *next_block_id, ckv_srv_session **ret) {
+                        uint32_t commit_tokens, const char *policy, const ckv_judge_params *params,
+                        uint64_t *next_block_id, ckv_srv_session **ret) {
   ckv_srv_session *s = calloc(1, sizeof(*s));
   if (!s) return -ENOMEM;
+  s->ids = calloc(1, sizeof(*s->ids));
+  if (!s->ids) {
+    free(s);
+    return -ENOMEM;
+  }
   snprintf(s->id, sizeof(s->id), "%s", id);
   snprintf(s->policy, sizeof(s->policy), "%s", policy ? policy : "commitkv");
   s->tenant = tenant;
   s->geom = *g;
   s->draft_tokens = draft_tokens;
+  s->staged_tokens = CKV_DEFAULT_CAPACITY_STAGED;
   s->commit_tokens = commit_tokens;
-  s->cur_draft = CKV_NO_BLOCK;
+  if (params) s->params = *params;
+  for (int i = 0; i < CKV_FILL_COUNT; i++) s->fill[i] = CKV_NO_BLOCK;
   s->epoch = 1;
-  s->acked_epoch = 0;
   s->next_block_id = next_block_id;
   ckv_tokens_init(&s->tokens);
   *ret = s;
   return CKV_OK;
 }
 
-static void block_release(ckv_srv_session *s, uint64_t offset, uint64_t bytes, uint8_t format) {
-  ckv_tenant_block_free(s->tenant, offset, bytes, format);
-}
-
 ckv_srv_session *ckv_srv_session_free(ckv_srv_session *s) {
   if (!s) return NULL;
   for (size_t i = 0; i < s->n_blocks; i++)
     if (s->blocks[i].format != CKV_BLOCK_UNUSED)
-      block_release(s, s->blocks[i].offset, s->blocks[i].bytes, s->blocks[i].format);
+      ckv_tenant_block_free(s->tenant, s->blocks[i].offset, s->blocks[i].bytes, s->blocks[i].format);
   ckv_srv_session_release_retired(s);
   ckv_tokens_done(&s->tokens);
+  if (s->ids) {
+    free(s->ids->keys);
+    free(s->ids->counts);
+    free(s->ids);
+  }
   free(s->blocks);
   free(s->retired);
   free(s);
   return NULL;
+}
+
+void *ckv_srv_session_block_ptr(const ckv_srv_session *s, uint32_t index) {
+  return ckv_tenant_ptr(s->tenant, s->blocks[index].offset);
 }
 
 /* Find or make a free entry in the block table. */
@@ -81,75 +143,100 @@ static int table_slot(ckv_srv_session *s, uint32_t *ret) {
   return CKV_OK;
 }
 
-static void header_init(ckv_srv_session *s, ckv_sblock *b, void *base) {
-  ckv_block_header *h = base;
-  memset(base, 0, ckv_block_payload_offset(b->capacity)); /* header, positions, bitmap */
-  h->format = b->format;
-  h->dtype = (uint8_t)s->geom.dtype;
-  h->capacity = b->capacity;
-  h->kept_channels = s->geom.head_dim;
-  h->generation = b->id;
-  atomic_thread_fence(memory_order_release);
-  h->magic = CKV_BLOCK_MAGIC;
+static uint32_t capacity_of(const ckv_srv_session *s, uint32_t format) {
+  return format == CKV_FORMAT_DRAFT ? s->draft_tokens : format == CKV_FORMAT_STAGED ? s->staged_tokens
+                                                                                    : s->commit_tokens;
 }
 
-/* Allocate a new draft block and make it current. */
-static int new_draft_block(ckv_srv_session *s) {
+static uint32_t kept_of(const ckv_srv_session *s, uint32_t format) {
+  if (!ckv_format_is_commit(format)) return 0;
+  double keep = s->params.prune_keep > 0.f && s->params.prune_keep < 1.f ? s->params.prune_keep : 1.0;
+  uint32_t k = (uint32_t)lround(keep * s->geom.head_dim);
+  return k < 1 ? 1 : k > s->geom.head_dim ? s->geom.head_dim : k;
+}
+
+static uint64_t block_bytes(const ckv_srv_session *s, uint32_t format) {
+  return ckv_format_block_bytes(format, &s->geom, capacity_of(s, format), kept_of(s, format));
+}
+
+int ckv_srv_session_new_block(ckv_srv_session *s, uint32_t format, uint32_t *ret_index) {
   uint32_t idx;
   int r = table_slot(s, &idx);
   if (r < 0) return r;
-  uint64_t bytes = ckv_draft_block_bytes(&s->geom, s->draft_tokens), off;
-  r = ckv_tenant_block_alloc(s->tenant, bytes, CKV_FORMAT_DRAFT, &off);
+  uint64_t bytes = block_bytes(s, format), off;
+  if (!bytes) return CKV_ERR_INVALID;
+  r = ckv_tenant_block_alloc(s->tenant, bytes, format, &off);
   if (r < 0) return r;
   ckv_sblock *b = &s->blocks[idx];
-  *b = (ckv_sblock){.id = ++*s->next_block_id, .offset = off, .bytes = bytes, .format = CKV_FORMAT_DRAFT,
-                    .capacity = (uint16_t)s->draft_tokens};
-  header_init(s, b, ckv_tenant_ptr(s->tenant, off));
-  s->cur_draft = idx;
+  *b = (ckv_sblock){.id = ++*s->next_block_id, .offset = off, .bytes = bytes, .format = (uint8_t)format,
+                    .capacity = (uint16_t)capacity_of(s, format)};
+  r = ckv_block_init(ckv_tenant_ptr(s->tenant, off), format, &s->geom, b->capacity, kept_of(s, format), b->id);
+  if (r < 0) { /* cannot happen for a checked geometry; never leak the block */
+    ckv_tenant_block_free(s->tenant, off, bytes, format);
+    b->format = CKV_BLOCK_UNUSED;
+    return r;
+  }
   s->epoch++; /* the block set changed */
+  *ret_index = idx;
   return CKV_OK;
 }
 
 size_t ckv_srv_session_max_runs(const ckv_srv_session *s, uint32_t count) { return count / s->draft_tokens + 2; }
 
+uint64_t ckv_srv_session_append_bytes(const ckv_srv_session *s, uint32_t count) {
+  uint32_t cur = s->fill[CKV_FILL_DRAFT];
+  uint32_t room = cur == CKV_NO_BLOCK ? 0 : s->blocks[cur].capacity - s->blocks[cur].used;
+  uint64_t new_blocks = count > room ? (count - room + s->draft_tokens - 1) / s->draft_tokens : 0;
+  return new_blocks * block_bytes(s, CKV_FORMAT_DRAFT);
+}
+
+static float estimate_semantic(ckv_srv_session *s, const uint32_t *token_ids, uint32_t i) {
+  /* Without a score from the worker: rarity of the token id in this session
+   * (1 for a first occurrence, 1/(1+k) after k earlier ones), so templated
+   * filler that repeats scores low.  Without ids either: a neutral 0.5. */
+  if (!token_ids || !s->params.semantic_estimate_enabled) return 0.5f;
+  long seen = idcount_bump(s->ids, token_ids[i]);
+  return seen < 0 ? 0.5f : 1.0f / (1.0f + (float)seen);
+}
+
 int ckv_srv_session_append(ckv_srv_session *s, uint32_t count, const uint8_t *roles, const uint8_t *tags,
-                       const float *semantic, const uint32_t *token_ids, ckv_slot_run *runs, size_t *ret_n_runs,
-                       uint64_t *ret_first_position) {
+                           const float *semantic, const uint32_t *token_ids, ckv_slot_run *runs, size_t *ret_n_runs,
+                           uint64_t *ret_first_position) {
   if (!count) return CKV_ERR_INVALID;
   /* Check room for every new block first, so a refusal changes nothing. */
-  uint32_t room = s->cur_draft == CKV_NO_BLOCK ? 0 : s->blocks[s->cur_draft].capacity - s->blocks[s->cur_draft].used;
-  uint64_t new_blocks = count > room ? (count - room + s->draft_tokens - 1) / s->draft_tokens : 0;
-  uint64_t block_bytes = ckv_draft_block_bytes(&s->geom, s->draft_tokens);
-  if (new_blocks && !ckv_tenant_would_fit(s->tenant, new_blocks * block_bytes)) return CKV_ERR_QUOTA;
+  uint64_t need = ckv_srv_session_append_bytes(s, count);
+  if (need && !ckv_tenant_would_fit(s->tenant, need)) return CKV_ERR_QUOTA;
   int r = ckv_tokens_reserve(&s->tokens, count);
   if (r < 0) return r;
 
   const uint64_t first = s->tokens.n;
   size_t n_runs = 0;
   for (uint32_t done = 0; done < count;) {
-    if (s->cur_draft == CKV_NO_BLOCK || s->blocks[s->cur_draft].used == s->blocks[s->cur_draft].capacity) {
-      r = new_draft_block(s);
+    uint32_t cur = s->fill[CKV_FILL_DRAFT];
+    if (cur == CKV_NO_BLOCK || s->blocks[cur].used == s->blocks[cur].capacity) {
+      uint32_t idx;
+      r = ckv_srv_session_new_block(s, CKV_FORMAT_DRAFT, &idx);
       if (r < 0) return r; /* only on arena exhaustion, which would_fit rules out */
+      s->fill[CKV_FILL_DRAFT] = idx;
+      if (cur != CKV_NO_BLOCK && s->blocks[cur].refs == 0) ckv_srv_session_retire_block(s, cur);
+      cur = idx;
     }
-    ckv_sblock *b = &s->blocks[s->cur_draft];
-    uint8_t *base = ckv_tenant_ptr(s->tenant, b->offset);
-    ckv_block_header *h = (ckv_block_header *)base;
-    uint32_t *positions = (uint32_t *)(base + ckv_block_positions_offset());
-    _Atomic uint64_t *bitmap = (_Atomic uint64_t *)(base + ckv_block_bitmap_offset(b->capacity));
+    ckv_sblock *b = &s->blocks[cur];
+    uint8_t *base = ckv_srv_session_block_ptr(s, cur);
+    uint32_t *positions = ckv_block_positions(base);
     uint32_t take = b->capacity - b->used;
     if (take > count - done) take = count - done;
-    runs[n_runs++] = (ckv_slot_run){.block = s->cur_draft, .first_slot = b->used, .count = take,
-                                    .first_position = first + done};
+    runs[n_runs++] = (ckv_slot_run){.block = cur, .first_slot = b->used, .count = take, .first_position = first + done};
     for (uint32_t i = 0; i < take; i++, done++) {
       uint16_t slot = b->used++;
-      uint64_t pos = ckv_tokens_push(&s->tokens, roles ? roles[done] : 0, tags ? tags[done] : 0,
-                                     semantic ? semantic[done] : -1.f, token_ids ? token_ids[done] : UINT32_MAX,
-                                     s->cur_draft, slot);
+      float sem = semantic ? semantic[done] : estimate_semantic(s, token_ids, done);
+      uint64_t pos = ckv_tokens_push(&s->tokens, roles ? roles[done] : 0, tags ? tags[done] : 0, sem,
+                                     (uint32_t)s->last_round, cur, slot);
+      if (!semantic) s->tokens.flags[pos] &= (uint8_t)~CKV_TOKEN_SEM_GIVEN;
       positions[slot] = (uint32_t)pos;
-      atomic_fetch_or_explicit(&bitmap[slot / 64], 1ull << (slot % 64), memory_order_release);
-      b->live++;
+      ckv_block_set_valid(base, slot, true);
+      b->refs++;
     }
-    h->n_valid = b->live;
   }
   s->count_by_state[CKV_STATE_DRAFT] += count;
   *ret_n_runs = n_runs;
@@ -158,40 +245,56 @@ int ckv_srv_session_append(ckv_srv_session *s, uint32_t count, const uint8_t *ro
 }
 
 int ckv_srv_session_report_round(ckv_srv_session *s, uint64_t round, uint64_t first, const float *attn, size_t n,
-                             const uint32_t *sem_pos, const float *sem_scores, size_t n_sem) {
-  if (round <= s->last_round && s->rounds) return CKV_ERR_INVALID;
+                                 const uint32_t *sem_pos, const float *sem_scores, size_t n_sem) {
+  if (round <= s->last_round) return CKV_ERR_INVALID;
   if (round > UINT32_MAX) return CKV_ERR_RANGE;
   if (first > s->tokens.n || n > s->tokens.n - first) return CKV_ERR_RANGE;
   for (size_t i = 0; i < n_sem; i++)
     if (sem_pos[i] >= s->tokens.n) return CKV_ERR_RANGE;
-  ckv_tokens_record_round(&s->tokens, (uint32_t)round, first, attn, n, 1e-4f);
-  for (size_t i = 0; i < n_sem; i++) s->tokens.semantic[sem_pos[i]] = ckv_q16_from_unit(sem_scores[i]);
+  ckv_tokens_record_round(&s->tokens, (uint32_t)round, first, attn, n);
+  for (size_t i = 0; i < n_sem; i++) {
+    s->tokens.semantic[sem_pos[i]] = ckv_q16_from_unit(sem_scores[i]);
+    s->tokens.flags[sem_pos[i]] |= CKV_TOKEN_SEM_GIVEN;
+  }
   s->rounds++;
   s->last_round = round;
   return CKV_OK;
+}
+
+static bool is_filling(const ckv_srv_session *s, uint32_t idx) {
+  const ckv_sblock *b = &s->blocks[idx];
+  if (b->used >= b->capacity) return false;
+  for (int i = 0; i < CKV_FILL_COUNT; i++)
+    if (s->fill[i] == idx) return true;
+  return false;
+}
+
+void ckv_srv_session_release_slot(ckv_srv_session *s, uint32_t idx) {
+  ckv_sblock *b = &s->blocks[idx];
+  if (b->refs) b->refs--;
+  if (b->refs == 0 && !is_filling(s, idx)) ckv_srv_session_retire_block(s, idx);
 }
 
 void ckv_srv_session_retire_block(ckv_srv_session *s, uint32_t idx) {
   ckv_sblock *b = &s->blocks[idx];
   if (b->format == CKV_BLOCK_UNUSED) return;
   s->epoch++;
-  if (s->cur_draft == idx) s->cur_draft = CKV_NO_BLOCK;
+  for (int i = 0; i < CKV_FILL_COUNT; i++)
+    if (s->fill[i] == idx) s->fill[i] = CKV_NO_BLOCK;
   ckv_retired rt = {.offset = b->offset, .bytes = b->bytes, .format = b->format, .epoch = s->epoch};
-  b->format = CKV_BLOCK_UNUSED;
   if (s->owner == 0) { /* nobody can be reading: free now */
-    block_release(s, rt.offset, rt.bytes, rt.format);
+    b->format = CKV_BLOCK_UNUSED;
+    ckv_tenant_block_free(s->tenant, rt.offset, rt.bytes, rt.format);
     return;
   }
   if (s->n_retired == s->cap_retired) {
     size_t ncap = s->cap_retired ? s->cap_retired * 2 : 16;
     ckv_retired *nr = realloc(s->retired, ncap * sizeof(*nr));
-    if (!nr) { /* cannot defer: keep the memory until the session ends rather than free under a reader */
-      b->format = rt.format;
-      return;
-    }
+    if (!nr) return; /* cannot defer: keep the block (until the session ends) rather than free under a reader */
     s->retired = nr;
     s->cap_retired = ncap;
   }
+  b->format = CKV_BLOCK_UNUSED;
   s->retired[s->n_retired++] = rt;
 }
 
@@ -203,7 +306,7 @@ int ckv_srv_session_ack(ckv_srv_session *s, uint64_t epoch, uint64_t *ret_reclai
   for (size_t i = 0; i < s->n_retired; i++) {
     ckv_retired *rt = &s->retired[i];
     if (rt->epoch <= s->acked_epoch) {
-      block_release(s, rt->offset, rt->bytes, rt->format);
+      ckv_tenant_block_free(s->tenant, rt->offset, rt->bytes, rt->format);
       reclaimed += rt->bytes;
     } else {
       s->retired[keep++] = *rt;
@@ -217,7 +320,7 @@ int ckv_srv_session_ack(ckv_srv_session *s, uint64_t epoch, uint64_t *ret_reclai
 uint64_t ckv_srv_session_release_retired(ckv_srv_session *s) {
   uint64_t reclaimed = 0;
   for (size_t i = 0; i < s->n_retired; i++) {
-    block_release(s, s->retired[i].offset, s->retired[i].bytes, s->retired[i].format);
+    ckv_tenant_block_free(s->tenant, s->retired[i].offset, s->retired[i].bytes, s->retired[i].format);
     reclaimed += s->retired[i].bytes;
   }
   s->n_retired = 0;

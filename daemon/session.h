@@ -6,7 +6,11 @@
  * - a block leaves the view by being *retired* with the epoch that dropped it;
  *   it returns to the allocator only once the reader acknowledged that epoch
  *   (or no reader is attached any more);
- * - appends fill the current draft block, then allocate a new one. */
+ * - a block's `refs` counts its slots that hold or will hold a token (valid
+ *   or reserved for a move in flight); a block with no refs that is no longer
+ *   being filled is retired;
+ * - appends fill the current draft block, then allocate a new one; moves fill
+ *   the current staged / committed block in transition order. */
 #ifndef CKV_DAEMON_SESSION_H
 #define CKV_DAEMON_SESSION_H
 
@@ -14,6 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "daemon/judge.h"
 #include "daemon/tokens.h"
 #include "kernels/format.h"
 
@@ -28,8 +33,8 @@ typedef struct ckv_sblock {
   uint64_t bytes;
   uint8_t format;   /* ckv_format, or CKV_BLOCK_UNUSED for a free table entry */
   uint16_t capacity;
-  uint16_t used;    /* slots handed out so far (draft: appends fill in order) */
-  uint16_t live;    /* slots currently valid */
+  uint16_t used;    /* slots handed out so far (filled in order) */
+  uint16_t refs;    /* slots valid or reserved */
 } ckv_sblock;
 
 typedef struct ckv_retired {
@@ -46,17 +51,22 @@ typedef struct ckv_slot_run {
   uint64_t first_position;
 } ckv_slot_run;
 
+/* Fill targets, one per format. */
+enum { CKV_FILL_DRAFT = 0, CKV_FILL_STAGED = 1, CKV_FILL_COMMIT4 = 2, CKV_FILL_COMMIT2 = 3, CKV_FILL_COUNT = 4 };
+
 typedef struct ckv_srv_session {
   char id[CKV_SESSION_ID_MAX + 1];
   ckv_tenant *tenant;
   ckv_geometry geom;
   uint32_t draft_tokens;  /* capacity of draft blocks */
+  uint32_t staged_tokens; /* capacity of staged blocks */
   uint32_t commit_tokens; /* capacity of committed blocks */
   char policy[16];
+  ckv_judge_params params;
   ckv_tokens tokens;
   ckv_sblock *blocks;
   size_t n_blocks, cap_blocks;
-  uint32_t cur_draft; /* block receiving appends, CKV_NO_BLOCK when none */
+  uint32_t fill[CKV_FILL_COUNT]; /* block being filled per format, CKV_NO_BLOCK when none */
   uint64_t epoch;       /* current view epoch */
   uint64_t acked_epoch; /* highest epoch the reader acknowledged */
   ckv_retired *retired;
@@ -65,8 +75,13 @@ typedef struct ckv_srv_session {
   uint64_t detached_at_ms;  /* when owner became 0 */
   uint64_t rounds;          /* ReportRounds received */
   uint64_t last_round;      /* round number of the last ReportRound */
-  uint64_t count_by_state[4];
+  uint64_t count_by_state[4]; /* logical states */
+  uint64_t transitions[4][4]; /* counts by (from, to) */
+  uint64_t lane;            /* compressor lane: this session's moves run in order */
+  uint32_t jobs_inflight;   /* compressor jobs not yet published */
+  bool doomed;              /* dropped while jobs were in flight: freed when they finish */
   uint64_t *next_block_id;  /* daemon-wide counter */
+  struct idcount *ids;      /* token id -> occurrences, for the semantic estimate */
 } ckv_srv_session;
 
 /* Validate a geometry against the format limits; fills default block sizes.
@@ -74,24 +89,34 @@ typedef struct ckv_srv_session {
 int ckv_srv_session_check_geometry(ckv_geometry *g, uint32_t *draft_tokens, uint32_t *commit_tokens);
 
 int ckv_srv_session_new(const char *id, ckv_tenant *tenant, const ckv_geometry *g, uint32_t draft_tokens,
-                    uint32_t commit_tokens, const char *policy, uint64_t *next_block_id, ckv_srv_session **ret);
-/* Frees every block (now: the caller guarantees no reader remains) and the session. */
+                        uint32_t commit_tokens, const char *policy, const ckv_judge_params *params,
+                        uint64_t *next_block_id, ckv_srv_session **ret);
+/* Frees every block (the caller guarantees no reader and no job remains) and the session. */
 ckv_srv_session *ckv_srv_session_free(ckv_srv_session *s);
 
 /* Hand out `count` draft slots for new tokens.  roles/tags/semantic/token_ids
- * may be NULL.  On success fills runs[0..*ret_n_runs) (caller passes room for
- * count/1 + 2 runs at most: see ckv_srv_session_max_runs) and returns the first
- * position.  Nothing changes on failure (CKV_ERR_QUOTA, CKV_ERR_NOSPACE, -ENOMEM). */
+ * may be NULL.  Fills runs[0..*ret_n_runs) (room for ckv_srv_session_max_runs)
+ * and the first position.  Nothing changes on failure (CKV_ERR_QUOTA,
+ * CKV_ERR_NOSPACE, -ENOMEM). */
 size_t ckv_srv_session_max_runs(const ckv_srv_session *s, uint32_t count);
+/* Bytes of the new draft blocks an append of `count` tokens would allocate. */
+uint64_t ckv_srv_session_append_bytes(const ckv_srv_session *s, uint32_t count);
 int ckv_srv_session_append(ckv_srv_session *s, uint32_t count, const uint8_t *roles, const uint8_t *tags,
-                       const float *semantic, const uint32_t *token_ids, ckv_slot_run *runs, size_t *ret_n_runs,
-                       uint64_t *ret_first_position);
+                           const float *semantic, const uint32_t *token_ids, ckv_slot_run *runs, size_t *ret_n_runs,
+                           uint64_t *ret_first_position);
 
-/* Record a round's attention (see ckv_tokens_record_round).  CKV_ERR_INVALID
- * when the round does not increase or the range lies beyond the tokens. */
+/* Record a round's attention (ckv_tokens_record_round) and semantic updates.
+ * CKV_ERR_INVALID when the round does not increase, CKV_ERR_RANGE when the
+ * range lies beyond the tokens. Does not run the judge (lifecycle.c does). */
 int ckv_srv_session_report_round(ckv_srv_session *s, uint64_t round, uint64_t first, const float *attn, size_t n,
-                             const uint32_t *sem_pos, const float *sem_scores, size_t n_sem);
+                                 const uint32_t *sem_pos, const float *sem_scores, size_t n_sem);
 
+/* Allocate and initialise a block of `format` (capacity by format) and return
+ * its table index.  CKV_ERR_QUOTA / CKV_ERR_NOSPACE / -ENOMEM. */
+int ckv_srv_session_new_block(ckv_srv_session *s, uint32_t format, uint32_t *ret_index);
+/* One fewer slot of `block` in use; retires the block when nothing is left in
+ * it and it is no longer being filled. */
+void ckv_srv_session_release_slot(ckv_srv_session *s, uint32_t block);
 /* Take a block out of the view (bumps the epoch; freed after the ack). */
 void ckv_srv_session_retire_block(ckv_srv_session *s, uint32_t block);
 /* The reader acknowledged `epoch`: free what it no longer can read.  Returns
@@ -103,5 +128,7 @@ uint64_t ckv_srv_session_release_retired(ckv_srv_session *s);
 uint64_t ckv_srv_session_bytes(const ckv_srv_session *s);
 /* FP16 bytes of the live (non-recycled) tokens. */
 uint64_t ckv_srv_session_fp16_bytes(const ckv_srv_session *s);
+/* Daemon-side address of block `index`. */
+void *ckv_srv_session_block_ptr(const ckv_srv_session *s, uint32_t index);
 
 #endif

@@ -16,6 +16,8 @@ typedef struct ckv_tenant {
   uint32_t arena_id;
   uint64_t quota_bytes;  /* bytes of blocks this tenant may hold (all formats) */
   uint32_t max_sessions;
+  uint32_t policies;    /* bit per allowed ckv_policy_id; 0 = all */
+  int default_policy;   /* ckv_policy_id or -1 */
   ckv_arena *arena;
   ckv_slab *slab;
   uint64_t bytes_used;        /* bytes of allocated blocks */

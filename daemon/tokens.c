@@ -10,6 +10,25 @@
 
 _Static_assert(CKV_TOKENS_BYTES_PER_TOKEN <= 32, "per-token metadata must stay within 32 bytes");
 
+static float g_decode[256];
+static int g_decode_ready;
+
+static void decode_init(void) {
+  for (int i = 0; i < 256; i++) g_decode[i] = exp2f((float)i / 32.f) - 1.f;
+  g_decode_ready = 1;
+}
+
+float ckv_attn_decode(uint8_t code) {
+  if (!g_decode_ready) decode_init(); /* idempotent: racing threads write the same values */
+  return g_decode[code];
+}
+
+uint8_t ckv_attn_encode(float rel) {
+  if (!(rel > 0.f)) return 0;
+  float c = 32.f * log2f(1.f + rel) + 0.5f;
+  return c >= 255.f ? 255 : (uint8_t)c;
+}
+
 void ckv_tokens_init(ckv_tokens *t) { memset(t, 0, sizeof(*t)); }
 
 void ckv_tokens_done(ckv_tokens *t) {
@@ -23,7 +42,7 @@ void ckv_tokens_done(ckv_tokens *t) {
   free(t->attn);
   free(t->last_attended);
   free(t->last_transition);
-  free(t->token_id);
+  free(t->cum_attn);
   memset(t, 0, sizeof(*t));
 }
 
@@ -39,98 +58,75 @@ int ckv_tokens_reserve(ckv_tokens *t, size_t extra) {
   if (t->n + extra <= t->cap) return CKV_OK;
   size_t ncap = t->cap ? t->cap : 256;
   while (ncap < t->n + extra) ncap *= 2;
-  /* Grow every column; a failure part-way leaves larger columns but an
-   * unchanged cap, which is still consistent. */
+  /* A failure part-way leaves some columns larger but cap unchanged: still consistent. */
   if (grow_col((void **)&t->state, 1, t->cap, ncap) || grow_col((void **)&t->role, 1, t->cap, ncap) ||
       grow_col((void **)&t->tags, 1, t->cap, ncap) || grow_col((void **)&t->flags, 1, t->cap, ncap) ||
       grow_col((void **)&t->block, 4, t->cap, ncap) || grow_col((void **)&t->slot, 2, t->cap, ncap) ||
       grow_col((void **)&t->semantic, 2, t->cap, ncap) ||
-      grow_col((void **)&t->attn, 2 * CKV_ATTN_HISTORY, t->cap, ncap) ||
+      grow_col((void **)&t->attn, CKV_ATTN_HISTORY, t->cap, ncap) ||
       grow_col((void **)&t->last_attended, 4, t->cap, ncap) ||
-      grow_col((void **)&t->last_transition, 4, t->cap, ncap) || grow_col((void **)&t->token_id, 4, t->cap, ncap))
+      grow_col((void **)&t->last_transition, 4, t->cap, ncap) || grow_col((void **)&t->cum_attn, 4, t->cap, ncap))
     return -ENOMEM;
   t->cap = ncap;
   return CKV_OK;
 }
 
-size_t ckv_tokens_push(ckv_tokens *t, uint8_t role, uint8_t tags, float semantic, uint32_t token_id,
-                       uint32_t block, uint16_t slot) {
+size_t ckv_tokens_push(ckv_tokens *t, uint8_t role, uint8_t tags, float semantic, uint32_t round, uint32_t block,
+                       uint16_t slot) {
   size_t p = t->n++;
   t->state[p] = CKV_STATE_DRAFT;
   t->role[p] = role;
   t->tags[p] = tags;
-  t->flags[p] = 0;
+  t->flags[p] = semantic >= 0.f ? CKV_TOKEN_SEM_GIVEN : 0;
   t->block[p] = block;
   t->slot[p] = slot;
   t->semantic[p] = ckv_q16_from_unit(semantic);
-  memset(&t->attn[p * CKV_ATTN_HISTORY], 0, 2 * CKV_ATTN_HISTORY);
-  t->last_attended[p] = 0;
-  t->last_transition[p] = 0;
-  t->token_id[p] = token_id;
+  memset(&t->attn[p * CKV_ATTN_HISTORY], 0, CKV_ATTN_HISTORY);
+  t->last_attended[p] = round;
+  t->last_transition[p] = round;
+  t->cum_attn[p] = 0.f;
   return p;
 }
 
-void ckv_tokens_record_round(ckv_tokens *t, uint32_t round, size_t first, const float *attn, size_t n,
-                             float floor) {
+void ckv_tokens_record_round(ckv_tokens *t, uint32_t round, size_t first, const float *attn, size_t n) {
   const size_t ring = round % CKV_ATTN_HISTORY;
   const size_t end = first + n < t->n ? first + n : t->n;
+  double sum = 0.0;
+  size_t live = 0;
+  for (size_t p = 0; p < t->n; p++) live += t->state[p] != CKV_STATE_RECYCLED;
+  for (size_t p = first; p < end; p++) {
+    float a = attn[p - first];
+    if (a > 0.f && !isinf(a) && t->state[p] != CKV_STATE_RECYCLED) sum += a;
+  }
+  /* mean mass per live token -> relative scale; no mass at all records zeros */
+  const float inv = sum > 0.0 && live ? (float)((double)live / sum) : 0.f;
   for (size_t p = 0; p < t->n; p++) {
     float a = (p >= first && p < end) ? attn[p - first] : 0.f;
-    if (!(a >= 0.f) || isinf(a)) a = 0.f; /* NaN/negative/inf from a buggy worker count as nothing */
-    t->attn[p * CKV_ATTN_HISTORY + ring] = ckv_half_from_float(a);
-    if (a > floor) t->last_attended[p] = round;
+    if (!(a > 0.f) || isinf(a) || t->state[p] == CKV_STATE_RECYCLED) a = 0.f; /* NaN/negative/inf count as nothing */
+    float rel = a * inv;
+    t->attn[p * CKV_ATTN_HISTORY + ring] = ckv_attn_encode(rel);
+    t->cum_attn[p] += rel;
+    if (rel >= CKV_ATTENDED_FLOOR) t->last_attended[p] = round;
   }
 }
 
-float ckv_tokens_attn_mean(const ckv_tokens *t, size_t pos) {
+float ckv_tokens_attn_mean(const ckv_tokens *t, size_t pos, uint32_t round, uint32_t rounds) {
+  if (rounds > CKV_ATTN_HISTORY) rounds = CKV_ATTN_HISTORY;
+  if (rounds > round) rounds = round;
+  if (!rounds) return 0.f;
   float s = 0.f;
-  for (size_t i = 0; i < CKV_ATTN_HISTORY; i++) s += ckv_half_to_float(t->attn[pos * CKV_ATTN_HISTORY + i]);
-  return s / (float)CKV_ATTN_HISTORY;
+  for (uint32_t i = 0; i < rounds; i++) s += ckv_attn_decode(t->attn[pos * CKV_ATTN_HISTORY + (round - i) % CKV_ATTN_HISTORY]);
+  return s / (float)rounds;
 }
 
-uint16_t ckv_half_from_float(float f) {
-  uint32_t x;
-  memcpy(&x, &f, 4);
-  uint32_t sign = (x >> 16) & 0x8000u;
-  int32_t exp = (int32_t)((x >> 23) & 0xff) - 127 + 15;
-  uint32_t mant = x & 0x7fffffu;
-  if (((x >> 23) & 0xff) == 0xff) return (uint16_t)(sign | 0x7c00u | (mant ? 0x200u : 0));
-  if (exp >= 31) return (uint16_t)(sign | 0x7c00u);
-  if (exp <= 0) {
-    if (exp < -10) return (uint16_t)sign;
-    mant |= 0x800000u;
-    uint32_t shift = (uint32_t)(14 - exp);
-    uint32_t h = mant >> shift;
-    uint32_t rem = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (h & 1u))) h++;
-    return (uint16_t)(sign | h);
+float ckv_tokens_attn_min(const ckv_tokens *t, size_t pos, uint32_t round, uint32_t rounds) {
+  if (rounds > CKV_ATTN_HISTORY) rounds = CKV_ATTN_HISTORY;
+  if (rounds > round) rounds = round;
+  if (!rounds) return 0.f;
+  float m = INFINITY;
+  for (uint32_t i = 0; i < rounds; i++) {
+    float v = ckv_attn_decode(t->attn[pos * CKV_ATTN_HISTORY + (round - i) % CKV_ATTN_HISTORY]);
+    if (v < m) m = v;
   }
-  uint32_t h = ((uint32_t)exp << 10) | (mant >> 13);
-  uint32_t rem = mant & 0x1fffu;
-  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++; /* may carry into the exponent: correct */
-  return (uint16_t)(sign | h);
-}
-
-float ckv_half_to_float(uint16_t h) {
-  uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu, x;
-  if (exp == 0) {
-    if (!mant) {
-      x = sign;
-    } else {
-      exp = 113; /* 127 - 15 + 1 */
-      while (!(mant & 0x400u)) {
-        mant <<= 1;
-        exp--;
-      }
-      x = sign | (exp << 23) | ((mant & 0x3ffu) << 13);
-    }
-  } else if (exp == 31) {
-    x = sign | 0x7f800000u | (mant << 13);
-  } else {
-    x = sign | ((exp + 112) << 23) | (mant << 13);
-  }
-  float f;
-  memcpy(&f, &x, 4);
-  return f;
+  return m;
 }

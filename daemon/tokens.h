@@ -3,60 +3,78 @@
  * The index into every column is the token's session position (positions are
  * dense: 0, 1, 2, ... in append order).  Columns, not an array of structs, so
  * the judge's pass over a round streams only what it reads and vectorises.
- * 32 bytes per token in all (see CKV_TOKENS_BYTES_PER_TOKEN).
+ * 32 bytes per token in all (CKV_TOKENS_BYTES_PER_TOKEN, checked at compile time).
  *
- * Attention history is a ring of the last CKV_ATTN_HISTORY rounds' attention
- * mass per token, stored as IEEE half floats (mass summed over heads and query
- * rows can exceed 1, so a fixed-point byte would clip). */
+ * Attention is stored *relative*: a token's mass divided by the mean mass per
+ * live token of that round (1.0 = an average token), so thresholds mean the
+ * same whatever the number of heads, query rows or tokens.  The history is a
+ * ring of the last CKV_ATTN_HISTORY rounds, one byte per round on a log scale:
+ * code = round(32 * log2(1 + rel)), i.e. about 2% resolution from 0.02 to 250.
+ *
+ * `block`/`slot` is where the token's data is *published* (readable); a move
+ * in flight is marked by CKV_TOKEN_PENDING and lives in its compressor job
+ * until the publish step. */
 #ifndef CKV_DAEMON_TOKENS_H
 #define CKV_DAEMON_TOKENS_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-#define CKV_ATTN_HISTORY 4u
+#define CKV_ATTN_HISTORY 8u
 #define CKV_NO_BLOCK UINT32_MAX
 
 /* Lifecycle states; the numbers match commitkv.proto TokenState. */
 enum { CKV_STATE_DRAFT = 0, CKV_STATE_STAGED = 1, CKV_STATE_COMMITTED = 2, CKV_STATE_RECYCLED = 3 };
 
+/* flags column */
+enum {
+  CKV_TOKEN_PENDING = 1u,   /* a physical move of this token is in flight */
+  CKV_TOKEN_SEM_GIVEN = 2u, /* the worker sent a semantic score (else estimated) */
+};
+
 typedef struct ckv_tokens {
   size_t n;   /* tokens appended so far */
   size_t cap; /* allocated rows */
-  uint8_t *state;        /* CKV_STATE_* */
+  uint8_t *state;        /* logical CKV_STATE_* (the judge's decision) */
   uint8_t *role;         /* proto Role */
   uint8_t *tags;         /* OR of proto Tag */
-  uint8_t *flags;        /* judge-private bits (protected, pending move, ...) */
-  uint32_t *block;       /* index in the session's block table, CKV_NO_BLOCK when recycled */
+  uint8_t *flags;        /* CKV_TOKEN_* */
+  uint32_t *block;       /* published location: index in the block table, CKV_NO_BLOCK if none */
   uint16_t *slot;        /* slot in that block */
   uint16_t *semantic;    /* semantic score in [0,1] as Q0.16 (65535 = 1.0) */
-  uint16_t *attn;        /* CKV_ATTN_HISTORY half floats per token, ring indexed by round % R */
-  uint32_t *last_attended;   /* round in which the token last drew attention (0 = never) */
-  uint32_t *last_transition; /* round of the token's last state change */
-  uint32_t *token_id;        /* vocabulary id when the worker sent it, else UINT32_MAX */
+  uint8_t *attn;         /* CKV_ATTN_HISTORY log-coded relative attention per token, ring by round % R */
+  uint32_t *last_attended;   /* round in which the token last drew attention (append round until then) */
+  uint32_t *last_transition; /* round of the token's last state change (append round until then) */
+  float *cum_attn;           /* accumulated relative attention over the session (H2O's heavy-hitter score) */
 } ckv_tokens;
 
-#define CKV_TOKENS_BYTES_PER_TOKEN (4u * 1u + 4u + 2u + 2u + 2u * CKV_ATTN_HISTORY + 4u + 4u + 4u)
+#define CKV_TOKENS_BYTES_PER_TOKEN (4u * 1u + 4u + 2u + 2u + CKV_ATTN_HISTORY + 4u + 4u + 4u)
+
+/* Relative attention at or above this counts as "attended" (for idle_rounds). */
+#define CKV_ATTENDED_FLOOR 0.1f
 
 void ckv_tokens_init(ckv_tokens *t);
 void ckv_tokens_done(ckv_tokens *t);
 /* Make room for `extra` more rows.  CKV_OK or -ENOMEM (nothing changed). */
 int ckv_tokens_reserve(ckv_tokens *t, size_t extra);
-/* Append one row (room must have been reserved). Returns its position. */
-size_t ckv_tokens_push(ckv_tokens *t, uint8_t role, uint8_t tags, float semantic, uint32_t token_id,
-                       uint32_t block, uint16_t slot);
+/* Append one row (room must have been reserved) born in round `round`.
+ * semantic < 0 means "not given". Returns its position. */
+size_t ckv_tokens_push(ckv_tokens *t, uint8_t role, uint8_t tags, float semantic, uint32_t round, uint32_t block,
+                       uint16_t slot);
 
 /* Record round `round`: token p gets attn[p - first] when first <= p < first + n,
- * 0 otherwise, in ring slot round % R; tokens whose mass exceeds `floor` get
- * last_attended = round.  One pass over all tokens. */
-void ckv_tokens_record_round(ckv_tokens *t, uint32_t round, size_t first, const float *attn, size_t n,
-                             float floor);
+ * 0 otherwise, normalised by the mean over live (non-recycled) tokens, into ring
+ * slot round % R; tokens at or above CKV_ATTENDED_FLOOR get last_attended = round.
+ * One pass over all tokens (two over the report). */
+void ckv_tokens_record_round(ckv_tokens *t, uint32_t round, size_t first, const float *attn, size_t n);
 
-/* Mean attention over the ring for one token. */
-float ckv_tokens_attn_mean(const ckv_tokens *t, size_t pos);
+/* Relative attention of ring entry `code`. */
+float ckv_attn_decode(uint8_t code);
+uint8_t ckv_attn_encode(float rel);
+/* Mean and minimum relative attention over the last `rounds` (<= R) rounds ending at `round`. */
+float ckv_tokens_attn_mean(const ckv_tokens *t, size_t pos, uint32_t round, uint32_t rounds);
+float ckv_tokens_attn_min(const ckv_tokens *t, size_t pos, uint32_t round, uint32_t rounds);
 
-uint16_t ckv_half_from_float(float f);
-float ckv_half_to_float(uint16_t h);
 static inline uint16_t ckv_q16_from_unit(float f) {
   if (!(f > 0.f)) return 0; /* also maps NaN to 0 */
   if (f >= 1.f) return 65535;

@@ -45,7 +45,8 @@ static int check_args(const ckv_attn_args *a, size_t *ret_slots) {
 static size_t ws_layout(const ckv_attn_args *a, size_t slots, attn_ws *w, uint8_t *base) {
   const ckv_geometry *g = a->geom;
   size_t RG = (size_t)a->n_rows * (a->n_q_heads / g->n_kv_heads), D = g->head_dim, te = ckv_draft_token_elems(g);
-  size_t sizes[] = {RG * D, RG * D, RG * D, RG, RG, RG, te, te, slots * RG, (size_t)a->n_blocks * RG, D};
+  size_t HR = RG * g->n_kv_heads;
+  size_t sizes[] = {HR * D, RG * D, HR * D, RG, HR, HR, te, te, slots * HR, (size_t)a->n_blocks * HR, D};
   float **ptrs[] = {&w->qs, &w->qk, &w->acc, &w->kc, &w->m, &w->l, &w->tmp, &w->row, &w->S, &w->mblk, NULL};
   size_t off = 0;
   for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
@@ -75,7 +76,7 @@ size_t ckv_attention_mass_len(const void *const *blocks, uint32_t n_blocks) {
 
 /* Scores of kv head h against every slot of one block: S[rg][slot], -inf for slots that are empty. */
 static void score_block(const ckv_rowops *ops, const ckv_attn_args *a, const void *blk, uint32_t h, size_t RG,
-                        attn_ws *w, float *S) {
+                        attn_ws *w, const float *qs, float *S) {
   const ckv_geometry *g = a->geom;
   const ckv_block_header *hd = ckv_hdr(blk);
   uint32_t cap = hd->capacity, D = g->head_dim, fmt = hd->format, L = a->layer;
@@ -96,7 +97,7 @@ static void score_block(const ckv_rowops *ops, const ckv_attn_args *a, const voi
         const uint16_t *sc = (const uint16_t *)ckv_cb(blk, ckv_staged_scales_offset(g, cap, L, 0));
         ops->cvt_i8(k, ckv_f16_to_f32(sc[(size_t)t * ng + h / hg]), w->tmp, D);
       }
-      for (size_t rg = 0; rg < RG; rg++) S[rg * cap + t] = ops->dot(w->qs + rg * D, w->tmp, D);
+      for (size_t rg = 0; rg < RG; rg++) S[rg * cap + t] = ops->dot(qs + rg * D, w->tmp, D);
     }
     return;
   }
@@ -113,7 +114,7 @@ static void score_block(const ckv_rowops *ops, const ckv_attn_args *a, const voi
       w->row[j] = ckv_f16_to_f32(zp[j]);
     }
     for (size_t rg = 0; rg < RG; rg++) {
-      const float *q = w->qs + rg * D;
+      const float *q = qs + rg * D;
       float *qk = w->qk + rg * D, kc = 0.0f;
       for (uint32_t j = 0; j < kept; j++) {
         qk[j] = q[w->idx[j]] * w->tmp[j];
@@ -191,61 +192,68 @@ ckv_status ckv_kernels_attention(const ckv_attn_args *a) {
   base = (uint8_t *)(((uintptr_t)base + 63u) & ~(uintptr_t)63u);
   ws_layout(a, slots, &w, base);
   float scale = a->scale != 0.0f ? a->scale : 1.0f / sqrtf((float)D);
+  size_t HR = RG * H;
   if (a->mass) memset(a->mass, 0, slots * sizeof(float));
-
-  for (uint32_t h = 0; h < H; h++) {
-    for (size_t rg = 0; rg < RG; rg++) {
-      const float *q = a->q + ((rg / G) * a->n_q_heads + (size_t)h * G + rg % G) * D;
-      for (uint32_t d = 0; d < D; d++) w.qs[rg * D + d] = q[d] * scale;
-      w.m[rg] = -INFINITY;
-      w.l[rg] = 0.0f;
-    }
-    memset(w.acc, 0, RG * D * sizeof(float));
-    size_t base_slot = 0;
-    for (uint32_t b = 0; b < a->n_blocks; b++) {
-      const void *blk = a->blocks[b];
-      uint32_t cap = ckv_hdr(blk)->capacity;
-      float *S = w.S + base_slot * RG;
-      score_block(ops, a, blk, h, RG, &w, S);
-      for (size_t rg = 0; rg < RG; rg++) {
-        float bm = -INFINITY, *s = S + rg * cap;
-        for (uint32_t t = 0; t < cap; t++) bm = fmaxf(bm, s[t]);
-        float nm = fmaxf(w.m[rg], bm);
-        w.mblk[(size_t)b * RG + rg] = nm;
-        if (nm == -INFINITY) { /* nothing valid yet: exp values are all 0 */
-          memset(s, 0, cap * sizeof(float));
-          continue;
-        }
-        if (nm > w.m[rg]) {
-          float alpha = w.m[rg] == -INFINITY ? 0.0f : expf(w.m[rg] - nm);
-          for (uint32_t d = 0; d < D; d++) w.acc[rg * D + d] *= alpha;
-          w.l[rg] *= alpha;
-          w.m[rg] = nm;
-        }
-        w.l[rg] += ops->exp_sub(s, nm, cap);
+  /* state per (kv head, row, query head of the group): index hr = h * RG + rg */
+  for (size_t hr = 0; hr < HR; hr++) {
+    size_t h = hr / RG, rg = hr % RG;
+    const float *q = a->q + ((rg / G) * a->n_q_heads + h * G + rg % G) * D;
+    for (uint32_t d = 0; d < D; d++) w.qs[hr * D + d] = q[d] * scale;
+    w.m[hr] = -INFINITY;
+    w.l[hr] = 0.0f;
+  }
+  memset(w.acc, 0, HR * D * sizeof(float));
+  /* Block by block (each block's K, then its V, read front to back), every head. */
+  size_t base_slot = 0;
+  for (uint32_t b = 0; b < a->n_blocks; b++) {
+    const void *blk = a->blocks[b];
+    uint32_t cap = ckv_hdr(blk)->capacity;
+    float *SB = w.S + base_slot * HR; /* [hr][slot] for this block */
+    for (uint32_t h = 0; h < H; h++) score_block(ops, a, blk, h, RG, &w, w.qs + (size_t)h * RG * D, SB + (size_t)h * RG * cap);
+    for (size_t hr = 0; hr < HR; hr++) {
+      float bm = -INFINITY, *s = SB + hr * cap;
+      for (uint32_t t = 0; t < cap; t++) bm = s[t] > bm ? s[t] : bm;
+      float nm = bm > w.m[hr] ? bm : w.m[hr];
+      w.mblk[(size_t)b * HR + hr] = nm;
+      if (nm == -INFINITY) { /* nothing valid yet: exp values are all 0 */
+        memset(s, 0, cap * sizeof(float));
+        continue;
       }
-      for (uint32_t t = 0; t < cap; t++) {
+      if (nm > w.m[hr]) {
+        float alpha = w.m[hr] == -INFINITY ? 0.0f : expf(w.m[hr] - nm);
+        for (uint32_t d = 0; d < D; d++) w.acc[hr * D + d] *= alpha;
+        w.l[hr] *= alpha;
+        w.m[hr] = nm;
+      }
+      w.l[hr] += ops->exp_sub(s, nm, cap);
+    }
+    for (uint32_t t = 0; t < cap; t++) {
+      if (!ckv_block_slot_valid(blk, t)) continue;
+      for (uint32_t h = 0; h < H; h++) {
+        const float *e = SB + (size_t)h * RG * cap + t;
         bool any = false;
-        for (size_t rg = 0; rg < RG && !any; rg++) any = S[rg * cap + t] != 0.0f;
-        if (!any) continue; /* empty slot (or underflow): contributes nothing */
+        for (size_t rg = 0; rg < RG && !any; rg++) any = e[rg * cap] != 0.0f;
+        if (!any) continue; /* unsealed chunk or underflow: contributes nothing */
         const float *v = value_row(ops, g, blk, a->layer, h, t, &w);
-        for (size_t rg = 0; rg < RG; rg++) ops->axpy(S[rg * cap + t], v, w.acc + rg * D, D);
+        for (size_t rg = 0; rg < RG; rg++) ops->axpy(e[rg * cap], v, w.acc + ((size_t)h * RG + rg) * D, D);
       }
-      base_slot += cap;
     }
-    for (size_t rg = 0; rg < RG; rg++) {
-      float *o = a->out + ((rg / G) * a->n_q_heads + (size_t)h * G + rg % G) * D;
-      float inv = w.l[rg] > 0.0f ? 1.0f / w.l[rg] : 0.0f;
-      for (uint32_t d = 0; d < D; d++) o[d] = w.acc[rg * D + d] * inv;
-    }
-    if (!a->mass) continue;
+    base_slot += cap;
+  }
+  for (size_t hr = 0; hr < HR; hr++) {
+    size_t h = hr / RG, rg = hr % RG;
+    float *o = a->out + ((rg / G) * a->n_q_heads + h * G + rg % G) * D;
+    float inv = w.l[hr] > 0.0f ? 1.0f / w.l[hr] : 0.0f;
+    for (uint32_t d = 0; d < D; d++) o[d] = w.acc[hr * D + d] * inv;
+  }
+  if (a->mass) {
     base_slot = 0;
     for (uint32_t b = 0; b < a->n_blocks; b++) {
       uint32_t cap = ckv_hdr(a->blocks[b])->capacity;
-      for (size_t rg = 0; rg < RG; rg++) {
-        float mb = w.mblk[(size_t)b * RG + rg];
-        if (mb == -INFINITY || w.l[rg] <= 0.0f) continue;
-        ops->axpy(expf(mb - w.m[rg]) / w.l[rg], w.S + base_slot * RG + rg * cap, a->mass + base_slot, cap);
+      for (size_t hr = 0; hr < HR; hr++) {
+        float mb = w.mblk[(size_t)b * HR + hr];
+        if (mb == -INFINITY || w.l[hr] <= 0.0f) continue;
+        ops->axpy(expf(mb - w.m[hr]) / w.l[hr], w.S + base_slot * HR + hr * cap, a->mass + base_slot, cap);
       }
       base_slot += cap;
     }

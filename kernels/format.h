@@ -27,6 +27,12 @@
 #else
 #define CKV_HD static inline
 #endif
+/* _Static_assert is C11; CUDA sources are C++. */
+#ifdef __cplusplus
+#define CKV_STATIC_ASSERT(c, m) static_assert(c, m)
+#else
+#define CKV_STATIC_ASSERT(c, m) _Static_assert(c, m)
+#endif
 
 #define CKV_BLOCK_MAGIC 0x424b5643u /* "CVKB" little-endian */
 #define CKV_BLOCK_ALIGN 64u
@@ -74,8 +80,8 @@ typedef struct ckv_block_header {
   uint32_t kept_channels; /* committed: key channels kept per head (== head_dim if unpruned) */
   uint64_t generation; /* bumped each time the block is (re)allocated: detects reuse */
 } ckv_block_header;
-_Static_assert(sizeof(ckv_block_header) == 24, "ckv_block_header size is part of the format");
-_Static_assert(offsetof(ckv_block_header, format) == 4 && offsetof(ckv_block_header, capacity) == 6 &&
+CKV_STATIC_ASSERT(sizeof(ckv_block_header) == 24, "ckv_block_header size is part of the format");
+CKV_STATIC_ASSERT(offsetof(ckv_block_header, format) == 4 && offsetof(ckv_block_header, capacity) == 6 &&
                    offsetof(ckv_block_header, n_valid) == 8 && offsetof(ckv_block_header, kept_channels) == 12 &&
                    offsetof(ckv_block_header, generation) == 16,
                "ckv_block_header offsets are part of the format");
@@ -279,8 +285,8 @@ CKV_HD double ckv_format_bits_per_element(uint32_t fmt, const ckv_geometry *g, u
 }
 
 /* Pinned layout numbers (the sizes test repeats them at run time). */
-_Static_assert(CKV_COMMIT_META_BYTES % 8 == 0, "commit meta keeps 8-byte alignment");
-_Static_assert(CKV_MAX_BLOCK_TOKENS / CKV_COMMIT_CHUNK_TOKENS <= 32, "sealed-chunk mask is one uint32");
-_Static_assert(CKV_BLOCK_ALIGN % CKV_SECTION_ALIGN == 0, "sections nest in blocks");
+CKV_STATIC_ASSERT(CKV_COMMIT_META_BYTES % 8 == 0, "commit meta keeps 8-byte alignment");
+CKV_STATIC_ASSERT(CKV_MAX_BLOCK_TOKENS / CKV_COMMIT_CHUNK_TOKENS <= 32, "sealed-chunk mask is one uint32");
+CKV_STATIC_ASSERT(CKV_BLOCK_ALIGN % CKV_SECTION_ALIGN == 0, "sections nest in blocks");
 
 #endif

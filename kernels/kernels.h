@@ -20,6 +20,10 @@
 #include "commitkv/status.h"
 #include "kernels/format.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* ---- CPU path selection ------------------------------------------------ */
 typedef enum ckv_cpu_path {
   CKV_PATH_AUTO = 0, /* best the CPU supports (the default) */
@@ -142,4 +146,7 @@ ckv_status ckv_kernels_attention(const ckv_attn_args *a);
  * outputs with a plain two-pass softmax in double precision.  Slow; tests. */
 ckv_status ckv_kernels_attention_reference(const ckv_attn_args *a);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

@@ -77,6 +77,13 @@ static void to_staged(const ckv_rowops *ops, const ckv_geometry *g, const ckv_mo
     }
 }
 
+/* The kept channels of one head's row (the row itself when nothing is pruned). */
+static const float *gather(scratch *s, const uint32_t *idx, uint32_t kept, uint32_t D, const float *r) {
+  if (kept == D) return r;
+  for (uint32_t j = 0; j < kept; j++) s->row[j] = r[idx[j]];
+  return s->row;
+}
+
 /* Quantizes the moves order[0..n) (one chunk of one committed block). */
 static void to_commit_chunk(const ckv_rowops *ops, const ckv_geometry *g, const ckv_move *moves, const size_t *order,
                             size_t n, uint32_t chunk, scratch *s) {
@@ -99,20 +106,14 @@ static void to_commit_chunk(const ckv_rowops *ops, const ckv_geometry *g, const 
         s->mn[j] = INFINITY;
         s->mx[j] = -INFINITY;
       }
-      for (size_t i = 0; i < n; i++) {
-        const float *r = s->chunk + i * te + (size_t)hd * D;
-        for (uint32_t j = 0; j < kept; j++) s->row[j] = r[idx[j]];
-        ops->minmax(s->row, s->mn, s->mx, kept);
-      }
+      for (size_t i = 0; i < n; i++) ops->minmax(gather(s, idx, kept, D, s->chunk + i * te + (size_t)hd * D), s->mn, s->mx, kept);
       for (uint32_t j = 0; j < kept; j++) {
         ckv_qa_params(s->mn[j], s->mx[j], bits, &sc[j], &zp[j]);
         s->zero[j] = ckv_f16_to_f32(zp[j]);
         s->inv[j] = ckv_inv_scale(sc[j]);
       }
       for (size_t i = 0; i < n; i++) {
-        const float *r = s->chunk + i * te + (size_t)hd * D;
-        for (uint32_t j = 0; j < kept; j++) s->row[j] = r[idx[j]];
-        ops->quant_u(s->row, s->zero, s->inv, bits, s->codes, kept);
+        ops->quant_u(gather(s, idx, kept, D, s->chunk + i * te + (size_t)hd * D), s->zero, s->inv, bits, s->codes, kept);
         ckv_pack_codes(s->codes, kept, bits, c + (size_t)kept * 4u + (moves[order[i]].dst_slot % T) * krow);
       }
     }
@@ -127,11 +128,8 @@ static void to_commit_chunk(const ckv_rowops *ops, const ckv_geometry *g, const 
       uint16_t *p = par + (size_t)m->dst_slot * ng * 2u;
       for (uint32_t q = 0; q < ng; q++) {
         size_t lo = (size_t)q * CKV_COMMIT_VALUE_GROUP, e = lo + CKV_COMMIT_VALUE_GROUP <= te ? lo + CKV_COMMIT_VALUE_GROUP : te;
-        float mn = INFINITY, mx = -INFINITY;
-        for (size_t k = lo; k < e; k++) {
-          mn = fminf(mn, s->row[k]);
-          mx = fmaxf(mx, s->row[k]);
-        }
+        float mn, mx;
+        ops->range(s->row + lo, e - lo, &mn, &mx);
         ckv_qa_params(mn, mx, bits, &p[2u * q], &p[2u * q + 1u]);
         float z = ckv_f16_to_f32(p[2u * q + 1u]), inv = ckv_inv_scale(p[2u * q]);
         for (size_t k = lo; k < e; k++) {

@@ -32,6 +32,8 @@ typedef struct ckv_rowops {
   float (*exp_sub)(float *x, float m, size_t n);
   /* max |x[i]|, NaN ignored. */
   float (*absmax)(const float *x, size_t n);
+  /* *ret_mn = min x[i], *ret_mx = max x[i], NaN ignored (+inf / -inf when n == 0 or all NaN). */
+  void (*range)(const float *x, size_t n, float *ret_mn, float *ret_mx);
   /* mn[i] = fminf(mn[i], x[i]); mx[i] = fmaxf(mx[i], x[i]). */
   void (*minmax)(const float *x, float *mn, float *mx, size_t n);
   /* dst[i] = ckv_q8_code(x[i], inv). */

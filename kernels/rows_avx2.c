@@ -130,6 +130,25 @@ static float a_absmax(const float *x, size_t n) {
   for (int k = 0; k < 8; k++) r = fmaxf(r, lanes[k]);
   return r;
 }
+static void a_range(const float *x, size_t n, float *ret_mn, float *ret_mx) {
+  size_t i = 0;
+  __m256 mn = _mm256_set1_ps(INFINITY), mx = _mm256_set1_ps(-INFINITY);
+  for (; i + 8 <= n; i += 8) {
+    __m256 v = _mm256_loadu_ps(x + i);
+    mn = _mm256_min_ps(v, mn); /* NaN in v: keeps mn */
+    mx = _mm256_max_ps(v, mx);
+  }
+  float a[8], b[8], tmn, tmx;
+  _mm256_storeu_ps(a, mn);
+  _mm256_storeu_ps(b, mx);
+  SC.range(x + i, n - i, &tmn, &tmx);
+  for (int k = 0; k < 8; k++) {
+    tmn = a[k] < tmn ? a[k] : tmn;
+    tmx = b[k] > tmx ? b[k] : tmx;
+  }
+  *ret_mn = tmn;
+  *ret_mx = tmx;
+}
 static void a_minmax(const float *x, float *mn, float *mx, size_t n) {
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
@@ -177,6 +196,7 @@ const ckv_rowops ckv_rowops_avx2 = {
     .axpy = a_axpy,
     .exp_sub = a_exp_sub,
     .absmax = a_absmax,
+    .range = a_range,
     .minmax = a_minmax,
     .quant_i8 = a_quant_i8,
     .quant_u = a_quant_u,

@@ -115,6 +115,20 @@ static float z_absmax(const float *x, size_t n) {
   for (; i + 16 <= n; i += 16) m = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(x + i)), m);
   return fmaxf(_mm512_reduce_max_ps(m), A2.absmax(x + i, n - i));
 }
+static void z_range(const float *x, size_t n, float *ret_mn, float *ret_mx) {
+  size_t i = 0;
+  __m512 mn = _mm512_set1_ps(INFINITY), mx = _mm512_set1_ps(-INFINITY);
+  for (; i + 16 <= n; i += 16) {
+    __m512 v = _mm512_loadu_ps(x + i);
+    mn = _mm512_min_ps(v, mn);
+    mx = _mm512_max_ps(v, mx);
+  }
+  float tmn, tmx;
+  A2.range(x + i, n - i, &tmn, &tmx);
+  float vmn = _mm512_reduce_min_ps(mn), vmx = _mm512_reduce_max_ps(mx);
+  *ret_mn = vmn < tmn ? vmn : tmn;
+  *ret_mx = vmx > tmx ? vmx : tmx;
+}
 static void z_minmax(const float *x, float *mn, float *mx, size_t n) {
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
@@ -157,6 +171,7 @@ const ckv_rowops ckv_rowops_avx512 = {
     .axpy = z_axpy,
     .exp_sub = z_exp_sub,
     .absmax = z_absmax,
+    .range = z_range,
     .minmax = z_minmax,
     .quant_i8 = z_quant_i8,
     .quant_u = z_quant_u,

@@ -42,6 +42,15 @@ static float s_absmax(const float *x, size_t n) {
   for (size_t i = 0; i < n; i++) m = fmaxf(m, fabsf(x[i]));
   return m;
 }
+static void s_range(const float *x, size_t n, float *ret_mn, float *ret_mx) {
+  float mn = INFINITY, mx = -INFINITY;
+  for (size_t i = 0; i < n; i++) {
+    mn = x[i] < mn ? x[i] : mn; /* NaN compares false: ignored, as fminf */
+    mx = x[i] > mx ? x[i] : mx;
+  }
+  *ret_mn = mn;
+  *ret_mx = mx;
+}
 static void s_minmax(const float *x, float *mn, float *mx, size_t n) {
   for (size_t i = 0; i < n; i++) {
     mn[i] = fminf(mn[i], x[i]);
@@ -96,6 +105,7 @@ const ckv_rowops ckv_rowops_scalar = {
     .axpy = s_axpy,
     .exp_sub = s_exp_sub,
     .absmax = s_absmax,
+    .range = s_range,
     .minmax = s_minmax,
     .quant_i8 = s_quant_i8,
     .quant_u = s_quant_u,

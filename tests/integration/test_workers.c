@@ -66,7 +66,10 @@ Test(workers, four_workers_two_sessions_every_byte_reads_back, .timeout = 120) {
   for (int i = 0; i < 4; i++) cr_expect_eq(ckv_test_wait(w[i], 90000), 0, "worker %d failed (see its output)", i);
   /* 4 workers x 2 sessions x 30 rounds x 24 tokens, all kept for resume */
   cr_expect_eq(stat_u64(&d, "sessions"), 8);
-  cr_expect_eq(stat_u64(&d, "tokens.draft"), 4ull * 2 * 30 * 24);
+  unsigned long long total = stat_u64(&d, "tokens.draft") + stat_u64(&d, "tokens.staged") +
+                             stat_u64(&d, "tokens.committed") + stat_u64(&d, "tokens.recycled");
+  cr_expect_eq(total, 4ull * 2 * 30 * 24, "state counts must add up to the tokens appended");
+  cr_expect_eq(stat_u64(&d, "tokens.recycled"), 0, "every token drew attention: none may be recycled");
   cr_expect_gt(stat_u64(&d, "bytes.total"), 0);
   cr_expect_eq(stat_u64(&d, "bytes.total"), stat_u64(&d, "arenas.0.bytes_used"));
   cr_expect_eq(ckv_test_daemon_stop(&d), 0, "commitkvd did not exit cleanly on SIGTERM");

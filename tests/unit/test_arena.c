@@ -19,6 +19,17 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+/* Under ASan, LeakSanitizer's report at exit does not fail a Criterion test:
+ * check for leaks at the end of every test instead. */
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/lsan_interface.h>
+static void leak_check(void) { cr_assert_eq(__lsan_do_recoverable_leak_check(), 0, "memory leaked (see the report above)"); }
+#else
+static void leak_check(void) {}
+#endif
+
+TestSuite(arena, .fini = leak_check);
+
 #define MiB (UINT64_C(1) << 20)
 
 static ckv_arena *mk(uint64_t bytes) {

@@ -19,9 +19,21 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+/* Under ASan, LeakSanitizer's report at exit does not fail a Criterion test:
+ * check for leaks at the end of every test instead. */
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/lsan_interface.h>
+static void leak_check(void) { cr_assert_eq(__lsan_do_recoverable_leak_check(), 0, "memory leaked (see the report above)"); }
+#else
+static void leak_check(void) {}
+#endif
+
+TestSuite(fdpass, .fini = leak_check);
 
 static int open_fds(void) {
   DIR *d = opendir("/proc/self/fd");
@@ -359,36 +371,62 @@ Test(fdpass, timeout) {
   close(sv[1]);
 }
 
+static void on_alarm(int sig) { (void)sig; }
+
+/* SIGALRM every 500 us without SA_RESTART: blocking sendmsg/recvmsg calls
+ * come back early with EINTR or with a partial count. */
+static void interrupt_often(void) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_alarm;
+  sigaction(SIGALRM, &sa, NULL);
+  struct itimerval it = {.it_interval = {0, 500}, .it_value = {0, 500}};
+  setitimer(ITIMER_REAL, &it, NULL);
+}
+
+static void interrupt_stop(void) {
+  struct itimerval it = {{0, 0}, {0, 0}};
+  setitimer(ITIMER_REAL, &it, NULL);
+}
+
+static uint8_t big_byte(size_t i) { return (uint8_t)(i * 7 + (i >> 13)); }
+
 Test(fdpass, big_frame_partial_writes) {
-  const size_t big = 8u << 20; /* far beyond the socket buffer */
+  const size_t big = 32u << 20; /* far beyond the socket buffer */
   int sv[2];
   pair(sv);
   pid_t pid = fork();
   cr_assert_geq(pid, 0);
   if (pid == 0) {
-    close(sv[0]);
+    close(sv[1]);
     uint8_t *p = malloc(big);
     if (!p) _exit(2);
-    for (size_t i = 0; i < big; i++) p[i] = (uint8_t)(i * 7 + (i >> 13));
-    int m = memfd_create("m", MFD_CLOEXEC);
-    int r = ckv_frame_send(sv[1], p, big, &m, 1);
+    usleep(100 * 1000); /* let the sender block on a full socket */
+    interrupt_often();
+    size_t len, n;
+    int fd;
+    int r = ckv_frame_recv(sv[0], p, big, &len, &fd, 1, &n);
+    interrupt_stop();
+    if (r != CKV_OK || len != big || n != 1) _exit(3);
+    for (size_t i = 0; i < big; i++)
+      if (p[i] != big_byte(i)) _exit(4);
+    close(fd);
     free(p);
-    _exit(r == CKV_OK ? 0 : 3);
+    _exit(0);
   }
-  close(sv[1]);
+  close(sv[0]);
   uint8_t *p = malloc(big);
   cr_assert_not_null(p);
-  size_t len, n;
-  int fd;
-  cr_assert_eq(ckv_frame_recv(sv[0], p, big, &len, &fd, 1, &n), CKV_OK);
-  cr_assert_eq(len, big);
-  cr_assert_eq(n, 1);
-  close(fd);
-  for (size_t i = 0; i < big; i++)
-    if (p[i] != (uint8_t)(i * 7 + (i >> 13))) cr_assert_fail("byte %zu differs", i);
+  for (size_t i = 0; i < big; i++) p[i] = big_byte(i);
+  int m = make_memfd("m");
+  interrupt_often();
+  int r = ckv_frame_send(sv[1], p, big, &m, 1);
+  interrupt_stop();
+  cr_assert_eq(r, CKV_OK, "send: %s", ckv_status_name(r));
   free(p);
+  close(m);
   wait_ok(pid);
-  close(sv[0]);
+  close(sv[1]);
 }
 
 Test(fdpass, send_to_closed_peer_is_an_error_not_sigpipe) {

@@ -11,6 +11,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Under ASan, LeakSanitizer's report at exit does not fail a Criterion test:
+ * check for leaks at the end of every test instead. */
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/lsan_interface.h>
+static void leak_check(void) { cr_assert_eq(__lsan_do_recoverable_leak_check(), 0, "memory leaked (see the report above)"); }
+#else
+static void leak_check(void) {}
+#endif
+
+TestSuite(slab, .fini = leak_check);
+
 #define BASE 4096u
 #define CHUNK (64u * 1024u)
 
@@ -275,6 +286,12 @@ Test(slab, large_blocks_span_chunks) {
     prev = off;
   }
   cr_assert_eq(stats(s).slabs, 1);
+  cr_assert_leq(prev + cs.stride, BASE + (uint64_t)cs.chunks_per_slab * cfg.bytes / stats(s).chunks_total,
+                "blocks run past their slab");
+  /* The next slab starts after the first one's last block. */
+  cr_assert_eq(ckv_slab_alloc(s, c, &off), CKV_OK);
+  cr_assert_eq(stats(s).slabs, 2);
+  cr_assert_geq(off, prev + cs.stride, "second slab overlaps the first");
   ckv_slab_free(s);
 }
 

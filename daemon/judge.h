@@ -1,0 +1,71 @@
+/* judge.h - the transition judge: after each ReportRound, one pass over a
+ * session's tokens decides their next lifecycle state.
+ *
+ * Policies share this entry point so every comparison runs in one engine:
+ * commitkv (the rule judge, or the mlp judge when configured) and the
+ * baselines fp16, int8, kivi4, kivi2, h2o and streaming.  Decisions change
+ * the *logical* state column at once; the lifecycle module then moves the
+ * bytes asynchronously.  Only these transitions ever happen:
+ * draft->staged, staged->committed, and draft|staged|committed->recycled.
+ * The judge is a pure function of the token columns, the round and the
+ * parameters: the same stream gives the same states, bit for bit. */
+#ifndef CKV_DAEMON_JUDGE_H
+#define CKV_DAEMON_JUDGE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "daemon/tokens.h"
+
+typedef struct ckv_mlp ckv_mlp;
+
+/* Effective parameters of one session (config [policy] plus overrides). */
+typedef struct ckv_judge_params {
+  int policy;                /* ckv_policy_id (daemon/config.h) */
+  float attn_threshold;      /* draft->staged: mean relative attention */
+  float semantic_threshold;  /* promotion needs at least this semantic score */
+  float high_attn_threshold; /* staged->committed: sustained relative attention */
+  uint32_t history_rounds;   /* R (<= CKV_ATTN_HISTORY) */
+  uint32_t sink_tokens;      /* S */
+  uint32_t recent_window;    /* W */
+  uint32_t persistence_rounds;
+  uint32_t idle_rounds;
+  float budget;              /* h2o/streaming: kept tokens as a fraction of all */
+  uint32_t commit_bits;      /* 4 or 2 */
+  float prune_keep;          /* committed key channels kept (fraction) */
+  int semantic_estimate_enabled; /* estimate semantic scores when the worker sends none */
+  const ckv_mlp *mlp;        /* non-NULL: the mlp judge replaces the rules (commitkv policy) */
+} ckv_judge_params;
+
+/* A run of consecutive positions that made the same transition. */
+typedef struct ckv_transition_range {
+  uint64_t first;
+  uint32_t count;
+  uint8_t from, to;
+} ckv_transition_range;
+
+typedef struct ckv_transition_list {
+  ckv_transition_range *v;
+  size_t n, cap;
+} ckv_transition_list;
+
+void ckv_transition_list_done(ckv_transition_list *l);
+/* Append one position's transition, merging with the previous run. -ENOMEM on failure. */
+int ckv_transition_list_add(ckv_transition_list *l, uint64_t pos, uint8_t from, uint8_t to);
+
+/* Whether a token may never be recycled by the judge (sinks, system role).
+ * The recent window is protected separately (it depends on n). */
+int ckv_judge_protected(const ckv_tokens *t, size_t pos, const ckv_judge_params *p);
+
+/* Runs the judge for `round` over every token: updates t->state and
+ * t->last_transition and appends each change to `out`.  Returns CKV_OK or
+ * -ENOMEM (states may then be partly updated; `out` lists exactly what was). */
+int ckv_judge_run(ckv_tokens *t, uint32_t round, const ckv_judge_params *p, ckv_transition_list *out);
+
+/* The feature vector both judges see for one token (documented in judge.c);
+ * exposed for the mlp judge, its trainer and trace recording. */
+#define CKV_JUDGE_FEATURES 12
+void ckv_judge_features(const ckv_tokens *t, size_t pos, uint32_t round, const ckv_judge_params *p,
+                        float ret[CKV_JUDGE_FEATURES]);
+
+#endif

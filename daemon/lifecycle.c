@@ -1,0 +1,291 @@
+/* lifecycle.c - plan, execute (via the compressor) and publish token moves
+ * (see lifecycle.h). */
+#include "daemon/lifecycle.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "commitkv/status.h"
+#include "daemon/compressor.h"
+#include "daemon/config.h"
+#include "daemon/session.h"
+#include "daemon/tenant.h"
+#include "kernels/kernels.h"
+
+/* What publish needs to know about one move. */
+typedef struct move_rec {
+  uint32_t pos;
+  uint32_t src_block, dst_block;
+  uint16_t src_slot, dst_slot;
+} move_rec;
+
+typedef struct plan_buf {
+  ckv_move *moves;
+  move_rec *recs;
+  size_t n, cap;
+} plan_buf;
+
+static int plan_push(plan_buf *b, ckv_srv_session *s, uint32_t pos, uint32_t dst_block, uint16_t dst_slot) {
+  if (b->n == b->cap) {
+    size_t ncap = b->cap ? b->cap * 2 : 64;
+    ckv_move *nm = realloc(b->moves, ncap * sizeof(*nm));
+    if (!nm) return -ENOMEM;
+    b->moves = nm;
+    move_rec *nr = realloc(b->recs, ncap * sizeof(*nr));
+    if (!nr) return -ENOMEM;
+    b->recs = nr;
+    b->cap = ncap;
+  }
+  uint32_t src_block = s->tokens.block[pos];
+  uint16_t src_slot = s->tokens.slot[pos];
+  b->moves[b->n] = (ckv_move){.src = ckv_srv_session_block_ptr(s, src_block), .src_slot = src_slot,
+                              .dst_slot = dst_slot, .dst = ckv_srv_session_block_ptr(s, dst_block)};
+  b->recs[b->n] = (move_rec){pos, src_block, dst_block, src_slot, dst_slot};
+  b->n++;
+  return CKV_OK;
+}
+
+static uint32_t commit_format(const ckv_srv_session *s) {
+  return s->params.commit_bits == 2 ? CKV_FORMAT_COMMIT2 : CKV_FORMAT_COMMIT4;
+}
+
+static int fill_index(uint32_t format) {
+  return format == CKV_FORMAT_DRAFT    ? CKV_FILL_DRAFT
+         : format == CKV_FORMAT_STAGED ? CKV_FILL_STAGED
+         : format == CKV_FORMAT_COMMIT4 ? CKV_FILL_COMMIT4
+                                        : CKV_FILL_COMMIT2;
+}
+
+/* Reserves `count` consecutive slots of the current fill block of `format`
+ * (a new block when the current one lacks room).  `align`: the run must start
+ * at a multiple of it (committed chunks). */
+static int reserve(ckv_srv_session *s, uint32_t format, uint32_t count, uint32_t align, uint32_t *ret_block,
+                   uint16_t *ret_first) {
+  int fi = fill_index(format);
+  uint32_t cur = s->fill[fi];
+  if (cur != CKV_NO_BLOCK) {
+    ckv_sblock *b = &s->blocks[cur];
+    uint32_t start = (b->used + align - 1) / align * align;
+    if (start + count <= b->capacity) {
+      b->used = (uint16_t)(start + count);
+      b->refs = (uint16_t)(b->refs + count);
+      *ret_block = cur;
+      *ret_first = (uint16_t)start;
+      return CKV_OK;
+    }
+  }
+  uint32_t idx;
+  int r = ckv_srv_session_new_block(s, format, &idx);
+  if (r < 0) return r;
+  s->fill[fi] = idx;
+  if (cur != CKV_NO_BLOCK && s->blocks[cur].refs == 0) ckv_srv_session_retire_block(s, cur);
+  ckv_sblock *b = &s->blocks[idx];
+  b->used = (uint16_t)count;
+  b->refs = (uint16_t)count;
+  *ret_block = idx;
+  *ret_first = 0;
+  return CKV_OK;
+}
+
+static void recycle_now(ckv_srv_session *s, size_t pos) {
+  uint32_t blk = s->tokens.block[pos];
+  ckv_block_set_valid(ckv_srv_session_block_ptr(s, blk), s->tokens.slot[pos], false);
+  s->tokens.block[pos] = CKV_NO_BLOCK;
+  ckv_srv_session_release_slot(s, blk);
+}
+
+static uint32_t physical_format(const ckv_srv_session *s, size_t pos) {
+  uint32_t blk = s->tokens.block[pos];
+  return blk == CKV_NO_BLOCK ? CKV_BLOCK_UNUSED : s->blocks[blk].format;
+}
+
+int ckv_lifecycle_plan(ckv_srv_session *s, ckv_compressor *c, bool flush) {
+  ckv_tokens *t = &s->tokens;
+  for (size_t p = 0; p < t->n; p++)
+    if (t->state[p] == CKV_STATE_RECYCLED && t->block[p] != CKV_NO_BLOCK && !(t->flags[p] & CKV_TOKEN_PENDING))
+      recycle_now(s, p);
+  if (ckv_compressor_room(c) == 0) return CKV_OK; /* backpressure: planned on a later call */
+
+  plan_buf b = {0};
+  int r = CKV_OK;
+  /* draft -> staged, in position order */
+  for (size_t p = 0; p < t->n && r == CKV_OK; p++) {
+    if (t->flags[p] & CKV_TOKEN_PENDING || t->state[p] == CKV_STATE_DRAFT || t->state[p] == CKV_STATE_RECYCLED)
+      continue;
+    if (physical_format(s, p) != CKV_FORMAT_DRAFT) continue;
+    uint32_t blk;
+    uint16_t slot;
+    r = reserve(s, CKV_FORMAT_STAGED, 1, 1, &blk, &slot);
+    if (r == CKV_OK) r = plan_push(&b, s, (uint32_t)p, blk, slot);
+  }
+  /* staged -> committed, one key chunk at a time */
+  uint32_t cf = commit_format(s);
+  size_t ready = 0;
+  for (size_t p = 0; p < t->n; p++)
+    ready += t->state[p] == CKV_STATE_COMMITTED && !(t->flags[p] & CKV_TOKEN_PENDING) &&
+             physical_format(s, p) == CKV_FORMAT_STAGED;
+  size_t take = flush ? ready : ready / CKV_COMMIT_CHUNK_TOKENS * CKV_COMMIT_CHUNK_TOKENS;
+  for (size_t p = 0, done = 0; p < t->n && done < take && r == CKV_OK;) {
+    uint32_t chunk_n = take - done < CKV_COMMIT_CHUNK_TOKENS ? (uint32_t)(take - done) : CKV_COMMIT_CHUNK_TOKENS;
+    uint32_t blk;
+    uint16_t first;
+    r = reserve(s, cf, chunk_n, CKV_COMMIT_CHUNK_TOKENS, &blk, &first);
+    if (r < 0) break;
+    /* a partial chunk is sealed by its move: the rest of it stays empty */
+    s->blocks[blk].used = (uint16_t)(first + CKV_COMMIT_CHUNK_TOKENS);
+    for (uint32_t k = 0; k < chunk_n && p < t->n; p++) {
+      if (t->state[p] != CKV_STATE_COMMITTED || (t->flags[p] & CKV_TOKEN_PENDING) ||
+          physical_format(s, p) != CKV_FORMAT_STAGED)
+        continue;
+      r = plan_push(&b, s, (uint32_t)p, blk, (uint16_t)(first + k));
+      if (r < 0) break;
+      k++;
+      done++;
+    }
+  }
+  if (b.n == 0) {
+    free(b.moves);
+    free(b.recs);
+    return r == CKV_ERR_QUOTA || r == CKV_ERR_NOSPACE ? CKV_OK : r;
+  }
+  ckv_job *j = calloc(1, sizeof(*j));
+  if (!j) {
+    /* give the reservations back: the tokens stay where they are */
+    for (size_t i = 0; i < b.n; i++) ckv_srv_session_release_slot(s, b.recs[i].dst_block);
+    free(b.moves);
+    free(b.recs);
+    return -ENOMEM;
+  }
+  j->lane = s->lane;
+  j->geom = s->geom;
+  j->moves = b.moves;
+  j->n_moves = b.n;
+  j->owner = s;
+  j->user = b.recs;
+  for (size_t i = 0; i < b.n; i++) t->flags[b.recs[i].pos] |= CKV_TOKEN_PENDING;
+  s->jobs_inflight++;
+  if (ckv_compressor_submit(c, j) < 0) { /* cannot happen: room was checked and we are the only submitter */
+    s->jobs_inflight--;
+    for (size_t i = 0; i < b.n; i++) {
+      t->flags[b.recs[i].pos] &= (uint8_t)~CKV_TOKEN_PENDING;
+      ckv_srv_session_release_slot(s, b.recs[i].dst_block);
+    }
+    ckv_job_free(j);
+    return CKV_ERR_BUSY;
+  }
+  return r == CKV_ERR_QUOTA || r == CKV_ERR_NOSPACE ? CKV_OK : r;
+}
+
+void ckv_lifecycle_publish(ckv_srv_session *s, ckv_compressor *c, ckv_job *j) {
+  move_rec *recs = j->user;
+  ckv_tokens *t = &s->tokens;
+  s->jobs_inflight--;
+  if (s->doomed) {
+    ckv_job_free(j);
+    return;
+  }
+  for (size_t i = 0; i < j->n_moves; i++) {
+    move_rec *m = &recs[i];
+    t->flags[m->pos] &= (uint8_t)~CKV_TOKEN_PENDING;
+    if (j->status < 0) { /* the kernel refused: keep the token where it is */
+      ckv_srv_session_release_slot(s, m->dst_block);
+      continue;
+    }
+    void *dst = ckv_srv_session_block_ptr(s, m->dst_block), *src = ckv_srv_session_block_ptr(s, m->src_block);
+    bool live = t->state[m->pos] != CKV_STATE_RECYCLED;
+    if (live) ckv_block_set_valid(dst, m->dst_slot, true); /* publish the copy before hiding the original */
+    ckv_block_set_valid(src, m->src_slot, false);
+    t->block[m->pos] = live ? m->dst_block : CKV_NO_BLOCK;
+    t->slot[m->pos] = m->dst_slot;
+    ckv_srv_session_release_slot(s, m->src_block);
+    if (!live) ckv_srv_session_release_slot(s, m->dst_block);
+  }
+  s->epoch++;
+  ckv_job_free(j);
+  (void)ckv_lifecycle_plan(s, c, false);
+}
+
+int ckv_lifecycle_round(ckv_srv_session *s, ckv_compressor *c, uint32_t round, ckv_transition_list *out) {
+  size_t before = out->n;
+  int r = ckv_judge_run(&s->tokens, round, &s->params, out);
+  for (size_t i = before; i < out->n; i++) {
+    const ckv_transition_range *tr = &out->v[i];
+    s->count_by_state[tr->from] -= tr->count;
+    s->count_by_state[tr->to] += tr->count;
+    s->transitions[tr->from][tr->to] += tr->count;
+  }
+  if (r < 0) return r;
+  return ckv_lifecycle_plan(s, c, false);
+}
+
+uint64_t ckv_lifecycle_pending(const ckv_srv_session *s) {
+  const ckv_tokens *t = &s->tokens;
+  uint64_t n = 0;
+  for (size_t p = 0; p < t->n; p++) {
+    if (t->flags[p] & CKV_TOKEN_PENDING) {
+      n++;
+      continue;
+    }
+    uint32_t f = physical_format(s, p);
+    uint8_t st = t->state[p];
+    if ((st == CKV_STATE_STAGED && f != CKV_FORMAT_STAGED) ||
+        (st == CKV_STATE_COMMITTED && !ckv_format_is_commit(f)))
+      n++;
+  }
+  return n;
+}
+
+typedef struct valued {
+  float value;
+  uint32_t pos;
+} valued;
+
+static int by_value(const void *a, const void *b) {
+  const valued *x = a, *y = b;
+  if (x->value != y->value) return x->value < y->value ? -1 : 1;
+  return x->pos < y->pos ? -1 : x->pos > y->pos;
+}
+
+int ckv_lifecycle_reclaim(ckv_srv_session *s, ckv_compressor *c, uint64_t need, ckv_transition_list *out,
+                          uint64_t *ret_recycled) {
+  ckv_tokens *t = &s->tokens;
+  uint64_t recycled = 0;
+  (void)c;
+  if (ckv_tenant_would_fit(s->tenant, need)) goto done;
+  /* The requester will re-read its view from the reply's epoch: what it
+   * retired so far can go now. */
+  ckv_srv_session_release_retired(s);
+  if (ckv_tenant_would_fit(s->tenant, need)) goto done;
+  /* Lowest value first: mean attention over the history plus semantic score. */
+  size_t end = t->n > s->params.recent_window ? t->n - s->params.recent_window : 0;
+  valued *cand = malloc((end ? end : 1) * sizeof(*cand));
+  if (!cand) return -ENOMEM;
+  size_t nc = 0;
+  uint32_t round = (uint32_t)s->last_round;
+  for (size_t p = 0; p < end; p++) {
+    if (t->state[p] == CKV_STATE_RECYCLED || ckv_judge_protected(t, p, &s->params) ||
+        (t->flags[p] & CKV_TOKEN_PENDING))
+      continue;
+    float v = ckv_tokens_attn_mean(t, p, round, s->params.history_rounds) + ckv_q16_to_unit(t->semantic[p]);
+    cand[nc++] = (valued){v, (uint32_t)p};
+  }
+  qsort(cand, nc, sizeof(*cand), by_value);
+  for (size_t i = 0; i < nc && !ckv_tenant_would_fit(s->tenant, need); i++) {
+    uint32_t p = cand[i].pos;
+    uint8_t from = t->state[p];
+    if (ckv_transition_list_add(out, p, from, CKV_STATE_RECYCLED) < 0) break;
+    t->state[p] = CKV_STATE_RECYCLED;
+    t->last_transition[p] = round;
+    s->count_by_state[from]--;
+    s->count_by_state[CKV_STATE_RECYCLED]++;
+    s->transitions[from][CKV_STATE_RECYCLED]++;
+    recycle_now(s, p);
+    recycled++;
+    ckv_srv_session_release_retired(s);
+  }
+  free(cand);
+done:
+  if (ret_recycled) *ret_recycled = recycled;
+  return ckv_tenant_would_fit(s->tenant, need) ? CKV_OK : CKV_ERR_QUOTA;
+}

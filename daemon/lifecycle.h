@@ -1,0 +1,59 @@
+/* lifecycle.h - from decisions to bytes: after the judge changes tokens'
+ * logical states, the lifecycle plans the moves (allocating destination
+ * slots), hands them to the compressor, and publishes the results.
+ *
+ * Copy, then publish, then free (DESIGN.md §4 invariant 1):
+ * - plan (server thread): destination slots are reserved in staged/committed
+ *   blocks, the tokens are marked pending, a job is queued;
+ * - the compressor writes the destination payloads (never the sources);
+ * - publish (server thread, on completion): destination valid bits set,
+ *   source valid bits cleared, the token's location updated, the view epoch
+ *   bumped; emptied source blocks are retired and freed only after the reader
+ *   acknowledged that epoch (session.c).
+ * Recycling a token clears its valid bit at once (its memory is still only
+ * freed through retire + ack).
+ *
+ * Committed destinations are filled one 32-token key chunk at a time; tokens
+ * wait (logically committed, physically staged) until a chunk is full, or
+ * until a flush (pressure, save, close) closes a partial chunk. */
+#ifndef CKV_DAEMON_LIFECYCLE_H
+#define CKV_DAEMON_LIFECYCLE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "daemon/judge.h"
+
+typedef struct ckv_srv_session ckv_srv_session;
+typedef struct ckv_compressor ckv_compressor;
+typedef struct ckv_job ckv_job;
+
+/* Runs the judge for `round` and plans what it decided.  Transitions are
+ * appended to `out`.  Returns CKV_OK or -ENOMEM. */
+int ckv_lifecycle_round(ckv_srv_session *s, ckv_compressor *c, uint32_t round, ckv_transition_list *out);
+
+/* Plans the physical moves the logical states call for (recycles at once).
+ * flush: close partial committed chunks too.  Quota or queue limits stop the
+ * planning early; the rest is planned on a later call.  Returns CKV_OK or a
+ * negative status on allocation failure. */
+int ckv_lifecycle_plan(ckv_srv_session *s, ckv_compressor *c, bool flush);
+
+/* Publishes a finished job of session s (see above) and plans what waited
+ * for it.  Frees the job. */
+void ckv_lifecycle_publish(ckv_srv_session *s, ckv_compressor *c, ckv_job *j);
+
+/* Tokens whose bytes do not yet match their logical state (moves in flight or
+ * waiting for a full committed chunk). */
+uint64_t ckv_lifecycle_pending(const ckv_srv_session *s);
+
+/* Quota pressure: makes at least `need` bytes of room in s's tenant by
+ * escalating s's lowest-value unprotected tokens (draft -> staged ->
+ * committed, then recycling), executing the moves synchronously and freeing
+ * what they release at once.  Only call for a session whose reader is the
+ * requester (the reply tells it about the new epoch) or that is detached.
+ * Returns CKV_OK when the room exists, CKV_ERR_QUOTA when nothing more can
+ * be reclaimed.  *ret_recycled receives the number of tokens recycled. */
+int ckv_lifecycle_reclaim(ckv_srv_session *s, ckv_compressor *c, uint64_t need, ckv_transition_list *out,
+                          uint64_t *ret_recycled);
+
+#endif

@@ -1,0 +1,189 @@
+/* attention.cu - fused decode attention on the GPU over blocks of mixed
+ * formats, read in place and dequantized in registers.
+ *
+ * Kernels: scores (a CUDA block per (KV block, KV head), a thread per slot:
+ * every query head of the group, all rows; empty slots and unsealed chunks
+ * get -inf), softmax statistics (max and sum per query head and row, a
+ * numerically stable two-pass reduction over the materialised scores), output
+ * (a thread per (query head, row, dim)) and per-slot mass.  Scores are
+ * materialised (slots x query heads floats, 16 MB at 128K tokens x 32 heads)
+ * rather than merged online as on the CPU.  TODO(perf): a split-K
+ * flash-decoding kernel with online softmax and shared-memory K/V tiles. */
+#include <vector>
+
+#include "kernels/cuda/cuda_internal.h"
+
+namespace {
+
+struct BlockDev {
+  const uint8_t *p;
+  uint32_t fmt, cap, kept, sealed;
+  uint64_t base;
+};
+
+__device__ bool slot_ok(const BlockDev &b, uint32_t t) {
+  const uint64_t *w = (const uint64_t *)(b.p + ckv_block_bitmap_offset(b.cap));
+  if (!((w[t / 64] >> (t % 64)) & 1u)) return false;
+  return !ckv_format_is_commit(b.fmt) || ((b.sealed >> (t / CKV_COMMIT_CHUNK_TOKENS)) & 1u);
+}
+
+__global__ void k_scores(ckv_geometry g, uint32_t L, const BlockDev *blocks, const float *q, float scale, uint32_t QH,
+                         uint32_t G, uint32_t RG, uint64_t total, float *S) {
+  const BlockDev b = blocks[blockIdx.x];
+  uint32_t h = blockIdx.y, D = g.head_dim;
+  __shared__ uint32_t idx[CKV_MAX_HEAD_DIM];
+  bool commit = ckv_format_is_commit(b.fmt);
+  if (commit && threadIdx.x == 0) {
+    const uint64_t *mask = (const uint64_t *)(b.p + ckv_commit_mask_offset(b.fmt, &g, b.cap, b.kept, L, h));
+    uint32_t n = 0;
+    for (uint32_t c = 0; c < D; c++)
+      if ((mask[c / 64] >> (c % 64)) & 1u) idx[n++] = c;
+  }
+  __syncthreads();
+  uint32_t bits = ckv_format_code_bits(b.fmt);
+  for (uint32_t t = threadIdx.x; t < b.cap; t += blockDim.x) {
+    bool ok = slot_ok(b, t);
+    const uint8_t *ch = nullptr, *row = nullptr;
+    if (ok && commit) {
+      ch = b.p + ckv_commit_key_chunk_offset(b.fmt, &g, b.cap, b.kept, L, h, t / CKV_COMMIT_CHUNK_TOKENS);
+      row = ch + (size_t)b.kept * 4u + (t % CKV_COMMIT_CHUNK_TOKENS) * ckv_commit_key_row_bytes(b.fmt, b.kept);
+    }
+    for (uint32_t rg = 0; rg < RG; rg++) {
+      float *out = S + ((uint64_t)h * RG + rg) * total + b.base + t;
+      if (!ok) {
+        *out = -INFINITY;
+        continue;
+      }
+      const float *qv = q + ((size_t)(rg / G) * QH + (size_t)h * G + rg % G) * D;
+      float acc = 0.0f;
+      if (!commit) {
+        for (uint32_t d = 0; d < D; d++) acc += qv[d] * ckv_dev_read(g, b.p, b.fmt, b.cap, L, 0, t, (size_t)h * D + d);
+      } else {
+        const uint16_t *sc = (const uint16_t *)ch, *zp = sc + b.kept;
+        for (uint32_t j = 0; j < b.kept; j++)
+          acc += qv[idx[j]] * ckv_mul_add((float)ckv_unpack_code(row, j, bits), ckv_f16_to_f32(sc[j]), ckv_f16_to_f32(zp[j]));
+      }
+      *out = acc * scale;
+    }
+  }
+}
+
+__global__ void k_stats(const float *S, uint64_t total, float *m_out, float *l_out) {
+  __shared__ float red[256];
+  const float *s = S + (uint64_t)blockIdx.x * total;
+  float m = -INFINITY;
+  for (uint64_t i = threadIdx.x; i < total; i += blockDim.x) m = fmaxf(m, s[i]);
+  red[threadIdx.x] = m;
+  __syncthreads();
+  for (uint32_t o = blockDim.x / 2; o; o >>= 1) {
+    if (threadIdx.x < o) red[threadIdx.x] = fmaxf(red[threadIdx.x], red[threadIdx.x + o]);
+    __syncthreads();
+  }
+  m = red[0];
+  __syncthreads();
+  float l = 0.0f;
+  if (m != -INFINITY)
+    for (uint64_t i = threadIdx.x; i < total; i += blockDim.x)
+      if (s[i] != -INFINITY) l += expf(s[i] - m);
+  red[threadIdx.x] = l;
+  __syncthreads();
+  for (uint32_t o = blockDim.x / 2; o; o >>= 1) {
+    if (threadIdx.x < o) red[threadIdx.x] += red[threadIdx.x + o];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    m_out[blockIdx.x] = m;
+    l_out[blockIdx.x] = red[0];
+  }
+}
+
+__device__ float value_at(const ckv_geometry &g, const BlockDev &b, uint32_t L, uint32_t t, size_t e) {
+  if (!ckv_format_is_commit(b.fmt)) return ckv_dev_read(g, b.p, b.fmt, b.cap, L, 1, t, e);
+  uint32_t bits = ckv_format_code_bits(b.fmt), ng = ckv_commit_value_groups(&g), q = (uint32_t)(e / CKV_COMMIT_VALUE_GROUP);
+  const uint16_t *par = (const uint16_t *)(b.p + ckv_commit_value_params_offset(b.fmt, &g, b.cap, b.kept, L)) + (size_t)t * ng * 2u;
+  const uint8_t *row = b.p + ckv_commit_value_codes_offset(b.fmt, &g, b.cap, b.kept, L) + (size_t)t * ckv_commit_value_row_bytes(b.fmt, &g);
+  return ckv_mul_add((float)ckv_unpack_code(row, e, bits), ckv_f16_to_f32(par[2u * q]), ckv_f16_to_f32(par[2u * q + 1u]));
+}
+
+__global__ void k_out(ckv_geometry g, uint32_t L, const BlockDev *blocks, uint32_t n_blocks, const float *S, uint64_t total,
+                      const float *m_in, const float *l_in, uint32_t QH, uint32_t G, uint32_t RG, float *out) {
+  uint32_t hr = blockIdx.x, h = hr / RG, rg = hr % RG, d = threadIdx.x, D = g.head_dim;
+  if (d >= D) return;
+  float m = m_in[hr], l = l_in[hr], acc = 0.0f;
+  const float *s = S + (uint64_t)hr * total;
+  if (l > 0.0f)
+    for (uint32_t bi = 0; bi < n_blocks; bi++) {
+      const BlockDev b = blocks[bi];
+      for (uint32_t t = 0; t < b.cap; t++) {
+        float sc = s[b.base + t];
+        if (sc == -INFINITY) continue;
+        acc += expf(sc - m) * value_at(g, b, L, t, (size_t)h * D + d);
+      }
+    }
+  out[((size_t)(rg / G) * QH + (size_t)h * G + rg % G) * D + d] = l > 0.0f ? acc / l : 0.0f;
+}
+
+__global__ void k_mass(const float *S, uint64_t total, uint32_t HR, const float *m_in, const float *l_in, float *mass) {
+  uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= total) return;
+  float acc = 0.0f;
+  for (uint32_t hr = 0; hr < HR; hr++) {
+    float s = S[(uint64_t)hr * total + i];
+    if (s != -INFINITY && l_in[hr] > 0.0f) acc += expf(s - m_in[hr]) / l_in[hr];
+  }
+  mass[i] = acc;
+}
+
+struct DevMem {
+  void *p[4] = {nullptr, nullptr, nullptr, nullptr};
+  ~DevMem() {
+    for (void *x : p) cudaFree(x);
+  }
+};
+
+} // namespace
+
+extern "C" ckv_status ckv_cuda_attention(const ckv_attn_args *a, void *stream) {
+  if (ckv_cuda_available() != CKV_OK) return CKV_ERR_DEVICE;
+  if (!a || !a->geom || !a->q || !a->out || (!a->blocks && a->n_blocks)) return CKV_ERR_INVALID;
+  const ckv_geometry *g = a->geom;
+  if (!ckv_format_valid(CKV_FORMAT_DRAFT, g, 1, 0)) return CKV_ERR_INVALID;
+  if (a->layer >= g->n_layers) return CKV_ERR_RANGE;
+  if (a->n_rows == 0 || a->n_q_heads == 0 || a->n_q_heads % g->n_kv_heads) return CKV_ERR_INVALID;
+  cudaStream_t s = (cudaStream_t)stream;
+  std::vector<BlockDev> bl(a->n_blocks);
+  uint64_t total = 0;
+  for (uint32_t i = 0; i < a->n_blocks; i++) {
+    ckv_block_header h;
+    ckv_status st = ckv_cuda_fetch_header(a->blocks[i], &h);
+    if (st != CKV_OK) return st;
+    if (h.magic != CKV_BLOCK_MAGIC) return CKV_ERR_CORRUPT;
+    if (h.dtype != g->dtype || !ckv_format_valid(h.format, g, h.capacity, h.kept_channels)) return CKV_ERR_FORMAT;
+    uint32_t sealed = 0;
+    if (ckv_format_is_commit(h.format))
+      CKV_CUDA_TRY(cudaMemcpy(&sealed, (const uint8_t *)a->blocks[i] + ckv_commit_meta_offset(h.capacity), 4, cudaMemcpyDeviceToHost));
+    bl[i] = BlockDev{(const uint8_t *)a->blocks[i], h.format, h.capacity, h.kept_channels, sealed, total};
+    total += h.capacity;
+  }
+  uint32_t H = g->n_kv_heads, G = a->n_q_heads / H, RG = a->n_rows * G, D = g->head_dim;
+  size_t qn = (size_t)a->n_rows * a->n_q_heads * D;
+  if (total == 0) {
+    CKV_CUDA_TRY(cudaMemsetAsync(a->out, 0, qn * sizeof(float), s));
+    return CKV_OK;
+  }
+  DevMem mem;
+  CKV_CUDA_TRY(cudaMalloc(&mem.p[0], bl.size() * sizeof(BlockDev)));
+  CKV_CUDA_TRY(cudaMalloc(&mem.p[1], (size_t)H * RG * total * sizeof(float)));
+  CKV_CUDA_TRY(cudaMalloc(&mem.p[2], (size_t)H * RG * 2 * sizeof(float)));
+  CKV_CUDA_TRY(cudaMemcpy(mem.p[0], bl.data(), bl.size() * sizeof(BlockDev), cudaMemcpyHostToDevice));
+  const BlockDev *d_bl = (const BlockDev *)mem.p[0];
+  float *S = (float *)mem.p[1], *m = (float *)mem.p[2], *l = m + (size_t)H * RG;
+  float scale = a->scale != 0.0f ? a->scale : 1.0f / sqrtf((float)D);
+  k_scores<<<dim3(a->n_blocks, H), 64, 0, s>>>(*g, a->layer, d_bl, a->q, scale, a->n_q_heads, G, RG, total, S);
+  k_stats<<<H * RG, 256, 0, s>>>(S, total, m, l);
+  k_out<<<H * RG, ((D + 31u) / 32u) * 32u, 0, s>>>(*g, a->layer, d_bl, a->n_blocks, S, total, m, l, a->n_q_heads, G, RG, a->out);
+  if (a->mass) k_mass<<<(unsigned)((total + 255) / 256), 256, 0, s>>>(S, total, H * RG, m, l, a->mass);
+  CKV_CUDA_TRY(cudaGetLastError());
+  CKV_CUDA_TRY(cudaStreamSynchronize(s)); /* the scratch is freed on return */
+  return CKV_OK;
+}
