@@ -45,6 +45,7 @@
 #include <zmq.h>
 
 #include "bench/bench.h"
+#include "bench/bench_judge.h"
 #include "commitkv.pb-c.h"
 #include "commitkv/commitkv.h"
 
@@ -914,7 +915,39 @@ static void print_json_results(const report *rep) {
   printf("]");
 }
 
-/* Sections after "results" (the judge's, in a later issue) print ", \"name\": ..." here. */
+/* The judge section: in-process, one core (bench_judge.c). */
+static const uint64_t k_judge_sizes[] = {4096, 32768, 131072};
+#define N_JUDGE (sizeof(k_judge_sizes) / sizeof(k_judge_sizes[0]))
+
+static int measure_judge(const options *o, ckv_judge_bench *ret) {
+  for (size_t i = 0; i < N_JUDGE; i++) {
+    int r = ckv_bench_judge_run(k_judge_sizes[i], o->seconds / 2 > 0.2 ? o->seconds / 2 : 0.2, &ret[i]);
+    if (r < 0) return r;
+  }
+  return 0;
+}
+
+static void print_judge_table(const ckv_judge_bench *j) {
+  printf("\njudge (one core, in-process; ReportRound = record + judge + plan, compression excluded)\n");
+  printf("%-10s %16s %14s %14s %8s\n", "tokens", "tokens judged/s", "round p50 us", "round p99 us", "rounds");
+  for (size_t i = 0; i < N_JUDGE; i++)
+    printf("%-10llu %16.3g %14.1f %14.1f %8llu\n", (unsigned long long)j[i].tokens, j[i].tokens_per_s,
+           j[i].round_p50_us, j[i].round_p99_us, (unsigned long long)j[i].rounds);
+}
+
+static void print_json_judge(const ckv_judge_bench *j) {
+  printf(", \"judge\": [");
+  for (size_t i = 0; i < N_JUDGE; i++)
+    printf("%s{\"tokens\": %llu, \"tokens_per_s\": %.1f, \"round_p50_us\": %.2f, \"round_p99_us\": %.2f, "
+           "\"rounds\": %llu}",
+           i ? ", " : "", (unsigned long long)j[i].tokens, j[i].tokens_per_s, j[i].round_p50_us, j[i].round_p99_us,
+           (unsigned long long)j[i].rounds);
+  printf("]");
+}
+
+static ckv_judge_bench g_judge[N_JUDGE];
+static bool g_judge_ok;
+
 static void print_json(const report *rep) {
   const kind_stats *e = &rep->kinds[KIND_ECHO];
   printf("{\"workers\": %d, \"cpus\": %ld, \"seconds\": %.2f, \"echo_payload_bytes\": %zu, "
@@ -924,6 +957,7 @@ static void print_json(const report *rep) {
   for (size_t i = 0; i < rep->n_echo_runs; i++) printf("%s%.1f", i ? ", " : "", rep->echo_run_rps[i]);
   printf("], ");
   print_json_results(rep);
+  if (g_judge_ok) print_json_judge(g_judge);
   printf("}\n");
 }
 
@@ -1028,12 +1062,23 @@ int ckv_bench_control(int argc, char **argv) {
   }
   echo_finish(&echo, &rep);
   if (d.pid > 0 && daemon_stop(&d) < 0) rc = 1;
+  if (rc == 0) {
+    fprintf(stderr, "commitkv-bench: judging sessions of 4K, 32K, 128K tokens\n");
+    if ((r = measure_judge(&o, g_judge)) < 0) {
+      fprintf(stderr, "commitkv-bench: the judge benchmark failed: %s\n", ckv_strerror(r));
+      rc = 1;
+    } else {
+      g_judge_ok = true;
+    }
+  }
 
   if (rep.kinds[KIND_ECHO].measured && rep.kinds[KIND_REPORT_4K].measured) {
-    if (o.json)
+    if (o.json) {
       print_json(&rep);
-    else
+    } else {
       print_table(&rep);
+      if (g_judge_ok) print_judge_table(g_judge);
+    }
     fflush(stdout);
   }
   rm_tree(dir);

@@ -1048,8 +1048,10 @@ int ckv_config_check(const ckv_config *c, char *err, size_t errlen) {
   return check_all(c, &b, err, errlen);
 }
 
-static void derive_path(char *dst, size_t cap, const char *env, const char *file,
-                        const char *fallback, const char *prefix) {
+/* dst = prefix + ($env's first entry, else fallback) [+ "/" + file].
+ * CKV_ERR_INVALID when the result does not fit. */
+static int derive_path(char *dst, size_t cap, const char *env, const char *file,
+                       const char *fallback, const char *prefix) {
   const char *dir = getenv(env);
   char first[CKV_CONFIG_PATH_MAX];
   if (dir && dir[0] == '/') {
@@ -1062,31 +1064,46 @@ static void derive_path(char *dst, size_t cap, const char *env, const char *file
   } else {
     dir = fallback;
   }
-  if (file)
-    snprintf(dst, cap, "%s%s/%s", prefix, dir, file);
-  else
-    snprintf(dst, cap, "%s%s", prefix, dir);
+  int n = file ? snprintf(dst, cap, "%s%s/%s", prefix, dir, file)
+               : snprintf(dst, cap, "%s%s", prefix, dir);
+  if (n < 0 || (size_t)n >= cap) {
+    dst[0] = '\0';
+    return CKV_ERR_INVALID;
+  }
+  return CKV_OK;
 }
 
 int ckv_config_finalize(ckv_config *c, char *err, size_t errlen) {
-  if (!c->socket[0])
-    derive_path(c->socket, sizeof c->socket, "RUNTIME_DIRECTORY", "commitkvd.sock",
-                "/run/commitkv", "ipc://");
+  if (!c->socket[0] && derive_path(c->socket, sizeof c->socket, "RUNTIME_DIRECTORY",
+                                   "commitkvd.sock", "/run/commitkv", "ipc://") < 0) {
+    seterr(err, errlen, "socket: $RUNTIME_DIRECTORY is too long for an endpoint");
+    return CKV_ERR_INVALID;
+  }
   if (!c->attach_socket[0]) {
+    int r;
     if (strncmp(c->socket, "ipc://", 6) == 0) {
       /* Next to the control socket, so one RuntimeDirectory holds both. */
       const char *path = c->socket + 6;
       const char *slash = strrchr(path, '/');
       int dirlen = slash ? (int)(slash - path) : 0;
-      snprintf(c->attach_socket, sizeof c->attach_socket, "%.*s/commitkvd.attach", dirlen, path);
+      int n = snprintf(c->attach_socket, sizeof c->attach_socket, "%.*s/commitkvd.attach",
+                       dirlen, path);
+      r = (n < 0 || (size_t)n >= sizeof c->attach_socket) ? CKV_ERR_INVALID : CKV_OK;
     } else {
-      derive_path(c->attach_socket, sizeof c->attach_socket, "RUNTIME_DIRECTORY",
-                  "commitkvd.attach", "/run/commitkv", "");
+      r = derive_path(c->attach_socket, sizeof c->attach_socket, "RUNTIME_DIRECTORY",
+                      "commitkvd.attach", "/run/commitkv", "");
+    }
+    if (r < 0) {
+      c->attach_socket[0] = '\0';
+      seterr(err, errlen, "attach_socket: derived path too long; set attach_socket");
+      return CKV_ERR_INVALID;
     }
   }
-  if (!c->state_dir[0])
-    derive_path(c->state_dir, sizeof c->state_dir, "STATE_DIRECTORY", NULL, "/var/lib/commitkv",
-                "");
+  if (!c->state_dir[0] && derive_path(c->state_dir, sizeof c->state_dir, "STATE_DIRECTORY", NULL,
+                                      "/var/lib/commitkv", "") < 0) {
+    seterr(err, errlen, "state_dir: $STATE_DIRECTORY is too long");
+    return CKV_ERR_INVALID;
+  }
   char e2[256];
   if (check_unix_path(c->attach_socket, e2, sizeof e2) < 0) {
     seterr(err, errlen, "attach_socket: %s", e2);

@@ -100,12 +100,26 @@ static uint32_t physical_format(const ckv_srv_session *s, size_t pos) {
   return blk == CKV_NO_BLOCK ? CKV_BLOCK_UNUSED : s->blocks[blk].format;
 }
 
+static uint64_t count_pending(const ckv_srv_session *s);
+
+static int plan(ckv_srv_session *s, ckv_compressor *c, bool flush);
+
 int ckv_lifecycle_plan(ckv_srv_session *s, ckv_compressor *c, bool flush) {
+  int r = plan(s, c, flush);
+  s->pending = count_pending(s);
+  return r;
+}
+
+static int plan(ckv_srv_session *s, ckv_compressor *c, bool flush) {
   ckv_tokens *t = &s->tokens;
+  s->plan_dirty = false;
   for (size_t p = 0; p < t->n; p++)
     if (t->state[p] == CKV_STATE_RECYCLED && t->block[p] != CKV_NO_BLOCK && !(t->flags[p] & CKV_TOKEN_PENDING))
       recycle_now(s, p);
-  if (ckv_compressor_room(c) == 0) return CKV_OK; /* backpressure: planned on a later call */
+  if (ckv_compressor_room(c) == 0) { /* backpressure: planned on a later call */
+    s->plan_dirty = true;
+    return CKV_OK;
+  }
 
   plan_buf b = {0};
   int r = CKV_OK;
@@ -144,6 +158,7 @@ int ckv_lifecycle_plan(ckv_srv_session *s, ckv_compressor *c, bool flush) {
       done++;
     }
   }
+  if (r == CKV_ERR_QUOTA || r == CKV_ERR_NOSPACE) s->plan_dirty = true;
   if (b.n == 0) {
     free(b.moves);
     free(b.recs);
@@ -216,10 +231,14 @@ int ckv_lifecycle_round(ckv_srv_session *s, ckv_compressor *c, uint32_t round, c
     s->transitions[tr->from][tr->to] += tr->count;
   }
   if (r < 0) return r;
+  /* Nothing decided and nothing left over: the bytes already match. */
+  if (out->n == before && !s->plan_dirty) return CKV_OK;
   return ckv_lifecycle_plan(s, c, false);
 }
 
-uint64_t ckv_lifecycle_pending(const ckv_srv_session *s) {
+uint64_t ckv_lifecycle_pending(const ckv_srv_session *s) { return s->pending; }
+
+static uint64_t count_pending(const ckv_srv_session *s) {
   const ckv_tokens *t = &s->tokens;
   uint64_t n = 0;
   for (size_t p = 0; p < t->n; p++) {
@@ -286,6 +305,7 @@ int ckv_lifecycle_reclaim(ckv_srv_session *s, ckv_compressor *c, uint64_t need, 
   }
   free(cand);
 done:
+  s->pending = count_pending(s);
   if (ret_recycled) *ret_recycled = recycled;
   return ckv_tenant_would_fit(s->tenant, need) ? CKV_OK : CKV_ERR_QUOTA;
 }

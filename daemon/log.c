@@ -105,37 +105,32 @@ static void write_all(int fd, const char *p, size_t len) {
 
 static void log_stderr(int level, const char *event, const char *tenant, const char *session,
                        const char *msg) {
-  char line[LOG_LINE_MAX], field[LOG_FIELD_MAX], clean[LOG_MSG_MAX];
-  size_t n = 0;
-  /* snprintf returns the would-be length: clamp so n never passes the buffer. */
-#define APPEND(...)                                                                   \
-  do {                                                                                \
-    if (n < sizeof line) {                                                            \
-      int k_ = snprintf(line + n, sizeof line - n, __VA_ARGS__);                      \
-      if (k_ > 0) n = ((size_t)k_ < sizeof line - n) ? n + (size_t)k_ : sizeof line - 1; \
-    }                                                                                 \
-  } while (0)
-  APPEND("%s: %s: ", log_ident, ckv_log_level_name(level));
-  bool any = false;
+  char field[LOG_FIELD_MAX], clean[LOG_MSG_MAX];
+  char ev[LOG_FIELD_MAX + 2] = "", tn[LOG_FIELD_MAX + 8] = "", ss[LOG_FIELD_MAX + 9] = "";
+  /* Each part is built with room to spare, so only the final line could be
+   * cut, and LOG_LINE_MAX is larger than all parts together. */
   if (event) {
     sanitize(field, sizeof field, event);
-    APPEND("[%s]", field);
-    any = true;
+    snprintf(ev, sizeof ev, "[%s]", field);
   }
   if (tenant) {
     sanitize(field, sizeof field, tenant);
-    APPEND("%stenant=%s", any ? " " : "", field);
-    any = true;
+    snprintf(tn, sizeof tn, "%stenant=%s", event ? " " : "", field);
   }
   if (session) {
     sanitize(field, sizeof field, session);
-    APPEND("%ssession=%s", any ? " " : "", field);
-    any = true;
+    snprintf(ss, sizeof ss, "%ssession=%s", (event || tenant) ? " " : "", field);
   }
   sanitize(clean, sizeof clean, msg);
-  APPEND("%s%s\n", any ? ": " : "", clean);
-#undef APPEND
-  if (n > 0 && line[n - 1] != '\n') line[n - 1] = '\n'; /* truncated: keep it one line */
+  char line[LOG_LINE_MAX];
+  int k = snprintf(line, sizeof line, "%s: %s: %s%s%s%s%s\n", log_ident, ckv_log_level_name(level),
+                   ev, tn, ss, (event || tenant || session) ? ": " : "", clean);
+  if (k <= 0) return;
+  size_t n = (size_t)k;
+  if (n >= sizeof line) { /* cannot happen with the sizes above; stay one line anyway */
+    n = sizeof line - 1;
+    line[n - 1] = '\n';
+  }
   write_all(STDERR_FILENO, line, n);
 }
 

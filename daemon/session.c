@@ -115,6 +115,7 @@ ckv_srv_session *ckv_srv_session_free(ckv_srv_session *s) {
     free(s->ids);
   }
   free(s->blocks);
+  free(s->free_idx);
   free(s->retired);
   free(s);
   return NULL;
@@ -126,16 +127,21 @@ void *ckv_srv_session_block_ptr(const ckv_srv_session *s, uint32_t index) {
 
 /* Find or make a free entry in the block table. */
 static int table_slot(ckv_srv_session *s, uint32_t *ret) {
-  for (size_t i = 0; i < s->n_blocks; i++)
-    if (s->blocks[i].format == CKV_BLOCK_UNUSED) {
-      *ret = (uint32_t)i;
+  while (s->n_free_idx) {
+    uint32_t i = s->free_idx[--s->n_free_idx];
+    if (i < s->n_blocks && s->blocks[i].format == CKV_BLOCK_UNUSED) {
+      *ret = i;
       return CKV_OK;
     }
+  }
   if (s->n_blocks == s->cap_blocks) {
     size_t ncap = s->cap_blocks ? s->cap_blocks * 2 : 16;
     ckv_sblock *nb = realloc(s->blocks, ncap * sizeof(*nb));
     if (!nb) return -ENOMEM;
     s->blocks = nb;
+    uint32_t *nf = realloc(s->free_idx, ncap * sizeof(*nf));
+    if (!nf) return -ENOMEM;
+    s->free_idx = nf;
     s->cap_blocks = ncap;
   }
   s->blocks[s->n_blocks].format = CKV_BLOCK_UNUSED;
@@ -164,9 +170,15 @@ int ckv_srv_session_new_block(ckv_srv_session *s, uint32_t format, uint32_t *ret
   int r = table_slot(s, &idx);
   if (r < 0) return r;
   uint64_t bytes = block_bytes(s, format), off;
-  if (!bytes) return CKV_ERR_INVALID;
+  if (!bytes) {
+    s->free_idx[s->n_free_idx++] = idx;
+    return CKV_ERR_INVALID;
+  }
   r = ckv_tenant_block_alloc(s->tenant, bytes, format, &off);
-  if (r < 0) return r;
+  if (r < 0) {
+    s->free_idx[s->n_free_idx++] = idx; /* the entry stays unused */
+    return r;
+  }
   ckv_sblock *b = &s->blocks[idx];
   *b = (ckv_sblock){.id = ++*s->next_block_id, .offset = off, .bytes = bytes, .format = (uint8_t)format,
                     .capacity = (uint16_t)capacity_of(s, format)};
@@ -174,6 +186,7 @@ int ckv_srv_session_new_block(ckv_srv_session *s, uint32_t format, uint32_t *ret
   if (r < 0) { /* cannot happen for a checked geometry; never leak the block */
     ckv_tenant_block_free(s->tenant, off, bytes, format);
     b->format = CKV_BLOCK_UNUSED;
+    s->free_idx[s->n_free_idx++] = idx;
     return r;
   }
   s->epoch++; /* the block set changed */
@@ -251,7 +264,8 @@ int ckv_srv_session_report_round(ckv_srv_session *s, uint64_t round, uint64_t fi
   if (first > s->tokens.n || n > s->tokens.n - first) return CKV_ERR_RANGE;
   for (size_t i = 0; i < n_sem; i++)
     if (sem_pos[i] >= s->tokens.n) return CKV_ERR_RANGE;
-  ckv_tokens_record_round(&s->tokens, (uint32_t)round, first, attn, n);
+  ckv_tokens_record_round(&s->tokens, (uint32_t)round, first, attn, n,
+                          s->tokens.n - s->count_by_state[CKV_STATE_RECYCLED]);
   for (size_t i = 0; i < n_sem; i++) {
     s->tokens.semantic[sem_pos[i]] = ckv_q16_from_unit(sem_scores[i]);
     s->tokens.flags[sem_pos[i]] |= CKV_TOKEN_SEM_GIVEN;
@@ -282,6 +296,7 @@ void ckv_srv_session_retire_block(ckv_srv_session *s, uint32_t idx) {
   for (int i = 0; i < CKV_FILL_COUNT; i++)
     if (s->fill[i] == idx) s->fill[i] = CKV_NO_BLOCK;
   ckv_retired rt = {.offset = b->offset, .bytes = b->bytes, .format = b->format, .epoch = s->epoch};
+  if (s->n_free_idx < s->cap_blocks) s->free_idx[s->n_free_idx++] = idx;
   if (s->owner == 0) { /* nobody can be reading: free now */
     b->format = CKV_BLOCK_UNUSED;
     ckv_tenant_block_free(s->tenant, rt.offset, rt.bytes, rt.format);
@@ -290,7 +305,10 @@ void ckv_srv_session_retire_block(ckv_srv_session *s, uint32_t idx) {
   if (s->n_retired == s->cap_retired) {
     size_t ncap = s->cap_retired ? s->cap_retired * 2 : 16;
     ckv_retired *nr = realloc(s->retired, ncap * sizeof(*nr));
-    if (!nr) return; /* cannot defer: keep the block (until the session ends) rather than free under a reader */
+    if (!nr) { /* cannot defer: keep the block (until the session ends) rather than free under a reader */
+      s->n_free_idx--;
+      return;
+    }
     s->retired = nr;
     s->cap_retired = ncap;
   }

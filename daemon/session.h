@@ -66,6 +66,8 @@ typedef struct ckv_srv_session {
   ckv_tokens tokens;
   ckv_sblock *blocks;
   size_t n_blocks, cap_blocks;
+  uint32_t *free_idx;       /* unused block-table entries (a stack) */
+  size_t n_free_idx;
   uint32_t fill[CKV_FILL_COUNT]; /* block being filled per format, CKV_NO_BLOCK when none */
   uint64_t epoch;       /* current view epoch */
   uint64_t acked_epoch; /* highest epoch the reader acknowledged */
@@ -80,6 +82,8 @@ typedef struct ckv_srv_session {
   uint64_t lane;            /* compressor lane: this session's moves run in order */
   uint32_t jobs_inflight;   /* compressor jobs not yet published */
   bool doomed;              /* dropped while jobs were in flight: freed when they finish */
+  bool plan_dirty;          /* the last plan stopped early (quota, full queue): plan again */
+  uint64_t pending;         /* tokens whose bytes do not match their state (as of the last plan) */
   uint64_t *next_block_id;  /* daemon-wide counter */
   struct idcount *ids;      /* token id -> occurrences, for the semantic estimate */
 } ckv_srv_session;

@@ -88,12 +88,10 @@ size_t ckv_tokens_push(ckv_tokens *t, uint8_t role, uint8_t tags, float semantic
   return p;
 }
 
-void ckv_tokens_record_round(ckv_tokens *t, uint32_t round, size_t first, const float *attn, size_t n) {
+void ckv_tokens_record_round(ckv_tokens *t, uint32_t round, size_t first, const float *attn, size_t n, size_t live) {
   const size_t ring = round % CKV_ATTN_HISTORY;
   const size_t end = first + n < t->n ? first + n : t->n;
   double sum = 0.0;
-  size_t live = 0;
-  for (size_t p = 0; p < t->n; p++) live += t->state[p] != CKV_STATE_RECYCLED;
   for (size_t p = first; p < end; p++) {
     float a = attn[p - first];
     if (a > 0.f && !isinf(a) && t->state[p] != CKV_STATE_RECYCLED) sum += a;

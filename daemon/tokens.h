@@ -64,9 +64,9 @@ size_t ckv_tokens_push(ckv_tokens *t, uint8_t role, uint8_t tags, float semantic
 
 /* Record round `round`: token p gets attn[p - first] when first <= p < first + n,
  * 0 otherwise, normalised by the mean over live (non-recycled) tokens, into ring
- * slot round % R; tokens at or above CKV_ATTENDED_FLOOR get last_attended = round.
+ * slot round % R (`live` = tokens not recycled); tokens at or above CKV_ATTENDED_FLOOR get last_attended = round.
  * One pass over all tokens (two over the report). */
-void ckv_tokens_record_round(ckv_tokens *t, uint32_t round, size_t first, const float *attn, size_t n);
+void ckv_tokens_record_round(ckv_tokens *t, uint32_t round, size_t first, const float *attn, size_t n, size_t live);
 
 /* Relative attention of ring entry `code`. */
 float ckv_attn_decode(uint8_t code);

@@ -1,0 +1,24 @@
+/* bench_judge.h - the judge's part of `commitkv-bench control`: tokens judged
+ * per second on one core and ReportRound latency (record the round's
+ * attention + run the judge + plan the moves; compression excluded) for
+ * sessions of 4K, 32K and 128K tokens, measured in-process on the daemon's
+ * own modules. */
+#ifndef CKV_BENCH_JUDGE_H
+#define CKV_BENCH_JUDGE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct ckv_judge_bench {
+  uint64_t tokens;
+  double tokens_per_s;    /* judge pass alone */
+  double round_p50_us;    /* record + judge + plan */
+  double round_p99_us;
+  uint64_t rounds;
+  uint64_t transitions;   /* decided over the measured rounds */
+} ckv_judge_bench;
+
+/* Measures one session size; returns 0 or a negative status. */
+int ckv_bench_judge_run(uint64_t tokens, double seconds, ckv_judge_bench *ret);
+
+#endif
