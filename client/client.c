@@ -115,7 +115,7 @@ static int attach(ckv_client *c, const char *path, const char *name, bool want_a
       r = CKV_ERR_PROTO;
       goto out;
     }
-    memcpy(d.handle, a->handle.data, a->handle.len);
+    if (a->handle.len) memcpy(d.handle, a->handle.data, a->handle.len);
     d.handle_len = (uint32_t)a->handle.len;
     r = ckv_arena_import(&d, &c->arena);
     if (r < 0) {

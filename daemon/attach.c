@@ -5,7 +5,10 @@
  * (SCM_RIGHTS) and a fresh random attach key, which the client then uses as
  * its ZeroMQ routing id.  A peer that maps to no tenant is refused with
  * CKV_ERR_AUTH.  The connection stays open for the client's life: its EOF is
- * the fastest possible lease expiry. */
+ * the fastest possible lease expiry.
+ *
+ * Accepted connections wait in the server's poll set (with a deadline) until
+ * their request is readable, so a silent peer never stalls the loop. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -24,7 +27,7 @@
 #include "shm/arena.h"
 #include "shm/fdpass.h"
 
-#define ATTACH_TIMEOUT_MS 1000
+#define ATTACH_IO_TIMEOUT_MS 50
 #define ATTACH_MAX_FRAME 4096
 
 static void send_reply(int fd, const Commitkv__V1__AttachReply *rep, const int *fds, size_t n_fds) {
@@ -43,12 +46,13 @@ static void refuse(int fd, int code, const char *msg) {
   send_reply(fd, &rep, NULL, 0);
 }
 
-void ckv_attach_handle(ckv_server *s) {
-  int fd = accept4(s->attach_fd, NULL, NULL, SOCK_CLOEXEC);
-  if (fd < 0) return;
-  struct timeval tv = {.tv_sec = 0, .tv_usec = ATTACH_TIMEOUT_MS * 1000};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+void ckv_attach_serve(ckv_server *s, int fd) {
+  /* The request is already readable (the loop polled for it); a peer that
+   * sends half a frame and stalls costs at most this much of the loop. */
+  if (ckv_sock_set_timeout(fd, ATTACH_IO_TIMEOUT_MS) < 0) {
+    close(fd);
+    return;
+  }
 
   ckv_peer peer;
   int r = ckv_peercred(fd, &peer);

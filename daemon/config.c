@@ -225,10 +225,10 @@ static const config_key config_keys[] = {
      .reload = true, .def = "2",
      .doc = "staged->committed when relative attention stays above this for persistence_rounds: a "
             "lasting fact, not one round's spike (>= attn_threshold)."},
-    {SEC_POLICY, "history_rounds", T_U32, POL(history_rounds), .imin = 1, .imax = 32,
+    {SEC_POLICY, "history_rounds", T_U32, POL(history_rounds), .imin = 1, .imax = 8,
      .reload = true, .def = "8",
-     .doc = "R: rounds of attention kept per token; 8 smooths one noisy round and keeps the "
-            "per-token metadata within its 32-byte budget."},
+     .doc = "R: rounds of attention kept per token (at most 8: one byte each, which keeps the "
+            "per-token metadata within its 32-byte budget); 8 smooths one noisy round."},
     {SEC_POLICY, "sink_tokens", T_U32, POL(sink_tokens), .imin = 0, .imax = 4096, .reload = true,
      .def = "4",
      .doc = "S: first positions (attention sinks, StreamingLLM) never recycled and kept FP16; 4 as "

@@ -30,6 +30,7 @@ static void usage(FILE *out) {
           "  --set SECTION.KEY=VALUE  any configuration key (repeatable)\n"
           "  --check-config FILE   validate FILE, print the effective configuration, exit\n"
           "  --help-config         print every configuration key with its default and meaning\n"
+          "  --print-default-config  print the documented default configuration file\n"
           "  --version\n");
 }
 
@@ -134,13 +135,14 @@ int main(int argc, char **argv) {
   static app a;
   ckv_config_init_defaults(&a.cfg);
   ckv_log_init("commitkvd", CKV_LOG_TARGET_AUTO);
-  enum { OPT_ATTACH = 1000, OPT_SET, OPT_CHECK, OPT_HELP_CONFIG, OPT_VERSION, OPT_STATE };
+  enum { OPT_ATTACH = 1000, OPT_SET, OPT_CHECK, OPT_HELP_CONFIG, OPT_VERSION, OPT_STATE, OPT_DEFAULT_CONFIG };
   static const struct option opts[] = {
       {"config", required_argument, 0, 'c'},    {"socket", required_argument, 0, 's'},
       {"attach-socket", required_argument, 0, OPT_ATTACH}, {"backend", required_argument, 0, 'b'},
       {"memory", required_argument, 0, 'm'},    {"state-dir", required_argument, 0, OPT_STATE},
       {"set", required_argument, 0, OPT_SET},   {"check-config", required_argument, 0, OPT_CHECK},
       {"help-config", no_argument, 0, OPT_HELP_CONFIG}, {"version", no_argument, 0, OPT_VERSION},
+      {"print-default-config", no_argument, 0, OPT_DEFAULT_CONFIG},
       {"help", no_argument, 0, 'h'},            {0, 0, 0, 0}};
   /* First pass: the config file, so flags apply over it whatever their order. */
   int o;
@@ -196,7 +198,8 @@ int main(int argc, char **argv) {
         ckv_config_done(&chk);
         return 0;
       }
-      case OPT_HELP_CONFIG: return ckv_config_write_docs(stdout, 0) < 0 ? 1 : 0;
+      case OPT_HELP_CONFIG: return ckv_config_write_docs(stdout, CKV_CONFIG_DOC_MARKDOWN) < 0 ? 1 : 0;
+      case OPT_DEFAULT_CONFIG: return ckv_config_write_template(stdout) < 0 ? 1 : 0;
       case OPT_VERSION: printf("commitkvd %s (protocol %u)\n", CKV_VERSION_STRING, CKV_PROTOCOL_VERSION); return 0;
       case 'h': usage(stdout); return 0;
       default: usage(stderr); return 2;

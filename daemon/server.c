@@ -8,6 +8,7 @@
 #include "daemon/server.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,6 +32,7 @@
 #include "shm/fdpass.h"
 
 #define HOUSEKEEPING_MS 100u
+#define ATTACH_DEADLINE_MS 1000u /* an attach request must arrive within this */
 #define MAX_BATCH 512
 
 uint64_t ckv_now_ms(void) {
@@ -125,10 +127,19 @@ int ckv_server_new(const ckv_server_options *opt, ckv_server **ret, char *err, s
     r = -zmq_errno();
     goto fail;
   }
+  /* ZeroMQ creates the ipc file with the umask; every local user must reach
+   * it (authentication is the attach key, granted over the attach socket). */
+  if (strncmp(opt->socket, "ipc://", 6) == 0) chmod(opt->socket + 6, 0666);
   ensure_parent_dir(opt->attach_socket);
   r = ckv_unix_listen(opt->attach_socket, 0666, 64, &s->attach_fd);
   if (r < 0) {
     snprintf(err, errlen, "cannot listen on %s: %s", opt->attach_socket, ckv_strerror(r));
+    goto fail;
+  }
+  int lfl = fcntl(s->attach_fd, F_GETFL); /* accept until EAGAIN, never block the loop */
+  if (lfl < 0 || fcntl(s->attach_fd, F_SETFL, lfl | O_NONBLOCK) < 0) {
+    r = -errno;
+    snprintf(err, errlen, "fcntl on %s: %s", opt->attach_socket, strerror(errno));
     goto fail;
   }
   *ret = s;
@@ -240,6 +251,7 @@ ckv_server *ckv_server_free(ckv_server *s) {
   s->sessions = ckv_strmap_free(s->sessions);
   if (s->router) zmq_close(s->router);
   if (s->zctx) zmq_ctx_term(s->zctx);
+  for (size_t i = 0; i < s->n_pending; i++) close(s->pending[i].fd);
   if (s->attach_fd >= 0) {
     close(s->attach_fd);
     unlink(s->opt.attach_socket);
@@ -367,8 +379,45 @@ static int serve_one(ckv_server *s) {
   return 1;
 }
 
+static void accept_attach(ckv_server *s) {
+  for (;;) {
+    int fd = accept4(s->attach_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) return;
+    if (s->n_pending == sizeof(s->pending) / sizeof(s->pending[0])) {
+      close(fd); /* too many half-open attaches: the newest waits its turn by reconnecting */
+      continue;
+    }
+    s->pending[s->n_pending++] = (struct ckv_pending_attach){fd, ckv_now_ms() + ATTACH_DEADLINE_MS};
+  }
+}
+
+/* Serves the pending attaches flagged ready, drops the expired ones. */
+static void serve_pending(ckv_server *s, const bool *ready) {
+  uint64_t now = ckv_now_ms();
+  size_t keep = 0, n = s->n_pending;
+  struct ckv_pending_attach todo[64];
+  size_t n_todo = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (ready[i]) {
+      todo[n_todo++] = s->pending[i];
+    } else if (now >= s->pending[i].deadline_ms) {
+      close(s->pending[i].fd);
+    } else {
+      s->pending[keep++] = s->pending[i];
+    }
+  }
+  s->n_pending = keep;
+  for (size_t i = 0; i < n_todo; i++) {
+    int fl = fcntl(todo[i].fd, F_GETFL);
+    if (fl >= 0) fcntl(todo[i].fd, F_SETFL, fl & ~O_NONBLOCK);
+    ckv_attach_serve(s, todo[i].fd);
+  }
+}
+
 static void housekeeping(ckv_server *s) {
   uint64_t now = ckv_now_ms();
+  bool none[64] = {false};
+  serve_pending(s, none); /* expire silent attaches */
   size_t cur = 0;
   ckv_conn *c;
   while ((c = ckv_strmap_next(s->conns, &cur, NULL)))
@@ -418,7 +467,7 @@ int ckv_server_run(ckv_server *s) {
   zmq_pollitem_t *items = NULL;
   ckv_conn **owners = NULL;
   while (!s->stopping) {
-    size_t want = 4 + ckv_strmap_size(s->conns);
+    size_t want = 4 + s->n_pending + ckv_strmap_size(s->conns);
     if (want > cap) {
       size_t ncap = want * 2;
       zmq_pollitem_t *ni = realloc(items, ncap * sizeof(*ni));
@@ -436,6 +485,9 @@ int ckv_server_run(ckv_server *s) {
     items[n++] = (zmq_pollitem_t){.fd = s->attach_fd, .events = ZMQ_POLLIN};
     items[n++] = (zmq_pollitem_t){.fd = s->signal_fd, .events = ZMQ_POLLIN};
     items[n++] = (zmq_pollitem_t){.fd = ckv_compressor_fd(s->compressor), .events = ZMQ_POLLIN};
+    const size_t first_pending = n;
+    for (size_t i = 0; i < s->n_pending; i++) items[n++] = (zmq_pollitem_t){.fd = s->pending[i].fd, .events = ZMQ_POLLIN};
+    const size_t first_conn = n;
     size_t cur = 0;
     ckv_conn *c;
     while ((c = ckv_strmap_next(s->conns, &cur, NULL))) {
@@ -453,8 +505,12 @@ int ckv_server_run(ckv_server *s) {
       if (items[0].revents & ZMQ_POLLIN)
         for (int i = 0; i < MAX_BATCH && serve_one(s); i++) {
         }
-      if (items[1].revents & ZMQ_POLLIN) ckv_attach_handle(s);
-      for (size_t i = 4; i < n; i++) {
+      /* attach requests that arrived (serve_pending compacts the list) */
+      bool ready[64] = {false};
+      for (size_t i = first_pending; i < first_conn; i++) ready[i - first_pending] = items[i].revents != 0;
+      serve_pending(s, ready);
+      if (items[1].revents & ZMQ_POLLIN) accept_attach(s);
+      for (size_t i = first_conn; i < n; i++) {
         if (!items[i].revents) continue;
         char buf[64];
         ssize_t got = recv(items[i].fd, buf, sizeof(buf), MSG_DONTWAIT);

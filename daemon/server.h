@@ -97,6 +97,11 @@ typedef struct ckv_server {
   ckv_strmap *conns;    /* keyhex -> ckv_conn */
   ckv_strmap *sessions; /* "tenant/id" -> ckv_srv_session */
   ckv_compressor *compressor;
+  struct ckv_pending_attach {
+    int fd;
+    uint64_t deadline_ms;
+  } pending[64]; /* accepted attach connections whose request has not arrived */
+  size_t n_pending;
   ckv_srv_session **doomed; /* dropped while compressor jobs were in flight */
   size_t n_doomed, cap_doomed;
   uint64_t next_lane;
@@ -127,8 +132,9 @@ void ckv_server_destroy_session(ckv_server *s, ckv_srv_session *sess);
 void ckv_server_collect_jobs(ckv_server *s);
 /* Wait for a session's jobs to finish and publish them (quota pressure). */
 void ckv_server_settle_session(ckv_server *s, ckv_srv_session *sess);
-/* Accept and serve one attach (attach.c). */
-void ckv_attach_handle(ckv_server *s);
+/* Serve the attach request now readable on accepted connection fd (attach.c);
+ * takes ownership of fd. */
+void ckv_attach_serve(ckv_server *s, int fd);
 /* Serve one decoded request into `rep` (handlers.c). */
 void ckv_handle_request(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, Commitkv__V1__Response *rep);
 

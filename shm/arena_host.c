@@ -109,6 +109,7 @@ static int host_export(void *ctx, ckv_arena_desc *e) {
 }
 
 static int host_discard(void *ctx, void *base, uint64_t off, uint64_t len) {
+  (void)base;
   host_ctx *c = ctx;
   if (c->fd < 0) return CKV_ERR_STATE;
   if (fallocate(c->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len) < 0) return -errno;

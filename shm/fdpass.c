@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -212,7 +213,7 @@ int ckv_unix_listen(const char *path, unsigned mode, int backlog, int *ret_fd) {
   struct stat st;
   if (lstat(path, &st) == 0) {
     if (!S_ISSOCK(st.st_mode)) return -EEXIST;
-    int probe;
+    int probe = -1;
     r = connect_addr(&sa, &probe);
     if (r == CKV_OK) {
       close(probe);
@@ -224,16 +225,27 @@ int ckv_unix_listen(const char *path, unsigned mode, int backlog, int *ret_fd) {
     return -errno;
   }
 
+  /* Bind under a temporary name and rename once listening: whoever sees the
+   * path can connect at once (no ECONNREFUSED window between bind and listen). */
+  char tmp[sizeof sa.sun_path];
+  struct sockaddr_un ta = sa;
+  bool staged = snprintf(tmp, sizeof tmp, "%s.%d~", path, (int)getpid()) < (int)sizeof tmp;
+  if (staged) {
+    unlink(tmp);
+    memcpy(ta.sun_path, tmp, strlen(tmp) + 1);
+  }
+  const char *bound = staged ? tmp : path;
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return -errno;
-  if (bind(fd, (struct sockaddr *)&sa, sizeof sa) < 0) {
+  if (bind(fd, (struct sockaddr *)&ta, sizeof ta) < 0) {
     r = -errno;
     close(fd);
     return r;
   }
-  if (chmod(path, (mode_t)mode) < 0 || listen(fd, backlog > 0 ? backlog : 64) < 0) {
+  if (chmod(bound, (mode_t)mode) < 0 || listen(fd, backlog > 0 ? backlog : 64) < 0 ||
+      (staged && rename(tmp, path) < 0)) {
     r = -errno;
-    unlink(path);
+    unlink(bound);
     close(fd);
     return r;
   }

@@ -258,7 +258,7 @@ static const bad_case bad_cases[] = {
     {"[daemon]\nheartbeat = 3s\nlease = 5s\n", 3, "at most half the lease"},
     {"[daemon]\n\nremote_tcp = tcp://0.0.0.0:5555\n", 3, "remote_tcp needs curve"},
     {"[daemon]\ncurve_public_key = rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7\n", 2, "go together"},
-    {"[policy]\nhigh_attn_threshold = 0.5\n", 2, "below attn_threshold"},
+    {"[policy]\nhigh_attn_threshold = 0.5\n\n[daemon]\nmemory = 1G\n", 2, "below attn_threshold"},
     {"[policy]\njudge = mlp\n", 2, "needs mlp_weights"},
     {"[policy]\nrecent_window = 200\n[daemon]\nmax_tokens_per_session = 100\n", 4,
      "below max_tokens_per_session"},
@@ -564,6 +564,19 @@ Test(config, finalize_under_systemd) {
   cr_expect_str_eq(c.socket, "ipc:///run/commitkv-t/commitkvd.sock");
   cr_expect_str_eq(c.attach_socket, "/run/commitkv-t/commitkvd.attach");
   cr_expect_str_eq(c.state_dir, "/var/lib/commitkv-t");
+  ckv_config_done(&c);
+}
+
+Test(config, finalize_env_too_long) {
+  char longdir[700] = "/";
+  memset(longdir + 1, 'd', sizeof longdir - 2);
+  longdir[sizeof longdir - 1] = '\0';
+  setenv("RUNTIME_DIRECTORY", longdir, 1);
+  ckv_config c;
+  ckv_config_init_defaults(&c);
+  char err[256];
+  cr_expect_eq(ckv_config_finalize(&c, err, sizeof err), CKV_ERR_INVALID);
+  cr_expect(strstr(err, "too long") != NULL, "%s", err);
   ckv_config_done(&c);
 }
 
