@@ -7,5 +7,6 @@
 /* argv[0] is the subcommand name; returns a process exit code. */
 int ckv_bench_kernels(int argc, char **argv);
 int ckv_bench_control(int argc, char **argv);
+int ckv_bench_quality(int argc, char **argv);
 
 #endif

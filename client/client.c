@@ -143,11 +143,64 @@ static void *heartbeat_main(void *arg) {
     pthread_cond_timedwait(&c->hb_cond, &c->hb_lock, &ts);
     if (c->hb_stop) break;
     pthread_mutex_unlock(&c->hb_lock);
-    (void)ckv_client_heartbeat(c);
+    /* A restarted daemon knows nothing of us: re-attach without the worker's help. */
+    if (ckv_client_heartbeat(c) == CKV_ERR_DAEMON_RESTARTED) (void)ckv_client_reconnect(c);
     pthread_mutex_lock(&c->hb_lock);
   }
   pthread_mutex_unlock(&c->hb_lock);
   return NULL;
+}
+
+/* Attach, map, connect the DEALER and say Hello: everything a (re)connection does. */
+static int establish(ckv_client *c) {
+  int r = attach(c, c->attach_path, c->name, c->want_arenas);
+  if (r < 0) return r;
+  void *dealer = zmq_socket(c->zctx, ZMQ_DEALER);
+  if (!dealer) return -ENOMEM;
+  int zero = 0;
+  zmq_setsockopt(dealer, ZMQ_LINGER, &zero, sizeof(zero));
+  zmq_setsockopt(dealer, ZMQ_ROUTING_ID, c->key, sizeof(c->key));
+  if (zmq_connect(dealer, c->socket_ep) != 0) {
+    r = -zmq_errno();
+    snprintf(c->last_error, sizeof(c->last_error), "cannot connect %.300s: %s", c->socket_ep,
+             zmq_strerror(zmq_errno()));
+    zmq_close(dealer);
+    return r;
+  }
+  pthread_mutex_lock(&c->lock);
+  c->dealer = dealer;
+  c->restarted = false;
+  pthread_mutex_unlock(&c->lock);
+  Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
+  Commitkv__V1__Hello hello = COMMITKV__V1__HELLO__INIT;
+  hello.max_version = CKV_CLIENT_VERSION;
+  hello.min_version = CKV_CLIENT_VERSION;
+  hello.client_name = c->name;
+  req.body_case = COMMITKV__V1__REQUEST__BODY_HELLO;
+  req.hello = &hello;
+  Commitkv__V1__Response *rep;
+  r = ckv_rpc(c, &req, &rep);
+  if (r < 0) return r;
+  if (rep->body_case != COMMITKV__V1__RESPONSE__BODY_WELCOME) {
+    ckv_rpc_free(rep);
+    return CKV_ERR_PROTO;
+  }
+  c->lease_ms = rep->welcome->lease_ms;
+  c->heartbeat_ms = rep->welcome->heartbeat_ms ? rep->welcome->heartbeat_ms : 1000;
+  ckv_rpc_free(rep);
+  return CKV_OK;
+}
+
+/* Drop the connection and every mapping of the old daemon's memory. */
+static void teardown(ckv_client *c) {
+  pthread_mutex_lock(&c->lock);
+  if (c->dealer) zmq_close(c->dealer);
+  c->dealer = NULL;
+  if (c->attach_fd >= 0) close(c->attach_fd);
+  c->attach_fd = -1;
+  c->arena = ckv_arena_free(c->arena);
+  c->restarted = true;
+  pthread_mutex_unlock(&c->lock);
 }
 
 int ckv_client_connect(const ckv_client_options *opt, ckv_client **ret) {
@@ -157,58 +210,24 @@ int ckv_client_connect(const ckv_client_options *opt, ckv_client **ret) {
   if (!c) return -ENOMEM;
   pthread_mutex_init(&c->lock, NULL);
   pthread_mutex_init(&c->hb_lock, NULL);
+  pthread_mutex_init(&c->reconnect_lock, NULL);
   pthread_cond_init(&c->hb_cond, NULL);
   c->attach_fd = -1;
   c->timeout_ms = o.timeout_ms > 0 ? o.timeout_ms : DEFAULT_TIMEOUT_MS;
-  char sock[512], att[512];
   if (o.socket)
-    snprintf(sock, sizeof(sock), "%s", o.socket);
+    snprintf(c->socket_ep, sizeof(c->socket_ep), "%s", o.socket);
   else
-    default_socket(sock, sizeof(sock));
+    default_socket(c->socket_ep, sizeof(c->socket_ep));
   if (o.attach_socket)
-    snprintf(att, sizeof(att), "%s", o.attach_socket);
+    snprintf(c->attach_path, sizeof(c->attach_path), "%s", o.attach_socket);
   else
-    default_attach(sock, att, sizeof(att));
-  const char *name = o.name ? o.name : "libcommitkv";
-  int r = attach(c, att, name, !o.no_arenas);
-  if (r < 0) goto fail;
-
+    default_attach(c->socket_ep, c->attach_path, sizeof(c->attach_path));
+  snprintf(c->name, sizeof(c->name), "%s", o.name ? o.name : "libcommitkv");
+  c->want_arenas = !o.no_arenas;
+  c->generation = 1;
   c->zctx = zmq_ctx_new();
-  if (!c->zctx) {
-    r = -ENOMEM;
-    goto fail;
-  }
-  c->dealer = zmq_socket(c->zctx, ZMQ_DEALER);
-  if (!c->dealer) {
-    r = -ENOMEM;
-    goto fail;
-  }
-  int zero = 0;
-  zmq_setsockopt(c->dealer, ZMQ_LINGER, &zero, sizeof(zero));
-  zmq_setsockopt(c->dealer, ZMQ_ROUTING_ID, c->key, sizeof(c->key));
-  if (zmq_connect(c->dealer, sock) != 0) {
-    r = -zmq_errno();
-    snprintf(c->last_error, sizeof(c->last_error), "cannot connect %.300s: %s", sock, zmq_strerror(zmq_errno()));
-    goto fail;
-  }
-  Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
-  Commitkv__V1__Hello hello = COMMITKV__V1__HELLO__INIT;
-  hello.max_version = CKV_CLIENT_VERSION;
-  hello.min_version = CKV_CLIENT_VERSION;
-  hello.client_name = (char *)name;
-  req.body_case = COMMITKV__V1__REQUEST__BODY_HELLO;
-  req.hello = &hello;
-  Commitkv__V1__Response *rep;
-  r = ckv_rpc(c, &req, &rep);
+  int r = c->zctx ? establish(c) : -ENOMEM;
   if (r < 0) goto fail;
-  if (rep->body_case != COMMITKV__V1__RESPONSE__BODY_WELCOME) {
-    ckv_rpc_free(rep);
-    r = CKV_ERR_PROTO;
-    goto fail;
-  }
-  c->lease_ms = rep->welcome->lease_ms;
-  c->heartbeat_ms = rep->welcome->heartbeat_ms ? rep->welcome->heartbeat_ms : 1000;
-  ckv_rpc_free(rep);
   if (o.heartbeat) {
     if (pthread_create(&c->hb_thread, NULL, heartbeat_main, c) == 0) c->hb_running = true;
   }
@@ -217,6 +236,31 @@ int ckv_client_connect(const ckv_client_options *opt, ckv_client **ret) {
 fail:
   ckv_client_free(c);
   return r;
+}
+
+int ckv_client_reconnect(ckv_client *c) {
+  if (!c) return CKV_ERR_INVALID;
+  pthread_mutex_lock(&c->reconnect_lock);
+  teardown(c);
+  int r = establish(c);
+  if (r < 0) {
+    teardown(c); /* half a connection is no connection */
+  } else {
+    pthread_mutex_lock(&c->lock);
+    c->generation++; /* every session handle of the old daemon is now stale */
+    pthread_mutex_unlock(&c->lock);
+  }
+  pthread_mutex_unlock(&c->reconnect_lock);
+  return r;
+}
+
+bool ckv_client_restarted(const ckv_client *c) { return c->restarted; }
+
+uint64_t ckv_rpc_generation(ckv_client *c) {
+  pthread_mutex_lock(&c->lock);
+  uint64_t g = c->generation;
+  pthread_mutex_unlock(&c->lock);
+  return g;
 }
 
 ckv_client *ckv_client_free(ckv_client *c) {
@@ -234,6 +278,7 @@ ckv_client *ckv_client_free(ckv_client *c) {
   ckv_arena_free(c->arena);
   pthread_cond_destroy(&c->hb_cond);
   pthread_mutex_destroy(&c->hb_lock);
+  pthread_mutex_destroy(&c->reconnect_lock);
   pthread_mutex_destroy(&c->lock);
   free(c);
   return NULL;
@@ -271,8 +316,9 @@ int ckv_rpc(ckv_client *c, Commitkv__V1__Request *req, Commitkv__V1__Response **
   pthread_mutex_lock(&c->lock);
   int r;
   Commitkv__V1__Response *rep = NULL;
-  if (c->restarted) {
+  if (c->restarted || !c->dealer) {
     r = CKV_ERR_DAEMON_RESTARTED;
+    snprintf(c->last_error, sizeof(c->last_error), "the daemon restarted: ckv_client_reconnect() re-attaches");
     goto out;
   }
   req->version = CKV_CLIENT_VERSION;
@@ -318,7 +364,7 @@ int ckv_rpc(ckv_client *c, Commitkv__V1__Request *req, Commitkv__V1__Response **
   if (rep->boot_token.len == sizeof(c->boot_token) && memcmp(rep->boot_token.data, c->boot_token, 16) != 0) {
     c->restarted = true;
     r = CKV_ERR_DAEMON_RESTARTED;
-    snprintf(c->last_error, sizeof(c->last_error), "the daemon restarted: reconnect");
+    snprintf(c->last_error, sizeof(c->last_error), "the daemon restarted: ckv_client_reconnect() re-attaches");
     goto out;
   }
   if (rep->code != 0) {

@@ -27,7 +27,11 @@ struct ckv_client {
   int timeout_ms;
   uint32_t lease_ms, heartbeat_ms;
   char last_error[512];
-  bool restarted; /* the daemon's boot token changed: every call fails */
+  bool restarted; /* the daemon's boot token changed: every call fails until reconnect */
+  uint64_t generation; /* bumped by each reconnect: sessions opened before are stale */
+  pthread_mutex_t reconnect_lock;
+  char socket_ep[512], attach_path[512], name[64];
+  bool want_arenas;
   pthread_t hb_thread;
   bool hb_running;
   pthread_mutex_t hb_lock;
@@ -42,6 +46,9 @@ struct ckv_client {
  * CKV_ERR_PROTO are the transport's own failures. */
 int ckv_rpc(ckv_client *c, Commitkv__V1__Request *req, Commitkv__V1__Response **ret);
 void ckv_rpc_free(Commitkv__V1__Response *rep);
+
+/* The client's connection generation (see ckv_client_reconnect). */
+uint64_t ckv_rpc_generation(ckv_client *c);
 
 /* Address of arena offset `off` in this process, or NULL when out of range. */
 void *ckv_rpc_arena_ptr(ckv_client *c, uint32_t arena_id, uint64_t off, uint64_t len);

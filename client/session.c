@@ -20,6 +20,7 @@ typedef struct slot_ref {
 
 struct ckv_session {
   ckv_client *c;
+  uint64_t generation; /* the client's generation at open: older = the daemon restarted */
   char id[129];
   ckv_geometry geom;
   uint32_t draft_tokens, commit_tokens;
@@ -37,6 +38,9 @@ struct ckv_session {
   size_t n_sem;
   ckv_transition *transitions;
 };
+
+/* A handle from before a reconnect names a session the new daemon never had. */
+static bool stale(ckv_session *s) { return s->generation != ckv_rpc_generation(s->c); }
 
 static ckv_session *session_free(ckv_session *s) {
   if (!s) return NULL;
@@ -103,6 +107,7 @@ int ckv_session_open(ckv_client *c, const char *id, const ckv_geometry *g, const
     return s ? CKV_ERR_PROTO : -ENOMEM;
   }
   s->c = c;
+  s->generation = ckv_rpc_generation(c);
   snprintf(s->id, sizeof(s->id), "%s", id);
   s->geom = (ckv_geometry){so->geometry->n_layers, so->geometry->n_kv_heads, so->geometry->head_dim,
                            (uint32_t)so->geometry->dtype};
@@ -138,6 +143,10 @@ int ckv_session_open(ckv_client *c, const char *id, const ckv_geometry *g, const
 }
 
 static int simple_session_request(ckv_session *s, bool drop) {
+  if (stale(s)) {
+    session_free(s);
+    return CKV_ERR_DAEMON_RESTARTED;
+  }
   Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
   Commitkv__V1__CloseSession cl = COMMITKV__V1__CLOSE_SESSION__INIT;
   Commitkv__V1__DropSession dr = COMMITKV__V1__DROP_SESSION__INIT;
@@ -168,6 +177,7 @@ uint64_t ckv_session_epoch(const ckv_session *s) { return s->epoch; }
 int ckv_session_append(ckv_session *s, uint32_t count, const uint8_t *roles, const uint8_t *tags,
                        const float *semantic, const uint32_t *token_ids, uint64_t *ret_first_position) {
   if (!s || !count) return CKV_ERR_INVALID;
+  if (stale(s)) return CKV_ERR_DAEMON_RESTARTED;
   Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
   Commitkv__V1__AppendTokens a = COMMITKV__V1__APPEND_TOKENS__INIT;
   a.session_id = s->id;
@@ -228,7 +238,7 @@ int ckv_session_append(ckv_session *s, uint32_t count, const uint8_t *roles, con
 }
 
 void *ckv_session_kv_ptr(ckv_session *s, uint64_t position, uint32_t layer, int kv) {
-  if (!s || position >= s->n_tokens || layer >= s->geom.n_layers || (kv != 0 && kv != 1)) return NULL;
+  if (!s || position >= s->n_tokens || layer >= s->geom.n_layers || (kv != 0 && kv != 1) || stale(s)) return NULL;
   const slot_ref *r = &s->slots[position];
   if (r->block_offset == UINT64_MAX) return NULL;
   uint8_t *base = ckv_rpc_arena_ptr(s->c, r->arena_id, r->block_offset, ckv_draft_block_bytes(&s->geom, r->capacity));
@@ -258,13 +268,13 @@ static int fill_blocks(ckv_session *s, Commitkv__V1__BlockRef **refs, size_t n, 
 
 int ckv_session_view(ckv_session *s, const ckv_view **ret) {
   if (!s || !ret) return CKV_ERR_INVALID;
-  if (s->view_epoch && s->view_epoch == s->epoch) {
-    *ret = &s->view;
-    return CKV_OK;
-  }
+  if (stale(s)) return CKV_ERR_DAEMON_RESTARTED;
+  /* Always ask: moves are published asynchronously, so only the daemon knows
+   * whether the epoch moved.  An unchanged view costs one small round trip. */
   Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
   Commitkv__V1__GetView g = COMMITKV__V1__GET_VIEW__INIT;
   g.session_id = s->id;
+  g.known_epoch = s->view_epoch;
   req.body_case = COMMITKV__V1__REQUEST__BODY_GET_VIEW;
   req.get_view = &g;
   Commitkv__V1__Response *rep;
@@ -274,6 +284,12 @@ int ckv_session_view(ckv_session *s, const ckv_view **ret) {
   if (rep->body_case != COMMITKV__V1__RESPONSE__BODY_VIEW) {
     ckv_rpc_free(rep);
     return CKV_ERR_PROTO;
+  }
+  if (v->unchanged && s->view_epoch && v->epoch == s->view_epoch) {
+    s->view.n_tokens = v->n_tokens;
+    ckv_rpc_free(rep);
+    *ret = &s->view;
+    return CKV_OK;
   }
   size_t total = v->n_draft + v->n_staged + v->n_committed;
   if (total > s->cap_blocks) {
@@ -320,6 +336,7 @@ int ckv_session_set_semantic(ckv_session *s, const uint32_t *positions, const fl
 int ckv_session_report(ckv_session *s, uint64_t round, uint64_t first_position, const float *attn, size_t n,
                        ckv_round_result *ret) {
   if (!s || (n && !attn)) return CKV_ERR_INVALID;
+  if (stale(s)) return CKV_ERR_DAEMON_RESTARTED;
   Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
   Commitkv__V1__ReportRound rr = COMMITKV__V1__REPORT_ROUND__INIT;
   rr.session_id = s->id;
@@ -353,6 +370,9 @@ int ckv_session_report(ckv_session *s, uint64_t round, uint64_t first_position, 
       for (uint64_t p = t->first_position; p < t->first_position + t->count && p < s->n_tokens; p++)
         s->slots[p].block_offset = UINT64_MAX;
   }
+  /* After a report the daemon may move any draft token (promotion,
+   * compaction): draft slots are writable only until the next report. */
+  for (uint64_t p = 0; p < s->n_tokens; p++) s->slots[p].block_offset = UINT64_MAX;
   if (out->epoch > s->epoch) s->epoch = out->epoch;
   if (ret)
     *ret = (ckv_round_result){.epoch = out->epoch, .pending = out->pending, .transitions = s->transitions,
@@ -363,6 +383,7 @@ int ckv_session_report(ckv_session *s, uint64_t round, uint64_t first_position, 
 
 int ckv_session_ack(ckv_session *s, uint64_t epoch, uint64_t *ret_reclaimed) {
   if (!s) return CKV_ERR_INVALID;
+  if (stale(s)) return CKV_ERR_DAEMON_RESTARTED;
   Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
   Commitkv__V1__AckEpoch a = COMMITKV__V1__ACK_EPOCH__INIT;
   a.session_id = s->id;

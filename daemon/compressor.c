@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "commitkv/status.h"
+#include "daemon/compact.h"
 
 typedef struct worker {
   pthread_t thread;
@@ -49,10 +50,9 @@ ckv_job *ckv_job_free(ckv_job *j) {
 }
 
 static void run_job(ckv_job *j) {
-  uint64_t t0 = now_ns();
-  j->status = ckv_kernels_move(&j->geom, j->moves, j->n_moves, 0);
+  j->status = j->copy ? ckv_copy_slots(&j->geom, j->moves, j->n_moves)
+                      : ckv_kernels_move(&j->geom, j->moves, j->n_moves, 0);
   j->done_ns = now_ns();
-  (void)t0;
 }
 
 /* Caller holds c->lock. */

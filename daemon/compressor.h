@@ -30,7 +30,8 @@ typedef struct ckv_job {
   size_t n_moves;
   void *owner;          /* the server's context for publishing (a session) */
   void *user;           /* the server's per-job data (what to publish) */
-  int status;           /* result of ckv_kernels_move */
+  int copy;             /* 1: same-format copies (compaction, ckv_copy_slots), 0: kernel moves */
+  int status;           /* result of ckv_kernels_move / ckv_copy_slots */
   uint64_t submitted_ns, done_ns;
 } ckv_job;
 

@@ -436,7 +436,18 @@ static int view_reply(ckv_server *s, ckv_srv_session *sess, reply_ctx *x) {
 static int h_view(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, reply_ctx *x) {
   ckv_srv_session *sess;
   int r = find_session(s, c, req->get_view->session_id, true, &sess, x);
-  return r < 0 ? r : view_reply(s, sess, x);
+  if (r < 0) return r;
+  if (req->get_view->known_epoch && req->get_view->known_epoch == sess->epoch) {
+    Commitkv__V1__View *v = NEW(s, Commitkv__V1__View, COMMITKV__V1__VIEW__INIT);
+    if (!v) return -ENOMEM;
+    v->epoch = sess->epoch;
+    v->n_tokens = sess->tokens.n;
+    v->unchanged = true;
+    x->rep->body_case = COMMITKV__V1__RESPONSE__BODY_VIEW;
+    x->rep->view = v;
+    return CKV_OK;
+  }
+  return view_reply(s, sess, x);
 }
 
 static int h_acquire(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, reply_ctx *x) {

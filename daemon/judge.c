@@ -3,10 +3,14 @@
  * The commitkv rules, per token past the sinks and the recent window:
  *   recycle   not attended (relative attention < CKV_ATTENDED_FLOOR) for
  *             idle_rounds and at least idle_rounds old; never sinks, the
- *             recent window or system-role tokens;
+ *             recent window, system-role tokens or lasting facts (committed
+ *             with a semantic score >= semantic_threshold or a confirmation
+ *             tag: committed means valid for the rest of the session);
  *   draft->staged   (a) hot and meaningful: mean attention over R rounds >=
- *             attn_threshold and semantic >= semantic_threshold; or (b) aged:
- *             persistence_rounds past its append and not filler.  Filler =
+ *             attn_threshold and semantic >= semantic_threshold; or (b) out
+ *             of the recent window for a round and not filler (INT8 is
+ *             nearly lossless: KL 0.0008 everywhere, so staging early is
+ *             cheap and halves the bytes of the tail).  Filler =
  *             hot but semantically empty: it is never promoted (it stays
  *             draft until it goes idle and is recycled);
  *   staged->committed   (a) a lasting fact: attention >= high_attn_threshold
@@ -83,6 +87,15 @@ void ckv_judge_features(const ckv_tokens *t, size_t pos, uint32_t round, const c
   f[11] = logf(1.f + t->cum_attn[pos]);                                 /* accumulated attention */
 }
 
+/* Committed and meaningful (or confirmed): it "stays valid for the rest of the
+ * session" (DESIGN.md 1), so silence alone does not recycle it; only the
+ * tenant's quota or a drop does.  A fact asked for again twenty rounds later
+ * must still be there. */
+static int lasting_fact(const ckv_tokens *t, size_t pos, const ckv_judge_params *p) {
+  return t->state[pos] == CKV_STATE_COMMITTED &&
+         ((t->tags[pos] & 4) || ckv_q16_to_unit(t->semantic[pos]) >= p->semantic_threshold);
+}
+
 static int judge_rules(ckv_tokens *t, uint32_t round, const ckv_judge_params *p, size_t end,
                        ckv_transition_list *out) {
   const uint32_t R = p->history_rounds;
@@ -91,7 +104,7 @@ static int judge_rules(ckv_tokens *t, uint32_t round, const ckv_judge_params *p,
     if (st == CKV_STATE_RECYCLED) continue;
     int r = CKV_OK;
     uint32_t idle = round - t->last_attended[pos], age = round - t->last_transition[pos];
-    if (idle >= p->idle_rounds && t->role[pos] != 1) {
+    if (idle >= p->idle_rounds && t->role[pos] != 1 && !lasting_fact(t, pos, p)) {
       r = change(t, pos, CKV_STATE_RECYCLED, round, out);
     } else if (st == CKV_STATE_COMMITTED) {
       continue;
@@ -100,7 +113,7 @@ static int judge_rules(ckv_tokens *t, uint32_t round, const ckv_judge_params *p,
       int meaningful = sem >= p->semantic_threshold;
       int filler = mean >= p->attn_threshold && !meaningful;
       if (st == CKV_STATE_DRAFT) {
-        if ((mean >= p->attn_threshold && meaningful) || (!filler && age >= p->persistence_rounds))
+        if ((mean >= p->attn_threshold && meaningful) || (!filler && age >= 1))
           r = change(t, pos, CKV_STATE_STAGED, round, out);
       } else if (age >= p->persistence_rounds) {
         float sustained = ckv_tokens_attn_min(t, pos, round, p->persistence_rounds);

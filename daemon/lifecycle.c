@@ -101,11 +101,15 @@ static uint32_t physical_format(const ckv_srv_session *s, size_t pos) {
 }
 
 static uint64_t count_pending(const ckv_srv_session *s);
+static int submit(ckv_srv_session *s, ckv_compressor *c, plan_buf *b, int copy);
 
 static int plan(ckv_srv_session *s, ckv_compressor *c, bool flush);
 
+static int compact(ckv_srv_session *s, ckv_compressor *c);
+
 int ckv_lifecycle_plan(ckv_srv_session *s, ckv_compressor *c, bool flush) {
   int r = plan(s, c, flush);
+  if (r == CKV_OK) r = compact(s, c);
   s->pending = count_pending(s);
   return r;
 }
@@ -164,30 +168,79 @@ static int plan(ckv_srv_session *s, ckv_compressor *c, bool flush) {
     free(b.recs);
     return r == CKV_ERR_QUOTA || r == CKV_ERR_NOSPACE ? CKV_OK : r;
   }
+  int sr = submit(s, c, &b, 0);
+  if (sr < 0) return sr;
+  return r == CKV_ERR_QUOTA || r == CKV_ERR_NOSPACE ? CKV_OK : r;
+}
+
+static int submit(ckv_srv_session *s, ckv_compressor *c, plan_buf *b, int copy) {
+  ckv_tokens *t = &s->tokens;
   ckv_job *j = calloc(1, sizeof(*j));
   if (!j) {
-    /* give the reservations back: the tokens stay where they are */
-    for (size_t i = 0; i < b.n; i++) ckv_srv_session_release_slot(s, b.recs[i].dst_block);
-    free(b.moves);
-    free(b.recs);
+    for (size_t i = 0; i < b->n; i++) ckv_srv_session_release_slot(s, b->recs[i].dst_block);
+    free(b->moves);
+    free(b->recs);
     return -ENOMEM;
   }
-  j->lane = s->lane;
-  j->geom = s->geom;
-  j->moves = b.moves;
-  j->n_moves = b.n;
-  j->owner = s;
-  j->user = b.recs;
-  for (size_t i = 0; i < b.n; i++) t->flags[b.recs[i].pos] |= CKV_TOKEN_PENDING;
+  *j = (ckv_job){.lane = s->lane, .geom = s->geom, .moves = b->moves, .n_moves = b->n, .owner = s,
+                 .user = b->recs, .copy = copy};
+  for (size_t i = 0; i < b->n; i++) t->flags[b->recs[i].pos] |= CKV_TOKEN_PENDING;
   s->jobs_inflight++;
   if (ckv_compressor_submit(c, j) < 0) { /* cannot happen: room was checked and we are the only submitter */
     s->jobs_inflight--;
-    for (size_t i = 0; i < b.n; i++) {
-      t->flags[b.recs[i].pos] &= (uint8_t)~CKV_TOKEN_PENDING;
-      ckv_srv_session_release_slot(s, b.recs[i].dst_block);
+    for (size_t i = 0; i < b->n; i++) {
+      t->flags[b->recs[i].pos] &= (uint8_t)~CKV_TOKEN_PENDING;
+      ckv_srv_session_release_slot(s, b->recs[i].dst_block);
     }
     ckv_job_free(j);
     return CKV_ERR_BUSY;
+  }
+  return CKV_OK;
+}
+
+/* Blocks at most half full, not being filled, with no token in flight, move
+ * their survivors to the fill block of their format (draft, staged). */
+static int compact(ckv_srv_session *s, ckv_compressor *c) {
+  if (ckv_compressor_room(c) == 0) return CKV_OK;
+  ckv_tokens *t = &s->tokens;
+  /* sparse[b] = 1 for blocks worth emptying */
+  uint8_t *sparse = calloc(s->n_blocks ? s->n_blocks : 1, 1);
+  if (!sparse) return -ENOMEM;
+  size_t n_sparse = 0;
+  for (size_t i = 0; i < s->n_blocks; i++) {
+    const ckv_sblock *b = &s->blocks[i];
+    if (b->format != CKV_FORMAT_DRAFT && b->format != CKV_FORMAT_STAGED) continue;
+    bool filling = false;
+    for (int f = 0; f < CKV_FILL_COUNT; f++) filling |= s->fill[f] == i;
+    if (filling || b->used < b->capacity || b->refs == 0 || b->refs * 2u > b->capacity) continue;
+    sparse[i] = 1;
+    n_sparse++;
+  }
+  if (!n_sparse) {
+    free(sparse);
+    return CKV_OK;
+  }
+  /* a block with a move in flight in or out waits for it */
+  for (size_t p = 0; p < t->n; p++)
+    if ((t->flags[p] & CKV_TOKEN_PENDING) && t->block[p] != CKV_NO_BLOCK) sparse[t->block[p]] = 0;
+  plan_buf b = {0};
+  int r = CKV_OK;
+  for (size_t p = 0; p < t->n && r == CKV_OK; p++) {
+    uint32_t blk = t->block[p];
+    if (blk == CKV_NO_BLOCK || !sparse[blk] || t->state[p] == CKV_STATE_RECYCLED) continue;
+    uint32_t dst;
+    uint16_t slot;
+    r = reserve(s, s->blocks[blk].format, 1, 1, &dst, &slot);
+    if (r == CKV_OK && sparse[dst]) r = CKV_ERR_STATE; /* cannot happen: fill blocks are never sparse */
+    if (r == CKV_OK) r = plan_push(&b, s, (uint32_t)p, dst, slot);
+  }
+  free(sparse);
+  if (b.n == 0) {
+    free(b.moves);
+    free(b.recs);
+  } else {
+    int sr = submit(s, c, &b, 1);
+    if (sr < 0) return sr;
   }
   return r == CKV_ERR_QUOTA || r == CKV_ERR_NOSPACE ? CKV_OK : r;
 }

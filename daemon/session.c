@@ -91,7 +91,9 @@ int ckv_srv_session_new(const char *id, ckv_tenant *tenant, const ckv_geometry *
   s->tenant = tenant;
   s->geom = *g;
   s->draft_tokens = draft_tokens;
-  s->staged_tokens = CKV_DEFAULT_CAPACITY_STAGED;
+  /* Staged blocks as large as committed ones: a partly filled staged block
+   * is the one block per session this format wastes, so it should not be larger. */
+  s->staged_tokens = commit_tokens;
   s->commit_tokens = commit_tokens;
   if (params) s->params = *params;
   for (int i = 0; i < CKV_FILL_COUNT; i++) s->fill[i] = CKV_NO_BLOCK;
@@ -354,6 +356,7 @@ uint64_t ckv_srv_session_bytes(const ckv_srv_session *s) {
 }
 
 uint64_t ckv_srv_session_fp16_bytes(const ckv_srv_session *s) {
-  uint64_t live = s->tokens.n - s->count_by_state[CKV_STATE_RECYCLED];
-  return live * 2u * s->geom.n_layers * s->geom.n_kv_heads * s->geom.head_dim * 2u;
+  /* Every token appended, recycled ones included: what an uncompressed cache
+   * of this session would hold, so eviction policies compare fairly. */
+  return (uint64_t)s->tokens.n * 2u * s->geom.n_layers * s->geom.n_kv_heads * s->geom.head_dim * 2u;
 }

@@ -130,7 +130,7 @@ int ckv_srv_session_ack(ckv_srv_session *s, uint64_t epoch, uint64_t *ret_reclai
 uint64_t ckv_srv_session_release_retired(ckv_srv_session *s);
 
 uint64_t ckv_srv_session_bytes(const ckv_srv_session *s);
-/* FP16 bytes of the live (non-recycled) tokens. */
+/* FP16 bytes of every token appended (recycled ones included). */
 uint64_t ckv_srv_session_fp16_bytes(const ckv_srv_session *s);
 /* Daemon-side address of block `index`. */
 void *ckv_srv_session_block_ptr(const ckv_srv_session *s, uint32_t index);

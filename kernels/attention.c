@@ -1,10 +1,11 @@
 /* attention.c - fused decode attention over blocks of mixed formats.
  *
- * For one layer and each KV head: the query heads of its group (all query
- * rows) are scored against every valid slot of every block, reading the
- * block's bytes in place and dequantizing one row at a time into a small
- * buffer that stays in L1 (nothing is expanded back into memory).  Softmax is
- * online across blocks (running max and sum per query head, accumulator
+ * For one layer, block by block (a block's K rows, then its V rows, read
+ * front to back in place): every KV head's query group (all query rows) is
+ * scored against each valid slot, dequantizing one row at a time into a small
+ * buffer that stays in L1 (nothing is expanded back into memory; committed
+ * keys fold their per-channel scale into the query once per chunk).  Softmax
+ * is online across blocks (running max and sum per query head, accumulator
  * rescaled when the max grows), so any mix and order of draft, staged and
  * committed blocks gives the same result.  Each block's exp(score - running
  * max) values are kept in the workspace with the running max they were taken
@@ -20,7 +21,7 @@
 #include "kernels/quant.h"
 
 typedef struct attn_ws {
-  float *qs, *qk, *acc, *kc, *m, *l, *tmp, *row, *S, *mblk;
+  float *qs, *qk, *acc, *kc, *m, *l, *tmp, *row, *S, *mblk, *acc_gather;
   uint32_t *idx;
 } attn_ws;
 
@@ -46,8 +47,8 @@ static size_t ws_layout(const ckv_attn_args *a, size_t slots, attn_ws *w, uint8_
   const ckv_geometry *g = a->geom;
   size_t RG = (size_t)a->n_rows * (a->n_q_heads / g->n_kv_heads), D = g->head_dim, te = ckv_draft_token_elems(g);
   size_t HR = RG * g->n_kv_heads;
-  size_t sizes[] = {HR * D, RG * D, HR * D, RG, HR, HR, te, te, slots * HR, (size_t)a->n_blocks * HR, D};
-  float **ptrs[] = {&w->qs, &w->qk, &w->acc, &w->kc, &w->m, &w->l, &w->tmp, &w->row, &w->S, &w->mblk, NULL};
+  size_t sizes[] = {HR * D, RG * D, HR * D, RG, HR, HR, te, te, slots * HR, (size_t)a->n_blocks * HR, RG * D, D};
+  float **ptrs[] = {&w->qs, &w->qk, &w->acc, &w->kc, &w->m, &w->l, &w->tmp, &w->row, &w->S, &w->mblk, &w->acc_gather, NULL};
   size_t off = 0;
   for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
     if (base) {
@@ -97,7 +98,7 @@ static void score_block(const ckv_rowops *ops, const ckv_attn_args *a, const voi
         const uint16_t *sc = (const uint16_t *)ckv_cb(blk, ckv_staged_scales_offset(g, cap, L, 0));
         ops->cvt_i8(k, ckv_f16_to_f32(sc[(size_t)t * ng + h / hg]), w->tmp, D);
       }
-      for (size_t rg = 0; rg < RG; rg++) S[rg * cap + t] = ops->dot(qs + rg * D, w->tmp, D);
+      ops->dotn(qs, RG, D, w->tmp, D, S + t, cap);
     }
     return;
   }
@@ -109,24 +110,22 @@ static void score_block(const ckv_rowops *ops, const ckv_attn_args *a, const voi
     const uint8_t *ch = ckv_cb(blk, ckv_commit_key_chunk_offset(fmt, g, cap, kept, L, h, c));
     const uint16_t *sc = (const uint16_t *)ch, *zp = sc + kept;
     /* q.k = sum_j (q_j s_j) u_j + sum_j q_j z_j: fold the channel scales into the query once per chunk */
-    for (uint32_t j = 0; j < kept; j++) {
-      w->tmp[j] = ckv_f16_to_f32(sc[j]);
-      w->row[j] = ckv_f16_to_f32(zp[j]);
+    ops->cvt_f16(sc, w->tmp, kept);
+    ops->cvt_f16(zp, w->row, kept);
+    const float *qg = qs; /* the query restricted to the kept channels, [rg][kept] with stride D */
+    if (kept != D) {
+      for (size_t rg = 0; rg < RG; rg++)
+        for (uint32_t j = 0; j < kept; j++) w->acc_gather[rg * D + j] = qs[rg * D + w->idx[j]];
+      qg = w->acc_gather;
     }
-    for (size_t rg = 0; rg < RG; rg++) {
-      const float *q = qs + rg * D;
-      float *qk = w->qk + rg * D, kc = 0.0f;
-      for (uint32_t j = 0; j < kept; j++) {
-        qk[j] = q[w->idx[j]] * w->tmp[j];
-        kc += q[w->idx[j]] * w->row[j];
-      }
-      w->kc[rg] = kc;
-    }
+    ops->dotn(qg, RG, D, w->row, kept, w->kc, 1);
+    for (size_t rg = 0; rg < RG; rg++) ops->mul(qg + rg * D, w->tmp, w->qk + rg * D, kept);
     for (uint32_t i = 0; i < CKV_COMMIT_CHUNK_TOKENS; i++) {
       uint32_t t = c * CKV_COMMIT_CHUNK_TOKENS + i;
       if (!ckv_block_slot_valid(blk, t)) continue;
       ops->cvt_codes(ch + (size_t)kept * 4u + i * krow, bits, w->tmp, kept);
-      for (size_t rg = 0; rg < RG; rg++) S[rg * cap + t] = ops->dot(w->qk + rg * D, w->tmp, kept) + w->kc[rg];
+      ops->dotn(w->qk, RG, D, w->tmp, kept, S + t, cap);
+      for (size_t rg = 0; rg < RG; rg++) S[rg * cap + t] += w->kc[rg];
     }
   }
 }
@@ -235,7 +234,7 @@ ckv_status ckv_kernels_attention(const ckv_attn_args *a) {
         for (size_t rg = 0; rg < RG && !any; rg++) any = e[rg * cap] != 0.0f;
         if (!any) continue; /* unsealed chunk or underflow: contributes nothing */
         const float *v = value_row(ops, g, blk, a->layer, h, t, &w);
-        for (size_t rg = 0; rg < RG; rg++) ops->axpy(e[rg * cap], v, w.acc + ((size_t)h * RG + rg) * D, D);
+        ops->axpyn(e, RG, cap, v, w.acc + (size_t)h * RG * D, D, D);
       }
     }
     base_slot += cap;

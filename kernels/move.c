@@ -55,26 +55,32 @@ int ckv_moves_sorted(const ckv_geometry *g, const ckv_move *moves, size_t n, siz
 
 /* Scratch for one call: a row, per-element zero/inv and one chunk of rows. */
 typedef struct scratch {
-  float *row, *zero, *inv, *mn, *mx, *chunk;
+  float *row, *zero, *inv, *mn, *mx, *chunk, *gz, *ginv;
+  uint16_t *s16, *z16;
   uint8_t *codes;
 } scratch;
 
-static void to_staged(const ckv_rowops *ops, const ckv_geometry *g, const ckv_move *m, scratch *s) {
-  void *dst = m->dst;
-  uint32_t cap = ckv_hdr(dst)->capacity, ng = ckv_staged_groups(g), gl = ckv_staged_group_heads(g) * g->head_dim;
+/* Converts moves order[0..n) (all into staged blocks), layer by layer so that
+ * consecutive slots are read and written front to back. */
+static void to_staged(const ckv_rowops *ops, const ckv_geometry *g, const ckv_move *moves, const size_t *order,
+                      size_t n, scratch *s) {
+  uint32_t ng = ckv_staged_groups(g), gl = ckv_staged_group_heads(g) * g->head_dim;
   size_t te = ckv_draft_token_elems(g);
   for (uint32_t l = 0; l < g->n_layers; l++)
-    for (uint32_t kv = 0; kv < 2; kv++) {
-      ckv_read_row(ops, g, m->src, l, kv, m->src_slot, s->row);
-      int8_t *codes = (int8_t *)ckv_b(dst, ckv_staged_codes_offset(g, cap, l, kv)) + (size_t)m->dst_slot * te;
-      uint16_t *sc = (uint16_t *)ckv_b(dst, ckv_staged_scales_offset(g, cap, l, kv)) + (size_t)m->dst_slot * ng;
-      for (uint32_t q = 0; q < ng; q++) {
-        size_t lo = (size_t)q * gl, n = lo + gl <= te ? gl : te - lo;
-        uint16_t s16 = ckv_q8_scale(ops->absmax(s->row + lo, n));
-        sc[q] = s16;
-        ops->quant_i8(s->row + lo, ckv_inv_scale(s16), codes + lo, n);
+    for (uint32_t kv = 0; kv < 2; kv++)
+      for (size_t i = 0; i < n; i++) {
+        const ckv_move *m = &moves[order[i]];
+        uint32_t cap = ckv_hdr(m->dst)->capacity;
+        ckv_read_row(ops, g, m->src, l, kv, m->src_slot, s->row);
+        int8_t *codes = (int8_t *)ckv_b(m->dst, ckv_staged_codes_offset(g, cap, l, kv)) + (size_t)m->dst_slot * te;
+        uint16_t *sc = (uint16_t *)ckv_b(m->dst, ckv_staged_scales_offset(g, cap, l, kv)) + (size_t)m->dst_slot * ng;
+        for (uint32_t q = 0; q < ng; q++) {
+          size_t lo = (size_t)q * gl, cnt = lo + gl <= te ? gl : te - lo;
+          uint16_t s16 = ckv_q8_scale(ops->absmax(s->row + lo, cnt));
+          sc[q] = s16;
+          ops->quant_i8(s->row + lo, ckv_inv_scale(s16), codes + lo, cnt);
+        }
       }
-    }
 }
 
 /* The kept channels of one head's row (the row itself when nothing is pruned). */
@@ -107,11 +113,7 @@ static void to_commit_chunk(const ckv_rowops *ops, const ckv_geometry *g, const 
         s->mx[j] = -INFINITY;
       }
       for (size_t i = 0; i < n; i++) ops->minmax(gather(s, idx, kept, D, s->chunk + i * te + (size_t)hd * D), s->mn, s->mx, kept);
-      for (uint32_t j = 0; j < kept; j++) {
-        ckv_qa_params(s->mn[j], s->mx[j], bits, &sc[j], &zp[j]);
-        s->zero[j] = ckv_f16_to_f32(zp[j]);
-        s->inv[j] = ckv_inv_scale(sc[j]);
-      }
+      ops->qa_params(s->mn, s->mx, kept, bits, sc, zp, s->zero, s->inv);
       for (size_t i = 0; i < n; i++) {
         ops->quant_u(gather(s, idx, kept, D, s->chunk + i * te + (size_t)hd * D), s->zero, s->inv, bits, s->codes, kept);
         ckv_pack_codes(s->codes, kept, bits, c + (size_t)kept * 4u + (moves[order[i]].dst_slot % T) * krow);
@@ -128,13 +130,16 @@ static void to_commit_chunk(const ckv_rowops *ops, const ckv_geometry *g, const 
       uint16_t *p = par + (size_t)m->dst_slot * ng * 2u;
       for (uint32_t q = 0; q < ng; q++) {
         size_t lo = (size_t)q * CKV_COMMIT_VALUE_GROUP, e = lo + CKV_COMMIT_VALUE_GROUP <= te ? lo + CKV_COMMIT_VALUE_GROUP : te;
-        float mn, mx;
-        ops->range(s->row + lo, e - lo, &mn, &mx);
-        ckv_qa_params(mn, mx, bits, &p[2u * q], &p[2u * q + 1u]);
-        float z = ckv_f16_to_f32(p[2u * q + 1u]), inv = ckv_inv_scale(p[2u * q]);
+        ops->range(s->row + lo, e - lo, &s->mn[q], &s->mx[q]);
+      }
+      ops->qa_params(s->mn, s->mx, ng, bits, s->s16, s->z16, s->gz, s->ginv);
+      for (uint32_t q = 0; q < ng; q++) {
+        size_t lo = (size_t)q * CKV_COMMIT_VALUE_GROUP, e = lo + CKV_COMMIT_VALUE_GROUP <= te ? lo + CKV_COMMIT_VALUE_GROUP : te;
+        p[2u * q] = s->s16[q];
+        p[2u * q + 1u] = s->z16[q];
         for (size_t k = lo; k < e; k++) {
-          s->zero[k] = z;
-          s->inv[k] = inv;
+          s->zero[k] = s->gz[q];
+          s->inv[k] = s->ginv[q];
         }
       }
       ops->quant_u(s->row, s->zero, s->inv, bits, s->codes, te);
@@ -158,11 +163,17 @@ ckv_status ckv_kernels_move(const ckv_geometry *g, const ckv_move *moves, size_t
   s.row = malloc(te * sizeof(float));
   s.zero = malloc(te * sizeof(float));
   s.inv = malloc(te * sizeof(float));
-  s.mn = malloc(g->head_dim * sizeof(float));
-  s.mx = malloc(g->head_dim * sizeof(float));
+  size_t nmm = g->head_dim > ckv_commit_value_groups(g) ? g->head_dim : ckv_commit_value_groups(g);
+  s.mn = malloc(nmm * sizeof(float));
+  s.mx = malloc(nmm * sizeof(float));
+  s.gz = malloc(nmm * sizeof(float));
+  s.ginv = malloc(nmm * sizeof(float));
+  s.s16 = malloc(nmm * sizeof(uint16_t));
+  s.z16 = malloc(nmm * sizeof(uint16_t));
   s.chunk = malloc(te * CKV_COMMIT_CHUNK_TOKENS * sizeof(float));
   s.codes = malloc(te);
-  if (!s.row || !s.zero || !s.inv || !s.mn || !s.mx || !s.chunk || !s.codes) st = ENOMEM_;
+  if (!s.row || !s.zero || !s.inv || !s.mn || !s.mx || !s.chunk || !s.codes || !s.gz || !s.ginv || !s.s16 || !s.z16)
+    st = ENOMEM_;
   /* Check every committed chunk before writing anything. */
   for (size_t i = 0; i < n_moves && st == CKV_OK; i++) {
     const ckv_move *m = &moves[order[i]];
@@ -174,7 +185,11 @@ ckv_status ckv_kernels_move(const ckv_geometry *g, const ckv_move *moves, size_t
     const ckv_move *m = &moves[order[i]];
     size_t j = i + 1;
     if (!ckv_format_is_commit(ckv_hdr(m->dst)->format)) {
-      to_staged(ops, g, m, &s);
+      while (j < n_moves && !ckv_format_is_commit(ckv_hdr(moves[order[j]].dst)->format)) j++;
+      to_staged(ops, g, moves, order + i, j - i, &s);
+      for (size_t k = i; k < j; k++)
+        ckv_block_positions(moves[order[k]].dst)[moves[order[k]].dst_slot] =
+            ckv_block_positions_const(moves[order[k]].src)[moves[order[k]].src_slot];
     } else {
       size_t blk_end = i;
       while (blk_end < n_moves && moves[order[blk_end]].dst == m->dst) blk_end++;
@@ -192,8 +207,6 @@ ckv_status ckv_kernels_move(const ckv_geometry *g, const ckv_move *moves, size_t
       }
       j = blk_end;
     }
-    if (!ckv_format_is_commit(ckv_hdr(m->dst)->format))
-      ckv_block_positions(m->dst)[m->dst_slot] = ckv_block_positions_const(m->src)[m->src_slot];
     i = j;
   }
   if (st == CKV_OK && (flags & CKV_MOVE_SET_VALID))
@@ -205,6 +218,10 @@ ckv_status ckv_kernels_move(const ckv_geometry *g, const ckv_move *moves, size_t
   free(s.mx);
   free(s.chunk);
   free(s.codes);
+  free(s.gz);
+  free(s.ginv);
+  free(s.s16);
+  free(s.z16);
   free(order);
   return (ckv_status)st;
 }

@@ -24,8 +24,14 @@ typedef struct ckv_rowops {
   void (*cvt_codes)(const uint8_t *row, uint32_t bits, float *dst, size_t n);
   /* x[i] = x[i] * s + z, two roundings. */
   void (*affine)(float *x, float s, float z, size_t n);
+  /* y[i] = a[i] * b[i]. */
+  void (*mul)(const float *a, const float *b, float *y, size_t n);
   /* sum a[i]*b[i]. */
   float (*dot)(const float *a, const float *b, size_t n);
+  /* out[i*ldo] = dot(q + i*ldq, k) for i < nq: several queries against one row, k read once. */
+  void (*dotn)(const float *q, size_t nq, size_t ldq, const float *k, size_t n, float *out, size_t ldo);
+  /* y + i*ldy += a[i*lda] * x for i < na: one row into several accumulators. */
+  void (*axpyn)(const float *a, size_t na, size_t lda, const float *x, float *y, size_t ldy, size_t n);
   /* y[i] += a * x[i]. */
   void (*axpy)(float a, const float *x, float *y, size_t n);
   /* x[i] = exp(x[i] - m) (0 for x[i] = -inf); returns the sum. */
@@ -36,6 +42,10 @@ typedef struct ckv_rowops {
   void (*range)(const float *x, size_t n, float *ret_mn, float *ret_mx);
   /* mn[i] = fminf(mn[i], x[i]); mx[i] = fmaxf(mx[i], x[i]). */
   void (*minmax)(const float *x, float *mn, float *mx, size_t n);
+  /* ckv_qa_params(mn[i], mx[i], bits) for i < n: FP16 scale and zero, and the widened zero and
+   * inverse scale quantization uses. */
+  void (*qa_params)(const float *mn, const float *mx, size_t n, uint32_t bits, uint16_t *ret_scale,
+                    uint16_t *ret_zero, float *ret_zf, float *ret_inv);
   /* dst[i] = ckv_q8_code(x[i], inv). */
   void (*quant_i8)(const float *x, float inv, int8_t *dst, size_t n);
   /* codes[i] = ckv_qa_code(x[i], zero[i], inv[i], bits), one byte each. */

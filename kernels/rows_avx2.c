@@ -74,6 +74,11 @@ static inline float hsum(__m256 v) {
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
 }
+static void a_mul(const float *a, const float *b, float *y, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
+  SC.mul(a + i, b + i, y + i, n - i);
+}
 static float a_dot(const float *a, const float *b, size_t n) {
   size_t i = 0;
   __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
@@ -83,6 +88,37 @@ static float a_dot(const float *a, const float *b, size_t n) {
   }
   for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
   return hsum(_mm256_add_ps(s0, s1)) + SC.dot(a + i, b + i, n - i);
+}
+static void a_dotn(const float *q, size_t nq, size_t ldq, const float *k, size_t n, float *out, size_t ldo) {
+  size_t i = 0;
+  for (; i + 4 <= nq; i += 4) {
+    const float *q0 = q + i * ldq, *q1 = q0 + ldq, *q2 = q1 + ldq, *q3 = q2 + ldq;
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    size_t d = 0;
+    for (; d + 8 <= n; d += 8) {
+      __m256 kv = _mm256_loadu_ps(k + d);
+      s0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + d), kv, s0);
+      s1 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + d), kv, s1);
+      s2 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + d), kv, s2);
+      s3 = _mm256_fmadd_ps(_mm256_loadu_ps(q3 + d), kv, s3);
+    }
+    out[i * ldo] = hsum(s0) + SC.dot(q0 + d, k + d, n - d);
+    out[(i + 1) * ldo] = hsum(s1) + SC.dot(q1 + d, k + d, n - d);
+    out[(i + 2) * ldo] = hsum(s2) + SC.dot(q2 + d, k + d, n - d);
+    out[(i + 3) * ldo] = hsum(s3) + SC.dot(q3 + d, k + d, n - d);
+  }
+  for (; i < nq; i++) out[i * ldo] = a_dot(q + i * ldq, k, n);
+}
+static void a_axpyn(const float *a, size_t na, size_t lda, const float *x, float *y, size_t ldy, size_t n) {
+  size_t d = 0;
+  for (; d + 8 <= n; d += 8) {
+    __m256 xv = _mm256_loadu_ps(x + d);
+    for (size_t i = 0; i < na; i++) {
+      float *yi = y + i * ldy + d;
+      _mm256_storeu_ps(yi, _mm256_fmadd_ps(_mm256_set1_ps(a[i * lda]), xv, _mm256_loadu_ps(yi)));
+    }
+  }
+  if (d < n) SC.axpyn(a, na, lda, x + d, y + d, ldy, n - d);
 }
 static void a_axpy(float a, const float *x, float *y, size_t n) {
   size_t i = 0;
@@ -159,6 +195,10 @@ static void a_minmax(const float *x, float *mn, float *mx, size_t n) {
   }
   SC.minmax(x + i, mn + i, mx + i, n - i);
 }
+static void a_qa_params(const float *mn, const float *mx, size_t n, uint32_t bits, uint16_t *ret_scale,
+                        uint16_t *ret_zero, float *ret_zf, float *ret_inv) {
+  SC.qa_params(mn, mx, n, bits, ret_scale, ret_zero, ret_zf, ret_inv); /* scalar rules; cheap next to the data */
+}
 static void a_quant_i8(const float *x, float inv, int8_t *dst, size_t n) {
   size_t i = 0;
   __m256 vi = _mm256_set1_ps(inv), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
@@ -192,12 +232,16 @@ const ckv_rowops ckv_rowops_avx2 = {
     .cvt_i8 = a_cvt_i8,
     .cvt_codes = a_cvt_codes,
     .affine = a_affine,
+    .mul = a_mul,
     .dot = a_dot,
+    .dotn = a_dotn,
+    .axpyn = a_axpyn,
     .axpy = a_axpy,
     .exp_sub = a_exp_sub,
     .absmax = a_absmax,
     .range = a_range,
     .minmax = a_minmax,
+    .qa_params = a_qa_params,
     .quant_i8 = a_quant_i8,
     .quant_u = a_quant_u,
 };

@@ -64,6 +64,11 @@ static void z_affine(float *x, float s, float z, size_t n) {
   for (; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), vs), vz));
   A2.affine(x + i, s, z, n - i);
 }
+static void z_mul(const float *a, const float *b, float *y, size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, _mm512_mul_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i)));
+  A2.mul(a + i, b + i, y + i, n - i);
+}
 static float z_dot(const float *a, const float *b, size_t n) {
   size_t i = 0;
   __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
@@ -73,6 +78,45 @@ static float z_dot(const float *a, const float *b, size_t n) {
   }
   for (; i + 16 <= n; i += 16) s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
   return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1)) + A2.dot(a + i, b + i, n - i);
+}
+static void z_dotn(const float *q, size_t nq, size_t ldq, const float *k, size_t n, float *out, size_t ldo) {
+  size_t i = 0;
+  __mmask16 tail = (__mmask16)((1u << (n % 16)) - 1u);
+  size_t full = n / 16 * 16;
+  for (; i + 4 <= nq; i += 4) {
+    const float *q0 = q + i * ldq, *q1 = q0 + ldq, *q2 = q1 + ldq, *q3 = q2 + ldq;
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    for (size_t d = 0; d < full; d += 16) {
+      __m512 kv = _mm512_loadu_ps(k + d);
+      s0 = _mm512_fmadd_ps(_mm512_loadu_ps(q0 + d), kv, s0);
+      s1 = _mm512_fmadd_ps(_mm512_loadu_ps(q1 + d), kv, s1);
+      s2 = _mm512_fmadd_ps(_mm512_loadu_ps(q2 + d), kv, s2);
+      s3 = _mm512_fmadd_ps(_mm512_loadu_ps(q3 + d), kv, s3);
+    }
+    if (tail) {
+      __m512 kv = _mm512_maskz_loadu_ps(tail, k + full);
+      s0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, q0 + full), kv, s0);
+      s1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, q1 + full), kv, s1);
+      s2 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, q2 + full), kv, s2);
+      s3 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, q3 + full), kv, s3);
+    }
+    out[i * ldo] = _mm512_reduce_add_ps(s0);
+    out[(i + 1) * ldo] = _mm512_reduce_add_ps(s1);
+    out[(i + 2) * ldo] = _mm512_reduce_add_ps(s2);
+    out[(i + 3) * ldo] = _mm512_reduce_add_ps(s3);
+  }
+  for (; i < nq; i++) out[i * ldo] = z_dot(q + i * ldq, k, n);
+}
+static void z_axpyn(const float *a, size_t na, size_t lda, const float *x, float *y, size_t ldy, size_t n) {
+  size_t d = 0;
+  for (; d + 16 <= n; d += 16) {
+    __m512 xv = _mm512_loadu_ps(x + d);
+    for (size_t i = 0; i < na; i++) {
+      float *yi = y + i * ldy + d;
+      _mm512_storeu_ps(yi, _mm512_fmadd_ps(_mm512_set1_ps(a[i * lda]), xv, _mm512_loadu_ps(yi)));
+    }
+  }
+  if (d < n) A2.axpyn(a, na, lda, x + d, y + d, ldy, n - d);
 }
 static void z_axpy(float a, const float *x, float *y, size_t n) {
   size_t i = 0;
@@ -138,6 +182,45 @@ static void z_minmax(const float *x, float *mn, float *mx, size_t n) {
   }
   A2.minmax(x + i, mn + i, mx + i, n - i);
 }
+/* kernels/quant.h's rules, 16 groups at a time: F16C conversion is IEEE round-to-nearest-even,
+ * like ckv_f32_to_f16, so the FP16 bits are the scalar ones. */
+static void z_qa_params(const float *mn, const float *mx, size_t n, uint32_t bits, uint16_t *ret_scale,
+                        uint16_t *ret_zero, float *ret_zf, float *ret_inv) {
+  size_t i = 0;
+  const __m512 zero = _mm512_setzero_ps(), big = _mm512_set1_ps(CKV_F16_MAX), nbig = _mm512_set1_ps(-CKV_F16_MAX);
+  const __m512 lv = _mm512_set1_ps((float)ckv_qa_levels(bits)), one = _mm512_set1_ps(1.0f);
+  const int rne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  for (; i + 16 <= n; i += 16) {
+    __m512 a = _mm512_loadu_ps(mn + i), b = _mm512_loadu_ps(mx + i);
+    __mmask16 ok = _mm512_cmp_ps_mask(a, b, _CMP_LE_OQ);
+    a = _mm512_maskz_mov_ps(ok, a);
+    b = _mm512_maskz_mov_ps(ok, b);
+    /* zero point: largest FP16 <= mn */
+    __m512 v = _mm512_add_ps(_mm512_min_ps(_mm512_max_ps(a, nbig), big), zero);
+    __m256i h = _mm512_cvtps_ph(v, rne);
+    __mmask16 over = _mm512_cmp_ps_mask(_mm512_cvtph_ps(h), v, _CMP_GT_OQ);
+    __m256i neg = _mm256_and_si256(h, _mm256_set1_epi16((short)0x8000));
+    __mmask16 isneg = _mm256_cmpneq_epi16_mask(neg, _mm256_setzero_si256());
+    __mmask16 iszero = _mm256_cmpeq_epi16_mask(h, _mm256_setzero_si256());
+    __m256i down = _mm256_mask_add_epi16(_mm256_sub_epi16(h, _mm256_set1_epi16(1)), isneg, h, _mm256_set1_epi16(1));
+    down = _mm256_mask_mov_epi16(down, iszero, _mm256_set1_epi16((short)0x8001));
+    __m256i z16 = _mm256_mask_mov_epi16(h, over, down);
+    __m512 zf = _mm512_cvtph_ps(z16);
+    /* scale: smallest FP16 >= (min(mx, 65504) - zero) / levels */
+    __m512 s = _mm512_div_ps(_mm512_sub_ps(_mm512_min_ps(b, big), zf), lv);
+    s = _mm512_add_ps(_mm512_min_ps(_mm512_max_ps(s, zero), big), zero);
+    __m256i s16 = _mm512_cvtps_ph(s, rne);
+    __mmask16 under = _mm512_cmp_ps_mask(_mm512_cvtph_ps(s16), s, _CMP_LT_OQ);
+    s16 = _mm256_mask_add_epi16(s16, under, s16, _mm256_set1_epi16(1));
+    __m512 sf = _mm512_cvtph_ps(s16);
+    __mmask16 pos = _mm512_cmp_ps_mask(sf, zero, _CMP_GT_OQ);
+    _mm256_storeu_si256((__m256i *)(ret_scale + i), s16);
+    _mm256_storeu_si256((__m256i *)(ret_zero + i), z16);
+    _mm512_storeu_ps(ret_zf + i, zf);
+    _mm512_storeu_ps(ret_inv + i, _mm512_maskz_div_ps(pos, one, sf));
+  }
+  ckv_rowops_scalar.qa_params(mn + i, mx + i, n - i, bits, ret_scale + i, ret_zero + i, ret_zf + i, ret_inv + i);
+}
 static void z_quant_i8(const float *x, float inv, int8_t *dst, size_t n) {
   size_t i = 0;
   __m512 vi = _mm512_set1_ps(inv), lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
@@ -167,12 +250,16 @@ const ckv_rowops ckv_rowops_avx512 = {
     .cvt_i8 = z_cvt_i8,
     .cvt_codes = z_cvt_codes,
     .affine = z_affine,
+    .mul = z_mul,
     .dot = z_dot,
+    .dotn = z_dotn,
+    .axpyn = z_axpyn,
     .axpy = z_axpy,
     .exp_sub = z_exp_sub,
     .absmax = z_absmax,
     .range = z_range,
     .minmax = z_minmax,
+    .qa_params = z_qa_params,
     .quant_i8 = z_quant_i8,
     .quant_u = z_quant_u,
 };

@@ -21,10 +21,20 @@ static void s_cvt_codes(const uint8_t *row, uint32_t bits, float *dst, size_t n)
 static void s_affine(float *x, float s, float z, size_t n) {
   for (size_t i = 0; i < n; i++) x[i] = ckv_mul_add(x[i], s, z);
 }
+static void s_mul(const float *a, const float *b, float *y, size_t n) {
+  for (size_t i = 0; i < n; i++) y[i] = a[i] * b[i];
+}
 static float s_dot(const float *a, const float *b, size_t n) {
   float acc = 0.0f;
   for (size_t i = 0; i < n; i++) acc += a[i] * b[i];
   return acc;
+}
+static void s_dotn(const float *q, size_t nq, size_t ldq, const float *k, size_t n, float *out, size_t ldo) {
+  for (size_t i = 0; i < nq; i++) out[i * ldo] = s_dot(q + i * ldq, k, n);
+}
+static void s_axpyn(const float *a, size_t na, size_t lda, const float *x, float *y, size_t ldy, size_t n) {
+  for (size_t i = 0; i < na; i++)
+    for (size_t j = 0; j < n; j++) y[i * ldy + j] += a[i * lda] * x[j];
 }
 static void s_axpy(float a, const float *x, float *y, size_t n) {
   for (size_t i = 0; i < n; i++) y[i] += a * x[i];
@@ -55,6 +65,14 @@ static void s_minmax(const float *x, float *mn, float *mx, size_t n) {
   for (size_t i = 0; i < n; i++) {
     mn[i] = fminf(mn[i], x[i]);
     mx[i] = fmaxf(mx[i], x[i]);
+  }
+}
+static void s_qa_params(const float *mn, const float *mx, size_t n, uint32_t bits, uint16_t *ret_scale,
+                        uint16_t *ret_zero, float *ret_zf, float *ret_inv) {
+  for (size_t i = 0; i < n; i++) {
+    ckv_qa_params(mn[i], mx[i], bits, &ret_scale[i], &ret_zero[i]);
+    ret_zf[i] = ckv_f16_to_f32(ret_zero[i]);
+    ret_inv[i] = ckv_inv_scale(ret_scale[i]);
   }
 }
 static void s_quant_i8(const float *x, float inv, int8_t *dst, size_t n) {
@@ -101,12 +119,16 @@ const ckv_rowops ckv_rowops_scalar = {
     .cvt_i8 = s_cvt_i8,
     .cvt_codes = s_cvt_codes,
     .affine = s_affine,
+    .mul = s_mul,
     .dot = s_dot,
+    .dotn = s_dotn,
+    .axpyn = s_axpyn,
     .axpy = s_axpy,
     .exp_sub = s_exp_sub,
     .absmax = s_absmax,
     .range = s_range,
     .minmax = s_minmax,
+    .qa_params = s_qa_params,
     .quant_i8 = s_quant_i8,
     .quant_u = s_quant_u,
 };

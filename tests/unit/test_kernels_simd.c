@@ -76,6 +76,24 @@ Test(simd, row_primitives_bit_equal) {
     S->minmax(x, mn, mx, N);
     V->minmax(x, mn2, mx2, N);
     for (int i = 0; i < N; i++) cr_expect(mn[i] == mn2[i] && mx[i] == mx2[i], "minmax %d", i);
+    {
+      float pmn[N], pmx[N], zf1[N], zf2[N], iv1[N], iv2[N];
+      uint16_t s1[N], s2[N], z1[N], z2[N];
+      for (int i = 0; i < N; i++) {
+        pmn[i] = i % 7 == 0 ? x[i] : fminf(x[i], zero[i]);
+        pmx[i] = i % 11 == 0 ? x[(i + 3) % N] : fmaxf(x[i], zero[i]) * (i % 3 ? 1.0f : 1e-6f);
+      }
+      pmn[N - 1] = INFINITY, pmx[N - 1] = -INFINITY; /* empty group */
+      pmn[N - 2] = -0.0f, pmx[N - 2] = 0.0f;
+      pmn[N - 3] = -1e-7f, pmx[N - 3] = 1e-7f; /* subnormal FP16 */
+      for (uint32_t bits = 2; bits <= 4; bits += 2) {
+        S->qa_params(pmn, pmx, N, bits, s1, z1, zf1, iv1);
+        V->qa_params(pmn, pmx, N, bits, s2, z2, zf2, iv2);
+        cr_expect_arr_eq(s1, s2, sizeof s1, "qa_params scale %s", V->name);
+        cr_expect_arr_eq(z1, z2, sizeof z1, "qa_params zero %s", V->name);
+        cr_expect_arr_eq(iv1, iv2, sizeof iv1, "qa_params inv %s", V->name);
+      }
+    }
     /* reductions: close, not bit-equal */
     float d1 = S->dot(zero, inv, N), d2 = V->dot(zero, inv, N);
     cr_expect_leq(fabsf(d1 - d2), 1e-4f * (1 + fabsf(d1)));

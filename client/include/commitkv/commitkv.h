@@ -14,8 +14,10 @@
  * - A ckv_client and its sessions may be used from several threads: calls
  *   are serialised by the client's lock.  The background heartbeat shares it.
  * - Out-parameters are written only on success.
- * - If the daemon restarts, calls fail with CKV_ERR_DAEMON_RESTARTED: free
- *   the client and connect again (its arenas and sessions are gone).
+ * - If the daemon restarts (its per-boot token, carried by every reply,
+ *   changes), calls fail with CKV_ERR_DAEMON_RESTARTED until
+ *   ckv_client_reconnect() re-attaches (the heartbeat thread does it by
+ *   itself); sessions of the old daemon are gone.
  *
  * Plain ISO C11; usable from C++ and FFI. */
 #ifndef COMMITKV_COMMITKV_H
@@ -76,6 +78,17 @@ ckv_client *ckv_client_free(ckv_client *c);
 const char *ckv_client_tenant(const ckv_client *c);
 /* The daemon's explanation of the last failed request (empty when none). */
 const char *ckv_client_last_error(const ckv_client *c);
+/* After CKV_ERR_DAEMON_RESTARTED: drops every mapping of the old daemon's
+ * memory, attaches to the new daemon and maps its arenas, without the worker
+ * process restarting.  Sessions opened before are gone with the old daemon:
+ * their handles answer CKV_ERR_DAEMON_RESTARTED; free them with
+ * ckv_session_close and open new ones.  The background heartbeat (if
+ * enabled) calls this by itself when it notices a restart.  Returns CKV_OK or
+ * why the new daemon cannot be reached (calls keep failing with
+ * CKV_ERR_DAEMON_RESTARTED until a reconnect succeeds). */
+int ckv_client_reconnect(ckv_client *c);
+/* True between noticing a daemon restart and a successful reconnect. */
+bool ckv_client_restarted(const ckv_client *c);
 /* One heartbeat now (the background thread does this by itself). */
 int ckv_client_heartbeat(ckv_client *c);
 /* Lease length the daemon announced, in milliseconds. */
@@ -117,8 +130,9 @@ uint64_t ckv_session_epoch(const ckv_session *s);
 int ckv_session_append(ckv_session *s, uint32_t count, const uint8_t *roles, const uint8_t *tags,
                        const float *semantic, const uint32_t *token_ids, uint64_t *ret_first_position);
 /* Address of the draft slot of `position` for layer `layer`: kv 0 = K, 1 = V;
- * n_kv_heads * head_dim 16-bit elements, head-major.  NULL when the position
- * has no draft slot (never appended, or moved out of draft). */
+ * n_kv_heads * head_dim 16-bit elements, head-major.  Slots are writable from
+ * the append until the session's next ckv_session_report (after it, the
+ * daemon may move the token); NULL outside that window. */
 void *ckv_session_kv_ptr(ckv_session *s, uint64_t position, uint32_t layer, int kv);
 /* Copies one token's K and V of one layer into its draft slot.
  * CKV_ERR_RANGE (no draft slot / layer out of range). */

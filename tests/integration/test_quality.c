@@ -1,0 +1,342 @@
+/* test_quality.c - commitkv-bench quality in its CI size, end to end.
+ *
+ * Runs `commitkv-bench quality --quick --json` (which starts its own
+ * commitkvd and runs every policy on the synthetic agent workload and, when
+ * commitkv-llm and the model are there, on stories260K) and checks the JSON
+ * it prints: every workload lists every policy, every policy has every field
+ * (a number, or null where the field does not apply to the workload), and on
+ * the synthetic workload the commitkv policy keeps every planted fact that a
+ * later query needs (fact_recall == 1).  A second test feeds the real-model
+ * path a stand-in commitkv-llm (a shell script printing a hand-written sample
+ * of its JSON) to check the bench's parser and null handling.  Behaviour
+ * only: speed is never asserted.
+ *
+ * The JSON is read with a small DOM parser below (objects, arrays, strings
+ * without escapes beyond \" and \\, numbers, true/false/null). */
+#include <criterion/criterion.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "testutil.h"
+
+/* ---- a minimal JSON DOM ---- */
+typedef enum { J_NULL, J_BOOL, J_NUM, J_STR, J_ARR, J_OBJ } jtype;
+
+typedef struct jval {
+  jtype t;
+  double num;
+  char *str;           /* J_STR */
+  struct jval **items; /* J_ARR / J_OBJ values */
+  char **keys;         /* J_OBJ */
+  size_t n;
+} jval;
+
+static void jfree(jval *v) {
+  if (!v) return;
+  for (size_t i = 0; i < v->n; i++) {
+    jfree(v->items[i]);
+    if (v->keys) free(v->keys[i]);
+  }
+  free(v->items);
+  free(v->keys);
+  free(v->str);
+  free(v);
+}
+
+static void skip_ws(const char **p) {
+  while (**p == ' ' || **p == '\n' || **p == '\t' || **p == '\r') (*p)++;
+}
+
+static char *parse_string(const char **p) {
+  if (**p != '"') return NULL;
+  (*p)++;
+  size_t cap = 16, n = 0;
+  char *s = malloc(cap);
+  while (**p && **p != '"') {
+    char c = *(*p)++;
+    if (c == '\\' && **p) c = *(*p)++;
+    if (n + 2 > cap) s = realloc(s, cap *= 2);
+    s[n++] = c;
+  }
+  if (**p != '"') {
+    free(s);
+    return NULL;
+  }
+  (*p)++;
+  s[n] = 0;
+  return s;
+}
+
+static jval *parse_value(const char **p);
+
+static int push(jval *v, jval *item, char *key) {
+  v->items = realloc(v->items, (v->n + 1) * sizeof(*v->items));
+  if (v->t == J_OBJ) {
+    v->keys = realloc(v->keys, (v->n + 1) * sizeof(*v->keys));
+    v->keys[v->n] = key;
+  }
+  v->items[v->n++] = item;
+  return 0;
+}
+
+static jval *parse_value(const char **p) {
+  skip_ws(p);
+  jval *v = calloc(1, sizeof(*v));
+  if (**p == '{' || **p == '[') {
+    char close = **p == '{' ? '}' : ']';
+    v->t = **p == '{' ? J_OBJ : J_ARR;
+    (*p)++;
+    skip_ws(p);
+    if (**p == close) {
+      (*p)++;
+      return v;
+    }
+    for (;;) {
+      char *key = NULL;
+      if (v->t == J_OBJ) {
+        skip_ws(p);
+        if (!(key = parse_string(p))) goto bad;
+        skip_ws(p);
+        if (**p != ':') {
+          free(key);
+          goto bad;
+        }
+        (*p)++;
+      }
+      jval *item = parse_value(p);
+      if (!item) {
+        free(key);
+        goto bad;
+      }
+      push(v, item, key);
+      skip_ws(p);
+      if (**p == ',') {
+        (*p)++;
+        continue;
+      }
+      if (**p == close) {
+        (*p)++;
+        return v;
+      }
+      goto bad;
+    }
+  }
+  if (**p == '"') {
+    v->t = J_STR;
+    if (!(v->str = parse_string(p))) goto bad;
+    return v;
+  }
+  if (!strncmp(*p, "null", 4)) {
+    *p += 4;
+    v->t = J_NULL;
+    return v;
+  }
+  if (!strncmp(*p, "true", 4) || !strncmp(*p, "false", 5)) {
+    v->t = J_BOOL;
+    v->num = **p == 't';
+    *p += **p == 't' ? 4 : 5;
+    return v;
+  }
+  char *end;
+  v->num = strtod(*p, &end);
+  if (end == *p) goto bad;
+  v->t = J_NUM;
+  *p = end;
+  return v;
+bad:
+  jfree(v);
+  return NULL;
+}
+
+static jval *json_parse(const char *s) {
+  const char *p = s;
+  jval *v = parse_value(&p);
+  skip_ws(&p);
+  if (v && *p) {
+    jfree(v);
+    return NULL;
+  }
+  return v;
+}
+
+static const jval *jget(const jval *o, const char *key) {
+  if (!o || o->t != J_OBJ) return NULL;
+  for (size_t i = 0; i < o->n; i++)
+    if (!strcmp(o->keys[i], key)) return o->items[i];
+  return NULL;
+}
+
+/* ---- running the bench ---- */
+static char *slurp(const char *path) {
+  FILE *f = fopen(path, "r");
+  if (!f) return NULL;
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char *s = malloc((size_t)n + 1);
+  size_t got = fread(s, 1, (size_t)n, f);
+  s[got] = 0;
+  fclose(f);
+  return s;
+}
+
+/* Runs commitkv-bench with args; returns its exit status and its stdout in *ret_out. */
+static int run_bench(const char *const *args, const char *dir, char **ret_out) {
+  char bin[1024], out[600], err[600];
+  snprintf(bin, sizeof(bin), "%s/commitkv-bench", ckv_test_bin_dir());
+  snprintf(out, sizeof(out), "%s/bench.out", dir);
+  snprintf(err, sizeof(err), "%s/bench.err", dir);
+  const char *argv[32];
+  int n = 0;
+  argv[n++] = bin;
+  for (int i = 0; args[i] && n < 31; i++) argv[n++] = args[i];
+  argv[n] = NULL;
+  pid_t pid = fork();
+  if (pid == 0) {
+    int fo = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644), fe = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fo, 1);
+    dup2(fe, 2);
+    execv(bin, (char *const *)argv);
+    _exit(127);
+  }
+  int st = ckv_test_wait(pid, 300000);
+  *ret_out = slurp(out);
+  if (st != 0) {
+    char *e = slurp(err);
+    fprintf(stderr, "commitkv-bench exited %d; stderr:\n%s\n", st, e ? e : "");
+    free(e);
+  }
+  return st;
+}
+
+static const char *const k_policies[] = {"commitkv", "fp16", "int8", "kivi4", "kivi2", "h2o", "streaming"};
+static const char *const k_fields[] = {"bytes_ratio_fp16", "attn_cosine", "fact_recall", "top1_agreement", "kl_mean",
+                                       "transitions_per_round"};
+#define N_POL (sizeof(k_policies) / sizeof(k_policies[0]))
+#define N_FIELDS (sizeof(k_fields) / sizeof(k_fields[0]))
+
+/* Every workload has every policy, every policy every field (number or null);
+ * returns the workload named `name` (or NULL). */
+static const jval *check_shape(const jval *root, const char *name) {
+  const jval *wls = jget(root, "workloads"), *found = NULL;
+  cr_assert(wls && wls->t == J_ARR && wls->n >= 1, "no \"workloads\" array");
+  for (size_t w = 0; w < wls->n; w++) {
+    const jval *wl = wls->items[w], *nm = jget(wl, "name"), *pols = jget(wl, "policies");
+    cr_assert(nm && nm->t == J_STR, "a workload without a name");
+    cr_assert(!strcmp(nm->str, "agent-synthetic") || !strcmp(nm->str, "stories260K"), "unknown workload %s", nm->str);
+    cr_assert(pols && pols->t == J_ARR, "%s: no policies", nm->str);
+    const jval *sk = jget(wl, "skipped");
+    bool skipped = sk && sk->t == J_STR;
+    for (size_t p = 0; p < N_POL; p++) {
+      const jval *pol = NULL;
+      for (size_t i = 0; i < pols->n; i++) {
+        const jval *pn = jget(pols->items[i], "policy");
+        if (pn && pn->t == J_STR && !strcmp(pn->str, k_policies[p])) pol = pols->items[i];
+      }
+      cr_assert_not_null(pol, "%s: policy %s missing", nm->str, k_policies[p]);
+      for (size_t f = 0; f < N_FIELDS; f++) {
+        const jval *v = jget(pol, k_fields[f]);
+        cr_assert_not_null(v, "%s/%s: field %s missing", nm->str, k_policies[p], k_fields[f]);
+        cr_assert(v->t == J_NUM || v->t == J_NULL, "%s/%s: %s is neither a number nor null", nm->str, k_policies[p],
+                  k_fields[f]);
+      }
+      bool synthetic = !strcmp(nm->str, "agent-synthetic");
+      const char *must[] = {"bytes_ratio_fp16", synthetic ? "attn_cosine" : "top1_agreement",
+                            synthetic ? "fact_recall" : "kl_mean"};
+      for (size_t f = 0; f < 3 && !skipped; f++)
+        cr_assert(jget(pol, must[f])->t == J_NUM, "%s/%s: %s is null", nm->str, k_policies[p], must[f]);
+      if (skipped)
+        cr_assert(jget(pol, "kl_mean")->t == J_NULL, "%s skipped but %s has figures", nm->str, k_policies[p]);
+      if (synthetic) {
+        cr_assert(jget(pol, "top1_agreement")->t == J_NULL, "synthetic: top1_agreement must be null");
+        cr_assert(jget(pol, "kl_mean")->t == J_NULL, "synthetic: kl_mean must be null");
+      }
+    }
+    if (!strcmp(nm->str, name)) found = wl;
+  }
+  return found;
+}
+
+static double policy_field(const jval *wl, const char *policy, const char *field) {
+  const jval *pols = jget(wl, "policies");
+  for (size_t i = 0; i < pols->n; i++) {
+    const jval *pn = jget(pols->items[i], "policy");
+    if (pn && !strcmp(pn->str, policy)) {
+      const jval *v = jget(pols->items[i], field);
+      return v && v->t == J_NUM ? v->num : NAN;
+    }
+  }
+  return NAN;
+}
+
+Test(quality, quick_json_has_every_field_and_commitkv_keeps_the_facts, .timeout = 300) {
+  char *dir = ckv_test_tmpdir("ckv-quality-test");
+  char *out = NULL;
+  const char *args[] = {"quality", "--quick", "--json", NULL};
+  cr_assert_eq(run_bench(args, dir, &out), 0, "commitkv-bench quality --quick --json failed");
+  cr_assert_not_null(out);
+  jval *root = json_parse(out);
+  cr_assert_not_null(root, "not one JSON object: %s", out);
+  const jval *syn = check_shape(root, "agent-synthetic");
+  cr_assert_not_null(syn, "no agent-synthetic workload");
+  cr_assert(jget(root, "workloads")->n == 2, "both workloads are reported (stories260K possibly skipped)");
+  /* fp16 is the reference itself */
+  cr_assert_float_eq(policy_field(syn, "fp16", "attn_cosine"), 1.0, 1e-4);
+  cr_assert_float_eq(policy_field(syn, "fp16", "fact_recall"), 1.0, 1e-9);
+  /* the claim: commitkv keeps every planted fact a later query needs */
+  cr_assert_float_eq(policy_field(syn, "commitkv", "fact_recall"), 1.0, 1e-9,
+                     "commitkv lost a planted fact (fact_recall %.3f)", policy_field(syn, "commitkv", "fact_recall"));
+  jfree(root);
+  free(out);
+  ckv_test_rmdir(dir);
+}
+
+/* The real-model path with a stand-in commitkv-llm: the bench must take the
+ * three figures from its JSON and give h2o/streaming commitkv's bytes as budget. */
+Test(quality, real_model_json_is_parsed, .timeout = 300) {
+  char *dir = ckv_test_tmpdir("ckv-quality-llm");
+  char script[600], model[600], log[600];
+  snprintf(script, sizeof(script), "%s/fake-llm.sh", dir);
+  snprintf(model, sizeof(model), "%s/model.bin", dir);
+  snprintf(log, sizeof(log), "%s/args.log", dir);
+  FILE *f = fopen(script, "w");
+  cr_assert_not_null(f);
+  fprintf(f,
+          "#!/bin/sh\necho \"$@\" >> '%s'\n"
+          "echo '{\"policy\": \"x\", \"sessions\": 2, \"rounds\": 8, \"top1_agreement\": 0.9375, "
+          "\"kl_mean\": 0.0123, \"kl_max\": 0.5, \"bytes_ratio_fp16\": 0.4321}'\n",
+          log);
+  fclose(f);
+  chmod(script, 0755);
+  f = fopen(model, "w");
+  fputs("not a model", f);
+  fclose(f);
+  char *out = NULL;
+  const char *args[] = {"quality", "--quick", "--json", "--llm", script, "--model", model, NULL};
+  cr_assert_eq(run_bench(args, dir, &out), 0, "commitkv-bench quality with a stand-in commitkv-llm failed");
+  jval *root = json_parse(out);
+  cr_assert_not_null(root, "not one JSON object: %s", out);
+  const jval *real = check_shape(root, "stories260K");
+  cr_assert_not_null(real, "no stories260K workload");
+  cr_assert(jget(real, "skipped")->t == J_NULL, "stories260K skipped with a stand-in present");
+  for (size_t p = 0; p < N_POL; p++) {
+    cr_assert_float_eq(policy_field(real, k_policies[p], "top1_agreement"), 0.9375, 1e-9);
+    cr_assert_float_eq(policy_field(real, k_policies[p], "kl_mean"), 0.0123, 1e-9);
+    cr_assert_float_eq(policy_field(real, k_policies[p], "bytes_ratio_fp16"), 0.4321, 1e-9);
+  }
+  char *args_log = slurp(log);
+  cr_assert_not_null(args_log);
+  cr_assert_not_null(strstr(args_log, "--policy h2o --param budget=0.4321"), "h2o not run at commitkv's memory: %s",
+                     args_log);
+  cr_assert_not_null(strstr(args_log, "--shadow --json --sessions 2"), "commitkv-llm flags: %s", args_log);
+  free(args_log);
+  jfree(root);
+  free(out);
+  ckv_test_rmdir(dir);
+}
