@@ -5,13 +5,21 @@
  *     sessions          one line per session (this tenant's; every tenant's for an admin)
  *     stats [--json]    totals; --json prints one JSON object (DESIGN.md §7)
  *     drop ID [TENANT]  drop a session (TENANT: admin only)
+ *     metrics [--metrics ADDR] [--raw]
+ *                       the daemon's Prometheus figures, per tenant
  *
- * It attaches like a worker, without mapping arenas. */
+ * It attaches like a worker, without mapping arenas; `metrics` only fetches
+ * http://ADDR/metrics (no attach needed). */
+#include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <netdb.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "client/rpc.h"
 
@@ -165,13 +173,393 @@ static int cmd_drop(ckv_client *c, const char *id, const char *tenant) {
   return 0;
 }
 
+/* ---- metrics: Prometheus text over HTTP, shown per tenant --------------- */
+
+/* GET http://ADDR/metrics ("HOST:PORT" or "[V6]:PORT") within timeout_ms.
+ * Returns the body (malloc'd) or NULL after printing why. */
+static char *http_get_metrics(const char *addr, int timeout_ms) {
+  char host[256];
+  const char *colon = strrchr(addr, ':');
+  size_t hl = colon ? (size_t)(colon - addr) : 0;
+  const char *h = addr;
+  if (hl >= 2 && h[0] == '[' && h[hl - 1] == ']') {
+    h++;
+    hl -= 2;
+  }
+  if (!colon || !colon[1] || hl == 0 || hl >= sizeof(host)) {
+    fprintf(stderr, "commitkvctl: metrics: bad address '%s' (want HOST:PORT)\n", addr);
+    return NULL;
+  }
+  memcpy(host, h, hl);
+  host[hl] = 0;
+  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV}, *res;
+  int g = getaddrinfo(host, colon + 1, &hints, &res);
+  if (g != 0) {
+    fprintf(stderr, "commitkvctl: metrics: %s: %s\n", addr, gai_strerror(g));
+    return NULL;
+  }
+  int fd = -1, err = ECONNREFUSED;
+  for (struct addrinfo *a = res; a; a = a->ai_next) {
+    fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
+    if (fd < 0) {
+      err = errno;
+      continue;
+    }
+    if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) break;
+    err = errno;
+    if (err == EINPROGRESS) {
+      struct pollfd p = {.fd = fd, .events = POLLOUT};
+      int soerr = 0;
+      socklen_t sl = sizeof(soerr);
+      if (poll(&p, 1, timeout_ms) == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) == 0 && soerr == 0)
+        break; /* connected */
+      err = soerr ? soerr : ETIMEDOUT;
+    }
+    close(fd);
+    fd = -1;
+  }
+  freeaddrinfo(res);
+  if (fd < 0) {
+    fprintf(stderr, "commitkvctl: metrics: cannot connect to %s: %s (is [daemon] metrics set to it?)\n", addr,
+            strerror(err));
+    return NULL;
+  }
+  char req[400];
+  int n = snprintf(req, sizeof(req), "GET /metrics HTTP/1.0\r\nHost: %s\r\nUser-Agent: commitkvctl\r\n\r\n", addr);
+  size_t cap = 1 << 16, len = 0;
+  char *buf = malloc(cap);
+  bool ok = buf && send(fd, req, (size_t)n, MSG_NOSIGNAL) == n;
+  while (ok) {
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    if (poll(&p, 1, timeout_ms) != 1) {
+      fprintf(stderr, "commitkvctl: metrics: %s: no answer within %d ms\n", addr, timeout_ms);
+      ok = false;
+      break;
+    }
+    if (cap - len < 4096) {
+      char *nb = cap < (256u << 20) ? realloc(buf, cap * 2) : NULL;
+      if (!nb) {
+        ok = false;
+        break;
+      }
+      buf = nb;
+      cap *= 2;
+    }
+    ssize_t got = recv(fd, buf + len, cap - len - 1, 0);
+    if (got == 0) break;
+    if (got < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      ok = false;
+      break;
+    }
+    len += (size_t)got;
+  }
+  close(fd);
+  if (!ok) {
+    free(buf);
+    return NULL;
+  }
+  buf[len] = 0;
+  char *body = strstr(buf, "\r\n\r\n");
+  int status = 0;
+  if (strncmp(buf, "HTTP/1.", 7) != 0 || sscanf(buf + 8, " %d", &status) != 1 || status != 200 || !body) {
+    fprintf(stderr, "commitkvctl: metrics: %s answered: %.*s\n", addr, (int)strcspn(buf, "\r\n"), buf);
+    free(buf);
+    return NULL;
+  }
+  memmove(buf, body + 4, strlen(body + 4) + 1);
+  return buf;
+}
+
+/* One sample of the text format, parsed in place (labels unescaped). */
+#define MS_MAX_LABELS 4
+typedef struct msample {
+  char *name;
+  char *key[MS_MAX_LABELS], *val[MS_MAX_LABELS];
+  int n_labels;
+  double value;
+  size_t tenant; /* index into the tenant list; SIZE_MAX = no tenant label */
+} msample;
+
+static const char *ms_label(const msample *s, const char *key) {
+  for (int i = 0; i < s->n_labels; i++)
+    if (strcmp(s->key[i], key) == 0) return s->val[i];
+  return NULL;
+}
+
+/* Parses `line` (modified); false for comments, blanks and junk. */
+static bool ms_parse(char *line, msample *s) {
+  if (*line == '#' || *line == 0) return false;
+  s->name = line;
+  s->n_labels = 0;
+  char *p = line + strcspn(line, "{ ");
+  if (*p == '{') {
+    *p++ = 0;
+    while (*p && *p != '}') {
+      char *k = p, *eq = strchr(p, '=');
+      if (!eq || eq[1] != '"') return false;
+      *eq = 0;
+      char *v = eq + 2, *w = v;
+      for (p = v; *p && *p != '"'; p++) {
+        if (*p == '\\' && p[1]) {
+          p++;
+          *w++ = *p == 'n' ? '\n' : *p;
+        } else {
+          *w++ = *p;
+        }
+      }
+      if (*p != '"') return false;
+      p++;
+      *w = 0;
+      if (s->n_labels < MS_MAX_LABELS) {
+        s->key[s->n_labels] = k;
+        s->val[s->n_labels++] = v;
+      }
+      if (*p == ',') p++;
+    }
+    if (*p != '}') return false;
+    p++;
+  } else if (*p == ' ') {
+    *p = 0;
+    p++;
+  } else {
+    return false;
+  }
+  char *end;
+  s->value = strtod(p, &end);
+  return end != p;
+}
+
+typedef struct mview {
+  msample *s;
+  size_t n;
+} mview;
+
+/* The value of the first sample named `name` with label k=v (k NULL: any). */
+static bool mv_get(mview v, const char *name, const char *k, const char *val, double *ret) {
+  for (size_t i = 0; i < v.n; i++) {
+    if (strcmp(v.s[i].name, name) != 0) continue;
+    const char *l = k ? ms_label(&v.s[i], k) : NULL;
+    if (k && (!l || strcmp(l, val) != 0)) continue;
+    *ret = v.s[i].value;
+    return true;
+  }
+  return false;
+}
+
+static double mv_val(mview v, const char *name, const char *k, const char *val) {
+  double d = 0;
+  mv_get(v, name, k, val, &d);
+  return d;
+}
+
+/* "ReportRound: 3 rounds, mean 1.2 ms, p50 <= 2.5 ms, p99 <= 10 ms" from a
+ * histogram; `extra` ends the line. */
+static void print_histogram(mview v, const char *family, const char *what, const char *unit, const char *extra) {
+  char name[128];
+  snprintf(name, sizeof(name), "%s_count", family);
+  double count = mv_val(v, name, NULL, NULL);
+  snprintf(name, sizeof(name), "%s_sum", family);
+  double sum = mv_val(v, name, NULL, NULL);
+  printf("  %s: %.0f %s", what, count, unit);
+  if (count > 0) {
+    printf(", mean %.3f ms", 1e3 * sum / count);
+    snprintf(name, sizeof(name), "%s_bucket", family);
+    const double q[2] = {0.5, 0.99};
+    for (int k = 0; k < 2; k++) {
+      for (size_t i = 0; i < v.n; i++) {
+        const char *le = ms_label(&v.s[i], "le");
+        if (strcmp(v.s[i].name, name) != 0 || !le || v.s[i].value < q[k] * count) continue;
+        if (strcmp(le, "+Inf") == 0)
+          printf(", p%.0f above the last bucket", q[k] * 100);
+        else
+          printf(", p%.0f <= %g ms", q[k] * 100, 1e3 * strtod(le, NULL));
+        break;
+      }
+    }
+  }
+  printf("%s\n", extra ? extra : "");
+}
+
+static void print_tenant(mview v, const char *tenant) {
+  printf("\ntenant %s: %.0f sessions (%.0f detached), %.0f clients", tenant, mv_val(v, "commitkv_sessions", NULL, NULL),
+         mv_val(v, "commitkv_detached_sessions", NULL, NULL), mv_val(v, "commitkv_clients", NULL, NULL));
+  double quota = mv_val(v, "commitkv_quota_bytes", NULL, NULL);
+  if (quota > 0)
+    printf(", quota %.0f bytes\n", quota);
+  else
+    printf(", no quota of its own\n");
+  /* Tiers, in the order the daemon lists them. */
+  const char *tiers[8];
+  int nt = 0;
+  for (size_t i = 0; i < v.n && nt < 8; i++) {
+    if (strcmp(v.s[i].name, "commitkv_tier_bytes") != 0) continue;
+    const char *t = ms_label(&v.s[i], "tier");
+    if (t) tiers[nt++] = t;
+  }
+  printf("  %-10s %14s", "state", "tokens");
+  for (int t = 0; t < nt; t++) {
+    char head[64];
+    snprintf(head, sizeof(head), "bytes %s", tiers[t]);
+    printf(" %20s", head);
+  }
+  putchar('\n');
+  static const char *const states[] = {"draft", "staged", "committed", "recycled"};
+  for (int s = 0; s < 4; s++) {
+    printf("  %-10s %14.0f", states[s], mv_val(v, "commitkv_tokens", "state", states[s]));
+    for (int t = 0; t < nt; t++) {
+      double b = 0;
+      bool found = false;
+      for (size_t i = 0; i < v.n && !found; i++) {
+        const char *ti = ms_label(&v.s[i], "tier"), *st = ms_label(&v.s[i], "state");
+        if (strcmp(v.s[i].name, "commitkv_kv_bytes") == 0 && ti && st && !strcmp(ti, tiers[t]) &&
+            !strcmp(st, states[s])) {
+          b = v.s[i].value;
+          found = true;
+        }
+      }
+      if (found)
+        printf(" %20.0f", b);
+      else
+        printf(" %20s", "-");
+    }
+    putchar('\n');
+  }
+  double fp16 = mv_val(v, "commitkv_fp16_equivalent_bytes", NULL, NULL), total = 0;
+  printf("  %-10s %14s", "total", "");
+  for (int t = 0; t < nt; t++) {
+    double b = mv_val(v, "commitkv_tier_bytes", "tier", tiers[t]);
+    total += b;
+    printf(" %20.0f", b);
+  }
+  printf("   (FP16 equivalent %.0f, ratio %.3f)\n", fp16, fp16 > 0 ? total / fp16 : 0.0);
+  for (int t = 0; t < nt; t++)
+    printf("  arena %s: %.0f of %.0f bytes used; hits %.0f, misses %.0f\n", tiers[t],
+           mv_val(v, "commitkv_arena_used_bytes", "tier", tiers[t]),
+           mv_val(v, "commitkv_arena_size_bytes", "tier", tiers[t]),
+           mv_val(v, "commitkv_tier_hits_total", "tier", tiers[t]),
+           mv_val(v, "commitkv_tier_misses_total", "tier", tiers[t]));
+  printf("  transitions: draft->staged %.0f, staged->committed %.0f, ->recycled %.0f; recycles %.0f\n",
+         mv_val(v, "commitkv_transitions_total", "kind", "draft_staged"),
+         mv_val(v, "commitkv_transitions_total", "kind", "staged_committed"),
+         mv_val(v, "commitkv_transitions_total", "kind", "any_recycled"),
+         mv_val(v, "commitkv_recycles_total", NULL, NULL));
+  print_histogram(v, "commitkv_report_round_duration_seconds", "ReportRound", "rounds", NULL);
+  char pending[64];
+  snprintf(pending, sizeof(pending), "; %.0f tokens pending", mv_val(v, "commitkv_compress_pending_tokens", NULL, NULL));
+  print_histogram(v, "commitkv_compress_job_duration_seconds", "compression", "jobs", pending);
+  printf("  errors:");
+  int shown = 0;
+  for (size_t i = 0; i < v.n; i++) {
+    const char *code = ms_label(&v.s[i], "code");
+    if (strcmp(v.s[i].name, "commitkv_errors_total") != 0 || !code || v.s[i].value == 0) continue;
+    printf("%s %s %.0f", shown++ ? "," : "", code, v.s[i].value);
+  }
+  printf("%s\n", shown ? "" : " none");
+}
+
+static int cmd_metrics(int argc, char **argv, int first, const char *addr, int timeout_ms) {
+  bool raw = false;
+  for (int i = first; i < argc; i++) {
+    if (strcmp(argv[i], "--raw") == 0) {
+      raw = true;
+    } else if (strcmp(argv[i], "--metrics") == 0 && i + 1 < argc) {
+      addr = argv[++i];
+    } else if (strncmp(argv[i], "--metrics=", 10) == 0) {
+      addr = argv[i] + 10;
+    } else {
+      fprintf(stderr, "commitkvctl: metrics: unexpected argument '%s'\n", argv[i]);
+      return 2;
+    }
+  }
+  char *text = http_get_metrics(addr, timeout_ms > 0 ? timeout_ms : 5000);
+  if (!text) return 1;
+  if (raw) {
+    fputs(text, stdout);
+    free(text);
+    return 0;
+  }
+  size_t cap = 256, n = 0, nt = 0, tcap = 16;
+  msample *s = malloc(cap * sizeof(*s));
+  const char **tenants = malloc(tcap * sizeof(*tenants));
+  int rc = 0;
+  char *save = NULL;
+  for (char *line = strtok_r(text, "\n", &save); line && s && tenants; line = strtok_r(NULL, "\n", &save)) {
+    if (n == cap) {
+      msample *ns = realloc(s, 2 * cap * sizeof(*s));
+      if (!ns) break;
+      s = ns;
+      cap *= 2;
+    }
+    if (!ms_parse(line, &s[n])) continue;
+    const char *t = ms_label(&s[n], "tenant");
+    s[n].tenant = SIZE_MAX;
+    if (t) {
+      size_t k = nt;
+      while (k > 0 && strcmp(tenants[k - 1], t) != 0) k--;
+      if (k == 0) {
+        if (nt == tcap) {
+          const char **ntn = realloc(tenants, 2 * tcap * sizeof(*tenants));
+          if (!ntn) break;
+          tenants = ntn;
+          tcap *= 2;
+        }
+        tenants[nt++] = t;
+        k = nt;
+      }
+      s[n].tenant = k - 1;
+    }
+    n++;
+  }
+  if (!s || !tenants) {
+    fprintf(stderr, "commitkvctl: metrics: out of memory\n");
+    rc = 1;
+  } else {
+    mview all = {s, n};
+    for (size_t i = 0; i < n; i++)
+      if (strcmp(s[i].name, "commitkv_build_info") == 0) {
+        const char *ver = ms_label(&s[i], "version"), *be = ms_label(&s[i], "backend"),
+                   *tok = ms_label(&s[i], "boot_token");
+        printf("commitkvd %s, backend %s, boot token %s", ver ? ver : "?", be ? be : "?", tok ? tok : "?");
+        break;
+      }
+    printf(", up %.1f s (%s)\n", mv_val(all, "commitkv_uptime_seconds", NULL, NULL), addr);
+    printf("clients %.0f, sessions %.0f; requests %.0f (%.0f errors), rounds %.0f, leases expired %.0f, "
+           "attaches %.0f (%.0f refused)\n",
+           mv_val(all, "commitkv_connected_clients", NULL, NULL), mv_val(all, "commitkv_open_sessions", NULL, NULL),
+           mv_val(all, "commitkv_requests_total", NULL, NULL), mv_val(all, "commitkv_request_errors_total", NULL, NULL),
+           mv_val(all, "commitkv_rounds_total", NULL, NULL), mv_val(all, "commitkv_leases_expired_total", NULL, NULL),
+           mv_val(all, "commitkv_attaches_total", NULL, NULL), mv_val(all, "commitkv_attach_refused_total", NULL, NULL));
+    printf("compressor: %.0f jobs queued, %.0f done, %.0f refused\n",
+           mv_val(all, "commitkv_compress_queue_depth", NULL, NULL), mv_val(all, "commitkv_compress_jobs_total", NULL, NULL),
+           mv_val(all, "commitkv_compress_refused_total", NULL, NULL));
+    /* Group by tenant: one pass per tenant over the samples, copied into a
+     * contiguous view (tenant counts are small next to sample counts). */
+    msample *mine = malloc((n ? n : 1) * sizeof(*mine));
+    for (size_t t = 0; mine && t < nt; t++) {
+      if (tenants[t][0] == 0) continue; /* untenanted observations */
+      size_t m = 0;
+      for (size_t i = 0; i < n; i++)
+        if (s[i].tenant == t) mine[m++] = s[i];
+      print_tenant((mview){mine, m}, tenants[t]);
+    }
+    if (nt == 0) printf("\nno tenant has attached yet\n");
+    free(mine);
+  }
+  free(tenants);
+  free(s);
+  free(text);
+  return rc;
+}
+
 static void usage(FILE *out) {
-  fprintf(out, "usage: commitkvctl [--socket ENDPOINT] [--attach-socket PATH] [--timeout MS] COMMAND\n"
+  fprintf(out, "usage: commitkvctl [--socket ENDPOINT] [--attach-socket PATH] [--timeout MS] [--metrics ADDR] COMMAND\n"
                "commands:\n"
                "  status            daemon version, backend and why, uptime, sockets\n"
                "  sessions          sessions with their states and bytes\n"
                "  stats [--json]    totals (JSON: one object, DESIGN.md section 7)\n"
-               "  drop ID [TENANT]  drop a session (another tenant's: admin only)\n");
+               "  drop ID [TENANT]  drop a session (another tenant's: admin only)\n"
+               "  metrics [--raw]   Prometheus figures per tenant from http://ADDR/metrics (default 127.0.0.1:9464)\n");
 }
 
 int main(int argc, char **argv) {
@@ -180,7 +568,9 @@ int main(int argc, char **argv) {
                                        {"timeout", required_argument, 0, 't'},
                                        {"json", no_argument, 0, 'j'},
                                        {"help", no_argument, 0, 'h'},
+                                       {"metrics", required_argument, 0, 'M'},
                                        {0, 0, 0, 0}};
+  const char *metrics_addr = "127.0.0.1:9464";
   ckv_client_options o = {.name = "commitkvctl", .no_arenas = true, .timeout_ms = 5000};
   bool json = false;
   int ch;
@@ -191,6 +581,7 @@ int main(int argc, char **argv) {
       case 't': o.timeout_ms = atoi(optarg); break;
       case 'j': json = true; break;
       case 'h': usage(stdout); return 0;
+      case 'M': metrics_addr = optarg; break;
       default: usage(stderr); return 2;
     }
   }
@@ -199,6 +590,8 @@ int main(int argc, char **argv) {
     return 2;
   }
   const char *cmd = argv[optind++];
+  /* metrics talks HTTP only: no attach, so it works without a tenant. */
+  if (strcmp(cmd, "metrics") == 0) return cmd_metrics(argc, argv, optind, metrics_addr, o.timeout_ms);
   for (int i = optind; i < argc; i++)
     if (strcmp(argv[i], "--json") == 0) json = true;
   ckv_client *c;

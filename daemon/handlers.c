@@ -18,6 +18,7 @@
 #include "daemon/config.h"
 #include "daemon/lifecycle.h"
 #include "daemon/log.h"
+#include "daemon/metrics.h"
 #include "daemon/server.h"
 #include "daemon/session.h"
 #include "daemon/strmap.h"
@@ -26,6 +27,7 @@
 
 typedef struct reply_ctx {
   Commitkv__V1__Response *rep;
+  uint64_t t0_us; /* when the request was taken up */
   char msg[512];
 } reply_ctx;
 
@@ -359,6 +361,8 @@ static int h_report(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req
   s->counters.rounds++;
   ckv_transition_list decided = {0};
   r = ckv_lifecycle_round(sess, s->compressor, (uint32_t)rr->round, &decided);
+  for (size_t i = 0; i < decided.n; i++) c->tenant->recycle_runs += decided.v[i].to == CKV_STATE_RECYCLED;
+  ckv_metrics_observe_round_tenant(s->metrics, c->tenant->name, (double)(ckv_now_us() - x->t0_us) * 1e-6);
   Commitkv__V1__RoundReport *out = NEW(s, Commitkv__V1__RoundReport, COMMITKV__V1__ROUND_REPORT__INIT);
   if (out && decided.n) out->transitions = transitions_msg(s, &decided, &out->n_transitions);
   bool oom = !out || (decided.n && !out->transitions);
@@ -437,6 +441,7 @@ static int h_view(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
   ckv_srv_session *sess;
   int r = find_session(s, c, req->get_view->session_id, true, &sess, x);
   if (r < 0) return r;
+  c->tenant->hits++; /* host backend: every block is resident */
   if (req->get_view->known_epoch && req->get_view->known_epoch == sess->epoch) {
     Commitkv__V1__View *v = NEW(s, Commitkv__V1__View, COMMITKV__V1__VIEW__INIT);
     if (!v) return -ENOMEM;
@@ -454,7 +459,9 @@ static int h_acquire(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *re
   /* Host backend: every block is resident; tiering makes this bring blocks back. */
   ckv_srv_session *sess;
   int r = find_session(s, c, req->acquire->session_id, true, &sess, x);
-  return r < 0 ? r : view_reply(s, sess, x);
+  if (r < 0) return r;
+  c->tenant->hits++;
+  return view_reply(s, sess, x);
 }
 
 static int h_close(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, reply_ctx *x) {
@@ -526,17 +533,6 @@ static Commitkv__V1__ByteCounts *byte_counts(ckv_server *s, const uint64_t *b5) 
   return b;
 }
 
-static void session_figures(const ckv_srv_session *sess, uint64_t *tok4, uint64_t *bytes5) {
-  for (int i = 0; i < 4; i++) tok4[i] += sess->count_by_state[i];
-  for (size_t i = 0; i < sess->n_blocks; i++) {
-    const ckv_sblock *b = &sess->blocks[i];
-    if (b->format == CKV_BLOCK_UNUSED) continue;
-    bytes5[b->format == CKV_FORMAT_DRAFT ? 0 : b->format == CKV_FORMAT_STAGED ? 1 : 2] += b->bytes;
-  }
-  bytes5[3] += ckv_srv_session_bytes(sess);
-  bytes5[4] += ckv_srv_session_fp16_bytes(sess);
-}
-
 static int h_stats(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, reply_ctx *x) {
   Commitkv__V1__Stats *st = NEW(s, Commitkv__V1__Stats, COMMITKV__V1__STATS__INIT);
   if (!st) return -ENOMEM;
@@ -555,7 +551,7 @@ static int h_stats(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req,
     ckv_srv_session *sess;
     while ((sess = ckv_strmap_next(s->sessions, &cur, NULL))) {
       if (sess->tenant != t) continue;
-      session_figures(sess, tok, bytes);
+      ckv_srv_session_figures(sess, tok, bytes);
       if (!sess->owner) detached++;
     }
     Commitkv__V1__TenantStats *ts = NEW(s, Commitkv__V1__TenantStats, COMMITKV__V1__TENANT_STATS__INIT);
@@ -622,7 +618,7 @@ static int h_list(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
     if (!c->admin && sess->tenant != c->tenant) continue;
     Commitkv__V1__SessionInfo *i = NEW(s, Commitkv__V1__SessionInfo, COMMITKV__V1__SESSION_INFO__INIT);
     uint64_t tok[4] = {0}, bytes[5] = {0};
-    session_figures(sess, tok, bytes);
+    ckv_srv_session_figures(sess, tok, bytes);
     if (!i || !(i->tokens = token_counts(s, tok)) || !(i->bytes = byte_counts(s, bytes)) ||
         !(i->geometry = geometry_msg(s, sess)))
       return -ENOMEM;
@@ -691,7 +687,7 @@ static const handler_entry k_handlers[] = {
 };
 
 void ckv_handle_request(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, Commitkv__V1__Response *rep) {
-  reply_ctx x = {.rep = rep};
+  reply_ctx x = {.rep = rep, .t0_us = ckv_now_us()};
   int r;
   if (req->version > CKV_PROTOCOL_VERSION) {
     r = fail(&x, CKV_ERR_VERSION, "request version %u is newer than this daemon's %u", req->version,

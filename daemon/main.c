@@ -174,12 +174,17 @@ int main(int argc, char **argv) {
       case OPT_SET: {
         char buf[1024];
         snprintf(buf, sizeof(buf), "%s", optarg);
-        char *eq = strchr(buf, '='), *dot = strrchr(buf, '.');
-        if (!eq || !dot || dot > eq) {
+        /* the key is after the last '.' before '=' (sections may hold dots: tenant.NAME) */
+        char *eq = strchr(buf, '=');
+        char *dot = NULL;
+        if (eq) {
+          *eq = 0;
+          dot = strrchr(buf, '.');
+        }
+        if (!eq || !dot) {
           fprintf(stderr, "commitkvd: --set wants SECTION.KEY=VALUE, got '%s'\n", optarg);
           return 2;
         }
-        *eq = 0;
         *dot = 0;
         r = apply_flag(&a.cfg, buf, dot + 1, eq + 1);
         break;
@@ -245,6 +250,7 @@ int main(int argc, char **argv) {
       .commit_block_tokens = a.cfg.commit_block_tokens,
       .compress_threads = a.cfg.compress_threads,
       .compress_queue = a.cfg.compress_queue,
+      .metrics = a.cfg.metrics,
       .policy = &a.policy,
       .resolve_tenant = resolve_tenant,
       .resolve_ctx = &a,

@@ -24,7 +24,9 @@
 #include "commitkv/status.h"
 #include "daemon/compressor.h"
 #include "daemon/lifecycle.h"
+#include "daemon/activation.h"
 #include "daemon/log.h"
+#include "daemon/metrics.h"
 #include "daemon/session.h"
 #include "daemon/strmap.h"
 #include "daemon/tenant.h"
@@ -39,6 +41,12 @@ uint64_t ckv_now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+uint64_t ckv_now_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
 void ckv_server_session_key(const ckv_tenant *t, const char *id, char *buf, size_t len) {
@@ -130,8 +138,23 @@ int ckv_server_new(const ckv_server_options *opt, ckv_server **ret, char *err, s
   /* ZeroMQ creates the ipc file with the umask; every local user must reach
    * it (authentication is the attach key, granted over the attach socket). */
   if (strncmp(opt->socket, "ipc://", 6) == 0) chmod(opt->socket + 6, 0666);
+  r = ckv_metrics_new(opt->metrics, &s->metrics, err, errlen);
+  if (r < 0) {
+    /* A busy or bad metrics address must not take KV serving down: run
+     * without the endpoint and say so loudly. */
+    ckv_log(CKV_LOG_ERROR, "metrics-off", NULL, NULL, "metrics endpoint %s unavailable: %s", opt->metrics, err);
+    r = ckv_metrics_new("", &s->metrics, err, errlen);
+    if (r < 0) goto fail;
+  }
   ensure_parent_dir(opt->attach_socket);
-  r = ckv_unix_listen(opt->attach_socket, 0666, 64, &s->attach_fd);
+  int inherited = ckv_activation_attach_fd(opt->attach_socket);
+  if (inherited >= 0) {
+    s->attach_fd = inherited; /* socket activation: systemd owns the path */
+    s->attach_inherited = true;
+    r = 0;
+  } else {
+    r = ckv_unix_listen(opt->attach_socket, 0666, 64, &s->attach_fd);
+  }
   if (r < 0) {
     snprintf(err, errlen, "cannot listen on %s: %s", opt->attach_socket, ckv_strerror(r));
     goto fail;
@@ -158,7 +181,10 @@ void ckv_server_destroy_session(ckv_server *s, ckv_srv_session *sess) {
   if (ckv_strmap_get(s->sessions, key) == sess) ckv_strmap_del(s->sessions, key);
   sess->tenant->n_sessions--;
   for (int i = 0; i < 4; i++)
-    for (int j = 0; j < 4; j++) s->counters.transitions[i][j] += sess->transitions[i][j];
+    for (int j = 0; j < 4; j++) {
+      s->counters.transitions[i][j] += sess->transitions[i][j];
+      sess->tenant->transitions_gone[i][j] += sess->transitions[i][j];
+    }
   if (sess->jobs_inflight) {
     /* a compressor thread may be writing its blocks: free when its jobs are back */
     if (s->n_doomed == s->cap_doomed) {
@@ -185,6 +211,8 @@ void ckv_server_collect_jobs(ckv_server *s) {
   while (j) {
     ckv_job *next = j->next;
     ckv_srv_session *sess = j->owner;
+    ckv_metrics_observe_compress_tenant(s->metrics, sess->tenant->name,
+                                        (double)(j->done_ns - j->submitted_ns) * 1e-9);
     if (j->status < 0 && !sess->doomed)
       ckv_log(CKV_LOG_ERROR, "compress-failed", sess->tenant->name, sess->id, "moving %zu tokens failed: %s",
               j->n_moves, ckv_strerror(j->status));
@@ -254,8 +282,9 @@ ckv_server *ckv_server_free(ckv_server *s) {
   for (size_t i = 0; i < s->n_pending; i++) close(s->pending[i].fd);
   if (s->attach_fd >= 0) {
     close(s->attach_fd);
-    unlink(s->opt.attach_socket);
+    if (!s->attach_inherited) unlink(s->opt.attach_socket);
   }
+  s->metrics = ckv_metrics_free(s->metrics);
   if (s->signal_fd >= 0) close(s->signal_fd);
   ckv_wire_arena_done(&s->in);
   ckv_wire_arena_done(&s->out);
@@ -358,7 +387,10 @@ static int serve_one(ckv_server *s) {
       ckv_handle_request(s, c, req, &rep);
     }
   }
-  if (rep.code != 0) s->counters.errors++;
+  if (rep.code != 0) {
+    s->counters.errors++;
+    if (c && c->tenant) c->tenant->errors[ckv_metrics_error_index(rep.code)]++;
+  }
 
   size_t len = commitkv__v1__response__get_packed_size(&rep);
   zmq_msg_t out;
@@ -459,6 +491,8 @@ static void status_line(ckv_server *s, char *buf, size_t len) {
 }
 
 int ckv_server_run(ckv_server *s) {
+  ckv_server_publish_metrics(s); /* a scrape never sees an empty page */
+  s->last_metrics_ms = ckv_now_ms();
   if (s->opt.on_ready) s->opt.on_ready(s->opt.notify_ctx);
   ckv_log(CKV_LOG_NOTICE, "ready", NULL, NULL, "serving %s (attach %s), backend %s", s->opt.socket,
           s->opt.attach_socket, s->opt.backend);
@@ -519,6 +553,10 @@ int ckv_server_run(ckv_server *s) {
       }
     }
     uint64_t now = ckv_now_ms();
+    if (now - s->last_metrics_ms >= 1000) {
+      ckv_server_publish_metrics(s);
+      s->last_metrics_ms = now;
+    }
     if (now - last_house >= HOUSEKEEPING_MS) {
       housekeeping(s);
       last_house = now;

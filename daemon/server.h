@@ -51,6 +51,7 @@ typedef struct ckv_server_options {
   uint32_t max_append;   /* tokens per AppendTokens */
   uint32_t draft_block_tokens, commit_block_tokens;
   unsigned compress_threads, compress_queue;
+  const char *metrics; /* Prometheus endpoint "HOST:PORT"; "" = off */
   /* Policy parameters new sessions start from (owned by the caller, who may
    * change them between loop iterations, e.g. on SIGHUP). */
   const ckv_judge_params *policy;
@@ -97,6 +98,9 @@ typedef struct ckv_server {
   ckv_strmap *conns;    /* keyhex -> ckv_conn */
   ckv_strmap *sessions; /* "tenant/id" -> ckv_srv_session */
   ckv_compressor *compressor;
+  struct ckv_metrics *metrics;
+  bool attach_inherited; /* the attach socket came from systemd (socket activation) */
+  uint64_t last_metrics_ms;
   struct ckv_pending_attach {
     int fd;
     uint64_t deadline_ms;
@@ -124,6 +128,9 @@ bool ckv_server_take_reload(ckv_server *s);
 
 /* Internal API shared by server.c, attach.c and handlers.c. */
 uint64_t ckv_now_ms(void);
+uint64_t ckv_now_us(void);
+/* Formats and publishes the metrics snapshot (server_metrics.c). */
+void ckv_server_publish_metrics(ckv_server *s);
 ckv_tenant *ckv_server_tenant(ckv_server *s, const ckv_tenant_spec *spec, int *ret_status);
 void ckv_server_drop_conn(ckv_server *s, ckv_conn *c, const char *why);
 void ckv_server_session_key(const ckv_tenant *t, const char *id, char *buf, size_t len);

@@ -360,3 +360,14 @@ uint64_t ckv_srv_session_fp16_bytes(const ckv_srv_session *s) {
    * of this session would hold, so eviction policies compare fairly. */
   return (uint64_t)s->tokens.n * 2u * s->geom.n_layers * s->geom.n_kv_heads * s->geom.head_dim * 2u;
 }
+
+void ckv_srv_session_figures(const ckv_srv_session *s, uint64_t tok4[4], uint64_t bytes5[5]) {
+  for (int i = 0; i < 4; i++) tok4[i] += s->count_by_state[i];
+  for (size_t i = 0; i < s->n_blocks; i++) {
+    const ckv_sblock *b = &s->blocks[i];
+    if (b->format == CKV_BLOCK_UNUSED) continue;
+    bytes5[b->format == CKV_FORMAT_DRAFT ? 0 : b->format == CKV_FORMAT_STAGED ? 1 : 2] += b->bytes;
+  }
+  bytes5[3] += ckv_srv_session_bytes(s);
+  bytes5[4] += ckv_srv_session_fp16_bytes(s);
+}

@@ -132,6 +132,10 @@ uint64_t ckv_srv_session_release_retired(ckv_srv_session *s);
 uint64_t ckv_srv_session_bytes(const ckv_srv_session *s);
 /* FP16 bytes of every token appended (recycled ones included). */
 uint64_t ckv_srv_session_fp16_bytes(const ckv_srv_session *s);
+/* Adds the session's token counts (draft, staged, committed, recycled) to
+ * tok4 and its bytes (draft, staged, committed, total, fp16 equivalent) to
+ * bytes5: the one definition stats, listings and metrics share. */
+void ckv_srv_session_figures(const ckv_srv_session *s, uint64_t tok4[4], uint64_t bytes5[5]);
 /* Daemon-side address of block `index`. */
 void *ckv_srv_session_block_ptr(const ckv_srv_session *s, uint32_t index);
 

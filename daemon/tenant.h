@@ -7,6 +7,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "daemon/metrics.h"
+
 typedef struct ckv_arena ckv_arena;
 typedef struct ckv_slab ckv_slab;
 typedef struct ckv_arena_backend ckv_arena_backend;
@@ -24,6 +26,11 @@ typedef struct ckv_tenant {
   uint64_t bytes_by_format[4];
   uint64_t n_sessions;
   uint64_t n_clients;
+  /* counters for the metrics endpoint */
+  uint64_t transitions_gone[4][4]; /* transitions of sessions already freed */
+  uint64_t hits;                   /* Acquire/GetView of resident sessions */
+  uint64_t recycle_runs;           /* runs of recycled tokens reported */
+  uint64_t errors[CKV_METRICS_ERRORS];
 } ckv_tenant;
 
 /* Create a tenant with an arena of `arena_bytes` on backend `be`.

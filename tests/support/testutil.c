@@ -82,8 +82,10 @@ int ckv_test_daemon_start(ckv_test_daemon *d, const char *const *extra) {
   snprintf(d->socket, sizeof(d->socket), "ipc://%s/commitkvd.sock", d->dir);
   snprintf(d->attach, sizeof(d->attach), "%s/commitkvd.attach", d->dir);
   snprintf(d->log, sizeof(d->log), "%s/commitkvd.log", d->dir);
-  const char *argv[64] = {"commitkvd", "--socket", d->socket, "--attach-socket", d->attach, "--state-dir", d->dir};
-  int n = 7;
+  /* metrics off unless a test asks (later --set wins): tests must not fight over a port */
+  const char *argv[64] = {"commitkvd", "--socket", d->socket, "--attach-socket", d->attach, "--state-dir", d->dir,
+                          "--set", "daemon.metrics="};
+  int n = 9;
   for (int i = 0; extra && extra[i] && n < 62; i++) argv[n++] = extra[i];
   argv[n] = NULL;
   d->pid = ckv_test_spawn(argv, d->log);

@@ -1,0 +1,88 @@
+/* server_metrics.c - the server's figures as a Prometheus snapshot.
+ *
+ * Called from the loop about once a second: the same numbers `commitkvctl
+ * stats --json` reports (ckv_srv_session_figures), per tenant, formatted by
+ * metrics.c and handed to its HTTP thread, which never touches daemon state. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/compressor.h"
+#include "daemon/lifecycle.h"
+#include "daemon/metrics.h"
+#include "daemon/server.h"
+#include "daemon/session.h"
+#include "daemon/strmap.h"
+#include "daemon/tenant.h"
+#include "shm/arena.h"
+
+void ckv_server_publish_metrics(ckv_server *s) {
+  if (!ckv_metrics_enabled(s->metrics)) return;
+  ckv_metrics_tenant *mt = calloc(s->n_tenants ? s->n_tenants : 1, sizeof(*mt));
+  if (!mt) return;
+  ckv_metrics_snapshot snap = {
+      .version = CKV_VERSION_STRING,
+      .backend = s->opt.backend,
+      .boot_token = s->boot_token,
+      .boot_token_len = sizeof(s->boot_token),
+      .uptime_seconds = (double)(ckv_now_ms() - s->start_ms) / 1000.0,
+      .clients = ckv_strmap_size(s->conns),
+      .sessions = ckv_strmap_size(s->sessions),
+      .requests_total = s->counters.requests,
+      .errors_total = s->counters.errors,
+      .rounds_total = s->counters.rounds,
+      .leases_expired_total = s->counters.leases_expired,
+      .attaches_total = s->counters.attaches,
+      .attach_refused_total = s->counters.attach_refused,
+      .tenants = mt,
+      .n_tenants = s->n_tenants,
+  };
+  ckv_compressor_stats cs;
+  ckv_compressor_get_stats(s->compressor, &cs);
+  snap.compress_queue_depth = cs.queued;
+  snap.compress_jobs_total = cs.completed;
+  snap.compress_refused_total = cs.refused_busy;
+  for (size_t i = 0; i < s->n_tenants; i++) {
+    const ckv_tenant *t = s->tenants[i];
+    ckv_metrics_tenant *m = &mt[i];
+    m->name = t->name;
+    m->sessions = t->n_sessions;
+    m->clients = t->n_clients;
+    m->quota_bytes = t->quota_bytes;
+    m->arena_size_bytes[0] = ckv_arena_size(t->arena);
+    m->arena_used_bytes[0] = t->bytes_used;
+    m->hits_total[0] = t->hits;
+    m->recycles_total = t->recycle_runs;
+    memcpy(m->errors_total, t->errors, sizeof(m->errors_total));
+    uint64_t gone[4][4];
+    memcpy(gone, t->transitions_gone, sizeof(gone));
+    m->transitions_total[CKV_METRICS_TR_DRAFT_STAGED] = gone[0][1];
+    m->transitions_total[CKV_METRICS_TR_STAGED_COMMITTED] = gone[1][2];
+    m->transitions_total[CKV_METRICS_TR_ANY_RECYCLED] = gone[0][3] + gone[1][3] + gone[2][3];
+  }
+  size_t cur = 0;
+  ckv_srv_session *sess;
+  while ((sess = ckv_strmap_next(s->sessions, &cur, NULL))) {
+    size_t i = 0;
+    while (i < s->n_tenants && s->tenants[i] != sess->tenant) i++;
+    if (i == s->n_tenants) continue;
+    ckv_metrics_tenant *m = &mt[i];
+    uint64_t tok[4] = {0}, bytes[5] = {0};
+    ckv_srv_session_figures(sess, tok, bytes);
+    for (int k = 0; k < 4; k++) m->tokens[k] += tok[k];
+    for (int k = 0; k < 3; k++) m->bytes[0][k] += bytes[k];
+    m->tier_bytes[0] += bytes[3];
+    m->fp16_equivalent_bytes += bytes[4];
+    m->detached_sessions += sess->owner == 0;
+    m->compress_pending_tokens += ckv_lifecycle_pending(sess);
+    m->transitions_total[CKV_METRICS_TR_DRAFT_STAGED] += sess->transitions[0][1];
+    m->transitions_total[CKV_METRICS_TR_STAGED_COMMITTED] += sess->transitions[1][2];
+    m->transitions_total[CKV_METRICS_TR_ANY_RECYCLED] +=
+        sess->transitions[0][3] + sess->transitions[1][3] + sess->transitions[2][3];
+  }
+  ckv_metrics_fill_histograms(s->metrics, &snap);
+  char *text = NULL;
+  size_t len = 0;
+  if (ckv_metrics_format(&snap, &text, &len) == 0) ckv_metrics_publish(s->metrics, text, len);
+  free(text);
+  free(mt);
+}
