@@ -5,7 +5,7 @@ PKG_BUILD ?= build-package
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build test demo test-asan clean format package
+.PHONY: all deps build test demo test-asan test-gpu clean format package
 
 all: build
 
@@ -31,6 +31,11 @@ test-asan: deps
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DCKV_SANITIZE=ON $(CMAKE_FLAGS)
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=1 ctest --output-on-failure -j 1
+
+# Every GPU check in one go (a machine with an NVIDIA GPU): build, CUDA kernel
+# tests against the CPU oracle, CUDA arena tests, GPU kernel benchmark.
+test-gpu:
+	bash tests/gpu/run.sh
 
 # The .deb (CPack): a build configured for /usr, then cpack.  Prints its path.
 package: deps

@@ -212,6 +212,14 @@ static const config_key config_keys[] = {
     {SEC_POLICY, "mlp_weights", T_STRING, POL(mlp_weights), .check = check_abs_path,
      .reload = true, .def = "",
      .doc = "Weight file of the mlp judge (absolute path); empty = none."},
+    {SEC_POLICY, "trace", T_STRING, POL(trace), .check = check_abs_path, .reload = true, .def = "",
+     .doc = "File the daemon appends mlp-judge training traces to (per-token features and attention; "
+            "no token ids or text); empty = off. See docs/mlp-judge.md."},
+    {SEC_POLICY, "trace_every", T_U32, POL(trace_every), .imin = 1, .imax = 8, .reload = true, .def = "4",
+     .doc = "Record every Nth round (<= 8, so the attention rings cover the rounds between); a "
+            "32K-token round costs about 90 ms and 2.6 MB."},
+    {SEC_POLICY, "trace_max_bytes", T_SIZE, POL(trace_max_bytes), .imin = 0, .imax = PIB, .reload = true,
+     .def = "1G", .doc = "Stop recording after this many bytes per open (logged once); 0 = no limit."},
     {SEC_POLICY, "attn_threshold", T_DOUBLE, POL(attn_threshold), .dmin = 0, .dmax = 1e6,
      .reload = true, .def = "1",
      .doc = "draft->staged when mean relative attention over history_rounds exceeds this. 1.0 = "

@@ -79,6 +79,9 @@ typedef struct ckv_policy_params {
   int default_policy;          /* ckv_policy_id for sessions that name none */
   int judge;                   /* ckv_judge_kind */
   char mlp_weights[CKV_CONFIG_PATH_MAX]; /* MLP weight file; "" = none */
+  char trace[CKV_CONFIG_PATH_MAX]; /* training-trace file for the mlp judge; "" = off */
+  uint32_t trace_every;        /* record every Nth round */
+  uint64_t trace_max_bytes;    /* stop recording after this many bytes; 0 = no limit */
   double attn_threshold;       /* draft->staged: mean relative attention over R rounds */
   double semantic_threshold;   /* draft->staged and filler filter: semantic score in [0,1] */
   double high_attn_threshold;  /* staged->committed: relative attention to sustain */

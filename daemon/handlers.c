@@ -22,6 +22,7 @@
 #include "daemon/server.h"
 #include "daemon/session.h"
 #include "daemon/strmap.h"
+#include "daemon/trace.h"
 #include "daemon/tenant.h"
 #include "shm/arena.h"
 
@@ -359,6 +360,12 @@ static int h_report(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req
                 (unsigned long long)sess->last_round);
   if (r < 0) return fail(x, r, "bad round report: %s", ckv_strerror(r));
   s->counters.rounds++;
+  if (s->trace) {
+    /* returns an error once, when it stops recording (limit or I/O) */
+    int tr = ckv_trace_round(s->trace, sess->lane, (uint32_t)rr->round, &sess->tokens, &sess->params);
+    if (tr < 0)
+      ckv_log(CKV_LOG_WARNING, "trace", sess->tenant->name, sess->id, "trace stopped: %s", ckv_strerror(tr));
+  }
   ckv_transition_list decided = {0};
   r = ckv_lifecycle_round(sess, s->compressor, (uint32_t)rr->round, &decided);
   for (size_t i = 0; i < decided.n; i++) c->tenant->recycle_runs += decided.v[i].to == CKV_STATE_RECYCLED;

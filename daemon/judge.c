@@ -11,8 +11,9 @@
  *             of the recent window for a round and not filler (INT8 is
  *             nearly lossless: KL 0.0008 everywhere, so staging early is
  *             cheap and halves the bytes of the tail).  Filler =
- *             hot but semantically empty: it is never promoted (it stays
- *             draft until it goes idle and is recycled);
+ *             semantically empty yet drawing attention (at least
+ *             attn_threshold in any of the last R rounds): it is never
+ *             promoted (it stays draft until it goes idle and is recycled);
  *   staged->committed   (a) a lasting fact: attention >= high_attn_threshold
  *             in each of the last persistence_rounds rounds and semantic >=
  *             semantic_threshold; or (b) gone cold: mean attention below
@@ -111,7 +112,9 @@ static int judge_rules(ckv_tokens *t, uint32_t round, const ckv_judge_params *p,
     } else {
       float mean = ckv_tokens_attn_mean(t, pos, round, R), sem = ckv_q16_to_unit(t->semantic[pos]);
       int meaningful = sem >= p->semantic_threshold;
-      int filler = mean >= p->attn_threshold && !meaningful;
+      /* filler: semantically empty yet drawing attention in any recent round
+       * (the mean of a young token is diluted by rounds before it existed) */
+      int filler = !meaningful && ckv_tokens_attn_max(t, pos, round, R) >= p->attn_threshold;
       if (st == CKV_STATE_DRAFT) {
         if ((mean >= p->attn_threshold && meaningful) || (!filler && age >= 1))
           r = change(t, pos, CKV_STATE_STAGED, round, out);

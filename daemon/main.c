@@ -12,10 +12,12 @@
 #include <unistd.h>
 
 #include "commitkv/status.h"
+#include "daemon/backend.h"
 #include "daemon/config.h"
 #include "daemon/judge.h"
 #include "daemon/log.h"
 #include "daemon/mlp.h"
+#include "daemon/trace.h"
 #include "daemon/server.h"
 
 static void usage(FILE *out) {
@@ -25,6 +27,7 @@ static void usage(FILE *out) {
           "  --socket ENDPOINT     ZeroMQ control endpoint (default ipc://$RUNTIME_DIRECTORY/commitkvd.sock)\n"
           "  --attach-socket PATH  unix socket for attach and fd passing (default beside the control socket)\n"
           "  --backend auto|host|cuda\n"
+          "  --device N            CUDA device ordinal (backend cuda/auto)\n"
           "  --memory SIZE         KV memory for all tenants, e.g. 4G\n"
           "  --state-dir DIR       snapshots and disk tier\n"
           "  --set SECTION.KEY=VALUE  any configuration key (repeatable)\n"
@@ -38,6 +41,9 @@ typedef struct app {
   ckv_config cfg;
   ckv_judge_params policy; /* what new sessions start from; refreshed on SIGHUP */
   ckv_mlp *mlp;
+  ckv_mlp **old_mlps; /* weights replaced by a reload: sessions may still use them */
+  size_t n_old_mlps;
+  ckv_trace *trace;
   const char *config_path;
   ckv_server *server;
   bool notify;
@@ -82,11 +88,25 @@ static int policy_from_config(app *a, char *err, size_t errlen) {
     int r = ckv_mlp_load(p->mlp_weights, &mlp, err, errlen);
     if (r < 0) return r;
   }
-  /* Sessions keep a pointer to the weights: the old ones stay alive. */
+  /* Sessions keep a pointer to the weights: the old ones stay alive until exit. */
+  if (mlp && a->mlp) {
+    ckv_mlp **n = realloc(a->old_mlps, (a->n_old_mlps + 1) * sizeof(*n));
+    if (n) {
+      a->old_mlps = n;
+      a->old_mlps[a->n_old_mlps++] = a->mlp;
+    }
+  }
   j.mlp = mlp ? mlp : a->mlp;
   if (mlp) a->mlp = mlp;
   if (p->judge != CKV_JUDGE_MLP) j.mlp = NULL;
   a->policy = j;
+  /* training traces: reopened on every (re)load */
+  a->trace = ckv_trace_close(a->trace);
+  if (p->trace[0]) {
+    int r = ckv_trace_open(p->trace, p->trace_every, p->trace_max_bytes, &a->trace, err, errlen);
+    if (r < 0) return r;
+  }
+  if (a->server) a->server->trace = a->trace;
   return CKV_OK;
 }
 
@@ -135,11 +155,11 @@ int main(int argc, char **argv) {
   static app a;
   ckv_config_init_defaults(&a.cfg);
   ckv_log_init("commitkvd", CKV_LOG_TARGET_AUTO);
-  enum { OPT_ATTACH = 1000, OPT_SET, OPT_CHECK, OPT_HELP_CONFIG, OPT_VERSION, OPT_STATE, OPT_DEFAULT_CONFIG };
+  enum { OPT_ATTACH = 1000, OPT_SET, OPT_CHECK, OPT_HELP_CONFIG, OPT_VERSION, OPT_STATE, OPT_DEFAULT_CONFIG, OPT_DEVICE };
   static const struct option opts[] = {
       {"config", required_argument, 0, 'c'},    {"socket", required_argument, 0, 's'},
       {"attach-socket", required_argument, 0, OPT_ATTACH}, {"backend", required_argument, 0, 'b'},
-      {"memory", required_argument, 0, 'm'},    {"state-dir", required_argument, 0, OPT_STATE},
+      {"memory", required_argument, 0, 'm'},    {"device", required_argument, 0, OPT_DEVICE},    {"state-dir", required_argument, 0, OPT_STATE},
       {"set", required_argument, 0, OPT_SET},   {"check-config", required_argument, 0, OPT_CHECK},
       {"help-config", no_argument, 0, OPT_HELP_CONFIG}, {"version", no_argument, 0, OPT_VERSION},
       {"print-default-config", no_argument, 0, OPT_DEFAULT_CONFIG},
@@ -171,6 +191,7 @@ int main(int argc, char **argv) {
       case 'b': r = apply_flag(&a.cfg, "daemon", "backend", optarg); break;
       case 'm': r = apply_flag(&a.cfg, "daemon", "memory", optarg); break;
       case OPT_STATE: r = apply_flag(&a.cfg, "daemon", "state_dir", optarg); break;
+      case OPT_DEVICE: r = apply_flag(&a.cfg, "daemon", "device", optarg); break;
       case OPT_SET: {
         char buf[1024];
         snprintf(buf, sizeof(buf), "%s", optarg);
@@ -223,14 +244,31 @@ int main(int argc, char **argv) {
     return 1;
   }
 
-  const char *backend = "host", *reason;
-  switch (a.cfg.backend) {
-    case CKV_BACKEND_CUDA:
-      fprintf(stderr, "commitkvd: --backend cuda: this build has no CUDA arena backend yet; use host\n");
-      return 1;
-    case CKV_BACKEND_HOST: reason = "host backend requested"; break;
-    default: reason = "auto: no CUDA arena backend in this build, using host memfd arenas"; break;
+  /* Arena backend: host, or CUDA on [daemon] device (auto: when one answers). */
+  const ckv_arena_backend *arena_be = NULL;
+  static char backend[16], reason[900];
+  int br = ckv_backend_select(a.cfg.backend, a.cfg.device, &arena_be, backend, sizeof(backend), reason,
+                              sizeof(reason));
+  if (br < 0) {
+    ckv_log(CKV_LOG_ERROR, "start-failed", NULL, NULL, "%s", reason);
+    ckv_config_done(&a.cfg);
+    return 1;
   }
+  if (strcmp(backend, "cuda") == 0) {
+    /* The CUDA arena (VMM / legacy IPC) is built, but session bookkeeping
+     * still writes block headers with the CPU: serving from device memory
+     * waits for the device-side block writes (issue 7).  auto falls back. */
+    static const char not_yet[] = "the daemon does not serve from GPU memory yet (block headers are written by "
+                                  "the CPU; device-side block management is pending)";
+    if (a.cfg.backend == CKV_BACKEND_CUDA) {
+      ckv_log(CKV_LOG_ERROR, "start-failed", NULL, NULL, "--backend cuda: %s", not_yet);
+      ckv_config_done(&a.cfg);
+      return 1;
+    }
+    snprintf(backend, sizeof(backend), "host");
+    snprintf(reason, sizeof(reason), "auto: a CUDA device answers, but %s; using host memfd arenas", not_yet);
+  }
+  ckv_log(CKV_LOG_NOTICE, "backend", NULL, NULL, "%s: %s", backend, reason);
   ckv_server_options so = {
       .socket = a.cfg.socket,
       .attach_socket = a.cfg.attach_socket,
@@ -271,10 +309,14 @@ int main(int argc, char **argv) {
     ckv_config_done(&a.cfg);
     return 1;
   }
+  a.server->trace = a.trace;
   r = ckv_server_run(a.server);
   if (a.notify) sd_notify(0, "STOPPING=1\nSTATUS=draining");
   a.server = ckv_server_free(a.server);
   a.mlp = ckv_mlp_free(a.mlp);
+  for (size_t i = 0; i < a.n_old_mlps; i++) ckv_mlp_free(a.old_mlps[i]);
+  free(a.old_mlps);
+  a.trace = ckv_trace_close(a.trace);
   ckv_config_done(&a.cfg);
   return r == 0 ? 0 : 1;
 }

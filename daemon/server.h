@@ -99,6 +99,7 @@ typedef struct ckv_server {
   ckv_strmap *sessions; /* "tenant/id" -> ckv_srv_session */
   ckv_compressor *compressor;
   struct ckv_metrics *metrics;
+  struct ckv_trace *trace; /* mlp-judge training traces, or NULL (owned by the caller) */
   bool attach_inherited; /* the attach socket came from systemd (socket activation) */
   uint64_t last_metrics_ms;
   struct ckv_pending_attach {

@@ -128,3 +128,14 @@ float ckv_tokens_attn_min(const ckv_tokens *t, size_t pos, uint32_t round, uint3
   }
   return m;
 }
+
+float ckv_tokens_attn_max(const ckv_tokens *t, size_t pos, uint32_t round, uint32_t rounds) {
+  if (rounds > CKV_ATTN_HISTORY) rounds = CKV_ATTN_HISTORY;
+  if (rounds > round) rounds = round;
+  uint8_t m = 0;
+  for (uint32_t i = 0; i < rounds; i++) {
+    uint8_t v = t->attn[pos * CKV_ATTN_HISTORY + (round - i) % CKV_ATTN_HISTORY];
+    if (v > m) m = v;
+  }
+  return ckv_attn_decode(m);
+}

@@ -74,6 +74,7 @@ uint8_t ckv_attn_encode(float rel);
 /* Mean and minimum relative attention over the last `rounds` (<= R) rounds ending at `round`. */
 float ckv_tokens_attn_mean(const ckv_tokens *t, size_t pos, uint32_t round, uint32_t rounds);
 float ckv_tokens_attn_min(const ckv_tokens *t, size_t pos, uint32_t round, uint32_t rounds);
+float ckv_tokens_attn_max(const ckv_tokens *t, size_t pos, uint32_t round, uint32_t rounds);
 
 static inline uint16_t ckv_q16_from_unit(float f) {
   if (!(f > 0.f)) return 0; /* also maps NaN to 0 */
