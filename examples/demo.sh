@@ -1,8 +1,10 @@
 #!/bin/sh
 # The demo (`make demo`): commitkvd on the host backend in a temporary
-# directory, four worker processes with two sessions each writing K/V into
-# daemon-owned shared memory and verifying every byte through the views,
-# then the daemon's statistics, then a clean stop.
+# directory, four worker processes with two sessions each (the real model
+# stories260K when it is found, whose KV cache lives in the daemon; synthetic
+# K/V otherwise), progress while they run, per-session fidelity, the daemon's
+# per-session and total tables, every policy side by side with a plot, then a
+# clean stop.
 set -eu
 BIN=${1:-build/bin}
 DIR=$(mktemp -d /tmp/commitkv-demo.XXXXXX)
@@ -26,25 +28,40 @@ while [ ! -S "$ATTACH" ]; do
 done
 "$BIN/commitkvctl" --socket "$SOCK" --attach-socket "$ATTACH" status
 
-echo "== 4 workers x 2 sessions: synthetic K/V (the real-model worker comes with the quality issue)"
+# The real model when it is found (CKV_MODEL, else ../shared/models), the
+# synthetic worker otherwise: say which.
+MODEL=${CKV_MODEL:-}
+[ -z "$MODEL" ] && [ -n "${CKV_MODEL_DIR:-}" ] && MODEL="$CKV_MODEL_DIR/stories260K.bin"
+[ -z "$MODEL" ] && MODEL="../shared/models/stories260K.bin"
 PIDS=""
-for w in 1 2 3 4; do
-  "$BIN/commitkv-worker" --socket "$SOCK" --attach-socket "$ATTACH" --prefix "worker$w" --sessions 2 \
-    --rounds 40 --tokens 32 --layers 8 --kv-heads 4 --head-dim 64 --seed "$w" --keep --quiet >"$DIR/worker$w.out" 2>&1 &
-  PIDS="$PIDS $!"
-done
+if [ -f "$MODEL" ] && [ -x "$BIN/commitkv-llm" ]; then
+  echo "== 4 workers x 2 sessions: the real model ($MODEL), 20 rounds each, fidelity against a private FP16 shadow"
+  for w in 1 2 3 4; do
+    "$BIN/commitkv-llm" --socket "$SOCK" --attach-socket "$ATTACH" --model "$MODEL" --prefix "llm$w" --sessions 2 \
+      --rounds 20 --seed "$w" --shadow --keep --quiet >"$DIR/worker$w.out" 2>&1 &
+    PIDS="$PIDS $!"
+  done
+else
+  echo "== 4 workers x 2 sessions: synthetic K/V (model not found at $MODEL)"
+  for w in 1 2 3 4; do
+    "$BIN/commitkv-worker" --socket "$SOCK" --attach-socket "$ATTACH" --prefix "worker$w" --sessions 2 \
+      --rounds 40 --tokens 32 --layers 8 --kv-heads 4 --head-dim 64 --seed "$w" --keep --quiet >"$DIR/worker$w.out" 2>&1 &
+    PIDS="$PIDS $!"
+  done
+fi
 # progress while they run
 while :; do
   running=0
   for p in $PIDS; do kill -0 "$p" 2>/dev/null && running=$((running + 1)); done
-  tokens=$("$BIN/commitkvctl" --socket "$SOCK" --attach-socket "$ATTACH" stats --json 2>/dev/null |
-    sed -n 's/.*"tokens": {"draft": \([0-9]*\).*/\1/p')
-  printf '   %d workers running, %s tokens cached\n' "$running" "${tokens:-?}"
+  line=$("$BIN/commitkvctl" --socket "$SOCK" --attach-socket "$ATTACH" stats --json 2>/dev/null |
+    sed -n 's/.*"tokens": {"draft": \([0-9]*\), "staged": \([0-9]*\), "committed": \([0-9]*\), "recycled": \([0-9]*\)}, "bytes": {[^}]*"total": \([0-9]*\), "fp16_equivalent": \([0-9]*\)}.*/draft \1, staged \2, committed \3, recycled \4; \5 of \6 FP16 bytes/p')
+  printf '   %d workers running: %s\n' "$running" "${line:-starting}"
   [ "$running" -eq 0 ] && break
   sleep 0.5
 done
 fail=0
 for p in $PIDS; do wait "$p" || fail=1; done
+echo "== per session (fidelity: next-token top-1 agreement and KL against FP16)"
 cat "$DIR"/worker*.out
 [ "$fail" -eq 0 ] || { echo "a worker failed"; exit 1; }
 
@@ -52,6 +69,15 @@ echo "== sessions"
 "$BIN/commitkvctl" --socket "$SOCK" --attach-socket "$ATTACH" sessions
 echo "== stats"
 "$BIN/commitkvctl" --socket "$SOCK" --attach-socket "$ATTACH" stats
+# Memory per round and memory against fidelity for every policy, side by side.
+PLOT="${BIN%/bin}/demo-quality.png"
+if "$BIN/commitkv-bench" quality --quick --plot "$PLOT" >"$DIR/quality.txt" 2>&1; then
+  echo "== policies side by side (commitkv-bench quality --quick): plot in $PLOT"
+  sed -n '/^agent-synthetic/,$p' "$DIR/quality.txt"
+else
+  echo "== (the quality comparison could not run: see below)"
+  tail -5 "$DIR/quality.txt"
+fi
 echo "== stopping commitkvd (SIGTERM)"
 kill -TERM "$DPID"
 wait "$DPID"
