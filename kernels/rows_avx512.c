@@ -189,7 +189,8 @@ static void z_qa_params(const float *mn, const float *mx, size_t n, uint32_t bit
   size_t i = 0;
   const __m512 zero = _mm512_setzero_ps(), big = _mm512_set1_ps(CKV_F16_MAX), nbig = _mm512_set1_ps(-CKV_F16_MAX);
   const __m512 lv = _mm512_set1_ps((float)ckv_qa_levels(bits)), one = _mm512_set1_ps(1.0f);
-  const int rne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  /* an immediate operand: a macro, not a variable, so -O0 builds compile */
+#define CKV_F16_RNE (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
   for (; i + 16 <= n; i += 16) {
     __m512 a = _mm512_loadu_ps(mn + i), b = _mm512_loadu_ps(mx + i);
     __mmask16 ok = _mm512_cmp_ps_mask(a, b, _CMP_LE_OQ);
@@ -197,7 +198,7 @@ static void z_qa_params(const float *mn, const float *mx, size_t n, uint32_t bit
     b = _mm512_maskz_mov_ps(ok, b);
     /* zero point: largest FP16 <= mn */
     __m512 v = _mm512_add_ps(_mm512_min_ps(_mm512_max_ps(a, nbig), big), zero);
-    __m256i h = _mm512_cvtps_ph(v, rne);
+    __m256i h = _mm512_cvtps_ph(v, CKV_F16_RNE);
     __mmask16 over = _mm512_cmp_ps_mask(_mm512_cvtph_ps(h), v, _CMP_GT_OQ);
     __m256i neg = _mm256_and_si256(h, _mm256_set1_epi16((short)0x8000));
     __mmask16 isneg = _mm256_cmpneq_epi16_mask(neg, _mm256_setzero_si256());
@@ -209,7 +210,7 @@ static void z_qa_params(const float *mn, const float *mx, size_t n, uint32_t bit
     /* scale: smallest FP16 >= (min(mx, 65504) - zero) / levels */
     __m512 s = _mm512_div_ps(_mm512_sub_ps(_mm512_min_ps(b, big), zf), lv);
     s = _mm512_add_ps(_mm512_min_ps(_mm512_max_ps(s, zero), big), zero);
-    __m256i s16 = _mm512_cvtps_ph(s, rne);
+    __m256i s16 = _mm512_cvtps_ph(s, CKV_F16_RNE);
     __mmask16 under = _mm512_cmp_ps_mask(_mm512_cvtph_ps(s16), s, _CMP_LT_OQ);
     s16 = _mm256_mask_add_epi16(s16, under, s16, _mm256_set1_epi16(1));
     __m512 sf = _mm512_cvtph_ps(s16);
