@@ -4,10 +4,15 @@
  * real LLMs), queries that also weigh those channels.  For each format the
  * attention-output cosine similarity against the FP16 (draft) run is printed
  * and guarded by a floor set from the measurement.  The same measurement on
- * K/V from the real model (shared/models/stories260K) needs the model library
- * (another module): see the TODO test at the end. */
+ * K/V from the real model (shared/models/stories260K) is the last test. */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "examples/llm/model.h"
 
 #include "kernels_fixture.h"
 
@@ -94,8 +99,117 @@ Test(fidelity, synthetic_outliers) {
   for (int i = 0; i < TOKENS / 16; i++) free(drafts[i]);
 }
 
-/* TODO(model library): run the same measurement on K/V produced by the real
- * model in shared/models (stories260K) once the model library (ckv_model,
- * owned by another engineer) can hand out per-layer K/V.  Until then this test
- * reports itself skipped; it never fakes the data. */
-Test(fidelity, real_model_kv) { cr_skip_test("TODO: K/V from shared/models/stories260K needs the model library (ckv_model), not available yet"); }
+/* The same measurement on K/V of the real model (shared/models/stories260K,
+ * head_dim 8: small heads punish quantization far more than 128-wide ones).
+ * A reference forward pass (the model library's split API, FP32 cache)
+ * decodes 256 tokens greedily from BOS; per layer, the keys and values of
+ * those tokens fill draft blocks, and the model's own queries of positions
+ * 192..255 attend over all of them in each format. */
+enum { MT = 256, MQ = 64 };
+
+Test(fidelity, real_model_kv) {
+  char path[1024];
+  if (ckv_model_path_from_env(path, sizeof(path)) < 0 || access(path, R_OK) != 0)
+    cr_skip_test("model not found (CKV_MODEL / CKV_MODEL_DIR): %s", path);
+  ckv_model *m = NULL;
+  ckv_model_state *st = NULL;
+  cr_assert_eq(ckv_model_load(path, &m), CKV_OK, "cannot load %s", path);
+  const ckv_model_config *c = ckv_model_config_get(m);
+  cr_assert_eq(ckv_model_state_new(m, false, &st), CKV_OK);
+  const int L = c->n_layers, kvd = c->kv_dim, qd = c->n_heads * c->head_dim;
+  float *kc = calloc((size_t)L * MT * kvd, sizeof(float)), *vc = calloc((size_t)L * MT * kvd, sizeof(float));
+  float *qs = calloc((size_t)L * MT * qd, sizeof(float)), *logits = calloc((size_t)c->vocab_size, sizeof(float));
+  cr_assert(kc && vc && qs && logits);
+  int tok = 1; /* BOS */
+  for (int pos = 0; pos < MT; pos++) {
+    cr_assert_eq(ckv_model_embed(m, st, tok), CKV_OK);
+    for (int l = 0; l < L; l++) {
+      cr_assert_eq(ckv_model_qkv(m, st, l, pos), CKV_OK);
+      memcpy(qs + ((size_t)l * MT + pos) * qd, ckv_model_state_q(st), (size_t)qd * sizeof(float));
+      memcpy(kc + ((size_t)l * MT + pos) * kvd, ckv_model_state_k(st), (size_t)kvd * sizeof(float));
+      memcpy(vc + ((size_t)l * MT + pos) * kvd, ckv_model_state_v(st), (size_t)kvd * sizeof(float));
+      float *out = ckv_model_state_attn_buf(st);
+      cr_assert_eq(ckv_model_attend_fp32(c, ckv_model_state_q(st), kc + (size_t)l * MT * kvd,
+                                         vc + (size_t)l * MT * kvd, (size_t)kvd, pos + 1, out, NULL),
+                   CKV_OK);
+      cr_assert_eq(ckv_model_finish_layer(m, st, l, out), CKV_OK);
+    }
+    cr_assert_eq(ckv_model_logits(m, st, logits), CKV_OK);
+    tok = ckv_model_argmax(logits, c->vocab_size);
+  }
+  ckv_geometry g = {.n_layers = 1, .n_kv_heads = (uint32_t)c->n_kv_heads, .head_dim = (uint32_t)c->head_dim,
+                    .dtype = CKV_DTYPE_FP16};
+  struct {
+    const char *name;
+    uint32_t fmt;
+    double floor_mean;
+  } rows[] = {
+      /* floors: the measured means (5 layers x 64 queries x 8 heads: 0.99994, 0.99100,
+       * 0.84264; worst heads 0.998, 0.237, -0.661) less a margin */
+      {"int8", CKV_FORMAT_STAGED, 0.999},
+      {"int4", CKV_FORMAT_COMMIT4, 0.98},
+      {"int2", CKV_FORMAT_COMMIT2, 0.80},
+  };
+  double sum[3] = {0}, mn[3] = {1, 1, 1};
+  size_t count = 0;
+  float *ref = calloc((size_t)MQ * qd, sizeof(float)), *out = calloc((size_t)MQ * qd, sizeof(float));
+  for (int l = 0; l < L; l++) {
+    void *drafts[MT / 16];
+    const void *cd[MT / 16];
+    for (int b = 0; b < MT / 16; b++) {
+      drafts[b] = kf_block(CKV_FORMAT_DRAFT, &g, 16, 0);
+      for (int sl = 0; sl < 16; sl++) {
+        size_t row = (size_t)l * MT + (size_t)b * 16 + sl;
+        kf_put(&g, drafts[b], 0, 0, (uint32_t)sl, kc + row * kvd);
+        kf_put(&g, drafts[b], 0, 1, (uint32_t)sl, vc + row * kvd);
+        ckv_block_positions(drafts[b])[sl] = (uint32_t)(b * 16 + sl);
+        ckv_block_set_valid(drafts[b], (uint32_t)sl, true);
+      }
+      cd[b] = drafts[b];
+    }
+    const float *q = qs + ((size_t)l * MT + (MT - MQ)) * qd;
+    ckv_attn_args a = {.geom = &g, .n_rows = MQ, .n_q_heads = (uint32_t)c->n_heads, .q = q, .blocks = cd,
+                       .n_blocks = MT / 16, .out = ref};
+    cr_assert_eq(ckv_kernels_attention(&a), CKV_OK);
+    for (int f = 0; f < 3; f++) {
+      void *blk[MT / 64];
+      const void *cb[MT / 64];
+      for (int b = 0; b < MT / 64; b++) {
+        blk[b] = kf_block(rows[f].fmt, &g, 64, 0);
+        ckv_move mv[64];
+        for (int i = 0; i < 64; i++)
+          mv[i] = (ckv_move){.src = drafts[b * 4 + i / 16], .src_slot = (uint32_t)(i % 16), .dst = blk[b],
+                             .dst_slot = (uint32_t)i};
+        cr_assert_eq(ckv_kernels_move(&g, mv, 64, CKV_MOVE_SET_VALID), CKV_OK);
+        cb[b] = blk[b];
+      }
+      ckv_attn_args af = a;
+      af.blocks = cb;
+      af.n_blocks = MT / 64;
+      af.out = out;
+      cr_assert_eq(ckv_kernels_attention(&af), CKV_OK);
+      for (int i = 0; i < MQ * c->n_heads; i++) {
+        double cs = kf_cosine(out + (size_t)i * c->head_dim, ref + (size_t)i * c->head_dim, (size_t)c->head_dim);
+        sum[f] += cs;
+        mn[f] = fmin(mn[f], cs);
+      }
+      for (int b = 0; b < MT / 64; b++) free(blk[b]);
+    }
+    count += (size_t)MQ * c->n_heads;
+    for (int b = 0; b < MT / 16; b++) free(drafts[b]);
+  }
+  for (int f = 0; f < 3; f++) {
+    double mean = sum[f] / (double)count;
+    printf("fidelity (stories260K K/V, head_dim %d): %-5s %.2f bits/elem  cosine vs fp16: mean %.5f min %.5f\n",
+           c->head_dim, rows[f].name, ckv_format_bits_per_element(rows[f].fmt, &g, 64, 0), mean, mn[f]);
+    cr_expect_geq(mean, rows[f].floor_mean, "%s mean cosine %f", rows[f].name, mean);
+  }
+  free(ref);
+  free(out);
+  free(kc);
+  free(vc);
+  free(qs);
+  free(logits);
+  ckv_model_state_free(st);
+  ckv_model_free(m);
+}
