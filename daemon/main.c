@@ -236,6 +236,20 @@ int main(int argc, char **argv) {
     fprintf(stderr, "commitkvd: %s\n", err);
     return 1;
   }
+  /* Keys the configuration knows but this build does not serve yet: refuse
+   * rather than pretend (a remote endpoint that silently does nothing is worse
+   * than a daemon that says so). */
+  if (a.cfg.remote_tcp[0] || a.cfg.remote[0]) {
+    fprintf(stderr, "commitkvd: %s is set, but the %s is not implemented in this build\n",
+            a.cfg.remote_tcp[0] ? "remote_tcp" : "remote",
+            a.cfg.remote_tcp[0] ? "CURVE remote control endpoint" : "Redis/Valkey remote tier");
+    ckv_config_done(&a.cfg);
+    return 1;
+  }
+  if (a.cfg.host_memory || a.cfg.disk_memory)
+    ckv_log(CKV_LOG_WARNING, "tiers", NULL, NULL,
+            "host_memory/disk_memory are set, but offload tiers are not implemented yet: everything stays in the "
+            "primary tier");
   ckv_config_ensure_default_tenant(&a.cfg, (uint32_t)geteuid());
   ckv_log_set_level(a.cfg.log_level);
   if (policy_from_config(&a, err, sizeof(err)) < 0) {
