@@ -204,7 +204,8 @@ static int compact(ckv_srv_session *s, ckv_compressor *c) {
   if (ckv_compressor_room(c) == 0) return CKV_OK;
   ckv_tokens *t = &s->tokens;
   /* sparse[b] = 1 for blocks worth emptying */
-  uint8_t *sparse = calloc(s->n_blocks ? s->n_blocks : 1, 1);
+  const size_t n_known = s->n_blocks; /* reserve() may append blocks: they are never sparse */
+  uint8_t *sparse = calloc(n_known ? n_known : 1, 1);
   if (!sparse) return -ENOMEM;
   size_t n_sparse = 0;
   for (size_t i = 0; i < s->n_blocks; i++) {
@@ -222,16 +223,16 @@ static int compact(ckv_srv_session *s, ckv_compressor *c) {
   }
   /* a block with a move in flight in or out waits for it */
   for (size_t p = 0; p < t->n; p++)
-    if ((t->flags[p] & CKV_TOKEN_PENDING) && t->block[p] != CKV_NO_BLOCK) sparse[t->block[p]] = 0;
+    if ((t->flags[p] & CKV_TOKEN_PENDING) && t->block[p] < n_known) sparse[t->block[p]] = 0;
   plan_buf b = {0};
   int r = CKV_OK;
   for (size_t p = 0; p < t->n && r == CKV_OK; p++) {
     uint32_t blk = t->block[p];
-    if (blk == CKV_NO_BLOCK || !sparse[blk] || t->state[p] == CKV_STATE_RECYCLED) continue;
+    if (blk == CKV_NO_BLOCK || blk >= n_known || !sparse[blk] || t->state[p] == CKV_STATE_RECYCLED) continue;
     uint32_t dst;
     uint16_t slot;
     r = reserve(s, s->blocks[blk].format, 1, 1, &dst, &slot);
-    if (r == CKV_OK && sparse[dst]) r = CKV_ERR_STATE; /* cannot happen: fill blocks are never sparse */
+    if (r == CKV_OK && dst < n_known && sparse[dst]) r = CKV_ERR_STATE; /* cannot happen: fill blocks are never sparse */
     if (r == CKV_OK) r = plan_push(&b, s, (uint32_t)p, dst, slot);
   }
   free(sparse);
