@@ -4,8 +4,8 @@
  *   recycle   not attended (relative attention < CKV_ATTENDED_FLOOR) for
  *             idle_rounds and at least idle_rounds old; never sinks, the
  *             recent window, system-role tokens or lasting facts (committed
- *             with a semantic score >= semantic_threshold or a confirmation
- *             tag: committed means valid for the rest of the session);
+ *             by rule (a) below, or carrying a confirmation tag: committed
+ *             means valid for the rest of the session);
  *   draft->staged   (a) hot and meaningful: mean attention over R rounds >=
  *             attn_threshold and semantic >= semantic_threshold; or (b) out
  *             of the recent window for a round and not filler (INT8 is
@@ -88,13 +88,18 @@ void ckv_judge_features(const ckv_tokens *t, size_t pos, uint32_t round, const c
   f[11] = logf(1.f + t->cum_attn[pos]);                                 /* accumulated attention */
 }
 
-/* Committed and meaningful (or confirmed): it "stays valid for the rest of the
- * session" (DESIGN.md 1), so silence alone does not recycle it; only the
- * tenant's quota or a drop does.  A fact asked for again twenty rounds later
- * must still be there. */
+/* Committed as a fact (sustained attention while meaningful), confirmed
+ * (confirmation-turn tag) or scored as one by the worker (semantic >=
+ * CKV_FACT_SEMANTIC; the daemon's own estimates never count): it "stays valid for the rest of the session"
+ * (DESIGN.md 1), so silence alone does not recycle it; only the tenant's
+ * quota or a drop does.  A fact asked for again twenty rounds later must
+ * still be there.  Tokens committed because they went cold may still be
+ * recycled when idle. */
 static int lasting_fact(const ckv_tokens *t, size_t pos, const ckv_judge_params *p) {
+  (void)p;
   return t->state[pos] == CKV_STATE_COMMITTED &&
-         ((t->tags[pos] & 4) || ckv_q16_to_unit(t->semantic[pos]) >= p->semantic_threshold);
+         ((t->tags[pos] & 4) || (t->flags[pos] & CKV_TOKEN_FACT) ||
+          ((t->flags[pos] & CKV_TOKEN_SEM_GIVEN) && ckv_q16_to_unit(t->semantic[pos]) >= CKV_FACT_SEMANTIC));
 }
 
 static int judge_rules(ckv_tokens *t, uint32_t round, const ckv_judge_params *p, size_t end,
@@ -120,8 +125,11 @@ static int judge_rules(ckv_tokens *t, uint32_t round, const ckv_judge_params *p,
           r = change(t, pos, CKV_STATE_STAGED, round, out);
       } else if (age >= p->persistence_rounds) {
         float sustained = ckv_tokens_attn_min(t, pos, round, p->persistence_rounds);
-        if ((sustained >= p->high_attn_threshold && meaningful) || mean < p->attn_threshold)
+        int fact = sustained >= p->high_attn_threshold && meaningful;
+        if (fact || mean < p->attn_threshold) {
           r = change(t, pos, CKV_STATE_COMMITTED, round, out);
+          if (fact) t->flags[pos] |= CKV_TOKEN_FACT;
+        }
       }
     }
     if (r < 0) return r;

@@ -19,6 +19,10 @@
 
 typedef struct ckv_mlp ckv_mlp;
 
+/* A committed token the worker scored at least this (semantic score) is a
+ * lasting fact: never recycled for silence (task goal, constraint, order id). */
+#define CKV_FACT_SEMANTIC 0.8f
+
 /* Effective parameters of one session (config [policy] plus overrides). */
 typedef struct ckv_judge_params {
   int policy;                /* ckv_policy_id (daemon/config.h) */

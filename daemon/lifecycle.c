@@ -314,6 +314,28 @@ typedef struct valued {
   uint32_t pos;
 } valued;
 
+/* Bytes that recycling every candidate would give back: the blocks all of
+ * whose slots are candidates and that are not being filled. */
+static uint64_t reclaimable_bytes(const ckv_srv_session *s, const valued *cand, size_t nc) {
+  uint32_t *left = calloc(s->n_blocks ? s->n_blocks : 1, sizeof(*left));
+  if (!left) return UINT64_MAX; /* unknown: let the loop try */
+  for (size_t b = 0; b < s->n_blocks; b++) left[b] = s->blocks[b].refs;
+  for (size_t i = 0; i < nc; i++) {
+    uint32_t b = s->tokens.block[cand[i].pos];
+    if (b != CKV_NO_BLOCK && left[b]) left[b]--;
+  }
+  uint64_t bytes = 0;
+  for (size_t b = 0; b < s->n_blocks; b++) {
+    const ckv_sblock *k = &s->blocks[b];
+    if (k->format == CKV_BLOCK_UNUSED || left[b]) continue;
+    bool filling = false;
+    for (int f = 0; f < CKV_FILL_COUNT; f++) filling |= s->fill[f] == b && k->used < k->capacity;
+    if (!filling) bytes += k->bytes;
+  }
+  free(left);
+  return bytes;
+}
+
 static int by_value(const void *a, const void *b) {
   const valued *x = a, *y = b;
   if (x->value != y->value) return x->value < y->value ? -1 : 1;
@@ -344,6 +366,9 @@ int ckv_lifecycle_reclaim(ckv_srv_session *s, ckv_compressor *c, uint64_t need, 
     cand[nc++] = (valued){v, (uint32_t)p};
   }
   qsort(cand, nc, sizeof(*cand), by_value);
+  /* Refuse before recycling anything when even recycling every candidate
+   * could not make the room: a refused append must lose nothing. */
+  if (reclaimable_bytes(s, cand, nc) < s->tenant->bytes_used + need - s->tenant->quota_bytes) nc = 0;
   for (size_t i = 0; i < nc && !ckv_tenant_would_fit(s->tenant, need); i++) {
     uint32_t p = cand[i].pos;
     uint8_t from = t->state[p];

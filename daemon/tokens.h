@@ -30,6 +30,7 @@ enum { CKV_STATE_DRAFT = 0, CKV_STATE_STAGED = 1, CKV_STATE_COMMITTED = 2, CKV_S
 enum {
   CKV_TOKEN_PENDING = 1u,   /* a physical move of this token is in flight */
   CKV_TOKEN_SEM_GIVEN = 2u, /* the worker sent a semantic score (else estimated) */
+  CKV_TOKEN_FACT = 4u,      /* committed as a lasting fact (sustained attention, meaningful) */
 };
 
 typedef struct ckv_tokens {

@@ -1,0 +1,601 @@
+/* tests/unit/test_judge.c - daemon/judge.c over daemon/tokens.c, in process:
+ * only the lifecycle's transitions ever happen and each is reported, state
+ * counts add up, protected tokens (sinks, recent window, system role) are
+ * never recycled, the same stream gives the same states bit for bit, filler
+ * never earns bits while planted facts are committed and kept, and every
+ * baseline policy does what its name says on a small stream. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* qsort_r */
+#endif
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "commitkv/status.h"
+#include "daemon/config.h"
+#include "daemon/judge.h"
+#include "daemon/tokens.h"
+
+enum { ROLE_NONE = 0, ROLE_SYSTEM = 1, ROLE_USER = 2, ROLE_ASSISTANT = 3, ROLE_TOOL = 4 };
+enum { D = CKV_STATE_DRAFT, S = CKV_STATE_STAGED, C = CKV_STATE_COMMITTED, X = CKV_STATE_RECYCLED };
+
+static const int k_all_policies[] = {CKV_POLICY_FP16,  CKV_POLICY_INT8,      CKV_POLICY_KIVI4,   CKV_POLICY_KIVI2,
+                                     CKV_POLICY_H2O,   CKV_POLICY_STREAMING, CKV_POLICY_COMMITKV};
+#define N_POLICIES (sizeof(k_all_policies) / sizeof(k_all_policies[0]))
+
+/* The shipped [policy] defaults (packaging/commitkvd.conf). */
+static ckv_judge_params params_for(int policy) {
+  return (ckv_judge_params){.policy = policy,
+                            .attn_threshold = 1.0f,
+                            .semantic_threshold = 0.3f,
+                            .high_attn_threshold = 2.0f,
+                            .history_rounds = 8,
+                            .sink_tokens = 4,
+                            .recent_window = 32,
+                            .persistence_rounds = 4,
+                            .idle_rounds = 16,
+                            .budget = 0.25f,
+                            .commit_bits = policy == CKV_POLICY_KIVI2 ? 2 : 4,
+                            .prune_keep = 1.0f,
+                            .semantic_estimate_enabled = 1};
+}
+
+/* ---- a deterministic generator (splitmix64) ---- */
+typedef struct rng {
+  uint64_t s;
+} rng;
+static uint64_t rnd(rng *r) {
+  uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+static float rndf(rng *r) { return (float)(rnd(r) >> 40) / (float)(1ull << 24); }
+
+static size_t live_count(const ckv_tokens *t) {
+  size_t n = 0;
+  for (size_t p = 0; p < t->n; p++) n += t->state[p] != X;
+  return n;
+}
+
+static void push(ckv_tokens *t, uint8_t role, float semantic, uint32_t round) {
+  cr_assert_eq(ckv_tokens_reserve(t, 1), CKV_OK);
+  ckv_tokens_push(t, role, 0, semantic, round, CKV_NO_BLOCK, 0);
+}
+
+/* Records round `round` with attn[0..t->n) (as the session does). */
+static void record(ckv_tokens *t, uint32_t round, const float *attn) {
+  ckv_tokens_record_round(t, round, 0, attn, t->n, live_count(t));
+}
+
+static int legal(uint8_t from, uint8_t to) {
+  return (from == D && to == S) || (from == S && to == C) || (from != X && to == X);
+}
+
+/* Runs the judge and checks what it did against what it reported:
+ * every change is legal and listed once with the right `from`, nothing
+ * unchanged is listed, last_transition follows, counts[] (kept from the
+ * transition lists alone) match the state column.  Returns the list. */
+static void judge_checked(ckv_tokens *t, uint32_t round, const ckv_judge_params *p, uint64_t counts[4],
+                          ckv_transition_list *out) {
+  uint8_t *old = malloc(t->n + 1), *listed = malloc(t->n + 1);
+  cr_assert(old && listed);
+  memcpy(old, t->state, t->n);
+  memset(listed, 0xff, t->n);
+  out->n = 0;
+  cr_assert_eq(ckv_judge_run(t, round, p, out), CKV_OK);
+  for (size_t i = 0; i < out->n; i++) {
+    const ckv_transition_range *r = &out->v[i];
+    cr_assert_gt(r->count, 0u);
+    cr_assert_leq(r->first + r->count, t->n, "transition beyond the tokens");
+    for (uint32_t k = 0; k < r->count; k++) {
+      size_t pos = r->first + k;
+      cr_assert_eq(listed[pos], 0xff, "policy %d round %u: position %zu listed twice", p->policy, round, pos);
+      cr_assert_eq(r->from, old[pos], "policy %d round %u: position %zu listed from %u but was %u", p->policy, round,
+                   pos, r->from, old[pos]);
+      listed[pos] = r->to;
+    }
+    counts[r->from] -= r->count;
+    counts[r->to] += r->count;
+  }
+  uint64_t col[4] = {0};
+  for (size_t pos = 0; pos < t->n; pos++) {
+    uint8_t now = t->state[pos];
+    cr_assert_lt(now, 4);
+    col[now]++;
+    if (listed[pos] != 0xff) {
+      cr_assert_eq(now, listed[pos], "position %zu: listed to %u but is %u", pos, listed[pos], now);
+      cr_assert(legal(old[pos], now), "policy %d round %u: illegal transition %u -> %u at %zu", p->policy, round,
+                old[pos], now, pos);
+      cr_assert_eq(t->last_transition[pos], round);
+    } else {
+      cr_assert_eq(now, old[pos], "policy %d round %u: position %zu changed %u -> %u unreported", p->policy, round,
+                   pos, old[pos], now);
+    }
+  }
+  for (int s = 0; s < 4; s++)
+    cr_assert_eq(col[s], counts[s], "policy %d round %u: state %d counted %llu, column has %llu", p->policy, round, s,
+                 (unsigned long long)counts[s], (unsigned long long)col[s]);
+  cr_assert_eq(col[0] + col[1] + col[2] + col[3], t->n, "state counts must add up to the tokens appended");
+  free(old);
+  free(listed);
+}
+
+/* Invariants that hold after every round, whatever the attention. */
+static void check_protected(const ckv_tokens *t, const ckv_judge_params *p, int system_protected) {
+  for (size_t pos = 0; pos < t->n && pos < p->sink_tokens; pos++)
+    cr_assert_neq(t->state[pos], X, "policy %d: attention sink %zu recycled", p->policy, pos);
+  size_t win = t->n > p->recent_window ? t->n - p->recent_window : 0;
+  for (size_t pos = win; pos < t->n; pos++)
+    cr_assert_eq(t->state[pos], D, "policy %d: token %zu of the recent window is not draft (%u)", p->policy, pos,
+                 t->state[pos]);
+  if (system_protected)
+    for (size_t pos = 0; pos < t->n; pos++)
+      if (t->role[pos] == ROLE_SYSTEM)
+        cr_assert_neq(t->state[pos], X, "policy %d: system-role token %zu recycled", p->policy, pos);
+}
+
+/* h2o and streaming reproduce the published baselines, which keep only the
+ * sinks and the window (and, for h2o, heavy hitters): the system-role rule is
+ * the lifecycle's, checked for the other policies. */
+static int system_protected_by(int policy) { return policy != CKV_POLICY_H2O && policy != CKV_POLICY_STREAMING; }
+
+/* One random stream: appends, attention (sparse, with a few hot tokens and
+ * some garbage values), semantic scores given or not.  Fills `trace` with
+ * every round's transitions when not NULL.  Returns transition totals. */
+typedef struct trace {
+  ckv_transition_range *v;
+  size_t n, cap;
+} trace;
+
+static void trace_add(trace *tr, const ckv_transition_list *l) {
+  if (tr->n + l->n > tr->cap) {
+    tr->cap = (tr->n + l->n) * 2 + 64;
+    tr->v = realloc(tr->v, tr->cap * sizeof(*tr->v));
+    cr_assert_not_null(tr->v);
+  }
+  memcpy(tr->v + tr->n, l->v, l->n * sizeof(*l->v));
+  tr->n += l->n;
+}
+
+static void random_stream(ckv_tokens *t, const ckv_judge_params *p, uint64_t seed, uint32_t rounds, trace *tr,
+                          uint64_t moves[4][4]) {
+  rng g = {seed};
+  uint64_t counts[4] = {0};
+  ckv_transition_list out = {0};
+  float *attn = NULL;
+  size_t attn_cap = 0;
+  for (uint32_t round = 1; round <= rounds; round++) {
+    uint32_t add = (uint32_t)(rnd(&g) % 24);
+    for (uint32_t i = 0; i < add; i++) {
+      uint64_t x = rnd(&g);
+      uint8_t role = x % 20 == 0 ? ROLE_SYSTEM : (uint8_t)(x % 5);
+      float sem = (x >> 8) % 4 == 0 ? -1.f : rndf(&g);
+      push(t, role, sem, round - 1);
+    }
+    counts[D] += add;
+    if (t->n > attn_cap) {
+      attn_cap = t->n * 2;
+      attn = realloc(attn, attn_cap * sizeof(*attn));
+      cr_assert_not_null(attn);
+    }
+    /* a topic: a window of positions drawing attention, moving over time */
+    size_t topic = t->n ? (size_t)(rnd(&g) % t->n) : 0, span = 1 + rnd(&g) % 64;
+    for (size_t pos = 0; pos < t->n; pos++) {
+      uint64_t x = rnd(&g);
+      float a = 0.f;
+      if (pos >= topic && pos < topic + span) a = 5.f * rndf(&g);
+      else if (x % 3 == 0) a = 0.3f * rndf(&g);
+      if (x % 997 == 0) a = NAN;
+      if (x % 991 == 0) a = -1.f;
+      if (x % 983 == 0) a = INFINITY;
+      attn[pos] = a;
+    }
+    if (rnd(&g) % 10 == 0) { /* sometimes nothing attended at all */
+      for (size_t pos = 0; pos < t->n; pos++) attn[pos] = 0.f;
+    }
+    record(t, round, attn);
+    if (rnd(&g) % 8 == 0) { /* semantic updates from the worker */
+      for (int k = 0; k < 4 && t->n; k++) {
+        size_t pos = (size_t)(rnd(&g) % t->n);
+        t->semantic[pos] = ckv_q16_from_unit(rndf(&g));
+        t->flags[pos] |= CKV_TOKEN_SEM_GIVEN;
+      }
+    }
+    judge_checked(t, round, p, counts, &out);
+    check_protected(t, p, system_protected_by(p->policy));
+    if (tr) trace_add(tr, &out);
+    for (size_t i = 0; i < out.n; i++) moves[out.v[i].from][out.v[i].to] += out.v[i].count;
+  }
+  free(attn);
+  ckv_transition_list_done(&out);
+}
+
+/* ---- only legal transitions; counts add up ---- */
+
+Test(judge, random_streams_only_legal_transitions_and_counts_add_up, .timeout = 60) {
+  for (size_t k = 0; k < N_POLICIES; k++) {
+    for (uint64_t seed = 1; seed <= 3; seed++) {
+      ckv_judge_params p = params_for(k_all_policies[k]);
+      if (seed == 3) { /* other parameters: no sinks, short window, quick idling */
+        p.sink_tokens = 0;
+        p.recent_window = 3;
+        p.idle_rounds = 2;
+        p.persistence_rounds = 1;
+        p.history_rounds = 3;
+        p.budget = 0.6f;
+      }
+      ckv_tokens t;
+      ckv_tokens_init(&t);
+      uint64_t moves[4][4] = {{0}};
+      random_stream(&t, &p, seed * 7919 + k, 300, NULL, moves);
+      /* the stream is rich enough to exercise the policy */
+      int pol = p.policy;
+      if (pol == CKV_POLICY_COMMITKV) {
+        cr_expect_gt(moves[D][S], 0, "commitkv stream made no draft->staged");
+        cr_expect_gt(moves[S][C], 0, "commitkv stream made no staged->committed");
+        cr_expect_gt(moves[D][X] + moves[S][X] + moves[C][X], 0, "commitkv stream recycled nothing");
+      }
+      if (pol == CKV_POLICY_INT8 || pol == CKV_POLICY_KIVI4 || pol == CKV_POLICY_KIVI2)
+        cr_expect_gt(moves[D][S], 0);
+      if (pol == CKV_POLICY_H2O || pol == CKV_POLICY_STREAMING) cr_expect_gt(moves[D][X], 0);
+      ckv_tokens_done(&t);
+    }
+  }
+}
+
+/* ---- protected tokens ---- */
+
+Test(judge, protected_tokens_survive_1000_rounds_without_attention, .timeout = 60) {
+  for (size_t k = 0; k < N_POLICIES; k++) {
+    ckv_judge_params p = params_for(k_all_policies[k]);
+    ckv_tokens t;
+    ckv_tokens_init(&t);
+    uint64_t counts[4] = {0};
+    ckv_transition_list out = {0};
+    /* a system prompt, then a conversation; system-role tokens also later */
+    for (int i = 0; i < 40; i++) push(&t, ROLE_SYSTEM, 0.f, 0);
+    for (int i = 0; i < 60; i++) push(&t, i % 7 == 0 ? ROLE_SYSTEM : ROLE_USER, 0.f, 0);
+    counts[D] = t.n;
+    float *zeros = calloc(2 * 1000 + 200, sizeof(float));
+    cr_assert_not_null(zeros);
+    for (uint32_t round = 1; round <= 1000; round++) {
+      push(&t, ROLE_ASSISTANT, 0.f, round - 1);
+      push(&t, round % 50 == 0 ? ROLE_SYSTEM : ROLE_TOOL, 0.f, round - 1);
+      counts[D] += 2;
+      if (round % 2)
+        record(&t, round, zeros); /* zero attention everywhere */
+      else
+        ckv_tokens_record_round(&t, round, 0, NULL, 0, live_count(&t)); /* no report at all */
+      judge_checked(&t, round, &p, counts, &out);
+      check_protected(&t, &p, system_protected_by(p.policy));
+    }
+    if (p.policy == CKV_POLICY_COMMITKV) {
+      /* not vacuous: everything unprotected, old enough, went */
+      size_t end = t.n - p.recent_window - 2 * p.idle_rounds;
+      for (size_t pos = p.sink_tokens; pos < end; pos++)
+        if (t.role[pos] != ROLE_SYSTEM) cr_assert_eq(t.state[pos], X, "idle token %zu kept", pos);
+    }
+    free(zeros);
+    ckv_transition_list_done(&out);
+    ckv_tokens_done(&t);
+  }
+}
+
+Test(judge, protected_helper_names_sinks_and_system_role) {
+  ckv_judge_params p = params_for(CKV_POLICY_COMMITKV);
+  ckv_tokens t;
+  ckv_tokens_init(&t);
+  for (int i = 0; i < 10; i++) push(&t, i == 7 ? ROLE_SYSTEM : ROLE_USER, 0.5f, 0);
+  for (size_t pos = 0; pos < 10; pos++)
+    cr_expect_eq(!!ckv_judge_protected(&t, pos, &p), pos < 4 || pos == 7, "position %zu", pos);
+  ckv_tokens_done(&t);
+}
+
+/* ---- determinism ---- */
+
+static void cmp_tokens(const ckv_tokens *a, const ckv_tokens *b, int policy) {
+  cr_assert_eq(a->n, b->n);
+  size_t n = a->n;
+  cr_assert(memcmp(a->state, b->state, n) == 0, "policy %d: states differ", policy);
+  cr_assert(memcmp(a->last_transition, b->last_transition, n * 4) == 0, "policy %d: last_transition differs", policy);
+  cr_assert(memcmp(a->last_attended, b->last_attended, n * 4) == 0, "policy %d", policy);
+  cr_assert(memcmp(a->attn, b->attn, n * CKV_ATTN_HISTORY) == 0, "policy %d", policy);
+  cr_assert(memcmp(a->cum_attn, b->cum_attn, n * 4) == 0, "policy %d", policy);
+  cr_assert(memcmp(a->flags, b->flags, n) == 0, "policy %d: flags differ", policy);
+}
+
+Test(judge, same_stream_same_states_bit_for_bit, .timeout = 60) {
+  for (size_t k = 0; k < N_POLICIES; k++) {
+    ckv_judge_params p = params_for(k_all_policies[k]);
+    ckv_tokens a, b;
+    ckv_tokens_init(&a);
+    ckv_tokens_init(&b);
+    trace ta = {0}, tb = {0};
+    uint64_t ma[4][4] = {{0}}, mb[4][4] = {{0}};
+    random_stream(&a, &p, 4242, 200, &ta, ma);
+    random_stream(&b, &p, 4242, 200, &tb, mb);
+    cmp_tokens(&a, &b, p.policy);
+    cr_assert_eq(ta.n, tb.n);
+    for (size_t i = 0; i < ta.n; i++) /* field by field: the struct has padding */
+      cr_assert(ta.v[i].first == tb.v[i].first && ta.v[i].count == tb.v[i].count && ta.v[i].from == tb.v[i].from &&
+                    ta.v[i].to == tb.v[i].to,
+                "policy %d: transition %zu differs", p.policy, i);
+    if (p.policy != CKV_POLICY_FP16) cr_assert_gt(ta.n, 0, "policy %d: the stream made no transition", p.policy);
+    free(ta.v);
+    free(tb.v);
+    ckv_tokens_done(&a);
+    ckv_tokens_done(&b);
+  }
+}
+
+/* ---- filler against facts ---- */
+
+typedef enum { KIND_OTHER, KIND_FILLER, KIND_FACT } kind;
+
+/* Each round appends a turn of 16 tokens: `n_fill` filler (templated, low
+ * semantic score), 2 planted facts (high semantic score), the rest ordinary
+ * text.  Filler draws the highest attention every round, facts high and
+ * sustained attention, ordinary text a little (this turn's more).  Returns
+ * the number of tokens of each kind that ended committed / recycled. */
+static void filler_stream(const ckv_judge_params *p, uint32_t rounds, float filler_mass, int n_fill,
+                          int check_each_round) {
+  ckv_tokens t;
+  ckv_tokens_init(&t);
+  kind *kinds = calloc(16 * (rounds + 1), sizeof(*kinds));
+  float *attn = calloc(16 * (rounds + 1), sizeof(*attn));
+  cr_assert(kinds && attn);
+  uint64_t counts[4] = {0};
+  ckv_transition_list out = {0};
+  for (uint32_t round = 1; round <= rounds; round++) {
+    for (int i = 0; i < 16; i++) {
+      kind k = i < n_fill ? KIND_FILLER : i < n_fill + 2 ? KIND_FACT : KIND_OTHER;
+      kinds[t.n] = k;
+      push(&t, ROLE_USER, k == KIND_FILLER ? 0.05f : k == KIND_FACT ? 0.95f : 0.5f, round - 1);
+    }
+    counts[D] += 16;
+    for (size_t pos = 0; pos < t.n; pos++) {
+      bool this_turn = pos + 16 >= t.n;
+      attn[pos] = kinds[pos] == KIND_FILLER ? filler_mass
+                  : kinds[pos] == KIND_FACT ? 0.9f * filler_mass
+                                            : (this_turn ? 0.2f : 0.02f) * filler_mass;
+    }
+    record(&t, round, attn);
+    judge_checked(&t, round, p, counts, &out);
+    check_protected(&t, p, 1);
+    if (!check_each_round && round != rounds) continue;
+    for (size_t pos = 0; pos < t.n; pos++) {
+      if (kinds[pos] == KIND_FILLER)
+        cr_assert(t.state[pos] == D || t.state[pos] == X,
+                  "round %u: filler token %zu left draft (state %u, mean attention %.2f, semantic 0.05)", round, pos,
+                  t.state[pos], ckv_tokens_attn_mean(&t, pos, round, p->history_rounds));
+      if (kinds[pos] == KIND_FACT)
+        cr_assert_neq(t.state[pos], X, "round %u: planted fact %zu recycled", round, pos);
+    }
+  }
+  /* facts old enough (past the window for persistence + 2 rounds) are committed */
+  size_t facts = 0;
+  for (size_t pos = p->sink_tokens; pos + p->recent_window + 16 * (p->persistence_rounds + 2) < t.n; pos++) {
+    if (kinds[pos] != KIND_FACT) continue;
+    facts++;
+    cr_assert_eq(t.state[pos], C, "planted fact %zu is %u, not committed (min attention %.2f)", pos, t.state[pos],
+                 ckv_tokens_attn_min(&t, pos, rounds, p->persistence_rounds));
+  }
+  cr_assert_gt(facts, 10, "the stream planted too few facts to judge");
+  /* and filler drew the highest attention of all */
+  for (size_t pos = 0; pos < t.n; pos++)
+    if (kinds[pos] != KIND_FILLER) cr_assert_leq(attn[pos], filler_mass);
+  free(kinds);
+  free(attn);
+  ckv_transition_list_done(&out);
+  ckv_tokens_done(&t);
+}
+
+Test(judge, filler_never_promoted_facts_committed_and_kept) {
+  ckv_judge_params p = params_for(CKV_POLICY_COMMITKV);
+  filler_stream(&p, 40, 1.0f, 2, 1);
+}
+
+/* The same stream with a one-turn recent window: filler (about 4x an average
+ * token's attention) is judged the round after its append.
+ * BUG (judge.c, see below): its mean over history_rounds counts the R-1
+ * rounds before it existed as zero attention, reads as "not hot", so the
+ * filler rule misses it and draft->staged rule (b) promotes it. */
+Test(judge, filler_never_promoted_with_a_one_turn_window) {
+  ckv_judge_params p = params_for(CKV_POLICY_COMMITKV);
+  p.recent_window = 16;
+  filler_stream(&p, 40, 1.0f, 2, 1);
+}
+
+/* Filler that is a larger share of the turn: its relative attention is
+ * still the highest of all tokens, but below 2x an average token.
+ * BUG (judge.c judge_rules): the ring entries of the rounds before a token
+ * was appended read as zero attention, so a young token's mean over
+ * history_rounds (R = 8) is diluted: judged a few rounds after its append, a
+ * filler token averaging under R/age times the mean reads as "not hot",
+ * hence not filler, and draft->staged rule (b) promotes it. */
+Test(judge, filler_never_promoted_when_it_is_a_large_share_of_the_turn) {
+  ckv_judge_params p = params_for(CKV_POLICY_COMMITKV);
+  p.high_attn_threshold = 1.2f; /* so facts (0.9x the filler mass) still qualify as lasting */
+  filler_stream(&p, 40, 1.0f, 6, 1);
+}
+
+/* ---- baselines ---- */
+
+/* n tokens appended before round 1, all user role. */
+static void fill(ckv_tokens *t, size_t n, uint8_t role, float sem) {
+  for (size_t i = 0; i < n; i++) push(t, role, sem, 0);
+}
+
+static void uniform_round(ckv_tokens *t, uint32_t round, float v) {
+  float *a = malloc((t->n + 1) * sizeof(float));
+  cr_assert_not_null(a);
+  for (size_t i = 0; i < t->n; i++) a[i] = v;
+  record(t, round, a);
+  free(a);
+}
+
+Test(baseline, fp16_never_changes_anything) {
+  ckv_judge_params p = params_for(CKV_POLICY_FP16);
+  ckv_tokens t;
+  ckv_tokens_init(&t);
+  ckv_transition_list out = {0};
+  uint64_t counts[4] = {0};
+  for (uint32_t round = 1; round <= 50; round++) {
+    fill(&t, 10, round % 5 ? ROLE_USER : ROLE_SYSTEM, round % 2 ? 0.9f : 0.f);
+    counts[D] += 10;
+    uniform_round(&t, round, round < 10 ? 1.f : 0.f); /* then 40 idle rounds */
+    judge_checked(&t, round, &p, counts, &out);
+    cr_assert_eq(out.n, 0, "fp16 made a transition in round %u", round);
+  }
+  for (size_t pos = 0; pos < t.n; pos++) cr_assert_eq(t.state[pos], D);
+  ckv_transition_list_done(&out);
+  ckv_tokens_done(&t);
+}
+
+Test(baseline, int8_stages_everything_past_the_window_and_nothing_else) {
+  ckv_judge_params p = params_for(CKV_POLICY_INT8);
+  ckv_tokens t;
+  ckv_tokens_init(&t);
+  ckv_transition_list out = {0};
+  uint64_t counts[4] = {0};
+  for (uint32_t round = 1; round <= 30; round++) {
+    fill(&t, 7, round % 3 ? ROLE_USER : ROLE_SYSTEM, (float)(round % 4) / 4.f);
+    counts[D] += 7;
+    uniform_round(&t, round, round % 2 ? 3.f : 0.f);
+    judge_checked(&t, round, &p, counts, &out);
+    size_t end = t.n > p.recent_window ? t.n - p.recent_window : 0;
+    for (size_t pos = 0; pos < t.n; pos++) {
+      uint8_t want = pos >= p.sink_tokens && pos < end ? S : D; /* sinks and window stay FP16 */
+      cr_assert_eq(t.state[pos], want, "int8 round %u: token %zu is %u, want %u", round, pos, t.state[pos], want);
+    }
+  }
+  cr_assert_eq(counts[C] + counts[X], 0);
+  ckv_transition_list_done(&out);
+  ckv_tokens_done(&t);
+}
+
+static void kivi(int policy) {
+  ckv_judge_params p = params_for(policy);
+  ckv_tokens t;
+  ckv_tokens_init(&t);
+  ckv_transition_list out = {0};
+  uint64_t counts[4] = {0};
+  fill(&t, 100, ROLE_USER, 0.1f);
+  counts[D] = 100;
+  uniform_round(&t, 1, 1.f);
+  judge_checked(&t, 1, &p, counts, &out);
+  for (size_t pos = 0; pos < t.n; pos++)
+    cr_assert_eq(t.state[pos], pos >= 4 && pos < 68 ? S : D, "round 1, token %zu", pos);
+  uniform_round(&t, 2, 0.f);
+  judge_checked(&t, 2, &p, counts, &out);
+  for (size_t pos = 0; pos < t.n; pos++)
+    cr_assert_eq(t.state[pos], pos >= 4 && pos < 68 ? C : D, "round 2, token %zu", pos);
+  /* more tokens: the ones leaving the window follow the same two steps */
+  fill(&t, 20, ROLE_SYSTEM, 0.9f);
+  counts[D] += 20;
+  for (uint32_t round = 3; round <= 4; round++) {
+    uniform_round(&t, round, 5.f);
+    judge_checked(&t, round, &p, counts, &out);
+  }
+  for (size_t pos = 0; pos < t.n; pos++)
+    cr_assert_eq(t.state[pos], pos >= 4 && pos < 88 ? C : D, "round 4, token %zu", pos);
+  cr_assert_eq(counts[X], 0, "kivi never recycles");
+  ckv_transition_list_done(&out);
+  ckv_tokens_done(&t);
+}
+
+Test(baseline, kivi4_commits_everything_past_the_window) { kivi(CKV_POLICY_KIVI4); }
+Test(baseline, kivi2_commits_everything_past_the_window) { kivi(CKV_POLICY_KIVI2); }
+
+static size_t budget_keep(const ckv_judge_params *p, size_t n) {
+  size_t keep = (size_t)floor((double)p->budget * (double)n + 0.5);
+  if (keep < p->sink_tokens + p->recent_window) keep = p->sink_tokens + p->recent_window;
+  return keep < n ? keep : n;
+}
+
+Test(baseline, streaming_keeps_sinks_and_recent_within_the_budget) {
+  ckv_judge_params p = params_for(CKV_POLICY_STREAMING);
+  ckv_tokens t;
+  ckv_tokens_init(&t);
+  ckv_transition_list out = {0};
+  uint64_t counts[4] = {0};
+  rng g = {99};
+  for (uint32_t round = 1; round <= 40; round++) {
+    fill(&t, 13, ROLE_USER, 0.9f);
+    counts[D] += 13;
+    float *a = malloc(t.n * sizeof(float));
+    for (size_t i = 0; i < t.n; i++) a[i] = 10.f * rndf(&g); /* attention does not matter */
+    record(&t, round, a);
+    free(a);
+    judge_checked(&t, round, &p, counts, &out);
+    size_t keep = budget_keep(&p, t.n), recent = keep - p.sink_tokens;
+    for (size_t pos = 0; pos < t.n; pos++) {
+      bool kept = pos < p.sink_tokens || pos >= t.n - recent;
+      cr_assert_eq(t.state[pos], kept ? D : X, "streaming round %u (n %zu, keep %zu): token %zu is %u", round, t.n,
+                   keep, pos, t.state[pos]);
+    }
+    cr_assert_eq(live_count(&t), keep);
+  }
+  ckv_transition_list_done(&out);
+  ckv_tokens_done(&t);
+}
+
+static int by_cum_desc(const void *a, const void *b, void *ctx) {
+  const float *cum = ctx;
+  size_t x = *(const size_t *)a, y = *(const size_t *)b;
+  if (cum[x] != cum[y]) return cum[x] < cum[y] ? 1 : -1;
+  return x < y ? -1 : 1;
+}
+
+Test(baseline, h2o_keeps_sinks_recent_and_heaviest_within_the_budget) {
+  ckv_judge_params p = params_for(CKV_POLICY_H2O);
+  ckv_tokens t;
+  ckv_tokens_init(&t);
+  ckv_transition_list out = {0};
+  uint64_t counts[4] = {0};
+  rng g = {7};
+  size_t heavy_seen = 0;
+  for (uint32_t round = 1; round <= 40; round++) {
+    fill(&t, 17, ROLE_USER, 0.5f);
+    counts[D] += 17;
+    float *a = malloc(t.n * sizeof(float));
+    for (size_t i = 0; i < t.n; i++) a[i] = i % 11 == 0 ? 5.f + rndf(&g) : 0.2f * rndf(&g); /* heavy hitters */
+    uint8_t *before = malloc(t.n);
+    record(&t, round, a);
+    memcpy(before, t.state, t.n);
+    judge_checked(&t, round, &p, counts, &out);
+    size_t keep = budget_keep(&p, t.n);
+    if (keep >= t.n) {
+      cr_assert_eq(out.n, 0);
+    } else {
+      size_t body = keep - p.sink_tokens, recent = body / 2;
+      if (recent < p.recent_window) recent = p.recent_window;
+      if (recent > body) recent = body;
+      size_t start_recent = t.n - recent, heavy_n = body - recent;
+      /* reference: of the middle tokens live before this round, the heavy_n
+       * heaviest by accumulated attention stay, the rest go */
+      size_t *cand = malloc(t.n * sizeof(size_t)), nc = 0;
+      for (size_t pos = p.sink_tokens; pos < start_recent; pos++)
+        if (before[pos] != X) cand[nc++] = pos;
+      qsort_r(cand, nc, sizeof(size_t), by_cum_desc, t.cum_attn);
+      for (size_t i = 0; i < nc; i++)
+        cr_assert_eq(t.state[cand[i]], i < heavy_n ? before[cand[i]] : X,
+                     "h2o round %u: middle token %zu (rank %zu of %zu, keep %zu heavy) is %u", round, cand[i], i, nc,
+                     heavy_n, t.state[cand[i]]);
+      for (size_t pos = 0; pos < t.n; pos++)
+        if (pos < p.sink_tokens || pos >= start_recent) cr_assert_eq(t.state[pos], D, "h2o: token %zu", pos);
+      cr_assert_leq(live_count(&t), keep, "h2o round %u keeps more than the budget", round);
+      for (size_t i = 0; i < nc && i < heavy_n; i++) heavy_seen += cand[i] % 11 == 0;
+      free(cand);
+    }
+    free(before);
+    free(a);
+  }
+  cr_assert_gt(heavy_seen, 0, "no heavy hitter was kept outside the window");
+  ckv_transition_list_done(&out);
+  ckv_tokens_done(&t);
+}
