@@ -292,9 +292,15 @@ static int h_append(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req
   ckv_transition_list made_room = {0};
   uint64_t need = ckv_srv_session_append_bytes(sess, n);
   if (need && !ckv_tenant_would_fit(sess->tenant, need)) {
-    /* Quota pressure: make room from this session's least valuable tokens
-     * before refusing (the reply reports every token recycled). */
+    /* Quota pressure: make room from this session before refusing, cheapest
+     * loss first: compress draft -> staged, then staged -> committed, then
+     * recycle the least valuable tokens (the reply reports every transition). */
     ckv_server_settle_session(s, sess);
+    for (int from = CKV_STATE_DRAFT; from <= CKV_STATE_STAGED && !ckv_tenant_would_fit(sess->tenant, need); from++) {
+      if (ckv_lifecycle_escalate(sess, s->compressor, from, &made_room) <= 0) continue;
+      ckv_server_settle_session(s, sess);
+      ckv_srv_session_release_retired(sess); /* the requester re-reads its view from this reply */
+    }
     uint64_t recycled = 0;
     r = ckv_lifecycle_reclaim(sess, s->compressor, need, &made_room, &recycled);
     if (recycled)
@@ -307,6 +313,9 @@ static int h_append(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req
     t->transitions = transitions_msg(s, &made_room, &t->n_transitions);
     if (!t->transitions) r = -ENOMEM;
   }
+  if (r < 0 && made_room.n)
+    ckv_log(CKV_LOG_NOTICE, "quota-escalate", c->tenant->name, sess->id,
+            "refused append after compressing %zu token ranges (no token was recycled)", made_room.n);
   ckv_transition_list_done(&made_room);
   if (r == CKV_ERR_QUOTA)
     return fail(x, r, "tenant '%s' quota of %llu bytes reached (%llu used)", c->tenant->name,

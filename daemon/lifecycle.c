@@ -309,6 +309,27 @@ static uint64_t count_pending(const ckv_srv_session *s) {
   return n;
 }
 
+long ckv_lifecycle_escalate(ckv_srv_session *s, ckv_compressor *c, int from, ckv_transition_list *out) {
+  ckv_tokens *t = &s->tokens;
+  const uint8_t to = from == CKV_STATE_DRAFT ? CKV_STATE_STAGED : CKV_STATE_COMMITTED;
+  const uint32_t round = (uint32_t)s->last_round;
+  size_t end = t->n > s->params.recent_window ? t->n - s->params.recent_window : 0;
+  long n = 0;
+  for (size_t p = s->params.sink_tokens; p < end; p++) {
+    if (t->state[p] != from || (t->flags[p] & CKV_TOKEN_PENDING) || ckv_judge_protected(t, p, &s->params)) continue;
+    if (from == CKV_STATE_DRAFT && t->last_transition[p] >= round) continue; /* not reported yet */
+    if (ckv_transition_list_add(out, p, (uint8_t)from, to) < 0) return -ENOMEM;
+    t->state[p] = to;
+    t->last_transition[p] = round;
+    s->count_by_state[from]--;
+    s->count_by_state[to]++;
+    s->transitions[from][to]++;
+    n++;
+  }
+  if (n) (void)ckv_lifecycle_plan(s, c, /* flush= */ true);
+  return n;
+}
+
 typedef struct valued {
   float value;
   uint32_t pos;

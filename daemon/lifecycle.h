@@ -46,7 +46,15 @@ void ckv_lifecycle_publish(ckv_srv_session *s, ckv_compressor *c, ckv_job *j);
  * waiting for a full committed chunk). */
 uint64_t ckv_lifecycle_pending(const ckv_srv_session *s);
 
-/* Quota pressure: makes at least `need` bytes of room in s's tenant by
+/* Quota pressure, step 1 and 2: escalates every unprotected token of state
+ * `from` (draft or staged; draft tokens only once reported, so a worker never
+ * loses a slot it may still be writing) one state up and plans the moves with
+ * partial committed chunks closed.  The caller then waits for the moves
+ * (ckv_server_settle_session) and frees what they release.  Appends the
+ * transitions to `out`; returns the number of tokens escalated or -ENOMEM. */
+long ckv_lifecycle_escalate(ckv_srv_session *s, ckv_compressor *c, int from, ckv_transition_list *out);
+
+/* Quota pressure, last step: makes at least `need` bytes of room in s's tenant by
  * escalating s's lowest-value unprotected tokens (draft -> staged ->
  * committed, then recycling), executing the moves synchronously and freeing
  * what they release at once.  Only call for a session whose reader is the
