@@ -83,7 +83,7 @@ static void judge_checked(ckv_tokens *t, uint32_t round, const ckv_judge_params 
                           ckv_transition_list *out) {
   uint8_t *old = malloc(t->n + 1), *listed = malloc(t->n + 1);
   cr_assert(old && listed);
-  memcpy(old, t->state, t->n);
+  if (t->n) memcpy(old, t->state, t->n);
   memset(listed, 0xff, t->n);
   out->n = 0;
   cr_assert_eq(ckv_judge_run(t, round, p, out), CKV_OK);
@@ -157,7 +157,7 @@ static void trace_add(trace *tr, const ckv_transition_list *l) {
     tr->v = realloc(tr->v, tr->cap * sizeof(*tr->v));
     cr_assert_not_null(tr->v);
   }
-  memcpy(tr->v + tr->n, l->v, l->n * sizeof(*l->v));
+  if (l->n) memcpy(tr->v + tr->n, l->v, l->n * sizeof(*l->v));
   tr->n += l->n;
 }
 
