@@ -198,7 +198,7 @@ static int submit(ckv_srv_session *s, ckv_compressor *c, plan_buf *b, int copy) 
   return CKV_OK;
 }
 
-/* Blocks at most half full, not being filled, with no token in flight, move
+/* Blocks at most three quarters full, not being filled, with no token in flight, move
  * their survivors to the fill block of their format (draft, staged). */
 static int compact(ckv_srv_session *s, ckv_compressor *c) {
   if (ckv_compressor_room(c) == 0) return CKV_OK;
@@ -213,7 +213,7 @@ static int compact(ckv_srv_session *s, ckv_compressor *c) {
     if (b->format != CKV_FORMAT_DRAFT && b->format != CKV_FORMAT_STAGED) continue;
     bool filling = false;
     for (int f = 0; f < CKV_FILL_COUNT; f++) filling |= s->fill[f] == i;
-    if (filling || b->used < b->capacity || b->refs == 0 || b->refs * 2u > b->capacity) continue;
+    if (filling || b->used < b->capacity || b->refs == 0 || b->refs * 4u > b->capacity * 3u) continue;
     sparse[i] = 1;
     n_sparse++;
   }

@@ -211,7 +211,7 @@ static float estimate_semantic(ckv_srv_session *s, const uint32_t *token_ids, ui
    * filler that repeats scores low.  Without ids either: a neutral 0.5. */
   if (!token_ids || !s->params.semantic_estimate_enabled) return 0.5f;
   long seen = idcount_bump(s->ids, token_ids[i]);
-  return seen < 0 ? 0.5f : 1.0f / (1.0f + (float)seen);
+  return seen < 0 ? 0.5f : 1.0f / (1.0f + (float)seen / 8.0f);
 }
 
 int ckv_srv_session_append(ckv_srv_session *s, uint32_t count, const uint8_t *roles, const uint8_t *tags,
