@@ -23,7 +23,6 @@
  * section of a later issue ("judge": [...]) is one more pair. */
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <getopt.h>
 #include <linux/futex.h>
 #include <limits.h>
@@ -45,6 +44,7 @@
 #include <zmq.h>
 
 #include "bench/bench.h"
+#include "bench/bench_daemon.h"
 #include "bench/bench_judge.h"
 #include "commitkv.pb-c.h"
 #include "commitkv/commitkv.h"
@@ -53,8 +53,6 @@
 #define MAX_WORKERS 1024
 #define DEFAULT_SECONDS 2.0
 #define REPORT_TOKENS 4096u
-#define DAEMON_START_MS 10000
-#define DAEMON_STOP_MS 10000
 #define ECHO_TIMEOUT_MS 5000
 #define ECHO_BATCH 512 /* as the daemon's MAX_BATCH */
 #define ERR_LEN 240
@@ -94,12 +92,6 @@ static int64_t now_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-static void sleep_us(long us) {
-  struct timespec ts = {.tv_sec = us / 1000000, .tv_nsec = (us % 1000000) * 1000};
-  while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {
-  }
 }
 
 typedef struct samples {
@@ -444,141 +436,6 @@ static double phase_rps(const phase_result *p) { return p->seconds > 0 ? (double
 /* ------------------------------------------------------------------------ */
 /* The temporary directory and the daemon                                     */
 
-static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
-  (void)sb;
-  (void)flag;
-  (void)ftw;
-  remove(path);
-  return 0;
-}
-
-static void rm_tree(const char *dir) {
-  if (dir && *dir) nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-}
-
-/* commitkvd beside /proc/self/exe, or the path given. */
-static int find_daemon(const char *given, char *buf, size_t len) {
-  if (given) {
-    snprintf(buf, len, "%s", given);
-  } else {
-    char self[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-    if (n < 0) {
-      fprintf(stderr, "commitkv-bench: cannot read /proc/self/exe: %s\n", strerror(errno));
-      return -errno;
-    }
-    self[n] = 0;
-    char *slash = strrchr(self, '/');
-    if (slash) *slash = 0;
-    if ((size_t)snprintf(buf, len, "%s/commitkvd", self) >= len) {
-      fprintf(stderr, "commitkv-bench: the path of this binary is too long\n");
-      return -ENAMETOOLONG;
-    }
-  }
-  if (access(buf, X_OK) != 0) {
-    fprintf(stderr, "commitkv-bench: no commitkvd at %s (%s); build it or pass --daemon PATH\n", buf,
-            strerror(errno));
-    return -ENOENT;
-  }
-  return 0;
-}
-
-typedef struct daemon_proc {
-  pid_t pid;
-  bool log_shown; /* its log's tail went to stderr already */
-  char socket[PATH_MAX], attach[PATH_MAX], log[PATH_MAX];
-} daemon_proc;
-
-/* Prints the end of the daemon's log, to explain a failure. */
-static void daemon_log_tail(daemon_proc *d) {
-  if (d->log_shown) return;
-  d->log_shown = true;
-  FILE *f = fopen(d->log, "r");
-  if (!f) return;
-  char buf[4096];
-  fseek(f, 0, SEEK_END);
-  long size = ftell(f);
-  fseek(f, size > (long)sizeof(buf) - 1 ? size - (long)sizeof(buf) + 1 : 0, SEEK_SET);
-  size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-  buf[n] = 0;
-  fclose(f);
-  if (n) fprintf(stderr, "commitkv-bench: --- end of %s ---\n%s", d->log, buf);
-}
-
-static int daemon_start(daemon_proc *d, const char *path, const char *dir) {
-  snprintf(d->socket, sizeof(d->socket), "ipc://%.100s/commitkvd.sock", dir);
-  snprintf(d->attach, sizeof(d->attach), "%.100s/commitkvd.attach", dir);
-  snprintf(d->log, sizeof(d->log), "%.100s/commitkvd.log", dir);
-  char state[PATH_MAX];
-  snprintf(state, sizeof(state), "%.100s/state", dir);
-  pid_t parent = getpid();
-  d->pid = fork();
-  if (d->pid < 0) {
-    fprintf(stderr, "commitkv-bench: fork: %s\n", strerror(errno));
-    return -errno;
-  }
-  if (d->pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGTERM); /* a killed bench leaves no daemon behind */
-    if (getppid() != parent) _exit(127);
-    int null = open("/dev/null", O_RDONLY);
-    int log = open(d->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (null >= 0) dup2(null, 0);
-    if (log >= 0) {
-      dup2(log, 1);
-      dup2(log, 2);
-    }
-    unsetenv("JOURNAL_STREAM"); /* log into the file, not the journal */
-    char *argv[] = {(char *)path,  "--backend", "host",  "--socket",     d->socket, "--attach-socket",
-                    d->attach,     "--memory",  "2G",    "--state-dir",  state,     NULL};
-    execv(path, argv);
-    fprintf(stderr, "exec %s: %s\n", path, strerror(errno));
-    _exit(127);
-  }
-  int64_t end = now_ns() + (int64_t)DAEMON_START_MS * 1000000;
-  while (now_ns() < end) {
-    struct stat st;
-    if (stat(d->attach, &st) == 0 && S_ISSOCK(st.st_mode)) return 0;
-    int status;
-    if (waitpid(d->pid, &status, WNOHANG) == d->pid) {
-      d->pid = 0;
-      fprintf(stderr, "commitkv-bench: commitkvd (%s) exited during start-up (status %d)\n", path,
-              WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
-      daemon_log_tail(d);
-      return -ECHILD;
-    }
-    sleep_us(5000);
-  }
-  fprintf(stderr, "commitkv-bench: commitkvd did not create %s within %d ms\n", d->attach, DAEMON_START_MS);
-  daemon_log_tail(d);
-  return -ETIMEDOUT;
-}
-
-/* SIGTERM, then the exit status: 0 when it drained and exited cleanly. */
-static int daemon_stop(daemon_proc *d) {
-  if (d->pid <= 0) return 0;
-  kill(d->pid, SIGTERM);
-  int64_t end = now_ns() + (int64_t)DAEMON_STOP_MS * 1000000;
-  int status = 0;
-  pid_t r;
-  while ((r = waitpid(d->pid, &status, WNOHANG)) == 0 && now_ns() < end) sleep_us(5000);
-  if (r == 0) {
-    kill(d->pid, SIGKILL);
-    waitpid(d->pid, &status, 0);
-    fprintf(stderr, "commitkv-bench: commitkvd ignored SIGTERM for %d ms; killed\n", DAEMON_STOP_MS);
-    d->pid = 0;
-    daemon_log_tail(d);
-    return -ETIMEDOUT;
-  }
-  d->pid = 0;
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    fprintf(stderr, "commitkv-bench: commitkvd exited with %s %d after SIGTERM\n",
-            WIFEXITED(status) ? "status" : "signal", WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
-    daemon_log_tail(d);
-    return -ECHILD;
-  }
-  return 0;
-}
-
 /* ------------------------------------------------------------------------ */
 /* Section: the ceiling, a bare ZeroMQ ROUTER/DEALER echo over ipc://         */
 
@@ -808,7 +665,7 @@ static int report_request(void *arg, char *err, size_t errlen) {
 static const ckv_geometry k_geometry = {.n_layers = 2, .n_kv_heads = 2, .head_dim = 64, .dtype = 0};
 
 static int daemon_worker(worker *w, void *arg) {
-  const daemon_proc *d = arg;
+  const ckv_bench_daemon *d = arg;
   session_client sc = {0};
   char err[ERR_LEN] = "";
   /* No background heartbeat: every request on the socket is one we time. */
@@ -852,7 +709,7 @@ static int daemon_worker(worker *w, void *arg) {
   return r;
 }
 
-static int measure_daemon(const options *o, const daemon_proc *d, report *rep) {
+static int measure_daemon(const options *o, const ckv_bench_daemon *d, report *rep) {
   group g;
   int r = group_start(&g, "commitkvd", o->workers, o->seconds, daemon_worker, (void *)d);
   if (r < 0) return r;
@@ -1021,7 +878,7 @@ int ckv_bench_control(int argc, char **argv) {
   int r = parse_options(argc, argv, &o);
   if (r != 0) return r > 0 ? 0 : 2;
   char daemon_path[PATH_MAX];
-  if (find_daemon(o.daemon, daemon_path, sizeof(daemon_path)) < 0) return 1;
+  if (ckv_bench_find_daemon(o.daemon, daemon_path, sizeof(daemon_path)) < 0) return 1;
 
   report rep = {.workers = o.workers, .cpus = sysconf(_SC_NPROCESSORS_ONLN), .seconds = o.seconds};
   rep.echo_payload = heartbeat_request_size();
@@ -1042,18 +899,18 @@ int ckv_bench_control(int argc, char **argv) {
   /* Order: echo, the daemon's kinds, echo again (see echo_finish). */
   int rc = 0;
   echo_bench echo = {0};
-  daemon_proc d = {0};
+  ckv_bench_daemon d = {0};
   if ((r = echo_setup(&echo, &o, dir, rep.echo_payload)) < 0 || (r = echo_run(&echo, ECHO_RUN_BEFORE, &o)) < 0) {
     fprintf(stderr, "commitkv-bench: the echo ceiling failed: %s\n", ckv_strerror(r));
     rc = 1;
   }
   if (rc == 0) {
     fprintf(stderr, "commitkv-bench: starting %s in %s\n", daemon_path, dir);
-    if (daemon_start(&d, daemon_path, dir) < 0) rc = 1;
+    if (ckv_bench_daemon_start(&d, daemon_path, dir, "2G") < 0) rc = 1;
   }
   if (rc == 0 && (r = measure_daemon(&o, &d, &rep)) < 0) {
     fprintf(stderr, "commitkv-bench: measuring commitkvd failed: %s\n", ckv_strerror(r));
-    daemon_log_tail(&d);
+    ckv_bench_daemon_log_tail(&d);
     rc = 1;
   }
   if (rc == 0 && (r = echo_run(&echo, ECHO_RUN_AFTER, &o)) < 0) {
@@ -1061,7 +918,7 @@ int ckv_bench_control(int argc, char **argv) {
     rc = 1;
   }
   echo_finish(&echo, &rep);
-  if (d.pid > 0 && daemon_stop(&d) < 0) rc = 1;
+  if (d.pid > 0 && ckv_bench_daemon_stop(&d) < 0) rc = 1;
   if (rc == 0) {
     fprintf(stderr, "commitkv-bench: judging sessions of 4K, 32K, 128K tokens\n");
     if ((r = measure_judge(&o, g_judge)) < 0) {
@@ -1081,6 +938,6 @@ int ckv_bench_control(int argc, char **argv) {
     }
     fflush(stdout);
   }
-  rm_tree(dir);
+  ckv_bench_rm_tree(dir);
   return rc;
 }

@@ -52,7 +52,6 @@
  * with gnuplot (pngcairo). */
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <getopt.h>
 #include <limits.h>
 #include <math.h>
@@ -69,14 +68,13 @@
 #include <unistd.h>
 
 #include "bench/bench.h"
+#include "bench/bench_daemon.h"
 #include "bench/workload.h"
 #include "client/rpc.h"
 #include "commitkv/commitkv.h"
 #include "kernels/format.h"
 #include "kernels/kernels.h"
 
-#define DAEMON_START_MS 10000
-#define DAEMON_STOP_MS 10000
 #define SETTLE_MS 3000          /* longest wait for a round's compression to be published */
 #define SETTLE_STUCK_MS 20      /* compressor idle and pending unchanged this long: move on */
 #define REF_BLOCK_TOKENS 256u   /* capacity of the reference's private FP16 blocks */
@@ -139,114 +137,6 @@ static void sleep_ms(long ms) {
 
 /* ------------------------------------------------------------------------ */
 /* The daemon (as bench_control.c starts it)                                  */
-
-typedef struct daemon_proc {
-  pid_t pid;
-  char socket[PATH_MAX], attach[PATH_MAX], log[PATH_MAX];
-} daemon_proc;
-
-static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
-  (void)sb;
-  (void)flag;
-  (void)ftw;
-  remove(path);
-  return 0;
-}
-
-static void rm_tree(const char *dir) {
-  if (dir && *dir) nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-}
-
-/* PATH of a program beside /proc/self/exe. */
-static int beside_self(const char *prog, char *buf, size_t len) {
-  char self[PATH_MAX];
-  ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  if (n < 0) return -errno;
-  self[n] = 0;
-  char *slash = strrchr(self, '/');
-  if (slash) *slash = 0;
-  if ((size_t)snprintf(buf, len, "%s/%s", self, prog) >= len) return -ENAMETOOLONG;
-  return 0;
-}
-
-static void daemon_log_tail(const daemon_proc *d) {
-  FILE *f = fopen(d->log, "r");
-  if (!f) return;
-  char buf[2048];
-  fseek(f, 0, SEEK_END);
-  long size = ftell(f);
-  fseek(f, size > (long)sizeof(buf) - 1 ? size - (long)sizeof(buf) + 1 : 0, SEEK_SET);
-  size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-  buf[n] = 0;
-  fclose(f);
-  if (n) fprintf(stderr, "commitkv-bench: --- end of %s ---\n%s", d->log, buf);
-}
-
-static int daemon_start(daemon_proc *d, const char *path, const char *dir) {
-  snprintf(d->socket, sizeof(d->socket), "ipc://%.100s/commitkvd.sock", dir);
-  snprintf(d->attach, sizeof(d->attach), "%.100s/commitkvd.attach", dir);
-  snprintf(d->log, sizeof(d->log), "%.100s/commitkvd.log", dir);
-  char state[PATH_MAX];
-  snprintf(state, sizeof(state), "%.100s/state", dir);
-  pid_t parent = getpid();
-  d->pid = fork();
-  if (d->pid < 0) return -errno;
-  if (d->pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGTERM); /* a killed bench leaves no daemon behind */
-    if (getppid() != parent) _exit(127);
-    int null = open("/dev/null", O_RDONLY);
-    int log = open(d->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (null >= 0) dup2(null, 0);
-    if (log >= 0) {
-      dup2(log, 1);
-      dup2(log, 2);
-    }
-    unsetenv("JOURNAL_STREAM");
-    char *argv[] = {(char *)path, "--backend", "host", "--socket", d->socket, "--attach-socket",
-                    d->attach,    "--memory",  "4G",   "--state-dir", state,   NULL};
-    execv(path, argv);
-    _exit(127);
-  }
-  int64_t end = now_ns() + (int64_t)DAEMON_START_MS * 1000000;
-  while (now_ns() < end) {
-    struct stat st;
-    if (stat(d->attach, &st) == 0 && S_ISSOCK(st.st_mode)) return 0;
-    int status;
-    if (waitpid(d->pid, &status, WNOHANG) == d->pid) {
-      d->pid = 0;
-      fprintf(stderr, "commitkv-bench: commitkvd (%s) exited during start-up\n", path);
-      daemon_log_tail(d);
-      return -ECHILD;
-    }
-    sleep_ms(5);
-  }
-  fprintf(stderr, "commitkv-bench: commitkvd did not create %s within %d ms\n", d->attach, DAEMON_START_MS);
-  daemon_log_tail(d);
-  return -ETIMEDOUT;
-}
-
-static int daemon_stop(daemon_proc *d) {
-  if (d->pid <= 0) return 0;
-  kill(d->pid, SIGTERM);
-  int64_t end = now_ns() + (int64_t)DAEMON_STOP_MS * 1000000;
-  int status = 0;
-  pid_t r;
-  while ((r = waitpid(d->pid, &status, WNOHANG)) == 0 && now_ns() < end) sleep_ms(5);
-  if (r == 0) {
-    kill(d->pid, SIGKILL);
-    waitpid(d->pid, &status, 0);
-    d->pid = 0;
-    fprintf(stderr, "commitkv-bench: commitkvd ignored SIGTERM; killed\n");
-    return -ETIMEDOUT;
-  }
-  d->pid = 0;
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    fprintf(stderr, "commitkv-bench: commitkvd did not exit cleanly after SIGTERM\n");
-    daemon_log_tail(d);
-    return -ECHILD;
-  }
-  return 0;
-}
 
 /* ------------------------------------------------------------------------ */
 /* Session figures from the daemon                                            */
@@ -631,7 +521,7 @@ static int policy_run(ckv_client *c, const ckv_workload_params *wp, const refere
   return r;
 }
 
-static int run_synthetic(const options *o, const daemon_proc *d, workload_result *wr) {
+static int run_synthetic(const options *o, const ckv_bench_daemon *d, workload_result *wr) {
   ckv_workload_params wp;
   if (o->quick)
     ckv_workload_quick(&wp);
@@ -746,7 +636,7 @@ static bool find_model(const options *o, char *buf, size_t len) {
   snprintf(buf, len, "../shared/models/stories260K.bin");
   if (file_exists(buf)) return true;
   char self[PATH_MAX];
-  if (beside_self("../../../shared/models/stories260K.bin", self, sizeof(self)) == 0 && file_exists(self)) {
+  if (ckv_bench_beside_self("../../../shared/models/stories260K.bin", self, sizeof(self)) == 0 && file_exists(self)) {
     snprintf(buf, len, "%s", self); /* build/bin -> repository -> shared */
     return true;
   }
@@ -754,7 +644,7 @@ static bool find_model(const options *o, char *buf, size_t len) {
 }
 
 /* Runs commitkv-llm; its stdout (malloc'd) in *ret_out.  Exit status or -errno. */
-static int run_llm(const char *bin, const char *model, const daemon_proc *d, const char *policy, double budget,
+static int run_llm(const char *bin, const char *model, const ckv_bench_daemon *d, const char *policy, double budget,
                    uint32_t rounds, char **ret_out) {
   int p[2];
   if (pipe2(p, O_CLOEXEC) < 0) return -errno;
@@ -826,12 +716,12 @@ static int run_llm(const char *bin, const char *model, const daemon_proc *d, con
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-static void run_real_model(const options *o, const daemon_proc *d, workload_result *wr) {
+static void run_real_model(const options *o, const ckv_bench_daemon *d, workload_result *wr) {
   char bin[PATH_MAX], model[PATH_MAX];
   wr->rounds = o->rounds ? o->rounds : (o->quick ? 6u : 20u);
   if (o->llm)
     snprintf(bin, sizeof(bin), "%s", o->llm);
-  else if (beside_self("commitkv-llm", bin, sizeof(bin)) < 0)
+  else if (ckv_bench_beside_self("commitkv-llm", bin, sizeof(bin)) < 0)
     bin[0] = 0;
   if (!bin[0] || access(bin, X_OK) != 0) {
     snprintf(wr->skipped, sizeof(wr->skipped), "commitkv-llm is not built (looked for %.180s)", bin);
@@ -1121,7 +1011,7 @@ int ckv_bench_quality(int argc, char **argv) {
   char daemon_path[PATH_MAX];
   if (o.daemon)
     snprintf(daemon_path, sizeof(daemon_path), "%s", o.daemon);
-  else if (beside_self("commitkvd", daemon_path, sizeof(daemon_path)) < 0)
+  else if (ckv_bench_beside_self("commitkvd", daemon_path, sizeof(daemon_path)) < 0)
     return 1;
   if (access(daemon_path, X_OK) != 0) {
     fprintf(stderr, "commitkv-bench: no commitkvd at %s; build it or pass --daemon PATH\n", daemon_path);
@@ -1136,16 +1026,16 @@ int ckv_bench_quality(int argc, char **argv) {
   }
   signal(SIGPIPE, SIG_IGN);
   workload_result wr[2] = {{.name = "agent-synthetic"}, {.name = "stories260K"}};
-  daemon_proc d = {0};
+  ckv_bench_daemon d = {0};
   int rc = 0;
   fprintf(stderr, "commitkv-bench: starting %s in %s\n", daemon_path, dir);
-  if (daemon_start(&d, daemon_path, dir) < 0) rc = 1;
+  if (ckv_bench_daemon_start(&d, daemon_path, dir, "4G") < 0) rc = 1;
   if (rc == 0 && run_synthetic(&o, &d, &wr[0]) < 0) {
-    daemon_log_tail(&d);
+    ckv_bench_daemon_log_tail(&d);
     rc = 1;
   }
   if (rc == 0) run_real_model(&o, &d, &wr[1]);
-  if (d.pid > 0 && daemon_stop(&d) < 0) rc = 1;
+  if (d.pid > 0 && ckv_bench_daemon_stop(&d) < 0) rc = 1;
   if (rc == 0) {
     if (o.json)
       print_json(&o, wr, 2);
@@ -1156,6 +1046,6 @@ int ckv_bench_quality(int argc, char **argv) {
   }
   for (int i = 0; i < 2; i++)
     for (int p = 0; p < N_POLICIES; p++) free(wr[i].pol[p].ratio_round);
-  rm_tree(dir);
+  ckv_bench_rm_tree(dir);
   return rc;
 }
