@@ -203,6 +203,11 @@ static void teardown(ckv_client *c) {
   pthread_mutex_unlock(&c->lock);
 }
 
+/* Why the last ckv_client_connect of this thread failed (the client is gone by then). */
+static _Thread_local char g_connect_error[512];
+
+const char *ckv_client_connect_error(void) { return g_connect_error; }
+
 int ckv_client_connect(const ckv_client_options *opt, ckv_client **ret) {
   ckv_client_options o = opt ? *opt : (ckv_client_options){0};
   if (!ret) return CKV_ERR_INVALID;
@@ -232,8 +237,10 @@ int ckv_client_connect(const ckv_client_options *opt, ckv_client **ret) {
     if (pthread_create(&c->hb_thread, NULL, heartbeat_main, c) == 0) c->hb_running = true;
   }
   *ret = c;
+  g_connect_error[0] = 0;
   return CKV_OK;
 fail:
+  snprintf(g_connect_error, sizeof(g_connect_error), "%s", c->last_error[0] ? c->last_error : ckv_strerror(r));
   ckv_client_free(c);
   return r;
 }

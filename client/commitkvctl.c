@@ -596,7 +596,11 @@ int main(int argc, char **argv) {
     if (strcmp(argv[i], "--json") == 0) json = true;
   ckv_client *c;
   int r = ckv_client_connect(&o, &c);
-  if (r < 0) return fail(NULL, "cannot reach commitkvd", r);
+  if (r < 0) {
+    fprintf(stderr, "commitkvctl: cannot reach commitkvd: %s (%s): %s\n", ckv_strerror(r), ckv_status_name(r),
+            ckv_client_connect_error());
+    return 1;
+  }
   int rc;
   if (strcmp(cmd, "stats") == 0)
     rc = cmd_stats(c, json);

@@ -106,7 +106,7 @@ int main(int argc, char **argv) {
   ckv_client *c;
   int r = ckv_client_connect(&co, &c);
   if (r < 0) {
-    fprintf(stderr, "commitkv-worker: connect: %s\n", ckv_strerror(r));
+    fprintf(stderr, "commitkv-worker: connect: %s: %s\n", ckv_strerror(r), ckv_client_connect_error());
     return 1;
   }
   ckv_geometry g = {o.layers, o.heads, o.dim, CKV_DTYPE_FP16};

@@ -71,6 +71,10 @@ typedef struct ckv_client_options {
  * CKV_ERR_DISCONNECTED / -ENOENT / -ECONNREFUSED (no daemon there);
  * CKV_ERR_TIMEOUT; CKV_ERR_FORMAT (arena from an incompatible build). */
 int ckv_client_connect(const ckv_client_options *opt, ckv_client **ret);
+/* The daemon's (or the transport's) explanation of this thread's last failed
+ * ckv_client_connect, e.g. "uid 1001 / gid 1001 is not mapped to any tenant".
+ * Empty after a success. */
+const char *ckv_client_connect_error(void);
 /* Disconnects and unmaps.  Sessions still open are detached by the daemon
  * (kept for resume); their handles must have been freed first or are freed
  * here.  Accepts NULL; returns NULL. */
