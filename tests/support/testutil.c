@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -43,8 +44,13 @@ long long ckv_test_now_ms(void) {
 pid_t ckv_test_spawn(const char *const *argv, const char *out_path) {
   char path[1024];
   snprintf(path, sizeof(path), "%s/%s", ckv_test_bin_dir(), argv[0]);
+  pid_t parent = getpid();
   pid_t pid = fork();
   if (pid == 0) {
+    /* A test that fails an assertion ends without stopping what it started:
+     * its daemons and workers follow it instead of outliving it. */
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) _exit(127);
     if (out_path) {
       int fd = open(out_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
       if (fd >= 0) {
