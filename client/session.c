@@ -25,8 +25,11 @@ struct ckv_session {
   ckv_geometry geom;
   uint32_t draft_tokens, commit_tokens;
   uint64_t epoch;
+  /* Draft slots of the tokens appended since the last report: slots[i] is
+   * position first_writable + i.  Older tokens may have been moved by the
+   * daemon, so they have no writable slot. */
   slot_ref *slots;
-  uint64_t n_tokens, cap_slots;
+  uint64_t n_tokens, first_writable, cap_slots;
   /* the last fetched view */
   ckv_view view;
   ckv_block_view *blocks;
@@ -116,28 +119,7 @@ int ckv_session_open(ckv_client *c, const char *id, const ckv_geometry *g, const
   s->epoch = so->epoch;
   s->n_tokens = so->n_tokens;
   ckv_rpc_free(rep);
-  /* A resumed session's old draft slots are found through its view. */
-  if (s->n_tokens) {
-    s->slots = malloc(s->n_tokens * sizeof(*s->slots));
-    if (!s->slots) {
-      session_free(s);
-      return -ENOMEM;
-    }
-    s->cap_slots = s->n_tokens;
-    for (uint64_t i = 0; i < s->n_tokens; i++) s->slots[i].block_offset = UINT64_MAX;
-    const ckv_view *v;
-    if (ckv_session_view(s, &v) == CKV_OK)
-      for (size_t b = 0; b < v->n_draft; b++) {
-        const uint8_t *base = v->draft[b].data;
-        const ckv_block_header *h = (const ckv_block_header *)base;
-        const uint32_t *pos = (const uint32_t *)(base + ckv_block_positions_offset());
-        const uint64_t *bits = (const uint64_t *)(base + ckv_block_bitmap_offset(h->capacity));
-        for (uint32_t sl = 0; sl < h->capacity; sl++)
-          if ((bits[sl / 64] >> (sl % 64)) & 1u && pos[sl] < s->n_tokens)
-            s->slots[pos[sl]] = (slot_ref){(uint64_t)((const uint8_t *)base - (const uint8_t *)ckv_rpc_arena_ptr(c, c->arena_id, 0, 0)),
-                                           c->arena_id, h->capacity, (uint16_t)sl};
-      }
-  }
+  s->first_writable = s->n_tokens; /* a resumed session's tokens are written already */
   *ret = s;
   return CKV_OK;
 }
@@ -197,10 +179,10 @@ int ckv_session_append(ckv_session *s, uint32_t count, const uint8_t *roles, con
     ckv_rpc_free(rep);
     return CKV_ERR_PROTO;
   }
-  uint64_t need = s->n_tokens + count;
-  if (need > s->cap_slots) {
+  uint64_t need = s->n_tokens + count, base = s->first_writable;
+  if (need - base > s->cap_slots) {
     uint64_t ncap = s->cap_slots ? s->cap_slots : 256;
-    while (ncap < need) ncap *= 2;
+    while (ncap < need - base) ncap *= 2;
     slot_ref *ns = realloc(s->slots, ncap * sizeof(*ns));
     if (!ns) {
       ckv_rpc_free(rep);
@@ -209,7 +191,7 @@ int ckv_session_append(ckv_session *s, uint32_t count, const uint8_t *roles, con
     s->slots = ns;
     s->cap_slots = ncap;
   }
-  for (uint64_t i = s->n_tokens; i < need; i++) s->slots[i].block_offset = UINT64_MAX;
+  for (uint64_t i = s->n_tokens; i < need; i++) s->slots[i - base].block_offset = UINT64_MAX;
   for (size_t i = 0; i < t->n_slots; i++) {
     const Commitkv__V1__SlotRun *sr = t->slots[i];
     uint64_t block_bytes = ckv_draft_block_bytes(&s->geom, sr->capacity);
@@ -220,17 +202,12 @@ int ckv_session_append(ckv_session *s, uint32_t count, const uint8_t *roles, con
       return CKV_ERR_PROTO;
     }
     for (uint32_t k = 0; k < sr->count; k++)
-      s->slots[sr->first_position + k] =
+      s->slots[sr->first_position + k - base] =
           (slot_ref){sr->block_offset, sr->arena_id, (uint16_t)sr->capacity, (uint16_t)(sr->first_slot + k)};
   }
+  /* Quota pressure moves only reported tokens (below first_writable), so the
+   * reply's transitions never touch a writable slot. */
   s->n_tokens = need;
-  /* tokens recycled to make room under the quota have no draft slot any more */
-  for (size_t i = 0; i < t->n_transitions; i++) {
-    const Commitkv__V1__TransitionRange *tr = t->transitions[i];
-    if (tr->from == COMMITKV__V1__TOKEN_STATE__STATE_DRAFT)
-      for (uint64_t p = tr->first_position; p < tr->first_position + tr->count && p < s->n_tokens; p++)
-        s->slots[p].block_offset = UINT64_MAX;
-  }
   if (t->epoch > s->epoch) s->epoch = t->epoch;
   if (ret_first_position) *ret_first_position = t->first_position;
   ckv_rpc_free(rep);
@@ -238,8 +215,10 @@ int ckv_session_append(ckv_session *s, uint32_t count, const uint8_t *roles, con
 }
 
 void *ckv_session_kv_ptr(ckv_session *s, uint64_t position, uint32_t layer, int kv) {
-  if (!s || position >= s->n_tokens || layer >= s->geom.n_layers || (kv != 0 && kv != 1) || stale(s)) return NULL;
-  const slot_ref *r = &s->slots[position];
+  if (!s || position < s->first_writable || position >= s->n_tokens || layer >= s->geom.n_layers ||
+      (kv != 0 && kv != 1) || stale(s))
+    return NULL;
+  const slot_ref *r = &s->slots[position - s->first_writable];
   if (r->block_offset == UINT64_MAX) return NULL;
   uint8_t *base = ckv_rpc_arena_ptr(s->c, r->arena_id, r->block_offset, ckv_draft_block_bytes(&s->geom, r->capacity));
   if (!base) return NULL;
@@ -365,14 +344,10 @@ int ckv_session_report(ckv_session *s, uint64_t round, uint64_t first_position, 
   for (size_t i = 0; i < out->n_transitions; i++) {
     const Commitkv__V1__TransitionRange *t = out->transitions[i];
     s->transitions[i] = (ckv_transition){t->first_position, t->count, (uint8_t)t->from, (uint8_t)t->to};
-    /* tokens that left draft have no draft slot any more */
-    if (t->from == COMMITKV__V1__TOKEN_STATE__STATE_DRAFT)
-      for (uint64_t p = t->first_position; p < t->first_position + t->count && p < s->n_tokens; p++)
-        s->slots[p].block_offset = UINT64_MAX;
   }
   /* After a report the daemon may move any draft token (promotion,
    * compaction): draft slots are writable only until the next report. */
-  for (uint64_t p = 0; p < s->n_tokens; p++) s->slots[p].block_offset = UINT64_MAX;
+  s->first_writable = s->n_tokens;
   if (out->epoch > s->epoch) s->epoch = out->epoch;
   if (ret)
     *ret = (ckv_round_result){.epoch = out->epoch, .pending = out->pending, .transitions = s->transitions,

@@ -1687,3 +1687,22 @@ int ckv_config_reload_diff(const ckv_config *live, const ckv_config *fresh, char
       diff_add(&d, "tenant.%s (added)", fresh->tenants[t].name);
   return d.count;
 }
+
+int ckv_config_policy_range(const char *key, double *ret_min, double *ret_max) {
+  for (size_t i = 0; key && i < sizeof(config_keys) / sizeof(config_keys[0]); i++) {
+    const config_key *k = &config_keys[i];
+    if (k->section != SEC_POLICY || strcmp(k->key, key) != 0) continue;
+    if (k->type == T_DOUBLE) {
+      *ret_min = k->dmin;
+      *ret_max = k->dmax;
+      return CKV_OK;
+    }
+    if (k->type == T_U32) {
+      *ret_min = (double)k->imin;
+      *ret_max = (double)k->imax;
+      return CKV_OK;
+    }
+    return CKV_ERR_INVALID; /* not a number */
+  }
+  return CKV_ERR_NOT_FOUND;
+}

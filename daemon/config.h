@@ -59,6 +59,11 @@ extern const char *const ckv_policy_names[CKV_POLICY_COUNT];
 /* Name -> ckv_policy_id, or -1 for an unknown name (case-sensitive). */
 int ckv_config_policy_from_name(const char *name);
 
+/* Bounds of a numeric [policy] key, as the file enforces them (per-session
+ * overrides in OpenSession use the same).  CKV_OK, CKV_ERR_NOT_FOUND (no such
+ * key) or CKV_ERR_INVALID (the key is not a number). */
+int ckv_config_policy_range(const char *key, double *ret_min, double *ret_max);
+
 typedef enum ckv_backend_kind {
   CKV_BACKEND_AUTO = 0, /* CUDA when a device answers, host otherwise */
   CKV_BACKEND_HOST = 1, /* memfd arenas, CPU kernels */

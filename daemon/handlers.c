@@ -50,22 +50,20 @@ static void *new_msg(ckv_server *s, size_t size, const void *init) {
 /* A reply sub-message from the scratch arena, initialised with its INIT value. */
 #define NEW(s, type, init) ((type *)new_msg((s), sizeof(type), &(type)init))
 
-/* Per-session overrides (OpenSession.params): the [policy] keys, validated
- * against the same bounds as the config file. */
+/* Per-session overrides (OpenSession.params): the numeric [policy] keys,
+ * within the bounds of the configuration table (ckv_config_policy_range). */
 typedef struct param_def {
   const char *name;
-  double min, max;
   size_t offset;
   bool is_float; /* else uint32_t */
 } param_def;
 
-#define PF(field, lo, hi) {#field, lo, hi, offsetof(ckv_judge_params, field), true}
-#define PU(field, lo, hi) {#field, lo, hi, offsetof(ckv_judge_params, field), false}
+#define PF(field) {#field, offsetof(ckv_judge_params, field), true}
+#define PU(field) {#field, offsetof(ckv_judge_params, field), false}
 static const param_def k_params[] = {
-    PF(attn_threshold, 0, 1e6),        PF(semantic_threshold, 0, 1), PF(high_attn_threshold, 0, 1e6),
-    PU(history_rounds, 1, CKV_ATTN_HISTORY), PU(sink_tokens, 0, 4096), PU(recent_window, 0, 1 << 20),
-    PU(persistence_rounds, 1, 100000), PU(idle_rounds, 1, 1000000), PF(budget, 0.01, 1),
-    PU(commit_bits, 2, 4),             PF(prune_keep, 0.125, 1),
+    PF(attn_threshold), PF(semantic_threshold), PF(high_attn_threshold), PU(history_rounds),
+    PU(sink_tokens),    PU(recent_window),      PU(persistence_rounds),  PU(idle_rounds),
+    PF(budget),         PU(commit_bits),        PF(prune_keep),
 };
 
 static int apply_params(const Commitkv__V1__OpenSession *o, ckv_judge_params *p, reply_ctx *x) {
@@ -76,10 +74,13 @@ static int apply_params(const Commitkv__V1__OpenSession *o, ckv_judge_params *p,
     for (size_t k = 0; key && k < sizeof(k_params) / sizeof(k_params[0]); k++)
       if (strcmp(key, k_params[k].name) == 0) d = &k_params[k];
     if (!d) return fail(x, CKV_ERR_INVALID, "unknown policy parameter '%.64s'", key ? key : "");
-    if (!(v >= d->min && v <= d->max))
-      return fail(x, CKV_ERR_INVALID, "policy parameter %s=%g outside [%g, %g]", d->name, v, d->min, d->max);
-    if (strcmp(d->name, "commit_bits") == 0 && v != 2 && v != 4)
-      return fail(x, CKV_ERR_INVALID, "commit_bits must be 2 or 4");
+    double lo = 2, hi = 4; /* commit_bits is a choice (2 or 4) in the table */
+    bool bits = strcmp(d->name, "commit_bits") == 0;
+    if (!bits && ckv_config_policy_range(d->name, &lo, &hi) < 0)
+      return fail(x, CKV_ERR_INTERNAL, "policy parameter %s has no bounds", d->name);
+    if (!(v >= lo && v <= hi) || (bits && v != 2 && v != 4) || (!d->is_float && v != floor(v)))
+      return fail(x, CKV_ERR_INVALID, "policy parameter %s=%g outside [%g, %g]%s", d->name, v, lo, hi,
+                  bits ? " (2 or 4)" : d->is_float ? "" : " or not an integer");
     if (d->is_float)
       *(float *)((char *)p + d->offset) = (float)v;
     else

@@ -567,7 +567,6 @@ int ckv_server_run(ckv_server *s) {
       s->opt.on_tick(s->opt.notify_ctx, line);
       last_tick = now;
     }
-    if (s->reload_requested && s->opt.on_tick == NULL) s->reload_requested = false;
   }
   /* Drain: answer what is already queued, then detach everyone. */
   for (int i = 0; i < MAX_BATCH && serve_one(s); i++) {
