@@ -221,9 +221,14 @@ static int compact(ckv_srv_session *s, ckv_compressor *c) {
     free(sparse);
     return CKV_OK;
   }
-  /* a block with a move in flight in or out waits for it */
-  for (size_t p = 0; p < t->n; p++)
-    if ((t->flags[p] & CKV_TOKEN_PENDING) && t->block[p] < n_known) sparse[t->block[p]] = 0;
+  /* A block waits when a move of one of its tokens is in flight, or when it
+   * holds a draft token appended since the last report: the worker may still
+   * be writing that token's K/V into the slot it was given. */
+  const uint32_t reported = (uint32_t)s->last_round;
+  for (size_t p = 0; p < t->n; p++) {
+    bool unreported = t->state[p] == CKV_STATE_DRAFT && t->last_transition[p] >= reported;
+    if (((t->flags[p] & CKV_TOKEN_PENDING) || unreported) && t->block[p] < n_known) sparse[t->block[p]] = 0;
+  }
   plan_buf b = {0};
   int r = CKV_OK;
   for (size_t p = 0; p < t->n && r == CKV_OK; p++) {
