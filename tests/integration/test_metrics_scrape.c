@@ -146,7 +146,19 @@ Test(metrics_scrape, figures_match_stats_during_multi_worker_run, .timeout = 120
     free(text);
     usleep(150000);
   }
-  for (int i = 0; i < 3; i++) cr_expect_eq(ckv_test_wait(w[i], 90000), 0, "worker %d failed (see its output)", i);
+  for (int i = 0; i < 3; i++) {
+    int rc = ckv_test_wait(w[i], 90000);
+    if (rc != 0) {
+      char path[400], buf[2048] = "";
+      snprintf(path, sizeof(path), "%s/%s.out", d.dir, name[i]);
+      FILE *f = fopen(path, "r");
+      if (f) {
+        buf[fread(buf, 1, sizeof(buf) - 1, f)] = 0;
+        fclose(f);
+      }
+      cr_expect_eq(rc, 0, "worker %d exited %d:\n%s", i, rc, buf);
+    }
+  }
 
   /* Quiescent now: the next published snapshot must agree with stats. */
   char why[512] = "";
