@@ -173,6 +173,7 @@ void ckv_attach_serve(ckv_server *s, int fd) {
     info.kind = (char *)ckv_arena_kind(t->arena);
     info.bytes = ckv_arena_size(t->arena);
     info.fd_index = 0;
+    info.device_uuid = t->device_uuid;
     info.generation = ex.generation;
     info.handle.data = ex.handle;
     info.handle.len = ex.handle_len;

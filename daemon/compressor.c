@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "commitkv/status.h"
-#include "daemon/compact.h"
+#include "daemon/blockmem.h"
 
 typedef struct worker {
   pthread_t thread;
@@ -50,8 +50,8 @@ ckv_job *ckv_job_free(ckv_job *j) {
 }
 
 static void run_job(ckv_job *j) {
-  j->status = j->copy ? ckv_copy_slots(&j->geom, j->moves, j->n_moves)
-                      : ckv_kernels_move(&j->geom, j->moves, j->n_moves, 0);
+  const ckv_blockmem *mem = j->mem ? j->mem : &ckv_blockmem_host;
+  j->status = mem->run(&j->geom, j->moves, j->n_moves, j->copy);
   j->done_ns = now_ns();
 }
 

@@ -31,6 +31,7 @@ typedef struct ckv_job {
   void *owner;          /* the server's context for publishing (a session) */
   void *user;           /* the server's per-job data (what to publish) */
   int copy;             /* 1: same-format copies (compaction, ckv_copy_slots), 0: kernel moves */
+  const struct ckv_blockmem *mem; /* runs the job on the blocks' memory (blockmem.h); NULL: host */
   int status;           /* result of ckv_kernels_move / ckv_copy_slots */
   uint64_t submitted_ns, done_ns;
 } ckv_job;

@@ -128,6 +128,10 @@ static const config_key config_keys[] = {
             "memory, so one config serves GPU and CPU-only nodes."},
     {SEC_DAEMON, "device", T_U32, DMN(device), .imin = 0, .imax = 1023, .def = "0",
      .doc = "CUDA device ordinal for the GPU arena (one daemon per GPU: run one instance per device)."},
+    {SEC_DAEMON, "shadow_headers", T_BOOL, DMN(shadow_headers), .def = "no",
+     .doc = "Host backend only, for testing: edit block headers in host shadows and copy them into "
+            "the arena at flush points, the way the CUDA backend must (the CPU cannot write GPU "
+            "memory). Leave it off in production: it only adds copies."},
     {SEC_DAEMON, "memory", T_SIZE, DMN(memory), .imin = MIB, .imax = PIB, .def = "4G",
      .doc = "Bytes of the primary KV tier (GPU memory, or host memory on the host backend). 4G fits "
             "a small model's sessions without starving the engine's weights; size it to what is "

@@ -116,6 +116,7 @@ static Commitkv__V1__ArenaInfo **arena_infos(ckv_server *s, const ckv_tenant *t,
   a->arena_id = t->arena_id;
   a->kind = (char *)ckv_arena_kind(t->arena);
   a->bytes = ckv_arena_size(t->arena);
+  a->device_uuid = (char *)t->device_uuid;
   v[0] = a;
   *ret_n = 1;
   return v;
@@ -226,6 +227,7 @@ static int h_open(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
                 c->tenant->max_sessions);
   r = ckv_srv_session_new(o->session_id, c->tenant, &g, dt, ct, policy, &params, &s->next_block_id, &sess);
   if (r < 0) return fail(x, r, "cannot create session: %s", ckv_strerror(r));
+  sess->dirty_head = &s->dirty_head;
   if (ckv_strmap_put(s->sessions, key, sess) < 0) {
     ckv_srv_session_free(sess);
     return fail(x, -ENOMEM, "out of memory");

@@ -90,7 +90,7 @@ static int reserve(ckv_srv_session *s, uint32_t format, uint32_t count, uint32_t
 
 static void recycle_now(ckv_srv_session *s, size_t pos) {
   uint32_t blk = s->tokens.block[pos];
-  ckv_block_set_valid(ckv_srv_session_block_ptr(s, blk), s->tokens.slot[pos], false);
+  ckv_block_set_valid(ckv_srv_session_block_meta(s, blk), s->tokens.slot[pos], false);
   s->tokens.block[pos] = CKV_NO_BLOCK;
   ckv_srv_session_release_slot(s, blk);
 }
@@ -183,7 +183,14 @@ static int submit(ckv_srv_session *s, ckv_compressor *c, plan_buf *b, int copy) 
     return -ENOMEM;
   }
   *j = (ckv_job){.lane = s->lane, .geom = s->geom, .moves = b->moves, .n_moves = b->n, .owner = s,
-                 .user = b->recs, .copy = copy};
+                 .user = b->recs, .copy = copy, .mem = s->tenant->mem};
+  /* The kernels read the blocks' headers: shadows reach the arena first. */
+  int fr = ckv_srv_session_flush_meta(s);
+  if (fr < 0) {
+    for (size_t i = 0; i < b->n; i++) ckv_srv_session_release_slot(s, b->recs[i].dst_block);
+    ckv_job_free(j); /* frees b->moves and b->recs */
+    return fr;
+  }
   for (size_t i = 0; i < b->n; i++) t->flags[b->recs[i].pos] |= CKV_TOKEN_PENDING;
   s->jobs_inflight++;
   if (ckv_compressor_submit(c, j) < 0) { /* cannot happen: room was checked and we are the only submitter */
@@ -266,8 +273,10 @@ void ckv_lifecycle_publish(ckv_srv_session *s, ckv_compressor *c, ckv_job *j) {
       ckv_srv_session_release_slot(s, m->dst_block);
       continue;
     }
-    void *dst = ckv_srv_session_block_ptr(s, m->dst_block), *src = ckv_srv_session_block_ptr(s, m->src_block);
+    void *dst = ckv_srv_session_block_meta(s, m->dst_block), *src = ckv_srv_session_block_meta(s, m->src_block);
     bool live = t->state[m->pos] != CKV_STATE_RECYCLED;
+    /* The kernel wrote the position too; a shadow needs it, or its next flush would undo it. */
+    ckv_block_positions(dst)[m->dst_slot] = (uint32_t)m->pos;
     if (live) ckv_block_set_valid(dst, m->dst_slot, true); /* publish the copy before hiding the original */
     ckv_block_set_valid(src, m->src_slot, false);
     t->block[m->pos] = live ? m->dst_block : CKV_NO_BLOCK;

@@ -13,6 +13,7 @@
 
 #include "commitkv/status.h"
 #include "daemon/backend.h"
+#include "daemon/blockmem.h"
 #include "daemon/config.h"
 #include "daemon/judge.h"
 #include "daemon/log.h"
@@ -268,26 +269,25 @@ int main(int argc, char **argv) {
     ckv_config_done(&a.cfg);
     return 1;
   }
+  /* How the daemon writes arena memory: in place on the host; through
+   * header shadows and CUDA kernels on a device (daemon/blockmem.h). */
+  const ckv_blockmem *mem = a.cfg.shadow_headers ? &ckv_blockmem_host_shadow : &ckv_blockmem_host;
   if (strcmp(backend, "cuda") == 0) {
-    /* The CUDA arena (VMM / legacy IPC) is built, but session bookkeeping
-     * still writes block headers with the CPU: serving from device memory
-     * waits for the device-side block writes (issue 7).  auto falls back. */
-    static const char not_yet[] = "the daemon does not serve from GPU memory yet (block headers are written by "
-                                  "the CPU; device-side block management is pending)";
-    if (a.cfg.backend == CKV_BACKEND_CUDA) {
-      ckv_log(CKV_LOG_ERROR, "start-failed", NULL, NULL, "--backend cuda: %s", not_yet);
+    mem = ckv_blockmem_cuda(a.cfg.device);
+    if (!mem) { /* the arena came without the kernels: a broken build, say so */
+      ckv_log(CKV_LOG_ERROR, "start-failed", NULL, NULL,
+              "backend cuda: this commitkvd has the CUDA arena but not the CUDA kernels (build error)");
       ckv_config_done(&a.cfg);
       return 1;
     }
-    snprintf(backend, sizeof(backend), "host");
-    snprintf(reason, sizeof(reason), "auto: a CUDA device answers, but %s; using host memfd arenas", not_yet);
   }
-  ckv_log(CKV_LOG_NOTICE, "backend", NULL, NULL, "%s: %s", backend, reason);
+  ckv_log(CKV_LOG_NOTICE, "backend", NULL, NULL, "%s: %s (block writes: %s)", backend, reason, mem->name);
   ckv_server_options so = {
       .socket = a.cfg.socket,
       .attach_socket = a.cfg.attach_socket,
       .backend = backend,
       .backend_reason = reason,
+      .mem = mem,
       .memory_bytes = a.cfg.memory,
       .state_dir = a.cfg.state_dir,
       .lease_ms = (uint32_t)a.cfg.lease_ms,

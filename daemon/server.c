@@ -315,6 +315,7 @@ ckv_tenant *ckv_server_tenant(ckv_server *s, const ckv_tenant_spec *spec, int *r
   t->max_sessions = spec->max_sessions ? spec->max_sessions : s->opt.max_sessions;
   t->policies = spec->policies;
   t->default_policy = spec->default_policy;
+  if (s->opt.mem) t->mem = s->opt.mem;
   s->tenants[s->n_tenants++] = t;
   ckv_log(CKV_LOG_INFO, "tenant-up", t->name, NULL, "arena %u of %llu bytes (%s), quota %llu bytes", t->arena_id,
           (unsigned long long)ckv_arena_size(t->arena), ckv_arena_kind(t->arena), (unsigned long long)quota);
@@ -385,6 +386,18 @@ static int serve_one(ckv_server *s) {
     } else {
       rep.request_id = req->request_id;
       ckv_handle_request(s, c, req, &rep);
+    }
+  }
+  /* Header shadows reach the arena before any reply can send a reader to them. */
+  if (s->dirty_head) {
+    int fr = ckv_srv_session_flush_all_meta(&s->dirty_head);
+    if (fr < 0) {
+      ckv_log(CKV_LOG_ERROR, "flush-failed", c && c->tenant ? c->tenant->name : NULL, NULL,
+              "writing block headers to the arena failed: %s", ckv_strerror(fr));
+      if (rep.code == 0) {
+        rep.code = fr;
+        rep.message = "the daemon could not write block headers to KV memory (device error); retry";
+      }
     }
   }
   if (rep.code != 0) {

@@ -19,6 +19,8 @@ typedef struct ckv_strmap ckv_strmap;
 typedef struct ckv_arena_backend ckv_arena_backend;
 typedef struct ckv_compressor ckv_compressor;
 typedef struct ckv_judge_params ckv_judge_params;
+typedef struct ckv_blockmem ckv_blockmem;
+typedef struct ckv_srv_session ckv_srv_session;
 
 #define CKV_PROTOCOL_VERSION 1u
 #define CKV_KEY_BYTES 16u
@@ -40,6 +42,7 @@ typedef struct ckv_server_options {
   const char *attach_socket;  /* unix socket path */
   const char *backend;        /* "host" (auto resolves before this) */
   const char *backend_reason; /* why this backend: shown by `commitkvctl status` */
+  const ckv_blockmem *mem;    /* how the daemon writes arena memory (blockmem.h); NULL: host, in place */
   uint64_t memory_bytes;      /* all tenants' arenas together */
   const char *state_dir;
   uint32_t lease_ms, heartbeat_ms;
@@ -98,6 +101,7 @@ typedef struct ckv_server {
   ckv_strmap *conns;    /* keyhex -> ckv_conn */
   ckv_strmap *sessions; /* "tenant/id" -> ckv_srv_session */
   ckv_compressor *compressor;
+  ckv_srv_session *dirty_head; /* sessions whose header shadows wait for a flush */
   struct ckv_metrics *metrics;
   struct ckv_trace *trace; /* mlp-judge training traces, or NULL (owned by the caller) */
   bool attach_inherited; /* the attach socket came from systemd (socket activation) */

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "commitkv/status.h"
+#include "daemon/blockmem.h"
 #include "daemon/tenant.h"
 #include "kernels/kernels.h"
 
@@ -104,11 +105,31 @@ int ckv_srv_session_new(const char *id, ckv_tenant *tenant, const ckv_geometry *
   return CKV_OK;
 }
 
+static void dirty_unlist(ckv_srv_session *s) {
+  if (!s->dirty_listed) return;
+  if (s->dirty_prev)
+    s->dirty_prev->dirty_next = s->dirty_next;
+  else
+    *s->dirty_head = s->dirty_next;
+  if (s->dirty_next) s->dirty_next->dirty_prev = s->dirty_prev;
+  s->dirty_prev = s->dirty_next = NULL;
+  s->dirty_listed = false;
+}
+
+static void drop_meta(ckv_sblock *b) {
+  free(b->meta);
+  b->meta = NULL;
+}
+
 ckv_srv_session *ckv_srv_session_free(ckv_srv_session *s) {
   if (!s) return NULL;
-  for (size_t i = 0; i < s->n_blocks; i++)
+  for (size_t i = 0; i < s->n_blocks; i++) {
     if (s->blocks[i].format != CKV_BLOCK_UNUSED)
       ckv_tenant_block_free(s->tenant, s->blocks[i].offset, s->blocks[i].bytes, s->blocks[i].format);
+    drop_meta(&s->blocks[i]);
+  }
+  dirty_unlist(s);
+  free(s->dirty);
   ckv_srv_session_release_retired(s);
   ckv_tokens_done(&s->tokens);
   if (s->ids) {
@@ -125,6 +146,61 @@ ckv_srv_session *ckv_srv_session_free(ckv_srv_session *s) {
 
 void *ckv_srv_session_block_ptr(const ckv_srv_session *s, uint32_t index) {
   return ckv_tenant_ptr(s->tenant, s->blocks[index].offset);
+}
+
+/* Notes block `index` as dirty (once) and the session on the daemon's list. */
+static void mark_dirty(ckv_srv_session *s, uint32_t index, uint8_t state) {
+  ckv_sblock *b = &s->blocks[index];
+  if (b->meta_state == CKV_META_CLEAN) s->dirty[s->n_dirty++] = index; /* room: cap_blocks */
+  if (state > b->meta_state) b->meta_state = state;
+  if (!s->dirty_listed && s->dirty_head) {
+    s->dirty_prev = NULL;
+    s->dirty_next = *s->dirty_head;
+    if (s->dirty_next) s->dirty_next->dirty_prev = s;
+    *s->dirty_head = s;
+    s->dirty_listed = true;
+  }
+}
+
+void *ckv_srv_session_block_meta(ckv_srv_session *s, uint32_t index) {
+  ckv_sblock *b = &s->blocks[index];
+  if (!b->meta) return ckv_srv_session_block_ptr(s, index);
+  mark_dirty(s, index, CKV_META_DIRTY);
+  return b->meta;
+}
+
+int ckv_srv_session_flush_meta(ckv_srv_session *s) {
+  if (!s->n_dirty) {
+    dirty_unlist(s);
+    return CKV_OK;
+  }
+  ckv_meta_write stack[32], *w = s->n_dirty <= 32 ? stack : malloc(s->n_dirty * sizeof(*w));
+  if (!w) return -ENOMEM;
+  size_t n = 0;
+  for (size_t i = 0; i < s->n_dirty; i++) {
+    const ckv_sblock *b = &s->blocks[s->dirty[i]];
+    if (b->format == CKV_BLOCK_UNUSED || !b->meta) continue; /* retired since: nothing to write */
+    uint64_t head = ckv_block_payload_offset(b->capacity);
+    w[n++] = (ckv_meta_write){.offset = b->offset, .src = b->meta, .bytes = head,
+                              .zero_bytes = b->meta_state == CKV_META_FRESH ? b->bytes - head : 0};
+  }
+  int r = n ? s->tenant->mem->write(ckv_tenant_ptr(s->tenant, 0), w, n) : CKV_OK;
+  if (w != stack) free(w);
+  if (r < 0) return r;
+  for (size_t i = 0; i < s->n_dirty; i++) s->blocks[s->dirty[i]].meta_state = CKV_META_CLEAN;
+  s->n_dirty = 0;
+  dirty_unlist(s);
+  return CKV_OK;
+}
+
+int ckv_srv_session_flush_all_meta(ckv_srv_session **head) {
+  int first = CKV_OK;
+  for (ckv_srv_session *s = *head, *next; s; s = next) {
+    next = s->dirty_next;
+    int r = ckv_srv_session_flush_meta(s);
+    if (r < 0 && first == CKV_OK) first = r;
+  }
+  return first;
 }
 
 /* Find or make a free entry in the block table. */
@@ -144,9 +220,12 @@ static int table_slot(ckv_srv_session *s, uint32_t *ret) {
     uint32_t *nf = realloc(s->free_idx, ncap * sizeof(*nf));
     if (!nf) return -ENOMEM;
     s->free_idx = nf;
+    uint32_t *nd = realloc(s->dirty, ncap * sizeof(*nd));
+    if (!nd) return -ENOMEM;
+    s->dirty = nd;
     s->cap_blocks = ncap;
   }
-  s->blocks[s->n_blocks].format = CKV_BLOCK_UNUSED;
+  s->blocks[s->n_blocks] = (ckv_sblock){.format = CKV_BLOCK_UNUSED, .meta_state = CKV_META_CLEAN};
   *ret = (uint32_t)s->n_blocks++;
   return CKV_OK;
 }
@@ -182,15 +261,26 @@ int ckv_srv_session_new_block(ckv_srv_session *s, uint32_t format, uint32_t *ret
     return r;
   }
   ckv_sblock *b = &s->blocks[idx];
+  uint8_t meta_state = b->meta_state; /* a retired entry may still sit on the dirty list */
+  uint8_t *meta = NULL;
+  uint32_t capacity = capacity_of(s, format);
+  if (s->tenant->mem->shadow && !(meta = malloc(ckv_block_payload_offset(capacity)))) {
+    ckv_tenant_block_free(s->tenant, off, bytes, format);
+    s->free_idx[s->n_free_idx++] = idx;
+    return -ENOMEM;
+  }
   *b = (ckv_sblock){.id = ++*s->next_block_id, .offset = off, .bytes = bytes, .format = (uint8_t)format,
-                    .capacity = (uint16_t)capacity_of(s, format)};
-  r = ckv_block_init(ckv_tenant_ptr(s->tenant, off), format, &s->geom, b->capacity, kept_of(s, format), b->id);
+                    .capacity = (uint16_t)capacity, .meta_state = meta_state, .meta = meta};
+  r = meta ? ckv_block_init_header(meta, format, &s->geom, capacity, kept_of(s, format), b->id)
+           : ckv_block_init(ckv_tenant_ptr(s->tenant, off), format, &s->geom, capacity, kept_of(s, format), b->id);
   if (r < 0) { /* cannot happen for a checked geometry; never leak the block */
     ckv_tenant_block_free(s->tenant, off, bytes, format);
+    drop_meta(b);
     b->format = CKV_BLOCK_UNUSED;
     s->free_idx[s->n_free_idx++] = idx;
     return r;
   }
+  if (meta) mark_dirty(s, idx, CKV_META_FRESH); /* the flush also zeroes the payload's committed meta */
   s->epoch++; /* the block set changed */
   *ret_index = idx;
   return CKV_OK;
@@ -237,7 +327,7 @@ int ckv_srv_session_append(ckv_srv_session *s, uint32_t count, const uint8_t *ro
       cur = idx;
     }
     ckv_sblock *b = &s->blocks[cur];
-    uint8_t *base = ckv_srv_session_block_ptr(s, cur);
+    uint8_t *base = ckv_srv_session_block_meta(s, cur);
     uint32_t *positions = ckv_block_positions(base);
     uint32_t take = b->capacity - b->used;
     if (take > count - done) take = count - done;
@@ -300,6 +390,7 @@ void ckv_srv_session_retire_block(ckv_srv_session *s, uint32_t idx) {
   ckv_retired rt = {.offset = b->offset, .bytes = b->bytes, .format = b->format, .epoch = s->epoch};
   if (s->n_free_idx < s->cap_blocks) s->free_idx[s->n_free_idx++] = idx;
   if (s->owner == 0) { /* nobody can be reading: free now */
+    drop_meta(b);
     b->format = CKV_BLOCK_UNUSED;
     ckv_tenant_block_free(s->tenant, rt.offset, rt.bytes, rt.format);
     return;
@@ -314,6 +405,7 @@ void ckv_srv_session_retire_block(ckv_srv_session *s, uint32_t idx) {
     s->retired = nr;
     s->cap_retired = ncap;
   }
+  drop_meta(b); /* the daemon writes a retired block no more */
   b->format = CKV_BLOCK_UNUSED;
   s->retired[s->n_retired++] = rt;
 }

@@ -35,7 +35,14 @@ typedef struct ckv_sblock {
   uint16_t capacity;
   uint16_t used;    /* slots handed out so far (filled in order) */
   uint16_t refs;    /* slots valid or reserved */
+  uint8_t meta_state; /* CKV_META_*: state of the host shadow of the header region */
+  uint8_t *meta;    /* host shadow of the header region (shadowing blockmems), else NULL */
 } ckv_sblock;
+
+/* ckv_sblock.meta_state: the shadow matches the arena, differs from it, or
+ * belongs to a block the arena has not seen initialised yet (its payload is
+ * zeroed by the flush too). */
+enum { CKV_META_CLEAN = 0, CKV_META_DIRTY = 1, CKV_META_FRESH = 2 };
 
 typedef struct ckv_retired {
   uint64_t offset, bytes;
@@ -86,6 +93,14 @@ typedef struct ckv_srv_session {
   uint64_t pending;         /* tokens whose bytes do not match their state (as of the last plan) */
   uint64_t *next_block_id;  /* daemon-wide counter */
   struct idcount *ids;      /* token id -> occurrences, for the semantic estimate */
+  /* Shadowed headers (tenant blockmem with .shadow): block-table indices
+   * whose shadow is not CLEAN, each once (room for cap_blocks), and this
+   * session's link in the daemon's list of sessions with dirty shadows. */
+  uint32_t *dirty;
+  size_t n_dirty;
+  struct ckv_srv_session *dirty_prev, *dirty_next;
+  bool dirty_listed;
+  struct ckv_srv_session **dirty_head; /* daemon-wide list head; NULL: not tracked */
 } ckv_srv_session;
 
 /* Validate a geometry against the format limits; fills default block sizes.
@@ -136,7 +151,21 @@ uint64_t ckv_srv_session_fp16_bytes(const ckv_srv_session *s);
  * tok4 and its bytes (draft, staged, committed, total, fp16 equivalent) to
  * bytes5: the one definition stats, listings and metrics share. */
 void ckv_srv_session_figures(const ckv_srv_session *s, uint64_t tok4[4], uint64_t bytes5[5]);
-/* Daemon-side address of block `index`. */
+/* Daemon-side address of block `index` (a device pointer on device arenas:
+ * for kernels only). */
 void *ckv_srv_session_block_ptr(const ckv_srv_session *s, uint32_t index);
+/* Where the daemon writes block `index`'s header region (header, positions,
+ * valid bitmap): the block itself on host memory, or its host shadow, which
+ * is then marked dirty and written to the arena by the next
+ * ckv_srv_session_flush_meta().  Never NULL for a live block. */
+void *ckv_srv_session_block_meta(ckv_srv_session *s, uint32_t index);
+/* Writes every dirty shadow of the session into the arena (one blockmem
+ * write) and returns once readers can see it; nothing to do without
+ * shadows.  On failure the shadows stay dirty (a later flush retries).
+ * Returns CKV_OK or the blockmem's error (CKV_ERR_DEVICE, -ENOMEM). */
+int ckv_srv_session_flush_meta(ckv_srv_session *s);
+/* Flushes every session on the daemon-wide dirty list `head` (see
+ * ckv_srv_session.dirty_head).  Returns CKV_OK or the first error. */
+int ckv_srv_session_flush_all_meta(ckv_srv_session **head);
 
 #endif

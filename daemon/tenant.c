@@ -7,7 +7,11 @@
 #include <string.h>
 
 #include "commitkv/status.h"
+#include "daemon/blockmem.h"
 #include "shm/arena.h"
+#ifdef CKV_HAVE_CUDA_ARENA
+#include "shm/arena_cuda.h"
+#endif
 #include "shm/slab.h"
 
 int ckv_tenant_new(const char *name, uint64_t quota_bytes, uint64_t arena_bytes, uint32_t arena_id,
@@ -17,6 +21,7 @@ int ckv_tenant_new(const char *name, uint64_t quota_bytes, uint64_t arena_bytes,
   snprintf(t->name, sizeof(t->name), "%s", name);
   t->quota_bytes = quota_bytes;
   t->arena_id = arena_id;
+  t->mem = &ckv_blockmem_host;
   int r = ckv_arena_new(be, arena_bytes, name, &t->arena);
   if (r < 0) goto fail;
   ckv_slab_config cfg = {
@@ -27,6 +32,11 @@ int ckv_tenant_new(const char *name, uint64_t quota_bytes, uint64_t arena_bytes,
   };
   r = ckv_slab_new(&cfg, &t->slab);
   if (r < 0) goto fail;
+#ifdef CKV_HAVE_CUDA_ARENA
+  ckv_arena_desc d;
+  if (strcmp(ckv_arena_kind(t->arena), ckv_arena_cuda_backend.name) == 0 && ckv_arena_export(t->arena, &d) == CKV_OK)
+    (void)ckv_arena_cuda_desc_uuid(&d, t->device_uuid);
+#endif
   *ret = t;
   return CKV_OK;
 fail:

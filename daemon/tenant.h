@@ -12,6 +12,7 @@
 typedef struct ckv_arena ckv_arena;
 typedef struct ckv_slab ckv_slab;
 typedef struct ckv_arena_backend ckv_arena_backend;
+typedef struct ckv_blockmem ckv_blockmem;
 
 typedef struct ckv_tenant {
   char name[64];
@@ -22,6 +23,8 @@ typedef struct ckv_tenant {
   int default_policy;   /* ckv_policy_id or -1 */
   ckv_arena *arena;
   ckv_slab *slab;
+  const ckv_blockmem *mem;    /* how the daemon writes the arena (blockmem.h); host by default */
+  char device_uuid[40];       /* CUDA arenas: the device's UUID, sent with the arena; "" on host */
   uint64_t bytes_used;        /* bytes of allocated blocks */
   uint64_t bytes_by_format[4];
   uint64_t n_sessions;

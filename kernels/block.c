@@ -5,11 +5,11 @@
 
 #include "kernels/kernels.h"
 
-ckv_status ckv_block_init(void *blk, uint32_t fmt, const ckv_geometry *g, uint32_t capacity,
-                          uint32_t kept_channels, uint64_t generation) {
-  if (!blk || !ckv_format_valid(fmt, g, capacity, kept_channels)) return CKV_ERR_INVALID;
-  ckv_block_header *h = blk;
-  memset(blk, 0, ckv_block_payload_offset(capacity));
+ckv_status ckv_block_init_header(void *hdr, uint32_t fmt, const ckv_geometry *g, uint32_t capacity,
+                                 uint32_t kept_channels, uint64_t generation) {
+  if (!hdr || !ckv_format_valid(fmt, g, capacity, kept_channels)) return CKV_ERR_INVALID;
+  ckv_block_header *h = hdr;
+  memset(hdr, 0, ckv_block_payload_offset(capacity));
   h->magic = CKV_BLOCK_MAGIC;
   h->format = (uint8_t)fmt;
   h->dtype = (uint8_t)g->dtype;
@@ -17,14 +17,19 @@ ckv_status ckv_block_init(void *blk, uint32_t fmt, const ckv_geometry *g, uint32
   h->n_valid = 0;
   h->kept_channels = ckv_format_is_commit(fmt) ? ckv_commit_kept(g, kept_channels) : g->head_dim;
   h->generation = generation;
-  if (ckv_format_is_commit(fmt)) {
-    uint8_t *b = blk;
-    memset(b + ckv_commit_meta_offset(capacity), 0, CKV_COMMIT_META_BYTES);
-    for (uint32_t l = 0; l < g->n_layers; l++)
-      for (uint32_t hd = 0; hd < g->n_kv_heads; hd++)
-        memset(b + ckv_commit_mask_offset(fmt, g, capacity, h->kept_channels, l, hd), 0,
-               ckv_commit_mask_words(g) * 8u);
-  }
+  return CKV_OK;
+}
+
+ckv_status ckv_block_init(void *blk, uint32_t fmt, const ckv_geometry *g, uint32_t capacity,
+                          uint32_t kept_channels, uint64_t generation) {
+  ckv_status st = ckv_block_init_header(blk, fmt, g, capacity, kept_channels, generation);
+  if (st != CKV_OK || !ckv_format_is_commit(fmt)) return st;
+  const ckv_block_header *h = blk;
+  uint8_t *b = blk;
+  memset(b + ckv_commit_meta_offset(capacity), 0, CKV_COMMIT_META_BYTES);
+  for (uint32_t l = 0; l < g->n_layers; l++)
+    for (uint32_t hd = 0; hd < g->n_kv_heads; hd++)
+      memset(b + ckv_commit_mask_offset(fmt, g, capacity, h->kept_channels, l, hd), 0, ckv_commit_mask_words(g) * 8u);
   return CKV_OK;
 }
 

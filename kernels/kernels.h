@@ -51,6 +51,13 @@ const char *ckv_kernels_path_name(ckv_cpu_path path);
  * and be 8-byte aligned.  Returns CKV_ERR_INVALID on a bad geometry. */
 ckv_status ckv_block_init(void *blk, uint32_t fmt, const ckv_geometry *g, uint32_t capacity,
                           uint32_t kept_channels, uint64_t generation);
+/* The header part of ckv_block_init: writes only the first
+ * ckv_block_payload_offset(capacity) bytes (header, zeroed positions and
+ * valid bitmap), so `hdr` may be a host copy of a block that lives in device
+ * memory; the committed meta and masks of the payload are left alone (zero
+ * them separately).  Returns CKV_ERR_INVALID on a bad geometry. */
+ckv_status ckv_block_init_header(void *hdr, uint32_t fmt, const ckv_geometry *g, uint32_t capacity,
+                                 uint32_t kept_channels, uint64_t generation);
 /* Validates a block header against the geometry: CKV_ERR_CORRUPT on a bad
  * magic, CKV_ERR_FORMAT on a dtype/format/capacity that does not fit g. */
 ckv_status ckv_block_check(const void *blk, const ckv_geometry *g);

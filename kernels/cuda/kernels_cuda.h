@@ -45,6 +45,28 @@ ckv_status ckv_cuda_dequantize(const ckv_geometry *g, const void *blk, uint32_t 
  * with the CPU within FP32 rounding (summation order differs). */
 ckv_status ckv_cuda_attention(const ckv_attn_args *a, void *stream);
 
+/* A write of host bytes into device memory: `bytes` bytes from src to dst,
+ * then `zero_bytes` zero bytes right after them. */
+typedef struct ckv_cuda_patch {
+  void *dst;           /* device address */
+  const void *src;     /* host bytes (read during the call); NULL when bytes is 0 */
+  uint64_t bytes;
+  uint64_t zero_bytes;
+} ckv_cuda_patch;
+
+/* Applies n patches with one upload and one launch on `stream`, and returns
+ * once they are complete (the stream is synchronised).  Patches must cover
+ * disjoint ranges: they are applied in no particular order.  How the daemon
+ * writes block headers it keeps in host shadows. */
+ckv_status ckv_cuda_patch_apply(const ckv_cuda_patch *patches, size_t n, void *stream);
+
+/* daemon/compact.h ckv_copy_slots on device blocks: byte-exact copies of
+ * draft or staged slots between blocks of the same format (K/V rows, staged
+ * scales, positions; valid bits untouched).  Synchronises the stream.
+ * CKV_ERR_FORMAT (formats differ), CKV_ERR_UNSUPPORTED (committed),
+ * CKV_ERR_INVALID (slot out of range). */
+ckv_status ckv_cuda_copy_slots(const ckv_geometry *g, const ckv_move *moves, size_t n_moves, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -93,6 +93,16 @@ int ckv_test_daemon_start(ckv_test_daemon *d, const char *const *extra) {
                           "--set", "daemon.metrics="};
   int n = 9;
   for (int i = 0; extra && extra[i] && n < 62; i++) argv[n++] = extra[i];
+  /* CKV_TEST_DAEMON_SET="section.key=value ...": --set options for every daemon
+   * a suite starts (CTest runs some suites a second time with them). */
+  static char env_set[512];
+  const char *e = getenv("CKV_TEST_DAEMON_SET");
+  snprintf(env_set, sizeof(env_set), "%s", e ? e : "");
+  char *save = NULL;
+  for (char *tok = strtok_r(env_set, " ", &save); tok && n < 61; tok = strtok_r(NULL, " ", &save)) {
+    argv[n++] = "--set";
+    argv[n++] = tok;
+  }
   argv[n] = NULL;
   d->pid = ckv_test_spawn(argv, d->log);
   long long end = ckv_test_now_ms() + 5000;

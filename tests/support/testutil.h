@@ -24,7 +24,8 @@ typedef struct ckv_test_daemon {
 } ckv_test_daemon;
 
 /* Starts build/bin/commitkvd with --socket/--attach-socket in a new temporary
- * directory plus `extra` arguments (NULL-terminated array, may be NULL), and
+ * directory plus `extra` arguments (NULL-terminated array, may be NULL) plus
+ * one --set per word of $CKV_TEST_DAEMON_SET, and
  * waits up to 5 s for the attach socket to appear.  Returns 0 or -1. */
 int ckv_test_daemon_start(ckv_test_daemon *d, const char *const *extra);
 /* SIGTERM, wait up to 5 s (then SIGKILL); returns the exit status (or -1 when
