@@ -11,6 +11,7 @@
 #ifdef CKV_HAVE_CUDA_KERNELS
 #include <cuda_runtime_api.h>
 
+#include "daemon/compact.h"
 #include "kernels/cuda/kernels_cuda.h"
 
 static void need_gpu(void) {
@@ -115,6 +116,66 @@ Test(cuda, errors) {
   ckv_move out = {.src = dd, .src_slot = 16, .dst = ds, .dst_slot = 0};
   cr_expect_eq(ckv_cuda_move(g, &out, 1, 0, NULL), CKV_ERR_RANGE);
   cudaFree(ds), cudaFree(dd), free(s), free(d);
+}
+
+/* Compaction on the GPU: same-format copies give the CPU's bytes. */
+Test(cuda, copy_slots_same_bytes) {
+  need_gpu();
+  const ckv_geometry *g = &geoms[0];
+  kf_rng r = {7};
+  void *d0 = kf_block(CKV_FORMAT_DRAFT, g, 16, 0), *d1 = kf_block(CKV_FORMAT_DRAFT, g, 16, 0);
+  kf_fill_draft(g, d0, &r, gen_wild, NULL, 0);
+  size_t db = ckv_format_block_bytes(CKV_FORMAT_DRAFT, g, 16, 0), sb = ckv_format_block_bytes(CKV_FORMAT_STAGED, g, 64, 0);
+  void *s0 = kf_block(CKV_FORMAT_STAGED, g, 64, 0), *s1 = kf_block(CKV_FORMAT_STAGED, g, 64, 0);
+  ckv_move q[16];
+  for (uint32_t i = 0; i < 16; i++) q[i] = (ckv_move){.src = d0, .src_slot = i, .dst = s0, .dst_slot = i};
+  cr_assert_eq(ckv_kernels_move(g, q, 16, CKV_MOVE_SET_VALID), CKV_OK);
+  void *dd0 = to_dev(d0, db), *dd1 = to_dev(d1, db), *ds0 = to_dev(s0, sb), *ds1 = to_dev(s1, sb);
+  ckv_move m[5], dm[5];
+  for (uint32_t i = 0; i < 5; i++) {
+    m[i] = (ckv_move){.src = d0, .src_slot = 3 * i, .dst = d1, .dst_slot = i};
+    dm[i] = (ckv_move){.src = dd0, .src_slot = 3 * i, .dst = dd1, .dst_slot = i};
+  }
+  cr_assert_eq(ckv_copy_slots(g, m, 5), CKV_OK);
+  cr_assert_eq(ckv_cuda_copy_slots(g, dm, 5, NULL), CKV_OK);
+  for (uint32_t i = 0; i < 5; i++) {
+    m[i] = (ckv_move){.src = s0, .src_slot = 15 - i, .dst = s1, .dst_slot = 40 + i};
+    dm[i] = (ckv_move){.src = ds0, .src_slot = 15 - i, .dst = ds1, .dst_slot = 40 + i};
+  }
+  cr_assert_eq(ckv_copy_slots(g, m, 5), CKV_OK);
+  cr_assert_eq(ckv_cuda_copy_slots(g, dm, 5, NULL), CKV_OK);
+  uint8_t *back = malloc(sb > db ? sb : db);
+  cudaMemcpy(back, dd1, db, cudaMemcpyDeviceToHost);
+  cr_expect_eq(memcmp(back, d1, db), 0, "draft copies differ from the CPU's");
+  cudaMemcpy(back, ds1, sb, cudaMemcpyDeviceToHost);
+  cr_expect_eq(memcmp(back, s1, sb), 0, "staged copies differ from the CPU's");
+  /* formats must match; committed blocks are never copied */
+  dm[0] = (ckv_move){.src = dd0, .src_slot = 0, .dst = ds1, .dst_slot = 0};
+  cr_expect_eq(ckv_cuda_copy_slots(g, dm, 1, NULL), CKV_ERR_FORMAT);
+  cudaFree(dd0), cudaFree(dd1), cudaFree(ds0), cudaFree(ds1);
+  free(back), free(d0), free(d1), free(s0), free(s1);
+}
+
+/* Header patches: bytes land where asked, the tail is zeroed, the rest of
+ * the buffer is untouched. */
+Test(cuda, patch_apply) {
+  need_gpu();
+  enum { N = 1 << 16 };
+  uint8_t *host = malloc(N), *back = malloc(N), a[200], b[24];
+  for (size_t i = 0; i < N; i++) host[i] = (uint8_t)(i * 7 + 1);
+  for (size_t i = 0; i < sizeof a; i++) a[i] = (uint8_t)(0xA0 + i);
+  for (size_t i = 0; i < sizeof b; i++) b[i] = (uint8_t)(0x10 + i);
+  uint8_t *dev = to_dev(host, N);
+  ckv_cuda_patch p[] = {{dev + 4096, a, sizeof a, 4000}, {dev + 64, b, sizeof b, 0}, {dev + 30001, b, 13, 7}};
+  cr_assert_eq(ckv_cuda_patch_apply(p, 3, NULL), CKV_OK);
+  memcpy(host + 4096, a, sizeof a), memset(host + 4096 + sizeof a, 0, 4000);
+  memcpy(host + 64, b, sizeof b);
+  memcpy(host + 30001, b, 13), memset(host + 30014, 0, 7);
+  cudaMemcpy(back, dev, N, cudaMemcpyDeviceToHost);
+  cr_expect_eq(memcmp(back, host, N), 0, "patched buffer differs");
+  ckv_cuda_patch bad = {dev, NULL, 8, 0};
+  cr_expect_eq(ckv_cuda_patch_apply(&bad, 1, NULL), CKV_ERR_INVALID);
+  cudaFree(dev), free(host), free(back);
 }
 
 #else
