@@ -100,7 +100,7 @@ int ckv_bench_daemon_start(ckv_bench_daemon *d, const char *path, const char *di
       dup2(log, 2);
     }
     unsetenv("JOURNAL_STREAM"); /* log into the file, not the journal */
-    char *argv[] = {(char *)path, "--backend", "host",  "--socket",    d->socket,          "--attach-socket",
+    char *argv[] = {(char *)path, "--backend", (char *)(d->backend ? d->backend : "host"),  "--socket",    d->socket,          "--attach-socket",
                     d->attach,    "--memory",  (char *)memory, "--state-dir", state, "--set", "daemon.metrics=",
                     NULL};
     execv(path, argv);

@@ -16,6 +16,7 @@
 typedef struct ckv_bench_daemon {
   pid_t pid;
   bool log_shown; /* its log's tail went to stderr already */
+  const char *backend; /* --backend for start; NULL: host */
   char socket[PATH_MAX], attach[PATH_MAX], log[PATH_MAX];
 } ckv_bench_daemon;
 
@@ -23,7 +24,7 @@ typedef struct ckv_bench_daemon {
 int ckv_bench_beside_self(const char *prog, char *buf, size_t len);
 /* `given`, or commitkvd beside this binary; checks it is executable. 0 or -errno. */
 int ckv_bench_find_daemon(const char *given, char *buf, size_t len);
-/* Starts `path` with --backend host --memory `memory` in `dir` and waits for
+/* Starts `path` with --backend d->backend (host when NULL) --memory `memory` in `dir` and waits for
  * its attach socket.  A killed bench leaves no daemon behind (PDEATHSIG).
  * 0 or -errno (the log's tail is printed on failure). */
 int ckv_bench_daemon_start(ckv_bench_daemon *d, const char *path, const char *dir, const char *memory);
