@@ -1,19 +1,43 @@
 /* attention.cu - fused decode attention on the GPU over blocks of mixed
  * formats, read in place and dequantized in registers.
  *
- * Kernels: scores (a CUDA block per (KV block, KV head), a thread per slot:
- * every query head of the group, all rows; empty slots and unsealed chunks
- * get -inf), softmax statistics (max and sum per query head and row, a
- * numerically stable two-pass reduction over the materialised scores), output
- * (a thread per (query head, row, dim)) and per-slot mass.  Scores are
- * materialised (slots x query heads floats, 16 MB at 128K tokens x 32 heads)
- * rather than merged online as on the CPU.  TODO(perf): a split-K
- * flash-decoding kernel with online softmax and shared-memory K/V tiles. */
+ * Kernels: headers (every block's header and seal word gathered in one
+ * launch and one copy back, instead of two synchronous copies per block),
+ * scores (a CUDA block per (KV block, KV head), a thread per slot: every
+ * query head of the group, all rows; empty slots and unsealed chunks get
+ * -inf), softmax statistics (max and sum per query head and row, a
+ * numerically stable two-pass reduction over the materialised scores),
+ * output split over the tokens (a CUDA block per (query head and row, run of
+ * blocks holding about SPLIT_TOKENS slots), a thread per dim, partial sums
+ * reduced in split order so results do not depend on scheduling) and
+ * per-slot mass.  Scores are materialised (slots x query heads floats, 16 MB
+ * at 128K tokens x 32 heads) rather than merged online as on the CPU.
+ * TODO(perf): online softmax in one pass with shared-memory K/V tiles. */
 #include <vector>
 
 #include "kernels/cuda/cuda_internal.h"
 
 namespace {
+
+/* Slots per output split: enough splits to fill the GPU at 32K tokens. */
+constexpr uint32_t SPLIT_TOKENS = 256;
+
+/* What the host needs of a block before launching: header and seal word. */
+struct HeadInfo {
+  ckv_block_header h;
+  uint32_t sealed, ok;
+};
+
+__global__ void k_headers(ckv_geometry g, const uint8_t *const *ptrs, uint32_t n, HeadInfo *out) {
+  uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  HeadInfo r;
+  r.h = *(const ckv_block_header *)ptrs[i];
+  r.sealed = 0;
+  r.ok = r.h.magic == CKV_BLOCK_MAGIC && ckv_format_valid(r.h.format, &g, r.h.capacity, r.h.kept_channels);
+  if (r.ok && ckv_format_is_commit(r.h.format)) r.sealed = *(const uint32_t *)(ptrs[i] + ckv_commit_meta_offset(r.h.capacity));
+  out[i] = r;
+}
 
 struct BlockDev {
   const uint8_t *p;
@@ -105,14 +129,16 @@ __device__ float value_at(const ckv_geometry &g, const BlockDev &b, uint32_t L, 
   return ckv_mul_add((float)ckv_unpack_code(row, e, bits), ckv_f16_to_f32(par[2u * q]), ckv_f16_to_f32(par[2u * q + 1u]));
 }
 
-__global__ void k_out(ckv_geometry g, uint32_t L, const BlockDev *blocks, uint32_t n_blocks, const float *S, uint64_t total,
-                      const float *m_in, const float *l_in, uint32_t QH, uint32_t G, uint32_t RG, float *out) {
-  uint32_t hr = blockIdx.x, h = hr / RG, rg = hr % RG, d = threadIdx.x, D = g.head_dim;
+/* Partial output of one split: blocks [first_block[split], first_block[split + 1]). */
+__global__ void k_out_split(ckv_geometry g, uint32_t L, const BlockDev *blocks, const uint32_t *first_block,
+                            const float *S, uint64_t total, const float *m_in, const float *l_in, uint32_t RG,
+                            float *partial) {
+  uint32_t hr = blockIdx.x, split = blockIdx.y, h = hr / RG, d = threadIdx.x, D = g.head_dim;
   if (d >= D) return;
   float m = m_in[hr], l = l_in[hr], acc = 0.0f;
   const float *s = S + (uint64_t)hr * total;
   if (l > 0.0f)
-    for (uint32_t bi = 0; bi < n_blocks; bi++) {
+    for (uint32_t bi = first_block[split]; bi < first_block[split + 1]; bi++) {
       const BlockDev b = blocks[bi];
       for (uint32_t t = 0; t < b.cap; t++) {
         float sc = s[b.base + t];
@@ -120,6 +146,15 @@ __global__ void k_out(ckv_geometry g, uint32_t L, const BlockDev *blocks, uint32
         acc += expf(sc - m) * value_at(g, b, L, t, (size_t)h * D + d);
       }
     }
+  partial[((uint64_t)split * gridDim.x + hr) * D + d] = acc;
+}
+
+__global__ void k_out_reduce(ckv_geometry g, const float *partial, uint32_t n_splits, const float *l_in, uint32_t QH,
+                             uint32_t G, uint32_t RG, float *out) {
+  uint32_t hr = blockIdx.x, h = hr / RG, rg = hr % RG, d = threadIdx.x, D = g.head_dim, HR = gridDim.x;
+  if (d >= D) return;
+  float acc = 0.0f, l = l_in[hr];
+  for (uint32_t sp = 0; sp < n_splits; sp++) acc += partial[((uint64_t)sp * HR + hr) * D + d];
   out[((size_t)(rg / G) * QH + (size_t)h * G + rg % G) * D + d] = l > 0.0f ? acc / l : 0.0f;
 }
 
@@ -135,7 +170,7 @@ __global__ void k_mass(const float *S, uint64_t total, uint32_t HR, const float 
 }
 
 struct DevMem {
-  void *p[4] = {nullptr, nullptr, nullptr, nullptr};
+  void *p[6] = {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
   ~DevMem() {
     for (void *x : p) cudaFree(x);
   }
@@ -153,17 +188,25 @@ extern "C" ckv_status ckv_cuda_attention(const ckv_attn_args *a, void *stream) {
   cudaStream_t s = (cudaStream_t)stream;
   std::vector<BlockDev> bl(a->n_blocks);
   uint64_t total = 0;
-  for (uint32_t i = 0; i < a->n_blocks; i++) {
-    ckv_block_header h;
-    ckv_status st = ckv_cuda_fetch_header(a->blocks[i], &h);
-    if (st != CKV_OK) return st;
-    if (h.magic != CKV_BLOCK_MAGIC) return CKV_ERR_CORRUPT;
-    if (h.dtype != g->dtype || !ckv_format_valid(h.format, g, h.capacity, h.kept_channels)) return CKV_ERR_FORMAT;
-    uint32_t sealed = 0;
-    if (ckv_format_is_commit(h.format))
-      CKV_CUDA_TRY(cudaMemcpy(&sealed, (const uint8_t *)a->blocks[i] + ckv_commit_meta_offset(h.capacity), 4, cudaMemcpyDeviceToHost));
-    bl[i] = BlockDev{(const uint8_t *)a->blocks[i], h.format, h.capacity, h.kept_channels, sealed, total};
-    total += h.capacity;
+  DevMem mem;
+  if (a->n_blocks) {
+    /* Every header in one launch and one copy back. */
+    std::vector<HeadInfo> hi(a->n_blocks);
+    CKV_CUDA_TRY(cudaMalloc(&mem.p[4], a->n_blocks * sizeof(void *)));
+    CKV_CUDA_TRY(cudaMalloc(&mem.p[5], a->n_blocks * sizeof(HeadInfo)));
+    CKV_CUDA_TRY(cudaMemcpyAsync(mem.p[4], a->blocks, a->n_blocks * sizeof(void *), cudaMemcpyHostToDevice, s));
+    k_headers<<<(a->n_blocks + 127u) / 128u, 128, 0, s>>>(*g, (const uint8_t *const *)mem.p[4], a->n_blocks,
+                                                          (HeadInfo *)mem.p[5]);
+    CKV_CUDA_TRY(cudaGetLastError());
+    CKV_CUDA_TRY(cudaMemcpyAsync(hi.data(), mem.p[5], a->n_blocks * sizeof(HeadInfo), cudaMemcpyDeviceToHost, s));
+    CKV_CUDA_TRY(cudaStreamSynchronize(s));
+    for (uint32_t i = 0; i < a->n_blocks; i++) {
+      const ckv_block_header &h = hi[i].h;
+      if (h.magic != CKV_BLOCK_MAGIC) return CKV_ERR_CORRUPT;
+      if (h.dtype != g->dtype || !hi[i].ok) return CKV_ERR_FORMAT;
+      bl[i] = BlockDev{(const uint8_t *)a->blocks[i], h.format, h.capacity, h.kept_channels, hi[i].sealed, total};
+      total += h.capacity;
+    }
   }
   uint32_t H = g->n_kv_heads, G = a->n_q_heads / H, RG = a->n_rows * G, D = g->head_dim;
   size_t qn = (size_t)a->n_rows * a->n_q_heads * D;
@@ -171,7 +214,21 @@ extern "C" ckv_status ckv_cuda_attention(const ckv_attn_args *a, void *stream) {
     CKV_CUDA_TRY(cudaMemsetAsync(a->out, 0, qn * sizeof(float), s));
     return CKV_OK;
   }
-  DevMem mem;
+  /* Output splits: runs of whole blocks of about SPLIT_TOKENS slots. */
+  std::vector<uint32_t> first_block{0};
+  for (uint32_t i = 0, acc = 0; i < a->n_blocks; i++) {
+    acc += bl[i].cap;
+    if (acc >= SPLIT_TOKENS || i + 1 == a->n_blocks) {
+      first_block.push_back(i + 1);
+      acc = 0;
+    }
+  }
+  uint32_t n_splits = (uint32_t)first_block.size() - 1;
+  size_t first_bytes = (first_block.size() * sizeof(uint32_t) + 15u) / 16u * 16u;
+  CKV_CUDA_TRY(cudaMalloc(&mem.p[3], first_bytes + (size_t)n_splits * H * RG * D * sizeof(float)));
+  CKV_CUDA_TRY(cudaMemcpyAsync(mem.p[3], first_block.data(), first_block.size() * sizeof(uint32_t), cudaMemcpyHostToDevice, s));
+  const uint32_t *d_first = (const uint32_t *)mem.p[3];
+  float *partial = (float *)((uint8_t *)mem.p[3] + first_bytes);
   CKV_CUDA_TRY(cudaMalloc(&mem.p[0], bl.size() * sizeof(BlockDev)));
   CKV_CUDA_TRY(cudaMalloc(&mem.p[1], (size_t)H * RG * total * sizeof(float)));
   CKV_CUDA_TRY(cudaMalloc(&mem.p[2], (size_t)H * RG * 2 * sizeof(float)));
@@ -181,7 +238,8 @@ extern "C" ckv_status ckv_cuda_attention(const ckv_attn_args *a, void *stream) {
   float scale = a->scale != 0.0f ? a->scale : 1.0f / sqrtf((float)D);
   k_scores<<<dim3(a->n_blocks, H), 64, 0, s>>>(*g, a->layer, d_bl, a->q, scale, a->n_q_heads, G, RG, total, S);
   k_stats<<<H * RG, 256, 0, s>>>(S, total, m, l);
-  k_out<<<H * RG, ((D + 31u) / 32u) * 32u, 0, s>>>(*g, a->layer, d_bl, a->n_blocks, S, total, m, l, a->n_q_heads, G, RG, a->out);
+  k_out_split<<<dim3(H * RG, n_splits), ((D + 31u) / 32u) * 32u, 0, s>>>(*g, a->layer, d_bl, d_first, S, total, m, l, RG, partial);
+  k_out_reduce<<<H * RG, ((D + 31u) / 32u) * 32u, 0, s>>>(*g, partial, n_splits, l, a->n_q_heads, G, RG, a->out);
   if (a->mass) k_mass<<<(unsigned)((total + 255) / 256), 256, 0, s>>>(S, total, H * RG, m, l, a->mass);
   CKV_CUDA_TRY(cudaGetLastError());
   CKV_CUDA_TRY(cudaStreamSynchronize(s)); /* the scratch is freed on return */
