@@ -5,13 +5,21 @@
  * random key that becomes our ZeroMQ routing id.  We keep that socket open:
  * when this process dies the daemon sees EOF and reclaims our lease at once.
  *
+ * CUDA arenas (CUDA builds only): the export carries VMM chunk fds and/or a
+ * handle blob; before importing, the arena's device (ArenaInfo.device_uuid,
+ * and the UUID inside the blob) must be the device this process computes
+ * on, or the attach is refused with CKV_ERR_DEVICE.  Views and draft slots
+ * then hold device pointers.
+ *
  * Requests: one DEALER, one request in flight, replies matched by
  * request_id (a late reply to a timed-out request is discarded).  The boot
  * token in every reply detects a daemon restart. */
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <time.h>
@@ -21,6 +29,11 @@
 #include "client/rpc.h"
 #include "shm/arena.h"
 #include "shm/fdpass.h"
+#ifdef CKV_HAVE_CUDA_ARENA
+#include <cuda_runtime_api.h>
+
+#include "shm/arena_cuda.h"
+#endif
 
 #define DEFAULT_TIMEOUT_MS 5000
 #define ATTACH_MAX_FRAME 4096
@@ -51,6 +64,109 @@ static void default_attach(const char *socket, char *buf, size_t len) {
     }
   }
   snprintf(buf, len, "/run/commitkv/commitkvd.attach");
+}
+
+#ifdef CKV_HAVE_CUDA_ARENA
+/* The backend registry is start-up-only state: register once per process,
+ * whichever client (or thread) meets a CUDA arena first. */
+static pthread_once_t g_cuda_once = PTHREAD_ONCE_INIT;
+static int g_cuda_registered;
+
+static void register_cuda_backend(void) {
+  int r = ckv_arena_backend_register(&ckv_arena_cuda_backend);
+  g_cuda_registered = r == CKV_ERR_EXISTS ? CKV_OK : r; /* the application registered it itself */
+}
+
+/* "GPU-xxxxxxxx-..." (nvidia-smi's spelling) and "xxxxxxxx-..." name the same device. */
+static const char *bare_uuid(const char *u) { return strncasecmp(u, "GPU-", 4) == 0 ? u + 4 : u; }
+
+/* A CUDA arena must live on the device this process computes on: a worker on
+ * another GPU (or another host) would hand device pointers of one GPU to
+ * kernels running on another.  The device is the calling thread's current one
+ * at the first CUDA attach (cudaSetDevice before ckv_client_connect), and the
+ * same ordinal for every later re-attach, whichever thread reconnects. */
+static int check_cuda_device(ckv_client *c, const Commitkv__V1__ArenaInfo *a, const ckv_arena_desc *d) {
+  char exported[CKV_CUDA_UUID_STR], mine[CKV_CUDA_UUID_STR], why[300];
+  if (ckv_arena_cuda_desc_uuid(d, exported) != CKV_OK) {
+    snprintf(c->last_error, sizeof(c->last_error), "arena %u: kind cuda but no CUDA export handle", a->arena_id);
+    return CKV_ERR_FORMAT;
+  }
+  const char *want = exported;
+  if (a->device_uuid && *a->device_uuid) {
+    if (strcasecmp(bare_uuid(a->device_uuid), exported) != 0) {
+      snprintf(c->last_error, sizeof(c->last_error),
+               "arena %u: the daemon announces CUDA device %.60s but the export handle names %s", a->arena_id,
+               a->device_uuid, exported);
+      return CKV_ERR_DEVICE;
+    }
+    want = bare_uuid(a->device_uuid);
+  }
+  int dev = c->cuda_device;
+  if (dev < 0) {
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess) {
+      snprintf(c->last_error, sizeof(c->last_error),
+               "arena %u lives on CUDA device %.40s, but this process has no CUDA device: cudaGetDevice: %s",
+               a->arena_id, want, cudaGetErrorString(e));
+      (void)cudaGetLastError();
+      return CKV_ERR_DEVICE;
+    }
+  }
+  if (ckv_cuda_probe((uint32_t)dev, mine, why, sizeof(why)) != CKV_OK) {
+    snprintf(c->last_error, sizeof(c->last_error),
+             "arena %u lives on CUDA device %.40s, but this process cannot use a CUDA device: %s", a->arena_id, want,
+             why);
+    return CKV_ERR_DEVICE;
+  }
+  if (strcasecmp(mine, want) != 0) {
+    snprintf(c->last_error, sizeof(c->last_error),
+             "arena %u lives on CUDA device %.40s, but this process computes on CUDA device %d (%s): select the "
+             "daemon's device (cudaSetDevice or CUDA_VISIBLE_DEVICES) before ckv_client_connect",
+             a->arena_id, want, dev, mine);
+    return CKV_ERR_DEVICE;
+  }
+  c->cuda_device = dev;
+  return CKV_OK;
+}
+#endif
+
+/* Fills d's backend part (fds, handle) from an ArenaInfo and checks what can
+ * be checked before mapping.  fds[fd_index...] are the arena's fds. */
+static int arena_desc(ckv_client *c, const Commitkv__V1__ArenaInfo *a, const int *fds, size_t n_fds,
+                      ckv_arena_desc *d) {
+  memset(d, 0, sizeof(*d));
+  snprintf(d->kind, sizeof(d->kind), "%s", a->kind ? a->kind : "");
+  d->bytes = a->bytes;
+  d->generation = a->generation;
+  if (a->handle.len > sizeof(d->handle)) return CKV_ERR_PROTO;
+  if (a->handle.len) memcpy(d->handle, a->handle.data, a->handle.len);
+  d->handle_len = (uint32_t)a->handle.len;
+  if (strcmp(d->kind, "host") == 0) {
+    if (a->fd_index >= n_fds) return CKV_ERR_PROTO;
+    d->fds[0] = fds[a->fd_index];
+    d->n_fds = 1;
+    return CKV_OK;
+  }
+  if (strcmp(d->kind, "cuda") == 0) {
+#ifdef CKV_HAVE_CUDA_ARENA
+    /* VMM: one fd per physical chunk, from fd_index on (legacy IPC: none). */
+    if (a->fd_index > n_fds || n_fds - a->fd_index > CKV_ARENA_MAX_FDS) return CKV_ERR_PROTO;
+    d->n_fds = (uint32_t)(n_fds - a->fd_index);
+    for (uint32_t i = 0; i < d->n_fds; i++) d->fds[i] = fds[a->fd_index + i];
+    pthread_once(&g_cuda_once, register_cuda_backend);
+    if (g_cuda_registered != CKV_OK) {
+      snprintf(c->last_error, sizeof(c->last_error), "cannot register the CUDA arena backend: %s",
+               ckv_strerror(g_cuda_registered));
+      return g_cuda_registered;
+    }
+    return check_cuda_device(c, a, d);
+#else
+    snprintf(c->last_error, sizeof(c->last_error),
+             "arena %u is CUDA device memory, but this libcommitkv was built without CUDA", a->arena_id);
+    return CKV_ERR_UNSUPPORTED;
+#endif
+  }
+  return CKV_OK; /* an unknown kind: ckv_arena_import says it is unsupported */
 }
 
 static int attach(ckv_client *c, const char *path, const char *name, bool want_arenas) {
@@ -99,27 +215,16 @@ static int attach(ckv_client *c, const char *path, const char *name, bool want_a
   for (size_t i = 0; i < rep->n_arenas && i < 1; i++) {
     const Commitkv__V1__ArenaInfo *a = rep->arenas[i];
     ckv_arena_desc d;
-    memset(&d, 0, sizeof(d));
-    snprintf(d.kind, sizeof(d.kind), "%s", a->kind ? a->kind : "");
-    d.bytes = a->bytes;
-    d.generation = a->generation;
-    if (strcmp(d.kind, "host") == 0) {
-      if (a->fd_index >= n_fds) {
-        r = CKV_ERR_PROTO;
-        goto out;
-      }
-      d.fds[0] = fds[a->fd_index];
-      d.n_fds = 1;
-    }
-    if (a->handle.len > sizeof(d.handle)) {
-      r = CKV_ERR_PROTO;
-      goto out;
-    }
-    if (a->handle.len) memcpy(d.handle, a->handle.data, a->handle.len);
-    d.handle_len = (uint32_t)a->handle.len;
+    r = arena_desc(c, a, fds, n_fds, &d);
+    if (r < 0) goto out;
     r = ckv_arena_import(&d, &c->arena);
     if (r < 0) {
-      snprintf(c->last_error, sizeof(c->last_error), "cannot map arena %u: %s", a->arena_id, ckv_strerror(r));
+      const char *detail = "";
+#ifdef CKV_HAVE_CUDA_ARENA
+      if (strcmp(d.kind, "cuda") == 0) detail = ckv_arena_cuda_last_error();
+#endif
+      snprintf(c->last_error, sizeof(c->last_error), "cannot map arena %u (%s): %s%s%.300s", a->arena_id, d.kind,
+               ckv_strerror(r), *detail ? ": " : "", detail);
       goto out;
     }
     c->arena_id = a->arena_id;
@@ -200,6 +305,10 @@ static void teardown(ckv_client *c) {
   c->attach_fd = -1;
   c->arena = ckv_arena_free(c->arena);
   c->restarted = true;
+  /* Every session handle of the old daemon is stale from here on, in the same
+   * step as its memory goes: a session opened on the next connection (by
+   * another thread, as soon as establish clears `restarted`) never is. */
+  c->generation++;
   pthread_mutex_unlock(&c->lock);
 }
 
@@ -218,6 +327,7 @@ int ckv_client_connect(const ckv_client_options *opt, ckv_client **ret) {
   pthread_mutex_init(&c->reconnect_lock, NULL);
   pthread_cond_init(&c->hb_cond, NULL);
   c->attach_fd = -1;
+  c->cuda_device = -1;
   c->timeout_ms = o.timeout_ms > 0 ? o.timeout_ms : DEFAULT_TIMEOUT_MS;
   if (o.socket)
     snprintf(c->socket_ep, sizeof(c->socket_ep), "%s", o.socket);
@@ -248,20 +358,31 @@ fail:
 int ckv_client_reconnect(ckv_client *c) {
   if (!c) return CKV_ERR_INVALID;
   pthread_mutex_lock(&c->reconnect_lock);
-  teardown(c);
-  int r = establish(c);
-  if (r < 0) {
-    teardown(c); /* half a connection is no connection */
+  /* Every thread that saw CKV_ERR_DAEMON_RESTARTED, and the heartbeat, may
+   * call this for the same restart: once one has re-attached, tearing the new
+   * connection down again would make the sessions opened on it stale.  A
+   * client that is not cut off and whose heartbeat reaches the same daemon
+   * keeps its connection. */
+  int r;
+  if (!ckv_client_restarted(c) && ckv_client_heartbeat(c) == CKV_OK) {
+    r = CKV_OK;
   } else {
-    pthread_mutex_lock(&c->lock);
-    c->generation++; /* every session handle of the old daemon is now stale */
-    pthread_mutex_unlock(&c->lock);
+    teardown(c);
+    r = establish(c);
+    if (r < 0) teardown(c); /* half a connection is no connection */
   }
   pthread_mutex_unlock(&c->reconnect_lock);
   return r;
 }
 
-bool ckv_client_restarted(const ckv_client *c) { return c->restarted; }
+bool ckv_client_restarted(const ckv_client *c) {
+  /* The heartbeat thread writes the flag: read it under the client's lock. */
+  ckv_client *m = (ckv_client *)c;
+  pthread_mutex_lock(&m->lock);
+  bool r = m->restarted;
+  pthread_mutex_unlock(&m->lock);
+  return r;
+}
 
 uint64_t ckv_rpc_generation(ckv_client *c) {
   pthread_mutex_lock(&c->lock);
@@ -292,6 +413,31 @@ ckv_client *ckv_client_free(ckv_client *c) {
 }
 
 const char *ckv_client_tenant(const ckv_client *c) { return c->tenant; }
+
+int ckv_rpc_memory(ckv_client *c) {
+  pthread_mutex_lock(&c->lock); /* a reconnect swaps the arena under this lock */
+  int m = !c->arena                                   ? CKV_RPC_MEM_NONE
+          : strcmp(ckv_arena_kind(c->arena), "cuda") == 0 ? CKV_RPC_MEM_CUDA
+                                                          : CKV_RPC_MEM_HOST;
+  pthread_mutex_unlock(&c->lock);
+  return m;
+}
+
+const char *ckv_client_memory_kind(const ckv_client *c) {
+  if (!c) return "none";
+  static const char *const names[] = {[CKV_RPC_MEM_NONE] = "none", [CKV_RPC_MEM_HOST] = "host",
+                                      [CKV_RPC_MEM_CUDA] = "cuda"};
+  return names[ckv_rpc_memory((ckv_client *)c)];
+}
+
+void ckv_rpc_set_error(ckv_client *c, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  pthread_mutex_lock(&c->lock);
+  vsnprintf(c->last_error, sizeof(c->last_error), fmt, ap);
+  pthread_mutex_unlock(&c->lock);
+  va_end(ap);
+}
 const char *ckv_client_last_error(const ckv_client *c) { return c->last_error; }
 uint32_t ckv_client_lease_ms(const ckv_client *c) { return c->lease_ms; }
 

@@ -17,8 +17,10 @@ struct ckv_client {
   pthread_mutex_t lock; /* serialises every exchange on the DEALER */
   void *zctx, *dealer;
   int attach_fd;        /* kept open: closing it tells the daemon we are gone */
-  ckv_arena *arena;     /* the tenant's arena, mapped (host backend) */
+  ckv_arena *arena;     /* the tenant's arena, mapped (host memfd or CUDA device memory) */
   uint32_t arena_id;
+  int cuda_device;      /* CUDA ordinal checked against the arena's device at the first CUDA attach
+                         * (-1 before): a reconnect from another thread checks the same device */
   uint8_t key[16];
   uint8_t boot_token[16];
   char tenant[64];
@@ -50,7 +52,17 @@ void ckv_rpc_free(Commitkv__V1__Response *rep);
 /* The client's connection generation (see ckv_client_reconnect). */
 uint64_t ckv_rpc_generation(ckv_client *c);
 
-/* Address of arena offset `off` in this process, or NULL when out of range. */
+/* Address of arena offset `off` in this process, or NULL when out of range.
+ * A device pointer when the arena is CUDA memory (see ckv_rpc_memory). */
 void *ckv_rpc_arena_ptr(ckv_client *c, uint32_t arena_id, uint64_t off, uint64_t len);
+
+/* What the client's arena is: none mapped, host memory (memfd) or CUDA
+ * device memory (only CPU-addressable through cudaMemcpy). */
+enum { CKV_RPC_MEM_NONE = 0, CKV_RPC_MEM_HOST = 1, CKV_RPC_MEM_CUDA = 2 };
+int ckv_rpc_memory(ckv_client *c);
+
+/* Stores a locally detected failure (a CUDA error, an unsupported call) as
+ * c->last_error, for ckv_client_last_error(). */
+void ckv_rpc_set_error(ckv_client *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #endif

@@ -2,7 +2,13 @@
  *
  * The client keeps, per position, where its draft slot is (arena offset of
  * the block and slot index), so writing a token's K/V is pointer arithmetic
- * over the mapped arena: no copy through the daemon. */
+ * over the mapped arena: no copy through the daemon.
+ *
+ * CUDA arenas (device memory): writes are cudaMemcpy(Async) with
+ * cudaMemcpyDefault, so K/V may come from device or host memory.  The
+ * streams of asynchronous writes are remembered until the next report, which
+ * synchronises them first: the daemon may compress a token as soon as it
+ * has the report, so its K/V must have landed by then. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +16,9 @@
 
 #include "client/rpc.h"
 #include "kernels/format.h"
+#ifdef CKV_HAVE_CUDA_ARENA
+#include <cuda_runtime_api.h>
+#endif
 
 typedef struct slot_ref {
   uint64_t block_offset; /* UINT64_MAX: no draft slot */
@@ -40,6 +49,10 @@ struct ckv_session {
   float *sem_scores;
   size_t n_sem;
   ckv_transition *transitions;
+  /* CUDA streams (NULL = the default stream) that wrote K/V asynchronously
+   * since the last report: synchronised before the next report. */
+  void **streams;
+  size_t n_streams, cap_streams;
 };
 
 /* A handle from before a reconnect names a session the new daemon never had. */
@@ -52,8 +65,47 @@ static ckv_session *session_free(ckv_session *s) {
   free(s->sem_pos);
   free(s->sem_scores);
   free(s->transitions);
+  free(s->streams);
   free(s);
   return NULL;
+}
+
+#ifdef CKV_HAVE_CUDA_ARENA
+static int cuda_failed(ckv_session *s, const char *what, cudaError_t e) {
+  ckv_rpc_set_error(s->c, "session %s: %s: %s (%s)", s->id, what, cudaGetErrorName(e), cudaGetErrorString(e));
+  (void)cudaGetLastError(); /* a non-sticky error must not fail the next call */
+  return CKV_ERR_DEVICE;
+}
+
+/* Adds a stream to those synchronised by the next report (once each). */
+static int remember_stream(ckv_session *s, void *stream) {
+  for (size_t i = 0; i < s->n_streams; i++)
+    if (s->streams[i] == stream) return CKV_OK;
+  if (s->n_streams == s->cap_streams) {
+    size_t ncap = s->cap_streams ? 2 * s->cap_streams : 4;
+    void **ns = realloc(s->streams, ncap * sizeof(*ns));
+    if (!ns) return -ENOMEM;
+    s->streams = ns;
+    s->cap_streams = ncap;
+  }
+  s->streams[s->n_streams++] = stream;
+  return CKV_OK;
+}
+#endif
+
+/* Waits for every stream that wrote K/V since the last report and forgets
+ * them (also after a failure: a stream the worker destroyed cannot be waited
+ * for twice).  Returns CKV_OK or CKV_ERR_DEVICE. */
+static int sync_streams(ckv_session *s) {
+  int r = CKV_OK;
+#ifdef CKV_HAVE_CUDA_ARENA
+  for (size_t i = 0; i < s->n_streams; i++) {
+    cudaError_t e = cudaStreamSynchronize((cudaStream_t)s->streams[i]);
+    if (e != cudaSuccess && r == CKV_OK) r = cuda_failed(s, "cudaStreamSynchronize before the report", e);
+  }
+#endif
+  s->n_streams = 0;
+  return r;
 }
 
 int ckv_session_open(ckv_client *c, const char *id, const ckv_geometry *g, const ckv_session_options *opt,
@@ -125,6 +177,7 @@ int ckv_session_open(ckv_client *c, const char *id, const ckv_geometry *g, const
 }
 
 static int simple_session_request(ckv_session *s, bool drop) {
+  (void)sync_streams(s); /* no copy may still be landing in memory the daemon frees or keeps */
   if (stale(s)) {
     session_free(s);
     return CKV_ERR_DAEMON_RESTARTED;
@@ -229,9 +282,52 @@ int ckv_session_write_kv(ckv_session *s, uint64_t position, uint32_t layer, cons
   uint8_t *kp = ckv_session_kv_ptr(s, position, layer, 0), *vp = ckv_session_kv_ptr(s, position, layer, 1);
   if (!kp || !vp) return CKV_ERR_RANGE;
   size_t bytes = ckv_draft_token_elems(&s->geom) * 2u;
+  if (ckv_rpc_memory(s->c) == CKV_RPC_MEM_CUDA) {
+#ifdef CKV_HAVE_CUDA_ARENA
+    /* cudaMemcpy returns before a device-to-device (or staged host) copy has
+     * landed: wait on the default stream so the write is done on return. */
+    cudaError_t e = cudaSuccess;
+    if (k) e = cudaMemcpyAsync(kp, k, bytes, cudaMemcpyDefault, NULL);
+    if (e == cudaSuccess && v) e = cudaMemcpyAsync(vp, v, bytes, cudaMemcpyDefault, NULL);
+    cudaError_t w = cudaStreamSynchronize(NULL);
+    if (e != cudaSuccess) return cuda_failed(s, "cudaMemcpy of K/V into the draft slot", e);
+    if (w != cudaSuccess) return cuda_failed(s, "cudaStreamSynchronize after the K/V copy", w);
+    return CKV_OK;
+#else
+    return CKV_ERR_UNSUPPORTED; /* unreachable: a build without CUDA maps no CUDA arena */
+#endif
+  }
   if (k) memcpy(kp, k, bytes);
   if (v) memcpy(vp, v, bytes);
   return CKV_OK;
+}
+
+int ckv_session_write_kv_async(ckv_session *s, uint64_t position, uint32_t layer, const void *k, const void *v,
+                               void *stream) {
+  if (!s) return CKV_ERR_INVALID;
+  if (ckv_rpc_memory(s->c) != CKV_RPC_MEM_CUDA) {
+    if (stream) {
+      ckv_rpc_set_error(s->c, "session %s: a CUDA stream was given, but the arena is %s memory", s->id,
+                        ckv_client_memory_kind(s->c));
+      return CKV_ERR_UNSUPPORTED;
+    }
+    return ckv_session_write_kv(s, position, layer, k, v);
+  }
+#ifdef CKV_HAVE_CUDA_ARENA
+  uint8_t *kp = ckv_session_kv_ptr(s, position, layer, 0), *vp = ckv_session_kv_ptr(s, position, layer, 1);
+  if (!kp || !vp) return CKV_ERR_RANGE;
+  size_t bytes = ckv_draft_token_elems(&s->geom) * 2u;
+  /* Remembered before queueing: even a half-queued write is waited for. */
+  int r = remember_stream(s, stream);
+  if (r < 0) return r;
+  cudaError_t e = cudaSuccess;
+  if (k) e = cudaMemcpyAsync(kp, k, bytes, cudaMemcpyDefault, (cudaStream_t)stream);
+  if (e == cudaSuccess && v) e = cudaMemcpyAsync(vp, v, bytes, cudaMemcpyDefault, (cudaStream_t)stream);
+  if (e != cudaSuccess) return cuda_failed(s, "cudaMemcpyAsync of K/V into the draft slot", e);
+  return CKV_OK;
+#else
+  return CKV_ERR_UNSUPPORTED;
+#endif
 }
 
 static int fill_blocks(ckv_session *s, Commitkv__V1__BlockRef **refs, size_t n, size_t at, size_t *ret_n) {
@@ -316,6 +412,10 @@ int ckv_session_report(ckv_session *s, uint64_t round, uint64_t first_position, 
                        ckv_round_result *ret) {
   if (!s || (n && !attn)) return CKV_ERR_INVALID;
   if (stale(s)) return CKV_ERR_DAEMON_RESTARTED;
+  /* The daemon may compress this round's tokens right after the report: every
+   * asynchronous K/V write must have landed before it is sent. */
+  int r = sync_streams(s);
+  if (r < 0) return r;
   Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
   Commitkv__V1__ReportRound rr = COMMITKV__V1__REPORT_ROUND__INIT;
   rr.session_id = s->id;
@@ -327,7 +427,7 @@ int ckv_session_report(ckv_session *s, uint64_t round, uint64_t first_position, 
   req.body_case = COMMITKV__V1__REQUEST__BODY_REPORT_ROUND;
   req.report_round = &rr;
   Commitkv__V1__Response *rep;
-  int r = ckv_rpc(s->c, &req, &rep);
+  r = ckv_rpc(s->c, &req, &rep);
   s->n_sem = 0;
   if (r < 0) return r;
   const Commitkv__V1__RoundReport *out = rep->round_report;
@@ -372,4 +472,25 @@ int ckv_session_ack(ckv_session *s, uint64_t epoch, uint64_t *ret_reclaimed) {
     *ret_reclaimed = rep->epoch_acked->reclaimed_bytes;
   ckv_rpc_free(rep);
   return CKV_OK;
+}
+
+int ckv_session_ack_after_stream(ckv_session *s, uint64_t epoch, void *stream, uint64_t *ret_reclaimed) {
+  if (!s) return CKV_ERR_INVALID;
+#ifdef CKV_HAVE_CUDA_ARENA
+  /* Memory of an older view may be reused as soon as the daemon has the ack:
+   * whatever the GPU still has queued against it must be finished first. */
+  if (stream) {
+    cudaError_t e = cudaStreamSynchronize((cudaStream_t)stream);
+    if (e != cudaSuccess) return cuda_failed(s, "cudaStreamSynchronize before the ack", e);
+  } else if (ckv_rpc_memory(s->c) == CKV_RPC_MEM_CUDA) {
+    cudaError_t e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) return cuda_failed(s, "cudaDeviceSynchronize before the ack", e);
+  }
+#else
+  if (stream) {
+    ckv_rpc_set_error(s->c, "session %s: a CUDA stream was given, but this libcommitkv was built without CUDA", s->id);
+    return CKV_ERR_UNSUPPORTED;
+  }
+#endif
+  return ckv_session_ack(s, epoch, ret_reclaimed);
 }

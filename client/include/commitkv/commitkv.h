@@ -18,6 +18,12 @@
  *   changes), calls fail with CKV_ERR_DAEMON_RESTARTED until
  *   ckv_client_reconnect() re-attaches (the heartbeat thread does it by
  *   itself); sessions of the old daemon are gone.
+ * - Arenas are host memory or, when the daemon serves from a GPU, CUDA device
+ *   memory (ckv_client_memory_kind()).  With CUDA arenas every pointer the
+ *   library hands out (draft slots, view blocks) is a device pointer of the
+ *   daemon's GPU; write K/V with ckv_session_write_kv(_async) and read views
+ *   with GPU kernels (or cudaMemcpy).  The library never needs the NVIDIA
+ *   driver unless a CUDA arena is mapped.
  *
  * Plain ISO C11; usable from C++ and FFI. */
 #ifndef COMMITKV_COMMITKV_H
@@ -67,9 +73,15 @@ typedef struct ckv_client_options {
 
 /* Attaches (unix socket, SO_PEERCRED), maps the tenant's arenas, connects
  * the control socket and says Hello.  opt may be NULL (all defaults).
+ * CUDA arenas are mapped on the calling thread's current CUDA device (call
+ * cudaSetDevice first when the process sees several); the daemon's device
+ * must be that device, and every later re-attach checks the same ordinal.
  * Returns CKV_OK; CKV_ERR_AUTH (uid not mapped to a tenant); CKV_ERR_VERSION;
  * CKV_ERR_DISCONNECTED / -ENOENT / -ECONNREFUSED (no daemon there);
- * CKV_ERR_TIMEOUT; CKV_ERR_FORMAT (arena from an incompatible build). */
+ * CKV_ERR_TIMEOUT; CKV_ERR_FORMAT (arena from an incompatible build);
+ * CKV_ERR_DEVICE (CUDA arena on another GPU than this process's, or no usable
+ * GPU here; ckv_client_connect_error() names both devices);
+ * CKV_ERR_UNSUPPORTED (CUDA arena, but a libcommitkv built without CUDA). */
 int ckv_client_connect(const ckv_client_options *opt, ckv_client **ret);
 /* The daemon's (or the transport's) explanation of this thread's last failed
  * ckv_client_connect, e.g. "uid 1001 / gid 1001 is not mapped to any tenant".
@@ -97,6 +109,12 @@ bool ckv_client_restarted(const ckv_client *c);
 int ckv_client_heartbeat(ckv_client *c);
 /* Lease length the daemon announced, in milliseconds. */
 uint32_t ckv_client_lease_ms(const ckv_client *c);
+/* Where the mapped arena lives: "host" (shared host memory: view data and
+ * ckv_session_kv_ptr are CPU pointers), "cuda" (GPU memory: they are device
+ * pointers of the daemon's GPU, for kernels and cudaMemcpy only), or "none"
+ * (attached without arenas, or between a daemon restart and the reconnect).
+ * A static string; may change across ckv_client_reconnect().  Any thread. */
+const char *ckv_client_memory_kind(const ckv_client *c);
 
 typedef struct ckv_session_options {
   const char *policy;            /* NULL: daemon default ("commitkv") */
@@ -136,13 +154,32 @@ int ckv_session_append(ckv_session *s, uint32_t count, const uint8_t *roles, con
 /* Address of the draft slot of `position` for layer `layer`: kv 0 = K, 1 = V;
  * n_kv_heads * head_dim 16-bit elements, head-major.  Slots are writable from
  * the append until the session's next ckv_session_report (after it, the
- * daemon may move the token); NULL outside that window. */
+ * daemon may move the token); NULL outside that window.  A device pointer on
+ * a CUDA arena (ckv_client_memory_kind() "cuda"). */
 void *ckv_session_kv_ptr(ckv_session *s, uint64_t position, uint32_t layer, int kv);
-/* Copies one token's K and V of one layer into its draft slot.
- * CKV_ERR_RANGE (no draft slot / layer out of range). */
+/* Copies one token's K and V of one layer into its draft slot (k or v may be
+ * NULL to skip one).  On a CUDA arena k/v may be host or device pointers; the
+ * copy is cudaMemcpy (cudaMemcpyDefault) and has landed when the call returns.
+ * CKV_ERR_RANGE (no draft slot / layer out of range), CKV_ERR_DEVICE (a CUDA
+ * error, named by ckv_client_last_error()). */
 int ckv_session_write_kv(ckv_session *s, uint64_t position, uint32_t layer, const void *k, const void *v);
+/* ckv_session_write_kv queued on a CUDA stream: `stream` is a cudaStream_t
+ * (NULL: the default stream); k/v may be device, pinned or pageable host
+ * pointers and must stay unchanged until the stream has executed the copies.
+ * The session remembers the streams used since its last report and
+ * ckv_session_report() synchronises them before it sends the report (the
+ * daemon may compress the tokens right after it), as do ckv_session_close()
+ * and ckv_session_drop(): keep each stream alive until then.  On a host arena
+ * with stream NULL this is ckv_session_write_kv.  Same thread rules as the
+ * session's other calls.
+ * Returns CKV_OK, CKV_ERR_RANGE, CKV_ERR_DEVICE (CUDA refused the copy),
+ * CKV_ERR_UNSUPPORTED (a stream on a host arena, or a build without CUDA),
+ * -ENOMEM. */
+int ckv_session_write_kv_async(ckv_session *s, uint64_t position, uint32_t layer, const void *k, const void *v,
+                               void *stream);
 
-/* One block of a view, mapped in this process.  Decode with kernels/format.h. */
+/* One block of a view, mapped in this process.  Decode with kernels/format.h.
+ * data is a device pointer when ckv_client_memory_kind() is "cuda". */
 typedef struct ckv_block_view {
   const void *data;
   uint64_t id;
@@ -181,7 +218,10 @@ typedef struct ckv_round_result {
 } ckv_round_result;
 
 /* Reports round `round` (strictly increasing, from 1): attn[i] is the
- * attention mass of position first_position + i.  ret may be NULL. */
+ * attention mass of position first_position + i.  ret may be NULL.
+ * First waits for the streams of ckv_session_write_kv_async since the last
+ * report; if one fails, returns CKV_ERR_DEVICE without sending anything (the
+ * round's draft slots stay writable: rewrite the K/V and report again). */
 int ckv_session_report(ckv_session *s, uint64_t round, uint64_t first_position, const float *attn, size_t n,
                        ckv_round_result *ret);
 /* Semantic-score updates for a report: call before ckv_session_report; they
@@ -190,6 +230,15 @@ int ckv_session_set_semantic(ckv_session *s, const uint32_t *positions, const fl
 /* This client no longer reads anything older than `epoch`.  ret_reclaimed
  * (may be NULL) receives the bytes the daemon freed. */
 int ckv_session_ack(ckv_session *s, uint64_t epoch, uint64_t *ret_reclaimed);
+/* ckv_session_ack once `stream` (a cudaStream_t) has finished everything
+ * queued on it so far, e.g. attention kernels reading the view of an older
+ * epoch: acknowledging lets the daemon reuse that memory at once.  Waits with
+ * cudaStreamSynchronize(stream); stream NULL waits for the whole current
+ * device (cudaDeviceSynchronize) on a CUDA arena and not at all on a host
+ * arena.  Blocks the calling thread, not the client's other users.
+ * Returns ckv_session_ack's codes, CKV_ERR_DEVICE (the wait failed: nothing
+ * was acknowledged), CKV_ERR_UNSUPPORTED (a stream in a build without CUDA). */
+int ckv_session_ack_after_stream(ckv_session *s, uint64_t epoch, void *stream, uint64_t *ret_reclaimed);
 
 #ifdef __cplusplus
 }
