@@ -17,7 +17,7 @@ cleanup() {
 trap cleanup EXIT INT TERM
 
 echo "== commitkvd (host backend) in $DIR"
-"$BIN/commitkvd" --socket "$SOCK" --attach-socket "$ATTACH" --state-dir "$DIR" --memory 1G \
+"$BIN/commitkvd" --backend host --socket "$SOCK" --attach-socket "$ATTACH" --state-dir "$DIR" --memory 1G \
   --set daemon.log_level=notice 2>"$DIR/commitkvd.log" &
 DPID=$!
 i=0

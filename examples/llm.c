@@ -653,6 +653,13 @@ int main(int argc, char **argv) {
     ckv_model_free(m);
     return 1;
   }
+  if (strcmp(ckv_client_memory_kind(c), "host") != 0) { /* the model runs on the CPU, reading K/V in place */
+    fprintf(stderr, "commitkv-llm: the daemon's KV memory is '%s', which the CPU cannot address: run commitkvd "
+                    "--backend host\n", ckv_client_memory_kind(c));
+    ckv_client_free(c);
+    ckv_model_free(m);
+    return 1;
+  }
   result res[LLM_MAX_SESSIONS] = {0};
   for (int i = 0; e == CKV_OK && i < o.sessions; i++) {
     e = run_session(&o, m, c, i, &res[i]);

@@ -109,6 +109,13 @@ int main(int argc, char **argv) {
     fprintf(stderr, "commitkv-worker: connect: %s: %s\n", ckv_strerror(r), ckv_client_connect_error());
     return 1;
   }
+  if (strcmp(ckv_client_memory_kind(c), "host") != 0) {
+    /* This worker reads and writes K/V with the CPU; commitkv-gpu-worker is the GPU one. */
+    fprintf(stderr, "commitkv-worker: the daemon's KV memory is '%s', which the CPU cannot address: run "
+                    "commitkvd --backend host, or use commitkv-gpu-worker\n", ckv_client_memory_kind(c));
+    ckv_client_free(c);
+    return 1;
+  }
   ckv_geometry g = {o.layers, o.heads, o.dim, CKV_DTYPE_FP16};
   ckv_session *s[64];
   for (int i = 0; i < o.sessions; i++) {

@@ -4,7 +4,8 @@
 # targets it needs (Release, for this GPU's architecture), runs:
 #   - test_kernels_cuda   CUDA kernels against the CPU oracle (same bytes)
 #   - tests/gpu/test_*    CUDA arena across processes (VMM and legacy IPC),
-#                         tenant isolation, killed importer, and any later ones
+#                         tenant isolation, killed importer; GPU workers
+#                         (commitkv-gpu-worker) on commitkvd --backend cuda
 #   - test_backend        backend choice; the real daemon on --backend cuda/auto
 #   - the kernel benchmark (kernels/cuda/bench-gpu.sh): GB/s against the
 #     device's peak bandwidth, fused attention at 32K/128K tokens
@@ -106,7 +107,7 @@ GEN=()
 if [[ ! -f $BUILD_DIR/CMakeCache.txt ]] && command -v ninja >/dev/null 2>&1; then GEN=(-G Ninja); fi
 run_step configure 120 cmake -S "$ROOT" -B "$BUILD_DIR" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DCKV_WITH_CUDA=ON \
   "-DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCH"
-TARGETS=(commitkvd commitkvctl test_backend)
+TARGETS=(commitkvd commitkvctl commitkv-gpu-worker test_backend)
 for t in test_kernels_cuda ckv-bench-gpu; do TARGETS+=("$t"); done
 for src in "$ROOT"/tests/gpu/test_*.c; do
   [[ -e $src ]] && TARGETS+=("$(basename "$src" .c)")

@@ -89,9 +89,11 @@ int ckv_test_daemon_start(ckv_test_daemon *d, const char *const *extra) {
   snprintf(d->attach, sizeof(d->attach), "%s/commitkvd.attach", d->dir);
   snprintf(d->log, sizeof(d->log), "%s/commitkvd.log", d->dir);
   /* metrics off unless a test asks (later --set wins): tests must not fight over a port */
+  /* Host memory unless a test asks for another backend (a later --backend
+   * wins): the CPU-side workers read blocks directly, which GPU memory forbids. */
   const char *argv[64] = {"commitkvd", "--socket", d->socket, "--attach-socket", d->attach, "--state-dir", d->dir,
-                          "--set", "daemon.metrics="};
-  int n = 9;
+                          "--set", "daemon.metrics=", "--backend", "host"};
+  int n = 11;
   for (int i = 0; extra && extra[i] && n < 62; i++) argv[n++] = extra[i];
   /* CKV_TEST_DAEMON_SET="section.key=value ...": --set options for every daemon
    * a suite starts (CTest runs some suites a second time with them). */
