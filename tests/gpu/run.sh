@@ -107,7 +107,7 @@ GEN=()
 if [[ ! -f $BUILD_DIR/CMakeCache.txt ]] && command -v ninja >/dev/null 2>&1; then GEN=(-G Ninja); fi
 run_step configure 120 cmake -S "$ROOT" -B "$BUILD_DIR" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DCKV_WITH_CUDA=ON \
   "-DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCH"
-TARGETS=(commitkvd commitkvctl commitkv-gpu-worker test_backend)
+TARGETS=(commitkvd commitkvctl commitkv-gpu-worker commitkv-bench test_backend)
 for t in test_kernels_cuda ckv-bench-gpu; do TARGETS+=("$t"); done
 for src in "$ROOT"/tests/gpu/test_*.c; do
   [[ -e $src ]] && TARGETS+=("$(basename "$src" .c)")
@@ -146,6 +146,13 @@ if ((FAILED == 0)); then
   elif [[ -x $BIN/ckv-bench-gpu ]]; then
     run_step bench_kernels 240 "$BIN/ckv-bench-gpu"
   fi
+  # Attach/import time and ReportRound -> published epoch, 32K tokens, the daemon on the GPU.
+  if ((GPU)) && [[ -x $BIN/commitkv-bench ]]; then
+    run_step bench_epoch 180 "$BIN/commitkv-bench" epoch --backend cuda --tokens 32768
+  else
+    RESULTS+=("SKIP  bench_epoch                -  no GPU answers nvidia-smi")
+    SKIPPED=$((SKIPPED + 1))
+  fi
 fi
 
 # ---- summary ----
@@ -156,6 +163,10 @@ for r in "${RESULTS[@]}"; do echo "$r"; done
 if [[ -f $LOG_DIR/bench_kernels.log ]]; then
   echo "---- kernel benchmark (GB/s vs the device's peak)"
   grep -E "device:|GB/s|of peak|skipped" "$LOG_DIR/bench_kernels.log" | sed 's/^/  /' || true
+fi
+if [[ -f $LOG_DIR/bench_epoch.log ]]; then
+  echo "---- attach/import and ReportRound -> published epoch (commitkv-bench epoch --backend cuda)"
+  grep -v "^==" "$LOG_DIR/bench_epoch.log" | tail -n 12 | sed 's/^/  /' || true
 fi
 for f in "$LOG_DIR"/test_*.log; do
   [[ -e $f ]] && grep -h "^\[metric\]\|\[----\].*arena path\|\[----\].*free: " "$f" | sed 's/^/  /' || true
