@@ -138,6 +138,7 @@ static int arena_desc(ckv_client *c, const Commitkv__V1__ArenaInfo *a, const int
   snprintf(d->kind, sizeof(d->kind), "%s", a->kind ? a->kind : "");
   d->bytes = a->bytes;
   d->generation = a->generation;
+  d->committed = a->committed;
   if (a->handle.len > sizeof(d->handle)) return CKV_ERR_PROTO;
   if (a->handle.len) memcpy(d->handle, a->handle.data, a->handle.len);
   d->handle_len = (uint32_t)a->handle.len;
@@ -452,11 +453,69 @@ int ckv_client_heartbeat(ckv_client *c) {
   return r;
 }
 
+/* The daemon grew the arena past what we mapped: ask for it again on the
+ * attach socket (AttachRequest{refresh}) and map the new part.  Caller holds
+ * c->lock (the attach socket carries one exchange at a time). */
+static int refresh_arenas(ckv_client *c) {
+  Commitkv__V1__AttachRequest req = COMMITKV__V1__ATTACH_REQUEST__INIT;
+  req.version = CKV_CLIENT_VERSION;
+  req.want_arenas = true;
+  req.refresh = true;
+  uint8_t buf[ATTACH_MAX_FRAME];
+  size_t len = commitkv__v1__attach_request__get_packed_size(&req);
+  commitkv__v1__attach_request__pack(&req, buf);
+  int r = ckv_frame_send(c->attach_fd, buf, len, NULL, 0);
+  if (r < 0) return r;
+  int fds[CKV_ARENA_MAX_FDS];
+  size_t n_fds = 0;
+  r = ckv_frame_recv(c->attach_fd, buf, sizeof(buf), &len, fds, CKV_ARENA_MAX_FDS, &n_fds);
+  if (r < 0) return r == -EAGAIN || r == -EWOULDBLOCK ? CKV_ERR_TIMEOUT : r;
+  Commitkv__V1__AttachReply *rep = commitkv__v1__attach_reply__unpack(NULL, len, buf);
+  if (!rep) {
+    r = CKV_ERR_PROTO;
+  } else if (rep->code != 0) {
+    r = rep->code;
+    snprintf(c->last_error, sizeof(c->last_error), "arena refresh: %s", rep->message ? rep->message : "");
+  } else if (rep->boot_token.len != sizeof(c->boot_token) ||
+             memcmp(rep->boot_token.data, c->boot_token, sizeof(c->boot_token)) != 0) {
+    r = CKV_ERR_DAEMON_RESTARTED;
+  } else {
+    r = CKV_ERR_PROTO;
+    for (size_t i = 0; i < rep->n_arenas; i++) {
+      const Commitkv__V1__ArenaInfo *a = rep->arenas[i];
+      if (a->arena_id != c->arena_id) continue;
+      ckv_arena_desc d;
+      r = arena_desc(c, a, fds, n_fds, &d);
+      if (r == CKV_OK) r = ckv_arena_refresh(c->arena, &d);
+      if (r < 0) {
+        const char *detail = "";
+#ifdef CKV_HAVE_CUDA_ARENA
+        if (strcmp(d.kind, "cuda") == 0) detail = ckv_arena_cuda_last_error();
+#endif
+        snprintf(c->last_error, sizeof(c->last_error), "cannot map the grown arena %u: %s%s%.300s", a->arena_id,
+                 ckv_strerror(r), *detail ? ": " : "", detail);
+      }
+    }
+  }
+  for (size_t i = 0; i < n_fds; i++) close(fds[i]);
+  if (rep) commitkv__v1__attach_reply__free_unpacked(rep, NULL);
+  return r;
+}
+
 void *ckv_rpc_arena_ptr(ckv_client *c, uint32_t arena_id, uint64_t off, uint64_t len) {
-  if (!c->arena || arena_id != c->arena_id) return NULL;
-  uint64_t size = ckv_arena_size(c->arena);
-  if (off > size || len > size - off) return NULL;
-  return (uint8_t *)ckv_arena_base(c->arena) + off;
+  pthread_mutex_lock(&c->lock);
+  void *p = NULL;
+  if (c->arena && arena_id == c->arena_id) {
+    uint64_t size = ckv_arena_size(c->arena);
+    if (off <= size && len <= size - off) {
+      /* Beyond what we mapped: the arena grew since; map the rest first. */
+      if (off + len <= ckv_arena_committed(c->arena) ||
+          (refresh_arenas(c) == CKV_OK && off + len <= ckv_arena_committed(c->arena)))
+        p = (uint8_t *)ckv_arena_base(c->arena) + off;
+    }
+  }
+  pthread_mutex_unlock(&c->lock);
+  return p;
 }
 
 static int64_t now_ms(void) {

@@ -46,6 +46,23 @@ static void refuse(int fd, int code, const char *msg) {
   send_reply(fd, &rep, NULL, 0);
 }
 
+/* Fills `info` and `ex` with the tenant's arena as it is now (committed
+ * prefix included).  Returns CKV_OK or the export's error. */
+static int arena_info(ckv_tenant *t, Commitkv__V1__ArenaInfo *info, ckv_arena_desc *ex) {
+  int r = ckv_arena_export(t->arena, ex);
+  if (r < 0) return r;
+  info->arena_id = t->arena_id;
+  info->kind = (char *)ckv_arena_kind(t->arena);
+  info->bytes = ckv_arena_size(t->arena);
+  info->fd_index = 0;
+  info->device_uuid = t->device_uuid;
+  info->generation = ex->generation;
+  info->committed = ex->committed;
+  info->handle.data = ex->handle;
+  info->handle.len = ex->handle_len;
+  return CKV_OK;
+}
+
 void ckv_attach_serve(ckv_server *s, int fd) {
   /* The request is already readable (the loop polled for it); a peer that
    * sends half a frame and stalls costs at most this much of the loop. */
@@ -161,7 +178,7 @@ void ckv_attach_serve(ckv_server *s, int fd) {
   ckv_arena_desc ex;
   bool exported = false;
   if (t && req->want_arenas) {
-    r = ckv_arena_export(t->arena, &ex);
+    r = arena_info(t, &info, &ex);
     if (r < 0) {
       snprintf(msg, sizeof(msg), "attach: cannot export the arena: %s", ckv_strerror(r));
       refuse(fd, r, msg);
@@ -169,14 +186,7 @@ void ckv_attach_serve(ckv_server *s, int fd) {
       return;
     }
     exported = true;
-    info.arena_id = t->arena_id;
-    info.kind = (char *)ckv_arena_kind(t->arena);
-    info.bytes = ckv_arena_size(t->arena);
-    info.fd_index = 0;
-    info.device_uuid = t->device_uuid;
-    info.generation = ex.generation;
-    info.handle.data = ex.handle;
-    info.handle.len = ex.handle_len;
+    c->wants_arenas = true;
     rep.n_arenas = 1;
     rep.arenas = infos;
   }
@@ -185,4 +195,49 @@ void ckv_attach_serve(ckv_server *s, int fd) {
   if (fl >= 0) fcntl(fd, F_SETFL, fl | O_NONBLOCK);
   ckv_log(CKV_LOG_INFO, "attach", t ? t->name : NULL, NULL, "client %llu '%s' pid %u uid %u%s",
           (unsigned long long)c->id, c->name, c->pid, c->uid, admin ? " (admin)" : "");
+}
+
+bool ckv_attach_conn_input(ckv_server *s, ckv_conn *c) {
+  int fd = c->attach_fd;
+  /* The frame is tiny and was sent in one piece: read it with the attach
+   * timeout, blocking, then put the socket back as the loop wants it. */
+  int fl = fcntl(fd, F_GETFL);
+  if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0) return false;
+  uint8_t buf[ATTACH_MAX_FRAME];
+  size_t len = 0;
+  int r = ckv_frame_recv(fd, buf, sizeof(buf), &len, NULL, 0, NULL);
+  (void)fcntl(fd, F_SETFL, fl);
+  if (r < 0) return false; /* EOF (the process exited) or garbage: either way the client is gone */
+  ckv_wire_reset(&s->in);
+  Commitkv__V1__AttachRequest *req = commitkv__v1__attach_request__unpack(&s->in.allocator, len, buf);
+  if (!req || !req->refresh) {
+    refuse(fd, CKV_ERR_PROTO, "attach socket: only AttachRequest{refresh} is expected after attaching");
+    return true;
+  }
+  Commitkv__V1__AttachReply rep = COMMITKV__V1__ATTACH_REPLY__INIT;
+  rep.code = CKV_OK;
+  rep.message = "arenas";
+  rep.attach_key.data = c->key;
+  rep.attach_key.len = CKV_KEY_BYTES;
+  rep.tenant = c->tenant ? c->tenant->name : "";
+  rep.boot_token.data = s->boot_token;
+  rep.boot_token.len = sizeof(s->boot_token);
+  rep.version = CKV_PROTOCOL_VERSION;
+  rep.admin = c->admin;
+  Commitkv__V1__ArenaInfo info = COMMITKV__V1__ARENA_INFO__INIT, *infos[1] = {&info};
+  ckv_arena_desc ex;
+  if (c->tenant && c->wants_arenas) {
+    r = arena_info(c->tenant, &info, &ex);
+    if (r < 0) {
+      char msg[160];
+      snprintf(msg, sizeof(msg), "refresh: cannot export the arena: %s", ckv_strerror(r));
+      refuse(fd, r, msg);
+      return true;
+    }
+    rep.n_arenas = 1;
+    rep.arenas = infos;
+  }
+  send_reply(fd, &rep, rep.n_arenas ? ex.fds : NULL, rep.n_arenas ? ex.n_fds : 0);
+  c->last_seen_ms = ckv_now_ms();
+  return true;
 }

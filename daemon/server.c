@@ -559,9 +559,7 @@ int ckv_server_run(ckv_server *s) {
       if (items[1].revents & ZMQ_POLLIN) accept_attach(s);
       for (size_t i = first_conn; i < n; i++) {
         if (!items[i].revents) continue;
-        char buf[64];
-        ssize_t got = recv(items[i].fd, buf, sizeof(buf), MSG_DONTWAIT);
-        if (got == 0 || (got < 0 && errno != EAGAIN && errno != EINTR))
+        if (!ckv_attach_conn_input(s, owners[i]))
           ckv_server_drop_conn(s, owners[i], "attach socket closed (process exited)");
       }
     }

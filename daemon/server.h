@@ -79,6 +79,7 @@ typedef struct ckv_conn {
   int attach_fd;          /* kept open: EOF means the process is gone */
   uint64_t last_seen_ms;
   bool admin;
+  bool wants_arenas; /* attached with want_arenas: refreshes send the fds again */
   bool hello;
   uint32_t version;
 } ckv_conn;
@@ -147,6 +148,11 @@ void ckv_server_settle_session(ckv_server *s, ckv_srv_session *sess);
 /* Serve the attach request now readable on accepted connection fd (attach.c);
  * takes ownership of fd. */
 void ckv_attach_serve(ckv_server *s, int fd);
+/* Input on an attached client's unix socket: an AttachRequest{refresh} is
+ * answered with the tenant's arenas as they are now (new chunks' fds
+ * included); anything else is answered with CKV_ERR_PROTO.  Returns false when
+ * the socket reached EOF or broke (the caller drops the client). */
+bool ckv_attach_conn_input(ckv_server *s, ckv_conn *c);
 /* Serve one decoded request into `rep` (handlers.c). */
 void ckv_handle_request(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, Commitkv__V1__Response *rep);
 

@@ -8,6 +8,7 @@
 
 #include "commitkv/status.h"
 #include "daemon/blockmem.h"
+#include "daemon/log.h"
 #include "shm/arena.h"
 #ifdef CKV_HAVE_CUDA_ARENA
 #include "shm/arena_cuda.h"
@@ -64,6 +65,19 @@ int ckv_tenant_block_alloc(ckv_tenant *t, uint64_t bytes, uint32_t format, uint6
   if (r < 0) return r == CKV_ERR_LIMIT ? CKV_ERR_NOSPACE : r;
   r = ckv_slab_alloc(t->slab, cls, ret_offset);
   if (r < 0) return r;
+  /* The arena backs a growing prefix (device memory is taken as needed):
+   * extend it over this block.  Workers map the new part when they meet it. */
+  if (*ret_offset + bytes > ckv_arena_committed(t->arena)) {
+    r = ckv_arena_grow(t->arena, *ret_offset + bytes);
+    if (r < 0) {
+      ckv_log(CKV_LOG_WARNING, "arena-full", t->name, NULL, "cannot grow arena %u past %llu bytes: %s", t->arena_id,
+              (unsigned long long)ckv_arena_committed(t->arena), ckv_strerror(r));
+      (void)ckv_slab_dealloc(t->slab, *ret_offset);
+      return r == -ENOMEM || r == CKV_ERR_LIMIT ? CKV_ERR_NOSPACE : r;
+    }
+    ckv_log(CKV_LOG_INFO, "arena-grow", t->name, NULL, "arena %u: %llu of %llu bytes backed", t->arena_id,
+            (unsigned long long)ckv_arena_committed(t->arena), (unsigned long long)ckv_arena_size(t->arena));
+  }
   t->bytes_used += bytes;
   t->bytes_by_format[format & 3] += bytes;
   return CKV_OK;

@@ -25,6 +25,7 @@ struct ckv_arena {
   void *base;                      /* mapping in this process */
   uint64_t bytes;                  /* whole region */
   uint64_t generation;             /* copy of the header's, never re-read */
+  uint64_t committed;              /* usable prefix: grown by the owner, learned by importers */
   bool owner;                      /* created here (vs imported) */
 };
 
@@ -112,6 +113,16 @@ static uint64_t new_generation(void) {
   return g ? g : 1;
 }
 
+/* First committed prefix of an arena of `total` bytes: about 1/128 of it, so
+ * doubling reaches the whole arena in at most 7 steps (8 physical chunks on a
+ * device), and never less than one granule. */
+static uint64_t initial_committed(uint64_t total, uint64_t g) {
+  uint64_t first = (total / 128 + g - 1) / g * g;
+  if (first < g) first = g;
+  if (first < CKV_ARENA_HEADER_BYTES) first = (CKV_ARENA_HEADER_BYTES + g - 1) / g * g;
+  return first < total ? first : total;
+}
+
 static int header_read(const ckv_arena *a, ckv_arena_header *h) {
   if (a->be->read) return a->be->read(a->ctx, a->base, 0, h, sizeof *h);
   memcpy(h, a->base, sizeof *h);
@@ -155,7 +166,8 @@ int ckv_arena_new(const ckv_arena_backend *be, uint64_t bytes, const char *label
   a->bytes = total;
   a->owner = true;
   a->generation = new_generation();
-  int r = be->create(total, label ? label : "", &a->ctx, &a->base);
+  a->committed = initial_committed(total, g);
+  int r = be->create(total, a->committed, label ? label : "", &a->ctx, &a->base);
   if (r < 0) {
     free(a);
     return r;
@@ -198,6 +210,53 @@ uint64_t ckv_arena_data_offset(const ckv_arena *a) {
 }
 const char *ckv_arena_kind(const ckv_arena *a) { return a->be->name; }
 uint64_t ckv_arena_generation(const ckv_arena *a) { return a->generation; }
+uint64_t ckv_arena_committed(const ckv_arena *a) { return a->committed; }
+
+int ckv_arena_grow(ckv_arena *a, uint64_t end) {
+  if (!a) return CKV_ERR_INVALID;
+  if (!a->owner) return CKV_ERR_STATE;
+  if (end > a->bytes) return CKV_ERR_INVALID;
+  while (a->committed < end) {
+    uint64_t to = a->committed * 2 < a->bytes ? a->committed * 2 : a->bytes;
+    if (a->be->grow) {
+      int r = a->be->grow(a->ctx, a->base, a->committed, to);
+      if (r < 0) return r;
+    }
+    a->committed = to;
+  }
+  return CKV_OK;
+}
+
+/* The generic checks of an export's counts and descriptors. */
+static int desc_counts_check(const ckv_arena_desc *e) {
+  if (strnlen(e->kind, sizeof e->kind) >= sizeof e->kind) return CKV_ERR_INVALID;
+  if (e->n_fds > CKV_ARENA_MAX_FDS || e->handle_len > CKV_ARENA_HANDLE_MAX) return CKV_ERR_INVALID;
+  for (uint32_t i = 0; i < e->n_fds; i++)
+    if (e->fds[i] < 0) return CKV_ERR_INVALID;
+  return CKV_OK;
+}
+
+/* The committed prefix an export announces: whole granules within the arena. */
+static int desc_committed_check(const ckv_arena_desc *e, const ckv_arena_backend *be) {
+  if (e->committed < CKV_ARENA_HEADER_BYTES || e->committed > e->bytes || e->committed % granularity(be) != 0)
+    return CKV_ERR_INVALID;
+  return CKV_OK;
+}
+
+int ckv_arena_refresh(ckv_arena *a, const ckv_arena_desc *e) {
+  if (!a || !e) return CKV_ERR_INVALID;
+  if (a->owner) return CKV_ERR_STATE;
+  if (strncmp(e->kind, a->be->name, sizeof e->kind) != 0 || e->bytes != a->bytes || e->generation != a->generation)
+    return CKV_ERR_FORMAT;
+  int r = desc_counts_check(e);
+  if (r == CKV_OK) r = desc_committed_check(e, a->be);
+  if (r < 0) return r;
+  if (e->committed < a->committed) return CKV_ERR_INVALID;
+  if (e->committed == a->committed) return CKV_OK;
+  if (a->be->refresh && (r = a->be->refresh(a->ctx, a->base, a->committed, e)) < 0) return r;
+  a->committed = e->committed;
+  return CKV_OK;
+}
 int ckv_arena_is_owner(const ckv_arena *a) { return a->owner; }
 
 int ckv_arena_is_live(const ckv_arena *a) {
@@ -216,6 +275,7 @@ int ckv_arena_export(const ckv_arena *a, ckv_arena_desc *ret) {
   snprintf(e.kind, sizeof e.kind, "%s", a->be->name);
   e.bytes = a->bytes;
   e.generation = a->generation;
+  e.committed = a->committed;
   int r = a->be->export_handles(a->ctx, &e);
   if (r < 0) return r;
   if (e.n_fds > CKV_ARENA_MAX_FDS || e.handle_len > CKV_ARENA_HANDLE_MAX) return CKV_ERR_INTERNAL;
@@ -236,22 +296,22 @@ static int validate_header(const ckv_arena_header *h, const ckv_arena_desc *e, c
 
 int ckv_arena_import(const ckv_arena_desc *e, ckv_arena **ret) {
   if (!e || !ret) return CKV_ERR_INVALID;
-  if (strnlen(e->kind, sizeof e->kind) >= sizeof e->kind) return CKV_ERR_INVALID;
-  if (e->n_fds > CKV_ARENA_MAX_FDS || e->handle_len > CKV_ARENA_HANDLE_MAX) return CKV_ERR_INVALID;
-  for (uint32_t i = 0; i < e->n_fds; i++)
-    if (e->fds[i] < 0) return CKV_ERR_INVALID;
+  int r = desc_counts_check(e);
+  if (r < 0) return r;
   const ckv_arena_backend *be = ckv_arena_backend_find(e->kind);
   if (!be) return CKV_ERR_UNSUPPORTED;
   if (e->bytes <= CKV_ARENA_HEADER_BYTES || e->bytes > CKV_ARENA_MAX_BYTES + CKV_ARENA_HEADER_BYTES ||
       e->bytes % granularity(be) != 0)
     return CKV_ERR_FORMAT;
+  if ((r = desc_committed_check(e, be)) < 0) return r;
 
   ckv_arena *a = calloc(1, sizeof *a);
   if (!a) return -ENOMEM;
   a->be = be;
   a->bytes = e->bytes;
   a->owner = false;
-  int r = be->import(e, &a->ctx, &a->base);
+  a->committed = e->committed;
+  r = be->import(e, &a->ctx, &a->base);
   if (r < 0) {
     free(a);
     return r;

@@ -38,7 +38,7 @@ typedef struct ckv_arena_backend ckv_arena_backend;
 /* Limits of an export descriptor (kept small: it travels in every Welcome). */
 #define CKV_ARENA_KIND_MAX 16u   /* backend name incl. NUL */
 #define CKV_ARENA_LABEL_MAX 64u  /* label incl. NUL; longer labels are cut */
-#define CKV_ARENA_MAX_FDS 4u     /* fds of one export */
+#define CKV_ARENA_MAX_FDS 8u     /* fds of one export (CUDA: one per physical chunk) */
 #define CKV_ARENA_HANDLE_MAX 128u /* opaque handle bytes (cudaIpcMemHandle_t is 64) */
 /* Largest arena we agree to create or map (1 PiB): keeps size arithmetic far
  * from overflow whatever a descriptor says. */
@@ -81,6 +81,7 @@ typedef struct ckv_arena_desc {
   char kind[CKV_ARENA_KIND_MAX];        /* backend name, NUL-terminated ("host") */
   uint64_t bytes;                       /* size of the whole region, header included */
   uint64_t generation;                  /* must equal the header's generation */
+  uint64_t committed;                   /* bytes from offset 0 usable so far (see ckv_arena_grow) */
   uint32_t n_fds;                       /* valid entries of fds[] */
   int fds[CKV_ARENA_MAX_FDS];           /* file descriptors (host: the memfd) */
   uint32_t handle_len;                  /* valid bytes of handle[] */
@@ -98,10 +99,19 @@ struct ckv_arena_backend {
   /* Size granularity in bytes (a power of two): regions are rounded up to it
    * and discards must be aligned to it.  Optional; NULL means the page size. */
   uint64_t (*granularity)(void);
-  /* Create `bytes` (a granularity multiple) of shareable, lazily committed
-   * memory, map it read-write and return its context and mapping.  Contents
-   * read as zero.  Required. */
-  int (*create)(uint64_t bytes, const char *label, void **ret_ctx, void **ret_base);
+  /* Create `bytes` (a granularity multiple) of shareable memory, of which at
+   * least the first `initial` bytes (a granularity multiple) are backed and
+   * mapped read-write, and return its context and mapping.  Contents read as
+   * zero.  Required. */
+  int (*create)(uint64_t bytes, uint64_t initial, const char *label, void **ret_ctx, void **ret_base);
+  /* Owner: back and map [from, to) (granularity multiples, from = the bytes
+   * usable so far), zeroed, without moving anything mapped.  Optional; NULL
+   * means everything was usable from create on (host memory commits lazily). */
+  int (*grow)(void *ctx, void *base, uint64_t from, uint64_t to);
+  /* Importer: map what `e` adds beyond the `from` bytes mapped so far (e has
+   * passed the generic checks: same arena, committed >= from).  Borrows
+   * e->fds.  Optional; NULL means an import maps everything at once. */
+  int (*refresh)(void *ctx, void *base, uint64_t from, const ckv_arena_desc *e);
   /* Map the region described by `e` (already checked: kind matches, bytes in
    * range, counts in range).  Borrows e->fds: never closes them.  Required. */
   int (*import)(const ckv_arena_desc *e, void **ret_ctx, void **ret_base);
@@ -175,6 +185,25 @@ uint64_t ckv_arena_data_offset(const ckv_arena *a);
 const char *ckv_arena_kind(const ckv_arena *a);
 /* The arena's generation (equal in the owner and every importer). */
 uint64_t ckv_arena_generation(const ckv_arena *a);
+/* Bytes from offset 0 that are backed and mapped in this process (the owner
+ * grows it with ckv_arena_grow; an importer learns it from the export it
+ * imported or refreshed with).  Offsets at or beyond it must not be touched. */
+uint64_t ckv_arena_committed(const ckv_arena *a);
+/* Owner: makes [0, end) usable, growing the committed prefix by doubling
+ * (from about 1/128 of the arena, so at most CKV_ARENA_MAX_FDS steps reach
+ * the whole arena) without moving anything mapped.  Importers see the new
+ * range after ckv_arena_refresh() with a new export.
+ * Returns CKV_OK (also when already usable), CKV_ERR_INVALID (end beyond the
+ * arena), CKV_ERR_STATE (imported arena) or the backend's error (-ENOMEM when
+ * the device is out of memory: the committed prefix is unchanged). */
+int ckv_arena_grow(ckv_arena *a, uint64_t end);
+/* Importer: maps what a newer export `e` of the same arena adds (its
+ * committed prefix).  Borrows e->fds like ckv_arena_import().
+ * Returns CKV_OK, CKV_ERR_FORMAT (another arena: kind, size or generation
+ * differ), CKV_ERR_INVALID (committed shrank or exceeds the arena, bad
+ * counts), CKV_ERR_STATE (the owner's arena) or the backend's error. */
+int ckv_arena_refresh(ckv_arena *a, const ckv_arena_desc *e);
+
 /* Non-zero when this process created the arena, zero when it imported it. */
 int ckv_arena_is_owner(const ckv_arena *a);
 /* Non-zero while the header says live: an importer polls it to learn that

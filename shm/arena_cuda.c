@@ -27,7 +27,7 @@
 #include "shm/cuda_driver.h"
 
 #define CKV_CUDA_BLOB_MAGIC UINT32_C(0x43564b43) /* "CKVC" little-endian */
-#define CKV_CUDA_BLOB_VERSION 1u
+#define CKV_CUDA_BLOB_VERSION 2u /* 2: up to CKV_ARENA_MAX_FDS (8) chunks, committed prefix */
 
 /* The handle blob.  Same host, same build on both sides (the arena header's
  * format word checks the latter), so it is copied as bytes. */
@@ -265,6 +265,11 @@ static bool vmm_usable(int dev, size_t *ret_gran, char *why, size_t len) {
     snprintf(why, len, "cuMemGetAllocationGranularity: %s", ckv_cu_strerror(r, buf, sizeof buf));
     return false;
   }
+  if (CKV_CUDA_ARENA_GRANULARITY % gran != 0) {
+    snprintf(why, len, "VMM granularity %zu KiB does not divide the arena granularity (%llu KiB)", gran / 1024,
+             (unsigned long long)(CKV_CUDA_ARENA_GRANULARITY / 1024));
+    return false;
+  }
   CUmemGenericAllocationHandle h;
   r = d->MemCreate(&h, gran, &prop, 0);
   if (r != CUDA_SUCCESS) {
@@ -388,36 +393,6 @@ static void vmm_teardown(cuda_ctx *c) {
   }
 }
 
-/* Maps chunks [0, n_chunks) (handles set, offsets set) into a fresh range of
- * va_bytes and grants this device read-write access to all of it. */
-static int vmm_map(const ckv_cu_driver *d, cuda_ctx *c, CUdevice cu, size_t gran) {
-  CUresult r = d->MemAddressReserve(&c->va, c->va_bytes, gran, 0, 0);
-  if (r != CUDA_SUCCESS) {
-    c->va = 0;
-    return cu_fail("cuMemAddressReserve", r);
-  }
-  uint32_t mapped = 0;
-  for (; mapped < c->n_chunks; mapped++) {
-    cuda_chunk *k = &c->chunks[mapped];
-    r = d->MemMap(c->va + k->off, k->bytes, 0, k->h, 0);
-    if (r != CUDA_SUCCESS) break;
-  }
-  if (r != CUDA_SUCCESS) {
-    for (uint32_t i = 0; i < mapped; i++) (void)d->MemUnmap(c->va + c->chunks[i].off, c->chunks[i].bytes);
-    (void)d->MemAddressFree(c->va, c->va_bytes);
-    c->va = 0;
-    return cu_fail("cuMemMap", r);
-  }
-  CUmemAccessDesc ad;
-  memset(&ad, 0, sizeof ad);
-  ad.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  ad.location.id = cu;
-  ad.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  r = d->MemSetAccess(c->va, c->va_bytes, &ad, 1);
-  if (r != CUDA_SUCCESS) return cu_fail("cuMemSetAccess", r); /* caller tears down (chunks mapped) */
-  return CKV_OK;
-}
-
 static int vmm_granularity(const ckv_cu_driver *d, int dev, CUdevice *ret_cu, size_t *ret_gran) {
   CUresult r = d->DeviceGet(ret_cu, dev);
   if (r != CUDA_SUCCESS) return cu_fail("cuDeviceGet", r);
@@ -425,96 +400,164 @@ static int vmm_granularity(const ckv_cu_driver *d, int dev, CUdevice *ret_cu, si
   vmm_prop(&prop, *ret_cu);
   r = d->MemGetAllocationGranularity(ret_gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
   if (r != CUDA_SUCCESS || *ret_gran == 0) return cu_fail("cuMemGetAllocationGranularity", r);
+  if (CKV_CUDA_ARENA_GRANULARITY % *ret_gran != 0)
+    return fail(CKV_ERR_DEVICE, "device VMM granularity %zu does not divide the arena granularity", *ret_gran);
   return CKV_OK;
 }
 
-static int vmm_create(cuda_ctx *c, uint64_t bytes) {
+/* Reserves the arena's whole address range once: chunks are mapped into it
+ * as the arena grows, so nothing mapped ever moves. */
+static int vmm_reserve(const ckv_cu_driver *d, cuda_ctx *c, uint64_t bytes, size_t gran) {
+  c->va_bytes = round_up(bytes, gran);
+  CUresult r = d->MemAddressReserve(&c->va, c->va_bytes, gran, 0, 0);
+  if (r != CUDA_SUCCESS) {
+    c->va = 0;
+    return cu_fail("cuMemAddressReserve", r);
+  }
+  return CKV_OK;
+}
+
+/* Maps chunk k (handle set) at its offset and grants this device read-write
+ * access to it.  On failure the chunk is left unmapped (bytes 0). */
+static int vmm_map_chunk(const ckv_cu_driver *d, cuda_ctx *c, cuda_chunk *k, CUdevice cu) {
+  CUresult r = d->MemMap(c->va + k->off, k->bytes, 0, k->h, 0);
+  if (r != CUDA_SUCCESS) {
+    uint64_t b = k->bytes;
+    k->bytes = 0;
+    return cu_fail(b ? "cuMemMap" : "cuMemMap (empty chunk)", r);
+  }
+  CUmemAccessDesc ad;
+  memset(&ad, 0, sizeof ad);
+  ad.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  ad.location.id = cu;
+  ad.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  r = d->MemSetAccess(c->va + k->off, k->bytes, &ad, 1);
+  if (r != CUDA_SUCCESS) return cu_fail("cuMemSetAccess", r); /* teardown unmaps it */
+  return CKV_OK;
+}
+
+/* Owner: backs [off, off + bytes) with a new exported chunk, mapped and zeroed. */
+static int vmm_add_chunk(cuda_ctx *c, uint64_t off, uint64_t bytes) {
+  const ckv_cu_driver *d;
+  char buf[200];
+  if (ckv_cu_driver_get(&d, buf, sizeof buf) < 0) return fail(CKV_ERR_DEVICE, "%s", buf);
+  if (c->n_chunks >= CKV_ARENA_MAX_FDS) return fail(CKV_ERR_LIMIT, "arena already has %u chunks", c->n_chunks);
+  CUdevice cu;
+  size_t gran;
+  int rc = vmm_granularity(d, c->device, &cu, &gran);
+  if (rc < 0) return rc;
+  if (bytes == 0 || bytes % gran != 0 || off % gran != 0 || off + bytes > c->va_bytes)
+    return fail(CKV_ERR_INVALID, "chunk [%llu, +%llu) outside the reservation", (unsigned long long)off,
+                (unsigned long long)bytes);
+  cuda_chunk *k = &c->chunks[c->n_chunks];
+  *k = (cuda_chunk){.fd = -1, .off = off, .bytes = bytes};
+  CUmemAllocationProp prop;
+  vmm_prop(&prop, cu);
+  CUresult r = d->MemCreate(&k->h, k->bytes, &prop, 0);
+  if (r != CUDA_SUCCESS) {
+    k->bytes = 0;
+    return cu_fail("cuMemCreate", r);
+  }
+  k->has_h = true;
+  c->n_chunks++; /* from here on teardown releases it */
+  r = d->MemExportToShareableHandle(&k->fd, k->h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+  if (r != CUDA_SUCCESS) {
+    k->fd = -1;
+    rc = cu_fail("cuMemExportToShareableHandle", r);
+  }
+  if (rc == CKV_OK) {
+    (void)fcntl(k->fd, F_SETFD, FD_CLOEXEC); /* the driver's fd is not close-on-exec: ours all are */
+    rc = vmm_map_chunk(d, c, k, cu);
+  }
+  if (rc == CKV_OK) {
+    /* The interface promises zeroed memory; cuMemCreate does not. */
+    /* On the legacy stream, waited for alone: the daemon's compressor streams
+     * (non-blocking) keep running. */
+    cudaError_t e = cudaMemsetAsync((void *)(uintptr_t)(c->va + off), 0, (size_t)bytes, cudaStreamLegacy);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(cudaStreamLegacy);
+    if (e != cudaSuccess) rc = rt_fail("cudaMemset", e);
+  }
+  if (rc < 0) { /* undo this chunk only: what was mapped before stays */
+    if (k->bytes && c->va) (void)d->MemUnmap(c->va + k->off, k->bytes);
+    (void)d->MemRelease(k->h);
+    if (k->fd >= 0) close(k->fd);
+    *k = (cuda_chunk){.fd = -1};
+    c->n_chunks--;
+  }
+  return rc;
+}
+
+static int vmm_create(cuda_ctx *c, uint64_t bytes, uint64_t initial) {
   const ckv_cu_driver *d;
   char buf[200];
   if (ckv_cu_driver_get(&d, buf, sizeof buf) < 0) return fail(CKV_ERR_DEVICE, "%s", buf);
   CUdevice cu;
   size_t gran;
   int rc = vmm_granularity(d, c->device, &cu, &gran);
-  if (rc < 0) return rc;
-  /* One chunk for now; the chunk list, the blob and import already carry
-   * several (growth maps more chunks into a larger reservation). */
-  cuda_chunk *k = &c->chunks[0];
-  k->fd = -1;
-  k->off = 0;
-  k->bytes = round_up(bytes, gran);
-  c->n_chunks = 1;
-  c->va_bytes = k->bytes;
-  CUmemAllocationProp prop;
-  vmm_prop(&prop, cu);
-  CUresult r = d->MemCreate(&k->h, k->bytes, &prop, 0);
-  if (r != CUDA_SUCCESS) {
-    c->n_chunks = 0;
-    return cu_fail("cuMemCreate", r);
-  }
-  k->has_h = true;
-  r = d->MemExportToShareableHandle(&k->fd, k->h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
-  if (r != CUDA_SUCCESS) {
-    k->fd = -1;
-    rc = cu_fail("cuMemExportToShareableHandle", r);
-    goto out;
-  }
-  /* The driver's fd is not close-on-exec: ours all are. */
-  (void)fcntl(k->fd, F_SETFD, FD_CLOEXEC);
-  rc = vmm_map(d, c, cu, gran);
-  if (rc < 0) goto out;
-  /* The interface promises zeroed memory; cuMemCreate does not. */
-  cudaError_t e = cudaMemset((void *)(uintptr_t)c->va, 0, (size_t)c->va_bytes);
-  if (e == cudaSuccess) e = cudaDeviceSynchronize();
-  if (e != cudaSuccess) rc = rt_fail("cudaMemset", e);
-out:
+  if (rc == CKV_OK) rc = vmm_reserve(d, c, bytes, gran);
+  if (rc == CKV_OK) rc = vmm_add_chunk(c, 0, round_up(initial, gran));
   if (rc < 0) vmm_teardown(c);
   return rc;
+}
+
+/* Importer: imports and maps the blob's chunks [c->n_chunks, n) behind the
+ * ones already mapped; the first c->n_chunks must be the ones we have. */
+static int vmm_import_chunks(cuda_ctx *c, const ckv_arena_desc *e, const cuda_blob *b) {
+  const ckv_cu_driver *d;
+  char buf[200];
+  if (ckv_cu_driver_get(&d, buf, sizeof buf) < 0) return fail(CKV_ERR_DEVICE, "%s", buf);
+  uint32_t n = b->u.vmm.n_chunks;
+  if (n == 0 || n > CKV_ARENA_MAX_FDS || n != e->n_fds || n < c->n_chunks)
+    return fail(CKV_ERR_FORMAT, "vmm export: %u chunks for %u fds (%u mapped)", n, e->n_fds, c->n_chunks);
+  CUdevice cu;
+  size_t gran;
+  int rc = vmm_granularity(d, c->device, &cu, &gran);
+  if (rc < 0) return rc;
+  uint64_t total = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    uint64_t sz = b->u.vmm.chunk_bytes[i];
+    if (sz == 0 || sz % gran != 0 || sz > c->va_bytes - total) return fail(CKV_ERR_FORMAT, "vmm export: bad chunk size");
+    if (i < c->n_chunks && (c->chunks[i].bytes != sz || c->chunks[i].off != total))
+      return fail(CKV_ERR_FORMAT, "vmm export: chunk %u differs from the one mapped", i);
+    total += sz;
+  }
+  if (total != e->committed) return fail(CKV_ERR_FORMAT, "vmm export: chunks do not add up to the committed size");
+  for (uint32_t i = c->n_chunks; i < n; i++) {
+    cuda_chunk *k = &c->chunks[i];
+    uint64_t off = i ? c->chunks[i - 1].off + c->chunks[i - 1].bytes : 0;
+    *k = (cuda_chunk){.fd = -1, .off = off, .bytes = b->u.vmm.chunk_bytes[i]};
+    CUresult r = d->MemImportFromShareableHandle(&k->h, (void *)(uintptr_t)e->fds[i],
+                                                 CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    if (r != CUDA_SUCCESS) {
+      /* Not a CUDA allocation fd (or one of another device): not an arena. */
+      k->bytes = 0;
+      rc = cu_fail("cuMemImportFromShareableHandle", r);
+      return rc == CKV_ERR_DEVICE ? CKV_ERR_FORMAT : rc;
+    }
+    k->has_h = true;
+    if ((rc = vmm_map_chunk(d, c, k, cu)) < 0) { /* leave only whole chunks behind */
+      if (k->bytes) (void)d->MemUnmap(c->va + k->off, k->bytes);
+      (void)d->MemRelease(k->h);
+      *k = (cuda_chunk){.fd = -1};
+      return rc;
+    }
+    c->n_chunks = i + 1;
+    /* The mapping keeps the physical memory alive; the handle is not needed. */
+    (void)d->MemRelease(k->h);
+    k->has_h = false;
+  }
+  return CKV_OK;
 }
 
 static int vmm_import(cuda_ctx *c, const ckv_arena_desc *e, const cuda_blob *b) {
   const ckv_cu_driver *d;
   char buf[200];
   if (ckv_cu_driver_get(&d, buf, sizeof buf) < 0) return fail(CKV_ERR_DEVICE, "%s", buf);
-  if (b->u.vmm.n_chunks == 0 || b->u.vmm.n_chunks > CKV_ARENA_MAX_FDS || b->u.vmm.n_chunks != e->n_fds)
-    return fail(CKV_ERR_FORMAT, "vmm export: %u chunks for %u fds", b->u.vmm.n_chunks, e->n_fds);
   CUdevice cu;
   size_t gran;
   int rc = vmm_granularity(d, c->device, &cu, &gran);
-  if (rc < 0) return rc;
-  uint64_t total = 0;
-  for (uint32_t i = 0; i < b->u.vmm.n_chunks; i++) {
-    uint64_t s = b->u.vmm.chunk_bytes[i];
-    if (s == 0 || s % gran != 0 || s > CKV_ARENA_MAX_BYTES) return fail(CKV_ERR_FORMAT, "vmm export: bad chunk size");
-    total += s;
-  }
-  /* The chunks cover the arena, and at most one granule more (device rounding). */
-  if (total < e->bytes || total - e->bytes >= gran) return fail(CKV_ERR_FORMAT, "vmm export: chunks do not match size");
-  c->n_chunks = 0;
-  for (uint32_t i = 0; i < b->u.vmm.n_chunks; i++) {
-    cuda_chunk *k = &c->chunks[i];
-    k->fd = -1;
-    k->off = c->va_bytes;
-    k->bytes = b->u.vmm.chunk_bytes[i];
-    CUresult r = d->MemImportFromShareableHandle(&k->h, (void *)(uintptr_t)e->fds[i],
-                                                 CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-    if (r != CUDA_SUCCESS) {
-      /* Not a CUDA allocation fd (or one of another device): not an arena. */
-      rc = cu_fail("cuMemImportFromShareableHandle", r);
-      if (rc == CKV_ERR_DEVICE) rc = CKV_ERR_FORMAT;
-      goto out;
-    }
-    k->has_h = true;
-    c->n_chunks = i + 1;
-    c->va_bytes += k->bytes;
-  }
-  rc = vmm_map(d, c, cu, gran);
-  if (rc < 0) goto out;
-  /* The mappings keep the physical memory alive; the handles are not needed. */
-  for (uint32_t i = 0; i < c->n_chunks; i++) {
-    (void)d->MemRelease(c->chunks[i].h);
-    c->chunks[i].has_h = false;
-  }
-out:
+  if (rc == CKV_OK) rc = vmm_reserve(d, c, e->bytes, gran);
+  if (rc == CKV_OK) rc = vmm_import_chunks(c, e, b);
   if (rc < 0) vmm_teardown(c);
   return rc;
 }
@@ -642,7 +685,7 @@ static int legacy_import(cuda_ctx *c, const ckv_arena_desc *e, const cuda_blob *
 
 static uint64_t cuda_granularity(void) { return CKV_CUDA_ARENA_GRANULARITY; }
 
-static int cuda_create(uint64_t bytes, const char *label, void **ret_ctx, void **ret_base) {
+static int cuda_create(uint64_t bytes, uint64_t initial, const char *label, void **ret_ctx, void **ret_base) {
   (void)label;
   if (bytes > SIZE_MAX) return CKV_ERR_LIMIT;
   pthread_mutex_lock(&g_lock);
@@ -653,7 +696,7 @@ static int cuda_create(uint64_t bytes, const char *label, void **ret_ctx, void *
   if (path == CKV_CUDA_PATH_NONE) {
     char why[320];
     if (ckv_arena_cuda_init(0, why, sizeof why) < 0) return fail(CKV_ERR_DEVICE, "%s", why);
-    return cuda_create(bytes, label, ret_ctx, ret_base);
+    return cuda_create(bytes, initial, label, ret_ctx, ret_base);
   }
   int rc = use_device(dev);
   if (rc < 0) return rc;
@@ -664,7 +707,9 @@ static int cuda_create(uint64_t bytes, const char *label, void **ret_ctx, void *
   c->device = dev;
   c->owner = true;
   memcpy(c->uuid, u, sizeof u);
-  rc = path == CKV_CUDA_PATH_VMM ? vmm_create(c, bytes) : legacy_create(c, bytes);
+  /* VMM backs `initial` and grows chunk by chunk; legacy IPC cannot grow an
+   * allocation, so it takes the whole arena at once. */
+  rc = path == CKV_CUDA_PATH_VMM ? vmm_create(c, bytes, initial) : legacy_create(c, bytes);
   if (rc < 0) {
     free(c);
     return rc;
@@ -743,6 +788,35 @@ static int cuda_export(void *ctx, ckv_arena_desc *e) {
   return CKV_OK;
 }
 
+static int cuda_grow(void *ctx, void *base, uint64_t from, uint64_t to) {
+  (void)base;
+  cuda_ctx *c = ctx;
+  if (c->path != CKV_CUDA_PATH_VMM) return CKV_OK; /* legacy: all of it exists already */
+  int rc = use_device(c->device);
+  if (rc < 0) return rc;
+  uint64_t mapped = c->n_chunks ? c->chunks[c->n_chunks - 1].off + c->chunks[c->n_chunks - 1].bytes : 0;
+  if (to <= mapped) return CKV_OK; /* a device granule larger than asked covered it already */
+  if (from > mapped) return fail(CKV_ERR_INTERNAL, "grow from %llu but %llu mapped", (unsigned long long)from,
+                                 (unsigned long long)mapped);
+  return vmm_add_chunk(c, mapped, to - mapped);
+}
+
+static int cuda_refresh(void *ctx, void *base, uint64_t from, const ckv_arena_desc *e) {
+  (void)base;
+  (void)from;
+  cuda_ctx *c = ctx;
+  if (c->path != CKV_CUDA_PATH_VMM) return CKV_OK; /* legacy: mapped whole at import */
+  cuda_blob b;
+  if (e->handle_len != sizeof b) return fail(CKV_ERR_FORMAT, "CUDA export: handle of %u bytes", e->handle_len);
+  memcpy(&b, e->handle, sizeof b);
+  if (b.magic != CKV_CUDA_BLOB_MAGIC || b.version != CKV_CUDA_BLOB_VERSION || b.path != CKV_CUDA_PATH_VMM ||
+      memcmp(b.uuid, c->uuid, sizeof b.uuid) != 0)
+    return fail(CKV_ERR_FORMAT, "CUDA export: another arena's handle");
+  int rc = use_device(c->device);
+  if (rc < 0) return rc;
+  return vmm_import_chunks(c, e, &b);
+}
+
 static int cuda_read(void *ctx, void *base, uint64_t off, void *dst, size_t len) {
   cuda_ctx *c = ctx;
   cudaError_t e = cudaSetDevice(c->device);
@@ -754,6 +828,8 @@ static int cuda_write(void *ctx, void *base, uint64_t off, const void *src, size
   cuda_ctx *c = ctx;
   cudaError_t e = cudaSetDevice(c->device);
   if (e == cudaSuccess) e = cudaMemcpy((uint8_t *)base + off, src, len, cudaMemcpyHostToDevice);
+  /* A pageable copy may return before its DMA landed: other processes read this. */
+  if (e == cudaSuccess) e = cudaStreamSynchronize(cudaStreamLegacy);
   return e == cudaSuccess ? CKV_OK : rt_fail("cudaMemcpy H2D", e);
 }
 
@@ -785,7 +861,9 @@ const ckv_arena_backend ckv_arena_cuda_backend = {
     .import = cuda_import,
     .destroy = cuda_destroy,
     .export_handles = cuda_export,
-    .discard = NULL, /* device memory stays committed; chunk release comes with growth */
+    .grow = cuda_grow,
+    .refresh = cuda_refresh,
+    .discard = NULL, /* device chunks stay mapped while the arena lives: nothing moves, nothing shrinks */
     .read = cuda_read,
     .write = cuda_write,
     .resident = cuda_resident,

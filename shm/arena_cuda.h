@@ -10,11 +10,14 @@
  *    cuMemCreate with POSIX file-descriptor handles, exported as fds that
  *    travel like host memfds (SCM_RIGHTS, ckv_arena_desc.fds).  The importer
  *    imports each fd (cuMemImportFromShareableHandle), reserves one VA range,
- *    maps every chunk at its offset and sets access once.  The export names
- *    the chunks (count and sizes in the handle blob, one fd each), so an arena
- *    can be grown chunk by chunk inside a reserved range without moving what
- *    is mapped; this first version maps the whole arena as one chunk at
- *    create.  The fds are the capability: a process without them cannot map
+ *    maps every chunk at its offset and sets access once.  The arena's whole
+ *    address range is reserved at create, but only a prefix is backed: the
+ *    first chunk holds about 1/128 of it and each ckv_arena_grow() maps one
+ *    more chunk doubling the prefix (at most CKV_ARENA_MAX_FDS chunks), so GPU
+ *    memory is taken as sessions need it and nothing mapped ever moves.  An
+ *    importer reserves the same range and maps new chunks when it refreshes
+ *    with a newer export (ckv_arena_refresh).  The fds are the capability:
+ *    a process without them cannot map
  *    the memory, and they are sent only to the arena's tenant.
  *
  *  - "legacy-ipc" (fallback where VMM or POSIX-fd handles are unsupported):

@@ -35,7 +35,10 @@ static void no_dump(void *base, uint64_t bytes) {
     (void)madvise((char *)base + CKV_ARENA_HEADER_BYTES, bytes - CKV_ARENA_HEADER_BYTES, MADV_DONTDUMP);
 }
 
-static int host_create(uint64_t bytes, const char *label, void **ret_ctx, void **ret_base) {
+/* The whole memfd is mapped at once (pages commit on first touch), so
+ * `initial` needs nothing and there is no grow or refresh slot. */
+static int host_create(uint64_t bytes, uint64_t initial, const char *label, void **ret_ctx, void **ret_base) {
+  (void)initial;
   if (bytes > (uint64_t)INT64_MAX || bytes > SIZE_MAX) return CKV_ERR_LIMIT;
   char name[128];
   snprintf(name, sizeof name, "commitkv:%s", label && *label ? label : "arena");

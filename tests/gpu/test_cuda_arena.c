@@ -146,6 +146,7 @@ static int child_importer(int sock) {
   /* The last byte of the arena is addressable too. */
   uint8_t last = 0xee;
   ce = cudaMemcpy(base + ckv_arena_size(a) - 1, &last, 1, cudaMemcpyHostToDevice);
+  if (ce == cudaSuccess) ce = cudaDeviceSynchronize(); /* landed before the parent reads it */
   CHILD_CHECK(ce == cudaSuccess, "GPU write at the end: %s", cudaGetErrorString(ce));
 
   /* Isolation: nothing but the exact export maps. */
@@ -276,6 +277,9 @@ static void share(const char *path) {
                ckv_arena_cuda_last_error());
   cr_assert_eq(ckv_arena_new(&ckv_arena_cuda_backend, 32 * MIB, "tenant-b", &b), CKV_OK, "%s",
                ckv_arena_cuda_last_error());
+  /* The importer writes everywhere up to the last byte: back all of it. */
+  cr_assert_eq(ckv_arena_grow(a, ckv_arena_size(a)), CKV_OK, "grow: %s", ckv_arena_cuda_last_error());
+  cr_assert_eq(ckv_arena_grow(b, ckv_arena_size(b)), CKV_OK, "grow: %s", ckv_arena_cuda_last_error());
   /* Fresh memory reads as zero. */
   uint8_t z[4096];
   cr_assert_eq(cudaMemcpy(z, (uint8_t *)ckv_arena_base(a) + CKV_ARENA_HEADER_BYTES, sizeof z, cudaMemcpyDeviceToHost),
@@ -324,6 +328,7 @@ static void killed_importer(const char *path) {
   ckv_arena *a = NULL;
   cr_assert_eq(ckv_arena_new(&ckv_arena_cuda_backend, size, "tenant-k", &a), CKV_OK, "%s",
                ckv_arena_cuda_last_error());
+  cr_assert_eq(ckv_arena_grow(a, ckv_arena_size(a)), CKV_OK, "grow: %s", ckv_arena_cuda_last_error());
   size_t free1 = free_mem();
   cr_assert_geq((uint64_t)free0, (uint64_t)free1 + size - slack, "creating %" PRIu64 " MiB took only %zu MiB",
                 size / MIB, (free0 - free1) >> 20);
@@ -373,6 +378,50 @@ static void own_import(const char *path) {
   c = ckv_arena_free(c);
 }
 
+/* Growth: only a prefix is backed at create (device memory taken as needed,
+ * VMM); each grow maps one more chunk without moving the mapping, and an
+ * importer maps the new chunks from a newer export. */
+static void grow_and_refresh(const char *path) {
+  need_gpu();
+  set_path(path);
+  init_cuda(path);
+  const uint64_t size = 256 * MIB;
+  size_t free0 = free_mem();
+  ckv_arena *a = NULL, *b = NULL;
+  cr_assert_eq(ckv_arena_new(&ckv_arena_cuda_backend, size, "grow", &a), CKV_OK, "%s", ckv_arena_cuda_last_error());
+  uint64_t c0 = ckv_arena_committed(a);
+  cr_assert_lt(c0, ckv_arena_size(a));
+  if (strcmp(path, "vmm") == 0)
+    cr_assert_lt((uint64_t)(free0 - free_mem()), size / 2, "VMM takes device memory as the arena grows");
+  ckv_arena_desc d;
+  cr_assert_eq(ckv_arena_export(a, &d), CKV_OK);
+  cr_assert_eq(ckv_arena_import(&d, &b), CKV_OK, "import: %s", ckv_arena_cuda_last_error());
+  void *base = ckv_arena_base(a);
+  cr_assert_eq(ckv_arena_grow(a, 100 * MIB), CKV_OK, "grow: %s", ckv_arena_cuda_last_error());
+  cr_assert_eq(ckv_arena_base(a), base, "growing moved the mapping");
+  uint64_t c1 = ckv_arena_committed(a);
+  cr_assert_geq(c1, 100 * MIB);
+  uint32_t v = 0xc0ffee11, w = 0;
+  cr_assert_eq(cudaMemcpy((uint8_t *)base + c1 - 4, &v, 4, cudaMemcpyHostToDevice), cudaSuccess);
+  cr_assert_eq(cudaDeviceSynchronize(), cudaSuccess);
+  cr_assert_eq(ckv_arena_export(a, &d), CKV_OK);
+  cr_assert_eq(d.committed, c1);
+  cr_assert_eq(ckv_arena_refresh(b, &d), CKV_OK, "refresh: %s", ckv_arena_cuda_last_error());
+  cr_assert_eq(ckv_arena_committed(b), c1);
+  cr_assert_eq(cudaMemcpy(&w, (uint8_t *)ckv_arena_base(b) + c1 - 4, 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  cr_assert_eq(w, v, "the grown range is not shared");
+  cr_assert_eq(ckv_arena_grow(a, ckv_arena_size(a)), CKV_OK, "grow to the end: %s", ckv_arena_cuda_last_error());
+  cr_assert_eq(ckv_arena_export(a, &d), CKV_OK);
+  cr_assert_leq(d.n_fds, CKV_ARENA_MAX_FDS);
+  cr_assert_eq(ckv_arena_refresh(b, &d), CKV_OK, "refresh to the end: %s", ckv_arena_cuda_last_error());
+  printf("[metric] cuda arena growth (%s): first prefix %" PRIu64 " MiB of %" PRIu64 " MiB, %u chunk fds at full size\n",
+         path, c0 / MIB, size / MIB, d.n_fds);
+  b = ckv_arena_free(b);
+  a = ckv_arena_free(a);
+}
+
+Test(cuda_arena, grow_and_refresh_vmm, .timeout = 60) { grow_and_refresh("vmm"); }
+Test(cuda_arena, grow_and_refresh_legacy_ipc, .timeout = 60) { grow_and_refresh("legacy"); }
 Test(cuda_arena, share_vmm, .timeout = 120) { share("vmm"); }
 Test(cuda_arena, share_legacy_ipc, .timeout = 120) { share("legacy"); }
 Test(cuda_arena, killed_importer_vmm, .timeout = 120) { killed_importer("vmm"); }

@@ -372,7 +372,7 @@ Test(arena, slab_discards_through_arena) {
 
 /* ---- registry ---- */
 
-static int fake_create(uint64_t b, const char *l, void **c, void **p) { return CKV_ERR_DEVICE; }
+static int fake_create(uint64_t b, uint64_t i, const char *l, void **c, void **p) { return CKV_ERR_DEVICE; }
 static int fake_import(const ckv_arena_desc *e, void **c, void **p) { return CKV_ERR_DEVICE; }
 static void fake_destroy(void *c, void *p, uint64_t b) {}
 static int fake_export(void *c, ckv_arena_desc *e) { return CKV_ERR_DEVICE; }
@@ -398,6 +398,58 @@ Test(arena, backend_registry) {
   ckv_arena *a = (ckv_arena *)0x1;
   cr_assert_eq(ckv_arena_new(&fake_backend, MiB, NULL, &a), CKV_ERR_DEVICE, "backend error not passed on");
   cr_assert_eq(a, (ckv_arena *)0x1);
-  ckv_arena_desc d = {.kind = "fake", .bytes = 2 * MiB};
+  ckv_arena_desc d = {.kind = "fake", .bytes = 2 * MiB, .committed = 2 * MiB};
   cr_assert_eq(ckv_arena_import(&d, &a), CKV_ERR_DEVICE);
+}
+
+/* The committed prefix: grown by doubling by the owner, carried by exports,
+ * learned by importers through refresh; nothing mapped moves. */
+Test(arena, grows_and_importers_refresh) {
+  ckv_arena *a = mk(64 * MiB);
+  uint64_t size = ckv_arena_size(a), c0 = ckv_arena_committed(a);
+  cr_assert_geq(c0, CKV_ARENA_HEADER_BYTES);
+  cr_assert_lt(c0, size / 64, "the first prefix is about 1/128 of the arena, got %llu of %llu",
+               (unsigned long long)c0, (unsigned long long)size);
+  void *base = ckv_arena_base(a);
+  ckv_arena_desc e;
+  cr_assert_eq(ckv_arena_export(a, &e), CKV_OK);
+  cr_assert_eq(e.committed, c0);
+  ckv_arena *b;
+  cr_assert_eq(ckv_arena_import(&e, &b), CKV_OK);
+  cr_assert_eq(ckv_arena_committed(b), c0);
+  cr_assert_eq(ckv_arena_grow(b, c0 + 1), CKV_ERR_STATE, "an importer cannot grow");
+  cr_assert_eq(ckv_arena_grow(a, c0), CKV_OK);
+  cr_assert_eq(ckv_arena_committed(a), c0, "already usable: no growth");
+  cr_assert_eq(ckv_arena_grow(a, 10 * MiB + 1), CKV_OK);
+  uint64_t c1 = ckv_arena_committed(a);
+  cr_assert_geq(c1, 10 * MiB + 1);
+  cr_assert_lt(c1, 2 * (10 * MiB + 1), "growth doubles, never more");
+  cr_assert_eq(c1 % c0, 0);
+  cr_assert_eq(ckv_arena_base(a), base, "growing moved the mapping");
+  cr_assert_eq(ckv_arena_grow(a, size + 1), CKV_ERR_INVALID);
+  /* The importer maps what the new export adds. */
+  ckv_arena_desc e1;
+  cr_assert_eq(ckv_arena_export(a, &e1), CKV_OK);
+  cr_assert_eq(e1.committed, c1);
+  cr_assert_eq(ckv_arena_refresh(a, &e1), CKV_ERR_STATE, "the owner does not refresh");
+  ckv_arena_desc bad = e1;
+  bad.generation ^= 1;
+  cr_assert_eq(ckv_arena_refresh(b, &bad), CKV_ERR_FORMAT, "another arena's export");
+  bad = e1;
+  bad.committed = size + 4096;
+  cr_assert_eq(ckv_arena_refresh(b, &bad), CKV_ERR_INVALID, "beyond the arena");
+  cr_assert_eq(ckv_arena_refresh(b, &e1), CKV_OK);
+  cr_assert_eq(ckv_arena_committed(b), c1);
+  cr_assert_eq(ckv_arena_refresh(b, &e), CKV_ERR_INVALID, "the prefix never shrinks");
+  uint8_t *pa = base, *pb = ckv_arena_base(b);
+  pa[c1 - 1] = 0x5a;
+  cr_assert_eq(pb[c1 - 1], 0x5a, "the grown range is shared");
+  /* Grows all the way, in at most CKV_ARENA_MAX_FDS prefixes. */
+  unsigned steps = 1;
+  for (uint64_t c = ckv_arena_committed(a); c < size; c = ckv_arena_committed(a), steps++)
+    cr_assert_eq(ckv_arena_grow(a, c + 1), CKV_OK);
+  cr_assert_eq(ckv_arena_committed(a), size);
+  cr_assert_leq(steps, CKV_ARENA_MAX_FDS, "%u prefixes to cover the arena", steps);
+  ckv_arena_free(b);
+  ckv_arena_free(a);
 }

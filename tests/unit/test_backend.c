@@ -158,6 +158,7 @@ Test(cuda_arena, refuses_without_driver) {
   memset(&d, 0, sizeof d);
   snprintf(d.kind, sizeof d.kind, "cuda");
   d.bytes = CKV_CUDA_ARENA_GRANULARITY;
+  d.committed = CKV_CUDA_ARENA_GRANULARITY;
   d.generation = 1;
   d.handle_len = 96;
   memset(d.handle, 0xab, d.handle_len);
