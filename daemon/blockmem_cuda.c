@@ -7,12 +7,38 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "commitkv/status.h"
 #include "daemon/blockmem.h"
+#include "daemon/log.h"
 #include "kernels/cuda/kernels_cuda.h"
 
 static int g_device;
+
+/* Errors after which the CUDA context is unusable for good: every later call
+ * fails the same way.  The daemon cannot recover its sessions (their memory
+ * is that context's), so it exits and lets systemd restart it; clients see
+ * the restart and re-attach. */
+static void exit_if_context_lost(const char *what) {
+  cudaError_t e = cudaPeekAtLastError();
+  if (e == cudaSuccess) e = cudaDeviceSynchronize(); /* an error path only: a sticky error shows here */
+  switch (e) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorHardwareStackError:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorECCUncorrectable:
+    case cudaErrorLaunchTimeout:
+      ckv_log(CKV_LOG_ERROR, "cuda-context-lost", NULL, NULL, "%s: %s (%d): the GPU context is gone; exiting",
+              what, cudaGetErrorString(e), (int)e);
+      _exit(EXIT_FAILURE);
+    default: (void)cudaGetLastError(); /* a recoverable error: clear it */
+  }
+}
 
 /* A thread's stream and completion event, made on the thread's first job. */
 typedef struct thread_stream {
@@ -43,12 +69,20 @@ static thread_stream *stream_of_thread(void) {
     free(ts);
     return NULL;
   }
-  if (cudaEventCreateWithFlags(&ts->done, cudaEventDisableTiming) != cudaSuccess) {
+  /* Blocking sync: a waiting thread sleeps instead of spinning a core. */
+  if (cudaEventCreateWithFlags(&ts->done, cudaEventDisableTiming | cudaEventBlockingSync) != cudaSuccess) {
     cudaStreamDestroy(ts->stream);
     free(ts);
     return NULL;
   }
   (void)pthread_setspecific(g_key, ts);
+  /* Keep freed scratch in the pool: by default every synchronisation trims
+   * it and the next header patch takes physical memory again. */
+  cudaMemPool_t pool;
+  if (cudaDeviceGetDefaultMemPool(&pool, g_device) == cudaSuccess) {
+    uint64_t keep = UINT64_MAX;
+    (void)cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+  }
   return ts;
 }
 
@@ -62,6 +96,7 @@ static int cuda_write(void *base, const ckv_meta_write *w, size_t n) {
                             .zero_bytes = w[i].zero_bytes};
   int r = ckv_cuda_patch_apply(p, n, ts->stream);
   if (p != stack) free(p);
+  if (r < 0) exit_if_context_lost("writing block headers");
   return r;
 }
 
@@ -71,8 +106,11 @@ static int cuda_run(const ckv_geometry *g, const ckv_move *moves, size_t n, int 
   int r = copy ? ckv_cuda_copy_slots(g, moves, n, ts->stream) : ckv_cuda_move(g, moves, n, 0, ts->stream);
   /* The epoch of this job is published only once the stream's work for it
    * has completed: an event behind the kernels, waited for here. */
-  if (cudaEventRecord(ts->done, ts->stream) != cudaSuccess || cudaEventSynchronize(ts->done) != cudaSuccess)
+  if (cudaEventRecord(ts->done, ts->stream) != cudaSuccess || cudaEventSynchronize(ts->done) != cudaSuccess) {
+    exit_if_context_lost("compressing");
     return r < 0 ? r : CKV_ERR_DEVICE;
+  }
+  if (r < 0) exit_if_context_lost("compressing");
   return r;
 }
 

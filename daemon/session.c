@@ -181,8 +181,11 @@ int ckv_srv_session_flush_meta(ckv_srv_session *s) {
     const ckv_sblock *b = &s->blocks[s->dirty[i]];
     if (b->format == CKV_BLOCK_UNUSED || !b->meta) continue; /* retired since: nothing to write */
     uint64_t head = ckv_block_payload_offset(b->capacity);
-    w[n++] = (ckv_meta_write){.offset = b->offset, .src = b->meta, .bytes = head,
-                              .zero_bytes = b->meta_state == CKV_META_FRESH ? b->bytes - head : 0};
+    /* A new committed block's payload starts with its seal word and channel
+     * masks, which must read zero (ckv_block_init); draft and staged payloads
+     * are written before any slot of them is valid. */
+    bool zero = b->meta_state == CKV_META_FRESH && ckv_format_is_commit(b->format);
+    w[n++] = (ckv_meta_write){.offset = b->offset, .src = b->meta, .bytes = head, .zero_bytes = zero ? b->bytes - head : 0};
   }
   int r = n ? s->tenant->mem->write(ckv_tenant_ptr(s->tenant, 0), w, n) : CKV_OK;
   if (w != stack) free(w);

@@ -169,10 +169,16 @@ __global__ void k_mass(const float *S, uint64_t total, uint32_t HR, const float 
   mass[i] = acc;
 }
 
+/* Scratch in stream order (cudaMallocAsync/cudaFreeAsync): no allocation or
+ * free synchronises the device behind the caller's other streams. */
 struct DevMem {
+  cudaStream_t s;
   void *p[6] = {nullptr, nullptr, nullptr, nullptr, nullptr, nullptr};
+  explicit DevMem(cudaStream_t st) : s(st) {}
+  cudaError_t alloc(int i, size_t n) { return cudaMallocAsync(&p[i], n, s); }
   ~DevMem() {
-    for (void *x : p) cudaFree(x);
+    for (void *x : p)
+      if (x) cudaFreeAsync(x, s);
   }
 };
 
@@ -186,14 +192,16 @@ extern "C" ckv_status ckv_cuda_attention(const ckv_attn_args *a, void *stream) {
   if (a->layer >= g->n_layers) return CKV_ERR_RANGE;
   if (a->n_rows == 0 || a->n_q_heads == 0 || a->n_q_heads % g->n_kv_heads) return CKV_ERR_INVALID;
   cudaStream_t s = (cudaStream_t)stream;
+  for (uint32_t i = 0; i < a->n_blocks; i++)
+    if (!a->blocks[i]) return CKV_ERR_INVALID; /* checked here: the header kernel would fault on it */
   std::vector<BlockDev> bl(a->n_blocks);
   uint64_t total = 0;
-  DevMem mem;
+  DevMem mem(s);
   if (a->n_blocks) {
     /* Every header in one launch and one copy back. */
     std::vector<HeadInfo> hi(a->n_blocks);
-    CKV_CUDA_TRY(cudaMalloc(&mem.p[4], a->n_blocks * sizeof(void *)));
-    CKV_CUDA_TRY(cudaMalloc(&mem.p[5], a->n_blocks * sizeof(HeadInfo)));
+    CKV_CUDA_TRY(mem.alloc(4, a->n_blocks * sizeof(void *)));
+    CKV_CUDA_TRY(mem.alloc(5, a->n_blocks * sizeof(HeadInfo)));
     CKV_CUDA_TRY(cudaMemcpyAsync(mem.p[4], a->blocks, a->n_blocks * sizeof(void *), cudaMemcpyHostToDevice, s));
     k_headers<<<(a->n_blocks + 127u) / 128u, 128, 0, s>>>(*g, (const uint8_t *const *)mem.p[4], a->n_blocks,
                                                           (HeadInfo *)mem.p[5]);
@@ -204,6 +212,7 @@ extern "C" ckv_status ckv_cuda_attention(const ckv_attn_args *a, void *stream) {
       const ckv_block_header &h = hi[i].h;
       if (h.magic != CKV_BLOCK_MAGIC) return CKV_ERR_CORRUPT;
       if (h.dtype != g->dtype || !hi[i].ok) return CKV_ERR_FORMAT;
+      if (ckv_format_is_commit(h.format) && h.kept_channels == 0) return CKV_ERR_FORMAT; /* as ckv_block_check */
       bl[i] = BlockDev{(const uint8_t *)a->blocks[i], h.format, h.capacity, h.kept_channels, hi[i].sealed, total};
       total += h.capacity;
     }
@@ -225,14 +234,16 @@ extern "C" ckv_status ckv_cuda_attention(const ckv_attn_args *a, void *stream) {
   }
   uint32_t n_splits = (uint32_t)first_block.size() - 1;
   size_t first_bytes = (first_block.size() * sizeof(uint32_t) + 15u) / 16u * 16u;
-  CKV_CUDA_TRY(cudaMalloc(&mem.p[3], first_bytes + (size_t)n_splits * H * RG * D * sizeof(float)));
+  CKV_CUDA_TRY(mem.alloc(3, first_bytes + (size_t)n_splits * H * RG * D * sizeof(float)));
   CKV_CUDA_TRY(cudaMemcpyAsync(mem.p[3], first_block.data(), first_block.size() * sizeof(uint32_t), cudaMemcpyHostToDevice, s));
   const uint32_t *d_first = (const uint32_t *)mem.p[3];
   float *partial = (float *)((uint8_t *)mem.p[3] + first_bytes);
-  CKV_CUDA_TRY(cudaMalloc(&mem.p[0], bl.size() * sizeof(BlockDev)));
-  CKV_CUDA_TRY(cudaMalloc(&mem.p[1], (size_t)H * RG * total * sizeof(float)));
-  CKV_CUDA_TRY(cudaMalloc(&mem.p[2], (size_t)H * RG * 2 * sizeof(float)));
-  CKV_CUDA_TRY(cudaMemcpy(mem.p[0], bl.data(), bl.size() * sizeof(BlockDev), cudaMemcpyHostToDevice));
+  CKV_CUDA_TRY(mem.alloc(0, bl.size() * sizeof(BlockDev)));
+  CKV_CUDA_TRY(mem.alloc(1, (size_t)H * RG * total * sizeof(float)));
+  CKV_CUDA_TRY(mem.alloc(2, (size_t)H * RG * 2 * sizeof(float)));
+  /* On the caller's stream: a plain cudaMemcpy would run on the legacy
+   * stream, which a non-blocking stream's kernels do not wait for. */
+  CKV_CUDA_TRY(cudaMemcpyAsync(mem.p[0], bl.data(), bl.size() * sizeof(BlockDev), cudaMemcpyHostToDevice, s));
   const BlockDev *d_bl = (const BlockDev *)mem.p[0];
   float *S = (float *)mem.p[1], *m = (float *)mem.p[2], *l = m + (size_t)H * RG;
   float scale = a->scale != 0.0f ? a->scale : 1.0f / sqrtf((float)D);

@@ -9,9 +9,14 @@
 #include "kernels/cuda/kernels_cuda.h"
 #include "kernels/quant.h"
 
-#define CKV_CUDA_TRY(call)                          \
-  do {                                              \
-    if ((call) != cudaSuccess) return CKV_ERR_DEVICE; \
+/* On failure the runtime's last-error slot is cleared, so the next call
+ * (ours or the application's) does not report this failure as its own. */
+#define CKV_CUDA_TRY(call)          \
+  do {                              \
+    if ((call) != cudaSuccess) {    \
+      (void)cudaGetLastError();     \
+      return CKV_ERR_DEVICE;        \
+    }                               \
   } while (0)
 
 /* Copies the header of a device block to the host (synchronous). */

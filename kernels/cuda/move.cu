@@ -196,11 +196,14 @@ ckv_status check_header(const ckv_block_header &h, const ckv_geometry *g) {
   return CKV_OK;
 }
 
-template <typename T> ckv_status upload(const std::vector<T> &v, T **ret) {
+template <typename T> ckv_status upload(const std::vector<T> &v, T **ret, cudaStream_t s) {
   *ret = nullptr;
   if (v.empty()) return CKV_OK;
-  CKV_CUDA_TRY(cudaMalloc((void **)ret, v.size() * sizeof(T)));
-  CKV_CUDA_TRY(cudaMemcpy(*ret, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  /* Stream-ordered: the kernels on `s` see the copy complete (a plain
+   * cudaMemcpy runs on the legacy stream, which a non-blocking stream does not
+   * wait for), and no allocation synchronises the whole device. */
+  CKV_CUDA_TRY(cudaMallocAsync((void **)ret, v.size() * sizeof(T), s));
+  CKV_CUDA_TRY(cudaMemcpyAsync(*ret, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice, s));
   return CKV_OK;
 }
 
@@ -269,9 +272,9 @@ ckv_status run_moves(const ckv_geometry *g, const ckv_move *moves, size_t n, uns
     i = b;
   }
   ckv_status st;
-  if ((st = upload(staged, &d_en[0])) != CKV_OK || (st = upload(commit, &d_en[1])) != CKV_OK) return st;
+  if ((st = upload(staged, &d_en[0], s)) != CKV_OK || (st = upload(commit, &d_en[1], s)) != CKV_OK) return st;
   Entry *d_staged = d_en[0], *d_commit = d_en[1];
-  if ((st = upload(jobs, d_jobs)) != CKV_OK || (st = upload(prune, d_prune)) != CKV_OK) return st;
+  if ((st = upload(jobs, d_jobs, s)) != CKV_OK || (st = upload(prune, d_prune, s)) != CKV_OK) return st;
   unsigned L = g->n_layers, H = g->n_kv_heads;
   if (!staged.empty()) k_to_staged<<<(unsigned)staged.size() * L * 2u, 128, 0, s>>>(*g, d_staged);
   if (!prune.empty()) k_prune<<<(unsigned)prune.size() * L * H, ((g->head_dim + 31u) / 32u) * 32u, 0, s>>>(*g, *d_prune, d_commit);
@@ -299,9 +302,9 @@ extern "C" ckv_status ckv_cuda_move(const ckv_geometry *g, const ckv_move *moves
   Entry *d_en[2] = {nullptr, nullptr};
   Job *d_jobs = nullptr, *d_prune = nullptr;
   ckv_status st = run_moves(g, moves, n_moves, flags, (cudaStream_t)stream, d_en, &d_jobs, &d_prune);
-  cudaFree(d_en[0]);
-  cudaFree(d_en[1]);
-  cudaFree(d_jobs);
-  cudaFree(d_prune);
+  cudaStream_t s = (cudaStream_t)stream;
+  for (void *p : {(void *)d_en[0], (void *)d_en[1], (void *)d_jobs, (void *)d_prune})
+    if (p) cudaFreeAsync(p, s);
+  if (st != CKV_OK) (void)cudaStreamSynchronize(s); /* the host vectors the copies read die with run_moves */
   return st;
 }

@@ -118,6 +118,50 @@ Test(cuda, errors) {
   cudaFree(ds), cudaFree(dd), free(s), free(d);
 }
 
+/* Long views and wide heads on a non-blocking stream: more slots than one
+ * output split (several splits reduced), head_dim 512 (512-thread blocks),
+ * some slots empty, and the caller's own stream, which does not wait for
+ * the legacy default stream. */
+Test(cuda, attention_splits_wide_heads_own_stream) {
+  need_gpu();
+  const ckv_geometry g = {1, 2, 512, CKV_DTYPE_FP16};
+  enum { NB = 40 }; /* 640 slots */
+  kf_rng r = {91};
+  void *hb[NB], *db[NB];
+  size_t bb = ckv_format_block_bytes(CKV_FORMAT_DRAFT, &g, 16, 0);
+  for (int i = 0; i < NB; i++) {
+    hb[i] = kf_block(CKV_FORMAT_DRAFT, &g, 16, 0);
+    kf_fill_draft(&g, hb[i], &r, NULL, NULL, 16u * i);
+    if (i % 7 == 3) ckv_block_set_valid(hb[i], 5, false);
+    db[i] = to_dev(hb[i], bb);
+  }
+  cudaStream_t st;
+  cr_assert_eq(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+  uint32_t QH = 4, rows = 3;
+  size_t qn = (size_t)rows * QH * g.head_dim, slots = 16u * NB;
+  float *q = malloc(qn * 4), *o = malloc(qn * 4), *o2 = malloc(qn * 4), *m = malloc(slots * 4), *m2 = malloc(slots * 4);
+  for (size_t i = 0; i < qn; i++) q[i] = kf_normal(&r) * 0.05f;
+  float *dq, *dout, *dmass;
+  cudaMalloc((void **)&dq, qn * 4), cudaMalloc((void **)&dout, qn * 4), cudaMalloc((void **)&dmass, slots * 4);
+  cudaMemcpy(dq, q, qn * 4, cudaMemcpyHostToDevice);
+  ckv_attn_args a = {.geom = &g, .n_rows = rows, .n_q_heads = QH, .q = q, .blocks = (const void *const *)hb,
+                     .n_blocks = NB, .out = o, .mass = m};
+  cr_assert_eq(ckv_kernels_attention(&a), CKV_OK);
+  a.q = dq, a.blocks = (const void *const *)db, a.out = dout, a.mass = dmass;
+  cr_assert_eq(ckv_cuda_attention(&a, st), CKV_OK);
+  cudaMemcpy(o2, dout, qn * 4, cudaMemcpyDeviceToHost);
+  cudaMemcpy(m2, dmass, slots * 4, cudaMemcpyDeviceToHost);
+  cr_expect_leq(kf_max_rel(o2, o, qn, 0.05), 1e-3, "outputs differ from the CPU's");
+  cr_expect_leq(kf_max_rel(m2, m, slots, 1e-3), 1e-3, "mass differs from the CPU's");
+  const void *nul[] = {db[0], NULL};
+  a.blocks = nul, a.n_blocks = 2;
+  cr_expect_eq(ckv_cuda_attention(&a, st), CKV_ERR_INVALID, "a NULL block is refused, not dereferenced");
+  cudaStreamDestroy(st);
+  cudaFree(dq), cudaFree(dout), cudaFree(dmass);
+  for (int i = 0; i < NB; i++) free(hb[i]), cudaFree(db[i]);
+  free(q), free(o), free(o2), free(m), free(m2);
+}
+
 /* Compaction on the GPU: same-format copies give the CPU's bytes. */
 Test(cuda, copy_slots_same_bytes) {
   need_gpu();

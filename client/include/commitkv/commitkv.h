@@ -155,7 +155,9 @@ int ckv_session_append(ckv_session *s, uint32_t count, const uint8_t *roles, con
  * n_kv_heads * head_dim 16-bit elements, head-major.  Slots are writable from
  * the append until the session's next ckv_session_report (after it, the
  * daemon may move the token); NULL outside that window.  A device pointer on
- * a CUDA arena (ckv_client_memory_kind() "cuda"). */
+ * a CUDA arena (ckv_client_memory_kind() "cuda"): the worker's own kernels may
+ * write it, and must have completed before ckv_session_report (the library
+ * waits only for the streams given to ckv_session_write_kv_async). */
 void *ckv_session_kv_ptr(ckv_session *s, uint64_t position, uint32_t layer, int kv);
 /* Copies one token's K and V of one layer into its draft slot (k or v may be
  * NULL to skip one).  On a CUDA arena k/v may be host or device pointers; the
