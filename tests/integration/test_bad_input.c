@@ -1317,6 +1317,60 @@ Test(bad_input, attach_socket_abuse, .timeout = 90) {
   stop(&d);
 }
 
+/* After attaching, the attach socket takes only AttachRequest{refresh}
+ * (the arenas again, grown prefix and new fds included); anything else is
+ * answered with PROTO or, when it is not even a frame, ends that client. */
+static int attached_request(int fd, bool refresh, bool want_arenas, uint64_t *ret_committed) {
+  Commitkv__V1__AttachRequest req = COMMITKV__V1__ATTACH_REQUEST__INIT;
+  req.version = 1;
+  req.client_name = "attached";
+  req.want_arenas = want_arenas;
+  req.refresh = refresh;
+  uint8_t buf[ATTACH_FRAME_MAX];
+  size_t len = commitkv__v1__attach_request__pack(&req, buf);
+  cr_assert_eq(ckv_frame_send(fd, buf, len, NULL, 0), CKV_OK);
+  int fds[CKV_FRAME_MAX_FDS];
+  size_t n_fds = 0;
+  int r = ckv_frame_recv(fd, buf, sizeof(buf), &len, fds, CKV_FRAME_MAX_FDS, &n_fds);
+  for (size_t i = 0; i < n_fds; i++) close(fds[i]);
+  if (r < 0) return r;
+  Commitkv__V1__AttachReply *rep = commitkv__v1__attach_reply__unpack(NULL, len, buf);
+  if (!rep) return BAD_REPLY;
+  int code = rep->code;
+  if (ret_committed) *ret_committed = rep->n_arenas ? rep->arenas[0]->committed : 0;
+  commitkv__v1__attach_reply__free_unpacked(rep, NULL);
+  return code;
+}
+
+Test(bad_input, attached_socket_takes_only_refresh, .timeout = 60) {
+  ckv_test_daemon d;
+  start(&d, NULL);
+  raw w;
+  raw_connect(&w, &d);
+  expect_code(rq_open(&w, "survivor"), CKV_OK);
+  int fd = -1;
+  cr_assert_eq(ckv_unix_connect(d.attach, &fd), CKV_OK);
+  ckv_sock_set_timeout(fd, REPLY_TIMEOUT_MS);
+  uint64_t committed = 0;
+  expect_code(attached_request(fd, false, true, &committed), CKV_OK);
+  cr_assert_gt(committed, 0, "the attach reply announces the arena's committed prefix");
+  uint64_t again = 0;
+  expect_code(attached_request(fd, true, true, &again), CKV_OK);
+  cr_assert_geq(again, committed, "a refresh never shrinks the prefix");
+  expect_code(attached_request(fd, false, true, NULL), CKV_ERR_PROTO);
+  expect_code(attached_request(fd, true, true, NULL), CKV_OK); /* still attached */
+  /* Not a frame at all: that client is gone (EOF), nobody else notices. */
+  (void)send(fd, "\xff\xff\xff\x7fjunk", 8, MSG_NOSIGNAL);
+  uint8_t b;
+  ssize_t got = recv(fd, &b, 1, 0);
+  cr_assert_leq(got, 0, "the daemon answered garbage on an attached socket instead of hanging up");
+  close(fd);
+  expect_code(rq_append(&w, "survivor", 3), CKV_OK);
+  assert_serving(&d);
+  raw_done(&w);
+  stop(&d);
+}
+
 /* A peer that connects to the attach socket and says nothing must not stall
  * the clients that are already attached: the loop is single-threaded, so a
  * blocking 1 s read of the attach frame delays every tenant's requests.
