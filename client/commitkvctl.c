@@ -79,8 +79,9 @@ static int cmd_stats(ckv_client *c, bool json) {
       json_str(s->arenas[i]->kind);
       printf(", \"tenant\": ");
       json_str(s->arenas[i]->tenant);
-      printf(", \"arena_id\": %u, \"bytes_total\": %" PRIu64 ", \"bytes_used\": %" PRIu64 "}", s->arenas[i]->arena_id,
-             s->arenas[i]->bytes_total, s->arenas[i]->bytes_used);
+      printf(", \"arena_id\": %u, \"bytes_total\": %" PRIu64 ", \"bytes_committed\": %" PRIu64
+             ", \"bytes_used\": %" PRIu64 "}",
+             s->arenas[i]->arena_id, s->arenas[i]->bytes_total, s->arenas[i]->bytes_committed, s->arenas[i]->bytes_used);
     }
     printf("], \"tenants\": [");
     for (size_t i = 0; i < s->n_tenants; i++) {
@@ -112,8 +113,9 @@ static int cmd_stats(ckv_client *c, bool json) {
     printf("%-10s %14s %16" PRIu64 "  (FP16 equivalent %" PRIu64 ", ratio %.3f)\n", "total", "", b->total,
            b->fp16_equivalent, b->fp16_equivalent ? (double)b->total / (double)b->fp16_equivalent : 0.0);
     for (size_t i = 0; i < s->n_arenas; i++)
-      printf("arena %u (%s, tenant %s): %" PRIu64 " of %" PRIu64 " bytes used\n", s->arenas[i]->arena_id,
-             s->arenas[i]->kind, s->arenas[i]->tenant, s->arenas[i]->bytes_used, s->arenas[i]->bytes_total);
+      printf("arena %u (%s, tenant %s): %" PRIu64 " of %" PRIu64 " bytes used, %" PRIu64 " backed\n",
+             s->arenas[i]->arena_id, s->arenas[i]->kind, s->arenas[i]->tenant, s->arenas[i]->bytes_used,
+             s->arenas[i]->bytes_total, s->arenas[i]->bytes_committed);
     printf("requests %" PRIu64 ", errors %" PRIu64 ", rounds %" PRIu64 ", leases expired %" PRIu64 "\n", s->requests,
            s->errors, s->rounds, s->leases_expired);
   }

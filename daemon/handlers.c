@@ -582,6 +582,7 @@ static int h_stats(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req,
     ts->quota_bytes = t->quota_bytes;
     as->kind = (char *)ckv_arena_kind(t->arena);
     as->bytes_total = ckv_arena_size(t->arena);
+    as->bytes_committed = ckv_arena_committed(t->arena);
     as->bytes_used = t->bytes_used;
     as->tenant = t->name;
     as->arena_id = t->arena_id;

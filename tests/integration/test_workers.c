@@ -58,7 +58,10 @@ static int wait_stat(const ckv_test_daemon *d, const char *path, unsigned long l
 
 Test(workers, four_workers_two_sessions_every_byte_reads_back, .timeout = 120) {
   ckv_test_daemon d;
-  cr_assert_eq(ckv_test_daemon_start(&d, NULL), 0, "commitkvd did not start");
+  /* 128M: the arena starts with about 1 MiB backed and must grow (and the
+   * workers map each step) to hold what they write. */
+  static const char *const mem[] = {"--memory", "128M", NULL};
+  cr_assert_eq(ckv_test_daemon_start(&d, mem), 0, "commitkvd did not start");
   pid_t w[4];
   char name[4][16];
   for (int i = 0; i < 4; i++) {
@@ -74,6 +77,13 @@ Test(workers, four_workers_two_sessions_every_byte_reads_back, .timeout = 120) {
   cr_expect_eq(stat_u64(&d, "tokens.recycled"), 0, "every token drew attention: none may be recycled");
   cr_expect_gt(stat_u64(&d, "bytes.total"), 0);
   cr_expect_eq(stat_u64(&d, "bytes.total"), stat_u64(&d, "arenas.0.bytes_used"));
+  /* The arena grew to hold them (the workers mapped each step: every byte
+   * above was read back), and backs no more than it may. */
+  unsigned long long committed = stat_u64(&d, "arenas.0.bytes_committed");
+  unsigned long long size = stat_u64(&d, "arenas.0.bytes_total");
+  cr_expect_geq(committed, stat_u64(&d, "arenas.0.bytes_used"));
+  cr_expect_gt(committed, size / 64, "the arena never grew past its first prefix (%llu of %llu)", committed, size);
+  cr_expect_lt(committed, size, "the arena backed all of itself for a small load");
   cr_expect_eq(ckv_test_daemon_stop(&d), 0, "commitkvd did not exit cleanly on SIGTERM");
 }
 
