@@ -7,6 +7,9 @@
  * (int4, int2) and a realistic mix.  One thread, the auto-detected CPU path.
  * --quick: CI-sized (32 MiB, 1K/4K tokens, few iterations); --mib N: op
  * buffer size; --cpu-time: time with the thread CPU clock instead of wall.
+ * On a machine with a GPU the CUDA kernels' figures follow (ckv-bench-gpu,
+ * run beside this binary: GB/s against the device's peak bandwidth, fused
+ * attention at 4K/32K/128K tokens per format), under "gpu" with --json.
  * Reports figures only; it never judges them. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,8 +18,12 @@
 #include <unistd.h>
 
 #include "bench/bench.h"
+#include "bench/bench_daemon.h"
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
+#ifdef CKV_HAVE_CUDA_KERNELS
+#include "kernels/cuda/kernels_cuda.h"
+#endif
 
 typedef struct op_result {
   const char *name;
@@ -209,6 +216,40 @@ static int attn_blocks(const ckv_geometry *g, blockset *drafts, size_t tokens, i
   return 0;
 }
 
+/* The GPU half: ckv-bench-gpu beside this binary when a GPU answers.  With
+ * `json`, writes its JSON object (or {"skipped": why}) to stdout as the
+ * value of "gpu"; otherwise lets its table through. */
+static void gpu_section(int json) {
+  char path[4096], why[256] = "";
+#ifdef CKV_HAVE_CUDA_KERNELS
+  if (ckv_cuda_available() != CKV_OK) snprintf(why, sizeof(why), "no CUDA device: %s", ckv_cuda_unavailable_reason());
+#else
+  snprintf(why, sizeof(why), "built without the CUDA kernels");
+#endif
+  if (!why[0] && (ckv_bench_beside_self("ckv-bench-gpu", path, sizeof(path)) < 0 || access(path, X_OK) != 0))
+    snprintf(why, sizeof(why), "ckv-bench-gpu is not installed beside commitkv-bench");
+  if (why[0]) {
+    if (json)
+      printf("{\"skipped\": \"%s\"}", why);
+    else
+      printf("\ngpu: skipped: %s\n", why);
+    return;
+  }
+  fflush(stdout);
+  char cmd[4200];
+  snprintf(cmd, sizeof(cmd), "'%s'%s", path, json ? " --json" : "");
+  FILE *p = popen(cmd, "r");
+  char buf[65536];
+  size_t n = p ? fread(buf, 1, sizeof(buf) - 1, p) : 0;
+  int rc = p ? pclose(p) : -1;
+  buf[n] = 0;
+  while (n && (buf[n - 1] == '\n' || buf[n - 1] == ' ')) buf[--n] = 0;
+  if (json)
+    printf("%s", rc == 0 && n && buf[0] == '{' ? buf : "{\"skipped\": \"ckv-bench-gpu failed\"}");
+  else
+    printf("\ngpu (ckv-bench-gpu):\n%s\n", n ? buf : "(no output)");
+}
+
 int ckv_bench_kernels(int argc, char **argv) {
   int json = 0, quick = 0;
   size_t mib = 1024;
@@ -349,7 +390,9 @@ int ckv_bench_kernels(int argc, char **argv) {
              "\"bits_per_element\": %.3f}",
              i ? ", " : "", ar[i].tokens, ar[i].format, ar[i].us, fp16 / ar[i].us, ar[i].gbps, ar[i].bits);
     }
-    printf("]}\n");
+    printf("], \"gpu\": ");
+    gpu_section(1);
+    printf("}\n");
   } else {
     printf("\nmemcpy: %.2f GB/s (read + written)\n\n%-18s %10s %10s\n", memcpy_gbps, "op", "GB/s", "x memcpy");
     for (int i = 0; i < nops; i++) printf("%-18s %10.2f %10.2f\n", ops[i].name, ops[i].gbps, ops[i].gbps / memcpy_gbps);
@@ -358,6 +401,7 @@ int ckv_bench_kernels(int argc, char **argv) {
     for (int i = 0; i < nar; i++)
       printf("%-8u %-6s %12.1f %10.2f %8.2f %6.2f\n", ar[i].tokens, ar[i].format, ar[i].us, ar[i - i % 5].us / ar[i].us,
              ar[i].gbps, ar[i].bits);
+    gpu_section(0);
   }
   return 0;
 }

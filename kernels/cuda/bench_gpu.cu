@@ -78,6 +78,19 @@ int main(int argc, char **argv) {
   cudaDeviceGetAttribute(&clk, cudaDevAttrMemoryClockRate, 0);
   cudaDeviceGetAttribute(&bus, cudaDevAttrGlobalMemoryBusWidth, 0);
   double peak = 2.0 * clk * 1e3 * (bus / 8.0) / 1e9;
+  /* Newer drivers may report no memory clock: the datasheet figure of known
+   * parts, or CKV_GPU_PEAK_GBPS, rather than a ratio against zero. */
+  if (const char *env = getenv("CKV_GPU_PEAK_GBPS")) peak = strtod(env, nullptr);
+  if (peak < 1.0) {
+    static const struct { const char *part; double gbps; } known[] = {
+        {"H200", 4800}, {"H100 NVL", 3900}, {"H100 PCIe", 2000}, {"H100", 3350}, {"A100-SXM4-80GB", 2039},
+        {"A100 80GB PCIe", 1935}, {"A100", 1555}, {"L40S", 864}, {"L4", 300}};
+    for (const auto &k : known)
+      if (strstr(prop.name, k.part)) {
+        peak = k.gbps;
+        break;
+      }
+  }
   fprintf(json ? stderr : stdout, "device: %s, memory clock %d kHz, bus %d bits, peak %.0f GB/s\n", prop.name, clk, bus, peak);
 
   const ckv_geometry g = {32, 8, 128, CKV_DTYPE_FP16};

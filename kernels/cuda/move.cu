@@ -228,9 +228,75 @@ ckv_status info_of(std::map<const void *, BlockInfo> &cache, const void *blk, co
   return CKV_OK;
 }
 
+/* What info_of needs of one block, read on the device. */
+struct InfoDev {
+  ckv_block_header h;
+  uint32_t sealed, ok, mask_empty, pad;
+};
+
+__global__ void k_block_info(ckv_geometry g, const uint8_t *const *ptrs, uint32_t n, InfoDev *out) {
+  uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  InfoDev r;
+  r.h = *(const ckv_block_header *)ptrs[i];
+  r.sealed = 0;
+  r.mask_empty = 1;
+  r.pad = 0;
+  r.ok = r.h.magic == CKV_BLOCK_MAGIC && r.h.dtype == g.dtype &&
+         ckv_format_valid(r.h.format, &g, r.h.capacity, r.h.kept_channels) &&
+         !(ckv_format_is_commit(r.h.format) && r.h.kept_channels == 0);
+  if (r.ok && ckv_format_is_commit(r.h.format)) {
+    r.sealed = *(const uint32_t *)(ptrs[i] + ckv_commit_meta_offset(r.h.capacity));
+    const uint64_t *w = (const uint64_t *)(ptrs[i] + ckv_commit_mask_offset(r.h.format, &g, r.h.capacity, r.h.kept_channels, 0, 0));
+    for (uint32_t k = 0; k < ckv_commit_mask_words(&g); k++)
+      if (w[k]) r.mask_empty = 0;
+  }
+  out[i] = r;
+}
+
+/* Fills the cache for every block the moves name with one launch and one
+ * copy back (instead of up to three synchronous copies per block).  Blocks
+ * whose header is bad are left out: info_of then reports them exactly. */
+ckv_status prefetch_info(std::map<const void *, BlockInfo> &cache, const ckv_move *moves, size_t n,
+                         const ckv_geometry *g, cudaStream_t s) {
+  std::map<const void *, uint32_t> index;
+  std::vector<const void *> ptrs;
+  for (size_t i = 0; i < n; i++)
+    for (const void *p : {moves[i].src, (const void *)moves[i].dst})
+      if (p && index.emplace(p, (uint32_t)ptrs.size()).second) ptrs.push_back(p);
+  if (ptrs.empty()) return CKV_OK;
+  std::vector<InfoDev> info(ptrs.size());
+  const void **d_ptrs = nullptr;
+  InfoDev *d_info = nullptr;
+  ckv_status st = CKV_OK;
+  if (cudaMallocAsync((void **)&d_ptrs, ptrs.size() * sizeof(void *), s) != cudaSuccess ||
+      cudaMallocAsync((void **)&d_info, info.size() * sizeof(InfoDev), s) != cudaSuccess ||
+      cudaMemcpyAsync(d_ptrs, ptrs.data(), ptrs.size() * sizeof(void *), cudaMemcpyHostToDevice, s) != cudaSuccess) {
+    st = CKV_ERR_DEVICE;
+  } else {
+    k_block_info<<<((unsigned)ptrs.size() + 127u) / 128u, 128, 0, s>>>(*g, (const uint8_t *const *)d_ptrs,
+                                                                       (uint32_t)ptrs.size(), d_info);
+    if (cudaGetLastError() != cudaSuccess ||
+        cudaMemcpyAsync(info.data(), d_info, info.size() * sizeof(InfoDev), cudaMemcpyDeviceToHost, s) != cudaSuccess ||
+        cudaStreamSynchronize(s) != cudaSuccess)
+      st = CKV_ERR_DEVICE;
+  }
+  if (d_ptrs) cudaFreeAsync(d_ptrs, s);
+  if (d_info) cudaFreeAsync(d_info, s);
+  if (st != CKV_OK) {
+    (void)cudaGetLastError();
+    return st;
+  }
+  for (size_t i = 0; i < ptrs.size(); i++)
+    if (info[i].ok) cache.emplace(ptrs[i], BlockInfo{info[i].h, info[i].sealed, info[i].mask_empty != 0});
+  return CKV_OK;
+}
+
 ckv_status run_moves(const ckv_geometry *g, const ckv_move *moves, size_t n, unsigned flags, cudaStream_t s,
                      Entry **d_en, Job **d_jobs, Job **d_prune) {
   std::map<const void *, BlockInfo> cache;
+  ckv_status pst = prefetch_info(cache, moves, n, g, s);
+  if (pst != CKV_OK) return pst;
   std::vector<Entry> en(n);
   for (size_t i = 0; i < n; i++) {
     const ckv_move &m = moves[i];
