@@ -113,6 +113,7 @@ int ckv_bench_epoch(int argc, char **argv) {
   int rc = 0;
   ckv_client *c = NULL;
   ckv_session *s = NULL;
+  const char *memory_kind = "none";
   float *attn = NULL;
   double attach[1000];
   round_fig fig[MAX_ROUNDS] = {{0}};
@@ -132,6 +133,7 @@ int ckv_bench_epoch(int argc, char **argv) {
     }
     if (i + 1 < reps) c = ckv_client_free(c);
   }
+  memory_kind = ckv_client_memory_kind(c); /* what auto resolved to: a static string */
   int r = ckv_session_open(c, "bench-epoch", &g, NULL, &s);
   for (unsigned done = 0; r == 0 && done < tokens;) {
     uint32_t n = tokens - done < 4096 ? tokens - done : 4096;
@@ -192,17 +194,17 @@ out:
   memcpy(sorted, attach, reps * sizeof(double));
   qsort(sorted, reps, sizeof(double), cmp_double);
   if (json) {
-    printf("{\"bench\":\"epoch\",\"backend\":\"%s\",\"tokens\":%u,\"geometry\":[%u,%u,%u],\"attach_us\":{\"median\":%.1f,"
+    printf("{\"bench\":\"epoch\",\"backend\":\"%s\",\"memory\":\"%s\",\"tokens\":%u,\"geometry\":[%u,%u,%u],\"attach_us\":{\"median\":%.1f,"
            "\"max\":%.1f,\"reps\":%u},\"rounds\":[",
-           backend, tokens, g.n_layers, g.n_kv_heads, g.head_dim, sorted[reps / 2], sorted[reps - 1], reps);
+           backend, memory_kind, tokens, g.n_layers, g.n_kv_heads, g.head_dim, sorted[reps / 2], sorted[reps - 1], reps);
     for (unsigned k = 0; k < rounds; k++)
       printf("%s{\"round\":%u,\"report_us\":%.1f,\"report_to_published_us\":%.1f,\"moved\":%llu,\"epoch\":%llu}",
              k ? "," : "", k + 1, fig[k].report_us, fig[k].publish_us, (unsigned long long)fig[k].moved,
              (unsigned long long)fig[k].epoch);
     printf("]}\n");
   } else {
-    printf("commitkv-bench epoch: backend %s, %u tokens, geometry %ux%ux%u FP16\n", backend, tokens, g.n_layers,
-           g.n_kv_heads, g.head_dim);
+    printf("commitkv-bench epoch: backend %s (KV in %s memory), %u tokens, geometry %ux%ux%u FP16\n", backend,
+           memory_kind, tokens, g.n_layers, g.n_kv_heads, g.head_dim);
     printf("attach (connect + arena import): median %.0f us, max %.0f us over %u\n", sorted[reps / 2],
            sorted[reps - 1], reps);
     printf("%-6s %12s %22s %10s %8s\n", "round", "report us", "report->published us", "moved", "epoch");
