@@ -279,6 +279,7 @@ void *ckv_session_kv_ptr(ckv_session *s, uint64_t position, uint32_t layer, int 
 }
 
 int ckv_session_write_kv(ckv_session *s, uint64_t position, uint32_t layer, const void *k, const void *v) {
+  if (s && stale(s)) return CKV_ERR_DAEMON_RESTARTED;
   uint8_t *kp = ckv_session_kv_ptr(s, position, layer, 0), *vp = ckv_session_kv_ptr(s, position, layer, 1);
   if (!kp || !vp) return CKV_ERR_RANGE;
   size_t bytes = ckv_draft_token_elems(&s->geom) * 2u;
@@ -305,6 +306,7 @@ int ckv_session_write_kv(ckv_session *s, uint64_t position, uint32_t layer, cons
 int ckv_session_write_kv_async(ckv_session *s, uint64_t position, uint32_t layer, const void *k, const void *v,
                                void *stream) {
   if (!s) return CKV_ERR_INVALID;
+  if (stale(s)) return CKV_ERR_DAEMON_RESTARTED;
   if (ckv_rpc_memory(s->c) != CKV_RPC_MEM_CUDA) {
     if (stream) {
       ckv_rpc_set_error(s->c, "session %s: a CUDA stream was given, but the arena is %s memory", s->id,

@@ -215,6 +215,9 @@ static void expect_stale(ckv_session *old) {
   cr_expect_eq(ckv_session_report(old, 1, 0, attn, TOKENS, NULL), CKV_ERR_DAEMON_RESTARTED);
   cr_expect_eq(ckv_session_ack(old, 1, NULL), CKV_ERR_DAEMON_RESTARTED);
   cr_expect_null(ckv_session_kv_ptr(old, 0, 0, 0), "a stale handle must not hand out a slot of the old arena");
+  uint16_t kv[LAYERS * ELEMS] = {0};
+  cr_expect_eq(ckv_session_write_kv(old, 0, 0, kv, kv), CKV_ERR_DAEMON_RESTARTED);
+  cr_expect_eq(ckv_session_write_kv_async(old, 0, 0, kv, kv, NULL), CKV_ERR_DAEMON_RESTARTED);
 }
 
 /* The new daemon never had the old session: resuming it finds nothing. */
