@@ -3,9 +3,10 @@
  *
  * Kernels: headers (every block's header and seal word gathered in one
  * launch and one copy back, instead of two synchronous copies per block),
- * scores (a CUDA block per (KV block, KV head), a thread per slot: every
- * query head of the group, all rows; empty slots and unsealed chunks get
- * -inf), softmax statistics (max and sum per query head and row, a
+ * scores (a CUDA block per (KV block, KV head); a warp per slot reading the
+ * key row together against the query tile in shared memory, or, for
+ * prefill-sized query tiles, a thread per slot; every query head of the
+ * group, all rows; empty slots and unsealed chunks get -inf), softmax statistics (max and sum per query head and row, a
  * numerically stable two-pass reduction over the materialised scores),
  * output split over the tokens (a CUDA block per (query head and row, run of
  * blocks holding about SPLIT_TOKENS slots), a thread per dim, partial sums
@@ -88,6 +89,78 @@ __global__ void k_scores(ckv_geometry g, uint32_t L, const BlockDev *blocks, con
           acc += qv[idx[j]] * ckv_mul_add((float)ckv_unpack_code(row, j, bits), ckv_f16_to_f32(sc[j]), ckv_f16_to_f32(zp[j]));
       }
       *out = acc * scale;
+    }
+  }
+}
+
+/* Largest query tile (rows x group heads x head_dim floats) the warp kernel
+ * keeps in shared memory; bigger calls (prefill-sized) take k_scores. */
+constexpr uint32_t WARP_SCORES_MAX_Q = 8192; /* 32 KiB */
+constexpr uint32_t MAX_LANE_ELEMS = CKV_MAX_HEAD_DIM / 32;
+
+__device__ float warp_sum(float v) {
+  for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+/* k_scores with a warp per slot: the lanes read one key row together
+ * (coalesced), keep it in registers and reduce one dot product per query
+ * (head of the group, row) against the query tile in shared memory.
+ * Same results as k_scores up to FP32 summation order. */
+__global__ void __launch_bounds__(128, 3) k_scores_warp(ckv_geometry g, uint32_t L, const BlockDev *blocks, const float *q, float scale,
+                              uint32_t QH, uint32_t G, uint32_t RG, uint64_t total, float *S) {
+  const BlockDev b = blocks[blockIdx.x];
+  const uint32_t h = blockIdx.y, D = g.head_dim, lane = threadIdx.x % 32u, warp = threadIdx.x / 32u,
+                 nw = blockDim.x / 32u;
+  extern __shared__ float qs[]; /* [RG][D] */
+  __shared__ uint32_t idx[CKV_MAX_HEAD_DIM];
+  for (uint32_t i = threadIdx.x; i < RG * D; i += blockDim.x) {
+    uint32_t rg = i / D, d = i % D;
+    qs[i] = q[((size_t)(rg / G) * QH + (size_t)h * G + rg % G) * D + d];
+  }
+  const bool commit = ckv_format_is_commit(b.fmt);
+  if (commit && threadIdx.x == 0) {
+    const uint64_t *mask = (const uint64_t *)(b.p + ckv_commit_mask_offset(b.fmt, &g, b.cap, b.kept, L, h));
+    uint32_t n = 0;
+    for (uint32_t c = 0; c < D; c++)
+      if ((mask[c / 64] >> (c % 64)) & 1u) idx[n++] = c;
+  }
+  __syncthreads();
+  const uint32_t bits = ckv_format_code_bits(b.fmt), n_el = commit ? b.kept : D;
+  for (uint32_t t = warp; t < b.cap; t += nw) {
+    if (!slot_ok(b, t)) {
+      for (uint32_t rg = lane; rg < RG; rg += 32) S[((uint64_t)h * RG + rg) * total + b.base + t] = -INFINITY;
+      continue;
+    }
+    float kr[MAX_LANE_ELEMS];
+    uint32_t qi[MAX_LANE_ELEMS];
+    if (!commit) {
+#pragma unroll
+      for (uint32_t i = 0; i < MAX_LANE_ELEMS; i++) {
+        uint32_t d = lane + 32u * i;
+        kr[i] = d < D ? ckv_dev_read(g, b.p, b.fmt, b.cap, L, 0, t, (size_t)h * D + d) : 0.0f;
+        qi[i] = d < D ? d : 0;
+      }
+    } else {
+      const uint8_t *ch = b.p + ckv_commit_key_chunk_offset(b.fmt, &g, b.cap, b.kept, L, h, t / CKV_COMMIT_CHUNK_TOKENS);
+      const uint8_t *row = ch + (size_t)b.kept * 4u + (t % CKV_COMMIT_CHUNK_TOKENS) * ckv_commit_key_row_bytes(b.fmt, b.kept);
+      const uint16_t *sc = (const uint16_t *)ch, *zp = sc + b.kept;
+#pragma unroll
+      for (uint32_t i = 0; i < MAX_LANE_ELEMS; i++) {
+        uint32_t j = lane + 32u * i;
+        kr[i] = j < n_el ? ckv_mul_add((float)ckv_unpack_code(row, j, bits), ckv_f16_to_f32(sc[j]), ckv_f16_to_f32(zp[j]))
+                         : 0.0f;
+        qi[i] = j < n_el ? idx[j] : 0;
+      }
+    }
+    for (uint32_t rg = 0; rg < RG; rg++) {
+      const float *qv = qs + (size_t)rg * D;
+      float acc = 0.0f;
+#pragma unroll
+      for (uint32_t i = 0; i < MAX_LANE_ELEMS; i++)
+        if (lane + 32u * i < n_el) acc += qv[qi[i]] * kr[i];
+      acc = warp_sum(acc);
+      if (lane == 0) S[((uint64_t)h * RG + rg) * total + b.base + t] = acc * scale;
     }
   }
 }
@@ -247,7 +320,11 @@ extern "C" ckv_status ckv_cuda_attention(const ckv_attn_args *a, void *stream) {
   const BlockDev *d_bl = (const BlockDev *)mem.p[0];
   float *S = (float *)mem.p[1], *m = (float *)mem.p[2], *l = m + (size_t)H * RG;
   float scale = a->scale != 0.0f ? a->scale : 1.0f / sqrtf((float)D);
-  k_scores<<<dim3(a->n_blocks, H), 64, 0, s>>>(*g, a->layer, d_bl, a->q, scale, a->n_q_heads, G, RG, total, S);
+  if ((size_t)RG * D <= WARP_SCORES_MAX_Q)
+    k_scores_warp<<<dim3(a->n_blocks, H), 128, (size_t)RG * D * sizeof(float), s>>>(*g, a->layer, d_bl, a->q, scale,
+                                                                                  a->n_q_heads, G, RG, total, S);
+  else
+    k_scores<<<dim3(a->n_blocks, H), 64, 0, s>>>(*g, a->layer, d_bl, a->q, scale, a->n_q_heads, G, RG, total, S);
   k_stats<<<H * RG, 256, 0, s>>>(S, total, m, l);
   k_out_split<<<dim3(H * RG, n_splits), ((D + 31u) / 32u) * 32u, 0, s>>>(*g, a->layer, d_bl, d_first, S, total, m, l, RG, partial);
   k_out_reduce<<<H * RG, ((D + 31u) / 32u) * 32u, 0, s>>>(*g, partial, n_splits, l, a->n_q_heads, G, RG, a->out);

@@ -162,6 +162,38 @@ Test(cuda, attention_splits_wide_heads_own_stream) {
   free(q), free(o), free(o2), free(m), free(m2);
 }
 
+/* Prefill-sized query tiles (rows x group heads x head_dim beyond what the
+ * warp-per-slot kernel keeps in shared memory) take the thread-per-slot
+ * scores kernel: same results. */
+Test(cuda, attention_large_query_tile) {
+  need_gpu();
+  const ckv_geometry g = {1, 2, 64, CKV_DTYPE_FP16};
+  kf_rng r = {5};
+  void *hb[3], *db[3];
+  size_t bb = ckv_format_block_bytes(CKV_FORMAT_DRAFT, &g, 16, 0);
+  for (int i = 0; i < 3; i++) {
+    hb[i] = kf_block(CKV_FORMAT_DRAFT, &g, 16, 0);
+    kf_fill_draft(&g, hb[i], &r, gen_wild, NULL, 16u * i);
+    db[i] = to_dev(hb[i], bb);
+  }
+  uint32_t QH = 8, rows = 40; /* 40 rows x 4 heads x 64 = 10240 floats */
+  size_t qn = (size_t)rows * QH * g.head_dim;
+  float *q = malloc(qn * 4), *o = malloc(qn * 4), *o2 = malloc(qn * 4), *dq, *dout;
+  for (size_t i = 0; i < qn; i++) q[i] = kf_normal(&r) * 0.1f;
+  cudaMalloc((void **)&dq, qn * 4), cudaMalloc((void **)&dout, qn * 4);
+  cudaMemcpy(dq, q, qn * 4, cudaMemcpyHostToDevice);
+  ckv_attn_args a = {.geom = &g, .n_rows = rows, .n_q_heads = QH, .q = q, .blocks = (const void *const *)hb,
+                     .n_blocks = 3, .out = o};
+  cr_assert_eq(ckv_kernels_attention(&a), CKV_OK);
+  a.q = dq, a.blocks = (const void *const *)db, a.out = dout;
+  cr_assert_eq(ckv_cuda_attention(&a, NULL), CKV_OK);
+  cudaMemcpy(o2, dout, qn * 4, cudaMemcpyDeviceToHost);
+  cr_expect_leq(kf_max_rel(o2, o, qn, 0.05), 1e-3, "outputs differ from the CPU's");
+  cudaFree(dq), cudaFree(dout);
+  for (int i = 0; i < 3; i++) free(hb[i]), cudaFree(db[i]);
+  free(q), free(o), free(o2);
+}
+
 /* Compaction on the GPU: same-format copies give the CPU's bytes. */
 Test(cuda, copy_slots_same_bytes) {
   need_gpu();
