@@ -6,10 +6,14 @@
  * follows kernels/quant.h, shared with the CPU code: DESIGN.md §4 inv. 7), on
  * blocks in device memory.  Block pointers and q/out/mass are device
  * pointers; the move and block-pointer lists themselves are host arrays.
- * Calls run on the given stream (NULL: the default stream) and return after
- * the work is queued, except where headers must be read back first (moves and
- * attention read block headers synchronously).  Every function returns
- * CKV_ERR_DEVICE when no usable GPU exists (see ckv_cuda_available). */
+ * Calls run on the given stream (NULL: the legacy default stream; any
+ * stream, non-blocking ones included: every copy they depend on is ordered on
+ * it).  Moves, copies, patches and attention read block headers back first
+ * and return with the stream synchronised; dequantize returns once its work
+ * is queued.  Scratch is stream-ordered (cudaMallocAsync), so no call
+ * synchronises the device behind the caller's other streams.  A failed call
+ * clears the runtime's last error.  Every function returns CKV_ERR_DEVICE
+ * when no usable GPU exists (see ckv_cuda_available). */
 #ifndef CKV_KERNELS_CUDA_H
 #define CKV_KERNELS_CUDA_H
 
