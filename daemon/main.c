@@ -281,7 +281,10 @@ int main(int argc, char **argv) {
       return 1;
     }
   }
-  ckv_log(CKV_LOG_NOTICE, "backend", NULL, NULL, "%s: %s (block writes: %s)", backend, reason, mem->name);
+  /* commitkvctl status shows it too: how block headers reach the memory. */
+  size_t rl = strlen(reason);
+  snprintf(reason + rl, sizeof(reason) - rl, " (block writes: %s)", mem->name);
+  ckv_log(CKV_LOG_NOTICE, "backend", NULL, NULL, "%s: %s", backend, reason);
   ckv_server_options so = {
       .socket = a.cfg.socket,
       .attach_socket = a.cfg.attach_socket,
