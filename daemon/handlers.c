@@ -117,6 +117,19 @@ static Commitkv__V1__ArenaInfo **arena_infos(ckv_server *s, const ckv_tenant *t,
   a->kind = (char *)ckv_arena_kind(t->arena);
   a->bytes = ckv_arena_size(t->arena);
   a->device_uuid = (char *)t->device_uuid;
+  /* What can travel without SCM_RIGHTS: generation, committed prefix and the
+   * opaque handle (legacy CUDA IPC: the 64-byte cudaIpcMemHandle_t).  Only
+   * this tenant's connections ever get here. */
+  ckv_arena_desc d;
+  uint8_t *handle;
+  if (ckv_arena_export(t->arena, &d) == CKV_OK) {
+    a->generation = d.generation;
+    a->committed = d.committed;
+    if (d.handle_len && (handle = ckv_wire_alloc(&s->out, d.handle_len))) {
+      memcpy(handle, d.handle, d.handle_len);
+      a->handle = (ProtobufCBinaryData){d.handle_len, handle};
+    }
+  }
   v[0] = a;
   *ret_n = 1;
   return v;

@@ -1342,6 +1342,36 @@ static int attached_request(int fd, bool refresh, bool want_arenas, uint64_t *re
   return code;
 }
 
+/* Welcome describes the tenant's arena as far as it can without fds:
+ * kind, size, generation, committed prefix (and, for legacy CUDA IPC, the
+ * handle: empty on host memory). */
+Test(bad_input, welcome_describes_the_arena, .timeout = 60) {
+  ckv_test_daemon d;
+  start(&d, NULL);
+  raw w;
+  raw_connect(&w, &d);
+  Commitkv__V1__Request q = COMMITKV__V1__REQUEST__INIT;
+  Commitkv__V1__Hello h = COMMITKV__V1__HELLO__INIT;
+  h.max_version = 1;
+  h.min_version = 1;
+  q.body_case = COMMITKV__V1__REQUEST__BODY_HELLO;
+  q.hello = &h;
+  Commitkv__V1__Response *rep = NULL;
+  expect_code(raw_call(&w, &q, &rep), CKV_OK);
+  cr_assert_not_null(rep);
+  cr_assert_eq(rep->body_case, COMMITKV__V1__RESPONSE__BODY_WELCOME);
+  cr_assert_eq(rep->welcome->n_arenas, 1u);
+  const Commitkv__V1__ArenaInfo *a = rep->welcome->arenas[0];
+  cr_assert_str_eq(a->kind, "host");
+  cr_assert_neq(a->generation, 0u, "Welcome carries the arena's generation");
+  cr_assert_geq(a->committed, 4096u, "Welcome carries the committed prefix");
+  cr_assert_leq(a->committed, a->bytes);
+  cr_assert_eq(a->handle.len, 0u, "host memory has no handle: its memfd travels only over the attach socket");
+  ckv_rpc_free(rep);
+  raw_done(&w);
+  stop(&d);
+}
+
 Test(bad_input, attached_socket_takes_only_refresh, .timeout = 60) {
   ckv_test_daemon d;
   start(&d, NULL);
