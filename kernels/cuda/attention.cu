@@ -52,18 +52,22 @@ __device__ bool slot_ok(const BlockDev &b, uint32_t t) {
   return !ckv_format_is_commit(b.fmt) || ((b.sealed >> (t / CKV_COMMIT_CHUNK_TOKENS)) & 1u);
 }
 
+/* The key channels a committed block keeps for (layer L, head h), in order:
+ * idx[j] is the head-dim channel of stored channel j (one thread writes). */
+__device__ void kept_channels(const ckv_geometry &g, const BlockDev &b, uint32_t L, uint32_t h, uint32_t *idx) {
+  const uint64_t *mask = (const uint64_t *)(b.p + ckv_commit_mask_offset(b.fmt, &g, b.cap, b.kept, L, h));
+  uint32_t n = 0;
+  for (uint32_t c = 0; c < g.head_dim; c++)
+    if ((mask[c / 64] >> (c % 64)) & 1u) idx[n++] = c;
+}
+
 __global__ void k_scores(ckv_geometry g, uint32_t L, const BlockDev *blocks, const float *q, float scale, uint32_t QH,
                          uint32_t G, uint32_t RG, uint64_t total, float *S) {
   const BlockDev b = blocks[blockIdx.x];
   uint32_t h = blockIdx.y, D = g.head_dim;
   __shared__ uint32_t idx[CKV_MAX_HEAD_DIM];
   bool commit = ckv_format_is_commit(b.fmt);
-  if (commit && threadIdx.x == 0) {
-    const uint64_t *mask = (const uint64_t *)(b.p + ckv_commit_mask_offset(b.fmt, &g, b.cap, b.kept, L, h));
-    uint32_t n = 0;
-    for (uint32_t c = 0; c < D; c++)
-      if ((mask[c / 64] >> (c % 64)) & 1u) idx[n++] = c;
-  }
+  if (commit && threadIdx.x == 0) kept_channels(g, b, L, h, idx);
   __syncthreads();
   uint32_t bits = ckv_format_code_bits(b.fmt);
   for (uint32_t t = threadIdx.x; t < b.cap; t += blockDim.x) {
@@ -119,12 +123,7 @@ __global__ void __launch_bounds__(128, 3) k_scores_warp(ckv_geometry g, uint32_t
     qs[i] = q[((size_t)(rg / G) * QH + (size_t)h * G + rg % G) * D + d];
   }
   const bool commit = ckv_format_is_commit(b.fmt);
-  if (commit && threadIdx.x == 0) {
-    const uint64_t *mask = (const uint64_t *)(b.p + ckv_commit_mask_offset(b.fmt, &g, b.cap, b.kept, L, h));
-    uint32_t n = 0;
-    for (uint32_t c = 0; c < D; c++)
-      if ((mask[c / 64] >> (c % 64)) & 1u) idx[n++] = c;
-  }
+  if (commit && threadIdx.x == 0) kept_channels(g, b, L, h, idx);
   __syncthreads();
   const uint32_t bits = ckv_format_code_bits(b.fmt), n_el = commit ? b.kept : D;
   for (uint32_t t = warp; t < b.cap; t += nw) {

@@ -24,6 +24,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "testcheck.h"
 #include "testutil.h"
 
 #ifndef CKV_HAVE_CUDA_KERNELS
@@ -98,25 +99,6 @@ static pid_t spawn_gpu_worker(const ckv_test_daemon *d, const char *session, con
   return ckv_test_spawn(argv, out);
 }
 
-static unsigned long long stat_u64(const ckv_test_daemon *d, const char *path) {
-  const char *args[] = {"stats", "--json", NULL};
-  char *json = ckv_test_ctl(d, args);
-  cr_assert_not_null(json, "commitkvctl stats --json failed");
-  unsigned long long v = 0;
-  cr_assert_eq(ckv_test_json_u64(json, path, &v), 0, "no field %s in %s", path, json);
-  free(json);
-  return v;
-}
-
-static int wait_stat(const ckv_test_daemon *d, const char *path, unsigned long long want, int timeout_ms) {
-  long long end = ckv_test_now_ms() + timeout_ms;
-  while (ckv_test_now_ms() < end) {
-    if (stat_u64(d, path) == want) return 0;
-    usleep(100000);
-  }
-  return -1;
-}
-
 Test(gpu_workers, two_workers_gpu_attention_matches_cpu_on_every_format, .timeout = 200) {
   need_gpu();
   need_worker_binary();
@@ -165,15 +147,15 @@ Test(gpu_workers, killed_gpu_worker_memory_returns, .timeout = 180) {
   char *text = tail_of(out, 3000);
   cr_assert(paused, "the gpu worker never reached its pause:\n%s", text);
   free(text);
-  unsigned long long used = stat_u64(&d, "arenas.0.bytes_used");
+  unsigned long long used = ckv_test_stat(&d, "arenas.0.bytes_used");
   cr_expect_gt(used, 0, "the paused worker holds no memory");
   cr_assert_eq(kill(victim, SIGKILL), 0);
   cr_expect_eq(ckv_test_wait(victim, 10000), 128 + SIGKILL);
-  cr_expect_eq(wait_stat(&d, "detached_sessions", 1, 10000), 0,
+  cr_expect_eq(ckv_test_wait_stat(&d, "detached_sessions", 1, 10000), 0,
                "the dead worker's session should be detached, kept for resume");
-  cr_expect_eq(wait_stat(&d, "arenas.0.bytes_used", 0, 30000), 0,
+  cr_expect_eq(ckv_test_wait_stat(&d, "arenas.0.bytes_used", 0, 30000), 0,
                "the dead gpu worker's bytes never returned to the arena (%llu bytes were in use)", used);
-  cr_expect_eq(stat_u64(&d, "sessions"), 0);
+  cr_expect_eq(ckv_test_stat(&d, "sessions"), 0);
   cr_expect(ckv_test_daemon_alive(&d), "commitkvd died with its worker");
   cr_expect_eq(ckv_test_daemon_stop(&d), 0);
 }

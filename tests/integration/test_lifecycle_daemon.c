@@ -23,6 +23,7 @@
 #include "kernels/format.h"
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
+#include "testcheck.h"
 #include "testutil.h"
 
 enum { D = CKV_TOKEN_DRAFT, S = CKV_TOKEN_STAGED, C = CKV_TOKEN_COMMITTED, X = CKV_TOKEN_RECYCLED };
@@ -32,16 +33,6 @@ enum { D = CKV_TOKEN_DRAFT, S = CKV_TOKEN_STAGED, C = CKV_TOKEN_COMMITTED, X = C
 /* Host memory (the test reads blocks through the mapped arena) and no
  * metrics listener (its fixed port may be taken by another daemon). */
 static const char *const k_daemon_args[] = {"--set", "daemon.backend=host", "--set", "daemon.metrics=", NULL};
-
-static unsigned long long stat_u64(const ckv_test_daemon *d, const char *path) {
-  const char *args[] = {"stats", "--json", NULL};
-  char *json = ckv_test_ctl(d, args);
-  cr_assert_not_null(json, "commitkvctl stats --json failed");
-  unsigned long long v = 0;
-  cr_assert_eq(ckv_test_json_u64(json, path, &v), 0, "no field %s in %s", path, json);
-  free(json);
-  return v;
-}
 
 static ckv_client *connect_to(const ckv_test_daemon *d) {
   ckv_client_options o = {.socket = d->socket, .attach_socket = d->attach, .name = "test_lifecycle_daemon"};
@@ -248,8 +239,8 @@ Test(lifecycle_daemon, twenty_rounds_transitions_views_and_stats, .timeout = 60)
 
   /* stats: counts add up, the reported transitions are the counted ones, and
    * the cache costs less than FP16 */
-  unsigned long long dr = stat_u64(&d, "tokens.draft"), st = stat_u64(&d, "tokens.staged"),
-                     co = stat_u64(&d, "tokens.committed"), re = stat_u64(&d, "tokens.recycled");
+  unsigned long long dr = ckv_test_stat(&d, "tokens.draft"), st = ckv_test_stat(&d, "tokens.staged"),
+                     co = ckv_test_stat(&d, "tokens.committed"), re = ckv_test_stat(&d, "tokens.recycled");
   cr_expect_eq(dr + st + co + re, total, "state counts %llu+%llu+%llu+%llu must add up to %zu appended", dr, st, co,
                re, total);
   uint64_t mine[4] = {0};
@@ -259,9 +250,9 @@ Test(lifecycle_daemon, twenty_rounds_transitions_views_and_stats, .timeout = 60)
   cr_expect_eq(co, mine[C]);
   cr_expect_eq(re, mine[X], "the daemon counts %llu recycled, the replies reported %llu", re,
                (unsigned long long)mine[X]);
-  unsigned long long bt = stat_u64(&d, "bytes.total"), fp = stat_u64(&d, "bytes.fp16_equivalent");
+  unsigned long long bt = ckv_test_stat(&d, "bytes.total"), fp = ckv_test_stat(&d, "bytes.fp16_equivalent");
   cr_expect_lt(bt, fp, "the cache takes %llu bytes, FP16 would take %llu", bt, fp);
-  cr_expect_eq(bt, stat_u64(&d, "arenas.0.bytes_used"));
+  cr_expect_eq(bt, ckv_test_stat(&d, "arenas.0.bytes_used"));
 
   cr_expect_eq(ckv_session_drop(s), CKV_OK);
   ckv_client_free(c);
@@ -346,7 +337,7 @@ Test(lifecycle_daemon, quota_recycles_then_refuses_and_usage_stays_within, .time
     bool system = i >= 24; /* then protected tokens only: reclaim runs dry */
     Commitkv__V1__Response *rep = NULL;
     r = raw_append(c, "q", 64, system ? CKV_ROLE_SYSTEM : CKV_ROLE_USER, &rep);
-    unsigned long long used = stat_u64(&d, "arenas.0.bytes_used");
+    unsigned long long used = ckv_test_stat(&d, "arenas.0.bytes_used");
     if (used > used_max) used_max = used;
     cr_assert_leq(used, QUOTA, "append %d: arena usage %llu above the quota", i, used);
     if (r != CKV_OK) {
@@ -381,7 +372,7 @@ Test(lifecycle_daemon, quota_recycles_then_refuses_and_usage_stays_within, .time
       apply(state, n, tr->first_position, tr->count, (uint8_t)tr->from, (uint8_t)tr->to, moves);
     }
     ckv_rpc_free(rep);
-    used = stat_u64(&d, "arenas.0.bytes_used");
+    used = ckv_test_stat(&d, "arenas.0.bytes_used");
     cr_assert_leq(used, QUOTA, "round %u: arena usage %llu above the quota", round, used);
   }
   cr_assert_gt(24ull * 64 * fp16_per_token, 2 * QUOTA, "the stream did not go past the quota");
@@ -394,13 +385,13 @@ Test(lifecycle_daemon, quota_recycles_then_refuses_and_usage_stays_within, .time
    * transitions list, so those recycles reach the worker in no reply. */
   uint64_t mine = 0;
   for (size_t p = 0; p < n; p++) mine += state[p] == X;
-  cr_expect_eq(stat_u64(&d, "tokens.recycled"), mine, "the daemon recycled %llu tokens, the replies reported %llu",
-               stat_u64(&d, "tokens.recycled"), (unsigned long long)mine);
-  unsigned long long dr = stat_u64(&d, "tokens.draft"), st = stat_u64(&d, "tokens.staged"),
-                     co = stat_u64(&d, "tokens.committed"), re = stat_u64(&d, "tokens.recycled");
+  cr_expect_eq(ckv_test_stat(&d, "tokens.recycled"), mine, "the daemon recycled %llu tokens, the replies reported %llu",
+               ckv_test_stat(&d, "tokens.recycled"), (unsigned long long)mine);
+  unsigned long long dr = ckv_test_stat(&d, "tokens.draft"), st = ckv_test_stat(&d, "tokens.staged"),
+                     co = ckv_test_stat(&d, "tokens.committed"), re = ckv_test_stat(&d, "tokens.recycled");
   cr_expect_eq(dr + st + co + re, n, "state counts must add up to the %zu tokens appended", n);
   cr_expect_leq(used_max, QUOTA);
-  cr_expect_eq(stat_u64(&d, "tenants.0.quota_bytes"), QUOTA);
+  cr_expect_eq(ckv_test_stat(&d, "tenants.0.quota_bytes"), QUOTA);
 
   cr_expect_eq(ckv_session_drop(s), CKV_OK);
   ckv_client_free(c);

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "examples/llm/model.h"
+#include "testcheck.h"
 #include "testutil.h"
 
 #define LLM_TIMEOUT_MS 120000
@@ -93,16 +94,6 @@ static int run_llm(const ckv_test_daemon *d, const char *model, const char *poli
 
 /* A field of `commitkvctl stats --json`; a failed expectation (and a value
  * no check accepts) when it cannot be read, so the daemon is still stopped. */
-static unsigned long long stat_u64(const ckv_test_daemon *d, const char *path) {
-  const char *args[] = {"stats", "--json", NULL};
-  char *json = ckv_test_ctl(d, args);
-  unsigned long long v = ULLONG_MAX;
-  cr_expect_not_null(json, "commitkvctl stats --json failed");
-  if (json) cr_expect_eq(ckv_test_json_u64(json, path, &v), 0, "no field %s in %s", path, json);
-  free(json);
-  return v;
-}
-
 static void start_daemon(ckv_test_daemon *d) {
   if (ckv_test_daemon_start(d, k_daemon_args) == 0) return;
   if (d->pid > 0) ckv_test_daemon_stop(d); /* started but never listened: leave nothing behind */
@@ -132,7 +123,7 @@ Test(llm, fp16_policy_agrees_with_its_shadow, .timeout = 180) {
   cr_expect(kl >= 0 && kl < 1e-3, "fp16 KL against the FP16 shadow should be rounding noise, got %g", kl);
   cr_expect(ratio >= 1.0, "fp16 cannot take fewer bytes than FP16 (got %g)", ratio);
   cr_expect(strstr(out, "\"steps\": 321") != NULL, "every token is a step: %s", out);
-  cr_expect_eq(stat_u64(&d, "errors"), 0, "the daemon refused a request");
+  cr_expect_eq(ckv_test_stat(&d, "errors"), 0, "the daemon refused a request");
   free(out);
   cr_expect_eq(ckv_test_daemon_stop(&d), 0, "commitkvd did not exit cleanly on SIGTERM");
 }
@@ -151,14 +142,14 @@ Test(llm, commitkv_policy_twenty_rounds_keep_the_invariants, .timeout = 180) {
   cr_expect_eq(json_last_double(out, "kl_mean", &kl), 0, "no kl_mean in %s", out);
   cr_expect_eq(json_last_double(out, "top1_agreement", &top1), 0, "no top1_agreement in %s", out);
   cr_expect(kl >= 0 && top1 >= 0 && top1 <= 1, "fidelity figures out of range: %s", out);
-  unsigned long long total = stat_u64(&d, "tokens.draft") + stat_u64(&d, "tokens.staged") +
-                             stat_u64(&d, "tokens.committed") + stat_u64(&d, "tokens.recycled");
+  unsigned long long total = ckv_test_stat(&d, "tokens.draft") + ckv_test_stat(&d, "tokens.staged") +
+                             ckv_test_stat(&d, "tokens.committed") + ckv_test_stat(&d, "tokens.recycled");
   cr_expect_eq(total, 2 * TOKENS_PER_SESSION, "state counts (%llu) must add up to the tokens appended", total);
-  cr_expect_eq(stat_u64(&d, "sessions"), 2);
-  cr_expect_gt(stat_u64(&d, "bytes.total"), 0);
-  cr_expect_leq(stat_u64(&d, "bytes.total"), stat_u64(&d, "arenas.0.bytes_used"),
+  cr_expect_eq(ckv_test_stat(&d, "sessions"), 2);
+  cr_expect_gt(ckv_test_stat(&d, "bytes.total"), 0);
+  cr_expect_leq(ckv_test_stat(&d, "bytes.total"), ckv_test_stat(&d, "arenas.0.bytes_used"),
                 "sessions hold more bytes than the arena handed out");
-  cr_expect_eq(stat_u64(&d, "errors"), 0, "the daemon refused a request");
+  cr_expect_eq(ckv_test_stat(&d, "errors"), 0, "the daemon refused a request");
   free(out);
   cr_expect_eq(ckv_test_daemon_stop(&d), 0, "commitkvd did not exit cleanly on SIGTERM");
 }

@@ -30,6 +30,7 @@
 #include "commitkv/status.h"
 #include "kernels/format.h"
 #include "kernels/kernels.h"
+#include "testcheck.h"
 #include "testutil.h"
 
 /* Host arena (the test reads blocks through the mapping) and short leases:
@@ -38,20 +39,7 @@ static const char *const k_daemon_args[] = {"--set", "daemon.backend=host",     
                                             "--set", "daemon.heartbeat=500ms", "--set", "daemon.detach_keep=6s",
                                             NULL};
 
-/* Under ASan, LeakSanitizer's report at exit does not fail a Criterion test:
- * check after every test (stale session handles must be freed by
- * ckv_session_close) and crash the test's worker on a leak, which Criterion
- * does count. */
-#if defined(__SANITIZE_ADDRESS__)
-#include <sanitizer/lsan_interface.h>
-static void leak_check(void) {
-  if (__lsan_do_recoverable_leak_check()) abort();
-}
-#else
-static void leak_check(void) {}
-#endif
-
-TestSuite(restart, .fini = leak_check);
+TestSuite(restart, .fini = ckv_test_leak_check);
 
 #define LAYERS 2u
 #define HEADS 2u

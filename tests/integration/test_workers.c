@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "testcheck.h"
 #include "testutil.h"
 
 /* Short enough to watch expire, long enough that a loaded machine (sanitizer
@@ -36,26 +37,6 @@ static pid_t spawn_worker(const ckv_test_daemon *d, const char *prefix, const ch
   return ckv_test_spawn(argv, out);
 }
 
-static unsigned long long stat_u64(const ckv_test_daemon *d, const char *path) {
-  const char *args[] = {"stats", "--json", NULL};
-  char *json = ckv_test_ctl(d, args);
-  cr_assert_not_null(json, "commitkvctl stats --json failed");
-  unsigned long long v = 0;
-  cr_assert_eq(ckv_test_json_u64(json, path, &v), 0, "no field %s in %s", path, json);
-  free(json);
-  return v;
-}
-
-/* Polls a stats field until it equals `want` or the time runs out. */
-static int wait_stat(const ckv_test_daemon *d, const char *path, unsigned long long want, int timeout_ms) {
-  long long end = ckv_test_now_ms() + timeout_ms;
-  while (ckv_test_now_ms() < end) {
-    if (stat_u64(d, path) == want) return 0;
-    usleep(100000);
-  }
-  return -1;
-}
-
 Test(workers, four_workers_two_sessions_every_byte_reads_back, .timeout = 120) {
   ckv_test_daemon d;
   /* 128M: the arena starts with about 1 MiB backed and must grow (and the
@@ -70,18 +51,18 @@ Test(workers, four_workers_two_sessions_every_byte_reads_back, .timeout = 120) {
   }
   for (int i = 0; i < 4; i++) cr_expect_eq(ckv_test_wait(w[i], 90000), 0, "worker %d failed (see its output)", i);
   /* 4 workers x 2 sessions x 30 rounds x 24 tokens, all kept for resume */
-  cr_expect_eq(stat_u64(&d, "sessions"), 8);
-  unsigned long long total = stat_u64(&d, "tokens.draft") + stat_u64(&d, "tokens.staged") +
-                             stat_u64(&d, "tokens.committed") + stat_u64(&d, "tokens.recycled");
+  cr_expect_eq(ckv_test_stat(&d, "sessions"), 8);
+  unsigned long long total = ckv_test_stat(&d, "tokens.draft") + ckv_test_stat(&d, "tokens.staged") +
+                             ckv_test_stat(&d, "tokens.committed") + ckv_test_stat(&d, "tokens.recycled");
   cr_expect_eq(total, 4ull * 2 * 30 * 24, "state counts must add up to the tokens appended");
-  cr_expect_eq(stat_u64(&d, "tokens.recycled"), 0, "every token drew attention: none may be recycled");
-  cr_expect_gt(stat_u64(&d, "bytes.total"), 0);
-  cr_expect_eq(stat_u64(&d, "bytes.total"), stat_u64(&d, "arenas.0.bytes_used"));
+  cr_expect_eq(ckv_test_stat(&d, "tokens.recycled"), 0, "every token drew attention: none may be recycled");
+  cr_expect_gt(ckv_test_stat(&d, "bytes.total"), 0);
+  cr_expect_eq(ckv_test_stat(&d, "bytes.total"), ckv_test_stat(&d, "arenas.0.bytes_used"));
   /* The arena grew to hold them (the workers mapped each step: every byte
    * above was read back), and backs no more than it may. */
-  unsigned long long committed = stat_u64(&d, "arenas.0.bytes_committed");
-  unsigned long long size = stat_u64(&d, "arenas.0.bytes_total");
-  cr_expect_geq(committed, stat_u64(&d, "arenas.0.bytes_used"));
+  unsigned long long committed = ckv_test_stat(&d, "arenas.0.bytes_committed");
+  unsigned long long size = ckv_test_stat(&d, "arenas.0.bytes_total");
+  cr_expect_geq(committed, ckv_test_stat(&d, "arenas.0.bytes_used"));
   cr_expect_gt(committed, size / 64, "the arena never grew past its first prefix (%llu of %llu)", committed, size);
   cr_expect_lt(committed, size, "the arena backed all of itself for a small load");
   cr_expect_eq(ckv_test_daemon_stop(&d), 0, "commitkvd did not exit cleanly on SIGTERM");
@@ -101,19 +82,19 @@ Test(workers, killed_worker_leaks_nothing, .timeout = 120) {
   }
   /* wait until the victim holds memory */
   long long end = ckv_test_now_ms() + 20000;
-  while (ckv_test_now_ms() < end && stat_u64(&d, "sessions") < 2) usleep(50000);
+  while (ckv_test_now_ms() < end && ckv_test_stat(&d, "sessions") < 2) usleep(50000);
   usleep(1500000);
   cr_assert_eq(kill(victim, SIGKILL), 0);
   cr_expect_eq(ckv_test_wait(victim, 5000), 128 + SIGKILL);
   /* The victim's two sessions are detached at once (its attach socket closed)
    * and still hold their bytes until detach_keep passes... */
-  cr_expect_eq(wait_stat(&d, "detached_sessions", 2, 5000), 0,
+  cr_expect_eq(ckv_test_wait_stat(&d, "detached_sessions", 2, 5000), 0,
                "the dead worker's sessions should be detached, kept for resume");
-  cr_expect_gt(stat_u64(&d, "arenas.0.bytes_used"), 0);
+  cr_expect_gt(ckv_test_stat(&d, "arenas.0.bytes_used"), 0);
   for (int i = 0; i < 3; i++) cr_expect_eq(ckv_test_wait(w[i], 90000), 0, "surviving worker %d failed", i);
   /* ...then everything returns to the arena (the survivors dropped theirs). */
-  cr_expect_eq(wait_stat(&d, "arenas.0.bytes_used", 0, 30000), 0, "dead worker's bytes never returned to the arena");
-  cr_expect_eq(stat_u64(&d, "sessions"), 0);
+  cr_expect_eq(ckv_test_wait_stat(&d, "arenas.0.bytes_used", 0, 30000), 0, "dead worker's bytes never returned to the arena");
+  cr_expect_eq(ckv_test_stat(&d, "sessions"), 0);
   cr_expect_eq(ckv_test_daemon_stop(&d), 0);
 }
 
@@ -122,11 +103,11 @@ Test(workers, hung_worker_loses_its_lease, .timeout = 120) {
   cr_assert_eq(ckv_test_daemon_start(&d, k_fast_lease), 0, "commitkvd did not start");
   pid_t hung = spawn_worker(&d, "hung", "20", "30000", NULL);
   long long end = ckv_test_now_ms() + 20000;
-  while (ckv_test_now_ms() < end && stat_u64(&d, "sessions") < 2) usleep(50000);
+  while (ckv_test_now_ms() < end && ckv_test_stat(&d, "sessions") < 2) usleep(50000);
   cr_assert_eq(kill(hung, SIGSTOP), 0); /* alive, socket open, but silent: only the lease can tell */
-  cr_expect_eq(wait_stat(&d, "leases_expired", 1, 15000), 0, "a silent client's lease never expired");
-  cr_expect_eq(stat_u64(&d, "detached_sessions"), 2);
-  cr_expect_eq(wait_stat(&d, "arenas.0.bytes_used", 0, 30000), 0, "hung worker's bytes never returned");
+  cr_expect_eq(ckv_test_wait_stat(&d, "leases_expired", 1, 15000), 0, "a silent client's lease never expired");
+  cr_expect_eq(ckv_test_stat(&d, "detached_sessions"), 2);
+  cr_expect_eq(ckv_test_wait_stat(&d, "arenas.0.bytes_used", 0, 30000), 0, "hung worker's bytes never returned");
   kill(hung, SIGKILL);
   kill(hung, SIGCONT);
   ckv_test_wait(hung, 5000);

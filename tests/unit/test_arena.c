@@ -18,20 +18,9 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include "testcheck.h"
 
-/* Under ASan, LeakSanitizer's report at exit does not fail a Criterion test
- * (nor does an assertion in .fini): check after every test and crash the
- * test's worker on a leak, which Criterion does count. */
-#if defined(__SANITIZE_ADDRESS__)
-#include <sanitizer/lsan_interface.h>
-static void leak_check(void) {
-  if (__lsan_do_recoverable_leak_check()) abort();
-}
-#else
-static void leak_check(void) {}
-#endif
-
-TestSuite(arena, .fini = leak_check);
+TestSuite(arena, .fini = ckv_test_leak_check);
 
 #define MiB (UINT64_C(1) << 20)
 

@@ -5,6 +5,7 @@
  * listening socket's mode and stale-socket handling. */
 #include "commitkv/status.h"
 #include "shm/fdpass.h"
+#include "testcheck.h"
 #include "testutil.h"
 
 #include <criterion/criterion.h>
@@ -24,19 +25,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-/* Under ASan, LeakSanitizer's report at exit does not fail a Criterion test
- * (nor does an assertion in .fini): check after every test and crash the
- * test's worker on a leak, which Criterion does count. */
-#if defined(__SANITIZE_ADDRESS__)
-#include <sanitizer/lsan_interface.h>
-static void leak_check(void) {
-  if (__lsan_do_recoverable_leak_check()) abort();
-}
-#else
-static void leak_check(void) {}
-#endif
-
-TestSuite(fdpass, .fini = leak_check);
+TestSuite(fdpass, .fini = ckv_test_leak_check);
 
 static int open_fds(void) {
   DIR *d = opendir("/proc/self/fd");
