@@ -105,8 +105,13 @@ Test(workers, hung_worker_loses_its_lease, .timeout = 120) {
   long long end = ckv_test_now_ms() + 20000;
   while (ckv_test_now_ms() < end && ckv_test_stat(&d, "sessions") < 2) usleep(50000);
   cr_assert_eq(kill(hung, SIGSTOP), 0); /* alive, socket open, but silent: only the lease can tell */
-  cr_expect_eq(ckv_test_wait_stat(&d, "leases_expired", 1, 15000), 0, "a silent client's lease never expired");
-  cr_expect_eq(ckv_test_stat(&d, "detached_sessions"), 2);
+  /* Its two sessions are detached once its lease runs out (polled: a
+   * commitkvctl run of the polling itself may be what expired first on a
+   * loaded sanitizer machine). */
+  cr_expect_eq(ckv_test_wait_stat(&d, "detached_sessions", 2, 15000), 0,
+               "a silent client's sessions were never detached (leases expired: %llu)",
+               ckv_test_stat(&d, "leases_expired"));
+  cr_expect_geq(ckv_test_stat(&d, "leases_expired"), 1, "a silent client's lease never expired");
   cr_expect_eq(ckv_test_wait_stat(&d, "arenas.0.bytes_used", 0, 30000), 0, "hung worker's bytes never returned");
   kill(hung, SIGKILL);
   kill(hung, SIGCONT);
