@@ -286,11 +286,13 @@ int ckv_session_write_kv(ckv_session *s, uint64_t position, uint32_t layer, cons
   if (ckv_rpc_memory(s->c) == CKV_RPC_MEM_CUDA) {
 #ifdef CKV_HAVE_CUDA_ARENA
     /* cudaMemcpy returns before a device-to-device (or staged host) copy has
-     * landed: wait on the default stream so the write is done on return. */
+     * landed: copy on this thread's default stream and wait for it, so the
+     * write is done on return without waiting for the application's other
+     * streams (the legacy default stream would wait for every blocking one). */
     cudaError_t e = cudaSuccess;
-    if (k) e = cudaMemcpyAsync(kp, k, bytes, cudaMemcpyDefault, NULL);
-    if (e == cudaSuccess && v) e = cudaMemcpyAsync(vp, v, bytes, cudaMemcpyDefault, NULL);
-    cudaError_t w = cudaStreamSynchronize(NULL);
+    if (k) e = cudaMemcpyAsync(kp, k, bytes, cudaMemcpyDefault, cudaStreamPerThread);
+    if (e == cudaSuccess && v) e = cudaMemcpyAsync(vp, v, bytes, cudaMemcpyDefault, cudaStreamPerThread);
+    cudaError_t w = cudaStreamSynchronize(cudaStreamPerThread);
     if (e != cudaSuccess) return cuda_failed(s, "cudaMemcpy of K/V into the draft slot", e);
     if (w != cudaSuccess) return cuda_failed(s, "cudaStreamSynchronize after the K/V copy", w);
     return CKV_OK;
