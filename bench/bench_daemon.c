@@ -14,6 +14,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "client/rpc.h"
+
 static long long now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -149,5 +151,19 @@ int ckv_bench_daemon_stop(ckv_bench_daemon *d) {
     ckv_bench_daemon_log_tail(d);
     return -ECHILD;
   }
+  return 0;
+}
+
+int ckv_bench_compress_stats(ckv_client *c, uint64_t *ret_pending_tokens, uint64_t *ret_queue) {
+  Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
+  Commitkv__V1__StatsRequest sr = COMMITKV__V1__STATS_REQUEST__INIT;
+  req.body_case = COMMITKV__V1__REQUEST__BODY_STATS;
+  req.stats = &sr;
+  Commitkv__V1__Response *rep;
+  int r = ckv_rpc(c, &req, &rep);
+  if (r < 0) return r;
+  if (ret_pending_tokens) *ret_pending_tokens = rep->stats ? rep->stats->pending_tokens : 0;
+  if (ret_queue) *ret_queue = rep->stats ? rep->stats->compress_queue : 0;
+  ckv_rpc_free(rep);
   return 0;
 }

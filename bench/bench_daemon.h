@@ -8,6 +8,7 @@
 #include <limits.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 #define CKV_BENCH_DAEMON_START_MS 10000
@@ -32,6 +33,12 @@ int ckv_bench_daemon_start(ckv_bench_daemon *d, const char *path, const char *di
 int ckv_bench_daemon_stop(ckv_bench_daemon *d);
 /* Prints the end of the daemon's log once, to explain a failure. */
 void ckv_bench_daemon_log_tail(ckv_bench_daemon *d);
+/* The daemon-wide compressor figures of a Stats request over client `c`:
+ * tokens whose bytes do not match their state yet, and compressor jobs
+ * waiting or running.  Either pointer may be NULL.  0 or the RPC's status. */
+typedef struct ckv_client ckv_client;
+int ckv_bench_compress_stats(ckv_client *c, uint64_t *ret_pending_tokens, uint64_t *ret_queue);
+
 /* rm -rf dir (no-op for NULL or ""). */
 void ckv_bench_rm_tree(const char *dir);
 

@@ -6,10 +6,11 @@
  *    repeated, median and max;
  *  - for a session of --tokens tokens (32K by default), each round: the
  *    ReportRound round trip, then the time from sending it until the daemon
- *    has published every transition it decided (its pending_tokens down to
- *    what waits by design: staged tokens fill committed blocks a whole
- *    32-token key chunk at a time, so fewer than a chunk per committed
- *    format wait for more; polled with Stats requests every 200 us, so
+ *    has published every transition it decided (compressor queue empty and
+ *    its pending_tokens down to what waits by design: staged tokens fill
+ *    committed blocks a whole 32-token key chunk at a time, so fewer than a
+ *    chunk per committed format wait for more; polled with Stats requests
+ *    every 200 us, so
  *    figures carry up to that much polling slack), with the transitions that
  *    round moved.
  *
@@ -25,13 +26,13 @@
 
 #include "bench/bench.h"
 #include "bench/bench_daemon.h"
-#include "client/rpc.h"
 #include "commitkv/commitkv.h"
+#include "kernels/format.h"
 
 #define MAX_ROUNDS 64
 /* Pending tokens that wait for more by design: a partial key chunk per
  * committed format (INT4, INT2). */
-#define WAITING_BY_DESIGN (2u * (32u - 1u))
+#define WAITING_BY_DESIGN (2u * (CKV_COMMIT_CHUNK_TOKENS - 1u))
 
 typedef struct round_fig {
   double report_us, publish_us;
@@ -47,20 +48,6 @@ static double now_us(void) {
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return x < y ? -1 : x > y;
-}
-
-/* The daemon-wide pending_tokens (this bench's session is the only one). */
-static int pending_tokens(ckv_client *c, uint64_t *ret) {
-  Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
-  Commitkv__V1__StatsRequest sr = COMMITKV__V1__STATS_REQUEST__INIT;
-  req.body_case = COMMITKV__V1__REQUEST__BODY_STATS;
-  req.stats = &sr;
-  Commitkv__V1__Response *rep;
-  int r = ckv_rpc(c, &req, &rep);
-  if (r < 0) return r;
-  *ret = rep->stats ? rep->stats->pending_tokens : 0;
-  ckv_rpc_free(rep);
-  return 0;
 }
 
 static void usage(void) {
@@ -161,10 +148,10 @@ int ckv_bench_epoch(int argc, char **argv) {
       break;
     }
     for (size_t i = 0; i < res.n_transitions; i++) fig[k].moved += res.transitions[i].count;
-    uint64_t pend = res.pending;
-    while (pend > WAITING_BY_DESIGN) {
+    uint64_t pend = res.pending, queue = res.pending ? 1 : 0; /* unknown until asked */
+    while (pend > WAITING_BY_DESIGN || queue) {
       usleep(200);
-      if ((r = pending_tokens(c, &pend)) < 0) {
+      if ((r = ckv_bench_compress_stats(c, &pend, &queue)) < 0) {
         fprintf(stderr, "commitkv-bench epoch: stats: %s\n", ckv_strerror(r));
         rc = 1;
         break;

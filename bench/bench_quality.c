@@ -165,20 +165,6 @@ static int session_figures(ckv_client *c, const char *id, session_figs *ret) {
   return r;
 }
 
-/* Compressor jobs waiting or running, daemon-wide (Stats.compress_queue). */
-static int compress_queue(ckv_client *c, uint64_t *ret) {
-  Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
-  Commitkv__V1__StatsRequest sr = COMMITKV__V1__STATS_REQUEST__INIT;
-  req.body_case = COMMITKV__V1__REQUEST__BODY_STATS;
-  req.stats = &sr;
-  Commitkv__V1__Response *rep;
-  int r = ckv_rpc(c, &req, &rep);
-  if (r < 0) return r;
-  *ret = rep->stats ? rep->stats->compress_queue : 0;
-  ckv_rpc_free(rep);
-  return 0;
-}
-
 /* Waits until the round's transitions are published: no pending token, or
  * the compressor idle and the pending count unchanged for SETTLE_STUCK_MS
  * (tokens judged committed wait for a full 32-token chunk before they move).
@@ -190,7 +176,7 @@ static int settle(ckv_client *c, ckv_session *s, session_figs *ret) {
   uint64_t last = UINT64_MAX, queue = 0;
   int r;
   for (;;) {
-    if ((r = session_figures(c, ckv_session_id(s), &f)) < 0 || (r = compress_queue(c, &queue)) < 0) return r;
+    if ((r = session_figures(c, ckv_session_id(s), &f)) < 0 || (r = ckv_bench_compress_stats(c, NULL, &queue)) < 0) return r;
     int64_t t = now_ns();
     if (f.pending == 0 || t - start > (int64_t)SETTLE_MS * 1000000) break;
     if (f.pending != last || queue) {
