@@ -170,6 +170,51 @@ static int arena_desc(ckv_client *c, const Commitkv__V1__ArenaInfo *a, const int
   return CKV_OK; /* an unknown kind: ckv_arena_import says it is unsupported */
 }
 
+/* One AttachRequest / AttachReply exchange on c->attach_fd.  On CKV_OK *ret_rep
+ * is a reply whose code is 0 (free it with
+ * commitkv__v1__attach_reply__free_unpacked) and fds[0..*ret_n_fds) are the
+ * descriptors that came with it, which the caller closes.  On failure
+ * nothing is left open and c->last_error says why when the daemon did. */
+static int attach_exchange(ckv_client *c, const Commitkv__V1__AttachRequest *req, int fds[CKV_ARENA_MAX_FDS],
+                           size_t *ret_n_fds, Commitkv__V1__AttachReply **ret_rep) {
+  uint8_t buf[ATTACH_MAX_FRAME];
+  size_t len = commitkv__v1__attach_request__get_packed_size(req);
+  commitkv__v1__attach_request__pack(req, buf);
+  int r = ckv_frame_send(c->attach_fd, buf, len, NULL, 0);
+  if (r < 0) return r;
+  size_t n_fds = 0;
+  r = ckv_frame_recv(c->attach_fd, buf, sizeof(buf), &len, fds, CKV_ARENA_MAX_FDS, &n_fds);
+  if (r < 0) return r == -EAGAIN || r == -EWOULDBLOCK ? CKV_ERR_TIMEOUT : r;
+  Commitkv__V1__AttachReply *rep = commitkv__v1__attach_reply__unpack(NULL, len, buf);
+  if (!rep) {
+    r = CKV_ERR_PROTO;
+  } else if (rep->code != 0) {
+    r = rep->code;
+    snprintf(c->last_error, sizeof(c->last_error), "%s", rep->message && *rep->message ? rep->message : ckv_strerror(r));
+  } else if (rep->boot_token.len != sizeof(c->boot_token)) {
+    r = CKV_ERR_PROTO;
+  }
+  if (r < 0) {
+    for (size_t i = 0; i < n_fds; i++) close(fds[i]);
+    if (rep) commitkv__v1__attach_reply__free_unpacked(rep, NULL);
+    return r;
+  }
+  *ret_n_fds = n_fds;
+  *ret_rep = rep;
+  return CKV_OK;
+}
+
+/* c->last_error for an arena that could not be mapped: the generic code and,
+ * for CUDA, the CUDA call that failed. */
+static void arena_error(ckv_client *c, const char *what, uint32_t arena_id, const char *kind, int r) {
+  const char *detail = "";
+#ifdef CKV_HAVE_CUDA_ARENA
+  if (strcmp(kind, "cuda") == 0) detail = ckv_arena_cuda_last_error();
+#endif
+  snprintf(c->last_error, sizeof(c->last_error), "%s %u (%s): %s%s%.300s", what, arena_id, kind, ckv_strerror(r),
+           *detail ? ": " : "", detail);
+}
+
 static int attach(ckv_client *c, const char *path, const char *name, bool want_arenas) {
   int r = ckv_unix_connect(path, &c->attach_fd);
   if (r < 0) {
@@ -183,29 +228,17 @@ static int attach(ckv_client *c, const char *path, const char *name, bool want_a
   req.version = CKV_CLIENT_VERSION;
   req.client_name = (char *)name;
   req.want_arenas = want_arenas;
-  uint8_t buf[ATTACH_MAX_FRAME];
-  size_t len = commitkv__v1__attach_request__get_packed_size(&req);
-  commitkv__v1__attach_request__pack(&req, buf);
-  r = ckv_frame_send(c->attach_fd, buf, len, NULL, 0);
-  if (r < 0) return r;
   int fds[CKV_ARENA_MAX_FDS];
   size_t n_fds = 0;
-  r = ckv_frame_recv(c->attach_fd, buf, sizeof(buf), &len, fds, CKV_ARENA_MAX_FDS, &n_fds);
+  Commitkv__V1__AttachReply *rep = NULL;
+  c->last_error[0] = 0;
+  r = attach_exchange(c, &req, fds, &n_fds, &rep);
   if (r < 0) {
-    snprintf(c->last_error, sizeof(c->last_error), "attach: no reply from %.300s: %s", path, ckv_strerror(r));
-    return r == -EAGAIN || r == -EWOULDBLOCK ? CKV_ERR_TIMEOUT : r;
+    if (!c->last_error[0])
+      snprintf(c->last_error, sizeof(c->last_error), "attach: no reply from %.300s: %s", path, ckv_strerror(r));
+    return r;
   }
-  Commitkv__V1__AttachReply *rep = commitkv__v1__attach_reply__unpack(NULL, len, buf);
-  if (!rep) {
-    r = CKV_ERR_PROTO;
-    goto out;
-  }
-  if (rep->code != 0) {
-    r = rep->code;
-    snprintf(c->last_error, sizeof(c->last_error), "%s", rep->message ? rep->message : "");
-    goto out;
-  }
-  if (rep->attach_key.len != sizeof(c->key) || rep->boot_token.len != sizeof(c->boot_token)) {
+  if (rep->attach_key.len != sizeof(c->key)) {
     r = CKV_ERR_PROTO;
     goto out;
   }
@@ -220,12 +253,7 @@ static int attach(ckv_client *c, const char *path, const char *name, bool want_a
     if (r < 0) goto out;
     r = ckv_arena_import(&d, &c->arena);
     if (r < 0) {
-      const char *detail = "";
-#ifdef CKV_HAVE_CUDA_ARENA
-      if (strcmp(d.kind, "cuda") == 0) detail = ckv_arena_cuda_last_error();
-#endif
-      snprintf(c->last_error, sizeof(c->last_error), "cannot map arena %u (%s): %s%s%.300s", a->arena_id, d.kind,
-               ckv_strerror(r), *detail ? ": " : "", detail);
+      arena_error(c, "cannot map arena", a->arena_id, d.kind, r);
       goto out;
     }
     c->arena_id = a->arena_id;
@@ -233,7 +261,7 @@ static int attach(ckv_client *c, const char *path, const char *name, bool want_a
   r = CKV_OK;
 out:
   for (size_t i = 0; i < n_fds; i++) close(fds[i]); /* a host mapping survives its fd */
-  if (rep) commitkv__v1__attach_reply__free_unpacked(rep, NULL);
+  commitkv__v1__attach_reply__free_unpacked(rep, NULL);
   return r;
 }
 
@@ -461,44 +489,26 @@ static int refresh_arenas(ckv_client *c) {
   req.version = CKV_CLIENT_VERSION;
   req.want_arenas = true;
   req.refresh = true;
-  uint8_t buf[ATTACH_MAX_FRAME];
-  size_t len = commitkv__v1__attach_request__get_packed_size(&req);
-  commitkv__v1__attach_request__pack(&req, buf);
-  int r = ckv_frame_send(c->attach_fd, buf, len, NULL, 0);
-  if (r < 0) return r;
   int fds[CKV_ARENA_MAX_FDS];
   size_t n_fds = 0;
-  r = ckv_frame_recv(c->attach_fd, buf, sizeof(buf), &len, fds, CKV_ARENA_MAX_FDS, &n_fds);
-  if (r < 0) return r == -EAGAIN || r == -EWOULDBLOCK ? CKV_ERR_TIMEOUT : r;
-  Commitkv__V1__AttachReply *rep = commitkv__v1__attach_reply__unpack(NULL, len, buf);
-  if (!rep) {
-    r = CKV_ERR_PROTO;
-  } else if (rep->code != 0) {
-    r = rep->code;
-    snprintf(c->last_error, sizeof(c->last_error), "arena refresh: %s", rep->message ? rep->message : "");
-  } else if (rep->boot_token.len != sizeof(c->boot_token) ||
-             memcmp(rep->boot_token.data, c->boot_token, sizeof(c->boot_token)) != 0) {
+  Commitkv__V1__AttachReply *rep = NULL;
+  int r = attach_exchange(c, &req, fds, &n_fds, &rep);
+  if (r < 0) return r;
+  if (memcmp(rep->boot_token.data, c->boot_token, sizeof(c->boot_token)) != 0) {
     r = CKV_ERR_DAEMON_RESTARTED;
   } else {
-    r = CKV_ERR_PROTO;
+    r = CKV_ERR_PROTO; /* unless our arena is in the reply */
     for (size_t i = 0; i < rep->n_arenas; i++) {
       const Commitkv__V1__ArenaInfo *a = rep->arenas[i];
       if (a->arena_id != c->arena_id) continue;
       ckv_arena_desc d;
       r = arena_desc(c, a, fds, n_fds, &d);
       if (r == CKV_OK) r = ckv_arena_refresh(c->arena, &d);
-      if (r < 0) {
-        const char *detail = "";
-#ifdef CKV_HAVE_CUDA_ARENA
-        if (strcmp(d.kind, "cuda") == 0) detail = ckv_arena_cuda_last_error();
-#endif
-        snprintf(c->last_error, sizeof(c->last_error), "cannot map the grown arena %u: %s%s%.300s", a->arena_id,
-                 ckv_strerror(r), *detail ? ": " : "", detail);
-      }
+      if (r < 0) arena_error(c, "cannot map the grown arena", a->arena_id, d.kind, r);
     }
   }
   for (size_t i = 0; i < n_fds; i++) close(fds[i]);
-  if (rep) commitkv__v1__attach_reply__free_unpacked(rep, NULL);
+  commitkv__v1__attach_reply__free_unpacked(rep, NULL);
   return r;
 }
 

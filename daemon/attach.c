@@ -63,6 +63,18 @@ static int arena_info(ckv_tenant *t, Commitkv__V1__ArenaInfo *info, ckv_arena_de
   return CKV_OK;
 }
 
+/* What every successful AttachReply to client `c` says about it. */
+static void reply_for(const ckv_server *s, const ckv_conn *c, Commitkv__V1__AttachReply *rep) {
+  rep->code = CKV_OK;
+  rep->attach_key.data = (uint8_t *)c->key;
+  rep->attach_key.len = CKV_KEY_BYTES;
+  rep->tenant = c->tenant ? c->tenant->name : "";
+  rep->boot_token.data = (uint8_t *)s->boot_token;
+  rep->boot_token.len = sizeof(s->boot_token);
+  rep->version = CKV_PROTOCOL_VERSION;
+  rep->admin = c->admin;
+}
+
 void ckv_attach_serve(ckv_server *s, int fd) {
   /* The request is already readable (the loop polled for it); a peer that
    * sends half a frame and stalls costs at most this much of the loop. */
@@ -165,15 +177,8 @@ void ckv_attach_serve(ckv_server *s, int fd) {
   s->counters.attaches++;
 
   Commitkv__V1__AttachReply rep = COMMITKV__V1__ATTACH_REPLY__INIT;
-  rep.code = CKV_OK;
+  reply_for(s, c, &rep);
   rep.message = "attached";
-  rep.attach_key.data = c->key;
-  rep.attach_key.len = CKV_KEY_BYTES;
-  rep.tenant = t ? t->name : "";
-  rep.boot_token.data = s->boot_token;
-  rep.boot_token.len = sizeof(s->boot_token);
-  rep.version = CKV_PROTOCOL_VERSION;
-  rep.admin = admin;
   Commitkv__V1__ArenaInfo info = COMMITKV__V1__ARENA_INFO__INIT, *infos[1] = {&info};
   ckv_arena_desc ex;
   bool exported = false;
@@ -215,15 +220,8 @@ bool ckv_attach_conn_input(ckv_server *s, ckv_conn *c) {
     return true;
   }
   Commitkv__V1__AttachReply rep = COMMITKV__V1__ATTACH_REPLY__INIT;
-  rep.code = CKV_OK;
+  reply_for(s, c, &rep);
   rep.message = "arenas";
-  rep.attach_key.data = c->key;
-  rep.attach_key.len = CKV_KEY_BYTES;
-  rep.tenant = c->tenant ? c->tenant->name : "";
-  rep.boot_token.data = s->boot_token;
-  rep.boot_token.len = sizeof(s->boot_token);
-  rep.version = CKV_PROTOCOL_VERSION;
-  rep.admin = c->admin;
   Commitkv__V1__ArenaInfo info = COMMITKV__V1__ARENA_INFO__INIT, *infos[1] = {&info};
   ckv_arena_desc ex;
   if (c->tenant && c->wants_arenas) {

@@ -428,7 +428,7 @@ static void accept_attach(ckv_server *s) {
   for (;;) {
     int fd = accept4(s->attach_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) return;
-    if (s->n_pending == sizeof(s->pending) / sizeof(s->pending[0])) {
+    if (s->n_pending == CKV_MAX_PENDING_ATTACH) {
       close(fd); /* too many half-open attaches: the newest waits its turn by reconnecting */
       continue;
     }
@@ -440,7 +440,7 @@ static void accept_attach(ckv_server *s) {
 static void serve_pending(ckv_server *s, const bool *ready) {
   uint64_t now = ckv_now_ms();
   size_t keep = 0, n = s->n_pending;
-  struct ckv_pending_attach todo[64];
+  struct ckv_pending_attach todo[CKV_MAX_PENDING_ATTACH];
   size_t n_todo = 0;
   for (size_t i = 0; i < n; i++) {
     if (ready[i]) {
@@ -461,7 +461,7 @@ static void serve_pending(ckv_server *s, const bool *ready) {
 
 static void housekeeping(ckv_server *s) {
   uint64_t now = ckv_now_ms();
-  bool none[64] = {false};
+  bool none[CKV_MAX_PENDING_ATTACH] = {false};
   serve_pending(s, none); /* expire silent attaches */
   size_t cur = 0;
   ckv_conn *c;
@@ -553,7 +553,7 @@ int ckv_server_run(ckv_server *s) {
         for (int i = 0; i < MAX_BATCH && serve_one(s); i++) {
         }
       /* attach requests that arrived (serve_pending compacts the list) */
-      bool ready[64] = {false};
+      bool ready[CKV_MAX_PENDING_ATTACH] = {false};
       for (size_t i = first_pending; i < first_conn; i++) ready[i - first_pending] = items[i].revents != 0;
       serve_pending(s, ready);
       if (items[1].revents & ZMQ_POLLIN) accept_attach(s);

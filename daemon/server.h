@@ -24,6 +24,7 @@ typedef struct ckv_srv_session ckv_srv_session;
 
 #define CKV_PROTOCOL_VERSION 1u
 #define CKV_KEY_BYTES 16u
+#define CKV_MAX_PENDING_ATTACH 64 /* attach connections waiting for their request */
 
 /* What the daemon knows of a tenant before it exists at run time. */
 typedef struct ckv_tenant_spec {
@@ -110,7 +111,7 @@ typedef struct ckv_server {
   struct ckv_pending_attach {
     int fd;
     uint64_t deadline_ms;
-  } pending[64]; /* accepted attach connections whose request has not arrived */
+  } pending[CKV_MAX_PENDING_ATTACH]; /* accepted attach connections whose request has not arrived */
   size_t n_pending;
   ckv_srv_session **doomed; /* dropped while compressor jobs were in flight */
   size_t n_doomed, cap_doomed;
