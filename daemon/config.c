@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "commitkv/status.h"
+#include "daemon/judge.h"
 #include "daemon/log.h"
 
 /* ------------------------------------------------------------------------ */
@@ -1709,4 +1710,22 @@ int ckv_config_policy_range(const char *key, double *ret_min, double *ret_max) {
     return CKV_ERR_INVALID; /* not a number */
   }
   return CKV_ERR_NOT_FOUND;
+}
+
+void ckv_config_judge_params(const ckv_policy_params *p, ckv_judge_params *ret) {
+  *ret = (ckv_judge_params){
+      .policy = p->default_policy,
+      .attn_threshold = (float)p->attn_threshold,
+      .semantic_threshold = (float)p->semantic_threshold,
+      .high_attn_threshold = (float)p->high_attn_threshold,
+      .history_rounds = p->history_rounds < CKV_ATTN_HISTORY ? p->history_rounds : CKV_ATTN_HISTORY,
+      .sink_tokens = p->sink_tokens,
+      .recent_window = p->recent_window,
+      .persistence_rounds = p->persistence_rounds,
+      .idle_rounds = p->idle_rounds,
+      .budget = (float)p->budget,
+      .commit_bits = p->commit_bits,
+      .prune_keep = (float)p->prune_keep,
+      .semantic_estimate_enabled = p->semantic_estimate,
+  };
 }

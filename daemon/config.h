@@ -158,6 +158,12 @@ typedef struct ckv_config {
  * Does not free: call ckv_config_done first when reusing a loaded struct. */
 void ckv_config_init_defaults(ckv_config *c);
 
+/* The judge's parameters for a [policy] section (history_rounds clamped to
+ * what the attention ring keeps; mlp left NULL: loading weights is the
+ * caller's).  The one mapping the daemon, ckv-train-mlp and the tests use. */
+struct ckv_judge_params;
+void ckv_config_judge_params(const ckv_policy_params *p, struct ckv_judge_params *ret);
+
 /* Frees the tenants and leaves *c empty (safe to call twice, or on a
  * zero-filled struct). */
 void ckv_config_done(ckv_config *c);

@@ -65,21 +65,8 @@ static bool resolve_tenant(void *ctx, uint32_t uid, uint32_t gid, ckv_tenant_spe
 /* [policy] -> the judge's parameters (and the mlp judge's weights). */
 static int policy_from_config(app *a, char *err, size_t errlen) {
   const ckv_policy_params *p = &a->cfg.policy;
-  ckv_judge_params j = {
-      .policy = p->default_policy,
-      .attn_threshold = (float)p->attn_threshold,
-      .semantic_threshold = (float)p->semantic_threshold,
-      .high_attn_threshold = (float)p->high_attn_threshold,
-      .history_rounds = p->history_rounds < CKV_ATTN_HISTORY ? p->history_rounds : CKV_ATTN_HISTORY,
-      .sink_tokens = p->sink_tokens,
-      .recent_window = p->recent_window,
-      .persistence_rounds = p->persistence_rounds,
-      .idle_rounds = p->idle_rounds,
-      .budget = (float)p->budget,
-      .commit_bits = p->commit_bits,
-      .prune_keep = (float)p->prune_keep,
-      .semantic_estimate_enabled = p->semantic_estimate,
-  };
+  ckv_judge_params j;
+  ckv_config_judge_params(p, &j);
   ckv_mlp *mlp = NULL;
   if (p->judge == CKV_JUDGE_MLP) {
     if (!p->mlp_weights[0]) {

@@ -97,21 +97,15 @@ static void seterr(char *err, size_t errlen, const char *fmt, ...) {
   va_end(ap);
 }
 
-/* The shipped [policy] defaults (packaging/commitkvd.conf), commitkv policy. */
+/* The shipped [policy] defaults (the configuration table's), commitkv policy. */
 static ckv_judge_params train_default_params(void) {
-  return (ckv_judge_params){.policy = CKV_POLICY_COMMITKV,
-                            .attn_threshold = 1.0f,
-                            .semantic_threshold = 0.3f,
-                            .high_attn_threshold = 2.0f,
-                            .history_rounds = 8,
-                            .sink_tokens = 4,
-                            .recent_window = 32,
-                            .persistence_rounds = 4,
-                            .idle_rounds = 16,
-                            .budget = 0.25f,
-                            .commit_bits = 4,
-                            .prune_keep = 1.0f,
-                            .semantic_estimate_enabled = 1};
+  ckv_config cfg;
+  ckv_config_init_defaults(&cfg);
+  ckv_judge_params p;
+  ckv_config_judge_params(&cfg.policy, &p);
+  ckv_config_done(&cfg);
+  p.policy = CKV_POLICY_COMMITKV;
+  return p;
 }
 
 /* ======================= the synthetic stream ======================= */

@@ -26,21 +26,17 @@ static const int k_all_policies[] = {CKV_POLICY_FP16,  CKV_POLICY_INT8,      CKV
                                      CKV_POLICY_H2O,   CKV_POLICY_STREAMING, CKV_POLICY_COMMITKV};
 #define N_POLICIES (sizeof(k_all_policies) / sizeof(k_all_policies[0]))
 
-/* The shipped [policy] defaults (packaging/commitkvd.conf). */
+/* The shipped [policy] defaults (the configuration table's, as commitkvd
+ * maps them), for `policy`. */
 static ckv_judge_params params_for(int policy) {
-  return (ckv_judge_params){.policy = policy,
-                            .attn_threshold = 1.0f,
-                            .semantic_threshold = 0.3f,
-                            .high_attn_threshold = 2.0f,
-                            .history_rounds = 8,
-                            .sink_tokens = 4,
-                            .recent_window = 32,
-                            .persistence_rounds = 4,
-                            .idle_rounds = 16,
-                            .budget = 0.25f,
-                            .commit_bits = policy == CKV_POLICY_KIVI2 ? 2 : 4,
-                            .prune_keep = 1.0f,
-                            .semantic_estimate_enabled = 1};
+  ckv_config cfg;
+  ckv_config_init_defaults(&cfg);
+  ckv_judge_params p;
+  ckv_config_judge_params(&cfg.policy, &p);
+  ckv_config_done(&cfg);
+  p.policy = policy;
+  if (policy == CKV_POLICY_KIVI2) p.commit_bits = 2;
+  return p;
 }
 
 /* ---- a deterministic generator (splitmix64) ---- */
