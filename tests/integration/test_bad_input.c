@@ -1402,12 +1402,10 @@ Test(bad_input, attached_socket_takes_only_refresh, .timeout = 60) {
 }
 
 /* A peer that connects to the attach socket and says nothing must not stall
- * the clients that are already attached: the loop is single-threaded, so a
- * blocking 1 s read of the attach frame delays every tenant's requests.
- * KNOWN DAEMON BUG (reported to the lead): attach.c reads the AttachRequest
- * with a blocking 1 s SO_RCVTIMEO inside the server loop, before the peer's
- * uid is even mapped, so any local user (the socket is 0666) can stall all
- * tenants 1 s per connection, indefinitely. */
+ * the clients that are already attached: the loop is single-threaded, and
+ * the socket is 0666, so any local user could otherwise hold every tenant up.
+ * The daemon polls accepted connections until their request is readable
+ * (with a deadline) instead of blocking on the read. */
 Test(bad_input, silent_attach_does_not_stall_others, .timeout = 90) {
   ckv_test_daemon d;
   start(&d, NULL);
