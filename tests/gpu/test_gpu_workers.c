@@ -42,37 +42,13 @@ static void need_gpu(void) {
   if (ckv_cuda_available() != CKV_OK) cr_skip_test("no CUDA device: %s", ckv_cuda_unavailable_reason());
 }
 
-/* The whole file (malloc'd, NUL-terminated; "" when unreadable). */
-static char *slurp(const char *path) {
-  FILE *f = fopen(path, "r");
-  char *buf = NULL;
-  size_t len = 0;
-  FILE *mem = open_memstream(&buf, &len);
-  if (f) {
-    char chunk[4096];
-    size_t got;
-    while ((got = fread(chunk, 1, sizeof(chunk), f)) > 0) fwrite(chunk, 1, got, mem);
-    fclose(f);
-  }
-  fclose(mem);
-  return buf;
-}
-
-/* Last `max` bytes of a file, for assertion messages. */
-static char *tail_of(const char *path, size_t max) {
-  char *all = slurp(path);
-  size_t n = strlen(all);
-  if (n > max) memmove(all, all + n - max, max + 1);
-  return all;
-}
-
 /* GPU memory, a short lease and detach keep (the kill test waits for both),
  * no metrics listener. */
 static void start_cuda_daemon(ckv_test_daemon *d) {
   static const char *const args[] = {"--backend", "cuda", "--set", "daemon.memory=512M", "--set", "daemon.lease=3s",
                                      "--set", "daemon.heartbeat=500ms", "--set", "daemon.detach_keep=6s", NULL};
   if (ckv_test_daemon_start(d, args) != 0) {
-    char *log = tail_of(d->log, 3000);
+    char *log = ckv_test_file_tail(d->log, 3000);
     cr_assert_fail("commitkvd --backend cuda did not start; its log:\n%s", log);
   }
 }
@@ -115,7 +91,7 @@ Test(gpu_workers, two_workers_gpu_attention_matches_cpu_on_every_format, .timeou
   w[1] = spawn_gpu_worker(&d, "gpu1", "24", "2", NULL, out[1], sizeof(out[1]));
   for (int i = 0; i < 2; i++) {
     int rc = ckv_test_wait(w[i], 150000);
-    char *text = tail_of(out[i], 3000);
+    char *text = ckv_test_file_tail(out[i], 3000);
     cr_expect_eq(rc, 0, "gpu worker %d exited %d:\n%s", i, rc, text);
     cr_expect_not_null(strstr(text, "\"ok\": true"), "gpu worker %d printed no successful summary:\n%s", i, text);
     const char *line = strstr(text, "{\"worker\"");
@@ -136,15 +112,15 @@ Test(gpu_workers, killed_gpu_worker_memory_returns, .timeout = 180) {
   long long end = ckv_test_now_ms() + 90000;
   bool paused = false;
   while (!paused && ckv_test_now_ms() < end) {
-    char *text = slurp(out);
-    paused = strstr(text, "pausing") != NULL;
+    char *text = ckv_test_read_file(out); /* NULL until the worker has created it */
+    paused = text && strstr(text, "pausing") != NULL;
     free(text);
     if (!paused) {
       cr_assert(ckv_test_daemon_alive(&d), "commitkvd died");
       usleep(100000);
     }
   }
-  char *text = tail_of(out, 3000);
+  char *text = ckv_test_file_tail(out, 3000);
   cr_assert(paused, "the gpu worker never reached its pause:\n%s", text);
   free(text);
   unsigned long long used = ckv_test_stat(&d, "arenas.0.bytes_used");

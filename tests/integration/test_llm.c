@@ -39,26 +39,6 @@ static void model_or_skip(char *buf, size_t size) {
   if (stat(buf, &st) != 0) cr_skip_test("model file not found at %s (set CKV_MODEL or CKV_MODEL_DIR)", buf);
 }
 
-static char *slurp(const char *path) {
-  FILE *f = fopen(path, "r");
-  if (!f) return NULL;
-  char *buf = NULL;
-  size_t cap = 0, n = 0, got;
-  do {
-    if (n + 4096 + 1 > cap) {
-      cap = cap ? cap * 2 : 8192;
-      char *nb = realloc(buf, cap);
-      if (!nb) break;
-      buf = nb;
-    }
-    got = fread(buf + n, 1, cap - n - 1, f);
-    n += got;
-  } while (got > 0);
-  fclose(f);
-  if (buf) buf[n] = '\0';
-  return buf;
-}
-
 /* The number after the last "key": in json (the top-level summary follows
  * the per-session objects).  Returns 0, or -1 when absent or null. */
 static int json_last_double(const char *json, const char *key, double *ret) {
@@ -88,7 +68,7 @@ static int run_llm(const ckv_test_daemon *d, const char *model, const char *poli
   for (int i = 0; extra && extra[i] && n < 39; i++) argv[n++] = extra[i];
   argv[n] = NULL;
   int rc = ckv_test_wait(ckv_test_spawn(argv, out), LLM_TIMEOUT_MS);
-  *ret_out = slurp(out);
+  *ret_out = ckv_test_read_file(out);
   return rc;
 }
 
@@ -162,7 +142,7 @@ Test(llm, missing_model_is_a_clear_error) {
   snprintf(model, sizeof(model), "%s/no-such-model.bin", dir);
   const char *argv[] = {"commitkv-llm", "--model", model, "--socket", "ipc:///nonexistent/commitkvd.sock", NULL};
   cr_expect_eq(ckv_test_wait(ckv_test_spawn(argv, out), 30000), 1);
-  char *text = slurp(out);
+  char *text = ckv_test_read_file(out);
   cr_expect(text && strstr(text, model), "the error should name the model path: %s", text ? text : "");
   free(text);
   unlink(out);
@@ -179,7 +159,7 @@ Test(llm, missing_daemon_is_a_clear_error) {
   snprintf(attach, sizeof(attach), "%s/commitkvd.attach", dir);
   const char *argv[] = {"commitkv-llm", "--model", model, "--socket", sock, "--attach-socket", attach, NULL};
   cr_expect_eq(ckv_test_wait(ckv_test_spawn(argv, out), 30000), 1);
-  char *text = slurp(out);
+  char *text = ckv_test_read_file(out);
   cr_expect(text && strstr(text, "commitkvd"), "the error should say the daemon is missing: %s", text ? text : "");
   free(text);
   ckv_test_rmdir(dir);

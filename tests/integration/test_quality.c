@@ -173,19 +173,6 @@ static const jval *jget(const jval *o, const char *key) {
 }
 
 /* ---- running the bench ---- */
-static char *slurp(const char *path) {
-  FILE *f = fopen(path, "r");
-  if (!f) return NULL;
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  char *s = malloc((size_t)n + 1);
-  size_t got = fread(s, 1, (size_t)n, f);
-  s[got] = 0;
-  fclose(f);
-  return s;
-}
-
 /* Runs commitkv-bench with args; returns its exit status and its stdout in *ret_out. */
 static int run_bench(const char *const *args, const char *dir, char **ret_out) {
   char bin[1024], out[600], err[600];
@@ -206,9 +193,9 @@ static int run_bench(const char *const *args, const char *dir, char **ret_out) {
     _exit(127);
   }
   int st = ckv_test_wait(pid, 300000);
-  *ret_out = slurp(out);
+  *ret_out = ckv_test_read_file(out);
   if (st != 0) {
-    char *e = slurp(err);
+    char *e = ckv_test_read_file(err);
     fprintf(stderr, "commitkv-bench exited %d; stderr:\n%s\n", st, e ? e : "");
     free(e);
   }
@@ -330,7 +317,7 @@ Test(quality, real_model_json_is_parsed, .timeout = 300) {
     cr_assert_float_eq(policy_field(real, k_policies[p], "kl_mean"), 0.0123, 1e-9);
     cr_assert_float_eq(policy_field(real, k_policies[p], "bytes_ratio_fp16"), 0.4321, 1e-9);
   }
-  char *args_log = slurp(log);
+  char *args_log = ckv_test_read_file(log);
   cr_assert_not_null(args_log);
   cr_assert_not_null(strstr(args_log, "--policy h2o --param budget=0.4321"), "h2o not run at commitkv's memory: %s",
                      args_log);

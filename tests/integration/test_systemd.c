@@ -26,30 +26,6 @@
 
 /* ---- helpers ----------------------------------------------------------- */
 
-static char *read_file(const char *path) {
-  FILE *f = fopen(path, "r");
-  if (!f) return NULL;
-  size_t cap = 4096, len = 0;
-  char *buf = malloc(cap);
-  size_t got;
-  while (buf && (got = fread(buf + len, 1, cap - len - 1, f)) > 0) {
-    len += got;
-    if (cap - len < 2) {
-      char *nb = realloc(buf, cap * 2);
-      if (!nb) {
-        free(buf);
-        buf = NULL;
-        break;
-      }
-      buf = nb;
-      cap *= 2;
-    }
-  }
-  fclose(f);
-  if (buf) buf[len] = 0;
-  return buf;
-}
-
 static void write_file(const char *path, const char *text) {
   FILE *f = fopen(path, "w");
   cr_assert_not_null(f, "cannot write %s", path);
@@ -175,7 +151,7 @@ Test(systemd, no_notify_socket_no_notifications, .timeout = 30) {
 
 /* Copies src to dst replacing every `from` by `to`. */
 static void copy_subst(const char *src, const char *dst, const char *from, const char *to) {
-  char *text = read_file(src);
+  char *text = ckv_test_read_file(src);
   cr_assert_not_null(text, "cannot read %s", src);
   FILE *f = fopen(dst, "w");
   cr_assert_not_null(f);
@@ -230,7 +206,7 @@ Test(systemd, units_pass_systemd_analyze_verify, .timeout = 60) {
            dir, dir, have_man ? "" : "--man=no", dir);
   int rc = sh(cmd);
   snprintf(dst, sizeof(dst), "%s/verify.out", dir);
-  char *out = read_file(dst);
+  char *out = ckv_test_read_file(dst);
   cr_expect_eq(rc, 0, "systemd-analyze verify failed:\n%s", out ? out : "");
   cr_expect(out && out[0] == 0, "systemd-analyze verify printed warnings:\n%s", out ? out : "");
   free(out);
@@ -246,7 +222,7 @@ Test(systemd, units_pass_systemd_analyze_verify, .timeout = 60) {
 Test(systemd, unit_files_have_the_required_settings) {
   char path[600];
   snprintf(path, sizeof(path), "%s/packaging/systemd/commitkvd.service", source_dir());
-  char *u = read_file(path);
+  char *u = ckv_test_read_file(path);
   cr_assert_not_null(u, "no %s", path);
   static const char *const want[] = {
       "\nType=notify\n", "\nNotifyAccess=main\n", "\nWatchdogSec=", "\nRuntimeDirectory=commitkv\n",
@@ -260,7 +236,7 @@ Test(systemd, unit_files_have_the_required_settings) {
     cr_expect(strstr(u, want[i]) != NULL, "commitkvd.service lacks %s", want[i] + 1);
   free(u);
   snprintf(path, sizeof(path), "%s/packaging/sysusers.d/commitkv.conf", source_dir());
-  u = read_file(path);
+  u = ckv_test_read_file(path);
   cr_assert_not_null(u);
   cr_expect(strstr(u, "\nu     commitkv ") != NULL || strstr(u, "\nu commitkv ") != NULL, "no system user: %s", u);
   free(u);
@@ -274,7 +250,7 @@ static int check_config(const char *dir, const char *file, char **out) {
   snprintf(log, sizeof(log), "%s/check.out", dir);
   const char *argv[] = {"commitkvd", "--check-config", file, NULL};
   int rc = ckv_test_wait(ckv_test_spawn(argv, log), 10000);
-  *out = read_file(log);
+  *out = ckv_test_read_file(log);
   cr_assert_not_null(*out);
   return rc;
 }

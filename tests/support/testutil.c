@@ -27,6 +27,11 @@ char *ckv_test_tmpdir(const char *prefix) {
 
 void ckv_test_rmdir(char *dir) {
   if (!dir) return;
+  if (getenv("CKV_TEST_KEEP")) { /* debugging: leave logs and sockets behind */
+    fprintf(stderr, "CKV_TEST_KEEP: kept %s\n", dir);
+    free(dir);
+    return;
+  }
   char *cmd = NULL;
   if (asprintf(&cmd, "rm -rf '%s'", dir) >= 0) {
     if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", dir);
@@ -136,6 +141,35 @@ int ckv_test_daemon_stop(ckv_test_daemon *d) {
   return rc;
 }
 
+char *ckv_test_read_file(const char *path) {
+  FILE *f = fopen(path, "r");
+  if (!f) return NULL;
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *mem = open_memstream(&buf, &len);
+  if (!mem) {
+    fclose(f);
+    return NULL;
+  }
+  char chunk[4096];
+  size_t got;
+  while ((got = fread(chunk, 1, sizeof(chunk), f)) > 0) fwrite(chunk, 1, got, mem);
+  fclose(f);
+  fclose(mem);
+  return buf;
+}
+
+char *ckv_test_file_tail(const char *path, size_t max) {
+  char *text = ckv_test_read_file(path);
+  if (!text) {
+    if (asprintf(&text, "(cannot read %s)\n", path) < 0) abort();
+    return text;
+  }
+  size_t len = strlen(text);
+  if (len > max) memmove(text, text + len - max, max + 1);
+  return text;
+}
+
 char *ckv_test_ctl(const ckv_test_daemon *d, const char *const *args) {
   char out[400];
   snprintf(out, sizeof(out), "%s/ctl.%d.out", d->dir, (int)getpid());
@@ -146,17 +180,7 @@ char *ckv_test_ctl(const ckv_test_daemon *d, const char *const *args) {
   argv[n] = NULL;
   pid_t pid = ckv_test_spawn(argv, out);
   if (ckv_test_wait(pid, 10000) != 0) return NULL;
-  FILE *f = fopen(out, "r");
-  if (!f) return NULL;
-  char *buf = NULL;
-  size_t len = 0;
-  FILE *mem = open_memstream(&buf, &len);
-  char chunk[4096];
-  size_t got;
-  while ((got = fread(chunk, 1, sizeof(chunk), f)) > 0) fwrite(chunk, 1, got, mem);
-  fclose(f);
-  fclose(mem);
-  return buf;
+  return ckv_test_read_file(out);
 }
 
 /* A tiny path walker over commitkvctl's JSON: enough for tests, not a parser. */

@@ -46,6 +46,12 @@ char *ckv_test_ctl(const ckv_test_daemon *d, const char *const *args);
  * "arenas.0.bytes_used") from commitkvctl's JSON; returns 0 on success. */
 int ckv_test_json_u64(const char *json, const char *path, unsigned long long *ret);
 
+/* The whole file (malloc'd, NUL-terminated), or NULL when it cannot be read. */
+char *ckv_test_read_file(const char *path);
+/* The last `max` bytes of a file (malloc'd; never NULL: a file that cannot
+ * be read gives a line saying so), for assertion messages. */
+char *ckv_test_file_tail(const char *path, size_t max);
+
 /* Milliseconds on the monotonic clock. */
 long long ckv_test_now_ms(void);
 

@@ -45,16 +45,6 @@ static int gpu_present(char *reason, size_t len) {
 #endif
 }
 
-static char *slurp(const char *path) {
-  FILE *f = fopen(path, "r");
-  if (!f) return NULL;
-  static char buf[65536];
-  size_t n = fread(buf, 1, sizeof buf - 1, f);
-  fclose(f);
-  buf[n] = 0;
-  return buf;
-}
-
 Test(backend, host_is_host) {
   const ckv_arena_backend *be = NULL;
   char name[16], why[512];
@@ -190,12 +180,13 @@ Test(daemon_backend, cuda_refused_at_start_without_gpu, .timeout = 30) {
   pid_t pid = ckv_test_spawn(argv, log);
   cr_assert_gt(pid, 0);
   int rc = ckv_test_wait(pid, 15000);
-  const char *out = slurp(log);
+  char *out = ckv_test_read_file(log);
   cr_log_info("commitkvd --backend cuda: exit %d: %s", rc, out ? out : "(no output)");
   cr_assert_neq(rc, -1, "commitkvd --backend cuda did not exit (it must fail at start without a GPU)");
   cr_assert_neq(rc, 0, "commitkvd --backend cuda must fail without a GPU");
   cr_assert_lt(rc, 128, "commitkvd --backend cuda crashed (signal %d) instead of failing cleanly", rc - 128);
   cr_assert(out && has(out, "cuda"), "stderr must say why: %s", out ? out : "");
+  free(out);
   struct stat st;
   cr_assert_neq(stat(attach, &st), 0, "no attach socket: it never served");
   ckv_test_rmdir(dir);
@@ -207,8 +198,9 @@ Test(daemon_backend, auto_serves, .timeout = 30) {
   ckv_test_daemon d;
   const char *extra[] = {"--backend", "auto", "--memory", "64M", NULL};
   int r = ckv_test_daemon_start(&d, extra);
-  const char *out = slurp(d.log);
+  char *out = ckv_test_read_file(d.log);
   cr_assert_eq(r, 0, "commitkvd --backend auto did not start: %s", out ? out : "");
+  free(out);
   cr_assert(ckv_test_daemon_alive(&d));
   const char *args[] = {"status", NULL};
   char *st = ckv_test_ctl(&d, args);
