@@ -59,8 +59,8 @@ static entry *find(const ckv_strmap *m, const char *key) {
   }
 }
 
-static int grow(ckv_strmap *m) {
-  size_t ncap = m->cap * 2;
+/* Rehashes into `ncap` slots, dropping tombstones. */
+static int rehash(ckv_strmap *m, size_t ncap) {
   entry *ne = calloc(ncap, sizeof(entry));
   if (!ne) return -ENOMEM;
   for (size_t i = 0; i < m->cap; i++) {
@@ -84,7 +84,11 @@ int ckv_strmap_put(ckv_strmap *m, const char *key, void *value) {
     return CKV_OK;
   }
   if ((m->used + 1) * 4 >= m->cap * 3) {
-    int r = grow(m);
+    /* Full of live keys: double.  Full of tombstones (a daemon whose short
+     * clients come and go): sweep them at the same size, or the table would
+     * double forever while holding a handful of keys. */
+    size_t ncap = (m->size + 1) * 2 >= m->cap ? m->cap * 2 : m->cap;
+    int r = rehash(m, ncap);
     if (r < 0) return r;
   }
   char *k = strdup(key);
@@ -116,6 +120,7 @@ void *ckv_strmap_del(ckv_strmap *m, const char *key) {
 }
 
 size_t ckv_strmap_size(const ckv_strmap *m) { return m->size; }
+size_t ckv_strmap_capacity(const ckv_strmap *m) { return m->cap; }
 
 void *ckv_strmap_next(const ckv_strmap *m, size_t *cursor, const char **ret_key) {
   for (size_t i = *cursor; i < m->cap; i++) {
