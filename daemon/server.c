@@ -25,6 +25,7 @@
 #include "daemon/compressor.h"
 #include "daemon/lifecycle.h"
 #include "daemon/activation.h"
+#include "daemon/instance.h"
 #include "daemon/log.h"
 #include "daemon/metrics.h"
 #include "daemon/session.h"
@@ -77,6 +78,7 @@ int ckv_server_new(const ckv_server_options *opt, ckv_server **ret, char *err, s
   s->opt = *opt;
   s->attach_fd = -1;
   s->signal_fd = -1;
+  s->lock_fd = -1;
   s->start_ms = ckv_now_ms();
   int r;
   if (getrandom(s->boot_token, sizeof(s->boot_token), 0) != sizeof(s->boot_token)) {
@@ -130,6 +132,9 @@ int ckv_server_new(const ckv_server_options *opt, ckv_server **ret, char *err, s
   set_sockopt_int(s->router, ZMQ_SNDHWM, 10000);
   set_sockopt_int(s->router, ZMQ_RCVHWM, 10000);
   if (strncmp(opt->socket, "ipc://", 6) == 0) ensure_parent_dir(opt->socket + 6);
+  ensure_parent_dir(opt->attach_socket);
+  /* Before anything is bound: binding would take a running daemon's sockets. */
+  if ((r = ckv_instance_claim(opt->socket, opt->attach_socket, &s->lock_fd, err, errlen)) < 0) goto fail;
   if (zmq_bind(s->router, opt->socket) != 0) {
     snprintf(err, errlen, "cannot bind %s: %s", opt->socket, zmq_strerror(zmq_errno()));
     r = -zmq_errno();
@@ -146,7 +151,6 @@ int ckv_server_new(const ckv_server_options *opt, ckv_server **ret, char *err, s
     r = ckv_metrics_new("", &s->metrics, err, errlen);
     if (r < 0) goto fail;
   }
-  ensure_parent_dir(opt->attach_socket);
   int inherited = ckv_activation_attach_fd(opt->attach_socket);
   if (inherited >= 0) {
     s->attach_fd = inherited; /* socket activation: systemd owns the path */
@@ -286,6 +290,7 @@ ckv_server *ckv_server_free(ckv_server *s) {
   }
   s->metrics = ckv_metrics_free(s->metrics);
   if (s->signal_fd >= 0) close(s->signal_fd);
+  if (s->lock_fd >= 0) close(s->lock_fd); /* last: a successor may claim the sockets from here on */
   ckv_wire_arena_done(&s->in);
   ckv_wire_arena_done(&s->out);
   free(s);

@@ -95,6 +95,7 @@ typedef struct ckv_server {
   const ckv_arena_backend *backend;
   void *zctx, *router;
   int attach_fd, signal_fd;
+  int lock_fd; /* instance lock (instance.h), held for the daemon's life */
   uint8_t boot_token[16];
   uint64_t start_ms;
   uint64_t next_conn_id, next_block_id;

@@ -82,16 +82,22 @@ static void daemon_end(ckv_test_daemon *d, int sig) {
     cr_assert_eq(st, 0, "commitkvd did not exit cleanly on signal %d (status %d; log %s)", sig, st, d->log);
 }
 
-/* A new commitkvd on the same socket paths and directory as the last one
- * (the same arguments ckv_test_daemon_start uses), ready once its attach
- * socket accepts: it binds the request socket before it listens there. */
-static void daemon_restart(ckv_test_daemon *d) {
-  const char *argv[32] = {"commitkvd", "--socket",  d->socket, "--attach-socket", d->attach,
+/* Starts a commitkvd with the arguments ckv_test_daemon_start uses, on the
+ * control socket and directory of `d` and the attach socket `attach`. */
+static pid_t spawn_daemon_like(const ckv_test_daemon *d, const char *attach, const char *log) {
+  const char *argv[32] = {"commitkvd", "--socket",  d->socket, "--attach-socket", attach,
                           "--state-dir", d->dir, "--set",    "daemon.metrics="};
   int n = 9;
   for (int i = 0; k_daemon_args[i]; i++) argv[n++] = k_daemon_args[i];
   argv[n] = NULL;
-  d->pid = ckv_test_spawn(argv, d->log);
+  return ckv_test_spawn(argv, log);
+}
+
+/* A new commitkvd on the same socket paths and directory as the last one,
+ * ready once its attach socket accepts: it binds the request socket before
+ * it listens there. */
+static void daemon_restart(ckv_test_daemon *d) {
+  d->pid = spawn_daemon_like(d, d->attach, d->log);
   long long end = ckv_test_now_ms() + DEADLINE_MS;
   while (!attach_accepts(d->attach)) {
     cr_assert(ckv_test_daemon_alive(d), "the new commitkvd died (log %s)", d->log);
@@ -464,4 +470,49 @@ Test(restart, threads_share_one_reconnect, .timeout = 60) {
     if (w[i].s) ckv_session_close(w[i].s);
   ckv_client_free(c);
   cr_expect_eq(ckv_test_daemon_stop(&d), 0);
+}
+
+/* Test 6: a second commitkvd started on a running one's sockets (by hand,
+ * beside the systemd unit) exits at once, naming the running one, and
+ * binds nothing: ZeroMQ would have replaced the control socket's file and
+ * removed it on exit, cutting every client of the running daemon off.  The
+ * running daemon's clients go on, and new clients still reach it. */
+static void expect_refused(const ckv_test_daemon *d, const char *attach, const char *log, const char *says) {
+  pid_t second = spawn_daemon_like(d, attach, log);
+  int st = ckv_test_wait(second, DEADLINE_MS);
+  char *text = ckv_test_file_tail(log, 2000);
+  cr_expect_eq(st, 1, "the second commitkvd ended with %d; its log:\n%s", st, text);
+  cr_expect(strstr(text, says), "the second commitkvd did not say '%s'; its log:\n%s", says, text);
+  free(text);
+}
+
+Test(restart, second_daemon_on_the_same_sockets_is_refused, .timeout = 60) {
+  ckv_test_daemon d;
+  daemon_start(&d);
+  ckv_client *c = connect_to(&d, /* heartbeat= */ false, /* timeout_ms= */ 0);
+  ckv_session *s = open_session(c, "first");
+  append_and_write(c, s, 6);
+
+  char log[400], says[64], other_attach[400];
+  snprintf(log, sizeof(log), "%s/second.log", d.dir);
+  snprintf(says, sizeof(says), "another commitkvd (pid %d) serves", (int)d.pid);
+  expect_refused(&d, d.attach, log, says);
+  /* Another attach path, the same control socket: refused as well. */
+  snprintf(other_attach, sizeof(other_attach), "%s/other.attach", d.dir);
+  snprintf(log, sizeof(log), "%s/third.log", d.dir);
+  expect_refused(&d, other_attach, log, "another process serves ipc://");
+  cr_expect_not(attach_accepts(other_attach), "the refused daemon left a listener behind");
+
+  /* The running daemon never noticed: its client reads its K/V back and is
+   * answered, and a new client attaches and talks to it. */
+  cr_expect_eq(ckv_client_heartbeat(c), CKV_OK, "the running daemon's client was cut off: %s",
+               ckv_client_last_error(c));
+  read_back(c, s, 6);
+  ckv_client *late = connect_to(&d, /* heartbeat= */ false, /* timeout_ms= */ 0);
+  cr_expect_eq(ckv_client_heartbeat(late), CKV_OK, "a new client did not reach the running daemon: %s",
+               ckv_client_last_error(late));
+  ckv_client_free(late);
+  cr_expect_eq(ckv_session_drop(s), CKV_OK);
+  ckv_client_free(c);
+  cr_expect_eq(ckv_test_daemon_stop(&d), 0, "commitkvd did not exit cleanly on SIGTERM");
 }
