@@ -95,9 +95,11 @@ static int cmd_stats(ckv_client *c, bool json) {
       json_bytes(t->bytes);
       printf("}");
     }
-    printf("], \"detached_sessions\": %" PRIu64 ", \"leases_expired\": %" PRIu64 ", \"requests\": %" PRIu64
+    printf("], \"detached_sessions\": %" PRIu64 ", \"leases_expired\": %" PRIu64 ", \"sessions_detached\": %" PRIu64
+           ", \"sessions_resumed\": %" PRIu64 ", \"sessions_expired\": %" PRIu64 ", \"requests\": %" PRIu64
            ", \"errors\": %" PRIu64 ", \"rounds\": %" PRIu64 ", \"uptime_ms\": %" PRIu64 ", \"backend\": ",
-           s->detached_sessions, s->leases_expired, s->requests, s->errors, s->rounds, s->uptime_ms);
+           s->detached_sessions, s->leases_expired, s->sessions_detached, s->sessions_resumed, s->sessions_expired,
+           s->requests, s->errors, s->rounds, s->uptime_ms);
     json_str(s->backend);
     printf("}\n");
   } else {
@@ -118,6 +120,8 @@ static int cmd_stats(ckv_client *c, bool json) {
              s->arenas[i]->bytes_total, s->arenas[i]->bytes_committed);
     printf("requests %" PRIu64 ", errors %" PRIu64 ", rounds %" PRIu64 ", leases expired %" PRIu64 "\n", s->requests,
            s->errors, s->rounds, s->leases_expired);
+    printf("sessions detached %" PRIu64 ", resumed %" PRIu64 ", expired unresumed %" PRIu64 "\n",
+           s->sessions_detached, s->sessions_resumed, s->sessions_expired);
   }
   ckv_rpc_free(rep);
   return 0;

@@ -187,7 +187,7 @@ void ckv_attach_serve(ckv_server *s, int fd) {
     if (r < 0) {
       snprintf(msg, sizeof(msg), "attach: cannot export the arena: %s", ckv_strerror(r));
       refuse(fd, r, msg);
-      ckv_server_drop_conn(s, c, "arena export failed");
+      ckv_server_drop_conn(s, c, CKV_LOG_WARNING, "arena export failed");
       return;
     }
     exported = true;

@@ -214,6 +214,7 @@ static int h_open(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
     if (g && g->n_layers && (g->n_layers != sess->geom.n_layers || g->n_kv_heads != sess->geom.n_kv_heads ||
                              g->head_dim != sess->geom.head_dim || (uint32_t)g->dtype != sess->geom.dtype))
       return fail(x, CKV_ERR_FORMAT, "session '%s' has another geometry", o->session_id);
+    if (!sess->owner) s->counters.sessions_resumed++;
     sess->owner = c->id;
     sess->acked_epoch = 0;
     ckv_log(CKV_LOG_INFO, "session-resume", c->tenant->name, sess->id, "resumed by client %llu",
@@ -500,9 +501,7 @@ static int h_close(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req,
   ckv_srv_session *sess;
   int r = find_session(s, c, req->close_session->session_id, true, &sess, x);
   if (r < 0) return r;
-  sess->owner = 0;
-  sess->detached_at_ms = ckv_now_ms();
-  ckv_srv_session_release_retired(sess);
+  ckv_server_detach_session(s, sess);
   ckv_log(CKV_LOG_INFO, "session-close", sess->tenant->name, sess->id, "detached; kept %llu ms for resume",
           (unsigned long long)s->opt.detach_keep_ms);
   return CKV_OK;
@@ -617,6 +616,9 @@ static int h_stats(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req,
   st->backend = (char *)s->opt.backend;
   st->detached_sessions = detached;
   st->leases_expired = s->counters.leases_expired;
+  st->sessions_detached = s->counters.sessions_detached;
+  st->sessions_resumed = s->counters.sessions_resumed;
+  st->sessions_expired = s->counters.sessions_expired;
   ckv_compressor_stats cs;
   ckv_compressor_get_stats(s->compressor, &cs);
   st->compress_queue = cs.queued;

@@ -240,18 +240,27 @@ void ckv_server_settle_session(ckv_server *s, ckv_srv_session *sess) {
   }
 }
 
-void ckv_server_drop_conn(ckv_server *s, ckv_conn *c, const char *why) {
-  uint64_t now = ckv_now_ms();
-  size_t cur = 0;
+void ckv_server_detach_session(ckv_server *s, ckv_srv_session *sess) {
+  sess->owner = 0;
+  sess->detached_at_ms = ckv_now_ms();
+  ckv_srv_session_release_retired(sess); /* no reader is left to protect */
+  s->counters.sessions_detached++;
+}
+
+void ckv_server_drop_conn(ckv_server *s, ckv_conn *c, int level, const char *why) {
+  size_t cur = 0, detached = 0;
   ckv_srv_session *sess;
   while ((sess = ckv_strmap_next(s->sessions, &cur, NULL)))
     if (sess->owner == c->id) {
-      sess->owner = 0;
-      sess->detached_at_ms = now;
-      ckv_srv_session_release_retired(sess); /* no reader is left to protect */
+      ckv_server_detach_session(s, sess);
+      detached++;
     }
-  ckv_log(CKV_LOG_INFO, "client-gone", c->tenant ? c->tenant->name : NULL, NULL, "client %llu (pid %u, %s): %s",
-          (unsigned long long)c->id, c->pid, c->name, why);
+  char kept[96] = "";
+  if (detached)
+    snprintf(kept, sizeof(kept), "; %zu sessions detached, kept %llu ms for resume", detached,
+             (unsigned long long)s->opt.detach_keep_ms);
+  ckv_log(level, "client-gone", c->tenant ? c->tenant->name : NULL, NULL, "client %llu (pid %u, %s): %s%s",
+          (unsigned long long)c->id, c->pid, c->name, why, kept);
   if (c->tenant) c->tenant->n_clients--;
   if (c->attach_fd >= 0) close(c->attach_fd);
   ckv_strmap_del(s->conns, c->keyhex);
@@ -263,7 +272,7 @@ ckv_server *ckv_server_free(ckv_server *s) {
   if (s->conns) {
     size_t cur = 0;
     ckv_conn *c;
-    while ((c = ckv_strmap_next(s->conns, &cur, NULL))) ckv_server_drop_conn(s, c, "daemon stopping");
+    while ((c = ckv_strmap_next(s->conns, &cur, NULL))) ckv_server_drop_conn(s, c, CKV_LOG_INFO, "daemon stopping");
   }
   /* Stop the compressor first: its threads may still write blocks. */
   s->compressor = ckv_compressor_free(s->compressor);
@@ -472,8 +481,11 @@ static void housekeeping(ckv_server *s) {
   ckv_conn *c;
   while ((c = ckv_strmap_next(s->conns, &cur, NULL)))
     if (now - c->last_seen_ms > s->opt.lease_ms) {
+      char why[96];
+      snprintf(why, sizeof(why), "lease expired (silent for %llu ms, lease %u ms)",
+               (unsigned long long)(now - c->last_seen_ms), s->opt.lease_ms);
       s->counters.leases_expired++;
-      ckv_server_drop_conn(s, c, "lease expired");
+      ckv_server_drop_conn(s, c, CKV_LOG_WARNING, why); /* alive but silent, or hung: worth a look */
     }
   cur = 0;
   ckv_srv_session *sess;
@@ -481,6 +493,7 @@ static void housekeeping(ckv_server *s) {
     if (sess->owner == 0 && now - sess->detached_at_ms >= s->opt.detach_keep_ms) {
       ckv_log(CKV_LOG_INFO, "session-expired", sess->tenant->name, sess->id, "detached session freed after %llu ms",
               (unsigned long long)s->opt.detach_keep_ms);
+      s->counters.sessions_expired++;
       ckv_server_destroy_session(s, sess);
     }
 }
@@ -565,7 +578,7 @@ int ckv_server_run(ckv_server *s) {
       for (size_t i = first_conn; i < n; i++) {
         if (!items[i].revents) continue;
         if (!ckv_attach_conn_input(s, owners[i]))
-          ckv_server_drop_conn(s, owners[i], "attach socket closed (process exited)");
+          ckv_server_drop_conn(s, owners[i], CKV_LOG_INFO, "attach socket closed (process exited)");
       }
     }
     uint64_t now = ckv_now_ms();

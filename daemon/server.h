@@ -87,6 +87,9 @@ typedef struct ckv_conn {
 
 typedef struct ckv_counters {
   uint64_t requests, errors, rounds, leases_expired, attaches, attach_refused;
+  /* Session lifetimes: detached (client gone or CloseSession), resumed by a
+   * client, freed after detach_keep without one. */
+  uint64_t sessions_detached, sessions_resumed, sessions_expired;
   uint64_t transitions[4][4]; /* of sessions already gone; live ones keep their own */
 } ckv_counters;
 
@@ -140,7 +143,11 @@ uint64_t ckv_now_us(void);
 /* Formats and publishes the metrics snapshot (server_metrics.c). */
 void ckv_server_publish_metrics(ckv_server *s);
 ckv_tenant *ckv_server_tenant(ckv_server *s, const ckv_tenant_spec *spec, int *ret_status);
-void ckv_server_drop_conn(ckv_server *s, ckv_conn *c, const char *why);
+/* The client is gone: its sessions are detached, the connection freed, and
+ * `why` logged at `level` (a ckv_log_level). */
+void ckv_server_drop_conn(ckv_server *s, ckv_conn *c, int level, const char *why);
+/* Nobody reads the session any more: kept for resume until detach_keep. */
+void ckv_server_detach_session(ckv_server *s, ckv_srv_session *sess);
 void ckv_server_session_key(const ckv_tenant *t, const char *id, char *buf, size_t len);
 void ckv_server_destroy_session(ckv_server *s, ckv_srv_session *sess);
 /* Publish every finished compressor job (and free doomed sessions). */

@@ -405,6 +405,7 @@ Test(proto, every_reply_type_round_trips) {
   st.sessions = 1, st.clients = 2, st.tokens = &tc, st.bytes = &bc, st.n_arenas = 1, st.arenas = ass;
   st.n_tenants = 1, st.tenants = tss, st.requests = 100, st.errors = 3, st.rounds = 7, st.uptime_ms = 5000;
   st.backend = "host", st.detached_sessions = 1, st.leases_expired = 1;
+  st.sessions_detached = 4, st.sessions_resumed = 1, st.sessions_expired = 2;
   Commitkv__V1__SessionInfo si = COMMITKV__V1__SESSION_INFO__INIT, *sis[1] = {&si};
   si.session_id = "s", si.tenant = "a", si.policy = "commitkv", si.attached = true, si.epoch = 3, si.rounds = 2;
   si.tokens = &tc, si.bytes = &bc, si.geometry = &geom;

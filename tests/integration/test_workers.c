@@ -5,14 +5,20 @@
  * through the views: all must be equal (the worker exits non-zero on any
  * mismatch).  Then the fault cases: a worker killed with SIGKILL in the middle
  * of a round, and a worker that hangs (SIGSTOP) until its lease expires; the
- * others finish unharmed and the dead worker's bytes return to the arena. */
+ * others finish unharmed and the dead worker's bytes return to the arena.
+ * The waits poll cumulative counters (sessions detached, expired), so a
+ * slow poll on a loaded sanitizer machine cannot miss a passing state; a
+ * failure prints the daemon's log. */
 #include <criterion/criterion.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "commitkv/commitkv.h"
+#include "commitkv/status.h"
 #include "testcheck.h"
 #include "testutil.h"
 
@@ -65,7 +71,63 @@ Test(workers, four_workers_two_sessions_every_byte_reads_back, .timeout = 120) {
   cr_expect_geq(committed, ckv_test_stat(&d, "arenas.0.bytes_used"));
   cr_expect_gt(committed, size / 64, "the arena never grew past its first prefix (%llu of %llu)", committed, size);
   cr_expect_lt(committed, size, "the arena backed all of itself for a small load");
+  /* Kept means resumable: another client picks one up where its worker left it. */
+  cr_expect_eq(ckv_test_stat(&d, "sessions_detached"), 8, "every kept session is detached, waiting for a resume");
+  ckv_client *c;
+  cr_assert_eq(ckv_client_connect(&(ckv_client_options){.socket = d.socket, .attach_socket = d.attach}, &c), CKV_OK,
+               "%s", ckv_client_connect_error());
+  ckv_session *s;
+  int r = ckv_session_open(c, "w2-1", NULL, &(ckv_session_options){.resume = true}, &s);
+  cr_assert_eq(r, CKV_OK, "resume w2-1: %s: %s", ckv_strerror(r), ckv_client_last_error(c));
+  cr_expect_eq(ckv_session_tokens(s), 30u * 24u, "the resumed session lost tokens");
+  cr_expect_eq(ckv_session_geometry(s)->n_layers, 4u);
+  cr_expect_eq(ckv_session_close(s), CKV_OK);
+  ckv_client_free(c);
+  cr_expect_eq(ckv_test_stat(&d, "sessions_resumed"), 1);
+  cr_expect_eq(ckv_test_stat(&d, "sessions_detached"), 9, "closing the resumed session detaches it again");
+  cr_expect_eq(ckv_test_stat(&d, "sessions"), 8);
   cr_expect_eq(ckv_test_daemon_stop(&d), 0, "commitkvd did not exit cleanly on SIGTERM");
+}
+
+/* What a failure needs to be understood: the counters and the daemon's log,
+ * less the attach and exit of every commitkvctl the polls ran. */
+static char *lifetimes(const ckv_test_daemon *d) {
+  char *log = ckv_test_read_file(d->log), *text = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&text, &len);
+  cr_assert_not_null(f);
+  fprintf(f, "leases expired %llu, sessions detached %llu, expired %llu; the daemon's log, polls left out:\n",
+          ckv_test_stat(d, "leases_expired"), ckv_test_stat(d, "sessions_detached"),
+          ckv_test_stat(d, "sessions_expired"));
+  for (char *line = log ? strtok(log, "\n") : NULL; line; line = strtok(NULL, "\n"))
+    if (!strstr(line, "'commitkvctl'") && !strstr(line, ", commitkvctl): attach socket closed")) fprintf(f, "%s\n", line);
+  fclose(f);
+  free(log);
+  return text;
+}
+
+/* True when the daemon logged `what` about the process `pid` ("(pid N, "). */
+static bool logged_for_pid(const ckv_test_daemon *d, pid_t pid, const char *what) {
+  char *log = ckv_test_read_file(d->log);
+  char who[32];
+  snprintf(who, sizeof(who), "(pid %d, ", (int)pid);
+  bool found = false;
+  for (char *line = log ? strtok(log, "\n") : NULL; line && !found; line = strtok(NULL, "\n"))
+    found = strstr(line, who) && strstr(line, what);
+  free(log);
+  return found;
+}
+
+/* Waits for the spawned worker to hold its two sessions; fails the test,
+ * with the worker's output, when it never does. */
+static void wait_for_sessions(const ckv_test_daemon *d, const char *prefix, pid_t pid) {
+  long long end = ckv_test_now_ms() + 20000;
+  while (ckv_test_now_ms() < end && ckv_test_stat(d, "sessions") < 2) usleep(50000);
+  if (ckv_test_stat(d, "sessions") >= 2) return;
+  char path[400];
+  snprintf(path, sizeof(path), "%s/%s.out", d->dir, prefix);
+  char *out = ckv_test_file_tail(path, 2000);
+  cr_assert_fail("worker %s (pid %d) never opened its sessions; its output:\n%s", prefix, (int)pid, out);
 }
 
 Test(workers, killed_worker_leaks_nothing, .timeout = 120) {
@@ -80,21 +142,30 @@ Test(workers, killed_worker_leaks_nothing, .timeout = 120) {
     snprintf(name, sizeof(name), "ok%d", i);
     w[i] = spawn_worker(&d, name, "40", NULL, NULL);
   }
-  /* wait until the victim holds memory */
-  long long end = ckv_test_now_ms() + 20000;
-  while (ckv_test_now_ms() < end && ckv_test_stat(&d, "sessions") < 2) usleep(50000);
+  wait_for_sessions(&d, "victim", victim);
   usleep(1500000);
   cr_assert_eq(kill(victim, SIGKILL), 0);
   cr_expect_eq(ckv_test_wait(victim, 5000), 128 + SIGKILL);
-  /* The victim's two sessions are detached at once (its attach socket closed)
-   * and still hold their bytes until detach_keep passes... */
-  cr_expect_eq(ckv_test_wait_stat(&d, "detached_sessions", 2, 5000), 0,
-               "the dead worker's sessions should be detached, kept for resume");
-  cr_expect_gt(ckv_test_stat(&d, "arenas.0.bytes_used"), 0);
+  /* Its two sessions are detached at once (its attach socket closed), not
+   * after a lease: kept for resume until detach_keep passes.  The counters
+   * are cumulative, so a slow poll cannot miss the moment. */
+  if (ckv_test_wait_stat(&d, "sessions_detached", 2, 10000) != 0) {
+    char *why = lifetimes(&d);
+    cr_expect_fail("the dead worker's sessions were never detached: %s", why);
+    free(why);
+  }
+  cr_expect(logged_for_pid(&d, victim, "attach socket closed (process exited); 2 sessions detached"),
+            "the victim's exit was not what detached its sessions");
   for (int i = 0; i < 3; i++) cr_expect_eq(ckv_test_wait(w[i], 90000), 0, "surviving worker %d failed", i);
   /* ...then everything returns to the arena (the survivors dropped theirs). */
-  cr_expect_eq(ckv_test_wait_stat(&d, "arenas.0.bytes_used", 0, 30000), 0, "dead worker's bytes never returned to the arena");
+  if (ckv_test_wait_stat(&d, "arenas.0.bytes_used", 0, 30000) != 0) {
+    char *why = lifetimes(&d);
+    cr_expect_fail("dead worker's bytes never returned to the arena: %s", why);
+    free(why);
+  }
   cr_expect_eq(ckv_test_stat(&d, "sessions"), 0);
+  cr_expect_eq(ckv_test_stat(&d, "sessions_expired"), 2, "the victim's two sessions expire; the others were dropped");
+  cr_expect_eq(ckv_test_stat(&d, "sessions_detached"), 2);
   cr_expect_eq(ckv_test_daemon_stop(&d), 0);
 }
 
@@ -102,17 +173,22 @@ Test(workers, hung_worker_loses_its_lease, .timeout = 120) {
   ckv_test_daemon d;
   cr_assert_eq(ckv_test_daemon_start(&d, k_fast_lease), 0, "commitkvd did not start");
   pid_t hung = spawn_worker(&d, "hung", "20", "30000", NULL);
-  long long end = ckv_test_now_ms() + 20000;
-  while (ckv_test_now_ms() < end && ckv_test_stat(&d, "sessions") < 2) usleep(50000);
+  wait_for_sessions(&d, "hung", hung);
   cr_assert_eq(kill(hung, SIGSTOP), 0); /* alive, socket open, but silent: only the lease can tell */
-  /* Its two sessions are detached once its lease runs out (polled: a
-   * commitkvctl run of the polling itself may be what expired first on a
-   * loaded sanitizer machine). */
-  cr_expect_eq(ckv_test_wait_stat(&d, "detached_sessions", 2, 15000), 0,
-               "a silent client's sessions were never detached (leases expired: %llu)",
-               ckv_test_stat(&d, "leases_expired"));
-  cr_expect_geq(ckv_test_stat(&d, "leases_expired"), 1, "a silent client's lease never expired");
-  cr_expect_eq(ckv_test_wait_stat(&d, "arenas.0.bytes_used", 0, 30000), 0, "hung worker's bytes never returned");
+  /* Its lease runs out, its two sessions are detached, and detach_keep
+   * later they are freed.  Counted, so the test waits for the end state
+   * instead of catching the detached one in passing. */
+  if (ckv_test_wait_stat(&d, "sessions_expired", 2, 30000) != 0) {
+    char *why = lifetimes(&d);
+    cr_expect_fail("a silent client's sessions were never detached and freed: %s", why);
+    free(why);
+  }
+  cr_expect(logged_for_pid(&d, hung, "lease expired"), "the hung worker's own lease never expired");
+  cr_expect(logged_for_pid(&d, hung, "2 sessions detached"), "the lease expiry did not detach both sessions");
+  cr_expect_geq(ckv_test_stat(&d, "leases_expired"), 1);
+  cr_expect_eq(ckv_test_stat(&d, "sessions_detached"), 2);
+  cr_expect_eq(ckv_test_stat(&d, "sessions"), 0);
+  cr_expect_eq(ckv_test_stat(&d, "arenas.0.bytes_used"), 0, "hung worker's bytes never returned");
   kill(hung, SIGKILL);
   kill(hung, SIGCONT);
   ckv_test_wait(hung, 5000);

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "commitkv/status.h"
 #include "daemon/metrics.h"
@@ -73,6 +74,9 @@ Test(metrics, format_known_snapshot) {
       .requests_total = 1000,
       .errors_total = 3,
       .rounds_total = 50,
+      .sessions_detached_total = 9,
+      .sessions_resumed_total = 2,
+      .sessions_expired_total = 7,
       .compress_queue_depth = 6,
       .tenants = t,
       .n_tenants = 2,
@@ -91,6 +95,10 @@ Test(metrics, format_known_snapshot) {
   assert_line(text, "commitkv_request_errors_total 3");
   assert_line(text, "commitkv_connected_clients 4");
   assert_line(text, "commitkv_compress_queue_depth 6");
+  assert_line(text, "# TYPE commitkv_sessions_detached_total counter");
+  assert_line(text, "commitkv_sessions_detached_total 9");
+  assert_line(text, "commitkv_sessions_resumed_total 2");
+  assert_line(text, "commitkv_sessions_expired_total 7");
   assert_line(text, "commitkv_sessions{tenant=\"alice\"} 3");
   assert_line(text, "commitkv_sessions{tenant=\"bob\"} 0");
   assert_line(text, "commitkv_detached_sessions{tenant=\"alice\"} 1");
@@ -362,6 +370,7 @@ Test(metrics, commitkvctl_metrics_prints_per_tenant, .timeout = 30) {
 
   /* --raw: the exposition text unchanged; --metrics after the command. */
   const char *argv2[] = {"commitkvctl", "metrics", "--raw", "--metrics", addr, NULL};
+  unlink(out); /* the spawn appends: each run reads its own output only */
   cr_assert_eq(ckv_test_wait(ckv_test_spawn(argv2, out), 10000), 0);
   f = fopen(out, "r");
   n = fread(buf, 1, sizeof(buf) - 1, f);
@@ -372,6 +381,7 @@ Test(metrics, commitkvctl_metrics_prints_per_tenant, .timeout = 30) {
 
   /* Nothing listening: a clear error and exit 1. */
   const char *argv3[] = {"commitkvctl", "metrics", "--metrics", addr, NULL};
+  unlink(out);
   cr_expect_eq(ckv_test_wait(ckv_test_spawn(argv3, out), 10000), 1);
   f = fopen(out, "r");
   n = fread(buf, 1, sizeof(buf) - 1, f);
