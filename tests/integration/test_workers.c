@@ -100,7 +100,8 @@ static char *lifetimes(const ckv_test_daemon *d) {
           ckv_test_stat(d, "leases_expired"), ckv_test_stat(d, "sessions_detached"),
           ckv_test_stat(d, "sessions_expired"));
   for (char *line = log ? strtok(log, "\n") : NULL; line; line = strtok(NULL, "\n"))
-    if (!strstr(line, "'commitkvctl'") && !strstr(line, ", commitkvctl): attach socket closed")) fprintf(f, "%s\n", line);
+    if (!strstr(line, "'commitkvctl'") && !strstr(line, ", commitkvctl): attach socket closed"))
+      fprintf(f, "%s\n", line);
   fclose(f);
   free(log);
   return text;
