@@ -8,10 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "commitkv/status.h"
+#include "daemon/log.h"
 #include "shm/fdpass.h"
 
 /* The pid the lock's owner wrote, or 0 when unreadable. */
@@ -27,11 +27,8 @@ static long owner_pid(int fd) {
  * daemon that was killed leaves its file behind: only a connect tells. */
 static bool ipc_served(const char *endpoint) {
   if (strncmp(endpoint, "ipc://", 6) != 0 || endpoint[6] == '@') return false; /* tcp, abstract: bind decides */
-  const char *path = endpoint + 6;
-  struct stat st;
-  if (lstat(path, &st) != 0 || !S_ISSOCK(st.st_mode)) return false;
   int fd = -1;
-  if (ckv_unix_connect(path, &fd) != CKV_OK) return false;
+  if (ckv_unix_connect(endpoint + 6, &fd) != CKV_OK) return false;
   close(fd);
   return true;
 }
@@ -73,8 +70,9 @@ int ckv_instance_claim(const char *control_endpoint, const char *attach_path, in
   }
   char pid[32];
   int n = snprintf(pid, sizeof(pid), "%ld\n", (long)getpid());
-  bool written = ftruncate(fd, 0) == 0 && pwrite(fd, pid, (size_t)n, 0) == n;
-  (void)written; /* the pid is for a rival's error text only: the lock holds without it */
+  if (ftruncate(fd, 0) != 0 || pwrite(fd, pid, (size_t)n, 0) != n) /* the lock holds without it */
+    ckv_log(CKV_LOG_WARNING, "instance-lock", NULL, NULL, "cannot write the pid into %s: %s", lock_path,
+            strerror(errno));
   *ret_lock_fd = fd;
   return CKV_OK;
 }

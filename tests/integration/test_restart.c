@@ -21,8 +21,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include "client/rpc.h"
@@ -30,6 +28,7 @@
 #include "commitkv/status.h"
 #include "kernels/format.h"
 #include "kernels/kernels.h"
+#include "shm/fdpass.h"
 #include "testcheck.h"
 #include "testutil.h"
 
@@ -56,15 +55,10 @@ static const ckv_geometry k_geom = {LAYERS, HEADS, DIM, 0};
 /* True when something accepts on the unix socket `path`: a SIGKILLed daemon
  * leaves its socket file behind, so the file existing proves nothing. */
 static bool attach_accepts(const char *path) {
-  struct sockaddr_un sa = {.sun_family = AF_UNIX};
-  size_t len = strlen(path);
-  if (len >= sizeof(sa.sun_path)) return false;
-  memcpy(sa.sun_path, path, len + 1);
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return false;
-  bool ok = connect(fd, (const struct sockaddr *)&sa, sizeof(sa)) == 0;
+  int fd = -1;
+  if (ckv_unix_connect(path, &fd) != CKV_OK) return false;
   close(fd);
-  return ok;
+  return true;
 }
 
 static void daemon_start(ckv_test_daemon *d) {

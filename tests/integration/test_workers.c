@@ -107,14 +107,15 @@ static char *lifetimes(const ckv_test_daemon *d) {
   return text;
 }
 
-/* True when the daemon logged `what` about the process `pid` ("(pid N, "). */
-static bool logged_for_pid(const ckv_test_daemon *d, pid_t pid, const char *what) {
+/* True when one line of the daemon's log about the process `pid` ("(pid N, ")
+ * says both `what` and `also`. */
+static bool logged_for_pid(const ckv_test_daemon *d, pid_t pid, const char *what, const char *also) {
   char *log = ckv_test_read_file(d->log);
   char who[32];
   snprintf(who, sizeof(who), "(pid %d, ", (int)pid);
   bool found = false;
   for (char *line = log ? strtok(log, "\n") : NULL; line && !found; line = strtok(NULL, "\n"))
-    found = strstr(line, who) && strstr(line, what);
+    found = strstr(line, who) && strstr(line, what) && strstr(line, also);
   free(log);
   return found;
 }
@@ -123,12 +124,15 @@ static bool logged_for_pid(const ckv_test_daemon *d, pid_t pid, const char *what
  * with the worker's output, when it never does. */
 static void wait_for_sessions(const ckv_test_daemon *d, const char *prefix, pid_t pid) {
   long long end = ckv_test_now_ms() + 20000;
-  while (ckv_test_now_ms() < end && ckv_test_stat(d, "sessions") < 2) usleep(50000);
-  if (ckv_test_stat(d, "sessions") >= 2) return;
-  char path[400];
-  snprintf(path, sizeof(path), "%s/%s.out", d->dir, prefix);
-  char *out = ckv_test_file_tail(path, 2000);
-  cr_assert_fail("worker %s (pid %d) never opened its sessions; its output:\n%s", prefix, (int)pid, out);
+  while (ckv_test_stat(d, "sessions") < 2) {
+    if (ckv_test_now_ms() > end) {
+      char path[400];
+      snprintf(path, sizeof(path), "%s/%s.out", d->dir, prefix);
+      char *out = ckv_test_file_tail(path, 2000);
+      cr_assert_fail("worker %s (pid %d) never opened its sessions; its output:\n%s", prefix, (int)pid, out);
+    }
+    usleep(50000);
+  }
 }
 
 Test(workers, killed_worker_leaks_nothing, .timeout = 120) {
@@ -155,7 +159,7 @@ Test(workers, killed_worker_leaks_nothing, .timeout = 120) {
     cr_expect_fail("the dead worker's sessions were never detached: %s", why);
     free(why);
   }
-  cr_expect(logged_for_pid(&d, victim, "attach socket closed (process exited); 2 sessions detached"),
+  cr_expect(logged_for_pid(&d, victim, "attach socket closed (process exited)", "; 2 sessions detached"),
             "the victim's exit was not what detached its sessions");
   for (int i = 0; i < 3; i++) cr_expect_eq(ckv_test_wait(w[i], 90000), 0, "surviving worker %d failed", i);
   /* ...then everything returns to the arena (the survivors dropped theirs). */
@@ -184,8 +188,8 @@ Test(workers, hung_worker_loses_its_lease, .timeout = 120) {
     cr_expect_fail("a silent client's sessions were never detached and freed: %s", why);
     free(why);
   }
-  cr_expect(logged_for_pid(&d, hung, "lease expired"), "the hung worker's own lease never expired");
-  cr_expect(logged_for_pid(&d, hung, "2 sessions detached"), "the lease expiry did not detach both sessions");
+  cr_expect(logged_for_pid(&d, hung, "lease expired", "; 2 sessions detached"),
+            "the hung worker's own lease expiry did not detach both its sessions");
   cr_expect_geq(ckv_test_stat(&d, "leases_expired"), 1);
   cr_expect_eq(ckv_test_stat(&d, "sessions_detached"), 2);
   cr_expect_eq(ckv_test_stat(&d, "sessions"), 0);

@@ -320,6 +320,17 @@ Test(metrics, bad_addresses) {
   }
 }
 
+/* Runs commitkvctl with argv, its output into a new file `out`; checks its exit
+ * status and returns everything it printed (malloc'd). */
+static char *run_ctl(const char *const *argv, const char *out, int want_status) {
+  unlink(out); /* the spawn appends */
+  int st = ckv_test_wait(ckv_test_spawn(argv, out), 10000);
+  char *text = ckv_test_read_file(out);
+  cr_assert_not_null(text, "commitkvctl wrote no %s", out);
+  cr_assert_eq(st, want_status, "commitkvctl exited %d:\n%s", st, text);
+  return text;
+}
+
 /* commitkvctl metrics: the same figures for a person, fetched over HTTP. */
 Test(metrics, commitkvctl_metrics_prints_per_tenant, .timeout = 30) {
   ckv_metrics *m;
@@ -345,13 +356,7 @@ Test(metrics, commitkvctl_metrics_prints_per_tenant, .timeout = 30) {
   snprintf(out, sizeof(out), "%s/out", dir);
   snprintf(addr, sizeof(addr), "127.0.0.1:%u", ckv_metrics_port(m));
   const char *argv[] = {"commitkvctl", "--metrics", addr, "metrics", NULL};
-  cr_assert_eq(ckv_test_wait(ckv_test_spawn(argv, out), 10000), 0);
-  FILE *f = fopen(out, "r");
-  cr_assert_not_null(f);
-  char buf[16384];
-  size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-  buf[n] = 0;
-  fclose(f);
+  char *buf = run_ctl(argv, out, 0);
   cr_expect(strstr(buf, "commitkvd 0.1.0, backend host, boot token abcd"), "%s", buf);
   cr_expect(strstr(buf, "clients 4, sessions 3; requests 1000"), "%s", buf);
   cr_expect(strstr(buf, "\ntenant alice: 3 sessions (1 detached), 2 clients, quota 1073741824 bytes\n"), "%s", buf);
@@ -370,23 +375,16 @@ Test(metrics, commitkvctl_metrics_prints_per_tenant, .timeout = 30) {
 
   /* --raw: the exposition text unchanged; --metrics after the command. */
   const char *argv2[] = {"commitkvctl", "metrics", "--raw", "--metrics", addr, NULL};
-  unlink(out); /* the spawn appends: each run reads its own output only */
-  cr_assert_eq(ckv_test_wait(ckv_test_spawn(argv2, out), 10000), 0);
-  f = fopen(out, "r");
-  n = fread(buf, 1, sizeof(buf) - 1, f);
-  buf[n] = 0;
-  fclose(f);
+  free(buf);
+  buf = run_ctl(argv2, out, 0);
   cr_expect(strstr(buf, "commitkv_tokens{tenant=\"bob\",state=\"draft\"} 77\n"), "%s", buf);
   ckv_metrics_free(m);
 
   /* Nothing listening: a clear error and exit 1. */
   const char *argv3[] = {"commitkvctl", "metrics", "--metrics", addr, NULL};
-  unlink(out);
-  cr_expect_eq(ckv_test_wait(ckv_test_spawn(argv3, out), 10000), 1);
-  f = fopen(out, "r");
-  n = fread(buf, 1, sizeof(buf) - 1, f);
-  buf[n] = 0;
-  fclose(f);
+  free(buf);
+  buf = run_ctl(argv3, out, 1);
   cr_expect(strstr(buf, "cannot connect to") && strstr(buf, addr), "%s", buf);
+  free(buf);
   ckv_test_rmdir(dir);
 }
