@@ -107,6 +107,16 @@ static char *lifetimes(const ckv_test_daemon *d) {
   return text;
 }
 
+/* Waits for a stats field to reach `want`; fails the test with `what`, the
+ * counters and the daemon's log when it does not within timeout_ms. */
+static void expect_stat_reaches(const ckv_test_daemon *d, const char *path, unsigned long long want, int timeout_ms,
+                                const char *what) {
+  if (ckv_test_wait_stat(d, path, want, timeout_ms) == 0) return;
+  char *why = lifetimes(d);
+  cr_expect_fail("%s (%s never reached %llu): %s", what, path, want, why);
+  free(why);
+}
+
 /* True when one line of the daemon's log about the process `pid` ("(pid N, ")
  * says both `what` and `also`. */
 static bool logged_for_pid(const ckv_test_daemon *d, pid_t pid, const char *what, const char *also) {
@@ -154,20 +164,12 @@ Test(workers, killed_worker_leaks_nothing, .timeout = 120) {
   /* Its two sessions are detached at once (its attach socket closed), not
    * after a lease: kept for resume until detach_keep passes.  The counters
    * are cumulative, so a slow poll cannot miss the moment. */
-  if (ckv_test_wait_stat(&d, "sessions_detached", 2, 10000) != 0) {
-    char *why = lifetimes(&d);
-    cr_expect_fail("the dead worker's sessions were never detached: %s", why);
-    free(why);
-  }
+  expect_stat_reaches(&d, "sessions_detached", 2, 10000, "the dead worker's sessions were never detached");
   cr_expect(logged_for_pid(&d, victim, "attach socket closed (process exited)", "; 2 sessions detached"),
             "the victim's exit was not what detached its sessions");
   for (int i = 0; i < 3; i++) cr_expect_eq(ckv_test_wait(w[i], 90000), 0, "surviving worker %d failed", i);
   /* ...then everything returns to the arena (the survivors dropped theirs). */
-  if (ckv_test_wait_stat(&d, "arenas.0.bytes_used", 0, 30000) != 0) {
-    char *why = lifetimes(&d);
-    cr_expect_fail("dead worker's bytes never returned to the arena: %s", why);
-    free(why);
-  }
+  expect_stat_reaches(&d, "arenas.0.bytes_used", 0, 30000, "dead worker's bytes never returned to the arena");
   cr_expect_eq(ckv_test_stat(&d, "sessions"), 0);
   cr_expect_eq(ckv_test_stat(&d, "sessions_expired"), 2, "the victim's two sessions expire; the others were dropped");
   cr_expect_eq(ckv_test_stat(&d, "sessions_detached"), 2);
@@ -183,11 +185,7 @@ Test(workers, hung_worker_loses_its_lease, .timeout = 120) {
   /* Its lease runs out, its two sessions are detached, and detach_keep
    * later they are freed.  Counted, so the test waits for the end state
    * instead of catching the detached one in passing. */
-  if (ckv_test_wait_stat(&d, "sessions_expired", 2, 30000) != 0) {
-    char *why = lifetimes(&d);
-    cr_expect_fail("a silent client's sessions were never detached and freed: %s", why);
-    free(why);
-  }
+  expect_stat_reaches(&d, "sessions_expired", 2, 30000, "a silent client's sessions were never detached and freed");
   cr_expect(logged_for_pid(&d, hung, "lease expired", "; 2 sessions detached"),
             "the hung worker's own lease expiry did not detach both its sessions");
   cr_expect_geq(ckv_test_stat(&d, "leases_expired"), 1);
