@@ -8,8 +8,9 @@
 int ckv_copy_slots(const ckv_geometry *g, const ckv_move *moves, size_t n_moves) {
   for (size_t i = 0; i < n_moves; i++) {
     const ckv_move *m = &moves[i];
-    const ckv_block_header *sh = m->src;
-    ckv_block_header *dh = m->dst;
+    /* The daemon's own records when given: the blocks' headers are worker-writable. */
+    const ckv_block_header *sh = m->src_hdr ? m->src_hdr : m->src;
+    const ckv_block_header *dh = m->dst_hdr ? m->dst_hdr : m->dst;
     if (sh->format != dh->format || sh->dtype != dh->dtype) return CKV_ERR_FORMAT;
     if (m->src_slot >= sh->capacity || m->dst_slot >= dh->capacity) return CKV_ERR_INVALID;
     const uint8_t *src = m->src;

@@ -104,7 +104,9 @@ static void score_block(const ckv_rowops *ops, const ckv_attn_args *a, const voi
   }
   uint32_t kept = hd->kept_channels, bits = ckv_format_code_bits(fmt), sealed = ckv_block_sealed_chunks(blk);
   size_t krow = ckv_commit_key_row_bytes(fmt, kept);
-  ckv_mask_channels(ckv_commit_mask(g, blk, L, h), D, w->idx);
+  /* A mask that does not hold `kept` channels is not ours to follow: the
+   * block contributes nothing rather than reading with unset indices. */
+  if (ckv_mask_channels(ckv_commit_mask(g, hd, blk, L, h), D, w->idx) != kept) return;
   for (uint32_t c = 0; c < ckv_commit_chunks(cap); c++) {
     if (!((sealed >> c) & 1u)) continue;
     const uint8_t *ch = ckv_cb(blk, ckv_commit_key_chunk_offset(fmt, g, cap, kept, L, h, c));

@@ -3,6 +3,7 @@
  * daemon share concurrently, so they go through atomic builtins). */
 #include <string.h>
 
+#include "kernels/access.h"
 #include "kernels/kernels.h"
 
 ckv_status ckv_block_init_header(void *hdr, uint32_t fmt, const ckv_geometry *g, uint32_t capacity,
@@ -43,8 +44,6 @@ ckv_status ckv_block_check(const void *blk, const ckv_geometry *g) {
   return CKV_OK;
 }
 
-static uint64_t *bitmap(void *blk) { return (uint64_t *)((uint8_t *)blk + ckv_block_bitmap_offset(((ckv_block_header *)blk)->capacity)); }
-
 bool ckv_block_slot_valid(const void *blk, uint32_t slot) {
   const ckv_block_header *h = blk;
   const uint64_t *w = (const uint64_t *)((const uint8_t *)blk + ckv_block_bitmap_offset(h->capacity));
@@ -52,16 +51,7 @@ bool ckv_block_slot_valid(const void *blk, uint32_t slot) {
 }
 
 void ckv_block_set_valid(void *blk, uint32_t slot, bool valid) {
-  ckv_block_header *h = blk;
-  if (slot >= h->capacity) return;
-  uint64_t bit = 1ull << (slot % 64u), old;
-  if (valid) {
-    old = __atomic_fetch_or(&bitmap(blk)[slot / 64u], bit, __ATOMIC_RELEASE);
-    if (!(old & bit)) __atomic_fetch_add(&h->n_valid, 1u, __ATOMIC_RELEASE);
-  } else {
-    old = __atomic_fetch_and(&bitmap(blk)[slot / 64u], ~bit, __ATOMIC_RELEASE);
-    if (old & bit) __atomic_fetch_sub(&h->n_valid, 1u, __ATOMIC_RELEASE);
-  }
+  ckv_set_valid_at(blk, ckv_hdr(blk)->capacity, slot, valid);
 }
 
 uint32_t *ckv_block_positions(void *blk) { return (uint32_t *)((uint8_t *)blk + ckv_block_positions_offset()); }
@@ -69,9 +59,4 @@ const uint32_t *ckv_block_positions_const(const void *blk) {
   return (const uint32_t *)((const uint8_t *)blk + ckv_block_positions_offset());
 }
 
-uint32_t ckv_block_sealed_chunks(const void *blk) {
-  const ckv_block_header *h = blk;
-  if (!ckv_format_is_commit(h->format)) return 0;
-  const uint32_t *m = (const uint32_t *)((const uint8_t *)blk + ckv_commit_meta_offset(h->capacity));
-  return __atomic_load_n(m, __ATOMIC_ACQUIRE);
-}
+uint32_t ckv_block_sealed_chunks(const void *blk) { return ckv_sealed_chunks_of(ckv_hdr(blk), blk); }

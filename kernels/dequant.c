@@ -7,9 +7,8 @@
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
 
-void ckv_read_row(const ckv_rowops *ops, const ckv_geometry *g, const void *blk, uint32_t layer, uint32_t kv,
-                  uint32_t slot, float *dst) {
-  const ckv_block_header *h = ckv_hdr(blk);
+void ckv_read_row(const ckv_rowops *ops, const ckv_geometry *g, const void *blk, const ckv_block_header *h,
+                  uint32_t layer, uint32_t kv, uint32_t slot, float *dst) {
   size_t te = ckv_draft_token_elems(g);
   if (h->format == CKV_FORMAT_DRAFT) {
     const uint16_t *src = (const uint16_t *)ckv_cb(blk, ckv_draft_kv_offset(g, h->capacity, layer, kv, slot));
@@ -39,7 +38,7 @@ ckv_status ckv_kernels_dequantize(const ckv_geometry *g, const void *blk, uint32
   if (layer >= g->n_layers || slot >= h->capacity) return CKV_ERR_RANGE;
   const ckv_rowops *ops = ckv_rowops_get();
   if (!ckv_format_is_commit(h->format)) {
-    ckv_read_row(ops, g, blk, layer, kv, slot, ret);
+    ckv_read_row(ops, g, blk, h, layer, kv, slot, ret);
     return CKV_OK;
   }
   uint32_t chunk = slot / CKV_COMMIT_CHUNK_TOKENS, fmt = h->format, bits = ckv_format_code_bits(fmt);
@@ -49,7 +48,7 @@ ckv_status ckv_kernels_dequantize(const ckv_geometry *g, const void *blk, uint32
     uint32_t idx[CKV_MAX_HEAD_DIM];
     memset(ret, 0, ckv_draft_token_elems(g) * sizeof(float));
     for (uint32_t hd = 0; hd < g->n_kv_heads; hd++) {
-      if (ckv_mask_channels(ckv_commit_mask(g, blk, layer, hd), D, idx) != kept) return CKV_ERR_CORRUPT;
+      if (ckv_mask_channels(ckv_commit_mask(g, h, blk, layer, hd), D, idx) != kept) return CKV_ERR_CORRUPT;
       const uint8_t *c = ckv_cb(blk, ckv_commit_key_chunk_offset(fmt, g, cap, kept, layer, hd, chunk));
       const uint16_t *sc = (const uint16_t *)c, *zp = sc + kept;
       const uint8_t *row = c + (size_t)kept * 4u + (slot % CKV_COMMIT_CHUNK_TOKENS) * ckv_commit_key_row_bytes(fmt, kept);

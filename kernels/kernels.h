@@ -79,6 +79,13 @@ typedef struct ckv_move {
   uint32_t src_slot;
   uint32_t dst_slot;
   void *dst;
+  /* Trusted headers of src and dst, or NULL.  When set, format, dtype,
+   * capacity and kept channels come from them and the blocks' own headers
+   * are never read: the daemon passes its private records, since a worker
+   * can write every byte of the blocks it maps (DESIGN.md §4 inv. 8).  The
+   * headers must stay unchanged until the call returns.  NULL: the header at
+   * the start of the block is read (tools, tests, benchmarks). */
+  const ckv_block_header *src_hdr, *dst_hdr;
 } ckv_move;
 
 /* Set the destination valid bits once the payload is written.  Without it
@@ -95,10 +102,14 @@ typedef struct ckv_move {
  * no move fills stay empty for good; this is how a partly filled block is
  * closed).  A committed block whose mask is still empty gets its key channels
  * chosen from this call's tokens bound for it (ckv_kernels_prune_keys).
- * Returns CKV_ERR_INVALID (bad slot, duplicate destination), CKV_ERR_FORMAT
- * (header does not match g), CKV_ERR_STATE (chunk already sealed),
- * CKV_ERR_UNSUPPORTED (other format pairs), -ENOMEM.  On error some
- * destinations may be partly written, never published. */
+ * Bytes of the blocks other than their headers (payload, committed masks
+ * and seals) may hold anything: the call never reads or writes outside the
+ * blocks the headers describe.  Returns CKV_ERR_INVALID (bad slot, duplicate
+ * destination), CKV_ERR_FORMAT (header does not match g), CKV_ERR_STATE
+ * (chunk already sealed), CKV_ERR_CORRUPT (a committed channel mask that does
+ * not hold kept_channels channels), CKV_ERR_UNSUPPORTED (other format pairs),
+ * -ENOMEM.  On error some destinations may be partly written, never
+ * published. */
 ckv_status ckv_kernels_move(const ckv_geometry *g, const ckv_move *moves, size_t n_moves, unsigned flags);
 
 /* Chooses the kept key channels of committed destination blocks whose mask is

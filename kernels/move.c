@@ -20,12 +20,15 @@ static int by_dst(const void *a, const void *b) {
   return x->dst_slot < y->dst_slot ? -1 : x->dst_slot > y->dst_slot;
 }
 
+/* Checks one move against the headers it is computed from (trusted copies or
+ * the blocks' own, ckv_move_*_hdr): every later offset stays inside blocks of
+ * those headers' sizes. */
 static int check_move(const ckv_geometry *g, const ckv_move *m) {
   if (!m->src || !m->dst) return CKV_ERR_INVALID;
-  int st = ckv_block_check(m->src, g);
-  if (st == CKV_OK) st = ckv_block_check(m->dst, g);
+  const ckv_block_header *s = ckv_move_src_hdr(m), *d = ckv_move_dst_hdr(m);
+  int st = ckv_block_check(s, g);
+  if (st == CKV_OK) st = ckv_block_check(d, g);
   if (st != CKV_OK) return st;
-  const ckv_block_header *s = ckv_hdr(m->src), *d = ckv_hdr(m->dst);
   if (m->src_slot >= s->capacity || m->dst_slot >= d->capacity) return CKV_ERR_RANGE;
   bool ok = (s->format == CKV_FORMAT_DRAFT && d->format != CKV_FORMAT_DRAFT) ||
             (s->format == CKV_FORMAT_STAGED && ckv_format_is_commit(d->format));
@@ -70,8 +73,8 @@ static void to_staged(const ckv_rowops *ops, const ckv_geometry *g, const ckv_mo
     for (uint32_t kv = 0; kv < 2; kv++)
       for (size_t i = 0; i < n; i++) {
         const ckv_move *m = &moves[order[i]];
-        uint32_t cap = ckv_hdr(m->dst)->capacity;
-        ckv_read_row(ops, g, m->src, l, kv, m->src_slot, s->row);
+        uint32_t cap = ckv_move_dst_hdr(m)->capacity;
+        ckv_read_row(ops, g, m->src, ckv_move_src_hdr(m), l, kv, m->src_slot, s->row);
         int8_t *codes = (int8_t *)ckv_b(m->dst, ckv_staged_codes_offset(g, cap, l, kv)) + (size_t)m->dst_slot * te;
         uint16_t *sc = (uint16_t *)ckv_b(m->dst, ckv_staged_scales_offset(g, cap, l, kv)) + (size_t)m->dst_slot * ng;
         for (uint32_t q = 0; q < ng; q++) {
@@ -90,11 +93,13 @@ static const float *gather(scratch *s, const uint32_t *idx, uint32_t kept, uint3
   return s->row;
 }
 
-/* Quantizes the moves order[0..n) (one chunk of one committed block). */
-static void to_commit_chunk(const ckv_rowops *ops, const ckv_geometry *g, const ckv_move *moves, const size_t *order,
-                            size_t n, uint32_t chunk, scratch *s) {
+/* Quantizes the moves order[0..n) (one chunk of one committed block).
+ * CKV_ERR_CORRUPT when a channel mask does not hold the block's kept
+ * channels (the mask lives in memory a worker can write). */
+static int to_commit_chunk(const ckv_rowops *ops, const ckv_geometry *g, const ckv_move *moves, const size_t *order,
+                           size_t n, uint32_t chunk, scratch *s) {
   void *dst = moves[order[0]].dst;
-  const ckv_block_header *h = ckv_hdr(dst);
+  const ckv_block_header *h = ckv_move_dst_hdr(&moves[order[0]]);
   uint32_t fmt = h->format, cap = h->capacity, kept = h->kept_channels, bits = ckv_format_code_bits(fmt);
   uint32_t D = g->head_dim, H = g->n_kv_heads, T = CKV_COMMIT_CHUNK_TOKENS, ng = ckv_commit_value_groups(g);
   size_t te = ckv_draft_token_elems(g), krow = ckv_commit_key_row_bytes(fmt, kept);
@@ -102,9 +107,13 @@ static void to_commit_chunk(const ckv_rowops *ops, const ckv_geometry *g, const 
   uint32_t idx[CKV_MAX_HEAD_DIM];
   for (uint32_t l = 0; l < g->n_layers; l++) {
     /* keys: gather the chunk's rows, then per head per kept channel min/max over tokens */
-    for (size_t i = 0; i < n; i++) ckv_read_row(ops, g, moves[order[i]].src, l, 0, moves[order[i]].src_slot, s->chunk + i * te);
+    for (size_t i = 0; i < n; i++) {
+      const ckv_move *m = &moves[order[i]];
+      ckv_read_row(ops, g, m->src, ckv_move_src_hdr(m), l, 0, m->src_slot, s->chunk + i * te);
+    }
     for (uint32_t hd = 0; hd < H; hd++) {
-      ckv_mask_channels(ckv_commit_mask(g, dst, l, hd), D, idx);
+      /* Read once into idx and counted: idx[0..kept) is then fully set and in range. */
+      if (ckv_mask_channels(ckv_commit_mask(g, h, dst, l, hd), D, idx) != kept) return CKV_ERR_CORRUPT;
       uint8_t *c = ckv_b(dst, ckv_commit_key_chunk_offset(fmt, g, cap, kept, l, hd, chunk));
       memset(c, 0, ckv_commit_key_chunk_bytes(fmt, kept));
       uint16_t *sc = (uint16_t *)c, *zp = sc + kept;
@@ -126,7 +135,7 @@ static void to_commit_chunk(const ckv_rowops *ops, const ckv_geometry *g, const 
     memset(vcodes + (size_t)chunk * T * vrow, 0, T * vrow);
     for (size_t i = 0; i < n; i++) {
       const ckv_move *m = &moves[order[i]];
-      ckv_read_row(ops, g, m->src, l, 1, m->src_slot, s->row);
+      ckv_read_row(ops, g, m->src, ckv_move_src_hdr(m), l, 1, m->src_slot, s->row);
       uint16_t *p = par + (size_t)m->dst_slot * ng * 2u;
       for (uint32_t q = 0; q < ng; q++) {
         size_t lo = (size_t)q * CKV_COMMIT_VALUE_GROUP, e = lo + CKV_COMMIT_VALUE_GROUP <= te ? lo + CKV_COMMIT_VALUE_GROUP : te;
@@ -146,10 +155,11 @@ static void to_commit_chunk(const ckv_rowops *ops, const ckv_geometry *g, const 
       ckv_pack_codes(s->codes, te, bits, vcodes + (size_t)m->dst_slot * vrow);
     }
   }
+  return CKV_OK;
 }
 
-static void seal(void *dst, uint32_t chunk) {
-  uint32_t *meta = (uint32_t *)ckv_b(dst, ckv_commit_meta_offset(ckv_hdr(dst)->capacity));
+static void seal(void *dst, const ckv_block_header *h, uint32_t chunk) {
+  uint32_t *meta = (uint32_t *)ckv_b(dst, ckv_commit_meta_offset(h->capacity));
   __atomic_fetch_or(meta, 1u << chunk, __ATOMIC_RELEASE);
 }
 
@@ -177,15 +187,17 @@ ckv_status ckv_kernels_move(const ckv_geometry *g, const ckv_move *moves, size_t
   /* Check every committed chunk before writing anything. */
   for (size_t i = 0; i < n_moves && st == CKV_OK; i++) {
     const ckv_move *m = &moves[order[i]];
-    if (ckv_format_is_commit(ckv_hdr(m->dst)->format) &&
-        ((ckv_block_sealed_chunks(m->dst) >> (m->dst_slot / CKV_COMMIT_CHUNK_TOKENS)) & 1u))
+    const ckv_block_header *dh = ckv_move_dst_hdr(m);
+    if (ckv_format_is_commit(dh->format) &&
+        ((ckv_sealed_chunks_of(dh, m->dst) >> (m->dst_slot / CKV_COMMIT_CHUNK_TOKENS)) & 1u))
       st = CKV_ERR_STATE;
   }
   for (size_t i = 0; i < n_moves && st == CKV_OK;) {
     const ckv_move *m = &moves[order[i]];
     size_t j = i + 1;
-    if (!ckv_format_is_commit(ckv_hdr(m->dst)->format)) {
-      while (j < n_moves && !ckv_format_is_commit(ckv_hdr(moves[order[j]].dst)->format)) j++;
+    const ckv_block_header *dh = ckv_move_dst_hdr(m);
+    if (!ckv_format_is_commit(dh->format)) {
+      while (j < n_moves && !ckv_format_is_commit(ckv_move_dst_hdr(&moves[order[j]])->format)) j++;
       to_staged(ops, g, moves, order + i, j - i, &s);
       for (size_t k = i; k < j; k++)
         ckv_block_positions(moves[order[k]].dst)[moves[order[k]].dst_slot] =
@@ -193,16 +205,17 @@ ckv_status ckv_kernels_move(const ckv_geometry *g, const ckv_move *moves, size_t
     } else {
       size_t blk_end = i;
       while (blk_end < n_moves && moves[order[blk_end]].dst == m->dst) blk_end++;
-      st = ckv_prune_block(ops, g, m->dst, moves, order + i, blk_end - i);
+      st = ckv_prune_block(ops, g, m->dst, dh, moves, order + i, blk_end - i);
       for (size_t k = i; k < blk_end && st == CKV_OK;) {
         uint32_t chunk = moves[order[k]].dst_slot / CKV_COMMIT_CHUNK_TOKENS;
         size_t e = k;
         while (e < blk_end && moves[order[e]].dst_slot / CKV_COMMIT_CHUNK_TOKENS == chunk) e++;
-        to_commit_chunk(ops, g, moves, order + k, e - k, chunk, &s);
+        st = to_commit_chunk(ops, g, moves, order + k, e - k, chunk, &s);
+        if (st != CKV_OK) break;
         for (size_t q = k; q < e; q++)
           ckv_block_positions(moves[order[q]].dst)[moves[order[q]].dst_slot] =
               ckv_block_positions_const(moves[order[q]].src)[moves[order[q]].src_slot];
-        seal(m->dst, chunk);
+        seal(m->dst, dh, chunk);
         k = e;
       }
       j = blk_end;
@@ -210,7 +223,8 @@ ckv_status ckv_kernels_move(const ckv_geometry *g, const ckv_move *moves, size_t
     i = j;
   }
   if (st == CKV_OK && (flags & CKV_MOVE_SET_VALID))
-    for (size_t i = 0; i < n_moves; i++) ckv_block_set_valid(moves[i].dst, moves[i].dst_slot, true);
+    for (size_t i = 0; i < n_moves; i++)
+      ckv_set_valid_at(moves[i].dst, ckv_move_dst_hdr(&moves[i])->capacity, moves[i].dst_slot, true);
   free(s.row);
   free(s.zero);
   free(s.inv);

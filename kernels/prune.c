@@ -30,21 +30,20 @@ void ckv_kernels_select_channels(const float *mag, uint32_t head_dim, uint32_t r
   for (uint32_t i = 0; i < r && i < head_dim; i++) ret_mask[rk[i].ch / 64u] |= 1ull << (rk[i].ch % 64u);
 }
 
-static bool mask_empty(const ckv_geometry *g, const void *blk) {
+static bool mask_empty(const ckv_geometry *g, const ckv_block_header *bh, const void *blk) {
   for (uint32_t l = 0; l < g->n_layers; l++)
     for (uint32_t h = 0; h < g->n_kv_heads; h++) {
-      const uint64_t *m = ckv_commit_mask(g, blk, l, h);
+      const uint64_t *m = ckv_commit_mask(g, bh, blk, l, h);
       for (uint32_t w = 0; w < ckv_commit_mask_words(g); w++)
         if (m[w]) return false;
     }
   return true;
 }
 
-int ckv_prune_block(const ckv_rowops *ops, const ckv_geometry *g, void *dst, const ckv_move *moves,
-                    const size_t *order, size_t n) {
-  const ckv_block_header *h = ckv_hdr(dst);
-  if (!mask_empty(g, dst)) return CKV_OK;
-  if (ckv_block_sealed_chunks(dst)) return CKV_ERR_STATE;
+int ckv_prune_block(const ckv_rowops *ops, const ckv_geometry *g, void *dst, const ckv_block_header *h,
+                    const ckv_move *moves, const size_t *order, size_t n) {
+  if (!mask_empty(g, h, dst)) return CKV_OK;
+  if (ckv_sealed_chunks_of(h, dst)) return CKV_ERR_STATE;
   uint32_t D = g->head_dim, H = g->n_kv_heads, kept = h->kept_channels, words = ckv_commit_mask_words(g);
   size_t te = ckv_draft_token_elems(g);
   float *row = malloc(te * sizeof(float)), *mag = calloc(te, sizeof(float));
@@ -55,19 +54,19 @@ int ckv_prune_block(const ckv_rowops *ops, const ckv_geometry *g, void *dst, con
   }
   for (uint32_t l = 0; l < g->n_layers; l++) {
     if (kept == D) {
-      for (uint32_t hd = 0; hd < H; hd++) ckv_kernels_select_channels(mag, D, D, (uint64_t *)ckv_commit_mask(g, dst, l, hd));
+      for (uint32_t hd = 0; hd < H; hd++) ckv_kernels_select_channels(mag, D, D, (uint64_t *)ckv_commit_mask(g, h, dst, l, hd));
       continue;
     }
     memset(mag, 0, te * sizeof(float));
     for (size_t i = 0; i < n; i++) {
       const ckv_move *mv = &moves[order[i]];
-      ckv_read_row(ops, g, mv->src, l, 0, mv->src_slot, row);
+      ckv_read_row(ops, g, mv->src, ckv_move_src_hdr(mv), l, 0, mv->src_slot, row);
       for (size_t e = 0; e < te; e++) mag[e] += fabsf(row[e]);
     }
     for (uint32_t hd = 0; hd < H; hd++) {
       uint64_t m[CKV_MAX_HEAD_DIM / 64u];
       ckv_kernels_select_channels(mag + (size_t)hd * D, D, kept, m);
-      memcpy((uint64_t *)ckv_commit_mask(g, dst, l, hd), m, words * sizeof(uint64_t));
+      memcpy((uint64_t *)ckv_commit_mask(g, h, dst, l, hd), m, words * sizeof(uint64_t));
     }
   }
   free(row);
@@ -83,8 +82,8 @@ ckv_status ckv_kernels_prune_keys(const ckv_geometry *g, const ckv_move *moves, 
   for (size_t i = 0; i < n_moves && st == CKV_OK;) {
     size_t j = i;
     while (j < n_moves && moves[order[j]].dst == moves[order[i]].dst) j++;
-    if (ckv_format_is_commit(ckv_hdr(moves[order[i]].dst)->format))
-      st = ckv_prune_block(ops, g, moves[order[i]].dst, moves, order + i, j - i);
+    const ckv_block_header *dh = ckv_move_dst_hdr(&moves[order[i]]);
+    if (ckv_format_is_commit(dh->format)) st = ckv_prune_block(ops, g, moves[order[i]].dst, dh, moves, order + i, j - i);
     i = j;
   }
   free(order);

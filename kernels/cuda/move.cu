@@ -91,6 +91,11 @@ __global__ void k_commit_keys(ckv_geometry g, const Job *jobs, const Entry *en) 
     uint32_t n = 0;
     for (uint32_t c = 0; c < D; c++)
       if ((mask[c / 64] >> (c % 64)) & 1u) idx[n++] = c;
+    /* The mask is in worker-writable memory: one that does not hold `kept`
+     * channels must not leave indices unset (garbage codes for that session,
+     * never an access outside the block; the CPU path refuses the move). */
+    if (n != j.kept)
+      for (uint32_t c = 0; c < j.kept; c++) idx[c] = c;
   }
   __syncthreads();
   uint8_t *ch = j.dst + ckv_commit_key_chunk_offset(j.fmt, &g, j.cap, j.kept, l, h, j.chunk);
@@ -207,11 +212,13 @@ template <typename T> ckv_status upload(const std::vector<T> &v, T **ret, cudaSt
   return CKV_OK;
 }
 
-ckv_status info_of(std::map<const void *, BlockInfo> &cache, const void *blk, const ckv_geometry *g, BlockInfo **ret) {
+ckv_status info_of(std::map<const void *, BlockInfo> &cache, const void *blk, const ckv_block_header *trusted,
+                   const ckv_geometry *g, BlockInfo **ret) {
   auto it = cache.find(blk);
   if (it == cache.end()) {
     BlockInfo bi{};
-    ckv_status st = ckv_cuda_fetch_header(blk, &bi.h);
+    ckv_status st = trusted ? CKV_OK : ckv_cuda_fetch_header(blk, &bi.h);
+    if (trusted) bi.h = *trusted;
     if (st != CKV_OK) return st;
     if ((st = check_header(bi.h, g)) != CKV_OK) return st;
     if (ckv_format_is_commit(bi.h.format)) {
@@ -234,11 +241,14 @@ struct InfoDev {
   uint32_t sealed, ok, mask_empty, pad;
 };
 
-__global__ void k_block_info(ckv_geometry g, const uint8_t *const *ptrs, uint32_t n, InfoDev *out) {
+/* given[i]: the caller's trusted header of block i, or all zero (magic 0):
+ * read the block's own. */
+__global__ void k_block_info(ckv_geometry g, const uint8_t *const *ptrs, const ckv_block_header *given, uint32_t n,
+                             InfoDev *out) {
   uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
   InfoDev r;
-  r.h = *(const ckv_block_header *)ptrs[i];
+  r.h = given[i].magic ? given[i] : *(const ckv_block_header *)ptrs[i];
   r.sealed = 0;
   r.mask_empty = 1;
   r.pad = 0;
@@ -261,20 +271,32 @@ ckv_status prefetch_info(std::map<const void *, BlockInfo> &cache, const ckv_mov
                          const ckv_geometry *g, cudaStream_t s) {
   std::map<const void *, uint32_t> index;
   std::vector<const void *> ptrs;
-  for (size_t i = 0; i < n; i++)
-    for (const void *p : {moves[i].src, (const void *)moves[i].dst})
-      if (p && index.emplace(p, (uint32_t)ptrs.size()).second) ptrs.push_back(p);
+  std::vector<ckv_block_header> given;
+  for (size_t i = 0; i < n; i++) {
+    const void *p2[2] = {moves[i].src, (const void *)moves[i].dst};
+    const ckv_block_header *h2[2] = {moves[i].src_hdr, moves[i].dst_hdr};
+    for (int k = 0; k < 2; k++)
+      if (p2[k] && index.emplace(p2[k], (uint32_t)ptrs.size()).second) {
+        ptrs.push_back(p2[k]);
+        ckv_block_header none{};
+        given.push_back(h2[k] ? *h2[k] : none);
+      }
+  }
   if (ptrs.empty()) return CKV_OK;
   std::vector<InfoDev> info(ptrs.size());
   const void **d_ptrs = nullptr;
+  ckv_block_header *d_given = nullptr;
   InfoDev *d_info = nullptr;
   ckv_status st = CKV_OK;
   if (cudaMallocAsync((void **)&d_ptrs, ptrs.size() * sizeof(void *), s) != cudaSuccess ||
+      cudaMallocAsync((void **)&d_given, given.size() * sizeof(ckv_block_header), s) != cudaSuccess ||
       cudaMallocAsync((void **)&d_info, info.size() * sizeof(InfoDev), s) != cudaSuccess ||
-      cudaMemcpyAsync(d_ptrs, ptrs.data(), ptrs.size() * sizeof(void *), cudaMemcpyHostToDevice, s) != cudaSuccess) {
+      cudaMemcpyAsync(d_ptrs, ptrs.data(), ptrs.size() * sizeof(void *), cudaMemcpyHostToDevice, s) != cudaSuccess ||
+      cudaMemcpyAsync(d_given, given.data(), given.size() * sizeof(ckv_block_header), cudaMemcpyHostToDevice, s) !=
+          cudaSuccess) {
     st = CKV_ERR_DEVICE;
   } else {
-    k_block_info<<<((unsigned)ptrs.size() + 127u) / 128u, 128, 0, s>>>(*g, (const uint8_t *const *)d_ptrs,
+    k_block_info<<<((unsigned)ptrs.size() + 127u) / 128u, 128, 0, s>>>(*g, (const uint8_t *const *)d_ptrs, d_given,
                                                                        (uint32_t)ptrs.size(), d_info);
     if (cudaGetLastError() != cudaSuccess ||
         cudaMemcpyAsync(info.data(), d_info, info.size() * sizeof(InfoDev), cudaMemcpyDeviceToHost, s) != cudaSuccess ||
@@ -282,6 +304,7 @@ ckv_status prefetch_info(std::map<const void *, BlockInfo> &cache, const ckv_mov
       st = CKV_ERR_DEVICE;
   }
   if (d_ptrs) cudaFreeAsync(d_ptrs, s);
+  if (d_given) cudaFreeAsync(d_given, s);
   if (d_info) cudaFreeAsync(d_info, s);
   if (st != CKV_OK) {
     (void)cudaGetLastError();
@@ -303,7 +326,8 @@ ckv_status run_moves(const ckv_geometry *g, const ckv_move *moves, size_t n, uns
     BlockInfo *si, *di;
     ckv_status st;
     if (!m.src || !m.dst) return CKV_ERR_INVALID;
-    if ((st = info_of(cache, m.src, g, &si)) != CKV_OK || (st = info_of(cache, m.dst, g, &di)) != CKV_OK) return st;
+    if ((st = info_of(cache, m.src, m.src_hdr, g, &si)) != CKV_OK || (st = info_of(cache, m.dst, m.dst_hdr, g, &di)) != CKV_OK)
+      return st;
     if (m.src_slot >= si->h.capacity || m.dst_slot >= di->h.capacity) return CKV_ERR_RANGE;
     bool ok = (si->h.format == CKV_FORMAT_DRAFT && di->h.format != CKV_FORMAT_DRAFT) ||
               (si->h.format == CKV_FORMAT_STAGED && ckv_format_is_commit(di->h.format));

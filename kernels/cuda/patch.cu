@@ -119,7 +119,11 @@ extern "C" ckv_status ckv_cuda_copy_slots(const ckv_geometry *g, const ckv_move 
   if (n_moves == 0) return CKV_OK;
   if (ckv_cuda_available() != CKV_OK) return CKV_ERR_DEVICE;
   std::map<const void *, ckv_block_header> cache;
-  auto header = [&](const void *blk, ckv_block_header *ret) -> ckv_status {
+  auto header = [&](const void *blk, const ckv_block_header *trusted, ckv_block_header *ret) -> ckv_status {
+    if (trusted) { /* the caller's record: the block's own header is worker-writable */
+      *ret = *trusted;
+      return trusted->magic == CKV_BLOCK_MAGIC ? CKV_OK : CKV_ERR_CORRUPT;
+    }
     auto it = cache.find(blk);
     if (it == cache.end()) {
       ckv_block_header h;
@@ -137,7 +141,7 @@ extern "C" ckv_status ckv_cuda_copy_slots(const ckv_geometry *g, const ckv_move 
     ckv_block_header sh, dh;
     ckv_status st;
     if (!m.src || !m.dst) return CKV_ERR_INVALID;
-    if ((st = header(m.src, &sh)) != CKV_OK || (st = header(m.dst, &dh)) != CKV_OK) return st;
+    if ((st = header(m.src, m.src_hdr, &sh)) != CKV_OK || (st = header(m.dst, m.dst_hdr, &dh)) != CKV_OK) return st;
     if (sh.format != dh.format || sh.dtype != dh.dtype) return CKV_ERR_FORMAT;
     if (sh.format != CKV_FORMAT_DRAFT && sh.format != CKV_FORMAT_STAGED) return CKV_ERR_UNSUPPORTED;
     if (m.src_slot >= sh.capacity || m.dst_slot >= dh.capacity) return CKV_ERR_INVALID;
