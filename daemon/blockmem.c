@@ -21,9 +21,7 @@ static int host_run(const ckv_geometry *g, const ckv_move *moves, size_t n, int 
   return copy ? ckv_copy_slots(g, moves, n) : ckv_kernels_move(g, moves, n, 0);
 }
 
-const ckv_blockmem ckv_blockmem_host = {.name = "host", .shadow = false, .write = host_write, .run = host_run};
-const ckv_blockmem ckv_blockmem_host_shadow = {
-    .name = "host-shadow", .shadow = true, .write = host_write, .run = host_run};
+const ckv_blockmem ckv_blockmem_host = {.name = "host", .write = host_write, .run = host_run};
 
 #ifndef CKV_HAVE_CUDA_KERNELS
 const ckv_blockmem *ckv_blockmem_cuda(uint32_t device) {

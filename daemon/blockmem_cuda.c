@@ -114,7 +114,7 @@ static int cuda_run(const ckv_geometry *g, const ckv_move *moves, size_t n, int 
   return r;
 }
 
-static const ckv_blockmem cuda_blockmem = {.name = "cuda", .shadow = true, .write = cuda_write, .run = cuda_run};
+static const ckv_blockmem cuda_blockmem = {.name = "cuda", .write = cuda_write, .run = cuda_run};
 
 const ckv_blockmem *ckv_blockmem_cuda(uint32_t device) {
   g_device = (int)device;

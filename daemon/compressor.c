@@ -44,6 +44,7 @@ static uint64_t now_ns(void) {
 ckv_job *ckv_job_free(ckv_job *j) {
   if (!j) return NULL;
   free(j->moves);
+  free(j->headers);
   free(j->user);
   free(j);
   return NULL;

@@ -28,6 +28,7 @@ typedef struct ckv_job {
   ckv_geometry geom;
   ckv_move *moves;
   size_t n_moves;
+  ckv_block_header *headers; /* the daemon's records the moves' src_hdr/dst_hdr point into (owned) */
   void *owner;          /* the server's context for publishing (a session) */
   void *user;           /* the server's per-job data (what to publish) */
   int copy;             /* 1: same-format copies (compaction, ckv_copy_slots), 0: kernel moves */

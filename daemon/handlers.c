@@ -107,6 +107,12 @@ static int find_session(ckv_server *s, ckv_conn *c, const char *id, bool need_ow
   return CKV_OK;
 }
 
+/* The refusal every changing request on a quarantined session gets. */
+static int quarantined(const ckv_srv_session *sess, reply_ctx *x) {
+  return fail(x, CKV_ERR_CORRUPT, "session '%s' is quarantined: %s; drop it and open a new one", sess->id,
+              sess->quarantine_reason);
+}
+
 static Commitkv__V1__ArenaInfo **arena_infos(ckv_server *s, const ckv_tenant *t, size_t *ret_n) {
   *ret_n = 0;
   if (!t) return NULL;
@@ -283,6 +289,7 @@ static int h_append(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req
   ckv_srv_session *sess;
   int r = find_session(s, c, a->session_id, true, &sess, x);
   if (r < 0) return r;
+  if (sess->quarantined) return quarantined(sess, x);
   uint32_t n = a->count;
   if (n == 0) return fail(x, CKV_ERR_INVALID, "count must be > 0");
   if (n > s->opt.max_append) return fail(x, CKV_ERR_LIMIT, "at most %u tokens per AppendTokens", s->opt.max_append);
@@ -367,6 +374,7 @@ static int h_report(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req
   ckv_srv_session *sess;
   int r = find_session(s, c, rr->session_id, true, &sess, x);
   if (r < 0) return r;
+  if (sess->quarantined) return quarantined(sess, x);
   if (rr->attention.len % 4) return fail(x, CKV_ERR_INVALID, "attention must hold float32 values");
   if (rr->semantic_positions.len % 4 || rr->semantic_positions.len != rr->semantic_scores.len)
     return fail(x, CKV_ERR_INVALID, "semantic_positions and semantic_scores must pair uint32 with float32");

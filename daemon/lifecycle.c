@@ -3,12 +3,14 @@
 #include "daemon/lifecycle.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "commitkv/status.h"
 #include "daemon/compressor.h"
 #include "daemon/config.h"
+#include "daemon/log.h"
 #include "daemon/session.h"
 #include "daemon/tenant.h"
 #include "kernels/kernels.h"
@@ -107,10 +109,35 @@ static int plan(ckv_srv_session *s, ckv_compressor *c, bool flush);
 
 static int compact(ckv_srv_session *s, ckv_compressor *c);
 
+/* Tokens that wait because no destination block could be had are said once
+ * per stall (with what is missing), never per round. */
+static void note_stall(ckv_srv_session *s) {
+  if (!s->stalled_on) {
+    s->stall_logged = false;
+    return;
+  }
+  if (s->stall_logged || !s->pending) return;
+  s->stall_logged = true;
+  const ckv_tenant *t = s->tenant;
+  if (s->stalled_on == CKV_ERR_QUOTA)
+    ckv_log(CKV_LOG_WARNING, "moves-stalled", t->name, s->id,
+            "%llu tokens wait for their moves: the tenant's quota is full (%llu of %llu bytes in use) and a "
+            "destination block needs more; they move once memory is freed (drop sessions or raise the quota)",
+            (unsigned long long)s->pending, (unsigned long long)t->bytes_used, (unsigned long long)t->quota_bytes);
+  else
+    ckv_log(CKV_LOG_WARNING, "moves-stalled", t->name, s->id,
+            "%llu tokens wait for their moves: the arena has no free range for a destination block (%s); they "
+            "move once memory is freed",
+            (unsigned long long)s->pending, ckv_strerror(s->stalled_on));
+}
+
 int ckv_lifecycle_plan(ckv_srv_session *s, ckv_compressor *c, bool flush) {
+  if (s->quarantined) return CKV_OK; /* its blocks are not trusted: nothing moves any more */
+  s->stalled_on = 0;
   int r = plan(s, c, flush);
   if (r == CKV_OK) r = compact(s, c);
   s->pending = count_pending(s);
+  note_stall(s);
   return r;
 }
 
@@ -162,7 +189,10 @@ static int plan(ckv_srv_session *s, ckv_compressor *c, bool flush) {
       done++;
     }
   }
-  if (r == CKV_ERR_QUOTA || r == CKV_ERR_NOSPACE) s->plan_dirty = true;
+  if (r == CKV_ERR_QUOTA || r == CKV_ERR_NOSPACE) {
+    s->plan_dirty = true;
+    s->stalled_on = r;
+  }
   if (b.n == 0) {
     free(b.moves);
     free(b.recs);
@@ -173,17 +203,45 @@ static int plan(ckv_srv_session *s, ckv_compressor *c, bool flush) {
   return r == CKV_ERR_QUOTA || r == CKV_ERR_NOSPACE ? CKV_OK : r;
 }
 
+/* Points every move's src_hdr/dst_hdr at a copy of the daemon's own record
+ * of the block (one copy per block, owned by the job): the kernels compute
+ * offsets from these, never from the headers in the arena, which workers can
+ * write.  Returns the array (NULL on -ENOMEM). */
+static ckv_block_header *trusted_headers(const ckv_srv_session *s, plan_buf *b) {
+  uint32_t *copy_of = malloc((s->n_blocks ? s->n_blocks : 1) * sizeof(*copy_of));
+  if (!copy_of) return NULL;
+  memset(copy_of, 0xff, (s->n_blocks ? s->n_blocks : 1) * sizeof(*copy_of));
+  size_t n = 0;
+  for (size_t i = 0; i < b->n; i++) {
+    if (copy_of[b->recs[i].src_block] == UINT32_MAX) copy_of[b->recs[i].src_block] = (uint32_t)n++;
+    if (copy_of[b->recs[i].dst_block] == UINT32_MAX) copy_of[b->recs[i].dst_block] = (uint32_t)n++;
+  }
+  ckv_block_header *h = malloc((n ? n : 1) * sizeof(*h));
+  if (h) {
+    for (size_t blk = 0; blk < s->n_blocks; blk++)
+      if (copy_of[blk] != UINT32_MAX) h[copy_of[blk]] = *ckv_srv_session_block_header(s, (uint32_t)blk);
+    for (size_t i = 0; i < b->n; i++) {
+      b->moves[i].src_hdr = &h[copy_of[b->recs[i].src_block]];
+      b->moves[i].dst_hdr = &h[copy_of[b->recs[i].dst_block]];
+    }
+  }
+  free(copy_of);
+  return h;
+}
+
 static int submit(ckv_srv_session *s, ckv_compressor *c, plan_buf *b, int copy) {
   ckv_tokens *t = &s->tokens;
   ckv_job *j = calloc(1, sizeof(*j));
-  if (!j) {
+  ckv_block_header *headers = j ? trusted_headers(s, b) : NULL;
+  if (!headers) {
+    free(j);
     for (size_t i = 0; i < b->n; i++) ckv_srv_session_release_slot(s, b->recs[i].dst_block);
     free(b->moves);
     free(b->recs);
     return -ENOMEM;
   }
-  *j = (ckv_job){.lane = s->lane, .geom = s->geom, .moves = b->moves, .n_moves = b->n, .owner = s,
-                 .user = b->recs, .copy = copy, .mem = s->tenant->mem};
+  *j = (ckv_job){.lane = s->lane, .geom = s->geom, .moves = b->moves, .n_moves = b->n, .headers = headers,
+                 .owner = s, .user = b->recs, .copy = copy, .mem = s->tenant->mem};
   /* The kernels read the blocks' headers: shadows reach the arena first. */
   int fr = ckv_srv_session_flush_meta(s);
   if (fr < 0) {
@@ -258,6 +316,23 @@ static int compact(ckv_srv_session *s, ckv_compressor *c) {
   return r == CKV_ERR_QUOTA || r == CKV_ERR_NOSPACE ? CKV_OK : r;
 }
 
+/* Failures that say a block's bytes are not what the daemon wrote there (a
+ * worker wrote outside its K/V payload): retrying would fail the same way. */
+static bool corrupt_status(int st) {
+  return st == CKV_ERR_CORRUPT || st == CKV_ERR_FORMAT || st == CKV_ERR_STATE || st == CKV_ERR_RANGE ||
+         st == CKV_ERR_INVALID || st == CKV_ERR_UNSUPPORTED;
+}
+
+bool ckv_lifecycle_job_failed(ckv_srv_session *s, int status) {
+  if (s->quarantined) return false;
+  s->job_failures++;
+  if (!corrupt_status(status) && s->job_failures < CKV_LIFECYCLE_MAX_JOB_FAILURES) return false;
+  s->quarantined = true;
+  snprintf(s->quarantine_reason, sizeof(s->quarantine_reason), "moving its tokens failed%s: %s",
+           corrupt_status(status) ? " on bytes the daemon did not write" : " repeatedly", ckv_strerror(status));
+  return true;
+}
+
 void ckv_lifecycle_publish(ckv_srv_session *s, ckv_compressor *c, ckv_job *j) {
   move_rec *recs = j->user;
   ckv_tokens *t = &s->tokens;
@@ -266,6 +341,7 @@ void ckv_lifecycle_publish(ckv_srv_session *s, ckv_compressor *c, ckv_job *j) {
     ckv_job_free(j);
     return;
   }
+  if (j->status >= 0) s->job_failures = 0;
   for (size_t i = 0; i < j->n_moves; i++) {
     move_rec *m = &recs[i];
     t->flags[m->pos] &= (uint8_t)~CKV_TOKEN_PENDING;

@@ -38,6 +38,19 @@ int ckv_lifecycle_round(ckv_srv_session *s, ckv_compressor *c, uint32_t round, c
  * negative status on allocation failure. */
 int ckv_lifecycle_plan(ckv_srv_session *s, ckv_compressor *c, bool flush);
 
+/* Consecutive failed jobs after which a session is quarantined even when the
+ * failure itself looked transient (no memory, device busy). */
+#define CKV_LIFECYCLE_MAX_JOB_FAILURES 3
+
+/* Call when a job of s failed with `status`, before publishing it.  A failure
+ * on bytes the daemon did not write (a worker scribbled over a header, mask or
+ * seal word: CKV_ERR_CORRUPT, _FORMAT, _STATE, ...), or the
+ * CKV_LIFECYCLE_MAX_JOB_FAILURES-th failure in a row, quarantines the
+ * session: no more moves are planned (never an endless retry), and
+ * s->quarantine_reason says why.  Returns true when this call quarantined it
+ * (the caller logs that once). */
+bool ckv_lifecycle_job_failed(ckv_srv_session *s, int status);
+
 /* Publishes a finished job of session s (see above) and plans what waited
  * for it.  Frees the job. */
 void ckv_lifecycle_publish(ckv_srv_session *s, ckv_compressor *c, ckv_job *j);

@@ -258,7 +258,7 @@ int main(int argc, char **argv) {
   }
   /* How the daemon writes arena memory: in place on the host; through
    * header shadows and CUDA kernels on a device (daemon/blockmem.h). */
-  const ckv_blockmem *mem = a.cfg.shadow_headers ? &ckv_blockmem_host_shadow : &ckv_blockmem_host;
+  const ckv_blockmem *mem = &ckv_blockmem_host;
   if (strcmp(backend, "cuda") == 0) {
     mem = ckv_blockmem_cuda(a.cfg.device);
     if (!mem) { /* the arena came without the kernels: a broken build, say so */

@@ -217,9 +217,15 @@ void ckv_server_collect_jobs(ckv_server *s) {
     ckv_srv_session *sess = j->owner;
     ckv_metrics_observe_compress_tenant(s->metrics, sess->tenant->name,
                                         (double)(j->done_ns - j->submitted_ns) * 1e-9);
-    if (j->status < 0 && !sess->doomed)
-      ckv_log(CKV_LOG_ERROR, "compress-failed", sess->tenant->name, sess->id, "moving %zu tokens failed: %s",
-              j->n_moves, ckv_strerror(j->status));
+    if (j->status < 0 && !sess->doomed && ckv_lifecycle_job_failed(sess, j->status))
+      ckv_log(CKV_LOG_ERROR, "session-quarantined", sess->tenant->name, sess->id,
+              "quarantined: %s (%zu tokens); its tokens stay where they are, appends and reports are refused "
+              "until it is dropped",
+              sess->quarantine_reason, j->n_moves);
+    else if (j->status < 0 && !sess->doomed)
+      ckv_log(CKV_LOG_WARNING, "compress-failed", sess->tenant->name, sess->id,
+              "moving %zu tokens failed (%u in a row): %s; retried", j->n_moves, sess->job_failures,
+              ckv_strerror(j->status));
     ckv_lifecycle_publish(sess, s->compressor, j);
     j = next;
   }

@@ -163,10 +163,12 @@ static void mark_dirty(ckv_srv_session *s, uint32_t index, uint8_t state) {
 }
 
 void *ckv_srv_session_block_meta(ckv_srv_session *s, uint32_t index) {
-  ckv_sblock *b = &s->blocks[index];
-  if (!b->meta) return ckv_srv_session_block_ptr(s, index);
   mark_dirty(s, index, CKV_META_DIRTY);
-  return b->meta;
+  return s->blocks[index].meta;
+}
+
+const ckv_block_header *ckv_srv_session_block_header(const ckv_srv_session *s, uint32_t index) {
+  return (const ckv_block_header *)s->blocks[index].meta;
 }
 
 int ckv_srv_session_flush_meta(ckv_srv_session *s) {
@@ -267,15 +269,14 @@ int ckv_srv_session_new_block(ckv_srv_session *s, uint32_t format, uint32_t *ret
   uint8_t meta_state = b->meta_state; /* a retired entry may still sit on the dirty list */
   uint8_t *meta = NULL;
   uint32_t capacity = capacity_of(s, format);
-  if (s->tenant->mem->shadow && !(meta = malloc(ckv_block_payload_offset(capacity)))) {
+  if (!(meta = malloc(ckv_block_payload_offset(capacity)))) {
     ckv_tenant_block_free(s->tenant, off, bytes, format);
     s->free_idx[s->n_free_idx++] = idx;
     return -ENOMEM;
   }
   *b = (ckv_sblock){.id = ++*s->next_block_id, .offset = off, .bytes = bytes, .format = (uint8_t)format,
                     .capacity = (uint16_t)capacity, .meta_state = meta_state, .meta = meta};
-  r = meta ? ckv_block_init_header(meta, format, &s->geom, capacity, kept_of(s, format), b->id)
-           : ckv_block_init(ckv_tenant_ptr(s->tenant, off), format, &s->geom, capacity, kept_of(s, format), b->id);
+  r = ckv_block_init_header(meta, format, &s->geom, capacity, kept_of(s, format), b->id);
   if (r < 0) { /* cannot happen for a checked geometry; never leak the block */
     ckv_tenant_block_free(s->tenant, off, bytes, format);
     drop_meta(b);
@@ -283,7 +284,7 @@ int ckv_srv_session_new_block(ckv_srv_session *s, uint32_t format, uint32_t *ret
     s->free_idx[s->n_free_idx++] = idx;
     return r;
   }
-  if (meta) mark_dirty(s, idx, CKV_META_FRESH); /* the flush also zeroes the payload's committed meta */
+  mark_dirty(s, idx, CKV_META_FRESH); /* the flush also zeroes the payload's committed meta */
   s->epoch++; /* the block set changed */
   *ret_index = idx;
   return CKV_OK;

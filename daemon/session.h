@@ -35,8 +35,8 @@ typedef struct ckv_sblock {
   uint16_t capacity;
   uint16_t used;    /* slots handed out so far (filled in order) */
   uint16_t refs;    /* slots valid or reserved */
-  uint8_t meta_state; /* CKV_META_*: state of the host shadow of the header region */
-  uint8_t *meta;    /* host shadow of the header region (shadowing blockmems), else NULL */
+  uint8_t meta_state; /* CKV_META_*: state of the private shadow of the header region */
+  uint8_t *meta;    /* private shadow of the header region: the daemon never reads the arena's */
 } ckv_sblock;
 
 /* ckv_sblock.meta_state: the shadow matches the arena, differs from it, or
@@ -90,10 +90,20 @@ typedef struct ckv_srv_session {
   uint32_t jobs_inflight;   /* compressor jobs not yet published */
   bool doomed;              /* dropped while jobs were in flight: freed when they finish */
   bool plan_dirty;          /* the last plan stopped early (quota, full queue): plan again */
+  /* A compressor job on this session failed: how many in a row, and whether
+   * the session is quarantined (its blocks hold bytes the daemon did not
+   * write: no more moves, appends and reports refused; drop it) and why. */
+  uint32_t job_failures;
+  /* The last plan could not reserve destination blocks (CKV_ERR_QUOTA or
+   * CKV_ERR_NOSPACE, 0 = it could); stall_logged: that was said once. */
+  int stalled_on;
+  bool stall_logged;
+  bool quarantined;
+  char quarantine_reason[160];
   uint64_t pending;         /* tokens whose bytes do not match their state (as of the last plan) */
   uint64_t *next_block_id;  /* daemon-wide counter */
   struct idcount *ids;      /* token id -> occurrences, for the semantic estimate */
-  /* Shadowed headers (tenant blockmem with .shadow): block-table indices
+  /* Header shadows: block-table indices
    * whose shadow is not CLEAN, each once (room for cap_blocks), and this
    * session's link in the daemon's list of sessions with dirty shadows. */
   uint32_t *dirty;
@@ -155,10 +165,14 @@ void ckv_srv_session_figures(const ckv_srv_session *s, uint64_t tok4[4], uint64_
  * for kernels only). */
 void *ckv_srv_session_block_ptr(const ckv_srv_session *s, uint32_t index);
 /* Where the daemon writes block `index`'s header region (header, positions,
- * valid bitmap): the block itself on host memory, or its host shadow, which
- * is then marked dirty and written to the arena by the next
- * ckv_srv_session_flush_meta().  Never NULL for a live block. */
+ * valid bitmap): its private shadow, which is then marked dirty and written
+ * to the arena by the next ckv_srv_session_flush_meta().  Never NULL for a
+ * live block. */
 void *ckv_srv_session_block_meta(ckv_srv_session *s, uint32_t index);
+/* The daemon's own record of block `index`'s header (in the shadow; the
+ * arena's copy is worker-writable and never read).  Never NULL for a live
+ * block. */
+const ckv_block_header *ckv_srv_session_block_header(const ckv_srv_session *s, uint32_t index);
 /* Writes every dirty shadow of the session into the arena (one blockmem
  * write) and returns once readers can see it; nothing to do without
  * shadows.  On failure the shadows stay dirty (a later flush retries).

@@ -218,6 +218,8 @@ static float tolerance(uint32_t format) {
 static void verify(fx *f) {
   ckv_srv_session *s = f->s;
   const ckv_tokens *t = &s->tokens;
+  /* What a reader sees: the daemon's header shadows written into the arena. */
+  cr_assert_eq(ckv_srv_session_flush_meta(s), CKV_OK);
   uint64_t col[4] = {0};
   uint32_t *placed = calloc(s->n_blocks + 1, sizeof(uint32_t));
   float out[ELEMS];
@@ -362,6 +364,7 @@ static void stale_view(unsigned threads) {
   round_run(&f, 1, a, true); /* stages 4..80, retires draft blocks 1..4; acked */
   free(a);
   /* The reader's view of epoch E: every block, its bytes copied. */
+  cr_assert_eq(ckv_srv_session_flush_meta(s), CKV_OK); /* as before any reply */
   uint64_t E = s->epoch;
   held h[64];
   size_t nh = 0;
