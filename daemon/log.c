@@ -17,6 +17,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <systemd/sd-journal.h>
@@ -35,6 +36,20 @@ static ckv_log_target log_target = CKV_LOG_TARGET_STDERR; /* resolved; never AUT
 static char log_ident[32] = "commitkvd";
 static pthread_mutex_t log_write_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* Rate limiting of identical records: a small direct-mapped table keyed by
+ * a hash of the record; a collision evicts the older entry (at worst a few
+ * more lines get through). */
+#define RL_SLOTS 64
+typedef struct rl_entry {
+  uint64_t key;
+  uint64_t window_start_ms;
+  unsigned in_window;  /* records of this key seen in the current window */
+  unsigned suppressed; /* of those, not written */
+} rl_entry;
+static pthread_mutex_t rl_lock = PTHREAD_MUTEX_INITIALIZER;
+static rl_entry rl_table[RL_SLOTS];
+static unsigned rl_interval_ms = 10000, rl_burst = 5;
+
 static int clamp_level(int level) {
   if (level < CKV_LOG_ERROR) return CKV_LOG_ERROR;
   if (level > CKV_LOG_DEBUG) return CKV_LOG_DEBUG;
@@ -51,6 +66,50 @@ int ckv_log_level_from_name(const char *name) {
   for (int l = CKV_LOG_ERROR; l <= CKV_LOG_DEBUG; l++)
     if (strcmp(name, level_names[l]) == 0) return l;
   return -1;
+}
+
+void ckv_log_set_rate_limit(unsigned interval_ms, unsigned burst) {
+  pthread_mutex_lock(&rl_lock);
+  rl_interval_ms = interval_ms;
+  rl_burst = burst;
+  memset(rl_table, 0, sizeof rl_table);
+  pthread_mutex_unlock(&rl_lock);
+}
+
+static uint64_t fnv1a(uint64_t h, const char *s) {
+  for (; s && *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
+  return (h ^ 0xff) * 0x100000001b3ull; /* a separator: ("ab","c") != ("a","bc") */
+}
+
+static uint64_t mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* Whether this record may be written; *ret_suppressed receives how many
+ * identical ones were held back since it last was (0 usually). */
+static bool rl_admit(int level, const char *event, const char *tenant, const char *session, const char *msg,
+                     unsigned *ret_suppressed) {
+  *ret_suppressed = 0;
+  uint64_t key = 0xcbf29ce484222325ull ^ (uint64_t)level;
+  key = fnv1a(fnv1a(fnv1a(fnv1a(key, event), tenant), session), msg);
+  key |= 1; /* 0 marks an empty slot */
+  uint64_t now = mono_ms();
+  bool admit = true;
+  pthread_mutex_lock(&rl_lock);
+  if (rl_burst) {
+    rl_entry *e = &rl_table[key % RL_SLOTS];
+    if (e->key != key || now - e->window_start_ms >= rl_interval_ms) {
+      if (e->key == key) *ret_suppressed = e->suppressed;
+      *e = (rl_entry){.key = key, .window_start_ms = now, .in_window = 1};
+    } else if (++e->in_window > rl_burst) {
+      e->suppressed++;
+      admit = false;
+    }
+  }
+  pthread_mutex_unlock(&rl_lock);
+  return admit;
 }
 
 void ckv_log_set_level(int level) {
@@ -165,6 +224,16 @@ void ckv_logv(int level, const char *event, const char *tenant, const char *sess
   int saved_errno = errno; /* callers often log, then return -errno */
   char msg[LOG_MSG_MAX];
   if (vsnprintf(msg, sizeof msg, fmt ? fmt : "", ap) < 0) msg[0] = '\0';
+  unsigned suppressed;
+  if (!rl_admit(level, event, tenant, session, msg, &suppressed)) {
+    errno = saved_errno;
+    return;
+  }
+  if (suppressed) {
+    size_t len = strlen(msg);
+    snprintf(msg + len, sizeof msg - len, " (%u identical lines suppressed in %g s)", suppressed,
+             rl_interval_ms / 1000.0);
+  }
   if (log_target == CKV_LOG_TARGET_JOURNAL)
     log_journal(level, event, tenant, session, msg);
   else

@@ -11,6 +11,13 @@
  * (parts whose value is NULL are left out; control bytes in any part are
  * replaced by '?' so a client-chosen session id cannot forge lines).
  *
+ * Identical records (same level, event, tenant, session and text) are rate
+ * limited: within an interval (default 10 s) the first `burst` (default 5)
+ * are written, the rest counted, and the next one written after the
+ * interval says how many were suppressed ("... (37 identical lines
+ * suppressed in 10 s)").  A failure that repeats cannot flood the journal,
+ * and its first lines are never lost.
+ *
  * Thread-safe: each record is formatted on the caller's stack and written
  * with one write(2) under a mutex.  The level is an atomic, so SIGHUP's
  * reload can change it while other threads log.  Level numbers are syslog
@@ -45,6 +52,10 @@ typedef enum ckv_log_target {
  * bytes) and the target; AUTO decides now, from $JOURNAL_STREAM and stderr.
  * Call once at start-up (not thread-safe against concurrent ckv_log). */
 void ckv_log_init(const char *ident, ckv_log_target target);
+
+/* Rate limit for identical records: at most `burst` per `interval_ms`;
+ * burst 0 turns limiting off.  Safe from any thread. */
+void ckv_log_set_rate_limit(unsigned interval_ms, unsigned burst);
 
 /* Records above this level are dropped.  Out-of-range values are clamped to
  * [CKV_LOG_ERROR, CKV_LOG_DEBUG].  Both are safe from any thread. */

@@ -32,6 +32,7 @@ static void setup(void) {
   unsetenv("JOURNAL_STREAM");
   ckv_log_init("commitkvd", CKV_LOG_TARGET_STDERR);
   ckv_log_set_level(CKV_LOG_INFO);
+  ckv_log_set_rate_limit(10000, 0); /* off: the format tests write identical lines on purpose */
 }
 
 static void teardown(void) {
@@ -235,5 +236,41 @@ Test(log, concurrent_lines_stay_whole) {
   cr_expect_eq(lines, THREADS * PER_THREAD);
   for (int t = 0; t < THREADS; t++)
     for (int i = 0; i < PER_THREAD; i++) cr_expect_eq(seen[t][i], 1);
+  free(out);
+}
+
+static int count_of(const char *text, const char *needle) {
+  int n = 0;
+  for (const char *q = text; (q = strstr(q, needle)); q += strlen(needle)) n++;
+  return n;
+}
+
+/* Issue 11 item 8: a failure repeated thousands of times writes its first
+ * lines, then is counted, and the count is said once the interval passed. */
+Test(log, identical_lines_are_rate_limited) {
+  ckv_log_set_rate_limit(300, 5);
+  for (int i = 0; i < 10000; i++)
+    ckv_log(CKV_LOG_ERROR, "compress-failed", "t", "s", "moving %d tokens failed: %s", 28, "data is corrupt");
+  ckv_log(CKV_LOG_ERROR, "compress-failed", "t", "other", "moving %d tokens failed: %s", 28, "data is corrupt");
+  ckv_log(CKV_LOG_ERROR, "compress-failed", "t", "s", "moving %d tokens failed: %s", 29, "data is corrupt");
+  char *out = captured();
+  cr_assert_eq(count_of(out, "session=s: moving 28 tokens"), 5, "%s", out);
+  cr_assert_eq(count_of(out, "session=other: moving 28"), 1, "another session's line is its own");
+  cr_assert_eq(count_of(out, "moving 29 tokens"), 1, "another text is its own");
+  cr_assert_null(strstr(out, "suppressed"));
+  free(out);
+  usleep(350000);
+  ckv_log(CKV_LOG_ERROR, "compress-failed", "t", "s", "moving %d tokens failed: %s", 28, "data is corrupt");
+  out = captured();
+  cr_assert_eq(count_of(out, "session=s: moving 28 tokens"), 6, "%s", out);
+  cr_assert(strstr(out, "data is corrupt (9995 identical lines suppressed in 0.3 s)"), "%s", out);
+  free(out);
+}
+
+Test(log, rate_limit_off_writes_everything) {
+  ckv_log_set_rate_limit(10000, 0);
+  for (int i = 0; i < 100; i++) ckv_log(CKV_LOG_WARNING, "x", NULL, NULL, "same");
+  char *out = captured();
+  cr_assert_eq(count_of(out, "[x]: same"), 100);
   free(out);
 }
