@@ -37,6 +37,7 @@
 
 #define HOUSEKEEPING_MS 100u
 #define MAX_BATCH 512
+#define ACCEPT_BATCH 64 /* attach connections accepted per loop turn (the listen backlog) */
 
 uint64_t ckv_now_ms(void) {
   struct timespec ts;
@@ -439,8 +440,10 @@ static int serve_one(ckv_server *s) {
   return 1;
 }
 
+/* A bounded batch per loop turn: peers that connect as fast as they are
+ * refused must not keep the loop from everyone else's requests. */
 static void accept_attach(ckv_server *s) {
-  for (;;) {
+  for (int i = 0; i < ACCEPT_BATCH; i++) {
     int fd = accept4(s->attach_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) return;
     ckv_attach_accept(s, fd);
