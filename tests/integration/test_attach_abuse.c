@@ -36,10 +36,12 @@
 #define FRAME_MAX 4096
 #define LORIS_LEN 4000u     /* the length a slow-loris announces */
 #define LORIS_STEP_MS 40    /* one byte every this long: under the old 50 ms per-recv timeout */
-/* Worst acceptable latency of one call while the abuse runs.  Measured on
- * the fixed daemon on a 2-core machine shared with other builds: heartbeats
- * 1-30 ms, commitkvctl status 30-150 ms (a fork, an exec, an attach and two
- * requests).  The old daemon froze for the whole abuse (seconds). */
+/* Worst acceptable latency of one call while the abuse runs: freeze
+ * detectors with a wide margin.  Measured on a 2-core machine shared with
+ * other builds: the fixed daemon answers heartbeats in 1-5 ms, commitkvctl
+ * status (fork, exec, attach, two requests) in about 11 ms and a bystander's
+ * attach in 3-4 ms; the old one took 1.5-4.8 s per heartbeat and 3.1-3.5 s
+ * per attach while the abuse lasted. */
 #define MAX_HEARTBEAT_MS 500
 #define MAX_CTL_MS 1500
 #define MAX_ATTACH_MS 500
@@ -411,10 +413,10 @@ Test(attach_abuse, pending_attaches_are_bounded_per_uid, .timeout = 120) {
               "heartbeat %lld ms",
               OTHER_UID, probe.ok, probe.n, probe.worst_ms, probe.first_code[0], probe.first_code[1],
               probe.first_code[2], probe.text, root_ok, root_n, worst_hb);
-  cr_assert_gt(probe.n, 5, "the bystander hardly tried");
   cr_assert_eq(probe.ok, probe.n, "uid %u: only %d of %d attaches succeeded while uid %u held 200 connections "
                "(first refusal: %s)", OTHER_UID, probe.ok, probe.n, NOBODY_UID, probe.text);
   cr_assert_lt(probe.worst_ms, MAX_ATTACH_MS, "uid %u waited %lld ms for an attach", OTHER_UID, probe.worst_ms);
+  cr_assert_gt(probe.n, 5, "the bystander hardly tried (%d attaches)", probe.n);
   cr_assert_eq(root_ok, root_n, "root: only %d of %d attaches succeeded (%s)", root_ok, root_n, root_err);
   cr_assert_lt(worst_hb, MAX_HEARTBEAT_MS, "200 idle or half-sent attach connections delayed a heartbeat by %lld "
                "ms", worst_hb);
