@@ -53,6 +53,22 @@ static void refuse(int fd, int code, const char *msg) {
   (void)send_reply(fd, &rep, NULL, 0);
 }
 
+/* Refuses a connection whose request was not read (or not all of it): the
+ * peer may still be sending, and a unix socket closed under it would fail its
+ * send with EPIPE before it reads our reply.  So the connection lingers, its
+ * input dropped unread, until the peer closes it or ATTACH_DEADLINE_MS. */
+static void refuse_unread(ckv_server *s, int fd, int code, const char *msg) {
+  refuse(fd, code, msg);
+  if (s->n_refused == CKV_REFUSED_ATTACH_MAX) {
+    size_t oldest = 0;
+    for (size_t i = 1; i < s->n_refused; i++)
+      if (s->refused[i].close_ms < s->refused[oldest].close_ms) oldest = i;
+    close(s->refused[oldest].fd);
+    s->refused[oldest] = s->refused[--s->n_refused];
+  }
+  s->refused[s->n_refused++] = (struct ckv_refused_attach){fd, ckv_now_ms() + ATTACH_DEADLINE_MS};
+}
+
 /* Attach refusals at accept are logged at most once a second: a hostile
  * peer may connect in a loop, and the journal is not its to fill. */
 static void log_refusal(ckv_server *s, const char *event, const char *fmt, ...) {
@@ -253,8 +269,7 @@ static void pending_finish(ckv_server *s, ckv_pending_attach *p, int r) {
   } else {
     char msg[160];
     snprintf(msg, sizeof(msg), "attach: bad request frame: %s", ckv_strerror(r));
-    refuse(p->fd, r == CKV_ERR_TOO_LARGE || r == -ENOMEM ? r : CKV_ERR_PROTO, msg);
-    close(p->fd);
+    refuse_unread(s, p->fd, r == CKV_ERR_TOO_LARGE || r == -ENOMEM ? r : CKV_ERR_PROTO, msg);
   }
   ckv_attach_frame_done(&p->frame);
 }
@@ -279,8 +294,7 @@ void ckv_attach_accept(ckv_server *s, int fd) {
     s->counters.attach_refused++;
     snprintf(msg, sizeof(msg), "uid %u / gid %u is not mapped to any tenant", p.uid, p.gid);
     log_refusal(s, "attach-refused", "pid %u: %s", p.pid, msg);
-    refuse(fd, CKV_ERR_AUTH, msg);
-    close(fd);
+    refuse_unread(s, fd, CKV_ERR_AUTH, msg);
     return;
   }
   /* Most clients send their request with the connect: serve it now, before it
@@ -293,18 +307,16 @@ void ckv_attach_accept(ckv_server *s, int fd) {
   if (pending_full(s, &p, msg, sizeof(msg))) {
     s->counters.attach_refused++;
     log_refusal(s, "attach-limit", "pid %u uid %u: %s", p.pid, p.uid, msg);
-    refuse(fd, CKV_ERR_LIMIT, msg);
+    refuse_unread(s, fd, CKV_ERR_LIMIT, msg);
     ckv_attach_frame_done(&p.frame);
-    close(fd);
     return;
   }
   if (s->n_pending == s->cap_pending) {
     size_t ncap = s->cap_pending ? s->cap_pending * 2 : 16;
     ckv_pending_attach *np = realloc(s->pending, ncap * sizeof(*np));
     if (!np) {
-      refuse(fd, -ENOMEM, "attach: out of memory");
+      refuse_unread(s, fd, -ENOMEM, "attach: out of memory");
       ckv_attach_frame_done(&p.frame);
-      close(fd);
       return;
     }
     s->pending = np;
@@ -329,10 +341,24 @@ void ckv_attach_expire(ckv_server *s, uint64_t now_ms) {
     s->pending[i] = s->pending[--s->n_pending];
     char msg[160];
     snprintf(msg, sizeof(msg), "attach: no complete AttachRequest within %u ms of connecting", ATTACH_DEADLINE_MS);
-    refuse(p.fd, CKV_ERR_TIMEOUT, msg);
-    close(p.fd);
+    refuse_unread(s, p.fd, CKV_ERR_TIMEOUT, msg);
     ckv_attach_frame_done(&p.frame);
   }
+  for (size_t i = s->n_refused; i-- > 0;)
+    if (now_ms >= s->refused[i].close_ms) {
+      close(s->refused[i].fd);
+      s->refused[i] = s->refused[--s->n_refused];
+    }
+}
+
+void ckv_attach_refused_input(ckv_server *s, size_t i) {
+  if (i >= s->n_refused) return;
+  /* No control buffer: descriptors a peer attaches are released by the kernel. */
+  uint8_t sink[4096];
+  ssize_t r = recv(s->refused[i].fd, sink, sizeof(sink), MSG_DONTWAIT);
+  if (r > 0 || (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))) return;
+  close(s->refused[i].fd);
+  s->refused[i] = s->refused[--s->n_refused];
 }
 
 void ckv_attach_pending_free(ckv_server *s) {
@@ -343,6 +369,8 @@ void ckv_attach_pending_free(ckv_server *s) {
   free(s->pending);
   s->pending = NULL;
   s->n_pending = s->cap_pending = 0;
+  for (size_t i = 0; i < s->n_refused; i++) close(s->refused[i].fd);
+  s->n_refused = 0;
 }
 
 /* ---- attached connections ------------------------------------------------ */

@@ -510,7 +510,7 @@ int ckv_server_run(ckv_server *s) {
   zmq_pollitem_t *items = NULL;
   ckv_conn **owners = NULL;
   while (!s->stopping) {
-    size_t want = 4 + s->n_pending + ckv_strmap_size(s->conns);
+    size_t want = 4 + s->n_pending + s->n_refused + ckv_strmap_size(s->conns);
     if (want > cap) {
       size_t ncap = want * 2;
       zmq_pollitem_t *ni = realloc(items, ncap * sizeof(*ni));
@@ -529,7 +529,11 @@ int ckv_server_run(ckv_server *s) {
     items[n++] = (zmq_pollitem_t){.fd = s->signal_fd, .events = ZMQ_POLLIN};
     items[n++] = (zmq_pollitem_t){.fd = ckv_compressor_fd(s->compressor), .events = ZMQ_POLLIN};
     const size_t first_pending = n;
-    for (size_t i = 0; i < s->n_pending; i++) items[n++] = (zmq_pollitem_t){.fd = s->pending[i].fd, .events = ZMQ_POLLIN};
+    for (size_t i = 0; i < s->n_pending; i++)
+      items[n++] = (zmq_pollitem_t){.fd = s->pending[i].fd, .events = ZMQ_POLLIN};
+    const size_t first_refused = n;
+    for (size_t i = 0; i < s->n_refused; i++)
+      items[n++] = (zmq_pollitem_t){.fd = s->refused[i].fd, .events = ZMQ_POLLIN};
     const size_t first_conn = n;
     size_t cur = 0;
     ckv_conn *c;
@@ -548,9 +552,12 @@ int ckv_server_run(ckv_server *s) {
       if (items[0].revents & ZMQ_POLLIN)
         for (int i = 0; i < MAX_BATCH && serve_one(s); i++) {
         }
-      /* Attach requests arriving.  From the end: an entry that is done is
+      /* Refused connections draining, then attach requests arriving (which
+       * may add refused ones).  From the end: an entry that is done is
        * replaced by the last one, which was already looked at. */
-      for (size_t i = first_conn - first_pending; i-- > 0;)
+      for (size_t i = first_conn - first_refused; i-- > 0;)
+        if (items[first_refused + i].revents) ckv_attach_refused_input(s, i);
+      for (size_t i = first_refused - first_pending; i-- > 0;)
         if (items[first_pending + i].revents) ckv_attach_pending_input(s, i);
       if (items[1].revents & ZMQ_POLLIN) accept_attach(s);
       for (size_t i = first_conn; i < n; i++) {

@@ -33,6 +33,11 @@ typedef struct ckv_srv_session ckv_srv_session;
  * refused. */
 #define CKV_PENDING_ATTACH_PER_UID 8u
 #define CKV_PENDING_ATTACH_MAX 256u
+/* Connections refused before their request was read linger this many at
+ * most (the oldest goes first), so the request a client sends after the
+ * refusal is accepted by the kernel and the client reads why it was refused
+ * instead of EPIPE. */
+#define CKV_REFUSED_ATTACH_MAX 256u
 
 /* What the daemon knows of a tenant before it exists at run time. */
 typedef struct ckv_tenant_spec {
@@ -133,6 +138,11 @@ typedef struct ckv_server {
   uint64_t last_metrics_ms;
   ckv_pending_attach *pending; /* accepted attach connections whose request has not arrived */
   size_t n_pending, cap_pending;
+  struct ckv_refused_attach {
+    int fd;
+    uint64_t close_ms;
+  } refused[CKV_REFUSED_ATTACH_MAX]; /* answered; what they still send is dropped unread */
+  size_t n_refused;
   uint64_t refusal_logged_ms;  /* attach refusals are logged at most once a second ... */
   uint64_t refusals_unlogged;  /* ... and counted in between */
   ckv_srv_session **doomed; /* dropped while compressor jobs were in flight */
@@ -182,9 +192,14 @@ void ckv_attach_accept(ckv_server *s, int fd);
  * complete or broken, answers it and removes entry i (the last entry moves
  * into its place, so walk the entries from the end). */
 void ckv_attach_pending_input(ckv_server *s, size_t i);
-/* Closes, with CKV_ERR_TIMEOUT, pending attaches whose deadline passed. */
+/* Refused connection `i` is readable: drops what arrived, unread, and closes
+ * it at EOF (removing entry i as ckv_attach_pending_input does). */
+void ckv_attach_refused_input(ckv_server *s, size_t i);
+/* Closes, with CKV_ERR_TIMEOUT, pending attaches whose deadline passed, and
+ * refused connections whose time is up. */
 void ckv_attach_expire(ckv_server *s, uint64_t now_ms);
-/* Closes every pending attach and frees the set (server shutdown). */
+/* Closes every pending and refused attach connection and frees the set
+ * (server shutdown). */
 void ckv_attach_pending_free(ckv_server *s);
 /* True when attached client c began an attach-socket frame that missed its
  * deadline (the caller drops the client). */
