@@ -469,6 +469,18 @@ static void unmapped_peer(const ckv_test_daemon *d, int arg, report *out) {
     count(out, code, ckv_test_now_ms() - t0, text);
     if (fd >= 0) close(fd);
   }
+  /* 2: sends a whole request only after the daemon has refused it, as a
+   * client may that loses the CPU after connect: the send must still go
+   * through (not EPIPE) and the reply say why. */
+  int fd = connect_and_send(d->attach, NULL, 0);
+  usleep(200 * 1000);
+  uint8_t req[300];
+  size_t len = attach_request(req, /* refresh= */ false);
+  int code = CKV_ERR_DISCONNECTED;
+  char text[200] = "";
+  if (fd >= 0 && send(fd, req, len, MSG_NOSIGNAL) == (ssize_t)len) code = answer(fd, text, sizeof(text));
+  count(out, code, 0, text);
+  if (fd >= 0) close(fd);
 }
 
 Test(attach_abuse, unmapped_uid_is_refused_before_its_frame_is_read, .timeout = 60) {
@@ -479,14 +491,16 @@ Test(attach_abuse, unmapped_uid_is_refused_before_its_frame_is_read, .timeout = 
   pid_t pid = fork_as(&d, OTHER_UID, unmapped_peer, 0, &fd);
   report rep;
   collect(pid, fd, &rep);
-  cr_log_info("unmapped: silent peer %s after %lld ms, trickling peer %s after %lld ms ('%s')",
+  cr_log_info("unmapped: silent peer %s after %lld ms, trickling peer %s after %lld ms, late request %s ('%s')",
               ckv_status_name(rep.first_code[0]), rep.ms[0], ckv_status_name(rep.first_code[1]), rep.ms[1],
-              rep.text);
+              ckv_status_name(rep.first_code[2]), rep.text);
   for (int i = 0; i < 2; i++) {
     cr_assert_eq(rep.first_code[i], CKV_ERR_AUTH, "%s unmapped peer answered %s", i ? "a trickling" : "a silent",
                  ckv_status_name(rep.first_code[i]));
     cr_assert_lt(rep.ms[i], MAX_ATTACH_MS, "an unmapped peer was refused only after %lld ms", rep.ms[i]);
   }
+  cr_assert_eq(rep.first_code[2], CKV_ERR_AUTH, "an unmapped peer that sent its request late got %s",
+               ckv_status_name(rep.first_code[2]));
   cr_assert(strstr(rep.text, "not mapped"), "refusal text: '%s'", rep.text);
   stop(&d, cfgdir);
 }
