@@ -102,10 +102,10 @@ typedef struct ckv_conn {
 
 /* An accepted attach connection whose AttachRequest is still arriving. */
 typedef struct ckv_pending_attach {
-  int fd;                /* non-blocking */
+  int fd;                 /* non-blocking */
   uint32_t uid, gid, pid; /* SO_PEERCRED, read at accept */
   bool admin;
-  uint64_t deadline_ms;  /* the whole frame must be in by then */
+  uint64_t deadline_ms; /* the whole frame must be in by then */
   ckv_attach_frame frame;
 } ckv_pending_attach;
 
@@ -143,8 +143,8 @@ typedef struct ckv_server {
     uint64_t close_ms;
   } refused[CKV_REFUSED_ATTACH_MAX]; /* answered; what they still send is dropped unread */
   size_t n_refused;
-  uint64_t refusal_logged_ms;  /* attach refusals are logged at most once a second ... */
-  uint64_t refusals_unlogged;  /* ... and counted in between */
+  uint64_t refusal_logged_ms; /* attach refusals are logged at most once a second ... */
+  uint64_t refusals_unlogged; /* ... and counted in between */
   ckv_srv_session **doomed; /* dropped while compressor jobs were in flight */
   size_t n_doomed, cap_doomed;
   uint64_t next_lane;
