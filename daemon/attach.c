@@ -7,16 +7,21 @@
  * CKV_ERR_AUTH.  The connection stays open for the client's life: its EOF is
  * the fastest possible lease expiry.
  *
- * Accepted connections wait in the server's poll set (with a deadline) until
- * their request is readable, so a silent peer never stalls the loop. */
+ * The socket is open to every local user and the loop is one thread, so no
+ * peer may make it wait.  Credentials are read at accept, and a peer that
+ * maps to no tenant (and is not admin) is refused there, before a byte of its
+ * request is read.  Everyone else's request is read without blocking, a piece
+ * whenever poll says there is one (attach_frame.h), against a deadline for the
+ * whole frame; meanwhile the connection waits in the server's pending set,
+ * which bounds how many one uid may hold.  Later AttachRequest{refresh}
+ * frames on attached connections are read the same way. */
 #include <errno.h>
-#include <fcntl.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
 #include <sys/socket.h>
-#include <sys/time.h>
 #include <unistd.h>
 
 #include "commitkv/status.h"
@@ -27,15 +32,17 @@
 #include "shm/arena.h"
 #include "shm/fdpass.h"
 
-#define ATTACH_IO_TIMEOUT_MS 50
 #define ATTACH_MAX_FRAME 4096
+#define ATTACH_DEADLINE_MS 1000u /* a whole attach frame must arrive within this */
 
-static void send_reply(int fd, const Commitkv__V1__AttachReply *rep, const int *fds, size_t n_fds) {
+/* Sockets here are non-blocking: a reply that does not fit the peer's
+ * buffer (it never read the last ones) fails instead of waiting. */
+static int send_reply(int fd, const Commitkv__V1__AttachReply *rep, const int *fds, size_t n_fds) {
   uint8_t buf[ATTACH_MAX_FRAME];
   size_t len = commitkv__v1__attach_reply__get_packed_size(rep);
-  if (len > sizeof(buf)) return;
+  if (len > sizeof(buf)) return CKV_ERR_TOO_LARGE;
   commitkv__v1__attach_reply__pack(rep, buf);
-  (void)ckv_frame_send(fd, buf, len, fds, n_fds);
+  return ckv_frame_send(fd, buf, len, fds, n_fds);
 }
 
 static void refuse(int fd, int code, const char *msg) {
@@ -43,7 +50,52 @@ static void refuse(int fd, int code, const char *msg) {
   rep.code = code;
   rep.message = (char *)msg;
   rep.version = CKV_PROTOCOL_VERSION;
-  send_reply(fd, &rep, NULL, 0);
+  (void)send_reply(fd, &rep, NULL, 0);
+}
+
+/* Refuses a connection whose request was not read (or not all of it): the
+ * peer may still be sending, and a unix socket closed under it would fail its
+ * send with EPIPE before it reads our reply.  So the connection lingers, its
+ * input dropped unread, until the peer closes it or ATTACH_DEADLINE_MS. */
+static void refuse_unread(ckv_server *s, int fd, int code, const char *msg) {
+  refuse(fd, code, msg);
+  if (s->n_refused == CKV_REFUSED_ATTACH_MAX) {
+    size_t oldest = 0;
+    for (size_t i = 1; i < s->n_refused; i++)
+      if (s->refused[i].close_ms < s->refused[oldest].close_ms) oldest = i;
+    close(s->refused[oldest].fd);
+    s->refused[oldest] = s->refused[--s->n_refused];
+  }
+  s->refused[s->n_refused++] = (struct ckv_refused_attach){fd, ckv_now_ms() + ATTACH_DEADLINE_MS};
+}
+
+/* Attach refusals at accept are logged at most once a second: a hostile
+ * peer may connect in a loop, and the journal is not its to fill. */
+static void log_refusal(ckv_server *s, const char *event, const char *fmt, ...) {
+  uint64_t now = ckv_now_ms();
+  if (s->refusal_logged_ms && now - s->refusal_logged_ms < 1000) {
+    s->refusals_unlogged++;
+    return;
+  }
+  char line[256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(line, sizeof(line), fmt, ap);
+  va_end(ap);
+  if (s->refusals_unlogged)
+    ckv_log(CKV_LOG_WARNING, event, NULL, NULL, "%s (and %llu more attach refusals not logged)", line,
+            (unsigned long long)s->refusals_unlogged);
+  else
+    ckv_log(CKV_LOG_WARNING, event, NULL, NULL, "%s", line);
+  s->refusal_logged_ms = now;
+  s->refusals_unlogged = 0;
+}
+
+static bool is_admin(uint32_t uid) { return uid == 0 || uid == (uint32_t)geteuid(); }
+
+static bool maps_to_tenant(const ckv_server *s, uint32_t uid, uint32_t gid) {
+  ckv_tenant_spec spec = {.default_policy = -1};
+  return s->opt.resolve_tenant && s->opt.resolve_tenant(s->opt.resolve_ctx, uid, gid, &spec);
 }
 
 /* Fills `info` and `ex` with the tenant's arena as it is now (committed
@@ -75,32 +127,16 @@ static void reply_for(const ckv_server *s, const ckv_conn *c, Commitkv__V1__Atta
   rep->admin = c->admin;
 }
 
-void ckv_attach_serve(ckv_server *s, int fd) {
-  /* The request is already readable (the loop polled for it); a peer that
-   * sends half a frame and stalls costs at most this much of the loop. */
-  if (ckv_sock_set_timeout(fd, ATTACH_IO_TIMEOUT_MS) < 0) {
-    close(fd);
-    return;
-  }
-
-  ckv_peer peer;
-  int r = ckv_peercred(fd, &peer);
-  if (r < 0) {
-    close(fd);
-    return;
-  }
-  uint8_t buf[ATTACH_MAX_FRAME];
-  size_t len = 0;
-  r = ckv_frame_recv(fd, buf, sizeof(buf), &len, NULL, 0, NULL);
+/* Serves the complete AttachRequest `frame` (len bytes) that peer `who` sent
+ * on fd; takes ownership of fd. */
+static void ckv_attach_serve(ckv_server *s, int fd, const ckv_peer *who, const uint8_t *frame, size_t len) {
+  static const uint8_t empty[1];
+  ckv_peer peer = *who;
+  int r;
   char msg[256];
-  if (r < 0) {
-    snprintf(msg, sizeof(msg), "attach: bad request frame: %s", ckv_strerror(r));
-    refuse(fd, r == CKV_ERR_TOO_LARGE ? CKV_ERR_TOO_LARGE : CKV_ERR_PROTO, msg);
-    close(fd);
-    return;
-  }
   ckv_wire_reset(&s->in);
-  Commitkv__V1__AttachRequest *req = commitkv__v1__attach_request__unpack(&s->in.allocator, len, buf);
+  Commitkv__V1__AttachRequest *req =
+      commitkv__v1__attach_request__unpack(&s->in.allocator, len, frame ? frame : empty);
   if (!req) {
     refuse(fd, CKV_ERR_PROTO, "attach: could not decode a commitkv.v1.AttachRequest");
     close(fd);
@@ -111,7 +147,9 @@ void ckv_attach_serve(ckv_server *s, int fd) {
     close(fd);
     return;
   }
-  bool admin = peer.uid == 0 || peer.uid == (uint32_t)geteuid();
+  /* Checked again, for its spec: a SIGHUP may have changed the mapping since
+   * ckv_attach_accept. */
+  bool admin = is_admin(peer.uid);
   ckv_tenant_spec spec = {.default_policy = -1};
   bool mapped = s->opt.resolve_tenant && s->opt.resolve_tenant(s->opt.resolve_ctx, peer.uid, peer.gid, &spec);
   if (!mapped && !admin) {
@@ -195,26 +233,167 @@ void ckv_attach_serve(ckv_server *s, int fd) {
     rep.n_arenas = 1;
     rep.arenas = infos;
   }
-  send_reply(fd, &rep, exported ? ex.fds : NULL, exported ? ex.n_fds : 0);
-  int fl = fcntl(fd, F_GETFL);
-  if (fl >= 0) fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+  /* A fresh connection's buffer always holds the reply; a peer already gone
+   * shows as EOF in the poll set. */
+  (void)send_reply(fd, &rep, exported ? ex.fds : NULL, exported ? ex.n_fds : 0);
   ckv_log(CKV_LOG_INFO, "attach", t ? t->name : NULL, NULL, "client %llu '%s' pid %u uid %u%s",
           (unsigned long long)c->id, c->name, c->pid, c->uid, admin ? " (admin)" : "");
 }
 
+/* ---- pending attaches ---------------------------------------------------- */
+
+/* Why `p` may not wait for its request (into msg), or NULL when it may. */
+static const char *pending_full(const ckv_server *s, const ckv_pending_attach *p, char *msg, size_t cap) {
+  if (s->n_pending >= CKV_PENDING_ATTACH_MAX) {
+    snprintf(msg, cap, "attach: too many attach connections pending (%u, all users); try again",
+             CKV_PENDING_ATTACH_MAX);
+    return msg;
+  }
+  if (p->admin) return NULL;
+  uint32_t mine = 0;
+  for (size_t i = 0; i < s->n_pending; i++) mine += s->pending[i].uid == p->uid;
+  if (mine < CKV_PENDING_ATTACH_PER_UID) return NULL;
+  snprintf(msg, cap,
+           "attach: uid %u already has %u attach connections pending (the limit per uid); send the "
+           "AttachRequest right after connecting",
+           p->uid, mine);
+  return msg;
+}
+
+/* The frame of `p` is complete (r == CKV_OK) or broken: serve or refuse it.
+ * Takes ownership of p->fd; frees the frame. */
+static void pending_finish(ckv_server *s, ckv_pending_attach *p, int r) {
+  if (r == CKV_OK) {
+    ckv_peer peer = {.uid = p->uid, .gid = p->gid, .pid = p->pid};
+    ckv_attach_serve(s, p->fd, &peer, p->frame.body, p->frame.len);
+  } else {
+    char msg[160];
+    snprintf(msg, sizeof(msg), "attach: bad request frame: %s", ckv_strerror(r));
+    refuse_unread(s, p->fd, r == CKV_ERR_TOO_LARGE || r == -ENOMEM ? r : CKV_ERR_PROTO, msg);
+  }
+  ckv_attach_frame_done(&p->frame);
+}
+
+void ckv_attach_accept(ckv_server *s, int fd) {
+  ckv_peer peer;
+  if (ckv_peercred(fd, &peer) < 0) {
+    close(fd);
+    return;
+  }
+  ckv_pending_attach p = {.fd = fd,
+                          .uid = peer.uid,
+                          .gid = peer.gid,
+                          .pid = peer.pid,
+                          .admin = is_admin(peer.uid),
+                          .deadline_ms = ckv_now_ms() + ATTACH_DEADLINE_MS};
+  ckv_attach_frame_init(&p.frame);
+  char msg[256];
+  /* Nothing of a stranger's request is read: whatever it sends, or does not
+   * send, costs the loop one reply. */
+  if (!p.admin && !maps_to_tenant(s, p.uid, p.gid)) {
+    s->counters.attach_refused++;
+    snprintf(msg, sizeof(msg), "uid %u / gid %u is not mapped to any tenant", p.uid, p.gid);
+    log_refusal(s, "attach-refused", "pid %u: %s", p.pid, msg);
+    refuse_unread(s, fd, CKV_ERR_AUTH, msg);
+    return;
+  }
+  /* Most clients send their request with the connect: serve it now, before it
+   * takes a pending slot. */
+  int r = ckv_attach_frame_read(&p.frame, fd, ATTACH_MAX_FRAME);
+  if (r != CKV_ATTACH_FRAME_MORE) {
+    pending_finish(s, &p, r);
+    return;
+  }
+  if (pending_full(s, &p, msg, sizeof(msg))) {
+    s->counters.attach_refused++;
+    log_refusal(s, "attach-limit", "pid %u uid %u: %s", p.pid, p.uid, msg);
+    refuse_unread(s, fd, CKV_ERR_LIMIT, msg);
+    ckv_attach_frame_done(&p.frame);
+    return;
+  }
+  if (s->n_pending == s->cap_pending) {
+    size_t ncap = s->cap_pending ? s->cap_pending * 2 : 16;
+    ckv_pending_attach *np = realloc(s->pending, ncap * sizeof(*np));
+    if (!np) {
+      refuse_unread(s, fd, -ENOMEM, "attach: out of memory");
+      ckv_attach_frame_done(&p.frame);
+      return;
+    }
+    s->pending = np;
+    s->cap_pending = ncap;
+  }
+  s->pending[s->n_pending++] = p;
+}
+
+void ckv_attach_pending_input(ckv_server *s, size_t i) {
+  if (i >= s->n_pending) return;
+  int r = ckv_attach_frame_read(&s->pending[i].frame, s->pending[i].fd, ATTACH_MAX_FRAME);
+  if (r == CKV_ATTACH_FRAME_MORE) return;
+  ckv_pending_attach p = s->pending[i];
+  s->pending[i] = s->pending[--s->n_pending];
+  pending_finish(s, &p, r);
+}
+
+void ckv_attach_expire(ckv_server *s, uint64_t now_ms) {
+  for (size_t i = s->n_pending; i-- > 0;) {
+    if (now_ms < s->pending[i].deadline_ms) continue;
+    ckv_pending_attach p = s->pending[i];
+    s->pending[i] = s->pending[--s->n_pending];
+    char msg[160];
+    snprintf(msg, sizeof(msg), "attach: no complete AttachRequest within %u ms of connecting", ATTACH_DEADLINE_MS);
+    refuse_unread(s, p.fd, CKV_ERR_TIMEOUT, msg);
+    ckv_attach_frame_done(&p.frame);
+  }
+  for (size_t i = s->n_refused; i-- > 0;)
+    if (now_ms >= s->refused[i].close_ms) {
+      close(s->refused[i].fd);
+      s->refused[i] = s->refused[--s->n_refused];
+    }
+}
+
+void ckv_attach_refused_input(ckv_server *s, size_t i) {
+  if (i >= s->n_refused) return;
+  /* No control buffer: descriptors a peer attaches are released by the kernel. */
+  uint8_t sink[4096];
+  ssize_t r = recv(s->refused[i].fd, sink, sizeof(sink), MSG_DONTWAIT);
+  if (r > 0 || (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))) return;
+  close(s->refused[i].fd);
+  s->refused[i] = s->refused[--s->n_refused];
+}
+
+void ckv_attach_pending_free(ckv_server *s) {
+  for (size_t i = 0; i < s->n_pending; i++) {
+    close(s->pending[i].fd);
+    ckv_attach_frame_done(&s->pending[i].frame);
+  }
+  free(s->pending);
+  s->pending = NULL;
+  s->n_pending = s->cap_pending = 0;
+  for (size_t i = 0; i < s->n_refused; i++) close(s->refused[i].fd);
+  s->n_refused = 0;
+}
+
+/* ---- attached connections ------------------------------------------------ */
+
+bool ckv_attach_conn_late(const ckv_conn *c, uint64_t now_ms) {
+  return c->frame_deadline_ms && now_ms >= c->frame_deadline_ms;
+}
+
 bool ckv_attach_conn_input(ckv_server *s, ckv_conn *c) {
   int fd = c->attach_fd;
-  /* The frame is tiny and was sent in one piece: read it with the attach
-   * timeout, blocking, then put the socket back as the loop wants it. */
-  int fl = fcntl(fd, F_GETFL);
-  if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0) return false;
-  uint8_t buf[ATTACH_MAX_FRAME];
-  size_t len = 0;
-  int r = ckv_frame_recv(fd, buf, sizeof(buf), &len, NULL, 0, NULL);
-  (void)fcntl(fd, F_SETFL, fl);
+  int r = ckv_attach_frame_read(&c->frame, fd, ATTACH_MAX_FRAME);
+  if (r == CKV_ATTACH_FRAME_MORE) {
+    if (!c->frame_deadline_ms && ckv_attach_frame_started(&c->frame))
+      c->frame_deadline_ms = ckv_now_ms() + ATTACH_DEADLINE_MS;
+    return true;
+  }
   if (r < 0) return false; /* EOF (the process exited) or garbage: either way the client is gone */
+  static const uint8_t empty[1];
   ckv_wire_reset(&s->in);
-  Commitkv__V1__AttachRequest *req = commitkv__v1__attach_request__unpack(&s->in.allocator, len, buf);
+  Commitkv__V1__AttachRequest *req =
+      commitkv__v1__attach_request__unpack(&s->in.allocator, c->frame.len, c->frame.body ? c->frame.body : empty);
+  ckv_attach_frame_done(&c->frame); /* the unpacked request owns copies */
+  c->frame_deadline_ms = 0;
   if (!req || !req->refresh) {
     refuse(fd, CKV_ERR_PROTO, "attach socket: only AttachRequest{refresh} is expected after attaching");
     return true;
@@ -235,7 +414,9 @@ bool ckv_attach_conn_input(ckv_server *s, ckv_conn *c) {
     rep.n_arenas = 1;
     rep.arenas = infos;
   }
-  send_reply(fd, &rep, rep.n_arenas ? ex.fds : NULL, rep.n_arenas ? ex.n_fds : 0);
+  /* A client that does not read its replies cannot be sent the next one
+   * whole: its stream would be cut mid-frame, so it goes. */
+  if (send_reply(fd, &rep, rep.n_arenas ? ex.fds : NULL, rep.n_arenas ? ex.n_fds : 0) < 0) return false;
   c->last_seen_ms = ckv_now_ms();
   return true;
 }

@@ -1,8 +1,9 @@
 /* server.c - the server loop: sockets, signals, leases, detach expiry.
  *
- * One thread.  zmq_poll watches the ROUTER, the attach listener, a signalfd
- * and every attached client's unix socket (EOF there means the client died:
- * its lease ends at once instead of after lease_ms).  Replies are sent with
+ * One thread.  zmq_poll watches the ROUTER, the attach listener, a signalfd,
+ * the attach connections whose request is still arriving, and every attached
+ * client's unix socket (EOF there means the client died: its lease ends at
+ * once instead of after lease_ms).  Replies are sent with
  * ZMQ_DONTWAIT and ZMQ_ROUTER_MANDATORY, so a slow or vanished peer costs a
  * dropped reply (counted), never a stalled loop. */
 #include "daemon/server.h"
@@ -35,8 +36,8 @@
 #include "shm/fdpass.h"
 
 #define HOUSEKEEPING_MS 100u
-#define ATTACH_DEADLINE_MS 1000u /* an attach request must arrive within this */
 #define MAX_BATCH 512
+#define ACCEPT_BATCH 64 /* attach connections accepted per loop turn (the listen backlog) */
 
 uint64_t ckv_now_ms(void) {
   struct timespec ts;
@@ -269,6 +270,7 @@ void ckv_server_drop_conn(ckv_server *s, ckv_conn *c, int level, const char *why
           (unsigned long long)c->id, c->pid, c->name, why, kept);
   if (c->tenant) c->tenant->n_clients--;
   if (c->attach_fd >= 0) close(c->attach_fd);
+  ckv_attach_frame_done(&c->frame);
   ckv_strmap_del(s->conns, c->keyhex);
   free(c);
 }
@@ -298,7 +300,7 @@ ckv_server *ckv_server_free(ckv_server *s) {
   s->sessions = ckv_strmap_free(s->sessions);
   if (s->router) zmq_close(s->router);
   if (s->zctx) zmq_ctx_term(s->zctx);
-  for (size_t i = 0; i < s->n_pending; i++) close(s->pending[i].fd);
+  ckv_attach_pending_free(s);
   if (s->attach_fd >= 0) {
     close(s->attach_fd);
     if (!s->attach_inherited) unlink(s->opt.attach_socket);
@@ -444,49 +446,25 @@ static int serve_one(ckv_server *s) {
   return 1;
 }
 
+/* A bounded batch per loop turn: peers that connect as fast as they are
+ * refused must not keep the loop from everyone else's requests. */
 static void accept_attach(ckv_server *s) {
-  for (;;) {
+  for (int i = 0; i < ACCEPT_BATCH; i++) {
     int fd = accept4(s->attach_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) return;
-    if (s->n_pending == CKV_MAX_PENDING_ATTACH) {
-      close(fd); /* too many half-open attaches: the newest waits its turn by reconnecting */
-      continue;
-    }
-    s->pending[s->n_pending++] = (struct ckv_pending_attach){fd, ckv_now_ms() + ATTACH_DEADLINE_MS};
-  }
-}
-
-/* Serves the pending attaches flagged ready, drops the expired ones. */
-static void serve_pending(ckv_server *s, const bool *ready) {
-  uint64_t now = ckv_now_ms();
-  size_t keep = 0, n = s->n_pending;
-  struct ckv_pending_attach todo[CKV_MAX_PENDING_ATTACH];
-  size_t n_todo = 0;
-  for (size_t i = 0; i < n; i++) {
-    if (ready[i]) {
-      todo[n_todo++] = s->pending[i];
-    } else if (now >= s->pending[i].deadline_ms) {
-      close(s->pending[i].fd);
-    } else {
-      s->pending[keep++] = s->pending[i];
-    }
-  }
-  s->n_pending = keep;
-  for (size_t i = 0; i < n_todo; i++) {
-    int fl = fcntl(todo[i].fd, F_GETFL);
-    if (fl >= 0) fcntl(todo[i].fd, F_SETFL, fl & ~O_NONBLOCK);
-    ckv_attach_serve(s, todo[i].fd);
+    ckv_attach_accept(s, fd);
   }
 }
 
 static void housekeeping(ckv_server *s) {
   uint64_t now = ckv_now_ms();
-  bool none[CKV_MAX_PENDING_ATTACH] = {false};
-  serve_pending(s, none); /* expire silent attaches */
+  ckv_attach_expire(s, now); /* silent or half-sent attaches */
   size_t cur = 0;
   ckv_conn *c;
   while ((c = ckv_strmap_next(s->conns, &cur, NULL)))
-    if (now - c->last_seen_ms > s->opt.lease_ms) {
+    if (ckv_attach_conn_late(c, now)) {
+      ckv_server_drop_conn(s, c, CKV_LOG_WARNING, "half a frame on its attach socket, not completed in time");
+    } else if (now - c->last_seen_ms > s->opt.lease_ms) {
       char why[96];
       snprintf(why, sizeof(why), "lease expired (silent for %llu ms, lease %u ms)",
                (unsigned long long)(now - c->last_seen_ms), s->opt.lease_ms);
@@ -538,7 +516,7 @@ int ckv_server_run(ckv_server *s) {
   zmq_pollitem_t *items = NULL;
   ckv_conn **owners = NULL;
   while (!s->stopping) {
-    size_t want = 4 + s->n_pending + ckv_strmap_size(s->conns);
+    size_t want = 4 + s->n_pending + s->n_refused + ckv_strmap_size(s->conns);
     if (want > cap) {
       size_t ncap = want * 2;
       zmq_pollitem_t *ni = realloc(items, ncap * sizeof(*ni));
@@ -557,7 +535,11 @@ int ckv_server_run(ckv_server *s) {
     items[n++] = (zmq_pollitem_t){.fd = s->signal_fd, .events = ZMQ_POLLIN};
     items[n++] = (zmq_pollitem_t){.fd = ckv_compressor_fd(s->compressor), .events = ZMQ_POLLIN};
     const size_t first_pending = n;
-    for (size_t i = 0; i < s->n_pending; i++) items[n++] = (zmq_pollitem_t){.fd = s->pending[i].fd, .events = ZMQ_POLLIN};
+    for (size_t i = 0; i < s->n_pending; i++)
+      items[n++] = (zmq_pollitem_t){.fd = s->pending[i].fd, .events = ZMQ_POLLIN};
+    const size_t first_refused = n;
+    for (size_t i = 0; i < s->n_refused; i++)
+      items[n++] = (zmq_pollitem_t){.fd = s->refused[i].fd, .events = ZMQ_POLLIN};
     const size_t first_conn = n;
     size_t cur = 0;
     ckv_conn *c;
@@ -576,10 +558,13 @@ int ckv_server_run(ckv_server *s) {
       if (items[0].revents & ZMQ_POLLIN)
         for (int i = 0; i < MAX_BATCH && serve_one(s); i++) {
         }
-      /* attach requests that arrived (serve_pending compacts the list) */
-      bool ready[CKV_MAX_PENDING_ATTACH] = {false};
-      for (size_t i = first_pending; i < first_conn; i++) ready[i - first_pending] = items[i].revents != 0;
-      serve_pending(s, ready);
+      /* Refused connections draining, then attach requests arriving (which
+       * may add refused ones).  From the end: an entry that is done is
+       * replaced by the last one, which was already looked at. */
+      for (size_t i = first_conn - first_refused; i-- > 0;)
+        if (items[first_refused + i].revents) ckv_attach_refused_input(s, i);
+      for (size_t i = first_refused - first_pending; i-- > 0;)
+        if (items[first_pending + i].revents) ckv_attach_pending_input(s, i);
       if (items[1].revents & ZMQ_POLLIN) accept_attach(s);
       for (size_t i = first_conn; i < n; i++) {
         if (!items[i].revents) continue;

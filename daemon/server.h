@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "daemon/attach_frame.h"
 #include "daemon/wire.h"
 
 typedef struct ckv_tenant ckv_tenant;
@@ -24,7 +25,19 @@ typedef struct ckv_srv_session ckv_srv_session;
 
 #define CKV_PROTOCOL_VERSION 1u
 #define CKV_KEY_BYTES 16u
-#define CKV_MAX_PENDING_ATTACH 64 /* attach connections waiting for their request */
+/* Attach connections whose request has not arrived yet, per uid and in all.
+ * One uid's idle or half-sent connections beyond its share are refused at
+ * accept (CKV_ERR_LIMIT), so they cannot crowd out other users' attaches.
+ * Admin peers (root, the daemon's own uid) count only against the total: they
+ * can stop the daemon anyway, and a burst of their workers must not be
+ * refused. */
+#define CKV_PENDING_ATTACH_PER_UID 8u
+#define CKV_PENDING_ATTACH_MAX 256u
+/* Connections refused before their request was read linger this many at
+ * most (the oldest goes first), so the request a client sends after the
+ * refusal is accepted by the kernel and the client reads why it was refused
+ * instead of EPIPE. */
+#define CKV_REFUSED_ATTACH_MAX 256u
 
 /* What the daemon knows of a tenant before it exists at run time. */
 typedef struct ckv_tenant_spec {
@@ -83,7 +96,18 @@ typedef struct ckv_conn {
   bool wants_arenas; /* attached with want_arenas: refreshes send the fds again */
   bool hello;
   uint32_t version;
+  ckv_attach_frame frame;     /* an AttachRequest{refresh} arriving on attach_fd */
+  uint64_t frame_deadline_ms; /* when that frame must be complete (set at its first byte) */
 } ckv_conn;
+
+/* An accepted attach connection whose AttachRequest is still arriving. */
+typedef struct ckv_pending_attach {
+  int fd;                 /* non-blocking */
+  uint32_t uid, gid, pid; /* SO_PEERCRED, read at accept */
+  bool admin;
+  uint64_t deadline_ms; /* the whole frame must be in by then */
+  ckv_attach_frame frame;
+} ckv_pending_attach;
 
 typedef struct ckv_counters {
   uint64_t requests, errors, rounds, leases_expired, attaches, attach_refused;
@@ -112,11 +136,15 @@ typedef struct ckv_server {
   struct ckv_trace *trace; /* mlp-judge training traces, or NULL (owned by the caller) */
   bool attach_inherited; /* the attach socket came from systemd (socket activation) */
   uint64_t last_metrics_ms;
-  struct ckv_pending_attach {
+  ckv_pending_attach *pending; /* accepted attach connections whose request has not arrived */
+  size_t n_pending, cap_pending;
+  struct ckv_refused_attach {
     int fd;
-    uint64_t deadline_ms;
-  } pending[CKV_MAX_PENDING_ATTACH]; /* accepted attach connections whose request has not arrived */
-  size_t n_pending;
+    uint64_t close_ms;
+  } refused[CKV_REFUSED_ATTACH_MAX]; /* answered; what they still send is dropped unread */
+  size_t n_refused;
+  uint64_t refusal_logged_ms; /* attach refusals are logged at most once a second ... */
+  uint64_t refusals_unlogged; /* ... and counted in between */
   ckv_srv_session **doomed; /* dropped while compressor jobs were in flight */
   size_t n_doomed, cap_doomed;
   uint64_t next_lane;
@@ -154,13 +182,33 @@ void ckv_server_destroy_session(ckv_server *s, ckv_srv_session *sess);
 void ckv_server_collect_jobs(ckv_server *s);
 /* Wait for a session's jobs to finish and publish them (quota pressure). */
 void ckv_server_settle_session(ckv_server *s, ckv_srv_session *sess);
-/* Serve the attach request now readable on accepted connection fd (attach.c);
- * takes ownership of fd. */
-void ckv_attach_serve(ckv_server *s, int fd);
-/* Input on an attached client's unix socket: an AttachRequest{refresh} is
- * answered with the tenant's arenas as they are now (new chunks' fds
- * included); anything else is answered with CKV_ERR_PROTO.  Returns false when
- * the socket reached EOF or broke (the caller drops the client). */
+/* A connection just accepted on the attach socket (non-blocking, attach.c);
+ * takes ownership of fd.  A peer that maps to no tenant and is not admin is
+ * refused at once (CKV_ERR_AUTH), before anything is read from it; a request
+ * already there is served; otherwise the connection waits in s->pending
+ * (within the per-uid and total bounds, else CKV_ERR_LIMIT). */
+void ckv_attach_accept(ckv_server *s, int fd);
+/* Pending attach `i` is readable: reads what arrived and, once the frame is
+ * complete or broken, answers it and removes entry i (the last entry moves
+ * into its place, so walk the entries from the end). */
+void ckv_attach_pending_input(ckv_server *s, size_t i);
+/* Refused connection `i` is readable: drops what arrived, unread, and closes
+ * it at EOF (removing entry i as ckv_attach_pending_input does). */
+void ckv_attach_refused_input(ckv_server *s, size_t i);
+/* Closes, with CKV_ERR_TIMEOUT, pending attaches whose deadline passed, and
+ * refused connections whose time is up. */
+void ckv_attach_expire(ckv_server *s, uint64_t now_ms);
+/* Closes every pending and refused attach connection and frees the set
+ * (server shutdown). */
+void ckv_attach_pending_free(ckv_server *s);
+/* True when attached client c began an attach-socket frame that missed its
+ * deadline (the caller drops the client). */
+bool ckv_attach_conn_late(const ckv_conn *c, uint64_t now_ms);
+/* Input on an attached client's unix socket, read without waiting: once an
+ * AttachRequest{refresh} is complete it is answered with the tenant's arenas
+ * as they are now (new chunks' fds included); any other complete request is
+ * answered with CKV_ERR_PROTO.  Returns false when the socket reached EOF or
+ * broke, or the frame was not a frame (the caller drops the client). */
 bool ckv_attach_conn_input(ckv_server *s, ckv_conn *c);
 /* Serve one decoded request into `rep` (handlers.c). */
 void ckv_handle_request(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, Commitkv__V1__Response *rep);
