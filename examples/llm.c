@@ -47,8 +47,19 @@
  * policies or tune the judge; leave it off to measure the real, overlapped
  * behaviour.
  *
+ * It rides through a daemon restart (examples/common/reconnect.h): when a
+ * call fails because the daemon went away it re-attaches with backoff for up
+ * to --reconnect-timeout-ms (0: fail at once), reopens the session it was on
+ * (resumed when the daemon still holds every token, else opened afresh),
+ * re-prefills a new session by running the token stream so far through the
+ * model again (each token's K/V into its new slot, attention over the new
+ * view; the round's attention mass so far is kept, the shadow's private
+ * cache needs nothing), says so in one line on stderr, and goes on with the
+ * token or the report it was on.  Sessions it finished before the restart
+ * (kept with --keep) are not rebuilt.
+ *
  * Exit 0 on success, 1 on a runtime failure (model or daemon missing, a
- * refused request), 2 on bad arguments. */
+ * refused request, a daemon that did not come back), 2 on bad arguments. */
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -62,6 +73,7 @@
 
 #include "client/rpc.h"
 #include "commitkv/commitkv.h"
+#include "examples/common/reconnect.h"
 #include "examples/llm/model.h"
 #include "kernels/format.h"
 #include "kernels/kernels.h"
@@ -79,7 +91,7 @@
 
 typedef struct opts {
   const char *socket, *attach, *model, *policy, *prefix;
-  int sessions, rounds, user_tokens, assistant_tokens;
+  int sessions, rounds, user_tokens, assistant_tokens, reconnect_ms;
   uint64_t seed;
   bool shadow, shadow_fp32, json, quiet, keep, sync;
   const char *param_names[LLM_MAX_PARAMS];
@@ -98,6 +110,7 @@ typedef struct result {
   uint64_t bytes_state[3]; /* daemon's block bytes: draft, staged, committed */
   uint64_t states[4]; /* tokens per CKV_TOKEN_* at the end */
   double seconds;
+  int reconnects;
 } result;
 
 /* One session's working set. */
@@ -122,6 +135,17 @@ typedef struct run {
   uint64_t acked;           /* newest epoch acknowledged */
   ckv_model_rng rng;
   result *res;
+  /* The token stream so far (positions 0..n_done-1, each one's K/V written):
+   * what a session reopened empty after a daemon restart is rebuilt from. */
+  uint32_t *ids;
+  uint8_t *roles, *tags;
+  uint64_t n_done;
+  uint64_t reported;        /* the last round this daemon's session took (0: none) */
+  uint32_t pending;         /* tokens that report left being moved */
+  bool report_lost;         /* a report went out and its answer never came */
+  float *saved_mass;        /* the round's mass while a re-prefill adds its own */
+  ckv_geometry geom;        /* what the session is opened with, again after a restart */
+  ckv_session_options sopts;
 } run;
 
 static int g_quiet;
@@ -141,7 +165,8 @@ static void usage(void) {
           "usage: commitkv-llm [--socket EP] [--attach-socket PATH] [--model PATH] [--sessions N]\n"
           "                    [--rounds R] [--user-tokens U] [--assistant-tokens A] [--seed S]\n"
           "                    [--policy NAME] [--param key=value ...] [--shadow] [--shadow-fp32]\n"
-          "                    [--json] [--prefix ID] [--quiet] [--keep] [--sync]\n");
+          "                    [--json] [--prefix ID] [--quiet] [--keep] [--sync]\n"
+          "                    [--reconnect-timeout-ms MS]\n");
 }
 
 static int parse_int(const char *s, int lo, int hi, int *ret) {
@@ -174,7 +199,8 @@ static int parse_args(int argc, char **argv, opts *o) {
       {"shadow", no_argument, 0, 'w'},           {"shadow-fp32", no_argument, 0, 'W'},
       {"json", no_argument, 0, 'j'},             {"prefix", required_argument, 0, 'p'},
       {"quiet", no_argument, 0, 'q'},            {"keep", no_argument, 0, 'k'},
-      {"sync", no_argument, 0, 'y'},             {"help", no_argument, 0, 'h'},             {0, 0, 0, 0}};
+      {"sync", no_argument, 0, 'y'},             {"help", no_argument, 0, 'h'},
+      {"reconnect-timeout-ms", required_argument, 0, 'R'}, {0, 0, 0, 0}};
   int ch, bad = 0;
   while (!bad && (ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
     switch (ch) {
@@ -195,6 +221,7 @@ static int parse_args(int argc, char **argv, opts *o) {
       case 'q': o->quiet = true; break;
       case 'k': o->keep = true; break;
       case 'y': o->sync = true; break;
+      case 'R': bad = parse_int(optarg, 0, 24 * 3600 * 1000, &o->reconnect_ms); break;
       case 'h': usage(); exit(0);
       default: bad = -1; break;
     }
@@ -352,14 +379,21 @@ static void compare(run *r) {
   }
 }
 
-/* Appends one token, runs it through both paths, compares. */
+/* Appends one token, runs it through both paths, compares.  The token joins
+ * the stream a rebuilt session is re-prefilled from once its K/V is in the
+ * daemon's slots. */
 static int step(run *r, int token, uint8_t role, uint8_t tag) {
   uint32_t id = (uint32_t)token;
   uint64_t pos;
   int e = ckv_session_append(r->s, 1, &role, &tag, NULL, &id, &pos);
   if (e < 0) return e;
+  if (pos != r->n_done) return CKV_ERR_PROTO; /* the daemon's stream is not ours */
   if ((e = refresh_view(r)) < 0) return e;
   if ((e = step_commitkv(r, token, pos)) < 0) return e;
+  r->ids[pos] = id;
+  r->roles[pos] = role;
+  r->tags[pos] = tag;
+  r->n_done = pos + 1;
   if (r->sh) {
     if ((e = step_shadow(r, token, pos)) < 0) return e;
     compare(r);
@@ -375,6 +409,98 @@ static int next_token(run *r, uint8_t role) {
   const float *lg = r->sh ? r->sh_logits : r->logits;
   float temperature = role == CKV_ROLE_USER ? 1.0f : 0.0f;
   return ckv_model_sample(lg, r->mc->vocab_size, temperature, &r->rng);
+}
+
+/* ---- riding through a daemon restart ---------------------------------------- */
+
+/* A new, empty session takes the stream again: every token appended on its
+ * own and run through the model, as the first time, so each one's K/V comes
+ * from attention over what the new session holds.  The round's attention
+ * mass and the shadow are left as they were; the last token's logits are
+ * the ones the next token is chosen from. */
+static int reprefill(run *r) {
+  uint64_t n = r->n_done;
+  memcpy(r->saved_mass, r->mass, (size_t)r->mc->seq_len * sizeof(float));
+  r->n_done = 0;
+  int e = CKV_OK;
+  for (uint64_t p = 0; e == CKV_OK && p < n; p++) {
+    uint64_t pos;
+    e = ckv_session_append(r->s, 1, &r->roles[p], &r->tags[p], NULL, &r->ids[p], &pos);
+    if (e == CKV_OK && pos != p) e = CKV_ERR_PROTO;
+    if (e == CKV_OK) e = refresh_view(r);
+    if (e == CKV_OK) e = step_commitkv(r, (int)r->ids[p], p);
+  }
+  memcpy(r->mass, r->saved_mass, (size_t)r->mc->seq_len * sizeof(float));
+  r->n_done = n; /* a failed re-prefill is started over on a new session */
+  return e;
+}
+
+/* After `what` failed with `status` because the daemon went away: re-attach
+ * with backoff, reopen the session, re-prefill it when it came back empty.
+ * t0: when the failed step began, so the line printed says how long the
+ * worker was held up.  Says why when it gives up. */
+static int recover(run *r, int status, const char *what, long long t0) {
+  const opts *o = r->o;
+  long long deadline = reconnect_now_ms() + o->reconnect_ms;
+  bool restarted = false, fresh = false;
+  int e;
+  const char *step_what = "reopen";
+  for (;;) {
+    if ((e = reconnect_client(r->c, deadline)) < 0) {
+      fprintf(stderr, "commitkv-llm: %s: %s failed (%s) and the daemon did not come back within %d ms: %s: %s\n",
+              r->res->id, what, ckv_strerror(status), o->reconnect_ms, ckv_strerror(e), ckv_client_last_error(r->c));
+      return e;
+    }
+    if (strcmp(ckv_client_memory_kind(r->c), "host") != 0) {
+      fprintf(stderr, "commitkv-llm: the daemon came back with '%s' KV memory, which the CPU cannot address\n",
+              ckv_client_memory_kind(r->c));
+      return CKV_ERR_UNSUPPORTED;
+    }
+    bool was_stale = false;
+    step_what = "reopen";
+    e = reconnect_session(r->c, &r->s, r->res->id, &r->geom, &r->sopts, r->n_done, !r->report_lost, &fresh,
+                          &was_stale);
+    restarted |= was_stale;
+    if (e == CKV_OK) {
+      r->report_lost = false;
+      r->acked = 0; /* a resumed session's acknowledgements start over too */
+      if (fresh) {
+        r->reported = 0;
+        step_what = "re-prefill";
+        e = reprefill(r);
+      }
+    }
+    if (e == CKV_OK) break;
+    if (!reconnect_daemon_gone(r->c, r->s, e) || reconnect_now_ms() >= deadline) {
+      fprintf(stderr, "commitkv-llm: %s: after the daemon came back: %s: %s: %s\n", r->res->id, step_what,
+              ckv_strerror(e), ckv_client_last_error(r->c));
+      return e;
+    }
+  }
+  r->res->reconnects++;
+  fprintf(stderr,
+          "commitkv-llm: %s: %s: reconnected after %lld ms, reopened 1 sessions, re-prefilled %" PRIu64
+          " tokens (%s: %s)\n",
+          r->res->id, restarted ? "daemon restarted" : "daemon answered again", reconnect_now_ms() - t0,
+          fresh ? r->n_done : 0, what, ckv_strerror(status));
+  return CKV_OK;
+}
+
+/* Whether a failure of `what` is one to recover from; recovers if so.
+ * Returns CKV_OK to try `what` again, else the status to fail with. */
+static int recover_or_fail(run *r, int status, const char *what, long long t0) {
+  if (!r->o->reconnect_ms || !reconnect_daemon_gone(r->c, r->s, status)) return status;
+  return recover(r, status, what, t0);
+}
+
+/* One token, as often as a daemon restart makes it necessary. */
+static int step_retry(run *r, int token, uint8_t role, uint8_t tag) {
+  for (;;) {
+    long long t0 = reconnect_now_ms();
+    int e = step(r, token, role, tag);
+    if (e == CKV_OK) return CKV_OK;
+    if ((e = recover_or_fail(r, e, "token", t0)) < 0) return e;
+  }
 }
 
 /* ---- the daemon's figures -------------------------------------------------- */
@@ -440,20 +566,38 @@ static int settle(run *r, int poll_ms, bool final) {
 
 /* ---- rounds --------------------------------------------------------------- */
 
-/* One turn = one round: its tokens, then the report and a fresh view. */
+/* The end of a turn: the report (once), then a fresh view. */
+static int finish_turn(run *r, int round) {
+  int e;
+  if (r->reported < (uint64_t)round) {
+    ckv_round_result rr;
+    e = ckv_session_report(r->s, (uint64_t)round, 0, r->mass, ckv_session_tokens(r->s), &rr);
+    if (e < 0) {
+      r->report_lost = e == CKV_ERR_TIMEOUT; /* sent; whether the daemon took it is unknown */
+      return e;
+    }
+    r->reported = (uint64_t)round;
+    r->pending = rr.pending;
+  }
+  r->res->rounds = (uint64_t)round;
+  if (r->o->sync && r->pending && (e = settle(r, LLM_SYNC_POLL_MS, /* final= */ false)) < 0) return e;
+  return refresh_view(r);
+}
+
+/* One turn = one round: its tokens, then the report and a fresh view.  Each
+ * token is chosen once: a daemon restart repeats the step, not the choice. */
 static int turn(run *r, int round) {
   uint8_t role = (round % 2) ? CKV_ROLE_USER : CKV_ROLE_ASSISTANT;
   int n = role == CKV_ROLE_USER ? r->o->user_tokens : r->o->assistant_tokens, e;
   memset(r->mass, 0, (size_t)r->mc->seq_len * sizeof(float));
-  if (round == 1 && (e = step(r, LLM_BOS, CKV_ROLE_SYSTEM, CKV_TAG_TURN_START)) < 0) return e;
+  if (round == 1 && (e = step_retry(r, LLM_BOS, CKV_ROLE_SYSTEM, CKV_TAG_TURN_START)) < 0) return e;
   for (int i = 0; i < n; i++)
-    if ((e = step(r, next_token(r, role), role, i == 0 ? CKV_TAG_TURN_START : 0)) < 0) return e;
-  ckv_round_result rr;
-  uint64_t n_tok = ckv_session_tokens(r->s);
-  if ((e = ckv_session_report(r->s, (uint64_t)round, 0, r->mass, n_tok, &rr)) < 0) return e;
-  r->res->rounds = (uint64_t)round;
-  if (r->o->sync && rr.pending && (e = settle(r, LLM_SYNC_POLL_MS, /* final= */ false)) < 0) return e;
-  return refresh_view(r);
+    if ((e = step_retry(r, next_token(r, role), role, i == 0 ? CKV_TAG_TURN_START : 0)) < 0) return e;
+  for (;;) {
+    long long t0 = reconnect_now_ms();
+    if ((e = finish_turn(r, round)) == CKV_OK) return CKV_OK;
+    if ((e = recover_or_fail(r, e, "report", t0)) < 0) return e;
+  }
 }
 
 /* ---- setup and teardown ----------------------------------------------------- */
@@ -462,6 +606,10 @@ static int run_init(run *r, const opts *o, const ckv_model *m, ckv_client *c, re
   *r = (run){.o = o, .m = m, .mc = ckv_model_config_get(m), .c = c, .res = res};
   const ckv_model_config *mc = r->mc;
   size_t cache = (size_t)mc->n_layers * (size_t)mc->seq_len * (size_t)mc->kv_dim;
+  r->geom = (ckv_geometry){.n_layers = (uint32_t)mc->n_layers, .n_kv_heads = (uint32_t)mc->n_kv_heads,
+                           .head_dim = (uint32_t)mc->head_dim, .dtype = CKV_DTYPE_FP16};
+  r->sopts = (ckv_session_options){.policy = o->policy, .param_names = o->param_names,
+                                   .param_values = o->param_values, .n_params = o->n_params};
   int e = ckv_model_state_new(m, /* private_cache= */ false, &r->st);
   if (e == CKV_OK && o->shadow) e = ckv_model_state_new(m, /* private_cache= */ false, &r->sh);
   if (e < 0) return e;
@@ -471,12 +619,16 @@ static int run_init(run *r, const opts *o, const ckv_model *m, ckv_client *c, re
   r->k16 = malloc((size_t)mc->kv_dim * sizeof(uint16_t));
   r->v16 = malloc((size_t)mc->kv_dim * sizeof(uint16_t));
   r->mass = calloc((size_t)mc->seq_len, sizeof(float));
+  r->saved_mass = calloc((size_t)mc->seq_len, sizeof(float));
+  r->ids = calloc((size_t)mc->seq_len, sizeof(uint32_t));
+  r->roles = calloc((size_t)mc->seq_len, 1);
+  r->tags = calloc((size_t)mc->seq_len, 1);
   if (o->shadow) {
     r->sh_k = calloc(cache, sizeof(float));
     r->sh_v = calloc(cache, sizeof(float));
   }
-  if (!r->logits || !r->sh_logits || !r->probs || !r->k16 || !r->v16 || !r->mass ||
-      (o->shadow && (!r->sh_k || !r->sh_v)))
+  if (!r->logits || !r->sh_logits || !r->probs || !r->k16 || !r->v16 || !r->mass || !r->saved_mass || !r->ids ||
+      !r->roles || !r->tags || (o->shadow && (!r->sh_k || !r->sh_v)))
     return -ENOMEM;
   return CKV_OK;
 }
@@ -492,19 +644,39 @@ static void run_done(run *r) {
   free(r->k16);
   free(r->v16);
   free(r->mass);
+  free(r->saved_mass);
+  free(r->ids);
+  free(r->roles);
+  free(r->tags);
   free(r->slot_mass);
   free((void *)r->blocks);
   free(r->ws);
 }
 
+/* Opens the session; a daemon that went away meanwhile is waited for. */
 static int open_session(run *r, int idx) {
-  const opts *o = r->o;
-  snprintf(r->res->id, sizeof(r->res->id), "%s-%d", o->prefix, idx);
-  ckv_geometry g = {.n_layers = (uint32_t)r->mc->n_layers, .n_kv_heads = (uint32_t)r->mc->n_kv_heads,
-                    .head_dim = (uint32_t)r->mc->head_dim, .dtype = CKV_DTYPE_FP16};
-  ckv_session_options so = {.policy = o->policy, .param_names = o->param_names, .param_values = o->param_values,
-                            .n_params = o->n_params};
-  return ckv_session_open(r->c, r->res->id, &g, &so, &r->s);
+  snprintf(r->res->id, sizeof(r->res->id), "%s-%d", r->o->prefix, idx);
+  for (;;) {
+    long long t0 = reconnect_now_ms();
+    int e = ckv_session_open(r->c, r->res->id, &r->geom, &r->sopts, &r->s);
+    if (e == CKV_OK) return CKV_OK;
+    r->s = NULL;
+    if ((e = recover_or_fail(r, e, "open", t0)) < 0) return e;
+    if (r->s) return CKV_OK; /* the recovery opened it */
+  }
+}
+
+/* Closes (--keep) or drops the session at the end.  A kept session lost
+ * with the daemon is rebuilt first; a dropped one is gone with it anyway. */
+static int end_session(run *r) {
+  const char *what = r->o->keep ? "close" : "drop";
+  for (;;) {
+    long long t0 = reconnect_now_ms();
+    int e = r->o->keep ? ckv_session_close(r->s) : ckv_session_drop(r->s);
+    r->s = NULL; /* freed in every case */
+    if (e == CKV_OK || (!r->o->keep && e == CKV_ERR_DAEMON_RESTARTED)) return CKV_OK;
+    if ((e = recover_or_fail(r, e, what, t0)) < 0) return e;
+  }
 }
 
 static double now_s(void) {
@@ -525,13 +697,20 @@ static int run_session(const opts *o, const ckv_model *m, ckv_client *c, int idx
     if ((e = turn(&r, round)) < 0) what = "round";
     note("%s: round %d/%d, %" PRIu64 " tokens\n", res->id, round, o->rounds, res->tokens);
   }
-  if (e == CKV_OK && (e = settle(&r, LLM_SETTLE_POLL_MS, /* final= */ true)) < 0) what = "list sessions";
+  while (e == CKV_OK) {
+    long long t1 = reconnect_now_ms();
+    if ((e = settle(&r, LLM_SETTLE_POLL_MS, /* final= */ true)) == CKV_OK) break;
+    what = "list sessions";
+    if ((e = recover_or_fail(&r, e, what, t1)) < 0) break;
+  }
   if (e < 0)
     fprintf(stderr, "commitkv-llm: %s: %s: %s%s%s\n", res->id, what, ckv_strerror(e), *ckv_client_last_error(c) ? ": " : "",
             ckv_client_last_error(c));
-  if (r.s) {
-    int e2 = o->keep ? ckv_session_close(r.s) : ckv_session_drop(r.s);
-    if (e == CKV_OK && e2 < 0) e = e2;
+  if (e == CKV_OK && r.s) {
+    if ((e = end_session(&r)) < 0)
+      fprintf(stderr, "commitkv-llm: %s: %s: %s\n", res->id, o->keep ? "close" : "drop", ckv_strerror(e));
+  } else if (r.s) {
+    (void)(o->keep ? ckv_session_close(r.s) : ckv_session_drop(r.s));
   }
   res->bytes_fp16 = res->tokens * 2u * (uint64_t)r.mc->n_layers * (uint64_t)r.mc->kv_dim * 2u;
   res->seconds = now_s() - t0;
@@ -590,8 +769,8 @@ static void print_json(const opts *o, const char *path, const result *res, int n
     printf(", \"bytes_by_state\": {\"draft\": %" PRIu64 ", \"staged\": %" PRIu64 ", \"committed\": %" PRIu64 "}",
            x->bytes_state[0], x->bytes_state[1], x->bytes_state[2]);
     printf(", \"token_states\": {\"draft\": %" PRIu64 ", \"staged\": %" PRIu64 ", \"committed\": %" PRIu64
-           ", \"recycled\": %" PRIu64 "}, \"seconds\": %.3f}",
-           x->states[0], x->states[1], x->states[2], x->states[3], x->seconds);
+           ", \"recycled\": %" PRIu64 "}, \"seconds\": %.3f, \"reconnects\": %d}",
+           x->states[0], x->states[1], x->states[2], x->states[3], x->seconds, x->reconnects);
     counted += x->top1_counted, agree += x->top1_agree, steps += x->steps, kl += x->kl_sum;
     bt += x->bytes_total, bf += x->bytes_fp16;
   }
@@ -615,6 +794,7 @@ static void print_line(const opts *o, const result *x) {
          x->bytes_total, x->bytes_state[0], x->bytes_state[1], x->bytes_state[2], x->bytes_fp16,
          ratio((double)x->bytes_total, (double)x->bytes_fp16), x->states[0],
          x->states[1], x->states[2], x->states[3], x->seconds);
+  if (x->reconnects) printf("%s: reconnected to the daemon %d times\n", x->id, x->reconnects);
 }
 
 /* ---- main ----------------------------------------------------------------- */
@@ -631,7 +811,7 @@ int main(int argc, char **argv) {
   char default_prefix[64], env_path[4096];
   snprintf(default_prefix, sizeof(default_prefix), "llm-%ld", (long)getpid());
   opts o = {.prefix = default_prefix, .sessions = 2, .rounds = 20, .user_tokens = 16, .assistant_tokens = 16,
-            .seed = 1};
+            .seed = 1, .reconnect_ms = RECONNECT_DEFAULT_GIVE_UP_MS};
   if (parse_args(argc, argv, &o) < 0) return 2;
   g_quiet = o.quiet;
   const char *path = model_path(&o, env_path, sizeof(env_path));
