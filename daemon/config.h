@@ -1,13 +1,17 @@
 /* daemon/config.h - commitkvd's configuration: one INI file, one table.
  *
- * Every knob of the daemon is one row of a static table in config.c (section,
- * key, type, offset into the structs below, bounds, default, one-line doc),
+ * Every knob of the daemon is one row of a static table in config_table.c
+ * (section, key, type, offset into the structs below, bounds, default,
+ * one-line doc),
  * the way Redis drives its config from static_configs[].  That single table
  * parses the file, validates values and ranges, fills the defaults, prints the
  * effective configuration (`commitkvd --check-config`), writes the reference
  * documentation (`commitkvd --help-config`, commitkvd.conf(5)) and the
  * commented default file shipped in packaging/commitkvd.conf.  A key that is
- * not in the table does not exist.
+ * not in the table does not exist.  The files: config_table.c (the table,
+ * the docs and the template), config_value.c (one value, text to field and
+ * back), config.c (files through libinih, flags, cross-key checks, reload),
+ * config_tenant.c (tenant sections and lookup).
  *
  * The order the daemon applies things in:
  *   ckv_config_init_defaults -> ckv_config_load_file (optional)
@@ -175,9 +179,13 @@ void ckv_config_done(ckv_config *c);
  * "/etc/commitkv/commitkvd.conf:12: unknown key 'foo' in [daemon]": unknown
  * section or key, bad value, out of range, key given twice, duplicate tenant,
  * a uid or gid claimed by two tenants, inconsistent values (heartbeat not
- * shorter than lease...).  Returns CKV_OK; CKV_ERR_INVALID with err filled on a
- * bad file (*c is then partially updated: discard it); -errno when the file
- * cannot be read; -ENOMEM.  err may be NULL. */
+ * shorter than lease...).  Only a regular file is read: the path is opened
+ * without blocking and anything else (a FIFO, a directory, a device) is
+ * refused before a byte is read ("PATH: is a FIFO, not a regular file"), so
+ * neither --check-config nor a SIGHUP reload can hang on it.  Returns CKV_OK;
+ * CKV_ERR_INVALID with err filled on a bad or non-regular file (*c is then
+ * partially updated: discard it); -errno when the file cannot be opened or
+ * read; -ENOMEM.  err may be NULL. */
 int ckv_config_load_file(ckv_config *c, const char *path, char *err, size_t errlen);
 
 /* Same as ckv_config_load_file, over text in memory; `name` is used in
