@@ -122,8 +122,8 @@ void ckv_attach_serve(ckv_server *s, int fd) {
     close(fd);
     return;
   }
-  if (ckv_strmap_size(s->conns) >= s->opt.max_clients) {
-    refuse(fd, CKV_ERR_LIMIT, "attach: too many clients (max_clients)");
+  if (ckv_server_client_limit(s, mapped ? &spec : NULL, msg, sizeof(msg))) {
+    refuse(fd, CKV_ERR_LIMIT, msg);
     close(fd);
     return;
   }

@@ -667,31 +667,58 @@ static void diff_add(diff_out *d, const char *fmt, ...) {
   d->count++;
 }
 
-int ckv_config_reload_diff(const ckv_config *live, const ckv_config *fresh, char *buf,
-                           size_t buflen) {
-  diff_out d = {.buf = buf, .len = buflen};
-  if (buf && buflen) buf[0] = '\0';
+int ckv_config_reload_changes(const ckv_config *live, const ckv_config *fresh,
+                              ckv_config_change_fn fn, void *ctx) {
+  int count = 0;
   for (size_t i = 0; i < N_KEYS; i++) {
     const config_key *k = &ckv_cfg_keys[i];
     if (k->reload || k->section == SEC_TENANT) continue;
-    if (!ckv_cfg_field_equal(k, live, fresh)) diff_add(&d, "%s", k->key);
+    if (ckv_cfg_field_equal(k, live, fresh)) continue;
+    count++;
+    if (fn) fn(ctx, ckv_cfg_section_names[k->section], k->key, NULL);
   }
+  char section[8 + CKV_TENANT_NAME_MAX];
   for (size_t t = 0; t < live->n_tenants; t++) {
     const ckv_tenant_config *lt = &live->tenants[t];
     const ckv_tenant_config *ft = ckv_cfg_find_tenant(fresh, lt->name);
+    snprintf(section, sizeof section, "tenant.%s", lt->name);
     if (!ft) {
-      diff_add(&d, "tenant.%s (removed)", lt->name);
+      count++;
+      if (fn) fn(ctx, section, NULL, "removed");
       continue;
     }
     for (size_t i = 0; i < N_KEYS; i++) {
       const config_key *k = &ckv_cfg_keys[i];
-      if (k->section == SEC_TENANT && !k->reload && !ckv_cfg_field_equal(k, lt, ft))
-        diff_add(&d, "tenant.%s.%s", lt->name, k->key);
+      if (k->section != SEC_TENANT || k->reload || ckv_cfg_field_equal(k, lt, ft)) continue;
+      count++;
+      if (fn) fn(ctx, section, k->key, NULL);
     }
   }
-  for (size_t t = 0; t < fresh->n_tenants; t++)
-    if (!ckv_cfg_find_tenant(live, fresh->tenants[t].name))
-      diff_add(&d, "tenant.%s (added)", fresh->tenants[t].name);
+  for (size_t t = 0; t < fresh->n_tenants; t++) {
+    if (ckv_cfg_find_tenant(live, fresh->tenants[t].name)) continue;
+    count++;
+    snprintf(section, sizeof section, "tenant.%s", fresh->tenants[t].name);
+    if (fn) fn(ctx, section, NULL, "added");
+  }
+  return count;
+}
+
+/* "memory, tenant.alice.uids, tenant.bob (removed)": [daemon] keys bare. */
+static void diff_text(void *ctx, const char *section, const char *key, const char *note) {
+  diff_out *d = ctx;
+  if (!key)
+    diff_add(d, "%s (%s)", section, note);
+  else if (strncmp(section, "tenant.", 7) == 0)
+    diff_add(d, "%s.%s", section, key);
+  else
+    diff_add(d, "%s", key);
+}
+
+int ckv_config_reload_diff(const ckv_config *live, const ckv_config *fresh, char *buf,
+                           size_t buflen) {
+  diff_out d = {.buf = buf, .len = buflen};
+  if (buf && buflen) buf[0] = '\0';
+  ckv_config_reload_changes(live, fresh, diff_text, &d);
   return d.count;
 }
 

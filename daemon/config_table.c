@@ -75,9 +75,9 @@ const config_key ckv_cfg_keys[] = {
             "the arena at flush points, the way the CUDA backend must (the CPU cannot write GPU "
             "memory). Leave it off in production: it only adds copies."},
     {SEC_DAEMON, "memory", T_SIZE, DMN(memory), .imin = MIB, .imax = PIB, .def = "4G",
-     .doc = "Bytes of the primary KV tier (GPU memory, or host memory on the host backend). 4G fits "
-            "a small model's sessions without starving the engine's weights; size it to what is "
-            "left after the model."},
+     .doc = "Bytes of the primary KV tier (GPU memory, or host memory on the host backend), for all "
+            "tenants together: their arenas never add up to more. 4G fits a small model's sessions "
+            "without starving the engine's weights; size it to what is left after the model."},
     {SEC_DAEMON, "host_memory", T_SIZE, DMN(host_memory), .imin = 0, .imax = PIB, .def = "0",
      .doc = "Bytes of the host-memory offload tier for rarely read committed blocks; 0 = off (no "
             "tier unless asked for: it costs pinned RAM)."},
@@ -99,7 +99,8 @@ const config_key ckv_cfg_keys[] = {
      .doc = "How long a detached session (its worker died or disconnected) is kept for resume "
             "before it is reclaimed; 5m covers a worker restart, 0 frees at once."},
     {SEC_DAEMON, "max_clients", T_U32, DMN(max_clients), .imin = 1, .imax = 65536, .def = "256",
-     .doc = "Connected clients, all tenants together: every resource a peer can claim has a limit."},
+     .doc = "Connected clients, all tenants together: every resource a peer can claim has a limit. "
+            "The ceiling over each tenant's own max_clients."},
     {SEC_DAEMON, "max_sessions", T_U32, DMN(max_sessions), .imin = 1, .imax = 1000000, .def = "64",
      .doc = "Open sessions per tenant unless the tenant sets its own max_sessions."},
     {SEC_DAEMON, "max_message", T_SIZE, DMN(max_message), .imin = 64 * KIB, .imax = GIB,
@@ -227,7 +228,9 @@ const config_key ckv_cfg_keys[] = {
             "their uid."},
     {SEC_TENANT, "quota", T_SIZE, TEN(quota), .imin = 0, .imax = PIB, .reload = true, .def = "0",
      .doc = "Bytes this tenant may hold across all tiers; under pressure the engine compresses "
-            "and recycles before refusing. 0 = bounded by the tiers only."},
+            "and recycles before refusing. 0 = an equal share of what [daemon] memory leaves after "
+            "the tenants with a quota. Its arena (the quota plus headroom) comes out of [daemon] "
+            "memory; a quota larger than what is left is cut to fit."},
     {SEC_TENANT, "quota_host", T_SIZE, TEN(quota_host), .imin = 0, .imax = PIB, .reload = true,
      .def = "0", .doc = "Bytes in the host-memory tier; 0 = no cap of its own."},
     {SEC_TENANT, "quota_disk", T_SIZE, TEN(quota_disk), .imin = 0, .imax = PIB, .reload = true,
@@ -241,6 +244,11 @@ const config_key ckv_cfg_keys[] = {
     {SEC_TENANT, "max_sessions", T_U32, TEN(max_sessions), .imin = 0, .imax = 1000000,
      .reload = true, .def = "0",
      .doc = "Open sessions of this tenant; 0 = [daemon] max_sessions."},
+    {SEC_TENANT, "max_clients", T_U32, TEN(max_clients), .imin = 0, .imax = 65536,
+     .reload = true, .def = "0",
+     .doc = "Attached clients of this tenant, so that one tenant cannot take every slot; 0 = an "
+            "equal share of [daemon] max_clients among the tenants (at least 1). [daemon] "
+            "max_clients stays the ceiling of all tenants together."},
 };
 
 const size_t ckv_cfg_n_keys = sizeof ckv_cfg_keys / sizeof ckv_cfg_keys[0];

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "commitkv/status.h"
+#include "daemon/tenant.h"
 
 bool ckv_cfg_valid_tenant_name(const char *n) {
   size_t len = strlen(n);
@@ -79,3 +80,29 @@ int ckv_config_ensure_default_tenant(ckv_config *c, uint32_t own_uid) {
   return 1;
 }
 
+
+uint32_t ckv_tenant_max_clients(const ckv_config *c, const ckv_tenant_config *t) {
+  uint32_t ceiling = c->max_clients;
+  if (t && t->max_clients) return t->max_clients < ceiling ? t->max_clients : ceiling;
+  size_t n = c->n_tenants ? c->n_tenants : 1;
+  uint32_t share = (uint32_t)(ceiling / n);
+  return share ? share : 1;
+}
+
+uint64_t ckv_tenant_memory_share(const ckv_config *c, const ckv_tenant_config *t) {
+  if (t && t->quota) return ckv_tenant_arena_for_quota(t->quota);
+  uint64_t reserved = 0;
+  size_t shares = 0;
+  for (size_t i = 0; i < c->n_tenants; i++) {
+    if (c->tenants[i].quota) {
+      uint64_t a = ckv_tenant_arena_for_quota(c->tenants[i].quota);
+      reserved = reserved + a < reserved ? UINT64_MAX : reserved + a;
+    } else {
+      shares++;
+    }
+  }
+  if (shares == 0) shares = 1; /* t is not in c: it would be the one */
+  if (reserved >= c->memory) return 0;
+  uint64_t share = (c->memory - reserved) / shares;
+  return share / CKV_TENANT_ARENA_ALIGN * CKV_TENANT_ARENA_ALIGN;
+}
