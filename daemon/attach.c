@@ -160,8 +160,8 @@ static void ckv_attach_serve(ckv_server *s, int fd, const ckv_peer *who, const u
     close(fd);
     return;
   }
-  if (ckv_strmap_size(s->conns) >= s->opt.max_clients) {
-    refuse(fd, CKV_ERR_LIMIT, "attach: too many clients (max_clients)");
+  if (ckv_server_client_limit(s, mapped ? &spec : NULL, msg, sizeof(msg))) {
+    refuse(fd, CKV_ERR_LIMIT, msg);
     close(fd);
     return;
   }

@@ -1,20 +1,26 @@
 /* daemon/config.h - commitkvd's configuration: one INI file, one table.
  *
- * Every knob of the daemon is one row of a static table in config.c (section,
- * key, type, offset into the structs below, bounds, default, one-line doc),
+ * Every knob of the daemon is one row of a static table in config_table.c
+ * (section, key, type, offset into the structs below, bounds, default,
+ * one-line doc),
  * the way Redis drives its config from static_configs[].  That single table
  * parses the file, validates values and ranges, fills the defaults, prints the
  * effective configuration (`commitkvd --check-config`), writes the reference
  * documentation (`commitkvd --help-config`, commitkvd.conf(5)) and the
  * commented default file shipped in packaging/commitkvd.conf.  A key that is
- * not in the table does not exist.
+ * not in the table does not exist.  The files: config_table.c (the table,
+ * the docs and the template), config_value.c (one value, text to field and
+ * back), config.c (files through libinih, flags, cross-key checks, reload),
+ * config_tenant.c (tenant sections and lookup).
  *
  * The order the daemon applies things in:
  *   ckv_config_init_defaults -> ckv_config_load_file (optional)
  *   -> ckv_config_set for each command-line flag -> ckv_config_finalize
  *   -> ckv_config_ensure_default_tenant.
- * On SIGHUP: init_defaults + load_file into a fresh struct, then
- * ckv_config_apply_reload(live, fresh) and ckv_config_done(fresh).
+ * On SIGHUP: init_defaults + load_file + finalize + ensure_default_tenant
+ * into a fresh struct, ckv_config_reload_changes(live, fresh) to warn about
+ * what needs a restart, then ckv_config_apply_reload(live, fresh) and
+ * ckv_config_done(fresh).
  *
  * The struct is plain data: readers use its fields directly.  Nothing here
  * locks; the thread that owns the live config applies reloads, and other
@@ -115,6 +121,7 @@ typedef struct ckv_tenant_config {
   uint32_t policies;   /* bit (1u << ckv_policy_id) per allowed policy */
   int default_policy;  /* ckv_policy_id, or -1 = inherit [policy] default */
   uint32_t max_sessions; /* 0 = the [daemon] max_sessions */
+  uint32_t max_clients;  /* 0 = an equal share of the [daemon] max_clients */
 } ckv_tenant_config;
 
 typedef struct ckv_config {
@@ -131,7 +138,7 @@ typedef struct ckv_config {
   uint64_t lease_ms;                           /* a client silent this long is dead */
   uint64_t heartbeat_ms;                       /* client heartbeat period (told in Welcome) */
   uint64_t detach_keep_ms;                     /* detached sessions kept this long for resume */
-  uint32_t max_clients;                        /* connected clients, all tenants */
+  uint32_t max_clients;                        /* connected clients, all tenants (the ceiling) */
   uint32_t max_sessions;                       /* open sessions per tenant */
   uint64_t max_message;                        /* bytes; ZMQ_MAXMSGSIZE */
   uint32_t max_tokens_per_session;
@@ -175,9 +182,13 @@ void ckv_config_done(ckv_config *c);
  * "/etc/commitkv/commitkvd.conf:12: unknown key 'foo' in [daemon]": unknown
  * section or key, bad value, out of range, key given twice, duplicate tenant,
  * a uid or gid claimed by two tenants, inconsistent values (heartbeat not
- * shorter than lease...).  Returns CKV_OK; CKV_ERR_INVALID with err filled on a
- * bad file (*c is then partially updated: discard it); -errno when the file
- * cannot be read; -ENOMEM.  err may be NULL. */
+ * shorter than lease...).  Only a regular file is read: the path is opened
+ * without blocking and anything else (a FIFO, a directory, a device) is
+ * refused before a byte is read ("PATH: is a FIFO, not a regular file"), so
+ * neither --check-config nor a SIGHUP reload can hang on it.  Returns CKV_OK;
+ * CKV_ERR_INVALID with err filled on a bad or non-regular file (*c is then
+ * partially updated: discard it); -errno when the file cannot be opened or
+ * read; -ENOMEM.  err may be NULL. */
 int ckv_config_load_file(ckv_config *c, const char *path, char *err, size_t errlen);
 
 /* Same as ckv_config_load_file, over text in memory; `name` is used in
@@ -213,6 +224,17 @@ int ckv_config_ensure_default_tenant(ckv_config *c, uint32_t own_uid);
  * pointer lives until the tenants change (reload, done). */
 const ckv_tenant_config *ckv_config_tenant_for(const ckv_config *c, uint32_t uid, uint32_t gid);
 
+/* The clients tenant t may have attached at once: its max_clients, else an
+ * equal share of [daemon] max_clients among the tenants (at least 1); never
+ * above [daemon] max_clients. */
+uint32_t ckv_tenant_max_clients(const ckv_config *c, const ckv_tenant_config *t);
+
+/* Bytes of [daemon] memory meant for tenant t's arena: for a tenant with a
+ * quota, the arena its quota needs; for one without, an equal share of what
+ * the tenants with quotas leave (a multiple of 2 MiB; 0 when they leave
+ * nothing).  The server still cuts every arena to what is left of memory. */
+uint64_t ckv_tenant_memory_share(const ckv_config *c, const ckv_tenant_config *t);
+
 /* Tenant by name, or NULL. */
 const ckv_tenant_config *ckv_config_tenant_by_name(const ckv_config *c, const char *name);
 
@@ -243,14 +265,23 @@ int ckv_config_write_docs(FILE *out, ckv_config_doc_format format);
 
 /* Applies the live-reloadable fields of `fresh` to `live`: log level, the
  * [policy] section, and for each tenant present in both (matched by name)
- * its quotas, allowed policies, default policy and session limit.  Tenants
+ * its quotas, allowed policies, default policy, session and client limits.  Tenants
  * added or removed, uid/gid changes and every other [daemon] key need a
- * restart (see ckv_config_reload_diff). */
+ * restart (see ckv_config_reload_changes). */
 void ckv_config_apply_reload(ckv_config *live, const ckv_config *fresh);
 
-/* Lists, in buf ("memory, tenant.alice.uids"), the changes between live and
- * fresh that ckv_config_apply_reload ignores; returns how many there are
- * (0 = the reload took everything).  buf may be NULL. */
+/* Calls fn once for each change between live and fresh that
+ * ckv_config_apply_reload ignores (it needs a restart): section is "daemon",
+ * "policy" or "tenant.NAME"; key is the key, or NULL for a tenant section
+ * that was "added" or "removed" (note).  Returns how many there are (0 = the
+ * reload took everything).  fn may be NULL. */
+typedef void (*ckv_config_change_fn)(void *ctx, const char *section, const char *key,
+                                     const char *note);
+int ckv_config_reload_changes(const ckv_config *live, const ckv_config *fresh,
+                              ckv_config_change_fn fn, void *ctx);
+
+/* The same changes as text in buf ("memory, tenant.alice.uids, tenant.bob
+ * (removed)"); returns how many there are.  buf may be NULL. */
 int ckv_config_reload_diff(const ckv_config *live, const ckv_config *fresh, char *buf,
                            size_t buflen);
 

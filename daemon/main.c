@@ -20,6 +20,7 @@
 #include "daemon/mlp.h"
 #include "daemon/trace.h"
 #include "daemon/server.h"
+#include "daemon/tenant.h"
 
 static void usage(FILE *out) {
   fprintf(out,
@@ -29,7 +30,7 @@ static void usage(FILE *out) {
           "  --attach-socket PATH  unix socket for attach and fd passing (default beside the control socket)\n"
           "  --backend auto|host|cuda\n"
           "  --device N            CUDA device ordinal (backend cuda/auto)\n"
-          "  --memory SIZE         KV memory for all tenants, e.g. 4G\n"
+          "  --memory SIZE         KV memory for all tenants together, e.g. 4G\n"
           "  --state-dir DIR       snapshots and disk tier\n"
           "  --set SECTION.KEY=VALUE  any configuration key (repeatable)\n"
           "  --check-config FILE   validate FILE, print the effective configuration, exit\n"
@@ -37,6 +38,8 @@ static void usage(FILE *out) {
           "  --print-default-config  print the documented default configuration file\n"
           "  --version\n");
 }
+
+#define CKV_MAX_FLAGS 64
 
 typedef struct app {
   ckv_config cfg;
@@ -48,17 +51,31 @@ typedef struct app {
   const char *config_path;
   ckv_server *server;
   bool notify;
+  /* The command line's keys, applied over the file at start and on reload:
+   * flags win over the file both times. */
+  struct app_flag {
+    char section[8 + CKV_TENANT_NAME_MAX], key[64], value[1024];
+  } flags[CKV_MAX_FLAGS];
+  size_t n_flags;
 } app;
+
+/* What the server needs of a configured tenant, its shares of the daemon's
+ * memory and clients included. */
+static void tenant_spec(const ckv_config *cfg, const ckv_tenant_config *t, ckv_tenant_spec *ret) {
+  ret->name = t->name;
+  ret->quota_bytes = t->quota;
+  ret->arena_bytes = ckv_tenant_memory_share(cfg, t);
+  ret->max_sessions = t->max_sessions;
+  ret->max_clients = ckv_tenant_max_clients(cfg, t);
+  ret->policies = t->policies;
+  ret->default_policy = t->default_policy;
+}
 
 static bool resolve_tenant(void *ctx, uint32_t uid, uint32_t gid, ckv_tenant_spec *ret) {
   app *a = ctx;
   const ckv_tenant_config *t = ckv_config_tenant_for(&a->cfg, uid, gid);
   if (!t) return false;
-  ret->name = t->name;
-  ret->quota_bytes = t->quota;
-  ret->max_sessions = t->max_sessions;
-  ret->policies = t->policies;
-  ret->default_policy = t->default_policy;
+  tenant_spec(&a->cfg, t, ret);
   return true;
 }
 
@@ -103,20 +120,49 @@ static void on_ready(void *ctx) {
   if (a->notify) sd_notify(0, "READY=1\nSTATUS=serving");
 }
 
+/* One warning per change a reload cannot apply. */
+static void warn_restart(void *ctx, const char *section, const char *key, const char *note) {
+  const char *path = ctx;
+  if (key)
+    ckv_log(CKV_LOG_WARNING, "reload-restart", NULL, NULL,
+            "%s: %s.%s changed, but it needs a restart; keeping the old value", path, section, key);
+  else
+    ckv_log(CKV_LOG_WARNING, "reload-restart", NULL, NULL,
+            "%s: [%s] %s, but tenants are added and removed by a restart; keeping the old tenants", path,
+            section, note);
+}
+
 static void reload(app *a) {
   if (!a->config_path) return;
   ckv_config fresh;
   ckv_config_init_defaults(&fresh);
   char err[512];
   int r = ckv_config_load_file(&fresh, a->config_path, err, sizeof(err));
+  for (size_t i = 0; r == 0 && i < a->n_flags; i++)
+    r = ckv_config_set(&fresh, a->flags[i].section, a->flags[i].key, a->flags[i].value, err, sizeof(err));
   if (r == 0) r = ckv_config_finalize(&fresh, err, sizeof(err));
+  /* As at start: a file without tenants serves the daemon's user and root. */
+  if (r == 0 && ckv_config_ensure_default_tenant(&fresh, (uint32_t)geteuid()) < 0) {
+    snprintf(err, sizeof(err), "out of memory");
+    r = -ENOMEM;
+  }
   if (r < 0) {
     ckv_log(CKV_LOG_ERROR, "reload-failed", NULL, NULL, "keeping the running configuration: %s", err);
   } else {
+    ckv_config_reload_changes(&a->cfg, &fresh, warn_restart, (void *)a->config_path);
     ckv_config_apply_reload(&a->cfg, &fresh);
     ckv_log_set_level(a->cfg.log_level);
     if (policy_from_config(a, err, sizeof(err)) < 0)
       ckv_log(CKV_LOG_ERROR, "reload-failed", NULL, NULL, "policy: %s", err);
+    /* Live tenants take their new quotas and limits now. */
+    for (size_t i = 0; a->server && i < a->server->n_tenants; i++) {
+      ckv_tenant *t = a->server->tenants[i];
+      const ckv_tenant_config *tc = ckv_config_tenant_by_name(&a->cfg, t->name);
+      if (!tc) continue;
+      ckv_tenant_spec spec = {.default_policy = -1};
+      tenant_spec(&a->cfg, tc, &spec);
+      ckv_server_retune_tenant(a->server, t, &spec);
+    }
     ckv_log(CKV_LOG_NOTICE, "reload", NULL, NULL, "configuration reloaded from %s", a->config_path);
   }
   ckv_config_done(&fresh);
@@ -132,10 +178,20 @@ static void on_tick(void *ctx, const char *status) {
   if (a->notify) sd_notifyf(0, "WATCHDOG=1\nSTATUS=%s", status);
 }
 
-static int apply_flag(ckv_config *c, const char *section, const char *key, const char *value) {
+static int apply_flag(app *a, const char *section, const char *key, const char *value) {
   char err[512];
-  int r = ckv_config_set(c, section, key, value, err, sizeof(err));
-  if (r < 0) fprintf(stderr, "commitkvd: --%s: %s\n", key, err);
+  int r = ckv_config_set(&a->cfg, section, key, value, err, sizeof(err));
+  if (r < 0) {
+    fprintf(stderr, "commitkvd: --%s: %s\n", key, err);
+    return r;
+  }
+  /* Kept, so that a reload applies the flags over the file again. */
+  if (a->n_flags < CKV_MAX_FLAGS) {
+    struct app_flag *f = &a->flags[a->n_flags++];
+    snprintf(f->section, sizeof(f->section), "%s", section);
+    snprintf(f->key, sizeof(f->key), "%s", key);
+    snprintf(f->value, sizeof(f->value), "%s", value);
+  }
   return r;
 }
 
@@ -174,12 +230,12 @@ int main(int argc, char **argv) {
     int r = 0;
     switch (o) {
       case 'c': break;
-      case 's': r = apply_flag(&a.cfg, "daemon", "socket", optarg); break;
-      case OPT_ATTACH: r = apply_flag(&a.cfg, "daemon", "attach_socket", optarg); break;
-      case 'b': r = apply_flag(&a.cfg, "daemon", "backend", optarg); break;
-      case 'm': r = apply_flag(&a.cfg, "daemon", "memory", optarg); break;
-      case OPT_STATE: r = apply_flag(&a.cfg, "daemon", "state_dir", optarg); break;
-      case OPT_DEVICE: r = apply_flag(&a.cfg, "daemon", "device", optarg); break;
+      case 's': r = apply_flag(&a, "daemon", "socket", optarg); break;
+      case OPT_ATTACH: r = apply_flag(&a, "daemon", "attach_socket", optarg); break;
+      case 'b': r = apply_flag(&a, "daemon", "backend", optarg); break;
+      case 'm': r = apply_flag(&a, "daemon", "memory", optarg); break;
+      case OPT_STATE: r = apply_flag(&a, "daemon", "state_dir", optarg); break;
+      case OPT_DEVICE: r = apply_flag(&a, "daemon", "device", optarg); break;
       case OPT_SET: {
         char buf[1024];
         snprintf(buf, sizeof(buf), "%s", optarg);
@@ -195,7 +251,7 @@ int main(int argc, char **argv) {
           return 2;
         }
         *dot = 0;
-        r = apply_flag(&a.cfg, buf, dot + 1, eq + 1);
+        r = apply_flag(&a, buf, dot + 1, eq + 1);
         break;
       }
       case OPT_CHECK: {

@@ -314,34 +314,120 @@ ckv_server *ckv_server_free(ckv_server *s) {
   return NULL;
 }
 
-ckv_tenant *ckv_server_tenant(ckv_server *s, const ckv_tenant_spec *spec, int *ret_status) {
+/* Bytes of memory_bytes that the tenants' arenas hold now. */
+static uint64_t arenas_total(const ckv_server *s) {
+  uint64_t sum = 0;
+  for (size_t i = 0; i < s->n_tenants; i++) sum += ckv_arena_size(s->tenants[i]->arena);
+  return sum;
+}
+
+static ckv_tenant *find_tenant(const ckv_server *s, const char *name) {
   for (size_t i = 0; i < s->n_tenants; i++)
-    if (strcmp(s->tenants[i]->name, spec->name) == 0) return s->tenants[i];
-  uint64_t quota = spec->quota_bytes && spec->quota_bytes < s->opt.memory_bytes ? spec->quota_bytes
-                                                                                  : s->opt.memory_bytes;
+    if (strcmp(s->tenants[i]->name, name) == 0) return s->tenants[i];
+  return NULL;
+}
+
+ckv_tenant *ckv_server_tenant(ckv_server *s, const ckv_tenant_spec *spec, int *ret_status) {
+  ckv_tenant *t = find_tenant(s, spec->name);
+  if (t) return t;
+  /* The budget: every arena comes out of memory_bytes, in whole chunks, so
+   * that their sizes (what a GPU must really hold) never add up to more. */
+  const uint64_t align = CKV_TENANT_ARENA_ALIGN;
+  uint64_t used = arenas_total(s);
+  uint64_t left = s->opt.memory_bytes > used ? (s->opt.memory_bytes - used) / align * align : 0;
+  uint64_t want = spec->quota_bytes ? ckv_tenant_arena_for_quota(spec->quota_bytes)
+                                    : spec->arena_bytes ? spec->arena_bytes / align * align : left;
+  uint64_t arena = want < left ? want : left;
+  if (arena < CKV_TENANT_ARENA_MIN) {
+    ckv_log(CKV_LOG_ERROR, "tenant-refused", spec->name, NULL,
+            "no memory left for an arena: the %zu tenants' arenas hold %llu of the daemon's %llu bytes "
+            "([daemon] memory), %llu left, an arena needs at least %llu",
+            s->n_tenants, (unsigned long long)used, (unsigned long long)s->opt.memory_bytes,
+            (unsigned long long)left, (unsigned long long)CKV_TENANT_ARENA_MIN);
+    *ret_status = CKV_ERR_NOSPACE;
+    return NULL;
+  }
+  uint64_t holds = ckv_tenant_quota_for_arena(arena);
+  uint64_t quota = spec->quota_bytes && spec->quota_bytes < holds ? spec->quota_bytes : holds;
+  if (spec->quota_bytes && quota < spec->quota_bytes)
+    ckv_log(CKV_LOG_WARNING, "quota-cut", spec->name, NULL,
+            "quota of %llu bytes cut to %llu: only %llu bytes of the daemon's memory ([daemon] memory, %llu) "
+            "are left for its arena",
+            (unsigned long long)spec->quota_bytes, (unsigned long long)quota, (unsigned long long)left,
+            (unsigned long long)s->opt.memory_bytes);
   ckv_tenant **nt = realloc(s->tenants, (s->n_tenants + 1) * sizeof(*nt));
   if (!nt) {
     *ret_status = -ENOMEM;
     return NULL;
   }
   s->tenants = nt;
-  ckv_tenant *t;
-  /* The arena is sized at the quota plus room for the arena header and slab
-   * rounding; a memfd only costs the pages that are touched. */
-  int r = ckv_tenant_new(spec->name, quota, quota + (quota / 8) + (16u << 20), (uint32_t)s->n_tenants + 1,
-                         s->backend, &t);
+  int r = ckv_tenant_new(spec->name, quota, arena, (uint32_t)s->n_tenants + 1, s->backend, &t);
   if (r < 0) {
     *ret_status = r;
     return NULL;
   }
+  if (ckv_arena_size(t->arena) > left) { /* a backend granularity above the chunk size */
+    ckv_log(CKV_LOG_ERROR, "tenant-refused", spec->name, NULL,
+            "the backend made an arena of %llu bytes where %llu were left of the daemon's memory",
+            (unsigned long long)ckv_arena_size(t->arena), (unsigned long long)left);
+    ckv_tenant_free(t);
+    *ret_status = CKV_ERR_NOSPACE;
+    return NULL;
+  }
   t->max_sessions = spec->max_sessions ? spec->max_sessions : s->opt.max_sessions;
+  t->max_clients = spec->max_clients;
   t->policies = spec->policies;
   t->default_policy = spec->default_policy;
   if (s->opt.mem) t->mem = s->opt.mem;
   s->tenants[s->n_tenants++] = t;
-  ckv_log(CKV_LOG_INFO, "tenant-up", t->name, NULL, "arena %u of %llu bytes (%s), quota %llu bytes", t->arena_id,
-          (unsigned long long)ckv_arena_size(t->arena), ckv_arena_kind(t->arena), (unsigned long long)quota);
+  ckv_log(CKV_LOG_INFO, "tenant-up", t->name, NULL,
+          "arena %u of %llu bytes (%s), quota %llu bytes; %llu of %llu bytes of memory left", t->arena_id,
+          (unsigned long long)ckv_arena_size(t->arena), ckv_arena_kind(t->arena), (unsigned long long)quota,
+          (unsigned long long)(left - ckv_arena_size(t->arena)), (unsigned long long)s->opt.memory_bytes);
   return t;
+}
+
+void ckv_server_retune_tenant(ckv_server *s, ckv_tenant *t, const ckv_tenant_spec *spec) {
+  uint64_t holds = ckv_tenant_quota_for_arena(ckv_arena_size(t->arena));
+  uint64_t quota = spec->quota_bytes && spec->quota_bytes < holds ? spec->quota_bytes : holds;
+  if (spec->quota_bytes > holds)
+    ckv_log(CKV_LOG_WARNING, "quota-cut", t->name, NULL,
+            "tenant.%s.quota of %llu bytes is more than its arena of %llu bytes holds: cut to %llu (a "
+            "bigger arena needs a restart)",
+            t->name, (unsigned long long)spec->quota_bytes, (unsigned long long)ckv_arena_size(t->arena),
+            (unsigned long long)quota);
+  uint32_t max_sessions = spec->max_sessions ? spec->max_sessions : s->opt.max_sessions;
+  if (quota != t->quota_bytes || max_sessions != t->max_sessions || spec->max_clients != t->max_clients ||
+      spec->policies != t->policies || spec->default_policy != t->default_policy)
+    ckv_log(CKV_LOG_NOTICE, "tenant-reload", t->name, NULL,
+            "quota %llu -> %llu bytes (%llu in use), max_sessions %u -> %u, max_clients %u -> %u",
+            (unsigned long long)t->quota_bytes, (unsigned long long)quota, (unsigned long long)t->bytes_used,
+            t->max_sessions, max_sessions, t->max_clients, spec->max_clients);
+  /* A quota below what is in use refuses new blocks until enough is freed:
+   * nothing held is taken away by a reload. */
+  t->quota_bytes = quota;
+  t->max_sessions = max_sessions;
+  t->max_clients = spec->max_clients;
+  t->policies = spec->policies;
+  t->default_policy = spec->default_policy;
+}
+
+const char *ckv_server_client_limit(const ckv_server *s, const ckv_tenant_spec *spec, char *buf, size_t len) {
+  if (spec && spec->name && spec->max_clients) {
+    const ckv_tenant *t = find_tenant(s, spec->name);
+    uint64_t n = t ? t->n_clients : 0;
+    if (n >= spec->max_clients) {
+      snprintf(buf, len, "attach: tenant '%s' has %llu clients attached, its limit (tenant max_clients %u)",
+               spec->name, (unsigned long long)n, spec->max_clients);
+      return buf;
+    }
+  }
+  if (ckv_strmap_size(s->conns) >= s->opt.max_clients) {
+    snprintf(buf, len, "attach: too many clients: %zu attached, the daemon's limit for all tenants (daemon "
+             "max_clients %u)", ckv_strmap_size(s->conns), s->opt.max_clients);
+    return buf;
+  }
+  return NULL;
 }
 
 static void hex_of(const uint8_t *b, size_t n, char *out) {

@@ -42,8 +42,10 @@ typedef struct ckv_srv_session ckv_srv_session;
 /* What the daemon knows of a tenant before it exists at run time. */
 typedef struct ckv_tenant_spec {
   const char *name;
-  uint64_t quota_bytes;   /* 0 = the daemon's whole memory */
+  uint64_t quota_bytes;   /* 0 = what its arena holds */
+  uint64_t arena_bytes;   /* its share of memory_bytes; 0 = all that is left (the server cuts it to that) */
   uint32_t max_sessions;  /* 0 = the daemon-wide limit */
+  uint32_t max_clients;   /* attached clients of this tenant; 0 = only the daemon's max_clients */
   uint32_t policies;      /* bit per allowed ckv_policy_id; 0 = all */
   int default_policy;     /* ckv_policy_id, or -1 = the daemon default */
 } ckv_tenant_spec;
@@ -57,11 +59,11 @@ typedef struct ckv_server_options {
   const char *backend;        /* "host" (auto resolves before this) */
   const char *backend_reason; /* why this backend: shown by `commitkvctl status` */
   const ckv_blockmem *mem;    /* how the daemon writes arena memory (blockmem.h); NULL: host, in place */
-  uint64_t memory_bytes;      /* all tenants' arenas together */
+  uint64_t memory_bytes;      /* all tenants' arenas together: their sizes never add up to more */
   const char *state_dir;
   uint32_t lease_ms, heartbeat_ms;
   uint64_t detach_keep_ms;
-  uint32_t max_clients;
+  uint32_t max_clients;  /* attached clients, all tenants together */
   uint32_t max_sessions; /* per tenant */
   uint64_t max_message;  /* ZMQ_MAXMSGSIZE and the decode cap */
   uint64_t max_tokens_per_session;
@@ -170,7 +172,20 @@ uint64_t ckv_now_ms(void);
 uint64_t ckv_now_us(void);
 /* Formats and publishes the metrics snapshot (server_metrics.c). */
 void ckv_server_publish_metrics(ckv_server *s);
+/* The run-time tenant for spec->name, created on first use with an arena cut
+ * from what is left of memory_bytes: spec->arena_bytes (or, without it, all
+ * that is left), never more than is left; its quota is spec->quota_bytes cut
+ * to what the arena holds.  NULL with *ret_status = CKV_ERR_NOSPACE when
+ * less than CKV_TENANT_ARENA_MIN is left, -ENOMEM, or the arena's error. */
 ckv_tenant *ckv_server_tenant(ckv_server *s, const ckv_tenant_spec *spec, int *ret_status);
+/* Applies a reloaded spec to live tenant t: quota (cut to what its arena
+ * holds: a bigger arena needs a restart), session and client limits,
+ * policies.  Logs what changed. */
+void ckv_server_retune_tenant(ckv_server *s, ckv_tenant *t, const ckv_tenant_spec *spec);
+/* Why a new client of tenant spec (NULL: an admin of no tenant) must be
+ * refused for want of a slot, written into buf, or NULL when it may attach:
+ * the tenant's max_clients first, then the daemon's (all tenants). */
+const char *ckv_server_client_limit(const ckv_server *s, const ckv_tenant_spec *spec, char *buf, size_t len);
 /* The client is gone: its sessions are detached, the connection freed, and
  * `why` logged at `level` (a ckv_log_level). */
 void ckv_server_drop_conn(ckv_server *s, ckv_conn *c, int level, const char *why);

@@ -1,4 +1,5 @@
-/* tenant.c - a tenant's arena, allocator, quota and usage (see tenant.h). */
+/* tenant.c - a tenant's arena, allocator, quota and usage, and how big an
+ * arena a quota needs (see tenant.h). */
 #include "daemon/tenant.h"
 
 #include <errno.h>
@@ -15,15 +16,37 @@
 #endif
 #include "shm/slab.h"
 
+/* Headroom of an arena over its quota: a fixed part for the header and the
+ * partly used slabs of a few block classes, and an eighth for rounding. */
+#define ARENA_SLACK (UINT64_C(16) << 20)
+
+uint64_t ckv_tenant_arena_for_quota(uint64_t quota) {
+  const uint64_t a = CKV_TENANT_ARENA_ALIGN;
+  if (quota > (UINT64_MAX - 2 * ARENA_SLACK) / 9 * 8) return UINT64_MAX / a * a;
+  uint64_t need = quota + quota / 8 + ARENA_SLACK + CKV_ARENA_HEADER_BYTES;
+  uint64_t arena = (need + a - 1) / a * a;
+  while (ckv_tenant_quota_for_arena(arena) < quota) arena += a; /* integer rounding: a chunk at most */
+  return arena;
+}
+
+uint64_t ckv_tenant_quota_for_arena(uint64_t arena_bytes) {
+  if (arena_bytes <= CKV_ARENA_HEADER_BYTES) return 0;
+  uint64_t usable = arena_bytes - CKV_ARENA_HEADER_BYTES;
+  /* Small arenas (below twice the fixed slack) keep half as headroom. */
+  if (usable < 2 * ARENA_SLACK) return usable / 2;
+  return (usable - ARENA_SLACK) / 9 * 8;
+}
+
 int ckv_tenant_new(const char *name, uint64_t quota_bytes, uint64_t arena_bytes, uint32_t arena_id,
                    const ckv_arena_backend *be, ckv_tenant **ret) {
+  if (arena_bytes <= CKV_ARENA_HEADER_BYTES) return CKV_ERR_INVALID;
   ckv_tenant *t = calloc(1, sizeof(*t));
   if (!t) return -ENOMEM;
   snprintf(t->name, sizeof(t->name), "%s", name);
   t->quota_bytes = quota_bytes;
   t->arena_id = arena_id;
   t->mem = &ckv_blockmem_host;
-  int r = ckv_arena_new(be, arena_bytes, name, &t->arena);
+  int r = ckv_arena_new(be, arena_bytes - CKV_ARENA_HEADER_BYTES, name, &t->arena);
   if (r < 0) goto fail;
   ckv_slab_config cfg = {
       .offset = ckv_arena_data_offset(t->arena),

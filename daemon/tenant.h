@@ -19,6 +19,7 @@ typedef struct ckv_tenant {
   uint32_t arena_id;
   uint64_t quota_bytes;  /* bytes of blocks this tenant may hold (all formats) */
   uint32_t max_sessions;
+  uint32_t max_clients; /* attached clients of this tenant; 0 = only the daemon's ceiling */
   uint32_t policies;    /* bit per allowed ckv_policy_id; 0 = all */
   int default_policy;   /* ckv_policy_id or -1 */
   ckv_arena *arena;
@@ -36,8 +37,26 @@ typedef struct ckv_tenant {
   uint64_t errors[CKV_METRICS_ERRORS];
 } ckv_tenant;
 
-/* Create a tenant with an arena of `arena_bytes` on backend `be`.
- * Returns CKV_OK, -errno from the arena, or -ENOMEM. */
+/* Arena sizing.  A tenant's arena holds its quota plus headroom: the arena
+ * header and slab rounding (each block class keeps partly used slabs of
+ * whole 2 MiB chunks), so the quota, not the arena, is what runs out first
+ * and quota pressure compresses and recycles before anything is refused.
+ * Arenas are whole chunks: their sizes add up exactly against the daemon's
+ * memory budget ([daemon] memory), which the sum of all arenas never exceeds. */
+#define CKV_TENANT_ARENA_ALIGN (UINT64_C(2) << 20)
+#define CKV_TENANT_ARENA_MIN (UINT64_C(4) << 20) /* the smallest arena worth making */
+
+/* Bytes of arena (header included, a multiple of CKV_TENANT_ARENA_ALIGN) that
+ * a quota of `quota` bytes needs. */
+uint64_t ckv_tenant_arena_for_quota(uint64_t quota);
+/* The largest quota an arena of `arena_bytes` holds with its headroom (the
+ * inverse of ckv_tenant_arena_for_quota, rounded down). */
+uint64_t ckv_tenant_quota_for_arena(uint64_t arena_bytes);
+
+/* Create a tenant with an arena of `arena_bytes` on backend `be`, header
+ * included (ckv_arena_size() is then arena_bytes when that is a multiple of
+ * the backend's granularity).  Returns CKV_OK, -errno from the arena, or
+ * -ENOMEM. */
 int ckv_tenant_new(const char *name, uint64_t quota_bytes, uint64_t arena_bytes, uint32_t arena_id,
                    const ckv_arena_backend *be, ckv_tenant **ret);
 ckv_tenant *ckv_tenant_free(ckv_tenant *t);

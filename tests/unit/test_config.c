@@ -1,4 +1,4 @@
-/* tests/unit/test_config.c - daemon/config.c: the key table, the INI parser
+/* tests/unit/test_config.c - daemon/config*.c: the key table, the INI reader
  * and its errors (each with file and line), sizes and durations, tenant
  * lookup, CLI overrides, derived defaults, reload rules, the write -> load
  * round trip, the docs and the shipped packaging/commitkvd.conf. */
@@ -8,10 +8,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "commitkv/status.h"
 #include "daemon/config.h"
 #include "daemon/log.h"
+#include "daemon/tenant.h"
 #include "testutil.h"
 
 /* ---- helpers ---- */
@@ -322,6 +324,58 @@ Test(config, error_with_null_buffer) {
   ckv_config_done(&c);
 }
 
+/* Only regular files are read: a FIFO would block the reader for ever (with
+ * no writer), a directory gave "read error".  Both are refused by type. */
+Test(config, non_regular_file_is_refused_by_type, .init = setup, .fini = teardown, .timeout = 10) {
+  char fifo[512], dir[512];
+  snprintf(fifo, sizeof fifo, "%s/fifo.conf", tmpdir_path);
+  snprintf(dir, sizeof dir, "%s/dir.conf", tmpdir_path);
+  cr_assert_eq(mkfifo(fifo, 0600), 0);
+  cr_assert_eq(mkdir(dir, 0700), 0);
+  ckv_config c;
+  ckv_config_init_defaults(&c);
+  char err[700], want[700];
+  cr_expect_eq(ckv_config_load_file(&c, fifo, err, sizeof err), CKV_ERR_INVALID);
+  snprintf(want, sizeof want, "%s: is a FIFO, not a regular file", fifo);
+  cr_expect_str_eq(err, want);
+  cr_expect_eq(ckv_config_load_file(&c, dir, err, sizeof err), CKV_ERR_INVALID);
+  snprintf(want, sizeof want, "%s: is a directory, not a regular file", dir);
+  cr_expect_str_eq(err, want);
+  cr_expect_eq(ckv_config_load_file(&c, "/dev/null", err, sizeof err), CKV_ERR_INVALID);
+  cr_expect_str_eq(err, "/dev/null: is a character device, not a regular file");
+  ckv_config_done(&c);
+}
+
+/* Lines longer than libinih's default 200 bytes, indented lines (which inih
+ * would read as a continuation), CRLF, inline comments after a quoted value
+ * holding ';' and '#'. */
+Test(config, reader_details) {
+  char text[2048];
+  char uids[1200] = "";
+  size_t n = 0;
+  for (int i = 0; i < 64; i++) n += (size_t)snprintf(uids + n, sizeof uids - n, "%s%d", i ? ", " : "", 100000 + i);
+  snprintf(text, sizeof text,
+           "[daemon]\r\n  memory = 8G ; eight\r\n\tstate_dir = \"/srv/a ;b #c\"  # comment\n"
+           "[tenant.t]\nuids = %s\n",
+           uids);
+  cr_assert_gt(strlen(uids), 400);
+  ckv_config c;
+  ckv_config_init_defaults(&c);
+  char err[512] = "";
+  cr_assert_eq(ckv_config_load_string(&c, text, "r", err, sizeof err), CKV_OK, "%s", err);
+  cr_expect_eq(c.memory, 8ull << 30);
+  cr_expect_str_eq(c.state_dir, "/srv/a ;b #c");
+  cr_assert_eq(c.n_tenants, 1);
+  cr_expect_eq(c.tenants[0].n_uids, 64);
+  cr_expect_eq(c.tenants[0].uids[63], 100063);
+  ckv_config_done(&c);
+  /* inih would take "key: value"; the file syntax has only '='. */
+  ckv_config_init_defaults(&c);
+  cr_expect_eq(ckv_config_load_string(&c, "[daemon]\nmemory: 4G\n", "r", err, sizeof err), CKV_ERR_INVALID);
+  cr_expect_str_eq(err, "r:2: expected 'key = value' or '[section]'");
+  ckv_config_done(&c);
+}
+
 /* ---- sizes and durations ---- */
 
 typedef struct num_case {
@@ -513,6 +567,55 @@ Test(config, ensure_default_tenant) {
   cr_expect_eq(ckv_config_ensure_default_tenant(&c, 1000), 0);
   cr_expect_null(ckv_config_tenant_for(&c, 1000, 1000));
   ckv_config_done(&c);
+}
+
+/* A tenant's client limit: its own max_clients (never above the daemon's),
+ * else an equal share of [daemon] max_clients. */
+Test(config, tenant_max_clients_share) {
+  ckv_config c;
+  ckv_config_init_defaults(&c);
+  char err[512] = "";
+  cr_assert_eq(ckv_config_load_string(&c,
+                                       "[daemon]\nmax_clients = 10\n"
+                                       "[tenant.a]\nuids = 1\n[tenant.b]\nuids = 2\n"
+                                       "[tenant.c]\nuids = 3\nmax_clients = 7\n"
+                                       "[tenant.d]\nuids = 4\nmax_clients = 50\n",
+                                       "m", err, sizeof err),
+               CKV_OK, "%s", err);
+  cr_expect_eq(ckv_tenant_max_clients(&c, &c.tenants[0]), 2); /* 10 / 4 tenants */
+  cr_expect_eq(ckv_tenant_max_clients(&c, &c.tenants[2]), 7);
+  cr_expect_eq(ckv_tenant_max_clients(&c, &c.tenants[3]), 10, "the daemon's max_clients is the ceiling");
+  ckv_config_done(&c);
+  ckv_config_init_defaults(&c);
+  cr_assert_eq(ckv_config_ensure_default_tenant(&c, 1000), 1);
+  cr_expect_eq(ckv_tenant_max_clients(&c, &c.tenants[0]), 256, "one tenant alone has every slot");
+  ckv_config_done(&c);
+}
+
+/* [daemon] memory is a total: tenants with a quota reserve the arena their
+ * quota needs, the others share what is left equally, in whole chunks. */
+Test(config, tenant_memory_share) {
+  ckv_config c;
+  ckv_config_init_defaults(&c);
+  char err[512] = "";
+  cr_assert_eq(ckv_config_load_string(&c,
+                                       "[daemon]\nmemory = 1G\n"
+                                       "[tenant.a]\nuids = 1\n[tenant.b]\nuids = 2\n"
+                                       "[tenant.q]\nuids = 3\nquota = 100M\n",
+                                       "m", err, sizeof err),
+               CKV_OK, "%s", err);
+  uint64_t qa = ckv_tenant_memory_share(&c, &c.tenants[2]);
+  cr_expect_eq(qa, ckv_tenant_arena_for_quota(100ull << 20));
+  cr_expect_geq(ckv_tenant_quota_for_arena(qa), 100ull << 20, "the arena holds its quota");
+  uint64_t share = ckv_tenant_memory_share(&c, &c.tenants[0]);
+  cr_expect_eq(share, ckv_tenant_memory_share(&c, &c.tenants[1]));
+  cr_expect_eq(share % CKV_TENANT_ARENA_ALIGN, 0);
+  cr_expect_leq(2 * share + qa, 1ull << 30, "the shares add up to more than [daemon] memory");
+  cr_expect_gt(2 * share + qa, (1ull << 30) - 2 * CKV_TENANT_ARENA_ALIGN, "the shares leave memory unused");
+  ckv_config_done(&c);
+  /* Sizing round trip: an arena made for a quota holds it, for any size. */
+  for (uint64_t q = 1; q < (1ull << 42); q = q * 3 + 7)
+    cr_expect_geq(ckv_tenant_quota_for_arena(ckv_tenant_arena_for_quota(q)), q, "quota %llu", (unsigned long long)q);
 }
 
 /* ---- command-line overrides ---- */
@@ -713,6 +816,38 @@ Test(config, reload) {
   ckv_config_done(&fresh);
 }
 
+static void collect_change(void *ctx, const char *section, const char *key, const char *note) {
+  char *out = ctx;
+  size_t n = strlen(out);
+  snprintf(out + n, 512 - n, "%s%s%s%s%s;", section, key ? "." : "", key ? key : "", note ? " " : "",
+           note ? note : "");
+}
+
+/* One change per key that needs a restart, by section and key; the
+ * reloadable ones (quota, max_clients) are applied. */
+Test(config, reload_changes_name_section_and_key) {
+  ckv_config live, fresh;
+  char err[512] = "";
+  ckv_config_init_defaults(&live);
+  cr_assert_eq(ckv_config_load_string(&live, "[tenant.a]\nuids = 1000\nquota = 4M\n", "live", err, sizeof err),
+               CKV_OK, "%s", err);
+  ckv_config_init_defaults(&fresh);
+  cr_assert_eq(ckv_config_load_string(&fresh,
+                                      "[daemon]\nbackend = host\n"
+                                      "[tenant.a]\nuids = 1000, 1001\ngids = 7\nquota = 8M\nmax_clients = 3\n",
+                                      "fresh", err, sizeof err),
+               CKV_OK, "%s", err);
+  char seen[512] = "";
+  cr_expect_eq(ckv_config_reload_changes(&live, &fresh, collect_change, seen), 3);
+  cr_expect_str_eq(seen, "daemon.backend;tenant.a.uids;tenant.a.gids;");
+  ckv_config_apply_reload(&live, &fresh);
+  cr_expect_eq(live.tenants[0].quota, 8ull << 20);
+  cr_expect_eq(live.tenants[0].max_clients, 3);
+  cr_expect_eq(live.tenants[0].n_uids, 1);
+  ckv_config_done(&live);
+  ckv_config_done(&fresh);
+}
+
 /* ---- the template, the shipped file, the docs ---- */
 
 /* Calls fn for each "#key = default" line of the generated template. */
@@ -784,7 +919,7 @@ Test(config, template_loads_and_uncommented_equals_defaults, .init = setup, .fin
   fclose(f);
   cr_expect_eq(nd, 26);
   cr_expect_eq(np, 18);
-  cr_expect_eq(nt, 8);
+  cr_expect_eq(nt, 9);
   /* uids appears twice now: drop the empty one. */
   char *dup = strstr(text, "uids = \"\"\n");
   cr_assert_not_null(dup);
@@ -827,7 +962,7 @@ Test(config, packaging_file_matches_table) {
   char *tmpl = capture(do_template, NULL);
   /* Every key of the table, with its current default. */
   size_t keys = for_each_template_key(tmpl, expect_line_in, text);
-  cr_expect_eq(keys, 52);
+  cr_expect_eq(keys, 53);
   cr_expect_str_eq(text + 1, tmpl,
                    "packaging/commitkvd.conf is stale: regenerate it with "
                    "ckv_config_write_template (commitkvd --print-default-config)");

@@ -1,0 +1,505 @@
+/* daemon/config_table.c - the configuration's key table and its documentation.
+ *
+ * ckv_cfg_keys[] below is the only list of keys.  Each row says where the
+ * value lives (section and offset), how to read and print it (type, bounds,
+ * enum names, an optional validator), its default as text in the file's own
+ * syntax (so defaults go through the same parser as the file and cannot drift
+ * from it), whether SIGHUP may change it, and one line of doc saying what it
+ * is and why the default is what it is.  The reference docs (--help-config,
+ * commitkvd.conf(5)) and the shipped default file are written from here;
+ * parsing, range checks, --check-config output and the reload rules loop over
+ * the same rows (config_value.c, config.c). */
+#include "daemon/config_table.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "commitkv/status.h"
+#include "daemon/log.h"
+
+static const enum_entry backend_names[] = {
+    {"auto", CKV_BACKEND_AUTO}, {"host", CKV_BACKEND_HOST}, {"cuda", CKV_BACKEND_CUDA}, {NULL, 0}};
+static const enum_entry judge_names[] = {
+    {"rules", CKV_JUDGE_RULES}, {"mlp", CKV_JUDGE_MLP}, {NULL, 0}};
+static const enum_entry level_names[] = {
+    {"error", CKV_LOG_ERROR}, {"warning", CKV_LOG_WARNING}, {"notice", CKV_LOG_NOTICE},
+    {"info", CKV_LOG_INFO},   {"debug", CKV_LOG_DEBUG},     {NULL, 0}};
+static const enum_entry bits_names[] = {{"4", 4}, {"2", 2}, {NULL, 0}};
+static const enum_entry policy_enum[] = {
+    {"fp16", CKV_POLICY_FP16},   {"int8", CKV_POLICY_INT8}, {"kivi4", CKV_POLICY_KIVI4},
+    {"kivi2", CKV_POLICY_KIVI2}, {"h2o", CKV_POLICY_H2O},   {"streaming", CKV_POLICY_STREAMING},
+    {"commitkv", CKV_POLICY_COMMITKV}, {NULL, 0}};
+static const enum_entry tenant_policy_enum[] = {
+    {"inherit", -1},
+    {"fp16", CKV_POLICY_FP16},   {"int8", CKV_POLICY_INT8}, {"kivi4", CKV_POLICY_KIVI4},
+    {"kivi2", CKV_POLICY_KIVI2}, {"h2o", CKV_POLICY_H2O},   {"streaming", CKV_POLICY_STREAMING},
+    {"commitkv", CKV_POLICY_COMMITKV}, {NULL, 0}};
+
+const char *const ckv_policy_names[CKV_POLICY_COUNT] = {
+    [CKV_POLICY_FP16] = "fp16",   [CKV_POLICY_INT8] = "int8",
+    [CKV_POLICY_KIVI4] = "kivi4", [CKV_POLICY_KIVI2] = "kivi2",
+    [CKV_POLICY_H2O] = "h2o",     [CKV_POLICY_STREAMING] = "streaming",
+    [CKV_POLICY_COMMITKV] = "commitkv",
+};
+
+static int check_endpoint(const char *v, char *err, size_t errlen);
+static int check_abs_path(const char *v, char *err, size_t errlen);
+static int check_host_port(const char *v, char *err, size_t errlen);
+static int check_remote_url(const char *v, char *err, size_t errlen);
+static int check_tcp_endpoint(const char *v, char *err, size_t errlen);
+static int check_z85_key(const char *v, char *err, size_t errlen);
+
+#define FLD_(base, f) .offset = offsetof(base, f), .size = sizeof(((base *)0)->f)
+#define DMN(f) FLD_(ckv_config, f)
+#define POL(f) FLD_(ckv_config, policy.f)
+#define TEN(f) FLD_(ckv_tenant_config, f)
+
+/* The order of the rows is the order of the docs, the template and
+ * --check-config's output. */
+const config_key ckv_cfg_keys[] = {
+    /* ---- [daemon] ---- */
+    {SEC_DAEMON, "socket", T_STRING, DMN(socket), .check = check_endpoint, .def = "",
+     .doc = "ZeroMQ control endpoint. Empty: ipc://$RUNTIME_DIRECTORY/commitkvd.sock under systemd, "
+            "else ipc:///run/commitkv/commitkvd.sock (kept out of /tmp, which PrivateTmp hides)."},
+    {SEC_DAEMON, "attach_socket", T_STRING, DMN(attach_socket), .check = ckv_cfg_check_unix_path, .def = "",
+     .doc = "Unix socket where workers attach (SO_PEERCRED identifies the tenant, arena fds are passed "
+            "over it). Empty: commitkvd.attach next to the control socket."},
+    {SEC_DAEMON, "backend", T_ENUM, DMN(backend), .enums = backend_names, .def = "auto",
+     .doc = "Where KV memory lives. auto uses a CUDA device when one answers and falls back to host "
+            "memory, so one config serves GPU and CPU-only nodes."},
+    {SEC_DAEMON, "device", T_U32, DMN(device), .imin = 0, .imax = 1023, .def = "0",
+     .doc = "CUDA device ordinal for the GPU arena (one daemon per GPU: run one instance per device)."},
+    {SEC_DAEMON, "shadow_headers", T_BOOL, DMN(shadow_headers), .def = "no",
+     .doc = "Host backend only, for testing: edit block headers in host shadows and copy them into "
+            "the arena at flush points, the way the CUDA backend must (the CPU cannot write GPU "
+            "memory). Leave it off in production: it only adds copies."},
+    {SEC_DAEMON, "memory", T_SIZE, DMN(memory), .imin = MIB, .imax = PIB, .def = "4G",
+     .doc = "Bytes of the primary KV tier (GPU memory, or host memory on the host backend), for all "
+            "tenants together: their arenas never add up to more. 4G fits a small model's sessions "
+            "without starving the engine's weights; size it to what is left after the model."},
+    {SEC_DAEMON, "host_memory", T_SIZE, DMN(host_memory), .imin = 0, .imax = PIB, .def = "0",
+     .doc = "Bytes of the host-memory offload tier for rarely read committed blocks; 0 = off (no "
+            "tier unless asked for: it costs pinned RAM)."},
+    {SEC_DAEMON, "disk_memory", T_SIZE, DMN(disk_memory), .imin = 0, .imax = PIB, .def = "0",
+     .doc = "Bytes of the disk offload tier under state_dir; 0 = off."},
+    {SEC_DAEMON, "state_dir", T_STRING, DMN(state_dir), .check = check_abs_path, .def = "",
+     .doc = "Directory for snapshots and the disk tier. Empty: $STATE_DIRECTORY (systemd's "
+            "StateDirectory=) or /var/lib/commitkv."},
+    {SEC_DAEMON, "lease", T_DURATION, DMN(lease_ms), .imin = 100, .imax = 3600 * SEC, .def = "10s",
+     .doc = "A client silent this long is dead: its sessions are detached and its slots freed "
+            "(invariant 3). 10s rides out a GC pause or a slow step, yet frees a killed worker's "
+            "memory quickly."},
+    {SEC_DAEMON, "heartbeat", T_DURATION, DMN(heartbeat_ms), .imin = 10, .imax = 600 * SEC,
+     .def = "2s",
+     .doc = "Heartbeat period the daemon asks clients for; at most half the lease, so one lost "
+            "heartbeat never expires a lease."},
+    {SEC_DAEMON, "detach_keep", T_DURATION, DMN(detach_keep_ms), .imin = 0, .imax = 30 * DAY,
+     .def = "5m",
+     .doc = "How long a detached session (its worker died or disconnected) is kept for resume "
+            "before it is reclaimed; 5m covers a worker restart, 0 frees at once."},
+    {SEC_DAEMON, "max_clients", T_U32, DMN(max_clients), .imin = 1, .imax = 65536, .def = "256",
+     .doc = "Connected clients, all tenants together: every resource a peer can claim has a limit. "
+            "The ceiling over each tenant's own max_clients."},
+    {SEC_DAEMON, "max_sessions", T_U32, DMN(max_sessions), .imin = 1, .imax = 1000000, .def = "64",
+     .doc = "Open sessions per tenant unless the tenant sets its own max_sessions."},
+    {SEC_DAEMON, "max_message", T_SIZE, DMN(max_message), .imin = 64 * KIB, .imax = GIB,
+     .def = "16M",
+     .doc = "Largest control message (ZMQ_MAXMSGSIZE): nothing else bounds what a peer sends. 16M "
+            "holds a ReportRound for a 1M-token session."},
+    {SEC_DAEMON, "max_tokens_per_session", T_U32, DMN(max_tokens_per_session), .imin = 16,
+     .imax = 16 * 1024 * 1024, .def = "131072",
+     .doc = "Tokens a session may hold (128K, today's long-context models); bounds per-session "
+            "metadata and a ReportRound's size."},
+    {SEC_DAEMON, "draft_block_tokens", T_U32, DMN(draft_block_tokens), .imin = 1, .imax = 1024,
+     .def = "16",
+     .doc = "Token slots per draft (FP16) block: small, so an append wastes little."},
+    {SEC_DAEMON, "commit_block_tokens", T_U32, DMN(commit_block_tokens), .imin = 32, .imax = 4096,
+     .def = "64",
+     .doc = "Token slots per staged/committed block; >= 32 so per-channel key scales and zero "
+            "points amortise over enough tokens."},
+    {SEC_DAEMON, "compress_threads", T_U32, DMN(compress_threads), .imin = 1, .imax = 256,
+     .def = "2",
+     .doc = "Compressor threads on the host backend (off the critical path); 2 keeps up with "
+            "several workers without taking their cores."},
+    {SEC_DAEMON, "compress_queue", T_U32, DMN(compress_queue), .imin = 1, .imax = 1 << 20,
+     .def = "1024",
+     .doc = "Bounded compressor queue (jobs): when full, transitions wait for the next round "
+            "instead of growing memory without bound."},
+    {SEC_DAEMON, "log_level", T_ENUM, DMN(log_level), .enums = level_names, .reload = true,
+     .def = "info",
+     .doc = "Least important level logged (error, warning, notice, info, debug). info logs "
+            "per-session events, never one line per round or token."},
+    {SEC_DAEMON, "metrics", T_STRING, DMN(metrics), .check = check_host_port,
+     .def = "127.0.0.1:9464",
+     .doc = "Prometheus endpoint host:port; loopback by default so per-tenant figures stay on the "
+            "node; empty disables it."},
+    {SEC_DAEMON, "remote", T_STRING, DMN(remote), .check = check_remote_url, .def = "",
+     .doc = "Remote tier for moving sessions between nodes, e.g. redis://127.0.0.1:6379 (Redis or "
+            "Valkey); empty = off."},
+    {SEC_DAEMON, "remote_tcp", T_STRING, DMN(remote_tcp), .check = check_tcp_endpoint, .def = "",
+     .doc = "ZeroMQ tcp:// endpoint for remote control with CURVE (needs both curve keys); empty = "
+            "off, local ipc only."},
+    {SEC_DAEMON, "curve_secret_key", T_STRING, DMN(curve_secret_key), .check = check_z85_key,
+     .def = "",
+     .doc = "Server CURVE secret key (40 Z85 characters) for remote_tcp; keep this file mode 0640 "
+            "root:commitkv."},
+    {SEC_DAEMON, "curve_public_key", T_STRING, DMN(curve_public_key), .check = check_z85_key,
+     .def = "",
+     .doc = "Server CURVE public key (40 Z85 characters) that remote clients pin."},
+
+    /* ---- [policy] ---- (attention values are relative: 1.0 = uniform share) */
+    {SEC_POLICY, "default", T_ENUM, POL(default_policy), .enums = policy_enum, .reload = true,
+     .def = "commitkv",
+     .doc = "Policy of sessions that name none: the lifecycle (DESIGN.md 1); the baselines fp16, "
+            "int8, kivi4, kivi2, h2o, streaming exist for side-by-side comparison."},
+    {SEC_POLICY, "judge", T_ENUM, POL(judge), .enums = judge_names, .reload = true, .def = "rules",
+     .doc = "Transition judge: rules (thresholds below; deterministic, explainable) or mlp (a "
+            "two-layer perceptron over the same features, needs mlp_weights)."},
+    {SEC_POLICY, "mlp_weights", T_STRING, POL(mlp_weights), .check = check_abs_path,
+     .reload = true, .def = "",
+     .doc = "Weight file of the mlp judge (absolute path); empty = none."},
+    {SEC_POLICY, "trace", T_STRING, POL(trace), .check = check_abs_path, .reload = true, .def = "",
+     .doc = "File the daemon appends mlp-judge training traces to (per-token features and attention; "
+            "no token ids or text); empty = off. See docs/mlp-judge.md."},
+    {SEC_POLICY, "trace_every", T_U32, POL(trace_every), .imin = 1, .imax = 8, .reload = true, .def = "4",
+     .doc = "Record every Nth round (<= 8, so the attention rings cover the rounds between); a "
+            "32K-token round costs about 90 ms and 2.6 MB."},
+    {SEC_POLICY, "trace_max_bytes", T_SIZE, POL(trace_max_bytes), .imin = 0, .imax = PIB, .reload = true,
+     .def = "1G", .doc = "Stop recording after this many bytes per open (logged once); 0 = no limit."},
+    {SEC_POLICY, "attn_threshold", T_DOUBLE, POL(attn_threshold), .dmin = 0, .dmax = 1e6,
+     .reload = true, .def = "1",
+     .doc = "draft->staged when mean relative attention over history_rounds exceeds this. 1.0 = "
+            "above an average token: INT8 measured almost lossless (KL 0.0008), so staging is cheap "
+            "to do early."},
+    {SEC_POLICY, "semantic_threshold", T_DOUBLE, POL(semantic_threshold), .dmin = 0, .dmax = 1,
+     .reload = true, .def = "0.3",
+     .doc = "Semantic score (0..1) a token needs to be promoted: the filler filter, so 'ok', 'got "
+            "it' draw attention but never earn bits."},
+    {SEC_POLICY, "high_attn_threshold", T_DOUBLE, POL(high_attn_threshold), .dmin = 0, .dmax = 1e6,
+     .reload = true, .def = "2",
+     .doc = "staged->committed when relative attention stays above this for persistence_rounds: a "
+            "lasting fact, not one round's spike (>= attn_threshold)."},
+    {SEC_POLICY, "history_rounds", T_U32, POL(history_rounds), .imin = 1, .imax = 8,
+     .reload = true, .def = "8",
+     .doc = "R: rounds of attention kept per token (at most 8: one byte each, which keeps the "
+            "per-token metadata within its 32-byte budget); 8 smooths one noisy round."},
+    {SEC_POLICY, "sink_tokens", T_U32, POL(sink_tokens), .imin = 0, .imax = 4096, .reload = true,
+     .def = "4",
+     .doc = "S: first positions (attention sinks, StreamingLLM) never recycled and kept FP16; 4 as "
+            "in the fidelity measurement."},
+    {SEC_POLICY, "recent_window", T_U32, POL(recent_window), .imin = 0, .imax = 1 << 20,
+     .reload = true, .def = "32",
+     .doc = "W: last tokens always draft (KIVI's residual window); 32 as in the fidelity "
+            "measurement, about one user turn."},
+    {SEC_POLICY, "persistence_rounds", T_U32, POL(persistence_rounds), .imin = 1, .imax = 100000,
+     .reload = true, .def = "4",
+     .doc = "Rounds above high_attn_threshold before staged->committed (one-way, lossy): 4 rounds "
+            "of sustained use mark a confirmed fact."},
+    {SEC_POLICY, "idle_rounds", T_U32, POL(idle_rounds), .imin = 1, .imax = 1000000,
+     .reload = true, .def = "16",
+     .doc = "Rounds without attention before a token is recycled. Eviction is the costliest "
+            "mistake (KL 1.1 at a 20% budget), so only long silence frees a token."},
+    {SEC_POLICY, "budget", T_DOUBLE, POL(budget), .dmin = 0.01, .dmax = 1, .reload = true,
+     .def = "0.25",
+     .doc = "h2o and streaming baselines: bytes kept as a fraction of FP16; 0.25 matches what "
+            "INT4 costs, for comparisons at equal memory."},
+    {SEC_POLICY, "commit_bits", T_ENUM, POL(commit_bits), .enums = bits_names, .reload = true,
+     .def = "4",
+     .doc = "Bits per element of committed blocks (4 or 2). INT4 already cost KL 0.12 when applied "
+            "everywhere; INT2 is for memory-bound tenants who measured it."},
+    {SEC_POLICY, "prune_keep", T_DOUBLE, POL(prune_keep), .dmin = 0.125, .dmax = 1,
+     .reload = true, .def = "1",
+     .doc = "Fraction of key channels kept in committed blocks (ThinK-style pruning); 1.0 = off, as "
+            "pruning adds error on top of quantization."},
+    {SEC_POLICY, "semantic_estimate", T_BOOL, POL(semantic_estimate), .reload = true,
+     .def = "yes",
+     .doc = "Estimate a semantic score from the keys when the worker sends none, so the filler "
+            "filter always has a signal."},
+
+    /* ---- [tenant.NAME] ---- */
+    {SEC_TENANT, "uids", T_UIDS, TEN(uids), .offset2 = offsetof(ckv_tenant_config, n_uids),
+     .def = "",
+     .doc = "Users (numbers or names) whose workers belong to this tenant (SO_PEERCRED); a uid "
+            "belongs to one tenant only."},
+    {SEC_TENANT, "gids", T_GIDS, TEN(gids), .offset2 = offsetof(ckv_tenant_config, n_gids),
+     .def = "",
+     .doc = "Groups (numbers or names) whose members belong to this tenant when no tenant lists "
+            "their uid."},
+    {SEC_TENANT, "quota", T_SIZE, TEN(quota), .imin = 0, .imax = PIB, .reload = true, .def = "0",
+     .doc = "Bytes this tenant may hold across all tiers; under pressure the engine compresses "
+            "and recycles before refusing. 0 = an equal share of what [daemon] memory leaves after "
+            "the tenants with a quota. Its arena (the quota plus headroom) comes out of [daemon] "
+            "memory; a quota larger than what is left is cut to fit."},
+    {SEC_TENANT, "quota_host", T_SIZE, TEN(quota_host), .imin = 0, .imax = PIB, .reload = true,
+     .def = "0", .doc = "Bytes in the host-memory tier; 0 = no cap of its own."},
+    {SEC_TENANT, "quota_disk", T_SIZE, TEN(quota_disk), .imin = 0, .imax = PIB, .reload = true,
+     .def = "0", .doc = "Bytes in the disk tier; 0 = no cap of its own."},
+    {SEC_TENANT, "policies", T_POLICIES, TEN(policies), .reload = true, .def = "all",
+     .doc = "Policies this tenant's sessions may choose (names or all)."},
+    {SEC_TENANT, "default_policy", T_ENUM, TEN(default_policy), .enums = tenant_policy_enum,
+     .reload = true, .def = "inherit",
+     .doc = "Policy of this tenant's sessions that name none; inherit = [policy] default. Must be "
+            "in policies."},
+    {SEC_TENANT, "max_sessions", T_U32, TEN(max_sessions), .imin = 0, .imax = 1000000,
+     .reload = true, .def = "0",
+     .doc = "Open sessions of this tenant; 0 = [daemon] max_sessions."},
+    {SEC_TENANT, "max_clients", T_U32, TEN(max_clients), .imin = 0, .imax = 65536,
+     .reload = true, .def = "0",
+     .doc = "Attached clients of this tenant, so that one tenant cannot take every slot; 0 = an "
+            "equal share of [daemon] max_clients among the tenants (at least 1). [daemon] "
+            "max_clients stays the ceiling of all tenants together."},
+};
+
+const size_t ckv_cfg_n_keys = sizeof ckv_cfg_keys / sizeof ckv_cfg_keys[0];
+
+const char *const ckv_cfg_section_names[] = {
+    [SEC_DAEMON] = "daemon", [SEC_POLICY] = "policy", [SEC_TENANT] = "tenant.NAME"};
+
+const config_key *ckv_cfg_find_key(section_kind sec, const char *key) {
+  for (size_t i = 0; i < N_KEYS; i++)
+    if (ckv_cfg_keys[i].section == sec && strcmp(ckv_cfg_keys[i].key, key) == 0)
+      return &ckv_cfg_keys[i];
+  return NULL;
+}
+
+int ckv_config_policy_from_name(const char *name) {
+  if (!name) return -1;
+  for (int i = 0; i < CKV_POLICY_COUNT; i++)
+    if (strcmp(name, ckv_policy_names[i]) == 0) return i;
+  return -1;
+}
+
+/* ------------------------------------------------------------------------ */
+/* String validators (run on non-empty values)                                */
+
+static int check_endpoint(const char *v, char *err, size_t errlen) {
+  if (strncmp(v, "ipc://", 6) == 0 || strncmp(v, "tcp://", 6) == 0) return CKV_OK;
+  ckv_cfg_seterr(err, errlen, "'%s' is not a ZeroMQ endpoint (ipc://PATH or tcp://HOST:PORT)", v);
+  return CKV_ERR_INVALID;
+}
+
+static int check_abs_path(const char *v, char *err, size_t errlen) {
+  if (v[0] == '/') return CKV_OK;
+  ckv_cfg_seterr(err, errlen, "'%s' is not an absolute path", v);
+  return CKV_ERR_INVALID;
+}
+
+int ckv_cfg_check_unix_path(const char *v, char *err, size_t errlen) {
+  if (check_abs_path(v, err, errlen) < 0) return CKV_ERR_INVALID;
+  if (strlen(v) >= 108) { /* sizeof(sun_path) on Linux */
+    ckv_cfg_seterr(err, errlen, "'%s' is longer than a unix socket path may be (107 bytes)", v);
+    return CKV_ERR_INVALID;
+  }
+  return CKV_OK;
+}
+
+static int check_port(const char *p) {
+  const char *end;
+  uint64_t port;
+  if (ckv_cfg_parse_digits(p, &end, &port) < 0 || *end != '\0' || port < 1 || port > 65535)
+    return CKV_ERR_INVALID;
+  return CKV_OK;
+}
+
+static int check_host_port(const char *v, char *err, size_t errlen) {
+  const char *colon = strrchr(v, ':');
+  if (colon && colon != v && check_port(colon + 1) == CKV_OK) return CKV_OK;
+  ckv_cfg_seterr(err, errlen, "'%s' is not HOST:PORT (port 1..65535)", v);
+  return CKV_ERR_INVALID;
+}
+
+static int check_remote_url(const char *v, char *err, size_t errlen) {
+  if (strncmp(v, "redis://", 8) == 0 || strncmp(v, "rediss://", 9) == 0 ||
+      strncmp(v, "unix://", 7) == 0)
+    return CKV_OK;
+  ckv_cfg_seterr(err, errlen, "'%s' is not a redis://, rediss:// or unix:// URL", v);
+  return CKV_ERR_INVALID;
+}
+
+static int check_tcp_endpoint(const char *v, char *err, size_t errlen) {
+  if (strncmp(v, "tcp://", 6) == 0 && check_host_port(v + 6, NULL, 0) == CKV_OK) return CKV_OK;
+  ckv_cfg_seterr(err, errlen, "'%s' is not a tcp://HOST:PORT endpoint", v);
+  return CKV_ERR_INVALID;
+}
+
+static int check_z85_key(const char *v, char *err, size_t errlen) {
+  static const char z85[] =
+      "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#";
+  if (strlen(v) == 40 && strspn(v, z85) == 40) return CKV_OK;
+  ckv_cfg_seterr(err, errlen, "not a CURVE key (40 Z85 characters)");
+  return CKV_ERR_INVALID;
+}
+
+int ckv_config_policy_range(const char *key, double *ret_min, double *ret_max) {
+  for (size_t i = 0; key && i < N_KEYS; i++) {
+    const config_key *k = &ckv_cfg_keys[i];
+    if (k->section != SEC_POLICY || strcmp(k->key, key) != 0) continue;
+    if (k->type == T_DOUBLE) {
+      *ret_min = k->dmin;
+      *ret_max = k->dmax;
+      return CKV_OK;
+    }
+    if (k->type == T_U32) {
+      *ret_min = (double)k->imin;
+      *ret_max = (double)k->imax;
+      return CKV_OK;
+    }
+    return CKV_ERR_INVALID; /* not a number */
+  }
+  return CKV_ERR_NOT_FOUND;
+}
+
+
+/* ------------------------------------------------------------------------ */
+/* The shipped default file and the reference docs                          */
+
+void ckv_cfg_write_quoted(FILE *out, const char *s) {
+  fputc('"', out);
+  for (; *s; s++) {
+    if (*s == '"' || *s == '\\') fputc('\\', out);
+    fputc(*s, out);
+  }
+  fputc('"', out);
+}
+
+
+int ckv_cfg_finish(FILE *out) { return (fflush(out) != 0 || ferror(out)) ? -EIO : CKV_OK; }
+
+/* Wraps doc text into "# "-prefixed lines of at most ~78 columns. */
+static void write_comment(FILE *out, const char *text) {
+  const char *p = text;
+  while (*p) {
+    size_t take = strlen(p);
+    if (take > 76) {
+      take = 76;
+      while (take > 0 && p[take] != ' ') take--;
+      if (take == 0) take = strcspn(p, " ");
+    }
+    fprintf(out, "# %.*s\n", (int)take, p);
+    p += take;
+    while (*p == ' ') p++;
+  }
+}
+
+static void write_template_section(FILE *out, section_kind sec) {
+  for (size_t i = 0; i < N_KEYS; i++) {
+    const config_key *k = &ckv_cfg_keys[i];
+    if (k->section != sec) continue;
+    char range[128];
+    ckv_cfg_range_text(k, range, sizeof range);
+    fputc('\n', out);
+    write_comment(out, k->doc);
+    fprintf(out, "# (%s%s)\n", range, k->reload ? "; reloaded on SIGHUP" : "");
+    fprintf(out, "#%s = ", k->key);
+    if (k->type == T_STRING)
+      ckv_cfg_write_quoted(out, k->def);
+    else
+      fputs(k->def, out);
+    fputc('\n', out);
+  }
+}
+
+int ckv_config_write_template(FILE *out) {
+  fputs("# /etc/commitkv/commitkvd.conf - configuration of commitkvd, the CommitKV daemon.\n"
+        "#\n"
+        "# Every key is listed with its default, commented out: uncomment and change\n"
+        "# what you need.  Sizes take K, M, G, T suffixes (powers of 1024); durations\n"
+        "# need a unit: ms, s, m, h, d.  Strings may be double-quoted.  Check a file\n"
+        "# with `commitkvd --check-config FILE`; see commitkvd.conf(5).\n"
+        "# Attention thresholds are relative: 1.0 is the share of an average token.\n"
+        "# Generated from the key table in daemon/config.c; keep them in step.\n\n"
+        "[daemon]\n",
+        out);
+  write_template_section(out, SEC_DAEMON);
+  fputs("\n[policy]\n", out);
+  write_template_section(out, SEC_POLICY);
+  fputs("\n# Tenants: one section per tenant, [tenant.NAME] with NAME of a-z, 0-9, '_', '-'.\n"
+        "# A worker belongs to the tenant listing its uid, else the one listing its gid;\n"
+        "# others are refused.  Without any tenant section, commitkvd serves its own\n"
+        "# user and root as tenant \"default\".  Example:\n"
+        "#\n"
+        "#[tenant.NAME]\n",
+        out);
+  for (size_t i = 0; i < N_KEYS; i++) {
+    const config_key *k = &ckv_cfg_keys[i];
+    if (k->section != SEC_TENANT) continue;
+    char range[128];
+    ckv_cfg_range_text(k, range, sizeof range);
+    fputs("#\n", out);
+    write_comment(out, k->doc);
+    fprintf(out, "# (%s%s)\n#%s = ", range, k->reload ? "; reloaded on SIGHUP" : "", k->key);
+    if (k->type == T_STRING || k->def[0] == '\0')
+      ckv_cfg_write_quoted(out, k->def);
+    else
+      fputs(k->def, out);
+    fputc('\n', out);
+  }
+  return ckv_cfg_finish(out);
+}
+
+static const char *type_name(key_type t) {
+  switch (t) {
+    case T_STRING: return "string";
+    case T_BOOL: return "bool";
+    case T_U32:
+    case T_U64: return "integer";
+    case T_SIZE: return "size";
+    case T_DURATION: return "duration";
+    case T_DOUBLE: return "number";
+    case T_ENUM: return "enum";
+    case T_UIDS: return "user list";
+    case T_GIDS: return "group list";
+    case T_POLICIES: return "policy list";
+  }
+  return "?";
+}
+
+/* troff needs leading dots/quotes and backslashes escaped. */
+static void write_man_text(FILE *out, const char *s) {
+  for (; *s; s++) {
+    if (*s == '\\')
+      fputs("\\e", out);
+    else if (*s == '-')
+      fputs("\\-", out);
+    else
+      fputc(*s, out);
+  }
+}
+
+int ckv_config_write_docs(FILE *out, ckv_config_doc_format format) {
+  static const char *const headers[] = {[SEC_DAEMON] = "[daemon]", [SEC_POLICY] = "[policy]",
+                                        [SEC_TENANT] = "[tenant.NAME]"};
+  for (int s = SEC_DAEMON; s <= SEC_TENANT; s++) {
+    if (format == CKV_CONFIG_DOC_MARKDOWN)
+      fprintf(out, "%s### %s\n\n| key | type | default | range | reload | description |\n"
+              "| --- | --- | --- | --- | --- | --- |\n", s ? "\n" : "", headers[s]);
+    else
+      fprintf(out, ".SH \"%s\"\n", headers[s]);
+    for (size_t i = 0; i < N_KEYS; i++) {
+      const config_key *k = &ckv_cfg_keys[i];
+      if ((int)k->section != s) continue;
+      char range[128];
+      ckv_cfg_range_text(k, range, sizeof range);
+      const char *def = k->def[0] ? k->def : "\"\"";
+      if (format == CKV_CONFIG_DOC_MARKDOWN) {
+        fprintf(out, "| `%s` | %s | `%s` | ", k->key, type_name(k->type), def);
+        for (const char *r = range; *r; r++) { /* '|' would split the cell */
+          if (*r == '|') fputs("\\|", out);
+          else fputc(*r, out);
+        }
+        fprintf(out, " | %s | %s |\n", k->reload ? "yes" : "no", k->doc);
+      } else {
+        fprintf(out, ".TP\n.BR %s \" = \" \"", k->key);
+        write_man_text(out, def);
+        fputs("\"\n", out);
+        write_man_text(out, k->doc);
+        fprintf(out, " (%s; ", type_name(k->type));
+        write_man_text(out, range);
+        fprintf(out, "%s)\n", k->reload ? "; reloaded on SIGHUP" : "");
+      }
+    }
+  }
+  return ckv_cfg_finish(out);
+}
+
