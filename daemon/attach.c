@@ -32,9 +32,11 @@
 
 static void send_reply(int fd, const Commitkv__V1__AttachReply *rep, const int *fds, size_t n_fds) {
   uint8_t buf[ATTACH_MAX_FRAME];
-  size_t len = commitkv__v1__attach_reply__get_packed_size(rep);
+  Commitkv__V1__AttachReply fixed = *rep; /* every text valid UTF-8 (wire.h); the caller's copy stays */
+  ckv_wire_fix_strings(NULL, &fixed.base);
+  size_t len = commitkv__v1__attach_reply__get_packed_size(&fixed);
   if (len > sizeof(buf)) return;
-  commitkv__v1__attach_reply__pack(rep, buf);
+  commitkv__v1__attach_reply__pack(&fixed, buf);
   (void)ckv_frame_send(fd, buf, len, fds, n_fds);
 }
 

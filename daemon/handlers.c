@@ -24,6 +24,7 @@
 #include "daemon/strmap.h"
 #include "daemon/trace.h"
 #include "daemon/tenant.h"
+#include "daemon/utf8.h"
 #include "shm/arena.h"
 
 typedef struct reply_ctx {
@@ -39,8 +40,14 @@ __attribute__((format(printf, 3, 4))) static int fail(reply_ctx *x, int code, co
   va_start(ap, fmt);
   vsnprintf(x->msg, sizeof(x->msg), fmt, ap);
   va_end(ap);
+  ckv_utf8_trim(x->msg); /* a text cut at the buffer's end ends on a whole character */
   return code;
 }
+
+/* Echoing a client's string: at most this many bytes, cut on a character
+ * boundary ("%.*s", ECHO(s)); the packing step repairs invalid bytes. */
+#define ECHO_MAX 64
+#define ECHO(str) ckv_utf8_prefix((str), ECHO_MAX), (str)
 
 static void *new_msg(ckv_server *s, size_t size, const void *init) {
   void *p = ckv_wire_alloc(&s->out, size);
@@ -73,7 +80,7 @@ static int apply_params(const Commitkv__V1__OpenSession *o, ckv_judge_params *p,
     const param_def *d = NULL;
     for (size_t k = 0; key && k < sizeof(k_params) / sizeof(k_params[0]); k++)
       if (strcmp(key, k_params[k].name) == 0) d = &k_params[k];
-    if (!d) return fail(x, CKV_ERR_INVALID, "unknown policy parameter '%.64s'", key ? key : "");
+    if (!d) return fail(x, CKV_ERR_INVALID, "unknown policy parameter '%.*s'", ECHO(key ? key : ""));
     double lo = 2, hi = 4; /* commit_bits is a choice (2 or 4) in the table */
     bool bits = strcmp(d->name, "commit_bits") == 0;
     if (!bits && ckv_config_policy_range(d->name, &lo, &hi) < 0)
@@ -145,7 +152,9 @@ static int h_hello(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req,
   if (!w) return -ENOMEM;
   c->hello = true;
   c->version = CKV_PROTOCOL_VERSION;
-  if (h->client_name && *h->client_name) snprintf(c->name, sizeof(c->name), "%s", h->client_name);
+  /* Repaired and cut on a character boundary: the name goes to logs. */
+  if (h->client_name && *h->client_name)
+    ckv_utf8_copy(c->name, sizeof(c->name), h->client_name, strlen(h->client_name));
   w->version = CKV_PROTOCOL_VERSION;
   w->tenant = c->tenant ? c->tenant->name : "";
   w->client_id = c->id;
@@ -192,8 +201,8 @@ static int h_open(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
   int pid = o->policy && *o->policy ? ckv_config_policy_from_name(o->policy)
                                     : (c->tenant->default_policy >= 0 ? c->tenant->default_policy : params.policy);
   if (pid < 0)
-    return fail(x, CKV_ERR_INVALID, "unknown policy '%.64s' (commitkv, fp16, int8, kivi4, kivi2, h2o, streaming)",
-                o->policy);
+    return fail(x, CKV_ERR_INVALID, "unknown policy '%.*s' (commitkv, fp16, int8, kivi4, kivi2, h2o, streaming)",
+                ECHO(o->policy));
   if (c->tenant->policies && !(c->tenant->policies & (1u << pid)))
     return fail(x, CKV_ERR_AUTH, "policy '%s' is not allowed for tenant '%s'", ckv_policy_names[pid],
                 c->tenant->name);

@@ -38,6 +38,7 @@
 #define ATTACH_DEADLINE_MS 1000u /* an attach request must arrive within this */
 #define MAX_BATCH 512
 
+
 uint64_t ckv_now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -419,6 +420,9 @@ static int serve_one(ckv_server *s) {
     if (c && c->tenant) c->tenant->errors[ckv_metrics_error_index(rep.code)]++;
   }
 
+  /* Every text a reply carries is valid UTF-8, whichever handler wrote it:
+   * standard protobuf clients refuse the whole reply otherwise. */
+  ckv_wire_fix_strings(&s->out, &rep.base);
   size_t len = commitkv__v1__response__get_packed_size(&rep);
   zmq_msg_t out;
   if (zmq_msg_init_size(&out, len) == 0) {

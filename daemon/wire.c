@@ -2,10 +2,17 @@
 #include "daemon/wire.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "commitkv/status.h"
+#include "daemon/utf8.h"
+
+/* Replies nest 4 deep (Response > Stats > TenantStats > TokenCounts); the
+ * bound only guards against a descriptor cycle. */
+#define FIX_MAX_DEPTH 16
+#define FIX_PLACEHOLDER "(text not valid UTF-8)"
 
 static void *arena_alloc(void *data, size_t size) {
   ckv_wire_arena *a = data;
@@ -63,3 +70,58 @@ int ckv_wire_check_session_id(const char *id) {
   }
   return CKV_OK;
 }
+
+/* True when messages of type `d` can hold a string anywhere below them, so
+ * a long repeated field of plain numbers (TransitionRange) is skipped whole. */
+static bool desc_has_strings(const ProtobufCMessageDescriptor *d, int depth) {
+  if (depth > FIX_MAX_DEPTH) return true;
+  for (unsigned i = 0; i < d->n_fields; i++) {
+    const ProtobufCFieldDescriptor *f = &d->fields[i];
+    if (f->type == PROTOBUF_C_TYPE_STRING) return true;
+    if (f->type == PROTOBUF_C_TYPE_MESSAGE && desc_has_strings(f->descriptor, depth + 1)) return true;
+  }
+  return false;
+}
+
+static size_t fix_string(ckv_wire_arena *scratch, char **slot) {
+  const char *s = *slot;
+  if (!s) return 0;
+  size_t len = strlen(s);
+  if (ckv_utf8_valid(s, len)) return 0;
+  size_t need = ckv_utf8_copy_size(s, len);
+  char *copy = scratch ? arena_alloc(scratch, need) : NULL;
+  if (copy)
+    ckv_utf8_copy(copy, need, s, len);
+  else
+    copy = FIX_PLACEHOLDER;
+  *slot = copy;
+  return 1;
+}
+
+static size_t fix_message(ckv_wire_arena *scratch, ProtobufCMessage *m, int depth) {
+  if (!m || depth > FIX_MAX_DEPTH) return 0;
+  const ProtobufCMessageDescriptor *d = m->descriptor;
+  size_t fixed = 0;
+  for (unsigned i = 0; i < d->n_fields; i++) {
+    const ProtobufCFieldDescriptor *f = &d->fields[i];
+    if (f->type != PROTOBUF_C_TYPE_STRING && f->type != PROTOBUF_C_TYPE_MESSAGE) continue;
+    if (f->type == PROTOBUF_C_TYPE_MESSAGE && !desc_has_strings(f->descriptor, depth + 1)) continue;
+    char *base = (char *)m;
+    /* A oneof's members share storage: only the one set may be read. */
+    if ((f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) && *(uint32_t *)(base + f->quantifier_offset) != f->id) continue;
+    if (f->label == PROTOBUF_C_LABEL_REPEATED) {
+      size_t n = *(size_t *)(base + f->quantifier_offset);
+      void **v = *(void ***)(base + f->offset);
+      for (size_t k = 0; v && k < n; k++)
+        fixed += f->type == PROTOBUF_C_TYPE_STRING ? fix_string(scratch, (char **)&v[k])
+                                                   : fix_message(scratch, v[k], depth + 1);
+    } else if (f->type == PROTOBUF_C_TYPE_STRING) {
+      fixed += fix_string(scratch, (char **)(base + f->offset));
+    } else {
+      fixed += fix_message(scratch, *(ProtobufCMessage **)(base + f->offset), depth + 1);
+    }
+  }
+  return fixed;
+}
+
+size_t ckv_wire_fix_strings(ckv_wire_arena *scratch, ProtobufCMessage *m) { return fix_message(scratch, m, 0); }
