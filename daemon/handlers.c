@@ -380,14 +380,23 @@ static int h_report(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req
   if (rr->semantic_positions.len % 4 || rr->semantic_positions.len != rr->semantic_scores.len)
     return fail(x, CKV_ERR_INVALID, "semantic_positions and semantic_scores must pair uint32 with float32");
   size_t n = rr->attention.len / 4, m = rr->semantic_positions.len / 4;
-  if (rr->first_position > sess->tokens.n || n > sess->tokens.n - rr->first_position)
-    return fail(x, CKV_ERR_RANGE, "attention covers positions %llu..%llu but the session has %zu tokens",
-                (unsigned long long)rr->first_position, (unsigned long long)(rr->first_position + n),
-                sess->tokens.n);
+  /* Positions are checked without ever computing a sum that can wrap. */
+  const unsigned long long first = rr->first_position;
+  if (n > UINT64_MAX - first)
+    return fail(x, CKV_ERR_RANGE, "first_position %llu + %zu tokens overflows", first, n);
+  if (first > sess->tokens.n)
+    return fail(x, CKV_ERR_RANGE, "positions %llu.. are beyond the session's %zu tokens", first, sess->tokens.n);
+  if (n > sess->tokens.n - first)
+    return fail(x, CKV_ERR_RANGE, "attention covers positions %llu..%llu but the session has %zu tokens", first,
+                first + n - 1, sess->tokens.n);
   float *attn = column(s, &rr->attention), *scores = column(s, &rr->semantic_scores);
   uint32_t *pos = column(s, &rr->semantic_positions);
   for (size_t i = 0; i < m; i++)
     if (!(scores[i] >= 0.f && scores[i] <= 1.f)) return fail(x, CKV_ERR_INVALID, "semantic score %zu not in [0,1]", i);
+  for (size_t i = 0; i < m; i++)
+    if (pos[i] >= sess->tokens.n)
+      return fail(x, CKV_ERR_RANGE, "semantic_positions[%zu] = %u is beyond the session's %zu tokens", i, pos[i],
+                  sess->tokens.n);
   if (rr->round == 0) return fail(x, CKV_ERR_INVALID, "rounds start at 1");
   r = ckv_srv_session_report_round(sess, rr->round, rr->first_position, attn, n, pos, scores, m);
   if (r == CKV_ERR_INVALID)

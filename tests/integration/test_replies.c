@@ -151,7 +151,7 @@ static void raw_connect_named(raw *r, const ckv_test_daemon *d, const char *name
   cr_assert_eq(zmq_connect(r->dealer, d->socket), 0);
 }
 
-static __attribute__((unused)) void raw_connect(raw *r, const ckv_test_daemon *d) { raw_connect_named(r, d, "replies"); }
+static void raw_connect(raw *r, const ckv_test_daemon *d) { raw_connect_named(r, d, "replies"); }
 
 /* Waits for one reply; returns its code or NO_REPLY.  Every reply's strings
  * are checked: a bad one is counted and the first kept in r->first_bad. */
@@ -244,7 +244,7 @@ static int rq_append(raw *r, const char *sid, uint32_t count, const float *sem) 
   return raw_call(r, &q, NULL);
 }
 
-static __attribute__((unused)) int rq_report(raw *r, const char *sid, uint64_t round, uint64_t first, const float *attn, size_t n,
+static int rq_report(raw *r, const char *sid, uint64_t round, uint64_t first, const float *attn, size_t n,
                      const uint32_t *sem_pos, const float *sem_scores, size_t m) {
   Commitkv__V1__Request q = COMMITKV__V1__REQUEST__INIT;
   Commitkv__V1__ReportRound rr = COMMITKV__V1__REPORT_ROUND__INIT;
@@ -429,4 +429,32 @@ Test(replies, every_reply_text_is_valid_utf8, .timeout = 120) {
 }
 
 /* ---- 10: small unclear errors -------------------------------------------- */
+
+Test(replies, overflowing_positions_are_named_without_wraparound, .timeout = 60) {
+  ckv_test_daemon d;
+  start(&d, NULL);
+  raw r;
+  raw_connect(&r, &d);
+  expect_code(rq_open(&r, "pos"), CKV_OK);
+  expect_code(rq_append(&r, "pos", 48, NULL), CKV_OK);
+  const float attn[10] = {0.1f, 0.1f, 0.1f, 0.1f, 0.1f, 0.1f, 0.1f, 0.1f, 0.1f, 0.1f};
+  expect_code(rq_report(&r, "pos", 1, UINT64_MAX, attn, 4, NULL, NULL, 0), CKV_ERR_RANGE);
+  expect_text("first_position 18446744073709551615 + 4 tokens overflows");
+  expect_code(rq_report(&r, "pos", 1, UINT64_MAX - 2, attn, 4, NULL, NULL, 0), CKV_ERR_RANGE);
+  expect_text("first_position 18446744073709551613 + 4 tokens overflows");
+  expect_code(rq_report(&r, "pos", 1, UINT64_MAX, attn, 0, NULL, NULL, 0), CKV_ERR_RANGE);
+  expect_text("positions 18446744073709551615.. are beyond the session's 48 tokens");
+  expect_code(rq_report(&r, "pos", 1, UINT64_MAX - 4, attn, 4, NULL, NULL, 0), CKV_ERR_RANGE);
+  expect_text("positions 18446744073709551611.. are beyond the session's 48 tokens");
+  expect_code(rq_report(&r, "pos", 1, 40, attn, 10, NULL, NULL, 0), CKV_ERR_RANGE);
+  expect_text("attention covers positions 40..49 but the session has 48 tokens");
+  uint32_t sp = UINT32_MAX;
+  float ss = 0.5f;
+  expect_code(rq_report(&r, "pos", 1, 0, attn, 10, &sp, &ss, 1), CKV_ERR_RANGE);
+  expect_text("semantic_positions[0] = 4294967295 is beyond the session's 48 tokens");
+  /* The edge itself is fine: the last 10 tokens. */
+  expect_code(rq_report(&r, "pos", 1, 38, attn, 10, NULL, NULL, 0), CKV_OK);
+  raw_done(&r);
+  stop(&d);
+}
 
