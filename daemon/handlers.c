@@ -49,6 +49,33 @@ __attribute__((format(printf, 3, 4))) static int fail(reply_ctx *x, int code, co
 #define ECHO_MAX 64
 #define ECHO(str) ckv_utf8_prefix((str), ECHO_MAX), (str)
 
+/* Why a float from a client is refused, or NULL when it is fine: finite and
+ * >= 0, and <= 1 as well when `unit`.  `buf` holds the text. */
+static const char *float_problem(float v, bool unit, char *buf, size_t len) {
+  if (isnan(v)) return "is NaN";
+  if (isinf(v)) return v > 0 ? "is inf" : "is -inf";
+  if (v < 0.f) {
+    snprintf(buf, len, "is negative (%g)", (double)v);
+    return buf;
+  }
+  if (unit && v > 1.f) {
+    snprintf(buf, len, "is %g, above 1", (double)v);
+    return buf;
+  }
+  return NULL;
+}
+
+/* Refuses the first bad value of a float column with CKV_ERR_INVALID and a
+ * text naming it ("attention[17] is NaN"); CKV_OK when all are fine. */
+static int check_floats(reply_ctx *x, const char *what, const float *v, size_t n, bool unit) {
+  char buf[48];
+  for (size_t i = 0; i < n; i++) {
+    const char *why = float_problem(v[i], unit, buf, sizeof(buf));
+    if (why) return fail(x, CKV_ERR_INVALID, "%s[%zu] %s%s", what, i, why, unit ? " (scores are in [0,1])" : "");
+  }
+  return CKV_OK;
+}
+
 static void *new_msg(ckv_server *s, size_t size, const void *init) {
   void *p = ckv_wire_alloc(&s->out, size);
   if (p) memcpy(p, init, size);
@@ -308,8 +335,8 @@ static int h_append(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req
     if (a->roles.data[i] > COMMITKV__V1__ROLE__ROLE_TOOL) return fail(x, CKV_ERR_INVALID, "role %zu is unknown", i);
   float *sem = column(s, &a->semantic);
   uint32_t *ids = column(s, &a->token_ids);
-  for (size_t i = 0; sem && i < n; i++)
-    if (!(sem[i] >= 0.f && sem[i] <= 1.f)) return fail(x, CKV_ERR_INVALID, "semantic score %zu not in [0,1]", i);
+  if ((a->semantic.len && !sem) || (a->token_ids.len && !ids)) return -ENOMEM;
+  if (sem && (r = check_floats(x, "semantic", sem, n, /* unit= */ true)) < 0) return r;
   size_t max_runs = ckv_srv_session_max_runs(sess, n), n_runs = 0;
   ckv_slot_run *runs = ckv_wire_alloc(&s->out, max_runs * sizeof(*runs));
   Commitkv__V1__TokensAppended *t = NEW(s, Commitkv__V1__TokensAppended, COMMITKV__V1__TOKENS_APPENDED__INIT);
@@ -391,8 +418,10 @@ static int h_report(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req
                 first + n - 1, sess->tokens.n);
   float *attn = column(s, &rr->attention), *scores = column(s, &rr->semantic_scores);
   uint32_t *pos = column(s, &rr->semantic_positions);
-  for (size_t i = 0; i < m; i++)
-    if (!(scores[i] >= 0.f && scores[i] <= 1.f)) return fail(x, CKV_ERR_INVALID, "semantic score %zu not in [0,1]", i);
+  if ((n && !attn) || (m && (!scores || !pos))) return -ENOMEM;
+  /* Nothing of the round is applied unless every value is good. */
+  if ((r = check_floats(x, "attention", attn, n, /* unit= */ false)) < 0) return r;
+  if ((r = check_floats(x, "semantic_scores", scores, m, /* unit= */ true)) < 0) return r;
   for (size_t i = 0; i < m; i++)
     if (pos[i] >= sess->tokens.n)
       return fail(x, CKV_ERR_RANGE, "semantic_positions[%zu] = %u is beyond the session's %zu tokens", i, pos[i],

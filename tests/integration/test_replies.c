@@ -268,7 +268,7 @@ static __attribute__((unused)) int rq_heartbeat(raw *r) {
 }
 
 /* Stats.rounds: the rounds the daemon applied, all sessions. */
-static __attribute__((unused)) uint64_t rq_rounds(raw *r) {
+static uint64_t rq_rounds(raw *r) {
   Commitkv__V1__Request q = COMMITKV__V1__REQUEST__INIT;
   Commitkv__V1__StatsRequest st = COMMITKV__V1__STATS_REQUEST__INIT;
   q.body_case = COMMITKV__V1__REQUEST__BODY_STATS;
@@ -429,6 +429,51 @@ Test(replies, every_reply_text_is_valid_utf8, .timeout = 120) {
 }
 
 /* ---- 10: small unclear errors -------------------------------------------- */
+
+Test(replies, nonfinite_or_negative_values_are_refused_by_index, .timeout = 60) {
+  ckv_test_daemon d;
+  start(&d, NULL);
+  raw r;
+  raw_connect(&r, &d);
+  expect_code(rq_open(&r, "att"), CKV_OK);
+  expect_code(rq_append(&r, "att", 48, NULL), CKV_OK);
+  float attn[48];
+  for (int i = 0; i < 48; i++) attn[i] = 1.0f / 48;
+  const struct {
+    float v;
+    const char *text;
+  } bad[] = {{NAN, "attention[17] is NaN"},
+             {INFINITY, "attention[17] is inf"},
+             {-INFINITY, "attention[17] is -inf"},
+             {-0.5f, "attention[17] is negative (-0.5)"}};
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    attn[17] = bad[i].v;
+    expect_code(rq_report(&r, "att", 1, 0, attn, 48, NULL, NULL, 0), CKV_ERR_INVALID);
+    expect_text(bad[i].text);
+  }
+  attn[17] = 1.0f / 48;
+  /* Semantic scores in a report and in an append: named the same way. */
+  uint32_t pos[3] = {0, 1, 2};
+  float scores[3] = {0.5f, NAN, 0.5f};
+  expect_code(rq_report(&r, "att", 1, 0, attn, 48, pos, scores, 3), CKV_ERR_INVALID);
+  expect_text("semantic_scores[1] is NaN");
+  scores[1] = 1.5f;
+  expect_code(rq_report(&r, "att", 1, 0, attn, 48, pos, scores, 3), CKV_ERR_INVALID);
+  expect_text("semantic_scores[1] is 1.5, above 1");
+  float sem[4] = {0.5f, 0.5f, INFINITY, 0.5f};
+  expect_code(rq_append(&r, "att", 4, sem), CKV_ERR_INVALID);
+  expect_text("semantic[2] is inf");
+  /* Nothing of those rounds was applied: none counted, round 1 still next. */
+  cr_assert_eq(rq_rounds(&r), 0, "a refused round was applied");
+  scores[1] = 0.25f;
+  expect_code(rq_report(&r, "att", 1, 0, attn, 48, pos, scores, 3), CKV_OK);
+  cr_assert_eq(rq_rounds(&r), 1);
+  /* -0.0 is zero mass, not a negative value. */
+  attn[3] = -0.0f;
+  expect_code(rq_report(&r, "att", 2, 0, attn, 48, NULL, NULL, 0), CKV_OK);
+  raw_done(&r);
+  stop(&d);
+}
 
 Test(replies, overflowing_positions_are_named_without_wraparound, .timeout = 60) {
   ckv_test_daemon d;
