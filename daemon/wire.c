@@ -71,6 +71,52 @@ int ckv_wire_check_session_id(const char *id) {
   return CKV_OK;
 }
 
+/* Reads a varint at *at; false when the bytes end first or it is too long. */
+static bool read_varint(const uint8_t *p, size_t len, size_t *at, uint64_t *ret) {
+  uint64_t v = 0;
+  for (unsigned shift = 0; shift < 64 && *at < len; shift += 7) {
+    uint8_t b = p[(*at)++];
+    v |= (uint64_t)(b & 0x7f) << shift;
+    if (!(b & 0x80)) {
+      *ret = v;
+      return true;
+    }
+  }
+  return false;
+}
+
+uint64_t ckv_wire_peek_request_id(const void *data, size_t len) {
+  const uint8_t *p = data;
+  size_t at = 0;
+  /* protobuf-c and the other encoders write fields in number order, so
+   * request_id comes within the first few; the bound keeps this O(1). */
+  for (int field = 0; field < 8 && at < len; field++) {
+    uint64_t key, v;
+    if (!read_varint(p, len, &at, &key)) return 0;
+    switch (key & 7) {
+    case 0: /* varint */
+      if (!read_varint(p, len, &at, &v)) return 0;
+      if (key >> 3 == 2) return v;
+      break;
+    case 1: /* 64-bit */
+      if (len - at < 8) return 0;
+      at += 8;
+      break;
+    case 2: /* length-delimited: skipped without reading it */
+      if (!read_varint(p, len, &at, &v) || v > len - at) return 0;
+      at += (size_t)v;
+      break;
+    case 5: /* 32-bit */
+      if (len - at < 4) return 0;
+      at += 4;
+      break;
+    default:
+      return 0;
+    }
+  }
+  return 0;
+}
+
 /* True when messages of type `d` can hold a string anywhere below them, so
  * a long repeated field of plain numbers (TransitionRange) is skipped whole. */
 static bool desc_has_strings(const ProtobufCMessageDescriptor *d, int depth) {

@@ -1,7 +1,9 @@
 /* test_wire.c - the reply side of daemon/wire.c: every string field of a
  * reply is made valid UTF-8 before packing (ckv_wire_fix_strings), wherever
  * it sits (top level, sub-message, repeated message, oneof member), without
- * touching the text it pointed at or reading a oneof member that is not set. */
+ * touching the text it pointed at or reading a oneof member that is not set;
+ * and the request_id of bytes too large to decode is found without decoding
+ * them (ckv_wire_peek_request_id). */
 #include "daemon/wire.h"
 
 #include <criterion/criterion.h>
@@ -99,4 +101,28 @@ Test(wire, fix_strings_reads_only_the_oneof_member_set) {
   cr_assert_eq(ckv_wire_fix_strings(&a, &rep.base), 1);
   cr_assert(ok(so.session_id));
   ckv_wire_arena_done(&a);
+}
+
+Test(wire, peek_request_id) {
+  Commitkv__V1__Request q = COMMITKV__V1__REQUEST__INIT;
+  Commitkv__V1__AppendTokens at = COMMITKV__V1__APPEND_TOKENS__INIT;
+  static uint32_t ids[4096];
+  at.session_id = "s";
+  at.count = 4096;
+  at.token_ids = (ProtobufCBinaryData){sizeof(ids), (uint8_t *)ids};
+  q.version = 1;
+  q.request_id = 0x123456789abcull;
+  q.body_case = COMMITKV__V1__REQUEST__BODY_APPEND_TOKENS;
+  q.append_tokens = &at;
+  size_t len = commitkv__v1__request__get_packed_size(&q);
+  uint8_t *buf = malloc(len);
+  commitkv__v1__request__pack(&q, buf);
+  cr_assert_eq(ckv_wire_peek_request_id(buf, len), 0x123456789abcull);
+  /* Cut anywhere before the id ends, or garbage: 0, never a read past the end. */
+  for (size_t cut = 0; cut < 4; cut++) cr_assert_eq(ckv_wire_peek_request_id(buf, cut), 0);
+  cr_assert_eq(ckv_wire_peek_request_id("\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff", 11), 0);
+  /* The id after the body (another encoder's order) is found too. */
+  uint8_t tail[] = {0x62, 0x00, 0x10, 0x07}; /* append_tokens = {}, request_id = 7 */
+  cr_assert_eq(ckv_wire_peek_request_id(tail, sizeof(tail)), 7);
+  free(buf);
 }
