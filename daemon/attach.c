@@ -39,9 +39,11 @@
  * buffer (it never read the last ones) fails instead of waiting. */
 static int send_reply(int fd, const Commitkv__V1__AttachReply *rep, const int *fds, size_t n_fds) {
   uint8_t buf[ATTACH_MAX_FRAME];
-  size_t len = commitkv__v1__attach_reply__get_packed_size(rep);
+  Commitkv__V1__AttachReply fixed = *rep; /* every text valid UTF-8 (wire.h); the caller's copy stays */
+  ckv_wire_fix_strings(NULL, &fixed.base);
+  size_t len = commitkv__v1__attach_reply__get_packed_size(&fixed);
   if (len > sizeof(buf)) return CKV_ERR_TOO_LARGE;
-  commitkv__v1__attach_reply__pack(rep, buf);
+  commitkv__v1__attach_reply__pack(&fixed, buf);
   return ckv_frame_send(fd, buf, len, fds, n_fds);
 }
 

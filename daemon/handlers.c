@@ -24,6 +24,7 @@
 #include "daemon/strmap.h"
 #include "daemon/trace.h"
 #include "daemon/tenant.h"
+#include "daemon/utf8.h"
 #include "shm/arena.h"
 
 typedef struct reply_ctx {
@@ -39,7 +40,40 @@ __attribute__((format(printf, 3, 4))) static int fail(reply_ctx *x, int code, co
   va_start(ap, fmt);
   vsnprintf(x->msg, sizeof(x->msg), fmt, ap);
   va_end(ap);
+  ckv_utf8_trim(x->msg); /* a text cut at the buffer's end ends on a whole character */
   return code;
+}
+
+/* Echoing a client's string: at most this many bytes, cut on a character
+ * boundary ("%.*s", ECHO(s)); the packing step repairs invalid bytes. */
+#define ECHO_MAX 64
+#define ECHO(str) ckv_utf8_prefix((str), ECHO_MAX), (str)
+
+/* Why a float from a client is refused, or NULL when it is fine: finite and
+ * >= 0, and <= 1 as well when `unit`.  `buf` holds the text. */
+static const char *float_problem(float v, bool unit, char *buf, size_t len) {
+  if (isnan(v)) return "is NaN";
+  if (isinf(v)) return v > 0 ? "is inf" : "is -inf";
+  if (v < 0.f) {
+    snprintf(buf, len, "is negative (%g)", (double)v);
+    return buf;
+  }
+  if (unit && v > 1.f) {
+    snprintf(buf, len, "is %g, above 1", (double)v);
+    return buf;
+  }
+  return NULL;
+}
+
+/* Refuses the first bad value of a float column with CKV_ERR_INVALID and a
+ * text naming it ("attention[17] is NaN"); CKV_OK when all are fine. */
+static int check_floats(reply_ctx *x, const char *what, const float *v, size_t n, bool unit) {
+  char buf[48];
+  for (size_t i = 0; i < n; i++) {
+    const char *why = float_problem(v[i], unit, buf, sizeof(buf));
+    if (why) return fail(x, CKV_ERR_INVALID, "%s[%zu] %s%s", what, i, why, unit ? " (scores are in [0,1])" : "");
+  }
+  return CKV_OK;
 }
 
 static void *new_msg(ckv_server *s, size_t size, const void *init) {
@@ -73,7 +107,7 @@ static int apply_params(const Commitkv__V1__OpenSession *o, ckv_judge_params *p,
     const param_def *d = NULL;
     for (size_t k = 0; key && k < sizeof(k_params) / sizeof(k_params[0]); k++)
       if (strcmp(key, k_params[k].name) == 0) d = &k_params[k];
-    if (!d) return fail(x, CKV_ERR_INVALID, "unknown policy parameter '%.64s'", key ? key : "");
+    if (!d) return fail(x, CKV_ERR_INVALID, "unknown policy parameter '%.*s'", ECHO(key ? key : ""));
     double lo = 2, hi = 4; /* commit_bits is a choice (2 or 4) in the table */
     bool bits = strcmp(d->name, "commit_bits") == 0;
     if (!bits && ckv_config_policy_range(d->name, &lo, &hi) < 0)
@@ -151,7 +185,9 @@ static int h_hello(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req,
   if (!w) return -ENOMEM;
   c->hello = true;
   c->version = CKV_PROTOCOL_VERSION;
-  if (h->client_name && *h->client_name) snprintf(c->name, sizeof(c->name), "%s", h->client_name);
+  /* Repaired and cut on a character boundary: the name goes to logs. */
+  if (h->client_name && *h->client_name)
+    ckv_utf8_copy(c->name, sizeof(c->name), h->client_name, strlen(h->client_name));
   w->version = CKV_PROTOCOL_VERSION;
   w->tenant = c->tenant ? c->tenant->name : "";
   w->client_id = c->id;
@@ -198,8 +234,8 @@ static int h_open(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
   int pid = o->policy && *o->policy ? ckv_config_policy_from_name(o->policy)
                                     : (c->tenant->default_policy >= 0 ? c->tenant->default_policy : params.policy);
   if (pid < 0)
-    return fail(x, CKV_ERR_INVALID, "unknown policy '%.64s' (commitkv, fp16, int8, kivi4, kivi2, h2o, streaming)",
-                o->policy);
+    return fail(x, CKV_ERR_INVALID, "unknown policy '%.*s' (commitkv, fp16, int8, kivi4, kivi2, h2o, streaming)",
+                ECHO(o->policy));
   if (c->tenant->policies && !(c->tenant->policies & (1u << pid)))
     return fail(x, CKV_ERR_AUTH, "policy '%s' is not allowed for tenant '%s'", ckv_policy_names[pid],
                 c->tenant->name);
@@ -306,8 +342,8 @@ static int h_append(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req
     if (a->roles.data[i] > COMMITKV__V1__ROLE__ROLE_TOOL) return fail(x, CKV_ERR_INVALID, "role %zu is unknown", i);
   float *sem = column(s, &a->semantic);
   uint32_t *ids = column(s, &a->token_ids);
-  for (size_t i = 0; sem && i < n; i++)
-    if (!(sem[i] >= 0.f && sem[i] <= 1.f)) return fail(x, CKV_ERR_INVALID, "semantic score %zu not in [0,1]", i);
+  if ((a->semantic.len && !sem) || (a->token_ids.len && !ids)) return -ENOMEM;
+  if (sem && (r = check_floats(x, "semantic", sem, n, /* unit= */ true)) < 0) return r;
   size_t max_runs = ckv_srv_session_max_runs(sess, n), n_runs = 0;
   ckv_slot_run *runs = ckv_wire_alloc(&s->out, max_runs * sizeof(*runs));
   Commitkv__V1__TokensAppended *t = NEW(s, Commitkv__V1__TokensAppended, COMMITKV__V1__TOKENS_APPENDED__INIT);
@@ -379,14 +415,25 @@ static int h_report(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req
   if (rr->semantic_positions.len % 4 || rr->semantic_positions.len != rr->semantic_scores.len)
     return fail(x, CKV_ERR_INVALID, "semantic_positions and semantic_scores must pair uint32 with float32");
   size_t n = rr->attention.len / 4, m = rr->semantic_positions.len / 4;
-  if (rr->first_position > sess->tokens.n || n > sess->tokens.n - rr->first_position)
-    return fail(x, CKV_ERR_RANGE, "attention covers positions %llu..%llu but the session has %zu tokens",
-                (unsigned long long)rr->first_position, (unsigned long long)(rr->first_position + n),
-                sess->tokens.n);
+  /* Positions are checked without ever computing a sum that can wrap. */
+  const unsigned long long first = rr->first_position;
+  if (n > UINT64_MAX - first)
+    return fail(x, CKV_ERR_RANGE, "first_position %llu + %zu tokens overflows", first, n);
+  if (first > sess->tokens.n)
+    return fail(x, CKV_ERR_RANGE, "positions %llu.. are beyond the session's %zu tokens", first, sess->tokens.n);
+  if (n > sess->tokens.n - first)
+    return fail(x, CKV_ERR_RANGE, "attention covers positions %llu..%llu but the session has %zu tokens", first,
+                first + n - 1, sess->tokens.n);
   float *attn = column(s, &rr->attention), *scores = column(s, &rr->semantic_scores);
   uint32_t *pos = column(s, &rr->semantic_positions);
+  if ((n && !attn) || (m && (!scores || !pos))) return -ENOMEM;
+  /* Nothing of the round is applied unless every value is good. */
+  if ((r = check_floats(x, "attention", attn, n, /* unit= */ false)) < 0) return r;
+  if ((r = check_floats(x, "semantic_scores", scores, m, /* unit= */ true)) < 0) return r;
   for (size_t i = 0; i < m; i++)
-    if (!(scores[i] >= 0.f && scores[i] <= 1.f)) return fail(x, CKV_ERR_INVALID, "semantic score %zu not in [0,1]", i);
+    if (pos[i] >= sess->tokens.n)
+      return fail(x, CKV_ERR_RANGE, "semantic_positions[%zu] = %u is beyond the session's %zu tokens", i, pos[i],
+                  sess->tokens.n);
   if (rr->round == 0) return fail(x, CKV_ERR_INVALID, "rounds start at 1");
   r = ckv_srv_session_report_round(sess, rr->round, rr->first_position, attn, n, pos, scores, m);
   if (r == CKV_ERR_INVALID)

@@ -39,6 +39,12 @@
 #define MAX_BATCH 512
 #define ACCEPT_BATCH 64 /* attach connections accepted per loop turn (the listen backlog) */
 
+/* Requests over max_message are answered CKV_ERR_TOO_LARGE and dropped
+ * undecoded, which needs ZeroMQ to deliver them: its own limit
+ * (ZMQ_MAXMSGSIZE, which silently drops the peer's connection) sits at this
+ * hard cap instead, so no frame above it is ever buffered. */
+static int64_t transport_cap(uint64_t max_message) { return (int64_t)(2 * max_message + (64u << 10)); }
+
 uint64_t ckv_now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -126,7 +132,7 @@ int ckv_server_new(const ckv_server_options *opt, ckv_server **ret, char *err, s
   set_sockopt_int(s->zctx, ZMQ_BLOCKY, 0);
   s->router = zmq_socket(s->zctx, ZMQ_ROUTER);
   if (!s->router) goto fail_nomem;
-  int64_t maxmsg = (int64_t)opt->max_message;
+  int64_t maxmsg = transport_cap(opt->max_message);
   zmq_setsockopt(s->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
   set_sockopt_int(s->router, ZMQ_ROUTER_MANDATORY, 1);
   set_sockopt_int(s->router, ZMQ_LINGER, 0);
@@ -483,6 +489,16 @@ static int serve_one(ckv_server *s) {
   } else if (overflow || !payload || (n == 3 && !delim)) {
     rep.code = CKV_ERR_PROTO;
     rep.message = "bad framing: expected [payload] or [empty][payload]";
+  } else if (zmq_msg_size(payload) > s->opt.max_message) {
+    c->last_seen_ms = ckv_now_ms();
+    rep.code = CKV_ERR_TOO_LARGE;
+    rep.request_id = ckv_wire_peek_request_id(zmq_msg_data(payload), zmq_msg_size(payload));
+    snprintf(msg, sizeof(msg),
+             "request of %zu bytes is over max_message (%llu bytes); it was dropped undecoded (above %lld bytes "
+             "the connection is closed instead)",
+             zmq_msg_size(payload), (unsigned long long)s->opt.max_message,
+             (long long)transport_cap(s->opt.max_message));
+    rep.message = msg;
   } else {
     c->last_seen_ms = ckv_now_ms();
     int r = ckv_wire_decode_request(&s->in, zmq_msg_data(payload), zmq_msg_size(payload), &req);
@@ -513,6 +529,9 @@ static int serve_one(ckv_server *s) {
     if (c && c->tenant) c->tenant->errors[ckv_metrics_error_index(rep.code)]++;
   }
 
+  /* Every text a reply carries is valid UTF-8, whichever handler wrote it:
+   * standard protobuf clients refuse the whole reply otherwise. */
+  ckv_wire_fix_strings(&s->out, &rep.base);
   size_t len = commitkv__v1__response__get_packed_size(&rep);
   zmq_msg_t out;
   if (zmq_msg_init_size(&out, len) == 0) {

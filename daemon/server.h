@@ -65,7 +65,7 @@ typedef struct ckv_server_options {
   uint64_t detach_keep_ms;
   uint32_t max_clients;  /* attached clients, all tenants together */
   uint32_t max_sessions; /* per tenant */
-  uint64_t max_message;  /* ZMQ_MAXMSGSIZE and the decode cap */
+  uint64_t max_message;  /* larger requests are answered CKV_ERR_TOO_LARGE; ZMQ_MAXMSGSIZE is 2x + 64K */
   uint64_t max_tokens_per_session;
   uint32_t max_append;   /* tokens per AppendTokens */
   uint32_t draft_block_tokens, commit_block_tokens;

@@ -31,6 +31,20 @@ static inline void ckv_wire_reset(ckv_wire_arena *a) { a->used = 0; }
  * are not a Request or decoding needs more than the cap. */
 int ckv_wire_decode_request(ckv_wire_arena *a, const void *data, size_t len, Commitkv__V1__Request **ret);
 
+/* The request_id (Request field 2) of bytes too large to decode, found by
+ * walking the first few top-level fields without unpacking anything, so an
+ * error reply can still name the request it answers.  0 when not found. */
+uint64_t ckv_wire_peek_request_id(const void *data, size_t len);
+
+/* Makes every `string` field of the message `m` and of its sub-messages
+ * (singular, repeated, oneof members, map entries) valid UTF-8, as proto3
+ * requires and standard clients check: a field that is not gets a repaired
+ * copy (ckv_utf8_copy) from `scratch`, or, when `scratch` is NULL or full, a
+ * fixed text saying so.  Only pointers in `m` change, never the text they
+ * pointed at.  Called on each reply just before it is packed, so no handler
+ * can forget it.  Returns the number of fields repaired. */
+size_t ckv_wire_fix_strings(ckv_wire_arena *scratch, ProtobufCMessage *m);
+
 /* Session ids: 1..128 bytes of [A-Za-z0-9._:-].  Returns CKV_OK or CKV_ERR_INVALID. */
 int ckv_wire_check_session_id(const char *id);
 
