@@ -130,7 +130,7 @@ typedef struct ckv_config {
   char attach_socket[CKV_CONFIG_PATH_MAX];     /* unix socket path for attach/fd passing */
   int backend;                                 /* ckv_backend_kind */
   uint32_t device;                             /* CUDA device ordinal */
-  bool shadow_headers;                         /* host backend: keep block headers in shadows (tests) */
+  bool shadow_headers;                         /* deprecated, ignored: headers are always shadowed */
   uint64_t memory;                             /* bytes of the primary KV tier (GPU or host) */
   uint64_t host_memory;                        /* bytes of the host offload tier; 0 = off */
   uint64_t disk_memory;                        /* bytes of the disk offload tier; 0 = off */

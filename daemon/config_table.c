@@ -71,9 +71,9 @@ const config_key ckv_cfg_keys[] = {
     {SEC_DAEMON, "device", T_U32, DMN(device), .imin = 0, .imax = 1023, .def = "0",
      .doc = "CUDA device ordinal for the GPU arena (one daemon per GPU: run one instance per device)."},
     {SEC_DAEMON, "shadow_headers", T_BOOL, DMN(shadow_headers), .def = "no",
-     .doc = "Host backend only, for testing: edit block headers in host shadows and copy them into "
-            "the arena at flush points, the way the CUDA backend must (the CPU cannot write GPU "
-            "memory). Leave it off in production: it only adds copies."},
+     .doc = "Deprecated, ignored: block headers always live in daemon-private shadows written into "
+            "the arena at flush points, on every backend (workers can write their arena, so the "
+            "daemon never reads a header back from it). Accepted so old configs still load."},
     {SEC_DAEMON, "memory", T_SIZE, DMN(memory), .imin = MIB, .imax = PIB, .def = "4G",
      .doc = "Bytes of the primary KV tier (GPU memory, or host memory on the host backend), for all "
             "tenants together: their arenas never add up to more. 4G fits a small model's sessions "
@@ -105,8 +105,9 @@ const config_key ckv_cfg_keys[] = {
      .doc = "Open sessions per tenant unless the tenant sets its own max_sessions."},
     {SEC_DAEMON, "max_message", T_SIZE, DMN(max_message), .imin = 64 * KIB, .imax = GIB,
      .def = "16M",
-     .doc = "Largest control message (ZMQ_MAXMSGSIZE): nothing else bounds what a peer sends. 16M "
-            "holds a ReportRound for a 1M-token session."},
+     .doc = "Largest control message: a larger request is answered CKV_ERR_TOO_LARGE without being "
+            "decoded; ZeroMQ itself drops frames over 2 x max_message + 64K (ZMQ_MAXMSGSIZE: nothing "
+            "else bounds what a peer sends). 16M holds a ReportRound for a 1M-token session."},
     {SEC_DAEMON, "max_tokens_per_session", T_U32, DMN(max_tokens_per_session), .imin = 16,
      .imax = 16 * 1024 * 1024, .def = "131072",
      .doc = "Tokens a session may hold (128K, today's long-context models); bounds per-session "
