@@ -332,7 +332,16 @@ static void teardown(ckv_client *c) {
   c->dealer = NULL;
   if (c->attach_fd >= 0) close(c->attach_fd);
   c->attach_fd = -1;
-  c->arena = ckv_arena_free(c->arena);
+  /* A host mapping of the dead daemon's memfd stays one reconnect longer:
+   * unmapping it under a reader would crash the reader.  Device memory goes
+   * at once (a dead exporter's memory must not be kept alive: DESIGN.md §10). */
+  ckv_arena_free(c->previous_arena);
+  c->previous_arena = NULL;
+  if (c->arena && strcmp(ckv_arena_kind(c->arena), "cuda") != 0)
+    c->previous_arena = c->arena;
+  else
+    ckv_arena_free(c->arena);
+  c->arena = NULL;
   c->restarted = true;
   /* Every session handle of the old daemon is stale from here on, in the same
    * step as its memory goes: a session opened on the next connection (by
@@ -433,6 +442,7 @@ ckv_client *ckv_client_free(ckv_client *c) {
   if (c->zctx) zmq_ctx_term(c->zctx);
   if (c->attach_fd >= 0) close(c->attach_fd);
   ckv_arena_free(c->arena);
+  ckv_arena_free(c->previous_arena);
   pthread_cond_destroy(&c->hb_cond);
   pthread_mutex_destroy(&c->hb_lock);
   pthread_mutex_destroy(&c->reconnect_lock);

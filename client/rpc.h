@@ -18,6 +18,10 @@ struct ckv_client {
   void *zctx, *dealer;
   int attach_fd;        /* kept open: closing it tells the daemon we are gone */
   ckv_arena *arena;     /* the tenant's arena, mapped (host memfd or CUDA device memory) */
+  /* The host arena of the daemon before the last restart, still mapped: a
+   * thread may be reading a view of it while another one (or the heartbeat)
+   * reconnects.  Unmapped at the next reconnect or ckv_client_free. */
+  ckv_arena *previous_arena;
   uint32_t arena_id;
   int cuda_device;      /* CUDA ordinal checked against the arena's device at the first CUDA attach
                          * (-1 before): a reconnect from another thread checks the same device */

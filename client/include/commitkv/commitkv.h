@@ -94,8 +94,10 @@ ckv_client *ckv_client_free(ckv_client *c);
 const char *ckv_client_tenant(const ckv_client *c);
 /* The daemon's explanation of the last failed request (empty when none). */
 const char *ckv_client_last_error(const ckv_client *c);
-/* After CKV_ERR_DAEMON_RESTARTED: drops every mapping of the old daemon's
- * memory, attaches to the new daemon and maps its arenas, without the worker
+/* After CKV_ERR_DAEMON_RESTARTED: drops the mappings of the old daemon's
+ * memory (a host arena stays mapped until the next reconnect, so a thread
+ * still reading a view of it cannot fault; device memory is dropped at once),
+ * attaches to the new daemon and maps its arenas, without the worker
  * process restarting.  Sessions opened before are gone with the old daemon:
  * their handles answer CKV_ERR_DAEMON_RESTARTED; free them with
  * ckv_session_close and open new ones.  The background heartbeat (if
