@@ -538,6 +538,15 @@ void *ckv_rpc_arena_ptr(ckv_client *c, uint32_t arena_id, uint64_t off, uint64_t
   return p;
 }
 
+/* Whether the attach socket reached EOF: the daemon that holds our arenas
+ * and sessions is gone (it keeps the socket open for our whole life).  Data
+ * on it (never sent unasked) is left alone. */
+static bool attach_closed(ckv_client *c) {
+  char b;
+  ssize_t n = recv(c->attach_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
 static int64_t now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -568,6 +577,9 @@ int ckv_rpc(ckv_client *c, Commitkv__V1__Request *req, Commitkv__V1__Response **
     goto out;
   }
   int64_t deadline = now_ms() + c->timeout_ms;
+  /* The attach socket too: its EOF says at once that the daemon died, where
+   * the request alone would wait out the whole timeout. */
+  bool watch_attach = c->attach_fd >= 0;
   for (;;) {
     int64_t left = deadline - now_ms();
     if (left <= 0) {
@@ -575,8 +587,21 @@ int ckv_rpc(ckv_client *c, Commitkv__V1__Request *req, Commitkv__V1__Response **
       snprintf(c->last_error, sizeof(c->last_error), "no reply from the daemon within %d ms", c->timeout_ms);
       goto out;
     }
-    zmq_pollitem_t it = {.socket = c->dealer, .events = ZMQ_POLLIN};
-    if (zmq_poll(&it, 1, (long)left) <= 0) continue;
+    zmq_pollitem_t it[2] = {{.socket = c->dealer, .events = ZMQ_POLLIN},
+                            {.fd = c->attach_fd, .events = ZMQ_POLLIN}};
+    if (zmq_poll(it, watch_attach ? 2 : 1, (long)left) <= 0) continue;
+    if (watch_attach && it[1].revents) {
+      if (attach_closed(c)) {
+        c->restarted = true;
+        r = CKV_ERR_DAEMON_RESTARTED;
+        snprintf(c->last_error, sizeof(c->last_error),
+                 "the daemon went away (its attach socket closed): ckv_client_reconnect() re-attaches once a "
+                 "daemon listens again");
+        goto out;
+      }
+      watch_attach = false; /* unexpected bytes: not ours to read here; stop polling them */
+    }
+    if (!(it[0].revents & ZMQ_POLLIN)) continue;
     zmq_msg_t in;
     zmq_msg_init(&in);
     if (zmq_msg_recv(&in, c->dealer, ZMQ_DONTWAIT) < 0) {

@@ -281,6 +281,34 @@ Test(restart, sigterm_then_explicit_reconnect, .timeout = 60) { explicit_reconne
 
 /* Test 3: with the heartbeat on, the worker never calls reconnect: the
  * heartbeat thread sees the new boot token and re-attaches by itself. */
+/* Issue 11: a worker waited out its whole request timeout (5 s) before it
+ * learnt that the daemon had died.  The client watches the attach socket the
+ * daemon holds open: its EOF answers the pending call at once. */
+Test(restart, a_dead_daemon_is_noticed_before_the_timeout, .timeout = 60) {
+  ckv_test_daemon d;
+  daemon_start(&d);
+  ckv_client *c = connect_to(&d, /* heartbeat= */ false, /* timeout_ms= */ 5000);
+  ckv_session *s = open_session(c, "dead");
+  append_and_write(c, s, 1);
+  daemon_end(&d, SIGKILL);
+  long long t0 = ckv_test_now_ms();
+  int r = ckv_session_append(s, 1, NULL, NULL, NULL, NULL, NULL);
+  long long took = ckv_test_now_ms() - t0;
+  cr_expect_eq(r, CKV_ERR_DAEMON_RESTARTED, "append to a dead daemon: %s (%s)", ckv_strerror(r),
+               ckv_client_last_error(c));
+  cr_expect_lt(took, 2500, "the dead daemon was noticed only after %lld ms (timeout 5000)", took);
+  cr_expect(strstr(ckv_client_last_error(c), "attach socket closed"), "%s", ckv_client_last_error(c));
+  /* A new daemon on the same sockets takes the worker back. */
+  daemon_restart(&d);
+  cr_assert_eq(ckv_client_reconnect(c), CKV_OK, "%s", ckv_client_last_error(c));
+  cr_expect_eq(ckv_session_close(s), CKV_ERR_DAEMON_RESTARTED);
+  ckv_session *s2 = open_session(c, "dead");
+  append_and_write(c, s2, 2);
+  ckv_session_close(s2);
+  ckv_client_free(c);
+  cr_expect_eq(ckv_test_daemon_stop(&d), 0);
+}
+
 Test(restart, heartbeat_thread_reconnects_by_itself, .timeout = 60) {
   ckv_test_daemon d;
   daemon_start(&d);
@@ -314,12 +342,15 @@ Test(restart, heartbeat_thread_reconnects_by_itself, .timeout = 60) {
   cr_expect_eq(ckv_test_daemon_stop(&d), 0);
 }
 
-/* A call while no daemon runs: a transport status, within the timeout (the
- * heartbeat thread may hold the client's lock for one exchange of its own). */
+/* A call while no daemon runs: CKV_ERR_DAEMON_RESTARTED (the client saw the
+ * old daemon's attach socket close) or a transport status, within the
+ * timeout (the heartbeat thread may hold the client's lock for one exchange
+ * of its own). */
 #define GAP_TIMEOUT_MS 300
 static void expect_fails_in_time(const char *what, int r, long long t0) {
   long long took = ckv_test_now_ms() - t0;
-  cr_expect(r == CKV_ERR_TIMEOUT || r == CKV_ERR_DISCONNECTED, "%s with no daemon: %s", what, ckv_strerror(r));
+  cr_expect(r == CKV_ERR_DAEMON_RESTARTED || r == CKV_ERR_TIMEOUT || r == CKV_ERR_DISCONNECTED,
+            "%s with no daemon: %s", what, ckv_strerror(r));
   cr_expect_lt(took, 2 * GAP_TIMEOUT_MS + 3000, "%s with no daemon took %lld ms", what, took);
 }
 
