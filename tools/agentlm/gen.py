@@ -121,6 +121,24 @@ SHIFT_U = ["Forget that, let us do something else.", "Never mind that, let us do
 SHIFT_A = ["No problem.", "Sure, no problem.", "Alright."]
 
 
+# fact kind from the answer sentence (the task's fixed sentence forms)
+KINDS = [("The table is on ", "booking_day"), ("The booking is under ", "booking_name"),
+         ("Your booking code is ", "booking_code"), ("The table is for ", "booking_people"),
+         ("The flight is on ", "flight_date"), ("The passenger is ", "flight_passenger"),
+         ("You fly to ", "flight_city"), ("Your ticket number is ", "flight_ticket"),
+         ("The price is ", "order_price"), ("You ordered ", "order_item"),
+         ("Your order number is ", "order_number"), ("The reservation is for ", "hotel_name"),
+         ("The hotel is in ", "hotel_city"), ("Your reservation code is ", "hotel_code"),
+         ("The stay is ", "hotel_nights")]
+
+
+def fact_kind(answer):
+    for p, k in KINDS:
+        if answer.startswith(p):
+            return k
+    return "note" if " note was " in answer else "other"
+
+
 def person(r):
     return r.choice(FIRST) + " " + r.choice(LAST)
 
