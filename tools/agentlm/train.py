@@ -13,6 +13,11 @@ warmup then cosine to --min-lr-frac of --lr.  --device cuda uses bf16 autocast
 (master weights FP32).  Seeds: torch, the batch sampler and the generator all
 derive from --seed, so a run on the same device and library repeats itself.
 
+--minutes M runs the schedule over M minutes of wall time instead (the GPU
+run: its length is fixed whatever the speed); the steps it reached are written
+to config.json, and --steps with that number repeats the run without the
+clock.
+
 Writes into --outdir: ckpt.pt (model, optimiser, step; every --ckpt-every steps
 and at the end; --resume continues from it), log.jsonl (one line per
 --log-every steps: loss, answer loss, lr, tokens/s), model.bin (llama2.c
@@ -38,44 +43,56 @@ from model import AgentLM, Config, export, n_params  # noqa: E402
 
 
 def gen_chunk(job):
-    seed, kind, start, count, max_bytes = job
-    return [gen.sample(seed, kind, i, max_bytes) for i in range(start, start + count)]
+    """Generate and encode samples start..start+count of one kind: (ids int16
+    [n, seq_len+1], weight codes uint8 [n, seq_len]: 0 pad, 1 byte, 2 answer, tokens)."""
+    import numpy as np
+    seed, kind, start, count, max_bytes, seq_len = job
+    ids = np.zeros((count, seq_len + 1), dtype=np.int16)
+    codes = np.zeros((count, seq_len), dtype=np.uint8)
+    tokens = 0
+    for j, i in enumerate(range(start, start + count)):
+        a, w, n = encode(gen.sample(seed, kind, i, max_bytes), seq_len, 2.0)
+        ids[j] = a
+        codes[j] = w
+        tokens += n - 1
+    return ids, codes, tokens
 
 
-def make_pool(seed, kind, count, max_bytes, seq_len, answer_weight, workers):
-    """(ids int16 [count, seq_len+1], weights float [count, seq_len], tokens) for one kind."""
+def make_pool(seed, kind, count, max_bytes, seq_len, workers):
+    """All samples of one kind as tensors (ids int16, weight codes uint8) and their token count."""
+    import numpy as np
     chunk = 2000
-    jobs = [(seed, kind, s, min(chunk, count - s), max_bytes) for s in range(0, count, chunk)]
+    jobs = [(seed, kind, s, min(chunk, count - s), max_bytes, seq_len) for s in range(0, count, chunk)]
     if workers > 1 and len(jobs) > 1:
         import multiprocessing as mp
         with mp.get_context("fork").Pool(workers) as p:
             parts = p.map(gen_chunk, jobs)
     else:
         parts = [gen_chunk(j) for j in jobs]
-    ids = torch.zeros(count, seq_len + 1, dtype=torch.int16)
-    w = torch.zeros(count, seq_len)
-    tokens = 0
-    i = 0
-    for part in parts:
-        for d in part:
-            a, b, n = encode(d, seq_len, answer_weight)
-            ids[i] = torch.tensor(a, dtype=torch.int16)
-            w[i] = torch.tensor(b)
-            tokens += n - 1
-            i += 1
-    return ids, w, tokens
+    ids = torch.from_numpy(np.concatenate([p[0] for p in parts]))
+    codes = torch.from_numpy(np.concatenate([p[1] for p in parts]))
+    return ids, codes, sum(p[2] for p in parts)
 
 
-def lr_at(step, a):
+def progress(step, elapsed, a):
+    """How far the schedule is, 0..1: by steps, or by time with --minutes."""
+    p = step / max(1, a.steps)
+    if a.minutes:
+        p = max(p, elapsed / (a.minutes * 60.0))
+    return min(1.0, p)
+
+
+def lr_at(step, p, a):
     if step < a.warmup:
         return a.lr * (step + 1) / a.warmup
-    t = (step - a.warmup) / max(1, a.steps - a.warmup)
+    p0 = a.warmup / max(1, a.steps)
+    t = max(0.0, (p - p0) / max(1e-9, 1 - p0))
     return a.lr * (a.min_lr_frac + (1 - a.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * min(1.0, t))))
 
 
-def mix_at(step, a):
-    """Shares of (copy-short, copy-long) in the batch at this step."""
-    t = min(1.0, step / max(1, a.curriculum_frac * a.steps))
+def mix_at(p, a):
+    """Shares of (copy-short, copy-long) in the batch at schedule progress p."""
+    t = min(1.0, p / max(1e-9, a.curriculum_frac))
     return a.short_start + (a.short_end - a.short_start) * t, a.long_share * t
 
 
@@ -108,7 +125,9 @@ def main():
     ap.add_argument("--grad-clip", type=float, default=1.0)
     ap.add_argument("--log-every", type=int, default=10)
     ap.add_argument("--ckpt-every", type=int, default=500)
-    ap.add_argument("--max-minutes", type=float, default=0, help="stop (and export) after this long; 0 = no limit")
+    ap.add_argument("--minutes", type=float, default=0,
+                    help="run the schedule (warmup, cosine, curriculum) over this much wall time instead of "
+                         "--steps, stopping at whichever ends first; the steps reached go to config.json")
     ap.add_argument("--workers", type=int, default=1, help="processes generating the data")
     ap.add_argument("--compile", action="store_true", help="torch.compile the model (torch 2)")
     ap.add_argument("--outdir", default="build/agentlm")
@@ -124,18 +143,19 @@ def main():
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
 
-    cfg = Config(a.dim, a.hidden_dim, a.n_layers, a.n_heads, a.n_kv_heads, a.seq_len)
-    model = AgentLM(cfg).to(dev)
-    print("model: %s, %d parameters" % (cfg.as_dict(), n_params(model)), flush=True)
-
+    # data first: the generator's worker processes fork before CUDA starts
     t0 = time.time()
     pools = {}
     for kind, count in (("dialogue", a.dialogues), ("copy-short", a.copy_short), ("copy-long", a.copy_long)):
         if count > 0:
-            ids, w, tok = make_pool(a.seed, kind, count, a.max_bytes, a.seq_len, a.answer_weight, a.workers)
-            pools[kind] = (ids.to(dev), w.to(dev))
+            ids, codes, tok = make_pool(a.seed, kind, count, a.max_bytes, a.seq_len, a.workers)
+            pools[kind] = (ids, codes)
             print("data: %d %s samples, %d tokens" % (count, kind, tok), flush=True)
     print("data generated in %.1f s" % (time.time() - t0), flush=True)
+    cfg = Config(a.dim, a.hidden_dim, a.n_layers, a.n_heads, a.n_kv_heads, a.seq_len)
+    model = AgentLM(cfg).to(dev)
+    pools = {k: (ids.to(dev), codes.to(dev)) for k, (ids, codes) in pools.items()}
+    print("model: %s, %d parameters" % (cfg.as_dict(), n_params(model)), flush=True)
 
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
@@ -159,15 +179,15 @@ def main():
                     "config": cfg.as_dict()}, ckpt_path)
 
     log = open(os.path.join(a.outdir, "log.jsonl"), "a")
+    weight_of = torch.tensor([0.0, 1.0, a.answer_weight], device=dev)  # by weight code
     g = torch.Generator().manual_seed(a.seed * 1000003 + step)
     t_start, tok_window, t_window = time.time(), 0, time.time()
-    while step < a.steps:
-        if a.max_minutes and time.time() - t_start > a.max_minutes * 60:
-            print("time limit reached at step %d" % step, flush=True)
-            break
+    p = progress(step, 0.0, a)
+    while p < 1.0:
+        lr = lr_at(step, p, a)
         for grp in opt.param_groups:
-            grp["lr"] = lr_at(step, a)
-        ps, pl = mix_at(step, a)
+            grp["lr"] = lr
+        ps, pl = mix_at(p, a)
         # how many rows of the batch come from each pool
         u = torch.rand(a.batch, generator=g)
         kinds = [("copy-short" if x < ps else "copy-long" if x < ps + pl else "dialogue") for x in u.tolist()]
@@ -182,7 +202,8 @@ def main():
             rows_ids.append(ids[sel])
             rows_w.append(w[sel])
         ids = torch.cat(rows_ids).long()
-        w = torch.cat(rows_w)
+        cw = torch.cat(rows_w)
+        w = weight_of[cw.long()]
         x, y = ids[:, :-1], ids[:, 1:]
         if a.device == "cuda":
             with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -198,20 +219,20 @@ def main():
             torch.nn.utils.clip_grad_norm_(model.parameters(), a.grad_clip)
         opt.step()
         step += 1
-        n_tok = int((w > 0).sum())
-        tok_window += n_tok
-        if step % a.log_every == 0 or step == a.steps:
+        p = progress(step, time.time() - t_start, a)
+        tok_window = tok_window + (cw > 0).sum()  # a tensor: no device sync per step
+        if step % a.log_every == 0 or p >= 1.0:
             with torch.no_grad():
                 plain = (nll * (w > 0)).sum() / (w > 0).sum()
-                am = w > 1.0
+                am = cw == 2
                 ans = (nll * am).sum() / am.sum().clamp(min=1)
             if a.device == "cuda":
                 torch.cuda.synchronize()
             dt = time.time() - t_window
             rec = {"step": step, "loss": round(loss.item(), 4), "byte_nll": round(plain.item(), 4),
-                   "answer_nll": round(ans.item(), 4), "lr": lr_at(step - 1, a),
+                   "answer_nll": round(ans.item(), 4), "lr": lr, "progress": round(p, 4),
                    "short": round(ps, 3), "long": round(pl, 3),
-                   "tok_s": round(tok_window / dt, 1), "elapsed_s": round(time.time() - t_start, 1)}
+                   "tok_s": round(float(tok_window) / dt, 1), "elapsed_s": round(time.time() - t_start, 1)}
             log.write(json.dumps(rec) + "\n")
             log.flush()
             print(json.dumps(rec), flush=True)
@@ -219,6 +240,9 @@ def main():
         if a.ckpt_every and step % a.ckpt_every == 0:
             save()
     save()
+    with open(os.path.join(a.outdir, "config.json"), "w") as f:
+        json.dump({"model": cfg.as_dict(), "args": vars(a), "steps_done": step,
+                   "minutes": round((time.time() - t_start) / 60, 2)}, f, indent=1)
     out = os.path.join(a.outdir, "model.bin")
     export(model, out)
     print("exported %s (%d bytes) after %d steps, %.1f min" %
