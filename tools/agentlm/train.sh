@@ -15,7 +15,8 @@
 #
 # Environment: AGENTLM_OUT (default build/agentlm), AGENTLM_PYTHON (default
 # python3 on a GPU machine, /usr/bin/python3 otherwise: Debian's python3-torch),
-# AGENTLM_SEED (1), AGENTLM_MINUTES (gpu preset: 8), AGENTLM_ARGS (more
+# AGENTLM_SEED (1), AGENTLM_MINUTES (gpu preset: 7), AGENTLM_THREADS (CPU threads and
+# data workers; default nproc), AGENTLM_ARGS (more
 # train.py flags, appended last so they win).
 set -eu
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -23,7 +24,7 @@ HERE=$ROOT/tools/agentlm
 OUT=${AGENTLM_OUT:-$ROOT/build/agentlm}
 SEED=${AGENTLM_SEED:-1}
 PUBLIC=${AGENTLM_PUBLIC:-$ROOT/../shared/models/agent-dialogues.jsonl}
-NPROC=$(nproc 2>/dev/null || echo 1)
+NPROC=${AGENTLM_THREADS:-$(nproc 2>/dev/null || echo 1)}
 if [ -z "${AGENTLM_PRESET:-}" ]; then
   if nvidia-smi >/dev/null 2>&1; then AGENTLM_PRESET=gpu; else AGENTLM_PRESET=cpu; fi
 fi
@@ -36,7 +37,7 @@ MODEL="--dim 256 --hidden-dim 768 --n-layers 4 --n-heads 4 --n-kv-heads 2 --seq-
 case "$AGENTLM_PRESET" in
   gpu)
     ARGS="--device cuda $MODEL --batch 128 --lr 2e-3 --warmup 200 --steps 1000000
-          --minutes ${AGENTLM_MINUTES:-8} --dialogues 200000 --copy-short 40000 --copy-long 40000
+          --minutes ${AGENTLM_MINUTES:-7} --dialogues 600000 --copy-short 100000 --copy-long 100000
           --answer-weight 4 --workers $NPROC --log-every 50 --ckpt-every 1000" ;;
   cpu)
     ARGS="--device cpu --threads $NPROC $MODEL --batch 16 --lr 2e-3 --warmup 200 --steps 20000
