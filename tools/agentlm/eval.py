@@ -15,9 +15,11 @@ Distance is in bytes, from where the fact was stated (its sentence in the
 confirming turn) to the start of the answer.  The dialogue is cut after its
 last answer, and must then fit in the model's seq_len.
 
-This runs the PyTorch forward pass (FP32) over model.bin as exported.  The
-issue's measurement goes through commitkvd (the C forward pass with policy
-fp16): see README.md for what is still to be wired.
+This runs the PyTorch forward pass (FP32) over model.bin as exported, or with
+--c-bin the project's C forward pass (examples/llm/model.c through
+ckv-agentlm-logits, FP32, its own cache; misses shown with --show are still
+decoded in PyTorch).  The issue's measurement goes through commitkvd (the C
+forward pass with policy fp16): see README.md for what is still to be wired.
 
   eval.py --model build/agentlm/model.bin --data ../shared/models/agent-dialogues.jsonl [--limit N] [--json]
 """
@@ -61,12 +63,37 @@ def greedy(m, prefix, limit=120):
     return bytes(out)
 
 
-def evaluate(m, dialogues, show=0, log=None):
+def c_argmax(c_bin, model_path, ids):
+    """Argmax per position from the project's C forward pass (ckv-agentlm-logits)."""
+    import subprocess
+    import tempfile
+    import numpy as np
+    with tempfile.TemporaryDirectory() as td:
+        pf, of = os.path.join(td, "prompt"), os.path.join(td, "logits")
+        open(pf, "wb").write(bytes(ids[1:]))  # the tool feeds BOS itself
+        subprocess.run([c_bin, model_path, pf, of], check=True, capture_output=True)
+        return np.fromfile(of, dtype="<f4").reshape(len(ids), -1).argmax(-1).tolist()
+
+
+def evaluate(m, dialogues, show=0, log=None, c_bin=None, model_path=None, jobs=1):
+    c_preds = {}
+    if c_bin:
+        # one C process per dialogue, jobs of them at a time
+        from concurrent.futures import ThreadPoolExecutor
+
+        def prompt(d):
+            body, spans = render_spans(d)
+            return ([BOS] + list(body))[:max(e for _, e, _ in spans)] if spans else None
+        todo = [(i, prompt(d)) for i, d in enumerate(dialogues)]
+        todo = [(i, p) for i, p in todo if p is not None and len(p) <= m.c.seq_len]
+        with ThreadPoolExecutor(max(1, jobs)) as ex:
+            for i, pred in zip([i for i, _ in todo], ex.map(lambda t: c_argmax(c_bin, model_path, t[1]), todo)):
+                c_preds[i] = pred
     per_kind = collections.defaultdict(lambda: [0, 0])
     per_dist = collections.defaultdict(lambda: [0, 0])
     items = []
     shown = 0
-    for d in dialogues:
+    for di, d in enumerate(dialogues):
         body, spans = render_spans(d)
         if not spans:
             continue
@@ -74,8 +101,11 @@ def evaluate(m, dialogues, show=0, log=None):
         ids = ([BOS] + list(body))[:last]
         if len(ids) > m.c.seq_len:
             raise ValueError("%s: %d tokens up to its last answer, seq_len %d" % (d["id"], len(ids), m.c.seq_len))
-        with torch.no_grad():
-            pred = m(torch.tensor([ids]))[0].argmax(-1).tolist()
+        if c_bin:
+            pred = c_preds[di]
+        else:
+            with torch.no_grad():
+                pred = m(torch.tensor([ids]))[0].argmax(-1).tolist()
         for s, e, r in spans:
             ok = all(pred[p - 1] == ids[p] for p in range(s, e))
             off = fact_offset(d, r)
@@ -107,6 +137,8 @@ def main():
     ap.add_argument("--limit", type=int, default=0, help="first N dialogues only")
     ap.add_argument("--show", type=int, default=3, help="decode and print the first N misses")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--c-bin", help="score with the project's C forward pass (FP32): path of ckv-agentlm-logits")
+    ap.add_argument("--jobs", type=int, default=1, help="C processes at a time (with --c-bin)")
     ap.add_argument("--json", action="store_true", help="print the whole result as JSON")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -114,12 +146,14 @@ def main():
     ds = load_jsonl(a.data)
     if a.limit:
         ds = ds[: a.limit]
-    res = evaluate(m, ds, a.show, log=lambda s: print(s, file=sys.stderr))
+    res = evaluate(m, ds, a.show, log=lambda s: print(s, file=sys.stderr), c_bin=a.c_bin, model_path=a.model,
+                   jobs=a.jobs)
     if a.json:
         print(json.dumps(res))
         return
-    print("recall %.4f (%d/%d) on %d dialogues of %s" % (res["recall"], res["correct"], res["questions"],
-                                                         len(ds), a.data))
+    print("recall %.4f (%d/%d) on %d dialogues of %s, %s forward pass" % (
+        res["recall"], res["correct"], res["questions"], len(ds), a.data,
+        "C (examples/llm/model.c, FP32)" if a.c_bin else "PyTorch (FP32)"))
     for title, tab in (("per fact kind", res["per_kind"]), ("per distance (bytes)", res["per_distance"])):
         print(title + ":")
         for k, v in tab.items():

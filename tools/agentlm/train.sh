@@ -11,7 +11,8 @@
 # ckv-agentlm-logits from examples/llm/model.c and checks that the C forward
 # pass gives PyTorch's logits, measures recall on the public dialogues
 # (AGENTLM_PUBLIC, default ../shared/models/agent-dialogues.jsonl, when
-# present) and prints the sha256 of model.bin.
+# present; with PyTorch, then with the C forward pass) and prints the sha256
+# of model.bin.
 #
 # Environment: AGENTLM_OUT (default build/agentlm), AGENTLM_PYTHON (default
 # python3 on a GPU machine, /usr/bin/python3 otherwise: Debian's python3-torch),
@@ -59,6 +60,9 @@ cc -O2 -std=c11 -D_GNU_SOURCE -I"$ROOT" -I"$ROOT/client/include" -o "$OUT/ckv-ag
 "$PY" "$HERE/check_export.py" --model "$OUT/model.bin" --c-bin "$OUT/ckv-agentlm-logits" --seed 99
 if [ -f "$PUBLIC" ]; then
   "$PY" "$HERE/eval.py" --model "$OUT/model.bin" --data "$PUBLIC" --threads "$NPROC" --show 5 | tee "$OUT/recall-public.txt"
+  # the same score from the project's C forward pass (FP32, not yet through commitkvd)
+  "$PY" "$HERE/eval.py" --model "$OUT/model.bin" --data "$PUBLIC" --show 0 --c-bin "$OUT/ckv-agentlm-logits" \
+    --jobs "$NPROC" | tee "$OUT/recall-public-c.txt"
 else
   echo "train.sh: $PUBLIC not found: public recall NOT measured"
 fi
