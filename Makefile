@@ -5,7 +5,7 @@ PKG_BUILD ?= build-package
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build test demo test-asan test-gpu clean format package
+.PHONY: all deps build test demo test-asan test-gpu clean format package agentlm
 
 all: build
 
@@ -49,3 +49,9 @@ format:
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(PKG_BUILD)
+
+# The agent LM (tools/agentlm/README.md): generate, train (bf16 on a GPU when
+# nvidia-smi answers), export build/agentlm/model.bin, check it against the C
+# forward pass, measure recall, print its sha256.  Needs python3-torch.
+agentlm:
+	sh tools/agentlm/train.sh

@@ -1,0 +1,71 @@
+#!/bin/sh
+# train.sh - the agent LM from its seed: generate, train, export, check, sha256.
+#
+#   sh tools/agentlm/train.sh            (or: make agentlm)
+#
+# Picks a preset: "gpu" when nvidia-smi answers (bf16 on CUDA, the schedule run
+# over AGENTLM_MINUTES of wall time), "cpu" otherwise (the same model on the
+# CPU; many hours, see README.md), or AGENTLM_PRESET=gpu|cpu|small ("small" is
+# the pipeline check: a 0.4M-parameter model for about 13 minutes on one core).
+# Then: exports build/agentlm/model.bin (llama2.c legacy format), compiles
+# ckv-agentlm-logits from examples/llm/model.c and checks that the C forward
+# pass gives PyTorch's logits, measures recall on the public dialogues
+# (AGENTLM_PUBLIC, default ../shared/models/agent-dialogues.jsonl, when
+# present; with PyTorch, then with the C forward pass) and prints the sha256
+# of model.bin.
+#
+# Environment: AGENTLM_OUT (default build/agentlm), AGENTLM_PYTHON (default
+# python3 on a GPU machine, /usr/bin/python3 otherwise: Debian's python3-torch),
+# AGENTLM_SEED (1), AGENTLM_MINUTES (gpu preset: 7), AGENTLM_THREADS (CPU threads and
+# data workers; default nproc), AGENTLM_ARGS (more
+# train.py flags, appended last so they win).
+set -eu
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+HERE=$ROOT/tools/agentlm
+OUT=${AGENTLM_OUT:-$ROOT/build/agentlm}
+SEED=${AGENTLM_SEED:-1}
+PUBLIC=${AGENTLM_PUBLIC:-$ROOT/../shared/models/agent-dialogues.jsonl}
+NPROC=${AGENTLM_THREADS:-$(nproc 2>/dev/null || echo 1)}
+if [ -z "${AGENTLM_PRESET:-}" ]; then
+  if nvidia-smi >/dev/null 2>&1; then AGENTLM_PRESET=gpu; else AGENTLM_PRESET=cpu; fi
+fi
+if [ "$AGENTLM_PRESET" = gpu ]; then PY=${AGENTLM_PYTHON:-python3}; else PY=${AGENTLM_PYTHON:-/usr/bin/python3}; fi
+export PYTHONUNBUFFERED=1
+
+# The model: dim 256, 4 query heads of 64, 2 KV heads, 4 layers, FFN 768,
+# context 1024: 3.2M parameters, 13 MB as FP32.
+MODEL="--dim 256 --hidden-dim 768 --n-layers 4 --n-heads 4 --n-kv-heads 2 --seq-len 1024"
+case "$AGENTLM_PRESET" in
+  gpu)
+    ARGS="--device cuda $MODEL --batch 128 --lr 2e-3 --warmup 200 --steps 1000000
+          --minutes ${AGENTLM_MINUTES:-7} --dialogues 600000 --copy-short 100000 --copy-long 100000
+          --answer-weight 4 --workers $NPROC --log-every 50 --ckpt-every 1000" ;;
+  cpu)
+    ARGS="--device cpu --threads $NPROC $MODEL --batch 16 --lr 2e-3 --warmup 200 --steps 20000
+          --dialogues 60000 --copy-short 12000 --copy-long 12000 --answer-weight 4 --log-every 10
+          --ckpt-every 200" ;;
+  small)
+    ARGS="--device cpu --threads 1 --dim 128 --hidden-dim 384 --n-layers 2 --n-heads 4 --n-kv-heads 2
+          --seq-len 1024 --batch 8 --lr 3e-3 --warmup 30 --steps 480 --dialogues 4000 --copy-short 1000
+          --copy-long 1000 --answer-weight 4 --log-every 10 --ckpt-every 100" ;;
+  *) echo "train.sh: AGENTLM_PRESET must be gpu, cpu or small" >&2; exit 2 ;;
+esac
+echo "train.sh: preset $AGENTLM_PRESET, python $PY, output $OUT"
+mkdir -p "$OUT"
+# shellcheck disable=SC2086
+OMP_NUM_THREADS=${OMP_NUM_THREADS:-$NPROC} "$PY" "$HERE/train.py" --seed "$SEED" $ARGS --outdir "$OUT" ${AGENTLM_ARGS:-}
+
+cc -O2 -std=c11 -D_GNU_SOURCE -I"$ROOT" -I"$ROOT/client/include" -o "$OUT/ckv-agentlm-logits" \
+  "$HERE/logits.c" "$ROOT/examples/llm/model.c" "$ROOT/common/status.c" -lm
+"$PY" "$HERE/check_export.py" --model "$OUT/model.bin" --c-bin "$OUT/ckv-agentlm-logits" --seed 99
+if [ -f "$PUBLIC" ]; then
+  "$PY" "$HERE/eval.py" --model "$OUT/model.bin" --data "$PUBLIC" --threads "$NPROC" --show 5 | tee "$OUT/recall-public.txt"
+  # the same score from the project's C forward pass (FP32, not yet through commitkvd)
+  "$PY" "$HERE/eval.py" --model "$OUT/model.bin" --data "$PUBLIC" --show 0 --c-bin "$OUT/ckv-agentlm-logits" \
+    --jobs "$NPROC" | tee "$OUT/recall-public-c.txt"
+else
+  echo "train.sh: $PUBLIC not found: public recall NOT measured"
+fi
+"$PY" "$HERE/gen.py" --seed 1000 --count 200 --out "$OUT/heldout.jsonl"
+"$PY" "$HERE/eval.py" --model "$OUT/model.bin" --data "$OUT/heldout.jsonl" --threads "$NPROC" --show 0 | tee "$OUT/recall-heldout.txt"
+(cd "$OUT" && sha256sum model.bin | tee model.bin.sha256)
