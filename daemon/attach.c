@@ -29,6 +29,7 @@
 #include "daemon/server.h"
 #include "daemon/strmap.h"
 #include "daemon/tenant.h"
+#include "daemon/utf8.h"
 #include "shm/arena.h"
 #include "shm/fdpass.h"
 
@@ -206,7 +207,9 @@ static void ckv_attach_serve(ckv_server *s, int fd, const ckv_peer *who, const u
   c->admin = admin;
   c->attach_fd = fd;
   c->last_seen_ms = ckv_now_ms();
-  snprintf(c->name, sizeof(c->name), "%s", req->client_name && *req->client_name ? req->client_name : "client");
+  /* A client-chosen name reaches logs and listings: valid UTF-8, cut on a character boundary. */
+  const char *name = req->client_name && *req->client_name ? req->client_name : "client";
+  ckv_utf8_copy(c->name, sizeof(c->name), name, strlen(name));
   if (ckv_strmap_put(s->conns, c->keyhex, c) < 0) {
     free(c);
     refuse(fd, -ENOMEM, "attach: out of memory");
