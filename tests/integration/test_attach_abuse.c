@@ -11,8 +11,6 @@
  * of these calls waited seconds (the loop read a trickled frame byte by byte,
  * 50 ms per recvmsg), or attaches failed at once. */
 #include <criterion/criterion.h>
-#include <errno.h>
-#include <grp.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -29,11 +27,12 @@
 #include "commitkv/commitkv.h"
 #include "commitkv/status.h"
 #include "shm/fdpass.h"
+#include "rawclient.h"
+#include "testcheck.h"
 #include "testutil.h"
 
 #define NOBODY_UID 65534u   /* tenant b: a mapped, non-admin user (the abuser) */
 #define OTHER_UID 65533u    /* tenant c where mapped: a bystander; unmapped otherwise */
-#define FRAME_MAX 4096
 #define LORIS_LEN 4000u     /* the length a slow-loris announces */
 #define LORIS_STEP_MS 40    /* one byte every this long: under the old 50 ms per-recv timeout */
 /* Worst acceptable latency of one call while the abuse runs: freeze
@@ -51,30 +50,16 @@
 /* Starts commitkvd with `tenants` as its configuration (NULL: none) and
  * opens its directory to the other uids the children switch to. */
 static void start(ckv_test_daemon *d, char **cfgdir, const char *tenants) {
-  const char *argv[8] = {"--backend", "host", "--memory", "256M", NULL};
-  *cfgdir = NULL;
   char cfg[400];
-  if (tenants) {
-    *cfgdir = ckv_test_tmpdir("ckv-abuse-cfg");
-    snprintf(cfg, sizeof(cfg), "%s/commitkvd.conf", *cfgdir);
-    FILE *f = fopen(cfg, "w");
-    cr_assert_not_null(f);
-    fputs(tenants, f);
-    fclose(f);
-    argv[4] = "--config";
-    argv[5] = cfg;
-    argv[6] = NULL;
-  }
-  cr_assert_eq(ckv_test_daemon_start(d, argv), 0, "commitkvd did not start (see its log)");
+  *cfgdir = tenants ? ckv_test_write_config(tenants, cfg, sizeof(cfg)) : NULL;
+  ckv_test_start_host(d, "256M", tenants ? (const char *const[]){"--config", cfg, NULL} : NULL);
   /* mkdtemp made the directory 0700; the children's uids must reach the
    * attach socket (0666) inside it. */
   cr_assert_eq(chmod(d->dir, 0755), 0);
 }
 
 static void stop(ckv_test_daemon *d, char *cfgdir) {
-  cr_assert(ckv_test_daemon_alive(d), "commitkvd died during the test");
-  int rc = ckv_test_daemon_stop(d);
-  cr_assert_eq(rc, 0, "commitkvd did not exit cleanly on SIGTERM (status %d)", rc);
+  ckv_test_stop_clean(d);
   ckv_test_rmdir(cfgdir);
 }
 
@@ -90,7 +75,6 @@ static ckv_client *worker(const ckv_test_daemon *d) {
 
 /* What a child reports through its pipe. */
 typedef struct report {
-  int setuid_errno; /* non-zero: the child could not switch uid */
   int n;            /* attempts / connections made */
   int ok, limit, auth, timeout, other; /* answers by code */
   int first_code[4];                   /* codes of the first answers, in order */
@@ -99,46 +83,13 @@ typedef struct report {
   char text[200]; /* the message of the first refusal seen */
 } report;
 
-typedef void (*child_fn)(const ckv_test_daemon *d, int arg, report *out);
+/* What a peer child (ckv_test_begin_as) is given: the daemon and a number. */
+typedef struct peer {
+  const ckv_test_daemon *d;
+  int arg;
+} peer;
 
-/* Forks a child that takes `uid` (when not 0) before it opens any socket
- * and runs fn; its report comes back through *ret_pipe. */
-static pid_t fork_as(const ckv_test_daemon *d, uid_t uid, child_fn fn, int arg, int *ret_pipe) {
-  int p[2];
-  cr_assert_eq(pipe(p), 0);
-  pid_t pid = fork();
-  cr_assert_geq(pid, 0);
-  if (pid == 0) {
-    close(p[0]);
-    signal(SIGPIPE, SIG_IGN);
-    report rep;
-    memset(&rep, 0, sizeof(rep));
-    if (uid && (setgroups(0, NULL) != 0 || setresgid(uid, uid, uid) != 0 || setresuid(uid, uid, uid) != 0))
-      rep.setuid_errno = errno;
-    else
-      fn(d, arg, &rep);
-    ssize_t w = write(p[1], &rep, sizeof(rep));
-    _exit(w == (ssize_t)sizeof(rep) ? 0 : 1);
-  }
-  close(p[1]);
-  *ret_pipe = p[0];
-  return pid;
-}
-
-static void collect(pid_t pid, int fd, report *ret) {
-  memset(ret, 0, sizeof(*ret));
-  size_t got = 0;
-  while (got < sizeof(*ret)) {
-    ssize_t n = read(fd, (char *)ret + got, sizeof(*ret) - got);
-    if (n <= 0) break;
-    got += (size_t)n;
-  }
-  close(fd);
-  int st = ckv_test_wait(pid, 30000);
-  cr_assert_eq(st, 0, "child exited with %d", st);
-  cr_assert_eq(got, sizeof(*ret), "child report truncated");
-  cr_assert_eq(ret->setuid_errno, 0, "the child could not switch uid: %s", strerror(ret->setuid_errno));
-}
+#define CHILD_TIMEOUT_MS 30000
 
 /* Bytes on a fresh attach connection, which the caller owns (-1: no connection). */
 static int connect_and_send(const char *path, const void *bytes, size_t len) {
@@ -151,24 +102,6 @@ static int connect_and_send(const char *path, const void *bytes, size_t len) {
 
 static void le32(uint8_t out[4], uint32_t v) {
   out[0] = (uint8_t)v, out[1] = (uint8_t)(v >> 8), out[2] = (uint8_t)(v >> 16), out[3] = (uint8_t)(v >> 24);
-}
-
-/* The daemon's answer on an attach connection: the AttachReply's code (its
- * text into `text`), or the transport error when none came. */
-static int answer(int fd, char *text, size_t cap) {
-  uint8_t buf[FRAME_MAX];
-  size_t len = 0;
-  int fds[CKV_FRAME_MAX_FDS];
-  size_t n_fds = 0;
-  int r = ckv_frame_recv(fd, buf, sizeof(buf), &len, fds, CKV_FRAME_MAX_FDS, &n_fds);
-  if (r < 0) return r;
-  for (size_t i = 0; i < n_fds; i++) close(fds[i]);
-  Commitkv__V1__AttachReply *rep = commitkv__v1__attach_reply__unpack(NULL, len, buf);
-  if (!rep) return CKV_ERR_PROTO;
-  int code = rep->code;
-  if (text) snprintf(text, cap, "%s", rep->message ? rep->message : "");
-  commitkv__v1__attach_reply__free_unpacked(rep, NULL);
-  return code;
 }
 
 static size_t attach_request(uint8_t *buf, bool refresh) {
@@ -198,7 +131,10 @@ static void count(report *out, int code, long long ms, const char *text) {
 
 /* The slow-loris: announce a LORIS_LEN frame, then one byte every
  * LORIS_STEP_MS, for `ms`; a connection the daemon closes is replaced. */
-static void loris(const ckv_test_daemon *d, int ms, report *out) {
+static void loris(const void *ctx, void *out_buf) {
+  const ckv_test_daemon *d = ((const peer *)ctx)->d;
+  int ms = ((const peer *)ctx)->arg;
+  report *out = out_buf;
   long long end = ckv_test_now_ms() + ms;
   while (ckv_test_now_ms() < end) {
     uint8_t hdr[4];
@@ -248,7 +184,7 @@ Test(attach_abuse, slow_loris_does_not_freeze_the_loop, .timeout = 120) {
 
   const int loris_ms = 5000;
   int fd;
-  pid_t pid = fork_as(&d, NOBODY_UID, loris, loris_ms, &fd);
+  pid_t pid = ckv_test_begin_as(NOBODY_UID, NOBODY_UID, loris, &(peer){&d, loris_ms}, sizeof(report), &fd);
   usleep(200 * 1000); /* the trickle is under way */
   long long worst_hb = 0, worst_ctl = 0, t0 = ckv_test_now_ms();
   int rounds = 0;
@@ -260,7 +196,7 @@ Test(attach_abuse, slow_loris_does_not_freeze_the_loop, .timeout = 120) {
     usleep(100 * 1000);
   }
   report rep;
-  collect(pid, fd, &rep);
+  ckv_test_end_as(pid, fd, &rep, sizeof(rep), CHILD_TIMEOUT_MS);
   cr_log_info("slow-loris: %d connections, %d bytes trickled; %d rounds, worst heartbeat %lld ms, worst "
               "commitkvctl status %lld ms",
               rep.n, rep.ok, rounds, worst_hb, worst_ctl);
@@ -285,7 +221,7 @@ Test(attach_abuse, slow_refresh_frame_does_not_freeze_the_loop, .timeout = 120) 
   size_t len = attach_request(req, /* refresh= */ false);
   int fd = connect_and_send(d.attach, req, len);
   cr_assert_geq(fd, 0);
-  cr_assert_eq(answer(fd, NULL, 0), CKV_OK);
+  cr_assert_eq(ckv_raw_attach_answer(fd, NULL, 0), CKV_OK);
 
   pid_t pid = fork();
   cr_assert_geq(pid, 0);
@@ -333,7 +269,10 @@ static int hog_open(const char *path, int i) {
   return connect_and_send(path, half, i % 2 ? sizeof(half) : 0);
 }
 
-static void hog(const ckv_test_daemon *d, int n, report *out) {
+static void hog(const void *ctx, void *out_buf) {
+  const ckv_test_daemon *d = ((const peer *)ctx)->d;
+  int n = ((const peer *)ctx)->arg;
+  report *out = out_buf;
   int fds[256];
   struct pollfd pf[256];
   if (n > 256) n = 256;
@@ -346,7 +285,7 @@ static void hog(const ckv_test_daemon *d, int n, report *out) {
       if (!pf[i].revents) continue;
       char text[200] = "";
       ckv_sock_set_timeout(fds[i], 100);
-      int code = answer(fds[i], text, sizeof(text));
+      int code = ckv_raw_attach_answer(fds[i], text, sizeof(text));
       count(out, code, 0, text);
       close(fds[i]);
       fds[i] = hog_open(d->attach, i);
@@ -358,7 +297,10 @@ static void hog(const ckv_test_daemon *d, int n, report *out) {
 
 /* A bystander: attaches (full handshake, arenas included) every 100 ms for
  * `ms`, timing each. */
-static void prober(const ckv_test_daemon *d, int ms, report *out) {
+static void prober(const void *ctx, void *out_buf) {
+  const ckv_test_daemon *d = ((const peer *)ctx)->d;
+  int ms = ((const peer *)ctx)->arg;
+  report *out = out_buf;
   long long end = ckv_test_now_ms() + ms;
   while (ckv_test_now_ms() < end) {
     uint8_t req[300];
@@ -366,7 +308,7 @@ static void prober(const ckv_test_daemon *d, int ms, report *out) {
     long long t0 = ckv_test_now_ms();
     int fd = connect_and_send(d->attach, req, len);
     char text[200] = "";
-    int code = fd < 0 ? CKV_ERR_DISCONNECTED : answer(fd, text, sizeof(text));
+    int code = fd < 0 ? CKV_ERR_DISCONNECTED : ckv_raw_attach_answer(fd, text, sizeof(text));
     count(out, code, ckv_test_now_ms() - t0, text);
     if (fd >= 0) close(fd);
     usleep(100 * 1000);
@@ -384,10 +326,11 @@ Test(attach_abuse, pending_attaches_are_bounded_per_uid, .timeout = 120) {
   (void)timed_heartbeat(w);
 
   int hog_fd;
-  pid_t hog_pid = fork_as(&d, NOBODY_UID, hog, 200, &hog_fd);
+  pid_t hog_pid = ckv_test_begin_as(NOBODY_UID, NOBODY_UID, hog, &(peer){&d, 200}, sizeof(report), &hog_fd);
   usleep(300 * 1000); /* the 200 connections are open */
   int probe_fd;
-  pid_t probe_pid = fork_as(&d, OTHER_UID, prober, HOG_MS - 1000, &probe_fd);
+  pid_t probe_pid = ckv_test_begin_as(OTHER_UID, OTHER_UID, prober, &(peer){&d, HOG_MS - 1000}, sizeof(report),
+                                      &probe_fd);
   long long worst_hb = 0, t0 = ckv_test_now_ms();
   int root_ok = 0, root_n = 0;
   char root_err[256] = "";
@@ -405,8 +348,8 @@ Test(attach_abuse, pending_attaches_are_bounded_per_uid, .timeout = 120) {
     usleep(100 * 1000);
   }
   report probe, abuse;
-  collect(probe_pid, probe_fd, &probe);
-  collect(hog_pid, hog_fd, &abuse);
+  ckv_test_end_as(probe_pid, probe_fd, &probe, sizeof(probe), CHILD_TIMEOUT_MS);
+  ckv_test_end_as(hog_pid, hog_fd, &abuse, sizeof(abuse), CHILD_TIMEOUT_MS);
   cr_log_info("hog: %d answers (%d LIMIT, %d TIMEOUT, %d other) first refusal '%s'", abuse.n, abuse.limit,
               abuse.timeout, abuse.other, abuse.text);
   cr_log_info("uid %u: %d/%d attaches ok, worst %lld ms (first codes %d %d %d, '%s'); root %d/%d ok; worst "
@@ -443,7 +386,7 @@ Test(attach_abuse, half_sent_frame_expires_at_its_deadline, .timeout = 60) {
   usleep(300 * 1000);
   (void)send(fd, "abc", 3, MSG_NOSIGNAL); /* more bytes do not extend the deadline */
   char text[200] = "";
-  int code = answer(fd, text, sizeof(text));
+  int code = ckv_raw_attach_answer(fd, text, sizeof(text));
   long long took = ckv_test_now_ms() - t0;
   close(fd);
   cr_log_info("half frame: %s after %lld ms (%s)", ckv_status_name(code), took, text);
@@ -455,8 +398,9 @@ Test(attach_abuse, half_sent_frame_expires_at_its_deadline, .timeout = 60) {
 /* Item 2's second half: a uid that maps to no tenant (and is not admin) is
  * refused at accept, before the daemon reads anything from it.  The old code
  * waited for its frame first: silence cost the deadline, a trickle froze it. */
-static void unmapped_peer(const ckv_test_daemon *d, int arg, report *out) {
-  (void)arg;
+static void unmapped_peer(const void *ctx, void *out_buf) {
+  const ckv_test_daemon *d = ((const peer *)ctx)->d;
+  report *out = out_buf;
   uint8_t hdr[5];
   le32(hdr, LORIS_LEN);
   hdr[4] = 'x';
@@ -465,7 +409,7 @@ static void unmapped_peer(const ckv_test_daemon *d, int arg, report *out) {
     long long t0 = ckv_test_now_ms();
     int fd = connect_and_send(d->attach, hdr, i ? sizeof(hdr) : 0);
     char text[200] = "";
-    int code = fd < 0 ? CKV_ERR_DISCONNECTED : answer(fd, text, sizeof(text));
+    int code = fd < 0 ? CKV_ERR_DISCONNECTED : ckv_raw_attach_answer(fd, text, sizeof(text));
     count(out, code, ckv_test_now_ms() - t0, text);
     if (fd >= 0) close(fd);
   }
@@ -478,7 +422,8 @@ static void unmapped_peer(const ckv_test_daemon *d, int arg, report *out) {
   size_t len = attach_request(req, /* refresh= */ false);
   int code = CKV_ERR_DISCONNECTED;
   char text[200] = "";
-  if (fd >= 0 && send(fd, req, len, MSG_NOSIGNAL) == (ssize_t)len) code = answer(fd, text, sizeof(text));
+  if (fd >= 0 && send(fd, req, len, MSG_NOSIGNAL) == (ssize_t)len)
+    code = ckv_raw_attach_answer(fd, text, sizeof(text));
   count(out, code, 0, text);
   if (fd >= 0) close(fd);
 }
@@ -488,9 +433,9 @@ Test(attach_abuse, unmapped_uid_is_refused_before_its_frame_is_read, .timeout = 
   char *cfgdir;
   start(&d, &cfgdir, "[tenant.a]\nuids = 0\n\n[tenant.b]\nuids = 65534\n");
   int fd;
-  pid_t pid = fork_as(&d, OTHER_UID, unmapped_peer, 0, &fd);
+  pid_t pid = ckv_test_begin_as(OTHER_UID, OTHER_UID, unmapped_peer, &(peer){&d, 0}, sizeof(report), &fd);
   report rep;
-  collect(pid, fd, &rep);
+  ckv_test_end_as(pid, fd, &rep, sizeof(rep), CHILD_TIMEOUT_MS);
   cr_log_info("unmapped: silent peer %s after %lld ms, trickling peer %s after %lld ms, late request %s ('%s')",
               ckv_status_name(rep.first_code[0]), rep.ms[0], ckv_status_name(rep.first_code[1]), rep.ms[1],
               ckv_status_name(rep.first_code[2]), rep.text);

@@ -3,57 +3,37 @@
  * and the daemon keeps serving everyone else.
  *
  * Each test starts a real commitkvd in its own temporary directory and talks
- * to it over the real sockets: well-formed but wrong requests go through a
- * "raw" client built here (attach handshake by hand, a DEALER whose routing id
- * is the attach key, Requests packed with the generated protobuf-c code), and
+ * to it over the real sockets: well-formed but wrong requests go through the
+ * "raw" client of tests/support/rawclient.c (attach handshake by hand, a
+ * DEALER whose routing id is the attach key, Requests packed with the
+ * generated protobuf-c code; rawcheck.h checks every reply), and
  * malformed traffic is written byte by byte.  After each abuse a fresh client
  * of the real library (libcommitkv) connects, opens a session, appends tokens
  * and writes K/V: the daemon is not only alive but serving.  Every test ends
  * with a SIGTERM that must exit 0, so a daemon that crashed or wedged fails. */
 #include <criterion/criterion.h>
-#include <errno.h>
-#include <grp.h>
 #include <math.h>
-#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/time.h>
-#include <sys/wait.h>
 #include <unistd.h>
-#include <zmq.h>
 
 #include "client/rpc.h"
 #include "commitkv.pb-c.h"
 #include "commitkv/commitkv.h"
 #include "commitkv/status.h"
 #include "shm/fdpass.h"
+#define RAW_CLIENT_NAME "bad-input"
+#include "rawcheck.h"
+#include "testcheck.h"
 #include "testutil.h"
-
-#define REPLY_TIMEOUT_MS 5000
-#define NO_REPLY 1       /* raw_call: nothing came back in time */
-#define BAD_REPLY 2      /* raw_call: what came back is not a Response */
-#define ATTACH_FRAME_MAX 4096
 
 /* ---- the daemon -------------------------------------------------------- */
 
-static void start(ckv_test_daemon *d, const char *const *more) {
-  const char *argv[32] = {"--backend", "host", "--memory", "256M"};
-  int n = 4;
-  for (int i = 0; more && more[i] && n < 31; i++) argv[n++] = more[i];
-  argv[n] = NULL;
-  cr_assert_eq(ckv_test_daemon_start(d, argv), 0, "commitkvd did not start (see its log)");
-}
-
-/* SIGTERM must drain and exit 0: a daemon that crashed or hung fails here. */
-static void stop(ckv_test_daemon *d) {
-  cr_assert(ckv_test_daemon_alive(d), "commitkvd died during the test");
-  int rc = ckv_test_daemon_stop(d);
-  cr_assert_eq(rc, 0, "commitkvd did not exit cleanly on SIGTERM (status %d)", rc);
-}
+static void start(ckv_test_daemon *d, const char *const *more) { ckv_test_start_host(d, "256M", more); }
 
 /* The daemon is alive and serves a brand-new client of the real library:
  * attach with arenas, Hello, open a session, append, write K/V, drop. */
@@ -82,334 +62,6 @@ static void assert_serving(const ckv_test_daemon *d) {
   ckv_client_free(c);
 }
 
-/* ---- a raw client -------------------------------------------------------- */
-
-typedef struct raw {
-  int attach_fd;
-  void *zctx, *dealer;
-  uint8_t key[16];
-  char tenant[64];
-  char msg[512]; /* message of the last reply */
-} raw;
-
-static void raw_init(raw *r) {
-  memset(r, 0, sizeof(*r));
-  r->attach_fd = -1;
-}
-
-static void raw_done(raw *r) {
-  if (r->dealer) zmq_close(r->dealer);
-  if (r->zctx) zmq_ctx_term(r->zctx);
-  if (r->attach_fd >= 0) close(r->attach_fd);
-  raw_init(r);
-}
-
-/* The attach handshake done by hand.  Returns the AttachReply's code, or a
- * transport error.  The connection stays open (it is the client's life). */
-static int raw_attach(raw *r, const char *path) {
-  int rc = ckv_unix_connect(path, &r->attach_fd);
-  if (rc < 0) return rc;
-  ckv_sock_set_timeout(r->attach_fd, REPLY_TIMEOUT_MS);
-  Commitkv__V1__AttachRequest req = COMMITKV__V1__ATTACH_REQUEST__INIT;
-  req.version = 1;
-  req.client_name = "bad-input";
-  req.want_arenas = false;
-  uint8_t buf[ATTACH_FRAME_MAX];
-  size_t len = commitkv__v1__attach_request__pack(&req, buf);
-  rc = ckv_frame_send(r->attach_fd, buf, len, NULL, 0);
-  if (rc < 0) return rc;
-  int fds[CKV_FRAME_MAX_FDS];
-  size_t n_fds = 0;
-  rc = ckv_frame_recv(r->attach_fd, buf, sizeof(buf), &len, fds, CKV_FRAME_MAX_FDS, &n_fds);
-  if (rc < 0) return rc;
-  for (size_t i = 0; i < n_fds; i++) close(fds[i]);
-  Commitkv__V1__AttachReply *rep = commitkv__v1__attach_reply__unpack(NULL, len, buf);
-  if (!rep) return CKV_ERR_PROTO;
-  rc = rep->code;
-  snprintf(r->msg, sizeof(r->msg), "%s", rep->message ? rep->message : "");
-  if (rc == 0 && rep->attach_key.len == sizeof(r->key)) {
-    memcpy(r->key, rep->attach_key.data, sizeof(r->key));
-    snprintf(r->tenant, sizeof(r->tenant), "%s", rep->tenant ? rep->tenant : "");
-  } else if (rc == 0) {
-    rc = CKV_ERR_PROTO;
-  }
-  commitkv__v1__attach_reply__free_unpacked(rep, NULL);
-  return rc;
-}
-
-/* A DEALER on the control socket with routing id `id` (NULL: ZeroMQ's own). */
-static void raw_dealer(raw *r, const char *endpoint, const void *id, size_t id_len) {
-  r->zctx = zmq_ctx_new();
-  cr_assert_not_null(r->zctx);
-  r->dealer = zmq_socket(r->zctx, ZMQ_DEALER);
-  cr_assert_not_null(r->dealer);
-  int zero = 0;
-  zmq_setsockopt(r->dealer, ZMQ_LINGER, &zero, sizeof(zero));
-  if (id) cr_assert_eq(zmq_setsockopt(r->dealer, ZMQ_ROUTING_ID, id, id_len), 0);
-  cr_assert_eq(zmq_connect(r->dealer, endpoint), 0);
-}
-
-/* Attach, then connect the DEALER with the attach key, as the contract says. */
-static void raw_connect(raw *r, const ckv_test_daemon *d) {
-  raw_init(r);
-  int rc = raw_attach(r, d->attach);
-  cr_assert_eq(rc, CKV_OK, "raw attach failed: %s (%s)", ckv_strerror(rc), r->msg);
-  raw_dealer(r, d->socket, r->key, sizeof(r->key));
-}
-
-/* Sends one multipart message. */
-static void raw_send(raw *r, const void *const *frames, const size_t *lens, int n) {
-  for (int i = 0; i < n; i++)
-    cr_assert_geq(zmq_send(r->dealer, frames[i], lens[i], i + 1 < n ? ZMQ_SNDMORE : 0), 0, "zmq_send: %s",
-                  zmq_strerror(zmq_errno()));
-}
-
-static void raw_send1(raw *r, const void *buf, size_t len) { raw_send(r, (const void *const[]){buf}, &len, 1); }
-
-/* Waits for one reply (the last frame of the message is the Response).
- * Returns its code, NO_REPLY or BAD_REPLY; *ret (may be NULL) gets the
- * unpacked Response, to free with ckv_rpc_free. */
-static int raw_recv(raw *r, int timeout_ms, Commitkv__V1__Response **ret) {
-  zmq_pollitem_t it = {.socket = r->dealer, .events = ZMQ_POLLIN};
-  if (zmq_poll(&it, 1, timeout_ms) <= 0) return NO_REPLY;
-  Commitkv__V1__Response *rep = NULL;
-  int more = 1;
-  while (more) {
-    zmq_msg_t m;
-    zmq_msg_init(&m);
-    if (zmq_msg_recv(&m, r->dealer, 0) < 0) {
-      zmq_msg_close(&m);
-      break;
-    }
-    more = zmq_msg_more(&m);
-    if (!more) rep = commitkv__v1__response__unpack(NULL, zmq_msg_size(&m), zmq_msg_data(&m));
-    zmq_msg_close(&m);
-  }
-  if (!rep) return BAD_REPLY;
-  int code = rep->code;
-  snprintf(r->msg, sizeof(r->msg), "%s", rep->message ? rep->message : "");
-  if (code != 0) cr_assert_eq(rep->body_case, COMMITKV__V1__RESPONSE__BODY__NOT_SET, "an error reply has a body");
-  cr_assert_eq(rep->boot_token.len, 16u, "every reply carries the boot token");
-  if (ret)
-    *ret = rep;
-  else
-    commitkv__v1__response__free_unpacked(rep, NULL);
-  return code;
-}
-
-/* Sends a packed Request (version 1 unless the caller set one) and returns
- * the reply's code; an error reply must explain itself in its message. */
-static int raw_call(raw *r, Commitkv__V1__Request *req, Commitkv__V1__Response **ret) {
-  static uint64_t next_id = 1;
-  if (!req->version) req->version = 1;
-  req->request_id = next_id++;
-  size_t len = commitkv__v1__request__get_packed_size(req);
-  uint8_t *buf = malloc(len ? len : 1);
-  cr_assert_not_null(buf);
-  commitkv__v1__request__pack(req, buf);
-  raw_send1(r, buf, len);
-  free(buf);
-  Commitkv__V1__Response *rep = NULL;
-  int code = raw_recv(r, REPLY_TIMEOUT_MS, &rep);
-  if (rep) {
-    cr_assert_eq(rep->request_id, req->request_id, "reply to another request");
-    if (code != 0) cr_assert(rep->message && *rep->message, "error %d without an explanation", code);
-  }
-  if (ret)
-    *ret = rep;
-  else if (rep)
-    ckv_rpc_free(rep);
-  return code;
-}
-
-/* ---- request builders ---------------------------------------------------- */
-
-static int rq_hello(raw *r, uint32_t max_v, uint32_t min_v) {
-  Commitkv__V1__Request q = COMMITKV__V1__REQUEST__INIT;
-  Commitkv__V1__Hello h = COMMITKV__V1__HELLO__INIT;
-  h.max_version = max_v;
-  h.min_version = min_v;
-  h.client_name = "bad-input";
-  q.body_case = COMMITKV__V1__REQUEST__BODY_HELLO;
-  q.hello = &h;
-  return raw_call(r, &q, NULL);
-}
-
-typedef struct geom {
-  uint32_t layers, heads, dim, dtype, draft, commit;
-  bool none; /* no geometry message at all */
-} geom;
-
-static const geom k_geom = {.layers = 2, .heads = 2, .dim = 64};
-
-static int rq_open_ex(raw *r, const char *sid, geom g, bool resume) {
-  Commitkv__V1__Request q = COMMITKV__V1__REQUEST__INIT;
-  Commitkv__V1__OpenSession o = COMMITKV__V1__OPEN_SESSION__INIT;
-  Commitkv__V1__Geometry gm = COMMITKV__V1__GEOMETRY__INIT;
-  gm.n_layers = g.layers;
-  gm.n_kv_heads = g.heads;
-  gm.head_dim = g.dim;
-  gm.dtype = (Commitkv__V1__Dtype)g.dtype;
-  gm.draft_block_tokens = g.draft;
-  gm.commit_block_tokens = g.commit;
-  o.session_id = (char *)sid;
-  o.geometry = g.none ? NULL : &gm;
-  o.resume = resume;
-  q.body_case = COMMITKV__V1__REQUEST__BODY_OPEN_SESSION;
-  q.open_session = &o;
-  return raw_call(r, &q, NULL);
-}
-
-static int rq_open(raw *r, const char *sid) { return rq_open_ex(r, sid, k_geom, false); }
-
-typedef struct cols {
-  const void *roles;
-  size_t roles_len;
-  const void *sem;
-  size_t sem_len;
-} cols;
-
-static int rq_append_ex(raw *r, const char *sid, uint32_t count, cols c, uint64_t *ret_first) {
-  Commitkv__V1__Request q = COMMITKV__V1__REQUEST__INIT;
-  Commitkv__V1__AppendTokens a = COMMITKV__V1__APPEND_TOKENS__INIT;
-  a.session_id = (char *)sid;
-  a.count = count;
-  a.roles = (ProtobufCBinaryData){c.roles_len, (uint8_t *)c.roles};
-  a.semantic = (ProtobufCBinaryData){c.sem_len, (uint8_t *)c.sem};
-  q.body_case = COMMITKV__V1__REQUEST__BODY_APPEND_TOKENS;
-  q.append_tokens = &a;
-  Commitkv__V1__Response *rep = NULL;
-  int code = raw_call(r, &q, &rep);
-  if (code == 0 && ret_first) {
-    cr_assert_eq(rep->body_case, COMMITKV__V1__RESPONSE__BODY_TOKENS_APPENDED);
-    *ret_first = rep->tokens_appended->first_position;
-  }
-  ckv_rpc_free(rep);
-  return code;
-}
-
-static int rq_append(raw *r, const char *sid, uint32_t count) {
-  return rq_append_ex(r, sid, count, (cols){0}, NULL);
-}
-
-/* ReportRound with `n` attention values (all 1/n) and optional semantic updates. */
-static int rq_report_ex(raw *r, const char *sid, uint64_t round, uint64_t first, size_t n, const uint32_t *sem_pos,
-                        const float *sem_scores, size_t m) {
-  Commitkv__V1__Request q = COMMITKV__V1__REQUEST__INIT;
-  Commitkv__V1__ReportRound rr = COMMITKV__V1__REPORT_ROUND__INIT;
-  float *attn = calloc(n ? n : 1, sizeof(float));
-  cr_assert_not_null(attn);
-  for (size_t i = 0; i < n; i++) attn[i] = 1.0f / (float)n;
-  rr.session_id = (char *)sid;
-  rr.round = round;
-  rr.first_position = first;
-  rr.attention = (ProtobufCBinaryData){n * sizeof(float), (uint8_t *)attn};
-  rr.semantic_positions = (ProtobufCBinaryData){m * sizeof(uint32_t), (uint8_t *)sem_pos};
-  rr.semantic_scores = (ProtobufCBinaryData){m * sizeof(float), (uint8_t *)sem_scores};
-  q.body_case = COMMITKV__V1__REQUEST__BODY_REPORT_ROUND;
-  q.report_round = &rr;
-  int code = raw_call(r, &q, NULL);
-  free(attn);
-  return code;
-}
-
-static int rq_report(raw *r, const char *sid, uint64_t round, uint64_t first, size_t n) {
-  return rq_report_ex(r, sid, round, first, n, NULL, NULL, 0);
-}
-
-static int rq_ack(raw *r, const char *sid, uint64_t epoch) {
-  Commitkv__V1__Request q = COMMITKV__V1__REQUEST__INIT;
-  Commitkv__V1__AckEpoch a = COMMITKV__V1__ACK_EPOCH__INIT;
-  a.session_id = (char *)sid;
-  a.epoch = epoch;
-  q.body_case = COMMITKV__V1__REQUEST__BODY_ACK_EPOCH;
-  q.ack_epoch = &a;
-  return raw_call(r, &q, NULL);
-}
-
-/* GetView; *ret_n_tokens / *ret_epoch (may be NULL) on success. */
-static int rq_view(raw *r, const char *sid, uint64_t *ret_n_tokens, uint64_t *ret_epoch) {
-  Commitkv__V1__Request q = COMMITKV__V1__REQUEST__INIT;
-  Commitkv__V1__GetView g = COMMITKV__V1__GET_VIEW__INIT;
-  g.session_id = (char *)sid;
-  q.body_case = COMMITKV__V1__REQUEST__BODY_GET_VIEW;
-  q.get_view = &g;
-  Commitkv__V1__Response *rep = NULL;
-  int code = raw_call(r, &q, &rep);
-  if (code == 0) {
-    cr_assert_eq(rep->body_case, COMMITKV__V1__RESPONSE__BODY_VIEW);
-    if (ret_n_tokens) *ret_n_tokens = rep->view->n_tokens;
-    if (ret_epoch) *ret_epoch = rep->view->epoch;
-  }
-  ckv_rpc_free(rep);
-  return code;
-}
-
-static int rq_acquire(raw *r, const char *sid) {
-  Commitkv__V1__Request q = COMMITKV__V1__REQUEST__INIT;
-  Commitkv__V1__Acquire a = COMMITKV__V1__ACQUIRE__INIT;
-  a.session_id = (char *)sid;
-  q.body_case = COMMITKV__V1__REQUEST__BODY_ACQUIRE;
-  q.acquire = &a;
-  return raw_call(r, &q, NULL);
-}
-
-static int rq_close(raw *r, const char *sid) {
-  Commitkv__V1__Request q = COMMITKV__V1__REQUEST__INIT;
-  Commitkv__V1__CloseSession c = COMMITKV__V1__CLOSE_SESSION__INIT;
-  c.session_id = (char *)sid;
-  q.body_case = COMMITKV__V1__REQUEST__BODY_CLOSE_SESSION;
-  q.close_session = &c;
-  return raw_call(r, &q, NULL);
-}
-
-static int rq_drop(raw *r, const char *sid, const char *tenant) {
-  Commitkv__V1__Request q = COMMITKV__V1__REQUEST__INIT;
-  Commitkv__V1__DropSession dr = COMMITKV__V1__DROP_SESSION__INIT;
-  dr.session_id = (char *)sid;
-  if (tenant) dr.tenant = (char *)tenant;
-  q.body_case = COMMITKV__V1__REQUEST__BODY_DROP_SESSION;
-  q.drop_session = &dr;
-  return raw_call(r, &q, NULL);
-}
-
-/* ListSessions: how many sessions are listed, and how many named `sid`. */
-static int rq_list(raw *r, const char *sid, size_t *ret_n, size_t *ret_named) {
-  Commitkv__V1__Request q = COMMITKV__V1__REQUEST__INIT;
-  Commitkv__V1__ListSessions l = COMMITKV__V1__LIST_SESSIONS__INIT;
-  q.body_case = COMMITKV__V1__REQUEST__BODY_LIST_SESSIONS;
-  q.list_sessions = &l;
-  Commitkv__V1__Response *rep = NULL;
-  int code = raw_call(r, &q, &rep);
-  if (code == 0) {
-    cr_assert_eq(rep->body_case, COMMITKV__V1__RESPONSE__BODY_SESSION_LIST);
-    size_t named = 0;
-    for (size_t i = 0; i < rep->session_list->n_sessions; i++)
-      named += strcmp(rep->session_list->sessions[i]->session_id, sid) == 0;
-    *ret_n = rep->session_list->n_sessions;
-    *ret_named = named;
-  }
-  ckv_rpc_free(rep);
-  return code;
-}
-
-static int rq_heartbeat(raw *r) {
-  Commitkv__V1__Request q = COMMITKV__V1__REQUEST__INIT;
-  Commitkv__V1__Heartbeat h = COMMITKV__V1__HEARTBEAT__INIT;
-  q.body_case = COMMITKV__V1__REQUEST__BODY_HEARTBEAT;
-  q.heartbeat = &h;
-  return raw_call(r, &q, NULL);
-}
-
-/* Asserts a status code with both names in the failure text. */
-#define expect_code(got, want)                                                                                   \
-  do {                                                                                                           \
-    int got_ = (got), want_ = (want);                                                                            \
-    cr_assert_eq(got_, want_, "%s: got %d %s, want %d %s", #got, got_,                                          \
-                 got_ == NO_REPLY ? "(no reply)" : got_ == BAD_REPLY ? "(bad reply)" : ckv_status_name(got_),   \
-                 want_, ckv_status_name(want_));                                                                 \
-  } while (0)
-
 /* A deterministic byte generator (xorshift), so a failure can be replayed. */
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 static uint8_t rng_byte(void) {
@@ -420,6 +72,16 @@ static uint8_t rng_byte(void) {
 }
 
 /* ---- malformed control-socket traffic ------------------------------------ */
+
+/* A Heartbeat Request (version 1, request_id 0) packed into buf (64 bytes). */
+static size_t packed_heartbeat(uint8_t *buf) {
+  Commitkv__V1__Request q = COMMITKV__V1__REQUEST__INIT;
+  Commitkv__V1__Heartbeat h = COMMITKV__V1__HEARTBEAT__INIT;
+  q.version = 1;
+  q.body_case = COMMITKV__V1__REQUEST__BODY_HEARTBEAT;
+  q.heartbeat = &h;
+  return commitkv__v1__request__pack(&q, buf);
+}
 
 Test(bad_input, garbage_frames_answer_proto, .timeout = 60) {
   ckv_test_daemon d;
@@ -458,7 +120,7 @@ Test(bad_input, garbage_frames_answer_proto, .timeout = 60) {
   expect_code(rq_heartbeat(&r), CKV_OK);
   assert_serving(&d);
   raw_done(&r);
-  stop(&d);
+  ckv_test_stop_clean(&d);
 }
 
 Test(bad_input, bad_framing_answer_proto, .timeout = 60) {
@@ -466,13 +128,8 @@ Test(bad_input, bad_framing_answer_proto, .timeout = 60) {
   start(&d, NULL);
   raw r;
   raw_connect(&r, &d);
-  Commitkv__V1__Request q = COMMITKV__V1__REQUEST__INIT;
-  Commitkv__V1__Heartbeat h = COMMITKV__V1__HEARTBEAT__INIT;
-  q.version = 1;
-  q.body_case = COMMITKV__V1__REQUEST__BODY_HEARTBEAT;
-  q.heartbeat = &h;
   uint8_t hb[64];
-  size_t hb_len = commitkv__v1__request__pack(&q, hb);
+  size_t hb_len = packed_heartbeat(hb);
   /* Three frames, then five: never a Request. */
   raw_send(&r, (const void *const[]){hb, hb, hb}, (const size_t[]){hb_len, hb_len, hb_len}, 3);
   expect_code(raw_recv(&r, REPLY_TIMEOUT_MS, NULL), CKV_ERR_PROTO);
@@ -487,19 +144,14 @@ Test(bad_input, bad_framing_answer_proto, .timeout = 60) {
   expect_code(rq_heartbeat(&r), CKV_OK);
   assert_serving(&d);
   raw_done(&r);
-  stop(&d);
+  ckv_test_stop_clean(&d);
 }
 
 Test(bad_input, unknown_routing_id_answers_auth, .timeout = 60) {
   ckv_test_daemon d;
   start(&d, NULL);
-  Commitkv__V1__Request q = COMMITKV__V1__REQUEST__INIT;
-  Commitkv__V1__Heartbeat h = COMMITKV__V1__HEARTBEAT__INIT;
-  q.version = 1;
-  q.body_case = COMMITKV__V1__REQUEST__BODY_HEARTBEAT;
-  q.heartbeat = &h;
   uint8_t hb[64];
-  size_t hb_len = commitkv__v1__request__pack(&q, hb);
+  size_t hb_len = packed_heartbeat(hb);
 
   /* A 16-byte id that was never handed out. */
   raw r;
@@ -540,7 +192,7 @@ Test(bad_input, unknown_routing_id_answers_auth, .timeout = 60) {
   raw_done(&r);
 
   assert_serving(&d);
-  stop(&d);
+  ckv_test_stop_clean(&d);
 }
 
 Test(bad_input, truncated_protobuf_answers_proto, .timeout = 60) {
@@ -592,7 +244,7 @@ Test(bad_input, truncated_protobuf_answers_proto, .timeout = 60) {
   expect_code(raw_recv(&r, REPLY_TIMEOUT_MS, NULL), CKV_OK);
   assert_serving(&d);
   raw_done(&r);
-  stop(&d);
+  ckv_test_stop_clean(&d);
 }
 
 Test(bad_input, oversized_message_drops_only_that_connection, .timeout = 60) {
@@ -636,7 +288,7 @@ Test(bad_input, oversized_message_drops_only_that_connection, .timeout = 60) {
     raw_done(&r);
   }
   assert_serving(&d);
-  stop(&d);
+  ckv_test_stop_clean(&d);
 }
 
 /* Appends a varint to buf at *at. */
@@ -699,7 +351,7 @@ Test(bad_input, decode_amplification_is_refused, .timeout = 60) {
   expect_code(rq_heartbeat(&r), CKV_OK);
   assert_serving(&d);
   raw_done(&r);
-  stop(&d);
+  ckv_test_stop_clean(&d);
 }
 
 Test(bad_input, decode_amplification_default_limit, .timeout = 120) {
@@ -720,7 +372,7 @@ Test(bad_input, decode_amplification_default_limit, .timeout = 120) {
   expect_code(rq_heartbeat(&r), CKV_OK);
   assert_serving(&d);
   raw_done(&r);
-  stop(&d);
+  ckv_test_stop_clean(&d);
 }
 
 /* ---- well-formed requests with bad content ------------------------------- */
@@ -749,7 +401,7 @@ Test(bad_input, unknown_session_ids_answer_not_found, .timeout = 60) {
   expect_code(rq_drop(&r, "exists", NULL), CKV_ERR_NOT_FOUND);
   assert_serving(&d);
   raw_done(&r);
-  stop(&d);
+  ckv_test_stop_clean(&d);
 }
 
 Test(bad_input, bad_session_ids_answer_invalid, .timeout = 60) {
@@ -776,7 +428,7 @@ Test(bad_input, bad_session_ids_answer_invalid, .timeout = 60) {
   expect_code(rq_append(&r, ok_id, 1), CKV_OK);
   assert_serving(&d);
   raw_done(&r);
-  stop(&d);
+  ckv_test_stop_clean(&d);
 }
 
 Test(bad_input, geometry_beyond_limits, .timeout = 60) {
@@ -824,7 +476,7 @@ Test(bad_input, geometry_beyond_limits, .timeout = 60) {
   expect_code(rq_append(&r, "edge", 3), CKV_OK);
   assert_serving(&d);
   raw_done(&r);
-  stop(&d);
+  ckv_test_stop_clean(&d);
 }
 
 Test(bad_input, positions_and_epochs_out_of_range, .timeout = 60) {
@@ -875,7 +527,7 @@ Test(bad_input, positions_and_epochs_out_of_range, .timeout = 60) {
   ckv_client_free(c);
   assert_serving(&d);
   raw_done(&r);
-  stop(&d);
+  ckv_test_stop_clean(&d);
 }
 
 Test(bad_input, bad_columns_and_rounds_answer_invalid, .timeout = 60) {
@@ -960,7 +612,7 @@ Test(bad_input, bad_columns_and_rounds_answer_invalid, .timeout = 60) {
   }
   assert_serving(&d);
   raw_done(&r);
-  stop(&d);
+  ckv_test_stop_clean(&d);
 }
 
 Test(bad_input, versions_and_empty_requests, .timeout = 60) {
@@ -1005,7 +657,7 @@ Test(bad_input, versions_and_empty_requests, .timeout = 60) {
   expect_code(rq_heartbeat(&r), CKV_OK);
   assert_serving(&d);
   raw_done(&r);
-  stop(&d);
+  ckv_test_stop_clean(&d);
 }
 
 Test(bad_input, session_of_another_client_in_the_same_tenant, .timeout = 60) {
@@ -1026,7 +678,7 @@ Test(bad_input, session_of_another_client_in_the_same_tenant, .timeout = 60) {
   raw_done(&a);
   raw_done(&b);
   assert_serving(&d);
-  stop(&d);
+  ckv_test_stop_clean(&d);
 }
 
 /* ---- tenants ------------------------------------------------------------- */
@@ -1045,41 +697,7 @@ typedef struct child_report {
   int failed_line; /* where the child gave up, 0 when it ran to the end */
 } child_report;
 
-typedef void (*child_fn)(const ckv_test_daemon *d, child_report *out);
-
-/* Runs fn in a child process with the given credentials (dropped before any
- * socket is opened, so SO_PEERCRED sees them) and returns its report. */
-static void run_as(const ckv_test_daemon *d, uid_t uid, gid_t gid, child_fn fn, child_report *ret) {
-  int p[2];
-  cr_assert_eq(pipe(p), 0);
-  pid_t pid = fork();
-  cr_assert_geq(pid, 0);
-  if (pid == 0) {
-    close(p[0]);
-    child_report rep;
-    memset(&rep, 0, sizeof(rep));
-    if (setgroups(0, NULL) != 0 || setresgid(gid, gid, gid) != 0 || setresuid(uid, uid, uid) != 0) {
-      rep.failed_line = -errno;
-    } else {
-      fn(d, &rep);
-    }
-    ssize_t w = write(p[1], &rep, sizeof(rep));
-    _exit(w == (ssize_t)sizeof(rep) ? 0 : 1);
-  }
-  close(p[1]);
-  memset(ret, 0, sizeof(*ret));
-  size_t got = 0;
-  while (got < sizeof(*ret)) {
-    ssize_t n = read(p[0], (char *)ret + got, sizeof(*ret) - got);
-    if (n <= 0) break;
-    got += (size_t)n;
-  }
-  close(p[0]);
-  int st = ckv_test_wait(pid, 30000);
-  cr_assert_eq(st, 0, "child (uid %u) exited with %d", (unsigned)uid, st);
-  cr_assert_eq(got, sizeof(*ret), "child report truncated");
-  cr_assert_geq(ret->failed_line, 0, "could not switch to uid %u: %s", (unsigned)uid, strerror(-ret->failed_line));
-}
+#define CHILD_TIMEOUT_MS 30000
 
 #define STEP(out, expr)                                                                                         \
   do {                                                                                                          \
@@ -1090,20 +708,18 @@ static void run_as(const ckv_test_daemon *d, uid_t uid, gid_t gid, child_fn fn, 
     }                                                                                                           \
   } while (0)
 
-/* Tenant b probes tenant a's session "a-secret" every way it can. */
-static void tenant_b_probe(const ckv_test_daemon *d, child_report *out) {
+/* Tenant b probes tenant a's session "a-secret" every way it can (in a
+ * child running as tenant b's uid: ckv_test_run_as). */
+static void tenant_b_probe(const void *ctx, void *report) {
+  const ckv_test_daemon *d = ctx;
+  child_report *out = report;
   raw r;
   raw_init(&r);
   out->attach_code = raw_attach(&r, d->attach);
   snprintf(out->tenant, sizeof(out->tenant), "%s", r.tenant);
   if (out->attach_code != 0) return;
   /* A DEALER created after the credentials changed. */
-  r.zctx = zmq_ctx_new();
-  r.dealer = zmq_socket(r.zctx, ZMQ_DEALER);
-  int zero = 0;
-  zmq_setsockopt(r.dealer, ZMQ_LINGER, &zero, sizeof(zero));
-  zmq_setsockopt(r.dealer, ZMQ_ROUTING_ID, r.key, sizeof(r.key));
-  if (zmq_connect(r.dealer, d->socket) != 0) {
+  if (ckv_raw_dealer(&r, d->socket, r.key, sizeof(r.key)) != 0) {
     out->failed_line = __LINE__;
     return;
   }
@@ -1126,7 +742,9 @@ static void tenant_b_probe(const ckv_test_daemon *d, child_report *out) {
   raw_done(&r);
 }
 
-static void unmapped_probe(const ckv_test_daemon *d, child_report *out) {
+static void unmapped_probe(const void *ctx, void *report) {
+  const ckv_test_daemon *d = ctx;
+  child_report *out = report;
   raw r;
   raw_init(&r);
   out->attach_code = raw_attach(&r, d->attach);
@@ -1150,13 +768,9 @@ static void normalise(const char *in, const char *id, char *out, size_t cap) {
 }
 
 Test(bad_input, another_tenants_session_is_not_found, .timeout = 90) {
-  char *cfgdir = ckv_test_tmpdir("ckv-bad-cfg");
-  char cfg[400];
-  snprintf(cfg, sizeof(cfg), "%s/commitkvd.conf", cfgdir);
-  FILE *f = fopen(cfg, "w");
-  cr_assert_not_null(f);
-  fprintf(f, "[tenant.a]\nuids = 0\n\n[tenant.b]\nuids = %u\n", NOBODY_UID);
-  fclose(f);
+  char cfg[400], text[100];
+  snprintf(text, sizeof(text), "[tenant.a]\nuids = 0\n\n[tenant.b]\nuids = %u\n", NOBODY_UID);
+  char *cfgdir = ckv_test_write_config(text, cfg, sizeof(cfg));
   ckv_test_daemon d;
   start(&d, (const char *const[]){"--config", cfg, NULL});
   /* The test's temporary directory is 0700 (mkdtemp); the other uids must
@@ -1177,7 +791,7 @@ Test(bad_input, another_tenants_session_is_not_found, .timeout = 90) {
   expect_code(rq_append(&a, "a-secret", 10), CKV_OK);
 
   child_report b;
-  run_as(&d, NOBODY_UID, NOBODY_UID, tenant_b_probe, &b);
+  ckv_test_run_as(NOBODY_UID, NOBODY_UID, tenant_b_probe, &d, &b, sizeof(b), CHILD_TIMEOUT_MS);
   expect_code(b.attach_code, CKV_OK);
   cr_assert_str_eq(b.tenant, "b");
   cr_assert_eq(b.failed_line, 0, "tenant b's child gave up at line %d", b.failed_line);
@@ -1214,13 +828,13 @@ Test(bad_input, another_tenants_session_is_not_found, .timeout = 90) {
 
   /* A uid that no tenant lists is refused at attach. */
   child_report u;
-  run_as(&d, UNMAPPED_UID, UNMAPPED_UID, unmapped_probe, &u);
+  ckv_test_run_as(UNMAPPED_UID, UNMAPPED_UID, unmapped_probe, &d, &u, sizeof(u), CHILD_TIMEOUT_MS);
   expect_code(u.attach_code, CKV_ERR_AUTH);
   cr_assert(strstr(u.msg[0], "not mapped"), "refusal text: %s", u.msg[0]);
 
   assert_serving(&d);
   raw_done(&a);
-  stop(&d);
+  ckv_test_stop_clean(&d);
   ckv_test_rmdir(cfgdir);
 }
 
@@ -1238,20 +852,6 @@ static int attach_raw(const ckv_test_daemon *d, uint32_t announced, const void *
   return fd;
 }
 
-/* Reads the daemon's answer on a hand-made attach connection: the
- * AttachReply's code, or the transport error when none came. */
-static int attach_answer(int fd) {
-  uint8_t buf[ATTACH_FRAME_MAX];
-  size_t len = 0;
-  int r = ckv_frame_recv(fd, buf, sizeof(buf), &len, NULL, 0, NULL);
-  if (r < 0) return r;
-  Commitkv__V1__AttachReply *rep = commitkv__v1__attach_reply__unpack(NULL, len, buf);
-  if (!rep) return BAD_REPLY;
-  int code = rep->code;
-  commitkv__v1__attach_reply__free_unpacked(rep, NULL);
-  return code;
-}
-
 Test(bad_input, attach_socket_abuse, .timeout = 90) {
   ckv_test_daemon d;
   start(&d, NULL);
@@ -1264,23 +864,23 @@ Test(bad_input, attach_socket_abuse, .timeout = 90) {
   uint8_t junk[64];
   for (size_t i = 0; i < sizeof(junk); i++) junk[i] = 0xff;
   int fd = attach_raw(&d, sizeof(junk), junk, sizeof(junk));
-  expect_code(attach_answer(fd), CKV_ERR_PROTO);
+  expect_code(ckv_raw_attach_answer(fd, NULL, 0), CKV_ERR_PROTO);
   close(fd);
   /* Raw garbage: the first 4 bytes read as a huge length. */
   fd = -1;
   cr_assert_eq(ckv_unix_connect(d.attach, &fd), CKV_OK);
   ckv_sock_set_timeout(fd, REPLY_TIMEOUT_MS);
   (void)send(fd, "GET / HTTP/1.1\r\nHost: x\r\n\r\n", 27, MSG_NOSIGNAL);
-  expect_code(attach_answer(fd), CKV_ERR_TOO_LARGE);
+  expect_code(ckv_raw_attach_answer(fd, NULL, 0), CKV_ERR_TOO_LARGE);
   close(fd);
   /* A frame announcing 1 GiB: refused without reading (or buffering) it. */
   fd = attach_raw(&d, 1u << 30, junk, sizeof(junk));
-  expect_code(attach_answer(fd), CKV_ERR_TOO_LARGE);
+  expect_code(ckv_raw_attach_answer(fd, NULL, 0), CKV_ERR_TOO_LARGE);
   close(fd);
   /* A frame announcing 100 bytes, then 10 bytes and a hang-up. */
   fd = attach_raw(&d, 100, junk, 10);
   shutdown(fd, SHUT_WR);
-  expect_code(attach_answer(fd), CKV_ERR_PROTO);
+  expect_code(ckv_raw_attach_answer(fd, NULL, 0), CKV_ERR_PROTO);
   close(fd);
   /* An AttachRequest from an older protocol. */
   {
@@ -1290,7 +890,7 @@ Test(bad_input, attach_socket_abuse, .timeout = 90) {
     req.client_name = "x";
     size_t len = commitkv__v1__attach_request__pack(&req, buf);
     fd = attach_raw(&d, (uint32_t)len, buf, len);
-    expect_code(attach_answer(fd), CKV_OK);
+    expect_code(ckv_raw_attach_answer(fd, NULL, 0), CKV_OK);
     close(fd);
   }
   /* Connect and hang up at once, many times. */
@@ -1304,7 +904,7 @@ Test(bad_input, attach_socket_abuse, .timeout = 90) {
   cr_assert_eq(ckv_unix_connect(d.attach, &silent), CKV_OK);
   ckv_sock_set_timeout(silent, REPLY_TIMEOUT_MS);
   long long t0 = ckv_test_now_ms();
-  int code = attach_answer(silent);
+  int code = ckv_raw_attach_answer(silent, NULL, 0);
   long long waited = ckv_test_now_ms() - t0;
   cr_assert(code == CKV_ERR_PROTO || code == CKV_ERR_TIMEOUT || code == CKV_ERR_DISCONNECTED,
             "silent attach answered %d %s", code, ckv_status_name(code));
@@ -1314,31 +914,18 @@ Test(bad_input, attach_socket_abuse, .timeout = 90) {
   expect_code(rq_append(&w, "survivor", 3), CKV_OK);
   assert_serving(&d);
   raw_done(&w);
-  stop(&d);
+  ckv_test_stop_clean(&d);
 }
 
 /* After attaching, the attach socket takes only AttachRequest{refresh}
  * (the arenas again, grown prefix and new fds included); anything else is
  * answered with PROTO or, when it is not even a frame, ends that client. */
 static int attached_request(int fd, bool refresh, bool want_arenas, uint64_t *ret_committed) {
-  Commitkv__V1__AttachRequest req = COMMITKV__V1__ATTACH_REQUEST__INIT;
-  req.version = 1;
-  req.client_name = "attached";
-  req.want_arenas = want_arenas;
-  req.refresh = refresh;
-  uint8_t buf[ATTACH_FRAME_MAX];
-  size_t len = commitkv__v1__attach_request__pack(&req, buf);
-  cr_assert_eq(ckv_frame_send(fd, buf, len, NULL, 0), CKV_OK);
-  int fds[CKV_FRAME_MAX_FDS];
-  size_t n_fds = 0;
-  int r = ckv_frame_recv(fd, buf, sizeof(buf), &len, fds, CKV_FRAME_MAX_FDS, &n_fds);
-  for (size_t i = 0; i < n_fds; i++) close(fds[i]);
-  if (r < 0) return r;
-  Commitkv__V1__AttachReply *rep = commitkv__v1__attach_reply__unpack(NULL, len, buf);
-  if (!rep) return BAD_REPLY;
-  int code = rep->code;
-  if (ret_committed) *ret_committed = rep->n_arenas ? rep->arenas[0]->committed : 0;
-  commitkv__v1__attach_reply__free_unpacked(rep, NULL);
+  cr_assert_eq(ckv_raw_attach_send(fd, "attached", want_arenas, refresh), CKV_OK);
+  Commitkv__V1__AttachReply *rep = NULL;
+  int code = ckv_raw_attach_recv(fd, &rep);
+  if (rep && ret_committed) *ret_committed = rep->n_arenas ? rep->arenas[0]->committed : 0;
+  if (rep) commitkv__v1__attach_reply__free_unpacked(rep, NULL);
   return code;
 }
 
@@ -1369,7 +956,7 @@ Test(bad_input, welcome_describes_the_arena, .timeout = 60) {
   cr_assert_eq(a->handle.len, 0u, "host memory has no handle: its memfd travels only over the attach socket");
   ckv_rpc_free(rep);
   raw_done(&w);
-  stop(&d);
+  ckv_test_stop_clean(&d);
 }
 
 Test(bad_input, attached_socket_takes_only_refresh, .timeout = 60) {
@@ -1398,7 +985,7 @@ Test(bad_input, attached_socket_takes_only_refresh, .timeout = 60) {
   expect_code(rq_append(&w, "survivor", 3), CKV_OK);
   assert_serving(&d);
   raw_done(&w);
-  stop(&d);
+  ckv_test_stop_clean(&d);
 }
 
 /* A peer that connects to the attach socket and says nothing must not stall
@@ -1415,13 +1002,8 @@ Test(bad_input, silent_attach_does_not_stall_others, .timeout = 90) {
   int fds[5];
   for (int i = 0; i < 5; i++) cr_assert_eq(ckv_unix_connect(d.attach, &fds[i]), CKV_OK);
   usleep(50 * 1000);
-  Commitkv__V1__Request q = COMMITKV__V1__REQUEST__INIT;
-  Commitkv__V1__Heartbeat h = COMMITKV__V1__HEARTBEAT__INIT;
-  q.version = 1;
-  q.body_case = COMMITKV__V1__REQUEST__BODY_HEARTBEAT;
-  q.heartbeat = &h;
   uint8_t hb[64];
-  size_t hb_len = commitkv__v1__request__pack(&q, hb);
+  size_t hb_len = packed_heartbeat(hb);
   long long t0 = ckv_test_now_ms();
   raw_send1(&w, hb, hb_len);
   expect_code(raw_recv(&w, 20000, NULL), CKV_OK);
@@ -1431,5 +1013,5 @@ Test(bad_input, silent_attach_does_not_stall_others, .timeout = 90) {
                took);
   assert_serving(&d);
   raw_done(&w);
-  stop(&d);
+  ckv_test_stop_clean(&d);
 }

@@ -28,10 +28,7 @@ typedef struct peer {
 
 /* memory: --memory; small enough that offsets from a forged capacity leave
  * the arena's mapping (which is how the old daemon crashed). */
-static void start(ckv_test_daemon *d, const char *memory) {
-  const char *extra[] = {"--backend", "host", "--memory", memory, NULL};
-  cr_assert_eq(ckv_test_daemon_start(d, extra), 0, "commitkvd did not start");
-}
+static void start(ckv_test_daemon *d, const char *memory) { ckv_test_start_host(d, memory, NULL); }
 
 static void peer_open(peer *p, const ckv_test_daemon *d, const char *id, ckv_geometry g, const char *policy,
                       const char *const *names, const double *values, size_t n_params) {

@@ -11,8 +11,6 @@
  * A second tenant's clients run in a forked child with the credentials of
  * `nobody`, dropped before any socket is opened, so SO_PEERCRED sees them. */
 #include <criterion/criterion.h>
-#include <errno.h>
-#include <grp.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -33,34 +31,12 @@ TestSuite(hostile_local, .fini = ckv_test_leak_check);
 
 /* ---- helpers ------------------------------------------------------------ */
 
-/* A config file in a fresh directory; the path is written to ret_path and
- * the directory returned (remove it with ckv_test_rmdir). */
-static char *write_config(const char *text, char *ret_path, size_t cap) {
-  char *dir = ckv_test_tmpdir("ckv-hostile-cfg");
-  snprintf(ret_path, cap, "%s/commitkvd.conf", dir);
-  FILE *f = fopen(ret_path, "w");
-  cr_assert_not_null(f);
-  fputs(text, f);
-  fclose(f);
-  return dir;
-}
-
 static void start(ckv_test_daemon *d, const char *memory, const char *config) {
-  const char *argv[] = {
-      "--backend", "host",  "--memory",        memory, "--config",
-      config,      "--set", "daemon.metrics=", NULL};
-  cr_assert_eq(ckv_test_daemon_start(d, argv), 0,
-               "commitkvd did not start:\n%s",
-               ckv_test_file_tail(d->log, 2000));
+  ckv_test_start_host(d, memory,
+                      (const char *const[]){"--config", config, "--set",
+                                            "daemon.metrics=", NULL});
   /* mkdtemp made the directory 0700: the other uid must reach the sockets. */
   cr_assert_eq(chmod(d->dir, 0755), 0);
-}
-
-static void stop(ckv_test_daemon *d) {
-  cr_assert(ckv_test_daemon_alive(d), "commitkvd died during the test:\n%s",
-            ckv_test_file_tail(d->log, 2000));
-  cr_assert_eq(ckv_test_daemon_stop(d), 0,
-               "commitkvd did not exit cleanly on SIGTERM");
 }
 
 static ckv_client *connect_client(const ckv_test_daemon *d, int *ret_code,
@@ -82,43 +58,7 @@ typedef struct child_report {
   int appends_ok;
 } child_report;
 
-typedef void (*child_fn)(const ckv_test_daemon *d, child_report *out);
-
-static void run_as(const ckv_test_daemon *d, uid_t uid, child_fn fn,
-                   child_report *ret) {
-  int p[2];
-  cr_assert_eq(pipe(p), 0);
-  pid_t pid = fork();
-  cr_assert_geq(pid, 0);
-  if (pid == 0) {
-    close(p[0]);
-    child_report rep;
-    memset(&rep, 0, sizeof(rep));
-    if (setgroups(0, NULL) != 0 || setresgid(uid, uid, uid) != 0 ||
-        setresuid(uid, uid, uid) != 0) {
-      rep.code = -errno;
-      snprintf(rep.msg, sizeof(rep.msg), "cannot become uid %u: %s",
-               (unsigned)uid, strerror(errno));
-    } else {
-      fn(d, &rep);
-    }
-    ssize_t w = write(p[1], &rep, sizeof(rep));
-    _exit(w == (ssize_t)sizeof(rep) ? 0 : 1);
-  }
-  close(p[1]);
-  memset(ret, 0, sizeof(*ret));
-  size_t got = 0;
-  while (got < sizeof(*ret)) {
-    ssize_t n = read(p[0], (char *)ret + got, sizeof(*ret) - got);
-    if (n <= 0)
-      break;
-    got += (size_t)n;
-  }
-  close(p[0]);
-  cr_assert_eq(ckv_test_wait(pid, 60000), 0, "the child (uid %u) failed",
-               (unsigned)uid);
-  cr_assert_eq(got, sizeof(*ret), "the child's report is truncated");
-}
+#define CHILD_TIMEOUT_MS 60000
 
 /* Polls the daemon's log for `needle` (up to timeout_ms); true when found. */
 static bool log_has(const ckv_test_daemon *d, const char *needle,
@@ -137,7 +77,10 @@ static bool log_has(const ckv_test_daemon *d, const char *needle,
 
 /* ---- item 4: client slots per tenant ------------------------------------ */
 
-static void attach_once(const ckv_test_daemon *d, child_report *out) {
+/* In a child (ckv_test_run_as): attach, report the answer, detach. */
+static void attach_once(const void *ctx, void *report) {
+  const ckv_test_daemon *d = ctx;
+  child_report *out = report;
   ckv_client *c = connect_client(d, &out->code, out->msg, sizeof(out->msg));
   ckv_client_free(c);
 }
@@ -148,7 +91,7 @@ Test(hostile_local, one_tenant_cannot_take_every_client_slot, .timeout = 90) {
            "[daemon]\nmax_clients = 4\n[tenant.a]\nuids = 0\n[tenant.b]\nuids "
            "= %u\n",
            NOBODY_UID);
-  char *cfgdir = write_config(text, cfg, sizeof(cfg));
+  char *cfgdir = ckv_test_write_config(text, cfg, sizeof(cfg));
   ckv_test_daemon d;
   start(&d, "256M", cfg);
   /* Tenant a tries to hold every one of the daemon's 4 slots. */
@@ -158,7 +101,8 @@ Test(hostile_local, one_tenant_cannot_take_every_client_slot, .timeout = 90) {
   for (int i = 0; i < 4; i++)
     a[i] = connect_client(&d, &code[i], msg[i], sizeof(msg[i]));
   child_report b;
-  run_as(&d, NOBODY_UID, attach_once, &b);
+  ckv_test_run_as(NOBODY_UID, NOBODY_UID, attach_once, &d, &b, sizeof(b),
+                  CHILD_TIMEOUT_MS);
   cr_expect_eq(b.code, CKV_OK,
                "tenant b was locked out by tenant a's clients: %d (%s) %s",
                b.code, ckv_status_name(b.code), b.msg);
@@ -174,7 +118,7 @@ Test(hostile_local, one_tenant_cannot_take_every_client_slot, .timeout = 90) {
   }
   for (int i = 0; i < 4; i++)
     a[i] = ckv_client_free(a[i]);
-  stop(&d);
+  ckv_test_stop_clean(&d);
   ckv_test_rmdir(cfgdir);
 }
 
@@ -184,7 +128,7 @@ Test(hostile_local, daemon_max_clients_is_the_ceiling, .timeout = 90) {
            "[daemon]\nmax_clients = 3\n[tenant.a]\nuids = 0\nmax_clients = 3\n"
            "[tenant.b]\nuids = %u\nmax_clients = 3\n",
            NOBODY_UID);
-  char *cfgdir = write_config(text, cfg, sizeof(cfg));
+  char *cfgdir = ckv_test_write_config(text, cfg, sizeof(cfg));
   ckv_test_daemon d;
   start(&d, "256M", cfg);
   ckv_client *a[3] = {NULL};
@@ -196,13 +140,14 @@ Test(hostile_local, daemon_max_clients_is_the_ceiling, .timeout = 90) {
                  i, msg);
   }
   child_report b;
-  run_as(&d, NOBODY_UID, attach_once, &b);
+  ckv_test_run_as(NOBODY_UID, NOBODY_UID, attach_once, &d, &b, sizeof(b),
+                  CHILD_TIMEOUT_MS);
   cr_expect_eq(b.code, CKV_ERR_LIMIT, "%d %s", b.code, b.msg);
   cr_expect(strstr(b.msg, "daemon") && strstr(b.msg, "max_clients"),
             "refusal text: %s", b.msg);
   for (int i = 0; i < 3; i++)
     a[i] = ckv_client_free(a[i]);
-  stop(&d);
+  ckv_test_stop_clean(&d);
   ckv_test_rmdir(cfgdir);
 }
 
@@ -210,7 +155,9 @@ Test(hostile_local, daemon_max_clients_is_the_ceiling, .timeout = 90) {
 
 /* 8 KiB per token (4 layers x 4 heads x 128 x K,V x FP16): 40 appends of
  * 256 tokens ask for 80 MiB, more than the whole --memory of the test. */
-static void fill_memory(const ckv_test_daemon *d, child_report *out) {
+static void fill_memory(const void *ctx, void *report) {
+  const ckv_test_daemon *d = ctx;
+  child_report *out = report;
   ckv_client *c = connect_client(d, &out->code, out->msg, sizeof(out->msg));
   if (!c)
     return;
@@ -241,11 +188,12 @@ Test(hostile_local, memory_is_the_budget_of_all_tenants, .timeout = 120) {
   char cfg[400], text[200];
   snprintf(text, sizeof(text), "[tenant.a]\nuids = 0\n[tenant.b]\nuids = %u\n",
            NOBODY_UID);
-  char *cfgdir = write_config(text, cfg, sizeof(cfg));
+  char *cfgdir = ckv_test_write_config(text, cfg, sizeof(cfg));
   ckv_test_daemon d;
   start(&d, "64M", cfg);
   child_report b, a;
-  run_as(&d, NOBODY_UID, fill_memory, &b);
+  ckv_test_run_as(NOBODY_UID, NOBODY_UID, fill_memory, &d, &b, sizeof(b),
+                  CHILD_TIMEOUT_MS);
   cr_assert_eq(b.code, CKV_OK, "tenant b: %s", b.msg);
   memset(&a, 0, sizeof(a));
   fill_memory(&d, &a);
@@ -267,7 +215,7 @@ Test(hostile_local, memory_is_the_budget_of_all_tenants, .timeout = 120) {
                 b.msg);
   cr_expect_geq(used1, 8 * MIB, "tenant a: %d appends, %s", a.appends_ok,
                 a.msg);
-  stop(&d);
+  ckv_test_stop_clean(&d);
   ckv_test_rmdir(cfgdir);
 }
 
@@ -276,7 +224,7 @@ Test(hostile_local, memory_is_the_budget_of_all_tenants, .timeout = 120) {
 Test(hostile_local, sighup_applies_quota_and_warns_about_uids, .timeout = 90) {
   char cfg[400];
   char *cfgdir =
-      write_config("[tenant.a]\nuids = 0\nquota = 4M\n", cfg, sizeof(cfg));
+      ckv_test_write_config("[tenant.a]\nuids = 0\nquota = 4M\n", cfg, sizeof(cfg));
   ckv_test_daemon d;
   start(&d, "256M", cfg);
   /* commitkvctl runs as root: tenant a, created by its attach. */
@@ -305,7 +253,7 @@ Test(hostile_local, sighup_applies_quota_and_warns_about_uids, .timeout = 90) {
   cr_expect_null(strstr(log, "daemon.socket"),
                  "a flag was taken for a file change:\n%s", log);
   free(log);
-  stop(&d);
+  ckv_test_stop_clean(&d);
   ckv_test_rmdir(cfgdir);
 }
 
@@ -344,7 +292,7 @@ Test(hostile_local, check_config_refuses_a_fifo_and_a_directory,
 
 Test(hostile_local, sighup_with_a_fifo_config_keeps_serving, .timeout = 90) {
   char cfg[400];
-  char *cfgdir = write_config("[tenant.a]\nuids = 0\n", cfg, sizeof(cfg));
+  char *cfgdir = ckv_test_write_config("[tenant.a]\nuids = 0\n", cfg, sizeof(cfg));
   ckv_test_daemon d;
   start(&d, "256M", cfg);
   cr_assert_eq(unlink(cfg), 0);
@@ -359,7 +307,7 @@ Test(hostile_local, sighup_with_a_fifo_config_keeps_serving, .timeout = 90) {
   cr_expect(served,
             "commitkvctl got no answer after the SIGHUP: the daemon hangs");
   if (served)
-    stop(&d);
+    ckv_test_stop_clean(&d);
   else
     ckv_test_daemon_stop(&d); /* a hung daemon ignores SIGTERM: killed */
   ckv_test_rmdir(cfgdir);

@@ -71,16 +71,6 @@ static float tolerance(uint32_t format) {
   }
 }
 
-static float value_of(size_t pos, uint32_t layer, uint32_t kv, uint32_t e) {
-  uint64_t z = ((uint64_t)pos << 20) ^ ((uint64_t)layer << 12) ^ ((uint64_t)kv << 10) ^ e;
-  z = (z + 0x9e3779b97f4a7c15ull) * 0xbf58476d1ce4e5b9ull;
-  z ^= z >> 29;
-  z *= 0x94d049bb133111ebull;
-  z ^= z >> 32;
-  float u = (float)(z & 0xffffff) / (float)0xffffff;
-  return (e % 7 == 0 ? 1.0f : 0.5f) * (2.f * u - 1.f);
-}
-
 /* Raw GetView: the libcommitkv view is refreshed only when a reply says the
  * epoch moved, and publishing is asynchronous; the test wants the newest. */
 static Commitkv__V1__Response *get_view(ckv_client *c, const char *sid) {
@@ -189,8 +179,8 @@ Test(lifecycle_daemon, twenty_rounds_transitions_views_and_stats, .timeout = 60)
       for (uint32_t layer = 0; layer < LAYERS; layer++) {
         uint16_t k[HEADS * DIM], v[HEADS * DIM];
         for (uint32_t e = 0; e < elems; e++) {
-          k[e] = ckv_f32_to_f16(value_of(pos, layer, 0, e));
-          v[e] = ckv_f32_to_f16(value_of(pos, layer, 1, e));
+          k[e] = ckv_f32_to_f16(ckv_test_kv_value(pos, layer, 0, e));
+          v[e] = ckv_f32_to_f16(ckv_test_kv_value(pos, layer, 1, e));
           expect[pos * tok + (layer * 2 + 0) * elems + e] = ckv_f16_to_f32(k[e]);
           expect[pos * tok + (layer * 2 + 1) * elems + e] = ckv_f16_to_f32(v[e]);
         }
@@ -297,22 +287,26 @@ static int raw_report(ckv_client *c, const char *sid, uint64_t round, const floa
   return ckv_rpc(c, &req, ret);
 }
 
+/* A daemon on host memory whose one tenant, t (this uid), has `quota`.
+ * Returns the configuration's directory, to remove after the daemon stops. */
+static char *start_with_quota(ckv_test_daemon *d, const char *quota) {
+  char conf[512], text[200];
+  snprintf(text, sizeof(text), "[daemon]\nbackend = host\nmetrics = \"\"\n\n[tenant.t]\nuids = %u\nquota = %s\n",
+           (unsigned)getuid(), quota);
+  char *dir = ckv_test_write_config(text, conf, sizeof(conf));
+  const char *extra[] = {"--config", conf, NULL};
+  cr_assert_eq(ckv_test_daemon_start(d, extra), 0, "commitkvd did not start with %s", conf);
+  return dir;
+}
+
 #define QUOTA (2ull << 20)
 #define QLAYERS 4u
 #define QHEADS 4u
 #define QDIM 64u
 
 Test(lifecycle_daemon, quota_recycles_then_refuses_and_usage_stays_within, .timeout = 60) {
-  char *dir = ckv_test_tmpdir("ckv-quota");
-  char conf[512];
-  snprintf(conf, sizeof(conf), "%s/commitkvd.conf", dir);
-  FILE *f = fopen(conf, "w");
-  cr_assert_not_null(f);
-  fprintf(f, "[daemon]\nbackend = host\nmetrics = \"\"\n\n[tenant.t]\nuids = %u\nquota = 2M\n", (unsigned)getuid());
-  fclose(f);
-  const char *extra[] = {"--config", conf, NULL};
   ckv_test_daemon d;
-  cr_assert_eq(ckv_test_daemon_start(&d, extra), 0, "commitkvd did not start with %s", conf);
+  char *dir = start_with_quota(&d, "2M");
   ckv_client *c = connect_to(&d);
   cr_assert_str_eq(ckv_client_tenant(c), "t");
   ckv_geometry g = {QLAYERS, QHEADS, QDIM, 0};
@@ -405,17 +399,9 @@ Test(lifecycle_daemon, quota_recycles_then_refuses_and_usage_stays_within, .time
  * moved stayed pending for good and nothing said why.  Now one warning
  * (moves-stalled) names the quota, once, however many rounds follow. */
 Test(lifecycle_daemon, moves_stalled_on_quota_are_said_once, .timeout = 60) {
-  char *dir = ckv_test_tmpdir("ckv-stall");
-  char conf[512];
-  snprintf(conf, sizeof(conf), "%s/commitkvd.conf", dir);
-  FILE *f = fopen(conf, "w");
-  cr_assert_not_null(f);
-  /* 3 draft blocks of 16 tokens (4 MiB each) fit, a 64-token staged block (8.5 MiB) does not. */
-  fprintf(f, "[daemon]\nbackend = host\nmetrics = \"\"\n\n[tenant.t]\nuids = %u\nquota = 16M\n", (unsigned)getuid());
-  fclose(f);
-  const char *extra[] = {"--config", conf, NULL};
   ckv_test_daemon d;
-  cr_assert_eq(ckv_test_daemon_start(&d, extra), 0, "commitkvd did not start with %s", conf);
+  /* 3 draft blocks of 16 tokens (4 MiB each) fit, a 64-token staged block (8.5 MiB) does not. */
+  char *dir = start_with_quota(&d, "16M");
   ckv_client *c = connect_to(&d);
   ckv_geometry g = {64, 8, 128, 0};
   const char *names[] = {"sink_tokens", "recent_window"};

@@ -12,10 +12,11 @@
  * - A request over max_message is answered CKV_ERR_TOO_LARGE (naming the
  *   limit) and dropped; the connection keeps working.
  *
- * Each test starts a real commitkvd and talks to it with a raw client built
- * here (attach by hand, a DEALER with the attach key as routing id, Requests
- * packed with protobuf-c, as tests/integration/test_bad_input.c does) or with
- * libcommitkv, and ends with a SIGTERM that must exit 0. */
+ * Each test starts a real commitkvd and talks to it with the raw client of
+ * tests/support/rawclient.c (attach by hand, a DEALER with the attach key as
+ * routing id, Requests packed with protobuf-c), whose every reply this suite
+ * also checks for UTF-8, or with libcommitkv, and ends with a SIGTERM that
+ * must exit 0. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdint.h>
@@ -23,34 +24,16 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include <zmq.h>
 
 #include "commitkv.pb-c.h"
 #include "commitkv/commitkv.h"
 #include "commitkv/status.h"
 #include "daemon/utf8.h"
-#include "shm/fdpass.h"
+#define RAW_CLIENT_NAME "replies"
+#include "rawcheck.h"
 #include "testcheck.h"
 
-#define REPLY_TIMEOUT_MS 5000
-#define NO_REPLY 1 /* nothing came back in time */
-#define ATTACH_FRAME_MAX 4096
-
-/* ---- the daemon -------------------------------------------------------- */
-
-static void start(ckv_test_daemon *d, const char *const *more) {
-  const char *argv[16] = {"--backend", "host", "--memory", "256M"};
-  int n = 4;
-  for (int i = 0; more && more[i] && n < 15; i++) argv[n++] = more[i];
-  argv[n] = NULL;
-  cr_assert_eq(ckv_test_daemon_start(d, argv), 0, "commitkvd did not start (see its log)");
-}
-
-static void stop(ckv_test_daemon *d) {
-  cr_assert(ckv_test_daemon_alive(d), "commitkvd died during the test");
-  int rc = ckv_test_daemon_stop(d);
-  cr_assert_eq(rc, 0, "commitkvd did not exit cleanly on SIGTERM (status %d)", rc);
-}
+static void start(ckv_test_daemon *d, const char *const *more) { ckv_test_start_host(d, "256M", more); }
 
 /* ---- valid UTF-8, checked in every string of a decoded message --------- */
 
@@ -97,188 +80,29 @@ static const char *escaped(const char *s) {
   return out;
 }
 
-/* ---- a raw client -------------------------------------------------------- */
+/* ---- every reply of the raw client checked for UTF-8 --------------------- */
 
-typedef struct raw {
-  int attach_fd;
-  void *zctx, *dealer;
-  uint8_t key[16];
-  char msg[1024];       /* message of the last reply */
-  uint64_t request_id;  /* request_id of the last reply */
-  size_t bad_replies;   /* replies with a string that is not valid UTF-8 */
-  char first_bad[1100]; /* the first of them: field and escaped text */
-} raw;
+/* Replies with a string that is not valid UTF-8: how many, and the first
+ * (field and escaped text).  A bad AttachReply fails the test at once. */
+static struct {
+  size_t n;
+  char first[1100];
+} bad_replies;
 
-static void raw_done(raw *r) {
-  if (r->dealer) zmq_close(r->dealer);
-  if (r->zctx) zmq_ctx_term(r->zctx);
-  if (r->attach_fd >= 0) close(r->attach_fd);
-  r->dealer = r->zctx = NULL;
-  r->attach_fd = -1;
-}
-
-/* Attach by hand (client_name as given, no arenas), then a DEALER whose
- * routing id is the attach key. */
-static void raw_connect_named(raw *r, const ckv_test_daemon *d, const char *name) {
-  memset(r, 0, sizeof(*r));
-  r->attach_fd = -1;
-  cr_assert_eq(ckv_unix_connect(d->attach, &r->attach_fd), 0);
-  ckv_sock_set_timeout(r->attach_fd, REPLY_TIMEOUT_MS);
-  Commitkv__V1__AttachRequest req = COMMITKV__V1__ATTACH_REQUEST__INIT;
-  req.version = 1;
-  req.client_name = (char *)name;
-  uint8_t buf[ATTACH_FRAME_MAX];
-  size_t len = commitkv__v1__attach_request__pack(&req, buf);
-  cr_assert_eq(ckv_frame_send(r->attach_fd, buf, len, NULL, 0), 0);
-  int fds[CKV_FRAME_MAX_FDS];
-  size_t n_fds = 0;
-  cr_assert_eq(ckv_frame_recv(r->attach_fd, buf, sizeof(buf), &len, fds, CKV_FRAME_MAX_FDS, &n_fds), 0);
-  for (size_t i = 0; i < n_fds; i++) close(fds[i]);
-  Commitkv__V1__AttachReply *rep = commitkv__v1__attach_reply__unpack(NULL, len, buf);
-  cr_assert_not_null(rep);
-  const char *field = "", *bad = bad_string(&rep->base, &field);
-  cr_assert_null(bad, "AttachReply.%s is not UTF-8: %s", field, bad ? escaped(bad) : "");
-  cr_assert_eq(rep->code, 0, "attach refused: %s", rep->message);
-  cr_assert_eq(rep->attach_key.len, sizeof(r->key));
-  memcpy(r->key, rep->attach_key.data, sizeof(r->key));
-  commitkv__v1__attach_reply__free_unpacked(rep, NULL);
-  r->zctx = zmq_ctx_new();
-  r->dealer = zmq_socket(r->zctx, ZMQ_DEALER);
-  cr_assert_not_null(r->dealer);
-  int zero = 0;
-  zmq_setsockopt(r->dealer, ZMQ_LINGER, &zero, sizeof(zero));
-  cr_assert_eq(zmq_setsockopt(r->dealer, ZMQ_ROUTING_ID, r->key, sizeof(r->key)), 0);
-  cr_assert_eq(zmq_connect(r->dealer, d->socket), 0);
-}
-
-static void raw_connect(raw *r, const ckv_test_daemon *d) { raw_connect_named(r, d, "replies"); }
-
-/* Waits for one reply; returns its code or NO_REPLY.  Every reply's strings
- * are checked: a bad one is counted and the first kept in r->first_bad. */
-static int raw_recv(raw *r, int timeout_ms, Commitkv__V1__Response **ret) {
-  zmq_pollitem_t it = {.socket = r->dealer, .events = ZMQ_POLLIN};
-  if (zmq_poll(&it, 1, timeout_ms) <= 0) return NO_REPLY;
-  zmq_msg_t m;
-  zmq_msg_init(&m);
-  cr_assert_geq(zmq_msg_recv(&m, r->dealer, 0), 0);
-  cr_assert(!zmq_msg_more(&m), "a reply of more than one frame");
-  Commitkv__V1__Response *rep = commitkv__v1__response__unpack(NULL, zmq_msg_size(&m), zmq_msg_data(&m));
-  zmq_msg_close(&m);
-  cr_assert_not_null(rep, "the reply is not a commitkv.v1.Response");
-  const char *field = "", *bad = bad_string(&rep->base, &field);
-  if (bad && r->bad_replies++ == 0)
-    snprintf(r->first_bad, sizeof(r->first_bad), "%s = \"%s\"", field, escaped(bad));
-  int code = rep->code;
-  r->request_id = rep->request_id;
-  snprintf(r->msg, sizeof(r->msg), "%s", rep->message ? rep->message : "");
-  if (code != 0) cr_assert(rep->message && *rep->message, "error %d without an explanation", code);
-  if (ret)
-    *ret = rep;
-  else
-    commitkv__v1__response__free_unpacked(rep, NULL);
-  return code;
-}
-
-static void raw_send(raw *r, const void *buf, size_t len) {
-  cr_assert_geq(zmq_send(r->dealer, buf, len, 0), 0, "zmq_send: %s", zmq_strerror(zmq_errno()));
-}
-
-/* Packs and sends `req` (version 1, a fresh request_id) and returns the reply's code. */
-static int raw_call(raw *r, Commitkv__V1__Request *req, Commitkv__V1__Response **ret) {
-  static uint64_t next_id = 1;
-  req->version = 1;
-  req->request_id = next_id++;
-  size_t len = commitkv__v1__request__get_packed_size(req);
-  uint8_t *buf = malloc(len ? len : 1);
-  cr_assert_not_null(buf);
-  commitkv__v1__request__pack(req, buf);
-  raw_send(r, buf, len);
-  free(buf);
-  int code = raw_recv(r, REPLY_TIMEOUT_MS, ret);
-  if (code != NO_REPLY) cr_assert_eq(r->request_id, req->request_id, "a reply to another request");
-  return code;
-}
-
-#define expect_code(got, want)                                                                                  \
-  do {                                                                                                          \
-    int got_ = (got), want_ = (want);                                                                           \
-    cr_assert_eq(got_, want_, "%s: got %d %s (%s), want %s", #got, got_,                                       \
-                 got_ == NO_REPLY ? "(no reply)" : ckv_status_name(got_), r.msg, ckv_status_name(want_));       \
-  } while (0)
-
-#define expect_text(part)                                                                                       \
-  cr_assert_not_null(strstr(r.msg, (part)), "the reply says \"%s\", not \"%s\"", r.msg, (part))
-
-/* ---- request builders ---------------------------------------------------- */
-
-static int rq_open_policy(raw *r, const char *sid, const char *policy, const char *param_key) {
-  Commitkv__V1__Request q = COMMITKV__V1__REQUEST__INIT;
-  Commitkv__V1__OpenSession o = COMMITKV__V1__OPEN_SESSION__INIT;
-  Commitkv__V1__Geometry gm = COMMITKV__V1__GEOMETRY__INIT;
-  Commitkv__V1__OpenSession__ParamsEntry e = COMMITKV__V1__OPEN_SESSION__PARAMS_ENTRY__INIT, *ep = &e;
-  gm.n_layers = 2, gm.n_kv_heads = 2, gm.head_dim = 64;
-  o.session_id = (char *)sid;
-  o.geometry = &gm;
-  if (policy) o.policy = (char *)policy;
-  if (param_key) {
-    e.key = (char *)param_key;
-    e.value = 0.5;
-    o.n_params = 1;
-    o.params = &ep;
+static void check_utf8(const raw *r, const ProtobufCMessage *m, void *ctx) {
+  const char *field = "", *bad = bad_string(m, &field);
+  if (m->descriptor == &commitkv__v1__attach_reply__descriptor) {
+    cr_assert_null(bad, "AttachReply.%s is not UTF-8: %s", field, bad ? escaped(bad) : "");
+    return;
   }
-  q.body_case = COMMITKV__V1__REQUEST__BODY_OPEN_SESSION;
-  q.open_session = &o;
-  return raw_call(r, &q, NULL);
+  cr_assert_eq(r->frames, 1, "a reply of more than one frame");
+  if (bad && bad_replies.n++ == 0)
+    snprintf(bad_replies.first, sizeof(bad_replies.first), "%s = \"%s\"", field, escaped(bad));
 }
 
-static int rq_open(raw *r, const char *sid) { return rq_open_policy(r, sid, NULL, NULL); }
-
-static int rq_append(raw *r, const char *sid, uint32_t count, const float *sem) {
-  Commitkv__V1__Request q = COMMITKV__V1__REQUEST__INIT;
-  Commitkv__V1__AppendTokens a = COMMITKV__V1__APPEND_TOKENS__INIT;
-  a.session_id = (char *)sid;
-  a.count = count;
-  if (sem) a.semantic = (ProtobufCBinaryData){count * sizeof(float), (uint8_t *)sem};
-  q.body_case = COMMITKV__V1__REQUEST__BODY_APPEND_TOKENS;
-  q.append_tokens = &a;
-  return raw_call(r, &q, NULL);
-}
-
-static int rq_report(raw *r, const char *sid, uint64_t round, uint64_t first, const float *attn, size_t n,
-                     const uint32_t *sem_pos, const float *sem_scores, size_t m) {
-  Commitkv__V1__Request q = COMMITKV__V1__REQUEST__INIT;
-  Commitkv__V1__ReportRound rr = COMMITKV__V1__REPORT_ROUND__INIT;
-  rr.session_id = (char *)sid;
-  rr.round = round;
-  rr.first_position = first;
-  rr.attention = (ProtobufCBinaryData){n * sizeof(float), (uint8_t *)attn};
-  rr.semantic_positions = (ProtobufCBinaryData){m * sizeof(uint32_t), (uint8_t *)sem_pos};
-  rr.semantic_scores = (ProtobufCBinaryData){m * sizeof(float), (uint8_t *)sem_scores};
-  q.body_case = COMMITKV__V1__REQUEST__BODY_REPORT_ROUND;
-  q.report_round = &rr;
-  return raw_call(r, &q, NULL);
-}
-
-static int rq_heartbeat(raw *r) {
-  Commitkv__V1__Request q = COMMITKV__V1__REQUEST__INIT;
-  Commitkv__V1__Heartbeat h = COMMITKV__V1__HEARTBEAT__INIT;
-  q.body_case = COMMITKV__V1__REQUEST__BODY_HEARTBEAT;
-  q.heartbeat = &h;
-  return raw_call(r, &q, NULL);
-}
-
-/* Stats.rounds: the rounds the daemon applied, all sessions. */
-static uint64_t rq_rounds(raw *r) {
-  Commitkv__V1__Request q = COMMITKV__V1__REQUEST__INIT;
-  Commitkv__V1__StatsRequest st = COMMITKV__V1__STATS_REQUEST__INIT;
-  q.body_case = COMMITKV__V1__REQUEST__BODY_STATS;
-  q.stats = &st;
-  Commitkv__V1__Response *rep = NULL;
-  cr_assert_eq(raw_call(r, &q, &rep), CKV_OK);
-  cr_assert_eq(rep->body_case, COMMITKV__V1__RESPONSE__BODY_STATS);
-  uint64_t n = rep->stats->rounds;
-  commitkv__v1__response__free_unpacked(rep, NULL);
-  return n;
+/* Attach as `name`, every reply checked by check_utf8. */
+static void raw_connect_checked(raw *r, const ckv_test_daemon *d, const char *name) {
+  raw_connect_inspected(r, d, name, check_utf8, NULL);
 }
 
 /* A deterministic generator, so a failure can be replayed. */
@@ -332,31 +156,24 @@ Test(replies, every_reply_text_is_valid_utf8, .timeout = 120) {
   start(&d, NULL);
   raw r;
   /* A client name that is not UTF-8 (it goes to logs and the attach reply). */
-  raw_connect_named(&r, &d, "w\xff\xc3");
+  raw_connect_checked(&r, &d, "w\xff\xc3");
   expect_code(rq_open(&r, "ok-1"), CKV_OK);
-  expect_code(rq_append(&r, "ok-1", 8, NULL), CKV_OK);
+  expect_code(rq_append(&r, "ok-1", 8), CKV_OK);
   /* The texts that echo a client's string, one by one. */
   char a[512], b[512];
   for (int i = 0; i < N_HOSTILE + 2; i++) {
     hostile_string(i, a);
     int code = rq_open_policy(&r, "pol", a, NULL);
     cr_assert(code == CKV_ERR_INVALID || (code == CKV_OK && !*a), "policy #%d: %d (%s)", i, code, r.msg);
-    if (code == CKV_OK) {
-      Commitkv__V1__Request q = COMMITKV__V1__REQUEST__INIT;
-      Commitkv__V1__DropSession dr = COMMITKV__V1__DROP_SESSION__INIT;
-      dr.session_id = "pol";
-      q.body_case = COMMITKV__V1__REQUEST__BODY_DROP_SESSION;
-      q.drop_session = &dr;
-      expect_code(raw_call(&r, &q, NULL), CKV_OK);
-    }
+    if (code == CKV_OK) expect_code(rq_drop(&r, "pol", NULL), CKV_OK);
     if (*a) {
       expect_code(rq_open_policy(&r, "pol", NULL, a), CKV_ERR_INVALID);
       int open_code = rq_open(&r, a);
       cr_assert_neq(open_code, NO_REPLY);
     }
   }
-  cr_assert_eq(r.bad_replies, 0, "%zu replies carry text that is not UTF-8; the first: %s", r.bad_replies,
-               r.first_bad);
+  cr_assert_eq(bad_replies.n, 0, "%zu replies carry text that is not UTF-8; the first: %s", bad_replies.n,
+               bad_replies.first);
   /* Every request type, every string field hostile, 1500 times. */
   for (int round = 0; round < 1500; round++) {
     Commitkv__V1__Request q = COMMITKV__V1__REQUEST__INIT;
@@ -422,10 +239,10 @@ Test(replies, every_reply_text_is_valid_utf8, .timeout = 120) {
     }
     cr_assert_neq(raw_call(&r, &q, NULL), NO_REPLY, "round %d: no reply", round);
   }
-  cr_assert_eq(r.bad_replies, 0, "%zu of 1500 replies carry text that is not UTF-8; the first: %s",
-               r.bad_replies, r.first_bad);
+  cr_assert_eq(bad_replies.n, 0, "%zu of 1500 replies carry text that is not UTF-8; the first: %s",
+               bad_replies.n, bad_replies.first);
   raw_done(&r);
-  stop(&d);
+  ckv_test_stop_clean(&d);
 }
 
 /* ---- 10: small unclear errors -------------------------------------------- */
@@ -434,9 +251,9 @@ Test(replies, nonfinite_or_negative_values_are_refused_by_index, .timeout = 60) 
   ckv_test_daemon d;
   start(&d, NULL);
   raw r;
-  raw_connect(&r, &d);
+  raw_connect_checked(&r, &d, RAW_CLIENT_NAME);
   expect_code(rq_open(&r, "att"), CKV_OK);
-  expect_code(rq_append(&r, "att", 48, NULL), CKV_OK);
+  expect_code(rq_append(&r, "att", 48), CKV_OK);
   float attn[48];
   for (int i = 0; i < 48; i++) attn[i] = 1.0f / 48;
   const struct {
@@ -448,66 +265,66 @@ Test(replies, nonfinite_or_negative_values_are_refused_by_index, .timeout = 60) 
              {-0.5f, "attention[17] is negative (-0.5)"}};
   for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
     attn[17] = bad[i].v;
-    expect_code(rq_report(&r, "att", 1, 0, attn, 48, NULL, NULL, 0), CKV_ERR_INVALID);
+    expect_code(rq_report_attn(&r, "att", 1, 0, attn, 48, NULL, NULL, 0), CKV_ERR_INVALID);
     expect_text(bad[i].text);
   }
   attn[17] = 1.0f / 48;
   /* Semantic scores in a report and in an append: named the same way. */
   uint32_t pos[3] = {0, 1, 2};
   float scores[3] = {0.5f, NAN, 0.5f};
-  expect_code(rq_report(&r, "att", 1, 0, attn, 48, pos, scores, 3), CKV_ERR_INVALID);
+  expect_code(rq_report_attn(&r, "att", 1, 0, attn, 48, pos, scores, 3), CKV_ERR_INVALID);
   expect_text("semantic_scores[1] is NaN");
   scores[1] = 1.5f;
-  expect_code(rq_report(&r, "att", 1, 0, attn, 48, pos, scores, 3), CKV_ERR_INVALID);
+  expect_code(rq_report_attn(&r, "att", 1, 0, attn, 48, pos, scores, 3), CKV_ERR_INVALID);
   expect_text("semantic_scores[1] is 1.5, above 1");
   float sem[4] = {0.5f, 0.5f, INFINITY, 0.5f};
-  expect_code(rq_append(&r, "att", 4, sem), CKV_ERR_INVALID);
+  expect_code(rq_append_ex(&r, "att", 4, (cols){.sem = sem, .sem_len = sizeof(sem)}, NULL), CKV_ERR_INVALID);
   expect_text("semantic[2] is inf");
   /* Nothing of those rounds was applied: none counted, round 1 still next. */
   cr_assert_eq(rq_rounds(&r), 0, "a refused round was applied");
   scores[1] = 0.25f;
-  expect_code(rq_report(&r, "att", 1, 0, attn, 48, pos, scores, 3), CKV_OK);
+  expect_code(rq_report_attn(&r, "att", 1, 0, attn, 48, pos, scores, 3), CKV_OK);
   cr_assert_eq(rq_rounds(&r), 1);
   /* -0.0 is zero mass, not a negative value. */
   attn[3] = -0.0f;
-  expect_code(rq_report(&r, "att", 2, 0, attn, 48, NULL, NULL, 0), CKV_OK);
+  expect_code(rq_report_attn(&r, "att", 2, 0, attn, 48, NULL, NULL, 0), CKV_OK);
   raw_done(&r);
-  stop(&d);
+  ckv_test_stop_clean(&d);
 }
 
 Test(replies, overflowing_positions_are_named_without_wraparound, .timeout = 60) {
   ckv_test_daemon d;
   start(&d, NULL);
   raw r;
-  raw_connect(&r, &d);
+  raw_connect_checked(&r, &d, RAW_CLIENT_NAME);
   expect_code(rq_open(&r, "pos"), CKV_OK);
-  expect_code(rq_append(&r, "pos", 48, NULL), CKV_OK);
+  expect_code(rq_append(&r, "pos", 48), CKV_OK);
   const float attn[10] = {0.1f, 0.1f, 0.1f, 0.1f, 0.1f, 0.1f, 0.1f, 0.1f, 0.1f, 0.1f};
-  expect_code(rq_report(&r, "pos", 1, UINT64_MAX, attn, 4, NULL, NULL, 0), CKV_ERR_RANGE);
+  expect_code(rq_report_attn(&r, "pos", 1, UINT64_MAX, attn, 4, NULL, NULL, 0), CKV_ERR_RANGE);
   expect_text("first_position 18446744073709551615 + 4 tokens overflows");
-  expect_code(rq_report(&r, "pos", 1, UINT64_MAX - 2, attn, 4, NULL, NULL, 0), CKV_ERR_RANGE);
+  expect_code(rq_report_attn(&r, "pos", 1, UINT64_MAX - 2, attn, 4, NULL, NULL, 0), CKV_ERR_RANGE);
   expect_text("first_position 18446744073709551613 + 4 tokens overflows");
-  expect_code(rq_report(&r, "pos", 1, UINT64_MAX, attn, 0, NULL, NULL, 0), CKV_ERR_RANGE);
+  expect_code(rq_report_attn(&r, "pos", 1, UINT64_MAX, attn, 0, NULL, NULL, 0), CKV_ERR_RANGE);
   expect_text("positions 18446744073709551615.. are beyond the session's 48 tokens");
-  expect_code(rq_report(&r, "pos", 1, UINT64_MAX - 4, attn, 4, NULL, NULL, 0), CKV_ERR_RANGE);
+  expect_code(rq_report_attn(&r, "pos", 1, UINT64_MAX - 4, attn, 4, NULL, NULL, 0), CKV_ERR_RANGE);
   expect_text("positions 18446744073709551611.. are beyond the session's 48 tokens");
-  expect_code(rq_report(&r, "pos", 1, 40, attn, 10, NULL, NULL, 0), CKV_ERR_RANGE);
+  expect_code(rq_report_attn(&r, "pos", 1, 40, attn, 10, NULL, NULL, 0), CKV_ERR_RANGE);
   expect_text("attention covers positions 40..49 but the session has 48 tokens");
   uint32_t sp = UINT32_MAX;
   float ss = 0.5f;
-  expect_code(rq_report(&r, "pos", 1, 0, attn, 10, &sp, &ss, 1), CKV_ERR_RANGE);
+  expect_code(rq_report_attn(&r, "pos", 1, 0, attn, 10, &sp, &ss, 1), CKV_ERR_RANGE);
   expect_text("semantic_positions[0] = 4294967295 is beyond the session's 48 tokens");
   /* The edge itself is fine: the last 10 tokens. */
-  expect_code(rq_report(&r, "pos", 1, 38, attn, 10, NULL, NULL, 0), CKV_OK);
+  expect_code(rq_report_attn(&r, "pos", 1, 38, attn, 10, NULL, NULL, 0), CKV_OK);
   raw_done(&r);
-  stop(&d);
+  ckv_test_stop_clean(&d);
 }
 
 Test(replies, oversized_request_is_answered_too_large, .timeout = 60) {
   ckv_test_daemon d;
   start(&d, (const char *const[]){"--set", "daemon.max_message=64K", NULL});
   raw r;
-  raw_connect(&r, &d);
+  raw_connect_checked(&r, &d, RAW_CLIENT_NAME);
   expect_code(rq_open(&r, "big"), CKV_OK);
   /* A well-formed AppendTokens of 80 KB: over the limit, answered with the
    * limit's size and this request's id, not decoded. */
@@ -523,13 +340,13 @@ Test(replies, oversized_request_is_answered_too_large, .timeout = 60) {
   expect_text("over max_message (65536 bytes)");
   /* The connection lives on, and nothing was appended. */
   expect_code(rq_heartbeat(&r), CKV_OK);
-  expect_code(rq_append(&r, "big", 4, NULL), CKV_OK);
+  expect_code(rq_append(&r, "big", 4), CKV_OK);
   /* Garbage of 150 KB (below the transport's hard cap): the same answer. */
   size_t big = 150u << 10;
   uint8_t *buf = malloc(big);
   cr_assert_not_null(buf);
   for (size_t i = 0; i < big; i++) buf[i] = (uint8_t)rnd(256);
-  raw_send(&r, buf, big);
+  raw_send1(&r, buf, big);
   expect_code(raw_recv(&r, REPLY_TIMEOUT_MS, NULL), CKV_ERR_TOO_LARGE);
   expect_code(rq_heartbeat(&r), CKV_OK);
   free(buf);
@@ -538,7 +355,7 @@ Test(replies, oversized_request_is_answered_too_large, .timeout = 60) {
   big = 1u << 20;
   buf = calloc(1, big);
   cr_assert_not_null(buf);
-  raw_send(&r, buf, big);
+  raw_send1(&r, buf, big);
   expect_code(raw_recv(&r, 1500, NULL), NO_REPLY);
   free(buf);
   raw_done(&r);
@@ -557,5 +374,5 @@ Test(replies, oversized_request_is_answered_too_large, .timeout = 60) {
   cr_assert_eq(first, 0);
   cr_assert_eq(ckv_session_drop(s), CKV_OK);
   ckv_client_free(c);
-  stop(&d);
+  ckv_test_stop_clean(&d);
 }

@@ -28,7 +28,6 @@
 #include "commitkv/status.h"
 #include "kernels/format.h"
 #include "kernels/kernels.h"
-#include "shm/fdpass.h"
 #include "testcheck.h"
 #include "testutil.h"
 
@@ -51,15 +50,6 @@ TestSuite(restart, .fini = ckv_test_leak_check);
 static const ckv_geometry k_geom = {LAYERS, HEADS, DIM, 0};
 
 /* ---- daemons on fixed paths ---- */
-
-/* True when something accepts on the unix socket `path`: a SIGKILLed daemon
- * leaves its socket file behind, so the file existing proves nothing. */
-static bool attach_accepts(const char *path) {
-  int fd = -1;
-  if (ckv_unix_connect(path, &fd) != CKV_OK) return false;
-  close(fd);
-  return true;
-}
 
 static void daemon_start(ckv_test_daemon *d) {
   cr_assert_eq(ckv_test_daemon_start(d, k_daemon_args), 0, "commitkvd did not start");
@@ -93,7 +83,7 @@ static pid_t spawn_daemon_like(const ckv_test_daemon *d, const char *attach, con
 static void daemon_restart(ckv_test_daemon *d) {
   d->pid = spawn_daemon_like(d, d->attach, d->log);
   long long end = ckv_test_now_ms() + DEADLINE_MS;
-  while (!attach_accepts(d->attach)) {
+  while (!ckv_test_attach_accepts(d->attach)) {
     cr_assert(ckv_test_daemon_alive(d), "the new commitkvd died (log %s)", d->log);
     cr_assert_lt(ckv_test_now_ms(), end, "the new commitkvd never listened on %s", d->attach);
     usleep(10000);
@@ -526,7 +516,7 @@ Test(restart, second_daemon_on_the_same_sockets_is_refused, .timeout = 60) {
   snprintf(other_attach, sizeof(other_attach), "%s/other.attach", d.dir);
   snprintf(log, sizeof(log), "%s/third.log", d.dir);
   expect_refused(&d, other_attach, log, "another process serves ipc://");
-  cr_expect_not(attach_accepts(other_attach), "the refused daemon left a listener behind");
+  cr_expect_not(ckv_test_attach_accepts(other_attach), "the refused daemon left a listener behind");
 
   /* The running daemon never noticed: its client reads its K/V back and is
    * answered, and a new client attaches and talks to it. */

@@ -25,7 +25,6 @@
 
 #include "commitkv/status.h"
 #include "examples/llm/model.h"
-#include "shm/fdpass.h"
 #include "testcheck.h"
 #include "testutil.h"
 
@@ -49,15 +48,6 @@ static const char *const k_daemon_args[] = {"--memory", "512M", NULL};
 
 /* ---- a daemon killed and started again on the same paths ---- */
 
-/* True when something accepts on the unix socket `path`: a SIGKILLed daemon
- * leaves its socket file behind, so the file existing proves nothing. */
-static bool attach_accepts(const char *path) {
-  int fd = -1;
-  if (ckv_unix_connect(path, &fd) != CKV_OK) return false;
-  close(fd);
-  return true;
-}
-
 /* A new commitkvd with ckv_test_daemon_start's arguments on d's sockets and
  * directory, ready once its attach socket accepts (it binds the request
  * socket before it listens there). */
@@ -69,7 +59,7 @@ static void daemon_restart(ckv_test_daemon *d) {
   argv[n] = NULL;
   d->pid = ckv_test_spawn(argv, d->log);
   long long end = ckv_test_now_ms() + DEADLINE_MS;
-  while (!attach_accepts(d->attach)) {
+  while (!ckv_test_attach_accepts(d->attach)) {
     cr_assert(ckv_test_daemon_alive(d), "the new commitkvd died (log %s)", d->log);
     cr_assert_lt(ckv_test_now_ms(), end, "the new commitkvd never listened on %s", d->attach);
     usleep(10000);

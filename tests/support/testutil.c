@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +13,9 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "commitkv/status.h"
+#include "shm/fdpass.h"
 
 const char *ckv_test_bin_dir(void) {
   const char *d = getenv("CKV_BIN_DIR");
@@ -44,6 +48,17 @@ long long ckv_test_now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+float ckv_test_kv_value(size_t pos, uint32_t layer, uint32_t kv, uint32_t e) {
+  uint64_t z = ((uint64_t)pos << 20) ^ ((uint64_t)layer << 12) ^ ((uint64_t)kv << 10) ^ e;
+  z = (z + 0x9e3779b97f4a7c15ull) * 0xbf58476d1ce4e5b9ull;
+  z ^= z >> 29;
+  z *= 0x94d049bb133111ebull;
+  z ^= z >> 32;
+  float u = (float)(z & 0xffffff) / (float)0xffffff; /* [0,1] */
+  float amp = e % 7 == 0 ? 1.0f : 0.5f;
+  return amp * (2.f * u - 1.f);
 }
 
 pid_t ckv_test_spawn(const char *const *argv, const char *out_path) {
@@ -85,6 +100,66 @@ int ckv_test_wait(pid_t pid, int timeout_ms) {
     }
     usleep(5000);
   }
+}
+
+pid_t ckv_test_fork_as(uid_t uid, gid_t gid, ckv_test_child_fn fn, const void *ctx, size_t report_len, int *ret_fd) {
+  int p[2];
+  if (pipe(p) != 0) return -1;
+  pid_t pid = fork();
+  if (pid < 0) {
+    close(p[0]);
+    close(p[1]);
+    return -1;
+  }
+  if (pid == 0) {
+    close(p[0]);
+    /* A peer writing to a socket the daemon closed gets EPIPE, not death. */
+    signal(SIGPIPE, SIG_IGN);
+    /* The pipe carries the errno of the uid switch, then the report. */
+    int switch_errno = 0;
+    void *report = calloc(1, report_len ? report_len : 1);
+    if (!report) _exit(3);
+    if (uid && (setgroups(0, NULL) != 0 || setresgid(gid, gid, gid) != 0 || setresuid(uid, uid, uid) != 0))
+      switch_errno = errno;
+    else
+      fn(ctx, report);
+    int ok = write(p[1], &switch_errno, sizeof(switch_errno)) == (ssize_t)sizeof(switch_errno) &&
+             write(p[1], report, report_len) == (ssize_t)report_len;
+    free(report);
+    _exit(ok ? 0 : 1);
+  }
+  close(p[1]);
+  *ret_fd = p[0];
+  return pid;
+}
+
+/* Reads up to len bytes (fewer only at end of file or on an error). */
+static size_t read_full(int fd, void *buf, size_t len) {
+  size_t got = 0;
+  while (got < len) {
+    ssize_t n = read(fd, (char *)buf + got, len - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += (size_t)n;
+  }
+  return got;
+}
+
+ckv_test_child ckv_test_collect(pid_t pid, int fd, void *report, size_t report_len, int timeout_ms) {
+  ckv_test_child c = {0};
+  memset(report, 0, report_len);
+  if (read_full(fd, &c.switch_errno, sizeof(c.switch_errno)) == sizeof(c.switch_errno))
+    c.got = read_full(fd, report, report_len);
+  close(fd);
+  c.status = ckv_test_wait(pid, timeout_ms);
+  return c;
+}
+
+int ckv_test_attach_accepts(const char *path) {
+  int fd = -1;
+  if (ckv_unix_connect(path, &fd) != CKV_OK) return 0;
+  close(fd);
+  return 1;
 }
 
 int ckv_test_daemon_start(ckv_test_daemon *d, const char *const *extra) {

@@ -23,6 +23,7 @@
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
 #include "shm/arena.h"
+#include "testutil.h"
 
 enum { D = CKV_STATE_DRAFT, S = CKV_STATE_STAGED, C = CKV_STATE_COMMITTED, X = CKV_STATE_RECYCLED };
 enum { ROLE_SYSTEM = 1, ROLE_USER = 2 };
@@ -109,18 +110,6 @@ static void fx_done(fx *f) {
   free(f->reported_state);
 }
 
-static float value_of(size_t pos, uint32_t layer, uint32_t kv, uint32_t e) {
-  uint64_t z = ((uint64_t)pos << 20) ^ ((uint64_t)layer << 12) ^ ((uint64_t)kv << 10) ^ e;
-  z = (z + 0x9e3779b97f4a7c15ull) * 0xbf58476d1ce4e5b9ull;
-  z ^= z >> 29;
-  z *= 0x94d049bb133111ebull;
-  z ^= z >> 32;
-  float u = (float)(z & 0xffffff) / (float)0xffffff; /* [0,1] */
-  /* channels with different ranges, as real keys have */
-  float amp = e % 7 == 0 ? 1.0f : 0.5f;
-  return amp * (2.f * u - 1.f);
-}
-
 static void track_transitions(fx *f, const ckv_transition_list *l, size_t from_index) {
   for (size_t i = from_index; i < l->n; i++) {
     const ckv_transition_range *r = &l->v[i];
@@ -175,7 +164,7 @@ static int append(fx *f, uint32_t count, uint8_t role, const float *semantic) {
         uint16_t *dst = (uint16_t *)(base + ckv_draft_kv_offset(&f->g, cap, layer, kv, s->tokens.slot[pos]));
         float *ex = &f->expect[pos * TOKEN_FLOATS + (layer * 2 + kv) * ELEMS];
         for (uint32_t e = 0; e < ELEMS; e++) {
-          dst[e] = ckv_f32_to_f16(value_of(pos, layer, kv, e));
+          dst[e] = ckv_f32_to_f16(ckv_test_kv_value(pos, layer, kv, e));
           ex[e] = ckv_f16_to_f32(dst[e]);
         }
       }
