@@ -10,20 +10,46 @@
  * committed blocks gives the same result.  Each block's exp(score - running
  * max) values are kept in the workspace with the running max they were taken
  * against; after the last block they are rescaled to probabilities and summed
- * into the per-(block, slot) attention mass.  One thread; callers parallelise
- * over layers or sessions. */
+ * into the per-(block, slot) attention mass.
+ *
+ * Threads: the block list is cut into partitions of ATTN_PART_BLOCKS blocks,
+ * each with its own running max, sum and accumulator; threads take
+ * partitions in turn, and the partials are combined in partition order
+ * afterwards.  Partitions depend on the block list only, so the result has
+ * the same bits whatever the number of threads. */
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kernels/access.h"
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
 
+/* Blocks per partition (see the top of the file).  32 draft blocks of 16
+ * tokens are 512 tokens: enough work per partition to hide the thread
+ * start, few enough partials to combine. */
+#define ATTN_PART_BLOCKS 32u
+#define ATTN_MAX_THREADS 64u
+
+/* One thread's scratch (score_block, value_row) and one partition's state. */
 typedef struct attn_ws {
-  float *qs, *qk, *acc, *kc, *m, *l, *tmp, *row, *S, *mblk, *acc_gather;
+  float *qk, *kc, *tmp, *row, *acc_gather;
   uint32_t *idx;
 } attn_ws;
+typedef struct attn_part {
+  float *m, *l, *acc; /* running max and sum per (kv head, row, query head), accumulator [hr][D] */
+} attn_part;
+
+/* The whole workspace: shared inputs and outputs, then partitions, then threads. */
+typedef struct attn_layout {
+  float *qs, *S, *mblk;
+  size_t *slot_base; /* n_blocks + 1 prefix sums of the capacities */
+  attn_part *parts;  /* (the array itself lives in the workspace too) */
+  attn_ws *ws;
+  uint32_t n_parts, n_threads;
+} attn_layout;
 
 static size_t up64(size_t n) { return (n + 63u) & ~(size_t)63u; }
 
@@ -43,30 +69,69 @@ static int check_args(const ckv_attn_args *a, size_t *ret_slots) {
   return CKV_OK;
 }
 
-static size_t ws_layout(const ckv_attn_args *a, size_t slots, attn_ws *w, uint8_t *base) {
+static uint32_t n_parts_of(const ckv_attn_args *a) {
+  uint32_t p = (a->n_blocks + ATTN_PART_BLOCKS - 1) / ATTN_PART_BLOCKS;
+  return p ? p : 1;
+}
+
+/* Threads for this call: a->n_threads, else $CKV_ATTENTION_THREADS, else the
+ * online CPUs; never more than there are partitions. */
+static uint32_t n_threads_of(const ckv_attn_args *a) {
+  long t = a->n_threads;
+  if (t == 0) {
+    const char *e = getenv("CKV_ATTENTION_THREADS");
+    t = e && *e ? strtol(e, NULL, 10) : sysconf(_SC_NPROCESSORS_ONLN);
+  }
+  if (t < 1) t = 1;
+  if (t > (long)ATTN_MAX_THREADS) t = ATTN_MAX_THREADS;
+  uint32_t p = n_parts_of(a);
+  return (uint32_t)t < p ? (uint32_t)t : p;
+}
+
+/* Carves the workspace (base NULL: only measures it).  Returns its bytes. */
+static size_t ws_layout(const ckv_attn_args *a, size_t slots, attn_layout *L, uint8_t *base) {
   const ckv_geometry *g = a->geom;
   size_t RG = (size_t)a->n_rows * (a->n_q_heads / g->n_kv_heads), D = g->head_dim, te = ckv_draft_token_elems(g);
   size_t HR = RG * g->n_kv_heads;
-  size_t sizes[] = {HR * D, RG * D, HR * D, RG, HR, HR, te, te, slots * HR, (size_t)a->n_blocks * HR, RG * D, D};
-  float **ptrs[] = {&w->qs, &w->qk, &w->acc, &w->kc, &w->m, &w->l, &w->tmp, &w->row, &w->S, &w->mblk, &w->acc_gather, NULL};
+  uint32_t P = n_parts_of(a), T = n_threads_of(a);
   size_t off = 0;
-  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
-    if (base) {
-      if (ptrs[i])
-        *ptrs[i] = (float *)(base + off);
-      else
-        w->idx = (uint32_t *)(base + off);
-    }
-    off += up64(sizes[i] * 4u);
+#define CARVE(ptr, type, count)                                   \
+  do {                                                            \
+    if (base) (ptr) = (type *)(void *)(base + off);               \
+    off += up64((size_t)(count) * sizeof(type));                  \
+  } while (0)
+  CARVE(L->qs, float, HR * D);
+  CARVE(L->S, float, slots * HR);
+  CARVE(L->mblk, float, (size_t)a->n_blocks * HR);
+  CARVE(L->slot_base, size_t, (size_t)a->n_blocks + 1);
+  CARVE(L->parts, attn_part, P);
+  CARVE(L->ws, attn_ws, T);
+  for (uint32_t p = 0; p < P; p++) {
+    attn_part dummy, *q = base ? &L->parts[p] : &dummy;
+    CARVE(q->m, float, HR);
+    CARVE(q->l, float, HR);
+    CARVE(q->acc, float, HR * D);
   }
+  for (uint32_t t = 0; t < T; t++) {
+    attn_ws dummy, *w = base ? &L->ws[t] : &dummy;
+    CARVE(w->qk, float, RG * D);
+    CARVE(w->kc, float, RG);
+    CARVE(w->tmp, float, te);
+    CARVE(w->row, float, te);
+    CARVE(w->acc_gather, float, RG * D);
+    CARVE(w->idx, uint32_t, D);
+  }
+#undef CARVE
+  L->n_parts = P;
+  L->n_threads = T;
   return off + 64u; /* room to align the base */
 }
 
 size_t ckv_attention_workspace_bytes(const ckv_attn_args *a) {
   size_t slots;
   if (check_args(a, &slots) != CKV_OK) return 0;
-  attn_ws w;
-  return ws_layout(a, slots, &w, NULL);
+  attn_layout L;
+  return ws_layout(a, slots, &L, NULL);
 }
 
 size_t ckv_attention_mass_len(const void *const *blocks, uint32_t n_blocks) {
@@ -174,59 +239,48 @@ static const float *value_row(const ckv_rowops *ops, const ckv_geometry *g, cons
   return w->row + (size_t)h * D;
 }
 
-ckv_status ckv_kernels_attention(const ckv_attn_args *a) {
-  size_t slots;
-  int st = check_args(a, &slots);
-  if (st != CKV_OK) return (ckv_status)st;
+/* What the threads of one call share. */
+typedef struct attn_job {
+  const ckv_attn_args *a;
+  const ckv_rowops *ops;
+  attn_layout *L;
+  size_t RG, HR;
+} attn_job;
+
+/* Online softmax over blocks [b0, b1) into partition state P. */
+static void run_blocks(const attn_job *j, attn_ws *w, attn_part *P, uint32_t b0, uint32_t b1) {
+  const ckv_attn_args *a = j->a;
   const ckv_geometry *g = a->geom;
-  const ckv_rowops *ops = ckv_rowops_get();
-  uint32_t H = g->n_kv_heads, D = g->head_dim, G = a->n_q_heads / H;
-  size_t RG = (size_t)a->n_rows * G;
-  attn_ws w;
-  size_t need = ws_layout(a, slots, &w, NULL);
-  void *mem = NULL;
-  uint8_t *base = a->workspace;
-  if (!base || a->workspace_bytes < need) {
-    base = mem = malloc(need);
-    if (!mem) return (ckv_status)-12;
-  }
-  base = (uint8_t *)(((uintptr_t)base + 63u) & ~(uintptr_t)63u);
-  ws_layout(a, slots, &w, base);
-  float scale = a->scale != 0.0f ? a->scale : 1.0f / sqrtf((float)D);
-  size_t HR = RG * H;
-  if (a->mass) memset(a->mass, 0, slots * sizeof(float));
-  /* state per (kv head, row, query head of the group): index hr = h * RG + rg */
+  const ckv_rowops *ops = j->ops;
+  uint32_t H = g->n_kv_heads, D = g->head_dim;
+  size_t RG = j->RG, HR = j->HR;
   for (size_t hr = 0; hr < HR; hr++) {
-    size_t h = hr / RG, rg = hr % RG;
-    const float *q = a->q + ((rg / G) * a->n_q_heads + h * G + rg % G) * D;
-    for (uint32_t d = 0; d < D; d++) w.qs[hr * D + d] = q[d] * scale;
-    w.m[hr] = -INFINITY;
-    w.l[hr] = 0.0f;
+    P->m[hr] = -INFINITY;
+    P->l[hr] = 0.0f;
   }
-  memset(w.acc, 0, HR * D * sizeof(float));
-  /* Block by block (each block's K, then its V, read front to back), every head. */
-  size_t base_slot = 0;
-  for (uint32_t b = 0; b < a->n_blocks; b++) {
+  memset(P->acc, 0, HR * D * sizeof(float));
+  for (uint32_t b = b0; b < b1; b++) {
     const void *blk = a->blocks[b];
     uint32_t cap = ckv_hdr(blk)->capacity;
-    float *SB = w.S + base_slot * HR; /* [hr][slot] for this block */
-    for (uint32_t h = 0; h < H; h++) score_block(ops, a, blk, h, RG, &w, w.qs + (size_t)h * RG * D, SB + (size_t)h * RG * cap);
+    float *SB = j->L->S + j->L->slot_base[b] * HR; /* [hr][slot] for this block */
+    for (uint32_t h = 0; h < H; h++)
+      score_block(ops, a, blk, h, RG, w, j->L->qs + (size_t)h * RG * D, SB + (size_t)h * RG * cap);
     for (size_t hr = 0; hr < HR; hr++) {
       float bm = -INFINITY, *s = SB + hr * cap;
       for (uint32_t t = 0; t < cap; t++) bm = s[t] > bm ? s[t] : bm;
-      float nm = bm > w.m[hr] ? bm : w.m[hr];
-      w.mblk[(size_t)b * HR + hr] = nm;
+      float nm = bm > P->m[hr] ? bm : P->m[hr];
+      j->L->mblk[(size_t)b * HR + hr] = nm;
       if (nm == -INFINITY) { /* nothing valid yet: exp values are all 0 */
         memset(s, 0, cap * sizeof(float));
         continue;
       }
-      if (nm > w.m[hr]) {
-        float alpha = w.m[hr] == -INFINITY ? 0.0f : expf(w.m[hr] - nm);
-        for (uint32_t d = 0; d < D; d++) w.acc[hr * D + d] *= alpha;
-        w.l[hr] *= alpha;
-        w.m[hr] = nm;
+      if (nm > P->m[hr]) {
+        float alpha = P->m[hr] == -INFINITY ? 0.0f : expf(P->m[hr] - nm);
+        for (uint32_t d = 0; d < D; d++) P->acc[hr * D + d] *= alpha;
+        P->l[hr] *= alpha;
+        P->m[hr] = nm;
       }
-      w.l[hr] += ops->exp_sub(s, nm, cap);
+      P->l[hr] += ops->exp_sub(s, nm, cap);
     }
     for (uint32_t t = 0; t < cap; t++) {
       if (!ckv_block_slot_valid(blk, t)) continue;
@@ -235,28 +289,100 @@ ckv_status ckv_kernels_attention(const ckv_attn_args *a) {
         bool any = false;
         for (size_t rg = 0; rg < RG && !any; rg++) any = e[rg * cap] != 0.0f;
         if (!any) continue; /* unsealed chunk or underflow: contributes nothing */
-        const float *v = value_row(ops, g, blk, a->layer, h, t, &w);
-        ops->axpyn(e, RG, cap, v, w.acc + (size_t)h * RG * D, D, D);
+        const float *v = value_row(ops, g, blk, a->layer, h, t, w);
+        ops->axpyn(e, RG, cap, v, P->acc + (size_t)h * RG * D, D, D);
       }
     }
-    base_slot += cap;
   }
+}
+
+typedef struct attn_thread {
+  const attn_job *j;
+  uint32_t index;
+  pthread_t tid;
+} attn_thread;
+
+/* Thread `index` takes partitions index, index + T, ... */
+static void *attn_thread_main(void *arg) {
+  attn_thread *t = arg;
+  const attn_layout *L = t->j->L;
+  for (uint32_t p = t->index; p < L->n_parts; p += L->n_threads) {
+    uint32_t b0 = p * ATTN_PART_BLOCKS, b1 = b0 + ATTN_PART_BLOCKS;
+    if (b1 > t->j->a->n_blocks) b1 = t->j->a->n_blocks;
+    run_blocks(t->j, &L->ws[t->index], &L->parts[p], b0, b1);
+  }
+  return NULL;
+}
+
+/* Folds partition q into p (p's blocks come first). */
+static void combine(attn_part *p, const attn_part *q, size_t HR, uint32_t D) {
+  for (size_t hr = 0; hr < HR; hr++) {
+    float M = q->m[hr] > p->m[hr] ? q->m[hr] : p->m[hr];
+    if (M == -INFINITY) continue;
+    float ap = p->m[hr] == -INFINITY ? 0.0f : expf(p->m[hr] - M);
+    float aq = q->m[hr] == -INFINITY ? 0.0f : expf(q->m[hr] - M);
+    for (uint32_t d = 0; d < D; d++) p->acc[hr * D + d] = p->acc[hr * D + d] * ap + q->acc[hr * D + d] * aq;
+    p->l[hr] = p->l[hr] * ap + q->l[hr] * aq;
+    p->m[hr] = M;
+  }
+}
+
+ckv_status ckv_kernels_attention(const ckv_attn_args *a) {
+  size_t slots;
+  int st = check_args(a, &slots);
+  if (st != CKV_OK) return (ckv_status)st;
+  const ckv_geometry *g = a->geom;
+  uint32_t H = g->n_kv_heads, D = g->head_dim, G = a->n_q_heads / H;
+  size_t RG = (size_t)a->n_rows * G;
+  attn_layout L;
+  size_t need = ws_layout(a, slots, &L, NULL);
+  void *mem = NULL;
+  uint8_t *base = a->workspace;
+  if (!base || a->workspace_bytes < need) {
+    base = mem = malloc(need);
+    if (!mem) return (ckv_status)-12;
+  }
+  base = (uint8_t *)(((uintptr_t)base + 63u) & ~(uintptr_t)63u);
+  ws_layout(a, slots, &L, base);
+  float scale = a->scale != 0.0f ? a->scale : 1.0f / sqrtf((float)D);
+  size_t HR = RG * H;
+  if (a->mass) memset(a->mass, 0, slots * sizeof(float));
+  /* state per (kv head, row, query head of the group): index hr = h * RG + rg */
+  for (size_t hr = 0; hr < HR; hr++) {
+    size_t h = hr / RG, rg = hr % RG;
+    const float *q = a->q + ((rg / G) * a->n_q_heads + h * G + rg % G) * D;
+    for (uint32_t d = 0; d < D; d++) L.qs[hr * D + d] = q[d] * scale;
+  }
+  L.slot_base[0] = 0;
+  for (uint32_t b = 0; b < a->n_blocks; b++) L.slot_base[b + 1] = L.slot_base[b] + ckv_hdr(a->blocks[b])->capacity;
+  attn_job job = {.a = a, .ops = ckv_rowops_get(), .L = &L, .RG = RG, .HR = HR};
+  attn_thread th[ATTN_MAX_THREADS];
+  uint32_t started = 1;
+  for (uint32_t t = 0; t < L.n_threads; t++) th[t] = (attn_thread){.j = &job, .index = t};
+  for (uint32_t t = 1; t < L.n_threads; t++, started++)
+    if (pthread_create(&th[t].tid, NULL, attn_thread_main, &th[t]) != 0) break;
+  if (started < L.n_threads) { /* no more threads: this one does the rest, same partitions */
+    for (uint32_t t = started; t < L.n_threads; t++) attn_thread_main(&th[t]);
+  }
+  attn_thread_main(&th[0]);
+  for (uint32_t t = 1; t < started; t++) pthread_join(th[t].tid, NULL);
+  attn_part *R = &L.parts[0];
+  for (uint32_t p = 1; p < L.n_parts; p++) combine(R, &L.parts[p], HR, D);
   for (size_t hr = 0; hr < HR; hr++) {
     size_t h = hr / RG, rg = hr % RG;
     float *o = a->out + ((rg / G) * a->n_q_heads + h * G + rg % G) * D;
-    float inv = w.l[hr] > 0.0f ? 1.0f / w.l[hr] : 0.0f;
-    for (uint32_t d = 0; d < D; d++) o[d] = w.acc[hr * D + d] * inv;
+    float inv = R->l[hr] > 0.0f ? 1.0f / R->l[hr] : 0.0f;
+    for (uint32_t d = 0; d < D; d++) o[d] = R->acc[hr * D + d] * inv;
   }
   if (a->mass) {
-    base_slot = 0;
     for (uint32_t b = 0; b < a->n_blocks; b++) {
       uint32_t cap = ckv_hdr(a->blocks[b])->capacity;
       for (size_t hr = 0; hr < HR; hr++) {
-        float mb = w.mblk[(size_t)b * HR + hr];
-        if (mb == -INFINITY || w.l[hr] <= 0.0f) continue;
-        ops->axpy(expf(mb - w.m[hr]) / w.l[hr], w.S + base_slot * HR + hr * cap, a->mass + base_slot, cap);
+        float mb = L.mblk[(size_t)b * HR + hr];
+        if (mb == -INFINITY || R->l[hr] <= 0.0f) continue;
+        job.ops->axpy(expf(mb - R->m[hr]) / R->l[hr], L.S + L.slot_base[b] * HR + hr * cap,
+                      a->mass + L.slot_base[b], cap);
       }
-      base_slot += cap;
     }
   }
   free(mem);

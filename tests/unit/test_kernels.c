@@ -337,3 +337,55 @@ Test(kernels, attention_empty) {
   cr_expect_eq(ckv_kernels_attention(&a), CKV_ERR_INVALID);
   free(d);
 }
+
+/* Attention over many blocks (several partitions) with 1..5 threads: the same
+ * bits every time (partials are combined in partition order), and the
+ * oracle's result within tolerance. */
+Test(kernels, attention_threads_same_bits) {
+  enum { NB = 100 };
+  kf_rng r = {31};
+  void *d[NB];
+  const void *blocks[NB];
+  for (int i = 0; i < NB; i++) {
+    d[i] = kf_block(CKV_FORMAT_DRAFT, &g2, 16, 0);
+    kf_fill_draft(&g2, d[i], &r, NULL, NULL, 16u * i);
+    blocks[i] = d[i];
+  }
+  for (int i = 0; i < NB; i += 7) ckv_block_set_valid(d[i], (uint32_t)i % 16, false);
+  const uint32_t QH = 8, rows = 2;
+  size_t qn = (size_t)rows * QH * g2.head_dim, slots = ckv_attention_mass_len(blocks, NB);
+  float *q = malloc(qn * 4), *o1 = malloc(qn * 4), *on = malloc(qn * 4), *oref = malloc(qn * 4);
+  float *m1 = malloc(slots * 4), *mn = malloc(slots * 4), *mref = malloc(slots * 4);
+  cr_assert(q && o1 && on && oref && m1 && mn && mref);
+  for (size_t i = 0; i < qn; i++) q[i] = kf_normal(&r) * 2.0f;
+  ckv_attn_args a = {.geom = &g2, .layer = 1, .n_rows = rows, .n_q_heads = QH, .q = q, .blocks = blocks,
+                     .n_blocks = NB, .out = o1, .mass = m1, .n_threads = 1};
+  cr_assert_eq(ckv_kernels_attention(&a), CKV_OK);
+  for (uint32_t t = 2; t <= 5; t++) {
+    a.out = on;
+    a.mass = mn;
+    a.n_threads = t;
+    cr_assert_eq(ckv_kernels_attention(&a), CKV_OK);
+    cr_assert_eq(memcmp(o1, on, qn * 4), 0, "%u threads: outputs differ from one thread", t);
+    cr_assert_eq(memcmp(m1, mn, slots * 4), 0, "%u threads: attention mass differs from one thread", t);
+  }
+  /* A caller's workspace sized for these arguments serves too. */
+  a.n_threads = 2;
+  a.workspace_bytes = ckv_attention_workspace_bytes(&a);
+  a.workspace = malloc(a.workspace_bytes);
+  cr_assert_not_null(a.workspace);
+  cr_assert_eq(ckv_kernels_attention(&a), CKV_OK);
+  cr_assert_eq(memcmp(o1, on, qn * 4), 0);
+  free(a.workspace);
+  a.workspace = NULL;
+  a.out = oref;
+  a.mass = mref;
+  cr_assert_eq(ckv_kernels_attention_reference(&a), CKV_OK);
+  double rms = 0;
+  for (size_t i = 0; i < qn; i++) rms += (double)oref[i] * oref[i];
+  rms = sqrt(rms / qn);
+  cr_expect_leq(kf_max_rel(o1, oref, qn, 0.05 * rms), 1e-3);
+  for (size_t i = 0; i < slots; i++) cr_expect_leq(fabs(m1[i] - mref[i]), 1e-4 * rows * QH + 1e-6, "mass %zu", i);
+  free(q), free(o1), free(on), free(oref), free(m1), free(mn), free(mref);
+  for (int i = 0; i < NB; i++) free(d[i]);
+}
