@@ -18,7 +18,7 @@
 
 #include "commitkv/status.h"
 #include "daemon/config_table.h"
-#include "daemon/judge.h"
+#include "lifecycle/judge.h"
 #include "daemon/log.h"
 
 void ckv_config_init_defaults(ckv_config *c) {

@@ -26,22 +26,10 @@ static const enum_entry level_names[] = {
     {"error", CKV_LOG_ERROR}, {"warning", CKV_LOG_WARNING}, {"notice", CKV_LOG_NOTICE},
     {"info", CKV_LOG_INFO},   {"debug", CKV_LOG_DEBUG},     {NULL, 0}};
 static const enum_entry bits_names[] = {{"4", 4}, {"2", 2}, {NULL, 0}};
-static const enum_entry policy_enum[] = {
-    {"fp16", CKV_POLICY_FP16},   {"int8", CKV_POLICY_INT8}, {"kivi4", CKV_POLICY_KIVI4},
-    {"kivi2", CKV_POLICY_KIVI2}, {"h2o", CKV_POLICY_H2O},   {"streaming", CKV_POLICY_STREAMING},
-    {"commitkv", CKV_POLICY_COMMITKV}, {NULL, 0}};
-static const enum_entry tenant_policy_enum[] = {
-    {"inherit", -1},
-    {"fp16", CKV_POLICY_FP16},   {"int8", CKV_POLICY_INT8}, {"kivi4", CKV_POLICY_KIVI4},
-    {"kivi2", CKV_POLICY_KIVI2}, {"h2o", CKV_POLICY_H2O},   {"streaming", CKV_POLICY_STREAMING},
-    {"commitkv", CKV_POLICY_COMMITKV}, {NULL, 0}};
-
-const char *const ckv_policy_names[CKV_POLICY_COUNT] = {
-    [CKV_POLICY_FP16] = "fp16",   [CKV_POLICY_INT8] = "int8",
-    [CKV_POLICY_KIVI4] = "kivi4", [CKV_POLICY_KIVI2] = "kivi2",
-    [CKV_POLICY_H2O] = "h2o",     [CKV_POLICY_STREAMING] = "streaming",
-    [CKV_POLICY_COMMITKV] = "commitkv",
-};
+#define POLICY_ENTRY_(id, name) {name, CKV_POLICY_##id},
+static const enum_entry policy_enum[] = {CKV_POLICY_LIST(POLICY_ENTRY_){NULL, 0}};
+static const enum_entry tenant_policy_enum[] = {{"inherit", -1}, CKV_POLICY_LIST(POLICY_ENTRY_){NULL, 0}};
+#undef POLICY_ENTRY_
 
 static int check_endpoint(const char *v, char *err, size_t errlen);
 static int check_abs_path(const char *v, char *err, size_t errlen);
@@ -262,13 +250,6 @@ const config_key *ckv_cfg_find_key(section_kind sec, const char *key) {
     if (ckv_cfg_keys[i].section == sec && strcmp(ckv_cfg_keys[i].key, key) == 0)
       return &ckv_cfg_keys[i];
   return NULL;
-}
-
-int ckv_config_policy_from_name(const char *name) {
-  if (!name) return -1;
-  for (int i = 0; i < CKV_POLICY_COUNT; i++)
-    if (strcmp(name, ckv_policy_names[i]) == 0) return i;
-  return -1;
 }
 
 /* ------------------------------------------------------------------------ */

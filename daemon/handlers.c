@@ -22,7 +22,7 @@
 #include "daemon/server.h"
 #include "daemon/session.h"
 #include "daemon/strmap.h"
-#include "daemon/trace.h"
+#include "lifecycle/trace.h"
 #include "daemon/tenant.h"
 #include "daemon/utf8.h"
 #include "shm/arena.h"
@@ -231,7 +231,7 @@ static int h_open(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
   if (ckv_wire_check_session_id(o->session_id) < 0)
     return fail(x, CKV_ERR_INVALID, "session id must be 1..128 characters of [A-Za-z0-9._:-]");
   ckv_judge_params params = *s->opt.policy;
-  int pid = o->policy && *o->policy ? ckv_config_policy_from_name(o->policy)
+  int pid = o->policy && *o->policy ? ckv_policy_from_name(o->policy)
                                     : (c->tenant->default_policy >= 0 ? c->tenant->default_policy : params.policy);
   if (pid < 0)
     return fail(x, CKV_ERR_INVALID, "unknown policy '%.*s' (commitkv, fp16, int8, kivi4, kivi2, h2o, streaming)",

@@ -15,10 +15,10 @@
 #include "daemon/backend.h"
 #include "daemon/blockmem.h"
 #include "daemon/config.h"
-#include "daemon/judge.h"
+#include "lifecycle/judge.h"
 #include "daemon/log.h"
-#include "daemon/mlp.h"
-#include "daemon/trace.h"
+#include "lifecycle/mlp.h"
+#include "lifecycle/trace.h"
 #include "daemon/server.h"
 #include "daemon/tenant.h"
 

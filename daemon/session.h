@@ -18,8 +18,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "daemon/judge.h"
-#include "daemon/tokens.h"
+#include "lifecycle/judge.h"
+#include "lifecycle/tokens.h"
 #include "kernels/format.h"
 
 typedef struct ckv_tenant ckv_tenant;

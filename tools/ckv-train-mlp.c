@@ -1,6 +1,6 @@
-/* ckv-train-mlp - fits the mlp transition judge (daemon/mlp.h) from traces
- * recorded by commitkvd (daemon/trace.h), or from a synthetic multi-turn
- * stream, and writes the weight file the daemon loads (format in daemon/mlp.c).
+/* ckv-train-mlp - fits the mlp transition judge (lifecycle/mlp.h) from traces
+ * recorded by commitkvd (lifecycle/trace.h), or from a synthetic multi-turn
+ * stream, and writes the weight file the daemon loads (format in lifecycle/mlp.c).
  *
  *   ckv-train-mlp [options] -o WEIGHTS TRACE...     train on recorded traces
  *   ckv-train-mlp --synthetic TRACE [options]       write a synthetic trace
@@ -67,10 +67,10 @@
 
 #include "commitkv/status.h"
 #include "daemon/config.h"
-#include "daemon/judge.h"
-#include "daemon/mlp.h"
-#include "daemon/tokens.h"
-#include "daemon/trace.h"
+#include "lifecycle/judge.h"
+#include "lifecycle/mlp.h"
+#include "lifecycle/tokens.h"
+#include "lifecycle/trace.h"
 
 #define NF CKV_JUDGE_FEATURES
 #define NC CKV_MLP_CLASSES

@@ -499,13 +499,13 @@ Test(config, policy_names) {
   cr_assert_eq(sizeof names / sizeof names[0], CKV_POLICY_COUNT);
   for (int i = 0; i < CKV_POLICY_COUNT; i++) {
     cr_expect_str_eq(ckv_policy_names[i], names[i]);
-    cr_expect_eq(ckv_config_policy_from_name(names[i]), i);
+    cr_expect_eq(ckv_policy_from_name(names[i]), i);
   }
-  cr_expect_eq(ckv_config_policy_from_name("lru"), -1);
-  cr_expect_eq(ckv_config_policy_from_name("FP16"), -1);
-  cr_expect_eq(ckv_config_policy_from_name(""), -1);
-  cr_expect_eq(ckv_config_policy_from_name(NULL), -1);
-  cr_expect_eq(ckv_config_policy_from_name("all"), -1);
+  cr_expect_eq(ckv_policy_from_name("lru"), -1);
+  cr_expect_eq(ckv_policy_from_name("FP16"), -1);
+  cr_expect_eq(ckv_policy_from_name(""), -1);
+  cr_expect_eq(ckv_policy_from_name(NULL), -1);
+  cr_expect_eq(ckv_policy_from_name("all"), -1);
 }
 
 /* ---- tenants ---- */

@@ -1,4 +1,4 @@
-/* tests/unit/test_judge.c - daemon/judge.c over daemon/tokens.c, in process:
+/* tests/unit/test_judge.c - lifecycle/judge.c over lifecycle/tokens.c, in process:
  * only the lifecycle's transitions ever happen and each is reported, state
  * counts add up, protected tokens (sinks, recent window, system role) are
  * never recycled, the same stream gives the same states bit for bit, filler
@@ -16,8 +16,8 @@
 
 #include "commitkv/status.h"
 #include "daemon/config.h"
-#include "daemon/judge.h"
-#include "daemon/tokens.h"
+#include "lifecycle/judge.h"
+#include "lifecycle/tokens.h"
 
 enum { ROLE_NONE = 0, ROLE_SYSTEM = 1, ROLE_USER = 2, ROLE_ASSISTANT = 3, ROLE_TOOL = 4 };
 enum { D = CKV_STATE_DRAFT, S = CKV_STATE_STAGED, C = CKV_STATE_COMMITTED, X = CKV_STATE_RECYCLED };
