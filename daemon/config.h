@@ -46,11 +46,6 @@
 /* Policies (ckv_policy_id, ckv_policy_names, ckv_policy_from_name) are the
  * lifecycle library's: lifecycle/policy.h. */
 
-/* Bounds of a numeric [policy] key, as the file enforces them (per-session
- * overrides in OpenSession use the same).  CKV_OK, CKV_ERR_NOT_FOUND (no such
- * key) or CKV_ERR_INVALID (the key is not a number). */
-int ckv_config_policy_range(const char *key, double *ret_min, double *ret_max);
-
 typedef enum ckv_backend_kind {
   CKV_BACKEND_AUTO = 0, /* CUDA when a device answers, host otherwise */
   CKV_BACKEND_HOST = 1, /* memfd arenas, CPU kernels */
@@ -64,6 +59,9 @@ typedef enum ckv_judge_kind {
 
 /* Parameters of the transition judge and of the baseline policies
  * ([policy] section; live-reloadable; OpenSession may override per session).
+ * The judge's fields (attn_threshold .. semantic_estimate) are the rows of
+ * CKV_JUDGE_PARAM_LIST (lifecycle/policy.h), which holds their defaults,
+ * bounds and docs; ckv_config_judge_params maps them to ckv_judge_params.
  * Attention values are *relative* mass: a token's attention mass divided by
  * the mass it would get under uniform attention over the session, so 1.0 is
  * "an average token" whatever the head count, query count or length. */
@@ -148,7 +146,7 @@ void ckv_config_init_defaults(ckv_config *c);
 
 /* The judge's parameters for a [policy] section (history_rounds clamped to
  * what the attention ring keeps; mlp left NULL: loading weights is the
- * caller's).  The one mapping the daemon, ckv-train-mlp and the tests use. */
+ * caller's).  With the defaults it equals ckv_judge_params_init's. */
 struct ckv_judge_params;
 void ckv_config_judge_params(const ckv_policy_params *p, struct ckv_judge_params *ret);
 

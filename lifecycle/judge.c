@@ -31,8 +31,8 @@
 #include <string.h>
 
 #include "commitkv/status.h"
-#include "lifecycle/policy.h"
 #include "lifecycle/mlp.h"
+#include "lifecycle/policy.h"
 
 void ckv_transition_list_done(ckv_transition_list *l) {
   free(l->v);

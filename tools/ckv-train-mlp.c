@@ -66,9 +66,9 @@
 #include <string.h>
 
 #include "commitkv/status.h"
-#include "daemon/config.h"
 #include "lifecycle/judge.h"
 #include "lifecycle/mlp.h"
+#include "lifecycle/policy.h"
 #include "lifecycle/tokens.h"
 #include "lifecycle/trace.h"
 
@@ -97,13 +97,11 @@ static void seterr(char *err, size_t errlen, const char *fmt, ...) {
   va_end(ap);
 }
 
-/* The shipped [policy] defaults (the configuration table's), commitkv policy. */
+/* The shipped [policy] defaults (the lifecycle's parameter table, which the
+ * daemon's configuration is made from), commitkv policy. */
 static ckv_judge_params train_default_params(void) {
-  ckv_config cfg;
-  ckv_config_init_defaults(&cfg);
   ckv_judge_params p;
-  ckv_config_judge_params(&cfg.policy, &p);
-  ckv_config_done(&cfg);
+  ckv_judge_params_init(&p);
   p.policy = CKV_POLICY_COMMITKV;
   return p;
 }
