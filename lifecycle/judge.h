@@ -23,7 +23,10 @@ typedef struct ckv_mlp ckv_mlp;
  * lasting fact: never recycled for silence (task goal, constraint, order id). */
 #define CKV_FACT_SEMANTIC 0.8f
 
-/* Effective parameters of one session (config [policy] plus overrides). */
+/* Effective parameters of one session: the [policy] section plus the
+ * session's overrides.  Defaults, bounds and docs of every field but policy
+ * and mlp: CKV_JUDGE_PARAM_LIST (lifecycle/policy.h); ckv_judge_params_init
+ * fills the defaults. */
 typedef struct ckv_judge_params {
   int policy;                /* ckv_policy_id (lifecycle/policy.h) */
   float attn_threshold;      /* draft->staged: mean relative attention */
