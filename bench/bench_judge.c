@@ -13,11 +13,15 @@
 #include <time.h>
 
 #include "commitkv/status.h"
+/* The judge and its parameters are the lifecycle library's; what is timed is
+ * the daemon's ReportRound path around it (session columns, planning moves
+ * into blocks, the compressor), so those come from daemon/. */
 #include "daemon/compressor.h"
-#include "daemon/config.h"
 #include "daemon/lifecycle.h"
 #include "daemon/session.h"
 #include "daemon/tenant.h"
+#include "lifecycle/judge.h"
+#include "lifecycle/policy.h"
 #include "shm/arena.h"
 
 static uint64_t now_ns(void) {
@@ -56,10 +60,8 @@ int ckv_bench_judge_run(uint64_t tokens, double seconds, ckv_judge_bench *ret) {
   uint64_t *lat = NULL, next_block = 0;
   int r = attn ? ckv_tenant_new("bench", 1ull << 32, (1ull << 32) + (64u << 20), 1, &ckv_arena_host_backend, &t)
                : CKV_ERR_INVALID;
-  ckv_judge_params p = {.policy = CKV_POLICY_COMMITKV, .attn_threshold = 1.f, .semantic_threshold = 0.3f,
-                        .high_attn_threshold = 2.f, .history_rounds = 8, .sink_tokens = 4, .recent_window = 32,
-                        .persistence_rounds = 4, .idle_rounds = 16, .budget = 0.25f, .commit_bits = 4,
-                        .prune_keep = 1.f};
+  ckv_judge_params p; /* the shipped [policy] defaults, commitkv policy */
+  ckv_judge_params_init(&p);
   if (r == 0) r = ckv_srv_session_new("bench", t, &g, dt, ct, "commitkv", &p, &next_block, &s);
   if (r == 0) r = ckv_compressor_new(1, 64, &c); /* moves run on their own thread, as in the daemon */
   if (r == 0) {

@@ -18,8 +18,9 @@
 
 #include "commitkv/status.h"
 #include "daemon/config_table.h"
-#include "daemon/judge.h"
 #include "daemon/log.h"
+#include "lifecycle/judge.h"
+#include "lifecycle/policy.h"
 
 void ckv_config_init_defaults(ckv_config *c) {
   memset(c, 0, sizeof *c);
@@ -722,20 +723,17 @@ int ckv_config_reload_diff(const ckv_config *live, const ckv_config *fresh, char
   return d.count;
 }
 
+/* The config keeps doubles (printed back exactly by --check-config); the
+ * judge runs on floats. */
+#define TO_FLOAT(v) ((float)(v))
+#define TO_U32(v) (v)
+#define TO_BITS(v) (v)
+#define TO_BOOL(v) ((v) ? 1 : 0)
+#define COPY_PARAM_(key, field, kind_, ...) ret->field = TO_##kind_(p->key);
+
 void ckv_config_judge_params(const ckv_policy_params *p, ckv_judge_params *ret) {
-  *ret = (ckv_judge_params){
-      .policy = p->default_policy,
-      .attn_threshold = (float)p->attn_threshold,
-      .semantic_threshold = (float)p->semantic_threshold,
-      .high_attn_threshold = (float)p->high_attn_threshold,
-      .history_rounds = p->history_rounds < CKV_ATTN_HISTORY ? p->history_rounds : CKV_ATTN_HISTORY,
-      .sink_tokens = p->sink_tokens,
-      .recent_window = p->recent_window,
-      .persistence_rounds = p->persistence_rounds,
-      .idle_rounds = p->idle_rounds,
-      .budget = (float)p->budget,
-      .commit_bits = p->commit_bits,
-      .prune_keep = (float)p->prune_keep,
-      .semantic_estimate_enabled = p->semantic_estimate,
-  };
+  ckv_judge_params_init(ret);
+  ret->policy = p->default_policy;
+  CKV_JUDGE_PARAM_LIST(COPY_PARAM_)
+  if (ret->history_rounds > CKV_ATTN_HISTORY) ret->history_rounds = CKV_ATTN_HISTORY;
 }

@@ -33,6 +33,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "lifecycle/policy.h"
+
 /* Sizes of the string fields (including the NUL). */
 #define CKV_CONFIG_ENDPOINT_MAX 256 /* ZeroMQ endpoints, URLs, host:port */
 #define CKV_CONFIG_PATH_MAX 512     /* file system paths */
@@ -41,34 +43,8 @@
 #define CKV_TENANT_MAX_IDS 64       /* uids (or gids) per tenant */
 #define CKV_CONFIG_MAX_TENANTS 1024 /* tenant sections per file */
 
-/* Lifecycle / baseline policies, selectable per session (DESIGN.md §9).
- * The numeric values are stable: they index ckv_policy_names[] and form the
- * bits of ckv_tenant_config.policies. */
-typedef enum ckv_policy_id {
-  CKV_POLICY_FP16 = 0,      /* never compress */
-  CKV_POLICY_INT8 = 1,      /* everything past the recent window staged */
-  CKV_POLICY_KIVI4 = 2,     /* everything past the window committed, INT4 */
-  CKV_POLICY_KIVI2 = 3,     /* everything past the window committed, INT2 */
-  CKV_POLICY_H2O = 4,       /* heavy hitters + recent window within a budget */
-  CKV_POLICY_STREAMING = 5, /* attention sinks + recent window */
-  CKV_POLICY_COMMITKV = 6,  /* the lifecycle (judge + states) */
-  CKV_POLICY_COUNT
-} ckv_policy_id;
-
-/* Every policy allowed: the default of a tenant's `policies`. */
-#define CKV_POLICY_ALL_MASK ((UINT32_C(1) << CKV_POLICY_COUNT) - 1)
-
-/* Names as they appear in the config file and in OpenSession, indexed by
- * ckv_policy_id. */
-extern const char *const ckv_policy_names[CKV_POLICY_COUNT];
-
-/* Name -> ckv_policy_id, or -1 for an unknown name (case-sensitive). */
-int ckv_config_policy_from_name(const char *name);
-
-/* Bounds of a numeric [policy] key, as the file enforces them (per-session
- * overrides in OpenSession use the same).  CKV_OK, CKV_ERR_NOT_FOUND (no such
- * key) or CKV_ERR_INVALID (the key is not a number). */
-int ckv_config_policy_range(const char *key, double *ret_min, double *ret_max);
+/* Policies (ckv_policy_id, ckv_policy_names, ckv_policy_from_name) are the
+ * lifecycle library's: lifecycle/policy.h. */
 
 typedef enum ckv_backend_kind {
   CKV_BACKEND_AUTO = 0, /* CUDA when a device answers, host otherwise */
@@ -83,6 +59,9 @@ typedef enum ckv_judge_kind {
 
 /* Parameters of the transition judge and of the baseline policies
  * ([policy] section; live-reloadable; OpenSession may override per session).
+ * The judge's fields (attn_threshold .. semantic_estimate) are the rows of
+ * CKV_JUDGE_PARAM_LIST (lifecycle/policy.h), which holds their defaults,
+ * bounds and docs; ckv_config_judge_params maps them to ckv_judge_params.
  * Attention values are *relative* mass: a token's attention mass divided by
  * the mass it would get under uniform attention over the session, so 1.0 is
  * "an average token" whatever the head count, query count or length. */
@@ -167,7 +146,7 @@ void ckv_config_init_defaults(ckv_config *c);
 
 /* The judge's parameters for a [policy] section (history_rounds clamped to
  * what the attention ring keeps; mlp left NULL: loading weights is the
- * caller's).  The one mapping the daemon, ckv-train-mlp and the tests use. */
+ * caller's).  With the defaults it equals ckv_judge_params_init's. */
 struct ckv_judge_params;
 void ckv_config_judge_params(const ckv_policy_params *p, struct ckv_judge_params *ret);
 

@@ -8,7 +8,9 @@
  * is and why the default is what it is.  The reference docs (--help-config,
  * commitkvd.conf(5)) and the shipped default file are written from here;
  * parsing, range checks, --check-config output and the reload rules loop over
- * the same rows (config_value.c, config.c). */
+ * the same rows (config_value.c, config.c).  The judge's [policy] rows are
+ * made from the lifecycle library's parameter list (CKV_JUDGE_PARAM_LIST in
+ * lifecycle/policy.h), which holds their defaults, bounds and docs. */
 #include "daemon/config_table.h"
 
 #include <errno.h>
@@ -17,6 +19,7 @@
 
 #include "commitkv/status.h"
 #include "daemon/log.h"
+#include "lifecycle/policy.h"
 
 static const enum_entry backend_names[] = {
     {"auto", CKV_BACKEND_AUTO}, {"host", CKV_BACKEND_HOST}, {"cuda", CKV_BACKEND_CUDA}, {NULL, 0}};
@@ -26,22 +29,10 @@ static const enum_entry level_names[] = {
     {"error", CKV_LOG_ERROR}, {"warning", CKV_LOG_WARNING}, {"notice", CKV_LOG_NOTICE},
     {"info", CKV_LOG_INFO},   {"debug", CKV_LOG_DEBUG},     {NULL, 0}};
 static const enum_entry bits_names[] = {{"4", 4}, {"2", 2}, {NULL, 0}};
-static const enum_entry policy_enum[] = {
-    {"fp16", CKV_POLICY_FP16},   {"int8", CKV_POLICY_INT8}, {"kivi4", CKV_POLICY_KIVI4},
-    {"kivi2", CKV_POLICY_KIVI2}, {"h2o", CKV_POLICY_H2O},   {"streaming", CKV_POLICY_STREAMING},
-    {"commitkv", CKV_POLICY_COMMITKV}, {NULL, 0}};
-static const enum_entry tenant_policy_enum[] = {
-    {"inherit", -1},
-    {"fp16", CKV_POLICY_FP16},   {"int8", CKV_POLICY_INT8}, {"kivi4", CKV_POLICY_KIVI4},
-    {"kivi2", CKV_POLICY_KIVI2}, {"h2o", CKV_POLICY_H2O},   {"streaming", CKV_POLICY_STREAMING},
-    {"commitkv", CKV_POLICY_COMMITKV}, {NULL, 0}};
-
-const char *const ckv_policy_names[CKV_POLICY_COUNT] = {
-    [CKV_POLICY_FP16] = "fp16",   [CKV_POLICY_INT8] = "int8",
-    [CKV_POLICY_KIVI4] = "kivi4", [CKV_POLICY_KIVI2] = "kivi2",
-    [CKV_POLICY_H2O] = "h2o",     [CKV_POLICY_STREAMING] = "streaming",
-    [CKV_POLICY_COMMITKV] = "commitkv",
-};
+#define POLICY_ENTRY_(id, name) {name, CKV_POLICY_##id},
+static const enum_entry policy_enum[] = {CKV_POLICY_LIST(POLICY_ENTRY_){NULL, 0}};
+static const enum_entry tenant_policy_enum[] = {{"inherit", -1}, CKV_POLICY_LIST(POLICY_ENTRY_){NULL, 0}};
+#undef POLICY_ENTRY_
 
 static int check_endpoint(const char *v, char *err, size_t errlen);
 static int check_abs_path(const char *v, char *err, size_t errlen);
@@ -54,6 +45,19 @@ static int check_z85_key(const char *v, char *err, size_t errlen);
 #define DMN(f) FLD_(ckv_config, f)
 #define POL(f) FLD_(ckv_config, policy.f)
 #define TEN(f) FLD_(ckv_tenant_config, f)
+
+/* One [policy] row per CKV_JUDGE_PARAM_LIST entry; the default text is the
+ * list's literal, so the file, the docs and ckv_judge_params_init agree. */
+#define POLICY_PARAM_ROW_(key, field, kind_, def_, lo_, hi_, per_session_, doc_)                      \
+  POLICY_ROW_##kind_(key, def_, lo_, hi_, doc_)
+#define POLICY_ROW_FLOAT(key, def_, lo_, hi_, doc_)                                                   \
+  {SEC_POLICY, #key, T_DOUBLE, POL(key), .dmin = lo_, .dmax = hi_, .reload = true, .def = #def_, .doc = doc_},
+#define POLICY_ROW_U32(key, def_, lo_, hi_, doc_)                                                     \
+  {SEC_POLICY, #key, T_U32, POL(key), .imin = lo_, .imax = hi_, .reload = true, .def = #def_, .doc = doc_},
+#define POLICY_ROW_BITS(key, def_, lo_, hi_, doc_)                                                    \
+  {SEC_POLICY, #key, T_ENUM, POL(key), .enums = bits_names, .reload = true, .def = #def_, .doc = doc_},
+#define POLICY_ROW_BOOL(key, def_, lo_, hi_, doc_)                                                    \
+  {SEC_POLICY, #key, T_BOOL, POL(key), .reload = true, .def = CKV_JUDGE_PARAM_YESNO_##def_, .doc = doc_},
 
 /* The order of the rows is the order of the docs, the template and
  * --check-config's output. */
@@ -163,60 +167,15 @@ const config_key ckv_cfg_keys[] = {
     {SEC_POLICY, "trace", T_STRING, POL(trace), .check = check_abs_path, .reload = true, .def = "",
      .doc = "File the daemon appends mlp-judge training traces to (per-token features and attention; "
             "no token ids or text); empty = off. See docs/mlp-judge.md."},
-    {SEC_POLICY, "trace_every", T_U32, POL(trace_every), .imin = 1, .imax = 8, .reload = true, .def = "4",
+    {SEC_POLICY, "trace_every", T_U32, POL(trace_every), .imin = 1, .imax = CKV_ATTN_HISTORY,
+     .reload = true, .def = "4",
      .doc = "Record every Nth round (<= 8, so the attention rings cover the rounds between); a "
             "32K-token round costs about 90 ms and 2.6 MB."},
     {SEC_POLICY, "trace_max_bytes", T_SIZE, POL(trace_max_bytes), .imin = 0, .imax = PIB, .reload = true,
      .def = "1G", .doc = "Stop recording after this many bytes per open (logged once); 0 = no limit."},
-    {SEC_POLICY, "attn_threshold", T_DOUBLE, POL(attn_threshold), .dmin = 0, .dmax = 1e6,
-     .reload = true, .def = "1",
-     .doc = "draft->staged when mean relative attention over history_rounds exceeds this. 1.0 = "
-            "above an average token: INT8 measured almost lossless (KL 0.0008), so staging is cheap "
-            "to do early."},
-    {SEC_POLICY, "semantic_threshold", T_DOUBLE, POL(semantic_threshold), .dmin = 0, .dmax = 1,
-     .reload = true, .def = "0.3",
-     .doc = "Semantic score (0..1) a token needs to be promoted: the filler filter, so 'ok', 'got "
-            "it' draw attention but never earn bits."},
-    {SEC_POLICY, "high_attn_threshold", T_DOUBLE, POL(high_attn_threshold), .dmin = 0, .dmax = 1e6,
-     .reload = true, .def = "2",
-     .doc = "staged->committed when relative attention stays above this for persistence_rounds: a "
-            "lasting fact, not one round's spike (>= attn_threshold)."},
-    {SEC_POLICY, "history_rounds", T_U32, POL(history_rounds), .imin = 1, .imax = 8,
-     .reload = true, .def = "8",
-     .doc = "R: rounds of attention kept per token (at most 8: one byte each, which keeps the "
-            "per-token metadata within its 32-byte budget); 8 smooths one noisy round."},
-    {SEC_POLICY, "sink_tokens", T_U32, POL(sink_tokens), .imin = 0, .imax = 4096, .reload = true,
-     .def = "4",
-     .doc = "S: first positions (attention sinks, StreamingLLM) never recycled and kept FP16; 4 as "
-            "in the fidelity measurement."},
-    {SEC_POLICY, "recent_window", T_U32, POL(recent_window), .imin = 0, .imax = 1 << 20,
-     .reload = true, .def = "32",
-     .doc = "W: last tokens always draft (KIVI's residual window); 32 as in the fidelity "
-            "measurement, about one user turn."},
-    {SEC_POLICY, "persistence_rounds", T_U32, POL(persistence_rounds), .imin = 1, .imax = 100000,
-     .reload = true, .def = "4",
-     .doc = "Rounds above high_attn_threshold before staged->committed (one-way, lossy): 4 rounds "
-            "of sustained use mark a confirmed fact."},
-    {SEC_POLICY, "idle_rounds", T_U32, POL(idle_rounds), .imin = 1, .imax = 1000000,
-     .reload = true, .def = "16",
-     .doc = "Rounds without attention before a token is recycled. Eviction is the costliest "
-            "mistake (KL 1.1 at a 20% budget), so only long silence frees a token."},
-    {SEC_POLICY, "budget", T_DOUBLE, POL(budget), .dmin = 0.01, .dmax = 1, .reload = true,
-     .def = "0.25",
-     .doc = "h2o and streaming baselines: bytes kept as a fraction of FP16; 0.25 matches what "
-            "INT4 costs, for comparisons at equal memory."},
-    {SEC_POLICY, "commit_bits", T_ENUM, POL(commit_bits), .enums = bits_names, .reload = true,
-     .def = "4",
-     .doc = "Bits per element of committed blocks (4 or 2). INT4 already cost KL 0.12 when applied "
-            "everywhere; INT2 is for memory-bound tenants who measured it."},
-    {SEC_POLICY, "prune_keep", T_DOUBLE, POL(prune_keep), .dmin = 0.125, .dmax = 1,
-     .reload = true, .def = "1",
-     .doc = "Fraction of key channels kept in committed blocks (ThinK-style pruning); 1.0 = off, as "
-            "pruning adds error on top of quantization."},
-    {SEC_POLICY, "semantic_estimate", T_BOOL, POL(semantic_estimate), .reload = true,
-     .def = "yes",
-     .doc = "Estimate a semantic score from the keys when the worker sends none, so the filler "
-            "filter always has a signal."},
+    /* The judge's parameters: name, default, bounds and doc are the lifecycle
+     * library's (lifecycle/policy.h), all reloaded on SIGHUP. */
+    CKV_JUDGE_PARAM_LIST(POLICY_PARAM_ROW_)
 
     /* ---- [tenant.NAME] ---- */
     {SEC_TENANT, "uids", T_UIDS, TEN(uids), .offset2 = offsetof(ckv_tenant_config, n_uids),
@@ -262,13 +221,6 @@ const config_key *ckv_cfg_find_key(section_kind sec, const char *key) {
     if (ckv_cfg_keys[i].section == sec && strcmp(ckv_cfg_keys[i].key, key) == 0)
       return &ckv_cfg_keys[i];
   return NULL;
-}
-
-int ckv_config_policy_from_name(const char *name) {
-  if (!name) return -1;
-  for (int i = 0; i < CKV_POLICY_COUNT; i++)
-    if (strcmp(name, ckv_policy_names[i]) == 0) return i;
-  return -1;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -331,26 +283,6 @@ static int check_z85_key(const char *v, char *err, size_t errlen) {
   ckv_cfg_seterr(err, errlen, "not a CURVE key (40 Z85 characters)");
   return CKV_ERR_INVALID;
 }
-
-int ckv_config_policy_range(const char *key, double *ret_min, double *ret_max) {
-  for (size_t i = 0; key && i < N_KEYS; i++) {
-    const config_key *k = &ckv_cfg_keys[i];
-    if (k->section != SEC_POLICY || strcmp(k->key, key) != 0) continue;
-    if (k->type == T_DOUBLE) {
-      *ret_min = k->dmin;
-      *ret_max = k->dmax;
-      return CKV_OK;
-    }
-    if (k->type == T_U32) {
-      *ret_min = (double)k->imin;
-      *ret_max = (double)k->imax;
-      return CKV_OK;
-    }
-    return CKV_ERR_INVALID; /* not a number */
-  }
-  return CKV_ERR_NOT_FOUND;
-}
-
 
 /* ------------------------------------------------------------------------ */
 /* The shipped default file and the reference docs                          */

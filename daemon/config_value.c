@@ -237,7 +237,7 @@ static int add_policy(const char *item, void *vctx) {
     x->mask = CKV_POLICY_ALL_MASK;
     return CKV_OK;
   }
-  int p = ckv_config_policy_from_name(item);
+  int p = ckv_policy_from_name(item);
   if (p < 0) {
     ckv_cfg_seterr(x->err, x->errlen, "unknown policy '%s' (fp16, int8, kivi4, kivi2, h2o, streaming, "
            "commitkv or all)", item);

@@ -22,9 +22,10 @@
 #include "daemon/server.h"
 #include "daemon/session.h"
 #include "daemon/strmap.h"
-#include "daemon/trace.h"
 #include "daemon/tenant.h"
 #include "daemon/utf8.h"
+#include "lifecycle/policy.h"
+#include "lifecycle/trace.h"
 #include "shm/arena.h"
 
 typedef struct reply_ctx {
@@ -84,41 +85,18 @@ static void *new_msg(ckv_server *s, size_t size, const void *init) {
 /* A reply sub-message from the scratch arena, initialised with its INIT value. */
 #define NEW(s, type, init) ((type *)new_msg((s), sizeof(type), &(type)init))
 
-/* Per-session overrides (OpenSession.params): the numeric [policy] keys,
- * within the bounds of the configuration table (ckv_config_policy_range). */
-typedef struct param_def {
-  const char *name;
-  size_t offset;
-  bool is_float; /* else uint32_t */
-} param_def;
-
-#define PF(field) {#field, offsetof(ckv_judge_params, field), true}
-#define PU(field) {#field, offsetof(ckv_judge_params, field), false}
-static const param_def k_params[] = {
-    PF(attn_threshold), PF(semantic_threshold), PF(high_attn_threshold), PU(history_rounds),
-    PU(sink_tokens),    PU(recent_window),      PU(persistence_rounds),  PU(idle_rounds),
-    PF(budget),         PU(commit_bits),        PF(prune_keep),
-};
-
+/* Per-session overrides (OpenSession.params): the judge parameters whose
+ * row in the lifecycle's table (lifecycle/policy.h) allows it, within that
+ * row's bounds (the same as the [policy] section's). */
 static int apply_params(const Commitkv__V1__OpenSession *o, ckv_judge_params *p, reply_ctx *x) {
   for (size_t i = 0; i < o->n_params; i++) {
     const char *key = o->params[i]->key;
-    double v = o->params[i]->value;
-    const param_def *d = NULL;
-    for (size_t k = 0; key && k < sizeof(k_params) / sizeof(k_params[0]); k++)
-      if (strcmp(key, k_params[k].name) == 0) d = &k_params[k];
-    if (!d) return fail(x, CKV_ERR_INVALID, "unknown policy parameter '%.*s'", ECHO(key ? key : ""));
-    double lo = 2, hi = 4; /* commit_bits is a choice (2 or 4) in the table */
-    bool bits = strcmp(d->name, "commit_bits") == 0;
-    if (!bits && ckv_config_policy_range(d->name, &lo, &hi) < 0)
-      return fail(x, CKV_ERR_INTERNAL, "policy parameter %s has no bounds", d->name);
-    if (!(v >= lo && v <= hi) || (bits && v != 2 && v != 4) || (!d->is_float && v != floor(v)))
-      return fail(x, CKV_ERR_INVALID, "policy parameter %s=%g outside [%g, %g]%s", d->name, v, lo, hi,
-                  bits ? " (2 or 4)" : d->is_float ? "" : " or not an integer");
-    if (d->is_float)
-      *(float *)((char *)p + d->offset) = (float)v;
-    else
-      *(uint32_t *)((char *)p + d->offset) = (uint32_t)v;
+    const ckv_judge_param *d = ckv_judge_param_find(key);
+    if (!d || !d->per_session)
+      return fail(x, CKV_ERR_INVALID, "unknown policy parameter '%.*s'", ECHO(key ? key : ""));
+    char err[160];
+    if (ckv_judge_param_set(p, d, o->params[i]->value, err, sizeof err) < 0)
+      return fail(x, CKV_ERR_INVALID, "%s", err);
   }
   return CKV_OK;
 }
@@ -231,7 +209,7 @@ static int h_open(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
   if (ckv_wire_check_session_id(o->session_id) < 0)
     return fail(x, CKV_ERR_INVALID, "session id must be 1..128 characters of [A-Za-z0-9._:-]");
   ckv_judge_params params = *s->opt.policy;
-  int pid = o->policy && *o->policy ? ckv_config_policy_from_name(o->policy)
+  int pid = o->policy && *o->policy ? ckv_policy_from_name(o->policy)
                                     : (c->tenant->default_policy >= 0 ? c->tenant->default_policy : params.policy);
   if (pid < 0)
     return fail(x, CKV_ERR_INVALID, "unknown policy '%.*s' (commitkv, fp16, int8, kivi4, kivi2, h2o, streaming)",

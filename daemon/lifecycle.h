@@ -22,7 +22,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "daemon/judge.h"
+#include "lifecycle/judge.h"
 
 typedef struct ckv_srv_session ckv_srv_session;
 typedef struct ckv_compressor ckv_compressor;

@@ -15,12 +15,12 @@
 #include "daemon/backend.h"
 #include "daemon/blockmem.h"
 #include "daemon/config.h"
-#include "daemon/judge.h"
 #include "daemon/log.h"
-#include "daemon/mlp.h"
-#include "daemon/trace.h"
 #include "daemon/server.h"
 #include "daemon/tenant.h"
+#include "lifecycle/judge.h"
+#include "lifecycle/mlp.h"
+#include "lifecycle/trace.h"
 
 static void usage(FILE *out) {
   fprintf(out,

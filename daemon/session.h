@@ -18,9 +18,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "daemon/judge.h"
-#include "daemon/tokens.h"
 #include "kernels/format.h"
+#include "lifecycle/judge.h"
+#include "lifecycle/tokens.h"
 
 typedef struct ckv_tenant ckv_tenant;
 

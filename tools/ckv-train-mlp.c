@@ -1,6 +1,6 @@
-/* ckv-train-mlp - fits the mlp transition judge (daemon/mlp.h) from traces
- * recorded by commitkvd (daemon/trace.h), or from a synthetic multi-turn
- * stream, and writes the weight file the daemon loads (format in daemon/mlp.c).
+/* ckv-train-mlp - fits the mlp transition judge (lifecycle/mlp.h) from traces
+ * recorded by commitkvd (lifecycle/trace.h), or from a synthetic multi-turn
+ * stream, and writes the weight file the daemon loads (format in lifecycle/mlp.c).
  *
  *   ckv-train-mlp [options] -o WEIGHTS TRACE...     train on recorded traces
  *   ckv-train-mlp --synthetic TRACE [options]       write a synthetic trace
@@ -66,11 +66,11 @@
 #include <string.h>
 
 #include "commitkv/status.h"
-#include "daemon/config.h"
-#include "daemon/judge.h"
-#include "daemon/mlp.h"
-#include "daemon/tokens.h"
-#include "daemon/trace.h"
+#include "lifecycle/judge.h"
+#include "lifecycle/mlp.h"
+#include "lifecycle/policy.h"
+#include "lifecycle/tokens.h"
+#include "lifecycle/trace.h"
 
 #define NF CKV_JUDGE_FEATURES
 #define NC CKV_MLP_CLASSES
@@ -97,13 +97,11 @@ static void seterr(char *err, size_t errlen, const char *fmt, ...) {
   va_end(ap);
 }
 
-/* The shipped [policy] defaults (the configuration table's), commitkv policy. */
+/* The shipped [policy] defaults (the lifecycle's parameter table, which the
+ * daemon's configuration is made from), commitkv policy. */
 static ckv_judge_params train_default_params(void) {
-  ckv_config cfg;
-  ckv_config_init_defaults(&cfg);
   ckv_judge_params p;
-  ckv_config_judge_params(&cfg.policy, &p);
-  ckv_config_done(&cfg);
+  ckv_judge_params_init(&p);
   p.policy = CKV_POLICY_COMMITKV;
   return p;
 }

@@ -14,6 +14,8 @@
 #include "daemon/config.h"
 #include "daemon/log.h"
 #include "daemon/tenant.h"
+#include "lifecycle/judge.h"
+#include "lifecycle/policy.h"
 #include "testutil.h"
 
 /* ---- helpers ---- */
@@ -493,19 +495,36 @@ Test(config, format_round_trip) {
 
 /* ---- policies ---- */
 
-Test(config, policy_names) {
-  static const char *const names[] = {"fp16", "int8", "kivi4", "kivi2", "h2o", "streaming",
-                                      "commitkv"};
-  cr_assert_eq(sizeof names / sizeof names[0], CKV_POLICY_COUNT);
-  for (int i = 0; i < CKV_POLICY_COUNT; i++) {
-    cr_expect_str_eq(ckv_policy_names[i], names[i]);
-    cr_expect_eq(ckv_config_policy_from_name(names[i]), i);
+/* The [policy] keys of the judge are the lifecycle's parameter table
+ * (lifecycle/policy.h): same names, same defaults as ckv_judge_params_init,
+ * same bounds (policy names themselves: tests/unit/test_policy.c). */
+Test(config, policy_section_is_the_lifecycle_table) {
+  ckv_config c;
+  ckv_config_init_defaults(&c);
+  ckv_judge_params from_cfg, lib;
+  ckv_config_judge_params(&c.policy, &from_cfg);
+  ckv_judge_params_init(&lib);
+  cr_expect_eq(from_cfg.policy, lib.policy);
+  char err[256];
+  for (size_t i = 0; i < ckv_judge_param_count; i++) {
+    const ckv_judge_param *d = &ckv_judge_param_table[i];
+    cr_expect_eq(ckv_judge_param_get(&from_cfg, d), ckv_judge_param_get(&lib, d), "%s: config default %g, lifecycle %g",
+                 d->name, ckv_judge_param_get(&from_cfg, d), ckv_judge_param_get(&lib, d));
+    if (d->type == CKV_JUDGE_PARAM_BOOL) continue;
+    char v[64];
+    snprintf(v, sizeof v, "%.17g", d->min);
+    cr_expect_eq(ckv_config_set(&c, "policy", d->name, v, err, sizeof err), CKV_OK, "%s=%s: %s", d->name, v, err);
+    snprintf(v, sizeof v, "%.17g", d->max);
+    cr_expect_eq(ckv_config_set(&c, "policy", d->name, v, err, sizeof err), CKV_OK, "%s=%s: %s", d->name, v, err);
+    snprintf(v, sizeof v, "%.17g", d->max + 1);
+    cr_expect_eq(ckv_config_set(&c, "policy", d->name, v, err, sizeof err), CKV_ERR_INVALID, "%s=%s accepted", d->name, v);
+    if (d->type == CKV_JUDGE_PARAM_FLOAT ? d->min > 0 : d->min >= 1) {
+      snprintf(v, sizeof v, "%.17g", d->min - (d->type == CKV_JUDGE_PARAM_FLOAT ? d->min / 2 : 1));
+      cr_expect_eq(ckv_config_set(&c, "policy", d->name, v, err, sizeof err), CKV_ERR_INVALID, "%s=%s accepted",
+                   d->name, v);
+    }
   }
-  cr_expect_eq(ckv_config_policy_from_name("lru"), -1);
-  cr_expect_eq(ckv_config_policy_from_name("FP16"), -1);
-  cr_expect_eq(ckv_config_policy_from_name(""), -1);
-  cr_expect_eq(ckv_config_policy_from_name(NULL), -1);
-  cr_expect_eq(ckv_config_policy_from_name("all"), -1);
+  ckv_config_done(&c);
 }
 
 /* ---- tenants ---- */

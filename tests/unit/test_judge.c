@@ -1,4 +1,4 @@
-/* tests/unit/test_judge.c - daemon/judge.c over daemon/tokens.c, in process:
+/* tests/unit/test_judge.c - lifecycle/judge.c over lifecycle/tokens.c, in process:
  * only the lifecycle's transitions ever happen and each is reported, state
  * counts add up, protected tokens (sinks, recent window, system role) are
  * never recycled, the same stream gives the same states bit for bit, filler
@@ -15,9 +15,9 @@
 #include <string.h>
 
 #include "commitkv/status.h"
-#include "daemon/config.h"
-#include "daemon/judge.h"
-#include "daemon/tokens.h"
+#include "lifecycle/judge.h"
+#include "lifecycle/policy.h"
+#include "lifecycle/tokens.h"
 
 enum { ROLE_NONE = 0, ROLE_SYSTEM = 1, ROLE_USER = 2, ROLE_ASSISTANT = 3, ROLE_TOOL = 4 };
 enum { D = CKV_STATE_DRAFT, S = CKV_STATE_STAGED, C = CKV_STATE_COMMITTED, X = CKV_STATE_RECYCLED };
@@ -26,14 +26,11 @@ static const int k_all_policies[] = {CKV_POLICY_FP16,  CKV_POLICY_INT8,      CKV
                                      CKV_POLICY_H2O,   CKV_POLICY_STREAMING, CKV_POLICY_COMMITKV};
 #define N_POLICIES (sizeof(k_all_policies) / sizeof(k_all_policies[0]))
 
-/* The shipped [policy] defaults (the configuration table's, as commitkvd
- * maps them), for `policy`. */
+/* The shipped [policy] defaults (the lifecycle's parameter table, which
+ * commitkvd's [policy] section is made from), for `policy`. */
 static ckv_judge_params params_for(int policy) {
-  ckv_config cfg;
-  ckv_config_init_defaults(&cfg);
   ckv_judge_params p;
-  ckv_config_judge_params(&cfg.policy, &p);
-  ckv_config_done(&cfg);
+  ckv_judge_params_init(&p);
   p.policy = policy;
   if (policy == CKV_POLICY_KIVI2) p.commit_bits = 2;
   return p;

@@ -1,5 +1,5 @@
-/* tests/unit/test_mlp.c - the mlp judge (daemon/mlp.c), trace recording
- * (daemon/trace.c) and the trainer (tools/ckv-train-mlp.c, compiled in here
+/* tests/unit/test_mlp.c - the mlp judge (lifecycle/mlp.c), trace recording
+ * (lifecycle/trace.c) and the trainer (tools/ckv-train-mlp.c, compiled in here
  * without its main so its internals are tested as they ship):
  * the weight file loads when good and is refused with the right code and a
  * message naming the file for each kind of bad file; hand-set weights give the

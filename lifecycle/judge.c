@@ -23,7 +23,7 @@
  * while tokens that keep drawing attention stay in INT8, where quantization
  * costs least (the measurement in issue 4: high-attention tokens in INT8,
  * the rest in INT4, KL 0.013 against 0.12 for INT4 everywhere). */
-#include "daemon/judge.h"
+#include "lifecycle/judge.h"
 
 #include <errno.h>
 #include <math.h>
@@ -31,8 +31,8 @@
 #include <string.h>
 
 #include "commitkv/status.h"
-#include "daemon/config.h"
-#include "daemon/mlp.h"
+#include "lifecycle/mlp.h"
+#include "lifecycle/policy.h"
 
 void ckv_transition_list_done(ckv_transition_list *l) {
   free(l->v);

@@ -1,5 +1,5 @@
 /* trace.h - recording what the judge saw and what was needed afterwards, to
- * train the mlp judge (daemon/mlp.h, tools/ckv-train-mlp.c).
+ * train the mlp judge (lifecycle/mlp.h, tools/ckv-train-mlp.c).
  *
  * Every sampled round of every session appends one line per live token: its
  * feature vector (ckv_judge_features, exactly what the judge scores in that
@@ -30,14 +30,14 @@
  *            exp2(code / 32) - 1; rounds before 1 are 00.
  * Cost: one line (~110 bytes) per live token per sampled round; bounded by
  * `every` and by max_bytes (recording stops at the first sampled round past it). */
-#ifndef CKV_DAEMON_TRACE_H
-#define CKV_DAEMON_TRACE_H
+#ifndef CKV_LIFECYCLE_TRACE_H
+#define CKV_LIFECYCLE_TRACE_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-#include "daemon/judge.h"
-#include "daemon/tokens.h"
+#include "lifecycle/judge.h"
+#include "lifecycle/tokens.h"
 
 #define CKV_TRACE_VERSION 1
 

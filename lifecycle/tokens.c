@@ -1,5 +1,5 @@
 /* tokens.c - the per-token column store (see tokens.h). */
-#include "daemon/tokens.h"
+#include "lifecycle/tokens.h"
 
 #include <errno.h>
 #include <math.h>

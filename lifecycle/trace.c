@@ -1,5 +1,5 @@
 /* trace.c - per-token training traces for the mlp judge (format in trace.h). */
-#include "daemon/trace.h"
+#include "lifecycle/trace.h"
 
 #include <errno.h>
 #include <fcntl.h>

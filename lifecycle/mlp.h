@@ -4,9 +4,9 @@
  * It proposes a target state per token; judge.c keeps the lifecycle's hard
  * rules (legal transitions only, protected tokens never recycled, filler
  * never promoted).  The weight file format and the trainer are documented in
- * daemon/mlp.c and tools/ckv-train-mlp (and docs/mlp-judge.md). */
-#ifndef CKV_DAEMON_MLP_H
-#define CKV_DAEMON_MLP_H
+ * lifecycle/mlp.c and tools/ckv-train-mlp (and docs/mlp-judge.md). */
+#ifndef CKV_LIFECYCLE_MLP_H
+#define CKV_LIFECYCLE_MLP_H
 
 #include <stddef.h>
 #include <stdint.h>

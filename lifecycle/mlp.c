@@ -22,7 +22,7 @@
  * sections come in exactly this order, each with exactly its count, and
  * nothing but comments may follow `end`.  n_features must equal
  * CKV_JUDGE_FEATURES of this build (the feature vector is documented in
- * daemon/judge.c; changing it means a new version).  The loader refuses
+ * lifecycle/judge.c; changing it means a new version).  The loader refuses
  * rather than guesses: a wrong magic, version, feature count or hidden size is
  * CKV_ERR_FORMAT (a file for another build or not ours); anything wrong after
  * a valid header (truncation, a missing `end`, a bad token, NaN, infinity,
@@ -30,7 +30,7 @@
  * CKV_MLP_MAX_FILE bytes.  No checksum: the exact counts plus the `end`
  * trailer catch truncation, strict number parsing catches garbage, and the
  * file stays editable by hand.  ckv_mlp_save writes it atomically. */
-#include "daemon/mlp.h"
+#include "lifecycle/mlp.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -43,8 +43,8 @@
 #include <unistd.h>
 
 #include "commitkv/status.h"
-#include "daemon/judge.h"
-#include "daemon/tokens.h"
+#include "lifecycle/judge.h"
+#include "lifecycle/tokens.h"
 
 #define NF CKV_JUDGE_FEATURES
 #define NC CKV_MLP_CLASSES
@@ -446,7 +446,7 @@ int ckv_mlp_save(const ckv_mlp *m, const char *path, const char *comment) {
       p += n + (nl ? 1 : 0);
     }
   }
-  fprintf(f, "# features: see daemon/judge.c (ckv_judge_features); classes: no-change staged committed recycled\n");
+  fprintf(f, "# features: see lifecycle/judge.c (ckv_judge_features); classes: no-change staged committed recycled\n");
   put_section(f, "mean", m->mean, NF, NF);
   put_section(f, "std", m->std, NF, NF);
   put_section(f, "w1", m->w1, (size_t)m->hidden * NF, NF);

@@ -9,13 +9,13 @@
  * draft->staged, staged->committed, and draft|staged|committed->recycled.
  * The judge is a pure function of the token columns, the round and the
  * parameters: the same stream gives the same states, bit for bit. */
-#ifndef CKV_DAEMON_JUDGE_H
-#define CKV_DAEMON_JUDGE_H
+#ifndef CKV_LIFECYCLE_JUDGE_H
+#define CKV_LIFECYCLE_JUDGE_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-#include "daemon/tokens.h"
+#include "lifecycle/tokens.h"
 
 typedef struct ckv_mlp ckv_mlp;
 
@@ -23,9 +23,12 @@ typedef struct ckv_mlp ckv_mlp;
  * lasting fact: never recycled for silence (task goal, constraint, order id). */
 #define CKV_FACT_SEMANTIC 0.8f
 
-/* Effective parameters of one session (config [policy] plus overrides). */
+/* Effective parameters of one session: the [policy] section plus the
+ * session's overrides.  Defaults, bounds and docs of every field but policy
+ * and mlp: CKV_JUDGE_PARAM_LIST (lifecycle/policy.h); ckv_judge_params_init
+ * fills the defaults. */
 typedef struct ckv_judge_params {
-  int policy;                /* ckv_policy_id (daemon/config.h) */
+  int policy;                /* ckv_policy_id (lifecycle/policy.h) */
   float attn_threshold;      /* draft->staged: mean relative attention */
   float semantic_threshold;  /* promotion needs at least this semantic score */
   float high_attn_threshold; /* staged->committed: sustained relative attention */

@@ -14,8 +14,8 @@
  * `block`/`slot` is where the token's data is *published* (readable); a move
  * in flight is marked by CKV_TOKEN_PENDING and lives in its compressor job
  * until the publish step. */
-#ifndef CKV_DAEMON_TOKENS_H
-#define CKV_DAEMON_TOKENS_H
+#ifndef CKV_LIFECYCLE_TOKENS_H
+#define CKV_LIFECYCLE_TOKENS_H
 
 #include <stddef.h>
 #include <stdint.h>

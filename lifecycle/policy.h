@@ -1,0 +1,145 @@
+/* lifecycle/policy.h - the policy table: which lifecycle or baseline policy a
+ * session runs (by number and by name), and the judge's parameters with their
+ * defaults, bounds and meaning.
+ *
+ * One list, CKV_POLICY_LIST, makes the enum, the names and every other
+ * table that names policies (the daemon's config enum, for one), so a policy
+ * is added in one line.  The numbers are stable: they index
+ * ckv_policy_names[], are the bits of a tenant's allowed-policy set and may be
+ * written to files; new policies go at the end.
+ *
+ * CKV_JUDGE_PARAM_LIST is the one truth of each judge parameter: its name, its
+ * field in ckv_judge_params (judge.h), its default, its bounds and its doc
+ * line.  ckv_judge_param_table[] is made from it here; the daemon's [policy]
+ * config rows (default text, range, doc, hence --help-config, --check-config
+ * and packaging/commitkvd.conf) and OpenSession's per-session overrides are
+ * made from the same list, so none of them can drift from the library. */
+#ifndef CKV_LIFECYCLE_POLICY_H
+#define CKV_LIFECYCLE_POLICY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "lifecycle/tokens.h" /* CKV_ATTN_HISTORY */
+
+/* X(ID, "name"): CKV_POLICY_<ID> is the row's index, "name" how the config
+ * file and OpenSession spell it (DESIGN.md section 9). */
+#define CKV_POLICY_LIST(X)                                                                  \
+  X(FP16, "fp16")           /* never compress */                                           \
+  X(INT8, "int8")           /* everything past the recent window staged */                 \
+  X(KIVI4, "kivi4")         /* everything past the window committed, INT4 */               \
+  X(KIVI2, "kivi2")         /* everything past the window committed, INT2 */               \
+  X(H2O, "h2o")             /* heavy hitters + recent window within a budget */            \
+  X(STREAMING, "streaming") /* attention sinks + recent window */                          \
+  X(COMMITKV, "commitkv")   /* the lifecycle (judge + states) */
+
+#define CKV_POLICY_ENUM_(id, name) CKV_POLICY_##id,
+typedef enum ckv_policy_id { CKV_POLICY_LIST(CKV_POLICY_ENUM_) CKV_POLICY_COUNT } ckv_policy_id;
+#undef CKV_POLICY_ENUM_
+
+/* Every policy allowed: the default of a tenant's `policies`. */
+#define CKV_POLICY_ALL_MASK ((UINT32_C(1) << CKV_POLICY_COUNT) - 1)
+
+/* Names, indexed by ckv_policy_id. */
+extern const char *const ckv_policy_names[CKV_POLICY_COUNT];
+
+/* Name -> ckv_policy_id, or -1 for an unknown name or NULL (case-sensitive). */
+int ckv_policy_from_name(const char *name);
+
+/* ---- the judge's parameters ---- */
+
+/* X(key, field, TYPE, default, min, max, per_session, doc):
+ *   key          name in the [policy] section and in OpenSession.params
+ *   field        member of ckv_judge_params
+ *   TYPE         FLOAT (float field), U32 (uint32_t, an integer in [min, max]),
+ *                BITS (uint32_t, exactly min or max), BOOL (int, 0 or 1)
+ *   default      a literal: it is also the config file's default text
+ *                (stringified; BOOL 1/0 reads "yes"/"no")
+ *   per_session  1 if OpenSession.params may override it
+ * Attention values are relative: 1.0 is the share of an average token. */
+#define CKV_JUDGE_PARAM_LIST(X)                                                                   \
+  X(attn_threshold, attn_threshold, FLOAT, 1, 0, 1e6, 1,                                          \
+    "draft->staged when mean relative attention over history_rounds exceeds this. 1.0 = "         \
+    "above an average token: INT8 measured almost lossless (KL 0.0008), so staging is cheap "     \
+    "to do early.")                                                                               \
+  X(semantic_threshold, semantic_threshold, FLOAT, 0.3, 0, 1, 1,                                  \
+    "Semantic score (0..1) a token needs to be promoted: the filler filter, so 'ok', 'got "       \
+    "it' draw attention but never earn bits.")                                                    \
+  X(high_attn_threshold, high_attn_threshold, FLOAT, 2, 0, 1e6, 1,                                \
+    "staged->committed when relative attention stays above this for persistence_rounds: a "       \
+    "lasting fact, not one round's spike (>= attn_threshold).")                                   \
+  X(history_rounds, history_rounds, U32, 8, 1, CKV_ATTN_HISTORY, 1,                               \
+    "R: rounds of attention kept per token (at most 8: one byte each, which keeps the "           \
+    "per-token metadata within its 32-byte budget); 8 smooths one noisy round.")                  \
+  X(sink_tokens, sink_tokens, U32, 4, 0, 4096, 1,                                                 \
+    "S: first positions (attention sinks, StreamingLLM) never recycled and kept FP16; 4 as "      \
+    "in the fidelity measurement.")                                                               \
+  X(recent_window, recent_window, U32, 32, 0, 1 << 20, 1,                                         \
+    "W: last tokens always draft (KIVI's residual window); 32 as in the fidelity "                \
+    "measurement, about one user turn.")                                                          \
+  X(persistence_rounds, persistence_rounds, U32, 4, 1, 100000, 1,                                 \
+    "Rounds above high_attn_threshold before staged->committed (one-way, lossy): 4 rounds "       \
+    "of sustained use mark a confirmed fact.")                                                    \
+  X(idle_rounds, idle_rounds, U32, 16, 1, 1000000, 1,                                             \
+    "Rounds without attention before a token is recycled. Eviction is the costliest "             \
+    "mistake (KL 1.1 at a 20% budget), so only long silence frees a token.")                      \
+  X(budget, budget, FLOAT, 0.25, 0.01, 1, 1,                                                      \
+    "h2o and streaming baselines: bytes kept as a fraction of FP16; 0.25 matches what "           \
+    "INT4 costs, for comparisons at equal memory.")                                               \
+  X(commit_bits, commit_bits, BITS, 4, 2, 4, 1,                                                   \
+    "Bits per element of committed blocks (4 or 2). INT4 already cost KL 0.12 when applied "      \
+    "everywhere; INT2 is for memory-bound tenants who measured it.")                              \
+  X(prune_keep, prune_keep, FLOAT, 1, 0.125, 1, 1,                                                \
+    "Fraction of key channels kept in committed blocks (ThinK-style pruning); 1.0 = off, as "     \
+    "pruning adds error on top of quantization.")                                                 \
+  X(semantic_estimate, semantic_estimate_enabled, BOOL, 1, 0, 1, 0,                               \
+    "Estimate a semantic score from the keys when the worker sends none, so the filler "          \
+    "filter always has a signal.")
+
+/* The config file's text of a BOOL default. */
+#define CKV_JUDGE_PARAM_YESNO_1 "yes"
+#define CKV_JUDGE_PARAM_YESNO_0 "no"
+
+typedef enum ckv_judge_param_type {
+  CKV_JUDGE_PARAM_FLOAT, /* float field */
+  CKV_JUDGE_PARAM_U32,   /* uint32_t field, an integer in [min, max] */
+  CKV_JUDGE_PARAM_BITS,  /* uint32_t field, exactly min or max */
+  CKV_JUDGE_PARAM_BOOL,  /* int field, 0 or 1 */
+} ckv_judge_param_type;
+
+/* One row of CKV_JUDGE_PARAM_LIST. */
+typedef struct ckv_judge_param {
+  const char *name; /* [policy] key, OpenSession.params key */
+  ckv_judge_param_type type;
+  double def, min, max;
+  size_t offset;    /* of the field in ckv_judge_params */
+  bool per_session; /* OpenSession.params may set it */
+  const char *doc;
+} ckv_judge_param;
+
+/* The rows, in list order (the order of the [policy] docs). */
+extern const ckv_judge_param ckv_judge_param_table[];
+extern const size_t ckv_judge_param_count;
+
+struct ckv_judge_params;
+
+/* The row named `name`, or NULL (also for NULL). */
+const ckv_judge_param *ckv_judge_param_find(const char *name);
+
+/* Every parameter at its default, policy commitkv, no mlp (loading weights
+ * is the caller's): the shipped [policy] defaults as a session sees them. */
+void ckv_judge_params_init(struct ckv_judge_params *ret);
+
+/* Sets parameter d of *p to v after checking it against the row: within
+ * [min, max] (NaN never is), an integer for U32 and BOOL, min or max for
+ * BITS.  CKV_OK, or CKV_ERR_INVALID with *p unchanged and err (may be NULL)
+ * saying why: "policy parameter NAME=V outside [MIN, MAX]" plus " or not an
+ * integer" (U32, BOOL) or " (MIN or MAX)" (BITS). */
+int ckv_judge_param_set(struct ckv_judge_params *p, const ckv_judge_param *d, double v, char *err,
+                        size_t errlen);
+
+/* The value of parameter d in *p. */
+double ckv_judge_param_get(const struct ckv_judge_params *p, const ckv_judge_param *d);
+
+#endif
