@@ -11,12 +11,14 @@
  * run beside this binary: GB/s against the device's peak bandwidth, fused
  * attention at 4K/32K/128K tokens per format), under "gpu" with --json.
  * Reports figures only; it never judges them. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "bench/attention_plain.h"
 #include "bench/bench.h"
 #include "bench/bench_daemon.h"
 #include "kernels/kernels.h"
@@ -35,6 +37,14 @@ typedef struct attn_result {
   const char *format;
   double us, gbps, bits;
 } attn_result;
+
+/* The fp16 rows' baselines: the plain-C attention (attention_plain.c) and the
+ * fused kernel on one thread, timed in the same run on the same blocks. */
+typedef struct attn_baseline {
+  double plain_us, one_thread_us, max_abs_diff; /* plain_us < 0: not run (CPU without AVX2/F16C) */
+} attn_baseline;
+
+
 
 /* Wall clock by default; --cpu-time uses the thread's CPU clock, for machines shared with other jobs. */
 static clockid_t g_clock = CLOCK_MONOTONIC;
@@ -179,6 +189,31 @@ static size_t llc_bytes(void) {
 }
 
 /* ---- attention ---- */
+/* Best of a few timed calls, at least min_iters and about `budget` seconds. */
+static double best_call(int (*fn)(void *), void *ctx, int min_iters, double budget) {
+  double best = 1e30, spent = 0;
+  for (int iters = 0; iters < min_iters || (spent < budget && iters < 50); iters++) {
+    double t = now_s();
+    fn(ctx);
+    t = now_s() - t;
+    spent += t;
+    if (t < best) best = t;
+  }
+  return best;
+}
+typedef struct plain_ctx {
+  const ckv_geometry *g;
+  const void *const *blocks;
+  uint32_t n_blocks, n_q_heads;
+  const float *q;
+  float *out;
+} plain_ctx;
+static int run_plain(void *p) {
+  plain_ctx *c = p;
+  return ckv_bench_plain_attention(c->g, c->blocks, c->n_blocks, c->n_q_heads, c->q, c->out);
+}
+static int run_fused(void *p) { return ckv_kernels_attention(p); }
+
 static const char *const attn_formats[] = {"fp16", "int8", "int4", "int2", "mix"};
 
 /* Builds the blocks of one attention format from the drafts; returns the block list (caller frees sets). */
@@ -335,7 +370,9 @@ int ckv_bench_kernels(int argc, char **argv) {
   size_t sizes_full[] = {4096, 32768, 131072}, sizes_quick[] = {1024, 4096};
   size_t *sizes = quick ? sizes_quick : sizes_full, nsizes = quick ? 2 : 3;
   attn_result ar[15];
+  attn_baseline base[3];
   int nar = 0;
+  uint32_t threads = 0;
   float q[32 * 128], out[32 * 128];
   for (size_t i = 0; i < 32 * 128; i++) q[i] = (float)((i * 2654435761u) % 1000) / 500.0f - 1.0f;
   for (size_t si = 0; si < nsizes; si++) {
@@ -356,15 +393,24 @@ int ckv_bench_kernels(int argc, char **argv) {
       a.mass = mass;
       a.workspace_bytes = ckv_attention_workspace_bytes(&a);
       a.workspace = malloc(a.workspace_bytes);
-      double best = 1e30, spent = 0;
-      int iters = 0, min_iters = quick ? 2 : 3;
-      while (iters < min_iters || (spent < (quick ? 0.05 : 0.5) && iters < 50)) {
-        double t = now_s();
-        ckv_kernels_attention(&a);
-        t = now_s() - t;
-        spent += t;
-        iters++;
-        if (t < best) best = t;
+      int min_iters = quick ? 2 : 3;
+      double budget = quick ? 0.05 : 0.5;
+      double best = best_call(run_fused, &a, min_iters, budget);
+      if (f == 0) {
+        attn_baseline *bl = &base[si];
+        float plain_out[32 * 128];
+        plain_ctx pc = {&ga, list, (uint32_t)nb, QH, q, plain_out};
+        bl->plain_us = -1;
+        bl->max_abs_diff = 0;
+        if (ckv_bench_plain_supported()) {
+          bl->plain_us = best_call(run_plain, &pc, min_iters, budget) * 1e6;
+          for (size_t i = 0; i < (size_t)QH * 128; i++)
+            bl->max_abs_diff = fmax(bl->max_abs_diff, fabs((double)plain_out[i] - out[i]));
+        }
+        ckv_attn_args one = a;
+        one.n_threads = 1;
+        bl->one_thread_us = best_call(run_fused, &one, min_iters, budget) * 1e6;
+        threads = a.n_threads ? a.n_threads : 0;
       }
       ar[nar++] = (attn_result){(uint32_t)sizes[si], attn_formats[f], best * 1e6, bytes / best / 1e9,
                                 bytes * 8.0 / ((double)sizes[si] * 2 * ckv_draft_token_elems(&ga))};
@@ -390,7 +436,13 @@ int ckv_bench_kernels(int argc, char **argv) {
              "\"bits_per_element\": %.3f}",
              i ? ", " : "", ar[i].tokens, ar[i].format, ar[i].us, fp16 / ar[i].us, ar[i].gbps, ar[i].bits);
     }
-    printf("], \"gpu\": ");
+    printf("], \"attention_baselines\": [");
+    for (size_t si = 0; si < nsizes; si++)
+      printf("%s{\"tokens\": %zu, \"fp16_us\": %.1f, \"fp16_one_thread_us\": %.1f, \"plain_c_us\": %.1f, "
+             "\"speedup_vs_plain_c\": %.3f, \"max_abs_diff\": %.2e}",
+             si ? ", " : "", sizes[si], ar[si * 5].us, base[si].one_thread_us, base[si].plain_us,
+             base[si].plain_us > 0 ? base[si].plain_us / ar[si * 5].us : 0.0, base[si].max_abs_diff);
+    printf("], \"attention_threads\": %ld, \"gpu\": ", threads ? (long)threads : sysconf(_SC_NPROCESSORS_ONLN));
     gpu_section(1);
     printf("}\n");
   } else {
@@ -401,6 +453,18 @@ int ckv_bench_kernels(int argc, char **argv) {
     for (int i = 0; i < nar; i++)
       printf("%-8u %-6s %12.1f %10.2f %8.2f %6.2f\n", ar[i].tokens, ar[i].format, ar[i].us, ar[i - i % 5].us / ar[i].us,
              ar[i].gbps, ar[i].bits);
+    printf("\nfp16 attention against its baselines (same blocks, same run): the fused kernel on %ld threads "
+           "(CKV_ATTENTION_THREADS) and on one, and a plain-C loop (attention_plain.c)\n%-8s %12s %12s %12s %10s %10s\n",
+           threads ? (long)threads : sysconf(_SC_NPROCESSORS_ONLN), "tokens", "fused us", "1 thread us", "plain C us",
+           "vs plain", "max diff");
+    for (size_t si = 0; si < nsizes; si++) {
+      if (base[si].plain_us < 0)
+        printf("%-8zu %12.1f %12.1f %12s %10s %10s\n", sizes[si], ar[si * 5].us, base[si].one_thread_us, "-", "-",
+               "(no AVX2)");
+      else
+        printf("%-8zu %12.1f %12.1f %12.1f %10.2f %10.1e\n", sizes[si], ar[si * 5].us, base[si].one_thread_us,
+               base[si].plain_us, base[si].plain_us / ar[si * 5].us, base[si].max_abs_diff);
+    }
     gpu_section(0);
   }
   return 0;
