@@ -533,7 +533,7 @@ static int build_dataset(trows *rows, const train_opts *o, dataset *d) {
     }
     keys[nk++] = (sess_key){w->seg, w->session};
   }
-  qsort(rows->v, rows->n, sizeof(trow), by_token_round);
+  if (rows->n) qsort(rows->v, rows->n, sizeof(trow), by_token_round); /* an empty trace has no array */
   d->x = malloc((rows->n ? rows->n : 1) * NF * sizeof(float));
   d->y = malloc(rows->n ? rows->n : 1);
   d->val = malloc(rows->n ? rows->n : 1);
