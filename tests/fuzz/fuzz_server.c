@@ -87,3 +87,18 @@ int ckv_fuzz_open_fds(void) {
   closedir(d);
   return n - 1; /* the directory's own descriptor */
 }
+
+void ckv_fuzz_print_fds(void) {
+  DIR *d = opendir("/proc/self/fd");
+  if (!d) return;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    if (e->d_name[0] == '.') continue;
+    char path[300], target[256];
+    snprintf(path, sizeof(path), "/proc/self/fd/%s", e->d_name);
+    ssize_t n = readlink(path, target, sizeof(target) - 1);
+    target[n > 0 ? n : 0] = 0;
+    fprintf(stderr, "  fd %s -> %s\n", e->d_name, target);
+  }
+  closedir(d);
+}

@@ -25,5 +25,7 @@ void ckv_fuzz_server_start(ckv_fuzz_server *f, const char *name, ckv_tenant_reso
 ckv_conn *ckv_fuzz_server_conn(ckv_fuzz_server *f, ckv_tenant *t, bool admin);
 /* Open descriptors of this process (/proc/self/fd). */
 int ckv_fuzz_open_fds(void);
+/* Lists them on stderr (what a descriptor check that failed found). */
+void ckv_fuzz_print_fds(void);
 
 #endif
