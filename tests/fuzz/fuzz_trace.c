@@ -32,10 +32,14 @@ int ckv_fuzz_trace(const uint8_t *data, size_t size) {
   trows rows = {0};
   char err[512];
   int r = read_trace(g_file.path, &rows, o.max_rows, err, sizeof(err));
+  CKV_FUZZ_CHECK(r != -ENOMEM, "reading %zu bytes ran out of memory", size);
   CKV_FUZZ_CHECK(rows.n <= o.max_rows, "%zu rows read past the cap of %zu", rows.n, o.max_rows);
   if (r == CKV_OK) {
     dataset d = {0};
     r = build_dataset(&rows, &o, &d);
+    /* at most 4096 rows: needing more memory than there is means a size
+     * came from the file unchecked */
+    CKV_FUZZ_CHECK(r != -ENOMEM, "labelling %zu rows ran out of memory", rows.n);
     if (r == CKV_OK) {
       CKV_FUZZ_CHECK(d.n <= rows.n, "%zu labelled rows from %zu rows", d.n, rows.n);
       CKV_FUZZ_CHECK(d.n_val <= d.n, "%zu validation rows of %zu", d.n_val, d.n);
