@@ -2,10 +2,14 @@
 BUILD ?= build
 ASAN_BUILD ?= build-asan
 PKG_BUILD ?= build-package
+FUZZ_BUILD ?= build-fuzz
+FUZZ_CC ?= clang-14
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS ?=
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build test demo test-asan test-gpu clean format package agentlm
+.PHONY: all deps build test demo test-asan test-gpu fuzz clean format package agentlm
 
 all: build
 
@@ -32,6 +36,15 @@ test-asan: deps
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=1 ctest --output-on-failure -j 1
 
+# Each libFuzzer target (tests/fuzz) for FUZZ_SECONDS on a copy of its seeds,
+# built with clang, ASan and UBSan in $(FUZZ_BUILD); fails on any finding and
+# prints the reproducer.  FUZZ_TARGETS="requests arena" runs only those.
+fuzz: deps
+	cmake -S . -B $(FUZZ_BUILD) -DCMAKE_C_COMPILER=$(FUZZ_CC) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKV_FUZZ=ON \
+	  -DCKV_WITH_CUDA=OFF $(CMAKE_FLAGS)
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz_all
+	sh tests/fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_SECONDS) $(FUZZ_TARGETS)
+
 # Every GPU check in one go (a machine with an NVIDIA GPU): build, CUDA kernel
 # tests against the CPU oracle, CUDA arena tests, GPU kernel benchmark.
 test-gpu:
@@ -48,7 +61,7 @@ format:
 	clang-format -i $$(git ls-files '*.c' '*.h' '*.cu')
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(PKG_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(PKG_BUILD) $(FUZZ_BUILD)
 
 # The agent LM (tools/agentlm/README.md): generate, train (bf16 on a GPU when
 # nvidia-smi answers), export build/agentlm/model.bin, check it against the C

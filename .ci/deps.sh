@@ -1,9 +1,11 @@
 #!/bin/sh
-# Installs every build and test dependency from Debian packages, only when missing.
+# Installs every build and test dependency (clang-14 and its libFuzzer
+# runtime for `make fuzz`) from Debian packages, only when missing.
 # Quick and silent when everything is present.
 set -eu
 PKGS="cmake make gcc pkg-config libzmq3-dev libprotobuf-c-dev protobuf-c-compiler libcriterion-dev
-python3 libsystemd-dev libinih-dev libmicrohttpd-dev libhiredis-dev redis-server gnuplot-nox valgrind systemd dpkg-dev"
+python3 libsystemd-dev libinih-dev libmicrohttpd-dev libhiredis-dev redis-server gnuplot-nox valgrind systemd dpkg-dev
+clang-14 libclang-rt-14-dev"
 missing=""
 for p in $PKGS; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then

@@ -445,6 +445,60 @@ static void hex_of(const uint8_t *b, size_t n, char *out) {
   out[2 * n] = 0;
 }
 
+/* The payload of one request from client c, answered into rep: the
+ * max_message cap, the capped decode into the per-request arena, the
+ * handler.  serve_one calls it once the routing id named c; the request
+ * fuzzer (tests/fuzz) calls it the same way. */
+void ckv_server_answer(ckv_server *s, ckv_conn *c, const void *data, size_t len, Commitkv__V1__Response *rep) {
+  static char msg[256];
+  c->last_seen_ms = ckv_now_ms();
+  if (len > s->opt.max_message) {
+    rep->code = CKV_ERR_TOO_LARGE;
+    rep->request_id = ckv_wire_peek_request_id(data, len);
+    snprintf(msg, sizeof(msg),
+             "request of %zu bytes is over max_message (%llu bytes); it was dropped undecoded (above %lld bytes "
+             "the connection is closed instead)",
+             len, (unsigned long long)s->opt.max_message, (long long)transport_cap(s->opt.max_message));
+    rep->message = msg;
+    return;
+  }
+  Commitkv__V1__Request *req = NULL;
+  int r = ckv_wire_decode_request(&s->in, data, len, &req);
+  if (r < 0) {
+    rep->code = r;
+    snprintf(msg, sizeof(msg), "could not decode a commitkv.v1.Request from %zu bytes", len);
+    rep->message = msg;
+    return;
+  }
+  rep->request_id = req->request_id;
+  ckv_handle_request(s, c, req, rep);
+}
+
+void ckv_server_finish_reply(ckv_server *s, ckv_conn *c, Commitkv__V1__Response *rep) {
+  rep->boot_token.data = s->boot_token;
+  rep->boot_token.len = sizeof(s->boot_token);
+  s->counters.requests++;
+  /* Header shadows reach the arena before any reply can send a reader to them. */
+  if (s->dirty_head) {
+    int fr = ckv_srv_session_flush_all_meta(&s->dirty_head);
+    if (fr < 0) {
+      ckv_log(CKV_LOG_ERROR, "flush-failed", c && c->tenant ? c->tenant->name : NULL, NULL,
+              "writing block headers to the arena failed: %s", ckv_strerror(fr));
+      if (rep->code == 0) {
+        rep->code = fr;
+        rep->message = "the daemon could not write block headers to KV memory (device error); retry";
+      }
+    }
+  }
+  if (rep->code != 0) {
+    s->counters.errors++;
+    if (c && c->tenant) c->tenant->errors[ckv_metrics_error_index(rep->code)]++;
+  }
+  /* Every text a reply carries is valid UTF-8, whichever handler wrote it:
+   * standard protobuf clients refuse the whole reply otherwise. */
+  ckv_wire_fix_strings(&s->out, &rep->base);
+}
+
 /* Receive one multipart message: [identity][optional empty][payload].
  * Returns 1 when a message was read, 0 when none is queued. */
 static int serve_one(ckv_server *s) {
@@ -472,15 +526,11 @@ static int serve_one(ckv_server *s) {
   zmq_msg_t *payload = n >= 2 ? &frames[n - 1] : NULL;
 
   Commitkv__V1__Response rep = COMMITKV__V1__RESPONSE__INIT;
-  rep.boot_token.data = s->boot_token;
-  rep.boot_token.len = sizeof(s->boot_token);
   ckv_wire_reset(&s->out);
-  s->counters.requests++;
   char key[2 * CKV_KEY_BYTES + 1] = "";
   if (zmq_msg_size(id) == CKV_KEY_BYTES) hex_of(zmq_msg_data(id), CKV_KEY_BYTES, key);
   ckv_conn *c = key[0] ? ckv_strmap_get(s->conns, key) : NULL;
   static char msg[256];
-  Commitkv__V1__Request *req = NULL;
   if (!c) {
     rep.code = CKV_ERR_AUTH;
     snprintf(msg, sizeof(msg), "unknown client: attach over %s first and use the attach key as routing id",
@@ -489,49 +539,10 @@ static int serve_one(ckv_server *s) {
   } else if (overflow || !payload || (n == 3 && !delim)) {
     rep.code = CKV_ERR_PROTO;
     rep.message = "bad framing: expected [payload] or [empty][payload]";
-  } else if (zmq_msg_size(payload) > s->opt.max_message) {
-    c->last_seen_ms = ckv_now_ms();
-    rep.code = CKV_ERR_TOO_LARGE;
-    rep.request_id = ckv_wire_peek_request_id(zmq_msg_data(payload), zmq_msg_size(payload));
-    snprintf(msg, sizeof(msg),
-             "request of %zu bytes is over max_message (%llu bytes); it was dropped undecoded (above %lld bytes "
-             "the connection is closed instead)",
-             zmq_msg_size(payload), (unsigned long long)s->opt.max_message,
-             (long long)transport_cap(s->opt.max_message));
-    rep.message = msg;
   } else {
-    c->last_seen_ms = ckv_now_ms();
-    int r = ckv_wire_decode_request(&s->in, zmq_msg_data(payload), zmq_msg_size(payload), &req);
-    if (r < 0) {
-      rep.code = r;
-      snprintf(msg, sizeof(msg), "could not decode a commitkv.v1.Request from %zu bytes",
-               zmq_msg_size(payload));
-      rep.message = msg;
-    } else {
-      rep.request_id = req->request_id;
-      ckv_handle_request(s, c, req, &rep);
-    }
+    ckv_server_answer(s, c, zmq_msg_data(payload), zmq_msg_size(payload), &rep);
   }
-  /* Header shadows reach the arena before any reply can send a reader to them. */
-  if (s->dirty_head) {
-    int fr = ckv_srv_session_flush_all_meta(&s->dirty_head);
-    if (fr < 0) {
-      ckv_log(CKV_LOG_ERROR, "flush-failed", c && c->tenant ? c->tenant->name : NULL, NULL,
-              "writing block headers to the arena failed: %s", ckv_strerror(fr));
-      if (rep.code == 0) {
-        rep.code = fr;
-        rep.message = "the daemon could not write block headers to KV memory (device error); retry";
-      }
-    }
-  }
-  if (rep.code != 0) {
-    s->counters.errors++;
-    if (c && c->tenant) c->tenant->errors[ckv_metrics_error_index(rep.code)]++;
-  }
-
-  /* Every text a reply carries is valid UTF-8, whichever handler wrote it:
-   * standard protobuf clients refuse the whole reply otherwise. */
-  ckv_wire_fix_strings(&s->out, &rep.base);
+  ckv_server_finish_reply(s, c, &rep);
   size_t len = commitkv__v1__response__get_packed_size(&rep);
   zmq_msg_t out;
   if (zmq_msg_init_size(&out, len) == 0) {

@@ -225,6 +225,14 @@ bool ckv_attach_conn_late(const ckv_conn *c, uint64_t now_ms);
  * answered with CKV_ERR_PROTO.  Returns false when the socket reached EOF or
  * broke, or the frame was not a frame (the caller drops the client). */
 bool ckv_attach_conn_input(ckv_server *s, ckv_conn *c);
+/* One request payload of `len` bytes from client c, answered into rep
+ * exactly as the loop answers it: over max_message -> CKV_ERR_TOO_LARGE,
+ * else decoded with the capped decoder (s->in) and served by
+ * ckv_handle_request.  The caller resets s->out first. */
+void ckv_server_answer(ckv_server *s, ckv_conn *c, const void *data, size_t len, Commitkv__V1__Response *rep);
+/* What every reply gets before it is packed: the boot token, header shadows
+ * flushed to the arena, error counters, valid UTF-8 (c may be NULL). */
+void ckv_server_finish_reply(ckv_server *s, ckv_conn *c, Commitkv__V1__Response *rep);
 /* Serve one decoded request into `rep` (handlers.c). */
 void ckv_handle_request(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, Commitkv__V1__Response *rep);
 

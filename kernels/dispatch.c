@@ -3,9 +3,21 @@
  * row-primitive table to the kernels. */
 #include <stdlib.h>
 #include <string.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 
 #include "kernels/kernels.h"
 #include "kernels/rowops.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+/* F16C from CPUID leaf 1 (ECX bit 29): clang before 16 has no "f16c" for
+ * __builtin_cpu_supports, and the fuzz build (tests/fuzz) uses clang. */
+static bool cpu_has_f16c(void) {
+  unsigned a, b, c, d;
+  return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+}
+#endif
 
 static int g_path; /* ckv_cpu_path; 0 = not chosen yet.  Accessed with __atomic builtins. */
 
@@ -15,7 +27,7 @@ bool ckv_kernels_path_supported(ckv_cpu_path path) {
   case CKV_PATH_SCALAR: return true;
 #if defined(__x86_64__) || defined(__i386__)
   case CKV_PATH_AVX2:
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
   case CKV_PATH_AVX512:
     return ckv_kernels_path_supported(CKV_PATH_AVX2) && __builtin_cpu_supports("avx512f") &&
            __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");

@@ -334,7 +334,8 @@ static int parse_row(char *line, uint32_t seg, trow *w) {
   char *p = line;
   for (int i = 0; i < 6; i++)
     if (parse_u64_field(&p, &v[i]) < 0) return -1;
-  if (v[1] > UINT32_MAX || v[2] > UINT32_MAX || v[3] > 3 || v[4] > 255 || v[5] > 1) return -1;
+  /* rounds start at 1 (the daemon refuses round 0, so it never records one) */
+  if (v[1] == 0 || v[1] > UINT32_MAX || v[2] > UINT32_MAX || v[3] > 3 || v[4] > 255 || v[5] > 1) return -1;
   w->session = v[0];
   w->seg = seg;
   w->round = (uint32_t)v[1];
@@ -507,6 +508,12 @@ typedef struct sess_key {
   uint64_t session;
 } sess_key;
 
+/* Rounds one token's attention timeline may cover (5 bytes each): a token
+ * whose rows lie further apart is left out as censored, so a hostile or
+ * garbled trace (rounds 1 and 4e9) cannot make the trainer allocate
+ * gigabytes.  At one round per second, 2^20 rounds are 12 days. */
+#define TRACE_MAX_SPAN ((size_t)1 << 20)
+
 /* Builds labelled rows.  Sorts rows (by token, then round). */
 static int build_dataset(trows *rows, const train_opts *o, dataset *d) {
   memset(d, 0, sizeof(*d));
@@ -531,7 +538,7 @@ static int build_dataset(trows *rows, const train_opts *o, dataset *d) {
     }
     keys[nk++] = (sess_key){w->seg, w->session};
   }
-  qsort(rows->v, rows->n, sizeof(trow), by_token_round);
+  if (rows->n) qsort(rows->v, rows->n, sizeof(trow), by_token_round); /* an empty trace has no array */
   d->x = malloc((rows->n ? rows->n : 1) * NF * sizeof(float));
   d->y = malloc(rows->n ? rows->n : 1);
   d->val = malloc(rows->n ? rows->n : 1);
@@ -548,6 +555,11 @@ static int build_dataset(trows *rows, const train_opts *o, dataset *d) {
     /* the token's attention timeline over rounds [lo, hi] from the rings */
     uint32_t hi = rows->v[j - 1].round, lo = rows->v[i].round > RING ? rows->v[i].round - (RING - 1) : 1;
     size_t span = (size_t)(hi - lo) + 1;
+    if (span > TRACE_MAX_SPAN) { /* no real session; a timeline that long would not fit in memory */
+      for (size_t k = i; k < j; k++) d->censored += rows->v[k].judged;
+      i = j;
+      continue;
+    }
     if (span > tl_cap) {
       tl_cap = span * 2;
       float *na = realloc(att, tl_cap * sizeof(*att));
