@@ -39,6 +39,10 @@ for t in $targets; do
     echo "fuzz_$t: ok, ${execs:-?} executions in ${secs} s (${rate:-?} exec/s, ${cov:-cov ?}, corpus $(ls "$dir/corpus" | wc -l) inputs)"
   fi
 done
+n_all=0
+for t in $targets; do n_all=$((n_all + 1)); done
+n_fail=$(echo $failed | wc -w)
+echo "fuzz: $((n_all - n_fail)) passed, $n_fail failed"
 if [ -n "$failed" ]; then
   echo "make fuzz: findings in:$failed"
   exit 1
