@@ -3,7 +3,7 @@
 # Quick and silent when everything is present.
 set -eu
 PKGS="cmake make gcc pkg-config libzmq3-dev libprotobuf-c-dev protobuf-c-compiler libcriterion-dev
-python3 libsystemd-dev libinih-dev libmicrohttpd-dev libhiredis-dev redis-server gnuplot-nox valgrind systemd dpkg-dev"
+python3 libsystemd-dev libinih-dev libjansson-dev libmicrohttpd-dev libhiredis-dev redis-server gnuplot-nox valgrind systemd dpkg-dev"
 missing=""
 for p in $PKGS; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
