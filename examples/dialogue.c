@@ -235,7 +235,7 @@ static int answer(llm_worker *w, bool shadow, int bos, const dialogue_recall *r,
   bool match = (size_t)n == r->len + 1 && toks[n - 1] == '\n';
   for (int i = 0; i < n; i++) {
     said[i] = (uint8_t)(toks[i] & 0xff); /* ids above 255 other than BOS: not bytes, and never right */
-    if (toks[i] > 255 || (i < n - 1 && toks[i] != (uint8_t)r->answer[i])) match = false;
+    if (toks[i] > 255 || (match && i < n - 1 && toks[i] != (uint8_t)r->answer[i])) match = false; /* match: n - 1 == len */
   }
   *n_said = n;
   *ok = match;

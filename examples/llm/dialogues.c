@@ -150,7 +150,9 @@ static int parse_dialogue(load_ctx *c, json_t *root, dialogue *d) {
   d->turns = calloc(nt, sizeof(*d->turns));
   d->recall = calloc(nr ? nr : 1, sizeof(*d->recall));
   if (!d->turns || !d->recall) return -ENOMEM;
-  for (size_t i = 0; i < nt; i++, d->n_turns++) {
+  d->n_turns = nt; /* zeroed entries: dialogue_free frees whatever was filled in */
+  d->n_recall = nr;
+  for (size_t i = 0; i < nt; i++) {
     json_t *t = json_array_get(turns, i);
     snprintf(where, sizeof(where), "turns[%zu]", i);
     if (!json_is_object(t)) return fail(c, "%s is not an object", where);
@@ -162,7 +164,7 @@ static int parse_dialogue(load_ctx *c, json_t *root, dialogue *d) {
     if (!ok) return fail(c, "%s: role is not one of S, U, A, T", where);
     if ((e = take_string(c, t, "text", where, 0, &d->turns[i].text, &d->turns[i].len)) < 0) return e;
   }
-  for (size_t i = 0; i < nr; i++, d->n_recall++) {
+  for (size_t i = 0; i < nr; i++) {
     json_t *r = json_array_get(recall, i);
     dialogue_recall *q = &d->recall[i];
     snprintf(where, sizeof(where), "recall[%zu]", i);
