@@ -19,7 +19,7 @@ This runs the PyTorch forward pass (FP32) over model.bin as exported, or with
 --c-bin the project's C forward pass (examples/llm/model.c through
 ckv-agentlm-logits, FP32, its own cache; misses shown with --show are still
 decoded in PyTorch).  The issue's measurement goes through commitkvd (the C
-forward pass with policy fp16): see README.md for what is still to be wired.
+forward pass with policy fp16): commitkv-dialogue does it (README.md).
 
   eval.py --model build/agentlm/model.bin --data ../shared/models/agent-dialogues.jsonl [--limit N] [--json]
 """

@@ -1,0 +1,78 @@
+/* dialogues.h - the agent dialogues of ../shared/models/agent-dialogues.jsonl
+ * (and of tools/agentlm/gen.py): reading the JSON-lines file, and what a
+ * recall question is (its fact kind, how far back its fact was stated).
+ *
+ * One dialogue a line: {"id": str, "turns": [{"role": "S"|"U"|"A"|"T",
+ * "text": str}], "recall": [{"turn": i, "question_turn": j, "answer": str}]}.
+ * Rendered for a byte-level model as BOS, then the bytes of "R: text\n" per
+ * turn; recall turn i is an assistant turn whose text repeats the fact's
+ * sentence `answer`.  Positions below count BOS as position 0, as
+ * tools/agentlm/data.py does, so distances match tools/agentlm/eval.py's.
+ *
+ * The file is not trusted: every field is type- and range-checked, texts
+ * must be valid UTF-8 without NUL or newline (a newline would end a turn of
+ * the rendering), and a failure names the line and the field. */
+#ifndef CKV_EXAMPLES_LLM_DIALOGUES_H
+#define CKV_EXAMPLES_LLM_DIALOGUES_H
+
+#include <stddef.h>
+
+typedef struct dialogue_turn {
+  char role; /* 'S', 'U', 'A' or 'T' */
+  char *text;
+  size_t len;
+} dialogue_turn;
+
+typedef struct dialogue_recall {
+  size_t turn, question_turn;
+  char *answer;
+  size_t len;
+} dialogue_recall;
+
+typedef struct dialogue {
+  char *id;
+  dialogue_turn *turns;
+  size_t n_turns;
+  dialogue_recall *recall;
+  size_t n_recall;
+} dialogue;
+
+typedef struct dialogue_set {
+  dialogue *d;
+  size_t n;
+} dialogue_set;
+
+/* Reads the first `limit` dialogues of path (0: all) into *ret (free with
+ * dialogue_set_free).  Blank lines are skipped.  On failure writes why into
+ * err (naming the line) and returns CKV_ERR_INVALID (a malformed line),
+ * -errno (open/read) or -ENOMEM; *ret is left empty. */
+int dialogue_set_load(const char *path, size_t limit, dialogue_set *ret, char *err, size_t err_size);
+void dialogue_set_free(dialogue_set *s);
+
+/* Bytes of turn t's rendering "R: text\n". */
+size_t dialogue_turn_bytes(const dialogue_turn *t);
+
+/* Position of the first byte of turn t's rendering ('R'). */
+size_t dialogue_turn_position(const dialogue *d, size_t t);
+
+/* The recall entry answered by turn t, or NULL. */
+const dialogue_recall *dialogue_recall_at(const dialogue *d, size_t t);
+
+/* The fact kind of an answer sentence ("Your booking code is KX4821." ->
+ * "booking_code"), from the task's fixed sentence forms (the table of
+ * tools/agentlm/gen.py); "note" for the copy curriculum, else "other". */
+const char *dialogue_fact_kind(const char *answer);
+
+/* Where the fact was stated: the position of the last occurrence of the
+ * answer sentence in the turns before the answer turn, earlier answers that
+ * repeat it whole not counted (tools/agentlm/data.py's fact_offset).  -1 if
+ * it was never stated. */
+long dialogue_fact_position(const dialogue *d, const dialogue_recall *r);
+
+/* Distance buckets in bytes, as tools/agentlm/eval.py prints them. */
+#define DIALOGUE_N_BUCKETS 5
+/* Bucket index of a distance (DIALOGUE_N_BUCKETS - 1: unknown, dist < 0). */
+int dialogue_distance_bucket(long dist);
+const char *dialogue_bucket_name(int bucket);
+
+#endif

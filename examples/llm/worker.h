@@ -1,0 +1,164 @@
+/* worker.h - one model sequence whose KV cache is a commitkvd session: the
+ * per-token machinery the real-model workers share (commitkv-llm drives it
+ * with token ids it samples, commitkv-dialogue with the bytes of dialogues).
+ *
+ * Each token is appended on its own (its id is not known before the
+ * previous token's logits, and appending ahead would put not-yet-written
+ * slots into the attention), then per layer: q/k/v from the model, K/V
+ * rounded to FP16 (round to nearest even) and written into the token's draft
+ * slot, fused attention (ckv_kernels_attention) over every block of the
+ * session's view (draft, staged, committed; the token's own slot included),
+ * the output fed back into the model.  The attention mass per (block, slot)
+ * is mapped to positions through the block headers and summed over layers
+ * and steps; llm_worker_end_round() reports it (ckv_session_report) and
+ * acknowledges the newest view epoch.
+ *
+ * With options.shadow the same tokens also run through the model's reference
+ * attention over a private cache of FP16-rounded K/V held as FP32 (the
+ * uncompressed FP16 baseline; shadow_fp32 keeps unrounded FP32), and every
+ * step compares the two next-token distributions: KL(p_shadow || p_commitkv)
+ * and top-1 agreement, counted only where the shadow's top token leads the
+ * second by more than LLM_WORKER_TOP1_MARGIN in probability.
+ *
+ * llm_worker_decode_aside() decodes greedily without appending anything: the
+ * decoded tokens' FP16 K/V go to a private draft block that the attention
+ * reads after the view's blocks, so the daemon's session (and the shadow's
+ * cache, whose later positions are simply overwritten) stay the stream the
+ * caller appended.  That is how a dialogue is probed at an answer turn and
+ * then continued with the reference text.
+ *
+ * Riding through a daemon restart (examples/common/reconnect.h): when a call
+ * fails because the daemon went away, the worker re-attaches with backoff for
+ * up to reconnect_ms (0: fail at once), reopens the session (resumed when the
+ * daemon still holds every token, else opened afresh), re-prefills a new
+ * session by running the token stream so far through the model again (each
+ * token's K/V into its new slot, attention over the new view; the round's
+ * attention mass so far is kept, the shadow's private cache needs nothing),
+ * says so in one line on stderr, and goes on with the token or the report it
+ * was on.
+ *
+ * The struct is embedded and caller-owned (llm_worker_init / _done); its
+ * fields are read by the front ends (logits, shadow logits, config, stats),
+ * written only here.  Functions return a ckv_status; the ones that give up
+ * on a daemon print why, prefixed by options.prog. */
+#ifndef CKV_EXAMPLES_LLM_WORKER_H
+#define CKV_EXAMPLES_LLM_WORKER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "commitkv/commitkv.h"
+#include "examples/llm/model.h"
+
+#define LLM_WORKER_TOP1_MARGIN 0.05f /* near-ties (FP16 rounding flips them) do not count */
+
+typedef struct llm_worker_options {
+  const char *prog;               /* program name for messages */
+  const char *policy;             /* NULL: the daemon's default */
+  const char *const *param_names; /* per-session policy overrides */
+  const double *param_values;
+  size_t n_params;
+  bool shadow, shadow_fp32;
+  bool sync; /* after each report, wait until the round's moves are published */
+  bool keep; /* llm_worker_end() closes (the daemon keeps it) instead of dropping */
+  int reconnect_ms;
+} llm_worker_options;
+
+/* What one session measured. */
+typedef struct llm_worker_stats {
+  char id[160];
+  char policy[32]; /* as the daemon applied it */
+  uint64_t tokens, rounds, steps;
+  uint64_t top1_counted, top1_agree;
+  double kl_sum, kl_max;
+  uint64_t bytes_total, bytes_fp16, bytes_fp16_live; /* bytes_fp16: every appended token in FP16 */
+  uint64_t bytes_state[3]; /* daemon's block bytes: draft, staged, committed */
+  uint64_t states[4];      /* tokens per CKV_TOKEN_* */
+  double seconds;
+  int reconnects;
+} llm_worker_stats;
+
+typedef struct llm_worker {
+  const llm_worker_options *o;
+  const ckv_model *m;
+  const ckv_model_config *mc;
+  ckv_client *c;
+  ckv_session *s;
+  llm_worker_stats *res;
+  ckv_model_state *st, *sh; /* commitkv path; shadow (NULL without options.shadow) */
+  float *logits, *sh_logits; /* the last step's next-token logits, per path */
+  float *probs;
+  float *sh_k, *sh_v;       /* shadow cache: [layer][seq_len][kv_dim] */
+  uint16_t *k16, *v16;      /* one token's K/V of one layer, FP16 */
+  float *mass;              /* this round's attention mass per position */
+  float *slot_mass;         /* kernel output: per (block, slot) */
+  size_t cap_slot_mass;
+  const void **blocks;      /* the view's blocks, all formats (one spare entry for the aside block) */
+  size_t cap_blocks;
+  uint32_t n_blocks;
+  void *ws;
+  size_t ws_bytes;
+  void *aside;              /* private draft block of llm_worker_decode_aside */
+  uint32_t aside_cap;
+  uint64_t acked;           /* newest epoch acknowledged */
+  /* The token stream so far (positions 0..n_done-1, each one's K/V written):
+   * what a session reopened empty after a daemon restart is rebuilt from. */
+  uint32_t *ids;
+  uint8_t *roles, *tags;
+  uint64_t n_done;
+  uint64_t reported;        /* the last round this daemon's session took (0: none) */
+  uint32_t pending;         /* tokens that report left being moved */
+  bool report_lost;         /* a report went out and its answer never came */
+  float *saved_mass;        /* the round's mass while a re-prefill adds its own */
+  ckv_geometry geom;        /* what the session is opened with, again after a restart */
+  ckv_session_options sopts;
+} llm_worker;
+
+/* Sets up w for model m on client c; figures go to *res (zeroed by the
+ * caller).  o, m, c and res must outlive w.  Returns CKV_OK or -ENOMEM. */
+int llm_worker_init(llm_worker *w, const llm_worker_options *o, const ckv_model *m, ckv_client *c,
+                    llm_worker_stats *res);
+void llm_worker_done(llm_worker *w);
+
+/* Opens session `id` (copied into res->id); a daemon that went away
+ * meanwhile is waited for. */
+int llm_worker_open(llm_worker *w, const char *id);
+
+/* Appends one token with its role and tag and runs it through both paths
+ * (then w->logits, w->sh_logits predict the next one), as often as a daemon
+ * restart makes it necessary. */
+int llm_worker_token(llm_worker *w, int token, uint8_t role, uint8_t tag);
+
+/* The end of round `round` (from 1, increasing): the report of its mass
+ * (once), with options.sync the wait for its moves, a fresh view; the mass
+ * starts over for the next round. */
+int llm_worker_end_round(llm_worker *w, int round);
+
+/* Reads the session's figures from the daemon (ListSessions) into res:
+ * policy, bytes_total, bytes_fp16 (of the tokens appended so far), the live
+ * FP16 equivalent, bytes and tokens per state. */
+int llm_worker_read_bytes(llm_worker *w);
+
+/* The end of the stream: waits until the session's pending transitions are
+ * published (acknowledging each epoch, so retired blocks are reclaimed), then
+ * reads the figures as llm_worker_read_bytes() does. */
+int llm_worker_settle(llm_worker *w);
+
+/* Closes (options.keep) or drops the session.  With recover false (after a
+ * failure) it tries once and says nothing. */
+int llm_worker_end(llm_worker *w, bool recover);
+
+/* Greedy decoding that appends nothing: from the last step's logits of the
+ * commitkv path (or, with shadow, of the shadow path over its own cache),
+ * up to max_tokens tokens, stopping after `stop` (kept), before `end` (not
+ * kept; -1 for none), or when the model's positions run out.  The tokens go
+ * to ret_tokens (max_tokens ints); *ret_n says how many; *ret_why is 's'
+ * (stop), 'e' (end), 'l' (max_tokens), 'c' (no positions left).  Makes no
+ * call to the daemon: the view of the last step is read, the decoded tokens'
+ * K/V live in a private block.  Leaves w->logits (or w->sh_logits) as the
+ * decode left them: append a token before reading them again. */
+int llm_worker_decode_aside(llm_worker *w, bool shadow, int max_tokens, int stop, int end, int *ret_tokens,
+                            int *ret_n, char *ret_why);
+
+#endif
