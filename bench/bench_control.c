@@ -773,7 +773,7 @@ static void print_json_results(const report *rep) {
 }
 
 /* The judge section: in-process, one core (bench_judge.c). */
-static const uint64_t k_judge_sizes[] = {4096, 32768, 131072};
+static const uint64_t k_judge_sizes[] = {4096, 32768, 131072, 524288, 1048576};
 #define N_JUDGE (sizeof(k_judge_sizes) / sizeof(k_judge_sizes[0]))
 
 static int measure_judge(const options *o, ckv_judge_bench *ret) {
@@ -786,19 +786,23 @@ static int measure_judge(const options *o, ckv_judge_bench *ret) {
 
 static void print_judge_table(const ckv_judge_bench *j) {
   printf("\njudge (one core, in-process; ReportRound = record + judge + plan, compression excluded)\n");
-  printf("%-10s %16s %14s %14s %8s\n", "tokens", "tokens judged/s", "round p50 us", "round p99 us", "rounds");
+  printf("%-10s %16s %14s %14s %12s %12s %12s %12s %8s\n", "tokens", "tokens judged/s", "round p50 us",
+         "round p99 us", "record p50", "judge p50", "cpu p50 us", "cpu p99 us", "rounds");
   for (size_t i = 0; i < N_JUDGE; i++)
-    printf("%-10llu %16.3g %14.1f %14.1f %8llu\n", (unsigned long long)j[i].tokens, j[i].tokens_per_s,
-           j[i].round_p50_us, j[i].round_p99_us, (unsigned long long)j[i].rounds);
+    printf("%-10llu %16.3g %14.1f %14.1f %12.1f %12.1f %12.1f %12.1f %8llu\n", (unsigned long long)j[i].tokens,
+           j[i].tokens_per_s, j[i].round_p50_us, j[i].round_p99_us, j[i].record_p50_us, j[i].judge_p50_us,
+           j[i].cpu_p50_us, j[i].cpu_p99_us, (unsigned long long)j[i].rounds);
 }
 
 static void print_json_judge(const ckv_judge_bench *j) {
   printf(", \"judge\": [");
   for (size_t i = 0; i < N_JUDGE; i++)
     printf("%s{\"tokens\": %llu, \"tokens_per_s\": %.1f, \"round_p50_us\": %.2f, \"round_p99_us\": %.2f, "
-           "\"rounds\": %llu}",
+           "\"record_p50_us\": %.2f, \"record_p99_us\": %.2f, \"judge_p50_us\": %.2f, \"judge_p99_us\": %.2f, "
+           "\"cpu_p50_us\": %.2f, \"cpu_p99_us\": %.2f, \"rounds\": %llu}",
            i ? ", " : "", (unsigned long long)j[i].tokens, j[i].tokens_per_s, j[i].round_p50_us, j[i].round_p99_us,
-           (unsigned long long)j[i].rounds);
+           j[i].record_p50_us, j[i].record_p99_us, j[i].judge_p50_us, j[i].judge_p99_us, j[i].cpu_p50_us,
+           j[i].cpu_p99_us, (unsigned long long)j[i].rounds);
   printf("]");
 }
 
@@ -920,7 +924,7 @@ int ckv_bench_control(int argc, char **argv) {
   echo_finish(&echo, &rep);
   if (d.pid > 0 && ckv_bench_daemon_stop(&d) < 0) rc = 1;
   if (rc == 0) {
-    fprintf(stderr, "commitkv-bench: judging sessions of 4K, 32K, 128K tokens\n");
+    fprintf(stderr, "commitkv-bench: judging sessions of 4K, 32K, 128K, 512K, 1M tokens\n");
     if ((r = measure_judge(&o, g_judge)) < 0) {
       fprintf(stderr, "commitkv-bench: the judge benchmark failed: %s\n", ckv_strerror(r));
       rc = 1;

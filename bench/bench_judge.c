@@ -30,9 +30,23 @@ static uint64_t now_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+static uint64_t cpu_ns(void) { /* this thread's CPU time: the machine is shared */
+  struct timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 static int cmp_u64(const void *a, const void *b) {
   uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
   return x < y ? -1 : x > y;
+}
+
+/* Sorts v and returns its p50 and p99 (nearest rank) in microseconds. */
+static void pcts(uint64_t *v, size_t n, double *p50, double *p99) {
+  qsort(v, n, sizeof(*v), cmp_u64);
+  size_t i99 = (n * 99) / 100 < n ? (n * 99) / 100 : n - 1;
+  *p50 = (double)v[n / 2] / 1e3;
+  *p99 = (double)v[i99] / 1e3;
 }
 
 static uint64_t rng_next(uint64_t *s) {
@@ -82,29 +96,37 @@ int ckv_bench_judge_run(uint64_t tokens, double seconds, ckv_judge_bench *ret) {
     free(sem);
     free(runs);
   }
+  /* per round: wall time of the whole round, of recording, of judge + plan,
+   * and the thread's CPU time for the whole round */
   size_t cap = 1024, n_lat = 0;
-  lat = malloc(cap * sizeof(*lat));
+  lat = malloc(cap * 4 * sizeof(*lat));
   uint64_t judge_ns = 0, judged = 0, transitions = 0, rng = 7;
   uint64_t end = now_ns() + (uint64_t)(seconds * 1e9);
   for (uint32_t round = 1; r == 0 && lat && (now_ns() < end || n_lat < 5); round++) {
     fill_attention(attn, tokens, round, &rng);
-    uint64_t t0 = now_ns();
+    uint64_t c0 = cpu_ns(), t0 = now_ns();
     r = ckv_srv_session_report_round(s, round, 0, attn, tokens, NULL, NULL, 0);
     ckv_transition_list out = {0};
     uint64_t t1 = now_ns();
     if (r == 0) r = ckv_lifecycle_round(s, c, round, &out);
-    uint64_t t2 = now_ns();
+    uint64_t t2 = now_ns(), c2 = cpu_ns();
     for (size_t i = 0; i < out.n; i++) transitions += out.v[i].count;
     ckv_transition_list_done(&out);
     judge_ns += t2 - t1;
     judged += tokens;
     if (n_lat == cap) {
-      uint64_t *nl = realloc(lat, cap * 2 * sizeof(*nl));
+      uint64_t *nl = malloc(cap * 2 * 4 * sizeof(*nl));
       if (!nl) break;
+      for (int k = 0; k < 4; k++) memcpy(nl + k * cap * 2, lat + k * cap, n_lat * sizeof(*nl));
+      free(lat);
       lat = nl;
       cap *= 2;
     }
-    lat[n_lat++] = t2 - t0;
+    lat[n_lat] = t2 - t0;
+    lat[cap + n_lat] = t1 - t0;
+    lat[2 * cap + n_lat] = t2 - t1;
+    lat[3 * cap + n_lat] = c2 - c0;
+    n_lat++;
     /* Publish what the synchronous compressor finished, outside the timing,
      * so later rounds see the moved tokens as a live daemon would. */
     for (ckv_job *j = ckv_compressor_collect(c), *nx; j; j = nx) {
@@ -113,13 +135,14 @@ int ckv_bench_judge_run(uint64_t tokens, double seconds, ckv_judge_bench *ret) {
     }
   }
   if (r == 0 && n_lat) {
-    qsort(lat, n_lat, sizeof(*lat), cmp_u64);
     *ret = (ckv_judge_bench){.tokens = tokens,
                              .tokens_per_s = judge_ns ? (double)judged / ((double)judge_ns * 1e-9) : 0,
-                             .round_p50_us = (double)lat[n_lat / 2] / 1e3,
-                             .round_p99_us = (double)lat[(n_lat * 99) / 100 < n_lat ? (n_lat * 99) / 100 : n_lat - 1] / 1e3,
                              .rounds = n_lat,
                              .transitions = transitions};
+    pcts(lat, n_lat, &ret->round_p50_us, &ret->round_p99_us);
+    pcts(lat + cap, n_lat, &ret->record_p50_us, &ret->record_p99_us);
+    pcts(lat + 2 * cap, n_lat, &ret->judge_p50_us, &ret->judge_p99_us);
+    pcts(lat + 3 * cap, n_lat, &ret->cpu_p50_us, &ret->cpu_p99_us);
   }
   if (c) {
     ckv_job *j = ckv_compressor_collect(c);
