@@ -1,8 +1,18 @@
-/* tokens.c - the per-token column store (see tokens.h). */
+/* tokens.c - the per-token column store (see tokens.h).
+ *
+ * The attention code of a round is written for every token every round, so
+ * its encoder is table-driven: the float's exponent and top 6 mantissa bits
+ * select a bin, each bin holds at most one code boundary (a bin spans at most
+ * 1/64 relative, codes are at least 2.1% apart), and one integer compare
+ * against that boundary gives the code.  The boundaries are found once, by
+ * bisection on the defining formula round(32 * log2(1 + rel)) itself, so the
+ * codes are the formula's for every float (test_tokens checks every float
+ * bit pattern of the coded range against it). */
 #include "lifecycle/tokens.h"
 
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,10 +33,67 @@ float ckv_attn_decode(uint8_t code) {
   return g_decode[code];
 }
 
-uint8_t ckv_attn_encode(float rel) {
+/* The defining formula; used only to build the table below. */
+static uint8_t encode_formula(float rel) {
   if (!(rel > 0.f)) return 0;
   float c = 32.f * log2f(1.f + rel) + 0.5f;
   return c >= 255.f ? 255 : (uint8_t)c;
+}
+
+/* Coded range [2^-7, 2^8): below it the formula gives 0 (0.86 before
+ * truncation at 2^-7), from 2^8 on 255 (the last boundary is 246.8). */
+#define ENC_LO 0x3C000000u /* bits of 2^-7 */
+#define ENC_HI 0x43800000u /* bits of 2^8 */
+#define ENC_SHIFT 17u      /* 23 mantissa bits - 6 kept */
+#define ENC_BINS ((ENC_HI - ENC_LO) >> ENC_SHIFT)
+#define ENC_NONE (1u << ENC_SHIFT) /* no boundary in the bin: never reached by the low bits */
+
+/* Entry = code at the bin's start << 24 | offset (low bits) of the first float
+ * in the bin with the next code.  Entry 0 is "below the range", the last one
+ * "at or above it". */
+static uint32_t g_enc[ENC_BINS + 2];
+static pthread_once_t g_enc_once = PTHREAD_ONCE_INIT;
+
+static float float_of(uint32_t u) {
+  float f;
+  memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+static void encode_init(void) {
+  g_enc[0] = ENC_NONE;
+  g_enc[ENC_BINS + 1] = 255u << 24 | ENC_NONE;
+  for (uint32_t b = 0; b < ENC_BINS; b++) {
+    uint32_t lo = ENC_LO + (b << ENC_SHIFT), hi = lo + ENC_NONE - 1;
+    uint32_t base = encode_formula(float_of(lo)), off = ENC_NONE;
+    if (encode_formula(float_of(hi)) > base) { /* bisect for the first float with a higher code */
+      uint32_t a = lo, z = hi;                 /* code(a) == base, code(z) > base */
+      while (z - a > 1) {
+        uint32_t m = a + (z - a) / 2;
+        if (encode_formula(float_of(m)) > base) z = m;
+        else a = m;
+      }
+      off = z - lo;
+    }
+    g_enc[b + 1] = base << 24 | off;
+  }
+}
+
+/* u: the bits of a float.  Negative values and NaN (bits above +inf's) code
+ * 0, as in the formula; a round whose scale overflowed (inv = inf) gives
+ * rel = 0 * inf = NaN for an unattended token. */
+static inline uint8_t encode_bits(uint32_t u) {
+  uint32_t i = u < ENC_LO || u > 0x7F800000u ? 0 : u >= ENC_HI ? ENC_BINS + 1 : ((u - ENC_LO) >> ENC_SHIFT) + 1;
+  uint32_t e = g_enc[i];
+  return (uint8_t)((e >> 24) + ((u & (ENC_NONE - 1)) >= (e & 0xFFFFFFu)));
+}
+
+uint8_t ckv_attn_encode(float rel) {
+  if (!(rel > 0.f)) return 0; /* zero, negative, NaN */
+  pthread_once(&g_enc_once, encode_init);
+  uint32_t u;
+  memcpy(&u, &rel, sizeof(u));
+  return encode_bits(u);
 }
 
 void ckv_tokens_init(ckv_tokens *t) { memset(t, 0, sizeof(*t)); }
@@ -98,11 +165,24 @@ void ckv_tokens_record_round(ckv_tokens *t, uint32_t round, size_t first, const 
   }
   /* mean mass per live token -> relative scale; no mass at all records zeros */
   const float inv = sum > 0.0 && live ? (float)((double)live / sum) : 0.f;
-  for (size_t p = 0; p < t->n; p++) {
-    float a = (p >= first && p < end) ? attn[p - first] : 0.f;
+  pthread_once(&g_enc_once, encode_init);
+  uint8_t *ring_col = t->attn + ring;
+  /* Tokens outside the report draw nothing this round: code 0, no change to
+   * cum_attn or last_attended; the loop then touches only the reported span. */
+  for (size_t p = 0; p < first && p < t->n; p++) ring_col[p * CKV_ATTN_HISTORY] = 0;
+  for (size_t p = end > first ? end : first; p < t->n; p++) ring_col[p * CKV_ATTN_HISTORY] = 0;
+  if (isinf(inv)) { /* masses so small that live / sum overflowed: by the definition (rel = 0 * inv for
+                     * every token) an unattended token's cum_attn becomes NaN; kept bit for bit */
+    for (size_t p = 0; p < first && p < t->n; p++) t->cum_attn[p] += 0.f * inv;
+    for (size_t p = end > first ? end : first; p < t->n; p++) t->cum_attn[p] += 0.f * inv;
+  }
+  for (size_t p = first; p < end; p++) {
+    float a = attn[p - first];
     if (!(a > 0.f) || isinf(a) || t->state[p] == CKV_STATE_RECYCLED) a = 0.f; /* NaN/negative/inf count as nothing */
-    float rel = a * inv;
-    t->attn[p * CKV_ATTN_HISTORY + ring] = ckv_attn_encode(rel);
+    float rel = a * inv; /* >= 0, inf or NaN only if inv overflowed */
+    uint32_t u;
+    memcpy(&u, &rel, sizeof(u));
+    ring_col[p * CKV_ATTN_HISTORY] = encode_bits(u);
     t->cum_attn[p] += rel;
     if (rel >= CKV_ATTENDED_FLOOR) t->last_attended[p] = round;
   }
