@@ -11,6 +11,7 @@
 #include "lifecycle/tokens.h"
 
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -158,33 +159,55 @@ size_t ckv_tokens_push(ckv_tokens *t, uint8_t role, uint8_t tags, float semantic
 void ckv_tokens_record_round(ckv_tokens *t, uint32_t round, size_t first, const float *attn, size_t n, size_t live) {
   const size_t ring = round % CKV_ATTN_HISTORY;
   const size_t end = first + n < t->n ? first + n : t->n;
-  double sum = 0.0;
+  const uint8_t *restrict state = t->state;
+  float *restrict cum = t->cum_attn;
+  uint32_t *restrict last = t->last_attended;
+  uint8_t *restrict ring_col = t->attn + ring;
+  double sum = 0.0; /* in position order, one double: the scale is bit for bit the same as ever */
   for (size_t p = first; p < end; p++) {
     float a = attn[p - first];
-    if (a > 0.f && !isinf(a) && t->state[p] != CKV_STATE_RECYCLED) sum += a;
+    if (a > 0.f && a <= FLT_MAX && state[p] != CKV_STATE_RECYCLED) sum += a; /* not NaN, negative or inf */
   }
   /* mean mass per live token -> relative scale; no mass at all records zeros */
   const float inv = sum > 0.0 && live ? (float)((double)live / sum) : 0.f;
   pthread_once(&g_enc_once, encode_init);
-  uint8_t *ring_col = t->attn + ring;
   /* Tokens outside the report draw nothing this round: code 0, no change to
    * cum_attn or last_attended; the loop then touches only the reported span. */
   for (size_t p = 0; p < first && p < t->n; p++) ring_col[p * CKV_ATTN_HISTORY] = 0;
   for (size_t p = end > first ? end : first; p < t->n; p++) ring_col[p * CKV_ATTN_HISTORY] = 0;
-  if (isinf(inv)) { /* masses so small that live / sum overflowed: by the definition (rel = 0 * inv for
-                     * every token) an unattended token's cum_attn becomes NaN; kept bit for bit */
-    for (size_t p = 0; p < first && p < t->n; p++) t->cum_attn[p] += 0.f * inv;
-    for (size_t p = end > first ? end : first; p < t->n; p++) t->cum_attn[p] += 0.f * inv;
+  if (isinf(inv)) { /* masses so small that live / sum overflowed: by the definition rel = 0 * inf = NaN
+                     * for every unattended token (code 0, cum_attn NaN); kept bit for bit, slowly */
+    for (size_t p = 0; p < first && p < t->n; p++) cum[p] += 0.f * inv;
+    for (size_t p = end > first ? end : first; p < t->n; p++) cum[p] += 0.f * inv;
+    for (size_t p = first; p < end; p++) {
+      float a = attn[p - first];
+      a = (a > 0.f && a <= FLT_MAX && state[p] != CKV_STATE_RECYCLED) ? a : 0.f;
+      float rel = a * inv;
+      ring_col[p * CKV_ATTN_HISTORY] = ckv_attn_encode(rel);
+      cum[p] += rel;
+      if (rel >= CKV_ATTENDED_FLOOR) last[p] = round;
+    }
+    return;
   }
+  /* rel is finite and >= 0 here (a <= sum, so rel <= live): the bin index is
+   * clamped without a branch (an arithmetic shift of the signed distance),
+   * below the range to entry 0, above it to the last; last_attended is
+   * updated by a mask, not a branch (whether a token reaches the floor is a
+   * coin toss for the predictor). */
   for (size_t p = first; p < end; p++) {
     float a = attn[p - first];
-    if (!(a > 0.f) || isinf(a) || t->state[p] == CKV_STATE_RECYCLED) a = 0.f; /* NaN/negative/inf count as nothing */
-    float rel = a * inv; /* >= 0, inf or NaN only if inv overflowed */
+    a = (a > 0.f && a <= FLT_MAX && state[p] != CKV_STATE_RECYCLED) ? a : 0.f;
+    float rel = a * inv;
     uint32_t u;
     memcpy(&u, &rel, sizeof(u));
-    ring_col[p * CKV_ATTN_HISTORY] = encode_bits(u);
-    t->cum_attn[p] += rel;
-    if (rel >= CKV_ATTENDED_FLOOR) t->last_attended[p] = round;
+    int32_t b = (int32_t)(u - ENC_LO) >> ENC_SHIFT;
+    b = b < -1 ? -1 : b;
+    b = b > (int32_t)ENC_BINS ? (int32_t)ENC_BINS : b;
+    uint32_t e = g_enc[b + 1];
+    ring_col[p * CKV_ATTN_HISTORY] = (uint8_t)((e >> 24) + ((u & (ENC_NONE - 1)) >= (e & 0xFFFFFFu)));
+    cum[p] += rel;
+    uint32_t hit = 0u - (uint32_t)(rel >= CKV_ATTENDED_FLOOR);
+    last[p] += (round - last[p]) & hit;
   }
 }
 

@@ -9,7 +9,8 @@
  * live token of that round (1.0 = an average token), so thresholds mean the
  * same whatever the number of heads, query rows or tokens.  The history is a
  * ring of the last CKV_ATTN_HISTORY rounds, one byte per round on a log scale:
- * code = round(32 * log2(1 + rel)), i.e. about 2% resolution from 0.02 to 250.
+ * code = round(32 * log2(1 + rel)), i.e. about 2% resolution from 0.02 to 250
+ * (recorded from a table of the code boundaries, no libm call per token).
  *
  * `block`/`slot` is where the token's data is *published* (readable); a move
  * in flight is marked by CKV_TOKEN_PENDING and lives in its compressor job
