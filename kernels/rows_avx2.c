@@ -195,9 +195,62 @@ static void a_minmax(const float *x, float *mn, float *mx, size_t n) {
   }
   SC.minmax(x + i, mn + i, mx + i, n - i);
 }
+/* An immediate operand: a macro, not a variable, so -O0 builds compile. */
+#define CKV_F16_RNE (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+/* 32-bit lane masks (0 / -1) of a compare, as 16-bit lanes. */
+static inline __m128i mask16(__m256 m) {
+  __m256i w = _mm256_castps_si256(m);
+  return _mm_packs_epi32(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+}
+/* ckv_f16_round_up of 8 lanes, by quant.h's own steps: clamp (max_ps(NaN, 0) = 0, as fmaxf),
+ * F16C round-to-nearest-even (= ckv_f32_to_f16), then one step up where that fell below v. */
+static inline __m128i f16_up8(__m256 v) {
+  const __m256 zero = _mm256_setzero_ps(), big = _mm256_set1_ps(CKV_F16_MAX);
+  v = _mm256_add_ps(_mm256_min_ps(_mm256_max_ps(v, zero), big), zero);
+  __m128i h = _mm256_cvtps_ph(v, CKV_F16_RNE);
+  return _mm_sub_epi16(h, mask16(_mm256_cmp_ps(_mm256_cvtph_ps(h), v, _CMP_LT_OQ)));
+}
+/* ckv_f16_round_down of 8 lanes (v not NaN), the same way: one step towards -inf where RNE went above v. */
+static inline __m128i f16_down8(__m256 v) {
+  const __m256 zero = _mm256_setzero_ps(), big = _mm256_set1_ps(CKV_F16_MAX), nbig = _mm256_set1_ps(-CKV_F16_MAX);
+  v = _mm256_add_ps(_mm256_min_ps(_mm256_max_ps(v, nbig), big), zero);
+  __m128i h = _mm256_cvtps_ph(v, CKV_F16_RNE);
+  __m128i over = mask16(_mm256_cmp_ps(_mm256_cvtph_ps(h), v, _CMP_GT_OQ));
+  __m128i neg = _mm_srai_epi16(h, 15); /* -1 where the sign bit is set */
+  __m128i down = _mm_add_epi16(h, _mm_sub_epi16(_mm_set1_epi16(-1), _mm_add_epi16(neg, neg))); /* neg ? h+1 : h-1 */
+  down = _mm_blendv_epi8(down, _mm_set1_epi16((short)0x8001), _mm_cmpeq_epi16(h, _mm_setzero_si128()));
+  return _mm_blendv_epi8(h, down, over);
+}
+/* ckv_inv_scale of 8 widened scales. */
+static inline __m256 inv8(__m256 sf) {
+  __m256 pos = _mm256_cmp_ps(sf, _mm256_setzero_ps(), _CMP_GT_OQ);
+  return _mm256_and_ps(pos, _mm256_div_ps(_mm256_set1_ps(1.0f), sf));
+}
+/* ckv_qa_params of 8 groups. */
+static inline void qa_params8(__m256 mn, __m256 mx, __m256 lv, __m128i *s16, __m128i *z16, __m256 *zf, __m256 *inv) {
+  __m256 ok = _mm256_cmp_ps(mn, mx, _CMP_LE_OQ); /* !(mn <= mx): both 0 */
+  mn = _mm256_and_ps(mn, ok);
+  mx = _mm256_and_ps(mx, ok);
+  *z16 = f16_down8(mn);
+  *zf = _mm256_cvtph_ps(*z16);
+  __m256 top = _mm256_min_ps(mx, _mm256_set1_ps(CKV_F16_MAX));
+  *s16 = f16_up8(_mm256_div_ps(_mm256_sub_ps(top, *zf), lv));
+  *inv = inv8(_mm256_cvtph_ps(*s16));
+}
 static void a_qa_params(const float *mn, const float *mx, size_t n, uint32_t bits, uint16_t *ret_scale,
                         uint16_t *ret_zero, float *ret_zf, float *ret_inv) {
-  SC.qa_params(mn, mx, n, bits, ret_scale, ret_zero, ret_zf, ret_inv); /* scalar rules; cheap next to the data */
+  size_t i = 0;
+  __m256 lv = _mm256_set1_ps((float)ckv_qa_levels(bits));
+  for (; i + 8 <= n; i += 8) {
+    __m128i s16, z16;
+    __m256 zf, inv;
+    qa_params8(_mm256_loadu_ps(mn + i), _mm256_loadu_ps(mx + i), lv, &s16, &z16, &zf, &inv);
+    _mm_storeu_si128((__m128i *)(ret_scale + i), s16);
+    _mm_storeu_si128((__m128i *)(ret_zero + i), z16);
+    _mm256_storeu_ps(ret_zf + i, zf);
+    _mm256_storeu_ps(ret_inv + i, inv);
+  }
+  SC.qa_params(mn + i, mx + i, n - i, bits, ret_scale + i, ret_zero + i, ret_zf + i, ret_inv + i);
 }
 static void a_quant_i8(const float *x, float inv, int8_t *dst, size_t n) {
   size_t i = 0;
@@ -224,6 +277,100 @@ static void a_quant_u(const float *x, const float *zero, const float *inv, uint3
   }
   SC.quant_u(x + i, zero + i, inv + i, bits, codes + i, n - i);
 }
+/* Horizontal min / max of 8 lanes that hold no NaN. */
+static inline float hmin8(__m256 v) {
+  __m128 s = _mm_min_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_min_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_min_ss(s, _mm_movehdup_ps(s)));
+}
+static inline float hmax8(__m256 v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+}
+/* max |x[i]|, NaN ignored (max_ps(NaN, m) = m), no libm. */
+static inline float group_absmax(const float *x, size_t n) {
+  size_t i = 0;
+  __m256 m = _mm256_setzero_ps(), sign = _mm256_set1_ps(-0.0f);
+  for (; i + 8 <= n; i += 8) m = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)), m);
+  float r = hmax8(m);
+  for (; i < n; i++) {
+    float a = fabsf(x[i]);
+    r = a > r ? a : r;
+  }
+  return r;
+}
+static inline void group_range(const float *x, size_t n, float *ret_mn, float *ret_mx) {
+  size_t i = 0;
+  __m256 mn = _mm256_set1_ps(INFINITY), mx = _mm256_set1_ps(-INFINITY);
+  for (; i + 8 <= n; i += 8) {
+    __m256 v = _mm256_loadu_ps(x + i);
+    mn = _mm256_min_ps(v, mn);
+    mx = _mm256_max_ps(v, mx);
+  }
+  float a = hmin8(mn), b = hmax8(mx);
+  for (; i < n; i++) {
+    a = x[i] < a ? x[i] : a;
+    b = x[i] > b ? x[i] : b;
+  }
+  *ret_mn = a;
+  *ret_mx = b;
+}
+/* Up to 8 groups at a time: their absmax, then their 8 scales in one F16C step, then the codes. */
+void ckv_avx2_quant_i8_groups(const float *x, size_t n, size_t gl, int8_t *codes, uint16_t *scales) {
+  size_t ng = (n + gl - 1) / gl;
+  for (size_t q0 = 0; q0 < ng; q0 += 8) {
+    size_t nb = ng - q0 < 8 ? ng - q0 : 8;
+    float am[8] = {0}, inv[8];
+    uint16_t s16[8];
+    for (size_t k = 0; k < nb; k++) {
+      size_t lo = (q0 + k) * gl;
+      am[k] = group_absmax(x + lo, n - lo < gl ? n - lo : gl);
+    }
+    __m128i h = f16_up8(_mm256_div_ps(_mm256_loadu_ps(am), _mm256_set1_ps(127.0f)));
+    _mm_storeu_si128((__m128i *)s16, h);
+    _mm256_storeu_ps(inv, inv8(_mm256_cvtph_ps(h)));
+    for (size_t k = 0; k < nb; k++) {
+      size_t lo = (q0 + k) * gl;
+      scales[q0 + k] = s16[k];
+      a_quant_i8(x + lo, inv[k], codes + lo, n - lo < gl ? n - lo : gl);
+    }
+  }
+}
+void ckv_avx2_quant_u_groups(const float *x, size_t n, size_t gl, uint32_t bits, uint16_t *params, uint8_t *codes) {
+  size_t ng = (n + gl - 1) / gl;
+  const __m256 lo0 = _mm256_setzero_ps(), hi = _mm256_set1_ps((float)ckv_qa_levels(bits));
+  for (size_t q0 = 0; q0 < ng; q0 += 8) {
+    size_t nb = ng - q0 < 8 ? ng - q0 : 8;
+    float mn[8] = {0}, mx[8] = {0}, zf[8], inv[8];
+    uint16_t s16[8], z16[8];
+    for (size_t k = 0; k < nb; k++) {
+      size_t lo = (q0 + k) * gl;
+      group_range(x + lo, n - lo < gl ? n - lo : gl, &mn[k], &mx[k]);
+    }
+    __m128i hs, hz;
+    __m256 vz, vi;
+    qa_params8(_mm256_loadu_ps(mn), _mm256_loadu_ps(mx), hi, &hs, &hz, &vz, &vi);
+    _mm_storeu_si128((__m128i *)s16, hs);
+    _mm_storeu_si128((__m128i *)z16, hz);
+    _mm256_storeu_ps(zf, vz);
+    _mm256_storeu_ps(inv, vi);
+    for (size_t k = 0; k < nb; k++) {
+      size_t lo = (q0 + k) * gl, e = n - lo < gl ? n : lo + gl, i = lo;
+      params[2 * (q0 + k)] = s16[k];
+      params[2 * (q0 + k) + 1] = z16[k];
+      __m256 z = _mm256_set1_ps(zf[k]), v = _mm256_set1_ps(inv[k]);
+      for (; i + 8 <= e; i += 8) {
+        __m256 r = _mm256_round_ps(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), z), v), CKV_F16_RNE);
+        r = _mm256_min_ps(_mm256_max_ps(r, lo0), hi); /* max_ps(NaN, 0) = 0, as fmaxf */
+        __m256i w = _mm256_cvtps_epi32(r);
+        __m128i p = _mm_packs_epi32(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+        _mm_storel_epi64((__m128i *)(codes + i), _mm_packus_epi16(p, p));
+      }
+      for (; i < e; i++) codes[i] = ckv_qa_code(x[i], zf[k], inv[k], bits);
+    }
+  }
+}
 
 const ckv_rowops ckv_rowops_avx2 = {
     .name = "avx2",
@@ -244,4 +391,6 @@ const ckv_rowops ckv_rowops_avx2 = {
     .qa_params = a_qa_params,
     .quant_i8 = a_quant_i8,
     .quant_u = a_quant_u,
+    .quant_i8_groups = ckv_avx2_quant_i8_groups,
+    .quant_u_groups = ckv_avx2_quant_u_groups,
 };
