@@ -74,10 +74,16 @@ static void to_staged(const ckv_rowops *ops, const ckv_geometry *g, const ckv_mo
       for (size_t i = 0; i < n; i++) {
         const ckv_move *m = &moves[order[i]];
         uint32_t cap = ckv_move_dst_hdr(m)->capacity;
-        ckv_read_row(ops, g, m->src, ckv_move_src_hdr(m), l, kv, m->src_slot, s->row);
+        const ckv_block_header *sh = ckv_move_src_hdr(m);
         int8_t *codes = (int8_t *)ckv_b(m->dst, ckv_staged_codes_offset(g, cap, l, kv)) + (size_t)m->dst_slot * te;
         uint16_t *sc = (uint16_t *)ckv_b(m->dst, ckv_staged_scales_offset(g, cap, l, kv)) + (size_t)m->dst_slot * ng;
-        ops->quant_i8_groups(s->row, te, gl, codes, sc); /* one call per row, scales included */
+        if (sh->format == CKV_FORMAT_DRAFT && ops->quant_i8_groups_h) { /* one call per row, scales included */
+          const uint16_t *h = (const uint16_t *)ckv_cb(m->src, ckv_draft_kv_offset(g, sh->capacity, l, kv, m->src_slot));
+          ops->quant_i8_groups_h(h, g->dtype == CKV_DTYPE_BF16, te, gl, codes, sc);
+        } else {
+          ckv_read_row(ops, g, m->src, sh, l, kv, m->src_slot, s->row);
+          ops->quant_i8_groups(s->row, te, gl, codes, sc);
+        }
       }
 }
 

@@ -57,6 +57,9 @@ typedef struct ckv_rowops {
    * shorter), (params[2q], params[2q+1]) = ckv_qa_params(range of the group) and codes[i] =
    * ckv_qa_code(x[i], widened zero, ckv_inv_scale(scale), bits), one byte each. */
   void (*quant_u_groups)(const float *x, size_t n, size_t gl, uint32_t bits, uint16_t *params, uint8_t *codes);
+  /* quant_i8_groups of the widened FP16 (bf16 = 0) or BF16 (bf16 = 1) row h, widening in registers
+   * instead of through an FP32 row.  NULL where a path has none (move.c then widens first). */
+  void (*quant_i8_groups_h)(const uint16_t *h, int bf16, size_t n, size_t gl, int8_t *codes, uint16_t *scales);
 } ckv_rowops;
 
 extern const ckv_rowops ckv_rowops_scalar;
@@ -64,6 +67,7 @@ extern const ckv_rowops ckv_rowops_avx2;
 extern const ckv_rowops ckv_rowops_avx512;
 /* The AVX2 whole-row quantizers, which the AVX-512 table shares (rows_avx2.c). */
 void ckv_avx2_quant_i8_groups(const float *x, size_t n, size_t gl, int8_t *codes, uint16_t *scales);
+void ckv_avx2_quant_i8_groups_h(const uint16_t *h, int bf16, size_t n, size_t gl, int8_t *codes, uint16_t *scales);
 void ckv_avx2_quant_u_groups(const float *x, size_t n, size_t gl, uint32_t bits, uint16_t *params, uint8_t *codes);
 
 /* The table for the current path (dispatch.c). */

@@ -337,6 +337,68 @@ void ckv_avx2_quant_i8_groups(const float *x, size_t n, size_t gl, int8_t *codes
     }
   }
 }
+/* 8 halves widened exactly (FP16 by F16C, BF16 by a shift). */
+static inline __m256 widen8(const uint16_t *h, int bf16) {
+  __m128i w = _mm_loadu_si128((const __m128i *)h);
+  return bf16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(w), 16)) : _mm256_cvtph_ps(w);
+}
+/* Two passes over each group of halves (L1-resident): absmax, then codes; groups whose length is not a
+ * multiple of 8 widen through a small FP32 buffer and take the FP32 route. */
+static inline __attribute__((always_inline)) void q8_groups_h(const uint16_t *h, const int bf16, size_t n, size_t gl,
+                                                               int8_t *codes, uint16_t *scales) {
+  size_t ng = (n + gl - 1) / gl;
+  const __m256 sign = _mm256_set1_ps(-0.0f), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+  for (size_t q0 = 0; q0 < ng; q0 += 8) {
+    size_t nb = ng - q0 < 8 ? ng - q0 : 8;
+    float am[8] = {0}, inv[8];
+    uint16_t s16[8];
+    for (size_t k = 0; k < nb; k++) {
+      size_t l0 = (q0 + k) * gl, cnt = n - l0 < gl ? n - l0 : gl, i = 0;
+      __m256 m = _mm256_setzero_ps(), m1 = m, m2 = m, m3 = m; /* four chains: max_ps latency */
+      for (; i + 32 <= cnt; i += 32) {
+        m = _mm256_max_ps(_mm256_andnot_ps(sign, widen8(h + l0 + i, bf16)), m);
+        m1 = _mm256_max_ps(_mm256_andnot_ps(sign, widen8(h + l0 + i + 8, bf16)), m1);
+        m2 = _mm256_max_ps(_mm256_andnot_ps(sign, widen8(h + l0 + i + 16, bf16)), m2);
+        m3 = _mm256_max_ps(_mm256_andnot_ps(sign, widen8(h + l0 + i + 24, bf16)), m3);
+      }
+      for (; i + 8 <= cnt; i += 8) m = _mm256_max_ps(_mm256_andnot_ps(sign, widen8(h + l0 + i, bf16)), m);
+      am[k] = hmax8(_mm256_max_ps(_mm256_max_ps(m, m1), _mm256_max_ps(m2, m3))); /* no NaN in any lane */
+      for (; i < cnt; i++) {
+        float a = fabsf(bf16 ? ckv_bf16_to_f32(h[l0 + i]) : _cvtsh_ss(h[l0 + i]));
+        am[k] = a > am[k] ? a : am[k];
+      }
+    }
+    __m128i hs = f16_up8(_mm256_div_ps(_mm256_loadu_ps(am), _mm256_set1_ps(127.0f)));
+    _mm_storeu_si128((__m128i *)s16, hs);
+    _mm256_storeu_ps(inv, inv8(_mm256_cvtph_ps(hs)));
+    for (size_t k = 0; k < nb; k++) {
+      size_t l0 = (q0 + k) * gl, cnt = n - l0 < gl ? n - l0 : gl, i = 0;
+      scales[q0 + k] = s16[k];
+      __m256 vi = _mm256_set1_ps(inv[k]);
+      for (; i + 16 <= cnt; i += 16) {
+        __m256 r0 = _mm256_round_ps(_mm256_mul_ps(widen8(h + l0 + i, bf16), vi), CKV_F16_RNE);
+        __m256 r1 = _mm256_round_ps(_mm256_mul_ps(widen8(h + l0 + i + 8, bf16), vi), CKV_F16_RNE);
+        r0 = _mm256_min_ps(_mm256_max_ps(r0, lo), hi); /* max_ps(NaN, lo) = lo, as fmaxf */
+        r1 = _mm256_min_ps(_mm256_max_ps(r1, lo), hi);
+        __m256i w0 = _mm256_cvtps_epi32(r0), w1 = _mm256_cvtps_epi32(r1);
+        __m128i p0 = _mm_packs_epi32(_mm256_castsi256_si128(w0), _mm256_extracti128_si256(w0, 1));
+        __m128i p1 = _mm_packs_epi32(_mm256_castsi256_si128(w1), _mm256_extracti128_si256(w1, 1));
+        _mm_storeu_si128((__m128i *)(codes + l0 + i), _mm_packs_epi16(p0, p1));
+      }
+      for (; i < cnt; i++) {
+        float v = bf16 ? ckv_bf16_to_f32(h[l0 + i]) : _cvtsh_ss(h[l0 + i]);
+        codes[l0 + i] = ckv_q8_code(v, inv[k]);
+      }
+    }
+  }
+}
+/* Specialised per input type, so the inner loops carry no branch. */
+void ckv_avx2_quant_i8_groups_h(const uint16_t *h, int bf16, size_t n, size_t gl, int8_t *codes, uint16_t *scales) {
+  if (bf16)
+    q8_groups_h(h, 1, n, gl, codes, scales);
+  else
+    q8_groups_h(h, 0, n, gl, codes, scales);
+}
 void ckv_avx2_quant_u_groups(const float *x, size_t n, size_t gl, uint32_t bits, uint16_t *params, uint8_t *codes) {
   size_t ng = (n + gl - 1) / gl;
   const __m256 lo0 = _mm256_setzero_ps(), hi = _mm256_set1_ps((float)ckv_qa_levels(bits));
@@ -393,4 +455,5 @@ const ckv_rowops ckv_rowops_avx2 = {
     .quant_u = a_quant_u,
     .quant_i8_groups = ckv_avx2_quant_i8_groups,
     .quant_u_groups = ckv_avx2_quant_u_groups,
+    .quant_i8_groups_h = ckv_avx2_quant_i8_groups_h,
 };

@@ -266,4 +266,5 @@ const ckv_rowops ckv_rowops_avx512 = {
     /* whole rows: the AVX2 versions (8 groups per F16C step; groups are short) */
     .quant_i8_groups = ckv_avx2_quant_i8_groups,
     .quant_u_groups = ckv_avx2_quant_u_groups,
+    .quant_i8_groups_h = ckv_avx2_quant_i8_groups_h,
 };

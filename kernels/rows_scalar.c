@@ -151,4 +151,5 @@ const ckv_rowops ckv_rowops_scalar = {
     .quant_u = s_quant_u,
     .quant_i8_groups = s_quant_i8_groups,
     .quant_u_groups = s_quant_u_groups,
+    .quant_i8_groups_h = NULL, /* move.c widens with cvt_f16 / cvt_bf16 first */
 };

@@ -156,6 +156,20 @@ static void check_groups(const ckv_rowops *V, const float *x, size_t n, size_t g
       }
     cr_expect_arr_eq(c1, c2, n, "quant_u_groups codes %s bits %u gl %zu", V->name, bits, gl);
   }
+  /* straight from FP16 / BF16 halves (draft rows): against the scalar widening then the scalar groups */
+  if (V->quant_i8_groups_h) {
+    uint16_t *hv = malloc(n * 2);
+    cr_assert(hv);
+    for (int bf16 = 0; bf16 <= 1; bf16++) {
+      for (size_t i = 0; i < n; i++) hv[i] = bf16 ? (uint16_t)(ckv_f32_bits(x[i]) >> 16) : ckv_f32_to_f16(x[i]);
+      (bf16 ? S->cvt_bf16 : S->cvt_f16)(hv, zero, n);
+      S->quant_i8_groups(zero, n, gl, q1, s1);
+      V->quant_i8_groups_h(hv, bf16, n, gl, q2, s2);
+      cr_expect_arr_eq(s1, s2, ng * 2, "quant_i8_groups_h scales %s bf16 %d gl %zu", V->name, bf16, gl);
+      cr_expect_arr_eq(q1, q2, n, "quant_i8_groups_h codes %s bf16 %d gl %zu", V->name, bf16, gl);
+    }
+    free(hv);
+  }
   free(q1), free(q2), free(q3), free(s1), free(s2), free(s3), free(c1), free(c2), free(c3), free(zero), free(inv);
 }
 
