@@ -138,8 +138,8 @@ static int to_commit_chunk(const ckv_rowops *ops, const ckv_geometry *g, const c
       const ckv_move *m = &moves[order[i]];
       ckv_read_row(ops, g, m->src, ckv_move_src_hdr(m), l, 1, m->src_slot, s->row);
       uint16_t *p = par + (size_t)m->dst_slot * ng * 2u;
-      ops->quant_u_groups(s->row, te, CKV_COMMIT_VALUE_GROUP, bits, p, s->codes); /* one call per row */
-      ckv_pack_codes(s->codes, te, bits, vcodes + (size_t)m->dst_slot * vrow);
+      /* one call per row, packed in place (the chunk's rows were zeroed above) */
+      ops->quant_u_groups(s->row, te, CKV_COMMIT_VALUE_GROUP, bits, p, vcodes + (size_t)m->dst_slot * vrow);
     }
   }
   return CKV_OK;

@@ -399,37 +399,97 @@ void ckv_avx2_quant_i8_groups_h(const uint16_t *h, int bf16, size_t n, size_t gl
   else
     q8_groups_h(h, 0, n, gl, codes, scales);
 }
-void ckv_avx2_quant_u_groups(const float *x, size_t n, size_t gl, uint32_t bits, uint16_t *params, uint8_t *codes) {
+/* Lane k of the result = min (max) over the 8 lanes of v[k]: 8 reductions at once. */
+static inline __m256 reduce8(const __m256 *v, int is_max) {
+#define CKV_RED(a, b) (is_max ? _mm256_max_ps((a), (b)) : _mm256_min_ps((a), (b)))
+  /* pairwise: lanes from v[2i] and v[2i+1] interleaved, then halves, then 128-bit lanes */
+  __m256 a0 = CKV_RED(_mm256_unpacklo_ps(v[0], v[1]), _mm256_unpackhi_ps(v[0], v[1]));
+  __m256 a1 = CKV_RED(_mm256_unpacklo_ps(v[2], v[3]), _mm256_unpackhi_ps(v[2], v[3]));
+  __m256 a2 = CKV_RED(_mm256_unpacklo_ps(v[4], v[5]), _mm256_unpackhi_ps(v[4], v[5]));
+  __m256 a3 = CKV_RED(_mm256_unpacklo_ps(v[6], v[7]), _mm256_unpackhi_ps(v[6], v[7]));
+  /* a0 lanes: [v0 x2, v1 x2 | v0 x2, v1 x2] (per 128-bit lane: v0 l0l1/l2l3 pairs) */
+  __m256 b0 = CKV_RED(_mm256_castpd_ps(_mm256_unpacklo_pd(_mm256_castps_pd(a0), _mm256_castps_pd(a1))),
+                      _mm256_castpd_ps(_mm256_unpackhi_pd(_mm256_castps_pd(a0), _mm256_castps_pd(a1))));
+  __m256 b1 = CKV_RED(_mm256_castpd_ps(_mm256_unpacklo_pd(_mm256_castps_pd(a2), _mm256_castps_pd(a3))),
+                      _mm256_castpd_ps(_mm256_unpackhi_pd(_mm256_castps_pd(a2), _mm256_castps_pd(a3))));
+  /* b0 per 128-bit lane: [v0 v1 v2 v3] partials; the two 128-bit lanes hold the two halves */
+  __m256 c = CKV_RED(_mm256_permute2f128_ps(b0, b1, 0x20), _mm256_permute2f128_ps(b0, b1, 0x31));
+#undef CKV_RED
+  return c;
+}
+/* 32 codes (four vectors of 8 int32 in 0..15 or 0..3) packed into row: 16 bytes (4 bits) or 8 (2 bits). */
+static inline void pack32(__m256i w0, __m256i w1, __m256i w2, __m256i w3, uint32_t bits, uint8_t *row) {
+  __m128i p0 = _mm_packs_epi32(_mm256_castsi256_si128(w0), _mm256_extracti128_si256(w0, 1));
+  __m128i p1 = _mm_packs_epi32(_mm256_castsi256_si128(w1), _mm256_extracti128_si256(w1, 1));
+  __m128i p2 = _mm_packs_epi32(_mm256_castsi256_si128(w2), _mm256_extracti128_si256(w2, 1));
+  __m128i p3 = _mm_packs_epi32(_mm256_castsi256_si128(w3), _mm256_extracti128_si256(w3, 1));
+  __m128i b01 = _mm_packus_epi16(p0, p1), b23 = _mm_packus_epi16(p2, p3); /* codes 0..15, 16..31 as bytes */
+  if (bits == 4) { /* per 16-bit lane c0 | c1 << 8 -> c0 | c1 << 4 */
+    __m128i m = _mm_set1_epi16(0x00ff);
+    b01 = _mm_and_si128(_mm_or_si128(b01, _mm_srli_epi16(b01, 4)), m);
+    b23 = _mm_and_si128(_mm_or_si128(b23, _mm_srli_epi16(b23, 4)), m);
+    _mm_storeu_si128((__m128i *)row, _mm_packus_epi16(b01, b23));
+  } else { /* per 32-bit lane c0 | c1 << 8 | c2 << 16 | c3 << 24 -> c0 | c1 << 2 | c2 << 4 | c3 << 6 */
+    __m128i m1 = _mm_set1_epi32(0x000f000f), m2 = _mm_set1_epi32(0xff);
+    b01 = _mm_and_si128(_mm_or_si128(b01, _mm_srli_epi32(b01, 6)), m1);
+    b23 = _mm_and_si128(_mm_or_si128(b23, _mm_srli_epi32(b23, 6)), m1);
+    b01 = _mm_and_si128(_mm_or_si128(b01, _mm_srli_epi32(b01, 12)), m2);
+    b23 = _mm_and_si128(_mm_or_si128(b23, _mm_srli_epi32(b23, 12)), m2);
+    __m128i h = _mm_packus_epi32(b01, b23);
+    _mm_storel_epi64((__m128i *)row, _mm_packus_epi16(h, h));
+  }
+}
+/* clamp(rint((x - z) * inv), 0, hi) of 8 elements as int32. */
+static inline __m256i qa_code8(const float *x, __m256 z, __m256 v, __m256 hi) {
+  __m256 r = _mm256_round_ps(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x), z), v), CKV_F16_RNE);
+  return _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, _mm256_setzero_ps()), hi)); /* max_ps(NaN, 0) = 0, as fmaxf */
+}
+/* Batches of 8 groups: 8 ranges reduced together, their params in one F16C step; groups of exactly
+ * 32 are coded and packed in registers, other groups code by code. */
+void ckv_avx2_quant_u_groups(const float *x, size_t n, size_t gl, uint32_t bits, uint16_t *params, uint8_t *row) {
   size_t ng = (n + gl - 1) / gl;
-  const __m256 lo0 = _mm256_setzero_ps(), hi = _mm256_set1_ps((float)ckv_qa_levels(bits));
+  const __m256 hi = _mm256_set1_ps((float)ckv_qa_levels(bits));
   for (size_t q0 = 0; q0 < ng; q0 += 8) {
     size_t nb = ng - q0 < 8 ? ng - q0 : 8;
-    float mn[8] = {0}, mx[8] = {0}, zf[8], inv[8];
-    uint16_t s16[8], z16[8];
-    for (size_t k = 0; k < nb; k++) {
-      size_t lo = (q0 + k) * gl;
-      group_range(x + lo, n - lo < gl ? n - lo : gl, &mn[k], &mx[k]);
+    __m256 vmn[8], vmx[8];
+    float tmn[8], tmx[8]; /* the scalar tails of each group */
+    for (size_t k = 0; k < 8; k++) {
+      vmn[k] = _mm256_set1_ps(INFINITY), vmx[k] = _mm256_set1_ps(-INFINITY);
+      tmn[k] = INFINITY, tmx[k] = -INFINITY;
     }
+    for (size_t k = 0; k < nb; k++) {
+      size_t lo = (q0 + k) * gl, e = n - lo < gl ? n : lo + gl, i = lo;
+      for (; i + 8 <= e; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        vmn[k] = _mm256_min_ps(v, vmn[k]); /* NaN in v: ignored */
+        vmx[k] = _mm256_max_ps(v, vmx[k]);
+      }
+      for (; i < e; i++) {
+        tmn[k] = x[i] < tmn[k] ? x[i] : tmn[k];
+        tmx[k] = x[i] > tmx[k] ? x[i] : tmx[k];
+      }
+    }
+    __m256 mn = _mm256_min_ps(reduce8(vmn, 0), _mm256_loadu_ps(tmn)), mx = _mm256_max_ps(reduce8(vmx, 1), _mm256_loadu_ps(tmx));
     __m128i hs, hz;
     __m256 vz, vi;
-    qa_params8(_mm256_loadu_ps(mn), _mm256_loadu_ps(mx), hi, &hs, &hz, &vz, &vi);
+    qa_params8(mn, mx, hi, &hs, &hz, &vz, &vi);
+    float zf[8], inv[8];
+    uint16_t s16[8], z16[8];
     _mm_storeu_si128((__m128i *)s16, hs);
     _mm_storeu_si128((__m128i *)z16, hz);
     _mm256_storeu_ps(zf, vz);
     _mm256_storeu_ps(inv, vi);
     for (size_t k = 0; k < nb; k++) {
-      size_t lo = (q0 + k) * gl, e = n - lo < gl ? n : lo + gl, i = lo;
+      size_t lo = (q0 + k) * gl, e = n - lo < gl ? n : lo + gl;
       params[2 * (q0 + k)] = s16[k];
       params[2 * (q0 + k) + 1] = z16[k];
       __m256 z = _mm256_set1_ps(zf[k]), v = _mm256_set1_ps(inv[k]);
-      for (; i + 8 <= e; i += 8) {
-        __m256 r = _mm256_round_ps(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), z), v), CKV_F16_RNE);
-        r = _mm256_min_ps(_mm256_max_ps(r, lo0), hi); /* max_ps(NaN, 0) = 0, as fmaxf */
-        __m256i w = _mm256_cvtps_epi32(r);
-        __m128i p = _mm_packs_epi32(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
-        _mm_storel_epi64((__m128i *)(codes + i), _mm_packus_epi16(p, p));
+      if (e - lo == 32 && (lo * bits) % 8 == 0) {
+        pack32(qa_code8(x + lo, z, v, hi), qa_code8(x + lo + 8, z, v, hi), qa_code8(x + lo + 16, z, v, hi),
+               qa_code8(x + lo + 24, z, v, hi), bits, row + lo * bits / 8);
+        continue;
       }
-      for (; i < e; i++) codes[i] = ckv_qa_code(x[i], zf[k], inv[k], bits);
+      for (size_t i = lo; i < e; i++) ckv_pack_code(row, i, bits, ckv_qa_code(x[i], zf[k], inv[k], bits));
     }
   }
 }

@@ -89,14 +89,14 @@ static void s_quant_i8_groups(const float *x, size_t n, size_t gl, int8_t *codes
     s_quant_i8(x + lo, ckv_inv_scale(s16), codes + lo, cnt);
   }
 }
-static void s_quant_u_groups(const float *x, size_t n, size_t gl, uint32_t bits, uint16_t *params, uint8_t *codes) {
+static void s_quant_u_groups(const float *x, size_t n, size_t gl, uint32_t bits, uint16_t *params, uint8_t *row) {
   for (size_t lo = 0, q = 0; lo < n; lo += gl, q++) {
     size_t cnt = n - lo < gl ? n - lo : gl;
     float mn, mx;
     s_range(x + lo, cnt, &mn, &mx);
     ckv_qa_params(mn, mx, bits, &params[2 * q], &params[2 * q + 1]);
     float zf = ckv_f16_to_f32(params[2 * q + 1]), inv = ckv_inv_scale(params[2 * q]);
-    for (size_t i = lo; i < lo + cnt; i++) codes[i] = ckv_qa_code(x[i], zf, inv, bits);
+    for (size_t i = lo; i < lo + cnt; i++) ckv_pack_code(row, i, bits, ckv_qa_code(x[i], zf, inv, bits));
   }
 }
 
