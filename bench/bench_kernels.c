@@ -7,6 +7,8 @@
  * (int4, int2) and a realistic mix.  One thread, the auto-detected CPU path.
  * --quick: CI-sized (32 MiB, 1K/4K tokens, few iterations); --mib N: op
  * buffer size; --cpu-time: time with the thread CPU clock instead of wall.
+ * quantize_int8 also runs beside a plain-C INT8 quantizer (quant_plain.c,
+ * where the CPU has AVX2/F16C): GB/s and the ratio, "quant_baselines" in JSON.
  * On a machine with a GPU the CUDA kernels' figures follow (ckv-bench-gpu,
  * run beside this binary: GB/s against the device's peak bandwidth, fused
  * attention at 4K/32K/128K tokens per format), under "gpu" with --json.
@@ -21,6 +23,7 @@
 #include "bench/attention_plain.h"
 #include "bench/bench.h"
 #include "bench/bench_daemon.h"
+#include "bench/quant_plain.h"
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
 #ifdef CKV_HAVE_CUDA_KERNELS
@@ -177,6 +180,20 @@ static double run_dequant(void *p) {
           ckv_kernels_dequantize(c->g, c->dst->blk[b], l, kv, s, c->ring + pos);
           pos += te;
         }
+  return now_s() - t;
+}
+
+/* The plain-C INT8 quantizer (quant_plain.c) over the same draft blocks. */
+typedef struct qplain_ctx {
+  const ckv_geometry *g;
+  blockset *src;
+  int8_t *codes;
+  uint16_t *scales;
+} qplain_ctx;
+static double run_quant_plain(void *p) {
+  qplain_ctx *c = p;
+  double t = now_s();
+  ckv_bench_plain_quantize_int8(c->g, c->src->blk, c->src->n, c->codes, c->scales);
   return now_s() - t;
 }
 
@@ -361,6 +378,18 @@ int ckv_bench_kernels(int argc, char **argv) {
     ops[nops++] = (op_result){plan[i].name, bytes / t / 1e9};
   }
   free(c.moves);
+  /* quantize_int8 against a plain-C loop on the same drafts, its bytes counted as ours (draft + staged) */
+  double qplain_gbps = -1; /* < 0: not run (CPU without AVX2/F16C) */
+  if (ckv_bench_quant_plain_supported()) {
+    size_t elems = tokens * ckv_token_elems(&g);
+    qplain_ctx qc = {&g, &dr, malloc(elems), malloc(tokens * g.n_layers * 2u * ckv_staged_groups(&g) * sizeof(uint16_t))};
+    if (qc.codes && qc.scales) {
+      memset(qc.codes, 0, elems); /* touch every page before timing */
+      memset(qc.scales, 0, tokens * g.n_layers * 2u * ckv_staged_groups(&g) * sizeof(uint16_t));
+      qplain_gbps = (draft_bytes + st.n * st.bytes_each) / best_of(reps, run_quant_plain, &qc) / 1e9;
+    }
+    free(qc.codes), free(qc.scales);
+  }
   blockset_free(&st), blockset_free(&c4), blockset_free(&c2), blockset_free(&pr), blockset_free(&dr);
   free(c.b);
 
@@ -429,6 +458,10 @@ int ckv_bench_kernels(int argc, char **argv) {
     for (int i = 0; i < nops; i++)
       printf("%s{\"name\": \"%s\", \"gbps\": %.3f, \"ratio_to_memcpy\": %.3f}", i ? ", " : "", ops[i].name, ops[i].gbps,
              ops[i].gbps / memcpy_gbps);
+    printf("], \"quant_baselines\": [{\"op\": \"quantize_int8\", \"format\": \"int8\", \"threads\": 1, \"gbps\": %.3f, "
+           "\"plain_c_gbps\": %.3f, \"ratio_plain\": %.3f, \"ratio_memcpy\": %.3f, \"plain_ratio_memcpy\": %.3f}",
+           ops[0].gbps, qplain_gbps, qplain_gbps > 0 ? ops[0].gbps / qplain_gbps : 0.0, ops[0].gbps / memcpy_gbps,
+           qplain_gbps > 0 ? qplain_gbps / memcpy_gbps : 0.0);
     printf("], \"attention\": [");
     for (int i = 0; i < nar; i++) {
       double fp16 = ar[i - i % 5].us;
@@ -448,6 +481,12 @@ int ckv_bench_kernels(int argc, char **argv) {
   } else {
     printf("\nmemcpy: %.2f GB/s (read + written)\n\n%-18s %10s %10s\n", memcpy_gbps, "op", "GB/s", "x memcpy");
     for (int i = 0; i < nops; i++) printf("%-18s %10.2f %10.2f\n", ops[i].name, ops[i].gbps, ops[i].gbps / memcpy_gbps);
+    printf("\nquantize_int8 against a plain-C loop (quant_plain.c; same drafts, same bytes counted), one thread\n"
+           "%-18s %10s %10s %10s\n", "op", "ours GB/s", "plain GB/s", "vs plain");
+    if (qplain_gbps < 0)
+      printf("%-18s %10.2f %10s %10s\n", "quantize_int8", ops[0].gbps, "-", "(no AVX2)");
+    else
+      printf("%-18s %10.2f %10.2f %10.2f\n", "quantize_int8", ops[0].gbps, qplain_gbps, ops[0].gbps / qplain_gbps);
     printf("\nattention, one layer, 8 KV heads x 128, 32 query heads, 1 query row\n%-8s %-6s %12s %10s %8s %6s\n",
            "tokens", "format", "us/query", "vs fp16", "GB/s", "bits");
     for (int i = 0; i < nar; i++)

@@ -74,14 +74,15 @@ static void to_staged(const ckv_rowops *ops, const ckv_geometry *g, const ckv_mo
       for (size_t i = 0; i < n; i++) {
         const ckv_move *m = &moves[order[i]];
         uint32_t cap = ckv_move_dst_hdr(m)->capacity;
-        ckv_read_row(ops, g, m->src, ckv_move_src_hdr(m), l, kv, m->src_slot, s->row);
+        const ckv_block_header *sh = ckv_move_src_hdr(m);
         int8_t *codes = (int8_t *)ckv_b(m->dst, ckv_staged_codes_offset(g, cap, l, kv)) + (size_t)m->dst_slot * te;
         uint16_t *sc = (uint16_t *)ckv_b(m->dst, ckv_staged_scales_offset(g, cap, l, kv)) + (size_t)m->dst_slot * ng;
-        for (uint32_t q = 0; q < ng; q++) {
-          size_t lo = (size_t)q * gl, cnt = lo + gl <= te ? gl : te - lo;
-          uint16_t s16 = ckv_q8_scale(ops->absmax(s->row + lo, cnt));
-          sc[q] = s16;
-          ops->quant_i8(s->row + lo, ckv_inv_scale(s16), codes + lo, cnt);
+        if (sh->format == CKV_FORMAT_DRAFT && ops->quant_i8_groups_h) { /* one call per row, scales included */
+          const uint16_t *h = (const uint16_t *)ckv_cb(m->src, ckv_draft_kv_offset(g, sh->capacity, l, kv, m->src_slot));
+          ops->quant_i8_groups_h(h, g->dtype == CKV_DTYPE_BF16, te, gl, codes, sc);
+        } else {
+          ckv_read_row(ops, g, m->src, sh, l, kv, m->src_slot, s->row);
+          ops->quant_i8_groups(s->row, te, gl, codes, sc);
         }
       }
 }
@@ -137,22 +138,8 @@ static int to_commit_chunk(const ckv_rowops *ops, const ckv_geometry *g, const c
       const ckv_move *m = &moves[order[i]];
       ckv_read_row(ops, g, m->src, ckv_move_src_hdr(m), l, 1, m->src_slot, s->row);
       uint16_t *p = par + (size_t)m->dst_slot * ng * 2u;
-      for (uint32_t q = 0; q < ng; q++) {
-        size_t lo = (size_t)q * CKV_COMMIT_VALUE_GROUP, e = lo + CKV_COMMIT_VALUE_GROUP <= te ? lo + CKV_COMMIT_VALUE_GROUP : te;
-        ops->range(s->row + lo, e - lo, &s->mn[q], &s->mx[q]);
-      }
-      ops->qa_params(s->mn, s->mx, ng, bits, s->s16, s->z16, s->gz, s->ginv);
-      for (uint32_t q = 0; q < ng; q++) {
-        size_t lo = (size_t)q * CKV_COMMIT_VALUE_GROUP, e = lo + CKV_COMMIT_VALUE_GROUP <= te ? lo + CKV_COMMIT_VALUE_GROUP : te;
-        p[2u * q] = s->s16[q];
-        p[2u * q + 1u] = s->z16[q];
-        for (size_t k = lo; k < e; k++) {
-          s->zero[k] = s->gz[q];
-          s->inv[k] = s->ginv[q];
-        }
-      }
-      ops->quant_u(s->row, s->zero, s->inv, bits, s->codes, te);
-      ckv_pack_codes(s->codes, te, bits, vcodes + (size_t)m->dst_slot * vrow);
+      /* one call per row, packed in place (the chunk's rows were zeroed above) */
+      ops->quant_u_groups(s->row, te, CKV_COMMIT_VALUE_GROUP, bits, p, vcodes + (size_t)m->dst_slot * vrow);
     }
   }
   return CKV_OK;

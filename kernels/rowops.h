@@ -50,11 +50,26 @@ typedef struct ckv_rowops {
   void (*quant_i8)(const float *x, float inv, int8_t *dst, size_t n);
   /* codes[i] = ckv_qa_code(x[i], zero[i], inv[i], bits), one byte each. */
   void (*quant_u)(const float *x, const float *zero, const float *inv, uint32_t bits, uint8_t *codes, size_t n);
+  /* A whole staged row in one call: for each group q of gl elements (the last may be shorter),
+   * scales[q] = ckv_q8_scale(absmax of the group) and codes = ckv_q8_code(x, ckv_inv_scale(scales[q])). */
+  void (*quant_i8_groups)(const float *x, size_t n, size_t gl, int8_t *codes, uint16_t *scales);
+  /* A whole committed value row in one call: for each group q of gl elements (the last may be
+   * shorter), (params[2q], params[2q+1]) = ckv_qa_params(range of the group)
+   * and code i = ckv_qa_code(x[i], widened zero, ckv_inv_scale(scale), bits), packed into row
+   * as ckv_pack_codes does; row (ceil(n*bits/8) bytes) must be zeroed first. */
+  void (*quant_u_groups)(const float *x, size_t n, size_t gl, uint32_t bits, uint16_t *params, uint8_t *row);
+  /* quant_i8_groups of the widened FP16 (bf16 = 0) or BF16 (bf16 = 1) row h, widening in registers
+   * instead of through an FP32 row.  NULL where a path has none (move.c then widens first). */
+  void (*quant_i8_groups_h)(const uint16_t *h, int bf16, size_t n, size_t gl, int8_t *codes, uint16_t *scales);
 } ckv_rowops;
 
 extern const ckv_rowops ckv_rowops_scalar;
 extern const ckv_rowops ckv_rowops_avx2;
 extern const ckv_rowops ckv_rowops_avx512;
+/* The AVX2 whole-row quantizers, which the AVX-512 table shares (rows_avx2.c). */
+void ckv_avx2_quant_i8_groups(const float *x, size_t n, size_t gl, int8_t *codes, uint16_t *scales);
+void ckv_avx2_quant_i8_groups_h(const uint16_t *h, int bf16, size_t n, size_t gl, int8_t *codes, uint16_t *scales);
+void ckv_avx2_quant_u_groups(const float *x, size_t n, size_t gl, uint32_t bits, uint16_t *params, uint8_t *row);
 
 /* The table for the current path (dispatch.c). */
 const ckv_rowops *ckv_rowops_get(void);

@@ -195,9 +195,62 @@ static void a_minmax(const float *x, float *mn, float *mx, size_t n) {
   }
   SC.minmax(x + i, mn + i, mx + i, n - i);
 }
+/* An immediate operand: a macro, not a variable, so -O0 builds compile. */
+#define CKV_F16_RNE (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+/* 32-bit lane masks (0 / -1) of a compare, as 16-bit lanes. */
+static inline __m128i mask16(__m256 m) {
+  __m256i w = _mm256_castps_si256(m);
+  return _mm_packs_epi32(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+}
+/* ckv_f16_round_up of 8 lanes, by quant.h's own steps: clamp (max_ps(NaN, 0) = 0, as fmaxf),
+ * F16C round-to-nearest-even (= ckv_f32_to_f16), then one step up where that fell below v. */
+static inline __m128i f16_up8(__m256 v) {
+  const __m256 zero = _mm256_setzero_ps(), big = _mm256_set1_ps(CKV_F16_MAX);
+  v = _mm256_add_ps(_mm256_min_ps(_mm256_max_ps(v, zero), big), zero);
+  __m128i h = _mm256_cvtps_ph(v, CKV_F16_RNE);
+  return _mm_sub_epi16(h, mask16(_mm256_cmp_ps(_mm256_cvtph_ps(h), v, _CMP_LT_OQ)));
+}
+/* ckv_f16_round_down of 8 lanes (v not NaN), the same way: one step towards -inf where RNE went above v. */
+static inline __m128i f16_down8(__m256 v) {
+  const __m256 zero = _mm256_setzero_ps(), big = _mm256_set1_ps(CKV_F16_MAX), nbig = _mm256_set1_ps(-CKV_F16_MAX);
+  v = _mm256_add_ps(_mm256_min_ps(_mm256_max_ps(v, nbig), big), zero);
+  __m128i h = _mm256_cvtps_ph(v, CKV_F16_RNE);
+  __m128i over = mask16(_mm256_cmp_ps(_mm256_cvtph_ps(h), v, _CMP_GT_OQ));
+  __m128i neg = _mm_srai_epi16(h, 15); /* -1 where the sign bit is set */
+  __m128i down = _mm_add_epi16(h, _mm_sub_epi16(_mm_set1_epi16(-1), _mm_add_epi16(neg, neg))); /* neg ? h+1 : h-1 */
+  down = _mm_blendv_epi8(down, _mm_set1_epi16((short)0x8001), _mm_cmpeq_epi16(h, _mm_setzero_si128()));
+  return _mm_blendv_epi8(h, down, over);
+}
+/* ckv_inv_scale of 8 widened scales. */
+static inline __m256 inv8(__m256 sf) {
+  __m256 pos = _mm256_cmp_ps(sf, _mm256_setzero_ps(), _CMP_GT_OQ);
+  return _mm256_and_ps(pos, _mm256_div_ps(_mm256_set1_ps(1.0f), sf));
+}
+/* ckv_qa_params of 8 groups. */
+static inline void qa_params8(__m256 mn, __m256 mx, __m256 lv, __m128i *s16, __m128i *z16, __m256 *zf, __m256 *inv) {
+  __m256 ok = _mm256_cmp_ps(mn, mx, _CMP_LE_OQ); /* !(mn <= mx): both 0 */
+  mn = _mm256_and_ps(mn, ok);
+  mx = _mm256_and_ps(mx, ok);
+  *z16 = f16_down8(mn);
+  *zf = _mm256_cvtph_ps(*z16);
+  __m256 top = _mm256_min_ps(mx, _mm256_set1_ps(CKV_F16_MAX));
+  *s16 = f16_up8(_mm256_div_ps(_mm256_sub_ps(top, *zf), lv));
+  *inv = inv8(_mm256_cvtph_ps(*s16));
+}
 static void a_qa_params(const float *mn, const float *mx, size_t n, uint32_t bits, uint16_t *ret_scale,
                         uint16_t *ret_zero, float *ret_zf, float *ret_inv) {
-  SC.qa_params(mn, mx, n, bits, ret_scale, ret_zero, ret_zf, ret_inv); /* scalar rules; cheap next to the data */
+  size_t i = 0;
+  __m256 lv = _mm256_set1_ps((float)ckv_qa_levels(bits));
+  for (; i + 8 <= n; i += 8) {
+    __m128i s16, z16;
+    __m256 zf, inv;
+    qa_params8(_mm256_loadu_ps(mn + i), _mm256_loadu_ps(mx + i), lv, &s16, &z16, &zf, &inv);
+    _mm_storeu_si128((__m128i *)(ret_scale + i), s16);
+    _mm_storeu_si128((__m128i *)(ret_zero + i), z16);
+    _mm256_storeu_ps(ret_zf + i, zf);
+    _mm256_storeu_ps(ret_inv + i, inv);
+  }
+  SC.qa_params(mn + i, mx + i, n - i, bits, ret_scale + i, ret_zero + i, ret_zf + i, ret_inv + i);
 }
 static void a_quant_i8(const float *x, float inv, int8_t *dst, size_t n) {
   size_t i = 0;
@@ -224,6 +277,222 @@ static void a_quant_u(const float *x, const float *zero, const float *inv, uint3
   }
   SC.quant_u(x + i, zero + i, inv + i, bits, codes + i, n - i);
 }
+/* Horizontal min / max of 8 lanes that hold no NaN. */
+static inline float hmin8(__m256 v) {
+  __m128 s = _mm_min_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_min_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_min_ss(s, _mm_movehdup_ps(s)));
+}
+static inline float hmax8(__m256 v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+}
+/* max |x[i]|, NaN ignored (max_ps(NaN, m) = m), no libm. */
+static inline float group_absmax(const float *x, size_t n) {
+  size_t i = 0;
+  __m256 m = _mm256_setzero_ps(), sign = _mm256_set1_ps(-0.0f);
+  for (; i + 8 <= n; i += 8) m = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)), m);
+  float r = hmax8(m);
+  for (; i < n; i++) {
+    float a = fabsf(x[i]);
+    r = a > r ? a : r;
+  }
+  return r;
+}
+static inline void group_range(const float *x, size_t n, float *ret_mn, float *ret_mx) {
+  size_t i = 0;
+  __m256 mn = _mm256_set1_ps(INFINITY), mx = _mm256_set1_ps(-INFINITY);
+  for (; i + 8 <= n; i += 8) {
+    __m256 v = _mm256_loadu_ps(x + i);
+    mn = _mm256_min_ps(v, mn);
+    mx = _mm256_max_ps(v, mx);
+  }
+  float a = hmin8(mn), b = hmax8(mx);
+  for (; i < n; i++) {
+    a = x[i] < a ? x[i] : a;
+    b = x[i] > b ? x[i] : b;
+  }
+  *ret_mn = a;
+  *ret_mx = b;
+}
+/* Up to 8 groups at a time: their absmax, then their 8 scales in one F16C step, then the codes. */
+void ckv_avx2_quant_i8_groups(const float *x, size_t n, size_t gl, int8_t *codes, uint16_t *scales) {
+  size_t ng = (n + gl - 1) / gl;
+  for (size_t q0 = 0; q0 < ng; q0 += 8) {
+    size_t nb = ng - q0 < 8 ? ng - q0 : 8;
+    float am[8] = {0}, inv[8];
+    uint16_t s16[8];
+    for (size_t k = 0; k < nb; k++) {
+      size_t lo = (q0 + k) * gl;
+      am[k] = group_absmax(x + lo, n - lo < gl ? n - lo : gl);
+    }
+    __m128i h = f16_up8(_mm256_div_ps(_mm256_loadu_ps(am), _mm256_set1_ps(127.0f)));
+    _mm_storeu_si128((__m128i *)s16, h);
+    _mm256_storeu_ps(inv, inv8(_mm256_cvtph_ps(h)));
+    for (size_t k = 0; k < nb; k++) {
+      size_t lo = (q0 + k) * gl;
+      scales[q0 + k] = s16[k];
+      a_quant_i8(x + lo, inv[k], codes + lo, n - lo < gl ? n - lo : gl);
+    }
+  }
+}
+/* 8 halves widened exactly (FP16 by F16C, BF16 by a shift). */
+static inline __m256 widen8(const uint16_t *h, int bf16) {
+  __m128i w = _mm_loadu_si128((const __m128i *)h);
+  return bf16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(w), 16)) : _mm256_cvtph_ps(w);
+}
+/* Two passes over each group of halves (L1-resident): absmax, then codes; groups whose length is not a
+ * multiple of 8 widen through a small FP32 buffer and take the FP32 route. */
+static inline __attribute__((always_inline)) void q8_groups_h(const uint16_t *h, const int bf16, size_t n, size_t gl,
+                                                               int8_t *codes, uint16_t *scales) {
+  size_t ng = (n + gl - 1) / gl;
+  const __m256 sign = _mm256_set1_ps(-0.0f), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+  for (size_t q0 = 0; q0 < ng; q0 += 8) {
+    size_t nb = ng - q0 < 8 ? ng - q0 : 8;
+    float am[8] = {0}, inv[8];
+    uint16_t s16[8];
+    for (size_t k = 0; k < nb; k++) {
+      size_t l0 = (q0 + k) * gl, cnt = n - l0 < gl ? n - l0 : gl, i = 0;
+      __m256 m = _mm256_setzero_ps(), m1 = m, m2 = m, m3 = m; /* four chains: max_ps latency */
+      for (; i + 32 <= cnt; i += 32) {
+        m = _mm256_max_ps(_mm256_andnot_ps(sign, widen8(h + l0 + i, bf16)), m);
+        m1 = _mm256_max_ps(_mm256_andnot_ps(sign, widen8(h + l0 + i + 8, bf16)), m1);
+        m2 = _mm256_max_ps(_mm256_andnot_ps(sign, widen8(h + l0 + i + 16, bf16)), m2);
+        m3 = _mm256_max_ps(_mm256_andnot_ps(sign, widen8(h + l0 + i + 24, bf16)), m3);
+      }
+      for (; i + 8 <= cnt; i += 8) m = _mm256_max_ps(_mm256_andnot_ps(sign, widen8(h + l0 + i, bf16)), m);
+      am[k] = hmax8(_mm256_max_ps(_mm256_max_ps(m, m1), _mm256_max_ps(m2, m3))); /* no NaN in any lane */
+      for (; i < cnt; i++) {
+        float a = fabsf(bf16 ? ckv_bf16_to_f32(h[l0 + i]) : _cvtsh_ss(h[l0 + i]));
+        am[k] = a > am[k] ? a : am[k];
+      }
+    }
+    __m128i hs = f16_up8(_mm256_div_ps(_mm256_loadu_ps(am), _mm256_set1_ps(127.0f)));
+    _mm_storeu_si128((__m128i *)s16, hs);
+    _mm256_storeu_ps(inv, inv8(_mm256_cvtph_ps(hs)));
+    for (size_t k = 0; k < nb; k++) {
+      size_t l0 = (q0 + k) * gl, cnt = n - l0 < gl ? n - l0 : gl, i = 0;
+      scales[q0 + k] = s16[k];
+      __m256 vi = _mm256_set1_ps(inv[k]);
+      for (; i + 16 <= cnt; i += 16) {
+        __m256 r0 = _mm256_round_ps(_mm256_mul_ps(widen8(h + l0 + i, bf16), vi), CKV_F16_RNE);
+        __m256 r1 = _mm256_round_ps(_mm256_mul_ps(widen8(h + l0 + i + 8, bf16), vi), CKV_F16_RNE);
+        r0 = _mm256_min_ps(_mm256_max_ps(r0, lo), hi); /* max_ps(NaN, lo) = lo, as fmaxf */
+        r1 = _mm256_min_ps(_mm256_max_ps(r1, lo), hi);
+        __m256i w0 = _mm256_cvtps_epi32(r0), w1 = _mm256_cvtps_epi32(r1);
+        __m128i p0 = _mm_packs_epi32(_mm256_castsi256_si128(w0), _mm256_extracti128_si256(w0, 1));
+        __m128i p1 = _mm_packs_epi32(_mm256_castsi256_si128(w1), _mm256_extracti128_si256(w1, 1));
+        _mm_storeu_si128((__m128i *)(codes + l0 + i), _mm_packs_epi16(p0, p1));
+      }
+      for (; i < cnt; i++) {
+        float v = bf16 ? ckv_bf16_to_f32(h[l0 + i]) : _cvtsh_ss(h[l0 + i]);
+        codes[l0 + i] = ckv_q8_code(v, inv[k]);
+      }
+    }
+  }
+}
+/* Specialised per input type, so the inner loops carry no branch. */
+void ckv_avx2_quant_i8_groups_h(const uint16_t *h, int bf16, size_t n, size_t gl, int8_t *codes, uint16_t *scales) {
+  if (bf16)
+    q8_groups_h(h, 1, n, gl, codes, scales);
+  else
+    q8_groups_h(h, 0, n, gl, codes, scales);
+}
+/* Lane k of the result = min (max) over the 8 lanes of v[k]: 8 reductions at once. */
+static inline __m256 reduce8(const __m256 *v, int is_max) {
+#define CKV_RED(a, b) (is_max ? _mm256_max_ps((a), (b)) : _mm256_min_ps((a), (b)))
+  /* pairwise: lanes from v[2i] and v[2i+1] interleaved, then halves, then 128-bit lanes */
+  __m256 a0 = CKV_RED(_mm256_unpacklo_ps(v[0], v[1]), _mm256_unpackhi_ps(v[0], v[1]));
+  __m256 a1 = CKV_RED(_mm256_unpacklo_ps(v[2], v[3]), _mm256_unpackhi_ps(v[2], v[3]));
+  __m256 a2 = CKV_RED(_mm256_unpacklo_ps(v[4], v[5]), _mm256_unpackhi_ps(v[4], v[5]));
+  __m256 a3 = CKV_RED(_mm256_unpacklo_ps(v[6], v[7]), _mm256_unpackhi_ps(v[6], v[7]));
+  /* a0 lanes: [v0 x2, v1 x2 | v0 x2, v1 x2] (per 128-bit lane: v0 l0l1/l2l3 pairs) */
+  __m256 b0 = CKV_RED(_mm256_castpd_ps(_mm256_unpacklo_pd(_mm256_castps_pd(a0), _mm256_castps_pd(a1))),
+                      _mm256_castpd_ps(_mm256_unpackhi_pd(_mm256_castps_pd(a0), _mm256_castps_pd(a1))));
+  __m256 b1 = CKV_RED(_mm256_castpd_ps(_mm256_unpacklo_pd(_mm256_castps_pd(a2), _mm256_castps_pd(a3))),
+                      _mm256_castpd_ps(_mm256_unpackhi_pd(_mm256_castps_pd(a2), _mm256_castps_pd(a3))));
+  /* b0 per 128-bit lane: [v0 v1 v2 v3] partials; the two 128-bit lanes hold the two halves */
+  __m256 c = CKV_RED(_mm256_permute2f128_ps(b0, b1, 0x20), _mm256_permute2f128_ps(b0, b1, 0x31));
+#undef CKV_RED
+  return c;
+}
+/* 32 codes (four vectors of 8 int32 in 0..15 or 0..3) packed into row: 16 bytes (4 bits) or 8 (2 bits). */
+static inline void pack32(__m256i w0, __m256i w1, __m256i w2, __m256i w3, uint32_t bits, uint8_t *row) {
+  __m128i p0 = _mm_packs_epi32(_mm256_castsi256_si128(w0), _mm256_extracti128_si256(w0, 1));
+  __m128i p1 = _mm_packs_epi32(_mm256_castsi256_si128(w1), _mm256_extracti128_si256(w1, 1));
+  __m128i p2 = _mm_packs_epi32(_mm256_castsi256_si128(w2), _mm256_extracti128_si256(w2, 1));
+  __m128i p3 = _mm_packs_epi32(_mm256_castsi256_si128(w3), _mm256_extracti128_si256(w3, 1));
+  __m128i b01 = _mm_packus_epi16(p0, p1), b23 = _mm_packus_epi16(p2, p3); /* codes 0..15, 16..31 as bytes */
+  if (bits == 4) { /* per 16-bit lane c0 | c1 << 8 -> c0 | c1 << 4 */
+    __m128i m = _mm_set1_epi16(0x00ff);
+    b01 = _mm_and_si128(_mm_or_si128(b01, _mm_srli_epi16(b01, 4)), m);
+    b23 = _mm_and_si128(_mm_or_si128(b23, _mm_srli_epi16(b23, 4)), m);
+    _mm_storeu_si128((__m128i *)row, _mm_packus_epi16(b01, b23));
+  } else { /* per 32-bit lane c0 | c1 << 8 | c2 << 16 | c3 << 24 -> c0 | c1 << 2 | c2 << 4 | c3 << 6 */
+    __m128i m1 = _mm_set1_epi32(0x000f000f), m2 = _mm_set1_epi32(0xff);
+    b01 = _mm_and_si128(_mm_or_si128(b01, _mm_srli_epi32(b01, 6)), m1);
+    b23 = _mm_and_si128(_mm_or_si128(b23, _mm_srli_epi32(b23, 6)), m1);
+    b01 = _mm_and_si128(_mm_or_si128(b01, _mm_srli_epi32(b01, 12)), m2);
+    b23 = _mm_and_si128(_mm_or_si128(b23, _mm_srli_epi32(b23, 12)), m2);
+    __m128i h = _mm_packus_epi32(b01, b23);
+    _mm_storel_epi64((__m128i *)row, _mm_packus_epi16(h, h));
+  }
+}
+/* clamp(rint((x - z) * inv), 0, hi) of 8 elements as int32. */
+static inline __m256i qa_code8(const float *x, __m256 z, __m256 v, __m256 hi) {
+  __m256 r = _mm256_round_ps(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x), z), v), CKV_F16_RNE);
+  return _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, _mm256_setzero_ps()), hi)); /* max_ps(NaN, 0) = 0, as fmaxf */
+}
+/* Batches of 8 groups: 8 ranges reduced together, their params in one F16C step; groups of exactly
+ * 32 are coded and packed in registers, other groups code by code. */
+void ckv_avx2_quant_u_groups(const float *x, size_t n, size_t gl, uint32_t bits, uint16_t *params, uint8_t *row) {
+  size_t ng = (n + gl - 1) / gl;
+  const __m256 hi = _mm256_set1_ps((float)ckv_qa_levels(bits));
+  for (size_t q0 = 0; q0 < ng; q0 += 8) {
+    size_t nb = ng - q0 < 8 ? ng - q0 : 8;
+    __m256 vmn[8], vmx[8];
+    float tmn[8], tmx[8]; /* the scalar tails of each group */
+    for (size_t k = 0; k < 8; k++) {
+      vmn[k] = _mm256_set1_ps(INFINITY), vmx[k] = _mm256_set1_ps(-INFINITY);
+      tmn[k] = INFINITY, tmx[k] = -INFINITY;
+    }
+    for (size_t k = 0; k < nb; k++) {
+      size_t lo = (q0 + k) * gl, e = n - lo < gl ? n : lo + gl, i = lo;
+      for (; i + 8 <= e; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        vmn[k] = _mm256_min_ps(v, vmn[k]); /* NaN in v: ignored */
+        vmx[k] = _mm256_max_ps(v, vmx[k]);
+      }
+      for (; i < e; i++) {
+        tmn[k] = x[i] < tmn[k] ? x[i] : tmn[k];
+        tmx[k] = x[i] > tmx[k] ? x[i] : tmx[k];
+      }
+    }
+    __m256 mn = _mm256_min_ps(reduce8(vmn, 0), _mm256_loadu_ps(tmn)), mx = _mm256_max_ps(reduce8(vmx, 1), _mm256_loadu_ps(tmx));
+    __m128i hs, hz;
+    __m256 vz, vi;
+    qa_params8(mn, mx, hi, &hs, &hz, &vz, &vi);
+    float zf[8], inv[8];
+    uint16_t s16[8], z16[8];
+    _mm_storeu_si128((__m128i *)s16, hs);
+    _mm_storeu_si128((__m128i *)z16, hz);
+    _mm256_storeu_ps(zf, vz);
+    _mm256_storeu_ps(inv, vi);
+    for (size_t k = 0; k < nb; k++) {
+      size_t lo = (q0 + k) * gl, e = n - lo < gl ? n : lo + gl;
+      params[2 * (q0 + k)] = s16[k];
+      params[2 * (q0 + k) + 1] = z16[k];
+      __m256 z = _mm256_set1_ps(zf[k]), v = _mm256_set1_ps(inv[k]);
+      if (e - lo == 32 && (lo * bits) % 8 == 0) {
+        pack32(qa_code8(x + lo, z, v, hi), qa_code8(x + lo + 8, z, v, hi), qa_code8(x + lo + 16, z, v, hi),
+               qa_code8(x + lo + 24, z, v, hi), bits, row + lo * bits / 8);
+        continue;
+      }
+      for (size_t i = lo; i < e; i++) ckv_pack_code(row, i, bits, ckv_qa_code(x[i], zf[k], inv[k], bits));
+    }
+  }
+}
 
 const ckv_rowops ckv_rowops_avx2 = {
     .name = "avx2",
@@ -244,4 +513,7 @@ const ckv_rowops ckv_rowops_avx2 = {
     .qa_params = a_qa_params,
     .quant_i8 = a_quant_i8,
     .quant_u = a_quant_u,
+    .quant_i8_groups = ckv_avx2_quant_i8_groups,
+    .quant_u_groups = ckv_avx2_quant_u_groups,
+    .quant_i8_groups_h = ckv_avx2_quant_i8_groups_h,
 };

@@ -263,4 +263,8 @@ const ckv_rowops ckv_rowops_avx512 = {
     .qa_params = z_qa_params,
     .quant_i8 = z_quant_i8,
     .quant_u = z_quant_u,
+    /* whole rows: the AVX2 versions (8 groups per F16C step; groups are short) */
+    .quant_i8_groups = ckv_avx2_quant_i8_groups,
+    .quant_u_groups = ckv_avx2_quant_u_groups,
+    .quant_i8_groups_h = ckv_avx2_quant_i8_groups_h,
 };

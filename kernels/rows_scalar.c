@@ -81,6 +81,24 @@ static void s_quant_i8(const float *x, float inv, int8_t *dst, size_t n) {
 static void s_quant_u(const float *x, const float *zero, const float *inv, uint32_t bits, uint8_t *codes, size_t n) {
   for (size_t i = 0; i < n; i++) codes[i] = ckv_qa_code(x[i], zero[i], inv[i], bits);
 }
+static void s_quant_i8_groups(const float *x, size_t n, size_t gl, int8_t *codes, uint16_t *scales) {
+  for (size_t lo = 0, q = 0; lo < n; lo += gl, q++) {
+    size_t cnt = n - lo < gl ? n - lo : gl;
+    uint16_t s16 = ckv_q8_scale(s_absmax(x + lo, cnt));
+    scales[q] = s16;
+    s_quant_i8(x + lo, ckv_inv_scale(s16), codes + lo, cnt);
+  }
+}
+static void s_quant_u_groups(const float *x, size_t n, size_t gl, uint32_t bits, uint16_t *params, uint8_t *row) {
+  for (size_t lo = 0, q = 0; lo < n; lo += gl, q++) {
+    size_t cnt = n - lo < gl ? n - lo : gl;
+    float mn, mx;
+    s_range(x + lo, cnt, &mn, &mx);
+    ckv_qa_params(mn, mx, bits, &params[2 * q], &params[2 * q + 1]);
+    float zf = ckv_f16_to_f32(params[2 * q + 1]), inv = ckv_inv_scale(params[2 * q]);
+    for (size_t i = lo; i < lo + cnt; i++) ckv_pack_code(row, i, bits, ckv_qa_code(x[i], zf, inv, bits));
+  }
+}
 
 void ckv_pack_codes(const uint8_t *codes, size_t n, uint32_t bits, uint8_t *row) {
   size_t per = 8u / bits, i = 0, o = 0;
@@ -131,4 +149,7 @@ const ckv_rowops ckv_rowops_scalar = {
     .qa_params = s_qa_params,
     .quant_i8 = s_quant_i8,
     .quant_u = s_quant_u,
+    .quant_i8_groups = s_quant_i8_groups,
+    .quant_u_groups = s_quant_u_groups,
+    .quant_i8_groups_h = NULL, /* move.c widens with cvt_f16 / cvt_bf16 first */
 };

@@ -106,6 +106,107 @@ Test(simd, row_primitives_bit_equal) {
   if (!tested) cr_skip_test("no SIMD path on this CPU");
 }
 
+/* The whole-row quantizers (one call per row: vectorised group absmax / range,
+ * F16C scale rounding) against the scalar table and against the per-group
+ * composition of the older primitives they replace, on ragged groups, edge
+ * groups (all NaN, all zero, -0, tiny, huge), and with one-element groups over
+ * a sweep of float bit patterns, so every scale and zero point rounding
+ * (quant.h: up for scales, down for zero points) is compared lane by lane. */
+static void check_groups(const ckv_rowops *V, const float *x, size_t n, size_t gl) {
+  const ckv_rowops *S = &ckv_rowops_scalar;
+  size_t ng = (n + gl - 1) / gl;
+  int8_t *q1 = malloc(n), *q2 = malloc(n), *q3 = malloc(n);
+  uint16_t *s1 = malloc(ng * 4), *s2 = malloc(ng * 4), *s3 = malloc(ng * 4);
+  uint8_t *c1 = malloc(n), *c2 = malloc(n), *c3 = malloc(n);
+  float *zero = malloc(n * sizeof(float)), *inv = malloc(n * sizeof(float));
+  cr_assert(q1 && q2 && q3 && s1 && s2 && s3 && c1 && c2 && c3 && zero && inv);
+  /* the composition move.c used before the whole-row primitives */
+  for (size_t lo = 0, q = 0; lo < n; lo += gl, q++) {
+    size_t cnt = n - lo < gl ? n - lo : gl;
+    s3[q] = ckv_q8_scale(S->absmax(x + lo, cnt));
+    S->quant_i8(x + lo, ckv_inv_scale(s3[q]), q3 + lo, cnt);
+  }
+  S->quant_i8_groups(x, n, gl, q1, s1);
+  V->quant_i8_groups(x, n, gl, q2, s2);
+  cr_expect_arr_eq(s1, s3, ng * 2, "quant_i8_groups scales scalar vs composition, gl %zu", gl);
+  cr_expect_arr_eq(q1, q3, n, "quant_i8_groups codes scalar vs composition, gl %zu", gl);
+  cr_expect_arr_eq(s1, s2, ng * 2, "quant_i8_groups scales %s gl %zu", V->name, gl);
+  cr_expect_arr_eq(q1, q2, n, "quant_i8_groups codes %s gl %zu", V->name, gl);
+  for (uint32_t bits = 2; bits <= 4; bits += 2) {
+    for (size_t lo = 0, q = 0; lo < n; lo += gl, q++) {
+      size_t cnt = n - lo < gl ? n - lo : gl;
+      float mn, mx;
+      S->range(x + lo, cnt, &mn, &mx);
+      ckv_qa_params(mn, mx, bits, &s3[2 * q], &s3[2 * q + 1]);
+      for (size_t k = lo; k < lo + cnt; k++) {
+        zero[k] = ckv_f16_to_f32(s3[2 * q + 1]);
+        inv[k] = ckv_inv_scale(s3[2 * q]);
+      }
+    }
+    S->quant_u(x, zero, inv, bits, c1, n);
+    ckv_pack_codes(c1, n, bits, c3);
+    memset(c1, 0, n), memset(c2, 0, n);
+    S->quant_u_groups(x, n, gl, bits, s1, c1);
+    V->quant_u_groups(x, n, gl, bits, s2, c2);
+    cr_expect_arr_eq(s1, s3, ng * 4, "quant_u_groups params scalar vs composition, bits %u gl %zu", bits, gl);
+    cr_expect_arr_eq(c1, c3, (n * bits + 7) / 8, "quant_u_groups codes scalar vs composition, bits %u gl %zu", bits, gl);
+    for (size_t q = 0; q < ng * 2; q++)
+      if (s1[q] != s2[q]) {
+        cr_expect_eq(s2[q], s1[q], "quant_u_groups %s bits %u gl %zu: param %zu (group x[%zu] = %a): %04x, scalar %04x",
+                     V->name, bits, gl, q, q / 2 * gl, (double)x[q / 2 * gl], s2[q], s1[q]);
+        break;
+      }
+    cr_expect_arr_eq(c1, c2, n, "quant_u_groups packed codes %s bits %u gl %zu", V->name, bits, gl);
+  }
+  /* straight from FP16 / BF16 halves (draft rows): against the scalar widening then the scalar groups */
+  if (V->quant_i8_groups_h) {
+    uint16_t *hv = malloc(n * 2);
+    cr_assert(hv);
+    for (int bf16 = 0; bf16 <= 1; bf16++) {
+      for (size_t i = 0; i < n; i++) hv[i] = bf16 ? (uint16_t)(ckv_f32_bits(x[i]) >> 16) : ckv_f32_to_f16(x[i]);
+      (bf16 ? S->cvt_bf16 : S->cvt_f16)(hv, zero, n);
+      S->quant_i8_groups(zero, n, gl, q1, s1);
+      V->quant_i8_groups_h(hv, bf16, n, gl, q2, s2);
+      cr_expect_arr_eq(s1, s2, ng * 2, "quant_i8_groups_h scales %s bf16 %d gl %zu", V->name, bf16, gl);
+      cr_expect_arr_eq(q1, q2, n, "quant_i8_groups_h codes %s bf16 %d gl %zu", V->name, bf16, gl);
+    }
+    free(hv);
+  }
+  free(q1), free(q2), free(q3), free(s1), free(s2), free(s3), free(c1), free(c2), free(c3), free(zero), free(inv);
+}
+
+Test(simd, group_quantizers_bit_equal) {
+  kf_rng r = {53};
+  enum { N = 1031, SWEEP = 65536 };
+  float *x = malloc(SWEEP * sizeof(float));
+  cr_assert(x);
+  fill_edges(x, N, &r);
+  /* whole edge groups: all NaN, all +0, all -0, FP16-subnormal scales, huge */
+  for (int i = 256; i < 288; i++) x[i] = NAN;
+  for (int i = 288; i < 320; i++) x[i] = 0.0f;
+  for (int i = 320; i < 352; i++) x[i] = -0.0f;
+  for (int i = 352; i < 384; i++) x[i] = kf_normal(&r) * 1e-6f;
+  for (int i = 384; i < 416; i++) x[i] = kf_normal(&r) * 1e6f;
+  for (int i = 416; i < 448; i++) x[i] = 3.0f + kf_normal(&r) * 1e-3f; /* far from 0: the zero point matters */
+  static const size_t gls[] = {1, 7, 8, 32, 40, 128, 1024, N};
+  int tested = 0;
+  for (size_t p = 0; p < 2; p++) {
+    if (!ckv_kernels_path_supported(simd_paths[p])) continue;
+    tested++;
+    const ckv_rowops *V = table(simd_paths[p]);
+    for (size_t k = 0; k < sizeof gls / sizeof gls[0]; k++) check_groups(V, x, N, gls[k]);
+  }
+  /* every 65537th float bit pattern, one per group: each lane's own scale and zero point */
+  float *y = malloc(SWEEP * sizeof(float));
+  cr_assert(y);
+  for (uint32_t i = 0; i < SWEEP; i++) y[i] = ckv_bits_f32(i * 65537u + (i >> 3));
+  for (size_t p = 0; p < 2; p++)
+    if (ckv_kernels_path_supported(simd_paths[p])) check_groups(table(simd_paths[p]), y, SWEEP, 1);
+  check_groups(&ckv_rowops_scalar, y, SWEEP, 1); /* the scalar table against the old composition */
+  free(x), free(y);
+  if (!tested) cr_skip_test("no SIMD path on this CPU");
+}
+
 /* Whole transitions: the same blocks, byte for byte, on every path. */
 static void *convert_all(const ckv_geometry *g, void *const *drafts, uint32_t fmt, uint32_t kept, void **ret_staged) {
   void *s = kf_block(CKV_FORMAT_STAGED, g, 64, 0), *c = kf_block(fmt, g, 64, kept);
