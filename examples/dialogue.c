@@ -62,7 +62,6 @@
 #include "examples/llm/model.h"
 #include "examples/llm/worker.h"
 
-#define DLG_MAX_PARAMS 32
 #define DLG_MAX_ANSWER 200 /* bytes decoded at most per answer */
 #define DLG_BOS_BYTE_MODEL 256
 #define DLG_BOS_DEFAULT 1
@@ -74,8 +73,7 @@ typedef struct opts {
   int bos; /* -1: from the vocabulary */
   bool json, quiet;
   llm_worker_options w;
-  const char *param_names[DLG_MAX_PARAMS];
-  double param_values[DLG_MAX_PARAMS];
+  llm_worker_params params; /* --param overrides */
 } opts;
 
 /* One recall question, as answered. */
@@ -128,17 +126,6 @@ static int parse_long(const char *s, long lo, long hi, long *ret) {
   return 0;
 }
 
-static int parse_param(opts *o, char *kv) {
-  char *eq = strchr(kv, '=');
-  if (!eq || eq == kv || o->w.n_params == DLG_MAX_PARAMS) return -1;
-  *eq = '\0';
-  char *end;
-  double v = strtod(eq + 1, &end);
-  if (!eq[1] || *end) return -1;
-  o->param_names[o->w.n_params] = kv;
-  o->param_values[o->w.n_params++] = v;
-  return 0;
-}
 
 static int parse_args(int argc, char **argv, opts *o) {
   static const struct option lo[] = {
@@ -158,7 +145,7 @@ static int parse_args(int argc, char **argv, opts *o) {
       case 'd': o->data = optarg; break;
       case 'm': o->model = optarg; break;
       case 'P': o->w.policy = optarg; break;
-      case 'K': bad = parse_param(o, optarg); break;
+      case 'K': bad = llm_worker_params_add(&o->params, optarg); break;
       case 'w': o->w.shadow = true; break;
       case 'W': o->w.shadow = o->w.shadow_fp32 = true; break;
       case 'j': o->json = true; break;
@@ -528,8 +515,9 @@ int main(int argc, char **argv) {
   opts o = {.prefix = default_prefix, .bos = -1,
             .w = {.prog = "commitkv-dialogue", .reconnect_ms = RECONNECT_DEFAULT_GIVE_UP_MS}};
   if (parse_args(argc, argv, &o) < 0) return 2;
-  o.w.param_names = o.param_names;
-  o.w.param_values = o.param_values;
+  o.w.param_names = o.params.names;
+  o.w.param_values = o.params.values;
+  o.w.n_params = o.params.n;
   g_quiet = o.quiet;
   dialogue_set ds;
   int e = dialogue_set_load(o.data, o.limit, &ds, err, sizeof(err));

@@ -80,7 +80,6 @@
 
 #define LLM_BOS 1
 #define LLM_MAX_SESSIONS 64
-#define LLM_MAX_PARAMS 32
 #define LLM_FALLBACK_MODEL "../shared/models/" CKV_MODEL_DEFAULT_FILE
 
 typedef struct opts {
@@ -89,8 +88,7 @@ typedef struct opts {
   uint64_t seed;
   bool json, quiet;
   llm_worker_options w; /* policy, shadow, sync, keep, reconnect; params point into the arrays below */
-  const char *param_names[LLM_MAX_PARAMS];
-  double param_values[LLM_MAX_PARAMS];
+  llm_worker_params params; /* --param overrides */
 } opts;
 
 typedef llm_worker_stats result;
@@ -124,17 +122,6 @@ static int parse_int(const char *s, int lo, int hi, int *ret) {
   return 0;
 }
 
-static int parse_param(opts *o, char *kv) {
-  char *eq = strchr(kv, '=');
-  if (!eq || eq == kv || o->w.n_params == LLM_MAX_PARAMS) return -1;
-  *eq = '\0';
-  char *end;
-  double v = strtod(eq + 1, &end);
-  if (!eq[1] || *end) return -1;
-  o->param_names[o->w.n_params] = kv;
-  o->param_values[o->w.n_params++] = v;
-  return 0;
-}
 
 static int parse_args(int argc, char **argv, opts *o) {
   static const struct option lo[] = {
@@ -160,7 +147,7 @@ static int parse_args(int argc, char **argv, opts *o) {
       case 'A': bad = parse_int(optarg, 1, 1 << 20, &o->assistant_tokens); break;
       case 'S': o->seed = strtoull(optarg, NULL, 0); break;
       case 'P': o->w.policy = optarg; break;
-      case 'K': bad = parse_param(o, optarg); break;
+      case 'K': bad = llm_worker_params_add(&o->params, optarg); break;
       case 'w': o->w.shadow = true; break;
       case 'W': o->w.shadow = o->w.shadow_fp32 = true; break;
       case 'j': o->json = true; break;
@@ -348,8 +335,9 @@ int main(int argc, char **argv) {
   opts o = {.prefix = default_prefix, .sessions = 2, .rounds = 20, .user_tokens = 16, .assistant_tokens = 16,
             .seed = 1, .w = {.prog = "commitkv-llm", .reconnect_ms = RECONNECT_DEFAULT_GIVE_UP_MS}};
   if (parse_args(argc, argv, &o) < 0) return 2;
-  o.w.param_names = o.param_names;
-  o.w.param_values = o.param_values;
+  o.w.param_names = o.params.names;
+  o.w.param_values = o.params.values;
+  o.w.n_params = o.params.n;
   g_quiet = o.quiet;
   const char *path = model_path(&o, env_path, sizeof(env_path));
   ckv_model *m = NULL;

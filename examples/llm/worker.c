@@ -384,6 +384,18 @@ static int finish_turn(llm_worker *r, int round) {
 
 /* ---- the interface ------------------------------------------------------------ */
 
+int llm_worker_params_add(llm_worker_params *p, char *kv) {
+  char *eq = strchr(kv, '=');
+  if (!eq || eq == kv || p->n == LLM_WORKER_MAX_PARAMS) return -1;
+  char *end;
+  double v = strtod(eq + 1, &end);
+  if (!eq[1] || *end) return -1;
+  *eq = '\0';
+  p->names[p->n] = kv;
+  p->values[p->n++] = v;
+  return 0;
+}
+
 int llm_worker_init(llm_worker *r, const llm_worker_options *o, const ckv_model *m, ckv_client *c,
                     llm_worker_stats *res) {
   *r = (llm_worker){.o = o, .m = m, .mc = ckv_model_config_get(m), .c = c, .res = res};

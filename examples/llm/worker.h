@@ -65,6 +65,17 @@ typedef struct llm_worker_options {
   int reconnect_ms;
 } llm_worker_options;
 
+/* `--param key=value` overrides, as both front ends take them. */
+#define LLM_WORKER_MAX_PARAMS 32
+typedef struct llm_worker_params {
+  const char *names[LLM_WORKER_MAX_PARAMS];
+  double values[LLM_WORKER_MAX_PARAMS];
+  size_t n;
+} llm_worker_params;
+/* Adds one `key=value` (kv is cut at the '=' and must outlive p).  0, or -1
+ * for a malformed pair or a full table. */
+int llm_worker_params_add(llm_worker_params *p, char *kv);
+
 /* What one session measured. */
 typedef struct llm_worker_stats {
   char id[160];
