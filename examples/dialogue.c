@@ -117,16 +117,6 @@ static void usage(void) {
           "                         [--reconnect-timeout-ms MS]\n");
 }
 
-static int parse_long(const char *s, long lo, long hi, long *ret) {
-  char *end;
-  errno = 0;
-  long v = strtol(s, &end, 10);
-  if (!*s || *end || errno || v < lo || v > hi) return -1;
-  *ret = v;
-  return 0;
-}
-
-
 static int parse_args(int argc, char **argv, opts *o) {
   static const struct option lo[] = {
       {"dialogues", required_argument, 0, 'd'}, {"model", required_argument, 0, 'm'},
@@ -150,10 +140,10 @@ static int parse_args(int argc, char **argv, opts *o) {
       case 'W': o->w.shadow = o->w.shadow_fp32 = true; break;
       case 'j': o->json = true; break;
       case 'l':
-        if (!(bad = parse_long(optarg, 1, 1L << 30, &v))) o->limit = (size_t)v;
+        if (!(bad = llm_worker_parse_long(optarg, 1, 1L << 30, &v))) o->limit = (size_t)v;
         break;
       case 'b':
-        if (!(bad = parse_long(optarg, 0, 1L << 30, &v))) o->bos = (int)v;
+        if (!(bad = llm_worker_parse_long(optarg, 0, 1L << 30, &v))) o->bos = (int)v;
         break;
       case 's': o->socket = optarg; break;
       case 'a': o->attach = optarg; break;
@@ -162,7 +152,7 @@ static int parse_args(int argc, char **argv, opts *o) {
       case 'k': o->w.keep = true; break;
       case 'q': o->quiet = true; break;
       case 'R':
-        if (!(bad = parse_long(optarg, 0, 24L * 3600 * 1000, &v))) o->w.reconnect_ms = (int)v;
+        if (!(bad = llm_worker_parse_long(optarg, 0, 24L * 3600 * 1000, &v))) o->w.reconnect_ms = (int)v;
         break;
       case 'h': usage(); exit(0);
       default: bad = -1; break;

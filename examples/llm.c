@@ -115,13 +115,11 @@ static void usage(void) {
 }
 
 static int parse_int(const char *s, int lo, int hi, int *ret) {
-  char *end;
-  long v = strtol(s, &end, 10);
-  if (!*s || *end || v < lo || v > hi) return -1;
+  long v;
+  if (llm_worker_parse_long(s, lo, hi, &v) < 0) return -1;
   *ret = (int)v;
   return 0;
 }
-
 
 static int parse_args(int argc, char **argv, opts *o) {
   static const struct option lo[] = {

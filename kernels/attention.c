@@ -32,6 +32,10 @@
  * start, few enough partials to combine. */
 #define ATTN_PART_BLOCKS 32u
 #define ATTN_MAX_THREADS 64u
+/* Unless the caller asks for threads, one per this much FP16-equivalent K/V
+ * of the layer: starting a thread costs tens of microseconds, about what a
+ * thread reads of this much. */
+#define ATTN_AUTO_BYTES_PER_THREAD (1u << 20)
 
 /* One thread's scratch (score_block, value_row) and one partition's state. */
 typedef struct attn_ws {
@@ -75,12 +79,16 @@ static uint32_t n_parts_of(const ckv_attn_args *a) {
 }
 
 /* Threads for this call: a->n_threads, else $CKV_ATTENTION_THREADS, else the
- * online CPUs; never more than there are partitions. */
-static uint32_t n_threads_of(const ckv_attn_args *a) {
+ * online CPUs but at most one per ATTN_AUTO_BYTES_PER_THREAD of K/V (a short
+ * context is not worth a thread); never more than there are partitions. */
+static uint32_t n_threads_of(const ckv_attn_args *a, size_t slots) {
   long t = a->n_threads;
   if (t == 0) {
     const char *e = getenv("CKV_ATTENTION_THREADS");
     t = e && *e ? strtol(e, NULL, 10) : sysconf(_SC_NPROCESSORS_ONLN);
+    size_t kv_bytes = slots * ckv_draft_token_elems(a->geom) * 4u; /* K and V in FP16 */
+    long by_size = (long)(kv_bytes / ATTN_AUTO_BYTES_PER_THREAD);
+    if (!(e && *e) && t > by_size) t = by_size;
   }
   if (t < 1) t = 1;
   if (t > (long)ATTN_MAX_THREADS) t = ATTN_MAX_THREADS;
@@ -93,7 +101,7 @@ static size_t ws_layout(const ckv_attn_args *a, size_t slots, attn_layout *L, ui
   const ckv_geometry *g = a->geom;
   size_t RG = (size_t)a->n_rows * (a->n_q_heads / g->n_kv_heads), D = g->head_dim, te = ckv_draft_token_elems(g);
   size_t HR = RG * g->n_kv_heads;
-  uint32_t P = n_parts_of(a), T = n_threads_of(a);
+  uint32_t P = n_parts_of(a), T = n_threads_of(a, slots);
   size_t off = 0;
 #define CARVE(ptr, type, count)                                   \
   do {                                                            \

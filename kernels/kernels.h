@@ -146,9 +146,10 @@ typedef struct ckv_attn_args {
                   empty slots.  Sums to n_rows * n_q_heads when any slot is valid. */
   void *workspace; /* optional scratch of ckv_attention_workspace_bytes(); NULL: allocated per call */
   size_t workspace_bytes;
-  uint32_t n_threads; /* threads of this call (the caller's included); 0: $CKV_ATTENTION_THREADS, else every
-                         online CPU.  Callers that run attention from several threads at once set 1.  The
-                         result has the same bits for any value. */
+  uint32_t n_threads; /* threads of this call (the caller's included); 0: $CKV_ATTENTION_THREADS, else the
+                         online CPUs, one per MiB of the layer's K/V at most (short contexts stay on the
+                         calling thread).  Callers that run attention from several threads at once set 1.
+                         The result has the same bits for any value. */
 } ckv_attn_args;
 
 /* Scratch bytes ckv_kernels_attention needs for these arguments (0 if invalid). */

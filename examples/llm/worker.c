@@ -384,6 +384,15 @@ static int finish_turn(llm_worker *r, int round) {
 
 /* ---- the interface ------------------------------------------------------------ */
 
+int llm_worker_parse_long(const char *s, long lo, long hi, long *ret) {
+  char *end;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (!*s || *end || errno || v < lo || v > hi) return -1;
+  *ret = v;
+  return 0;
+}
+
 int llm_worker_params_add(llm_worker_params *p, char *kv) {
   char *eq = strchr(kv, '=');
   if (!eq || eq == kv || p->n == LLM_WORKER_MAX_PARAMS) return -1;

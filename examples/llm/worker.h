@@ -72,6 +72,8 @@ typedef struct llm_worker_params {
   double values[LLM_WORKER_MAX_PARAMS];
   size_t n;
 } llm_worker_params;
+/* A decimal integer in [lo, hi] (the whole string): 0, or -1. */
+int llm_worker_parse_long(const char *s, long lo, long hi, long *ret);
 /* Adds one `key=value` (kv is cut at the '=' and must outlive p).  0, or -1
  * for a malformed pair or a full table. */
 int llm_worker_params_add(llm_worker_params *p, char *kv);
