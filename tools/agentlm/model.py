@@ -57,6 +57,36 @@ def apply_rope(x, cos, sin):
     return torch.stack((ra, rb), dim=-1).flatten(-2)
 
 
+def causal_gqa_attention(q, k, v, n_kv_heads, chunk=256):
+    """Causal softmax attention, scale 1/sqrt(head_dim), query head h reading KV
+    head h // (n_heads / n_kv_heads).  q: (B, H, T, d); k, v: (B, KV, T, d).
+
+    The query heads of a KV head are stacked along the time axis, (B, KV,
+    group*T, d), so K and V are never repeated; queries go in chunks of
+    `chunk` positions, each against the keys up to its own end only (the
+    causal mask makes the rest zero), which skips about half the score matrix.
+    Exact: the same softmax over the same keys as the full masked product."""
+    B, H, T, d = q.shape
+    group = H // n_kv_heads
+    scale = 1.0 / math.sqrt(d)
+    qg = q.reshape(B, n_kv_heads, group, T, d)
+    outs = []
+    for s0 in range(0, T, chunk):
+        s1 = min(T, s0 + chunk)
+        qc = qg[:, :, :, s0:s1, :].reshape(B * n_kv_heads, group * (s1 - s0), d)
+        kc = k[:, :, :s1, :].reshape(B * n_kv_heads, s1, d)
+        vc = v[:, :, :s1, :].reshape(B * n_kv_heads, s1, d)
+        # -inf where key position > query position
+        qpos = torch.arange(s0, s1, device=q.device)
+        mask = torch.zeros(s1 - s0, s1, device=q.device, dtype=q.dtype)
+        mask.masked_fill_(torch.arange(s1, device=q.device)[None, :] > qpos[:, None], float("-inf"))
+        mask = mask.repeat(group, 1)
+        sc = torch.baddbmm(mask, qc, kc.transpose(1, 2), alpha=scale)
+        oc = torch.softmax(sc, dim=-1) @ vc
+        outs.append(oc.view(B, n_kv_heads, group, s1 - s0, d))
+    return torch.cat(outs, dim=3).reshape(B, H, T, d)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim):
         super().__init__()
@@ -72,6 +102,7 @@ class Block(nn.Module):
     def __init__(self, c):
         super().__init__()
         self.c = c
+        self.chunk = 256  # query positions per attention chunk (causal_gqa_attention)
         kv_dim = c.n_kv_heads * c.head_dim
         self.attn_norm = RMSNorm(c.dim)
         self.wq = nn.Linear(c.dim, c.dim, bias=False)
@@ -91,17 +122,7 @@ class Block(nn.Module):
         k = self.wk(h).view(B, T, c.n_kv_heads, c.head_dim).transpose(1, 2)
         v = self.wv(h).view(B, T, c.n_kv_heads, c.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        group = c.n_heads // c.n_kv_heads
-        # query head h reads KV head h // group: repeat each KV head group times, in order
-        k = k.repeat_interleave(group, dim=1)
-        v = v.repeat_interleave(group, dim=1)
-        if hasattr(F, "scaled_dot_product_attention"):
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:
-            s = (q @ k.transpose(-2, -1)) / math.sqrt(c.head_dim)
-            mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
-            s = s.float().masked_fill(mask, float("-inf"))
-            o = torch.softmax(s, dim=-1).type_as(v) @ v
+        o = causal_gqa_attention(q, k, v, c.n_kv_heads, self.chunk)
         x = x + self.wo(o.transpose(1, 2).reshape(B, T, c.dim))
         h = self.ffn_norm(x)
         return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
