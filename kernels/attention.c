@@ -16,7 +16,13 @@
  * each with its own running max, sum and accumulator; threads take
  * partitions in turn, and the partials are combined in partition order
  * afterwards.  Partitions depend on the block list only, so the result has
- * the same bits whatever the number of threads. */
+ * the same bits whatever the number of threads.
+ *
+ * Rotated blocks (formats v2) are read in their rotated basis: the query is
+ * rotated once per call with each KV head's key rotation, their values are
+ * summed into a second accumulator, and that sum is rotated back once at the
+ * end (the rotation is orthogonal and linear), so no key or value is ever
+ * un-rotated. */
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -26,6 +32,7 @@
 #include "kernels/access.h"
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
+#include "kernels/rot.h"
 
 /* Blocks per partition (see the top of the file).  32 draft blocks of 16
  * tokens are 512 tokens: enough work per partition to hide the thread
@@ -44,11 +51,13 @@ typedef struct attn_ws {
 } attn_ws;
 typedef struct attn_part {
   float *m, *l, *acc; /* running max and sum per (kv head, row, query head), accumulator [hr][D] */
+  float *racc;        /* accumulator of rotated blocks' values, [hr][D], in the rotated basis */
 } attn_part;
 
 /* The whole workspace: shared inputs and outputs, then partitions, then threads. */
 typedef struct attn_layout {
   float *qs, *S, *mblk;
+  float *qr, *qsum; /* rotated scaled query [hr][D] and the sum of its elements [hr] */
   size_t *slot_base; /* n_blocks + 1 prefix sums of the capacities */
   attn_part *parts;  /* (the array itself lives in the workspace too) */
   attn_ws *ws;
@@ -109,6 +118,8 @@ static size_t ws_layout(const ckv_attn_args *a, size_t slots, attn_layout *L, ui
     off += up64((size_t)(count) * sizeof(type));                  \
   } while (0)
   CARVE(L->qs, float, HR * D);
+  CARVE(L->qr, float, HR * D);
+  CARVE(L->qsum, float, HR);
   CARVE(L->S, float, slots * HR);
   CARVE(L->mblk, float, (size_t)a->n_blocks * HR);
   CARVE(L->slot_base, size_t, (size_t)a->n_blocks + 1);
@@ -119,6 +130,7 @@ static size_t ws_layout(const ckv_attn_args *a, size_t slots, attn_layout *L, ui
     CARVE(q->m, float, HR);
     CARVE(q->l, float, HR);
     CARVE(q->acc, float, HR * D);
+    CARVE(q->racc, float, HR * D);
   }
   for (uint32_t t = 0; t < T; t++) {
     attn_ws dummy, *w = base ? &L->ws[t] : &dummy;
@@ -150,12 +162,31 @@ size_t ckv_attention_mass_len(const void *const *blocks, uint32_t n_blocks) {
 
 /* Scores of kv head h against every slot of one block: S[rg][slot], -inf for slots that are empty. */
 static void score_block(const ckv_rowops *ops, const ckv_attn_args *a, const void *blk, uint32_t h, size_t RG,
-                        attn_ws *w, const float *qs, float *S) {
+                        attn_ws *w, const attn_layout *LY, float *S) {
   const ckv_geometry *g = a->geom;
   const ckv_block_header *hd = ckv_hdr(blk);
   uint32_t cap = hd->capacity, D = g->head_dim, fmt = hd->format, L = a->layer;
   size_t te = ckv_draft_token_elems(g);
+  const float *qs = LY->qs + (size_t)h * RG * D;
   for (size_t i = 0; i < RG * cap; i++) S[i] = -INFINITY;
+  if (ckv_format_is_rot(fmt)) {
+    /* q.k = s * (sum_i qr_i c_i - offset * sum_i qr_i), qr the rotated query */
+    uint32_t bits = ckv_format_code_bits(fmt);
+    float off = ckv_rot_offset(bits);
+    const float *qr = LY->qr + (size_t)h * RG * D, *qsum = LY->qsum + (size_t)h * RG;
+    const uint16_t *sc = (const uint16_t *)ckv_cb(blk, ckv_rot_scales_offset(fmt, g, cap, L, 0));
+    const uint8_t *codes = ckv_cb(blk, ckv_rot_codes_offset(fmt, g, cap, L, 0));
+    size_t rb = ckv_rot_row_bytes(fmt, g);
+    for (uint32_t t = 0; t < cap; t++) {
+      if (!ckv_block_slot_valid(blk, t)) continue;
+      size_t k = (size_t)t * g->n_kv_heads + h;
+      ops->cvt_codes(codes + k * rb, bits, w->tmp, D);
+      ops->dotn(qr, RG, D, w->tmp, D, S + t, cap);
+      float st = ckv_f16_to_f32(sc[k]);
+      for (size_t rg = 0; rg < RG; rg++) S[rg * cap + t] = (S[rg * cap + t] - off * qsum[rg]) * st;
+    }
+    return;
+  }
   if (fmt == CKV_FORMAT_DRAFT || fmt == CKV_FORMAT_STAGED) {
     uint32_t ng = ckv_staged_groups(g), hg = ckv_staged_group_heads(g);
     for (uint32_t t = 0; t < cap; t++) {
@@ -211,6 +242,10 @@ static const float *value_row(const ckv_rowops *ops, const ckv_geometry *g, cons
   const ckv_block_header *hd = ckv_hdr(blk);
   uint32_t cap = hd->capacity, D = g->head_dim, fmt = hd->format;
   size_t te = ckv_draft_token_elems(g);
+  if (ckv_format_is_rot(fmt)) { /* rotated basis: summed into racc */
+    ckv_rot_read_rotated(ops, g, blk, hd, L, 1, t, h, w->tmp);
+    return w->tmp;
+  }
   if (fmt == CKV_FORMAT_DRAFT) {
     const uint16_t *v = (const uint16_t *)ckv_cb(blk, ckv_draft_kv_offset(g, cap, L, 1, t)) + (size_t)h * D;
     if (g->dtype == CKV_DTYPE_BF16)
@@ -267,12 +302,12 @@ static void run_blocks(const attn_job *j, attn_ws *w, attn_part *P, uint32_t b0,
     P->l[hr] = 0.0f;
   }
   memset(P->acc, 0, HR * D * sizeof(float));
+  memset(P->racc, 0, HR * D * sizeof(float));
   for (uint32_t b = b0; b < b1; b++) {
     const void *blk = a->blocks[b];
     uint32_t cap = ckv_hdr(blk)->capacity;
     float *SB = j->L->S + j->L->slot_base[b] * HR; /* [hr][slot] for this block */
-    for (uint32_t h = 0; h < H; h++)
-      score_block(ops, a, blk, h, RG, w, j->L->qs + (size_t)h * RG * D, SB + (size_t)h * RG * cap);
+    for (uint32_t h = 0; h < H; h++) score_block(ops, a, blk, h, RG, w, j->L, SB + (size_t)h * RG * cap);
     for (size_t hr = 0; hr < HR; hr++) {
       float bm = -INFINITY, *s = SB + hr * cap;
       for (uint32_t t = 0; t < cap; t++) bm = s[t] > bm ? s[t] : bm;
@@ -285,11 +320,13 @@ static void run_blocks(const attn_job *j, attn_ws *w, attn_part *P, uint32_t b0,
       if (nm > P->m[hr]) {
         float alpha = P->m[hr] == -INFINITY ? 0.0f : expf(P->m[hr] - nm);
         for (uint32_t d = 0; d < D; d++) P->acc[hr * D + d] *= alpha;
+        for (uint32_t d = 0; d < D; d++) P->racc[hr * D + d] *= alpha;
         P->l[hr] *= alpha;
         P->m[hr] = nm;
       }
       P->l[hr] += ops->exp_sub(s, nm, cap);
     }
+    float *acc = ckv_format_is_rot(ckv_hdr(blk)->format) ? P->racc : P->acc;
     for (uint32_t t = 0; t < cap; t++) {
       if (!ckv_block_slot_valid(blk, t)) continue;
       for (uint32_t h = 0; h < H; h++) {
@@ -298,7 +335,7 @@ static void run_blocks(const attn_job *j, attn_ws *w, attn_part *P, uint32_t b0,
         for (size_t rg = 0; rg < RG && !any; rg++) any = e[rg * cap] != 0.0f;
         if (!any) continue; /* unsealed chunk or underflow: contributes nothing */
         const float *v = value_row(ops, g, blk, a->layer, h, t, w);
-        ops->axpyn(e, RG, cap, v, P->acc + (size_t)h * RG * D, D, D);
+        ops->axpyn(e, RG, cap, v, acc + (size_t)h * RG * D, D, D);
       }
     }
   }
@@ -330,6 +367,7 @@ static void combine(attn_part *p, const attn_part *q, size_t HR, uint32_t D) {
     float ap = p->m[hr] == -INFINITY ? 0.0f : expf(p->m[hr] - M);
     float aq = q->m[hr] == -INFINITY ? 0.0f : expf(q->m[hr] - M);
     for (uint32_t d = 0; d < D; d++) p->acc[hr * D + d] = p->acc[hr * D + d] * ap + q->acc[hr * D + d] * aq;
+    for (uint32_t d = 0; d < D; d++) p->racc[hr * D + d] = p->racc[hr * D + d] * ap + q->racc[hr * D + d] * aq;
     p->l[hr] = p->l[hr] * ap + q->l[hr] * aq;
     p->m[hr] = M;
   }
@@ -361,6 +399,17 @@ ckv_status ckv_kernels_attention(const ckv_attn_args *a) {
     const float *q = a->q + ((rg / G) * a->n_q_heads + h * G + rg % G) * D;
     for (uint32_t d = 0; d < D; d++) L.qs[hr * D + d] = q[d] * scale;
   }
+  bool has_rot = false;
+  for (uint32_t b = 0; b < a->n_blocks && !has_rot; b++) has_rot = ckv_format_is_rot(ckv_hdr(a->blocks[b])->format);
+  if (has_rot) { /* the query in each KV head's key basis */
+    for (size_t hr = 0; hr < HR; hr++) {
+      float *qr = L.qr + hr * D, sum = 0.0f;
+      memcpy(qr, L.qs + hr * D, D * sizeof(float));
+      ckv_rot_forward(qr, D, a->layer, 0, (uint32_t)(hr / RG));
+      for (uint32_t d = 0; d < D; d++) sum += qr[d];
+      L.qsum[hr] = sum;
+    }
+  }
   L.slot_base[0] = 0;
   for (uint32_t b = 0; b < a->n_blocks; b++) L.slot_base[b + 1] = L.slot_base[b] + ckv_hdr(a->blocks[b])->capacity;
   attn_job job = {.a = a, .ops = ckv_rowops_get(), .L = &L, .RG = RG, .HR = HR};
@@ -380,6 +429,11 @@ ckv_status ckv_kernels_attention(const ckv_attn_args *a) {
     size_t h = hr / RG, rg = hr % RG;
     float *o = a->out + ((rg / G) * a->n_q_heads + h * G + rg % G) * D;
     float inv = R->l[hr] > 0.0f ? 1.0f / R->l[hr] : 0.0f;
+    if (has_rot) { /* back from the value basis of KV head h */
+      float *r = R->racc + hr * D;
+      ckv_rot_inverse(r, D, a->layer, 1, (uint32_t)h);
+      for (uint32_t d = 0; d < D; d++) R->acc[hr * D + d] += r[d];
+    }
     for (uint32_t d = 0; d < D; d++) o[d] = R->acc[hr * D + d] * inv;
   }
   if (a->mass) {

@@ -1,11 +1,13 @@
 /* dequant.c - reading blocks back as FP32: the row reader the converters use
  * for draft and staged sources, and ckv_kernels_dequantize for every format
+ * (rotated formats come back in the model's basis, un-rotated)
  * (tests, the attention oracle, fidelity measurements). */
 #include <string.h>
 
 #include "kernels/access.h"
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
+#include "kernels/rot.h"
 
 void ckv_read_row(const ckv_rowops *ops, const ckv_geometry *g, const void *blk, const ckv_block_header *h,
                   uint32_t layer, uint32_t kv, uint32_t slot, float *dst) {
@@ -37,6 +39,14 @@ ckv_status ckv_kernels_dequantize(const ckv_geometry *g, const void *blk, uint32
   const ckv_block_header *h = ckv_hdr(blk);
   if (layer >= g->n_layers || slot >= h->capacity) return CKV_ERR_RANGE;
   const ckv_rowops *ops = ckv_rowops_get();
+  if (ckv_format_is_rot(h->format)) { /* dequantize rotated, then rotate back head by head */
+    for (uint32_t hd = 0; hd < g->n_kv_heads; hd++) {
+      float *x = ret + (size_t)hd * g->head_dim;
+      ckv_rot_read_rotated(ops, g, blk, h, layer, kv, slot, hd, x);
+      ckv_rot_inverse(x, g->head_dim, layer, kv, hd);
+    }
+    return CKV_OK;
+  }
   if (!ckv_format_is_commit(h->format)) {
     ckv_read_row(ops, g, blk, h, layer, kv, slot, ret);
     return CKV_OK;

@@ -54,7 +54,14 @@ typedef enum ckv_format {
   CKV_FORMAT_STAGED = 1,    /* INT8 symmetric */
   CKV_FORMAT_COMMIT4 = 2,   /* KIVI-style INT4 (+ optional key-channel pruning) */
   CKV_FORMAT_COMMIT2 = 3,   /* KIVI-style INT2 (+ optional key-channel pruning) */
-  CKV_FORMAT_COUNT_ = 4
+  /* Formats v2, committed: per token and head, a randomized Walsh-Hadamard
+   * rotation, then one FP16 scale and symmetric b-bit codes (see "rotated"
+   * below).  head_dim must be a power of two, 8..CKV_MAX_HEAD_DIM. */
+  CKV_FORMAT_ROT4 = 4,
+  CKV_FORMAT_ROT3 = 5,
+  CKV_FORMAT_ROT2 = 6,
+  CKV_FORMAT_ROT1 = 7, /* sign + scale: the cheapest format for cold tokens the judge still keeps */
+  CKV_FORMAT_COUNT_ = 8
 } ckv_format;
 
 /* A session's model geometry.  Also declared, identically, by the public
@@ -133,12 +140,33 @@ CKV_HD size_t ckv_draft_block_bytes(const ckv_geometry *g, uint32_t capacity) {
 /* Alignment of the per-(layer, K|V) sections inside a payload. */
 #define CKV_SECTION_ALIGN 16u
 
-/* Bits per code of a format: 16 draft (FP16/BF16), 8, 4, 2. */
+/* Bits per code of a format: 16 draft (FP16/BF16), 8, 4, 2; rotated 4, 3, 2, 1. */
 CKV_HD uint32_t ckv_format_code_bits(uint32_t fmt) {
-  return fmt == CKV_FORMAT_DRAFT ? 16u : fmt == CKV_FORMAT_STAGED ? 8u : fmt == CKV_FORMAT_COMMIT4 ? 4u : 2u;
+  switch (fmt) {
+  case CKV_FORMAT_DRAFT: return 16u;
+  case CKV_FORMAT_STAGED: return 8u;
+  case CKV_FORMAT_COMMIT4: case CKV_FORMAT_ROT4: return 4u;
+  case CKV_FORMAT_ROT3: return 3u;
+  case CKV_FORMAT_ROT1: return 1u;
+  default: return 2u;
+  }
 }
+/* KIVI-style committed formats: 32-token key chunks, sealed one at a time. */
 CKV_HD int ckv_format_is_commit(uint32_t fmt) {
   return fmt == CKV_FORMAT_COMMIT4 || fmt == CKV_FORMAT_COMMIT2;
+}
+/* Rotated (formats v2) committed formats: every token on its own. */
+CKV_HD int ckv_format_is_rot(uint32_t fmt) { return fmt >= CKV_FORMAT_ROT4 && fmt <= CKV_FORMAT_ROT1; }
+/* Formats a committed token may be stored in. */
+CKV_HD int ckv_format_is_committed_state(uint32_t fmt) { return ckv_format_is_commit(fmt) || ckv_format_is_rot(fmt); }
+/* The rotated format of b bits (1..4), CKV_FORMAT_COUNT_ for other b. */
+CKV_HD uint32_t ckv_format_rot_of_bits(uint32_t bits) {
+  return bits == 4u ? CKV_FORMAT_ROT4 : bits == 3u ? CKV_FORMAT_ROT3 : bits == 2u ? CKV_FORMAT_ROT2
+         : bits == 1u ? CKV_FORMAT_ROT1 : CKV_FORMAT_COUNT_;
+}
+/* Whether head_dim allows the rotated formats (a power of two, 8..512). */
+CKV_HD int ckv_rot_head_dim_ok(uint32_t head_dim) {
+  return head_dim >= 8u && head_dim <= CKV_MAX_HEAD_DIM && (head_dim & (head_dim - 1u)) == 0;
 }
 
 /* Whether (fmt, geometry, capacity, kept_channels) describes a valid block.
@@ -153,6 +181,10 @@ CKV_HD int ckv_format_valid(uint32_t fmt, const ckv_geometry *g, uint32_t capaci
   if (ckv_format_is_commit(fmt)) {
     if (capacity % CKV_COMMIT_CHUNK_TOKENS != 0) return 0;
     if (kept_channels > g->head_dim) return 0;
+  }
+  if (ckv_format_is_rot(fmt)) {
+    if (!ckv_rot_head_dim_ok(g->head_dim)) return 0;
+    if (kept_channels != 0 && kept_channels != g->head_dim) return 0; /* nothing is pruned */
   }
   return 1;
 }
@@ -258,6 +290,38 @@ CKV_HD size_t ckv_commit_block_bytes(uint32_t fmt, const ckv_geometry *g, uint32
   return ckv_align_up(ckv_commit_layer_offset(fmt, g, capacity, kept, g->n_layers), CKV_BLOCK_ALIGN);
 }
 
+/* --- rotated (formats v2: ROT4 / ROT3 / ROT2 / ROT1) ----------------------- */
+/* Payload = per (layer, K|V) a section:
+ *   scales fp16 [slot][head] (aligned 16) | codes [slot][head][head_dim*b/8] (aligned 16),
+ * code i of a head at bits (i*b) % 8 of byte i*b/8 of its row, low bits first
+ * (a 3-bit code may straddle two bytes).  Codes are of the head's vector
+ * after the rotation of kernels/quant.h (ckv_rot_forward); the value of code
+ * c is (c - (2^b - 1) / 2) * scale.  Every token stands alone: no chunks, no
+ * seals, no masks; 16 scale bits per head_dim elements (0.25 bit at 64). */
+CKV_HD size_t ckv_rot_row_bytes(uint32_t fmt, const ckv_geometry *g) {
+  return (size_t)g->head_dim * ckv_format_code_bits(fmt) / 8u;
+}
+CKV_HD size_t ckv_rot_scales_bytes(const ckv_geometry *g, uint32_t capacity) {
+  return ckv_align_up((size_t)capacity * g->n_kv_heads * 2u, CKV_SECTION_ALIGN);
+}
+CKV_HD size_t ckv_rot_section_bytes(uint32_t fmt, const ckv_geometry *g, uint32_t capacity) {
+  return ckv_rot_scales_bytes(g, capacity) +
+         ckv_align_up((size_t)capacity * g->n_kv_heads * ckv_rot_row_bytes(fmt, g), CKV_SECTION_ALIGN);
+}
+/* FP16 scales [slot][head] of (layer, kv). */
+CKV_HD size_t ckv_rot_scales_offset(uint32_t fmt, const ckv_geometry *g, uint32_t capacity, uint32_t layer,
+                                    uint32_t kv) {
+  return ckv_block_payload_offset(capacity) + ((size_t)layer * 2u + kv) * ckv_rot_section_bytes(fmt, g, capacity);
+}
+/* Codes [slot][head][row] of (layer, kv); add (slot*n_kv_heads + head) * ckv_rot_row_bytes. */
+CKV_HD size_t ckv_rot_codes_offset(uint32_t fmt, const ckv_geometry *g, uint32_t capacity, uint32_t layer,
+                                   uint32_t kv) {
+  return ckv_rot_scales_offset(fmt, g, capacity, layer, kv) + ckv_rot_scales_bytes(g, capacity);
+}
+CKV_HD size_t ckv_rot_block_bytes(uint32_t fmt, const ckv_geometry *g, uint32_t capacity) {
+  return ckv_align_up(ckv_rot_scales_offset(fmt, g, capacity, g->n_layers, 0), CKV_BLOCK_ALIGN);
+}
+
 /* --- accounting: what the daemon charges ---------------------------------- */
 /* Bytes of one block of format fmt, everything included (header, positions,
  * bitmap, scales, zero points, masks, padding).  kept_channels: committed
@@ -267,6 +331,8 @@ CKV_HD size_t ckv_format_block_bytes(uint32_t fmt, const ckv_geometry *g, uint32
   switch (fmt) {
   case CKV_FORMAT_DRAFT: return ckv_draft_block_bytes(g, capacity);
   case CKV_FORMAT_STAGED: return ckv_staged_block_bytes(g, capacity);
+  case CKV_FORMAT_ROT4: case CKV_FORMAT_ROT3: case CKV_FORMAT_ROT2: case CKV_FORMAT_ROT1:
+    return ckv_rot_block_bytes(fmt, g, capacity);
   default: return ckv_commit_block_bytes(fmt, g, capacity, ckv_commit_kept(g, kept_channels));
   }
 }

@@ -9,6 +9,7 @@
 #include "kernels/access.h"
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
+#include "kernels/rot.h"
 
 #define ENOMEM_ (-12)
 
@@ -31,7 +32,8 @@ static int check_move(const ckv_geometry *g, const ckv_move *m) {
   if (st != CKV_OK) return st;
   if (m->src_slot >= s->capacity || m->dst_slot >= d->capacity) return CKV_ERR_RANGE;
   bool ok = (s->format == CKV_FORMAT_DRAFT && d->format != CKV_FORMAT_DRAFT) ||
-            (s->format == CKV_FORMAT_STAGED && ckv_format_is_commit(d->format));
+            (s->format == CKV_FORMAT_STAGED && ckv_format_is_committed_state(d->format)) ||
+            (ckv_format_is_rot(s->format) && ckv_format_is_rot(d->format));
   return ok ? CKV_OK : CKV_ERR_UNSUPPORTED;
 }
 
@@ -179,12 +181,23 @@ ckv_status ckv_kernels_move(const ckv_geometry *g, const ckv_move *moves, size_t
         ((ckv_sealed_chunks_of(dh, m->dst) >> (m->dst_slot / CKV_COMMIT_CHUNK_TOKENS)) & 1u))
       st = CKV_ERR_STATE;
   }
+  float *signs = NULL; /* the rotation's signs, made when a rotated destination comes */
   for (size_t i = 0; i < n_moves && st == CKV_OK;) {
     const ckv_move *m = &moves[order[i]];
     size_t j = i + 1;
     const ckv_block_header *dh = ckv_move_dst_hdr(m);
-    if (!ckv_format_is_commit(dh->format)) {
-      while (j < n_moves && !ckv_format_is_commit(ckv_move_dst_hdr(&moves[order[j]])->format)) j++;
+    if (ckv_format_is_rot(dh->format)) {
+      while (j < n_moves && ckv_format_is_rot(ckv_move_dst_hdr(&moves[order[j]])->format)) j++;
+      if (!signs && !(signs = ckv_rot_signs_new(g))) {
+        st = ENOMEM_;
+        break;
+      }
+      ckv_rot_to(ops, g, signs, moves, order + i, j - i, s.row);
+      for (size_t k = i; k < j; k++)
+        ckv_block_positions(moves[order[k]].dst)[moves[order[k]].dst_slot] =
+            ckv_block_positions_const(moves[order[k]].src)[moves[order[k]].src_slot];
+    } else if (!ckv_format_is_commit(dh->format)) {
+      while (j < n_moves && !ckv_format_is_committed_state(ckv_move_dst_hdr(&moves[order[j]])->format)) j++;
       to_staged(ops, g, moves, order + i, j - i, &s);
       for (size_t k = i; k < j; k++)
         ckv_block_positions(moves[order[k]].dst)[moves[order[k]].dst_slot] =
@@ -223,6 +236,7 @@ ckv_status ckv_kernels_move(const ckv_geometry *g, const ckv_move *moves, size_t
   free(s.ginv);
   free(s.s16);
   free(s.z16);
+  free(signs);
   free(order);
   return (ckv_status)st;
 }

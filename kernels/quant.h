@@ -125,15 +125,104 @@ CKV_HD uint8_t ckv_qa_code(float x, float zero, float inv, uint32_t bits) {
   float r = rintf((x - zero) * inv);
   return (uint8_t)fminf(fmaxf(r, 0.0f), (float)ckv_qa_levels(bits));
 }
-/* Code e of a packed row (b bits per code, low bits first). */
+/* Code e of a packed row (b bits per code, low bits first; a 3-bit code may
+ * straddle two bytes, and only then is the second byte read). */
 CKV_HD uint32_t ckv_unpack_code(const uint8_t *row, size_t e, uint32_t bits) {
   size_t bit = e * bits;
-  return (row[bit >> 3] >> (bit & 7u)) & ckv_qa_levels(bits);
+  uint32_t sh = (uint32_t)(bit & 7u), v = (uint32_t)row[bit >> 3] >> sh;
+  if (sh + bits > 8u) v |= (uint32_t)row[(bit >> 3) + 1u] << (8u - sh);
+  return v & ckv_qa_levels(bits);
 }
 /* OR code e into a packed row that was zeroed first. */
 CKV_HD void ckv_pack_code(uint8_t *row, size_t e, uint32_t bits, uint32_t code) {
   size_t bit = e * bits;
-  row[bit >> 3] = (uint8_t)(row[bit >> 3] | (code << (bit & 7u)));
+  uint32_t sh = (uint32_t)(bit & 7u);
+  row[bit >> 3] = (uint8_t)(row[bit >> 3] | (code << sh));
+  if (sh + bits > 8u) row[(bit >> 3) + 1u] = (uint8_t)(row[(bit >> 3) + 1u] | (code >> (8u - sh)));
+}
+
+/* ---- rotated (formats v2) ----
+ * Rotation of one head's vector x (K after RoPE, or V) of (layer, kv, head):
+ * y = H (s . x) / sqrt(head_dim), H the Walsh-Hadamard matrix (butterflies in
+ * the order of ckv_fwht), s a fixed pseudo-random sign per element
+ * (ckv_rot_sign: a hash of CKV_ROT_SEED, layer, kv, head and the element, so
+ * no state is kept and every process agrees).  Non-finite inputs are first
+ * made finite (NaN -> 0, +-Inf -> +-65504) so one bad element cannot spread
+ * over the head.  The rotation is orthogonal: q.k = (R q).(R k), and
+ * sum p v = R^T sum p (R v), which is how attention reads these formats
+ * without un-rotating a single key.
+ * Quantization of y (b bits, symmetric, mid-rise): rms = sqrt(sum y^2 / D)
+ * (sum in index order, no FMA); scale = FP16 nearest of
+ * ckv_rot_step(b) * rms, capped at 65504; code = clamp(floor(y * inv) +
+ * 2^(b-1), 0, 2^b - 1) with inv = 1 / scale (0 for a zero scale); value =
+ * (code - (2^b - 1) / 2) * scale.  The steps are the MSE-optimal uniform
+ * quantizer steps of a unit Gaussian (what a rotated head looks like), in
+ * units of its standard deviation. */
+#define CKV_ROT_SEED 0x5eed2026u
+CKV_HD uint32_t ckv_rot_mix(uint32_t h) { /* murmur3's finaliser */
+  h ^= h >> 16;
+  h *= 0x85ebca6bu;
+  h ^= h >> 13;
+  h *= 0xc2b2ae35u;
+  h ^= h >> 16;
+  return h;
+}
+/* +1.0f or -1.0f for element i of (layer, kv, head). */
+CKV_HD float ckv_rot_sign(uint32_t layer, uint32_t kv, uint32_t head, uint32_t i) {
+  uint32_t key = ((layer * 2u + kv) * CKV_MAX_KV_HEADS + head) * CKV_MAX_HEAD_DIM + i;
+  return (ckv_rot_mix(key ^ CKV_ROT_SEED) >> 31) ? -1.0f : 1.0f;
+}
+CKV_HD float ckv_rot_finite(float v) {
+  if (v != v) return 0.0f;
+  return fminf(fmaxf(v, -CKV_F16_MAX), CKV_F16_MAX);
+}
+/* In-place unnormalised Walsh-Hadamard transform of x[0..n), n a power of two. */
+CKV_HD void ckv_fwht(float *x, uint32_t n) {
+  for (uint32_t len = 1; len < n; len <<= 1)
+    for (uint32_t i = 0; i < n; i += len << 1)
+      for (uint32_t j = i; j < i + len; j++) {
+        float a = x[j], b = x[j + len];
+        x[j] = a + b;
+        x[j + len] = a - b;
+      }
+}
+CKV_HD float ckv_rot_norm(uint32_t n) { return 1.0f / sqrtf((float)n); }
+/* x <- R x for (layer, kv, head); x[0..n), n = head_dim. */
+CKV_HD void ckv_rot_forward(float *x, uint32_t n, uint32_t layer, uint32_t kv, uint32_t head) {
+  for (uint32_t i = 0; i < n; i++) x[i] = ckv_rot_finite(x[i]) * ckv_rot_sign(layer, kv, head, i);
+  ckv_fwht(x, n);
+  float r = ckv_rot_norm(n);
+  for (uint32_t i = 0; i < n; i++) x[i] = x[i] * r;
+}
+/* x <- R^T x (the inverse). */
+CKV_HD void ckv_rot_inverse(float *x, uint32_t n, uint32_t layer, uint32_t kv, uint32_t head) {
+  ckv_fwht(x, n);
+  float r = ckv_rot_norm(n);
+  for (uint32_t i = 0; i < n; i++) x[i] = x[i] * r * ckv_rot_sign(layer, kv, head, i);
+}
+CKV_HD float ckv_rot_step(uint32_t bits) {
+  return bits >= 4u ? 0.3352f : bits == 3u ? 0.5860f : bits == 2u ? 0.9957f : 1.5958f;
+}
+/* (2^b - 1) / 2: the code value offset. */
+CKV_HD float ckv_rot_offset(uint32_t bits) { return (float)ckv_qa_levels(bits) * 0.5f; }
+/* Quantizes a rotated head y[0..n) (finite values) into *ret_scale and the
+ * packed row (n*bits/8 bytes, written whole). */
+CKV_HD void ckv_rot_quant_head(const float *y, uint32_t n, uint32_t bits, uint16_t *ret_scale, uint8_t *row) {
+  float ss = 0.0f;
+  for (uint32_t i = 0; i < n; i++) ss = ckv_mul_add(y[i], y[i], ss);
+  float rms = sqrtf(ss / (float)n);
+  uint16_t s16 = ckv_f32_to_f16(fminf(ckv_rot_step(bits) * rms, CKV_F16_MAX));
+  float inv = ckv_inv_scale(s16), half = (float)(1u << (bits - 1u)), top = (float)ckv_qa_levels(bits);
+  for (size_t b = 0; b < (size_t)n * bits / 8u; b++) row[b] = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    float c = fminf(fmaxf(floorf(y[i] * inv) + half, 0.0f), top);
+    ckv_pack_code(row, i, bits, (uint32_t)c);
+  }
+  *ret_scale = s16;
+}
+/* Dequantized (still rotated) element of code c. */
+CKV_HD float ckv_rot_value(uint32_t code, float scale, uint32_t bits) {
+  return ((float)code - ckv_rot_offset(bits)) * scale;
 }
 
 #endif

@@ -50,6 +50,10 @@ static inline void unpack32(const uint8_t *row, uint32_t bits, __m128i *lo16, __
 }
 static void z_cvt_codes(const uint8_t *row, uint32_t bits, float *dst, size_t n) {
   size_t i = 0;
+  if (bits != 4 && bits != 2) { /* 3- and 1-bit rows: the scalar unpacker */
+    A2.cvt_codes(row, bits, dst, n);
+    return;
+  }
   for (; i + 32 <= n; i += 32) {
     __m128i lo, hi;
     unpack32(row + i * bits / 8, bits, &lo, &hi);

@@ -1,0 +1,26 @@
+/* rot.h - private: the CPU side of the rotated committed formats (rot.c). */
+#ifndef CKV_ROT_H
+#define CKV_ROT_H
+
+#include "kernels/format.h"
+#include "kernels/kernels.h"
+#include "kernels/rowops.h"
+
+/* Index of the first sign of (layer, kv, head) in a table of ckv_rot_signs_new. */
+static inline size_t ckv_rot_signs_index(const ckv_geometry *g, uint32_t layer, uint32_t kv, uint32_t head) {
+  return (((size_t)layer * 2u + kv) * g->n_kv_heads + head) * g->head_dim;
+}
+/* Every sign of the geometry, [layer][kv][head][dim] (malloc'ed; NULL when out of memory). */
+float *ckv_rot_signs_new(const ckv_geometry *g);
+/* ckv_rot_forward / ckv_rot_inverse of quant.h with the head's signs from the table. */
+void ckv_rot_forward_with(float *x, uint32_t n, const float *signs);
+void ckv_rot_inverse_with(float *x, uint32_t n, const float *signs);
+/* One head of one slot of a rotated block, dequantized but still rotated, into dst[head_dim]. */
+void ckv_rot_read_rotated(const ckv_rowops *ops, const ckv_geometry *g, const void *blk, const ckv_block_header *h,
+                          uint32_t layer, uint32_t kv, uint32_t slot, uint32_t head, float *dst);
+/* Fills the rotated destinations of moves order[0..n) (draft, staged or rotated
+ * sources; checked by the caller); row: scratch of n_kv_heads*head_dim floats. */
+void ckv_rot_to(const ckv_rowops *ops, const ckv_geometry *g, const float *signs, const ckv_move *moves,
+                const size_t *order, size_t n, float *row);
+
+#endif
