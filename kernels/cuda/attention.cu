@@ -13,6 +13,10 @@
  * reduced in split order so results do not depend on scheduling) and
  * per-slot mass.  Scores are materialised (slots x query heads floats, 16 MB
  * at 128K tokens x 32 heads) rather than merged online as on the CPU.
+ * Rotated blocks (formats v2) are scored against the query rotated once per
+ * call (k_rotate_q) and their values summed in the rotated basis into a
+ * second set of partials, rotated back once per output vector in
+ * k_out_reduce, as on the CPU.
  * TODO(perf): online softmax in one pass with shared-memory K/V tiles. */
 #include <vector>
 
@@ -61,9 +65,30 @@ __device__ void kept_channels(const ckv_geometry &g, const BlockDev &b, uint32_t
     if ((mask[c / 64] >> (c % 64)) & 1u) idx[n++] = c;
 }
 
-__global__ void k_scores(ckv_geometry g, uint32_t L, const BlockDev *blocks, const float *q, float scale, uint32_t QH,
-                         uint32_t G, uint32_t RG, uint64_t total, float *S) {
+/* One thread per (row, query head): q rotated with its KV head's key rotation. */
+__global__ void k_rotate_q(ckv_geometry g, uint32_t L, const float *q, uint32_t n, uint32_t G, float *qr) {
+  uint32_t i = blockIdx.x * blockDim.x + threadIdx.x, D = g.head_dim, QH = G * g.n_kv_heads;
+  if (i >= n) return;
+  float x[CKV_MAX_HEAD_DIM];
+  for (uint32_t d = 0; d < D; d++) x[d] = q[(size_t)i * D + d];
+  ckv_rot_forward(x, D, L, 0, (i % QH) / G);
+  for (uint32_t d = 0; d < D; d++) qr[(size_t)i * D + d] = x[d];
+}
+
+/* Key element d of a rotated block's slot t, head h (still rotated). */
+__device__ float rot_key(const ckv_geometry &g, const BlockDev &b, uint32_t L, uint32_t h, uint32_t t, uint32_t d) {
+  uint32_t bits = ckv_format_code_bits(b.fmt);
+  size_t k = (size_t)t * g.n_kv_heads + h;
+  const uint8_t *row = b.p + ckv_rot_codes_offset(b.fmt, &g, b.cap, L, 0) + k * ckv_rot_row_bytes(b.fmt, &g);
+  float sc = ckv_f16_to_f32(((const uint16_t *)(b.p + ckv_rot_scales_offset(b.fmt, &g, b.cap, L, 0)))[k]);
+  return ckv_rot_value(ckv_unpack_code(row, d, bits), sc, bits);
+}
+
+__global__ void k_scores(ckv_geometry g, uint32_t L, const BlockDev *blocks, const float *q_plain, const float *q_rot,
+                         float scale, uint32_t QH, uint32_t G, uint32_t RG, uint64_t total, float *S) {
   const BlockDev b = blocks[blockIdx.x];
+  const bool rot = ckv_format_is_rot(b.fmt);
+  const float *q = rot ? q_rot : q_plain;
   uint32_t h = blockIdx.y, D = g.head_dim;
   __shared__ uint32_t idx[CKV_MAX_HEAD_DIM];
   bool commit = ckv_format_is_commit(b.fmt);
@@ -85,7 +110,9 @@ __global__ void k_scores(ckv_geometry g, uint32_t L, const BlockDev *blocks, con
       }
       const float *qv = q + ((size_t)(rg / G) * QH + (size_t)h * G + rg % G) * D;
       float acc = 0.0f;
-      if (!commit) {
+      if (rot) {
+        for (uint32_t d = 0; d < D; d++) acc += qv[d] * rot_key(g, b, L, h, t, d);
+      } else if (!commit) {
         for (uint32_t d = 0; d < D; d++) acc += qv[d] * ckv_dev_read(g, b.p, b.fmt, b.cap, L, 0, t, (size_t)h * D + d);
       } else {
         const uint16_t *sc = (const uint16_t *)ch, *zp = sc + b.kept;
@@ -111,9 +138,11 @@ __device__ float warp_sum(float v) {
  * (coalesced), keep it in registers and reduce one dot product per query
  * (head of the group, row) against the query tile in shared memory.
  * Same results as k_scores up to FP32 summation order. */
-__global__ void __launch_bounds__(128, 3) k_scores_warp(ckv_geometry g, uint32_t L, const BlockDev *blocks, const float *q, float scale,
-                              uint32_t QH, uint32_t G, uint32_t RG, uint64_t total, float *S) {
+__global__ void __launch_bounds__(128, 3) k_scores_warp(ckv_geometry g, uint32_t L, const BlockDev *blocks, const float *q_plain,
+                              const float *q_rot, float scale, uint32_t QH, uint32_t G, uint32_t RG, uint64_t total, float *S) {
   const BlockDev b = blocks[blockIdx.x];
+  const bool rot = ckv_format_is_rot(b.fmt);
+  const float *q = rot ? q_rot : q_plain;
   const uint32_t h = blockIdx.y, D = g.head_dim, lane = threadIdx.x % 32u, warp = threadIdx.x / 32u,
                  nw = blockDim.x / 32u;
   extern __shared__ float qs[]; /* [RG][D] */
@@ -133,7 +162,14 @@ __global__ void __launch_bounds__(128, 3) k_scores_warp(ckv_geometry g, uint32_t
     }
     float kr[MAX_LANE_ELEMS];
     uint32_t qi[MAX_LANE_ELEMS];
-    if (!commit) {
+    if (rot) {
+#pragma unroll
+      for (uint32_t i = 0; i < MAX_LANE_ELEMS; i++) {
+        uint32_t d = lane + 32u * i;
+        kr[i] = d < D ? rot_key(g, b, L, h, t, d) : 0.0f;
+        qi[i] = d < D ? d : 0;
+      }
+    } else if (!commit) {
 #pragma unroll
       for (uint32_t i = 0; i < MAX_LANE_ELEMS; i++) {
         uint32_t d = lane + 32u * i;
@@ -193,7 +229,15 @@ __global__ void k_stats(const float *S, uint64_t total, float *m_out, float *l_o
   }
 }
 
+/* Value element e of slot t; rotated blocks give it in the rotated basis of its head. */
 __device__ float value_at(const ckv_geometry &g, const BlockDev &b, uint32_t L, uint32_t t, size_t e) {
+  if (ckv_format_is_rot(b.fmt)) {
+    uint32_t bits = ckv_format_code_bits(b.fmt), h = (uint32_t)(e / g.head_dim);
+    size_t k = (size_t)t * g.n_kv_heads + h;
+    const uint8_t *row = b.p + ckv_rot_codes_offset(b.fmt, &g, b.cap, L, 1) + k * ckv_rot_row_bytes(b.fmt, &g);
+    float sc = ckv_f16_to_f32(((const uint16_t *)(b.p + ckv_rot_scales_offset(b.fmt, &g, b.cap, L, 1)))[k]);
+    return ckv_rot_value(ckv_unpack_code(row, e % g.head_dim, bits), sc, bits);
+  }
   if (!ckv_format_is_commit(b.fmt)) return ckv_dev_read(g, b.p, b.fmt, b.cap, L, 1, t, e);
   uint32_t bits = ckv_format_code_bits(b.fmt), ng = ckv_commit_value_groups(&g), q = (uint32_t)(e / CKV_COMMIT_VALUE_GROUP);
   const uint16_t *par = (const uint16_t *)(b.p + ckv_commit_value_params_offset(b.fmt, &g, b.cap, b.kept, L)) + (size_t)t * ng * 2u;
@@ -207,27 +251,47 @@ __global__ void k_out_split(ckv_geometry g, uint32_t L, const BlockDev *blocks, 
                             float *partial) {
   uint32_t hr = blockIdx.x, split = blockIdx.y, h = hr / RG, d = threadIdx.x, D = g.head_dim;
   if (d >= D) return;
-  float m = m_in[hr], l = l_in[hr], acc = 0.0f;
+  float m = m_in[hr], l = l_in[hr], acc = 0.0f, racc = 0.0f;
   const float *s = S + (uint64_t)hr * total;
   if (l > 0.0f)
     for (uint32_t bi = first_block[split]; bi < first_block[split + 1]; bi++) {
       const BlockDev b = blocks[bi];
+      const bool rot = ckv_format_is_rot(b.fmt);
       for (uint32_t t = 0; t < b.cap; t++) {
         float sc = s[b.base + t];
         if (sc == -INFINITY) continue;
-        acc += expf(sc - m) * value_at(g, b, L, t, (size_t)h * D + d);
+        float v = expf(sc - m) * value_at(g, b, L, t, (size_t)h * D + d);
+        if (rot)
+          racc += v;
+        else
+          acc += v;
       }
     }
+  /* the rotated partials follow the plain ones: [2][split][hr][D] */
+  uint64_t plane = (uint64_t)gridDim.y * gridDim.x * D;
   partial[((uint64_t)split * gridDim.x + hr) * D + d] = acc;
+  partial[plane + ((uint64_t)split * gridDim.x + hr) * D + d] = racc;
 }
 
-__global__ void k_out_reduce(ckv_geometry g, const float *partial, uint32_t n_splits, const float *l_in, uint32_t QH,
-                             uint32_t G, uint32_t RG, float *out) {
+__global__ void k_out_reduce(ckv_geometry g, uint32_t L, const float *partial, uint32_t n_splits, const float *l_in,
+                             uint32_t QH, uint32_t G, uint32_t RG, int has_rot, float *out) {
   uint32_t hr = blockIdx.x, h = hr / RG, rg = hr % RG, d = threadIdx.x, D = g.head_dim, HR = gridDim.x;
-  if (d >= D) return;
-  float acc = 0.0f, l = l_in[hr];
-  for (uint32_t sp = 0; sp < n_splits; sp++) acc += partial[((uint64_t)sp * HR + hr) * D + d];
-  out[((size_t)(rg / G) * QH + (size_t)h * G + rg % G) * D + d] = l > 0.0f ? acc / l : 0.0f;
+  __shared__ float rsum[CKV_MAX_HEAD_DIM];
+  uint64_t plane = (uint64_t)n_splits * HR * D;
+  float acc = 0.0f, racc = 0.0f, l = l_in[hr];
+  if (d < D)
+    for (uint32_t sp = 0; sp < n_splits; sp++) {
+      acc += partial[((uint64_t)sp * HR + hr) * D + d];
+      racc += partial[plane + ((uint64_t)sp * HR + hr) * D + d];
+    }
+  if (has_rot) { /* the rotated sum back to the model's basis: one thread, the whole head */
+    if (d < D) rsum[d] = racc;
+    __syncthreads();
+    if (d == 0) ckv_rot_inverse(rsum, D, L, 1, h);
+    __syncthreads();
+    if (d < D) acc += rsum[d];
+  }
+  if (d < D) out[((size_t)(rg / G) * QH + (size_t)h * G + rg % G) * D + d] = l > 0.0f ? acc / l : 0.0f;
 }
 
 __global__ void k_mass(const float *S, uint64_t total, uint32_t HR, const float *m_in, const float *l_in, float *mass) {
@@ -306,10 +370,15 @@ extern "C" ckv_status ckv_cuda_attention(const ckv_attn_args *a, void *stream) {
   }
   uint32_t n_splits = (uint32_t)first_block.size() - 1;
   size_t first_bytes = (first_block.size() * sizeof(uint32_t) + 15u) / 16u * 16u;
-  CKV_CUDA_TRY(mem.alloc(3, first_bytes + (size_t)n_splits * H * RG * D * sizeof(float)));
+  bool has_rot = false;
+  for (const BlockDev &b : bl) has_rot |= ckv_format_is_rot(b.fmt) != 0;
+  /* partials: plain then rotated; then, with rotated blocks, the rotated query */
+  size_t part_floats = 2u * (size_t)n_splits * H * RG * D;
+  CKV_CUDA_TRY(mem.alloc(3, first_bytes + (part_floats + (has_rot ? qn : 0)) * sizeof(float)));
   CKV_CUDA_TRY(cudaMemcpyAsync(mem.p[3], first_block.data(), first_block.size() * sizeof(uint32_t), cudaMemcpyHostToDevice, s));
   const uint32_t *d_first = (const uint32_t *)mem.p[3];
   float *partial = (float *)((uint8_t *)mem.p[3] + first_bytes);
+  float *q_rot = has_rot ? partial + part_floats : nullptr;
   CKV_CUDA_TRY(mem.alloc(0, bl.size() * sizeof(BlockDev)));
   CKV_CUDA_TRY(mem.alloc(1, (size_t)H * RG * total * sizeof(float)));
   CKV_CUDA_TRY(mem.alloc(2, (size_t)H * RG * 2 * sizeof(float)));
@@ -319,14 +388,17 @@ extern "C" ckv_status ckv_cuda_attention(const ckv_attn_args *a, void *stream) {
   const BlockDev *d_bl = (const BlockDev *)mem.p[0];
   float *S = (float *)mem.p[1], *m = (float *)mem.p[2], *l = m + (size_t)H * RG;
   float scale = a->scale != 0.0f ? a->scale : 1.0f / sqrtf((float)D);
+  uint32_t nq = a->n_rows * a->n_q_heads;
+  if (has_rot) k_rotate_q<<<(nq + 127u) / 128u, 128, 0, s>>>(*g, a->layer, a->q, nq, G, q_rot);
   if ((size_t)RG * D <= WARP_SCORES_MAX_Q)
-    k_scores_warp<<<dim3(a->n_blocks, H), 128, (size_t)RG * D * sizeof(float), s>>>(*g, a->layer, d_bl, a->q, scale,
+    k_scores_warp<<<dim3(a->n_blocks, H), 128, (size_t)RG * D * sizeof(float), s>>>(*g, a->layer, d_bl, a->q, q_rot, scale,
                                                                                   a->n_q_heads, G, RG, total, S);
   else
-    k_scores<<<dim3(a->n_blocks, H), 64, 0, s>>>(*g, a->layer, d_bl, a->q, scale, a->n_q_heads, G, RG, total, S);
+    k_scores<<<dim3(a->n_blocks, H), 64, 0, s>>>(*g, a->layer, d_bl, a->q, q_rot, scale, a->n_q_heads, G, RG, total, S);
   k_stats<<<H * RG, 256, 0, s>>>(S, total, m, l);
   k_out_split<<<dim3(H * RG, n_splits), ((D + 31u) / 32u) * 32u, 0, s>>>(*g, a->layer, d_bl, d_first, S, total, m, l, RG, partial);
-  k_out_reduce<<<H * RG, ((D + 31u) / 32u) * 32u, 0, s>>>(*g, partial, n_splits, l, a->n_q_heads, G, RG, a->out);
+  k_out_reduce<<<H * RG, ((D + 31u) / 32u) * 32u, 0, s>>>(*g, a->layer, partial, n_splits, l, a->n_q_heads, G, RG,
+                                                          has_rot ? 1 : 0, a->out);
   if (a->mass) k_mass<<<(unsigned)((total + 255) / 256), 256, 0, s>>>(S, total, H * RG, m, l, a->mass);
   CKV_CUDA_TRY(cudaGetLastError());
   CKV_CUDA_TRY(cudaStreamSynchronize(s)); /* the scratch is freed on return */

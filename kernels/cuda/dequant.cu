@@ -36,6 +36,20 @@ __global__ void k_dequant(ckv_geometry g, const uint8_t *blk, ckv_block_header h
   out[e] = ckv_mul_add((float)ckv_unpack_code(row, e, bits), ckv_f16_to_f32(par[2u * q]), ckv_f16_to_f32(par[2u * q + 1u]));
 }
 
+/* Rotated formats: a thread per head (the inverse rotation needs the whole head). */
+__global__ void k_dequant_rot(ckv_geometry g, const uint8_t *blk, ckv_block_header h, uint32_t l, uint32_t kv,
+                              uint32_t slot, float *out) {
+  uint32_t hd = threadIdx.x, D = g.head_dim, bits = ckv_format_code_bits(h.format);
+  if (hd >= g.n_kv_heads) return;
+  size_t k = (size_t)slot * g.n_kv_heads + hd;
+  const uint8_t *row = blk + ckv_rot_codes_offset(h.format, &g, h.capacity, l, kv) + k * ckv_rot_row_bytes(h.format, &g);
+  float sc = ckv_f16_to_f32(((const uint16_t *)(blk + ckv_rot_scales_offset(h.format, &g, h.capacity, l, kv)))[k]);
+  float x[CKV_MAX_HEAD_DIM];
+  for (uint32_t i = 0; i < D; i++) x[i] = ckv_rot_value(ckv_unpack_code(row, i, bits), sc, bits);
+  ckv_rot_inverse(x, D, l, kv, hd);
+  for (uint32_t i = 0; i < D; i++) out[(size_t)hd * D + i] = x[i];
+}
+
 } // namespace
 
 extern "C" ckv_status ckv_cuda_dequantize(const ckv_geometry *g, const void *blk, uint32_t layer, uint32_t kv,
@@ -54,6 +68,12 @@ extern "C" ckv_status ckv_cuda_dequantize(const ckv_geometry *g, const void *blk
     if (!((sealed >> (slot / CKV_COMMIT_CHUNK_TOKENS)) & 1u)) return CKV_ERR_STATE;
   }
   size_t te = ckv_draft_token_elems(g);
+  if (ckv_format_is_rot(h.format)) {
+    k_dequant_rot<<<1, ((g->n_kv_heads + 31u) / 32u) * 32u, 0, (cudaStream_t)stream>>>(*g, (const uint8_t *)blk, h, layer,
+                                                                                       kv, slot, ret);
+    CKV_CUDA_TRY(cudaGetLastError());
+    return CKV_OK;
+  }
   k_dequant<<<(unsigned)((te + 255) / 256), 256, 0, (cudaStream_t)stream>>>(*g, (const uint8_t *)blk, h, layer, kv, slot, ret);
   CKV_CUDA_TRY(cudaGetLastError());
   return CKV_OK;

@@ -8,7 +8,8 @@
  * in destination-slot order like the CPU), committed keys (a thread per code
  * byte: its 2 or 4 channels' min/max over the chunk, then one byte per slot),
  * committed values (a warp per 32-element group, codes packed with shuffles),
- * then positions, chunk seals and valid bits. */
+ * then positions, chunk seals and valid bits.  Rotated destinations (formats
+ * v2): a thread per (token, layer, K|V, head), k_to_rot. */
 #include <algorithm>
 #include <map>
 #include <vector>
@@ -55,6 +56,30 @@ __global__ void k_to_staged(ckv_geometry g, const Entry *en) {
     for (size_t i = lo + lane; i < hi; i += 32)
       codes[i] = ckv_q8_code(ckv_dev_read(g, e.src, e.src_fmt, e.src_cap, l, kv, e.src_slot, i), inv);
   }
+}
+
+/* Rotated destinations: a CUDA block per (entry, layer, K|V), a thread per
+ * head doing what kernels/rot.c does on the CPU, with quant.h's rules as
+ * they are (the rotation, then ckv_rot_quant_head), so the bytes match. */
+__global__ void k_to_rot(ckv_geometry g, const Entry *en) {
+  const Entry e = en[blockIdx.x / (g.n_layers * 2u)];
+  uint32_t l = (blockIdx.x / 2u) % g.n_layers, kv = blockIdx.x % 2u, hd = threadIdx.x, D = g.head_dim;
+  if (hd >= g.n_kv_heads) return;
+  float x[CKV_MAX_HEAD_DIM];
+  if (ckv_format_is_rot(e.src_fmt)) { /* re-quantize in the rotated basis */
+    uint32_t sb = ckv_format_code_bits(e.src_fmt);
+    size_t k = (size_t)e.src_slot * g.n_kv_heads + hd;
+    const uint8_t *row = e.src + ckv_rot_codes_offset(e.src_fmt, &g, e.src_cap, l, kv) + k * ckv_rot_row_bytes(e.src_fmt, &g);
+    float sc = ckv_f16_to_f32(((const uint16_t *)(e.src + ckv_rot_scales_offset(e.src_fmt, &g, e.src_cap, l, kv)))[k]);
+    for (uint32_t i = 0; i < D; i++) x[i] = ckv_rot_value(ckv_unpack_code(row, i, sb), sc, sb);
+  } else {
+    for (uint32_t i = 0; i < D; i++) x[i] = ckv_dev_read(g, e.src, e.src_fmt, e.src_cap, l, kv, e.src_slot, (size_t)hd * D + i);
+    ckv_rot_forward(x, D, l, kv, hd);
+  }
+  size_t k = (size_t)e.dst_slot * g.n_kv_heads + hd;
+  uint16_t *sc = (uint16_t *)(e.dst + ckv_rot_scales_offset(e.dst_fmt, &g, e.dst_cap, l, kv));
+  uint8_t *row = e.dst + ckv_rot_codes_offset(e.dst_fmt, &g, e.dst_cap, l, kv) + k * ckv_rot_row_bytes(e.dst_fmt, &g);
+  ckv_rot_quant_head(x, D, ckv_format_code_bits(e.dst_fmt), &sc[k], row);
 }
 
 __global__ void k_prune(ckv_geometry g, const Job *jobs, const Entry *en) {
@@ -330,7 +355,8 @@ ckv_status run_moves(const ckv_geometry *g, const ckv_move *moves, size_t n, uns
       return st;
     if (m.src_slot >= si->h.capacity || m.dst_slot >= di->h.capacity) return CKV_ERR_RANGE;
     bool ok = (si->h.format == CKV_FORMAT_DRAFT && di->h.format != CKV_FORMAT_DRAFT) ||
-              (si->h.format == CKV_FORMAT_STAGED && ckv_format_is_commit(di->h.format));
+              (si->h.format == CKV_FORMAT_STAGED && ckv_format_is_committed_state(di->h.format)) ||
+              (ckv_format_is_rot(si->h.format) && ckv_format_is_rot(di->h.format));
     if (!ok) return CKV_ERR_UNSUPPORTED;
     if (ckv_format_is_commit(di->h.format) && ((di->sealed >> (m.dst_slot / CKV_COMMIT_CHUNK_TOKENS)) & 1u)) return CKV_ERR_STATE;
     en[i] = Entry{(const uint8_t *)m.src, (uint8_t *)m.dst, m.src_slot, m.dst_slot, si->h.format, si->h.capacity,
@@ -341,8 +367,8 @@ ckv_status run_moves(const ckv_geometry *g, const ckv_move *moves, size_t n, uns
   });
   for (size_t i = 1; i < n; i++)
     if (en[i].dst == en[i - 1].dst && en[i].dst_slot == en[i - 1].dst_slot) return CKV_ERR_INVALID;
-  std::vector<Entry> staged, commit;
-  for (const Entry &e : en) (ckv_format_is_commit(e.dst_fmt) ? commit : staged).push_back(e);
+  std::vector<Entry> staged, commit, rot;
+  for (const Entry &e : en) (ckv_format_is_commit(e.dst_fmt) ? commit : ckv_format_is_rot(e.dst_fmt) ? rot : staged).push_back(e);
   std::vector<Job> jobs, prune;
   for (size_t i = 0; i < commit.size();) {
     size_t b = i;
@@ -362,11 +388,17 @@ ckv_status run_moves(const ckv_geometry *g, const ckv_move *moves, size_t n, uns
     i = b;
   }
   ckv_status st;
-  if ((st = upload(staged, &d_en[0], s)) != CKV_OK || (st = upload(commit, &d_en[1], s)) != CKV_OK) return st;
-  Entry *d_staged = d_en[0], *d_commit = d_en[1];
+  if ((st = upload(staged, &d_en[0], s)) != CKV_OK || (st = upload(commit, &d_en[1], s)) != CKV_OK ||
+      (st = upload(rot, &d_en[2], s)) != CKV_OK)
+    return st;
+  Entry *d_staged = d_en[0], *d_commit = d_en[1], *d_rot = d_en[2];
   if ((st = upload(jobs, d_jobs, s)) != CKV_OK || (st = upload(prune, d_prune, s)) != CKV_OK) return st;
   unsigned L = g->n_layers, H = g->n_kv_heads;
   if (!staged.empty()) k_to_staged<<<(unsigned)staged.size() * L * 2u, 128, 0, s>>>(*g, d_staged);
+  if (!rot.empty()) {
+    k_to_rot<<<(unsigned)rot.size() * L * 2u, ((H + 31u) / 32u) * 32u, 0, s>>>(*g, d_rot);
+    k_finish<<<((unsigned)rot.size() + 255u) / 256u, 256, 0, s>>>(d_rot, (uint32_t)rot.size(), flags & CKV_MOVE_SET_VALID);
+  }
   if (!prune.empty()) k_prune<<<(unsigned)prune.size() * L * H, ((g->head_dim + 31u) / 32u) * 32u, 0, s>>>(*g, *d_prune, d_commit);
   if (!jobs.empty()) {
     k_commit_keys<<<(unsigned)jobs.size() * L * H, 128, 0, s>>>(*g, *d_jobs, d_commit);
@@ -389,11 +421,11 @@ extern "C" ckv_status ckv_cuda_move(const ckv_geometry *g, const ckv_move *moves
   if (ckv_cuda_available() != CKV_OK) return CKV_ERR_DEVICE;
   if (!g || (!moves && n_moves) || !ckv_format_valid(CKV_FORMAT_DRAFT, g, 1, 0)) return CKV_ERR_INVALID;
   if (n_moves == 0) return CKV_OK;
-  Entry *d_en[2] = {nullptr, nullptr};
+  Entry *d_en[3] = {nullptr, nullptr, nullptr};
   Job *d_jobs = nullptr, *d_prune = nullptr;
   ckv_status st = run_moves(g, moves, n_moves, flags, (cudaStream_t)stream, d_en, &d_jobs, &d_prune);
   cudaStream_t s = (cudaStream_t)stream;
-  for (void *p : {(void *)d_en[0], (void *)d_en[1], (void *)d_jobs, (void *)d_prune})
+  for (void *p : {(void *)d_en[0], (void *)d_en[1], (void *)d_en[2], (void *)d_jobs, (void *)d_prune})
     if (p) cudaFreeAsync(p, s);
   if (st != CKV_OK) (void)cudaStreamSynchronize(s); /* the host vectors the copies read die with run_moves */
   return st;

@@ -105,6 +105,80 @@ Test(cuda, transitions_same_bytes) {
   }
 }
 
+/* The rotated formats (formats v2): draft, staged and rotated sources into
+ * ROT4..ROT1 give the CPU's bytes; dequantized values equal; attention over
+ * a mix of rotated and plain blocks within FP32 rounding of the CPU's.
+ * Geometries with a power-of-two head_dim only (64 and 8). */
+Test(cuda, rotated_formats_same_bytes) {
+  need_gpu();
+  const ckv_geometry rg[] = {geoms[0], geoms[2], {4, 2, 64, CKV_DTYPE_BF16}};
+  for (size_t gi = 0; gi < 3; gi++) {
+    const ckv_geometry *g = &rg[gi];
+    kf_rng r = {171 + gi};
+    size_t db = ckv_format_block_bytes(CKV_FORMAT_DRAFT, g, 64, 0), sb = ckv_format_block_bytes(CKV_FORMAT_STAGED, g, 64, 0);
+    void *d = kf_block(CKV_FORMAT_DRAFT, g, 64, 0), *s = kf_block(CKV_FORMAT_STAGED, g, 64, 0);
+    kf_fill_draft(g, d, &r, gen_wild, NULL, 0);
+    void *dd = to_dev(d, db), *ds = to_dev(s, sb);
+    ckv_move m[64], dm[64];
+    for (uint32_t i = 0; i < 64; i++) {
+      m[i] = (ckv_move){.src = d, .src_slot = i, .dst = s, .dst_slot = i};
+      dm[i] = (ckv_move){.src = dd, .src_slot = i, .dst = ds, .dst_slot = i};
+    }
+    cr_assert_eq(ckv_kernels_move(g, m, 64, CKV_MOVE_SET_VALID), CKV_OK);
+    cr_assert_eq(ckv_cuda_move(g, dm, 64, CKV_MOVE_SET_VALID, NULL), CKV_OK);
+    void *hr4 = NULL, *dr4 = NULL;
+    for (uint32_t fmt = CKV_FORMAT_ROT4; fmt <= CKV_FORMAT_ROT1; fmt++) {
+      size_t cb = ckv_format_block_bytes(fmt, g, 64, 0);
+      void *c = kf_block(fmt, g, 64, 0), *dc = to_dev(c, cb);
+      /* even slots from the draft, odd ones from the staged block; ROT1 from ROT4 */
+      for (uint32_t i = 0; i < 48; i++) {
+        const void *hs = fmt == CKV_FORMAT_ROT1 ? hr4 : i % 2 ? s : d;
+        const void *dsrc = fmt == CKV_FORMAT_ROT1 ? dr4 : i % 2 ? ds : dd;
+        m[i] = (ckv_move){.src = hs, .src_slot = i, .dst = c, .dst_slot = 63 - i};
+        dm[i] = (ckv_move){.src = dsrc, .src_slot = i, .dst = dc, .dst_slot = 63 - i};
+      }
+      cr_assert_eq(ckv_kernels_move(g, m, 48, CKV_MOVE_SET_VALID), CKV_OK);
+      cr_assert_eq(ckv_cuda_move(g, dm, 48, CKV_MOVE_SET_VALID, NULL), CKV_OK);
+      uint8_t *back = malloc(cb);
+      cudaMemcpy(back, dc, cb, cudaMemcpyDeviceToHost);
+      cr_expect_eq(memcmp(back, c, cb), 0, "rotated bytes differ (geometry %zu, fmt %u)", gi, fmt);
+      size_t te = ckv_draft_token_elems(g);
+      float *x = malloc(te * 4), *y = malloc(te * 4), *dy;
+      cudaMalloc((void **)&dy, te * 4);
+      for (uint32_t kv = 0; kv < 2; kv++) {
+        cr_assert_eq(ckv_kernels_dequantize(g, c, g->n_layers - 1, kv, 60, x), CKV_OK);
+        cr_assert_eq(ckv_cuda_dequantize(g, dc, g->n_layers - 1, kv, 60, dy, NULL), CKV_OK);
+        cudaMemcpy(y, dy, te * 4, cudaMemcpyDeviceToHost);
+        cr_expect_eq(memcmp(x, y, te * 4), 0, "dequantized rotated values differ (fmt %u kv %u)", fmt, kv);
+      }
+      const void *hb[] = {c, d, s}, *dbk[] = {dc, dd, ds};
+      uint32_t QH = g->n_kv_heads * 2;
+      size_t qn = (size_t)2 * QH * g->head_dim, slots = 192;
+      float *q = malloc(qn * 4), *o = malloc(qn * 4), *o2 = malloc(qn * 4), mass[192], mass2[192], *dq, *dout, *dmass;
+      for (size_t i = 0; i < qn; i++) q[i] = 0.3f * kf_normal(&r);
+      cudaMalloc((void **)&dq, qn * 4), cudaMalloc((void **)&dout, qn * 4), cudaMalloc((void **)&dmass, slots * 4);
+      cudaMemcpy(dq, q, qn * 4, cudaMemcpyHostToDevice);
+      ckv_attn_args a = {.geom = g, .layer = g->n_layers - 1, .n_rows = 2, .n_q_heads = QH, .q = q, .blocks = hb,
+                         .n_blocks = 3, .out = o, .mass = mass};
+      cr_assert_eq(ckv_kernels_attention(&a), CKV_OK);
+      a.q = dq, a.blocks = dbk, a.out = dout, a.mass = dmass;
+      cr_assert_eq(ckv_cuda_attention(&a, NULL), CKV_OK);
+      cudaMemcpy(o2, dout, qn * 4, cudaMemcpyDeviceToHost);
+      cudaMemcpy(mass2, dmass, slots * 4, cudaMemcpyDeviceToHost);
+      cr_expect_leq(kf_max_rel(o2, o, qn, 0.05), 1e-3, "fmt %u: outputs differ from the CPU's", fmt);
+      cr_expect_leq(kf_max_rel(mass2, mass, slots, 1e-3), 1e-3, "fmt %u: mass differs from the CPU's", fmt);
+      cudaFree(dq), cudaFree(dout), cudaFree(dmass), cudaFree(dy);
+      free(q), free(o), free(o2), free(x), free(y), free(back);
+      if (fmt == CKV_FORMAT_ROT4) {
+        hr4 = c, dr4 = dc;
+      } else {
+        free(c), cudaFree(dc);
+      }
+    }
+    free(hr4), cudaFree(dr4), free(d), free(s), cudaFree(dd), cudaFree(ds);
+  }
+}
+
 Test(cuda, errors) {
   need_gpu();
   const ckv_geometry *g = &geoms[0];
@@ -256,6 +330,7 @@ Test(cuda, patch_apply) {
 
 #else
 Test(cuda, transitions_same_bytes) { cr_skip_test("no CUDA device: built without the CUDA kernels (nvcc not found)"); }
+Test(cuda, rotated_formats_same_bytes) { cr_skip_test("no CUDA device: built without the CUDA kernels (nvcc not found)"); }
 #endif
 
 Test(cuda, unavailable_is_reported) {
