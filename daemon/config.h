@@ -82,6 +82,7 @@ typedef struct ckv_policy_params {
   uint32_t idle_rounds;        /* recycled after this many rounds without attention */
   double budget;               /* h2o/streaming: kept bytes as a fraction of FP16 */
   uint32_t commit_bits;        /* committed format: 4 or 2 */
+  bool rotate;                 /* rotated committed formats (v2) where head_dim allows */
   double prune_keep;           /* committed key channels kept (fraction); 1.0 = no pruning */
   bool semantic_estimate;      /* estimate a semantic score when the worker sends none */
 } ckv_policy_params;

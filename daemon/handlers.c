@@ -222,6 +222,7 @@ static int h_open(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
   if (pid == CKV_POLICY_KIVI4) params.commit_bits = 4;
   int pr = apply_params(o, &params, x);
   if (pr < 0) return pr;
+  if (pid == CKV_POLICY_KIVI2 || pid == CKV_POLICY_KIVI4) params.rotate = 0; /* the baselines stay KIVI's */
   const char *policy = ckv_policy_names[pid];
   char key[256];
   ckv_server_session_key(c->tenant, o->session_id, key, sizeof(key));

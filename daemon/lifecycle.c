@@ -48,16 +48,18 @@ static int plan_push(plan_buf *b, ckv_srv_session *s, uint32_t pos, uint32_t dst
   return CKV_OK;
 }
 
+/* Where the rotated formats pay: a power-of-two head_dim of at least 32
+ * (their FP16 scale per head costs 16/head_dim bits per element; KIVI's
+ * scale and zero per 32 cost about 1). */
+#define ROT_MIN_HEAD_DIM 32u
+
 static uint32_t commit_format(const ckv_srv_session *s) {
+  if (s->params.rotate && s->geom.head_dim >= ROT_MIN_HEAD_DIM && ckv_rot_head_dim_ok(s->geom.head_dim))
+    return ckv_format_rot_of_bits(s->params.commit_bits);
   return s->params.commit_bits == 2 ? CKV_FORMAT_COMMIT2 : CKV_FORMAT_COMMIT4;
 }
 
-static int fill_index(uint32_t format) {
-  return format == CKV_FORMAT_DRAFT    ? CKV_FILL_DRAFT
-         : format == CKV_FORMAT_STAGED ? CKV_FILL_STAGED
-         : format == CKV_FORMAT_COMMIT4 ? CKV_FILL_COMMIT4
-                                        : CKV_FILL_COMMIT2;
-}
+static int fill_index(uint32_t format) { return (int)format; }
 
 /* Reserves `count` consecutive slots of the current fill block of `format`
  * (a new block when the current one lacks room).  `align`: the run must start
@@ -170,6 +172,19 @@ static int plan(ckv_srv_session *s, ckv_compressor *c, bool flush) {
   for (size_t p = 0; p < t->n; p++)
     ready += t->state[p] == CKV_STATE_COMMITTED && !(t->flags[p] & CKV_TOKEN_PENDING) &&
              physical_format(s, p) == CKV_FORMAT_STAGED;
+  if (ckv_format_is_rot(cf)) { /* every token on its own: no chunk to wait for */
+    for (size_t p = 0; p < t->n && r == CKV_OK && ready; p++) {
+      if (t->state[p] != CKV_STATE_COMMITTED || (t->flags[p] & CKV_TOKEN_PENDING) ||
+          physical_format(s, p) != CKV_FORMAT_STAGED)
+        continue;
+      uint32_t blk;
+      uint16_t slot;
+      r = reserve(s, cf, 1, 1, &blk, &slot);
+      if (r == CKV_OK) r = plan_push(&b, s, (uint32_t)p, blk, slot);
+      ready--;
+    }
+    ready = 0;
+  }
   size_t take = flush ? ready : ready / CKV_COMMIT_CHUNK_TOKENS * CKV_COMMIT_CHUNK_TOKENS;
   for (size_t p = 0, done = 0; p < t->n && done < take && r == CKV_OK;) {
     uint32_t chunk_n = take - done < CKV_COMMIT_CHUNK_TOKENS ? (uint32_t)(take - done) : CKV_COMMIT_CHUNK_TOKENS;
@@ -393,7 +408,7 @@ static uint64_t count_pending(const ckv_srv_session *s) {
     uint32_t f = physical_format(s, p);
     uint8_t st = t->state[p];
     if ((st == CKV_STATE_STAGED && f != CKV_FORMAT_STAGED) ||
-        (st == CKV_STATE_COMMITTED && !ckv_format_is_commit(f)))
+        (st == CKV_STATE_COMMITTED && !ckv_format_is_committed_state(f)))
       n++;
   }
   return n;

@@ -59,7 +59,8 @@ typedef struct ckv_slot_run {
 } ckv_slot_run;
 
 /* Fill targets, one per format. */
-enum { CKV_FILL_DRAFT = 0, CKV_FILL_STAGED = 1, CKV_FILL_COMMIT4 = 2, CKV_FILL_COMMIT2 = 3, CKV_FILL_COUNT = 4 };
+/* Fill blocks are kept per format: the index is the ckv_format. */
+enum { CKV_FILL_DRAFT = CKV_FORMAT_DRAFT, CKV_FILL_STAGED = CKV_FORMAT_STAGED, CKV_FILL_COUNT = CKV_FORMAT_COUNT_ };
 
 typedef struct ckv_srv_session {
   char id[CKV_SESSION_ID_MAX + 1];

@@ -102,14 +102,14 @@ int ckv_tenant_block_alloc(ckv_tenant *t, uint64_t bytes, uint32_t format, uint6
             (unsigned long long)ckv_arena_committed(t->arena), (unsigned long long)ckv_arena_size(t->arena));
   }
   t->bytes_used += bytes;
-  t->bytes_by_format[format & 3] += bytes;
+  if (format < CKV_FORMAT_COUNT_) t->bytes_by_format[format] += bytes;
   return CKV_OK;
 }
 
 void ckv_tenant_block_free(ckv_tenant *t, uint64_t offset, uint64_t bytes, uint32_t format) {
   if (ckv_slab_dealloc(t->slab, offset) < 0) return; /* not ours: never corrupt the accounting */
   t->bytes_used -= bytes;
-  t->bytes_by_format[format & 3] -= bytes;
+  if (format < CKV_FORMAT_COUNT_) t->bytes_by_format[format] -= bytes;
 }
 
 void *ckv_tenant_ptr(const ckv_tenant *t, uint64_t offset) { return (uint8_t *)ckv_arena_base(t->arena) + offset; }

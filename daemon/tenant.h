@@ -7,6 +7,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "kernels/format.h"
+
 #include "daemon/metrics.h"
 
 typedef struct ckv_arena ckv_arena;
@@ -27,7 +29,7 @@ typedef struct ckv_tenant {
   const ckv_blockmem *mem;    /* how the daemon writes the arena (blockmem.h); host by default */
   char device_uuid[40];       /* CUDA arenas: the device's UUID, sent with the arena; "" on host */
   uint64_t bytes_used;        /* bytes of allocated blocks */
-  uint64_t bytes_by_format[4];
+  uint64_t bytes_by_format[CKV_FORMAT_COUNT_];
   uint64_t n_sessions;
   uint64_t n_clients;
   /* counters for the metrics endpoint */

@@ -152,8 +152,8 @@ CKV_HD void ckv_pack_code(uint8_t *row, size_t e, uint32_t bits, uint32_t code) 
  * sum p v = R^T sum p (R v), which is how attention reads these formats
  * without un-rotating a single key.
  * Quantization of y (b bits, symmetric, mid-rise): rms = sqrt(sum y^2 / D)
- * (sum in index order, no FMA); scale = FP16 nearest of
- * ckv_rot_step(b) * rms, capped at 65504; code = clamp(floor(y * inv) +
+ * (sum in index order, no FMA); scale = the FP16 nearest of one of three
+ * candidates (ckv_rot_quant_head), capped at 65504; code = clamp(floor(y * inv) +
  * 2^(b-1), 0, 2^b - 1) with inv = 1 / scale (0 for a zero scale); value =
  * (code - (2^b - 1) / 2) * scale.  The steps are the MSE-optimal uniform
  * quantizer steps of a unit Gaussian (what a rotated head looks like), in
@@ -205,14 +205,41 @@ CKV_HD float ckv_rot_step(uint32_t bits) {
 }
 /* (2^b - 1) / 2: the code value offset. */
 CKV_HD float ckv_rot_offset(uint32_t bits) { return (float)ckv_qa_levels(bits) * 0.5f; }
+/* Squared error of quantizing y[0..n) with FP16 scale s16 (codes as below). */
+CKV_HD float ckv_rot_sq_error(const float *y, uint32_t n, uint32_t bits, uint16_t s16) {
+  float sc = ckv_f16_to_f32(s16), inv = ckv_inv_scale(s16), half = (float)(1u << (bits - 1u));
+  float top = (float)ckv_qa_levels(bits), off = ckv_rot_offset(bits), err = 0.0f;
+  for (uint32_t i = 0; i < n; i++) {
+    float c = fminf(fmaxf(floorf(y[i] * inv) + half, 0.0f), top);
+    float d = y[i] - (c - off) * sc;
+    err = ckv_mul_add(d, d, err);
+  }
+  return err;
+}
 /* Quantizes a rotated head y[0..n) (finite values) into *ret_scale and the
- * packed row (n*bits/8 bytes, written whole). */
+ * packed row (n*bits/8 bytes, written whole).  The scale is the candidate
+ * with the least squared error (ties: the earlier) of: step * rms (the
+ * Gaussian optimum), absmax / (2^(b-1) - 1/2) (nothing clipped: a head with
+ * an outlier left after the rotation) and their mean. */
 CKV_HD void ckv_rot_quant_head(const float *y, uint32_t n, uint32_t bits, uint16_t *ret_scale, uint8_t *row) {
-  float ss = 0.0f;
-  for (uint32_t i = 0; i < n; i++) ss = ckv_mul_add(y[i], y[i], ss);
-  float rms = sqrtf(ss / (float)n);
-  uint16_t s16 = ckv_f32_to_f16(fminf(ckv_rot_step(bits) * rms, CKV_F16_MAX));
-  float inv = ckv_inv_scale(s16), half = (float)(1u << (bits - 1u)), top = (float)ckv_qa_levels(bits);
+  float ss = 0.0f, am = 0.0f;
+  for (uint32_t i = 0; i < n; i++) {
+    ss = ckv_mul_add(y[i], y[i], ss);
+    am = fmaxf(am, fabsf(y[i]));
+  }
+  float rms = sqrtf(ss / (float)n), half = (float)(1u << (bits - 1u)), top = (float)ckv_qa_levels(bits);
+  float g = fminf(ckv_rot_step(bits) * rms, CKV_F16_MAX), a = fminf(am / (half - 0.5f), CKV_F16_MAX);
+  uint16_t cand[3] = {ckv_f32_to_f16(g), ckv_f32_to_f16(a), ckv_f32_to_f16((g + a) * 0.5f)};
+  uint16_t s16 = cand[0];
+  float best = ckv_rot_sq_error(y, n, bits, cand[0]);
+  for (int k = 1; k < 3; k++) {
+    float e = ckv_rot_sq_error(y, n, bits, cand[k]);
+    if (e < best) {
+      best = e;
+      s16 = cand[k];
+    }
+  }
+  float inv = ckv_inv_scale(s16);
   for (size_t b = 0; b < (size_t)n * bits / 8u; b++) row[b] = 0;
   for (uint32_t i = 0; i < n; i++) {
     float c = fminf(fmaxf(floorf(y[i] * inv) + half, 0.0f), top);

@@ -39,6 +39,7 @@ typedef struct ckv_judge_params {
   uint32_t idle_rounds;
   float budget;              /* h2o/streaming: kept tokens as a fraction of all */
   uint32_t commit_bits;      /* 4 or 2 */
+  int rotate;                /* committed blocks in the rotated formats where head_dim allows */
   float prune_keep;          /* committed key channels kept (fraction) */
   int semantic_estimate_enabled; /* estimate semantic scores when the worker sends none */
   const ckv_mlp *mlp;        /* non-NULL: the mlp judge replaces the rules (commitkv policy) */

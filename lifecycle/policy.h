@@ -90,6 +90,11 @@ int ckv_policy_from_name(const char *name);
   X(commit_bits, commit_bits, BITS, 4, 2, 4, 1,                                                   \
     "Bits per element of committed blocks (4 or 2). INT4 already cost KL 0.12 when applied "      \
     "everywhere; INT2 is for memory-bound tenants who measured it.")                              \
+  X(rotate, rotate, BOOL, 1, 0, 1, 1,                                                             \
+    "Committed blocks in the rotated formats v2 (a Walsh-Hadamard rotation per head, one FP16 "   \
+    "scale per head: 4.29 / 2.29 bits per element at head_dim 64, against KIVI's 5.03 / 3.03) "   \
+    "where head_dim is a power of two >= 32; below 32 the per-head scale costs more than KIVI's "  \
+    "groups. The kivi4 and kivi2 baselines never rotate.")                                        \
   X(prune_keep, prune_keep, FLOAT, 1, 0.125, 1, 1,                                                \
     "Fraction of key channels kept in committed blocks (ThinK-style pruning); 1.0 = off, as "     \
     "pruning adds error on top of quantization.")                                                 \
