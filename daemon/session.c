@@ -186,8 +186,11 @@ int ckv_srv_session_flush_meta(ckv_srv_session *s) {
     /* A new committed block's payload starts with its seal word and channel
      * masks, which must read zero (ckv_block_init); draft and staged payloads
      * are written before any slot of them is valid. */
-    bool zero = b->meta_state == CKV_META_FRESH && ckv_format_is_commit(b->format);
-    w[n++] = (ckv_meta_write){.offset = b->offset, .src = b->meta, .bytes = head, .zero_bytes = zero ? b->bytes - head : 0};
+    bool fresh = b->meta_state == CKV_META_FRESH;
+    uint64_t zero = fresh && ckv_format_is_commit(b->format) ? b->bytes - head
+                    : fresh && ckv_format_is_rot(b->format)  ? ckv_rot_sections_offset(&s->geom, b->capacity) - head
+                                                             : 0; /* rotated: the meta word and key means */
+    w[n++] = (ckv_meta_write){.offset = b->offset, .src = b->meta, .bytes = head, .zero_bytes = zero};
   }
   int r = n ? s->tenant->mem->write(ckv_tenant_ptr(s->tenant, 0), w, n) : CKV_OK;
   if (w != stack) free(w);

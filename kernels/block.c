@@ -24,6 +24,8 @@ ckv_status ckv_block_init_header(void *hdr, uint32_t fmt, const ckv_geometry *g,
 ckv_status ckv_block_init(void *blk, uint32_t fmt, const ckv_geometry *g, uint32_t capacity,
                           uint32_t kept_channels, uint64_t generation) {
   ckv_status st = ckv_block_init_header(blk, fmt, g, capacity, kept_channels, generation);
+  if (st == CKV_OK && ckv_format_is_rot(fmt))
+    memset((uint8_t *)blk + ckv_rot_meta_offset(capacity), 0, ckv_rot_sections_offset(g, capacity) - ckv_rot_meta_offset(capacity));
   if (st != CKV_OK || !ckv_format_is_commit(fmt)) return st;
   const ckv_block_header *h = blk;
   uint8_t *b = blk;

@@ -291,13 +291,29 @@ CKV_HD size_t ckv_commit_block_bytes(uint32_t fmt, const ckv_geometry *g, uint32
 }
 
 /* --- rotated (formats v2: ROT4 / ROT3 / ROT2 / ROT1) ----------------------- */
-/* Payload = per (layer, K|V) a section:
+/* Payload = meta (uint32 flags, bit 0: key means set; 12 bytes reserved)
+ * | key means fp16 [layer][head][head_dim] (aligned 16) | per (layer, K|V) a section:
  *   scales fp16 [slot][head] (aligned 16) | codes [slot][head][head_dim*b/8] (aligned 16),
  * code i of a head at bits (i*b) % 8 of byte i*b/8 of its row, low bits first
  * (a 3-bit code may straddle two bytes).  Codes are of the head's vector
- * after the rotation of kernels/quant.h (ckv_rot_forward); the value of code
- * c is (c - (2^b - 1) / 2) * scale.  Every token stands alone: no chunks, no
+ * after the rotation of kernels/quant.h (ckv_rot_forward), keys less their
+ * block's key mean (taken, rotated, from the tokens of the first move into
+ * the block: a constant outlier channel costs nothing, and q.mean is one dot
+ * product per block); the value of code c is (c - (2^b - 1) / 2) * scale
+ * (+ the mean for keys).  Every token stands alone otherwise: no chunks, no
  * seals, no masks; 16 scale bits per head_dim elements (0.25 bit at 64). */
+#define CKV_ROT_META_BYTES 16u
+#define CKV_ROT_MEANS_SET 1u
+CKV_HD size_t ckv_rot_meta_offset(uint32_t capacity) { return ckv_block_payload_offset(capacity); }
+/* Rotated key mean of (layer, head): head_dim FP16 values. */
+CKV_HD size_t ckv_rot_mean_offset(const ckv_geometry *g, uint32_t capacity, uint32_t layer, uint32_t head) {
+  return ckv_rot_meta_offset(capacity) + CKV_ROT_META_BYTES +
+         (((size_t)layer * g->n_kv_heads + head) * g->head_dim) * 2u;
+}
+CKV_HD size_t ckv_rot_sections_offset(const ckv_geometry *g, uint32_t capacity) {
+  return ckv_rot_meta_offset(capacity) + CKV_ROT_META_BYTES +
+         ckv_align_up((size_t)g->n_layers * g->n_kv_heads * g->head_dim * 2u, CKV_SECTION_ALIGN);
+}
 CKV_HD size_t ckv_rot_row_bytes(uint32_t fmt, const ckv_geometry *g) {
   return (size_t)g->head_dim * ckv_format_code_bits(fmt) / 8u;
 }
@@ -311,7 +327,7 @@ CKV_HD size_t ckv_rot_section_bytes(uint32_t fmt, const ckv_geometry *g, uint32_
 /* FP16 scales [slot][head] of (layer, kv). */
 CKV_HD size_t ckv_rot_scales_offset(uint32_t fmt, const ckv_geometry *g, uint32_t capacity, uint32_t layer,
                                     uint32_t kv) {
-  return ckv_block_payload_offset(capacity) + ((size_t)layer * 2u + kv) * ckv_rot_section_bytes(fmt, g, capacity);
+  return ckv_rot_sections_offset(g, capacity) + ((size_t)layer * 2u + kv) * ckv_rot_section_bytes(fmt, g, capacity);
 }
 /* Codes [slot][head][row] of (layer, kv); add (slot*n_kv_heads + head) * ckv_rot_row_bytes. */
 CKV_HD size_t ckv_rot_codes_offset(uint32_t fmt, const ckv_geometry *g, uint32_t capacity, uint32_t layer,

@@ -192,7 +192,7 @@ ckv_status ckv_kernels_move(const ckv_geometry *g, const ckv_move *moves, size_t
         st = ENOMEM_;
         break;
       }
-      ckv_rot_to(ops, g, signs, moves, order + i, j - i, s.row);
+      if ((st = ckv_rot_to(ops, g, signs, moves, order + i, j - i, s.row)) != CKV_OK) break;
       for (size_t k = i; k < j; k++)
         ckv_block_positions(moves[order[k]].dst)[moves[order[k]].dst_slot] =
             ckv_block_positions_const(moves[order[k]].src)[moves[order[k]].src_slot];

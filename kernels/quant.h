@@ -247,7 +247,10 @@ CKV_HD void ckv_rot_quant_head(const float *y, uint32_t n, uint32_t bits, uint16
   }
   *ret_scale = s16;
 }
-/* Dequantized (still rotated) element of code c. */
+/* A block's rotated key mean element from the sum of n tokens' rotated keys
+ * (summed in destination-slot order), as FP16 nearest; non-finite -> finite. */
+CKV_HD uint16_t ckv_rot_mean_f16(float sum, uint32_t n) { return ckv_f32_to_f16(ckv_rot_finite(sum / (float)n)); }
+/* Dequantized (still rotated, mean not added) element of code c. */
 CKV_HD float ckv_rot_value(uint32_t code, float scale, uint32_t bits) {
   return ((float)code - ckv_rot_offset(bits)) * scale;
 }

@@ -37,6 +37,17 @@ void ckv_rot_inverse_with(float *x, uint32_t n, const float *signs) {
   for (uint32_t i = 0; i < n; i++) x[i] = x[i] * r * signs[i];
 }
 
+/* The block's rotated key mean of (layer, head), widened; finite whatever a worker wrote there. */
+static void key_mean(const ckv_geometry *g, const void *blk, uint32_t cap, uint32_t layer, uint32_t head, float *dst) {
+  const uint16_t *m = (const uint16_t *)ckv_cb(blk, ckv_rot_mean_offset(g, cap, layer, head));
+  for (uint32_t i = 0; i < g->head_dim; i++) dst[i] = ckv_rot_finite(ckv_f16_to_f32(m[i]));
+}
+
+void ckv_rot_key_mean(const ckv_geometry *g, const void *blk, const ckv_block_header *h, uint32_t layer, uint32_t head,
+                      float *dst) {
+  key_mean(g, blk, h->capacity, layer, head, dst);
+}
+
 void ckv_rot_read_rotated(const ckv_rowops *ops, const ckv_geometry *g, const void *blk, const ckv_block_header *h,
                           uint32_t layer, uint32_t kv, uint32_t slot, uint32_t head, float *dst) {
   uint32_t fmt = h->format, bits = ckv_format_code_bits(fmt), D = g->head_dim, H = g->n_kv_heads;
@@ -49,31 +60,81 @@ void ckv_rot_read_rotated(const ckv_rowops *ops, const ckv_geometry *g, const vo
   /* value = (code - offset) * scale: one subtraction (exact) and one product */
   float off = ckv_rot_offset(bits);
   for (uint32_t i = 0; i < D; i++) dst[i] = (dst[i] - off) * s;
+  if (kv == 0) {
+    float m[CKV_MAX_HEAD_DIM];
+    key_mean(g, blk, h->capacity, layer, head, m);
+    for (uint32_t i = 0; i < D; i++) dst[i] = dst[i] + m[i];
+  }
 }
 
-void ckv_rot_to(const ckv_rowops *ops, const ckv_geometry *g, const float *signs, const ckv_move *moves,
-                const size_t *order, size_t n, float *row) {
+/* Every head of K or V of one source slot, in the rotated basis, into row[H*D]. */
+static void read_rotated_row(const ckv_rowops *ops, const ckv_geometry *g, const float *signs, const ckv_move *m,
+                             uint32_t l, uint32_t kv, float *row) {
+  const ckv_block_header *sh = ckv_move_src_hdr(m);
   uint32_t D = g->head_dim, H = g->n_kv_heads;
-  for (uint32_t l = 0; l < g->n_layers; l++)
-    for (uint32_t kv = 0; kv < 2; kv++)
-      for (size_t i = 0; i < n; i++) {
-        const ckv_move *m = &moves[order[i]];
-        const ckv_block_header *sh = ckv_move_src_hdr(m), *dh = ckv_move_dst_hdr(m);
-        uint32_t fmt = dh->format, bits = ckv_format_code_bits(fmt), cap = dh->capacity;
-        if (ckv_format_is_rot(sh->format)) { /* already rotated: re-quantize in place of the rotation */
-          for (uint32_t hd = 0; hd < H; hd++)
-            ckv_rot_read_rotated(ops, g, m->src, sh, l, kv, m->src_slot, hd, row + (size_t)hd * D);
-        } else {
-          ckv_read_row(ops, g, m->src, sh, l, kv, m->src_slot, row);
-          for (uint32_t hd = 0; hd < H; hd++)
-            ckv_rot_forward_with(row + (size_t)hd * D, D, signs + ckv_rot_signs_index(g, l, kv, hd));
-        }
-        uint16_t *sc = (uint16_t *)ckv_b(m->dst, ckv_rot_scales_offset(fmt, g, cap, l, kv));
-        uint8_t *codes = ckv_b(m->dst, ckv_rot_codes_offset(fmt, g, cap, l, kv));
-        size_t rb = ckv_rot_row_bytes(fmt, g);
-        for (uint32_t hd = 0; hd < H; hd++) {
-          size_t k = (size_t)m->dst_slot * H + hd;
-          ckv_rot_quant_head(row + (size_t)hd * D, D, bits, &sc[k], codes + k * rb);
+  if (ckv_format_is_rot(sh->format)) { /* already rotated */
+    for (uint32_t hd = 0; hd < H; hd++) ckv_rot_read_rotated(ops, g, m->src, sh, l, kv, m->src_slot, hd, row + (size_t)hd * D);
+    return;
+  }
+  ckv_read_row(ops, g, m->src, sh, l, kv, m->src_slot, row);
+  for (uint32_t hd = 0; hd < H; hd++) ckv_rot_forward_with(row + (size_t)hd * D, D, signs + ckv_rot_signs_index(g, l, kv, hd));
+}
+
+/* Sets the key means of block moves[order[0]].dst from the n moves bound for it. */
+static void set_means(const ckv_rowops *ops, const ckv_geometry *g, const float *signs, const ckv_move *moves,
+                      const size_t *order, size_t n, float *row, float *sum) {
+  const ckv_block_header *dh = ckv_move_dst_hdr(&moves[order[0]]);
+  void *dst = moves[order[0]].dst;
+  uint32_t D = g->head_dim, H = g->n_kv_heads;
+  for (uint32_t l = 0; l < g->n_layers; l++) {
+    memset(sum, 0, (size_t)H * D * sizeof(float));
+    for (size_t i = 0; i < n; i++) {
+      read_rotated_row(ops, g, signs, &moves[order[i]], l, 0, row);
+      for (size_t e = 0; e < (size_t)H * D; e++) sum[e] = sum[e] + row[e];
+    }
+    for (uint32_t hd = 0; hd < H; hd++) {
+      uint16_t *mean = (uint16_t *)ckv_b(dst, ckv_rot_mean_offset(g, dh->capacity, l, hd));
+      for (uint32_t i = 0; i < D; i++) mean[i] = ckv_rot_mean_f16(sum[(size_t)hd * D + i], (uint32_t)n);
+    }
+  }
+  uint32_t *meta = (uint32_t *)ckv_b(dst, ckv_rot_meta_offset(dh->capacity));
+  __atomic_fetch_or(meta, CKV_ROT_MEANS_SET, __ATOMIC_RELEASE);
+}
+
+int ckv_rot_to(const ckv_rowops *ops, const ckv_geometry *g, const float *signs, const ckv_move *moves,
+               const size_t *order, size_t n, float *row) {
+  uint32_t D = g->head_dim, H = g->n_kv_heads;
+  float *sum = malloc((size_t)H * D * sizeof(float)), mean[CKV_MAX_HEAD_DIM];
+  if (!sum) return -12;
+  for (size_t i = 0; i < n;) { /* the moves of one destination block (sorted by destination) */
+    size_t j = i + 1;
+    while (j < n && moves[order[j]].dst == moves[order[i]].dst) j++;
+    const ckv_block_header *dh = ckv_move_dst_hdr(&moves[order[i]]);
+    void *dst = moves[order[i]].dst;
+    uint32_t fmt = dh->format, bits = ckv_format_code_bits(fmt), cap = dh->capacity;
+    const uint32_t *meta = (const uint32_t *)ckv_cb(dst, ckv_rot_meta_offset(cap));
+    if (!(__atomic_load_n(meta, __ATOMIC_ACQUIRE) & CKV_ROT_MEANS_SET)) set_means(ops, g, signs, moves, order + i, j - i, row, sum);
+    size_t rb = ckv_rot_row_bytes(fmt, g);
+    for (uint32_t l = 0; l < g->n_layers; l++)
+      for (uint32_t kv = 0; kv < 2; kv++) {
+        uint16_t *sc = (uint16_t *)ckv_b(dst, ckv_rot_scales_offset(fmt, g, cap, l, kv));
+        uint8_t *codes = ckv_b(dst, ckv_rot_codes_offset(fmt, g, cap, l, kv));
+        for (size_t k = i; k < j; k++) {
+          const ckv_move *m = &moves[order[k]];
+          read_rotated_row(ops, g, signs, m, l, kv, row);
+          for (uint32_t hd = 0; hd < H; hd++) {
+            float *y = row + (size_t)hd * D;
+            if (kv == 0) { /* keys less the block's mean */
+              key_mean(g, dst, cap, l, hd, mean);
+              for (uint32_t e = 0; e < D; e++) y[e] = y[e] - mean[e];
+            }
+            size_t at = (size_t)m->dst_slot * H + hd;
+            ckv_rot_quant_head(y, D, bits, &sc[at], codes + at * rb);
+          }
         }
       }
+    i = j;
+  }
+  free(sum);
+  return 0;
 }

@@ -15,12 +15,17 @@ float *ckv_rot_signs_new(const ckv_geometry *g);
 /* ckv_rot_forward / ckv_rot_inverse of quant.h with the head's signs from the table. */
 void ckv_rot_forward_with(float *x, uint32_t n, const float *signs);
 void ckv_rot_inverse_with(float *x, uint32_t n, const float *signs);
-/* One head of one slot of a rotated block, dequantized but still rotated, into dst[head_dim]. */
+/* The rotated key mean of (layer, head) of a rotated block, widened (finite), into dst[head_dim]. */
+void ckv_rot_key_mean(const ckv_geometry *g, const void *blk, const ckv_block_header *h, uint32_t layer, uint32_t head,
+                      float *dst);
+/* One head of one slot of a rotated block, dequantized but still rotated (keys with their mean), into dst[head_dim]. */
 void ckv_rot_read_rotated(const ckv_rowops *ops, const ckv_geometry *g, const void *blk, const ckv_block_header *h,
                           uint32_t layer, uint32_t kv, uint32_t slot, uint32_t head, float *dst);
 /* Fills the rotated destinations of moves order[0..n) (draft, staged or rotated
- * sources; checked by the caller); row: scratch of n_kv_heads*head_dim floats. */
-void ckv_rot_to(const ckv_rowops *ops, const ckv_geometry *g, const float *signs, const ckv_move *moves,
+ * sources; checked by the caller; sorted by destination); a block whose key
+ * means are not set yet gets them from these moves' tokens bound for it.
+ * row: scratch of n_kv_heads*head_dim floats.  Returns 0 or -ENOMEM. */
+int ckv_rot_to(const ckv_rowops *ops, const ckv_geometry *g, const float *signs, const ckv_move *moves,
                 const size_t *order, size_t n, float *row);
 
 #endif

@@ -81,7 +81,8 @@ __device__ float rot_key(const ckv_geometry &g, const BlockDev &b, uint32_t L, u
   size_t k = (size_t)t * g.n_kv_heads + h;
   const uint8_t *row = b.p + ckv_rot_codes_offset(b.fmt, &g, b.cap, L, 0) + k * ckv_rot_row_bytes(b.fmt, &g);
   float sc = ckv_f16_to_f32(((const uint16_t *)(b.p + ckv_rot_scales_offset(b.fmt, &g, b.cap, L, 0)))[k]);
-  return ckv_rot_value(ckv_unpack_code(row, d, bits), sc, bits);
+  const uint16_t *mean = (const uint16_t *)(b.p + ckv_rot_mean_offset(&g, b.cap, L, h));
+  return ckv_rot_value(ckv_unpack_code(row, d, bits), sc, bits) + ckv_rot_finite(ckv_f16_to_f32(mean[d]));
 }
 
 __global__ void k_scores(ckv_geometry g, uint32_t L, const BlockDev *blocks, const float *q_plain, const float *q_rot,

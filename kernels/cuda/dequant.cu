@@ -45,7 +45,11 @@ __global__ void k_dequant_rot(ckv_geometry g, const uint8_t *blk, ckv_block_head
   const uint8_t *row = blk + ckv_rot_codes_offset(h.format, &g, h.capacity, l, kv) + k * ckv_rot_row_bytes(h.format, &g);
   float sc = ckv_f16_to_f32(((const uint16_t *)(blk + ckv_rot_scales_offset(h.format, &g, h.capacity, l, kv)))[k]);
   float x[CKV_MAX_HEAD_DIM];
-  for (uint32_t i = 0; i < D; i++) x[i] = ckv_rot_value(ckv_unpack_code(row, i, bits), sc, bits);
+  const uint16_t *mean = (const uint16_t *)(blk + ckv_rot_mean_offset(&g, h.capacity, l, hd));
+  for (uint32_t i = 0; i < D; i++) {
+    x[i] = ckv_rot_value(ckv_unpack_code(row, i, bits), sc, bits);
+    if (kv == 0) x[i] = x[i] + ckv_rot_finite(ckv_f16_to_f32(mean[i]));
+  }
   ckv_rot_inverse(x, D, l, kv, hd);
   for (uint32_t i = 0; i < D; i++) out[(size_t)hd * D + i] = x[i];
 }

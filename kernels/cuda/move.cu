@@ -61,20 +61,55 @@ __global__ void k_to_staged(ckv_geometry g, const Entry *en) {
 /* Rotated destinations: a CUDA block per (entry, layer, K|V), a thread per
  * head doing what kernels/rot.c does on the CPU, with quant.h's rules as
  * they are (the rotation, then ckv_rot_quant_head), so the bytes match. */
+/* One head of a move's source in the rotated basis (keys with their block's mean), into x. */
+__device__ void rot_source(const ckv_geometry &g, const Entry &e, uint32_t l, uint32_t kv, uint32_t hd, float *x) {
+  uint32_t D = g.head_dim;
+  if (ckv_format_is_rot(e.src_fmt)) { /* already rotated */
+    uint32_t sb = ckv_format_code_bits(e.src_fmt);
+    size_t k = (size_t)e.src_slot * g.n_kv_heads + hd;
+    const uint8_t *row = e.src + ckv_rot_codes_offset(e.src_fmt, &g, e.src_cap, l, kv) + k * ckv_rot_row_bytes(e.src_fmt, &g);
+    float sc = ckv_f16_to_f32(((const uint16_t *)(e.src + ckv_rot_scales_offset(e.src_fmt, &g, e.src_cap, l, kv)))[k]);
+    const uint16_t *mean = (const uint16_t *)(e.src + ckv_rot_mean_offset(&g, e.src_cap, l, hd));
+    for (uint32_t i = 0; i < D; i++) {
+      x[i] = ckv_rot_value(ckv_unpack_code(row, i, sb), sc, sb);
+      if (kv == 0) x[i] = x[i] + ckv_rot_finite(ckv_f16_to_f32(mean[i]));
+    }
+    return;
+  }
+  for (uint32_t i = 0; i < D; i++) x[i] = ckv_dev_read(g, e.src, e.src_fmt, e.src_cap, l, kv, e.src_slot, (size_t)hd * D + i);
+  ckv_rot_forward(x, D, l, kv, hd);
+}
+
+/* Key means of rotated blocks that have none yet: a CUDA block per (job,
+ * layer), a thread per head summing its job's tokens in destination-slot
+ * order, as rot.c does. */
+__global__ void k_rot_means(ckv_geometry g, const Job *jobs, const Entry *en) {
+  const Job j = jobs[blockIdx.x / g.n_layers];
+  uint32_t l = blockIdx.x % g.n_layers, hd = threadIdx.x, D = g.head_dim;
+  if (hd >= g.n_kv_heads) return;
+  float x[CKV_MAX_HEAD_DIM], sum[CKV_MAX_HEAD_DIM];
+  for (uint32_t i = 0; i < D; i++) sum[i] = 0.0f;
+  for (uint32_t t = 0; t < j.count; t++) {
+    rot_source(g, en[j.first + t], l, 0, hd, x);
+    for (uint32_t i = 0; i < D; i++) sum[i] = sum[i] + x[i];
+  }
+  uint16_t *mean = (uint16_t *)(j.dst + ckv_rot_mean_offset(&g, j.cap, l, hd));
+  for (uint32_t i = 0; i < D; i++) mean[i] = ckv_rot_mean_f16(sum[i], j.count);
+}
+__global__ void k_rot_means_set(const Job *jobs, uint32_t n) {
+  uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) atomicOr((unsigned *)(jobs[i].dst + ckv_rot_meta_offset(jobs[i].cap)), CKV_ROT_MEANS_SET);
+}
+
 __global__ void k_to_rot(ckv_geometry g, const Entry *en) {
   const Entry e = en[blockIdx.x / (g.n_layers * 2u)];
   uint32_t l = (blockIdx.x / 2u) % g.n_layers, kv = blockIdx.x % 2u, hd = threadIdx.x, D = g.head_dim;
   if (hd >= g.n_kv_heads) return;
   float x[CKV_MAX_HEAD_DIM];
-  if (ckv_format_is_rot(e.src_fmt)) { /* re-quantize in the rotated basis */
-    uint32_t sb = ckv_format_code_bits(e.src_fmt);
-    size_t k = (size_t)e.src_slot * g.n_kv_heads + hd;
-    const uint8_t *row = e.src + ckv_rot_codes_offset(e.src_fmt, &g, e.src_cap, l, kv) + k * ckv_rot_row_bytes(e.src_fmt, &g);
-    float sc = ckv_f16_to_f32(((const uint16_t *)(e.src + ckv_rot_scales_offset(e.src_fmt, &g, e.src_cap, l, kv)))[k]);
-    for (uint32_t i = 0; i < D; i++) x[i] = ckv_rot_value(ckv_unpack_code(row, i, sb), sc, sb);
-  } else {
-    for (uint32_t i = 0; i < D; i++) x[i] = ckv_dev_read(g, e.src, e.src_fmt, e.src_cap, l, kv, e.src_slot, (size_t)hd * D + i);
-    ckv_rot_forward(x, D, l, kv, hd);
+  rot_source(g, e, l, kv, hd, x);
+  if (kv == 0) { /* keys less the block's mean */
+    const uint16_t *mean = (const uint16_t *)(e.dst + ckv_rot_mean_offset(&g, e.dst_cap, l, hd));
+    for (uint32_t i = 0; i < D; i++) x[i] = x[i] - ckv_rot_finite(ckv_f16_to_f32(mean[i]));
   }
   size_t k = (size_t)e.dst_slot * g.n_kv_heads + hd;
   uint16_t *sc = (uint16_t *)(e.dst + ckv_rot_scales_offset(e.dst_fmt, &g, e.dst_cap, l, kv));
@@ -246,6 +281,8 @@ ckv_status info_of(std::map<const void *, BlockInfo> &cache, const void *blk, co
     if (trusted) bi.h = *trusted;
     if (st != CKV_OK) return st;
     if ((st = check_header(bi.h, g)) != CKV_OK) return st;
+    if (ckv_format_is_rot(bi.h.format))
+      CKV_CUDA_TRY(cudaMemcpy(&bi.sealed, (const uint8_t *)blk + ckv_rot_meta_offset(bi.h.capacity), 4, cudaMemcpyDeviceToHost));
     if (ckv_format_is_commit(bi.h.format)) {
       CKV_CUDA_TRY(cudaMemcpy(&bi.sealed, (const uint8_t *)blk + ckv_commit_meta_offset(bi.h.capacity), 4, cudaMemcpyDeviceToHost));
       uint64_t w[CKV_MAX_HEAD_DIM / 64] = {0};
@@ -280,6 +317,7 @@ __global__ void k_block_info(ckv_geometry g, const uint8_t *const *ptrs, const c
   r.ok = r.h.magic == CKV_BLOCK_MAGIC && r.h.dtype == g.dtype &&
          ckv_format_valid(r.h.format, &g, r.h.capacity, r.h.kept_channels) &&
          !(ckv_format_is_commit(r.h.format) && r.h.kept_channels == 0);
+  if (r.ok && ckv_format_is_rot(r.h.format)) r.sealed = *(const uint32_t *)(ptrs[i] + ckv_rot_meta_offset(r.h.capacity));
   if (r.ok && ckv_format_is_commit(r.h.format)) {
     r.sealed = *(const uint32_t *)(ptrs[i] + ckv_commit_meta_offset(r.h.capacity));
     const uint64_t *w = (const uint64_t *)(ptrs[i] + ckv_commit_mask_offset(r.h.format, &g, r.h.capacity, r.h.kept_channels, 0, 0));
@@ -341,7 +379,7 @@ ckv_status prefetch_info(std::map<const void *, BlockInfo> &cache, const ckv_mov
 }
 
 ckv_status run_moves(const ckv_geometry *g, const ckv_move *moves, size_t n, unsigned flags, cudaStream_t s,
-                     Entry **d_en, Job **d_jobs, Job **d_prune) {
+                     Entry **d_en, Job **d_jobs, Job **d_prune, Job **d_means) {
   std::map<const void *, BlockInfo> cache;
   ckv_status pst = prefetch_info(cache, moves, n, g, s);
   if (pst != CKV_OK) return pst;
@@ -369,7 +407,14 @@ ckv_status run_moves(const ckv_geometry *g, const ckv_move *moves, size_t n, uns
     if (en[i].dst == en[i - 1].dst && en[i].dst_slot == en[i - 1].dst_slot) return CKV_ERR_INVALID;
   std::vector<Entry> staged, commit, rot;
   for (const Entry &e : en) (ckv_format_is_commit(e.dst_fmt) ? commit : ckv_format_is_rot(e.dst_fmt) ? rot : staged).push_back(e);
-  std::vector<Job> jobs, prune;
+  std::vector<Job> jobs, prune, means; /* means: rotated blocks whose key means are not set (sealed: the meta word) */
+  for (size_t i = 0; i < rot.size();) {
+    size_t b = i;
+    while (b < rot.size() && rot[b].dst == rot[i].dst) b++;
+    if (!(cache[rot[i].dst].sealed & CKV_ROT_MEANS_SET))
+      means.push_back(Job{rot[i].dst, (uint32_t)i, (uint32_t)(b - i), 0, rot[i].dst_fmt, rot[i].dst_cap, 0});
+    i = b;
+  }
   for (size_t i = 0; i < commit.size();) {
     size_t b = i;
     while (b < commit.size() && commit[b].dst == commit[i].dst) b++;
@@ -392,10 +437,16 @@ ckv_status run_moves(const ckv_geometry *g, const ckv_move *moves, size_t n, uns
       (st = upload(rot, &d_en[2], s)) != CKV_OK)
     return st;
   Entry *d_staged = d_en[0], *d_commit = d_en[1], *d_rot = d_en[2];
-  if ((st = upload(jobs, d_jobs, s)) != CKV_OK || (st = upload(prune, d_prune, s)) != CKV_OK) return st;
+  if ((st = upload(jobs, d_jobs, s)) != CKV_OK || (st = upload(prune, d_prune, s)) != CKV_OK ||
+      (st = upload(means, d_means, s)) != CKV_OK)
+    return st;
   unsigned L = g->n_layers, H = g->n_kv_heads;
   if (!staged.empty()) k_to_staged<<<(unsigned)staged.size() * L * 2u, 128, 0, s>>>(*g, d_staged);
   if (!rot.empty()) {
+    if (!means.empty()) {
+      k_rot_means<<<(unsigned)means.size() * L, ((H + 31u) / 32u) * 32u, 0, s>>>(*g, *d_means, d_rot);
+      k_rot_means_set<<<((unsigned)means.size() + 255u) / 256u, 256, 0, s>>>(*d_means, (uint32_t)means.size());
+    }
     k_to_rot<<<(unsigned)rot.size() * L * 2u, ((H + 31u) / 32u) * 32u, 0, s>>>(*g, d_rot);
     k_finish<<<((unsigned)rot.size() + 255u) / 256u, 256, 0, s>>>(d_rot, (uint32_t)rot.size(), flags & CKV_MOVE_SET_VALID);
   }
@@ -422,10 +473,10 @@ extern "C" ckv_status ckv_cuda_move(const ckv_geometry *g, const ckv_move *moves
   if (!g || (!moves && n_moves) || !ckv_format_valid(CKV_FORMAT_DRAFT, g, 1, 0)) return CKV_ERR_INVALID;
   if (n_moves == 0) return CKV_OK;
   Entry *d_en[3] = {nullptr, nullptr, nullptr};
-  Job *d_jobs = nullptr, *d_prune = nullptr;
-  ckv_status st = run_moves(g, moves, n_moves, flags, (cudaStream_t)stream, d_en, &d_jobs, &d_prune);
+  Job *d_jobs = nullptr, *d_prune = nullptr, *d_means = nullptr;
+  ckv_status st = run_moves(g, moves, n_moves, flags, (cudaStream_t)stream, d_en, &d_jobs, &d_prune, &d_means);
   cudaStream_t s = (cudaStream_t)stream;
-  for (void *p : {(void *)d_en[0], (void *)d_en[1], (void *)d_en[2], (void *)d_jobs, (void *)d_prune})
+  for (void *p : {(void *)d_en[0], (void *)d_en[1], (void *)d_en[2], (void *)d_jobs, (void *)d_prune, (void *)d_means})
     if (p) cudaFreeAsync(p, s);
   if (st != CKV_OK) (void)cudaStreamSynchronize(s); /* the host vectors the copies read die with run_moves */
   return st;

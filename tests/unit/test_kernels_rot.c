@@ -52,12 +52,13 @@ Test(rot, bits_per_element_within_a_quarter_bit) {
   for (size_t f = 0; f < 4; f++) {
     uint32_t fmt = rot_formats[f], b = ckv_format_code_bits(fmt);
     double bits = ckv_format_bits_per_element(fmt, &agent, CKV_DEFAULT_CAPACITY_COMMIT, 0);
-    /* 16 scale bits per 64 elements (0.25), plus header, positions and bitmap (measured 0.039) */
-    cr_expect(bits > b + 0.25 && bits <= b + 0.29, "%s: %.4f bits per element", fmt == CKV_FORMAT_ROT1 ? "rot1" : "rot", bits);
+    /* 16 scale bits per 64 elements (0.25), the block's FP16 key means (16 bits per key channel
+     * per 64 tokens: 0.125 averaged over K and V), header, positions and bitmap: b + 0.4219 */
+    cr_expect(bits > b + 0.25 && bits <= b + 0.43, "%s: %.4f bits per element", fmt == CKV_FORMAT_ROT1 ? "rot1" : "rot", bits);
     ckv_geometry g128 = agent;
     g128.head_dim = 128;
     double b128 = ckv_format_bits_per_element(fmt, &g128, CKV_DEFAULT_CAPACITY_COMMIT, 0);
-    cr_expect(b128 <= b + 0.15, "head_dim 128: %.4f bits", b128); /* measured b + 0.1445 */
+    cr_expect(b128 <= b + 0.28, "head_dim 128: %.4f bits", b128); /* measured b + 0.2734 */
   }
   /* what the KIVI formats cost at the same geometry, for the record */
   double k4 = ckv_format_bits_per_element(CKV_FORMAT_COMMIT4, &agent, CKV_DEFAULT_CAPACITY_COMMIT, 0);
@@ -123,10 +124,11 @@ static void round_trip(uint32_t fmt, uint32_t src_fmt, double *ret_k, double *re
 
 Test(rot, round_trip_error_within_measured_floors) {
   /* measured here (relative L2, keys with outlier channels / unit-normal values):
-   * rot4 0.0676/0.0989, rot3 0.143/0.190, rot2 0.274/0.344, rot1 0.524/0.601 (the values sit
+   * rot4 0.0427/0.0989, rot3 0.0885/0.190, rot2 0.165/0.344, rot1 0.283/0.601 (the values sit
    * near the uniform quantizer's Gaussian floor: 0.107, 0.193, 0.345, 0.603; the scale search
-   * of ckv_rot_quant_head took rot4 from 0.0965/0.107); bounds about 10% above */
-  static const double kmax[4] = {0.075, 0.158, 0.30, 0.58}, vmax[4] = {0.109, 0.209, 0.378, 0.661};
+   * of ckv_rot_quant_head took rot4 from 0.0965/0.107 and the block key means keys from
+   * 0.0676 to 0.0427); bounds about 10% above */
+  static const double kmax[4] = {0.047, 0.098, 0.182, 0.312}, vmax[4] = {0.109, 0.209, 0.378, 0.661};
   for (size_t f = 0; f < 4; f++) {
     double ke, ve;
     round_trip(rot_formats[f], CKV_FORMAT_DRAFT, &ke, &ve);
@@ -140,6 +142,12 @@ Test(rot, round_trip_error_within_measured_floors) {
   round_trip(CKV_FORMAT_ROT3, CKV_FORMAT_DRAFT, &rk, &rv);
   fprintf(stderr, "kivi2: key %.4f value %.4f; rot3: key %.4f value %.4f\n", kk, kv_, rk, rv);
   cr_expect(rk < kk && rv < kv_, "rot3 %.4f/%.4f vs kivi2 %.4f/%.4f", rk, rv, kk, kv_);
+  /* and rot4 keys against kivi4's (5.03 bits): within 10% at 0.6 fewer bits */
+  double k4, v4, r4k, r4v;
+  round_trip(CKV_FORMAT_COMMIT4, CKV_FORMAT_DRAFT, &k4, &v4);
+  round_trip(CKV_FORMAT_ROT4, CKV_FORMAT_DRAFT, &r4k, &r4v);
+  fprintf(stderr, "kivi4: key %.4f value %.4f; rot4: key %.4f value %.4f\n", k4, v4, r4k, r4v);
+  cr_expect(r4k < 1.1 * k4, "rot4 keys %.4f vs kivi4 %.4f", r4k, k4);
 }
 
 Test(rot, staged_and_rotated_sources) {
