@@ -83,6 +83,7 @@ typedef struct ckv_policy_params {
   double budget;               /* h2o/streaming: kept bytes as a fraction of FP16 */
   uint32_t commit_bits;        /* committed format: 4 or 2 */
   bool rotate;                 /* rotated committed formats (v2) where head_dim allows */
+  uint32_t cold_bits;          /* rotated: bits of committed non-facts; 0 = commit_bits */
   double prune_keep;           /* committed key channels kept (fraction); 1.0 = no pruning */
   bool semantic_estimate;      /* estimate a semantic score when the worker sends none */
 } ckv_policy_params;

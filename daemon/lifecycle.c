@@ -59,6 +59,14 @@ static uint32_t commit_format(const ckv_srv_session *s) {
   return s->params.commit_bits == 2 ? CKV_FORMAT_COMMIT2 : CKV_FORMAT_COMMIT4;
 }
 
+/* Bits by value: a rotated session stores its lasting facts in the commit
+ * format and every other committed token in the cold_bits one. */
+static uint32_t token_commit_format(const ckv_srv_session *s, uint32_t cf, size_t pos) {
+  if (!ckv_format_is_rot(cf) || s->params.cold_bits == 0 || ckv_judge_lasting_fact(&s->tokens, pos, &s->params))
+    return cf;
+  return ckv_format_rot_of_bits(s->params.cold_bits);
+}
+
 static int fill_index(uint32_t format) { return (int)format; }
 
 /* Reserves `count` consecutive slots of the current fill block of `format`
@@ -179,7 +187,7 @@ static int plan(ckv_srv_session *s, ckv_compressor *c, bool flush) {
         continue;
       uint32_t blk;
       uint16_t slot;
-      r = reserve(s, cf, 1, 1, &blk, &slot);
+      r = reserve(s, token_commit_format(s, cf, p), 1, 1, &blk, &slot);
       if (r == CKV_OK) r = plan_push(&b, s, (uint32_t)p, blk, slot);
       ready--;
     }

@@ -95,7 +95,7 @@ void ckv_judge_features(const ckv_tokens *t, size_t pos, uint32_t round, const c
  * quota or a drop does.  A fact asked for again twenty rounds later must
  * still be there.  Tokens committed because they went cold may still be
  * recycled when idle. */
-static int lasting_fact(const ckv_tokens *t, size_t pos, const ckv_judge_params *p) {
+int ckv_judge_lasting_fact(const ckv_tokens *t, size_t pos, const ckv_judge_params *p) {
   (void)p;
   return t->state[pos] == CKV_STATE_COMMITTED &&
          ((t->tags[pos] & 4) || (t->flags[pos] & CKV_TOKEN_FACT) ||
@@ -110,7 +110,7 @@ static int judge_rules(ckv_tokens *t, uint32_t round, const ckv_judge_params *p,
     if (st == CKV_STATE_RECYCLED) continue;
     int r = CKV_OK;
     uint32_t idle = round - t->last_attended[pos], age = round - t->last_transition[pos];
-    if (idle >= p->idle_rounds && t->role[pos] != 1 && !lasting_fact(t, pos, p)) {
+    if (idle >= p->idle_rounds && t->role[pos] != 1 && !ckv_judge_lasting_fact(t, pos, p)) {
       r = change(t, pos, CKV_STATE_RECYCLED, round, out);
     } else if (st == CKV_STATE_COMMITTED) {
       continue;

@@ -40,6 +40,7 @@ typedef struct ckv_judge_params {
   float budget;              /* h2o/streaming: kept tokens as a fraction of all */
   uint32_t commit_bits;      /* 4 or 2 */
   int rotate;                /* committed blocks in the rotated formats where head_dim allows */
+  uint32_t cold_bits;        /* rotated: bits of committed tokens that are not lasting facts (0 = commit_bits) */
   float prune_keep;          /* committed key channels kept (fraction) */
   int semantic_estimate_enabled; /* estimate semantic scores when the worker sends none */
   const ckv_mlp *mlp;        /* non-NULL: the mlp judge replaces the rules (commitkv policy) */
@@ -64,6 +65,10 @@ int ckv_transition_list_add(ckv_transition_list *l, uint64_t pos, uint8_t from, 
 /* Whether a token may never be recycled by the judge (sinks, system role).
  * The recent window is protected separately (it depends on n). */
 int ckv_judge_protected(const ckv_tokens *t, size_t pos, const ckv_judge_params *p);
+/* A committed token that is a lasting fact (committed for sustained attention
+ * while meaningful, confirmed, or scored a fact by the worker): never
+ * recycled for silence, and stored in the best-protected committed format. */
+int ckv_judge_lasting_fact(const ckv_tokens *t, size_t pos, const ckv_judge_params *p);
 
 /* Runs the judge for `round` over every token: updates t->state and
  * t->last_transition and appends each change to `out`.  Returns CKV_OK or
