@@ -342,6 +342,7 @@ int ckv_srv_session_append(ckv_srv_session *s, uint32_t count, const uint8_t *ro
       uint64_t pos = ckv_tokens_push(&s->tokens, roles ? roles[done] : 0, tags ? tags[done] : 0, sem,
                                      (uint32_t)s->last_round, cur, slot);
       if (!semantic) s->tokens.flags[pos] &= (uint8_t)~CKV_TOKEN_SEM_GIVEN;
+      else s->semantic_given++;
       positions[slot] = (uint32_t)pos;
       ckv_block_set_valid(base, slot, true);
       b->refs++;
@@ -364,6 +365,7 @@ int ckv_srv_session_report_round(ckv_srv_session *s, uint64_t round, uint64_t fi
                           s->tokens.n - s->count_by_state[CKV_STATE_RECYCLED]);
   for (size_t i = 0; i < n_sem; i++) {
     s->tokens.semantic[sem_pos[i]] = ckv_q16_from_unit(sem_scores[i]);
+    if (!(s->tokens.flags[sem_pos[i]] & CKV_TOKEN_SEM_GIVEN)) s->semantic_given++; /* each token once */
     s->tokens.flags[sem_pos[i]] |= CKV_TOKEN_SEM_GIVEN;
   }
   s->rounds++;
