@@ -301,7 +301,7 @@ uint64_t ckv_srv_session_append_bytes(const ckv_srv_session *s, uint32_t count) 
 
 static float estimate_semantic(ckv_srv_session *s, const uint32_t *token_ids, uint32_t i) {
   /* Without a score from the worker: rarity of the token id in this session
-   * (1 for a first occurrence, 1/(1+k) after k earlier ones), so templated
+   * (1 for a first occurrence, 1/(1+k/8) after k earlier ones), so templated
    * filler that repeats scores low.  Without ids either: a neutral 0.5. */
   if (!token_ids || !s->params.semantic_estimate_enabled) return 0.5f;
   long seen = idcount_bump(s->ids, token_ids[i]);
