@@ -97,9 +97,10 @@ static int cmd_stats(ckv_client *c, bool json) {
     }
     printf("], \"detached_sessions\": %" PRIu64 ", \"leases_expired\": %" PRIu64 ", \"sessions_detached\": %" PRIu64
            ", \"sessions_resumed\": %" PRIu64 ", \"sessions_expired\": %" PRIu64 ", \"requests\": %" PRIu64
-           ", \"errors\": %" PRIu64 ", \"rounds\": %" PRIu64 ", \"uptime_ms\": %" PRIu64 ", \"backend\": ",
+           ", \"errors\": %" PRIu64 ", \"rounds\": %" PRIu64 ", \"uptime_ms\": %" PRIu64
+           ", \"semantic_given_tokens\": %" PRIu64 ", \"backend\": ",
            s->detached_sessions, s->leases_expired, s->sessions_detached, s->sessions_resumed, s->sessions_expired,
-           s->requests, s->errors, s->rounds, s->uptime_ms);
+           s->requests, s->errors, s->rounds, s->uptime_ms, s->semantic_given_tokens);
     json_str(s->backend);
     printf("}\n");
   } else {

@@ -660,6 +660,7 @@ static int h_stats(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req,
   st->compress_refused = cs.refused_busy;
   uint64_t tr[4][4];
   memcpy(tr, s->counters.transitions, sizeof(tr));
+  st->semantic_given_tokens = s->counters.semantic_given; /* of gone sessions, as the transitions */
   size_t tcur = 0;
   ckv_srv_session *ts;
   while ((ts = ckv_strmap_next(s->sessions, &tcur, NULL))) {
@@ -667,6 +668,7 @@ static int h_stats(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req,
     for (int i = 0; i < 4; i++)
       for (int j = 0; j < 4; j++) tr[i][j] += ts->transitions[i][j];
     st->pending_tokens += ckv_lifecycle_pending(ts);
+    st->semantic_given_tokens += ts->semantic_given;
   }
   st->transitions_staged = tr[0][1];
   st->transitions_committed = tr[1][2];

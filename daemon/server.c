@@ -191,6 +191,7 @@ void ckv_server_destroy_session(ckv_server *s, ckv_srv_session *sess) {
   ckv_server_session_key(sess->tenant, sess->id, key, sizeof(key));
   if (ckv_strmap_get(s->sessions, key) == sess) ckv_strmap_del(s->sessions, key);
   sess->tenant->n_sessions--;
+  s->counters.semantic_given += sess->semantic_given;
   for (int i = 0; i < 4; i++)
     for (int j = 0; j < 4; j++) {
       s->counters.transitions[i][j] += sess->transitions[i][j];

@@ -117,6 +117,7 @@ typedef struct ckv_counters {
    * client, freed after detach_keep without one. */
   uint64_t sessions_detached, sessions_resumed, sessions_expired;
   uint64_t transitions[4][4]; /* of sessions already gone; live ones keep their own */
+  uint64_t semantic_given;    /* likewise: tokens with a worker's semantic score */
 } ckv_counters;
 
 typedef struct ckv_server {

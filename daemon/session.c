@@ -304,7 +304,7 @@ uint64_t ckv_srv_session_append_bytes(const ckv_srv_session *s, uint32_t count) 
 
 static float estimate_semantic(ckv_srv_session *s, const uint32_t *token_ids, uint32_t i) {
   /* Without a score from the worker: rarity of the token id in this session
-   * (1 for a first occurrence, 1/(1+k) after k earlier ones), so templated
+   * (1 for a first occurrence, 1/(1+k/8) after k earlier ones), so templated
    * filler that repeats scores low.  Without ids either: a neutral 0.5. */
   if (!token_ids || !s->params.semantic_estimate_enabled) return 0.5f;
   long seen = idcount_bump(s->ids, token_ids[i]);
@@ -345,6 +345,7 @@ int ckv_srv_session_append(ckv_srv_session *s, uint32_t count, const uint8_t *ro
       uint64_t pos = ckv_tokens_push(&s->tokens, roles ? roles[done] : 0, tags ? tags[done] : 0, sem,
                                      (uint32_t)s->last_round, cur, slot);
       if (!semantic) s->tokens.flags[pos] &= (uint8_t)~CKV_TOKEN_SEM_GIVEN;
+      else s->semantic_given++;
       positions[slot] = (uint32_t)pos;
       ckv_block_set_valid(base, slot, true);
       b->refs++;
@@ -367,6 +368,7 @@ int ckv_srv_session_report_round(ckv_srv_session *s, uint64_t round, uint64_t fi
                           s->tokens.n - s->count_by_state[CKV_STATE_RECYCLED]);
   for (size_t i = 0; i < n_sem; i++) {
     s->tokens.semantic[sem_pos[i]] = ckv_q16_from_unit(sem_scores[i]);
+    if (!(s->tokens.flags[sem_pos[i]] & CKV_TOKEN_SEM_GIVEN)) s->semantic_given++; /* each token once */
     s->tokens.flags[sem_pos[i]] |= CKV_TOKEN_SEM_GIVEN;
   }
   s->rounds++;

@@ -87,6 +87,7 @@ typedef struct ckv_srv_session {
   uint64_t last_round;      /* round number of the last ReportRound */
   uint64_t count_by_state[4]; /* logical states */
   uint64_t transitions[4][4]; /* counts by (from, to) */
+  uint64_t semantic_given;   /* tokens whose semantic score came from the worker (else estimated) */
   uint64_t lane;            /* compressor lane: this session's moves run in order */
   uint32_t jobs_inflight;   /* compressor jobs not yet published */
   bool doomed;              /* dropped while jobs were in flight: freed when they finish */

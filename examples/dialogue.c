@@ -6,7 +6,7 @@
  *                     [--param key=value ...] [--shadow] [--shadow-fp32]
  *                     [--json] [--limit N] [--bos ID] [--socket EP]
  *                     [--attach-socket PATH] [--prefix ID] [--sync] [--keep]
- *                     [--quiet] [--reconnect-timeout-ms MS]
+ *                     [--quiet] [--reconnect-timeout-ms MS] [--semantic embed|none]
  *
  * A byte-level model (ids 0..255 are bytes; BOS --bos, by default 256 when
  * the vocabulary is 257, else 1).  Each dialogue is one session, each turn
@@ -39,6 +39,13 @@
  * round and at the end (after the pending transitions settled).  A table for
  * people, --json for machines (one object; "said_hex" holds each answer's
  * bytes exactly, "said" the same bytes read as Latin-1).
+ *
+ * Semantic scores (--semantic embed, the default; worker.h): each turn is
+ * embedded from the model's final hidden states; system turns and the first
+ * user turn of a topic state the task; a user turn that shifts the topic in
+ * the dialogues' words ("Forget that, ...": dialogue_turn_is_topic_shift)
+ * abandons it, which lowers the scores of the turns before it.  --semantic
+ * none sends no scores (the daemon estimates them from token rarity).
  *
  * A dialogue longer than the model's positions is cut after its last
  * answer turn; one whose answers do not fit is skipped (and counted).
@@ -114,7 +121,7 @@ static void usage(void) {
           "usage: commitkv-dialogue --dialogues FILE.jsonl [--model PATH] [--policy NAME] [--param key=value ...]\n"
           "                         [--shadow] [--shadow-fp32] [--json] [--limit N] [--bos ID] [--socket EP]\n"
           "                         [--attach-socket PATH] [--prefix ID] [--sync] [--keep] [--quiet]\n"
-          "                         [--reconnect-timeout-ms MS]\n");
+          "                         [--reconnect-timeout-ms MS] [--semantic embed|none]\n");
 }
 
 static int parse_args(int argc, char **argv, opts *o) {
@@ -127,7 +134,8 @@ static int parse_args(int argc, char **argv, opts *o) {
       {"attach-socket", required_argument, 0, 'a'}, {"prefix", required_argument, 0, 'p'},
       {"sync", no_argument, 0, 'y'},            {"keep", no_argument, 0, 'k'},
       {"quiet", no_argument, 0, 'q'},           {"help", no_argument, 0, 'h'},
-      {"reconnect-timeout-ms", required_argument, 0, 'R'}, {0, 0, 0, 0}};
+      {"reconnect-timeout-ms", required_argument, 0, 'R'}, {"semantic", required_argument, 0, 'E'},
+      {0, 0, 0, 0}};
   int ch, bad = 0;
   long v = 0;
   while (!bad && (ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -154,6 +162,7 @@ static int parse_args(int argc, char **argv, opts *o) {
       case 'R':
         if (!(bad = llm_worker_parse_long(optarg, 0, 24L * 3600 * 1000, &v))) o->w.reconnect_ms = (int)v;
         break;
+      case 'E': bad = llm_worker_parse_semantic(optarg, &o->w); break;
       case 'h': usage(); exit(0);
       default: bad = -1; break;
     }
@@ -238,6 +247,7 @@ static int run_dialogue(const opts *o, const ckv_model *m, ckv_client *c, const 
     const dialogue_turn *turn = &d->turns[t];
     const dialogue_recall *r = dialogue_recall_at(d, t);
     what = "round";
+    if (dialogue_turn_is_topic_shift(turn)) llm_worker_topic_shift(&w);
     if (t == 0) e = llm_worker_token(&w, bos, CKV_ROLE_SYSTEM, CKV_TAG_TURN_START);
     if (e == CKV_OK && r) {
       item *it = &items[(*n_items)];
@@ -392,6 +402,7 @@ static int print_json(const opts *o, const char *path, const dialogue_set *ds, i
   json_object_set_new(root, "policy", json_string(policy));
   json_object_set_new(root, "shadow", !sh ? json_null() : json_string(o->w.shadow_fp32 ? "fp32" : "fp16"));
   json_object_set_new(root, "bos", json_integer(bos));
+  json_object_set_new(root, "semantic", json_string(o->w.semantic_off ? "none" : "embed"));
   json_object_set_new(root, "dialogues", json_integer((json_int_t)n_res));
   json_object_set_new(root, "skipped", json_integer((json_int_t)skipped));
   json_object_set_new(root, "questions", json_integer((json_int_t)s->questions));

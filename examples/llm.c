@@ -40,6 +40,13 @@
  *                [--assistant-tokens A] [--seed S] [--policy NAME]
  *                [--param key=value ...] [--shadow] [--shadow-fp32] [--json]
  *                [--prefix ID] [--quiet] [--keep] [--sync]
+ *                [--semantic embed|none]
+ *
+ * Semantic scores (--semantic embed, the default): each turn is embedded
+ * from the model's own final hidden states and every token scored by
+ * similarity to the task (BOS and the first user turn) and by novelty
+ * (commitkv/semantic.h); the scores travel with each report.  --semantic
+ * none sends none, and the daemon estimates them from token-id rarity.
  *
  * Transitions are compressed asynchronously by the daemon, so which format a
  * token is read in at a given step depends on timing, and so do the figures
@@ -111,7 +118,7 @@ static void usage(void) {
           "                    [--rounds R] [--user-tokens U] [--assistant-tokens A] [--seed S]\n"
           "                    [--policy NAME] [--param key=value ...] [--shadow] [--shadow-fp32]\n"
           "                    [--json] [--prefix ID] [--quiet] [--keep] [--sync]\n"
-          "                    [--reconnect-timeout-ms MS]\n");
+          "                    [--reconnect-timeout-ms MS] [--semantic embed|none]\n");
 }
 
 static int parse_int(const char *s, int lo, int hi, int *ret) {
@@ -132,7 +139,8 @@ static int parse_args(int argc, char **argv, opts *o) {
       {"json", no_argument, 0, 'j'},             {"prefix", required_argument, 0, 'p'},
       {"quiet", no_argument, 0, 'q'},            {"keep", no_argument, 0, 'k'},
       {"sync", no_argument, 0, 'y'},             {"help", no_argument, 0, 'h'},
-      {"reconnect-timeout-ms", required_argument, 0, 'R'}, {0, 0, 0, 0}};
+      {"reconnect-timeout-ms", required_argument, 0, 'R'}, {"semantic", required_argument, 0, 'E'},
+      {0, 0, 0, 0}};
   int ch, bad = 0;
   while (!bad && (ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
     switch (ch) {
@@ -154,6 +162,7 @@ static int parse_args(int argc, char **argv, opts *o) {
       case 'k': o->w.keep = true; break;
       case 'y': o->w.sync = true; break;
       case 'R': bad = parse_int(optarg, 0, 24 * 3600 * 1000, &o->w.reconnect_ms); break;
+      case 'E': bad = llm_worker_parse_semantic(optarg, &o->w); break;
       case 'h': usage(); exit(0);
       default: bad = -1; break;
     }

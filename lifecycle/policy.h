@@ -103,8 +103,10 @@ int ckv_policy_from_name(const char *name);
     "Fraction of key channels kept in committed blocks (ThinK-style pruning); 1.0 = off, as "     \
     "pruning adds error on top of quantization.")                                                 \
   X(semantic_estimate, semantic_estimate_enabled, BOOL, 1, 0, 1, 0,                               \
-    "Estimate a semantic score from the keys when the worker sends none, so the filler "          \
-    "filter always has a signal.")
+    "When the worker sends no semantic score, estimate one from token-id rarity in the "          \
+    "session (1 at an id's first occurrence, 1/(1 + k/8) after k earlier ones), so repeated "    \
+    "filler scores low; without token ids, or when off, a neutral 0.5. An estimate never "        \
+    "marks a lasting fact.")
 
 /* The config file's text of a BOOL default. */
 #define CKV_JUDGE_PARAM_YESNO_1 "yes"

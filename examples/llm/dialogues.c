@@ -32,6 +32,13 @@ static const struct {
 static const long k_bucket_hi[DIALOGUE_N_BUCKETS - 1] = {128, 256, 512, -1};
 static const char *const k_bucket_names[DIALOGUE_N_BUCKETS] = {"0-127", "128-255", "256-511", "512+", "unknown"};
 
+bool dialogue_turn_is_topic_shift(const dialogue_turn *t) {
+  static const char *const openings[] = {"Forget that", "Never mind that"};
+  for (size_t i = 0; t->role == 'U' && i < sizeof(openings) / sizeof(openings[0]); i++)
+    if (!strncmp(t->text, openings[i], strlen(openings[i]))) return true;
+  return false;
+}
+
 const char *dialogue_fact_kind(const char *answer) {
   for (size_t i = 0; i < sizeof(k_kinds) / sizeof(k_kinds[0]); i++)
     if (!strncmp(answer, k_kinds[i].prefix, strlen(k_kinds[i].prefix))) return k_kinds[i].kind;

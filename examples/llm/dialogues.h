@@ -15,6 +15,7 @@
 #ifndef CKV_EXAMPLES_LLM_DIALOGUES_H
 #define CKV_EXAMPLES_LLM_DIALOGUES_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 typedef struct dialogue_turn {
@@ -57,6 +58,11 @@ size_t dialogue_turn_position(const dialogue *d, size_t t);
 
 /* The recall entry answered by turn t, or NULL. */
 const dialogue_recall *dialogue_recall_at(const dialogue *d, size_t t);
+
+/* Whether turn t abandons the topic before it: a user turn that says so in
+ * the words of the dialogues' topic shifts ("Forget that, let us do
+ * something else.", "Never mind that, ..."; the file has no other marker). */
+bool dialogue_turn_is_topic_shift(const dialogue_turn *t);
 
 /* The fact kind of an answer sentence ("Your booking code is KX4821." ->
  * "booking_code"), from the task's fixed sentence forms (the table of

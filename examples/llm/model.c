@@ -361,6 +361,7 @@ const float *ckv_model_state_q(const ckv_model_state *s) { return s->q; }
 const float *ckv_model_state_k(const ckv_model_state *s) { return s->k; }
 const float *ckv_model_state_v(const ckv_model_state *s) { return s->v; }
 float *ckv_model_state_attn_buf(ckv_model_state *s) { return s->att; }
+const float *ckv_model_state_hidden(const ckv_model_state *s) { return s->xb; } /* ckv_model_logits leaves it there */
 
 int ckv_model_embed(const ckv_model *m, ckv_model_state *s, int token) {
   if (!m || !s || s->m != m) return CKV_ERR_INVALID;

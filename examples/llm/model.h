@@ -134,6 +134,11 @@ int ckv_model_finish_layer(const ckv_model *m, ckv_model_state *s, int layer, co
  * rmsnorm(x).  Returns CKV_OK, CKV_ERR_INVALID, CKV_ERR_STATE. */
 int ckv_model_logits(const ckv_model *m, ckv_model_state *s, float *ret_logits);
 
+/* The token's final hidden state, rmsnorm(x) with the final norm's weights
+ * (dim floats, owned by s): what the classifier read.  Valid after
+ * ckv_model_logits() until the next call on s. */
+const float *ckv_model_state_hidden(const ckv_model_state *s);
+
 /* Reference attention over a plain FP32 cache of one layer.  Row t (t <
  * n_pos) of the cache is k_cache + t*row_stride (and likewise v_cache): kv_dim
  * floats, KV heads concatenated.  For each query head h, with kv head

@@ -1,8 +1,9 @@
 /* worker.c - the per-token machinery of a worker whose KV cache lives in
  * commitkvd (worker.h says what it does): steps through the model with K/V
  * in the session's draft slots and fused attention over its view, the FP16
- * shadow, the round's report and acknowledgement, the daemon's figures,
- * greedy decoding aside, and riding through a daemon restart. */
+ * shadow, the turns' embeddings and semantic scores, the round's report and
+ * acknowledgement, the daemon's figures, greedy decoding aside, and riding
+ * through a daemon restart. */
 #include "examples/llm/worker.h"
 
 #include <errno.h>
@@ -183,6 +184,24 @@ static void compare(llm_worker *r) {
   }
 }
 
+/* Adds the token just run (the commitkv path's final hidden state) to its
+ * turn's embedding; a new turn states the task when it is a system turn or
+ * the topic's first user turn, unless it is the one that shifts the topic. */
+static int embed_token(llm_worker *r, uint8_t role, uint8_t tag) {
+  bool new_turn = (tag & CKV_TAG_TURN_START) || !ckv_semantic_turns_tokens(r->sem);
+  int e = ckv_semantic_turns_add(r->sem, ckv_model_state_hidden(r->st), new_turn);
+  if (e < 0 || !new_turn) return e;
+  uint8_t flags = 0;
+  if (r->shift_next) {
+    flags = CKV_SEMANTIC_TOPIC_SHIFT;
+    r->shift_next = r->topic_has_task = false;
+  } else if (role == CKV_ROLE_SYSTEM || (role == CKV_ROLE_USER && !r->topic_has_task)) {
+    flags = CKV_SEMANTIC_TASK;
+    r->topic_has_task |= role == CKV_ROLE_USER;
+  }
+  return flags ? ckv_semantic_turns_mark(r->sem, flags) : CKV_OK;
+}
+
 /* Appends one token, runs it through both paths, compares.  The token joins
  * the stream a rebuilt session is re-prefilled from once its K/V is in the
  * daemon's slots. */
@@ -198,6 +217,7 @@ static int step(llm_worker *r, int token, uint8_t role, uint8_t tag) {
   r->roles[pos] = role;
   r->tags[pos] = tag;
   r->n_done = pos + 1;
+  if (r->sem && (e = embed_token(r, role, tag)) < 0) return e;
   if (r->sh) {
     if ((e = step_shadow(r, token, pos)) < 0) return e;
     compare(r);
@@ -363,11 +383,20 @@ static int settle(llm_worker *r, int poll_ms, bool final) {
 
 /* ---- rounds --------------------------------------------------------------- */
 
+/* Every token's semantic score so far, to travel with the next report:
+ * all of them, as a new turn moves the centring and a shift the topic. */
+static int queue_semantic(llm_worker *r) {
+  size_t n = ckv_semantic_turns_tokens(r->sem);
+  int e = n ? ckv_semantic_turns_scores(r->sem, /* weights= */ NULL, r->sem_scores) : CKV_OK;
+  return e < 0 || !n ? e : ckv_session_set_semantic(r->s, r->sem_pos, r->sem_scores, n);
+}
+
 /* The end of a turn: the report (once), then a fresh view. */
 static int finish_turn(llm_worker *r, int round) {
   int e;
   if (r->reported < (uint64_t)round) {
     ckv_round_result rr;
+    if (r->sem && (e = queue_semantic(r)) < 0) return e;
     e = ckv_session_report(r->s, (uint64_t)round, 0, r->mass, ckv_session_tokens(r->s), &rr);
     if (e < 0) {
       r->report_lost = e == CKV_ERR_TIMEOUT; /* sent; whether the daemon took it is unknown */
@@ -405,6 +434,12 @@ int llm_worker_params_add(llm_worker_params *p, char *kv) {
   return 0;
 }
 
+int llm_worker_parse_semantic(const char *s, llm_worker_options *o) {
+  if (strcmp(s, "embed") && strcmp(s, "none")) return -1;
+  o->semantic_off = !strcmp(s, "none");
+  return 0;
+}
+
 int llm_worker_init(llm_worker *r, const llm_worker_options *o, const ckv_model *m, ckv_client *c,
                     llm_worker_stats *res) {
   *r = (llm_worker){.o = o, .m = m, .mc = ckv_model_config_get(m), .c = c, .res = res};
@@ -416,7 +451,14 @@ int llm_worker_init(llm_worker *r, const llm_worker_options *o, const ckv_model 
                                    .param_values = o->param_values, .n_params = o->n_params};
   int e = ckv_model_state_new(m, /* private_cache= */ false, &r->st);
   if (e == CKV_OK && o->shadow) e = ckv_model_state_new(m, /* private_cache= */ false, &r->sh);
+  if (e == CKV_OK && !o->semantic_off) e = ckv_semantic_turns_new((size_t)mc->dim, &r->sem);
   if (e < 0) return e;
+  if (r->sem) {
+    r->sem_scores = malloc((size_t)mc->seq_len * sizeof(float));
+    r->sem_pos = malloc((size_t)mc->seq_len * sizeof(uint32_t));
+    if (!r->sem_scores || !r->sem_pos) return -ENOMEM;
+    for (int i = 0; i < mc->seq_len; i++) r->sem_pos[i] = (uint32_t)i;
+  }
   r->logits = malloc((size_t)mc->vocab_size * sizeof(float));
   r->sh_logits = malloc((size_t)mc->vocab_size * sizeof(float));
   r->probs = malloc((size_t)mc->vocab_size * sizeof(float));
@@ -456,6 +498,9 @@ void llm_worker_done(llm_worker *r) {
   free((void *)r->blocks);
   free(r->ws);
   free(r->aside);
+  ckv_semantic_turns_free(r->sem);
+  free(r->sem_scores);
+  free(r->sem_pos);
   *r = (llm_worker){0};
 }
 
@@ -472,6 +517,8 @@ int llm_worker_open(llm_worker *r, const char *id) {
 }
 
 int llm_worker_token(llm_worker *r, int token, uint8_t role, uint8_t tag) { return step_retry(r, token, role, tag); }
+
+void llm_worker_topic_shift(llm_worker *r) { r->shift_next = true; }
 
 int llm_worker_end_round(llm_worker *r, int round) {
   for (;;) {

@@ -20,6 +20,14 @@
  * and top-1 agreement, counted only where the shadow's top token leads the
  * second by more than LLM_WORKER_TOP1_MARGIN in probability.
  *
+ * Semantic scores (commitkv/semantic.h): each turn (from a token tagged
+ * CKV_TAG_TURN_START to the next) is embedded as the mean of the model's
+ * final hidden state over its tokens; system turns and the first user turn
+ * of a topic state the task, and llm_worker_topic_shift() makes the next
+ * turn abandon the topic.  Every report carries the score of every token so
+ * far (a later turn or a shift changes earlier ones).  options.semantic_off
+ * sends none: the daemon then estimates them (token rarity).
+ *
  * llm_worker_decode_aside() decodes greedily without appending anything: the
  * decoded tokens' FP16 K/V go to a private draft block that the attention
  * reads after the view's blocks, so the daemon's session (and the shadow's
@@ -49,6 +57,7 @@
 #include <stdint.h>
 
 #include "commitkv/commitkv.h"
+#include "commitkv/semantic.h"
 #include "examples/llm/model.h"
 
 #define LLM_WORKER_TOP1_MARGIN 0.05f /* near-ties (FP16 rounding flips them) do not count */
@@ -62,6 +71,7 @@ typedef struct llm_worker_options {
   bool shadow, shadow_fp32;
   bool sync; /* after each report, wait until the round's moves are published */
   bool keep; /* llm_worker_end() closes (the daemon keeps it) instead of dropping */
+  bool semantic_off; /* --semantic none: no scores from embeddings, the daemon estimates them */
   int reconnect_ms;
 } llm_worker_options;
 
@@ -77,6 +87,8 @@ int llm_worker_parse_long(const char *s, long lo, long hi, long *ret);
 /* Adds one `key=value` (kv is cut at the '=' and must outlive p).  0, or -1
  * for a malformed pair or a full table. */
 int llm_worker_params_add(llm_worker_params *p, char *kv);
+/* `--semantic embed|none` into o->semantic_off.  0, or -1 for another word. */
+int llm_worker_parse_semantic(const char *s, llm_worker_options *o);
 
 /* What one session measured. */
 typedef struct llm_worker_stats {
@@ -124,6 +136,11 @@ typedef struct llm_worker {
   uint32_t pending;         /* tokens that report left being moved */
   bool report_lost;         /* a report went out and its answer never came */
   float *saved_mass;        /* the round's mass while a re-prefill adds its own */
+  ckv_semantic_turns *sem;  /* turn embeddings of the stream (NULL with options.semantic_off) */
+  float *sem_scores;        /* per position, for the report */
+  uint32_t *sem_pos;        /* 0, 1, 2, ...: every position is scored */
+  bool shift_next;          /* llm_worker_topic_shift(): the next turn abandons the topic */
+  bool topic_has_task;      /* the current topic's user request was seen */
   ckv_geometry geom;        /* what the session is opened with, again after a restart */
   ckv_session_options sopts;
 } llm_worker;
@@ -142,6 +159,11 @@ int llm_worker_open(llm_worker *w, const char *id);
  * (then w->logits, w->sh_logits predict the next one), as often as a daemon
  * restart makes it necessary. */
 int llm_worker_token(llm_worker *w, int token, uint8_t role, uint8_t tag);
+
+/* The next turn (the next token tagged CKV_TAG_TURN_START) abandons the
+ * topic before it: its turns' semantic scores drop, and the next user turn
+ * states the new task. */
+void llm_worker_topic_shift(llm_worker *w);
 
 /* The end of round `round` (from 1, increasing): the report of its mass
  * (once), with options.sync the wait for its moves, a fresh view; the mass

@@ -19,7 +19,10 @@
  *    decoding is a fixed point of the forward pass);
  *  - the bytes against FP16 are those of an uncompressed cache;
  *  - under kivi2 (with --sync, so it is repeatable; two of the dialogues)
- *    the KL is well above 0 and the cache smaller than FP16.
+ *    the KL is well above 0 and the cache smaller than FP16;
+ *  - semantic scores come from the model's embeddings: by default every
+ *    token the fp16 run appended got a score from the worker (the daemon's
+ *    semantic_given_tokens counts them), with --semantic none not one.
  * A malformed dialogue file is refused with the line named, exit 2. */
 #include <criterion/criterion.h>
 #include <jansson.h>
@@ -296,11 +299,23 @@ Test(dialogue, fp16_is_the_plain_forward_pass_and_kivi2_is_not, .timeout = 900) 
   for (size_t i = 0; i < DLG_COUNT; i++)
     questions += json_array_size(json_object_get(json_array_get(dialogues, i), "recall"));
 
+  unsigned long long given0 = ckv_test_stat(&d, "semantic_given_tokens");
   json_t *fp16 = run_dialogue(&d, model, data, "fp16", "5", NULL);
   cr_expect_eq(num(fp16, "dialogues"), DLG_COUNT, "every dialogue runs");
   cr_expect_eq(num(fp16, "skipped"), 0);
   cr_expect_eq(num(fp16, "bos"), BOS, "BOS 256 for a vocabulary of 257");
   cr_expect_eq(num(fp16, "questions"), (double)questions, "every recall question is answered");
+  double appended = 0;
+  json_t *sessions = json_object_get(fp16, "sessions");
+  for (size_t i = 0; i < json_array_size(sessions); i++) appended += num(json_array_get(sessions, i), "tokens");
+  unsigned long long given = ckv_test_stat(&d, "semantic_given_tokens") - given0;
+  cr_log_info("fp16: %llu of %.0f tokens got a semantic score from the worker", given, appended);
+  cr_expect_gt(appended, 1000);
+  cr_expect_eq((double)given, appended, "every appended token should carry the worker's semantic score");
+  json_t *none = run_dialogue(&d, model, data, "fp16", "1", "--semantic=none");
+  cr_expect_str_eq(json_string_value(json_object_get(none, "semantic")), "none");
+  cr_expect_eq(ckv_test_stat(&d, "semantic_given_tokens") - given0, given, "--semantic none sends no scores");
+  json_decref(none);
   json_t *items = json_object_get(fp16, "items");
   cr_expect_eq(json_array_size(items), questions);
   double kl = num(fp16, "kl_mean"), kl_max = num(fp16, "kl_max"), top1 = num(fp16, "top1_agreement");
