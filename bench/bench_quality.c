@@ -69,6 +69,7 @@
 
 #include "bench/bench.h"
 #include "bench/bench_daemon.h"
+#include "bench/format_errors.h"
 #include "bench/workload.h"
 #include "client/rpc.h"
 #include "commitkv/commitkv.h"
@@ -121,7 +122,34 @@ typedef struct workload_result {
   uint32_t rounds;
   uint64_t tokens;
   policy_result pol[N_POLICIES];
+  ckv_format_errors formats[CKV_FORMAT_ERRORS_MAX]; /* every format on this workload's K/V */
+  int n_formats;
+  uint64_t format_tokens; /* tokens they were measured on */
 } workload_result;
+
+/* Tokens of the synthetic K/V the formats are measured on (the first ones of the session). */
+#define FORMAT_TOKENS 2048u
+
+/* Every format's bits and error on the first FORMAT_TOKENS tokens of the workload wp. */
+static void measure_formats(const ckv_workload_params *wp, workload_result *wr) {
+  ckv_workload *w;
+  if (ckv_workload_new(wp, &w, NULL) != 0) return;
+  ckv_geometry g = {wp->n_layers, wp->n_kv_heads, wp->head_dim, CKV_DTYPE_FP16};
+  size_t tok = (size_t)wp->n_layers * 2u * wp->n_kv_heads * wp->head_dim, n = 0;
+  uint16_t *kv = malloc(FORMAT_TOKENS * tok * sizeof(uint16_t));
+  ckv_workload_round rd;
+  while (kv && n < FORMAT_TOKENS && ckv_workload_next(w, &rd) == 0) {
+    size_t take = rd.n_tokens < FORMAT_TOKENS - n ? rd.n_tokens : FORMAT_TOKENS - n;
+    memcpy(kv + n * tok, rd.kv, take * tok * sizeof(uint16_t));
+    n += take;
+  }
+  int r = kv && n ? ckv_format_errors_measure(&g, kv, n, wr->formats) : -1;
+  wr->n_formats = r > 0 ? r : 0;
+  wr->format_tokens = n;
+  if (r < 0) fprintf(stderr, "commitkv-bench: formats not measured (%d)\n", r);
+  free(kv);
+  ckv_workload_free(w);
+}
 
 static int64_t now_ns(void) {
   struct timespec ts;
@@ -524,6 +552,7 @@ static int run_synthetic(const options *o, const ckv_bench_daemon *d, workload_r
   wr->rounds = wp.rounds;
   wr->tokens = ckv_workload_total_tokens(probe);
   probe = ckv_workload_free(probe);
+  measure_formats(&wp, wr);
   fprintf(stderr,
           "commitkv-bench: agent-synthetic: %u layers x %u kv heads x %u dims (%u query heads), %u rounds, "
           "%llu tokens, %u facts\n",
@@ -809,6 +838,11 @@ static void print_json(const options *o, const workload_result *wr, size_t n) {
       for (uint32_t k = 0; r->ratio_round && k < w->rounds; k++) printf("%s%.4f", k ? ", " : "", r->ratio_round[k]);
       printf("]}");
     }
+    printf("], \"format_tokens\": %llu, \"formats\": [", (unsigned long long)w->format_tokens);
+    for (int f = 0; f < w->n_formats; f++)
+      printf("%s{\"format\": \"%s\", \"bits_per_element\": %.4f, \"key_rel_error\": %.5f, \"value_rel_error\": %.5f}",
+             f ? ", " : "", w->formats[f].name, w->formats[f].bits_per_element, w->formats[f].key_rel_error,
+             w->formats[f].value_rel_error);
     printf("]}");
   }
   printf("]}\n");
@@ -855,6 +889,13 @@ static void print_table(const workload_result *wr, size_t n) {
                (double)r->final.bytes[2] / 1048576.0);
       if (r->budget > 0) printf("  (budget %.3f)", r->budget);
       putchar('\n');
+    }
+    if (w->n_formats) {
+      printf("\nformats on %llu tokens of its K/V:\n%-10s %10s %10s %10s\n", (unsigned long long)w->format_tokens,
+             "format", "bits/elem", "key err", "value err");
+      for (int f = 0; f < w->n_formats; f++)
+        printf("%-10s %10.3f %10.4f %10.4f\n", w->formats[f].name, w->formats[f].bits_per_element,
+               w->formats[f].key_rel_error, w->formats[f].value_rel_error);
     }
     putchar('\n');
   }

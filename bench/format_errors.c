@@ -1,0 +1,89 @@
+/* format_errors.c - see format_errors.h. */
+#include "bench/format_errors.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/kernels.h"
+
+static const struct {
+  const char *name;
+  uint32_t format;
+} k_formats[CKV_FORMAT_ERRORS_MAX] = {
+    {"int8", CKV_FORMAT_STAGED}, {"kivi4", CKV_FORMAT_COMMIT4}, {"kivi2", CKV_FORMAT_COMMIT2}, {"rot4", CKV_FORMAT_ROT4},
+    {"rot3", CKV_FORMAT_ROT3},   {"rot2", CKV_FORMAT_ROT2},     {"rot1", CKV_FORMAT_ROT1},
+};
+
+static void *new_block(uint32_t fmt, const ckv_geometry *g, uint32_t cap) {
+  size_t n = ckv_format_block_bytes(fmt, g, cap, 0);
+  void *b = n ? aligned_alloc(64, (n + 63u) / 64u * 64u) : NULL;
+  if (b && ckv_block_init(b, fmt, g, cap, 0, 1) != CKV_OK) {
+    free(b);
+    b = NULL;
+  }
+  return b;
+}
+
+int ckv_format_errors_measure(const ckv_geometry *g, const uint16_t *kv, size_t n, ckv_format_errors *out) {
+  const uint32_t cap = CKV_DEFAULT_CAPACITY_COMMIT;
+  const size_t te = ckv_draft_token_elems(g), tok = (size_t)g->n_layers * 2u * te;
+  size_t n_blocks = (n + cap - 1) / cap;
+  if (!n || !ckv_format_valid(CKV_FORMAT_DRAFT, g, cap, 0)) return CKV_ERR_INVALID;
+  void **draft = calloc(n_blocks, sizeof(void *));
+  float *x = malloc(te * sizeof(float)), *y = malloc(te * sizeof(float));
+  ckv_move *moves = malloc(cap * sizeof(ckv_move));
+  int rows = draft && x && y && moves ? 0 : -12;
+  /* the tokens in draft blocks of cap slots */
+  for (size_t b = 0; b < n_blocks && rows == 0; b++) {
+    if (!(draft[b] = new_block(CKV_FORMAT_DRAFT, g, cap))) {
+      rows = -12;
+      break;
+    }
+    for (uint32_t s = 0; s < cap && b * cap + s < n; s++) {
+      const uint16_t *t = kv + (b * cap + s) * tok;
+      for (uint32_t l = 0; l < g->n_layers; l++)
+        for (uint32_t k = 0; k < 2; k++)
+          memcpy((uint8_t *)draft[b] + ckv_draft_kv_offset(g, cap, l, k, s), t + ((size_t)l * 2u + k) * te, te * 2u);
+      ckv_block_positions(draft[b])[s] = (uint32_t)(b * cap + s);
+      ckv_block_set_valid(draft[b], s, true);
+    }
+  }
+  for (int f = 0; f < CKV_FORMAT_ERRORS_MAX && rows >= 0; f++) {
+    uint32_t fmt = k_formats[f].format;
+    if (!ckv_format_valid(fmt, g, cap, 0)) continue;
+    double e2[2] = {0, 0}, x2[2] = {0, 0};
+    for (size_t b = 0; b < n_blocks && rows >= 0; b++) {
+      void *dst = new_block(fmt, g, cap);
+      uint32_t m = 0;
+      for (uint32_t s = 0; s < cap && b * cap + s < n; s++)
+        moves[m++] = (ckv_move){.src = draft[b], .src_slot = s, .dst = dst, .dst_slot = s};
+      if (!dst || ckv_kernels_move(g, moves, m, CKV_MOVE_SET_VALID) != CKV_OK) rows = dst ? CKV_ERR_INTERNAL : -12;
+      for (uint32_t s = 0; s < m && rows >= 0; s++)
+        for (uint32_t l = 0; l < g->n_layers; l++)
+          for (uint32_t k = 0; k < 2; k++) {
+            if (ckv_kernels_dequantize(g, draft[b], l, k, s, x) != CKV_OK ||
+                ckv_kernels_dequantize(g, dst, l, k, s, y) != CKV_OK) {
+              rows = CKV_ERR_INTERNAL;
+              break;
+            }
+            for (size_t e = 0; e < te; e++) {
+              e2[k] += ((double)x[e] - y[e]) * ((double)x[e] - y[e]);
+              x2[k] += (double)x[e] * x[e];
+            }
+          }
+      free(dst);
+    }
+    if (rows < 0) break;
+    out[rows++] = (ckv_format_errors){.name = k_formats[f].name, .format = fmt,
+                                      .bits_per_element = ckv_format_bits_per_element(fmt, g, cap, 0),
+                                      .key_rel_error = x2[0] > 0 ? sqrt(e2[0] / x2[0]) : 0,
+                                      .value_rel_error = x2[1] > 0 ? sqrt(e2[1] / x2[1]) : 0};
+  }
+  for (size_t b = 0; draft && b < n_blocks; b++) free(draft[b]);
+  free(draft);
+  free(x);
+  free(y);
+  free(moves);
+  return rows;
+}
