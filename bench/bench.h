@@ -9,5 +9,6 @@ int ckv_bench_kernels(int argc, char **argv);
 int ckv_bench_control(int argc, char **argv);
 int ckv_bench_quality(int argc, char **argv);
 int ckv_bench_epoch(int argc, char **argv);
+int ckv_bench_formats(int argc, char **argv);
 
 #endif

@@ -88,7 +88,7 @@ static const char *const k_policy[N_POLICIES] = {"commitkv", "fp16", "int8", "ki
 
 typedef struct options {
   bool json, quick;
-  const char *plot, *model, *daemon, *llm;
+  const char *plot, *model, *daemon, *llm, *agentlm, *dialogue;
   uint32_t rounds; /* 0: the preset's */
   const char *param_names[MAX_PARAMS];
   double param_values[MAX_PARAMS];
@@ -109,6 +109,7 @@ typedef struct session_figs {
 
 typedef struct policy_result {
   fig bytes_ratio, top1, kl, cosine, cosine_min, recall, transitions;
+  fig answer_recall, shadow_recall; /* agentlm: exact-match recall of the greedy answers, and the FP16 shadow's */
   double budget;       /* h2o/streaming: the budget given; 0 otherwise */
   uint32_t fact_queries, facts_kept;
   double *ratio_round; /* [rounds] bytes ratio after each round (synthetic) */
@@ -658,11 +659,11 @@ static bool find_model(const options *o, char *buf, size_t len) {
   return false;
 }
 
+static int run_child(const char *const *argv, char **ret_out);
+
 /* Runs commitkv-llm; its stdout (malloc'd) in *ret_out.  Exit status or -errno. */
 static int run_llm(const char *bin, const char *model, const ckv_bench_daemon *d, const char *policy, double budget,
                    uint32_t rounds, char **ret_out) {
-  int p[2];
-  if (pipe2(p, O_CLOEXEC) < 0) return -errno;
   char rounds_s[16], budget_s[48];
   snprintf(rounds_s, sizeof(rounds_s), "%u", rounds);
   snprintf(budget_s, sizeof(budget_s), "budget=%.4f", budget);
@@ -689,6 +690,15 @@ static int run_llm(const char *bin, const char *model, const ckv_bench_daemon *d
   argv[n++] = rounds_s;
   argv[n++] = "--quiet";
   argv[n] = NULL;
+  return run_child(argv, ret_out);
+}
+
+/* Runs argv[0] with argv; its stdout (malloc'd) in *ret_out, killed after
+ * LLM_TIMEOUT_S.  Exit status or -errno. */
+static int run_child(const char *const *argv, char **ret_out) {
+  int p[2];
+  if (pipe2(p, O_CLOEXEC) < 0) return -errno;
+  const char *bin = argv[0];
   pid_t pid = fork();
   if (pid < 0) {
     int e = -errno;
@@ -776,6 +786,144 @@ static void run_real_model(const options *o, const ckv_bench_daemon *d, workload
   }
 }
 
+/* ---- agentlm: the agent model answering the public dialogues ---- */
+
+/* Dialogues per policy: all 200 public ones, 8 with --quick (about 12 s per policy here). */
+#define AGENTLM_DIALOGUES 200
+#define AGENTLM_DIALOGUES_QUICK 8
+
+/* The first of: path (an option), $env, $CKV_MODEL_DIR/name, ../shared/models/name,
+ * then `beside` relative to this binary. */
+static bool find_file(const char *path, const char *env, const char *name, const char *beside, char *buf, size_t len) {
+  if (path) {
+    snprintf(buf, len, "%s", path);
+    return file_exists(buf);
+  }
+  const char *e = env ? getenv(env) : NULL;
+  if (e && *e) {
+    snprintf(buf, len, "%s", e);
+    return file_exists(buf);
+  }
+  const char *dir = getenv("CKV_MODEL_DIR");
+  if (name && dir && *dir) {
+    snprintf(buf, len, "%s/%s", dir, name);
+    if (file_exists(buf)) return true;
+  }
+  if (name) {
+    snprintf(buf, len, "../shared/models/%s", name);
+    if (file_exists(buf)) return true;
+  }
+  char self[PATH_MAX];
+  if (beside && ckv_bench_beside_self(beside, self, sizeof(self)) == 0 && file_exists(self)) {
+    snprintf(buf, len, "%s", self);
+    return true;
+  }
+  return false;
+}
+
+/* Exposed for the tests of the parser: commitkv-dialogue's JSON -> figures
+ * (recall, shadow recall, KL, top-1 against the shadow, bytes ratio). */
+int ckv_bench_quality_parse_dialogue(const char *json, double *ret_recall, double *ret_shadow_recall, double *ret_kl,
+                                     double *ret_top1, double *ret_ratio);
+int ckv_bench_quality_parse_dialogue(const char *json, double *ret_recall, double *ret_shadow_recall, double *ret_kl,
+                                     double *ret_top1, double *ret_ratio) {
+  double r, sr, k, t, b;
+  if (!json_number(json, "recall", &r) || !json_number(json, "bytes_ratio_fp16", &b)) return -EPROTO;
+  *ret_recall = r;
+  *ret_ratio = b;
+  *ret_shadow_recall = json_number(json, "shadow_recall", &sr) ? sr : NAN;
+  *ret_kl = json_number(json, "kl_mean", &k) ? k : NAN;
+  *ret_top1 = json_number(json, "top1_agreement", &t) ? t : NAN;
+  return 0;
+}
+
+static void run_agentlm(const options *o, const ckv_bench_daemon *d, workload_result *wr) {
+  char bin[PATH_MAX], model[PATH_MAX], data[PATH_MAX];
+  if (o->dialogue)
+    snprintf(bin, sizeof(bin), "%s", o->dialogue);
+  else if (ckv_bench_beside_self("commitkv-dialogue", bin, sizeof(bin)) < 0)
+    bin[0] = 0;
+  if (!bin[0] || access(bin, X_OK) != 0)
+    snprintf(wr->skipped, sizeof(wr->skipped), "commitkv-dialogue is not built (looked for %.180s)", bin);
+  else if (!find_file(o->agentlm, "CKV_AGENTLM_MODEL", NULL, "../../tools/agentlm/agentlm.bin", model, sizeof(model)))
+    snprintf(wr->skipped, sizeof(wr->skipped),
+             "agent model not found (--agentlm, $CKV_AGENTLM_MODEL, tools/agentlm/agentlm.bin)");
+  else if (!find_file(NULL, "CKV_AGENT_DIALOGUES", "agent-dialogues.jsonl", "../../../shared/models/agent-dialogues.jsonl",
+                      data, sizeof(data)))
+    snprintf(wr->skipped, sizeof(wr->skipped),
+             "public dialogues not found ($CKV_AGENT_DIALOGUES, $CKV_MODEL_DIR/agent-dialogues.jsonl, ../shared/models)");
+  if (wr->skipped[0]) {
+    fprintf(stderr, "commitkv-bench: agentlm skipped: %s\n", wr->skipped);
+    return;
+  }
+  /* every format on the model's own K/V of the public dialogues */
+  uint16_t *kv = NULL;
+  size_t n_kv = 0;
+  ckv_geometry g;
+  int fr = ckv_format_errors_model_kv(model, data, FORMAT_TOKENS, 256, &kv, &n_kv, &g);
+  if (fr == 0) fr = ckv_format_errors_measure(&g, kv, n_kv, wr->formats);
+  wr->n_formats = fr > 0 ? fr : 0;
+  wr->format_tokens = n_kv;
+  if (fr < 0) fprintf(stderr, "commitkv-bench: agentlm formats not measured (%d)\n", fr);
+  free(kv);
+  unsigned limit = o->quick ? AGENTLM_DIALOGUES_QUICK : AGENTLM_DIALOGUES;
+  char limit_s[16];
+  snprintf(limit_s, sizeof(limit_s), "%u", limit);
+  fprintf(stderr, "commitkv-bench: agentlm: %s, %u dialogues of %s per policy\n", model, limit, data);
+  for (int p = 0; p < N_POLICIES; p++) {
+    const char *argv[16 + 2 * MAX_PARAMS];
+    char budget_s[48], params[MAX_PARAMS][96];
+    int n = 0;
+    argv[n++] = bin;
+    argv[n++] = "--model";
+    argv[n++] = model;
+    argv[n++] = "--dialogues";
+    argv[n++] = data;
+    argv[n++] = "--limit";
+    argv[n++] = limit_s;
+    argv[n++] = "--socket";
+    argv[n++] = d->socket;
+    argv[n++] = "--attach-socket";
+    argv[n++] = d->attach;
+    argv[n++] = "--policy";
+    argv[n++] = k_policy[p];
+    if (p == P_H2O || p == P_STREAMING) {
+      double budget = wr->pol[P_COMMITKV].bytes_ratio.set ? wr->pol[P_COMMITKV].bytes_ratio.v : 0.25;
+      budget = budget < 0.01 ? 0.01 : budget > 1.0 ? 1.0 : budget;
+      wr->pol[p].budget = budget;
+      snprintf(budget_s, sizeof(budget_s), "budget=%.4f", budget);
+      argv[n++] = "--param";
+      argv[n++] = budget_s;
+    }
+    for (size_t i = 0; p == P_COMMITKV && i < o->n_params; i++) {
+      snprintf(params[i], sizeof(params[i]), "%s=%.17g", o->param_names[i], o->param_values[i]);
+      argv[n++] = "--param";
+      argv[n++] = params[i];
+    }
+    argv[n++] = "--shadow";
+    argv[n++] = "--json";
+    argv[n++] = "--quiet";
+    argv[n] = NULL;
+    char *out = NULL;
+    int64_t t0 = now_ns();
+    int st = run_child(argv, &out);
+    double rc, sr, kl, t1, br;
+    if (st == 0 && out && ckv_bench_quality_parse_dialogue(out, &rc, &sr, &kl, &t1, &br) == 0) {
+      policy_result *res = &wr->pol[p];
+      res->answer_recall = (fig){true, rc};
+      res->shadow_recall = (fig){!isnan(sr), isnan(sr) ? 0 : sr};
+      res->kl = (fig){!isnan(kl), isnan(kl) ? 0 : kl};
+      res->top1 = (fig){!isnan(t1), isnan(t1) ? 0 : t1};
+      res->bytes_ratio = (fig){true, br};
+      fprintf(stderr, "commitkv-bench:   %-9s bytes %.3f of fp16, recall %.3f (fp16 shadow %.3f), top-1 %.4f, KL %.5f (%.1f s)\n",
+              k_policy[p], br, rc, sr, t1, kl, (double)(now_ns() - t0) / 1e9);
+    } else {
+      fprintf(stderr, "commitkv-bench:   %-9s commitkv-dialogue failed (status %d)\n", k_policy[p], st);
+    }
+    free(out);
+  }
+}
+
 /* ------------------------------------------------------------------------ */
 /* Output                                                                     */
 
@@ -818,6 +966,8 @@ static void print_json(const options *o, const workload_result *wr, size_t n) {
       json_fig("attn_cosine", r->cosine, ", ");
       json_fig("attn_cosine_min", r->cosine_min, ", ");
       json_fig("fact_recall", r->recall, ", ");
+      json_fig("recall", r->answer_recall, ", ");
+      json_fig("shadow_recall", r->shadow_recall, ", ");
       json_fig("transitions_per_round", r->transitions, ", ");
       if (r->budget > 0)
         printf("\"budget\": %.4f, ", r->budget);
@@ -878,7 +1028,7 @@ static void print_table(const workload_result *wr, size_t n) {
       putchar(' ');
       table_fig(r->cosine_min, "%10.4f");
       putchar(' ');
-      table_fig(r->recall, "%10.2f");
+      table_fig(r->recall.set ? r->recall : r->answer_recall, "%10.2f"); /* agentlm: answer recall */
       putchar(' ');
       table_fig(r->transitions, "%10.1f");
       if (r->has_final)
@@ -976,7 +1126,9 @@ static void usage(FILE *f) {
              "  --model PATH    stories260K.bin (default $CKV_MODEL, $CKV_MODEL_DIR, ../shared/models)\n"
              "  --param N=V     judge parameter override for the commitkv sessions (repeatable)\n"
              "  --daemon PATH   commitkvd to start (default: beside this binary)\n"
-             "  --llm PATH      commitkv-llm to run for stories260K (default: beside this binary)\n");
+             "  --llm PATH      commitkv-llm to run for stories260K (default: beside this binary)\n"
+             "  --agentlm PATH  the agent model (default $CKV_AGENTLM_MODEL, tools/agentlm/agentlm.bin)\n"
+             "  --dialogue PATH commitkv-dialogue to run for agentlm (default: beside this binary)\n");
 }
 
 static int parse_options(int argc, char **argv, options *o) {
@@ -985,7 +1137,8 @@ static int parse_options(int argc, char **argv, options *o) {
                                      {"quick", no_argument, 0, 'q'},       {"rounds", required_argument, 0, 'r'},
                                      {"model", required_argument, 0, 'm'}, {"param", required_argument, 0, 'P'},
                                      {"daemon", required_argument, 0, 'd'}, {"help", no_argument, 0, 'h'},
-                                     {"llm", required_argument, 0, 'l'},
+                                     {"llm", required_argument, 0, 'l'}, {"agentlm", required_argument, 0, 'a'},
+                                     {"dialogue", required_argument, 0, 'D'},
                                      {0, 0, 0, 0}};
   optind = 1;
   int ch;
@@ -1020,6 +1173,8 @@ static int parse_options(int argc, char **argv, options *o) {
       }
       case 'd': o->daemon = optarg; break;
       case 'l': o->llm = optarg; break;
+      case 'a': o->agentlm = optarg; break;
+      case 'D': o->dialogue = optarg; break;
       case 'h': usage(stdout); return 1;
       default: usage(stderr); return -1;
     }
@@ -1052,7 +1207,7 @@ int ckv_bench_quality(int argc, char **argv) {
     return 1;
   }
   signal(SIGPIPE, SIG_IGN);
-  workload_result wr[2] = {{.name = "agent-synthetic"}, {.name = "stories260K"}};
+  workload_result wr[3] = {{.name = "agent-synthetic"}, {.name = "stories260K"}, {.name = "agentlm"}};
   ckv_bench_daemon d = {0};
   int rc = 0;
   fprintf(stderr, "commitkv-bench: starting %s in %s\n", daemon_path, dir);
@@ -1062,16 +1217,17 @@ int ckv_bench_quality(int argc, char **argv) {
     rc = 1;
   }
   if (rc == 0) run_real_model(&o, &d, &wr[1]);
+  if (rc == 0) run_agentlm(&o, &d, &wr[2]);
   if (d.pid > 0 && ckv_bench_daemon_stop(&d) < 0) rc = 1;
   if (rc == 0) {
     if (o.json)
-      print_json(&o, wr, 2);
+      print_json(&o, wr, 3);
     else
-      print_table(wr, 2);
+      print_table(wr, 3);
     fflush(stdout);
     if (o.plot && plot(o.plot, dir, wr, 2) < 0) rc = 1;
   }
-  for (int i = 0; i < 2; i++)
+  for (int i = 0; i < 3; i++)
     for (int p = 0; p < N_POLICIES; p++) free(wr[i].pol[p].ratio_round);
   ckv_bench_rm_tree(dir);
   return rc;

@@ -5,7 +5,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "examples/llm/dialogues.h"
+#include "examples/llm/model.h"
 #include "kernels/kernels.h"
+#include "kernels/quant.h"
 
 static const struct {
   const char *name;
@@ -86,4 +89,66 @@ int ckv_format_errors_measure(const ckv_geometry *g, const uint16_t *kv, size_t 
   free(y);
   free(moves);
   return rows;
+}
+
+/* Feeds one token at position pos of its sequence; stores its K/V of every layer (FP16) as token n of kv. */
+static int feed(const ckv_model *m, ckv_model_state *st, const ckv_model_config *c, int token, size_t pos, size_t n,
+                uint16_t *kv, float *logits) {
+  int r = ckv_model_forward(m, st, token, (int)pos, logits);
+  if (r < 0) return r;
+  size_t te = (size_t)c->n_kv_heads * c->head_dim, tok = (size_t)c->n_layers * 2u * te;
+  for (int l = 0; l < c->n_layers; l++) {
+    const float *k, *v;
+    if ((r = ckv_model_cache_kv(st, l, (int)pos, &k, &v)) < 0) return r;
+    for (size_t e = 0; e < te; e++) {
+      kv[n * tok + ((size_t)l * 2u) * te + e] = ckv_f32_to_f16(k[e]);
+      kv[n * tok + ((size_t)l * 2u + 1u) * te + e] = ckv_f32_to_f16(v[e]);
+    }
+  }
+  return 0;
+}
+
+int ckv_format_errors_model_kv(const char *model_path, const char *data_path, size_t max_tokens, int bos,
+                               uint16_t **ret_kv, size_t *ret_n, ckv_geometry *ret_g) {
+  ckv_model *m = NULL;
+  ckv_model_state *st = NULL;
+  dialogue_set ds = {0};
+  char err[256];
+  int r = ckv_model_load(model_path, &m);
+  if (r < 0) return r;
+  const ckv_model_config *c = ckv_model_config_get(m);
+  *ret_g = (ckv_geometry){(uint32_t)c->n_layers, (uint32_t)c->n_kv_heads, (uint32_t)c->head_dim, CKV_DTYPE_FP16};
+  size_t tok = (size_t)c->n_layers * 2u * c->n_kv_heads * c->head_dim, n = 0;
+  uint16_t *kv = malloc(max_tokens * tok * sizeof(uint16_t));
+  float *logits = malloc((size_t)c->vocab_size * sizeof(float));
+  if (!kv || !logits) r = -12;
+  if (r == 0) r = dialogue_set_load(data_path, 0, &ds, err, sizeof err);
+  if (r == 0) r = ckv_model_state_new(m, true, &st);
+  for (size_t d = 0; r == 0 && d < ds.n && n < max_tokens; d++) {
+    ckv_model_state_reset(st);
+    size_t pos = 0, base = n;
+    r = feed(m, st, c, bos, pos, base + pos, kv, logits);
+    pos++;
+    for (size_t t = 0; r == 0 && t < ds.d[d].n_turns && base + pos < max_tokens && (int)pos < c->seq_len; t++) {
+      const dialogue_turn *tu = &ds.d[d].turns[t];
+      char head[3] = {tu->role, ':', ' '};
+      for (size_t i = 0; r == 0 && i < 3 + tu->len + 1 && base + pos < max_tokens && (int)pos < c->seq_len; i++) {
+        unsigned char b = i < 3 ? (unsigned char)head[i] : i < 3 + tu->len ? (unsigned char)tu->text[i - 3] : '\n';
+        r = feed(m, st, c, b, pos, base + pos, kv, logits);
+        pos++;
+      }
+    }
+    n = base + pos;
+  }
+  ckv_model_state_free(st);
+  dialogue_set_free(&ds);
+  ckv_model_free(m);
+  free(logits);
+  if (r < 0) {
+    free(kv);
+    return r;
+  }
+  *ret_kv = kv;
+  *ret_n = n;
+  return 0;
 }

@@ -26,4 +26,12 @@ typedef struct ckv_format_errors {
  * block).  Returns how many rows it wrote to out, or a negative ckv_status. */
 int ckv_format_errors_measure(const ckv_geometry *g, const uint16_t *kv, size_t n, ckv_format_errors *out);
 
+/* K/V of a real model reading real text: runs the llama2.c model at
+ * model_path over dialogues of data_path (BOS, then "R: text\n" per turn),
+ * one private FP32 forward pass each, until max_tokens tokens, and returns
+ * them as FP16 in the layout above (*ret_kv malloc'ed, *ret_n tokens, *ret_g
+ * the model's KV geometry).  Returns 0 or a negative ckv_status / -errno. */
+int ckv_format_errors_model_kv(const char *model_path, const char *data_path, size_t max_tokens, int bos,
+                               uint16_t **ret_kv, size_t *ret_n, ckv_geometry *ret_g);
+
 #endif

@@ -15,12 +15,14 @@ __attribute__((weak)) int ckv_bench_kernels(int argc, char **argv);
 __attribute__((weak)) int ckv_bench_control(int argc, char **argv);
 __attribute__((weak)) int ckv_bench_quality(int argc, char **argv);
 __attribute__((weak)) int ckv_bench_epoch(int argc, char **argv);
+__attribute__((weak)) int ckv_bench_formats(int argc, char **argv);
 
 int main(int argc, char **argv) {
   const bench_cmd cmds[] = {
       {"kernels", ckv_bench_kernels, "kernel throughput vs memcpy, fused attention per format [--json]"},
       {"control", ckv_bench_control, "control-plane requests/s and latency vs a ZeroMQ echo [--workers N] [--json]"},
       {"epoch", ckv_bench_epoch, "attach/import time; ReportRound -> published epoch for a 32K-token session [--backend B] [--json]"},
+      {"formats", ckv_bench_formats, "bits per element and K/V error of every format on a real model's K/V [--json]"},
       {"quality", ckv_bench_quality, "every policy vs FP16 on agent and real-model workloads [--json] [--plot F.png] [--quick]"},
   };
   const size_t n = sizeof(cmds) / sizeof(cmds[0]);

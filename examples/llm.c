@@ -226,7 +226,9 @@ static int run_session(const opts *o, const ckv_model *m, ckv_client *c, int idx
   const char *what = "setup";
   snprintf(id, sizeof(id), "%s-%d", o->prefix, idx);
   if (e == CKV_OK && (e = llm_worker_open(&w, id)) < 0) what = "open session";
-  ckv_model_rng_seed(&rng, o->seed + (uint64_t)idx);
+  /* session idx of --seed S: a stream of its own (S + idx made worker S's
+   * second session repeat worker S+1's first) */
+  ckv_model_rng_seed(&rng, o->seed * 0x9e3779b97f4a7c15ull + (uint64_t)idx * 0xbf58476d1ce4e5b9ull + 1u);
   for (int round = 1; e == CKV_OK && round <= o->rounds; round++) {
     if ((e = turn(o, &w, &rng, round)) < 0) what = "round";
     note("%s: round %d/%d, %" PRIu64 " tokens\n", res->id, round, o->rounds, res->tokens);

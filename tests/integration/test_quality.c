@@ -204,7 +204,7 @@ static int run_bench(const char *const *args, const char *dir, char **ret_out) {
 
 static const char *const k_policies[] = {"commitkv", "fp16", "int8", "kivi4", "kivi2", "h2o", "streaming"};
 static const char *const k_fields[] = {"bytes_ratio_fp16", "attn_cosine", "fact_recall", "top1_agreement", "kl_mean",
-                                       "transitions_per_round"};
+                                       "transitions_per_round", "recall", "shadow_recall"};
 #define N_POL (sizeof(k_policies) / sizeof(k_policies[0]))
 #define N_FIELDS (sizeof(k_fields) / sizeof(k_fields[0]))
 
@@ -216,7 +216,8 @@ static const jval *check_shape(const jval *root, const char *name) {
   for (size_t w = 0; w < wls->n; w++) {
     const jval *wl = wls->items[w], *nm = jget(wl, "name"), *pols = jget(wl, "policies");
     cr_assert(nm && nm->t == J_STR, "a workload without a name");
-    cr_assert(!strcmp(nm->str, "agent-synthetic") || !strcmp(nm->str, "stories260K"), "unknown workload %s", nm->str);
+    cr_assert(!strcmp(nm->str, "agent-synthetic") || !strcmp(nm->str, "stories260K") || !strcmp(nm->str, "agentlm"),
+              "unknown workload %s", nm->str);
     cr_assert(pols && pols->t == J_ARR, "%s: no policies", nm->str);
     const jval *sk = jget(wl, "skipped");
     bool skipped = sk && sk->t == J_STR;
@@ -233,8 +234,8 @@ static const jval *check_shape(const jval *root, const char *name) {
         cr_assert(v->t == J_NUM || v->t == J_NULL, "%s/%s: %s is neither a number nor null", nm->str, k_policies[p],
                   k_fields[f]);
       }
-      bool synthetic = !strcmp(nm->str, "agent-synthetic");
-      const char *must[] = {"bytes_ratio_fp16", synthetic ? "attn_cosine" : "top1_agreement",
+      bool synthetic = !strcmp(nm->str, "agent-synthetic"), agentlm = !strcmp(nm->str, "agentlm");
+      const char *must[] = {"bytes_ratio_fp16", synthetic ? "attn_cosine" : agentlm ? "recall" : "top1_agreement",
                             synthetic ? "fact_recall" : "kl_mean"};
       for (size_t f = 0; f < 3 && !skipped; f++)
         cr_assert(jget(pol, must[f])->t == J_NUM, "%s/%s: %s is null", nm->str, k_policies[p], must[f]);
@@ -272,7 +273,7 @@ Test(quality, quick_json_has_every_field_and_commitkv_keeps_the_facts, .timeout 
   cr_assert_not_null(root, "not one JSON object: %s", out);
   const jval *syn = check_shape(root, "agent-synthetic");
   cr_assert_not_null(syn, "no agent-synthetic workload");
-  cr_assert(jget(root, "workloads")->n == 2, "both workloads are reported (stories260K possibly skipped)");
+  cr_assert(jget(root, "workloads")->n == 3, "every workload is reported (stories260K and agentlm possibly skipped)");
   /* fp16 is the reference itself */
   cr_assert_float_eq(policy_field(syn, "fp16", "attn_cosine"), 1.0, 1e-4);
   cr_assert_float_eq(policy_field(syn, "fp16", "fact_recall"), 1.0, 1e-9);
