@@ -84,6 +84,8 @@ typedef struct ckv_policy_params {
   uint32_t commit_bits;        /* committed format: 4 or 2 */
   bool rotate;                 /* rotated committed formats (v2) where head_dim allows */
   uint32_t cold_bits;          /* rotated: bits of committed non-facts; 0 = commit_bits */
+  bool filler_cold;            /* filler goes the cold path instead of staying draft */
+  bool warm_commit;            /* attended staged tokens commit (commit_bits) after persistence_rounds */
   double prune_keep;           /* committed key channels kept (fraction); 1.0 = no pruning */
   bool semantic_estimate;      /* estimate a semantic score when the worker sends none */
 } ckv_policy_params;

@@ -62,7 +62,8 @@ static uint32_t commit_format(const ckv_srv_session *s) {
 /* Bits by value: a rotated session stores its lasting facts in the commit
  * format and every other committed token in the cold_bits one. */
 static uint32_t token_commit_format(const ckv_srv_session *s, uint32_t cf, size_t pos) {
-  if (!ckv_format_is_rot(cf) || s->params.cold_bits == 0 || ckv_judge_lasting_fact(&s->tokens, pos, &s->params))
+  if (!ckv_format_is_rot(cf) || s->params.cold_bits == 0 || ckv_judge_lasting_fact(&s->tokens, pos, &s->params) ||
+      (s->tokens.flags[pos] & CKV_TOKEN_WARM))
     return cf;
   return ckv_format_rot_of_bits(s->params.cold_bits);
 }

@@ -121,14 +121,16 @@ static int judge_rules(ckv_tokens *t, uint32_t round, const ckv_judge_params *p,
        * (the mean of a young token is diluted by rounds before it existed) */
       int filler = !meaningful && ckv_tokens_attn_max(t, pos, round, R) >= p->attn_threshold;
       if (st == CKV_STATE_DRAFT) {
-        if ((mean >= p->attn_threshold && meaningful) || (!filler && age >= 1))
+        if ((mean >= p->attn_threshold && meaningful) || ((!filler || p->filler_cold) && age >= 1))
           r = change(t, pos, CKV_STATE_STAGED, round, out);
       } else if (age >= p->persistence_rounds) {
         float sustained = ckv_tokens_attn_min(t, pos, round, p->persistence_rounds);
         int fact = sustained >= p->high_attn_threshold && meaningful;
-        if (fact || mean < p->attn_threshold) {
+        int warm = !fact && meaningful && mean >= p->attn_threshold && p->warm_commit;
+        if (fact || warm || mean < p->attn_threshold || (filler && p->filler_cold)) {
           r = change(t, pos, CKV_STATE_COMMITTED, round, out);
           if (fact) t->flags[pos] |= CKV_TOKEN_FACT;
+          if (warm) t->flags[pos] |= CKV_TOKEN_WARM;
         }
       }
     }

@@ -41,6 +41,8 @@ typedef struct ckv_judge_params {
   uint32_t commit_bits;      /* 4 or 2 */
   int rotate;                /* committed blocks in the rotated formats where head_dim allows */
   uint32_t cold_bits;        /* rotated: bits of committed tokens that are not lasting facts (0 = commit_bits) */
+  int filler_cold;           /* filler takes the cold path (staged, then cold_bits) instead of staying draft */
+  int warm_commit;           /* staged tokens still attended commit after persistence_rounds (commit_bits) */
   float prune_keep;          /* committed key channels kept (fraction) */
   int semantic_estimate_enabled; /* estimate semantic scores when the worker sends none */
   const ckv_mlp *mlp;        /* non-NULL: the mlp judge replaces the rules (commitkv policy) */

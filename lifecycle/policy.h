@@ -99,6 +99,14 @@ int ckv_policy_from_name(const char *name);
     "Bits by value (rotated formats only): committed tokens that are not lasting facts (they "    \
     "went cold) take this many bits, 1-4, facts keep commit_bits; 0 = commit_bits for all. 2: "   \
     "ROT2 (2.42 bits per element at head_dim 64) measured error 0.17 on keys, 0.34 on values.")  \
+  X(filler_cold, filler_cold, BOOL, 1, 0, 1, 1,                                                   \
+    "Filler (attended but semantically empty) takes the cold path: staged, then committed in "    \
+    "cold_bits, never a lasting fact; no: it stays FP16 until recycled (the seed's rule), which " \
+    "on the agent model kept a quarter of every session in draft.")                              \
+  X(warm_commit, warm_commit, BOOL, 1, 0, 1, 1,                                                   \
+    "Staged tokens still drawing attention (mean above attn_threshold) commit after "             \
+    "persistence_rounds in the facts' format (commit_bits), recyclable; no: they stay INT8 "      \
+    "until they cool (the seed's rule).")                                                         \
   X(prune_keep, prune_keep, FLOAT, 1, 0.125, 1, 1,                                                \
     "Fraction of key channels kept in committed blocks (ThinK-style pruning); 1.0 = off, as "     \
     "pruning adds error on top of quantization.")                                                 \

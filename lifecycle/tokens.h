@@ -32,6 +32,7 @@ enum {
   CKV_TOKEN_PENDING = 1u,   /* a physical move of this token is in flight */
   CKV_TOKEN_SEM_GIVEN = 2u, /* the worker sent a semantic score (else estimated) */
   CKV_TOKEN_FACT = 4u,      /* committed as a lasting fact (sustained attention, meaningful) */
+  CKV_TOKEN_WARM = 8u,      /* committed while still attended (warm_commit): the fact format, not lasting */
 };
 
 typedef struct ckv_tokens {

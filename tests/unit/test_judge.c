@@ -361,10 +361,19 @@ static void filler_stream(const ckv_judge_params *p, uint32_t rounds, float fill
     check_protected(&t, p, 1);
     if (!check_each_round && round != rounds) continue;
     for (size_t pos = 0; pos < t.n; pos++) {
-      if (kinds[pos] == KIND_FILLER)
+      if (kinds[pos] == KIND_FILLER && !p->filler_cold)
         cr_assert(t.state[pos] == D || t.state[pos] == X,
                   "round %u: filler token %zu left draft (state %u, mean attention %.2f, semantic 0.05)", round, pos,
                   t.state[pos], ckv_tokens_attn_mean(&t, pos, round, p->history_rounds));
+      if (kinds[pos] == KIND_FILLER && p->filler_cold) {
+        /* the cold path: out of FP16 a round after the window, never a fact or warm, so never
+         * in the facts' format nor kept for good */
+        if (pos >= p->sink_tokens && pos + p->recent_window + 16 * 2 < t.n)
+          cr_assert_neq(t.state[pos], D, "round %u: filler token %zu still draft", round, pos);
+        cr_assert(!(t.flags[pos] & (CKV_TOKEN_FACT | CKV_TOKEN_WARM)), "round %u: filler token %zu earned bits (flags %x)",
+                  round, pos, t.flags[pos]);
+        cr_assert(!ckv_judge_lasting_fact(&t, pos, p), "round %u: filler token %zu is a lasting fact", round, pos);
+      }
       if (kinds[pos] == KIND_FACT)
         cr_assert_neq(t.state[pos], X, "round %u: planted fact %zu recycled", round, pos);
     }
@@ -387,8 +396,17 @@ static void filler_stream(const ckv_judge_params *p, uint32_t rounds, float fill
   ckv_tokens_done(&t);
 }
 
-Test(judge, filler_never_promoted_facts_committed_and_kept) {
+/* The seed's rules (filler_cold = warm_commit = 0): filler stays draft until
+ * recycled, never promoted. */
+static ckv_judge_params seed_rules(void) {
   ckv_judge_params p = params_for(CKV_POLICY_COMMITKV);
+  p.filler_cold = 0;
+  p.warm_commit = 0;
+  return p;
+}
+
+Test(judge, filler_never_promoted_facts_committed_and_kept) {
+  ckv_judge_params p = seed_rules();
   filler_stream(&p, 40, 1.0f, 2, 1);
 }
 
@@ -398,7 +416,7 @@ Test(judge, filler_never_promoted_facts_committed_and_kept) {
  * rounds before it existed as zero attention, reads as "not hot", so the
  * filler rule misses it and draft->staged rule (b) promotes it. */
 Test(judge, filler_never_promoted_with_a_one_turn_window) {
-  ckv_judge_params p = params_for(CKV_POLICY_COMMITKV);
+  ckv_judge_params p = seed_rules();
   p.recent_window = 16;
   filler_stream(&p, 40, 1.0f, 2, 1);
 }
@@ -411,9 +429,20 @@ Test(judge, filler_never_promoted_with_a_one_turn_window) {
  * filler token averaging under R/age times the mean reads as "not hot",
  * hence not filler, and draft->staged rule (b) promotes it. */
 Test(judge, filler_never_promoted_when_it_is_a_large_share_of_the_turn) {
-  ckv_judge_params p = params_for(CKV_POLICY_COMMITKV);
+  ckv_judge_params p = seed_rules();
   p.high_attn_threshold = 1.2f; /* so facts (0.9x the filler mass) still qualify as lasting */
   filler_stream(&p, 40, 1.0f, 6, 1);
+}
+
+/* The defaults (filler_cold, warm_commit): the same stream; filler leaves
+ * FP16 for the cold path but never earns the facts' bits; facts are still
+ * committed and kept. */
+Test(judge, filler_goes_cold_and_facts_stay) {
+  ckv_judge_params p = params_for(CKV_POLICY_COMMITKV);
+  cr_assert(p.filler_cold && p.warm_commit, "the defaults changed");
+  filler_stream(&p, 40, 1.0f, 2, 1);
+  p.recent_window = 16;
+  filler_stream(&p, 40, 1.0f, 2, 1);
 }
 
 /* ---- baselines ---- */
