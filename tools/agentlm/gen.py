@@ -136,7 +136,7 @@ def fact_kind(answer):
     for p, k in KINDS:
         if answer.startswith(p):
             return k
-    return "note" if " note was " in answer else "other"
+    return "note" if " note is " in answer else "other"
 
 
 def person(r):
@@ -305,8 +305,11 @@ def copy_sample(r, ident, max_bytes, long_range):
         s = "%s-%d %s %d" % (code(r), r.randrange(100), r.choice(WORDS), r.randrange(1000))
         items.append(s)
     labels = ["first", "second", "third"]
+    # The assistant confirms with the very sentence a later answer repeats (as a
+    # dialogue's confirmation turn does): a copy a few bytes back first, the
+    # same copy from far back later, which is what teaches the model to look back.
     for i, s in enumerate(items):
-        b.add([("U", "Remember the %s note: %s." % (labels[i], s)), ("A", "Noted.")])
+        b.add([("U", "Remember the %s note: %s." % (labels[i], s)), ("A", "The %s note is %s." % (labels[i], s))])
     gap = (r.randint(0, 2) if not long_range else r.randint(4, 14))
     for _ in range(gap):
         t = small_talk(r)
@@ -314,7 +317,7 @@ def copy_sample(r, ident, max_bytes, long_range):
             b.add(t)
     while True:
         i = r.randrange(len(items))
-        q, a = "What was the %s note?" % labels[i], "The %s note was %s." % (labels[i], items[i])
+        q, a = "What was the %s note?" % labels[i], "The %s note is %s." % (labels[i], items[i])
         if not b.fits([("U", q), ("A", a)]):
             break
         b.ask(q, a)
