@@ -65,6 +65,39 @@ echo "== per session (fidelity: next-token top-1 agreement and KL against FP16)"
 cat "$DIR"/worker*.out
 [ "$fail" -eq 0 ] || { echo "a worker failed"; exit 1; }
 
+# The agent model answering recall questions from its context, through this
+# daemon: commitkv's answers beside its private FP16 shadow's and the
+# expected sentence, then one verdict line.
+AGENTLM=${CKV_AGENTLM_MODEL:-$(dirname "$0")/../tools/agentlm/agentlm.bin}
+DIALOGUES=${CKV_MODEL_DIR:-../shared/models}/agent-dialogues.jsonl
+PY=/usr/bin/python3
+[ -x "$PY" ] || PY=python3
+if [ -f "$AGENTLM" ] && [ -f "$DIALOGUES" ] && [ -x "$BIN/commitkv-dialogue" ]; then
+  echo "== the agent model ($AGENTLM) answers recall questions of 12 public dialogues: commitkv vs FP16"
+  if "$BIN/commitkv-dialogue" --socket "$SOCK" --attach-socket "$ATTACH" --model "$AGENTLM" --dialogues "$DIALOGUES" \
+    --limit 12 --policy commitkv --shadow --json --quiet >"$DIR/dialogue.json" 2>"$DIR/dialogue.err"; then
+    "$PY" - "$DIR/dialogue.json" <<'PYEOF'
+import json, sys
+j = json.load(open(sys.argv[1]))
+items = j["items"]
+# a few questions, the hardest first: those FP16 and commitkv answer differently, then far ones
+items.sort(key=lambda it: (it.get("shadow_ok") == it["ok"], -it["distance"]))
+mark = lambda ok: "ok  " if ok else "MISS"
+for it in items[:6]:
+    print("  Q: %s   (%s, %d bytes back)" % (it["question"], it["kind"], it["distance"]))
+    print("     expected: %s" % it["expected"])
+    print("     fp16    %s %s" % (mark(it.get("shadow_ok")), it.get("shadow_said", "").rstrip("\n")))
+    print("     commitkv %s %s" % (mark(it["ok"]), it["said"].rstrip("\n")))
+print("verdict: commitkv kept %.3f of FP16's bytes with recall %.3f against FP16's %.3f (%d questions), KL %.5f"
+      % (j["bytes_ratio_fp16"], j["recall"], j["shadow_recall"] or 0.0, j["questions"], j["kl_mean"] or 0.0))
+PYEOF
+  else
+    echo "   (commitkv-dialogue failed:)"; tail -3 "$DIR/dialogue.err"
+  fi
+else
+  echo "== (no agent model at $AGENTLM or no dialogues at $DIALOGUES: the recall questions are skipped)"
+fi
+
 echo "== sessions"
 "$BIN/commitkvctl" --socket "$SOCK" --attach-socket "$ATTACH" sessions
 echo "== stats"

@@ -362,6 +362,7 @@ static json_t *num_or_null(double v, bool have) { return have && isfinite(v) ? j
 static json_t *latin1(const uint8_t *b, int n) {
   char buf[2 * DLG_MAX_ANSWER + 1];
   size_t k = 0;
+  if (n > DLG_MAX_ANSWER) n = DLG_MAX_ANSWER; /* longer texts (questions) are cut, never overflow */
   for (int i = 0; i < n; i++) {
     if (b[i] < 0x80) {
       buf[k++] = (char)b[i];
@@ -432,6 +433,12 @@ static int print_json(const opts *o, const char *path, const dialogue_set *ds, i
                           (json_int_t)it->r->question_turn, "kind", it->kind, "distance", (json_int_t)it->distance,
                           "ok", it->ok, "said", latin1(it->said, it->n_said), "said_hex", hex(it->said, it->n_said),
                           "stop", why_name(it->why));
+    if (j) { /* what was asked and what the reference answer is, for people reading the items */
+      const dialogue *dd = &ds->d[it->dialogue];
+      const dialogue_turn *qt = it->r->question_turn < dd->n_turns ? &dd->turns[it->r->question_turn] : NULL;
+      json_object_set_new(j, "question", qt ? latin1((const uint8_t *)qt->text, (int)qt->len) : json_null());
+      json_object_set_new(j, "expected", latin1((const uint8_t *)it->r->answer, (int)it->r->len));
+    }
     if (j && sh) {
       json_object_set_new(j, "shadow_ok", json_boolean(it->shadow_ok));
       json_object_set_new(j, "shadow_said", latin1(it->shadow_said, it->n_shadow_said));
