@@ -231,7 +231,8 @@ static int run_plain(void *p) {
 }
 static int run_fused(void *p) { return ckv_kernels_attention(p); }
 
-static const char *const attn_formats[] = {"fp16", "int8", "int4", "int2", "mix"};
+static const char *const attn_formats[] = {"fp16", "int8", "int4", "int2", "mix", "rot4", "rot2"};
+#define N_ATTN_FORMATS 7
 
 /* Builds the blocks of one attention format from the drafts; returns the block list (caller frees sets). */
 static int attn_blocks(const ckv_geometry *g, blockset *drafts, size_t tokens, int f, blockset sets[4],
@@ -239,7 +240,10 @@ static int attn_blocks(const ckv_geometry *g, blockset *drafts, size_t tokens, i
   /* mix: oldest 1/4 int2, next 3/8 int4, next 1/4 int8, newest 1/8 draft */
   size_t cut[4];
   uint32_t fmts[4] = {CKV_FORMAT_COMMIT2, CKV_FORMAT_COMMIT4, CKV_FORMAT_STAGED, CKV_FORMAT_DRAFT};
-  if (f == 0) cut[0] = cut[1] = cut[2] = 0, cut[3] = tokens;
+  if (f >= 5) { /* one rotated format for every token */
+    fmts[0] = f == 5 ? CKV_FORMAT_ROT4 : CKV_FORMAT_ROT2;
+    cut[0] = tokens, cut[1] = cut[2] = cut[3] = 0;
+  } else if (f == 0) cut[0] = cut[1] = cut[2] = 0, cut[3] = tokens;
   else if (f == 1) cut[0] = cut[1] = 0, cut[2] = tokens, cut[3] = 0;
   else if (f == 2) cut[0] = 0, cut[1] = tokens, cut[2] = cut[3] = 0;
   else if (f == 3) cut[0] = tokens, cut[1] = cut[2] = cut[3] = 0;
@@ -325,11 +329,12 @@ int ckv_bench_kernels(int argc, char **argv) {
   fprintf(log, "kernels: path %s, %zu tokens (%.0f MiB fp16), LLC %.0f MiB\n", ckv_kernels_path_name(ckv_kernels_path()),
           tokens, tokens * tok_bytes / 1048576.0, llc_bytes() / 1048576.0);
 
-  blockset dr = {0}, st = {0}, c4 = {0}, c2 = {0}, pr = {0};
+  blockset dr = {0}, st = {0}, c4 = {0}, c2 = {0}, pr = {0}, r4 = {0}, r2 = {0};
   if (drafts_new(&dr, &g, tokens, 7) || blockset_new(&st, CKV_FORMAT_STAGED, &g, 64, 0, tokens / 64) ||
       blockset_new(&c4, CKV_FORMAT_COMMIT4, &g, 64, 0, tokens / 64) ||
       blockset_new(&c2, CKV_FORMAT_COMMIT2, &g, 64, 0, tokens / 64) ||
-      blockset_new(&pr, CKV_FORMAT_COMMIT4, &g, 64, 64, tokens / 64)) {
+      blockset_new(&pr, CKV_FORMAT_COMMIT4, &g, 64, 64, tokens / 64) ||
+      blockset_new(&r4, CKV_FORMAT_ROT4, &g, 64, 0, tokens / 64) || blockset_new(&r2, CKV_FORMAT_ROT2, &g, 64, 0, tokens / 64)) {
     fprintf(stderr, "kernels: out of memory\n");
     return 1;
   }
@@ -343,7 +348,7 @@ int ckv_bench_kernels(int argc, char **argv) {
   memset(c.b, 1, draft_bytes);
   double memcpy_gbps = 2.0 * draft_bytes / best_of(reps, run_memcpy, &c) / 1e9;
 
-  op_result ops[6];
+  op_result ops[9];
   int nops = 0;
   struct {
     const char *name;
@@ -354,8 +359,10 @@ int ckv_bench_kernels(int argc, char **argv) {
       {"quantize_int8", &st, CKV_FORMAT_STAGED, 0, 0}, {"dequantize_int8", &st, CKV_FORMAT_STAGED, 0, 1},
       {"quantize_int4", &c4, CKV_FORMAT_COMMIT4, 0, 0}, {"dequantize_int4", &c4, CKV_FORMAT_COMMIT4, 0, 1},
       {"quantize_int2", &c2, CKV_FORMAT_COMMIT2, 0, 0}, {"prune_keys", &pr, CKV_FORMAT_COMMIT4, 64, 2},
+      {"quantize_rot4", &r4, CKV_FORMAT_ROT4, 0, 0},    {"dequantize_rot4", &r4, CKV_FORMAT_ROT4, 0, 1},
+      {"quantize_rot2", &r2, CKV_FORMAT_ROT2, 0, 0},
   };
-  for (size_t i = 0; i < 6; i++) {
+  for (size_t i = 0; i < sizeof(plan) / sizeof(plan[0]); i++) {
     c.dst = plan[i].dst;
     c.fmt = plan[i].fmt;
     c.kept = plan[i].kept;
@@ -391,6 +398,7 @@ int ckv_bench_kernels(int argc, char **argv) {
     free(qc.codes), free(qc.scales);
   }
   blockset_free(&st), blockset_free(&c4), blockset_free(&c2), blockset_free(&pr), blockset_free(&dr);
+  blockset_free(&r4), blockset_free(&r2);
   free(c.b);
 
   /* attention: one layer */
@@ -398,7 +406,7 @@ int ckv_bench_kernels(int argc, char **argv) {
   const uint32_t QH = 32;
   size_t sizes_full[] = {4096, 32768, 131072}, sizes_quick[] = {1024, 4096};
   size_t *sizes = quick ? sizes_quick : sizes_full, nsizes = quick ? 2 : 3;
-  attn_result ar[15];
+  attn_result ar[3 * N_ATTN_FORMATS];
   attn_baseline base[3];
   int nar = 0;
   uint32_t threads = 0;
@@ -407,7 +415,7 @@ int ckv_bench_kernels(int argc, char **argv) {
   for (size_t si = 0; si < nsizes; si++) {
     blockset drafts = {0};
     if (drafts_new(&drafts, &ga, sizes[si], 11 + si)) return 1;
-    for (int f = 0; f < 5; f++) {
+    for (int f = 0; f < N_ATTN_FORMATS; f++) {
       blockset sets[4];
       const void **list;
       size_t nb;
@@ -464,7 +472,7 @@ int ckv_bench_kernels(int argc, char **argv) {
            qplain_gbps > 0 ? qplain_gbps / memcpy_gbps : 0.0);
     printf("], \"attention\": [");
     for (int i = 0; i < nar; i++) {
-      double fp16 = ar[i - i % 5].us;
+      double fp16 = ar[i - i % N_ATTN_FORMATS].us;
       printf("%s{\"tokens\": %u, \"format\": \"%s\", \"us_per_query\": %.1f, \"speedup_vs_fp16\": %.3f, \"gbps\": %.3f, "
              "\"bits_per_element\": %.3f}",
              i ? ", " : "", ar[i].tokens, ar[i].format, ar[i].us, fp16 / ar[i].us, ar[i].gbps, ar[i].bits);
@@ -473,8 +481,8 @@ int ckv_bench_kernels(int argc, char **argv) {
     for (size_t si = 0; si < nsizes; si++)
       printf("%s{\"tokens\": %zu, \"fp16_us\": %.1f, \"fp16_one_thread_us\": %.1f, \"plain_c_us\": %.1f, "
              "\"speedup_vs_plain_c\": %.3f, \"max_abs_diff\": %.2e}",
-             si ? ", " : "", sizes[si], ar[si * 5].us, base[si].one_thread_us, base[si].plain_us,
-             base[si].plain_us > 0 ? base[si].plain_us / ar[si * 5].us : 0.0, base[si].max_abs_diff);
+             si ? ", " : "", sizes[si], ar[si * N_ATTN_FORMATS].us, base[si].one_thread_us, base[si].plain_us,
+             base[si].plain_us > 0 ? base[si].plain_us / ar[si * N_ATTN_FORMATS].us : 0.0, base[si].max_abs_diff);
     printf("], \"attention_threads\": %ld, \"gpu\": ", threads ? (long)threads : sysconf(_SC_NPROCESSORS_ONLN));
     gpu_section(1);
     printf("}\n");
@@ -490,7 +498,7 @@ int ckv_bench_kernels(int argc, char **argv) {
     printf("\nattention, one layer, 8 KV heads x 128, 32 query heads, 1 query row\n%-8s %-6s %12s %10s %8s %6s\n",
            "tokens", "format", "us/query", "vs fp16", "GB/s", "bits");
     for (int i = 0; i < nar; i++)
-      printf("%-8u %-6s %12.1f %10.2f %8.2f %6.2f\n", ar[i].tokens, ar[i].format, ar[i].us, ar[i - i % 5].us / ar[i].us,
+      printf("%-8u %-6s %12.1f %10.2f %8.2f %6.2f\n", ar[i].tokens, ar[i].format, ar[i].us, ar[i - i % N_ATTN_FORMATS].us / ar[i].us,
              ar[i].gbps, ar[i].bits);
     printf("\nfp16 attention against its baselines (same blocks, same run): the fused kernel on %ld threads "
            "(CKV_ATTENTION_THREADS) and on one, and a plain-C loop (attention_plain.c)\n%-8s %12s %12s %12s %10s %10s\n",
@@ -498,11 +506,11 @@ int ckv_bench_kernels(int argc, char **argv) {
            "vs plain", "max diff");
     for (size_t si = 0; si < nsizes; si++) {
       if (base[si].plain_us < 0)
-        printf("%-8zu %12.1f %12.1f %12s %10s %10s\n", sizes[si], ar[si * 5].us, base[si].one_thread_us, "-", "-",
+        printf("%-8zu %12.1f %12.1f %12s %10s %10s\n", sizes[si], ar[si * N_ATTN_FORMATS].us, base[si].one_thread_us, "-", "-",
                "(no AVX2)");
       else
-        printf("%-8zu %12.1f %12.1f %12.1f %10.2f %10.1e\n", sizes[si], ar[si * 5].us, base[si].one_thread_us,
-               base[si].plain_us, base[si].plain_us / ar[si * 5].us, base[si].max_abs_diff);
+        printf("%-8zu %12.1f %12.1f %12.1f %10.2f %10.1e\n", sizes[si], ar[si * N_ATTN_FORMATS].us, base[si].one_thread_us,
+               base[si].plain_us, base[si].plain_us / ar[si * N_ATTN_FORMATS].us, base[si].max_abs_diff);
     }
     gpu_section(0);
   }
