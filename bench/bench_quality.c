@@ -536,13 +536,14 @@ static int policy_run(ckv_client *c, const ckv_workload_params *wp, const refere
   return r;
 }
 
-static int run_synthetic(const options *o, const ckv_bench_daemon *d, workload_result *wr) {
+static int run_synthetic(const options *o, const ckv_bench_daemon *d, workload_result *wr, int attention_only) {
   ckv_workload_params wp;
   if (o->quick)
     ckv_workload_quick(&wp);
   else
     ckv_workload_defaults(&wp);
   if (o->rounds) wp.rounds = o->rounds;
+  wp.attention_only = attention_only;
   ckv_workload *probe;
   const char *err = NULL;
   int r = ckv_workload_new(&wp, &probe, &err);
@@ -555,9 +556,9 @@ static int run_synthetic(const options *o, const ckv_bench_daemon *d, workload_r
   probe = ckv_workload_free(probe);
   measure_formats(&wp, wr);
   fprintf(stderr,
-          "commitkv-bench: agent-synthetic: %u layers x %u kv heads x %u dims (%u query heads), %u rounds, "
+          "commitkv-bench: %s: %u layers x %u kv heads x %u dims (%u query heads), %u rounds, "
           "%llu tokens, %u facts\n",
-          wp.n_layers, wp.n_kv_heads, wp.head_dim, wp.n_kv_heads * wp.q_per_kv, wp.rounds,
+          wr->name, wp.n_layers, wp.n_kv_heads, wp.head_dim, wp.n_kv_heads * wp.q_per_kv, wp.rounds,
           (unsigned long long)wr->tokens, wp.n_facts);
   reference ref = {0};
   int64_t t0 = now_ns();
@@ -1207,12 +1208,14 @@ int ckv_bench_quality(int argc, char **argv) {
     return 1;
   }
   signal(SIGPIPE, SIG_IGN);
-  workload_result wr[3] = {{.name = "agent-synthetic"}, {.name = "stories260K"}, {.name = "agentlm"}};
+  /* agent-synthetic-attention: the same session without CONFIRMATION tags or semantic scores */
+  workload_result wr[4] = {{.name = "agent-synthetic"}, {.name = "stories260K"}, {.name = "agentlm"},
+                           {.name = "agent-synthetic-attention"}};
   ckv_bench_daemon d = {0};
   int rc = 0;
   fprintf(stderr, "commitkv-bench: starting %s in %s\n", daemon_path, dir);
   if (ckv_bench_daemon_start(&d, daemon_path, dir, "4G") < 0) rc = 1;
-  if (rc == 0 && run_synthetic(&o, &d, &wr[0]) < 0) {
+  if (rc == 0 && (run_synthetic(&o, &d, &wr[0], 0) < 0 || run_synthetic(&o, &d, &wr[3], 1) < 0)) {
     ckv_bench_daemon_log_tail(&d);
     rc = 1;
   }
@@ -1221,13 +1224,13 @@ int ckv_bench_quality(int argc, char **argv) {
   if (d.pid > 0 && ckv_bench_daemon_stop(&d) < 0) rc = 1;
   if (rc == 0) {
     if (o.json)
-      print_json(&o, wr, 3);
+      print_json(&o, wr, 4);
     else
-      print_table(wr, 3);
+      print_table(wr, 4);
     fflush(stdout);
     if (o.plot && plot(o.plot, dir, wr, 2) < 0) rc = 1;
   }
-  for (int i = 0; i < 3; i++)
+  for (int i = 0; i < 4; i++)
     for (int p = 0; p < N_POLICIES; p++) free(wr[i].pol[p].ratio_round);
   ckv_bench_rm_tree(dir);
   return rc;

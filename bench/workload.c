@@ -315,6 +315,7 @@ static int reserve(ckv_workload *w, size_t n) {
 static void set_token(ckv_workload *w, size_t i, uint8_t role, uint8_t tags, float sem, uint32_t id, int kind,
                       uint32_t arg) {
   w->roles[i] = role;
+  if (w->p.attention_only) tags &= (uint8_t)~CKV_TAG_CONFIRMATION;
   w->tags[i] = tags;
   w->semantic[i] = sem;
   w->ids[i] = id;
@@ -452,7 +453,8 @@ int ckv_workload_next(ckv_workload *w, ckv_workload_round *ret) {
   fill_kv(w, n, &r);
   fill_queries(w, rp, rd, &r);
   *ret = (ckv_workload_round){.round = rd, .topic = rp->topic, .first_position = rp->first, .n_tokens = (uint32_t)n,
-                              .roles = w->roles, .tags = w->tags, .semantic = w->semantic, .token_ids = w->ids,
+                              .roles = w->roles, .tags = w->tags,
+                              .semantic = p->attention_only ? NULL : w->semantic, .token_ids = w->ids,
                               .kv = w->kv, .n_queries = p->queries, .q = w->q, .query_fact = w->qfact};
   w->next_round++;
   return 0;

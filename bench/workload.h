@@ -64,6 +64,8 @@ typedef struct ckv_workload_params {
   float key_amplitude;      /* |direction component| of a key, relative to its noise norm */
   float sink_logit, system_logit, topic_logit, filler_logit, tool_logit, fact_logit, fact_echo_logit;
   float query_noise;        /* logit noise: N(0, query_noise) per token and row */
+  int attention_only;       /* no CONFIRMATION tags and no semantic scores (round.semantic NULL): what the
+                             * policy keeps by attention alone */
 } ckv_workload_params;
 
 /* The realistic defaults: 32 layers, 8 kv heads, head_dim 128, GQA 4. */
