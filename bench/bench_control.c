@@ -773,12 +773,20 @@ static void print_json_results(const report *rep) {
 }
 
 /* The judge section: in-process, one core (bench_judge.c). */
-static const uint64_t k_judge_sizes[] = {4096, 32768, 131072, 524288, 1048576};
-#define N_JUDGE (sizeof(k_judge_sizes) / sizeof(k_judge_sizes[0]))
+/* Every size with the defaults, then the large ones with the judge every 4
+ * rounds and a quarter of the far tokens per round (judge_every, far_sample). */
+static const struct {
+  uint64_t tokens;
+  uint32_t judge_every;
+  float far_sample;
+} k_judge_rows[] = {{4096, 1, 1.f},   {32768, 1, 1.f},     {131072, 1, 1.f},      {524288, 1, 1.f},
+                    {1048576, 1, 1.f}, {524288, 4, 0.25f}, {1048576, 4, 0.25f}};
+#define N_JUDGE (sizeof(k_judge_rows) / sizeof(k_judge_rows[0]))
 
 static int measure_judge(const options *o, ckv_judge_bench *ret) {
   for (size_t i = 0; i < N_JUDGE; i++) {
-    int r = ckv_bench_judge_run(k_judge_sizes[i], o->seconds / 2 > 0.2 ? o->seconds / 2 : 0.2, &ret[i]);
+    int r = ckv_bench_judge_run_sampled(k_judge_rows[i].tokens, o->seconds / 2 > 0.2 ? o->seconds / 2 : 0.2,
+                                        k_judge_rows[i].judge_every, k_judge_rows[i].far_sample, &ret[i]);
     if (r < 0) return r;
   }
   return 0;
@@ -786,21 +794,21 @@ static int measure_judge(const options *o, ckv_judge_bench *ret) {
 
 static void print_judge_table(const ckv_judge_bench *j) {
   printf("\njudge (one core, in-process; ReportRound = record + judge + plan, compression excluded)\n");
-  printf("%-10s %16s %14s %14s %12s %12s %12s %12s %8s\n", "tokens", "tokens judged/s", "round p50 us",
-         "round p99 us", "record p50", "judge p50", "cpu p50 us", "cpu p99 us", "rounds");
+  printf("%-10s %6s %6s %16s %14s %14s %12s %12s %12s %12s %8s\n", "tokens", "every", "far", "tokens judged/s",
+         "round p50 us", "round p99 us", "record p50", "judge p50", "cpu p50 us", "cpu p99 us", "rounds");
   for (size_t i = 0; i < N_JUDGE; i++)
-    printf("%-10llu %16.3g %14.1f %14.1f %12.1f %12.1f %12.1f %12.1f %8llu\n", (unsigned long long)j[i].tokens,
-           j[i].tokens_per_s, j[i].round_p50_us, j[i].round_p99_us, j[i].record_p50_us, j[i].judge_p50_us,
-           j[i].cpu_p50_us, j[i].cpu_p99_us, (unsigned long long)j[i].rounds);
+    printf("%-10llu %6u %6.2f %16.3g %14.1f %14.1f %12.1f %12.1f %12.1f %12.1f %8llu\n", (unsigned long long)j[i].tokens,
+           j[i].judge_every, j[i].far_sample, j[i].tokens_per_s, j[i].round_p50_us, j[i].round_p99_us,
+           j[i].record_p50_us, j[i].judge_p50_us, j[i].cpu_p50_us, j[i].cpu_p99_us, (unsigned long long)j[i].rounds);
 }
 
 static void print_json_judge(const ckv_judge_bench *j) {
   printf(", \"judge\": [");
   for (size_t i = 0; i < N_JUDGE; i++)
-    printf("%s{\"tokens\": %llu, \"tokens_per_s\": %.1f, \"round_p50_us\": %.2f, \"round_p99_us\": %.2f, "
+    printf("%s{\"tokens\": %llu, \"judge_every\": %u, \"far_sample\": %.2f, \"tokens_per_s\": %.1f, \"round_p50_us\": %.2f, \"round_p99_us\": %.2f, "
            "\"record_p50_us\": %.2f, \"record_p99_us\": %.2f, \"judge_p50_us\": %.2f, \"judge_p99_us\": %.2f, "
            "\"cpu_p50_us\": %.2f, \"cpu_p99_us\": %.2f, \"rounds\": %llu}",
-           i ? ", " : "", (unsigned long long)j[i].tokens, j[i].tokens_per_s, j[i].round_p50_us, j[i].round_p99_us,
+           i ? ", " : "", (unsigned long long)j[i].tokens, j[i].judge_every, j[i].far_sample, j[i].tokens_per_s, j[i].round_p50_us, j[i].round_p99_us,
            j[i].record_p50_us, j[i].record_p99_us, j[i].judge_p50_us, j[i].judge_p99_us, j[i].cpu_p50_us,
            j[i].cpu_p99_us, (unsigned long long)j[i].rounds);
   printf("]");

@@ -64,6 +64,11 @@ static void fill_attention(float *a, size_t n, uint32_t round, uint64_t *rng) {
 }
 
 int ckv_bench_judge_run(uint64_t tokens, double seconds, ckv_judge_bench *ret) {
+  return ckv_bench_judge_run_sampled(tokens, seconds, 1, 1.0f, ret);
+}
+
+int ckv_bench_judge_run_sampled(uint64_t tokens, double seconds, uint32_t judge_every, float far_sample,
+                                ckv_judge_bench *ret) {
   /* A tiny geometry keeps the arena small: the judge's cost does not depend on it. */
   ckv_geometry g = {.n_layers = 1, .n_kv_heads = 1, .head_dim = 32, .dtype = 0};
   uint32_t dt = 16, ct = 64;
@@ -76,6 +81,8 @@ int ckv_bench_judge_run(uint64_t tokens, double seconds, ckv_judge_bench *ret) {
                : CKV_ERR_INVALID;
   ckv_judge_params p; /* the shipped [policy] defaults, commitkv policy */
   ckv_judge_params_init(&p);
+  p.judge_every = judge_every;
+  p.far_sample = far_sample;
   if (r == 0) r = ckv_srv_session_new("bench", t, &g, dt, ct, "commitkv", &p, &next_block, &s);
   if (r == 0) r = ckv_compressor_new(1, 64, &c); /* moves run on their own thread, as in the daemon */
   if (r == 0) {
@@ -135,7 +142,7 @@ int ckv_bench_judge_run(uint64_t tokens, double seconds, ckv_judge_bench *ret) {
     }
   }
   if (r == 0 && n_lat) {
-    *ret = (ckv_judge_bench){.tokens = tokens,
+    *ret = (ckv_judge_bench){.tokens = tokens, .judge_every = judge_every, .far_sample = far_sample,
                              .tokens_per_s = judge_ns ? (double)judged / ((double)judge_ns * 1e-9) : 0,
                              .rounds = n_lat,
                              .transitions = transitions};

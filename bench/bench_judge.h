@@ -22,9 +22,14 @@ typedef struct ckv_judge_bench {
   double cpu_p99_us;
   uint64_t rounds;
   uint64_t transitions;   /* decided over the measured rounds */
+  uint32_t judge_every;   /* the parameters it ran with */
+  float far_sample;
 } ckv_judge_bench;
 
 /* Measures one session size; returns 0 or a negative status. */
 int ckv_bench_judge_run(uint64_t tokens, double seconds, ckv_judge_bench *ret);
+/* The same with judge_every and far_sample set (1 and 1: the defaults). */
+int ckv_bench_judge_run_sampled(uint64_t tokens, double seconds, uint32_t judge_every, float far_sample,
+                                ckv_judge_bench *ret);
 
 #endif

@@ -102,10 +102,21 @@ int ckv_judge_lasting_fact(const ckv_tokens *t, size_t pos, const ckv_judge_para
           ((t->flags[pos] & CKV_TOKEN_SEM_GIVEN) && ckv_q16_to_unit(t->semantic[pos]) >= CKV_FACT_SEMANTIC));
 }
 
+/* Far-token sampling (far_sample < 1): tokens older than the newest
+ * CKV_JUDGE_NEAR_TOKENS are judged every `stride` rounds, a rotating subset,
+ * so a round judges about far_sample of them. */
+static size_t far_stride(const ckv_judge_params *p) {
+  if (!(p->far_sample < 1.0f)) return 1;
+  float s = 1.0f / (p->far_sample > 0.01f ? p->far_sample : 0.01f);
+  return (size_t)(s + 0.5f);
+}
+
 static int judge_rules(ckv_tokens *t, uint32_t round, const ckv_judge_params *p, size_t end,
                        ckv_transition_list *out) {
   const uint32_t R = p->history_rounds;
+  const size_t stride = far_stride(p), near = t->n > CKV_JUDGE_NEAR_TOKENS ? t->n - CKV_JUDGE_NEAR_TOKENS : 0;
   for (size_t pos = p->sink_tokens; pos < end; pos++) {
+    if (stride > 1 && pos < near && (pos + round) % stride != 0) continue;
     uint8_t st = t->state[pos];
     if (st == CKV_STATE_RECYCLED) continue;
     int r = CKV_OK;
@@ -234,6 +245,8 @@ int ckv_judge_run(ckv_tokens *t, uint32_t round, const ckv_judge_params *p, ckv_
     case CKV_POLICY_KIVI2: return judge_quantize_all(t, round, p, end, 1, out);
     case CKV_POLICY_STREAMING: return judge_budget(t, round, p, 0, out);
     case CKV_POLICY_H2O: return judge_budget(t, round, p, 1, out);
-    default: return p->mlp ? judge_mlp(t, round, p, end, out) : judge_rules(t, round, p, end, out);
+    default:
+      if (p->judge_every > 1 && round % p->judge_every != 0) return CKV_OK; /* attention was recorded */
+      return p->mlp ? judge_mlp(t, round, p, end, out) : judge_rules(t, round, p, end, out);
   }
 }

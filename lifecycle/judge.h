@@ -19,6 +19,9 @@
 
 typedef struct ckv_mlp ckv_mlp;
 
+/* far_sample applies to tokens older than the newest this many. */
+#define CKV_JUDGE_NEAR_TOKENS 4096u
+
 /* A committed token the worker scored at least this (semantic score) is a
  * lasting fact: never recycled for silence (task goal, constraint, order id). */
 #define CKV_FACT_SEMANTIC 0.8f
@@ -43,6 +46,8 @@ typedef struct ckv_judge_params {
   uint32_t cold_bits;        /* rotated: bits of committed tokens that are not lasting facts (0 = commit_bits) */
   int filler_cold;           /* filler takes the cold path (staged, then cold_bits) instead of staying draft */
   int warm_commit;           /* staged tokens still attended commit after persistence_rounds (commit_bits) */
+  uint32_t judge_every;      /* the rules run every this many rounds (attention is recorded every round) */
+  float far_sample;          /* share of the tokens older than CKV_JUDGE_NEAR_TOKENS judged per round */
   float prune_keep;          /* committed key channels kept (fraction) */
   int semantic_estimate_enabled; /* estimate semantic scores when the worker sends none */
   const ckv_mlp *mlp;        /* non-NULL: the mlp judge replaces the rules (commitkv policy) */
