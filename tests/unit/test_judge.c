@@ -445,6 +445,74 @@ Test(judge, filler_goes_cold_and_facts_stay) {
   filler_stream(&p, 40, 1.0f, 2, 1);
 }
 
+/* ---- judge_every and far_sample ---- */
+
+/* Tokens judged changed state this round (draft tokens a round old move on). */
+static size_t moved(const ckv_transition_list *out) {
+  size_t n = 0;
+  for (size_t i = 0; i < out->n; i++) n += out->v[i].count;
+  return n;
+}
+
+Test(judge, judge_every_skips_rounds_but_records_them) {
+  ckv_judge_params p = params_for(CKV_POLICY_COMMITKV);
+  p.judge_every = 3;
+  ckv_tokens t;
+  ckv_tokens_init(&t);
+  ckv_transition_list out = {0};
+  uint64_t counts[4] = {0};
+  float attn[16 * 8];
+  for (uint32_t round = 1; round <= 7; round++) {
+    for (int i = 0; i < 16; i++) push(&t, ROLE_USER, 0.5f, round - 1);
+    counts[D] += 16;
+    for (size_t i = 0; i < t.n; i++) attn[i] = 1.0f;
+    record(&t, round, attn);
+    judge_checked(&t, round, &p, counts, &out);
+    size_t n = moved(&out);
+    if (round % 3)
+      cr_assert_eq(n, 0, "round %u is not a judging round, yet %zu tokens moved", round, n);
+    else
+      cr_assert_gt(n, 0, "round %u judges: the tokens past the window move on", round);
+  }
+  ckv_transition_list_done(&out);
+  ckv_tokens_done(&t);
+}
+
+Test(judge, far_sample_judges_a_rotating_quarter_of_far_tokens) {
+  ckv_judge_params p = params_for(CKV_POLICY_COMMITKV);
+  p.far_sample = 0.25f;
+  p.recent_window = 0;
+  const size_t far = 8192, n = far + CKV_JUDGE_NEAR_TOKENS;
+  ckv_tokens t;
+  ckv_tokens_init(&t);
+  for (size_t i = 0; i < n; i++) push(&t, ROLE_USER, 0.5f, 0);
+  float *attn = calloc(n, sizeof(float));
+  cr_assert_not_null(attn);
+  ckv_transition_list out = {0};
+  uint64_t counts[4] = {0};
+  counts[D] = n;
+  for (size_t i = 0; i < n; i++) attn[i] = 1.0f;
+  record(&t, 1, attn);
+  judge_checked(&t, 1, &p, counts, &out);
+  /* round 1: every near token (aged one round) moves, a quarter of the far ones */
+  size_t far_moved = 0, near_moved = 0;
+  for (size_t i = p.sink_tokens; i < n; i++)
+    if (t.state[i] != D) *(i < far ? &far_moved : &near_moved) += 1;
+  cr_assert_eq(near_moved, CKV_JUDGE_NEAR_TOKENS, "near tokens judged every round");
+  cr_assert(far_moved > far / 4 - 8 && far_moved < far / 4 + 8, "far tokens moved in round 1: %zu of %zu", far_moved, far);
+  /* four rounds judge every far token once */
+  for (uint32_t round = 2; round <= 4; round++) {
+    record(&t, round, attn);
+    judge_checked(&t, round, &p, counts, &out);
+  }
+  size_t still = 0;
+  for (size_t i = p.sink_tokens; i < far; i++) still += t.state[i] == D;
+  cr_assert_eq(still, 0, "%zu far tokens never judged in 4 rounds", still);
+  free(attn);
+  ckv_transition_list_done(&out);
+  ckv_tokens_done(&t);
+}
+
 /* ---- baselines ---- */
 
 /* n tokens appended before round 1, all user role. */
