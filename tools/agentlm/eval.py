@@ -126,8 +126,14 @@ def evaluate(m, dialogues, show=0, log=None, c_bin=None, model_path=None, jobs=1
     return {"recall": n_ok / max(1, len(items)), "correct": n_ok, "questions": len(items),
             "per_kind": {k: {"recall": v[0] / v[1], "n": v[1]} for k, v in sorted(per_kind.items())},
             "per_distance": {k: {"recall": v[0] / v[1], "n": v[1]} for k, v in sorted(
-                per_dist.items(), key=lambda kv: int(kv[0].split("-")[0].rstrip("+")))},
+                per_dist.items(), key=lambda kv: dist_order(kv[0]))},
             "items": items}
+
+
+def dist_order(name):
+    """Sort key of a distance bucket name ("0-127", "512+", "?" for no fact position: last)."""
+    head = name.split("-")[0].rstrip("+")
+    return int(head) if head.isdigit() else 1 << 30
 
 
 def main():
