@@ -138,13 +138,19 @@ static void account(soak *s, soak_worker *w, int status) {
   char line[1024], last[1024] = "", fail[256] = "";
   while (f && fgets(line, sizeof(line), f)) {
     snprintf(last, sizeof(last), "%s", line);
+    /* "commitkv-worker: connect: STATUS: text" or "commitkv-worker: ID: what: STATUS: text" */
     const char *p = strstr(line, "commitkv-worker: ");
-    if (p && !fail[0]) { /* "commitkv-worker: ID: what: STATUS TEXT: daemon text" */
-      const char *c = line;
-      for (int k = 0; k < 3 && c; k++) c = strstr(c + (k ? 2 : 0), ": ");
+    if (p && !fail[0]) {
+      const char *c = p + strlen("commitkv-worker: ");
+      int skip = !strncmp(c, "connect: ", 9) ? 1 : 2;
+      for (int k = 0; k < skip && c; k++) {
+        c = strstr(c, ": ");
+        if (c) c += 2;
+      }
       if (c) {
-        snprintf(fail, sizeof(fail), "%s", c + 2);
+        snprintf(fail, sizeof(fail), "%s", c);
         char *e = strstr(fail, ": ");
+        if (!e) e = strchr(fail, '\n');
         if (e) *e = 0;
       }
     }
