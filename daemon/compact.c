@@ -32,7 +32,8 @@ int ckv_copy_slots(const ckv_geometry *g, const ckv_move *moves, size_t n_moves)
           return CKV_ERR_UNSUPPORTED;
         }
       }
-    ckv_block_positions(m->dst)[m->dst_slot] = ckv_block_positions_const(m->src)[m->src_slot];
+    /* with trusted headers the daemon keeps the position in its shadow (set at publish) */
+    if (!m->dst_hdr) ckv_block_positions(m->dst)[m->dst_slot] = ckv_block_positions_const(m->src)[m->src_slot];
   }
   return CKV_OK;
 }

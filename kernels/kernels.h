@@ -94,7 +94,8 @@ typedef struct ckv_move {
 #define CKV_MOVE_SET_VALID 1u
 
 /* Copies and converts every token of moves (all K and V, all layers) and its
- * position.  Supported: draft -> staged, draft -> committed, staged ->
+ * position (not when the move carries trusted headers: the caller keeps the
+ * positions then, as the daemon does in its header shadows).  Supported: draft -> staged, draft -> committed, staged ->
  * committed (a transition is one call; formats are read from the headers and
  * may differ between moves).  Committed destinations are filled a chunk at a
  * time: every move into chunk c of a block must be in the same call, the

@@ -15,6 +15,15 @@
 
 static _Thread_local const ckv_move *t_sort_moves;
 
+/* The destination slot takes the source's position, unless the caller gave
+ * trusted headers: then it keeps the positions itself (the daemon writes them
+ * into its private header shadow when it publishes the move, and flushes the
+ * shadow from its own thread; a second writer here would race that flush). */
+static void copy_position(const ckv_move *m) {
+  if (m->dst_hdr) return;
+  ckv_block_positions(m->dst)[m->dst_slot] = ckv_block_positions_const(m->src)[m->src_slot];
+}
+
 static int by_dst(const void *a, const void *b) {
   const ckv_move *x = &t_sort_moves[*(const size_t *)a], *y = &t_sort_moves[*(const size_t *)b];
   if (x->dst != y->dst) return (uintptr_t)x->dst < (uintptr_t)y->dst ? -1 : 1;
@@ -193,15 +202,11 @@ ckv_status ckv_kernels_move(const ckv_geometry *g, const ckv_move *moves, size_t
         break;
       }
       if ((st = ckv_rot_to(ops, g, signs, moves, order + i, j - i, s.row)) != CKV_OK) break;
-      for (size_t k = i; k < j; k++)
-        ckv_block_positions(moves[order[k]].dst)[moves[order[k]].dst_slot] =
-            ckv_block_positions_const(moves[order[k]].src)[moves[order[k]].src_slot];
+      for (size_t k = i; k < j; k++) copy_position(&moves[order[k]]);
     } else if (!ckv_format_is_commit(dh->format)) {
       while (j < n_moves && !ckv_format_is_committed_state(ckv_move_dst_hdr(&moves[order[j]])->format)) j++;
       to_staged(ops, g, moves, order + i, j - i, &s);
-      for (size_t k = i; k < j; k++)
-        ckv_block_positions(moves[order[k]].dst)[moves[order[k]].dst_slot] =
-            ckv_block_positions_const(moves[order[k]].src)[moves[order[k]].src_slot];
+      for (size_t k = i; k < j; k++) copy_position(&moves[order[k]]);
     } else {
       size_t blk_end = i;
       while (blk_end < n_moves && moves[order[blk_end]].dst == m->dst) blk_end++;
@@ -212,9 +217,7 @@ ckv_status ckv_kernels_move(const ckv_geometry *g, const ckv_move *moves, size_t
         while (e < blk_end && moves[order[e]].dst_slot / CKV_COMMIT_CHUNK_TOKENS == chunk) e++;
         st = to_commit_chunk(ops, g, moves, order + k, e - k, chunk, &s);
         if (st != CKV_OK) break;
-        for (size_t q = k; q < e; q++)
-          ckv_block_positions(moves[order[q]].dst)[moves[order[q]].dst_slot] =
-              ckv_block_positions_const(moves[order[q]].src)[moves[order[q]].src_slot];
+        for (size_t q = k; q < e; q++) copy_position(&moves[order[q]]);
         seal(m->dst, dh, chunk);
         k = e;
       }

@@ -235,8 +235,9 @@ __global__ void k_finish(const Entry *en, uint32_t n, unsigned set_valid) {
   uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const Entry e = en[i];
-  ((uint32_t *)(e.dst + ckv_block_positions_offset()))[e.dst_slot] =
-      ((const uint32_t *)(e.src + ckv_block_positions_offset()))[e.src_slot];
+  if (!e.pad) /* pad: trusted headers, the caller keeps positions (kernels/move.c copy_position) */
+    ((uint32_t *)(e.dst + ckv_block_positions_offset()))[e.dst_slot] =
+        ((const uint32_t *)(e.src + ckv_block_positions_offset()))[e.src_slot];
   if (!set_valid) return;
   unsigned long long *w = (unsigned long long *)(e.dst + ckv_block_bitmap_offset(e.dst_cap)) + e.dst_slot / 64u;
   unsigned long long bit = 1ull << (e.dst_slot % 64u);
@@ -398,7 +399,7 @@ ckv_status run_moves(const ckv_geometry *g, const ckv_move *moves, size_t n, uns
     if (!ok) return CKV_ERR_UNSUPPORTED;
     if (ckv_format_is_commit(di->h.format) && ((di->sealed >> (m.dst_slot / CKV_COMMIT_CHUNK_TOKENS)) & 1u)) return CKV_ERR_STATE;
     en[i] = Entry{(const uint8_t *)m.src, (uint8_t *)m.dst, m.src_slot, m.dst_slot, si->h.format, si->h.capacity,
-                  di->h.format, di->h.capacity, di->h.kept_channels, 0};
+                  di->h.format, di->h.capacity, di->h.kept_channels, m.dst_hdr ? 1u : 0u};
   }
   std::sort(en.begin(), en.end(), [](const Entry &a, const Entry &b) {
     return a.dst != b.dst ? (uintptr_t)a.dst < (uintptr_t)b.dst : a.dst_slot < b.dst_slot;

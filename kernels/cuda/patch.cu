@@ -59,7 +59,7 @@ __global__ void k_copy_slots(ckv_geometry g, const Copy *c) {
     uint16_t *ds = (uint16_t *)(m.dst + ckv_staged_scales_offset(&g, m.dst_cap, l, kv)) + (size_t)m.dst_slot * groups;
     for (size_t i = threadIdx.x; i < groups; i += blockDim.x) ds[i] = ss[i];
   }
-  if (blockIdx.y == 0 && threadIdx.x == 0)
+  if (blockIdx.y == 0 && threadIdx.x == 0 && !m.pad) /* pad: trusted headers, the caller keeps positions */
     ((uint32_t *)(m.dst + ckv_block_positions_offset()))[m.dst_slot] =
         ((const uint32_t *)(m.src + ckv_block_positions_offset()))[m.src_slot];
 }
@@ -145,7 +145,8 @@ extern "C" ckv_status ckv_cuda_copy_slots(const ckv_geometry *g, const ckv_move 
     if (sh.format != dh.format || sh.dtype != dh.dtype) return CKV_ERR_FORMAT;
     if (sh.format != CKV_FORMAT_DRAFT && sh.format != CKV_FORMAT_STAGED) return CKV_ERR_UNSUPPORTED;
     if (m.src_slot >= sh.capacity || m.dst_slot >= dh.capacity) return CKV_ERR_INVALID;
-    cs[i] = Copy{(const uint8_t *)m.src, (uint8_t *)m.dst, sh.capacity, dh.capacity, m.src_slot, m.dst_slot, sh.format, 0};
+    cs[i] = Copy{(const uint8_t *)m.src, (uint8_t *)m.dst, sh.capacity, dh.capacity, m.src_slot, m.dst_slot, sh.format,
+                 m.dst_hdr ? 1u : 0u};
   }
   Copy *d_c = nullptr;
   cudaStream_t s = (cudaStream_t)stream;
