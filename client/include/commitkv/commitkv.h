@@ -188,7 +188,7 @@ typedef struct ckv_block_view {
   const void *data;
   uint64_t id;
   uint64_t bytes;
-  uint32_t format; /* 0 draft, 1 staged, 2 committed INT4, 3 committed INT2 */
+  uint32_t format; /* kernels/format.h: 0 draft, 1 staged, 2/3 committed KIVI INT4/INT2, 4-7 rotated ROT4..ROT1 */
   uint32_t capacity;
 } ckv_block_view;
 
