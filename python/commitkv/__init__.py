@@ -151,7 +151,8 @@ def _buffer(x: Any, what: str) -> Any:
         pass
     if hasattr(x, "__array__") or hasattr(x, "__array_interface__"):
         return np.asarray(x)
-    raise ValueError(f"{what}: an array (buffer protocol, numpy, or a CPU tensor) is required, got {type(x).__name__}")
+    raise ValueError(f"{what}: an array (buffer protocol: numpy, memoryview, a CPU tensor) of the session's dtype "
+                     f"(float16; uint16 bfloat16 bits for bf16 sessions) is required, got {type(x).__name__}")
 
 
 def _per_token(values: Any, n: int, dtype: Any, what: str, names: Optional[type] = None) -> Optional[np.ndarray]:

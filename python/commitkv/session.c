@@ -63,6 +63,7 @@ int ckvpy_session_finish(ckvpy_session *self, bool keep) {
   ckv_session *s = self->s;
   self->s = NULL;
   r = s ? (keep ? ckv_session_close(s) : ckv_session_drop(s)) : 0;
+  if (r == CKV_ERR_DAEMON_RESTARTED) r = 0; /* the session went with the old daemon: nothing left to close */
   if (r < 0) ckvpy_copy_error(c, r, err, sizeof(err));
   pthread_rwlock_unlock(&self->readers);
   pthread_mutex_unlock(&self->lock);
