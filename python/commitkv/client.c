@@ -22,7 +22,25 @@ static void free_client(ckvpy_client *self) {
   Py_END_ALLOW_THREADS
 }
 
-void ckvpy_client_release_export(ckvpy_client *self) { free_client(self); }
+void ckvpy_client_maybe_free(ckvpy_client *self) {
+  if (self->closed && self->exports == 0 && self->busy == 0) free_client(self);
+}
+
+/* Around every use of c without the GIL: close() from another thread then
+ * waits for the call to end instead of freeing c under it. */
+static bool enter(ckvpy_client *self) {
+  if (self->closed || !self->c) {
+    closed_error();
+    return false;
+  }
+  self->busy++;
+  return true;
+}
+
+static void leave(ckvpy_client *self) {
+  self->busy--;
+  ckvpy_client_maybe_free(self);
+}
 
 static void client_dealloc(ckvpy_client *self) {
   /* Sessions and arena buffers hold references: none is left here. */
@@ -35,13 +53,14 @@ static PyObject *client_close(ckvpy_client *self, PyObject *unused) {
   if (self->closed) Py_RETURN_NONE;
   self->closed = true;
   int rc = 0;
+  self->busy++; /* the sessions' close requests below use c without the GIL */
   while (self->sessions) {
     ckvpy_session *s = self->sessions;
     Py_INCREF(s);
     if (ckvpy_session_finish(s, /* keep= */ true) < 0) rc = -1;
     Py_DECREF(s);
   }
-  if (self->exports == 0) free_client(self);
+  leave(self);
   if (rc < 0) return NULL;
   Py_RETURN_NONE;
 }
@@ -85,6 +104,11 @@ static PyObject *client_open_session(ckvpy_client *self, PyObject *args, PyObjec
   ckv_session *s = NULL;
   int r;
   char err[512];
+  if (!enter(self)) {
+    PyMem_Free(pn);
+    PyMem_Free(pv);
+    return NULL;
+  }
   ckv_client *c = self->c;
   Py_BEGIN_ALLOW_THREADS
   r = ckv_session_open(c, id, resume && layers == 0 ? NULL : &g, &o, &s);
@@ -92,8 +116,19 @@ static PyObject *client_open_session(ckvpy_client *self, PyObject *args, PyObjec
   Py_END_ALLOW_THREADS
   PyMem_Free(pn);
   PyMem_Free(pv);
-  if (r < 0) return ckvpy_raise(r, err);
-  return ckvpy_session_new(self, s, id);
+  PyObject *ret;
+  if (r < 0) {
+    ret = ckvpy_raise(r, err);
+  } else if (self->closed) { /* closed by another thread meanwhile: it detached what it knew of */
+    Py_BEGIN_ALLOW_THREADS
+    ckv_session_close(s);
+    Py_END_ALLOW_THREADS
+    ret = closed_error();
+  } else {
+    ret = ckvpy_session_new(self, s, id);
+  }
+  leave(self);
+  return ret;
 }
 
 /* ---- stats: the object of `commitkvctl stats --json`, key for key ---------- */
@@ -149,7 +184,7 @@ fail:
 }
 
 static PyObject *client_stats(ckvpy_client *self, PyObject *unused) {
-  if (self->closed) return closed_error();
+  if (!enter(self)) return NULL;
   Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
   Commitkv__V1__StatsRequest sr = COMMITKV__V1__STATS_REQUEST__INIT;
   req.body_case = COMMITKV__V1__REQUEST__BODY_STATS;
@@ -168,6 +203,7 @@ static PyObject *client_stats(ckvpy_client *self, PyObject *unused) {
     ckvpy_copy_error(c, r, err, sizeof(err));
   }
   Py_END_ALLOW_THREADS
+  leave(self);
   if (r < 0) return ckvpy_raise(r, err);
   PyObject *d = stats_dict(rep->stats);
   ckv_rpc_free(rep);
@@ -177,7 +213,7 @@ static PyObject *client_stats(ckvpy_client *self, PyObject *unused) {
 /* ---- small calls ------------------------------------------------------------ */
 
 static PyObject *client_heartbeat(ckvpy_client *self, PyObject *unused) {
-  if (self->closed) return closed_error();
+  if (!enter(self)) return NULL;
   int r;
   char err[512];
   ckv_client *c = self->c;
@@ -185,12 +221,13 @@ static PyObject *client_heartbeat(ckvpy_client *self, PyObject *unused) {
   r = ckv_client_heartbeat(c);
   if (r < 0) ckvpy_copy_error(c, r, err, sizeof(err));
   Py_END_ALLOW_THREADS
+  leave(self);
   if (r < 0) return ckvpy_raise(r, err);
   Py_RETURN_NONE;
 }
 
 static PyObject *client_reconnect(ckvpy_client *self, PyObject *unused) {
-  if (self->closed) return closed_error();
+  if (!enter(self)) return NULL;
   int r;
   char err[512];
   ckv_client *c = self->c;
@@ -198,6 +235,7 @@ static PyObject *client_reconnect(ckvpy_client *self, PyObject *unused) {
   r = ckv_client_reconnect(c);
   if (r < 0) ckvpy_copy_error(c, r, err, sizeof(err));
   Py_END_ALLOW_THREADS
+  leave(self);
   if (r < 0) return ckvpy_raise(r, err);
   Py_RETURN_NONE;
 }
@@ -218,12 +256,13 @@ static PyObject *client_get_lease_ms(ckvpy_client *self, void *unused) {
 }
 
 static PyObject *client_get_restarted(ckvpy_client *self, void *unused) {
-  if (!self->c) return closed_error();
+  if (!enter(self)) return NULL;
   bool r;
   ckv_client *c = self->c;
   Py_BEGIN_ALLOW_THREADS
   r = ckv_client_restarted(c);
   Py_END_ALLOW_THREADS
+  leave(self);
   return PyBool_FromLong(r);
 }
 

@@ -28,6 +28,7 @@ typedef struct ckvpy_client {
   ckv_client *c;      /* NULL once freed */
   bool closed;        /* close() was called: every method refuses */
   Py_ssize_t exports; /* live _ArenaBuffer objects over this client's arena */
+  Py_ssize_t busy;    /* calls on c in flight without the GIL: c is freed only when none is */
   ckvpy_session *sessions; /* open sessions (intrusive list), detached by close() */
   PyObject *weakrefs;
 } ckvpy_client;
@@ -64,8 +65,9 @@ void ckvpy_copy_error(ckv_client *c, int status, char *buf, size_t len);
 /* A new _ArenaBuffer over [ptr, ptr + len) of the client's mapped arena; it
  * keeps the client (and so the mapping) alive. */
 PyObject *ckvpy_arena_buffer_new(ckvpy_client *owner, const void *ptr, Py_ssize_t len);
-/* Called when the last export of a closed client goes: frees the client. */
-void ckvpy_client_release_export(ckvpy_client *c);
+/* Frees the ckv_client of a closed client once no export and no call is
+ * left (the GIL held). */
+void ckvpy_client_maybe_free(ckvpy_client *c);
 
 /* Opens a session on the client (used by _Client.open_session). */
 PyObject *ckvpy_session_new(ckvpy_client *owner, ckv_session *s, const char *id);

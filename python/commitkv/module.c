@@ -84,7 +84,7 @@ PyObject *ckvpy_arena_buffer_new(ckvpy_client *owner, const void *ptr, Py_ssize_
 static void arena_buffer_dealloc(ckvpy_arena_buffer *b) {
   ckvpy_client *owner = b->owner;
   owner->exports--;
-  if (owner->exports == 0 && owner->closed) ckvpy_client_release_export(owner);
+  ckvpy_client_maybe_free(owner);
   Py_DECREF(owner);
   PyObject_Free(b);
 }
@@ -170,6 +170,7 @@ static PyObject *connect_(PyObject *m, PyObject *args, PyObject *kw) {
   self->c = NULL;
   self->closed = false;
   self->exports = 0;
+  self->busy = 0;
   self->sessions = NULL;
   self->weakrefs = NULL;
   ckv_client_options o = {.socket = sock, .attach_socket = attach, .name = name, .timeout_ms = timeout_ms,

@@ -196,3 +196,37 @@ def test_killed_python_worker_leaks_nothing(make_daemon):
     with commitkv.connect(d.socket, d.attach) as c:
         with c.open_session("victim", 2, 4, 64) as s:
             assert s.tokens == 0
+
+
+def test_close_while_other_threads_call(daemon, sid):
+    """close() from one thread while others are inside stats() and
+    attention(): they finish or get a clear error (Disconnected, StateError),
+    never a crash."""
+    c = commitkv.connect(daemon.socket, daemon.attach)
+    s = c.open_session(sid, 1, 4, 64)
+    p = s.append(64)
+    s.write_kv(p, 0, np.ones((64, 4, 64), np.float16), np.ones((64, 4, 64), np.float16))
+    q = np.ones((4, 64), np.float32)
+    seen, go = set(), threading.Event()
+
+    def hammer(call):
+        go.wait()
+        end = time.monotonic() + 60
+        while time.monotonic() < end:  # until close() shows
+            try:
+                call()
+            except (commitkv.Disconnected, commitkv.StateError) as e:
+                seen.add(type(e).__name__)
+                return
+
+    ts = [threading.Thread(target=hammer, args=(c.stats,)), threading.Thread(target=hammer, args=(c.heartbeat,)),
+          threading.Thread(target=hammer, args=(lambda: s.attention(0, q),))]
+    for t in ts:
+        t.start()
+    go.set()
+    time.sleep(0.05)
+    c.close()
+    for t in ts:
+        t.join(60)
+    assert seen == {"Disconnected", "StateError"}, seen
+    assert s.closed and c.closed
