@@ -10,8 +10,12 @@
  * and PKG_CONFIG_SYSROOT_DIR pointing into the scratch root) links against the
  * installed libcommitkv.so.0 and connects to a running commitkvd
  * (ckv_client_connect + ckv_client_heartbeat); the same program builds with
- * find_package(CommitKV).  Skipped, visibly, where dpkg-deb or cpack is
- * missing. */
+ * find_package(CommitKV).  When the Python module is built, the same cpack
+ * run makes python3-commitkv: its files and control fields are checked, it is
+ * installed into the same root, and Debian's /usr/bin/python3, in an empty
+ * environment that sees nothing of this build tree, imports commitkv from
+ * there and prints commitkv.__version__.  Skipped, visibly, where dpkg-deb or
+ * cpack is missing. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -79,6 +83,103 @@ static const char k_worker_c[] =
     "  ckv_client_free(c);\n"
     "  return 0;\n"
     "}\n";
+
+/* The python3-commitkv package beside `deb` (the commitkv package): listed,
+ * installed into root, imported by /usr/bin/python3 with nothing of the build
+ * tree in sight. */
+static void check_python_package(const char *deb, const char *root, const char *dir, bool via_dpkg) {
+  char cmd[8192], pydir[1024];
+  snprintf(pydir, sizeof(pydir), "%s/../python/commitkv", ckv_test_bin_dir());
+  bool built = access(pydir, F_OK) == 0;
+  char out_dir[1024];
+  snprintf(out_dir, sizeof(out_dir), "%s", deb);
+  char *slash = strrchr(out_dir, '/');
+  if (slash) *slash = 0;
+  snprintf(cmd, sizeof(cmd), "ls %s/python3-commitkv_*.deb 2>/dev/null", slash ? out_dir : ".");
+  char *found = sh_out(cmd);
+  if (found) found[strcspn(found, "\n")] = 0;
+  if (!found || !*found) {
+    free(found);
+    cr_expect(!built, "the Python module is built (%s) but no python3-commitkv package was made beside %s", pydir, deb);
+    if (!built) cr_log_warn("no Python module in this build: python3-commitkv is NOT checked");
+    return;
+  }
+  char pydeb[1024];
+  snprintf(pydeb, sizeof(pydeb), "%s", found);
+  free(found);
+  cr_log_info("package %s", pydeb);
+
+  snprintf(cmd, sizeof(cmd), "dpkg-deb -c %s", pydeb);
+  char *list = sh_out(cmd);
+  cr_assert_not_null(list, "dpkg-deb -c %s failed", pydeb);
+  const char *want[] = {"./usr/lib/python3/dist-packages/commitkv/__init__.py",
+                        "./usr/lib/python3/dist-packages/commitkv/__init__.pyi",
+                        "./usr/lib/python3/dist-packages/commitkv/_errors.py",
+                        "./usr/lib/python3/dist-packages/commitkv/py.typed",
+                        "./usr/lib/python3/dist-packages/commitkv/_commitkv.cpython-"};
+  for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
+    cr_expect(strstr(list, want[i]) != NULL, "python3-commitkv lacks %s:\n%s", want[i], list);
+  cr_expect(strstr(list, "/usr/bin/") == NULL && strstr(list, "/etc/") == NULL,
+            "python3-commitkv carries files of the commitkv package:\n%s", list);
+  free(list);
+  snprintf(cmd, sizeof(cmd), "dpkg-deb -f %s Package Depends", pydeb);
+  char *fields = sh_out(cmd);
+  cr_assert_not_null(fields);
+  cr_expect(strstr(fields, "Package: python3-commitkv") != NULL, "%s", fields);
+  cr_expect(strstr(fields, "python3 (>= ") && strstr(fields, "python3-numpy") && strstr(fields, "libzmq5"),
+            "python3-commitkv depends on python3, python3-numpy and libzmq5: %s", fields);
+  free(fields);
+  snprintf(cmd, sizeof(cmd), "dpkg-deb -e %s %s/pycontrol && ls %s/pycontrol", pydeb, dir, dir);
+  char *ctl = sh_out(cmd);
+  cr_expect(ctl && !strstr(ctl, "postinst") && !strstr(ctl, "conffiles"), "python3-commitkv has commitkv's scripts: %s",
+            ctl ? ctl : "(none)");
+  free(ctl);
+
+  if (via_dpkg) {
+    snprintf(cmd, sizeof(cmd),
+             "dpkg --root=%s --force-script-chrootless --force-depends --force-not-root --log=/dev/null -i %s "
+             ">%s/dpkg-python.log 2>&1 && dpkg --root=%s -s python3-commitkv | grep -q '^Status: install ok installed'",
+             root, pydeb, dir, root);
+    cr_expect_eq(sh(cmd), 0, "dpkg --root did not install python3-commitkv (see %s/dpkg-python.log)", dir);
+  } else {
+    snprintf(cmd, sizeof(cmd), "dpkg-deb -x %s %s", pydeb, root);
+    cr_assert_eq(sh(cmd), 0, "%s", cmd);
+  }
+  /* A sanitizer build packages an instrumented extension: python3 must load the runtimes first. */
+  snprintf(cmd, sizeof(cmd), "objdump -p %s/usr/lib/python3/dist-packages/commitkv/_commitkv.cpython-*.so | grep NEEDED",
+           root);
+  char *needed = sh_out(cmd);
+  char preload[600] = "";
+  if (needed && strstr(needed, "libasan")) {
+    char *asan = sh_out("cc -print-file-name=libasan.so"), *ubsan = sh_out("cc -print-file-name=libubsan.so");
+    if (asan && ubsan) {
+      asan[strcspn(asan, "\n")] = 0;
+      ubsan[strcspn(ubsan, "\n")] = 0;
+      snprintf(preload, sizeof(preload), "LD_PRELOAD=%s:%s ASAN_OPTIONS=detect_leaks=0", asan, ubsan);
+    }
+    free(asan);
+    free(ubsan);
+  }
+  free(needed);
+  /* env -i: no PYTHONPATH into the build tree; -s: no user site; run from an
+   * empty directory so nothing beside it is imported instead. */
+  snprintf(cmd, sizeof(cmd),
+           "mkdir -p %s/empty && cd %s/empty && env -i PATH=/usr/bin:/bin %s /usr/bin/python3 -s -c "
+           "\"import sys; sys.path.insert(0, '%s/usr/lib/python3/dist-packages'); import commitkv; "
+           "print(commitkv.__version__); print(commitkv.__file__); print(commitkv.connect.__doc__ is not None)\" 2>&1",
+           dir, dir, preload, root);
+  char *out = sh_out(cmd);
+  cr_assert_not_null(out, "the installed module does not import: %s", cmd);
+  char want_file[900];
+  snprintf(want_file, sizeof(want_file), "%s/usr/lib/python3/dist-packages/commitkv/__init__.py", root);
+  cr_expect(strncmp(out, CKV_VERSION_STRING "\n", strlen(CKV_VERSION_STRING) + 1) == 0,
+            "commitkv.__version__ is not %s:\n%s", CKV_VERSION_STRING, out);
+  cr_expect(strstr(out, want_file) != NULL, "not the installed module:\n%s", out);
+  cr_expect(strstr(out, "True") != NULL, "%s", out);
+  cr_log_info("python3 -c 'import commitkv; print(commitkv.__version__)' from the package: %.*s",
+              (int)strcspn(out, "\n"), out);
+  free(out);
+}
 
 Test(package, deb_lists_installs_links_and_connects, .timeout = 240) {
   if (sh("command -v dpkg-deb >/dev/null 2>&1 && command -v dpkg >/dev/null 2>&1") != 0)
@@ -235,6 +336,9 @@ Test(package, deb_lists_installs_links_and_connects, .timeout = 240) {
     cr_expect_eq(sh(cmd), 0, "find_package(CommitKV) build or run failed (see %s/cmake.log)", dir);
   }
   cr_expect_eq(ckv_test_daemon_stop(&d), 0);
+
+  /* 6. python3-commitkv, when this tree builds the module. */
+  check_python_package(deb, root, dir, via_dpkg);
 
   /* The packaged daemon runs (it needs nothing from the package but itself). */
   snprintf(cmd, sizeof(cmd), "%s/usr/bin/commitkvd --version", root);

@@ -1,0 +1,297 @@
+/* client.c - commitkv._commitkv._Client: one ckv_client.
+ *
+ * Opens sessions, asks the daemon for its figures (the object
+ * `commitkvctl stats --json` prints, as a dict), heartbeats and reconnects.
+ * close() detaches the sessions still open; the connection and the arena
+ * mapping go when the last zero-copy array over the arena is released, so
+ * an array a caller still holds never points at unmapped memory. */
+#include <errno.h>
+#include <string.h>
+
+#include "client/rpc.h"
+#include "ext.h"
+
+static PyObject *closed_error(void) { return ckvpy_raise(CKV_ERR_DISCONNECTED, "this commitkv client is closed"); }
+
+static void free_client(ckvpy_client *self) {
+  ckv_client *c = self->c;
+  self->c = NULL;
+  if (!c) return;
+  Py_BEGIN_ALLOW_THREADS
+  ckv_client_free(c); /* joins the heartbeat thread */
+  Py_END_ALLOW_THREADS
+}
+
+void ckvpy_client_maybe_free(ckvpy_client *self) {
+  if (self->closed && self->exports == 0 && self->busy == 0) free_client(self);
+}
+
+/* Around every use of c without the GIL: close() from another thread then
+ * waits for the call to end instead of freeing c under it. */
+static bool enter(ckvpy_client *self) {
+  if (self->closed || !self->c) {
+    closed_error();
+    return false;
+  }
+  self->busy++;
+  return true;
+}
+
+static void leave(ckvpy_client *self) {
+  self->busy--;
+  ckvpy_client_maybe_free(self);
+}
+
+static void client_dealloc(ckvpy_client *self) {
+  /* Sessions and arena buffers hold references: none is left here. */
+  if (self->weakrefs) PyObject_ClearWeakRefs((PyObject *)self);
+  free_client(self);
+  PyObject_Free(self);
+}
+
+static PyObject *client_close(ckvpy_client *self, PyObject *unused) {
+  if (self->closed) Py_RETURN_NONE;
+  self->closed = true;
+  int rc = 0;
+  self->busy++; /* the sessions' close requests below use c without the GIL */
+  while (self->sessions) {
+    ckvpy_session *s = self->sessions;
+    Py_INCREF(s);
+    if (ckvpy_session_finish(s, /* keep= */ true) < 0) rc = -1;
+    Py_DECREF(s);
+  }
+  leave(self);
+  if (rc < 0) return NULL;
+  Py_RETURN_NONE;
+}
+
+static PyObject *client_open_session(ckvpy_client *self, PyObject *args, PyObject *kw) {
+  static char *kwlist[] = {"id",     "n_layers", "n_kv_heads", "head_dim", "dtype", "policy", "names", "values",
+                           "resume", "draft_block_tokens", "commit_block_tokens", NULL};
+  const char *id, *policy = NULL;
+  unsigned int layers = 0, heads = 0, dim = 0, dtype = 0, draft = 0, commit = 0;
+  PyObject *names = NULL, *values = NULL;
+  int resume = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "s|IIIIzOOpII", kwlist, &id, &layers, &heads, &dim, &dtype, &policy,
+                                   &names, &values, &resume, &draft, &commit))
+    return NULL;
+  if (self->closed) return closed_error();
+  Py_ssize_t n = 0;
+  if (names && names != Py_None) {
+    if (!PyTuple_Check(names) || !values || !PyTuple_Check(values) || PyTuple_GET_SIZE(names) != PyTuple_GET_SIZE(values))
+      return PyErr_Format(PyExc_TypeError, "names and values must be tuples of the same length");
+    n = PyTuple_GET_SIZE(names);
+  }
+  const char **pn = n ? PyMem_Calloc((size_t)n, sizeof(*pn)) : NULL;
+  double *pv = n ? PyMem_Calloc((size_t)n, sizeof(*pv)) : NULL;
+  if (n && (!pn || !pv)) {
+    PyMem_Free(pn);
+    PyMem_Free(pv);
+    return PyErr_NoMemory();
+  }
+  for (Py_ssize_t i = 0; i < n; i++) {
+    pn[i] = PyUnicode_AsUTF8(PyTuple_GET_ITEM(names, i));
+    pv[i] = PyFloat_AsDouble(PyTuple_GET_ITEM(values, i));
+    if (!pn[i] || (pv[i] == -1.0 && PyErr_Occurred())) {
+      PyMem_Free(pn);
+      PyMem_Free(pv);
+      return NULL;
+    }
+  }
+  ckv_geometry g = {layers, heads, dim, dtype};
+  ckv_session_options o = {.policy = policy, .resume = resume != 0, .draft_block_tokens = draft,
+                           .commit_block_tokens = commit, .param_names = pn, .param_values = pv, .n_params = (size_t)n};
+  ckv_session *s = NULL;
+  int r;
+  char err[512];
+  if (!enter(self)) {
+    PyMem_Free(pn);
+    PyMem_Free(pv);
+    return NULL;
+  }
+  ckv_client *c = self->c;
+  Py_BEGIN_ALLOW_THREADS
+  r = ckv_session_open(c, id, resume && layers == 0 ? NULL : &g, &o, &s);
+  if (r < 0) ckvpy_copy_error(c, r, err, sizeof(err));
+  Py_END_ALLOW_THREADS
+  PyMem_Free(pn);
+  PyMem_Free(pv);
+  PyObject *ret;
+  if (r < 0) {
+    ret = ckvpy_raise(r, err);
+  } else if (self->closed) { /* closed by another thread meanwhile: it detached what it knew of */
+    Py_BEGIN_ALLOW_THREADS
+    ckv_session_close(s);
+    Py_END_ALLOW_THREADS
+    ret = closed_error();
+  } else {
+    ret = ckvpy_session_new(self, s, id);
+  }
+  leave(self);
+  return ret;
+}
+
+/* ---- stats: the object of `commitkvctl stats --json`, key for key ---------- */
+
+static PyObject *token_counts(const Commitkv__V1__TokenCounts *t) {
+  return Py_BuildValue("{sKsKsKsK}", "draft", (unsigned long long)(t ? t->draft : 0), "staged",
+                       (unsigned long long)(t ? t->staged : 0), "committed", (unsigned long long)(t ? t->committed : 0),
+                       "recycled", (unsigned long long)(t ? t->recycled : 0));
+}
+
+static PyObject *byte_counts(const Commitkv__V1__ByteCounts *b) {
+  return Py_BuildValue("{sKsKsKsKsK}", "draft", (unsigned long long)(b ? b->draft : 0), "staged",
+                       (unsigned long long)(b ? b->staged : 0), "committed", (unsigned long long)(b ? b->committed : 0),
+                       "total", (unsigned long long)(b ? b->total : 0), "fp16_equivalent",
+                       (unsigned long long)(b ? b->fp16_equivalent : 0));
+}
+
+static PyObject *stats_dict(const Commitkv__V1__Stats *s) {
+  PyObject *arenas = PyList_New((Py_ssize_t)s->n_arenas), *tenants = PyList_New((Py_ssize_t)s->n_tenants);
+  if (!arenas || !tenants) goto fail;
+  for (size_t i = 0; i < s->n_arenas; i++) {
+    const Commitkv__V1__ArenaStats *a = s->arenas[i];
+    PyObject *d = Py_BuildValue("{szszsIsKsKsK}", "kind", a->kind, "tenant", a->tenant, "arena_id", a->arena_id,
+                                "bytes_total", (unsigned long long)a->bytes_total, "bytes_committed",
+                                (unsigned long long)a->bytes_committed, "bytes_used", (unsigned long long)a->bytes_used);
+    if (!d) goto fail;
+    PyList_SET_ITEM(arenas, (Py_ssize_t)i, d);
+  }
+  for (size_t i = 0; i < s->n_tenants; i++) {
+    const Commitkv__V1__TenantStats *t = s->tenants[i];
+    PyObject *d = Py_BuildValue("{szsKsKsKsNsN}", "name", t->name, "sessions", (unsigned long long)t->sessions,
+                                "clients", (unsigned long long)t->clients, "quota_bytes",
+                                (unsigned long long)t->quota_bytes, "tokens", token_counts(t->tokens), "bytes",
+                                byte_counts(t->bytes));
+    if (!d) goto fail;
+    PyList_SET_ITEM(tenants, (Py_ssize_t)i, d);
+  }
+  PyObject *d = Py_BuildValue(
+      "{sKsKsNsNsNsNsKsKsKsKsKsKsKsKsKsKsz}", "sessions", (unsigned long long)s->sessions, "clients",
+      (unsigned long long)s->clients, "tokens", token_counts(s->tokens), "bytes", byte_counts(s->bytes), "arenas",
+      arenas, "tenants", tenants, "detached_sessions", (unsigned long long)s->detached_sessions, "leases_expired",
+      (unsigned long long)s->leases_expired, "sessions_detached", (unsigned long long)s->sessions_detached,
+      "sessions_resumed", (unsigned long long)s->sessions_resumed, "sessions_expired",
+      (unsigned long long)s->sessions_expired, "requests", (unsigned long long)s->requests, "errors",
+      (unsigned long long)s->errors, "rounds", (unsigned long long)s->rounds, "uptime_ms",
+      (unsigned long long)s->uptime_ms, "semantic_given_tokens", (unsigned long long)s->semantic_given_tokens,
+      "backend", s->backend);
+  return d; /* "N" stole arenas and tenants */
+fail:
+  Py_XDECREF(arenas);
+  Py_XDECREF(tenants);
+  return NULL;
+}
+
+static PyObject *client_stats(ckvpy_client *self, PyObject *unused) {
+  if (!enter(self)) return NULL;
+  Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
+  Commitkv__V1__StatsRequest sr = COMMITKV__V1__STATS_REQUEST__INIT;
+  req.body_case = COMMITKV__V1__REQUEST__BODY_STATS;
+  req.stats = &sr;
+  Commitkv__V1__Response *rep = NULL;
+  int r;
+  char err[512];
+  ckv_client *c = self->c;
+  Py_BEGIN_ALLOW_THREADS
+  r = ckv_rpc(c, &req, &rep);
+  if (r == CKV_OK && (rep->body_case != COMMITKV__V1__RESPONSE__BODY_STATS || !rep->stats)) {
+    ckv_rpc_free(rep);
+    r = CKV_ERR_PROTO;
+    snprintf(err, sizeof(err), "the daemon answered a stats request without stats");
+  } else if (r < 0) {
+    ckvpy_copy_error(c, r, err, sizeof(err));
+  }
+  Py_END_ALLOW_THREADS
+  leave(self);
+  if (r < 0) return ckvpy_raise(r, err);
+  PyObject *d = stats_dict(rep->stats);
+  ckv_rpc_free(rep);
+  return d;
+}
+
+/* ---- small calls ------------------------------------------------------------ */
+
+static PyObject *client_heartbeat(ckvpy_client *self, PyObject *unused) {
+  if (!enter(self)) return NULL;
+  int r;
+  char err[512];
+  ckv_client *c = self->c;
+  Py_BEGIN_ALLOW_THREADS
+  r = ckv_client_heartbeat(c);
+  if (r < 0) ckvpy_copy_error(c, r, err, sizeof(err));
+  Py_END_ALLOW_THREADS
+  leave(self);
+  if (r < 0) return ckvpy_raise(r, err);
+  Py_RETURN_NONE;
+}
+
+static PyObject *client_reconnect(ckvpy_client *self, PyObject *unused) {
+  if (!enter(self)) return NULL;
+  int r;
+  char err[512];
+  ckv_client *c = self->c;
+  Py_BEGIN_ALLOW_THREADS
+  r = ckv_client_reconnect(c);
+  if (r < 0) ckvpy_copy_error(c, r, err, sizeof(err));
+  Py_END_ALLOW_THREADS
+  leave(self);
+  if (r < 0) return ckvpy_raise(r, err);
+  Py_RETURN_NONE;
+}
+
+static PyObject *client_get_tenant(ckvpy_client *self, void *unused) {
+  if (!self->c) return closed_error();
+  return PyUnicode_FromString(ckv_client_tenant(self->c));
+}
+
+static PyObject *client_get_memory_kind(ckvpy_client *self, void *unused) {
+  if (!self->c) return PyUnicode_FromString("none");
+  return PyUnicode_FromString(ckv_client_memory_kind(self->c));
+}
+
+static PyObject *client_get_lease_ms(ckvpy_client *self, void *unused) {
+  if (!self->c) return closed_error();
+  return PyLong_FromUnsignedLong(ckv_client_lease_ms(self->c));
+}
+
+static PyObject *client_get_restarted(ckvpy_client *self, void *unused) {
+  if (!enter(self)) return NULL;
+  bool r;
+  ckv_client *c = self->c;
+  Py_BEGIN_ALLOW_THREADS
+  r = ckv_client_restarted(c);
+  Py_END_ALLOW_THREADS
+  leave(self);
+  return PyBool_FromLong(r);
+}
+
+static PyObject *client_get_closed(ckvpy_client *self, void *unused) { return PyBool_FromLong(self->closed); }
+
+static PyMethodDef client_methods[] = {
+    {"close", (PyCFunction)client_close, METH_NOARGS, "Detaches open sessions and disconnects."},
+    {"open_session", (PyCFunction)(void (*)(void))client_open_session, METH_VARARGS | METH_KEYWORDS,
+     "open_session(id, n_layers, n_kv_heads, head_dim, dtype, policy, names, values, resume, draft_block_tokens, "
+     "commit_block_tokens) -> _Session"},
+    {"stats", (PyCFunction)client_stats, METH_NOARGS, "The daemon's figures as a dict."},
+    {"heartbeat", (PyCFunction)client_heartbeat, METH_NOARGS, "One heartbeat now."},
+    {"reconnect", (PyCFunction)client_reconnect, METH_NOARGS, "Re-attaches after a daemon restart."},
+    {NULL}};
+
+static PyGetSetDef client_getset[] = {{"tenant", (getter)client_get_tenant, NULL, "Tenant name.", NULL},
+                                      {"memory_kind", (getter)client_get_memory_kind, NULL, "host, cuda or none.", NULL},
+                                      {"lease_ms", (getter)client_get_lease_ms, NULL, "Lease length (ms).", NULL},
+                                      {"restarted", (getter)client_get_restarted, NULL, "Daemon restart noticed.", NULL},
+                                      {"closed", (getter)client_get_closed, NULL, "close() was called.", NULL},
+                                      {NULL}};
+
+PyTypeObject ckvpy_client_type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "commitkv._commitkv._Client",
+    .tp_basicsize = sizeof(ckvpy_client),
+    .tp_dealloc = (destructor)client_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "One connection to commitkvd (use commitkv.connect).",
+    .tp_methods = client_methods,
+    .tp_getset = client_getset,
+    .tp_weaklistoffset = offsetof(ckvpy_client, weakrefs),
+};
