@@ -5,6 +5,12 @@
  *     sessions          one line per session (this tenant's; every tenant's for an admin)
  *     stats [--json]    totals; --json prints one JSON object (DESIGN.md §7)
  *     drop ID [TENANT]  drop a session (TENANT: admin only)
+ *     save ID [--committed-only] [--name NAME]
+ *                       write the session to the daemon's state directory (a snapshot)
+ *     restore ID [--name NAME]
+ *                       bring a session back from its snapshot (detached once this exits:
+ *                       a worker resumes it)
+ *     snapshots [--json] the state directory's snapshots (this tenant's; every tenant's for an admin)
  *     metrics [--metrics ADDR] [--raw]
  *                       the daemon's Prometheus figures, per tenant
  *
@@ -19,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "client/rpc.h"
@@ -177,6 +184,102 @@ static int cmd_drop(ckv_client *c, const char *id, const char *tenant) {
   if (request(c, &req, &rep, "drop")) return 1;
   ckv_rpc_free(rep);
   printf("dropped %s\n", id);
+  return 0;
+}
+
+/* The value after `flag` among argv[first..argc), or NULL. */
+static const char *flag_value(int argc, char **argv, int first, const char *flag) {
+  for (int i = first; i + 1 < argc; i++)
+    if (strcmp(argv[i], flag) == 0) return argv[i + 1];
+  return NULL;
+}
+static bool has_flag(int argc, char **argv, int first, const char *flag) {
+  for (int i = first; i < argc; i++)
+    if (strcmp(argv[i], flag) == 0) return true;
+  return false;
+}
+
+static int cmd_save(ckv_client *c, const char *id, const char *name, bool committed_only) {
+  Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
+  Commitkv__V1__SaveSession sv = COMMITKV__V1__SAVE_SESSION__INIT;
+  sv.session_id = (char *)id;
+  sv.name = (char *)(name ? name : "");
+  sv.committed_only = committed_only;
+  req.body_case = COMMITKV__V1__REQUEST__BODY_SAVE_SESSION;
+  req.save_session = &sv;
+  Commitkv__V1__Response *rep;
+  if (request(c, &req, &rep, "save")) return 1;
+  const Commitkv__V1__SessionSaved *o = rep->session_saved;
+  printf("saved %s as snapshot %s: %" PRIu64 " bytes, %" PRIu64 " tokens kept, %" PRIu64 " not kept%s\n", id,
+         o ? o->name : "?", o ? o->bytes : 0, o ? o->tokens : 0, o ? o->dropped_tokens : 0,
+         committed_only ? " (committed only)" : "");
+  ckv_rpc_free(rep);
+  return 0;
+}
+
+static int cmd_restore(ckv_client *c, const char *id, const char *name) {
+  Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
+  Commitkv__V1__RestoreSession rs = COMMITKV__V1__RESTORE_SESSION__INIT;
+  rs.session_id = (char *)id;
+  rs.name = (char *)(name ? name : "");
+  req.body_case = COMMITKV__V1__REQUEST__BODY_RESTORE_SESSION;
+  req.restore_session = &rs;
+  Commitkv__V1__Response *rep;
+  if (request(c, &req, &rep, "restore")) return 1;
+  const Commitkv__V1__SessionOpened *o = rep->session_opened;
+  printf("restored %s: %" PRIu64 " tokens, epoch %" PRIu64 ", model '%s' revision '%s'", id, o ? o->n_tokens : 0,
+         o ? o->epoch : 0, o ? o->model_id : "", o ? o->model_revision : "");
+  if (o && o->dropped_tokens) printf(", %" PRIu64 " tokens not kept by its save", o->dropped_tokens);
+  printf("; detached: a worker resumes it (OpenSession with resume)\n");
+  ckv_rpc_free(rep);
+  return 0;
+}
+
+static int cmd_snapshots(ckv_client *c, bool json) {
+  Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
+  Commitkv__V1__ListSnapshots ls = COMMITKV__V1__LIST_SNAPSHOTS__INIT;
+  req.body_case = COMMITKV__V1__REQUEST__BODY_LIST_SNAPSHOTS;
+  req.list_snapshots = &ls;
+  Commitkv__V1__Response *rep;
+  if (request(c, &req, &rep, "snapshots")) return 1;
+  const Commitkv__V1__SnapshotList *l = rep->snapshot_list;
+  if (json) printf("[");
+  else
+    printf("%-24s %-10s %-24s %10s %12s %-16s %-12s %s\n", "snapshot", "tenant", "session", "tokens", "bytes", "model",
+           "revision", "saved");
+  for (size_t i = 0; l && i < l->n_snapshots; i++) {
+    const Commitkv__V1__SnapshotInfo *s = l->snapshots[i];
+    if (json) {
+      printf("%s{\"name\": ", i ? ", " : "");
+      json_str(s->name);
+      printf(", \"tenant\": ");
+      json_str(s->tenant);
+      printf(", \"session\": ");
+      json_str(s->session_id);
+      printf(", \"tokens\": %" PRIu64 ", \"bytes\": %" PRIu64 ", \"model_id\": ", s->tokens, s->bytes);
+      json_str(s->model_id);
+      printf(", \"model_revision\": ");
+      json_str(s->model_revision);
+      printf(", \"saved_at_ms\": %" PRIu64 ", \"committed_only\": %s, \"error\": ", s->saved_at_ms,
+             s->committed_only ? "true" : "false");
+      json_str(s->error);
+      printf("}");
+      continue;
+    }
+    if (s->error && *s->error) {
+      printf("%-24s %-10s unreadable: %s\n", s->name, s->tenant, s->error);
+      continue;
+    }
+    char when[32] = "?";
+    time_t t = (time_t)(s->saved_at_ms / 1000);
+    struct tm tm;
+    if (localtime_r(&t, &tm)) strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", &tm);
+    printf("%-24s %-10s %-24s %10" PRIu64 " %12" PRIu64 " %-16s %-12s %s%s\n", s->name, s->tenant, s->session_id,
+           s->tokens, s->bytes, *s->model_id ? s->model_id : "-", *s->model_revision ? s->model_revision : "-", when,
+           s->committed_only ? " (committed only)" : "");
+  }
+  if (json) printf("]\n");
+  ckv_rpc_free(rep);
   return 0;
 }
 
@@ -566,6 +669,11 @@ static void usage(FILE *out) {
                "  sessions          sessions with their states and bytes\n"
                "  stats [--json]    totals (JSON: one object, DESIGN.md section 7)\n"
                "  drop ID [TENANT]  drop a session (another tenant's: admin only)\n"
+               "  save ID [--committed-only] [--name NAME]\n"
+               "                    write a session snapshot into the daemon's state directory\n"
+               "  restore ID [--name NAME]\n"
+               "                    bring a session back from its snapshot (then detached, for a worker to resume)\n"
+               "  snapshots [--json] the saved sessions: id, tenant, tokens, bytes, model id/revision, time\n"
                "  metrics [--raw]   Prometheus figures per tenant from http://ADDR/metrics (default 127.0.0.1:9464)\n");
 }
 
@@ -617,6 +725,13 @@ int main(int argc, char **argv) {
     rc = cmd_sessions(c);
   else if (strcmp(cmd, "drop") == 0 && optind < argc)
     rc = cmd_drop(c, argv[optind], optind + 1 < argc && strcmp(argv[optind + 1], "--json") ? argv[optind + 1] : NULL);
+  else if (strcmp(cmd, "save") == 0 && optind < argc)
+    rc = cmd_save(c, argv[optind], flag_value(argc, argv, optind + 1, "--name"),
+                  has_flag(argc, argv, optind + 1, "--committed-only"));
+  else if (strcmp(cmd, "restore") == 0 && optind < argc)
+    rc = cmd_restore(c, argv[optind], flag_value(argc, argv, optind + 1, "--name"));
+  else if (strcmp(cmd, "snapshots") == 0)
+    rc = cmd_snapshots(c, json);
   else {
     usage(stderr);
     rc = 2;

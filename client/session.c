@@ -108,6 +108,8 @@ static int sync_streams(ckv_session *s) {
   return r;
 }
 
+static int session_from_reply(ckv_client *c, const char *id, Commitkv__V1__Response *rep, ckv_session **ret);
+
 int ckv_session_open(ckv_client *c, const char *id, const ckv_geometry *g, const ckv_session_options *opt,
                      ckv_session **ret) {
   if (!c || !id || !ret || (!g && !(opt && opt->resume))) return CKV_ERR_INVALID;
@@ -127,6 +129,8 @@ int ckv_session_open(ckv_client *c, const char *id, const ckv_geometry *g, const
   if (opt) {
     o.policy = (char *)(opt->policy ? opt->policy : "");
     o.resume = opt->resume;
+    o.model_id = (char *)(opt->model_id ? opt->model_id : "");
+    o.model_revision = (char *)(opt->model_revision ? opt->model_revision : "");
     pg.draft_block_tokens = opt->draft_block_tokens;
     pg.commit_block_tokens = opt->commit_block_tokens;
     if (opt->n_params) {
@@ -154,6 +158,11 @@ int ckv_session_open(ckv_client *c, const char *id, const ckv_geometry *g, const
   free(entries);
   free(eptr);
   if (r < 0) return r;
+  return session_from_reply(c, id, rep, ret);
+}
+
+/* A handle for the session a SessionOpened reply (freed here) describes. */
+static int session_from_reply(ckv_client *c, const char *id, Commitkv__V1__Response *rep, ckv_session **ret) {
   const Commitkv__V1__SessionOpened *so = rep->session_opened;
   ckv_session *s = calloc(1, sizeof(*s));
   if (!s || rep->body_case != COMMITKV__V1__RESPONSE__BODY_SESSION_OPENED || !so->geometry) {
@@ -174,6 +183,42 @@ int ckv_session_open(ckv_client *c, const char *id, const ckv_geometry *g, const
   s->first_writable = s->n_tokens; /* a resumed session's tokens are written already */
   *ret = s;
   return CKV_OK;
+}
+
+int ckv_session_restore(ckv_client *c, const char *id, const char *name, const ckv_session_options *opt,
+                        ckv_session **ret) {
+  if (!c || !id || !ret) return CKV_ERR_INVALID;
+  Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
+  Commitkv__V1__RestoreSession rs = COMMITKV__V1__RESTORE_SESSION__INIT;
+  rs.session_id = (char *)id;
+  rs.name = (char *)(name ? name : "");
+  if (opt && opt->model_id) rs.model_id = (char *)opt->model_id;
+  if (opt && opt->model_revision) rs.model_revision = (char *)opt->model_revision;
+  req.body_case = COMMITKV__V1__REQUEST__BODY_RESTORE_SESSION;
+  req.restore_session = &rs;
+  Commitkv__V1__Response *rep;
+  int r = ckv_rpc(c, &req, &rep);
+  if (r < 0) return r;
+  return session_from_reply(c, id, rep, ret);
+}
+
+int ckv_session_save(ckv_session *s, const char *name, bool committed_only, uint64_t *ret_bytes) {
+  if (!s) return CKV_ERR_INVALID;
+  if (stale(s)) return CKV_ERR_DAEMON_RESTARTED;
+  Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
+  Commitkv__V1__SaveSession sv = COMMITKV__V1__SAVE_SESSION__INIT;
+  sv.session_id = s->id;
+  sv.name = (char *)(name ? name : "");
+  sv.committed_only = committed_only;
+  req.body_case = COMMITKV__V1__REQUEST__BODY_SAVE_SESSION;
+  req.save_session = &sv;
+  Commitkv__V1__Response *rep;
+  int r = ckv_rpc(s->c, &req, &rep);
+  if (r < 0) return r;
+  if (rep->body_case != COMMITKV__V1__RESPONSE__BODY_SESSION_SAVED) r = CKV_ERR_PROTO;
+  else if (ret_bytes) *ret_bytes = rep->session_saved->bytes;
+  ckv_rpc_free(rep);
+  return r;
 }
 
 static int simple_session_request(ckv_session *s, bool drop) {

@@ -21,6 +21,9 @@
 #include "daemon/metrics.h"
 #include "daemon/server.h"
 #include "daemon/session.h"
+#include "daemon/session_snap.h"
+#include "daemon/snapdir.h"
+#include "daemon/snapshot.h"
 #include "daemon/strmap.h"
 #include "daemon/tenant.h"
 #include "daemon/utf8.h"
@@ -194,6 +197,8 @@ static int opened_reply(ckv_server *s, ckv_srv_session *sess, bool resumed, repl
   Commitkv__V1__SessionOpened *o = NEW(s, Commitkv__V1__SessionOpened, COMMITKV__V1__SESSION_OPENED__INIT);
   if (!o || !(o->geometry = geometry_msg(s, sess))) return -ENOMEM;
   o->session_id = sess->id;
+  o->model_id = sess->model_id;
+  o->model_revision = sess->model_revision;
   o->resumed = resumed;
   o->epoch = sess->epoch;
   o->n_tokens = sess->tokens.n;
@@ -203,11 +208,30 @@ static int opened_reply(ckv_server *s, ckv_srv_session *sess, bool resumed, repl
   return CKV_OK;
 }
 
+/* A model id or revision from a client: at most 128 bytes, no control
+ * characters (it goes to logs and into snapshot headers). */
+static int check_model_name(const char *what, const char *v, reply_ctx *x) {
+  size_t n = v ? strnlen(v, CKV_SESSION_MODEL_MAX + 1) : 0;
+  if (n > CKV_SESSION_MODEL_MAX) return fail(x, CKV_ERR_INVALID, "%s is longer than %d bytes", what, CKV_SESSION_MODEL_MAX);
+  for (size_t i = 0; i < n; i++)
+    if ((unsigned char)v[i] < 0x20 || v[i] == 0x7f) return fail(x, CKV_ERR_INVALID, "%s holds a control character", what);
+  return CKV_OK;
+}
+
+static const char *str_or_empty(const char *v) { return v ? v : ""; }
+
+static int restore_session(ckv_server *s, ckv_conn *c, const char *id, const char *name, const char *model_id,
+                           const char *model_revision, const Commitkv__V1__Geometry *geom, reply_ctx *x);
+
 static int h_open(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, reply_ctx *x) {
   const Commitkv__V1__OpenSession *o = req->open_session;
   if (!c->tenant) return fail(x, CKV_ERR_AUTH, "this client is attached without a tenant (admin only)");
   if (ckv_wire_check_session_id(o->session_id) < 0)
     return fail(x, CKV_ERR_INVALID, "session id must be 1..128 characters of [A-Za-z0-9._:-]");
+  int mr = check_model_name("model_id", o->model_id, x);
+  if (mr == CKV_OK) mr = check_model_name("model_revision", o->model_revision, x);
+  if (mr < 0) return mr;
+  const char *model_id = str_or_empty(o->model_id), *model_revision = str_or_empty(o->model_revision);
   ckv_judge_params params = *s->opt.policy;
   int pid = o->policy && *o->policy ? ckv_policy_from_name(o->policy)
                                     : (c->tenant->default_policy >= 0 ? c->tenant->default_policy : params.policy);
@@ -228,7 +252,17 @@ static int h_open(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
   ckv_server_session_key(c->tenant, o->session_id, key, sizeof(key));
   ckv_srv_session *sess = ckv_strmap_get(s->sessions, key);
   if (o->resume) {
-    if (!sess) return fail(x, CKV_ERR_NOT_FOUND, "no session '%s' to resume", o->session_id);
+    if (!sess) {
+      /* Only a snapshot of it (a daemon restart, a save game): restore it. */
+      char path[4096];
+      if (ckv_snapdir_file(s->opt.state_dir, c->tenant->name, o->session_id, path, sizeof path) == CKV_OK &&
+          access(path, F_OK) == 0)
+        return restore_session(s, c, o->session_id, o->session_id, model_id, model_revision, o->geometry, x);
+      return fail(x, CKV_ERR_NOT_FOUND, "no session '%s' to resume", o->session_id);
+    }
+    if (strcmp(sess->model_id, model_id) != 0 || strcmp(sess->model_revision, model_revision) != 0)
+      return fail(x, CKV_ERR_FORMAT, "session '%s' holds K/V of model '%s' revision '%s', not '%.*s' revision '%.*s'",
+                  o->session_id, sess->model_id, sess->model_revision, ECHO(model_id), ECHO(model_revision));
     if (sess->owner && sess->owner != c->id)
       return fail(x, CKV_ERR_BUSY, "session '%s' is attached to another client", o->session_id);
     const Commitkv__V1__Geometry *g = o->geometry;
@@ -262,6 +296,8 @@ static int h_open(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
                 c->tenant->max_sessions);
   r = ckv_srv_session_new(o->session_id, c->tenant, &g, dt, ct, policy, &params, &s->next_block_id, &sess);
   if (r < 0) return fail(x, r, "cannot create session: %s", ckv_strerror(r));
+  snprintf(sess->model_id, sizeof sess->model_id, "%s", model_id);
+  snprintf(sess->model_revision, sizeof sess->model_revision, "%s", model_revision);
   sess->dirty_head = &s->dirty_head;
   if (ckv_strmap_put(s->sessions, key, sess) < 0) {
     ckv_srv_session_free(sess);
@@ -563,17 +599,198 @@ static int h_drop(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
   return CKV_OK;
 }
 
+/* Snapshots (session_snap.c, snapshot.c, docs/snapshot.md).  The file is
+ * written and read on the server loop: a shortcut (a save of a large
+ * session holds the loop for as long as the disk takes). */
 static int h_save(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, reply_ctx *x) {
+  const Commitkv__V1__SaveSession *sv = req->save_session;
   ckv_srv_session *sess;
-  int r = find_session(s, c, req->save_session->session_id, false, &sess, x);
+  int r = find_session(s, c, sv->session_id, false, &sess, x);
   if (r < 0) return r;
-  return fail(x, CKV_ERR_UNSUPPORTED, "snapshots are not implemented in this build yet");
+  const char *name = sv->name && *sv->name ? sv->name : sess->id;
+  if (ckv_wire_check_session_id(name) < 0)
+    return fail(x, CKV_ERR_INVALID, "snapshot name must be 1..128 characters of [A-Za-z0-9._:-]");
+  if (sess->quarantined) return quarantined(sess, x);
+  char dir[4096], err[320];
+  if ((r = ckv_snapdir_dir(s->opt.state_dir, c->tenant->name, /* create= */ 1, dir, sizeof dir, err, sizeof err)) < 0)
+    return fail(x, r, "%s", err);
+  ckv_server_settle_session(s, sess); /* no move in flight: every byte is where the tokens say */
+  uint64_t bytes = 0, tokens = 0, dropped = 0;
+  r = ckv_session_snap_save(sess, dir, name, sv->committed_only, &bytes, &tokens, &dropped, err, sizeof err);
+  if (r < 0) {
+    ckv_log(CKV_LOG_ERROR, "session-save", c->tenant->name, sess->id, "saving snapshot '%s' failed: %s", name, err);
+    return fail(x, r, "cannot save session '%s': %s", sess->id, err);
+  }
+  ckv_log(CKV_LOG_INFO, "session-save", c->tenant->name, sess->id,
+          "snapshot '%s': %llu bytes, %llu tokens kept%s%llu dropped (draft/staged)", name, (unsigned long long)bytes,
+          (unsigned long long)tokens, sv->committed_only ? ", committed only: " : ", ", (unsigned long long)dropped);
+  Commitkv__V1__SessionSaved *o = NEW(s, Commitkv__V1__SessionSaved, COMMITKV__V1__SESSION_SAVED__INIT);
+  char *nm = ckv_wire_alloc(&s->out, strlen(name) + 1);
+  if (!o || !nm) return -ENOMEM;
+  memcpy(nm, name, strlen(name) + 1);
+  o->name = nm;
+  o->bytes = bytes;
+  o->tokens = tokens;
+  o->dropped_tokens = dropped;
+  x->rep->body_case = COMMITKV__V1__RESPONSE__BODY_SESSION_SAVED;
+  x->rep->session_saved = o;
+  return CKV_OK;
+}
+
+/* Restores snapshot `name` of the caller's tenant as session `id`, attached
+ * to c.  model_id / model_revision (NULL: not checked) and geom (NULL or
+ * zero: not checked) must match the snapshot. */
+static int restore_session(ckv_server *s, ckv_conn *c, const char *id, const char *name, const char *model_id,
+                           const char *model_revision, const Commitkv__V1__Geometry *geom, reply_ctx *x) {
+  char key[256], path[4096], err[320];
+  ckv_server_session_key(c->tenant, id, key, sizeof(key));
+  if (ckv_strmap_get(s->sessions, key))
+    return fail(x, CKV_ERR_EXISTS, "session '%s' exists: drop it before restoring it from a snapshot", id);
+  if (c->tenant->n_sessions >= c->tenant->max_sessions)
+    return fail(x, CKV_ERR_LIMIT, "tenant '%s' has its maximum of %u sessions", c->tenant->name,
+                c->tenant->max_sessions);
+  int r = ckv_snapdir_file(s->opt.state_dir, c->tenant->name, name, path, sizeof path);
+  if (r < 0) return fail(x, CKV_ERR_INVALID, "the daemon has no state directory for snapshots");
+  ckv_snap snap;
+  r = ckv_snap_read(path, &snap, err, sizeof err);
+  if (r == -ENOENT) return fail(x, CKV_ERR_NOT_FOUND, "no snapshot '%s'", name);
+  if (r < 0) {
+    ckv_log(CKV_LOG_WARNING, "snapshot-refused", c->tenant->name, id, "snapshot '%s' refused: %s", name, err);
+    return fail(x, r, "snapshot '%s' refused: %s", name, err);
+  }
+  ckv_geometry g = {0};
+  if (geom) g = (ckv_geometry){geom->n_layers, geom->n_kv_heads, geom->head_dim, (uint32_t)geom->dtype};
+  ckv_snap_expect e = {.tenant = c->tenant->name, .model_id = model_id, .model_revision = model_revision,
+                       .geom = geom ? &g : NULL};
+  ckv_srv_session *sess = NULL;
+  if ((r = ckv_snap_check_identity(&snap, &e, err, sizeof err)) == CKV_OK)
+    r = ckv_session_snap_restore(&snap, id, c->tenant, s->opt.policy->mlp, &s->next_block_id, &sess, err, sizeof err);
+  uint64_t dropped = snap.dropped_tokens;
+  bool mlp_lost = snap.params_mlp && !s->opt.policy->mlp;
+  ckv_snap_done(&snap);
+  if (r < 0) {
+    ckv_log(CKV_LOG_WARNING, "snapshot-refused", c->tenant->name, id, "snapshot '%s' refused: %s", name, err);
+    return fail(x, r, "snapshot '%s' refused: %s", name, err);
+  }
+  if ((r = ckv_srv_session_flush_meta(sess)) < 0) { /* the rebuilt headers, before anyone reads the blocks */
+    ckv_srv_session_free(sess);
+    return fail(x, r, "cannot write the restored headers: %s", ckv_strerror(r));
+  }
+  sess->dirty_head = &s->dirty_head;
+  if (ckv_strmap_put(s->sessions, key, sess) < 0) {
+    ckv_srv_session_free(sess);
+    return fail(x, -ENOMEM, "out of memory");
+  }
+  sess->owner = c->id;
+  sess->lane = ++s->next_lane;
+  c->tenant->n_sessions++;
+  ckv_lifecycle_plan(sess, s->compressor, /* flush= */ false); /* what waited for a move when it was saved */
+  ckv_log(CKV_LOG_INFO, "session-restore", c->tenant->name, sess->id,
+          "restored from snapshot '%s': %zu tokens (%llu draft, %llu staged, %llu committed, %llu recycled), %llu "
+          "not kept by its save%s",
+          name, sess->tokens.n, (unsigned long long)sess->count_by_state[0], (unsigned long long)sess->count_by_state[1],
+          (unsigned long long)sess->count_by_state[2], (unsigned long long)sess->count_by_state[3],
+          (unsigned long long)dropped, mlp_lost ? "; it used the mlp judge, which is not loaded: the rule judge decides" : "");
+  int o = opened_reply(s, sess, true, x);
+  if (o == CKV_OK) {
+    x->rep->session_opened->restored = true;
+    x->rep->session_opened->dropped_tokens = dropped;
+  }
+  return o;
 }
 
 static int h_restore(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, reply_ctx *x) {
-  if (ckv_wire_check_session_id(req->restore_session->session_id) < 0)
-    return fail(x, CKV_ERR_INVALID, "bad session id");
-  return fail(x, CKV_ERR_UNSUPPORTED, "snapshots are not implemented in this build yet");
+  const Commitkv__V1__RestoreSession *rs = req->restore_session;
+  if (!c->tenant) return fail(x, CKV_ERR_AUTH, "this client is attached without a tenant (admin only)");
+  if (ckv_wire_check_session_id(rs->session_id) < 0)
+    return fail(x, CKV_ERR_INVALID, "session id must be 1..128 characters of [A-Za-z0-9._:-]");
+  const char *name = rs->name && *rs->name ? rs->name : rs->session_id;
+  if (ckv_wire_check_session_id(name) < 0)
+    return fail(x, CKV_ERR_INVALID, "snapshot name must be 1..128 characters of [A-Za-z0-9._:-]");
+  int r = check_model_name("model_id", rs->model_id, x);
+  if (r == CKV_OK) r = check_model_name("model_revision", rs->model_revision, x);
+  if (r < 0) return r;
+  return restore_session(s, c, rs->session_id, name, rs->model_id && *rs->model_id ? rs->model_id : NULL,
+                         rs->model_revision && *rs->model_revision ? rs->model_revision : NULL, NULL, x);
+}
+
+typedef struct snap_list_ctx {
+  ckv_server *s;
+  Commitkv__V1__SnapshotList *l;
+  size_t cap;
+  bool oom;
+} snap_list_ctx;
+
+static char *out_str(ckv_server *s, const char *v) {
+  char *p = ckv_wire_alloc(&s->out, strlen(v) + 1);
+  if (p) memcpy(p, v, strlen(v) + 1);
+  return p;
+}
+
+static void list_one(void *ctx, const char *tenant, const char *name, const char *path, uint64_t bytes) {
+  snap_list_ctx *lc = ctx;
+  ckv_server *s = lc->s;
+  if (lc->oom) return;
+  if (lc->l->n_snapshots == lc->cap) {
+    size_t ncap = lc->cap ? lc->cap * 2 : 16;
+    Commitkv__V1__SnapshotInfo **nv = ckv_wire_alloc(&s->out, ncap * sizeof(*nv));
+    if (!nv) {
+      lc->oom = true;
+      return;
+    }
+    if (lc->l->n_snapshots) memcpy(nv, lc->l->snapshots, lc->l->n_snapshots * sizeof(*nv));
+    lc->l->snapshots = nv;
+    lc->cap = ncap;
+  }
+  Commitkv__V1__SnapshotInfo *i = NEW(s, Commitkv__V1__SnapshotInfo, COMMITKV__V1__SNAPSHOT_INFO__INIT);
+  ckv_snap h;
+  char err[320];
+  int r = ckv_snap_read_header(path, &h, err, sizeof err);
+  if (!i || !(i->name = out_str(s, name)) || !(i->tenant = out_str(s, tenant))) {
+    if (r == CKV_OK) ckv_snap_done(&h);
+    lc->oom = true;
+    return;
+  }
+  i->bytes = bytes;
+  if (r < 0) {
+    char why[400];
+    snprintf(why, sizeof why, "%s (%s)", err, ckv_status_name(r));
+    ckv_utf8_trim(why);
+    i->error = out_str(s, why);
+  } else {
+    i->session_id = out_str(s, h.session_id);
+    i->model_id = out_str(s, h.model_id);
+    i->model_revision = out_str(s, h.model_revision);
+    i->tokens = h.tokens.n;
+    i->saved_at_ms = h.saved_at_ms;
+    i->committed_only = (h.flags & CKV_SNAP_COMMITTED_ONLY) != 0;
+    Commitkv__V1__Geometry *g = NEW(s, Commitkv__V1__Geometry, COMMITKV__V1__GEOMETRY__INIT);
+    if (g) {
+      g->n_layers = h.geom.n_layers;
+      g->n_kv_heads = h.geom.n_kv_heads;
+      g->head_dim = h.geom.head_dim;
+      g->dtype = (Commitkv__V1__Dtype)h.geom.dtype;
+      g->draft_block_tokens = h.draft_tokens;
+      g->commit_block_tokens = h.commit_tokens;
+    }
+    i->geometry = g;
+    ckv_snap_done(&h);
+    if (!i->session_id || !i->model_id || !i->model_revision || !g) lc->oom = true;
+  }
+  if (!lc->oom) lc->l->snapshots[lc->l->n_snapshots++] = i;
+}
+
+static int h_list_snapshots(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, reply_ctx *x) {
+  (void)req;
+  if (!c->tenant && !c->admin) return fail(x, CKV_ERR_AUTH, "this client has no tenant");
+  Commitkv__V1__SnapshotList *l = NEW(s, Commitkv__V1__SnapshotList, COMMITKV__V1__SNAPSHOT_LIST__INIT);
+  if (!l) return -ENOMEM;
+  snap_list_ctx lc = {.s = s, .l = l};
+  ckv_snapdir_each(s->opt.state_dir, c->admin ? NULL : c->tenant->name, list_one, &lc);
+  if (lc.oom) return -ENOMEM;
+  x->rep->body_case = COMMITKV__V1__RESPONSE__BODY_SNAPSHOT_LIST;
+  x->rep->snapshot_list = l;
+  return CKV_OK;
 }
 
 static Commitkv__V1__TokenCounts *token_counts(ckv_server *s, const uint64_t *c4) {
@@ -755,6 +972,7 @@ static const handler_entry k_handlers[] = {
     {COMMITKV__V1__REQUEST__BODY_LIST_SESSIONS, "list_sessions", h_list},
     {COMMITKV__V1__REQUEST__BODY_HEARTBEAT, "heartbeat", h_heartbeat},
     {COMMITKV__V1__REQUEST__BODY_STATUS, "status", h_status},
+    {COMMITKV__V1__REQUEST__BODY_LIST_SNAPSHOTS, "list_snapshots", h_list_snapshots},
 };
 
 void ckv_handle_request(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, Commitkv__V1__Response *rep) {

@@ -7,6 +7,7 @@
  * ZMQ_DONTWAIT and ZMQ_ROUTER_MANDATORY, so a slow or vanished peer costs a
  * dropped reply (counted), never a stalled loop. */
 #include "daemon/server.h"
+#include "daemon/snapdir.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -628,6 +629,7 @@ int ckv_server_run(ckv_server *s) {
   if (s->opt.on_ready) s->opt.on_ready(s->opt.notify_ctx);
   ckv_log(CKV_LOG_NOTICE, "ready", NULL, NULL, "serving %s (attach %s), backend %s", s->opt.socket,
           s->opt.attach_socket, s->opt.backend);
+  ckv_snapdir_startup(s->opt.state_dir); /* sessions that can come back from their snapshots */
   uint64_t last_house = 0, last_tick = 0;
   size_t cap = 0;
   zmq_pollitem_t *items = NULL;

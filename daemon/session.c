@@ -293,6 +293,71 @@ int ckv_srv_session_new_block(ckv_srv_session *s, uint32_t format, uint32_t *ret
   return CKV_OK;
 }
 
+int ckv_srv_session_restore_block(ckv_srv_session *s, uint32_t index, uint32_t format) {
+  if (format >= CKV_FORMAT_COUNT_) return CKV_ERR_INVALID;
+  while (s->n_blocks <= index) { /* grow the table with unused entries */
+    uint32_t idx;
+    s->n_free_idx = 0; /* rebuilt by ckv_srv_session_restore_free_list */
+    int r = table_slot(s, &idx);
+    if (r < 0) return r;
+  }
+  ckv_sblock *b = &s->blocks[index];
+  if (b->format != CKV_BLOCK_UNUSED) return CKV_ERR_INVALID;
+  uint64_t bytes = block_bytes(s, format), off;
+  uint32_t capacity = capacity_of(s, format);
+  if (!bytes) return CKV_ERR_INVALID;
+  int r = ckv_tenant_block_alloc(s->tenant, bytes, format, &off);
+  if (r < 0) return r;
+  uint8_t *meta = malloc(ckv_block_payload_offset(capacity));
+  if (!meta) {
+    ckv_tenant_block_free(s->tenant, off, bytes, format);
+    return -ENOMEM;
+  }
+  *b = (ckv_sblock){.id = ++*s->next_block_id, .offset = off, .bytes = bytes, .format = (uint8_t)format,
+                    .capacity = (uint16_t)capacity, .meta_state = CKV_META_CLEAN, .meta = meta};
+  r = ckv_block_init_header(meta, format, &s->geom, capacity, kept_of(s, format), b->id);
+  if (r < 0) {
+    ckv_tenant_block_free(s->tenant, off, bytes, format);
+    drop_meta(b);
+    b->format = CKV_BLOCK_UNUSED;
+    return r;
+  }
+  mark_dirty(s, index, CKV_META_DIRTY);
+  s->epoch++;
+  return CKV_OK;
+}
+
+void ckv_srv_session_restore_free_list(ckv_srv_session *s) {
+  s->n_free_idx = 0;
+  for (size_t i = s->n_blocks; i-- > 0;)
+    if (s->blocks[i].format == CKV_BLOCK_UNUSED) s->free_idx[s->n_free_idx++] = (uint32_t)i;
+}
+
+int ckv_srv_session_id_counts(const ckv_srv_session *s, uint32_t **ret_pairs, size_t *ret_n) {
+  *ret_pairs = NULL;
+  *ret_n = 0;
+  if (!s->ids->n) return CKV_OK;
+  uint32_t *v = malloc(s->ids->n * 2 * sizeof(*v));
+  if (!v) return -ENOMEM;
+  size_t n = 0;
+  for (size_t i = 0; i < s->ids->cap; i++)
+    if (s->ids->keys[i]) {
+      v[2 * n] = s->ids->keys[i] - 1;
+      v[2 * n + 1] = s->ids->counts[i];
+      n++;
+    }
+  *ret_pairs = v;
+  *ret_n = n;
+  return CKV_OK;
+}
+
+int ckv_srv_session_set_id_count(ckv_srv_session *s, uint32_t id, uint32_t count) {
+  if (id == UINT32_MAX) return CKV_ERR_INVALID; /* keys are id + 1 */
+  if (idcount_bump(s->ids, id) < 0) return -ENOMEM; /* makes the entry (and room) */
+  s->ids->counts[idcount_slot(s->ids, id) - s->ids->keys] = count;
+  return CKV_OK;
+}
+
 size_t ckv_srv_session_max_runs(const ckv_srv_session *s, uint32_t count) { return count / s->draft_tokens + 2; }
 
 uint64_t ckv_srv_session_append_bytes(const ckv_srv_session *s, uint32_t count) {

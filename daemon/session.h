@@ -25,6 +25,7 @@
 typedef struct ckv_tenant ckv_tenant;
 
 #define CKV_SESSION_ID_MAX 128
+#define CKV_SESSION_MODEL_MAX 128 /* model id and revision (OpenSession.model_id / model_revision) */
 #define CKV_BLOCK_UNUSED 0xffu
 
 typedef struct ckv_sblock {
@@ -70,6 +71,10 @@ typedef struct ckv_srv_session {
   uint32_t staged_tokens; /* capacity of staged blocks */
   uint32_t commit_tokens; /* capacity of committed blocks */
   char policy[16];
+  /* What the K/V was computed by: part of the session's identity (a resume
+   * or restore by another model or revision is refused; snapshots carry it). */
+  char model_id[CKV_SESSION_MODEL_MAX + 1];
+  char model_revision[CKV_SESSION_MODEL_MAX + 1];
   ckv_judge_params params;
   ckv_tokens tokens;
   ckv_sblock *blocks;
@@ -180,6 +185,21 @@ const ckv_block_header *ckv_srv_session_block_header(const ckv_srv_session *s, u
  * shadows.  On failure the shadows stay dirty (a later flush retries).
  * Returns CKV_OK or the blockmem's error (CKV_ERR_DEVICE, -ENOMEM). */
 int ckv_srv_session_flush_meta(ckv_srv_session *s);
+/* Restore from a snapshot (session_snap.c): allocates a block of `format`
+ * at table index `index` (the table grows to hold it; entries it skips stay
+ * unused until ckv_srv_session_restore_free_list), with a fresh header
+ * shadow marked dirty (not fresh: its payload is the caller's to write).
+ * The entry must be unused.  CKV_ERR_QUOTA / CKV_ERR_NOSPACE / -ENOMEM /
+ * CKV_ERR_INVALID. */
+int ckv_srv_session_restore_block(ckv_srv_session *s, uint32_t index, uint32_t format);
+/* After the restored blocks are placed: every unused table entry becomes free. */
+void ckv_srv_session_restore_free_list(ckv_srv_session *s);
+/* The token-id counts of the semantic estimate as n (id, count) pairs
+ * (malloc'd; NULL with n 0 when empty).  CKV_OK or -ENOMEM. */
+int ckv_srv_session_id_counts(const ckv_srv_session *s, uint32_t **ret_pairs, size_t *ret_n);
+/* Sets the count of token id `id` (restore).  CKV_OK or -ENOMEM. */
+int ckv_srv_session_set_id_count(ckv_srv_session *s, uint32_t id, uint32_t count);
+
 /* Flushes every session on the daemon-wide dirty list `head` (see
  * ckv_srv_session.dirty_head).  Returns CKV_OK or the first error. */
 int ckv_srv_session_flush_all_meta(ckv_srv_session **head);

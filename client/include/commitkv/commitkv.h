@@ -126,6 +126,11 @@ typedef struct ckv_session_options {
   const char *const *param_names; /* per-session policy overrides ([policy] keys) */
   const double *param_values;
   size_t n_params;
+  /* What computes the K/V (at most 128 bytes each; NULL = ""): part of the
+   * session's identity.  A resume (or a restore) by another model id or
+   * revision is refused with CKV_ERR_FORMAT. */
+  const char *model_id;
+  const char *model_revision;
 } ckv_session_options;
 
 /* Opens (or, with opt->resume, resumes) session `id` (1..128 of
@@ -134,6 +139,23 @@ typedef struct ckv_session_options {
  * session count), CKV_ERR_INVALID, CKV_ERR_BUSY, CKV_ERR_FORMAT. */
 int ckv_session_open(ckv_client *c, const char *id, const ckv_geometry *g, const ckv_session_options *opt,
                      ckv_session **ret);
+/* Writes the session to the daemon's state directory as snapshot `name`
+ * (NULL or "": the session id), atomically; committed_only keeps only the
+ * committed tokens (the save game: draft and staged ones are not kept).
+ * *ret_bytes (may be NULL): the file's size.  Returns CKV_OK,
+ * CKV_ERR_UNSUPPORTED (not a host arena), CKV_ERR_CORRUPT (quarantined),
+ * CKV_ERR_INVALID (no state directory, bad name), -errno (the disk). */
+int ckv_session_save(ckv_session *s, const char *name, bool committed_only, uint64_t *ret_bytes);
+/* Restores snapshot `name` (NULL or "": id) of this client's tenant as
+ * session `id`, attached to this client (a daemon restart in between is
+ * fine; OpenSession with resume does the same for an id that exists only as
+ * a snapshot).  opt: only model_id / model_revision are read; when set they
+ * must be the snapshot's.  Returns CKV_OK, CKV_ERR_NOT_FOUND, CKV_ERR_EXISTS
+ * (a live session of that id), CKV_ERR_CORRUPT (truncated or damaged),
+ * CKV_ERR_FORMAT (another format version, layout, model or revision),
+ * CKV_ERR_AUTH (another tenant's), CKV_ERR_QUOTA. */
+int ckv_session_restore(ckv_client *c, const char *id, const char *name, const ckv_session_options *opt,
+                        ckv_session **ret);
 /* Detaches the session (the daemon keeps it for resume) and frees the handle.
  * Returns the daemon's status; the handle is freed in every case. */
 int ckv_session_close(ckv_session *s);

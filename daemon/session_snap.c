@@ -1,0 +1,264 @@
+/* session_snap.c - a live session to a snapshot and back (see session_snap.h). */
+#include "daemon/session_snap.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "commitkv/status.h"
+#include "daemon/blockmem.h"
+#include "daemon/session.h"
+#include "daemon/snapshot.h"
+#include "daemon/tenant.h"
+#include "lifecycle/policy.h"
+
+__attribute__((format(printf, 4, 5))) static int fail(char *err, size_t len, int code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, len, fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+static uint64_t realtime_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* Copies the token columns (the snapshot may change states: committed_only). */
+static int copy_tokens(const ckv_tokens *src, ckv_tokens *dst) {
+  ckv_tokens_init(dst);
+  if (src->n && ckv_tokens_reserve(dst, src->n) < 0) return -ENOMEM;
+  size_t n = src->n;
+  dst->n = n;
+  if (!n) return CKV_OK;
+  memcpy(dst->state, src->state, n);
+  memcpy(dst->role, src->role, n);
+  memcpy(dst->tags, src->tags, n);
+  memcpy(dst->flags, src->flags, n);
+  memcpy(dst->block, src->block, n * 4);
+  memcpy(dst->slot, src->slot, n * 2);
+  memcpy(dst->semantic, src->semantic, n * 2);
+  memcpy(dst->attn, src->attn, n * CKV_ATTN_HISTORY);
+  memcpy(dst->last_attended, src->last_attended, n * 4);
+  memcpy(dst->last_transition, src->last_transition, n * 4);
+  memcpy(dst->cum_attn, src->cum_attn, n * 4);
+  return CKV_OK;
+}
+
+int ckv_session_snap_save(const ckv_srv_session *s, const char *dir, const char *name, bool committed_only,
+                          uint64_t *ret_bytes, uint64_t *ret_tokens, uint64_t *ret_dropped, char *err, size_t errlen) {
+  if (s->tenant->mem != &ckv_blockmem_host)
+    return fail(err, errlen, CKV_ERR_UNSUPPORTED, "snapshots need a host arena (this tenant's memory is %s)",
+                s->tenant->mem->name);
+  if (s->jobs_inflight) return fail(err, errlen, CKV_ERR_BUSY, "moves of session '%s' are in flight", s->id);
+  ckv_snap snap;
+  memset(&snap, 0, sizeof snap);
+  snprintf(snap.tenant, sizeof snap.tenant, "%s", s->tenant->name);
+  snprintf(snap.session_id, sizeof snap.session_id, "%s", s->id);
+  snprintf(snap.model_id, sizeof snap.model_id, "%s", s->model_id);
+  snprintf(snap.model_revision, sizeof snap.model_revision, "%s", s->model_revision);
+  snprintf(snap.policy, sizeof snap.policy, "%s", s->policy);
+  snap.saved_at_ms = realtime_ms();
+  snap.flags = committed_only ? CKV_SNAP_COMMITTED_ONLY : 0;
+  snap.geom = s->geom;
+  snap.draft_tokens = s->draft_tokens;
+  snap.staged_tokens = s->staged_tokens;
+  snap.commit_tokens = s->commit_tokens;
+  snap.params = s->params;
+  snap.params.mlp = NULL;
+  snap.params_mlp = s->params.mlp != NULL;
+  snap.epoch = s->epoch;
+  snap.rounds = s->rounds;
+  snap.last_round = s->last_round;
+  snap.semantic_given = s->semantic_given;
+  memcpy(snap.count_by_state, s->count_by_state, sizeof snap.count_by_state);
+  memcpy(snap.transitions, s->transitions, sizeof snap.transitions);
+  for (int f = 0; f < CKV_FORMAT_COUNT_; f++) snap.fill[f] = f < CKV_FILL_COUNT ? s->fill[f] : CKV_NO_BLOCK;
+  snap.n_table = (uint32_t)s->n_blocks;
+  int r = copy_tokens(&s->tokens, &snap.tokens);
+  if (r == CKV_OK) r = ckv_srv_session_id_counts(s, &snap.ids, &snap.n_ids);
+  bool *keep = calloc(s->n_blocks ? s->n_blocks : 1, sizeof(*keep));
+  uint8_t **metas = calloc(s->n_blocks ? s->n_blocks : 1, sizeof(*metas)); /* committed_only: edited copies */
+  snap.blocks = calloc(s->n_blocks ? s->n_blocks : 1, sizeof(*snap.blocks));
+  if (r < 0 || !keep || !metas || !snap.blocks) {
+    r = fail(err, errlen, -ENOMEM, "out of memory building the snapshot");
+    goto out;
+  }
+  ckv_tokens *t = &snap.tokens;
+  for (size_t p = 0; p < t->n; p++) {
+    if (t->flags[p] & CKV_TOKEN_PENDING) {
+      r = fail(err, errlen, CKV_ERR_BUSY, "token %zu of session '%s' is being moved", p, s->id);
+      goto out;
+    }
+    if (committed_only && t->state[p] != CKV_STATE_COMMITTED && t->state[p] != CKV_STATE_RECYCLED) {
+      /* not kept: recycled in the snapshot, and counted so the restore can say it */
+      snap.count_by_state[t->state[p]]--;
+      snap.count_by_state[CKV_STATE_RECYCLED]++;
+      t->state[p] = CKV_STATE_RECYCLED;
+      t->block[p] = CKV_NO_BLOCK;
+      snap.dropped_tokens++;
+    }
+    if (t->block[p] != CKV_NO_BLOCK && t->block[p] < s->n_blocks) keep[t->block[p]] = true;
+  }
+  for (size_t i = 0; i < s->n_blocks; i++) {
+    const ckv_sblock *b = &s->blocks[i];
+    if (b->format == CKV_BLOCK_UNUSED) continue;
+    if (!committed_only) keep[i] = true;
+    if (!keep[i]) {
+      for (int f = 0; f < CKV_FORMAT_COUNT_; f++)
+        if (snap.fill[f] == i) snap.fill[f] = CKV_NO_BLOCK;
+      continue;
+    }
+    size_t head = ckv_block_payload_offset(b->capacity);
+    const uint8_t *meta = b->meta;
+    if (committed_only) { /* the valid bits of the tokens not kept are cleared in a copy */
+      if (!(metas[i] = malloc(head))) {
+        r = fail(err, errlen, -ENOMEM, "out of memory building the snapshot");
+        goto out;
+      }
+      memcpy(metas[i], b->meta, head);
+      const uint32_t *pos = ckv_block_positions_const(metas[i]);
+      for (uint32_t slot = 0; slot < b->capacity; slot++)
+        if (ckv_block_slot_valid(metas[i], slot) &&
+            (pos[slot] >= t->n || t->block[pos[slot]] != i || t->slot[pos[slot]] != slot))
+          ckv_block_set_valid(metas[i], slot, false);
+      meta = metas[i];
+    }
+    const ckv_block_header *h = (const ckv_block_header *)b->meta;
+    snap.blocks[snap.n_blocks++] = (ckv_snap_block){
+        .index = (uint32_t)i, .format = b->format, .capacity = b->capacity, .used = b->used,
+        .kept = ckv_format_is_commit(b->format) ? h->kept_channels : 0, .bytes = b->bytes, .meta = meta,
+        .payload = (const uint8_t *)ckv_tenant_ptr(s->tenant, b->offset) + head};
+  }
+  uint64_t live = 0;
+  for (size_t p = 0; p < t->n; p++) live += t->state[p] != CKV_STATE_RECYCLED;
+  r = ckv_snap_write(dir, name, &snap, ret_bytes, err, errlen);
+  if (r == CKV_OK) {
+    if (ret_tokens) *ret_tokens = live;
+    if (ret_dropped) *ret_dropped = snap.dropped_tokens;
+  }
+out:
+  for (size_t i = 0; metas && i < s->n_blocks; i++) free(metas[i]);
+  free(metas);
+  free(keep);
+  ckv_snap_done(&snap);
+  return r;
+}
+
+int ckv_session_snap_restore(const ckv_snap *snap, const char *id, ckv_tenant *t, const ckv_mlp *mlp,
+                             uint64_t *next_block_id, ckv_srv_session **ret, char *err, size_t errlen) {
+  if (t->mem != &ckv_blockmem_host)
+    return fail(err, errlen, CKV_ERR_UNSUPPORTED, "snapshots need a host arena (this tenant's memory is %s)",
+                t->mem->name);
+  if (snap->staged_tokens != snap->commit_tokens)
+    return fail(err, errlen, CKV_ERR_FORMAT, "staged blocks of %u tokens (this build makes them %u)",
+                snap->staged_tokens, snap->commit_tokens);
+  /* which blocks hold anything (or are being filled): only those come back */
+  const ckv_tokens *st = &snap->tokens;
+  uint16_t *refs = calloc(snap->n_table ? snap->n_table : 1, sizeof(*refs));
+  if (!refs) return fail(err, errlen, -ENOMEM, "out of memory restoring");
+  for (size_t p = 0; p < st->n; p++)
+    if (st->block[p] != CKV_NO_BLOCK) refs[st->block[p]]++; /* cross-checked by the reader */
+  uint64_t need = 0;
+  for (size_t i = 0; i < snap->n_blocks; i++) need += snap->blocks[i].bytes;
+  if (!ckv_tenant_would_fit(t, need)) {
+    free(refs);
+    return fail(err, errlen, CKV_ERR_QUOTA, "the snapshot needs %llu bytes; tenant '%s' has %llu of %llu in use",
+                (unsigned long long)need, t->name, (unsigned long long)t->bytes_used,
+                (unsigned long long)t->quota_bytes);
+  }
+  ckv_judge_params params = snap->params;
+  params.mlp = snap->params_mlp ? mlp : NULL;
+  ckv_srv_session *s = NULL;
+  int r = ckv_srv_session_new(id, t, &snap->geom, snap->draft_tokens, snap->commit_tokens, snap->policy, &params,
+                              next_block_id, &s);
+  if (r < 0) {
+    free(refs);
+    return fail(err, errlen, r, "cannot create session: %s", ckv_strerror(r));
+  }
+  snprintf(s->model_id, sizeof s->model_id, "%s", snap->model_id);
+  snprintf(s->model_revision, sizeof s->model_revision, "%s", snap->model_revision);
+  for (size_t i = 0; i < snap->n_blocks; i++) {
+    const ckv_snap_block *sb = &snap->blocks[i];
+    bool filling = false;
+    for (int f = 0; f < CKV_FORMAT_COUNT_; f++) filling |= snap->fill[f] == sb->index;
+    if (!refs[sb->index] && !filling) continue; /* empty: it would be retired at once */
+    r = ckv_srv_session_restore_block(s, sb->index, sb->format);
+    if (r < 0) {
+      fail(err, errlen, r, "cannot allocate block %u (%llu bytes): %s", sb->index, (unsigned long long)sb->bytes,
+           ckv_strerror(r));
+      goto bad;
+    }
+    ckv_sblock *b = &s->blocks[sb->index];
+    if (b->bytes != sb->bytes || b->capacity != sb->capacity ||
+        (ckv_format_is_commit(b->format) && ckv_srv_session_block_header(s, sb->index)->kept_channels != sb->kept)) {
+      r = fail(err, errlen, CKV_ERR_CORRUPT,
+               "block %u (format %u): %llu bytes, %u slots in the snapshot; the session's rules give %llu, %u",
+               sb->index, sb->format, (unsigned long long)sb->bytes, sb->capacity, (unsigned long long)b->bytes,
+               b->capacity);
+      goto bad;
+    }
+    /* the header is the daemon's own (fresh generation); positions and valid
+     * bits are the file's, cross-checked against the tokens by the reader */
+    uint8_t *meta = ckv_srv_session_block_meta(s, sb->index);
+    size_t from = ckv_block_positions_offset(), head = ckv_block_payload_offset(sb->capacity);
+    memcpy(meta + from, sb->meta + from, head - from);
+    ((ckv_block_header *)meta)->n_valid = refs[sb->index];
+    b->used = sb->used;
+    b->refs = refs[sb->index];
+    ckv_meta_write w = {.offset = b->offset + head, .src = sb->payload, .bytes = sb->bytes - head};
+    if ((r = t->mem->write(ckv_tenant_ptr(t, 0), &w, 1)) < 0) {
+      fail(err, errlen, r, "writing block %u into the arena: %s", sb->index, ckv_strerror(r));
+      goto bad;
+    }
+  }
+  ckv_srv_session_restore_free_list(s);
+  for (int f = 0; f < CKV_FILL_COUNT; f++) s->fill[f] = snap->fill[f];
+  if ((r = ckv_tokens_reserve(&s->tokens, st->n)) < 0) {
+    fail(err, errlen, r, "out of memory for %zu tokens", st->n);
+    goto bad;
+  }
+  ckv_tokens *tt = &s->tokens;
+  size_t n = st->n;
+  if (n) {
+    memcpy(tt->state, st->state, n);
+    memcpy(tt->role, st->role, n);
+    memcpy(tt->tags, st->tags, n);
+    memcpy(tt->flags, st->flags, n);
+    memcpy(tt->block, st->block, n * 4);
+    memcpy(tt->slot, st->slot, n * 2);
+    memcpy(tt->semantic, st->semantic, n * 2);
+    memcpy(tt->attn, st->attn, n * CKV_ATTN_HISTORY);
+    memcpy(tt->last_attended, st->last_attended, n * 4);
+    memcpy(tt->last_transition, st->last_transition, n * 4);
+    memcpy(tt->cum_attn, st->cum_attn, n * 4);
+  }
+  tt->n = n;
+  for (size_t i = 0; i < snap->n_ids; i++)
+    if ((r = ckv_srv_session_set_id_count(s, snap->ids[2 * i], snap->ids[2 * i + 1])) < 0) {
+      fail(err, errlen, r == -ENOMEM ? r : CKV_ERR_CORRUPT, "token id %u cannot be counted", snap->ids[2 * i]);
+      if (r != -ENOMEM) r = CKV_ERR_CORRUPT;
+      goto bad;
+    }
+  /* epochs go on from the saved one: a reader of the old daemon never sees one again */
+  if (snap->epoch + 1 > s->epoch) s->epoch = snap->epoch + 1;
+  s->rounds = snap->rounds;
+  s->last_round = snap->last_round;
+  s->semantic_given = snap->semantic_given;
+  memcpy(s->count_by_state, snap->count_by_state, sizeof s->count_by_state);
+  memcpy(s->transitions, snap->transitions, sizeof s->transitions);
+  s->plan_dirty = true; /* tokens whose bytes lag their state move on the next plan */
+  free(refs);
+  *ret = s;
+  return CKV_OK;
+bad:
+  free(refs);
+  s->dirty_head = NULL;
+  ckv_srv_session_free(s);
+  return r;
+}

@@ -1,0 +1,40 @@
+/* session_snap.h - a live session to a snapshot (snapshot.h) and back.
+ *
+ * The bridge between session.c's structures and the file format, so the
+ * request handlers stay thin and snapshot.c stays free of the server.
+ * Snapshots read block bytes through the daemon's own mapping of the
+ * tenant's arena: host arenas only (a CUDA arena would need device copies;
+ * CKV_ERR_UNSUPPORTED there). */
+#ifndef CKV_DAEMON_SESSION_SNAP_H
+#define CKV_DAEMON_SESSION_SNAP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct ckv_srv_session ckv_srv_session;
+typedef struct ckv_tenant ckv_tenant;
+typedef struct ckv_snap ckv_snap;
+typedef struct ckv_mlp ckv_mlp;
+
+/* Writes session s (no compressor job may be in flight: settle it first) to
+ * dir/name.ckvsnap.  committed_only: only committed tokens and the blocks
+ * holding them (draft and staged tokens are recycled in the snapshot;
+ * *ret_dropped says how many).  Returns CKV_OK, CKV_ERR_UNSUPPORTED (not a
+ * host arena), CKV_ERR_BUSY (moves in flight), -errno / -ENOMEM; err says why. */
+int ckv_session_snap_save(const ckv_srv_session *s, const char *dir, const char *name, bool committed_only,
+                          uint64_t *ret_bytes, uint64_t *ret_tokens, uint64_t *ret_dropped, char *err, size_t errlen);
+
+/* A new session `id` of tenant t holding what snap (validated by
+ * ckv_snap_read, identity checked by the caller) holds: fresh blocks of the
+ * same formats and capacities in t's arena with the saved bytes, header
+ * shadows rebuilt from the daemon's own rules (only positions and valid bits
+ * come from the file, and those were cross-checked), token columns and
+ * policy state as saved.  mlp: the mlp judge to use when the snapshot's
+ * session used one (NULL: the rule judge; the caller says so).  Returns
+ * CKV_OK, CKV_ERR_QUOTA / CKV_ERR_NOSPACE (err says how many bytes),
+ * CKV_ERR_UNSUPPORTED (not a host arena), CKV_ERR_CORRUPT, -ENOMEM. */
+int ckv_session_snap_restore(const ckv_snap *snap, const char *id, ckv_tenant *t, const ckv_mlp *mlp,
+                             uint64_t *next_block_id, ckv_srv_session **ret, char *err, size_t errlen);
+
+#endif

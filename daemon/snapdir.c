@@ -1,0 +1,156 @@
+/* snapdir.c - the snapshot directory (see snapdir.h). */
+#include "daemon/snapdir.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "commitkv/status.h"
+#include "daemon/log.h"
+#include "daemon/snapshot.h"
+
+static int name_ok(const char *n) { return n && *n && n[0] != '.' && !strchr(n, '/'); }
+
+static int mkdir_one(const char *path) {
+  if (mkdir(path, 0700) == 0 || errno == EEXIST) return CKV_OK;
+  return -errno;
+}
+
+int ckv_snapdir_dir(const char *state_dir, const char *tenant, int create, char *dir, size_t len, char *err,
+                    size_t errlen) {
+  if (!state_dir || !*state_dir) {
+    snprintf(err, errlen, "the daemon has no state directory ([daemon] state_dir, --state-dir)");
+    return CKV_ERR_INVALID;
+  }
+  if (!name_ok(tenant)) {
+    snprintf(err, errlen, "tenant name '%s' cannot name a directory", tenant ? tenant : "");
+    return CKV_ERR_INVALID;
+  }
+  if (snprintf(dir, len, "%s/snapshots/%s", state_dir, tenant) >= (int)len) {
+    snprintf(err, errlen, "snapshot directory path too long");
+    return -ENAMETOOLONG;
+  }
+  if (!create) return CKV_OK;
+  char parent[4096];
+  snprintf(parent, sizeof parent, "%s", state_dir);
+  int r = mkdir_one(parent);
+  if (r == CKV_OK) {
+    snprintf(parent, sizeof parent, "%s/snapshots", state_dir);
+    r = mkdir_one(parent);
+  }
+  if (r == CKV_OK) r = mkdir_one(dir);
+  if (r < 0) snprintf(err, errlen, "cannot create %s: %s", dir, strerror(-r));
+  return r;
+}
+
+int ckv_snapdir_file(const char *state_dir, const char *tenant, const char *name, char *path, size_t len) {
+  if (!state_dir || !*state_dir || !name_ok(tenant)) return CKV_ERR_INVALID;
+  if (snprintf(path, len, "%s/snapshots/%s/%s%s", state_dir, tenant, name, CKV_SNAP_SUFFIX) >= (int)len)
+    return -ENAMETOOLONG;
+  return CKV_OK;
+}
+
+static int has_suffix(const char *n, const char *suf) {
+  size_t a = strlen(n), b = strlen(suf);
+  return a > b && strcmp(n + a - b, suf) == 0;
+}
+
+static void each_in(const char *state_dir, const char *tenant, ckv_snapdir_fn fn, void *ctx) {
+  char dir[4096];
+  if (snprintf(dir, sizeof dir, "%s/snapshots/%s", state_dir, tenant) >= (int)sizeof dir) return;
+  DIR *d = opendir(dir);
+  if (!d) return;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    if (!has_suffix(e->d_name, CKV_SNAP_SUFFIX)) continue;
+    char path[4096 + 256], name[256];
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    struct stat st;
+    if (lstat(path, &st) < 0 || !S_ISREG(st.st_mode)) continue;
+    size_t n = strlen(e->d_name) - strlen(CKV_SNAP_SUFFIX);
+    memcpy(name, e->d_name, n);
+    name[n] = 0;
+    fn(ctx, tenant, name, path, (uint64_t)st.st_size);
+  }
+  closedir(d);
+}
+
+void ckv_snapdir_each(const char *state_dir, const char *tenant, ckv_snapdir_fn fn, void *ctx) {
+  if (!state_dir || !*state_dir) return;
+  if (tenant) {
+    if (name_ok(tenant)) each_in(state_dir, tenant, fn, ctx);
+    return;
+  }
+  char top[4096];
+  if (snprintf(top, sizeof top, "%s/snapshots", state_dir) >= (int)sizeof top) return;
+  DIR *d = opendir(top);
+  if (!d) return;
+  struct dirent *e;
+  while ((e = readdir(d)))
+    if (name_ok(e->d_name)) each_in(state_dir, e->d_name, fn, ctx);
+  closedir(d);
+}
+
+/* Removes .NAME.ckvsnap.tmp.* files of one tenant directory. */
+static void clean_temps(const char *state_dir, const char *tenant) {
+  char dir[4096];
+  if (snprintf(dir, sizeof dir, "%s/snapshots/%s", state_dir, tenant) >= (int)sizeof dir) return;
+  DIR *d = opendir(dir);
+  if (!d) return;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    if (e->d_name[0] != '.' || !strstr(e->d_name, CKV_SNAP_SUFFIX ".tmp.")) continue;
+    char path[4096 + 256];
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    if (unlink(path) == 0)
+      ckv_log(CKV_LOG_WARNING, "snapshot-temp-removed", tenant, NULL,
+              "removed %s: a save cut short (the daemon died while writing); the previous snapshot of that name is "
+              "intact",
+              path);
+  }
+  closedir(d);
+}
+
+typedef struct startup_ctx {
+  size_t ok, bad;
+} startup_ctx;
+
+static void log_one(void *ctx, const char *tenant, const char *name, const char *path, uint64_t bytes) {
+  startup_ctx *c = ctx;
+  ckv_snap h;
+  char err[256];
+  int r = ckv_snap_read_header(path, &h, err, sizeof err);
+  if (r < 0) {
+    c->bad++;
+    ckv_log(CKV_LOG_WARNING, "snapshot-unreadable", tenant, name, "%s: %s (%s); it will not be restored", path, err,
+            ckv_status_name(r));
+    return;
+  }
+  c->ok++;
+  ckv_log(CKV_LOG_INFO, "snapshot-found", tenant, h.session_id,
+          "snapshot '%s': %zu tokens, %llu bytes, model '%s' revision '%s'%s; restore with RestoreSession or "
+          "OpenSession{resume}",
+          name, h.tokens.n, (unsigned long long)bytes, h.model_id, h.model_revision,
+          h.flags & CKV_SNAP_COMMITTED_ONLY ? ", committed tokens only" : "");
+  ckv_snap_done(&h);
+}
+
+size_t ckv_snapdir_startup(const char *state_dir) {
+  if (!state_dir || !*state_dir) return 0;
+  char top[4096];
+  if (snprintf(top, sizeof top, "%s/snapshots", state_dir) >= (int)sizeof top) return 0;
+  DIR *d = opendir(top);
+  if (!d) return 0;
+  struct dirent *e;
+  while ((e = readdir(d)))
+    if (name_ok(e->d_name)) clean_temps(state_dir, e->d_name);
+  closedir(d);
+  startup_ctx c = {0};
+  ckv_snapdir_each(state_dir, NULL, log_one, &c);
+  ckv_log(CKV_LOG_NOTICE, "snapshots", NULL, NULL, "%zu session snapshots in %s%s", c.ok, top,
+          c.bad ? " (and some that cannot be read: see above)" : "");
+  return c.ok;
+}

@@ -1,0 +1,32 @@
+/* snapdir.h - where snapshots live: state_dir/snapshots/TENANT/NAME.ckvsnap.
+ *
+ * One directory per tenant (mode 0700, like the state directory), so a
+ * tenant's snapshots are found without reading anyone else's.  At start-up
+ * the daemon lists what it finds (ckv_snapdir_startup): sessions come back
+ * from their snapshots on RestoreSession or OpenSession{resume}, and what a
+ * cut-short save left behind (a temporary file) is removed and said. */
+#ifndef CKV_DAEMON_SNAPDIR_H
+#define CKV_DAEMON_SNAPDIR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* dir = state_dir/snapshots/tenant, created (with its parents) when `create`.
+ * CKV_OK, CKV_ERR_INVALID (no state directory, or a tenant name that is no
+ * directory name), -ENAMETOOLONG, or mkdir's -errno; err says which. */
+int ckv_snapdir_dir(const char *state_dir, const char *tenant, int create, char *dir, size_t len, char *err,
+                    size_t errlen);
+/* The file of snapshot `name` of `tenant` (not created). */
+int ckv_snapdir_file(const char *state_dir, const char *tenant, const char *name, char *path, size_t len);
+
+/* Calls fn for every NAME.ckvsnap under state_dir/snapshots (only tenant's
+ * when tenant is not NULL), tenants and names in directory order. */
+typedef void (*ckv_snapdir_fn)(void *ctx, const char *tenant, const char *name, const char *path, uint64_t bytes);
+void ckv_snapdir_each(const char *state_dir, const char *tenant, ckv_snapdir_fn fn, void *ctx);
+
+/* Start-up: removes temporary files of saves a crash cut short, logs one
+ * line per snapshot found (tenant, session, tokens, model) or why it cannot
+ * be read, and returns the number of readable snapshots. */
+size_t ckv_snapdir_startup(const char *state_dir);
+
+#endif

@@ -1,0 +1,633 @@
+/* test_snapshot.c - sessions outlive processes (issue 15, snapshots): real
+ * commitkvd processes on one state directory and libcommitkv in this process.
+ *
+ * - save_kill9_restart_restore: sessions that went through rounds (draft,
+ *   staged and committed blocks, rotated and KIVI formats) are saved, the
+ *   daemon is killed with SIGKILL, a new one starts on the same state
+ *   directory, and the sessions come back (RestoreSession, and OpenSession
+ *   with resume): every block's payload byte for byte, every token in the
+ *   same format (hence state), the state counts, and the round counter (the
+ *   next round is accepted, an old one refused).
+ * - cut_and_flipped_snapshots_refused: the snapshot cut at every section
+ *   boundary (and inside sections) and with a byte flipped in each section's
+ *   header and payload: each restore is CKV_ERR_CORRUPT with a text; another
+ *   format version is CKV_ERR_FORMAT; the daemon answers status after each.
+ * - other_tenant_and_model_refused: a snapshot whose header names another
+ *   tenant (checksum recomputed, so only the identity is wrong) is
+ *   CKV_ERR_AUTH; another model id or revision CKV_ERR_FORMAT, on restore,
+ *   on resume of a snapshot-only id and on resume of a live session.
+ * - kill9_during_save_keeps_previous: SIGKILL while a large save is writing
+ *   its temporary file: the previous snapshot of that name still restores,
+ *   and the next daemon removes the temporary file and says so. */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "client/rpc.h"
+#include "commitkv.pb-c.h"
+#include "commitkv/commitkv.h"
+#include "commitkv/status.h"
+#include "kernels/format.h"
+#include "kernels/kernels.h"
+#include "kernels/quant.h"
+#include "testcheck.h"
+#include "testutil.h"
+
+TestSuite(snapshot, .fini = ckv_test_leak_check);
+
+#define DEADLINE_MS 20000
+static const char *const k_daemon_args[] = {"--set", "daemon.backend=host", "--set", "daemon.detach_keep=60s", NULL};
+
+/* ---- daemons on one state directory ---- */
+
+static void daemon_start(ckv_test_daemon *d) {
+  cr_assert_eq(ckv_test_daemon_start(d, k_daemon_args), 0, "commitkvd did not start");
+}
+
+static void daemon_kill9(ckv_test_daemon *d) {
+  cr_assert_eq(kill(d->pid, SIGKILL), 0);
+  int st = ckv_test_wait(d->pid, DEADLINE_MS);
+  cr_assert_eq(st, 128 + SIGKILL, "commitkvd ended with %d after SIGKILL", st);
+  d->pid = 0;
+}
+
+/* A new commitkvd on the same sockets and state directory, its stderr in `log`. */
+static void daemon_restart(ckv_test_daemon *d, const char *log) {
+  const char *argv[32] = {"commitkvd", "--socket", d->socket, "--attach-socket", d->attach, "--state-dir", d->dir,
+                          "--set",     "daemon.metrics=", "--backend", "host"};
+  int n = 11;
+  for (int i = 0; k_daemon_args[i]; i++) argv[n++] = k_daemon_args[i];
+  argv[n] = NULL;
+  snprintf(d->log, sizeof d->log, "%s", log);
+  d->pid = ckv_test_spawn(argv, d->log);
+  long long end = ckv_test_now_ms() + DEADLINE_MS;
+  while (!ckv_test_attach_accepts(d->attach)) {
+    cr_assert(ckv_test_daemon_alive(d), "the new commitkvd died (log %s)", d->log);
+    cr_assert_lt(ckv_test_now_ms(), end, "the new commitkvd never listened on %s", d->attach);
+    usleep(10000);
+  }
+}
+
+static ckv_client *connect_to(const ckv_test_daemon *d, int timeout_ms) {
+  ckv_client_options o = {.socket = d->socket, .attach_socket = d->attach, .name = "test_snapshot",
+                          .timeout_ms = timeout_ms};
+  ckv_client *c = NULL;
+  int r = ckv_client_connect(&o, &c);
+  cr_assert_eq(r, CKV_OK, "connect: %s (%s)", ckv_strerror(r), ckv_client_connect_error());
+  return c;
+}
+
+/* The daemon still answers (after a refused restore). */
+static void expect_serving(ckv_client *c) {
+  Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
+  Commitkv__V1__StatusRequest st = COMMITKV__V1__STATUS_REQUEST__INIT;
+  req.body_case = COMMITKV__V1__REQUEST__BODY_STATUS;
+  req.status = &st;
+  Commitkv__V1__Response *rep = NULL;
+  int r = ckv_rpc(c, &req, &rep);
+  cr_assert_eq(r, CKV_OK, "status after a refused restore: %s (%s)", ckv_strerror(r), ckv_client_last_error(c));
+  ckv_rpc_free(rep);
+}
+
+static Commitkv__V1__Response *get_view(ckv_client *c, const char *sid) {
+  Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
+  Commitkv__V1__GetView g = COMMITKV__V1__GET_VIEW__INIT;
+  g.session_id = (char *)sid;
+  req.body_case = COMMITKV__V1__REQUEST__BODY_GET_VIEW;
+  req.get_view = &g;
+  Commitkv__V1__Response *rep = NULL;
+  int r = ckv_rpc(c, &req, &rep);
+  cr_assert_eq(r, CKV_OK, "GetView %s: %s (%s)", sid, ckv_strerror(r), ckv_client_last_error(c));
+  return rep;
+}
+
+/* Raw RestoreSession: the code, the text in msg. */
+static int restore_raw(ckv_client *c, const char *id, const char *name, const char *model, const char *rev, char *msg,
+                       size_t len) {
+  Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
+  Commitkv__V1__RestoreSession rs = COMMITKV__V1__RESTORE_SESSION__INIT;
+  rs.session_id = (char *)id;
+  rs.name = (char *)(name ? name : "");
+  rs.model_id = (char *)(model ? model : "");
+  rs.model_revision = (char *)(rev ? rev : "");
+  req.body_case = COMMITKV__V1__REQUEST__BODY_RESTORE_SESSION;
+  req.restore_session = &rs;
+  Commitkv__V1__Response *rep = NULL;
+  int r = ckv_rpc(c, &req, &rep);
+  snprintf(msg, len, "%s", r == CKV_OK ? "" : ckv_client_last_error(c));
+  if (r == CKV_OK) ckv_rpc_free(rep);
+  return r;
+}
+
+static int drop_raw(ckv_client *c, const char *id) {
+  Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
+  Commitkv__V1__DropSession d = COMMITKV__V1__DROP_SESSION__INIT;
+  d.session_id = (char *)id;
+  req.body_case = COMMITKV__V1__REQUEST__BODY_DROP_SESSION;
+  req.drop_session = &d;
+  Commitkv__V1__Response *rep = NULL;
+  int r = ckv_rpc(c, &req, &rep);
+  if (r == CKV_OK) ckv_rpc_free(rep);
+  return r;
+}
+
+/* ---- a session with history ---- */
+
+#define LAYERS 2u
+#define HEADS 2u
+#define DIM 32u
+#define PER_ROUND 24u
+
+static const ckv_geometry k_geom = {LAYERS, HEADS, DIM, 0};
+
+/* Opens `id` and runs `rounds` rounds of the lifecycle test's workload (facts
+ * hot, older text cold, a third of it forgotten), acking every view. */
+static ckv_session *session_with_rounds(ckv_client *c, const char *id, int rotate, uint32_t rounds, const char *model,
+                                        const char *rev) {
+  const char *names[] = {"sink_tokens", "recent_window", "persistence_rounds", "idle_rounds", "prune_keep", "rotate"};
+  const double values[] = {4, 16, 2, 6, 1, rotate};
+  ckv_session_options so = {.policy = "commitkv", .param_names = names, .param_values = values, .n_params = 6,
+                            .model_id = model, .model_revision = rev};
+  ckv_session *s = NULL;
+  int r = ckv_session_open(c, id, &k_geom, &so, &s);
+  cr_assert_eq(r, CKV_OK, "open %s: %s (%s)", id, ckv_strerror(r), ckv_client_last_error(c));
+  size_t n = 0, elems = HEADS * DIM;
+  float *attn = malloc(PER_ROUND * (rounds + 1) * sizeof(float));
+  cr_assert_not_null(attn);
+  for (uint32_t round = 1; round <= rounds; round++) {
+    float sem[PER_ROUND];
+    uint8_t roles[PER_ROUND];
+    for (uint32_t i = 0; i < PER_ROUND; i++) {
+      sem[i] = (n + i) % 8 == 1 ? 0.9f : (n + i) % 3 == 0 ? 0.2f : 0.5f;
+      roles[i] = round == 1 && i < 6 ? CKV_ROLE_SYSTEM : CKV_ROLE_USER;
+    }
+    uint64_t first = 0;
+    r = ckv_session_append(s, PER_ROUND, roles, NULL, sem, NULL, &first);
+    cr_assert_eq(r, CKV_OK, "append: %s (%s)", ckv_strerror(r), ckv_client_last_error(c));
+    for (size_t pos = n; pos < n + PER_ROUND; pos++)
+      for (uint32_t layer = 0; layer < LAYERS; layer++) {
+        uint16_t k[HEADS * DIM], v[HEADS * DIM];
+        for (uint32_t e = 0; e < elems; e++) {
+          k[e] = ckv_f32_to_f16(ckv_test_kv_value(pos, layer, 0, e));
+          v[e] = ckv_f32_to_f16(ckv_test_kv_value(pos, layer, 1, e));
+        }
+        cr_assert_eq(ckv_session_write_kv(s, pos, layer, k, v), CKV_OK);
+      }
+    n += PER_ROUND;
+    for (size_t pos = 0; pos < n; pos++)
+      attn[pos] = pos % 8 == 1 ? 4.f : pos + PER_ROUND >= n ? 1.f : (pos % 3 == 0 && round > 6) ? 0.f : 0.3f;
+    ckv_round_result rr;
+    r = ckv_session_report(s, round, 0, attn, n, &rr);
+    cr_assert_eq(r, CKV_OK, "report: %s (%s)", ckv_strerror(r), ckv_client_last_error(c));
+    cr_assert_eq(ckv_session_ack(s, rr.epoch, NULL), CKV_OK);
+  }
+  free(attn);
+  return s;
+}
+
+/* What a view holds: per block its format, its (slot, position) pairs and
+ * its payload bytes; per position its format (CKV_FORMAT_COUNT_: absent). */
+typedef struct captured_block {
+  uint32_t format, capacity, n_valid;
+  uint32_t slots[1024], positions[1024];
+  uint8_t *payload;
+  size_t payload_len;
+} captured_block;
+
+typedef struct capture {
+  uint64_t epoch, n_tokens;
+  captured_block *blocks;
+  size_t n_blocks;
+  uint8_t *format_of; /* per position */
+  size_t per_format[CKV_FORMAT_COUNT_];
+} capture;
+
+static capture capture_view(ckv_client *c, const char *sid) {
+  Commitkv__V1__Response *rep = get_view(c, sid);
+  const Commitkv__V1__View *v = rep->view;
+  capture cap = {.epoch = v->epoch, .n_tokens = v->n_tokens};
+  size_t total = v->n_draft + v->n_staged + v->n_committed;
+  cap.blocks = calloc(total + 1, sizeof(*cap.blocks));
+  cap.format_of = malloc(v->n_tokens + 1);
+  cr_assert(cap.blocks && cap.format_of);
+  memset(cap.format_of, CKV_FORMAT_COUNT_, v->n_tokens + 1);
+  Commitkv__V1__BlockRef **lists[3] = {v->draft, v->staged, v->committed};
+  size_t counts[3] = {v->n_draft, v->n_staged, v->n_committed};
+  for (int k = 0; k < 3; k++)
+    for (size_t i = 0; i < counts[k]; i++) {
+      const Commitkv__V1__BlockRef *b = lists[k][i];
+      const uint8_t *base = ckv_rpc_arena_ptr(c, b->arena_id, b->offset, b->bytes);
+      cr_assert_not_null(base, "view block outside the mapped arena");
+      cr_assert_eq(ckv_block_check(base, &k_geom), CKV_OK, "block %llu fails its header check",
+                   (unsigned long long)b->block_id);
+      cr_assert_leq(b->capacity, 1024);
+      captured_block *cb = &cap.blocks[cap.n_blocks++];
+      cb->format = b->format;
+      cb->capacity = b->capacity;
+      const uint32_t *pos = ckv_block_positions_const(base);
+      for (uint32_t slot = 0; slot < b->capacity; slot++)
+        if (ckv_block_slot_valid(base, slot)) {
+          cr_assert_lt(pos[slot], v->n_tokens);
+          cb->slots[cb->n_valid] = slot;
+          cb->positions[cb->n_valid++] = pos[slot];
+          cap.format_of[pos[slot]] = (uint8_t)b->format;
+        }
+      size_t head = ckv_block_payload_offset(b->capacity);
+      cb->payload_len = b->bytes - head;
+      cb->payload = malloc(cb->payload_len);
+      cr_assert_not_null(cb->payload);
+      memcpy(cb->payload, base + head, cb->payload_len);
+      cap.per_format[b->format]++;
+    }
+  ckv_rpc_free(rep);
+  return cap;
+}
+
+static void capture_free(capture *c) {
+  for (size_t i = 0; i < c->n_blocks; i++) free(c->blocks[i].payload);
+  free(c->blocks);
+  free(c->format_of);
+}
+
+/* The restored view holds the same blocks (matched by format and valid
+ * (slot, position) pairs: block ids are new), byte for byte, and every
+ * token in the same format. */
+static void expect_same(const capture *a, const capture *b, const char *what) {
+  cr_assert_eq(a->n_tokens, b->n_tokens, "%s: %llu tokens, saved %llu", what, (unsigned long long)b->n_tokens,
+               (unsigned long long)a->n_tokens);
+  for (uint64_t p = 0; p < a->n_tokens; p++)
+    cr_assert_eq(a->format_of[p], b->format_of[p], "%s: token %llu in format %u, saved in %u", what,
+                 (unsigned long long)p, b->format_of[p], a->format_of[p]);
+  size_t matched = 0;
+  for (size_t i = 0; i < a->n_blocks; i++) {
+    const captured_block *x = &a->blocks[i];
+    if (!x->n_valid) continue; /* an empty fill block carries no K/V */
+    const captured_block *y = NULL;
+    for (size_t j = 0; j < b->n_blocks && !y; j++)
+      if (b->blocks[j].format == x->format && b->blocks[j].n_valid == x->n_valid &&
+          memcmp(b->blocks[j].slots, x->slots, x->n_valid * 4) == 0 &&
+          memcmp(b->blocks[j].positions, x->positions, x->n_valid * 4) == 0)
+        y = &b->blocks[j];
+    cr_assert_not_null(y, "%s: no restored block of format %u holds positions %u.. in the same slots", what, x->format,
+                       x->positions[0]);
+    cr_assert_eq(y->payload_len, x->payload_len);
+    for (size_t k = 0; k < x->payload_len; k++)
+      cr_assert_eq(y->payload[k], x->payload[k], "%s: block of format %u (positions %u..) payload byte %zu reads %#x, saved %#x",
+                   what, x->format, x->positions[0], k, y->payload[k], x->payload[k]);
+    matched++;
+  }
+  cr_assert_gt(matched, 0);
+}
+
+static unsigned long long session_stat(const ckv_test_daemon *d, const char *sid, const char *field) {
+  (void)sid;
+  return ckv_test_stat(d, field);
+}
+
+Test(snapshot, save_kill9_restart_restore, .timeout = 120) {
+  ckv_test_daemon d;
+  daemon_start(&d);
+  ckv_client *c = connect_to(&d, 10000);
+  /* rotated (ROT4 facts, ROT2 cold) and KIVI INT4 committed blocks */
+  ckv_session *rot = session_with_rounds(c, "rot", 1, 12, "stories260K", "r1");
+  ckv_session *kivi = session_with_rounds(c, "kivi", 0, 12, "", "");
+  uint64_t bytes = 0;
+  cr_assert_eq(ckv_session_save(rot, NULL, false, &bytes), CKV_OK, "save: %s", ckv_client_last_error(c));
+  cr_assert_gt(bytes, 0);
+  cr_assert_eq(ckv_session_save(kivi, NULL, false, &bytes), CKV_OK, "save: %s", ckv_client_last_error(c));
+  capture before_rot = capture_view(c, "rot"), before_kivi = capture_view(c, "kivi");
+  /* nothing moved since the save (a save settles every move) */
+  cr_assert_eq(ckv_session_save(rot, NULL, false, NULL), CKV_OK);
+  cr_assert_eq(ckv_session_save(kivi, NULL, false, NULL), CKV_OK);
+  capture again = capture_view(c, "rot");
+  cr_assert_eq(again.epoch, before_rot.epoch, "the view moved after a save");
+  capture_free(&again);
+  cr_assert_gt(before_rot.per_format[CKV_FORMAT_DRAFT], 0, "no draft block to save");
+  cr_assert_gt(before_rot.per_format[CKV_FORMAT_STAGED] + before_kivi.per_format[CKV_FORMAT_STAGED], 0, "no staged block");
+  cr_assert_gt(before_rot.per_format[CKV_FORMAT_ROT4], 0, "no ROT4 block");
+  cr_assert_gt(before_kivi.per_format[CKV_FORMAT_COMMIT4], 0, "no COMMIT4 block");
+  unsigned long long tok[4] = {session_stat(&d, "", "tokens.draft"), session_stat(&d, "", "tokens.staged"),
+                               session_stat(&d, "", "tokens.committed"), session_stat(&d, "", "tokens.recycled")};
+  cr_assert_gt(tok[3], 0, "no token was recycled: the workload did not exercise the lifecycle");
+
+  daemon_kill9(&d);
+  char log2[400];
+  snprintf(log2, sizeof log2, "%s/commitkvd-2.log", d.dir);
+  daemon_restart(&d, log2);
+  cr_assert_eq(ckv_client_reconnect(c), CKV_OK, "reconnect: %s", ckv_client_last_error(c));
+  ckv_session_close(rot); /* handles of the old daemon */
+  ckv_session_close(kivi);
+
+  /* RestoreSession for one, OpenSession with resume for the other */
+  ckv_session_options mo = {.model_id = "stories260K", .model_revision = "r1"};
+  int r = ckv_session_restore(c, "rot", NULL, &mo, &rot);
+  cr_assert_eq(r, CKV_OK, "restore: %s (%s); log %s", ckv_strerror(r), ckv_client_last_error(c), log2);
+  ckv_session_options ro = {.resume = true};
+  r = ckv_session_open(c, "kivi", NULL, &ro, &kivi);
+  cr_assert_eq(r, CKV_OK, "resume of a snapshot-only session: %s (%s)", ckv_strerror(r), ckv_client_last_error(c));
+  cr_assert_eq(ckv_session_tokens(kivi), before_kivi.n_tokens);
+  capture after_rot = capture_view(c, "rot"), after_kivi = capture_view(c, "kivi");
+  expect_same(&before_rot, &after_rot, "rot");
+  expect_same(&before_kivi, &after_kivi, "kivi");
+  cr_assert_gt(after_rot.epoch, before_rot.epoch, "epochs go on from the saved one");
+  unsigned long long tok2[4] = {session_stat(&d, "", "tokens.draft"), session_stat(&d, "", "tokens.staged"),
+                                session_stat(&d, "", "tokens.committed"), session_stat(&d, "", "tokens.recycled")};
+  for (int i = 0; i < 4; i++) cr_assert_eq(tok2[i], tok[i], "state %d: %llu tokens, saved %llu", i, tok2[i], tok[i]);
+  /* the round counter came back: round 12 again is refused, 13 accepted */
+  float *attn = calloc(before_rot.n_tokens, sizeof(float));
+  ckv_round_result rr;
+  cr_assert_eq(ckv_session_report(rot, 12, 0, attn, before_rot.n_tokens, &rr), CKV_ERR_INVALID);
+  cr_assert_eq(ckv_session_report(rot, 13, 0, attn, before_rot.n_tokens, &rr), CKV_OK, "%s", ckv_client_last_error(c));
+  free(attn);
+  char *log = ckv_test_read_file(log2);
+  cr_assert(log && strstr(log, "snapshot-found"), "the restarted daemon did not list its snapshots: %s", log ? log : "");
+  free(log);
+  char *list = ckv_test_ctl(&d, (const char *const[]){"snapshots", NULL});
+  cr_assert(list && strstr(list, "rot") && strstr(list, "stories260K") && strstr(list, "kivi"),
+            "commitkvctl snapshots: %s", list ? list : "(null)");
+  free(list);
+  capture_free(&before_rot);
+  capture_free(&before_kivi);
+  capture_free(&after_rot);
+  capture_free(&after_kivi);
+  ckv_session_drop(rot);
+  ckv_session_drop(kivi);
+  ckv_client_free(c);
+  cr_expect_eq(ckv_test_daemon_stop(&d), 0);
+}
+
+/* ---- damaged files ---- */
+
+static uint8_t *slurp(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  cr_assert_not_null(f, "%s: %s", path, strerror(errno));
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  uint8_t *b = malloc((size_t)n + 1);
+  cr_assert_eq(fread(b, 1, (size_t)n, f), (size_t)n);
+  fclose(f);
+  *len = (size_t)n;
+  return b;
+}
+
+static void spit(const char *path, const uint8_t *b, size_t len) {
+  FILE *f = fopen(path, "wb");
+  cr_assert_not_null(f);
+  if (len) cr_assert_eq(fwrite(b, 1, len, f), len);
+  fclose(f);
+}
+
+/* Section offsets of a snapshot: off[i] is where section i's header starts. */
+static size_t sections_of(const uint8_t *b, size_t len, size_t *off, size_t max) {
+  size_t n = 0, o = 16;
+  while (o + 24 <= len && n < max) {
+    uint64_t slen;
+    memcpy(&slen, b + o + 8, 8);
+    off[n++] = o;
+    o += 24 + slen;
+  }
+  cr_assert_eq(o, len, "the sections do not add up to the file");
+  return n;
+}
+
+static void expect_refused(ckv_client *c, const char *dir, const uint8_t *b, size_t len, int want, const char *what) {
+  char path[600], msg[600];
+  snprintf(path, sizeof path, "%s/bad.ckvsnap", dir);
+  spit(path, b, len);
+  int r = restore_raw(c, "bad", "bad", NULL, NULL, msg, sizeof msg);
+  cr_assert_eq(r, want, "%s: restore answered %s (%s), want %s", what, ckv_status_name(r), msg, ckv_status_name(want));
+  cr_assert_gt(strlen(msg), 10, "%s: no text with the refusal", what);
+  expect_serving(c);
+}
+
+Test(snapshot, cut_and_flipped_snapshots_refused, .timeout = 120) {
+  ckv_test_daemon d;
+  daemon_start(&d);
+  ckv_client *c = connect_to(&d, 10000);
+  ckv_session *s = session_with_rounds(c, "orig", 1, 4, "m", "r");
+  cr_assert_eq(ckv_session_save(s, NULL, false, NULL), CKV_OK, "%s", ckv_client_last_error(c));
+  char dir[400], path[600];
+  snprintf(dir, sizeof dir, "%s/snapshots/%s", d.dir, ckv_client_tenant(c));
+  snprintf(path, sizeof path, "%s/orig.ckvsnap", dir);
+  size_t len;
+  uint8_t *good = slurp(path, &len), *b = malloc(len);
+  size_t off[256];
+  size_t n = sections_of(good, len, off, 256);
+  cr_assert_geq(n, 5, "header, tokens, ids, blocks, end: %zu sections", n);
+  /* the unchanged copy restores: the refusals below are the damage's */
+  char msg[600];
+  spit(path, good, len);
+  snprintf(path, sizeof path, "%s/bad.ckvsnap", dir);
+  spit(path, good, len);
+  int r = restore_raw(c, "bad", "bad", NULL, NULL, msg, sizeof msg);
+  cr_assert_eq(r, CKV_OK, "an intact copy: %s (%s)", ckv_status_name(r), msg);
+  cr_assert_eq(drop_raw(c, "bad"), CKV_OK);
+  /* cut: at 0, inside the preamble, at every section boundary, inside every section */
+  expect_refused(c, dir, good, 0, CKV_ERR_CORRUPT, "empty file");
+  expect_refused(c, dir, good, 10, CKV_ERR_CORRUPT, "cut in the preamble");
+  char what[80];
+  for (size_t i = 0; i < n; i++) {
+    snprintf(what, sizeof what, "cut before section %zu", i);
+    expect_refused(c, dir, good, off[i], CKV_ERR_CORRUPT, what);
+    snprintf(what, sizeof what, "cut in section %zu's header", i);
+    expect_refused(c, dir, good, off[i] + 12, CKV_ERR_CORRUPT, what);
+    size_t end = i + 1 < n ? off[i + 1] : len;
+    snprintf(what, sizeof what, "cut in section %zu's payload", i);
+    expect_refused(c, dir, good, off[i] + 24 + (end - off[i] - 24) / 2, CKV_ERR_CORRUPT, what);
+    snprintf(what, sizeof what, "cut one byte short of section %zu's end", i);
+    expect_refused(c, dir, good, end - 1, CKV_ERR_CORRUPT, what);
+  }
+  /* a flipped byte: in the preamble, in each section's header fields and payload */
+  size_t flips[8];
+  for (size_t i = 0; i < n + 1; i++) {
+    size_t k = 0;
+    if (i == n) {
+      flips[k++] = 3;  /* magic */
+      flips[k++] = 9;  /* version */
+      flips[k++] = 13; /* its check */
+    } else {
+      size_t end = i + 1 < n ? off[i + 1] : len;
+      flips[k++] = off[i];      /* type */
+      flips[k++] = off[i] + 8;  /* length */
+      flips[k++] = off[i] + 17; /* checksum */
+      flips[k++] = off[i] + 24; /* first payload byte */
+      flips[k++] = off[i] + 24 + (end - off[i] - 24) / 2;
+      flips[k++] = end - 1;
+    }
+    for (size_t j = 0; j < k; j++) {
+      memcpy(b, good, len);
+      b[flips[j]] ^= 0x20;
+      snprintf(what, sizeof what, "byte %zu flipped (section %zu)", flips[j], i);
+      expect_refused(c, dir, b, len, CKV_ERR_CORRUPT, what);
+    }
+  }
+  /* trailing garbage */
+  uint8_t *longer = malloc(len + 3);
+  memcpy(longer, good, len);
+  memset(longer + len, 0, 3);
+  expect_refused(c, dir, longer, len + 3, CKV_ERR_CORRUPT, "bytes after the end");
+  free(longer);
+  /* an honest other format version: FORMAT, not CORRUPT */
+  memcpy(b, good, len);
+  uint32_t v = 2, nv = ~v;
+  memcpy(b + 8, &v, 4);
+  memcpy(b + 12, &nv, 4);
+  expect_refused(c, dir, b, len, CKV_ERR_FORMAT, "format version 2");
+  /* the original is still fine, and the daemon kept serving the live session */
+  cr_assert_eq(ckv_session_drop(s), CKV_OK);
+  r = restore_raw(c, "orig", NULL, NULL, NULL, msg, sizeof msg);
+  cr_assert_eq(r, CKV_OK, "the intact snapshot after all that: %s (%s)", ckv_status_name(r), msg);
+  free(good);
+  free(b);
+  ckv_client_free(c);
+  cr_expect_eq(ckv_test_daemon_stop(&d), 0);
+}
+
+/* ---- identity ---- */
+
+Test(snapshot, other_tenant_and_model_refused, .timeout = 120) {
+  ckv_test_daemon d;
+  daemon_start(&d);
+  ckv_client *c = connect_to(&d, 10000);
+  ckv_session *s = session_with_rounds(c, "who", 1, 3, "model-a", "rev-1");
+  cr_assert_eq(ckv_session_save(s, NULL, false, NULL), CKV_OK, "%s", ckv_client_last_error(c));
+  char msg[600];
+  /* a live session: resume by another model or revision is refused */
+  ckv_session *t = NULL;
+  ckv_session_options other_model = {.resume = true, .model_id = "model-b", .model_revision = "rev-1"};
+  ckv_session_options other_rev = {.resume = true, .model_id = "model-a", .model_revision = "rev-2"};
+  ckv_session_options same = {.resume = true, .model_id = "model-a", .model_revision = "rev-1"};
+  cr_assert_eq(ckv_session_close(s), CKV_OK);
+  cr_assert_eq(ckv_session_open(c, "who", NULL, &other_model, &t), CKV_ERR_FORMAT, "live resume, other model");
+  cr_assert_eq(ckv_session_open(c, "who", NULL, &other_rev, &t), CKV_ERR_FORMAT, "live resume, other revision");
+  cr_assert_eq(ckv_session_open(c, "who", NULL, &same, &s), CKV_OK, "%s", ckv_client_last_error(c));
+  cr_assert_eq(ckv_session_drop(s), CKV_OK);
+  /* only the snapshot left: restore and resume check the model too */
+  cr_assert_eq(restore_raw(c, "who", NULL, "model-b", NULL, msg, sizeof msg), CKV_ERR_FORMAT, "%s", msg);
+  cr_assert(strstr(msg, "model-a") && strstr(msg, "model-b"), "the text names both models: %s", msg);
+  cr_assert_eq(restore_raw(c, "who", NULL, NULL, "rev-2", msg, sizeof msg), CKV_ERR_FORMAT, "%s", msg);
+  cr_assert_eq(ckv_session_open(c, "who", NULL, &other_model, &t), CKV_ERR_FORMAT, "%s", ckv_client_last_error(c));
+  cr_assert_eq(ckv_session_open(c, "who", NULL, &other_rev, &t), CKV_ERR_FORMAT, "%s", ckv_client_last_error(c));
+  ckv_geometry g2 = {LAYERS, HEADS, DIM * 2, 0};
+  cr_assert_eq(ckv_session_open(c, "who", &g2, &same, &t), CKV_ERR_FORMAT, "another geometry: %s",
+               ckv_client_last_error(c));
+  expect_serving(c);
+  /* another tenant's snapshot in this tenant's directory: its header names
+   * "other" (same length as the test's tenant name: checksum recomputed) */
+  char dir[400], path[600];
+  const char *tenant = ckv_client_tenant(c);
+  snprintf(dir, sizeof dir, "%s/snapshots/%s", d.dir, tenant);
+  snprintf(path, sizeof path, "%s/who.ckvsnap", dir);
+  size_t len;
+  uint8_t *b = slurp(path, &len);
+  size_t off[64];
+  sections_of(b, len, off, 64);
+  uint8_t *hdr = b + off[0] + 24;
+  uint32_t tlen;
+  memcpy(&tlen, hdr + 8, 4); /* after saved_at_ms */
+  cr_assert_eq(tlen, strlen(tenant));
+  cr_assert_eq(memcmp(hdr + 12, tenant, tlen), 0);
+  hdr[12] ^= 0x01; /* another name */
+  uint64_t slen;
+  memcpy(&slen, b + off[0] + 8, 8);
+  XXH64_state_t *st = XXH64_createState();
+  XXH64_reset(st, 0);
+  XXH64_update(st, b + off[0], 16);
+  XXH64_update(st, hdr, slen);
+  uint64_t h = XXH64_digest(st);
+  XXH64_freeState(st);
+  memcpy(b + off[0] + 16, &h, 8);
+  expect_refused(c, dir, b, len, CKV_ERR_AUTH, "another tenant's snapshot");
+  free(b);
+  /* the intact one restores with the right model */
+  cr_assert_eq(restore_raw(c, "who", NULL, "model-a", "rev-1", msg, sizeof msg), CKV_OK, "%s", msg);
+  ckv_client_free(c);
+  cr_expect_eq(ckv_test_daemon_stop(&d), 0);
+}
+
+/* ---- a kill during a save ---- */
+
+typedef struct save_job {
+  ckv_session *s;
+  int status;
+} save_job;
+
+static void *save_thread(void *arg) {
+  save_job *j = arg;
+  j->status = ckv_session_save(j->s, NULL, false, NULL);
+  return NULL;
+}
+
+static bool temp_exists(const char *dir) {
+  DIR *d = opendir(dir);
+  if (!d) return false;
+  struct dirent *e;
+  bool found = false;
+  while ((e = readdir(d)))
+    if (strstr(e->d_name, ".ckvsnap.tmp.")) found = true;
+  closedir(d);
+  return found;
+}
+
+Test(snapshot, kill9_during_save_keeps_previous, .timeout = 180) {
+  ckv_test_daemon d;
+  daemon_start(&d);
+  ckv_client *c = connect_to(&d, 3000);
+  /* a big geometry: each token is 32 x 2 x 8 x 128 x 2 bytes = 128 KiB */
+  const ckv_geometry big = {32, 8, 128, 0};
+  ckv_session *s = NULL;
+  int r = ckv_session_open(c, "big", &big, NULL, &s);
+  cr_assert_eq(r, CKV_OK, "%s", ckv_client_last_error(c));
+  cr_assert_eq(ckv_session_append(s, 16, NULL, NULL, NULL, NULL, NULL), CKV_OK);
+  cr_assert_eq(ckv_session_save(s, NULL, false, NULL), CKV_OK, "first save: %s", ckv_client_last_error(c));
+  /* then much more: the second save writes hundreds of MiB */
+  for (int i = 0; i < 30; i++)
+    cr_assert_eq(ckv_session_append(s, 64, NULL, NULL, NULL, NULL, NULL), CKV_OK, "append %d: %s", i,
+                 ckv_client_last_error(c));
+  char dir[400];
+  snprintf(dir, sizeof dir, "%s/snapshots/%s", d.dir, ckv_client_tenant(c));
+  save_job j = {.s = s};
+  pthread_t th;
+  cr_assert_eq(pthread_create(&th, NULL, save_thread, &j), 0);
+  long long end = ckv_test_now_ms() + DEADLINE_MS;
+  while (!temp_exists(dir)) {
+    cr_assert_lt(ckv_test_now_ms(), end, "the save never started writing");
+    usleep(200);
+  }
+  daemon_kill9(&d);
+  pthread_join(th, NULL);
+  cr_assert_neq(j.status, CKV_OK, "the save finished before the kill: make the session bigger");
+  cr_assert(temp_exists(dir), "the kill did not land during the write");
+  char log2[400];
+  snprintf(log2, sizeof log2, "%s/commitkvd-2.log", d.dir);
+  daemon_restart(&d, log2);
+  cr_assert_eq(ckv_client_reconnect(c), CKV_OK, "reconnect: %s", ckv_client_last_error(c));
+  ckv_session_close(s);
+  char msg[600];
+  r = restore_raw(c, "big", NULL, NULL, NULL, msg, sizeof msg);
+  cr_assert_eq(r, CKV_OK, "the previous snapshot: %s (%s)", ckv_status_name(r), msg);
+  ckv_session_options ro = {.resume = true};
+  cr_assert_eq(drop_raw(c, "big"), CKV_OK);
+  cr_assert_eq(ckv_session_open(c, "big", NULL, &ro, &s), CKV_OK, "%s", ckv_client_last_error(c));
+  cr_assert_eq(ckv_session_tokens(s), 16, "the previous snapshot holds 16 tokens, this one %llu",
+               (unsigned long long)ckv_session_tokens(s));
+  cr_assert_not(temp_exists(dir), "the restarted daemon left the cut-short temporary file");
+  char *log = ckv_test_read_file(log2);
+  cr_assert(log && strstr(log, "snapshot-temp-removed"), "no word about the removed temporary file: %s",
+            log ? log : "");
+  free(log);
+  ckv_session_drop(s);
+  ckv_client_free(c);
+  cr_expect_eq(ckv_test_daemon_stop(&d), 0);
+}
