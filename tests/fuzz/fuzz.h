@@ -30,6 +30,8 @@ int ckv_fuzz_mlp_weights_init(void);
 int ckv_fuzz_mlp_weights(const uint8_t *data, size_t size);
 int ckv_fuzz_trace_init(void);
 int ckv_fuzz_trace(const uint8_t *data, size_t size);
+int ckv_fuzz_snapshot_init(void);
+int ckv_fuzz_snapshot(const uint8_t *data, size_t size);
 
 /* A failed invariant: say which, then abort so the fuzzer keeps the input. */
 #define CKV_FUZZ_CHECK(cond, ...)                                       \

@@ -13,7 +13,8 @@
  * config: the shipped packaging/commitkvd.conf and a config with tenants;
  * mlp_weights: a weight file written by ckv_mlp_save (what ckv-train-mlp
  *   writes);
- * trace: a trace written by ckv_trace_round over a real session's rounds.
+ * trace: a trace written by ckv_trace_round over a real session's rounds;
+ * snapshot: a snapshot written by ckv_snap_write (a draft and a rotated block).
  * The op codes below must match the switch statements of the targets. */
 #include <errno.h>
 #include <math.h>
@@ -30,6 +31,8 @@
 #include "lifecycle/mlp.h"
 #include "lifecycle/tokens.h"
 #include "lifecycle/trace.h"
+#include "daemon/snapshot.h"
+#include "kernels/kernels.h"
 
 static const char *g_out;
 
@@ -489,6 +492,78 @@ static void seeds_trace(void) {
   ckv_trace_close(tr);
 }
 
+/* A session of 3 tokens: two in a draft block, one in a ROT4 block. */
+static void seeds_snapshot(void) {
+  static const ckv_geometry g = {1, 2, 32, 0};
+  ckv_snap s;
+  memset(&s, 0, sizeof(s));
+  snprintf(s.tenant, sizeof s.tenant, "default");
+  snprintf(s.session_id, sizeof s.session_id, "seed");
+  snprintf(s.model_id, sizeof s.model_id, "agentlm");
+  snprintf(s.model_revision, sizeof s.model_revision, "1");
+  s.geom = g;
+  s.draft_tokens = 16;
+  s.staged_tokens = s.commit_tokens = 64;
+  ckv_judge_params_init(&s.params);
+  s.epoch = 2;
+  s.rounds = s.last_round = 1;
+  s.count_by_state[CKV_STATE_DRAFT] = 2;
+  s.count_by_state[CKV_STATE_COMMITTED] = 1;
+  for (int i = 0; i < CKV_FORMAT_COUNT_; i++) s.fill[i] = CKV_NO_BLOCK;
+  s.fill[CKV_FORMAT_DRAFT] = 0;
+  s.fill[CKV_FORMAT_ROT4] = 1;
+  s.n_table = 2;
+  ckv_tokens_init(&s.tokens);
+  if (ckv_tokens_reserve(&s.tokens, 3) < 0) exit(1);
+  ckv_tokens_push(&s.tokens, 1, 0, 0.5f, 1, 0, 0);
+  ckv_tokens_push(&s.tokens, 2, 0, 0.9f, 1, 0, 1);
+  ckv_tokens_push(&s.tokens, 3, 0, 0.7f, 1, 1, 0);
+  s.tokens.state[2] = CKV_STATE_COMMITTED;
+  uint8_t *blk[2];
+  ckv_snap_block b[2];
+  static const uint32_t fmt[2] = {CKV_FORMAT_DRAFT, CKV_FORMAT_ROT4}, cap[2] = {16, 64};
+  for (int i = 0; i < 2; i++) {
+    size_t bytes = ckv_format_block_bytes(fmt[i], &g, cap[i], 0);
+    blk[i] = calloc(1, bytes);
+    if (!blk[i] || ckv_block_init(blk[i], fmt[i], &g, cap[i], 0, 5 + i) != CKV_OK) exit(1);
+    size_t head = ckv_block_payload_offset(cap[i]);
+    for (size_t k = ckv_format_is_rot(fmt[i]) ? ckv_rot_sections_offset(&g, cap[i]) : head; k < bytes; k++)
+      blk[i][k] = (uint8_t)(k * 13);
+    b[i] = (ckv_snap_block){.index = (uint32_t)i, .format = (uint8_t)fmt[i], .capacity = (uint16_t)cap[i],
+                            .used = (uint16_t)(i ? 1 : 2), .bytes = bytes, .meta = blk[i], .payload = blk[i] + head};
+  }
+  ckv_block_positions(blk[0])[0] = 0;
+  ckv_block_positions(blk[0])[1] = 1;
+  ckv_block_set_valid(blk[0], 0, true);
+  ckv_block_set_valid(blk[0], 1, true);
+  ckv_block_positions(blk[1])[0] = 2;
+  ckv_block_set_valid(blk[1], 0, true);
+  s.blocks = b;
+  s.n_blocks = 2;
+  char dir[512], err[256];
+  snprintf(dir, sizeof(dir), "%s/snapshot", g_out);
+  mkdir(dir, 0755);
+  uint64_t n = 0;
+  if (ckv_snap_write(dir, "draft-and-rot4", &s, &n, err, sizeof(err)) != CKV_OK) {
+    fprintf(stderr, "fuzz_seeds: snapshot: %s\n", err);
+    exit(1);
+  }
+  /* fuzz_snapshot's inputs start with a mode byte (odd: checksums recomputed) */
+  char path[600], seed[600];
+  snprintf(path, sizeof(path), "%s/draft-and-rot4%s", dir, CKV_SNAP_SUFFIX);
+  snprintf(seed, sizeof(seed), "%s/draft-and-rot4.seed", dir);
+  FILE *in = fopen(path, "rb"), *out = fopen(seed, "wb");
+  if (!in || !out) exit(1);
+  fputc(1, out);
+  for (int c; (c = fgetc(in)) != EOF;) fputc(c, out);
+  fclose(in);
+  fclose(out);
+  remove(path);
+  ckv_tokens_done(&s.tokens);
+  free(blk[0]);
+  free(blk[1]);
+}
+
 int main(int argc, char **argv) {
   if (argc != 3) {
     fprintf(stderr, "usage: fuzz_seeds OUT_DIR CONFIG_FILE\n");
@@ -502,5 +577,6 @@ int main(int argc, char **argv) {
   seeds_config(argv[2]);
   seeds_weights();
   seeds_trace();
+  seeds_snapshot();
   return 0;
 }

@@ -77,3 +77,4 @@ Test(fuzz_regressions, attach_frame) { replay("attach_frame", ckv_fuzz_attach_fr
 Test(fuzz_regressions, config) { replay("config", ckv_fuzz_config); }
 Test(fuzz_regressions, mlp_weights) { replay("mlp_weights", ckv_fuzz_mlp_weights); }
 Test(fuzz_regressions, trace) { replay("trace", ckv_fuzz_trace); }
+Test(fuzz_regressions, snapshot) { replay("snapshot", ckv_fuzz_snapshot); }
