@@ -54,11 +54,11 @@ int ckv_fuzz_snapshot(const uint8_t *data, size_t size) {
     return 0;
   }
   for (size_t p = 0; p < s.tokens.n; p++) {
-    uint32_t b = s.tokens.block[p];
-    if (b == CKV_NO_BLOCK) continue;
+    uint32_t blk = s.tokens.block[p];
+    if (blk == CKV_NO_BLOCK) continue;
     size_t k = 0;
-    while (k < s.n_blocks && s.blocks[k].index != b) k++;
-    CKV_FUZZ_CHECK(k < s.n_blocks, "token %zu names block %u, which the snapshot does not hold", p, b);
+    while (k < s.n_blocks && s.blocks[k].index != blk) k++;
+    CKV_FUZZ_CHECK(k < s.n_blocks, "token %zu names block %u, which the snapshot does not hold", p, blk);
     CKV_FUZZ_CHECK(s.tokens.slot[p] < s.blocks[k].capacity, "token %zu: slot %u beyond capacity %u", p,
                    s.tokens.slot[p], s.blocks[k].capacity);
   }
