@@ -157,6 +157,7 @@ size_t ckv_tokens_push(ckv_tokens *t, uint8_t role, uint8_t tags, float semantic
 }
 
 void ckv_tokens_record_round(ckv_tokens *t, uint32_t round, size_t first, const float *attn, size_t n, size_t live) {
+  if (t->n == 0) return; /* nothing to record (and no columns yet: t->attn may be NULL) */
   const size_t ring = round % CKV_ATTN_HISTORY;
   const size_t end = first + n < t->n ? first + n : t->n;
   const uint8_t *restrict state = t->state;

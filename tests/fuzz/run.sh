@@ -9,7 +9,7 @@ set -u
 build=$1
 secs=$2
 shift 2
-targets=${*:-requests arena attach_frame config mlp_weights trace}
+targets=${*:-requests arena attach_frame config mlp_weights trace snapshot}
 src=$(cd "$(dirname "$0")" && pwd)
 work=$build/fuzz-work
 failed=""
