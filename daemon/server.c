@@ -130,7 +130,7 @@ int ckv_server_new(const ckv_server_options *opt, ckv_server **ret, char *err, s
 
   s->zctx = zmq_ctx_new();
   if (!s->zctx) goto fail_nomem;
-  set_sockopt_int(s->zctx, ZMQ_BLOCKY, 0);
+  zmq_ctx_set(s->zctx, ZMQ_BLOCKY, 0); /* a context option: zmq_setsockopt on the context read it as a socket */
   s->router = zmq_socket(s->zctx, ZMQ_ROUTER);
   if (!s->router) goto fail_nomem;
   int64_t maxmsg = transport_cap(opt->max_message);
