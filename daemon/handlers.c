@@ -193,6 +193,20 @@ static Commitkv__V1__Geometry *geometry_msg(ckv_server *s, const ckv_srv_session
   return g;
 }
 
+/* A new (or restored) session joins the server under `key`, owned by client
+ * c, in a lane of its own.  On failure it is freed and -ENOMEM returned. */
+static int add_session(ckv_server *s, ckv_conn *c, const char *key, ckv_srv_session *sess) {
+  sess->dirty_head = &s->dirty_head;
+  if (ckv_strmap_put(s->sessions, key, sess) < 0) {
+    ckv_srv_session_free(sess);
+    return -ENOMEM;
+  }
+  sess->owner = c->id;
+  sess->lane = ++s->next_lane;
+  c->tenant->n_sessions++;
+  return CKV_OK;
+}
+
 static int opened_reply(ckv_server *s, ckv_srv_session *sess, bool resumed, reply_ctx *x) {
   Commitkv__V1__SessionOpened *o = NEW(s, Commitkv__V1__SessionOpened, COMMITKV__V1__SESSION_OPENED__INIT);
   if (!o || !(o->geometry = geometry_msg(s, sess))) return -ENOMEM;
@@ -298,14 +312,7 @@ static int h_open(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
   if (r < 0) return fail(x, r, "cannot create session: %s", ckv_strerror(r));
   snprintf(sess->model_id, sizeof sess->model_id, "%s", model_id);
   snprintf(sess->model_revision, sizeof sess->model_revision, "%s", model_revision);
-  sess->dirty_head = &s->dirty_head;
-  if (ckv_strmap_put(s->sessions, key, sess) < 0) {
-    ckv_srv_session_free(sess);
-    return fail(x, -ENOMEM, "out of memory");
-  }
-  sess->owner = c->id;
-  sess->lane = ++s->next_lane;
-  c->tenant->n_sessions++;
+  if ((r = add_session(s, c, key, sess)) < 0) return fail(x, r, "out of memory");
   ckv_log(CKV_LOG_INFO, "session-open", c->tenant->name, sess->id, "%u layers x %u kv heads x %u dims, policy %s",
           g.n_layers, g.n_kv_heads, g.head_dim, policy);
   return opened_reply(s, sess, false, x);
@@ -676,14 +683,7 @@ static int restore_session(ckv_server *s, ckv_conn *c, const char *id, const cha
     ckv_srv_session_free(sess);
     return fail(x, r, "cannot write the restored headers: %s", ckv_strerror(r));
   }
-  sess->dirty_head = &s->dirty_head;
-  if (ckv_strmap_put(s->sessions, key, sess) < 0) {
-    ckv_srv_session_free(sess);
-    return fail(x, -ENOMEM, "out of memory");
-  }
-  sess->owner = c->id;
-  sess->lane = ++s->next_lane;
-  c->tenant->n_sessions++;
+  if ((r = add_session(s, c, key, sess)) < 0) return fail(x, r, "out of memory");
   ckv_lifecycle_plan(sess, s->compressor, /* flush= */ false); /* what waited for a move when it was saved */
   ckv_log(CKV_LOG_INFO, "session-restore", c->tenant->name, sess->id,
           "restored from snapshot '%s': %zu tokens (%llu draft, %llu staged, %llu committed, %llu recycled), %llu "

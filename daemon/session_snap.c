@@ -32,22 +32,7 @@ static uint64_t realtime_ms(void) {
 /* Copies the token columns (the snapshot may change states: committed_only). */
 static int copy_tokens(const ckv_tokens *src, ckv_tokens *dst) {
   ckv_tokens_init(dst);
-  if (src->n && ckv_tokens_reserve(dst, src->n) < 0) return -ENOMEM;
-  size_t n = src->n;
-  dst->n = n;
-  if (!n) return CKV_OK;
-  memcpy(dst->state, src->state, n);
-  memcpy(dst->role, src->role, n);
-  memcpy(dst->tags, src->tags, n);
-  memcpy(dst->flags, src->flags, n);
-  memcpy(dst->block, src->block, n * 4);
-  memcpy(dst->slot, src->slot, n * 2);
-  memcpy(dst->semantic, src->semantic, n * 2);
-  memcpy(dst->attn, src->attn, n * CKV_ATTN_HISTORY);
-  memcpy(dst->last_attended, src->last_attended, n * 4);
-  memcpy(dst->last_transition, src->last_transition, n * 4);
-  memcpy(dst->cum_attn, src->cum_attn, n * 4);
-  return CKV_OK;
+  return ckv_tokens_append_rows(dst, src);
 }
 
 int ckv_session_snap_save(const ckv_srv_session *s, const char *dir, const char *name, bool committed_only,
@@ -219,26 +204,12 @@ int ckv_session_snap_restore(const ckv_snap *snap, const char *id, ckv_tenant *t
   }
   ckv_srv_session_restore_free_list(s);
   for (int f = 0; f < CKV_FILL_COUNT; f++) s->fill[f] = snap->fill[f];
-  if ((r = ckv_tokens_reserve(&s->tokens, st->n)) < 0) {
+  ckv_tokens *tt = &s->tokens;
+  tt->n = 0; /* a new session: no rows yet */
+  if ((r = ckv_tokens_append_rows(tt, st)) < 0) {
     fail(err, errlen, r, "out of memory for %zu tokens", st->n);
     goto bad;
   }
-  ckv_tokens *tt = &s->tokens;
-  size_t n = st->n;
-  if (n) {
-    memcpy(tt->state, st->state, n);
-    memcpy(tt->role, st->role, n);
-    memcpy(tt->tags, st->tags, n);
-    memcpy(tt->flags, st->flags, n);
-    memcpy(tt->block, st->block, n * 4);
-    memcpy(tt->slot, st->slot, n * 2);
-    memcpy(tt->semantic, st->semantic, n * 2);
-    memcpy(tt->attn, st->attn, n * CKV_ATTN_HISTORY);
-    memcpy(tt->last_attended, st->last_attended, n * 4);
-    memcpy(tt->last_transition, st->last_transition, n * 4);
-    memcpy(tt->cum_attn, st->cum_attn, n * 4);
-  }
-  tt->n = n;
   for (size_t i = 0; i < snap->n_ids; i++)
     if ((r = ckv_srv_session_set_id_count(s, snap->ids[2 * i], snap->ids[2 * i + 1])) < 0) {
       fail(err, errlen, r == -ENOMEM ? r : CKV_ERR_CORRUPT, "token id %u cannot be counted", snap->ids[2 * i]);

@@ -139,6 +139,26 @@ int ckv_tokens_reserve(ckv_tokens *t, size_t extra) {
   return CKV_OK;
 }
 
+int ckv_tokens_append_rows(ckv_tokens *dst, const ckv_tokens *src) {
+  size_t n = src->n, d = dst->n;
+  if (!n) return CKV_OK;
+  int r = ckv_tokens_reserve(dst, n);
+  if (r < 0) return r;
+  memcpy(dst->state + d, src->state, n);
+  memcpy(dst->role + d, src->role, n);
+  memcpy(dst->tags + d, src->tags, n);
+  memcpy(dst->flags + d, src->flags, n);
+  memcpy(dst->block + d, src->block, n * sizeof(*src->block));
+  memcpy(dst->slot + d, src->slot, n * sizeof(*src->slot));
+  memcpy(dst->semantic + d, src->semantic, n * sizeof(*src->semantic));
+  memcpy(dst->attn + d * CKV_ATTN_HISTORY, src->attn, n * CKV_ATTN_HISTORY);
+  memcpy(dst->last_attended + d, src->last_attended, n * sizeof(*src->last_attended));
+  memcpy(dst->last_transition + d, src->last_transition, n * sizeof(*src->last_transition));
+  memcpy(dst->cum_attn + d, src->cum_attn, n * sizeof(*src->cum_attn));
+  dst->n = d + n;
+  return CKV_OK;
+}
+
 size_t ckv_tokens_push(ckv_tokens *t, uint8_t role, uint8_t tags, float semantic, uint32_t round, uint32_t block,
                        uint16_t slot) {
   size_t p = t->n++;

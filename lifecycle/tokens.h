@@ -60,6 +60,9 @@ void ckv_tokens_init(ckv_tokens *t);
 void ckv_tokens_done(ckv_tokens *t);
 /* Make room for `extra` more rows.  CKV_OK or -ENOMEM (nothing changed). */
 int ckv_tokens_reserve(ckv_tokens *t, size_t extra);
+/* Appends src's rows, every column, to dst (which is reserved for them);
+ * returns CKV_OK or -ENOMEM.  The one place that lists the columns to copy. */
+int ckv_tokens_append_rows(ckv_tokens *dst, const ckv_tokens *src);
 /* Append one row (room must have been reserved) born in round `round`.
  * semantic < 0 means "not given". Returns its position. */
 size_t ckv_tokens_push(ckv_tokens *t, uint8_t role, uint8_t tags, float semantic, uint32_t round, uint32_t block,
