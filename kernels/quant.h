@@ -152,7 +152,7 @@ CKV_HD void ckv_pack_code(uint8_t *row, size_t e, uint32_t bits, uint32_t code) 
  * sum p v = R^T sum p (R v), which is how attention reads these formats
  * without un-rotating a single key.
  * Quantization of y (b bits, symmetric, mid-rise): rms = sqrt(sum y^2 / D)
- * (sum in index order, no FMA); scale = the FP16 nearest of one of three
+ * (summed in 8 lanes, see ckv_lanes8_total); scale = the FP16 nearest of one of three
  * candidates (ckv_rot_quant_head), capped at 65504; code = clamp(floor(y * inv) +
  * 2^(b-1), 0, 2^b - 1) with inv = 1 / scale (0 for a zero scale); value =
  * (code - (2^b - 1) / 2) * scale.  The steps are the MSE-optimal uniform
@@ -172,9 +172,13 @@ CKV_HD float ckv_rot_sign(uint32_t layer, uint32_t kv, uint32_t head, uint32_t i
   uint32_t key = ((layer * 2u + kv) * CKV_MAX_KV_HEADS + head) * CKV_MAX_HEAD_DIM + i;
   return (ckv_rot_mix(key ^ CKV_ROT_SEED) >> 31) ? -1.0f : 1.0f;
 }
+/* lo <= v <= hi by comparisons: fminf(fmaxf(v, lo), hi) for every v that is
+ * not NaN, without the libm calls those are on x86-64 below SSE4.1 (the rules
+ * only clamp values already made finite). */
+CKV_HD float ckv_clampf(float v, float lo, float hi) { return v < lo ? lo : v > hi ? hi : v; }
 CKV_HD float ckv_rot_finite(float v) {
   if (v != v) return 0.0f;
-  return fminf(fmaxf(v, -CKV_F16_MAX), CKV_F16_MAX);
+  return ckv_clampf(v, -CKV_F16_MAX, CKV_F16_MAX);
 }
 /* In-place unnormalised Walsh-Hadamard transform of x[0..n), n a power of two. */
 CKV_HD void ckv_fwht(float *x, uint32_t n) {
@@ -205,46 +209,76 @@ CKV_HD float ckv_rot_step(uint32_t bits) {
 }
 /* (2^b - 1) / 2: the code value offset. */
 CKV_HD float ckv_rot_offset(uint32_t bits) { return (float)ckv_qa_levels(bits) * 0.5f; }
-/* Squared error of quantizing y[0..n) with FP16 scale s16 (codes as below). */
-CKV_HD float ckv_rot_sq_error(const float *y, uint32_t n, uint32_t bits, uint16_t s16) {
-  float sc = ckv_f16_to_f32(s16), inv = ckv_inv_scale(s16), half = (float)(1u << (bits - 1u));
-  float top = (float)ckv_qa_levels(bits), off = ckv_rot_offset(bits), err = 0.0f;
-  for (uint32_t i = 0; i < n; i++) {
-    float c = fminf(fmaxf(floorf(y[i] * inv) + half, 0.0f), top);
-    float d = y[i] - (c - off) * sc;
-    err = ckv_mul_add(d, d, err);
-  }
-  return err;
+/* The code of rotated element y with inverse scale inv: clamp(floor(y * inv) + 2^(b-1), 0, 2^b - 1). */
+CKV_HD float ckv_rot_code(float y, float inv, float half, float top) {
+  return ckv_clampf(floorf(y * inv) + half, 0.0f, top);
 }
-/* Quantizes a rotated head y[0..n) (finite values) into *ret_scale and the
- * packed row (n*bits/8 bytes, written whole).  The scale is the candidate
- * with the least squared error (ties: the earlier) of: step * rms (the
- * Gaussian optimum), absmax / (2^(b-1) - 1/2) (nothing clipped: a head with
- * an outlier left after the rotation) and their mean. */
-CKV_HD void ckv_rot_quant_head(const float *y, uint32_t n, uint32_t bits, uint16_t *ret_scale, uint8_t *row) {
-  float ss = 0.0f, am = 0.0f;
-  for (uint32_t i = 0; i < n; i++) {
-    ss = ckv_mul_add(y[i], y[i], ss);
-    am = fmaxf(am, fabsf(y[i]));
+/* The sums of the rotated rules (sum of squares, squared errors) run in 8
+ * lanes: lane j takes the terms i = j mod 8 in index order (a * b then + , two
+ * roundings), then ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)).  That is
+ * the order of an 8-wide SIMD accumulation, so the scalar rule, the AVX2 path
+ * (rot_avx2.c) and CUDA choose the same scale bit for bit (a scale chosen by
+ * a sum in another order may differ in its last bit, and the codes with it). */
+CKV_HD float ckv_lanes8_total(const float l[8]) {
+  return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+/* Squared error of quantizing y[0..n) with each of three FP16 scales in one
+ * pass: err[k] for cand[k] (codes as below, sums as above). */
+CKV_HD void ckv_rot_sq_error3(const float *y, uint32_t n, uint32_t bits, const uint16_t cand[3], float err[3]) {
+  float half = (float)(1u << (bits - 1u)), top = (float)ckv_qa_levels(bits), off = ckv_rot_offset(bits);
+  float sc[3], inv[3], e[3][8];
+  for (int k = 0; k < 3; k++) {
+    sc[k] = ckv_f16_to_f32(cand[k]);
+    inv[k] = ckv_inv_scale(cand[k]);
+    for (int j = 0; j < 8; j++) e[k][j] = 0.0f;
   }
-  float rms = sqrtf(ss / (float)n), half = (float)(1u << (bits - 1u)), top = (float)ckv_qa_levels(bits);
-  float g = fminf(ckv_rot_step(bits) * rms, CKV_F16_MAX), a = fminf(am / (half - 0.5f), CKV_F16_MAX);
-  uint16_t cand[3] = {ckv_f32_to_f16(g), ckv_f32_to_f16(a), ckv_f32_to_f16((g + a) * 0.5f)};
+  for (uint32_t i = 0; i < n; i++)
+    for (int k = 0; k < 3; k++) {
+      float d = y[i] - (ckv_rot_code(y[i], inv[k], half, top) - off) * sc[k];
+      e[k][i & 7u] = ckv_mul_add(d, d, e[k][i & 7u]);
+    }
+  for (int k = 0; k < 3; k++) err[k] = ckv_lanes8_total(e[k]);
+}
+/* The scale candidates of a rotated head from its sum of squares and absmax:
+ * step * rms (the Gaussian optimum), absmax / (2^(b-1) - 1/2) (nothing
+ * clipped: a head with an outlier left after the rotation) and their mean. */
+CKV_HD void ckv_rot_candidates(float ss, float am, uint32_t n, uint32_t bits, uint16_t cand[3]) {
+  float rms = sqrtf(ss / (float)n), half = (float)(1u << (bits - 1u));
+  float g = ckv_rot_step(bits) * rms, a = am / (half - 0.5f);
+  g = g < CKV_F16_MAX ? g : CKV_F16_MAX;
+  a = a < CKV_F16_MAX ? a : CKV_F16_MAX;
+  cand[0] = ckv_f32_to_f16(g);
+  cand[1] = ckv_f32_to_f16(a);
+  cand[2] = ckv_f32_to_f16((g + a) * 0.5f);
+}
+/* The candidate with the least squared error (ties: the earlier). */
+CKV_HD uint16_t ckv_rot_best(const uint16_t cand[3], const float err[3]) {
   uint16_t s16 = cand[0];
-  float best = ckv_rot_sq_error(y, n, bits, cand[0]);
-  for (int k = 1; k < 3; k++) {
-    float e = ckv_rot_sq_error(y, n, bits, cand[k]);
-    if (e < best) {
-      best = e;
+  float best = err[0];
+  for (int k = 1; k < 3; k++)
+    if (err[k] < best) {
+      best = err[k];
       s16 = cand[k];
     }
-  }
-  float inv = ckv_inv_scale(s16);
-  for (size_t b = 0; b < (size_t)n * bits / 8u; b++) row[b] = 0;
+  return s16;
+}
+/* Quantizes a rotated head y[0..n) (finite values) into *ret_scale and the
+ * packed row (n*bits/8 bytes, written whole): the best of the candidates. */
+CKV_HD void ckv_rot_quant_head(const float *y, uint32_t n, uint32_t bits, uint16_t *ret_scale, uint8_t *row) {
+  float ss[8] = {0, 0, 0, 0, 0, 0, 0, 0}, am = 0.0f;
   for (uint32_t i = 0; i < n; i++) {
-    float c = fminf(fmaxf(floorf(y[i] * inv) + half, 0.0f), top);
-    ckv_pack_code(row, i, bits, (uint32_t)c);
+    float a = fabsf(y[i]);
+    ss[i & 7u] = ckv_mul_add(y[i], y[i], ss[i & 7u]);
+    am = a > am ? a : am;
   }
+  uint16_t cand[3];
+  float err[3];
+  ckv_rot_candidates(ckv_lanes8_total(ss), am, n, bits, cand);
+  ckv_rot_sq_error3(y, n, bits, cand, err);
+  uint16_t s16 = ckv_rot_best(cand, err);
+  float inv = ckv_inv_scale(s16), half = (float)(1u << (bits - 1u)), top = (float)ckv_qa_levels(bits);
+  for (size_t b = 0; b < (size_t)n * bits / 8u; b++) row[b] = 0;
+  for (uint32_t i = 0; i < n; i++) ckv_pack_code(row, i, bits, (uint32_t)ckv_rot_code(y[i], inv, half, top));
   *ret_scale = s16;
 }
 /* A block's rotated key mean element from the sum of n tokens' rotated keys

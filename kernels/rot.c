@@ -24,6 +24,20 @@ float *ckv_rot_signs_new(const ckv_geometry *g) {
   return s;
 }
 
+/* The two hot steps of filling a rotated block, scalar or AVX2 (rot_avx2.c:
+ * the same bytes), chosen once per call from the CPU path. */
+typedef struct rot_steps {
+  void (*forward)(float *x, uint32_t n, const float *signs);
+  void (*quant_head)(const float *y, uint32_t n, uint32_t bits, uint16_t *ret_scale, uint8_t *row);
+} rot_steps;
+
+static rot_steps steps_for(uint32_t head_dim) {
+  ckv_cpu_path p = ckv_kernels_path();
+  if ((p == CKV_PATH_AVX2 || p == CKV_PATH_AVX512) && head_dim % 8u == 0)
+    return (rot_steps){ckv_rot_forward_avx2, ckv_rot_quant_head_avx2};
+  return (rot_steps){ckv_rot_forward_with, ckv_rot_quant_head};
+}
+
 void ckv_rot_forward_with(float *x, uint32_t n, const float *signs) {
   for (uint32_t i = 0; i < n; i++) x[i] = ckv_rot_finite(x[i]) * signs[i];
   ckv_fwht(x, n);
@@ -68,8 +82,8 @@ void ckv_rot_read_rotated(const ckv_rowops *ops, const ckv_geometry *g, const vo
 }
 
 /* Every head of K or V of one source slot, in the rotated basis, into row[H*D]. */
-static void read_rotated_row(const ckv_rowops *ops, const ckv_geometry *g, const float *signs, const ckv_move *m,
-                             uint32_t l, uint32_t kv, float *row) {
+static void read_rotated_row(const ckv_rowops *ops, const rot_steps *rs, const ckv_geometry *g, const float *signs,
+                             const ckv_move *m, uint32_t l, uint32_t kv, float *row) {
   const ckv_block_header *sh = ckv_move_src_hdr(m);
   uint32_t D = g->head_dim, H = g->n_kv_heads;
   if (ckv_format_is_rot(sh->format)) { /* already rotated */
@@ -77,19 +91,19 @@ static void read_rotated_row(const ckv_rowops *ops, const ckv_geometry *g, const
     return;
   }
   ckv_read_row(ops, g, m->src, sh, l, kv, m->src_slot, row);
-  for (uint32_t hd = 0; hd < H; hd++) ckv_rot_forward_with(row + (size_t)hd * D, D, signs + ckv_rot_signs_index(g, l, kv, hd));
+  for (uint32_t hd = 0; hd < H; hd++) rs->forward(row + (size_t)hd * D, D, signs + ckv_rot_signs_index(g, l, kv, hd));
 }
 
 /* Sets the key means of block moves[order[0]].dst from the n moves bound for it. */
-static void set_means(const ckv_rowops *ops, const ckv_geometry *g, const float *signs, const ckv_move *moves,
-                      const size_t *order, size_t n, float *row, float *sum) {
+static void set_means(const ckv_rowops *ops, const rot_steps *rs, const ckv_geometry *g, const float *signs,
+                      const ckv_move *moves, const size_t *order, size_t n, float *row, float *sum) {
   const ckv_block_header *dh = ckv_move_dst_hdr(&moves[order[0]]);
   void *dst = moves[order[0]].dst;
   uint32_t D = g->head_dim, H = g->n_kv_heads;
   for (uint32_t l = 0; l < g->n_layers; l++) {
     memset(sum, 0, (size_t)H * D * sizeof(float));
     for (size_t i = 0; i < n; i++) {
-      read_rotated_row(ops, g, signs, &moves[order[i]], l, 0, row);
+      read_rotated_row(ops, rs, g, signs, &moves[order[i]], l, 0, row);
       for (size_t e = 0; e < (size_t)H * D; e++) sum[e] = sum[e] + row[e];
     }
     for (uint32_t hd = 0; hd < H; hd++) {
@@ -104,7 +118,9 @@ static void set_means(const ckv_rowops *ops, const ckv_geometry *g, const float 
 int ckv_rot_to(const ckv_rowops *ops, const ckv_geometry *g, const float *signs, const ckv_move *moves,
                const size_t *order, size_t n, float *row) {
   uint32_t D = g->head_dim, H = g->n_kv_heads;
-  float *sum = malloc((size_t)H * D * sizeof(float)), mean[CKV_MAX_HEAD_DIM];
+  rot_steps rs = steps_for(D);
+  /* sum: set_means' scratch, then the block's key means of one layer, every head */
+  float *sum = malloc((size_t)H * D * sizeof(float));
   if (!sum) return -12;
   for (size_t i = 0; i < n;) { /* the moves of one destination block (sorted by destination) */
     size_t j = i + 1;
@@ -113,23 +129,23 @@ int ckv_rot_to(const ckv_rowops *ops, const ckv_geometry *g, const float *signs,
     void *dst = moves[order[i]].dst;
     uint32_t fmt = dh->format, bits = ckv_format_code_bits(fmt), cap = dh->capacity;
     const uint32_t *meta = (const uint32_t *)ckv_cb(dst, ckv_rot_meta_offset(cap));
-    if (!(__atomic_load_n(meta, __ATOMIC_ACQUIRE) & CKV_ROT_MEANS_SET)) set_means(ops, g, signs, moves, order + i, j - i, row, sum);
+    if (!(__atomic_load_n(meta, __ATOMIC_ACQUIRE) & CKV_ROT_MEANS_SET))
+      set_means(ops, &rs, g, signs, moves, order + i, j - i, row, sum);
     size_t rb = ckv_rot_row_bytes(fmt, g);
     for (uint32_t l = 0; l < g->n_layers; l++)
       for (uint32_t kv = 0; kv < 2; kv++) {
         uint16_t *sc = (uint16_t *)ckv_b(dst, ckv_rot_scales_offset(fmt, g, cap, l, kv));
         uint8_t *codes = ckv_b(dst, ckv_rot_codes_offset(fmt, g, cap, l, kv));
+        if (kv == 0)
+          for (uint32_t hd = 0; hd < H; hd++) key_mean(g, dst, cap, l, hd, sum + (size_t)hd * D);
         for (size_t k = i; k < j; k++) {
           const ckv_move *m = &moves[order[k]];
-          read_rotated_row(ops, g, signs, m, l, kv, row);
+          read_rotated_row(ops, &rs, g, signs, m, l, kv, row);
+          if (kv == 0) /* keys less the block's mean */
+            for (size_t e = 0; e < (size_t)H * D; e++) row[e] = row[e] - sum[e];
           for (uint32_t hd = 0; hd < H; hd++) {
-            float *y = row + (size_t)hd * D;
-            if (kv == 0) { /* keys less the block's mean */
-              key_mean(g, dst, cap, l, hd, mean);
-              for (uint32_t e = 0; e < D; e++) y[e] = y[e] - mean[e];
-            }
             size_t at = (size_t)m->dst_slot * H + hd;
-            ckv_rot_quant_head(y, D, bits, &sc[at], codes + at * rb);
+            rs.quant_head(row + (size_t)hd * D, D, bits, &sc[at], codes + at * rb);
           }
         }
       }
