@@ -38,11 +38,11 @@ MODEL="--dim 256 --hidden-dim 768 --n-layers 4 --n-heads 4 --n-kv-heads 2 --seq-
 case "$AGENTLM_PRESET" in
   gpu)
     ARGS="--device cuda $MODEL --batch 128 --lr 2e-3 --warmup 200 --steps 1000000
-          --minutes ${AGENTLM_MINUTES:-7} --dialogues 600000 --copy-short 100000 --copy-long 100000
+          --minutes ${AGENTLM_MINUTES:-7} --dialogues 600000 --copy-short 100000 --copy-long 100000 --repeat 100000
           --answer-weight 4 --workers $NPROC --log-every 50 --ckpt-every 1000" ;;
   cpu)
     ARGS="--device cpu --threads $NPROC $MODEL --batch 16 --lr 2e-3 --warmup 200 --steps 20000
-          --dialogues 60000 --copy-short 12000 --copy-long 12000 --answer-weight 4 --log-every 10
+          --dialogues 60000 --copy-short 12000 --copy-long 12000 --repeat 12000 --answer-weight 4 --log-every 10
           --ckpt-every 200" ;;
   small)
     ARGS="--device cpu --threads 1 --dim 128 --hidden-dim 384 --n-layers 2 --n-heads 4 --n-kv-heads 2
@@ -66,6 +66,8 @@ if [ -f "$PUBLIC" ]; then
 else
   echo "train.sh: $PUBLIC not found: public recall NOT measured"
 fi
+# can it copy at all (induction): loss on later copies of random strings
+"$PY" "$HERE/probe_copy.py" --model "$OUT/model.bin" --threads "$NPROC" | tee "$OUT/probe-copy.txt"
 "$PY" "$HERE/gen.py" --seed 1000 --count 200 --out "$OUT/heldout.jsonl"
 "$PY" "$HERE/eval.py" --model "$OUT/model.bin" --data "$OUT/heldout.jsonl" --threads "$NPROC" --show 0 | tee "$OUT/recall-heldout.txt"
 (cd "$OUT" && sha256sum model.bin | tee model.bin.sha256)
