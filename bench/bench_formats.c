@@ -62,10 +62,10 @@ int ckv_bench_formats(int argc, char **argv) {
              i ? ", " : "", rows[i].name, rows[i].bits_per_element, rows[i].key_rel_error, rows[i].value_rel_error);
     printf("]}\n");
   } else {
-    printf("%s: %zu tokens, %u layers x %u KV heads x %u\n%-8s %10s %10s %10s\n", model, n, g.n_layers, g.n_kv_heads,
+    printf("%s: %zu tokens, %u layers x %u KV heads x %u\n%-13s %10s %10s %10s\n", model, n, g.n_layers, g.n_kv_heads,
            g.head_dim, "format", "bits/elem", "key err", "value err");
     for (int i = 0; i < r; i++)
-      printf("%-8s %10.3f %10.4f %10.4f\n", rows[i].name, rows[i].bits_per_element, rows[i].key_rel_error,
+      printf("%-13s %10.3f %10.4f %10.4f\n", rows[i].name, rows[i].bits_per_element, rows[i].key_rel_error,
              rows[i].value_rel_error);
   }
   return 0;

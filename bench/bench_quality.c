@@ -1042,10 +1042,10 @@ static void print_table(const workload_result *wr, size_t n) {
       putchar('\n');
     }
     if (w->n_formats) {
-      printf("\nformats on %llu tokens of its K/V:\n%-10s %10s %10s %10s\n", (unsigned long long)w->format_tokens,
+      printf("\nformats on %llu tokens of its K/V:\n%-13s %10s %10s %10s\n", (unsigned long long)w->format_tokens,
              "format", "bits/elem", "key err", "value err");
       for (int f = 0; f < w->n_formats; f++)
-        printf("%-10s %10.3f %10.4f %10.4f\n", w->formats[f].name, w->formats[f].bits_per_element,
+        printf("%-13s %10.3f %10.4f %10.4f\n", w->formats[f].name, w->formats[f].bits_per_element,
                w->formats[f].key_rel_error, w->formats[f].value_rel_error);
     }
     putchar('\n');

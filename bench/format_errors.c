@@ -10,18 +10,22 @@
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
 
+/* kept_quarters: key channels kept per head, in quarters of head_dim (0: no
+ * pruning): the committed KIVI formats with ThinK-style key-channel pruning
+ * (kernels/prune.c), to see whether dropping channels pays at real head_dims. */
 static const struct {
   const char *name;
-  uint32_t format;
+  uint32_t format, kept_quarters;
 } k_formats[CKV_FORMAT_ERRORS_MAX] = {
-    {"int8", CKV_FORMAT_STAGED}, {"kivi4", CKV_FORMAT_COMMIT4}, {"kivi2", CKV_FORMAT_COMMIT2}, {"rot4", CKV_FORMAT_ROT4},
-    {"rot3", CKV_FORMAT_ROT3},   {"rot2", CKV_FORMAT_ROT2},     {"rot1", CKV_FORMAT_ROT1},
+    {"int8", CKV_FORMAT_STAGED, 0},   {"kivi4", CKV_FORMAT_COMMIT4, 0},     {"kivi4-keys75", CKV_FORMAT_COMMIT4, 3},
+    {"kivi4-keys50", CKV_FORMAT_COMMIT4, 2}, {"kivi2", CKV_FORMAT_COMMIT2, 0}, {"rot4", CKV_FORMAT_ROT4, 0},
+    {"rot3", CKV_FORMAT_ROT3, 0},     {"rot2", CKV_FORMAT_ROT2, 0},         {"rot1", CKV_FORMAT_ROT1, 0},
 };
 
-static void *new_block(uint32_t fmt, const ckv_geometry *g, uint32_t cap) {
-  size_t n = ckv_format_block_bytes(fmt, g, cap, 0);
+static void *new_block(uint32_t fmt, const ckv_geometry *g, uint32_t cap, uint32_t kept) {
+  size_t n = ckv_format_block_bytes(fmt, g, cap, kept);
   void *b = n ? aligned_alloc(64, (n + 63u) / 64u * 64u) : NULL;
-  if (b && ckv_block_init(b, fmt, g, cap, 0, 1) != CKV_OK) {
+  if (b && ckv_block_init(b, fmt, g, cap, kept, 1) != CKV_OK) {
     free(b);
     b = NULL;
   }
@@ -39,7 +43,7 @@ int ckv_format_errors_measure(const ckv_geometry *g, const uint16_t *kv, size_t 
   int rows = draft && x && y && moves ? 0 : -12;
   /* the tokens in draft blocks of cap slots */
   for (size_t b = 0; b < n_blocks && rows == 0; b++) {
-    if (!(draft[b] = new_block(CKV_FORMAT_DRAFT, g, cap))) {
+    if (!(draft[b] = new_block(CKV_FORMAT_DRAFT, g, cap, 0))) {
       rows = -12;
       break;
     }
@@ -53,15 +57,17 @@ int ckv_format_errors_measure(const ckv_geometry *g, const uint16_t *kv, size_t 
     }
   }
   for (int f = 0; f < CKV_FORMAT_ERRORS_MAX && rows >= 0; f++) {
-    uint32_t fmt = k_formats[f].format;
-    if (!ckv_format_valid(fmt, g, cap, 0)) continue;
+    uint32_t fmt = k_formats[f].format, kept = g->head_dim * k_formats[f].kept_quarters / 4u;
+    if (!ckv_format_valid(fmt, g, cap, kept)) continue;
     double e2[2] = {0, 0}, x2[2] = {0, 0};
     for (size_t b = 0; b < n_blocks && rows >= 0; b++) {
-      void *dst = new_block(fmt, g, cap);
+      void *dst = new_block(fmt, g, cap, kept);
       uint32_t m = 0;
       for (uint32_t s = 0; s < cap && b * cap + s < n; s++)
         moves[m++] = (ckv_move){.src = draft[b], .src_slot = s, .dst = dst, .dst_slot = s};
-      if (!dst || ckv_kernels_move(g, moves, m, CKV_MOVE_SET_VALID) != CKV_OK) rows = dst ? CKV_ERR_INTERNAL : -12;
+      if (!dst || (kept && ckv_kernels_prune_keys(g, moves, m) != CKV_OK) ||
+          ckv_kernels_move(g, moves, m, CKV_MOVE_SET_VALID) != CKV_OK)
+        rows = dst ? CKV_ERR_INTERNAL : -12;
       for (uint32_t s = 0; s < m && rows >= 0; s++)
         for (uint32_t l = 0; l < g->n_layers; l++)
           for (uint32_t k = 0; k < 2; k++) {
@@ -79,7 +85,7 @@ int ckv_format_errors_measure(const ckv_geometry *g, const uint16_t *kv, size_t 
     }
     if (rows < 0) break;
     out[rows++] = (ckv_format_errors){.name = k_formats[f].name, .format = fmt,
-                                      .bits_per_element = ckv_format_bits_per_element(fmt, g, cap, 0),
+                                      .bits_per_element = ckv_format_bits_per_element(fmt, g, cap, kept),
                                       .key_rel_error = x2[0] > 0 ? sqrt(e2[0] / x2[0]) : 0,
                                       .value_rel_error = x2[1] > 0 ? sqrt(e2[1] / x2[1]) : 0};
   }

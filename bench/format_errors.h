@@ -11,13 +11,13 @@
 #include "kernels/format.h"
 
 typedef struct ckv_format_errors {
-  const char *name; /* "int8", "kivi4", "kivi2", "rot4", "rot3", "rot2", "rot1" */
+  const char *name; /* "int8", "kivi4", "kivi4-keys75", "kivi4-keys50", "kivi2", "rot4", "rot3", "rot2", "rot1" */
   uint32_t format;
   double bits_per_element;
   double key_rel_error, value_rel_error; /* ||x - x'|| / ||x|| over every token, layer and head */
 } ckv_format_errors;
 
-#define CKV_FORMAT_ERRORS_MAX 7
+#define CKV_FORMAT_ERRORS_MAX 9
 
 /* Measures every format valid for g on n tokens of FP16 K/V laid out
  * [token][layer][K|V][n_kv_heads*head_dim] (ckv_workload_round.kv).
