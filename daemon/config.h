@@ -85,7 +85,8 @@ typedef struct ckv_policy_params {
   bool rotate;                 /* rotated committed formats (v2) where head_dim allows */
   uint32_t cold_bits;          /* rotated: bits of committed non-facts; 0 = commit_bits */
   bool filler_cold;            /* filler goes the cold path instead of staying draft */
-  bool warm_commit;            /* attended staged tokens commit (commit_bits) after persistence_rounds */
+  bool warm_commit;            /* attended staged tokens commit (warm_bits) after persistence_rounds */
+  uint32_t warm_bits;          /* rotated: bits of those warm tokens; 0 = commit_bits */
   uint32_t judge_every;        /* the rules run every this many rounds */
   double far_sample;           /* share of far tokens judged per round */
   double prune_keep;           /* committed key channels kept (fraction); 1.0 = no pruning */

@@ -45,7 +45,8 @@ typedef struct ckv_judge_params {
   int rotate;                /* committed blocks in the rotated formats where head_dim allows */
   uint32_t cold_bits;        /* rotated: bits of committed tokens that are not lasting facts (0 = commit_bits) */
   int filler_cold;           /* filler takes the cold path (staged, then cold_bits) instead of staying draft */
-  int warm_commit;           /* staged tokens still attended commit after persistence_rounds (commit_bits) */
+  int warm_commit;           /* staged tokens still attended commit after persistence_rounds (warm_bits) */
+  uint32_t warm_bits;        /* rotated: bits of those warm tokens (0 = commit_bits) */
   uint32_t judge_every;      /* the rules run every this many rounds (attention is recorded every round) */
   float far_sample;          /* share of the tokens older than CKV_JUDGE_NEAR_TOKENS judged per round */
   float prune_keep;          /* committed key channels kept (fraction) */

@@ -281,12 +281,13 @@ Test(quality, quick_json_has_every_field_and_commitkv_keeps_the_facts, .timeout 
   /* the claim: commitkv keeps every planted fact a later query needs */
   cr_assert_float_eq(policy_field(syn, "commitkv", "fact_recall"), 1.0, 1e-9,
                      "commitkv lost a planted fact (fact_recall %.3f)", policy_field(syn, "commitkv", "fact_recall"));
-  /* formats v2 with bits by value (facts ROT4, cold tokens and filler ROT2, warm tokens committed):
-   * measured 0.334 of FP16 at cosine 0.9943 (before: KIVI formats and the seed's rules, 0.487 at
+  /* formats v2 with bits by value (facts ROT4, warm tokens ROT3, cold tokens and filler ROT2) and
+   * compaction of blocks at most 7/8 full: measured 0.284 of FP16 at cosine 0.9940 (warm tokens in
+   * ROT4 and compaction at 3/4: 0.334 at 0.9943; KIVI formats and the seed's rules: 0.487 at
    * 0.9979; kivi4 0.376 at 0.9964) */
   double ratio = policy_field(syn, "commitkv", "bytes_ratio_fp16"), cos = policy_field(syn, "commitkv", "attn_cosine");
   fprintf(stderr, "agent-synthetic quick: commitkv %.3f of fp16, cosine %.5f\n", ratio, cos);
-  cr_expect_leq(ratio, 0.37, "commitkv keeps %.3f of FP16 bytes", ratio);
+  cr_expect_leq(ratio, 0.30, "commitkv keeps %.3f of FP16 bytes", ratio);
   cr_expect_geq(cos, 0.990, "commitkv cosine %.5f", cos);
   /* every format on the workload's K/V: bits and errors within floors taken from measurement */
   const jval *fl = jget(syn, "formats");
