@@ -267,7 +267,7 @@ static void test_write_delay(void) {
 int ckv_snap_write(const char *dir, const char *name, const ckv_snap *snap, uint64_t *ret_bytes, char *err,
                    size_t errlen) {
   char path[4096], tmp[4096];
-  static unsigned counter;
+  static _Atomic unsigned counter; /* the I/O thread and a caller on another thread may both write */
   if (snprintf(path, sizeof path, "%s/%s%s", dir, name, CKV_SNAP_SUFFIX) >= (int)sizeof path ||
       snprintf(tmp, sizeof tmp, "%s/.%s%s.tmp.%ld.%u", dir, name, CKV_SNAP_SUFFIX, (long)getpid(), ++counter) >=
           (int)sizeof tmp)
