@@ -23,6 +23,7 @@
 #include "daemon/session.h"
 #include "daemon/session_snap.h"
 #include "daemon/snapdir.h"
+#include "daemon/snapio.h"
 #include "daemon/snapshot.h"
 #include "daemon/strmap.h"
 #include "daemon/tenant.h"
@@ -234,8 +235,9 @@ static int check_model_name(const char *what, const char *v, reply_ctx *x) {
 
 static const char *str_or_empty(const char *v) { return v ? v : ""; }
 
-static int restore_session(ckv_server *s, ckv_conn *c, const char *id, const char *name, const char *model_id,
-                           const char *model_revision, const Commitkv__V1__Geometry *geom, reply_ctx *x);
+static int restore_session(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, const char *id,
+                           const char *name, const char *model_id, const char *model_revision,
+                           const Commitkv__V1__Geometry *geom, bool resume, reply_ctx *x);
 
 static int h_open(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, reply_ctx *x) {
   const Commitkv__V1__OpenSession *o = req->open_session;
@@ -267,12 +269,10 @@ static int h_open(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
   ckv_srv_session *sess = ckv_strmap_get(s->sessions, key);
   if (o->resume) {
     if (!sess) {
-      /* Only a snapshot of it (a daemon restart, a save game): restore it. */
-      char path[4096];
-      if (ckv_snapdir_file(s->opt.state_dir, c->tenant->name, o->session_id, path, sizeof path) == CKV_OK &&
-          access(path, F_OK) == 0)
-        return restore_session(s, c, o->session_id, o->session_id, model_id, model_revision, o->geometry, x);
-      return fail(x, CKV_ERR_NOT_FOUND, "no session '%s' to resume", o->session_id);
+      /* Only a snapshot of it, if any (a daemon restart, a save game):
+       * restore it; no snapshot either: NOT_FOUND. */
+      return restore_session(s, c, req, o->session_id, o->session_id, model_id, model_revision, o->geometry,
+                             /* resume= */ true, x);
     }
     if (strcmp(sess->model_id, model_id) != 0 || strcmp(sess->model_revision, model_revision) != 0)
       return fail(x, CKV_ERR_FORMAT, "session '%s' holds K/V of model '%s' revision '%s', not '%.*s' revision '%.*s'",
@@ -606,9 +606,64 @@ static int h_drop(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
   return CKV_OK;
 }
 
-/* Snapshots (session_snap.c, snapshot.c, docs/snapshot.md).  The file is
- * written and read on the server loop: a shortcut (a save of a large
- * session holds the loop for as long as the disk takes). */
+/* Snapshots (session_snap.c, snapshot.c, snapio.c, docs/snapshot.md).  The
+ * disk is the I/O thread's (snapio.h): a save copies the session here, on the
+ * loop (the snapshot is the session as of this request; the requests after
+ * it are served at once and are not in the file), and the reply goes out
+ * when the file is written; a restore's file is read and validated there and
+ * applied here.  Meanwhile the loop serves everyone else. */
+
+/* One save or restore waiting for the I/O thread. */
+typedef struct io_request {
+  ckv_snapio_job job; /* first: snapio hands back the job, the request around it */
+  ckv_reply_to to;
+  ckv_tenant *tenant;
+  uint64_t charged; /* bytes of tenant->io_bytes (the save's copy) */
+  char id[CKV_SNAP_ID_MAX + 1]; /* save: the session saved; restore: the session to create */
+  /* save */
+  bool committed_only;
+  uint64_t tokens, copy_us;
+  /* restore: what the snapshot must match (empty strings / a zero geometry: not checked) */
+  bool resume, check_id, check_rev;
+  char model_id[CKV_SNAP_MODEL_MAX + 1], model_revision[CKV_SNAP_MODEL_MAX + 1];
+  ckv_geometry geom;
+} io_request;
+
+static void io_request_destroy(ckv_snapio_job *j) {
+  io_request *q = (io_request *)j;
+  q->tenant->io_bytes -= q->charged;
+  ckv_snap_done(&q->job.snap);
+  free(q);
+}
+
+static int save_done(ckv_server *s, io_request *q, reply_ctx *x);
+static int restore_done(ckv_server *s, ckv_conn *c, io_request *q, reply_ctx *x);
+
+/* Hands q to the I/O thread (the reply comes later: CKV_REPLY_DEFERRED), or,
+ * outside serve_one, runs it here and answers at once.  q is taken either way. */
+static int run_io(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, io_request *q, reply_ctx *x) {
+  q->job.destroy = io_request_destroy;
+  snprintf(q->job.state_dir, sizeof q->job.state_dir, "%s", s->opt.state_dir ? s->opt.state_dir : "");
+  snprintf(q->job.tenant, sizeof q->job.tenant, "%s", c->tenant->name);
+  q->tenant = c->tenant;
+  if (!s->reply_armed) {
+    ckv_snapio_run(&q->job);
+    int r = q->job.kind == CKV_SNAPIO_SAVE ? save_done(s, q, x) : restore_done(s, c, q, x);
+    io_request_destroy(&q->job);
+    return r;
+  }
+  q->to = s->reply_to;
+  q->to.request_id = req->request_id;
+  if (ckv_snapio_submit(s->snapio, &q->job) < 0) {
+    io_request_destroy(&q->job);
+    return fail(x, CKV_ERR_BUSY, "%u snapshot saves and restores are waiting for the disk; retry later",
+                CKV_SNAPIO_DEPTH);
+  }
+  c->io_inflight++;
+  s->reply_deferred = true;
+  return CKV_REPLY_DEFERRED;
+}
+
 static int h_save(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, reply_ctx *x) {
   const Commitkv__V1__SaveSession *sv = req->save_session;
   ckv_srv_session *sess;
@@ -618,63 +673,135 @@ static int h_save(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
   if (ckv_wire_check_session_id(name) < 0)
     return fail(x, CKV_ERR_INVALID, "snapshot name must be 1..128 characters of [A-Za-z0-9._:-]");
   if (sess->quarantined) return quarantined(sess, x);
-  char dir[4096], err[320];
-  if ((r = ckv_snapdir_dir(s->opt.state_dir, c->tenant->name, /* create= */ 1, dir, sizeof dir, err, sizeof err)) < 0)
-    return fail(x, r, "%s", err);
+  if (!s->opt.state_dir || !*s->opt.state_dir)
+    return fail(x, CKV_ERR_INVALID, "the daemon has no state directory ([daemon] state_dir, --state-dir)");
   ckv_server_settle_session(s, sess); /* no move in flight: every byte is where the tokens say */
-  uint64_t bytes = 0, tokens = 0, dropped = 0;
-  r = ckv_session_snap_save(sess, dir, name, sv->committed_only, &bytes, &tokens, &dropped, err, sizeof err);
+  io_request *q = calloc(1, sizeof(*q));
+  if (!q) return -ENOMEM;
+  q->job.kind = CKV_SNAPIO_SAVE;
+  snprintf(q->job.name, sizeof q->job.name, "%s", name);
+  snprintf(q->id, sizeof q->id, "%s", sess->id);
+  q->committed_only = sv->committed_only;
+  uint64_t t0 = ckv_now_us();
+  char err[320];
+  r = ckv_session_snap_capture(sess, sv->committed_only, &q->job.snap, &q->tokens, err, sizeof err);
+  q->copy_us = ckv_now_us() - t0;
   if (r < 0) {
+    free(q);
     ckv_log(CKV_LOG_ERROR, "session-save", c->tenant->name, sess->id, "saving snapshot '%s' failed: %s", name, err);
     return fail(x, r, "cannot save session '%s': %s", sess->id, err);
   }
-  ckv_log(CKV_LOG_INFO, "session-save", c->tenant->name, sess->id,
-          "snapshot '%s': %llu bytes, %llu tokens kept%s%llu dropped (draft/staged)", name, (unsigned long long)bytes,
-          (unsigned long long)tokens, sv->committed_only ? ", committed only: " : ", ", (unsigned long long)dropped);
+  /* Copies waiting for the disk count against the tenant's quota: a client
+   * asking for save after save cannot make the daemon hold more than one
+   * quota's worth of copies of its tenant. */
+  uint64_t bytes = q->job.snap.buf_len_;
+  if (c->tenant->io_bytes && c->tenant->io_bytes + bytes > c->tenant->quota_bytes) {
+    uint64_t waiting = c->tenant->io_bytes;
+    ckv_snap_done(&q->job.snap);
+    free(q);
+    return fail(x, CKV_ERR_BUSY,
+                "saves of tenant '%s' holding %llu bytes are waiting for the disk; this one needs %llu more (the "
+                "quota is %llu): retry when they are done",
+                c->tenant->name, (unsigned long long)waiting, (unsigned long long)bytes,
+                (unsigned long long)c->tenant->quota_bytes);
+  }
+  c->tenant->io_bytes += bytes;
+  q->charged = bytes;
+  return run_io(s, c, req, q, x);
+}
+
+static int save_done(ckv_server *s, io_request *q, reply_ctx *x) {
+  const ckv_snapio_job *j = &q->job;
+  if (j->status < 0) {
+    ckv_log(CKV_LOG_ERROR, "session-save", q->tenant->name, q->id, "saving snapshot '%s' failed: %s (%s)", j->name,
+            j->err, ckv_status_name(j->status));
+    return fail(x, j->status, "cannot save session '%s': %s (%s)", q->id, j->err, ckv_status_name(j->status));
+  }
+  ckv_log(CKV_LOG_INFO, "session-save", q->tenant->name, q->id,
+          "snapshot '%s': %llu bytes, %llu tokens kept%s%llu dropped (draft/staged); copied in %.3f ms on the loop, "
+          "written in %.3f ms by the I/O thread",
+          j->name, (unsigned long long)j->bytes, (unsigned long long)q->tokens,
+          q->committed_only ? ", committed only: " : ", ", (unsigned long long)j->snap.dropped_tokens,
+          (double)q->copy_us / 1e3, (double)j->io_us / 1e3);
   Commitkv__V1__SessionSaved *o = NEW(s, Commitkv__V1__SessionSaved, COMMITKV__V1__SESSION_SAVED__INIT);
-  char *nm = ckv_wire_alloc(&s->out, strlen(name) + 1);
+  char *nm = ckv_wire_alloc(&s->out, strlen(j->name) + 1);
   if (!o || !nm) return -ENOMEM;
-  memcpy(nm, name, strlen(name) + 1);
+  memcpy(nm, j->name, strlen(j->name) + 1);
   o->name = nm;
-  o->bytes = bytes;
-  o->tokens = tokens;
-  o->dropped_tokens = dropped;
+  o->bytes = j->bytes;
+  o->tokens = q->tokens;
+  o->dropped_tokens = j->snap.dropped_tokens;
   x->rep->body_case = COMMITKV__V1__RESPONSE__BODY_SESSION_SAVED;
   x->rep->session_saved = o;
   return CKV_OK;
 }
 
-/* Restores snapshot `name` of the caller's tenant as session `id`, attached
- * to c.  model_id / model_revision (NULL: not checked) and geom (NULL or
- * zero: not checked) must match the snapshot. */
-static int restore_session(ckv_server *s, ckv_conn *c, const char *id, const char *name, const char *model_id,
-                           const char *model_revision, const Commitkv__V1__Geometry *geom, reply_ctx *x) {
-  char key[256], path[4096], err[320];
+/* The checks a restore makes before the read and again after it (the loop
+ * served other requests meanwhile: the id may be taken, the limit reached). */
+static int restore_allowed(ckv_server *s, ckv_conn *c, const char *id, reply_ctx *x) {
+  char key[256];
   ckv_server_session_key(c->tenant, id, key, sizeof(key));
   if (ckv_strmap_get(s->sessions, key))
     return fail(x, CKV_ERR_EXISTS, "session '%s' exists: drop it before restoring it from a snapshot", id);
   if (c->tenant->n_sessions >= c->tenant->max_sessions)
     return fail(x, CKV_ERR_LIMIT, "tenant '%s' has its maximum of %u sessions", c->tenant->name,
                 c->tenant->max_sessions);
-  int r = ckv_snapdir_file(s->opt.state_dir, c->tenant->name, name, path, sizeof path);
-  if (r < 0) return fail(x, CKV_ERR_INVALID, "the daemon has no state directory for snapshots");
-  ckv_snap snap;
-  r = ckv_snap_read(path, &snap, err, sizeof err);
-  if (r == -ENOENT) return fail(x, CKV_ERR_NOT_FOUND, "no snapshot '%s'", name);
-  if (r < 0) {
-    ckv_log(CKV_LOG_WARNING, "snapshot-refused", c->tenant->name, id, "snapshot '%s' refused: %s", name, err);
-    return fail(x, r, "snapshot '%s' refused: %s", name, err);
+  return CKV_OK;
+}
+
+/* Restores snapshot `name` of the caller's tenant as session `id`, attached
+ * to c.  model_id / model_revision (NULL: not checked) and geom (NULL or
+ * zero: not checked) must match the snapshot.  resume: an OpenSession with
+ * resume of an id that only a snapshot holds (no snapshot: "no session to
+ * resume"). */
+static int restore_session(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, const char *id,
+                           const char *name, const char *model_id, const char *model_revision,
+                           const Commitkv__V1__Geometry *geom, bool resume, reply_ctx *x) {
+  int r = restore_allowed(s, c, id, x);
+  if (r < 0) return r;
+  if (!s->opt.state_dir || !*s->opt.state_dir) {
+    if (resume) return fail(x, CKV_ERR_NOT_FOUND, "no session '%s' to resume", id);
+    return fail(x, CKV_ERR_INVALID, "the daemon has no state directory for snapshots");
   }
-  ckv_geometry g = {0};
-  if (geom) g = (ckv_geometry){geom->n_layers, geom->n_kv_heads, geom->head_dim, (uint32_t)geom->dtype};
-  ckv_snap_expect e = {.tenant = c->tenant->name, .model_id = model_id, .model_revision = model_revision,
-                       .geom = geom ? &g : NULL};
+  io_request *q = calloc(1, sizeof(*q));
+  if (!q) return -ENOMEM;
+  q->job.kind = CKV_SNAPIO_LOAD;
+  snprintf(q->job.name, sizeof q->job.name, "%s", name);
+  snprintf(q->id, sizeof q->id, "%s", id);
+  q->resume = resume;
+  q->check_id = model_id != NULL;
+  q->check_rev = model_revision != NULL;
+  snprintf(q->model_id, sizeof q->model_id, "%s", model_id ? model_id : "");
+  snprintf(q->model_revision, sizeof q->model_revision, "%s", model_revision ? model_revision : "");
+  if (geom) q->geom = (ckv_geometry){geom->n_layers, geom->n_kv_heads, geom->head_dim, (uint32_t)geom->dtype};
+  return run_io(s, c, req, q, x);
+}
+
+static int restore_done(ckv_server *s, ckv_conn *c, io_request *q, reply_ctx *x) {
+  ckv_snapio_job *j = &q->job;
+  const char *id = q->id, *name = j->name;
+  if (j->status == -ENOENT) {
+    if (q->resume) return fail(x, CKV_ERR_NOT_FOUND, "no session '%s' to resume", id);
+    return fail(x, CKV_ERR_NOT_FOUND, "no snapshot '%s'", name);
+  }
+  if (j->status < 0) {
+    ckv_log(CKV_LOG_WARNING, "snapshot-refused", c->tenant->name, id, "snapshot '%s' refused: %s", name, j->err);
+    return fail(x, j->status, "snapshot '%s' refused: %s", name, j->err);
+  }
+  int r = restore_allowed(s, c, id, x);
+  if (r < 0) return r;
+  char key[256], err[320];
+  ckv_server_session_key(c->tenant, id, key, sizeof(key));
+  ckv_snap_expect e = {.tenant = c->tenant->name,
+                       .model_id = q->check_id ? q->model_id : NULL,
+                       .model_revision = q->check_rev ? q->model_revision : NULL,
+                       .geom = q->geom.n_layers ? &q->geom : NULL};
   ckv_srv_session *sess = NULL;
-  if ((r = ckv_snap_check_identity(&snap, &e, err, sizeof err)) == CKV_OK)
-    r = ckv_session_snap_restore(&snap, id, c->tenant, s->opt.policy->mlp, &s->next_block_id, &sess, err, sizeof err);
-  uint64_t dropped = snap.dropped_tokens;
-  bool mlp_lost = snap.params_mlp && !s->opt.policy->mlp;
-  ckv_snap_done(&snap);
+  if ((r = ckv_snap_check_identity(&j->snap, &e, err, sizeof err)) == CKV_OK)
+    r = ckv_session_snap_restore(&j->snap, id, c->tenant, s->opt.policy->mlp, &s->next_block_id, &sess, err,
+                                 sizeof err);
+  uint64_t dropped = j->snap.dropped_tokens;
+  bool mlp_lost = j->snap.params_mlp && !s->opt.policy->mlp;
   if (r < 0) {
     ckv_log(CKV_LOG_WARNING, "snapshot-refused", c->tenant->name, id, "snapshot '%s' refused: %s", name, err);
     return fail(x, r, "snapshot '%s' refused: %s", name, err);
@@ -687,10 +814,11 @@ static int restore_session(ckv_server *s, ckv_conn *c, const char *id, const cha
   ckv_lifecycle_plan(sess, s->compressor, /* flush= */ false); /* what waited for a move when it was saved */
   ckv_log(CKV_LOG_INFO, "session-restore", c->tenant->name, sess->id,
           "restored from snapshot '%s': %zu tokens (%llu draft, %llu staged, %llu committed, %llu recycled), %llu "
-          "not kept by its save%s",
+          "not kept by its save%s; read in %.3f ms by the I/O thread",
           name, sess->tokens.n, (unsigned long long)sess->count_by_state[0], (unsigned long long)sess->count_by_state[1],
           (unsigned long long)sess->count_by_state[2], (unsigned long long)sess->count_by_state[3],
-          (unsigned long long)dropped, mlp_lost ? "; it used the mlp judge, which is not loaded: the rule judge decides" : "");
+          (unsigned long long)dropped, mlp_lost ? "; it used the mlp judge, which is not loaded: the rule judge decides" : "",
+          (double)j->io_us / 1e3);
   int o = opened_reply(s, sess, true, x);
   if (o == CKV_OK) {
     x->rep->session_opened->restored = true;
@@ -710,8 +838,50 @@ static int h_restore(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *re
   int r = check_model_name("model_id", rs->model_id, x);
   if (r == CKV_OK) r = check_model_name("model_revision", rs->model_revision, x);
   if (r < 0) return r;
-  return restore_session(s, c, rs->session_id, name, rs->model_id && *rs->model_id ? rs->model_id : NULL,
-                         rs->model_revision && *rs->model_revision ? rs->model_revision : NULL, NULL, x);
+  return restore_session(s, c, req, rs->session_id, name, rs->model_id && *rs->model_id ? rs->model_id : NULL,
+                         rs->model_revision && *rs->model_revision ? rs->model_revision : NULL, NULL,
+                         /* resume= */ false, x);
+}
+
+/* The error reply of a handler's failure r (CKV_OK and CKV_REPLY_DEFERRED:
+ * nothing to do): no body, the code, the text. */
+static void answer_failure(reply_ctx *x, int r) {
+  if (r >= 0) return;
+  if (r == -ENOMEM && !x->msg[0]) snprintf(x->msg, sizeof(x->msg), "out of memory building the reply");
+  /* The error reply carries no body: whatever a handler built is dropped. */
+  x->rep->body_case = COMMITKV__V1__RESPONSE__BODY__NOT_SET;
+  x->rep->code = r;
+  static char msg[sizeof(x->msg)];
+  memcpy(msg, x->msg, sizeof(msg));
+  x->rep->message = msg;
+}
+
+void ckv_handle_io_done(ckv_server *s, ckv_snapio_job *j) {
+  io_request *q = (io_request *)j;
+  ckv_conn *c = ckv_strmap_get(s->conns, q->to.keyhex);
+  if (c && c->id != q->to.conn_id) c = NULL;
+  if (!c) {
+    /* the client went away while its file was read or written: a save is on
+     * disk all the same; a restore is not applied (nobody would own it) */
+    ckv_log(CKV_LOG_INFO, q->job.kind == CKV_SNAPIO_SAVE ? "session-save" : "snapshot-refused", q->tenant->name,
+            q->id, "%s of snapshot '%s' finished (%s) after its client left; %s", q->job.kind == CKV_SNAPIO_SAVE ? "save" : "read",
+            q->job.name, q->job.status < 0 ? ckv_status_name(q->job.status) : "ok",
+            q->job.kind == CKV_SNAPIO_SAVE ? "nobody to answer" : "not restored");
+    io_request_destroy(j);
+    return;
+  }
+  c->io_inflight--;
+  c->last_seen_ms = ckv_now_ms();
+  ckv_wire_reset(&s->out);
+  Commitkv__V1__Response rep = COMMITKV__V1__RESPONSE__INIT;
+  rep.request_id = q->to.request_id;
+  reply_ctx x = {.rep = &rep, .t0_us = ckv_now_us()};
+  int r = q->job.kind == CKV_SNAPIO_SAVE ? save_done(s, q, &x) : restore_done(s, c, q, &x);
+  answer_failure(&x, r);
+  ckv_reply_to to = q->to;
+  ckv_server_finish_reply(s, c, &rep);
+  ckv_server_send_reply(s, &to, c, &rep);
+  io_request_destroy(j); /* after the reply: its texts may point into the job */
 }
 
 typedef struct snap_list_ctx {
@@ -986,14 +1156,6 @@ void ckv_handle_request(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request 
     for (size_t i = 0; i < sizeof(k_handlers) / sizeof(k_handlers[0]); i++)
       if (k_handlers[i].kind == req->body_case) h = &k_handlers[i];
     r = h ? h->fn(s, c, req, &x) : fail(&x, CKV_ERR_INVALID, "empty or unknown request type %d", (int)req->body_case);
-    if (r == -ENOMEM && !x.msg[0]) snprintf(x.msg, sizeof(x.msg), "out of memory building the reply");
   }
-  if (r < 0) {
-    /* The error reply carries no body: whatever a handler built is dropped. */
-    rep->body_case = COMMITKV__V1__RESPONSE__BODY__NOT_SET;
-    rep->code = r;
-    static char msg[sizeof(x.msg)];
-    memcpy(msg, x.msg, sizeof(msg));
-    rep->message = msg;
-  }
+  answer_failure(&x, r);
 }

@@ -31,6 +31,7 @@
 #include "daemon/log.h"
 #include "daemon/metrics.h"
 #include "daemon/session.h"
+#include "daemon/snapio.h"
 #include "daemon/strmap.h"
 #include "daemon/tenant.h"
 #include "shm/arena.h"
@@ -113,6 +114,9 @@ int ckv_server_new(const ckv_server_options *opt, ckv_server **ret, char *err, s
   sigaddset(&mask, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &mask, NULL);
   signal(SIGPIPE, SIG_IGN);
+  /* A file-size limit (RLIMIT_FSIZE, ulimit -f) must make a snapshot write
+   * fail with EFBIG, answered as an error, not kill the daemon. */
+  signal(SIGXFSZ, SIG_IGN);
   s->signal_fd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
   if (s->signal_fd < 0) {
     snprintf(err, errlen, "signalfd: %s", strerror(errno));
@@ -125,6 +129,10 @@ int ckv_server_new(const ckv_server_options *opt, ckv_server **ret, char *err, s
   r = ckv_compressor_new(opt->compress_threads, opt->compress_queue ? opt->compress_queue : 64, &s->compressor);
   if (r < 0) {
     snprintf(err, errlen, "cannot start the compressor: %s", ckv_strerror(r));
+    goto fail;
+  }
+  if ((r = ckv_snapio_new(CKV_SNAPIO_DEPTH, &s->snapio)) < 0) {
+    snprintf(err, errlen, "cannot start the snapshot I/O thread: %s", ckv_strerror(r));
     goto fail;
   }
 
@@ -292,6 +300,8 @@ ckv_server *ckv_server_free(ckv_server *s) {
   }
   /* Stop the compressor first: its threads may still write blocks. */
   s->compressor = ckv_compressor_free(s->compressor);
+  /* Unanswered snapshot jobs go before the tenants they are charged to. */
+  s->snapio = ckv_snapio_free(s->snapio);
   if (s->sessions) {
     size_t cur = 0;
     ckv_srv_session *sess;
@@ -501,6 +511,39 @@ void ckv_server_finish_reply(ckv_server *s, ckv_conn *c, Commitkv__V1__Response 
   ckv_wire_fix_strings(&s->out, &rep->base);
 }
 
+/* Packs rep and sends [id][empty, when delim][reply] without waiting. */
+static void send_reply(ckv_server *s, const void *id, size_t id_len, bool delim, const ckv_conn *c,
+                       Commitkv__V1__Response *rep) {
+  size_t len = commitkv__v1__response__get_packed_size(rep);
+  zmq_msg_t out;
+  if (zmq_msg_init_size(&out, len) != 0) return;
+  commitkv__v1__response__pack(rep, zmq_msg_data(&out));
+  int rc = zmq_send(s->router, id, id_len, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+  if (rc >= 0 && delim) rc = zmq_send(s->router, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+  if (rc >= 0) rc = zmq_msg_send(&out, s->router, ZMQ_DONTWAIT);
+  if (rc < 0) {
+    /* EHOSTUNREACH: the peer went away; EAGAIN: its queue is full. Either
+     * way the reply is dropped, never the loop stalled. */
+    ckv_log(CKV_LOG_DEBUG, "reply-dropped", c && c->tenant ? c->tenant->name : NULL, NULL, "%s",
+            zmq_strerror(zmq_errno()));
+    zmq_msg_close(&out);
+  }
+}
+
+void ckv_server_send_reply(ckv_server *s, const ckv_reply_to *to, ckv_conn *c, Commitkv__V1__Response *rep) {
+  send_reply(s, c->key, CKV_KEY_BYTES, to->delim, c, rep);
+}
+
+/* Every finished snapshot job: answered (ckv_handle_io_done). */
+static void collect_io(ckv_server *s) {
+  ckv_snapio_job *j = ckv_snapio_collect(s->snapio);
+  while (j) {
+    ckv_snapio_job *next = j->next;
+    ckv_handle_io_done(s, j);
+    j = next;
+  }
+}
+
 /* Receive one multipart message: [identity][optional empty][payload].
  * Returns 1 when a message was read, 0 when none is queued. */
 static int serve_one(ckv_server *s) {
@@ -533,6 +576,7 @@ static int serve_one(ckv_server *s) {
   if (zmq_msg_size(id) == CKV_KEY_BYTES) hex_of(zmq_msg_data(id), CKV_KEY_BYTES, key);
   ckv_conn *c = key[0] ? ckv_strmap_get(s->conns, key) : NULL;
   static char msg[256];
+  bool deferred = false;
   if (!c) {
     rep.code = CKV_ERR_AUTH;
     snprintf(msg, sizeof(msg), "unknown client: attach over %s first and use the attach key as routing id",
@@ -542,23 +586,18 @@ static int serve_one(ckv_server *s) {
     rep.code = CKV_ERR_PROTO;
     rep.message = "bad framing: expected [payload] or [empty][payload]";
   } else {
+    /* A handler may hand the request to the snapshot I/O thread: it answers
+     * later, to this routing id (ckv_server_send_reply). */
+    s->reply_to = (ckv_reply_to){.conn_id = c->id, .delim = delim};
+    memcpy(s->reply_to.keyhex, key, sizeof key);
+    s->reply_armed = true;
     ckv_server_answer(s, c, zmq_msg_data(payload), zmq_msg_size(payload), &rep);
+    deferred = s->reply_deferred;
   }
-  ckv_server_finish_reply(s, c, &rep);
-  size_t len = commitkv__v1__response__get_packed_size(&rep);
-  zmq_msg_t out;
-  if (zmq_msg_init_size(&out, len) == 0) {
-    commitkv__v1__response__pack(&rep, zmq_msg_data(&out));
-    int rc = zmq_msg_send(id, s->router, ZMQ_SNDMORE | ZMQ_DONTWAIT);
-    if (rc >= 0 && delim) rc = zmq_send(s->router, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT);
-    if (rc >= 0) rc = zmq_msg_send(&out, s->router, ZMQ_DONTWAIT);
-    if (rc < 0) {
-      /* EHOSTUNREACH: the peer went away; EAGAIN: its queue is full. Either
-       * way the reply is dropped, never the loop stalled. */
-      ckv_log(CKV_LOG_DEBUG, "reply-dropped", c && c->tenant ? c->tenant->name : NULL, NULL, "%s",
-              zmq_strerror(zmq_errno()));
-      zmq_msg_close(&out);
-    }
+  s->reply_armed = s->reply_deferred = false;
+  if (!deferred) {
+    ckv_server_finish_reply(s, c, &rep);
+    send_reply(s, zmq_msg_data(id), zmq_msg_size(id), delim, c, &rep);
   }
   for (int i = 0; i < n; i++) zmq_msg_close(&frames[i]);
   return 1;
@@ -582,7 +621,7 @@ static void housekeeping(ckv_server *s) {
   while ((c = ckv_strmap_next(s->conns, &cur, NULL)))
     if (ckv_attach_conn_late(c, now)) {
       ckv_server_drop_conn(s, c, CKV_LOG_WARNING, "half a frame on its attach socket, not completed in time");
-    } else if (now - c->last_seen_ms > s->opt.lease_ms) {
+    } else if (c->io_inflight == 0 && now - c->last_seen_ms > s->opt.lease_ms) {
       char why[96];
       snprintf(why, sizeof(why), "lease expired (silent for %llu ms, lease %u ms)",
                (unsigned long long)(now - c->last_seen_ms), s->opt.lease_ms);
@@ -635,7 +674,7 @@ int ckv_server_run(ckv_server *s) {
   zmq_pollitem_t *items = NULL;
   ckv_conn **owners = NULL;
   while (!s->stopping) {
-    size_t want = 4 + s->n_pending + s->n_refused + ckv_strmap_size(s->conns);
+    size_t want = 5 + s->n_pending + s->n_refused + ckv_strmap_size(s->conns);
     if (want > cap) {
       size_t ncap = want * 2;
       zmq_pollitem_t *ni = realloc(items, ncap * sizeof(*ni));
@@ -653,6 +692,7 @@ int ckv_server_run(ckv_server *s) {
     items[n++] = (zmq_pollitem_t){.fd = s->attach_fd, .events = ZMQ_POLLIN};
     items[n++] = (zmq_pollitem_t){.fd = s->signal_fd, .events = ZMQ_POLLIN};
     items[n++] = (zmq_pollitem_t){.fd = ckv_compressor_fd(s->compressor), .events = ZMQ_POLLIN};
+    items[n++] = (zmq_pollitem_t){.fd = ckv_snapio_fd(s->snapio), .events = ZMQ_POLLIN};
     const size_t first_pending = n;
     for (size_t i = 0; i < s->n_pending; i++)
       items[n++] = (zmq_pollitem_t){.fd = s->pending[i].fd, .events = ZMQ_POLLIN};
@@ -674,6 +714,7 @@ int ckv_server_run(ckv_server *s) {
     if (rc > 0) {
       if (items[2].revents) read_signals(s);
       if (items[3].revents) ckv_server_collect_jobs(s);
+      if (items[4].revents) collect_io(s);
       if (items[0].revents & ZMQ_POLLIN)
         for (int i = 0; i < MAX_BATCH && serve_one(s); i++) {
         }
@@ -707,9 +748,12 @@ int ckv_server_run(ckv_server *s) {
       last_tick = now;
     }
   }
-  /* Drain: answer what is already queued, then detach everyone. */
+  /* Drain: answer what is already queued, let the snapshot saves and reads
+   * in flight finish and answer them, then detach everyone. */
   for (int i = 0; i < MAX_BATCH && serve_one(s); i++) {
   }
+  ckv_snapio_wait_idle(s->snapio);
+  collect_io(s);
   free(items);
   free(owners);
   ckv_log(CKV_LOG_NOTICE, "stopping", NULL, NULL, "drained; %zu sessions released", ckv_strmap_size(s->sessions));

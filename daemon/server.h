@@ -98,6 +98,7 @@ typedef struct ckv_conn {
   bool wants_arenas; /* attached with want_arenas: refreshes send the fds again */
   bool hello;
   uint32_t version;
+  uint32_t io_inflight; /* requests waiting for the snapshot I/O thread: the client waits, it is not silent */
   ckv_attach_frame frame;     /* an AttachRequest{refresh} arriving on attach_fd */
   uint64_t frame_deadline_ms; /* when that frame must be complete (set at its first byte) */
 } ckv_conn;
@@ -110,6 +111,19 @@ typedef struct ckv_pending_attach {
   uint64_t deadline_ms; /* the whole frame must be in by then */
   ckv_attach_frame frame;
 } ckv_pending_attach;
+
+/* Where a reply goes that is sent after the request was served (deferred:
+ * it waits for the snapshot I/O thread, snapio.h).  The client is looked up
+ * again by key and id when the reply is ready: it may be gone by then. */
+typedef struct ckv_reply_to {
+  char keyhex[2 * CKV_KEY_BYTES + 1]; /* the routing id, as s->conns keys it */
+  uint64_t conn_id;
+  uint64_t request_id;
+  bool delim; /* the request came as [identity][empty][payload] (REQ sockets) */
+} ckv_reply_to;
+
+/* A handler's answer meaning "the reply comes later" (not an error). */
+#define CKV_REPLY_DEFERRED 1
 
 typedef struct ckv_counters {
   uint64_t requests, errors, rounds, leases_expired, attaches, attach_refused;
@@ -134,6 +148,13 @@ typedef struct ckv_server {
   ckv_strmap *conns;    /* keyhex -> ckv_conn */
   ckv_strmap *sessions; /* "tenant/id" -> ckv_srv_session */
   ckv_compressor *compressor;
+  struct ckv_snapio *snapio; /* the snapshot I/O thread (snapio.h) */
+  /* The request being served by serve_one: handlers that hand work to the
+   * I/O thread copy it and answer CKV_REPLY_DEFERRED, which sets
+   * reply_deferred.  reply_armed is false outside serve_one (the request
+   * fuzzer): then handlers do the I/O on the calling thread. */
+  ckv_reply_to reply_to;
+  bool reply_armed, reply_deferred;
   ckv_srv_session *dirty_head; /* sessions whose header shadows wait for a flush */
   struct ckv_metrics *metrics;
   struct ckv_trace *trace; /* mlp-judge training traces, or NULL (owned by the caller) */
@@ -234,6 +255,14 @@ void ckv_server_answer(ckv_server *s, ckv_conn *c, const void *data, size_t len,
 /* What every reply gets before it is packed: the boot token, header shadows
  * flushed to the arena, error counters, valid UTF-8 (c may be NULL). */
 void ckv_server_finish_reply(ckv_server *s, ckv_conn *c, Commitkv__V1__Response *rep);
+/* Packs rep and sends it to `to` when that client is still attached (c, the
+ * caller's lookup of it, not NULL); a vanished peer costs a dropped reply. */
+void ckv_server_send_reply(ckv_server *s, const ckv_reply_to *to, ckv_conn *c, Commitkv__V1__Response *rep);
+/* A snapshot I/O job is done (handlers.c): its request is answered (a
+ * restore applied first) to the client that asked, when it is still there,
+ * and the job freed. */
+struct ckv_snapio_job;
+void ckv_handle_io_done(ckv_server *s, struct ckv_snapio_job *j);
 /* Serve one decoded request into `rep` (handlers.c). */
 void ckv_handle_request(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, Commitkv__V1__Response *rep);
 

@@ -35,8 +35,8 @@ static int copy_tokens(const ckv_tokens *src, ckv_tokens *dst) {
   return ckv_tokens_append_rows(dst, src);
 }
 
-int ckv_session_snap_save(const ckv_srv_session *s, const char *dir, const char *name, bool committed_only,
-                          uint64_t *ret_bytes, uint64_t *ret_tokens, uint64_t *ret_dropped, char *err, size_t errlen) {
+int ckv_session_snap_capture(const ckv_srv_session *s, bool committed_only, ckv_snap *ret, uint64_t *ret_tokens,
+                             char *err, size_t errlen) {
   if (s->tenant->mem != &ckv_blockmem_host)
     return fail(err, errlen, CKV_ERR_UNSUPPORTED, "snapshots need a host arena (this tenant's memory is %s)",
                 s->tenant->mem->name);
@@ -68,9 +68,8 @@ int ckv_session_snap_save(const ckv_srv_session *s, const char *dir, const char 
   int r = copy_tokens(&s->tokens, &snap.tokens);
   if (r == CKV_OK) r = ckv_srv_session_id_counts(s, &snap.ids, &snap.n_ids);
   bool *keep = calloc(s->n_blocks ? s->n_blocks : 1, sizeof(*keep));
-  uint8_t **metas = calloc(s->n_blocks ? s->n_blocks : 1, sizeof(*metas)); /* committed_only: edited copies */
   snap.blocks = calloc(s->n_blocks ? s->n_blocks : 1, sizeof(*snap.blocks));
-  if (r < 0 || !keep || !metas || !snap.blocks) {
+  if (r < 0 || !keep || !snap.blocks) {
     r = fail(err, errlen, -ENOMEM, "out of memory building the snapshot");
     goto out;
   }
@@ -90,47 +89,71 @@ int ckv_session_snap_save(const ckv_srv_session *s, const char *dir, const char 
     }
     if (t->block[p] != CKV_NO_BLOCK && t->block[p] < s->n_blocks) keep[t->block[p]] = true;
   }
+  /* Every kept block's bytes are copied into one buffer (the snapshot owns
+   * it as buf_): the file is written later, on the I/O thread, while the
+   * session goes on changing; the copy is the session as of now. */
+  uint64_t total = 0;
   for (size_t i = 0; i < s->n_blocks; i++) {
     const ckv_sblock *b = &s->blocks[i];
     if (b->format == CKV_BLOCK_UNUSED) continue;
     if (!committed_only) keep[i] = true;
+    if (keep[i]) total += b->bytes;
+  }
+  if (!(snap.buf_ = malloc(total ? total : 1))) {
+    r = fail(err, errlen, -ENOMEM, "out of memory copying %llu bytes of blocks", (unsigned long long)total);
+    goto out;
+  }
+  snap.buf_len_ = total;
+  uint8_t *at = snap.buf_;
+  for (size_t i = 0; i < s->n_blocks; i++) {
+    const ckv_sblock *b = &s->blocks[i];
+    if (b->format == CKV_BLOCK_UNUSED) continue;
     if (!keep[i]) {
       for (int f = 0; f < CKV_FORMAT_COUNT_; f++)
         if (snap.fill[f] == i) snap.fill[f] = CKV_NO_BLOCK;
       continue;
     }
     size_t head = ckv_block_payload_offset(b->capacity);
-    const uint8_t *meta = b->meta;
-    if (committed_only) { /* the valid bits of the tokens not kept are cleared in a copy */
-      if (!(metas[i] = malloc(head))) {
-        r = fail(err, errlen, -ENOMEM, "out of memory building the snapshot");
-        goto out;
-      }
-      memcpy(metas[i], b->meta, head);
-      const uint32_t *pos = ckv_block_positions_const(metas[i]);
+    /* the header region from the daemon's private shadow, the payload from the arena */
+    memcpy(at, b->meta, head);
+    memcpy(at + head, (const uint8_t *)ckv_tenant_ptr(s->tenant, b->offset) + head, b->bytes - head);
+    if (committed_only) { /* the valid bits of the tokens not kept are cleared in the copy */
+      const uint32_t *pos = ckv_block_positions_const(at);
       for (uint32_t slot = 0; slot < b->capacity; slot++)
-        if (ckv_block_slot_valid(metas[i], slot) &&
+        if (ckv_block_slot_valid(at, slot) &&
             (pos[slot] >= t->n || t->block[pos[slot]] != i || t->slot[pos[slot]] != slot))
-          ckv_block_set_valid(metas[i], slot, false);
-      meta = metas[i];
+          ckv_block_set_valid(at, slot, false);
     }
     const ckv_block_header *h = (const ckv_block_header *)b->meta;
     snap.blocks[snap.n_blocks++] = (ckv_snap_block){
         .index = (uint32_t)i, .format = b->format, .capacity = b->capacity, .used = b->used,
-        .kept = ckv_format_is_commit(b->format) ? h->kept_channels : 0, .bytes = b->bytes, .meta = meta,
-        .payload = (const uint8_t *)ckv_tenant_ptr(s->tenant, b->offset) + head};
+        .kept = ckv_format_is_commit(b->format) ? h->kept_channels : 0, .bytes = b->bytes, .meta = at,
+        .payload = at + head};
+    at += b->bytes;
   }
   uint64_t live = 0;
   for (size_t p = 0; p < t->n; p++) live += t->state[p] != CKV_STATE_RECYCLED;
+  if (ret_tokens) *ret_tokens = live;
+  free(keep);
+  *ret = snap;
+  return CKV_OK;
+out:
+  free(keep);
+  ckv_snap_done(&snap);
+  return r;
+}
+
+int ckv_session_snap_save(const ckv_srv_session *s, const char *dir, const char *name, bool committed_only,
+                          uint64_t *ret_bytes, uint64_t *ret_tokens, uint64_t *ret_dropped, char *err, size_t errlen) {
+  ckv_snap snap;
+  uint64_t tokens = 0;
+  int r = ckv_session_snap_capture(s, committed_only, &snap, &tokens, err, errlen);
+  if (r < 0) return r;
   r = ckv_snap_write(dir, name, &snap, ret_bytes, err, errlen);
   if (r == CKV_OK) {
-    if (ret_tokens) *ret_tokens = live;
+    if (ret_tokens) *ret_tokens = tokens;
     if (ret_dropped) *ret_dropped = snap.dropped_tokens;
   }
-out:
-  for (size_t i = 0; metas && i < s->n_blocks; i++) free(metas[i]);
-  free(metas);
-  free(keep);
   ckv_snap_done(&snap);
   return r;
 }

@@ -17,7 +17,22 @@ typedef struct ckv_tenant ckv_tenant;
 typedef struct ckv_snap ckv_snap;
 typedef struct ckv_mlp ckv_mlp;
 
-/* Writes session s (no compressor job may be in flight: settle it first) to
+/* Everything a snapshot of session s holds, copied into *ret (free with
+ * ckv_snap_done): identity, policy state, token columns and every kept
+ * block's header region and payload (in ret->buf_), so the file can be
+ * written later, by another thread, while the session goes on changing.  No
+ * compressor job may be in flight (settle it first).  committed_only: only
+ * committed tokens and the blocks holding them (draft and staged tokens are
+ * recycled in the copy; ret->dropped_tokens says how many).  *ret_tokens:
+ * tokens kept (not recycled).  Returns CKV_OK, CKV_ERR_UNSUPPORTED (not a
+ * host arena), CKV_ERR_BUSY (moves in flight), -ENOMEM; err says why;
+ * nothing is allocated on failure. */
+int ckv_session_snap_capture(const ckv_srv_session *s, bool committed_only, ckv_snap *ret, uint64_t *ret_tokens,
+                             char *err, size_t errlen);
+
+/* ckv_session_snap_capture and ckv_snap_write in one call, on the calling
+ * thread (the server loop hands the write to snapio.h instead): writes
+ * session s (no compressor job may be in flight: settle it first) to
  * dir/name.ckvsnap.  committed_only: only committed tokens and the blocks
  * holding them (draft and staged tokens are recycled in the snapshot;
  * *ret_dropped says how many).  Returns CKV_OK, CKV_ERR_UNSUPPORTED (not a

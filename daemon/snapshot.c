@@ -250,10 +250,24 @@ static int fsync_dir(const char *dir) {
   return r;
 }
 
+/* CKV_TEST_SNAP_WRITE_DELAY_MS=N (tests only; documented in
+ * docs/snapshot.md): every write sleeps N ms (at most 60 s) once its
+ * temporary file exists, so a test can act while a save is in flight
+ * (tests/integration/test_snapshot_faults.c).  Unset: no delay. */
+static void test_write_delay(void) {
+  const char *v = getenv("CKV_TEST_SNAP_WRITE_DELAY_MS");
+  long ms = v ? strtol(v, NULL, 10) : 0;
+  if (ms <= 0) return;
+  if (ms > 60000) ms = 60000;
+  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+  while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {
+  }
+}
+
 int ckv_snap_write(const char *dir, const char *name, const ckv_snap *snap, uint64_t *ret_bytes, char *err,
                    size_t errlen) {
   char path[4096], tmp[4096];
-  static unsigned counter;
+  static _Atomic unsigned counter; /* the I/O thread and a caller on another thread may both write */
   if (snprintf(path, sizeof path, "%s/%s%s", dir, name, CKV_SNAP_SUFFIX) >= (int)sizeof path ||
       snprintf(tmp, sizeof tmp, "%s/.%s%s.tmp.%ld.%u", dir, name, CKV_SNAP_SUFFIX, (long)getpid(), ++counter) >=
           (int)sizeof tmp)
@@ -296,6 +310,7 @@ int ckv_snap_write(const char *dir, const char *name, const ckv_snap *snap, uint
     unlink(tmp);
     goto out;
   }
+  test_write_delay();
   uint8_t pre[CKV_SNAP_PREAMBLE_BYTES];
   uint32_t ver = CKV_SNAP_VERSION, nver = ~ver;
   memcpy(pre, k_magic, 8);

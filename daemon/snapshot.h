@@ -83,7 +83,8 @@ typedef struct ckv_snap {
   size_t n_ids;
   ckv_snap_block *blocks; /* in increasing index order */
   size_t n_blocks;
-  /* reader only: the file's bytes, which blocks point into */
+  /* the bytes blocks point into (owned): the file's (ckv_snap_read) or the
+   * session's copied blocks (ckv_session_snap_capture); NULL when borrowed */
   uint8_t *buf_;
   size_t buf_len_;
 } ckv_snap;

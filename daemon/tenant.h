@@ -32,6 +32,7 @@ typedef struct ckv_tenant {
   uint64_t bytes_by_format[CKV_FORMAT_COUNT_];
   uint64_t n_sessions;
   uint64_t n_clients;
+  uint64_t io_bytes;   /* session copies waiting for the snapshot I/O thread (bounded by quota_bytes) */
   /* counters for the metrics endpoint */
   uint64_t transitions_gone[4][4]; /* transitions of sessions already freed */
   uint64_t hits;                   /* Acquire/GetView of resident sessions */

@@ -1,0 +1,175 @@
+/* snapio.c - the snapshot I/O thread (see snapio.h): a FIFO of jobs under
+ * one mutex, a condition variable that wakes the thread, and an eventfd
+ * that wakes the server loop when a job is done. */
+#include "daemon/snapio.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "commitkv/status.h"
+#include "daemon/snapdir.h"
+
+struct ckv_snapio {
+  pthread_t thread;
+  pthread_mutex_t lock;
+  pthread_cond_t wake; /* a job arrived, or stop */
+  pthread_cond_t idle; /* a job finished */
+  ckv_snapio_job *head, *tail; /* waiting */
+  ckv_snapio_job *done_head, *done_tail;
+  unsigned depth, busy; /* busy: waiting + running */
+  bool stop;
+  int efd;
+};
+
+static uint64_t now_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+void ckv_snapio_run(ckv_snapio_job *j) {
+  uint64_t t0 = now_us();
+  j->err[0] = 0;
+  j->bytes = 0;
+  if (j->kind == CKV_SNAPIO_SAVE) {
+    char dir[4096 + 256];
+    j->status = ckv_snapdir_dir(j->state_dir, j->tenant, /* create= */ 1, dir, sizeof dir, j->err, sizeof j->err);
+    if (j->status == CKV_OK) j->status = ckv_snap_write(dir, j->name, &j->snap, &j->bytes, j->err, sizeof j->err);
+  } else {
+    char path[4096 + 512];
+    j->status = ckv_snapdir_file(j->state_dir, j->tenant, j->name, path, sizeof path);
+    if (j->status < 0)
+      snprintf(j->err, sizeof j->err, "the daemon has no state directory for snapshots");
+    else
+      j->status = ckv_snap_read(path, &j->snap, j->err, sizeof j->err);
+  }
+  j->io_us = now_us() - t0;
+}
+
+static void *io_main(void *arg) {
+  ckv_snapio *io = arg;
+  pthread_mutex_lock(&io->lock);
+  for (;;) {
+    while (!io->head && !io->stop) pthread_cond_wait(&io->wake, &io->lock);
+    if (io->stop) break; /* what still waits is destroyed unrun by free */
+    ckv_snapio_job *j = io->head;
+    io->head = j->next;
+    if (!io->head) io->tail = NULL;
+    pthread_mutex_unlock(&io->lock);
+    ckv_snapio_run(j); /* the disk: no lock held */
+    pthread_mutex_lock(&io->lock);
+    j->next = NULL;
+    if (io->done_tail)
+      io->done_tail->next = j;
+    else
+      io->done_head = j;
+    io->done_tail = j;
+    io->busy--;
+    pthread_cond_broadcast(&io->idle);
+    uint64_t one = 1;
+    (void)!write(io->efd, &one, sizeof one);
+  }
+  pthread_mutex_unlock(&io->lock);
+  return NULL;
+}
+
+int ckv_snapio_new(unsigned depth, ckv_snapio **ret) {
+  ckv_snapio *io = calloc(1, sizeof(*io));
+  if (!io) return -ENOMEM;
+  io->depth = depth ? depth : 1;
+  io->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (io->efd < 0) {
+    int e = errno;
+    free(io);
+    return -e;
+  }
+  pthread_mutex_init(&io->lock, NULL);
+  pthread_cond_init(&io->wake, NULL);
+  pthread_cond_init(&io->idle, NULL);
+  int e = pthread_create(&io->thread, NULL, io_main, io);
+  if (e) {
+    close(io->efd);
+    pthread_mutex_destroy(&io->lock);
+    pthread_cond_destroy(&io->wake);
+    pthread_cond_destroy(&io->idle);
+    free(io);
+    return -e;
+  }
+  *ret = io;
+  return CKV_OK;
+}
+
+static void destroy_list(ckv_snapio_job *j) {
+  while (j) {
+    ckv_snapio_job *next = j->next;
+    j->destroy(j);
+    j = next;
+  }
+}
+
+ckv_snapio *ckv_snapio_free(ckv_snapio *io) {
+  if (!io) return NULL;
+  pthread_mutex_lock(&io->lock);
+  io->stop = true;
+  pthread_cond_broadcast(&io->wake);
+  pthread_mutex_unlock(&io->lock);
+  pthread_join(io->thread, NULL);
+  destroy_list(io->head);
+  destroy_list(io->done_head);
+  close(io->efd);
+  pthread_mutex_destroy(&io->lock);
+  pthread_cond_destroy(&io->wake);
+  pthread_cond_destroy(&io->idle);
+  free(io);
+  return NULL;
+}
+
+int ckv_snapio_submit(ckv_snapio *io, ckv_snapio_job *j) {
+  pthread_mutex_lock(&io->lock);
+  if (io->busy >= io->depth) {
+    pthread_mutex_unlock(&io->lock);
+    return CKV_ERR_BUSY;
+  }
+  j->next = NULL;
+  if (io->tail)
+    io->tail->next = j;
+  else
+    io->head = j;
+  io->tail = j;
+  io->busy++;
+  pthread_cond_signal(&io->wake);
+  pthread_mutex_unlock(&io->lock);
+  return CKV_OK;
+}
+
+int ckv_snapio_fd(const ckv_snapio *io) { return io->efd; }
+
+ckv_snapio_job *ckv_snapio_collect(ckv_snapio *io) {
+  uint64_t v;
+  (void)!read(io->efd, &v, sizeof v); /* reset the wakeup; the list below is what counts */
+  pthread_mutex_lock(&io->lock);
+  ckv_snapio_job *j = io->done_head;
+  io->done_head = io->done_tail = NULL;
+  pthread_mutex_unlock(&io->lock);
+  return j;
+}
+
+void ckv_snapio_wait_idle(ckv_snapio *io) {
+  pthread_mutex_lock(&io->lock);
+  while (io->busy) pthread_cond_wait(&io->idle, &io->lock);
+  pthread_mutex_unlock(&io->lock);
+}
+
+unsigned ckv_snapio_busy(ckv_snapio *io) {
+  pthread_mutex_lock(&io->lock);
+  unsigned n = io->busy;
+  pthread_mutex_unlock(&io->lock);
+  return n;
+}

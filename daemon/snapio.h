@@ -1,0 +1,76 @@
+/* snapio.h - snapshot file I/O off the server loop: one I/O thread.
+ *
+ * The server loop never waits for a disk.  A SaveSession copies the session
+ * on the loop (ckv_session_snap_capture: a memcpy of its blocks and columns)
+ * and hands the copy to this thread, which creates the tenant's snapshot
+ * directory and writes the file (temporary file, fsync, rename, directory
+ * fsync: ckv_snap_write).  A RestoreSession (or an OpenSession with resume
+ * of a snapshot-only id) has the thread read and validate the file
+ * (ckv_snap_read); the loop applies it to the arena afterwards.  Finished
+ * jobs come back through an eventfd the loop polls, in submission order
+ * (one thread: two saves of one name land in the order they were asked for).
+ *
+ * A job is owned by the thread from submit until collect; the thread touches
+ * nothing but the job.  The queue is bounded: submit refuses with
+ * CKV_ERR_BUSY when `depth` jobs wait or run. */
+#ifndef CKV_DAEMON_SNAPIO_H
+#define CKV_DAEMON_SNAPIO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "daemon/snapshot.h"
+
+typedef struct ckv_snapio ckv_snapio;
+
+/* Saves and reads waiting for the I/O thread, all tenants (the daemon's queue). */
+#define CKV_SNAPIO_DEPTH 64u
+
+typedef enum ckv_snapio_kind {
+  CKV_SNAPIO_SAVE, /* write `snap` as state_dir/snapshots/tenant/name.ckvsnap */
+  CKV_SNAPIO_LOAD, /* read and validate that file into `snap` */
+} ckv_snapio_kind;
+
+typedef struct ckv_snapio_job {
+  struct ckv_snapio_job *next; /* queue link (the module's while queued) */
+  ckv_snapio_kind kind;
+  /* what to do (the caller's, filled before submit) */
+  char state_dir[4096];
+  char tenant[CKV_SNAP_TENANT_MAX + 1];
+  char name[CKV_SNAP_ID_MAX + 1];
+  ckv_snap snap; /* SAVE: the captured session (owned); LOAD: what was read (owned when status is CKV_OK) */
+  /* what came of it (the thread's until collected) */
+  int status;     /* CKV_OK, a ckv_status or -errno (ckv_snap_write / ckv_snap_read / ckv_snapdir_dir) */
+  char err[320];  /* why, when status < 0 */
+  uint64_t bytes; /* SAVE: the file's size */
+  uint64_t io_us; /* time the I/O took on the thread */
+  /* Frees the whole job (it may be embedded in a larger struct of the
+   * server's); called by ckv_snapio_free for jobs never collected. */
+  void (*destroy)(struct ckv_snapio_job *j);
+} ckv_snapio_job;
+
+/* Starts the I/O thread with room for `depth` jobs.  CKV_OK, -ENOMEM or
+ * pthread/eventfd's -errno. */
+int ckv_snapio_new(unsigned depth, ckv_snapio **ret);
+/* Finishes the job running now, then stops the thread; jobs still queued
+ * and finished jobs not collected are destroyed unrun / unanswered.
+ * Accepts NULL, returns NULL. */
+ckv_snapio *ckv_snapio_free(ckv_snapio *io);
+
+/* Queues j (ownership passes to the module until collected).  CKV_OK or
+ * CKV_ERR_BUSY (the queue is full: j is not taken). */
+int ckv_snapio_submit(ckv_snapio *io, ckv_snapio_job *j);
+/* Runs j on the calling thread (callers with no loop to keep free: the
+ * request fuzzer, tools). */
+void ckv_snapio_run(ckv_snapio_job *j);
+/* The eventfd that becomes readable when finished jobs wait. */
+int ckv_snapio_fd(const ckv_snapio *io);
+/* Takes every finished job in completion order, linked through ->next
+ * (NULL when there is none). */
+ckv_snapio_job *ckv_snapio_collect(ckv_snapio *io);
+/* Blocks until no job waits or runs (the daemon's drain at shutdown). */
+void ckv_snapio_wait_idle(ckv_snapio *io);
+/* Jobs waiting or running now. */
+unsigned ckv_snapio_busy(ckv_snapio *io);
+
+#endif
