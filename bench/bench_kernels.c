@@ -9,6 +9,10 @@
  * buffer size; --cpu-time: time with the thread CPU clock instead of wall.
  * quantize_int8 also runs beside a plain-C INT8 quantizer (quant_plain.c,
  * where the CPU has AVX2/F16C): GB/s and the ratio, "quant_baselines" in JSON.
+ * The formats with integer scores (int8, int4, rot4) are also timed with
+ * them (ckv_attn_args.scores, the query quantized to INT8) beside the float
+ * scores of the same blocks, on all threads and on one: "attention_int" in
+ * JSON, with the output cosine of integer against float scores.
  * On a machine with a GPU the CUDA kernels' figures follow (ckv-bench-gpu,
  * run beside this binary: GB/s against the device's peak bandwidth, fused
  * attention at 4K/32K/128K tokens per format), under "gpu" with --json.
@@ -43,6 +47,13 @@ typedef struct attn_result {
 
 /* The fp16 rows' baselines: the plain-C attention (attention_plain.c) and the
  * fused kernel on one thread, timed in the same run on the same blocks. */
+/* A format's integer scores against its float scores, same blocks, same run. */
+typedef struct attn_int_result {
+  uint32_t tokens;
+  const char *format;
+  double float_us, int_us, float_1t_us, int_1t_us, cosine_min;
+} attn_int_result;
+
 typedef struct attn_baseline {
   double plain_us, one_thread_us, max_abs_diff; /* plain_us < 0: not run (CPU without AVX2/F16C) */
 } attn_baseline;
@@ -408,6 +419,8 @@ int ckv_bench_kernels(int argc, char **argv) {
   size_t *sizes = quick ? sizes_quick : sizes_full, nsizes = quick ? 2 : 3;
   attn_result ar[3 * N_ATTN_FORMATS];
   attn_baseline base[3];
+  attn_int_result air[3 * 3];
+  int nair = 0;
   int nar = 0;
   uint32_t threads = 0;
   float q[32 * 128], out[32 * 128];
@@ -425,7 +438,8 @@ int ckv_bench_kernels(int argc, char **argv) {
         const ckv_block_header *h = list[b];
         bytes += ckv_format_block_bytes(h->format, &ga, h->capacity, h->kept_channels);
       }
-      ckv_attn_args a = {.geom = &ga, .n_rows = 1, .n_q_heads = QH, .q = q, .blocks = list, .n_blocks = (uint32_t)nb, .out = out};
+      ckv_attn_args a = {.geom = &ga, .n_rows = 1, .n_q_heads = QH, .q = q, .blocks = list, .n_blocks = (uint32_t)nb, .out = out,
+                         .scores = CKV_ATTN_SCORES_FLOAT};
       float *mass = malloc(ckv_attention_mass_len(list, (uint32_t)nb) * sizeof(float));
       a.mass = mass;
       a.workspace_bytes = ckv_attention_workspace_bytes(&a);
@@ -448,6 +462,33 @@ int ckv_bench_kernels(int argc, char **argv) {
         one.n_threads = 1;
         bl->one_thread_us = best_call(run_fused, &one, min_iters, budget) * 1e6;
         threads = a.n_threads ? a.n_threads : 0;
+      }
+      if (f == 1 || f == 2 || f == 5) { /* int8, int4, rot4: integer scores too */
+        attn_int_result *ir = &air[nair++];
+        float iout[32 * 128];
+        ckv_attn_args ia = a, one = a;
+        ia.scores = CKV_ATTN_SCORES_INT8;
+        ia.out = iout;
+        one.n_threads = 1;
+        ir->tokens = (uint32_t)sizes[si];
+        ir->format = attn_formats[f];
+        ir->float_us = best * 1e6;
+        ir->int_us = best_call(run_fused, &ia, min_iters, budget) * 1e6;
+        ir->float_1t_us = best_call(run_fused, &one, min_iters, budget) * 1e6;
+        one.scores = CKV_ATTN_SCORES_INT8;
+        one.out = iout;
+        ir->int_1t_us = best_call(run_fused, &one, min_iters, budget) * 1e6;
+        ir->cosine_min = 1;
+        for (uint32_t h = 0; h < QH; h++) {
+          double ab = 0, aa = 0, bb = 0;
+          for (uint32_t d = 0; d < 128; d++) {
+            ab += (double)iout[h * 128 + d] * out[h * 128 + d];
+            aa += (double)iout[h * 128 + d] * iout[h * 128 + d];
+            bb += (double)out[h * 128 + d] * out[h * 128 + d];
+          }
+          double cs = aa > 0 && bb > 0 ? ab / sqrt(aa * bb) : 1.0;
+          ir->cosine_min = cs < ir->cosine_min ? cs : ir->cosine_min;
+        }
       }
       ar[nar++] = (attn_result){(uint32_t)sizes[si], attn_formats[f], best * 1e6, bytes / best / 1e9,
                                 bytes * 8.0 / ((double)sizes[si] * 2 * ckv_draft_token_elems(&ga))};
@@ -483,6 +524,18 @@ int ckv_bench_kernels(int argc, char **argv) {
              "\"speedup_vs_plain_c\": %.3f, \"max_abs_diff\": %.2e}",
              si ? ", " : "", sizes[si], ar[si * N_ATTN_FORMATS].us, base[si].one_thread_us, base[si].plain_us,
              base[si].plain_us > 0 ? base[si].plain_us / ar[si * N_ATTN_FORMATS].us : 0.0, base[si].max_abs_diff);
+    printf("], \"attention_int\": [");
+    for (int i = 0; i < nair; i++) {
+      double fp16 = 0;
+      for (int k = 0; k < nar; k++)
+        if (ar[k].tokens == air[i].tokens && !strcmp(ar[k].format, "fp16")) fp16 = ar[k].us;
+      printf("%s{\"tokens\": %u, \"format\": \"%s\", \"scores\": \"int8\", \"idot\": \"%s\", \"float_us\": %.1f, "
+             "\"int_us\": %.1f, \"speedup_vs_float\": %.3f, \"speedup_vs_fp16\": %.3f, \"float_1t_us\": %.1f, "
+             "\"int_1t_us\": %.1f, \"speedup_vs_float_1t\": %.3f, \"cosine_vs_float_min\": %.6f}",
+             i ? ", " : "", air[i].tokens, air[i].format, ckv_kernels_idot_name(), air[i].float_us, air[i].int_us,
+             air[i].float_us / air[i].int_us, fp16 / air[i].int_us, air[i].float_1t_us, air[i].int_1t_us,
+             air[i].float_1t_us / air[i].int_1t_us, air[i].cosine_min);
+    }
     printf("], \"attention_threads\": %ld, \"gpu\": ", threads ? (long)threads : sysconf(_SC_NPROCESSORS_ONLN));
     gpu_section(1);
     printf("}\n");
@@ -511,6 +564,18 @@ int ckv_bench_kernels(int argc, char **argv) {
       else
         printf("%-8zu %12.1f %12.1f %12.1f %10.2f %10.1e\n", sizes[si], ar[si * N_ATTN_FORMATS].us, base[si].one_thread_us,
                base[si].plain_us, base[si].plain_us / ar[si * N_ATTN_FORMATS].us, base[si].max_abs_diff);
+    }
+    printf("\ninteger scores (query quantized to INT8, integer dots: %s) against the float scores of the same blocks\n"
+           "%-8s %-6s %10s %10s %9s %9s %12s %12s %9s %10s\n",
+           ckv_kernels_idot_name(), "tokens", "format", "float us", "int us", "vs float", "vs fp16", "float 1t us",
+           "int 1t us", "vs fl 1t", "cos min");
+    for (int i = 0; i < nair; i++) {
+      double fp16 = 0;
+      for (int k = 0; k < nar; k++)
+        if (ar[k].tokens == air[i].tokens && !strcmp(ar[k].format, "fp16")) fp16 = ar[k].us;
+      printf("%-8u %-6s %10.1f %10.1f %9.2f %9.2f %12.1f %12.1f %9.2f %10.6f\n", air[i].tokens, air[i].format,
+             air[i].float_us, air[i].int_us, air[i].float_us / air[i].int_us, fp16 / air[i].int_us, air[i].float_1t_us,
+             air[i].int_1t_us, air[i].float_1t_us / air[i].int_1t_us, air[i].cosine_min);
     }
     gpu_section(0);
   }

@@ -22,7 +22,12 @@
  * rotated once per call with each KV head's key rotation, their values are
  * summed into a second accumulator, and that sum is rotated back once at the
  * end (the rotation is orthogonal and linear), so no key or value is ever
- * un-rotated. */
+ * un-rotated.
+ *
+ * Integer scores (ckv_attn_args.scores, attention_int.c): INT8 staged,
+ * 4-bit committed and ROT4 keys can be scored with integer dot products of
+ * an INT8-quantized query (once per call; per chunk for committed keys),
+ * bit-identical on every CPU path; other formats keep the float path. */
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -30,6 +35,7 @@
 #include <unistd.h>
 
 #include "kernels/access.h"
+#include "kernels/attention_int.h"
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
 #include "kernels/rot.h"
@@ -48,6 +54,7 @@
 typedef struct attn_ws {
   float *qk, *kc, *tmp, *row, *acc_gather;
   uint32_t *idx;
+  ckv_iscratch is; /* integer scores of committed chunks */
 } attn_ws;
 typedef struct attn_part {
   float *m, *l, *acc; /* running max and sum per (kv head, row, query head), accumulator [hr][D] */
@@ -61,6 +68,8 @@ typedef struct attn_layout {
   size_t *slot_base; /* n_blocks + 1 prefix sums of the capacities */
   attn_part *parts;  /* (the array itself lives in the workspace too) */
   attn_ws *ws;
+  ckv_iquery qs8, qr8;   /* integer scores: qs and qr quantized, [hr][ld] */
+  const ckv_idotops *io; /* integer scores: the path's table; NULL: float scores */
   uint32_t n_parts, n_threads;
 } attn_layout;
 
@@ -105,6 +114,18 @@ static uint32_t n_threads_of(const ckv_attn_args *a, size_t slots) {
   return (uint32_t)t < p ? (uint32_t)t : p;
 }
 
+/* Whether this call scores staged, 4-bit committed and ROT4 keys with integer
+ * dot products: a->scores, else $CKV_ATTENTION_SCORES ("int8" or "float"),
+ * else CKV_ATTN_SCORES_DEFAULT_INT (kernels.h). */
+static bool int_scores_of(const ckv_attn_args *a) {
+  if (a->scores == CKV_ATTN_SCORES_INT8) return true;
+  if (a->scores == CKV_ATTN_SCORES_FLOAT) return false;
+  const char *e = getenv("CKV_ATTENTION_SCORES");
+  if (e && !strcmp(e, "int8")) return true;
+  if (e && !strcmp(e, "float")) return false;
+  return CKV_ATTN_SCORES_DEFAULT_INT;
+}
+
 /* Carves the workspace (base NULL: only measures it).  Returns its bytes. */
 static size_t ws_layout(const ckv_attn_args *a, size_t slots, attn_layout *L, uint8_t *base) {
   const ckv_geometry *g = a->geom;
@@ -123,6 +144,8 @@ static size_t ws_layout(const ckv_attn_args *a, size_t slots, attn_layout *L, ui
   CARVE(L->S, float, slots * HR);
   CARVE(L->mblk, float, (size_t)a->n_blocks * HR);
   CARVE(L->slot_base, size_t, (size_t)a->n_blocks + 1);
+  off += ckv_iquery_carve(&L->qs8, HR, (uint32_t)D, base ? base + off : NULL);
+  off += ckv_iquery_carve(&L->qr8, HR, (uint32_t)D, base ? base + off : NULL);
   CARVE(L->parts, attn_part, P);
   CARVE(L->ws, attn_ws, T);
   for (uint32_t p = 0; p < P; p++) {
@@ -140,6 +163,7 @@ static size_t ws_layout(const ckv_attn_args *a, size_t slots, attn_layout *L, ui
     CARVE(w->row, float, te);
     CARVE(w->acc_gather, float, RG * D);
     CARVE(w->idx, uint32_t, D);
+    off += ckv_iscratch_carve(&w->is, RG, (uint32_t)D, base ? base + off : NULL);
   }
 #undef CARVE
   L->n_parts = P;
@@ -161,6 +185,11 @@ size_t ckv_attention_mass_len(const void *const *blocks, uint32_t n_blocks) {
 }
 
 /* Scores of kv head h against every slot of one block: S[rg][slot], -inf for slots that are empty. */
+/* Rows r0.. of a quantized query. */
+static ckv_iquery iq_rows(const ckv_iquery *q, size_t r0) {
+  return (ckv_iquery){q->p + r0 * q->ld, q->a + r0, q->psum + r0, q->ld};
+}
+
 static void score_block(const ckv_rowops *ops, const ckv_attn_args *a, const void *blk, uint32_t h, size_t RG,
                         attn_ws *w, const attn_layout *LY, float *S) {
   const ckv_geometry *g = a->geom;
@@ -168,6 +197,12 @@ static void score_block(const ckv_rowops *ops, const ckv_attn_args *a, const voi
   uint32_t cap = hd->capacity, D = g->head_dim, fmt = hd->format, L = a->layer;
   size_t te = ckv_draft_token_elems(g);
   const float *qs = LY->qs + (size_t)h * RG * D;
+  if (LY->io && ckv_iscore_format(fmt)) { /* integer scores (attention_int.c) */
+    ckv_iscore_query q = {.qs = qs, .qr = LY->qr + (size_t)h * RG * D, .qs8 = iq_rows(&LY->qs8, (size_t)h * RG),
+                          .qr8 = iq_rows(&LY->qr8, (size_t)h * RG)};
+    ckv_iscore_block(ops, LY->io, g, L, blk, h, &q, RG, &w->is, S);
+    return;
+  }
   for (size_t i = 0; i < RG * cap; i++) S[i] = -INFINITY;
   if (ckv_format_is_rot(fmt)) {
     /* q.k = s * (sum_i qr_i c_i - offset * sum_i qr_i) + qr.mean, qr the rotated query */
@@ -401,8 +436,14 @@ ckv_status ckv_kernels_attention(const ckv_attn_args *a) {
     const float *q = a->q + ((rg / G) * a->n_q_heads + h * G + rg % G) * D;
     for (uint32_t d = 0; d < D; d++) L.qs[hr * D + d] = q[d] * scale;
   }
-  bool has_rot = false;
-  for (uint32_t b = 0; b < a->n_blocks && !has_rot; b++) has_rot = ckv_format_is_rot(ckv_hdr(a->blocks[b])->format);
+  bool has_rot = false, has_staged = false, has_rot4 = false;
+  for (uint32_t b = 0; b < a->n_blocks; b++) {
+    uint32_t fmt = ckv_hdr(a->blocks[b])->format;
+    has_rot |= ckv_format_is_rot(fmt);
+    has_staged |= fmt == CKV_FORMAT_STAGED;
+    has_rot4 |= fmt == CKV_FORMAT_ROT4;
+  }
+  const ckv_rowops *ops = ckv_rowops_get();
   if (has_rot) { /* the query in each KV head's key basis */
     for (size_t hr = 0; hr < HR; hr++) {
       float *qr = L.qr + hr * D, sum = 0.0f;
@@ -412,9 +453,12 @@ ckv_status ckv_kernels_attention(const ckv_attn_args *a) {
       L.qsum[hr] = sum;
     }
   }
+  L.io = int_scores_of(a) ? ckv_idotops_get() : NULL;
+  if (L.io && has_staged) ckv_iquery_set(ops, L.qs, HR, D, D, 0, &L.qs8, L.ws[0].is.tmp);
+  if (L.io && has_rot4) ckv_iquery_set(ops, L.qr, HR, D, D, 1, &L.qr8, L.ws[0].is.tmp);
   L.slot_base[0] = 0;
   for (uint32_t b = 0; b < a->n_blocks; b++) L.slot_base[b + 1] = L.slot_base[b] + ckv_hdr(a->blocks[b])->capacity;
-  attn_job job = {.a = a, .ops = ckv_rowops_get(), .L = &L, .RG = RG, .HR = HR};
+  attn_job job = {.a = a, .ops = ops, .L = &L, .RG = RG, .HR = HR};
   attn_thread th[ATTN_MAX_THREADS];
   uint32_t started = 1;
   for (uint32_t t = 0; t < L.n_threads; t++) th[t] = (attn_thread){.j = &job, .index = t};

@@ -1,12 +1,14 @@
 /* dispatch.c - chooses the CPU path (scalar, AVX2, AVX-512) from the CPU's
  * features once, lets tests and benchmarks force one, and hands the matching
- * row-primitive table to the kernels. */
+ * row-primitive and integer-dot tables to the kernels (on the AVX-512 path
+ * the integer dots use VNNI where the CPU has it, else AVX2's). */
 #include <stdlib.h>
 #include <string.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
 
+#include "kernels/idot.h"
 #include "kernels/kernels.h"
 #include "kernels/rowops.h"
 
@@ -17,7 +19,21 @@ static bool cpu_has_f16c(void) {
   unsigned a, b, c, d;
   return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
 }
+
+/* AVX-512 VNNI from CPUID leaf 7 (ECX bit 11), for the same reason. */
+static bool cpu_has_avx512vnni(void) {
+  unsigned a, b, c, d;
+  return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (c & (1u << 11));
+}
 #endif
+
+bool ckv_idot_vnni_supported(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  return ckv_kernels_path_supported(CKV_PATH_AVX512) && cpu_has_avx512vnni();
+#else
+  return false;
+#endif
+}
 
 static int g_path; /* ckv_cpu_path; 0 = not chosen yet.  Accessed with __atomic builtins. */
 
@@ -83,3 +99,16 @@ const ckv_rowops *ckv_rowops_get(void) {
   default: return &ckv_rowops_scalar;
   }
 }
+
+const ckv_idotops *ckv_idotops_get(void) {
+  static int vnni = -1; /* checked once; a benign race (every thread computes the same value) */
+  switch (ckv_kernels_path()) {
+  case CKV_PATH_AVX512:
+    if (__atomic_load_n(&vnni, __ATOMIC_RELAXED) < 0) __atomic_store_n(&vnni, ckv_idot_vnni_supported() ? 1 : 0, __ATOMIC_RELAXED);
+    return __atomic_load_n(&vnni, __ATOMIC_RELAXED) ? &ckv_idot_avx512vnni : &ckv_idot_avx2;
+  case CKV_PATH_AVX2: return &ckv_idot_avx2;
+  default: return &ckv_idot_scalar;
+  }
+}
+
+const char *ckv_kernels_idot_name(void) { return ckv_idotops_get()->name; }

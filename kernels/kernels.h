@@ -43,6 +43,9 @@ ckv_cpu_path ckv_kernels_path(void);
 bool ckv_kernels_path_supported(ckv_cpu_path path);
 /* "scalar", "avx2", "avx512" ("auto" for CKV_PATH_AUTO). */
 const char *ckv_kernels_path_name(ckv_cpu_path path);
+/* The integer dot products the current path uses for integer attention scores:
+ * "scalar", "avx2" (maddubs) or "avx512vnni" (the AVX-512 path on a CPU with VNNI; AVX2's otherwise). */
+const char *ckv_kernels_idot_name(void);
 
 /* ---- blocks ---------------------------------------------------------------- */
 /* Writes a fresh header (magic, format, dtype, capacity, kept channels,
@@ -151,7 +154,16 @@ typedef struct ckv_attn_args {
                          online CPUs, one per MiB of the layer's K/V at most (short contexts stay on the
                          calling thread).  Callers that run attention from several threads at once set 1.
                          The result has the same bits for any value. */
+  uint32_t scores;    /* how q.k is computed for INT8 staged, 4-bit committed and ROT4 keys:
+                         CKV_ATTN_SCORES_FLOAT (dequantize, FP32 dot), CKV_ATTN_SCORES_INT8 (the query
+                         quantized to INT8, one scale per row; integer dots, the same bits on every CPU
+                         path; see attention_int.c for its error); 0: $CKV_ATTENTION_SCORES ("float" or
+                         "int8"), else CKV_ATTN_SCORES_DEFAULT_INT.  Other formats are always FP32. */
 } ckv_attn_args;
+#define CKV_ATTN_SCORES_FLOAT 1u
+#define CKV_ATTN_SCORES_INT8 2u
+/* The built-in choice (1: integer scores) when neither the call nor the environment chooses. */
+#define CKV_ATTN_SCORES_DEFAULT_INT 0
 
 /* Scratch bytes ckv_kernels_attention needs for these arguments (0 if invalid). */
 size_t ckv_attention_workspace_bytes(const ckv_attn_args *a);

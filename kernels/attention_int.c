@@ -1,0 +1,185 @@
+/* attention_int.c - integer scores (q . k) for fused attention over INT8
+ * staged, 4-bit committed (KIVI) and ROT4 key blocks.
+ *
+ * The query is quantized to INT8 with one scale per row (per query head and
+ * row, over head_dim): once per call for staged and rotated blocks, once per
+ * 32-token chunk for committed ones (their channel scales are folded into
+ * the query first).  Each score is then an exact integer dot product from
+ * the path's table (idot.h: AVX2 maddubs, AVX-512 VNNI, plain C) and a
+ * float epilogue computed here in plain C in a fixed order, so a score has
+ * the same bits on every path.  Scales and zero points are applied exactly
+ * as the float path does; 4-bit codes are centred on 7.5 (2 dot - 15 sum q
+ * is an integer) so the query's rounding error meets codes of at most 7.5.
+ *
+ * What it costs in fidelity (measured by test_kernels_intdot and the kernels
+ * bench) is the INT8 rounding of the query: at most a/2 per element, a =
+ * absmax/127 of the row. */
+#include <math.h>
+#include <string.h>
+
+#include "kernels/access.h"
+#include "kernels/attention_int.h"
+#include "kernels/quant.h"
+#include "kernels/rot.h"
+
+static size_t up64(size_t n) { return (n + 63u) & ~(size_t)63u; }
+
+size_t ckv_iquery_carve(ckv_iquery *q, size_t nq, uint32_t n, uint8_t *mem) {
+  size_t ld = ckv_idot_ld(n), off = 0;
+  if (mem) {
+    q->ld = ld;
+    q->p = (int8_t *)mem;
+    q->a = (float *)(void *)(mem + up64(nq * ld));
+    q->psum = (int32_t *)(void *)(mem + up64(nq * ld) + up64(nq * sizeof(float)));
+  }
+  off = up64(nq * ld) + up64(nq * sizeof(float)) + up64(nq * sizeof(int32_t));
+  return off;
+}
+
+size_t ckv_iscratch_carve(ckv_iscratch *s, size_t nq, uint32_t n, uint8_t *mem) {
+  size_t ld = ckv_idot_ld(n), off = ckv_iquery_carve(&s->q, nq, n, mem);
+#define PIECE(ptr, type, count)                                   \
+  do {                                                            \
+    if (mem) (ptr) = (type *)(void *)(mem + off);                 \
+    off += up64((size_t)(count) * sizeof(type));                  \
+  } while (0)
+  PIECE(s->qk, float, nq * ld);
+  PIECE(s->qg, float, nq * ld);
+  PIECE(s->bias, float, nq);
+  PIECE(s->par, float, 4u * ld);
+  PIECE(s->idx, uint32_t, n);
+  PIECE(s->tmp, int8_t, ld);
+  PIECE(s->acc, int32_t, nq * CKV_ISCORE_BATCH);
+#undef PIECE
+  return off;
+}
+
+/* sum x[i] * y[i] in a fixed order (16 interleaved partial sums, then a fixed
+ * tree), so the bias terms are the same on every path and cost a 16th of a
+ * serial loop's latency. */
+static float dot16(const float *x, const float *y, size_t n) {
+  float acc[16] = {0};
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (size_t l = 0; l < 16; l++) acc[l] += x[i + l] * y[i + l];
+  for (size_t l = 0; i < n; i++, l++) acc[l] += x[i] * y[i];
+  for (size_t w = 8; w; w >>= 1)
+    for (size_t l = 0; l < w; l++) acc[l] += acc[l + w];
+  return acc[0];
+}
+
+void ckv_iquery_set(const ckv_rowops *ops, const float *x, size_t nq, size_t ldx, uint32_t n, int nibble,
+                    ckv_iquery *q, int8_t *tmp) {
+  for (size_t i = 0; i < nq; i++) {
+    const float *xi = x + i * ldx;
+    int8_t *p = q->p + i * q->ld;
+    float a = ops->absmax(xi, n) / 127.0f, inv = a > 0.0f ? 1.0f / a : 0.0f;
+    memset(p, 0, q->ld);
+    ops->quant_i8(xi, inv, nibble ? tmp : p, n);
+    if (nibble)
+      for (uint32_t j = 0; j < n; j++) p[ckv_idot_u4_index(j)] = tmp[j];
+    int32_t s = 0;
+    for (size_t j = 0; j < q->ld; j++) s += p[j];
+    q->a[i] = a;
+    q->psum[i] = s;
+  }
+}
+
+static void score_staged(const ckv_idotops *io, const ckv_geometry *g, const void *blk, uint32_t layer, uint32_t h,
+                         const ckv_iquery *q, size_t nq, int32_t *acc, float *S) {
+  uint32_t cap = ckv_hdr(blk)->capacity, D = g->head_dim, ng = ckv_staged_groups(g), hg = ckv_staged_group_heads(g);
+  size_t te = ckv_draft_token_elems(g);
+  const int8_t *codes = (const int8_t *)ckv_cb(blk, ckv_staged_codes_offset(g, cap, layer, 0)) + (size_t)h * D;
+  const uint16_t *sc = (const uint16_t *)ckv_cb(blk, ckv_staged_scales_offset(g, cap, layer, 0));
+  for (uint32_t t0 = 0; t0 < cap; t0 += CKV_ISCORE_BATCH) {
+    uint32_t nt = cap - t0 < CKV_ISCORE_BATCH ? cap - t0 : CKV_ISCORE_BATCH;
+    io->i8(q->p, nq, q->ld, codes + (size_t)t0 * te, te, nt, D, acc, CKV_ISCORE_BATCH);
+    for (uint32_t i = 0; i < nt; i++) {
+      uint32_t t = t0 + i;
+      if (!ckv_block_slot_valid(blk, t)) continue;
+      float st = ckv_f16_to_f32(sc[(size_t)t * ng + h / hg]);
+      for (size_t rg = 0; rg < nq; rg++) S[rg * cap + t] = (float)acc[rg * CKV_ISCORE_BATCH + i] * q->a[rg] * st;
+    }
+  }
+}
+
+static void score_rot4(const ckv_idotops *io, const ckv_geometry *g, const void *blk, uint32_t layer, uint32_t h,
+                       const ckv_iscore_query *q, size_t nq, ckv_iscratch *w, float *S) {
+  uint32_t cap = ckv_hdr(blk)->capacity, D = g->head_dim, H = g->n_kv_heads, fmt = CKV_FORMAT_ROT4;
+  size_t rb = ckv_rot_row_bytes(fmt, g);
+  const uint16_t *sc = (const uint16_t *)ckv_cb(blk, ckv_rot_scales_offset(fmt, g, cap, layer, 0));
+  const uint8_t *codes = ckv_cb(blk, ckv_rot_codes_offset(fmt, g, cap, layer, 0)) + (size_t)h * rb;
+  float *mean = w->par;
+  ckv_rot_key_mean(g, blk, ckv_hdr(blk), layer, h, mean);
+  for (size_t rg = 0; rg < nq; rg++) { /* the block's bias qr . mean, in index order */
+    const float *x = q->qr + rg * D;
+    w->bias[rg] = dot16(x, mean, D);
+  }
+  for (uint32_t t0 = 0; t0 < cap; t0 += CKV_ISCORE_BATCH) {
+    uint32_t nt = cap - t0 < CKV_ISCORE_BATCH ? cap - t0 : CKV_ISCORE_BATCH;
+    io->u4(q->qr8.p, nq, q->qr8.ld, codes + (size_t)t0 * H * rb, H * rb, nt, D, w->acc, CKV_ISCORE_BATCH);
+    for (uint32_t i = 0; i < nt; i++) {
+      uint32_t t = t0 + i;
+      if (!ckv_block_slot_valid(blk, t)) continue;
+      float st = ckv_f16_to_f32(sc[(size_t)t * H + h]);
+      for (size_t rg = 0; rg < nq; rg++) {
+        int32_t c = 2 * w->acc[rg * CKV_ISCORE_BATCH + i] - 15 * q->qr8.psum[rg];
+        S[rg * cap + t] = (float)c * (0.5f * q->qr8.a[rg]) * st + w->bias[rg];
+      }
+    }
+  }
+}
+
+/* Committed keys: q.k = sum qg_j (s_j u_j + z_j) = sum qk_j (u_j - 7.5) + sum qg_j (z_j + 7.5 s_j),
+ * qk = qg * s requantized per chunk.  Everything per chunk is laid out in
+ * nibble order (ckv_idot_u4_index) up front: the query once per block, the
+ * chunk's parameters once per chunk, so qk quantizes straight into the codes. */
+static void score_commit4(const ckv_rowops *ops, const ckv_idotops *io, const ckv_geometry *g, uint32_t layer,
+                          const void *blk, uint32_t h, const ckv_iscore_query *q, size_t nq, ckv_iscratch *w,
+                          float *S) {
+  const ckv_block_header *hd = ckv_hdr(blk);
+  uint32_t cap = hd->capacity, D = g->head_dim, fmt = hd->format, kept = hd->kept_channels;
+  uint32_t sealed = ckv_block_sealed_chunks(blk);
+  size_t krow = ckv_commit_key_row_bytes(fmt, kept), ld = ckv_idot_ld(kept);
+  if (ckv_mask_channels(ckv_commit_mask(g, hd, blk, layer, h), D, w->idx) != kept) return; /* as the float path */
+  memset(w->qg, 0, nq * ld * sizeof(float));
+  for (size_t rg = 0; rg < nq; rg++)
+    for (uint32_t j = 0; j < kept; j++) w->qg[rg * ld + ckv_idot_u4_index(j)] = q->qs[rg * D + w->idx[j]];
+  float *scale = w->par, *zero = w->par + ld, *sp = w->par + 2 * ld, *wp = w->par + 3 * ld;
+  memset(sp, 0, 2 * ld * sizeof(float)); /* padding stays 0 */
+  for (uint32_t c = 0; c < ckv_commit_chunks(cap); c++) {
+    if (!((sealed >> c) & 1u)) continue;
+    const uint8_t *ch = ckv_cb(blk, ckv_commit_key_chunk_offset(fmt, g, cap, kept, layer, h, c));
+    ops->cvt_f16((const uint16_t *)ch, scale, kept);
+    ops->cvt_f16((const uint16_t *)ch + kept, zero, kept);
+    for (uint32_t j = 0; j < kept; j++) {
+      size_t k = ckv_idot_u4_index(j);
+      sp[k] = scale[j];
+      wp[k] = zero[j] + 7.5f * scale[j];
+    }
+    for (size_t rg = 0; rg < nq; rg++) {
+      ops->mul(w->qg + rg * ld, sp, w->qk + rg * ld, ld); /* one rounding per element: the same on every path */
+      w->bias[rg] = dot16(w->qg + rg * ld, wp, ld);
+    }
+    ckv_iquery_set(ops, w->qk, nq, ld, (uint32_t)ld, 0, &w->q, w->tmp);
+    io->u4(w->q.p, nq, w->q.ld, ch + (size_t)kept * 4u, krow, CKV_COMMIT_CHUNK_TOKENS, kept, w->acc,
+           CKV_ISCORE_BATCH);
+    for (uint32_t i = 0; i < CKV_COMMIT_CHUNK_TOKENS; i++) {
+      uint32_t t = c * CKV_COMMIT_CHUNK_TOKENS + i;
+      if (!ckv_block_slot_valid(blk, t)) continue;
+      for (size_t rg = 0; rg < nq; rg++) {
+        int32_t v = 2 * w->acc[rg * CKV_ISCORE_BATCH + i] - 15 * w->q.psum[rg];
+        S[rg * cap + t] = (float)v * (0.5f * w->q.a[rg]) + w->bias[rg];
+      }
+    }
+  }
+}
+
+void ckv_iscore_block(const ckv_rowops *ops, const ckv_idotops *io, const ckv_geometry *g, uint32_t layer,
+                      const void *blk, uint32_t h, const ckv_iscore_query *q, size_t nq, ckv_iscratch *w, float *S) {
+  uint32_t cap = ckv_hdr(blk)->capacity, fmt = ckv_hdr(blk)->format;
+  for (size_t i = 0; i < nq * cap; i++) S[i] = -INFINITY;
+  if (fmt == CKV_FORMAT_STAGED) score_staged(io, g, blk, layer, h, &q->qs8, nq, w->acc, S);
+  else if (fmt == CKV_FORMAT_ROT4) score_rot4(io, g, blk, layer, h, q, nq, w, S);
+  else if (fmt == CKV_FORMAT_COMMIT4) score_commit4(ops, io, g, layer, blk, h, q, nq, w, S);
+}

@@ -1,0 +1,60 @@
+/* idot.h - private: integer dot products of an INT8-quantized query against
+ * rows of key codes (INT8 staged codes, 4-bit committed and rotated codes),
+ * as a table with one implementation per CPU path: plain C, AVX2 (maddubs)
+ * and AVX-512 VNNI (dpbusd), chosen at run time by dispatch.c.
+ *
+ * Every sum is an exact int32 (no saturation on any path, whatever bytes the
+ * rows hold), so all paths return the same integers and the scores built
+ * from them (attention_int.c) have the same bits on every path. */
+#ifndef CKV_IDOT_H
+#define CKV_IDOT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Query codes for 4-bit rows are stored in nibble order: within each block of
+ * 64 channels, the even channels first (the low nibbles of 32 code bytes),
+ * then the odd ones (the high nibbles), so a SIMD path multiplies unpacked
+ * nibbles by contiguous query bytes.  Index of channel j in that order. */
+static inline size_t ckv_idot_u4_index(size_t j) {
+  return (j & ~(size_t)63) + ((j & 1u) ? 32u : 0u) + ((j & 63u) >> 1);
+}
+/* Query row length (bytes) for n channels: whole 64-channel blocks, zero padded. */
+static inline size_t ckv_idot_ld(size_t n) { return (n + 63u) & ~(size_t)63u; }
+
+/* Tails, shared by every path: the sums over channels [j0, n) of one query and one row. */
+static inline int32_t ckv_idot_i8_tail(const int8_t *q, const int8_t *k, size_t j0, size_t n) {
+  int32_t s = 0;
+  for (size_t j = j0; j < n; j++) s += (int32_t)q[j] * k[j];
+  return s;
+}
+static inline int32_t ckv_idot_u4_tail(const int8_t *q, const uint8_t *k, size_t j0, size_t n) {
+  int32_t s = 0;
+  for (size_t j = j0; j < n; j++) s += (int32_t)q[ckv_idot_u4_index(j)] * ((k[j >> 1] >> ((j & 1u) * 4u)) & 15);
+  return s;
+}
+
+typedef struct ckv_idotops {
+  const char *name;
+  /* out[i*ldo + t] = sum_{j<n} p[i*ldp + j] * rows[t*stride + j] for i < nq, t < nt.
+   * p: query codes in [-127, 127] (never -128); rows: any bytes. */
+  void (*i8)(const int8_t *p, size_t nq, size_t ldp, const int8_t *rows, size_t stride, size_t nt, size_t n,
+             int32_t *out, size_t ldo);
+  /* The same with rows of n 4-bit codes (code j at bits 4*(j%2) of byte j/2, values 0..15) and
+   * p in nibble order (ckv_idot_u4_index), rows of ldp >= ckv_idot_ld(n) bytes zero padded. */
+  void (*u4)(const int8_t *p, size_t nq, size_t ldp, const uint8_t *rows, size_t stride, size_t nt, size_t n,
+             int32_t *out, size_t ldo);
+} ckv_idotops;
+
+extern const ckv_idotops ckv_idot_scalar;
+extern const ckv_idotops ckv_idot_avx2;
+extern const ckv_idotops ckv_idot_avx512vnni;
+
+/* Whether this CPU runs ckv_idot_avx512vnni (AVX-512 F/BW/VL and VNNI). */
+bool ckv_idot_vnni_supported(void);
+/* The table for the current CPU path (dispatch.c): scalar, AVX2, or on the
+ * AVX-512 path VNNI where the CPU has it (else the AVX2 table). */
+const ckv_idotops *ckv_idotops_get(void);
+
+#endif
