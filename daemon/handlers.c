@@ -19,6 +19,8 @@
 #include "daemon/lifecycle.h"
 #include "daemon/log.h"
 #include "daemon/metrics.h"
+#include "daemon/remote_snap.h"
+#include "daemon/remote_store.h"
 #include "daemon/server.h"
 #include "daemon/session.h"
 #include "daemon/session_snap.h"
@@ -269,8 +271,9 @@ static int h_open(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
     if (!sess) {
       /* Only a snapshot of it (a daemon restart, a save game): restore it. */
       char path[4096];
-      if (ckv_snapdir_file(s->opt.state_dir, c->tenant->name, o->session_id, path, sizeof path) == CKV_OK &&
-          access(path, F_OK) == 0)
+      if (s->opt.remote || (ckv_snapdir_file(s->opt.state_dir, c->tenant->name, o->session_id, path, sizeof path) ==
+                                CKV_OK &&
+                            access(path, F_OK) == 0))
         return restore_session(s, c, o->session_id, o->session_id, model_id, model_revision, o->geometry, x);
       return fail(x, CKV_ERR_NOT_FOUND, "no session '%s' to resume", o->session_id);
     }
@@ -618,7 +621,7 @@ static int h_save(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
   if (ckv_wire_check_session_id(name) < 0)
     return fail(x, CKV_ERR_INVALID, "snapshot name must be 1..128 characters of [A-Za-z0-9._:-]");
   if (sess->quarantined) return quarantined(sess, x);
-  char dir[4096], err[320];
+  char dir[4096], err[768];
   if ((r = ckv_snapdir_dir(s->opt.state_dir, c->tenant->name, /* create= */ 1, dir, sizeof dir, err, sizeof err)) < 0)
     return fail(x, r, "%s", err);
   ckv_server_settle_session(s, sess); /* no move in flight: every byte is where the tokens say */
@@ -631,6 +634,15 @@ static int h_save(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
   ckv_log(CKV_LOG_INFO, "session-save", c->tenant->name, sess->id,
           "snapshot '%s': %llu bytes, %llu tokens kept%s%llu dropped (draft/staged)", name, (unsigned long long)bytes,
           (unsigned long long)tokens, sv->committed_only ? ", committed only: " : ", ", (unsigned long long)dropped);
+  /* The remote copy after the local one: a store that fails leaves the
+   * local snapshot as written, and the reply says both. */
+  if (s->opt.remote && (r = ckv_remote_snap_push(s->opt.remote, s->opt.state_dir, c->tenant->name, sess->model_id,
+                                                 sess->model_revision, name, err, sizeof err)) < 0) {
+    ckv_log(CKV_LOG_ERROR, "remote-save", c->tenant->name, sess->id,
+            "snapshot '%s' is saved locally, but not in the remote store: %s", name, err);
+    return fail(x, r, "session '%s' is saved locally (snapshot '%s', %llu bytes, intact) but not in the remote store: %s",
+                sess->id, name, (unsigned long long)bytes, err);
+  }
   Commitkv__V1__SessionSaved *o = NEW(s, Commitkv__V1__SessionSaved, COMMITKV__V1__SESSION_SAVED__INIT);
   char *nm = ckv_wire_alloc(&s->out, strlen(name) + 1);
   if (!o || !nm) return -ENOMEM;
@@ -649,7 +661,7 @@ static int h_save(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
  * zero: not checked) must match the snapshot. */
 static int restore_session(ckv_server *s, ckv_conn *c, const char *id, const char *name, const char *model_id,
                            const char *model_revision, const Commitkv__V1__Geometry *geom, reply_ctx *x) {
-  char key[256], path[4096], err[320];
+  char key[256], path[4096], err[768];
   ckv_server_session_key(c->tenant, id, key, sizeof(key));
   if (ckv_strmap_get(s->sessions, key))
     return fail(x, CKV_ERR_EXISTS, "session '%s' exists: drop it before restoring it from a snapshot", id);
@@ -657,10 +669,16 @@ static int restore_session(ckv_server *s, ckv_conn *c, const char *id, const cha
     return fail(x, CKV_ERR_LIMIT, "tenant '%s' has its maximum of %u sessions", c->tenant->name,
                 c->tenant->max_sessions);
   int r = ckv_snapdir_file(s->opt.state_dir, c->tenant->name, name, path, sizeof path);
-  if (r < 0) return fail(x, CKV_ERR_INVALID, "the daemon has no state directory for snapshots");
+  if (r < 0 && !s->opt.remote) return fail(x, CKV_ERR_INVALID, "the daemon has no state directory for snapshots");
   ckv_snap snap;
-  r = ckv_snap_read(path, &snap, err, sizeof err);
-  if (r == -ENOENT) return fail(x, CKV_ERR_NOT_FOUND, "no snapshot '%s'", name);
+  ckv_snap_origin origin;
+  /* what the store may send: no more than the tenant's arena and token columns could hold */
+  uint64_t cap = ckv_arena_size(c->tenant->arena) + (uint64_t)s->opt.max_tokens_per_session * 64u + (1u << 20);
+  r = ckv_remote_snap_load(s->opt.remote, s->opt.state_dir, c->tenant->name, model_id, model_revision, name, cap,
+                           &snap, &origin, err, sizeof err);
+  if (r == -ENOENT)
+    return fail(x, CKV_ERR_NOT_FOUND, "no snapshot '%s'%s%s", name, s->opt.remote ? ": " : "",
+                s->opt.remote ? err : "");
   if (r < 0) {
     ckv_log(CKV_LOG_WARNING, "snapshot-refused", c->tenant->name, id, "snapshot '%s' refused: %s", name, err);
     return fail(x, r, "snapshot '%s' refused: %s", name, err);
@@ -686,9 +704,10 @@ static int restore_session(ckv_server *s, ckv_conn *c, const char *id, const cha
   if ((r = add_session(s, c, key, sess)) < 0) return fail(x, r, "out of memory");
   ckv_lifecycle_plan(sess, s->compressor, /* flush= */ false); /* what waited for a move when it was saved */
   ckv_log(CKV_LOG_INFO, "session-restore", c->tenant->name, sess->id,
-          "restored from snapshot '%s': %zu tokens (%llu draft, %llu staged, %llu committed, %llu recycled), %llu "
+          "restored from %s snapshot '%s': %zu tokens (%llu draft, %llu staged, %llu committed, %llu recycled), %llu "
           "not kept by its save%s",
-          name, sess->tokens.n, (unsigned long long)sess->count_by_state[0], (unsigned long long)sess->count_by_state[1],
+          origin == CKV_SNAP_FROM_REMOTE ? "the remote store's" : "the local", name, sess->tokens.n,
+          (unsigned long long)sess->count_by_state[0], (unsigned long long)sess->count_by_state[1],
           (unsigned long long)sess->count_by_state[2], (unsigned long long)sess->count_by_state[3],
           (unsigned long long)dropped, mlp_lost ? "; it used the mlp judge, which is not loaded: the rule judge decides" : "");
   int o = opened_reply(s, sess, true, x);
@@ -890,6 +909,21 @@ static int h_stats(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req,
   st->transitions_staged = tr[0][1];
   st->transitions_committed = tr[1][2];
   st->transitions_recycled = tr[0][3] + tr[1][3] + tr[2][3];
+  if (s->opt.remote) {
+    Commitkv__V1__RemoteStats *rs = NEW(s, Commitkv__V1__RemoteStats, COMMITKV__V1__REMOTE_STATS__INIT);
+    if (!rs) return -ENOMEM;
+    ckv_remote_stats rst;
+    ckv_remote_get_stats(s->opt.remote, &rst);
+    rs->url = (char *)ckv_remote_url_text(s->opt.remote);
+    rs->saves = rst.saves;
+    rs->save_bytes = rst.save_bytes;
+    rs->loads = rst.loads;
+    rs->load_bytes = rst.load_bytes;
+    rs->misses = rst.misses;
+    rs->errors = rst.errors;
+    rs->connected = rst.connected;
+    st->remote = rs;
+  }
   x->rep->body_case = COMMITKV__V1__RESPONSE__BODY_STATS;
   x->rep->stats = st;
   return CKV_OK;
