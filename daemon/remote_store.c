@@ -28,6 +28,7 @@ struct ckv_remote {
   struct timeval timeout;
   redisContext *ctx;
   uint64_t tmp_seq;
+  bool stale; /* the last failure found the kept connection dead */
   ckv_remote_stats stats;
 };
 
@@ -253,6 +254,10 @@ static int conn_error(ckv_remote *r, char *err, size_t errlen, const char *doing
     snprintf(buf, sizeof buf, "no answer within %ld ms", (long)(r->timeout.tv_sec * 1000 + r->timeout.tv_usec / 1000));
     why = buf;
   }
+  /* Found dead (the store restarted or closed an idle connection) rather
+   * than slow: worth one more try on a new connection. */
+  r->stale = r->ctx && (r->ctx->err == REDIS_ERR_EOF ||
+                        (r->ctx->err == REDIS_ERR_IO && (strstr(why, "reset by peer") || strstr(why, "Broken pipe"))));
   fail(err, errlen, -EIO, "remote store %s: %s: %s", r->text, doing, why);
   disconnect(r);
   return -EIO;
@@ -329,9 +334,10 @@ typedef int (*op_fn)(ckv_remote *r, void *ctx, char *err, size_t errlen);
 static int with_retry(ckv_remote *r, op_fn op, void *ctx, char *err, size_t errlen) {
   for (int attempt = 0;; attempt++) {
     bool kept = r->ctx != NULL;
+    r->stale = false;
     int rc = connect_store(r, err, errlen);
     if (rc == CKV_OK) rc = op(r, ctx, err, errlen);
-    if (rc == CKV_OK || rc != -EIO || !kept || r->ctx || attempt > 0) return rc;
+    if (rc != -EIO || !kept || !r->stale || attempt > 0) return rc;
   }
 }
 

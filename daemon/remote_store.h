@@ -19,7 +19,8 @@
  * Every call blocks for at most the timeout per connect and per command
  * (the daemon calls it from its server loop: docs/snapshot.md says so).  A
  * broken connection is dropped and made again on the next call; a call that
- * finds its kept connection broken reconnects once and tries again.  Store
+ * finds its kept connection dead (closed or reset by the store, not merely
+ * slow) reconnects once and tries again.  Store
  * failures are -EIO with err naming the store and what it said.
  *
  * TLS (rediss://) is refused: Debian bookworm's hiredis 0.14 has no
