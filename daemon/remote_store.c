@@ -80,10 +80,9 @@ int ckv_remote_url_parse(const char *url, ckv_remote_url *ret, char *err, size_t
   const char *p = url + 8, *at = strchr(p, '@'), *slash = strchr(p, '/');
   if (at && (!slash || at < slash)) {
     if (memchr(p, ':', (size_t)(at - p)))
-      return fail(err, errlen, CKV_ERR_INVALID,
-                  "'%s' holds a password: put it in remote_password_file (mode 0600 or 0640), never in the "
-                  "configuration",
-                  url);
+      return fail(err, errlen, CKV_ERR_INVALID, /* not echoed: the text goes to logs */
+                  "the remote URL holds a password (USER:PASSWORD@): put it in remote_password_file (mode 0600 or "
+                  "0640), never in the configuration");
     if ((size_t)(at - p) >= sizeof u.user || at == p)
       return fail(err, errlen, CKV_ERR_INVALID, "'%s': the user name is empty or too long", url);
     memcpy(u.user, p, (size_t)(at - p));
