@@ -109,6 +109,17 @@ static int cmd_stats(ckv_client *c, bool json) {
            s->detached_sessions, s->leases_expired, s->sessions_detached, s->sessions_resumed, s->sessions_expired,
            s->requests, s->errors, s->rounds, s->uptime_ms, s->semantic_given_tokens);
     json_str(s->backend);
+    printf(", \"remote\": ");
+    if (s->remote) {
+      const Commitkv__V1__RemoteStats *r = s->remote;
+      printf("{\"url\": ");
+      json_str(r->url);
+      printf(", \"saves\": %" PRIu64 ", \"save_bytes\": %" PRIu64 ", \"loads\": %" PRIu64 ", \"load_bytes\": %" PRIu64
+             ", \"misses\": %" PRIu64 ", \"errors\": %" PRIu64 ", \"connected\": %s}",
+             r->saves, r->save_bytes, r->loads, r->load_bytes, r->misses, r->errors, r->connected ? "true" : "false");
+    } else {
+      printf("null");
+    }
     printf("}\n");
   } else {
     const Commitkv__V1__ByteCounts *b = s->bytes;
@@ -130,6 +141,11 @@ static int cmd_stats(ckv_client *c, bool json) {
            s->errors, s->rounds, s->leases_expired);
     printf("sessions detached %" PRIu64 ", resumed %" PRIu64 ", expired unresumed %" PRIu64 "\n",
            s->sessions_detached, s->sessions_resumed, s->sessions_expired);
+    if (s->remote)
+      printf("remote %s (%s): %" PRIu64 " saves (%" PRIu64 " bytes), %" PRIu64 " loads (%" PRIu64 " bytes), %" PRIu64
+             " misses, %" PRIu64 " errors\n",
+             s->remote->url, s->remote->connected ? "connected" : "not connected", s->remote->saves,
+             s->remote->save_bytes, s->remote->loads, s->remote->load_bytes, s->remote->misses, s->remote->errors);
   }
   ckv_rpc_free(rep);
   return 0;

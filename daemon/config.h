@@ -135,6 +135,8 @@ typedef struct ckv_config {
   int log_level;                               /* ckv_log_level (syslog priority) */
   char metrics[CKV_CONFIG_ENDPOINT_MAX];       /* Prometheus "host:port"; "" = off */
   char remote[CKV_CONFIG_ENDPOINT_MAX];        /* remote store URL; "" = off */
+  char remote_password_file[CKV_CONFIG_PATH_MAX]; /* AUTH password of the store, in a file; "" = none */
+  uint64_t remote_timeout_ms;                  /* per connect and per command to the store */
   char remote_tcp[CKV_CONFIG_ENDPOINT_MAX];    /* CURVE tcp:// control endpoint; "" = off */
   char curve_secret_key[CKV_CONFIG_KEY_MAX];   /* Z85 */
   char curve_public_key[CKV_CONFIG_KEY_MAX];   /* Z85 */

@@ -19,6 +19,7 @@
 
 #include "commitkv/status.h"
 #include "daemon/log.h"
+#include "daemon/remote_store.h"
 #include "lifecycle/policy.h"
 
 static const enum_entry backend_names[] = {
@@ -140,8 +141,17 @@ const config_key ckv_cfg_keys[] = {
      .doc = "Prometheus endpoint host:port; loopback by default so per-tenant figures stay on the "
             "node; empty disables it."},
     {SEC_DAEMON, "remote", T_STRING, DMN(remote), .check = check_remote_url, .def = "",
-     .doc = "Remote tier for moving sessions between nodes, e.g. redis://127.0.0.1:6379 (Redis or "
-            "Valkey); empty = off."},
+     .doc = "Remote tier for moving sessions between nodes: redis://[USER@]HOST[:PORT][/DB] or "
+            "unix://PATH (Redis or Valkey); saves go to it too, restores take the newer copy; empty = "
+            "off. rediss:// (TLS) is refused: this build's hiredis has no TLS."},
+    {SEC_DAEMON, "remote_password_file", T_STRING, DMN(remote_password_file), .check = check_abs_path,
+     .def = "",
+     .doc = "File holding the remote store's AUTH password (one line; owner root or the daemon's user, "
+            "mode 0600 or 0640): never the password itself in this file; empty = no AUTH."},
+    {SEC_DAEMON, "remote_timeout", T_DURATION, DMN(remote_timeout_ms), .imin = 10, .imax = 60 * SEC,
+     .def = "2s",
+     .doc = "Longest wait for the remote store per connect and per command; a save or restore that "
+            "meets a dead store fails after this long instead of hanging."},
     {SEC_DAEMON, "remote_tcp", T_STRING, DMN(remote_tcp), .check = check_tcp_endpoint, .def = "",
      .doc = "ZeroMQ tcp:// endpoint for remote control with CURVE (needs both curve keys); empty = "
             "off, local ipc only."},
@@ -263,10 +273,10 @@ static int check_host_port(const char *v, char *err, size_t errlen) {
 }
 
 static int check_remote_url(const char *v, char *err, size_t errlen) {
-  if (strncmp(v, "redis://", 8) == 0 || strncmp(v, "rediss://", 9) == 0 ||
-      strncmp(v, "unix://", 7) == 0)
-    return CKV_OK;
-  ckv_cfg_seterr(err, errlen, "'%s' is not a redis://, rediss:// or unix:// URL", v);
+  ckv_remote_url u;
+  char why[512];
+  if (ckv_remote_url_parse(v, &u, why, sizeof why) == CKV_OK) return CKV_OK;
+  ckv_cfg_seterr(err, errlen, "%s", why);
   return CKV_ERR_INVALID;
 }
 

@@ -19,6 +19,8 @@
 #include "daemon/lifecycle.h"
 #include "daemon/log.h"
 #include "daemon/metrics.h"
+#include "daemon/remote_snap.h"
+#include "daemon/remote_store.h"
 #include "daemon/server.h"
 #include "daemon/session.h"
 #include "daemon/session_snap.h"
@@ -645,6 +647,9 @@ static int run_io(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
   q->job.destroy = io_request_destroy;
   snprintf(q->job.state_dir, sizeof q->job.state_dir, "%s", s->opt.state_dir ? s->opt.state_dir : "");
   snprintf(q->job.tenant, sizeof q->job.tenant, "%s", c->tenant->name);
+  q->job.remote = s->opt.remote;
+  /* what the store may send: no more than the tenant's arena and token columns could hold */
+  q->job.max_bytes = ckv_arena_size(c->tenant->arena) + (uint64_t)s->opt.max_tokens_per_session * 64u + (1u << 20);
   q->tenant = c->tenant;
   if (!s->reply_armed) {
     ckv_snapio_run(&q->job);
@@ -680,6 +685,8 @@ static int h_save(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
   if (!q) return -ENOMEM;
   q->job.kind = CKV_SNAPIO_SAVE;
   snprintf(q->job.name, sizeof q->job.name, "%s", name);
+  snprintf(q->job.model_id, sizeof q->job.model_id, "%s", sess->model_id);
+  snprintf(q->job.model_revision, sizeof q->job.model_revision, "%s", sess->model_revision);
   snprintf(q->id, sizeof q->id, "%s", sess->id);
   q->committed_only = sv->committed_only;
   uint64_t t0 = ckv_now_us();
@@ -723,6 +730,15 @@ static int save_done(ckv_server *s, io_request *q, reply_ctx *x) {
           j->name, (unsigned long long)j->bytes, (unsigned long long)q->tokens,
           q->committed_only ? ", committed only: " : ", ", (unsigned long long)j->snap.dropped_tokens,
           (double)q->copy_us / 1e3, (double)j->io_us / 1e3);
+  /* The remote copy after the local one (pushed by the I/O thread): a store
+   * that fails leaves the local snapshot as written, and the reply says both. */
+  if (j->remote_status < 0) {
+    ckv_log(CKV_LOG_ERROR, "remote-save", q->tenant->name, q->id,
+            "snapshot '%s' is saved locally, but not in the remote store: %s", j->name, j->remote_err);
+    return fail(x, j->remote_status,
+                "session '%s' is saved locally (snapshot '%s', %llu bytes, intact) but not in the remote store: %s",
+                q->id, j->name, (unsigned long long)j->bytes, j->remote_err);
+  }
   Commitkv__V1__SessionSaved *o = NEW(s, Commitkv__V1__SessionSaved, COMMITKV__V1__SESSION_SAVED__INIT);
   char *nm = ckv_wire_alloc(&s->out, strlen(j->name) + 1);
   if (!o || !nm) return -ENOMEM;
@@ -759,7 +775,7 @@ static int restore_session(ckv_server *s, ckv_conn *c, const Commitkv__V1__Reque
                            const Commitkv__V1__Geometry *geom, bool resume, reply_ctx *x) {
   int r = restore_allowed(s, c, id, x);
   if (r < 0) return r;
-  if (!s->opt.state_dir || !*s->opt.state_dir) {
+  if ((!s->opt.state_dir || !*s->opt.state_dir) && !s->opt.remote) {
     if (resume) return fail(x, CKV_ERR_NOT_FOUND, "no session '%s' to resume", id);
     return fail(x, CKV_ERR_INVALID, "the daemon has no state directory for snapshots");
   }
@@ -773,6 +789,8 @@ static int restore_session(ckv_server *s, ckv_conn *c, const Commitkv__V1__Reque
   q->check_rev = model_revision != NULL;
   snprintf(q->model_id, sizeof q->model_id, "%s", model_id ? model_id : "");
   snprintf(q->model_revision, sizeof q->model_revision, "%s", model_revision ? model_revision : "");
+  snprintf(q->job.model_id, sizeof q->job.model_id, "%s", q->model_id); /* the store's key */
+  snprintf(q->job.model_revision, sizeof q->job.model_revision, "%s", q->model_revision);
   if (geom) q->geom = (ckv_geometry){geom->n_layers, geom->n_kv_heads, geom->head_dim, (uint32_t)geom->dtype};
   return run_io(s, c, req, q, x);
 }
@@ -813,9 +831,10 @@ static int restore_done(ckv_server *s, ckv_conn *c, io_request *q, reply_ctx *x)
   if ((r = add_session(s, c, key, sess)) < 0) return fail(x, r, "out of memory");
   ckv_lifecycle_plan(sess, s->compressor, /* flush= */ false); /* what waited for a move when it was saved */
   ckv_log(CKV_LOG_INFO, "session-restore", c->tenant->name, sess->id,
-          "restored from snapshot '%s': %zu tokens (%llu draft, %llu staged, %llu committed, %llu recycled), %llu "
+          "restored from %s snapshot '%s': %zu tokens (%llu draft, %llu staged, %llu committed, %llu recycled), %llu "
           "not kept by its save%s; read in %.3f ms by the I/O thread",
-          name, sess->tokens.n, (unsigned long long)sess->count_by_state[0], (unsigned long long)sess->count_by_state[1],
+          j->origin == CKV_SNAP_FROM_REMOTE ? "the remote store's" : "the local", name, sess->tokens.n,
+          (unsigned long long)sess->count_by_state[0], (unsigned long long)sess->count_by_state[1],
           (unsigned long long)sess->count_by_state[2], (unsigned long long)sess->count_by_state[3],
           (unsigned long long)dropped, mlp_lost ? "; it used the mlp judge, which is not loaded: the rule judge decides" : "",
           (double)j->io_us / 1e3);
@@ -1060,6 +1079,21 @@ static int h_stats(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req,
   st->transitions_staged = tr[0][1];
   st->transitions_committed = tr[1][2];
   st->transitions_recycled = tr[0][3] + tr[1][3] + tr[2][3];
+  if (s->opt.remote) {
+    Commitkv__V1__RemoteStats *rs = NEW(s, Commitkv__V1__RemoteStats, COMMITKV__V1__REMOTE_STATS__INIT);
+    if (!rs) return -ENOMEM;
+    ckv_remote_stats rst;
+    ckv_remote_get_stats(s->opt.remote, &rst);
+    rs->url = (char *)ckv_remote_url_text(s->opt.remote);
+    rs->saves = rst.saves;
+    rs->save_bytes = rst.save_bytes;
+    rs->loads = rst.loads;
+    rs->load_bytes = rst.load_bytes;
+    rs->misses = rst.misses;
+    rs->errors = rst.errors;
+    rs->connected = rst.connected;
+    st->remote = rs;
+  }
   x->rep->body_case = COMMITKV__V1__RESPONSE__BODY_STATS;
   x->rep->stats = st;
   return CKV_OK;

@@ -16,6 +16,7 @@
 #include "daemon/blockmem.h"
 #include "daemon/config.h"
 #include "daemon/log.h"
+#include "daemon/remote_store.h"
 #include "daemon/server.h"
 #include "daemon/tenant.h"
 #include "lifecycle/judge.h"
@@ -178,6 +179,34 @@ static void on_tick(void *ctx, const char *status) {
   if (a->notify) sd_notifyf(0, "WATCHDOG=1\nSTATUS=%s", status);
 }
 
+/* The remote store of `remote` (remote_store.h), or *ret NULL when none is
+ * configured.  A store that does not answer yet is a warning, not a failure:
+ * it is asked again on every save and restore, and KV serving must not wait
+ * for it. */
+static int open_remote(const ckv_config *cfg, ckv_remote **ret, char *err, size_t errlen) {
+  *ret = NULL;
+  if (!cfg->remote[0]) return 0;
+  char *password = NULL;
+  int r = 0;
+  if (cfg->remote_password_file[0] &&
+      (r = ckv_remote_read_password(cfg->remote_password_file, &password, err, errlen)) < 0)
+    return r;
+  r = ckv_remote_new(cfg->remote, password, (uint32_t)cfg->remote_timeout_ms, ret, err, errlen);
+  if (password) {
+    memset(password, 0, strlen(password));
+    free(password);
+  }
+  if (r < 0) return r;
+  char why[512];
+  if (ckv_remote_ping(*ret, why, sizeof why) < 0)
+    ckv_log(CKV_LOG_WARNING, "remote-unavailable", NULL, NULL,
+            "%s; saves keep their local snapshot and say the push failed until it answers", why);
+  else
+    ckv_log(CKV_LOG_NOTICE, "remote", NULL, NULL, "remote store %s answers%s; snapshots go to it too",
+            ckv_remote_url_text(*ret), password ? " (AUTH)" : "");
+  return 0;
+}
+
 static int apply_flag(app *a, const char *section, const char *key, const char *value) {
   char err[512];
   int r = ckv_config_set(&a->cfg, section, key, value, err, sizeof(err));
@@ -283,10 +312,9 @@ int main(int argc, char **argv) {
   /* Keys the configuration knows but this build does not serve yet: refuse
    * rather than pretend (a remote endpoint that silently does nothing is worse
    * than a daemon that says so). */
-  if (a.cfg.remote_tcp[0] || a.cfg.remote[0]) {
-    fprintf(stderr, "commitkvd: %s is set, but the %s is not implemented in this build\n",
-            a.cfg.remote_tcp[0] ? "remote_tcp" : "remote",
-            a.cfg.remote_tcp[0] ? "CURVE remote control endpoint" : "Redis/Valkey remote tier");
+  if (a.cfg.remote_tcp[0]) {
+    fprintf(stderr, "commitkvd: remote_tcp is set, but the CURVE remote control endpoint is not implemented in this "
+                    "build\n");
     ckv_config_done(&a.cfg);
     return 1;
   }
@@ -328,6 +356,12 @@ int main(int argc, char **argv) {
   size_t rl = strlen(reason);
   snprintf(reason + rl, sizeof(reason) - rl, " (block writes: %s)", mem->name);
   ckv_log(CKV_LOG_NOTICE, "backend", NULL, NULL, "%s: %s", backend, reason);
+  ckv_remote *remote = NULL;
+  if (open_remote(&a.cfg, &remote, err, sizeof(err)) < 0) {
+    ckv_log(CKV_LOG_ERROR, "start-failed", NULL, NULL, "%s", err);
+    ckv_config_done(&a.cfg);
+    return 1;
+  }
   ckv_server_options so = {
       .socket = a.cfg.socket,
       .attach_socket = a.cfg.attach_socket,
@@ -349,6 +383,7 @@ int main(int argc, char **argv) {
       .compress_threads = a.cfg.compress_threads,
       .compress_queue = a.cfg.compress_queue,
       .metrics = a.cfg.metrics,
+      .remote = remote,
       .policy = &a.policy,
       .resolve_tenant = resolve_tenant,
       .resolve_ctx = &a,
@@ -366,6 +401,7 @@ int main(int argc, char **argv) {
   if (r < 0) {
     ckv_log(CKV_LOG_ERROR, "start-failed", NULL, NULL, "%s", err);
     if (a.notify) sd_notifyf(0, "STATUS=failed: %s\nERRNO=%d", err, r < 0 && r > -4096 ? -r : 0);
+    ckv_remote_free(remote);
     ckv_config_done(&a.cfg);
     return 1;
   }
@@ -373,6 +409,7 @@ int main(int argc, char **argv) {
   r = ckv_server_run(a.server);
   if (a.notify) sd_notify(0, "STOPPING=1\nSTATUS=draining");
   a.server = ckv_server_free(a.server);
+  remote = ckv_remote_free(remote); /* after the server: the drain may still save */
   a.mlp = ckv_mlp_free(a.mlp);
   for (size_t i = 0; i < a.n_old_mlps; i++) ckv_mlp_free(a.old_mlps[i]);
   free(a.old_mlps);

@@ -312,6 +312,17 @@ int ckv_metrics_format(const ckv_metrics_snapshot *snap, char **ret_text, size_t
       {"commitkv_compress_jobs_total", "counter", "Compressor jobs completed.", DF_(compress_jobs_total)},
       {"commitkv_compress_refused_total", "counter", "Compressor jobs refused because the queue was full.",
        DF_(compress_refused_total)},
+      {"commitkv_remote_saves_total", "counter", "Snapshots stored in the remote store (Redis/Valkey).",
+       DF_(remote_saves_total)},
+      {"commitkv_remote_save_bytes_total", "counter", "Bytes of snapshots stored in the remote store.",
+       DF_(remote_save_bytes_total)},
+      {"commitkv_remote_loads_total", "counter", "Snapshots read back from the remote store.", DF_(remote_loads_total)},
+      {"commitkv_remote_load_bytes_total", "counter", "Bytes of snapshots read back from the remote store.",
+       DF_(remote_load_bytes_total)},
+      {"commitkv_remote_misses_total", "counter", "Lookups of a snapshot the remote store does not hold.",
+       DF_(remote_misses_total)},
+      {"commitkv_remote_errors_total", "counter",
+       "Remote store calls that failed (unreachable, timed out, error reply).", DF_(remote_errors_total)},
 #undef DF_
   };
   for (size_t i = 0; i < sizeof(k_daemon) / sizeof(k_daemon[0]); i++) {

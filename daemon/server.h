@@ -71,6 +71,9 @@ typedef struct ckv_server_options {
   uint32_t draft_block_tokens, commit_block_tokens;
   unsigned compress_threads, compress_queue;
   const char *metrics; /* Prometheus endpoint "HOST:PORT"; "" = off */
+  /* The remote store snapshots also go to (remote_store.h), owned by the
+   * caller and outliving the server; NULL = none. */
+  struct ckv_remote *remote;
   /* Policy parameters new sessions start from (owned by the caller, who may
    * change them between loop iterations, e.g. on SIGHUP). */
   const ckv_judge_params *policy;

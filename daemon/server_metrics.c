@@ -9,6 +9,7 @@
 #include "daemon/compressor.h"
 #include "daemon/lifecycle.h"
 #include "daemon/metrics.h"
+#include "daemon/remote_store.h"
 #include "daemon/server.h"
 #include "daemon/session.h"
 #include "daemon/strmap.h"
@@ -44,6 +45,16 @@ void ckv_server_publish_metrics(ckv_server *s) {
   snap.compress_queue_depth = cs.queued;
   snap.compress_jobs_total = cs.completed;
   snap.compress_refused_total = cs.refused_busy;
+  if (s->opt.remote) {
+    ckv_remote_stats rs;
+    ckv_remote_get_stats(s->opt.remote, &rs);
+    snap.remote_saves_total = rs.saves;
+    snap.remote_save_bytes_total = rs.save_bytes;
+    snap.remote_loads_total = rs.loads;
+    snap.remote_load_bytes_total = rs.load_bytes;
+    snap.remote_misses_total = rs.misses;
+    snap.remote_errors_total = rs.errors;
+  }
   for (size_t i = 0; i < s->n_tenants; i++) {
     const ckv_tenant *t = s->tenants[i];
     ckv_metrics_tenant *m = &mt[i];

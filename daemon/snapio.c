@@ -3,6 +3,7 @@
  * that wakes the server loop when a job is done. */
 #include "daemon/snapio.h"
 
+
 #include <errno.h>
 #include <pthread.h>
 #include <stdbool.h>
@@ -14,6 +15,7 @@
 #include <unistd.h>
 
 #include "commitkv/status.h"
+#include "daemon/remote_snap.h"
 #include "daemon/snapdir.h"
 
 struct ckv_snapio {
@@ -42,8 +44,19 @@ void ckv_snapio_run(ckv_snapio_job *j) {
     char dir[4096 + 256];
     j->status = ckv_snapdir_dir(j->state_dir, j->tenant, /* create= */ 1, dir, sizeof dir, j->err, sizeof j->err);
     if (j->status == CKV_OK) j->status = ckv_snap_write(dir, j->name, &j->snap, &j->bytes, j->err, sizeof j->err);
+    j->remote_status = CKV_OK;
+    j->remote_err[0] = 0;
+    if (j->status == CKV_OK && j->remote)
+      j->remote_status = ckv_remote_snap_push(j->remote, j->state_dir, j->tenant, j->model_id, j->model_revision,
+                                              j->name, j->remote_err, sizeof j->remote_err);
+  } else if (j->remote) {
+    ckv_snap_origin origin = CKV_SNAP_FROM_LOCAL;
+    j->status = ckv_remote_snap_load(j->remote, j->state_dir, j->tenant, j->model_id, j->model_revision, j->name,
+                                     j->max_bytes, &j->snap, &origin, j->err, sizeof j->err);
+    j->origin = (int)origin;
   } else {
     char path[4096 + 512];
+    j->origin = CKV_SNAP_FROM_LOCAL;
     j->status = ckv_snapdir_file(j->state_dir, j->tenant, j->name, path, sizeof path);
     if (j->status < 0)
       snprintf(j->err, sizeof j->err, "the daemon has no state directory for snapshots");

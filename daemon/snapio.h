@@ -39,11 +39,20 @@ typedef struct ckv_snapio_job {
   char tenant[CKV_SNAP_TENANT_MAX + 1];
   char name[CKV_SNAP_ID_MAX + 1];
   ckv_snap snap; /* SAVE: the captured session (owned); LOAD: what was read (owned when status is CKV_OK) */
+  /* the remote store (NULL: none; remote_snap.h): a SAVE pushes the file it
+   * wrote, a LOAD reads both copies and takes the newer; used only by the
+   * I/O thread while the job is queued */
+  struct ckv_remote *remote;
+  char model_id[CKV_SNAP_MODEL_MAX + 1], model_revision[CKV_SNAP_MODEL_MAX + 1]; /* the store's key */
+  uint64_t max_bytes; /* LOAD: the most the store may send */
   /* what came of it (the thread's until collected) */
   int status;     /* CKV_OK, a ckv_status or -errno (ckv_snap_write / ckv_snap_read / ckv_snapdir_dir) */
   char err[320];  /* why, when status < 0 */
   uint64_t bytes; /* SAVE: the file's size */
   uint64_t io_us; /* time the I/O took on the thread */
+  int remote_status;     /* SAVE: CKV_OK, or why the push failed (the local file is written) */
+  char remote_err[320];  /* why, when remote_status < 0 */
+  int origin;            /* LOAD: ckv_snap_origin, the copy read */
   /* Frees the whole job (it may be embedded in a larger struct of the
    * server's); called by ckv_snapio_free for jobs never collected. */
   void (*destroy)(struct ckv_snapio_job *j);

@@ -176,7 +176,22 @@ static PyObject *stats_dict(const Commitkv__V1__Stats *s) {
       (unsigned long long)s->errors, "rounds", (unsigned long long)s->rounds, "uptime_ms",
       (unsigned long long)s->uptime_ms, "semantic_given_tokens", (unsigned long long)s->semantic_given_tokens,
       "backend", s->backend);
-  return d; /* "N" stole arenas and tenants */
+  if (!d) return NULL; /* "N" stole arenas and tenants */
+  /* the remote store, as `commitkvctl stats --json` has it: null without one */
+  const Commitkv__V1__RemoteStats *rs = s->remote;
+  PyObject *remote = rs ? Py_BuildValue("{szsKsKsKsKsKsKsO}", "url", rs->url, "saves", (unsigned long long)rs->saves,
+                                        "save_bytes", (unsigned long long)rs->save_bytes, "loads",
+                                        (unsigned long long)rs->loads, "load_bytes", (unsigned long long)rs->load_bytes,
+                                        "misses", (unsigned long long)rs->misses, "errors",
+                                        (unsigned long long)rs->errors, "connected", rs->connected ? Py_True : Py_False)
+                        : (Py_INCREF(Py_None), Py_None);
+  if (!remote || PyDict_SetItemString(d, "remote", remote) < 0) {
+    Py_XDECREF(remote);
+    Py_DECREF(d);
+    return NULL;
+  }
+  Py_DECREF(remote);
+  return d;
 fail:
   Py_XDECREF(arenas);
   Py_XDECREF(tenants);

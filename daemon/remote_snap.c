@@ -1,0 +1,139 @@
+/* remote_snap.c - session snapshots in the remote store (see remote_snap.h). */
+#include "daemon/remote_snap.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "commitkv/status.h"
+#include "daemon/log.h"
+#include "daemon/remote_store.h"
+#include "daemon/snapdir.h"
+#include "daemon/snapshot.h"
+
+__attribute__((format(printf, 4, 5))) static int fail(char *err, size_t len, int code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, len, fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+static int slurp(const char *path, uint8_t **ret, size_t *ret_len, char *err, size_t errlen) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return fail(err, errlen, -errno, "cannot open %s: %s", path, strerror(errno));
+  struct stat st;
+  if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    return fail(err, errlen, -EINVAL, "%s is not a regular file", path);
+  }
+  uint8_t *buf = malloc(st.st_size ? (size_t)st.st_size : 1);
+  if (!buf) {
+    close(fd);
+    return fail(err, errlen, -ENOMEM, "out of memory for %s", path);
+  }
+  size_t got = 0;
+  while (got < (size_t)st.st_size) {
+    ssize_t n = read(fd, buf + got, (size_t)st.st_size - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      int e = n < 0 ? errno : EIO;
+      free(buf);
+      close(fd);
+      return fail(err, errlen, -e, "reading %s: %s", path, n < 0 ? strerror(e) : "the file shrank");
+    }
+    got += (size_t)n;
+  }
+  close(fd);
+  *ret = buf;
+  *ret_len = got;
+  return CKV_OK;
+}
+
+static int key_of(const char *tenant, const char *model_id, const char *model_revision, const char *name, char *key,
+                  size_t len, char *err, size_t errlen) {
+  int r = ckv_remote_key(CKV_SNAP_VERSION, tenant, model_id ? model_id : "", model_revision ? model_revision : "",
+                         name, key, len);
+  if (r < 0) return fail(err, errlen, CKV_ERR_INVALID, "no remote store key can be made for snapshot '%s'", name);
+  return CKV_OK;
+}
+
+int ckv_remote_snap_push(ckv_remote *r, const char *state_dir, const char *tenant, const char *model_id,
+                         const char *model_revision, const char *name, char *err, size_t errlen) {
+  char key[CKV_REMOTE_KEY_MAX], path[4096];
+  int rc = key_of(tenant, model_id, model_revision, name, key, sizeof key, err, errlen);
+  if (rc < 0) return rc;
+  if ((rc = ckv_snapdir_file(state_dir, tenant, name, path, sizeof path)) < 0)
+    return fail(err, errlen, rc, "no snapshot file for '%s'", name);
+  uint8_t *buf = NULL;
+  size_t len = 0;
+  if ((rc = slurp(path, &buf, &len, err, errlen)) < 0) return rc;
+  rc = ckv_remote_put(r, key, buf, len, err, errlen);
+  free(buf);
+  return rc;
+}
+
+int ckv_remote_snap_load(ckv_remote *r, const char *state_dir, const char *tenant, const char *model_id,
+                         const char *model_revision, const char *name, uint64_t max_bytes, ckv_snap *ret,
+                         ckv_snap_origin *ret_origin, char *err, size_t errlen) {
+  char path[4096], lerr[768] = "", rerr[3072] = "";
+  ckv_snap local, remote;
+  int lr = -ENOENT, rr = -ENOENT;
+  if (ckv_snapdir_file(state_dir, tenant, name, path, sizeof path) == CKV_OK)
+    lr = ckv_snap_read(path, &local, lerr, sizeof lerr);
+  if (!r) {
+    if (lr == CKV_OK) {
+      *ret = local;
+      *ret_origin = CKV_SNAP_FROM_LOCAL;
+    } else {
+      snprintf(err, errlen, "%s", lr == -ENOENT ? "no such snapshot" : lerr);
+    }
+    return lr;
+  }
+  char key[CKV_REMOTE_KEY_MAX];
+  uint8_t *buf = NULL;
+  size_t len = 0;
+  rr = key_of(tenant, model_id, model_revision, name, key, sizeof key, rerr, sizeof rerr);
+  if (rr == CKV_OK) rr = ckv_remote_get(r, key, max_bytes, &buf, &len, rerr, sizeof rerr);
+  if (rr == CKV_OK) {
+    char perr[320];
+    rr = ckv_snap_parse(buf, len, &remote, perr, sizeof perr);
+    free(buf);
+    if (rr < 0) snprintf(rerr, sizeof rerr, "the remote store's copy (%s, key %s): %s", ckv_remote_url_text(r), key, perr);
+  }
+  /* A copy that exists and fails validation refuses the restore: falling back
+   * to the other one would hand out an older context without a word. */
+  if (lr < 0 && lr != -ENOENT) {
+    if (rr == CKV_OK) ckv_snap_done(&remote);
+    return fail(err, errlen, lr, "%s", lerr);
+  }
+  if (rr < 0 && rr != -ENOENT && rr != -EIO) {
+    if (lr == CKV_OK) ckv_snap_done(&local);
+    return fail(err, errlen, rr, "%s", rerr);
+  }
+  if (rr == -EIO) {
+    if (lr == -ENOENT) return fail(err, errlen, -EIO, "no local snapshot, and %s", rerr);
+    ckv_log(CKV_LOG_WARNING, "remote-unavailable", tenant, name,
+            "%s; restoring the local snapshot, which may be older than the store's", rerr);
+    *ret = local;
+    *ret_origin = CKV_SNAP_FROM_LOCAL;
+    return CKV_OK;
+  }
+  if (lr == -ENOENT && rr == -ENOENT)
+    return fail(err, errlen, -ENOENT, "neither here nor in the remote store %s (key %s)", ckv_remote_url_text(r), key);
+  bool take_remote = lr == -ENOENT || (rr == CKV_OK && remote.saved_at_ms > local.saved_at_ms);
+  if (take_remote) {
+    if (lr == CKV_OK) ckv_snap_done(&local);
+    *ret = remote;
+  } else {
+    if (rr == CKV_OK) ckv_snap_done(&remote);
+    *ret = local;
+  }
+  *ret_origin = take_remote ? CKV_SNAP_FROM_REMOTE : CKV_SNAP_FROM_LOCAL;
+  return CKV_OK;
+}

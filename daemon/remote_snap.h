@@ -1,0 +1,41 @@
+/* remote_snap.h - session snapshots in the remote store (remote_store.h):
+ * which copy a restore reads, and the push after a save.
+ *
+ * A save writes the local file first (snapshot.c, unchanged) and then pushes
+ * the file's bytes to the store under the snapshot's key; a push that fails
+ * leaves the local snapshot as written.  A restore with a store configured
+ * reads both copies, validates each exactly as a local file (ckv_snap_parse:
+ * every checksum and cross reference) and takes the newer by its saved_at
+ * time; equal times take the local one.  Either copy that exists but fails
+ * validation refuses the restore (never the older copy in its stead: that
+ * would be the silent restore of a stale context).  A store that cannot be
+ * reached is logged and the local copy, when there is one, restored. */
+#ifndef CKV_DAEMON_REMOTE_SNAP_H
+#define CKV_DAEMON_REMOTE_SNAP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct ckv_remote ckv_remote;
+typedef struct ckv_snap ckv_snap;
+
+/* Pushes state_dir's snapshot `name` of tenant (just written) to the store
+ * under the key of (tenant, model id, revision, name).  CKV_OK, -EIO (the
+ * store), CKV_ERR_INVALID (no key for these names), -errno (the file). */
+int ckv_remote_snap_push(ckv_remote *r, const char *state_dir, const char *tenant, const char *model_id,
+                         const char *model_revision, const char *name, char *err, size_t errlen);
+
+/* Where a loaded snapshot came from. */
+typedef enum ckv_snap_origin { CKV_SNAP_FROM_LOCAL = 0, CKV_SNAP_FROM_REMOTE = 1 } ckv_snap_origin;
+
+/* Reads snapshot `name` of tenant as described above (r NULL: the local
+ * file only).  model_id / model_revision name the remote key (NULL = "").
+ * max_bytes bounds what is read from the store.  On success *ret is filled
+ * (ckv_snap_done) and *ret_origin says which copy.  -ENOENT: neither copy
+ * exists; CKV_ERR_CORRUPT / CKV_ERR_FORMAT: a copy was refused (err says
+ * which); -EIO: no local copy and the store cannot be reached. */
+int ckv_remote_snap_load(ckv_remote *r, const char *state_dir, const char *tenant, const char *model_id,
+                         const char *model_revision, const char *name, uint64_t max_bytes, ckv_snap *ret,
+                         ckv_snap_origin *ret_origin, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,590 @@
+/* test_remote.c - the remote tier (issue 15): a real redis-server on a free
+ * loopback port, two real commitkvd with their own sockets and state
+ * directories pointing at it, libcommitkv in this process, hiredis to look
+ * into the store.
+ *
+ * - saved_on_one_resumes_on_other: a session with draft, staged and
+ *   committed blocks is saved on daemon 1 and comes back on daemon 2, whose
+ *   state directory never held it (OpenSession{resume} for one session,
+ *   RestoreSession for another): every block's payload byte for byte, every
+ *   token in the same format, the round counter; the value sits under the
+ *   documented key; stats count the save and the load with their bytes.
+ * - tampered_value_refused: a byte flipped in the store's value (SETRANGE) in
+ *   the header, a block and the end section: each restore on daemon 2 is
+ *   CKV_ERR_CORRUPT naming the store, the daemon keeps serving, and the
+ *   value put back restores.
+ * - store_gone_mid_save: the store stops answering during a save (CLIENT
+ *   PAUSE): the save answers EIO naming the store and saying the local
+ *   snapshot is intact, the store still holds the previous value whole, and
+ *   a restore takes the newer local copy; the store killed (SIGKILL): the
+ *   same, the daemon keeps serving; the store back on its port (empty): the
+ *   next save reaches it again. */
+#include <arpa/inet.h>
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <hiredis.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "client/rpc.h"
+#include "commitkv.pb-c.h"
+#include "commitkv/commitkv.h"
+#include "commitkv/status.h"
+#include "kernels/format.h"
+#include "kernels/kernels.h"
+#include "kernels/quant.h"
+#include "testcheck.h"
+#include "testutil.h"
+
+TestSuite(remote, .fini = ckv_test_leak_check);
+
+#define DEADLINE_MS 20000
+#define REDIS_SERVER "/usr/bin/redis-server"
+
+/* ---- a redis-server of our own ---- */
+
+typedef struct store {
+  pid_t pid;
+  int port;
+  char *dir;
+  char url[64];
+} store;
+
+static int free_port(void) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  cr_assert_geq(fd, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0, "bind: %s", strerror(errno));
+  socklen_t len = sizeof a;
+  cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+static redisContext *store_conn(const store *st) {
+  redisContext *c = redisConnectWithTimeout("127.0.0.1", st->port, (struct timeval){2, 0});
+  cr_assert(c && !c->err, "cannot connect to redis on %d: %s", st->port, c ? c->errstr : "oom");
+  return c;
+}
+
+static void store_start_on(store *st, int port) {
+  st->port = port;
+  snprintf(st->url, sizeof st->url, "redis://127.0.0.1:%d", port);
+  char portstr[16], log[512];
+  snprintf(portstr, sizeof portstr, "%d", port);
+  snprintf(log, sizeof log, "%s/redis.log", st->dir);
+  st->pid = fork();
+  cr_assert_geq(st->pid, 0);
+  if (st->pid == 0) {
+    int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0600);
+    if (fd >= 0) {
+      dup2(fd, 1);
+      dup2(fd, 2);
+    }
+    if (chdir(st->dir) != 0) _exit(126);
+    execl(REDIS_SERVER, "redis-server", "--port", portstr, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+          "--daemonize", "no", (char *)NULL);
+    _exit(127);
+  }
+  long long end = ckv_test_now_ms() + DEADLINE_MS;
+  for (;;) {
+    redisContext *c = redisConnectWithTimeout("127.0.0.1", port, (struct timeval){0, 200000});
+    if (c && !c->err) {
+      redisReply *r = redisCommand(c, "PING");
+      bool ok = r && r->type == REDIS_REPLY_STATUS;
+      if (r) freeReplyObject(r);
+      redisFree(c);
+      if (ok) return;
+    } else if (c) {
+      redisFree(c);
+    }
+    cr_assert_eq(waitpid(st->pid, NULL, WNOHANG), 0, "redis-server died at start (log %s)", log);
+    cr_assert_lt(ckv_test_now_ms(), end, "redis-server never answered on %d", port);
+    usleep(20000);
+  }
+}
+
+static void store_start(store *st) {
+  if (access(REDIS_SERVER, X_OK) != 0)
+    cr_skip_test(REDIS_SERVER " not found (make deps installs redis-server): the remote tier is NOT tested");
+  st->dir = ckv_test_tmpdir("ckv-redis");
+  store_start_on(st, free_port());
+}
+
+static void store_kill(store *st) {
+  if (st->pid <= 0) return;
+  kill(st->pid, SIGKILL);
+  waitpid(st->pid, NULL, 0);
+  st->pid = 0;
+}
+
+static void store_stop(store *st) {
+  store_kill(st);
+  ckv_test_rmdir(st->dir);
+}
+
+/* The value under key (malloc'd), or NULL with *len 0 when there is none. */
+static uint8_t *store_get(const store *st, const char *key, size_t *len) {
+  redisContext *c = store_conn(st);
+  redisReply *r = redisCommand(c, "GET %s", key);
+  cr_assert_not_null(r);
+  uint8_t *v = NULL;
+  *len = 0;
+  if (r->type == REDIS_REPLY_STRING) {
+    v = malloc(r->len + 1);
+    memcpy(v, r->str, r->len);
+    *len = r->len;
+  }
+  freeReplyObject(r);
+  redisFree(c);
+  return v;
+}
+
+static void store_cmd(const store *st, const char *fmt, ...) {
+  redisContext *c = store_conn(st);
+  va_list ap;
+  va_start(ap, fmt);
+  redisReply *r = redisvCommand(c, fmt, ap);
+  va_end(ap);
+  cr_assert(r && r->type != REDIS_REPLY_ERROR, "redis: %s", r ? r->str : c->errstr);
+  freeReplyObject(r);
+  redisFree(c);
+}
+
+/* ---- daemons ---- */
+
+static void daemon_start(ckv_test_daemon *d, const store *st, const char *timeout) {
+  char remote[96], to[64];
+  snprintf(remote, sizeof remote, "daemon.remote=%s", st->url);
+  snprintf(to, sizeof to, "daemon.remote_timeout=%s", timeout);
+  const char *const args[] = {"--set", "daemon.backend=host", "--set", "daemon.detach_keep=60s", "--set", remote,
+                              "--set", to, NULL};
+  cr_assert_eq(ckv_test_daemon_start(d, args), 0, "commitkvd with %s did not start: %s", remote,
+               ckv_test_file_tail(d->log, 2000));
+}
+
+static ckv_client *connect_to(const ckv_test_daemon *d) {
+  ckv_client_options o = {.socket = d->socket, .attach_socket = d->attach, .name = "test_remote", .timeout_ms = 15000};
+  ckv_client *c = NULL;
+  int r = ckv_client_connect(&o, &c);
+  cr_assert_eq(r, CKV_OK, "connect: %s (%s)", ckv_strerror(r), ckv_client_connect_error());
+  return c;
+}
+
+static void expect_serving(ckv_client *c) {
+  Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
+  Commitkv__V1__StatusRequest st = COMMITKV__V1__STATUS_REQUEST__INIT;
+  req.body_case = COMMITKV__V1__REQUEST__BODY_STATUS;
+  req.status = &st;
+  Commitkv__V1__Response *rep = NULL;
+  int r = ckv_rpc(c, &req, &rep);
+  cr_assert_eq(r, CKV_OK, "status: %s (%s)", ckv_strerror(r), ckv_client_last_error(c));
+  ckv_rpc_free(rep);
+}
+
+/* ---- a session with history (the workload of test_snapshot.c) ---- */
+
+#define LAYERS 2u
+#define HEADS 2u
+#define DIM 32u
+#define PER_ROUND 24u
+#define MODEL "stories260K"
+#define REV "r1"
+
+static const ckv_geometry k_geom = {LAYERS, HEADS, DIM, 0};
+
+typedef struct workload {
+  ckv_session *s;
+  size_t n;
+  uint32_t round;
+} workload;
+
+static void run_rounds(ckv_client *c, workload *w, uint32_t rounds) {
+  size_t elems = HEADS * DIM;
+  for (uint32_t k = 0; k < rounds; k++) {
+    uint32_t round = ++w->round;
+    float sem[PER_ROUND];
+    uint8_t roles[PER_ROUND];
+    for (uint32_t i = 0; i < PER_ROUND; i++) {
+      sem[i] = (w->n + i) % 8 == 1 ? 0.9f : (w->n + i) % 3 == 0 ? 0.2f : 0.5f;
+      roles[i] = round == 1 && i < 6 ? CKV_ROLE_SYSTEM : CKV_ROLE_USER;
+    }
+    uint64_t first = 0;
+    int r = ckv_session_append(w->s, PER_ROUND, roles, NULL, sem, NULL, &first);
+    cr_assert_eq(r, CKV_OK, "append: %s (%s)", ckv_strerror(r), ckv_client_last_error(c));
+    for (size_t pos = w->n; pos < w->n + PER_ROUND; pos++)
+      for (uint32_t layer = 0; layer < LAYERS; layer++) {
+        uint16_t kk[HEADS * DIM], vv[HEADS * DIM];
+        for (uint32_t e = 0; e < elems; e++) {
+          kk[e] = ckv_f32_to_f16(ckv_test_kv_value(pos, layer, 0, e));
+          vv[e] = ckv_f32_to_f16(ckv_test_kv_value(pos, layer, 1, e));
+        }
+        cr_assert_eq(ckv_session_write_kv(w->s, pos, layer, kk, vv), CKV_OK);
+      }
+    w->n += PER_ROUND;
+    float *attn = malloc(w->n * sizeof(float));
+    for (size_t pos = 0; pos < w->n; pos++)
+      attn[pos] = pos % 8 == 1 ? 4.f : pos + PER_ROUND >= w->n ? 1.f : (pos % 3 == 0 && round > 6) ? 0.f : 0.3f;
+    ckv_round_result rr;
+    r = ckv_session_report(w->s, round, 0, attn, w->n, &rr);
+    free(attn);
+    cr_assert_eq(r, CKV_OK, "report: %s (%s)", ckv_strerror(r), ckv_client_last_error(c));
+    cr_assert_eq(ckv_session_ack(w->s, rr.epoch, NULL), CKV_OK);
+  }
+}
+
+static workload open_workload(ckv_client *c, const char *id, uint32_t rounds) {
+  const char *names[] = {"sink_tokens", "recent_window", "persistence_rounds", "idle_rounds", "prune_keep", "rotate"};
+  const double values[] = {4, 16, 2, 6, 1, 1};
+  ckv_session_options so = {.policy = "commitkv", .param_names = names, .param_values = values, .n_params = 6,
+                            .model_id = MODEL, .model_revision = REV};
+  workload w = {0};
+  int r = ckv_session_open(c, id, &k_geom, &so, &w.s);
+  cr_assert_eq(r, CKV_OK, "open %s: %s (%s)", id, ckv_strerror(r), ckv_client_last_error(c));
+  run_rounds(c, &w, rounds);
+  return w;
+}
+
+/* What a view holds: per block its format, (slot, position) pairs and payload. */
+typedef struct captured_block {
+  uint32_t format, n_valid;
+  uint32_t slots[1024], positions[1024];
+  uint8_t *payload;
+  size_t payload_len;
+} captured_block;
+
+typedef struct capture {
+  uint64_t n_tokens;
+  captured_block *blocks;
+  size_t n_blocks;
+  uint8_t *format_of;
+  size_t per_format[CKV_FORMAT_COUNT_];
+} capture;
+
+static capture capture_view(ckv_client *c, const char *sid) {
+  Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
+  Commitkv__V1__GetView g = COMMITKV__V1__GET_VIEW__INIT;
+  g.session_id = (char *)sid;
+  req.body_case = COMMITKV__V1__REQUEST__BODY_GET_VIEW;
+  req.get_view = &g;
+  Commitkv__V1__Response *rep = NULL;
+  int r = ckv_rpc(c, &req, &rep);
+  cr_assert_eq(r, CKV_OK, "GetView %s: %s (%s)", sid, ckv_strerror(r), ckv_client_last_error(c));
+  const Commitkv__V1__View *v = rep->view;
+  capture cap = {.n_tokens = v->n_tokens};
+  size_t total = v->n_draft + v->n_staged + v->n_committed;
+  cap.blocks = calloc(total + 1, sizeof(*cap.blocks));
+  cap.format_of = malloc(v->n_tokens + 1);
+  cr_assert(cap.blocks && cap.format_of);
+  memset(cap.format_of, CKV_FORMAT_COUNT_, v->n_tokens + 1);
+  Commitkv__V1__BlockRef **lists[3] = {v->draft, v->staged, v->committed};
+  size_t counts[3] = {v->n_draft, v->n_staged, v->n_committed};
+  for (int k = 0; k < 3; k++)
+    for (size_t i = 0; i < counts[k]; i++) {
+      const Commitkv__V1__BlockRef *b = lists[k][i];
+      const uint8_t *base = ckv_rpc_arena_ptr(c, b->arena_id, b->offset, b->bytes);
+      cr_assert_not_null(base, "view block outside the mapped arena");
+      cr_assert_eq(ckv_block_check(base, &k_geom), CKV_OK);
+      cr_assert_leq(b->capacity, 1024);
+      captured_block *cb = &cap.blocks[cap.n_blocks++];
+      cb->format = b->format;
+      const uint32_t *pos = ckv_block_positions_const(base);
+      for (uint32_t slot = 0; slot < b->capacity; slot++)
+        if (ckv_block_slot_valid(base, slot)) {
+          cr_assert_lt(pos[slot], v->n_tokens);
+          cb->slots[cb->n_valid] = slot;
+          cb->positions[cb->n_valid++] = pos[slot];
+          cap.format_of[pos[slot]] = (uint8_t)b->format;
+        }
+      size_t head = ckv_block_payload_offset(b->capacity);
+      cb->payload_len = b->bytes - head;
+      cb->payload = malloc(cb->payload_len);
+      memcpy(cb->payload, base + head, cb->payload_len);
+      cap.per_format[b->format]++;
+    }
+  ckv_rpc_free(rep);
+  return cap;
+}
+
+static void capture_free(capture *c) {
+  for (size_t i = 0; i < c->n_blocks; i++) free(c->blocks[i].payload);
+  free(c->blocks);
+  free(c->format_of);
+}
+
+/* b holds the same blocks as a (matched by format and valid (slot, position)
+ * pairs: block ids differ between daemons), byte for byte, and every token
+ * in the same format. */
+static void expect_same(const capture *a, const capture *b, const char *what) {
+  cr_assert_eq(a->n_tokens, b->n_tokens, "%s: %llu tokens, saved %llu", what, (unsigned long long)b->n_tokens,
+               (unsigned long long)a->n_tokens);
+  for (uint64_t p = 0; p < a->n_tokens; p++)
+    cr_assert_eq(a->format_of[p], b->format_of[p], "%s: token %llu in format %u, saved in %u", what,
+                 (unsigned long long)p, b->format_of[p], a->format_of[p]);
+  size_t matched = 0;
+  for (size_t i = 0; i < a->n_blocks; i++) {
+    const captured_block *x = &a->blocks[i];
+    if (!x->n_valid) continue;
+    const captured_block *y = NULL;
+    for (size_t j = 0; j < b->n_blocks && !y; j++)
+      if (b->blocks[j].format == x->format && b->blocks[j].n_valid == x->n_valid &&
+          memcmp(b->blocks[j].slots, x->slots, x->n_valid * 4) == 0 &&
+          memcmp(b->blocks[j].positions, x->positions, x->n_valid * 4) == 0)
+        y = &b->blocks[j];
+    cr_assert_not_null(y, "%s: no block of format %u holds positions %u.. in the same slots", what, x->format,
+                       x->positions[0]);
+    cr_assert_eq(y->payload_len, x->payload_len);
+    cr_assert_eq(memcmp(y->payload, x->payload, x->payload_len), 0, "%s: block of format %u (positions %u..) differs",
+                 what, x->format, x->positions[0]);
+    matched++;
+  }
+  cr_assert_gt(matched, 0);
+}
+
+static int restore_raw(ckv_client *c, const char *id, char *msg, size_t len) {
+  Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
+  Commitkv__V1__RestoreSession rs = COMMITKV__V1__RESTORE_SESSION__INIT;
+  rs.session_id = (char *)id;
+  rs.name = (char *)"";
+  rs.model_id = (char *)MODEL;
+  rs.model_revision = (char *)REV;
+  req.body_case = COMMITKV__V1__REQUEST__BODY_RESTORE_SESSION;
+  req.restore_session = &rs;
+  Commitkv__V1__Response *rep = NULL;
+  int r = ckv_rpc(c, &req, &rep);
+  snprintf(msg, len, "%s", r == CKV_OK ? "" : ckv_client_last_error(c));
+  if (r == CKV_OK) ckv_rpc_free(rep);
+  return r;
+}
+
+static uint8_t *read_local(const ckv_test_daemon *d, const char *name, size_t *len) {
+  char path[600];
+  snprintf(path, sizeof path, "%s/snapshots/default/%s.ckvsnap", d->dir, name);
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    *len = 0;
+    return NULL;
+  }
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  uint8_t *b = malloc((size_t)n + 1);
+  cr_assert_eq(fread(b, 1, (size_t)n, f), (size_t)n);
+  fclose(f);
+  *len = (size_t)n;
+  return b;
+}
+
+/* ---- the tests ---- */
+
+Test(remote, saved_on_one_resumes_on_other, .timeout = 120) {
+  store st;
+  store_start(&st);
+  ckv_test_daemon d1, d2;
+  daemon_start(&d1, &st, "2s");
+  daemon_start(&d2, &st, "2s");
+  ckv_client *c1 = connect_to(&d1), *c2 = connect_to(&d2);
+  workload a = open_workload(c1, "fleet-1", 12), b = open_workload(c1, "fleet:2", 9);
+  uint64_t bytes = 0;
+  cr_assert_eq(ckv_session_save(a.s, NULL, false, &bytes), CKV_OK, "save: %s", ckv_client_last_error(c1));
+  cr_assert_eq(ckv_session_save(b.s, NULL, false, NULL), CKV_OK, "save: %s", ckv_client_last_error(c1));
+  capture before_a = capture_view(c1, "fleet-1"), before_b = capture_view(c1, "fleet:2");
+  cr_assert_gt(before_a.per_format[CKV_FORMAT_DRAFT], 0, "no draft block");
+  cr_assert_gt(before_a.per_format[CKV_FORMAT_STAGED] + before_b.per_format[CKV_FORMAT_STAGED], 0, "no staged block");
+  cr_assert_gt(before_a.per_format[CKV_FORMAT_ROT4], 0, "no committed (ROT4) block");
+
+  /* the documented key holds the local file's bytes ("fleet:2": ':' encoded) */
+  size_t local_len, remote_len;
+  uint8_t *local = read_local(&d1, "fleet-1", &local_len);
+  uint8_t *remote = store_get(&st, "ckv:v1:default:" MODEL ":" REV ":fleet-1", &remote_len);
+  cr_assert_not_null(remote, "nothing under ckv:v1:default:" MODEL ":" REV ":fleet-1");
+  cr_assert_eq(remote_len, bytes);
+  cr_assert(local && local_len == remote_len && memcmp(local, remote, local_len) == 0,
+            "the store's value is not the snapshot file");
+  free(local);
+  free(remote);
+  remote = store_get(&st, "ckv:v1:default:" MODEL ":" REV ":fleet%3A2", &remote_len);
+  cr_assert_not_null(remote, "nothing under the encoded key of fleet:2");
+  free(remote);
+  cr_assert_eq(ckv_test_stat(&d1, "remote.saves"), 2);
+  size_t b_len;
+  free(read_local(&d1, "fleet:2", &b_len));
+  cr_assert_eq(ckv_test_stat(&d1, "remote.save_bytes"), bytes + b_len);
+
+  /* daemon 2 never saw them: OpenSession{resume} and RestoreSession find them in the store */
+  ckv_session *a2 = NULL, *b2 = NULL;
+  ckv_session_options ro = {.resume = true, .model_id = MODEL, .model_revision = REV};
+  int r = ckv_session_open(c2, "fleet-1", NULL, &ro, &a2);
+  cr_assert_eq(r, CKV_OK, "resume on daemon 2: %s (%s)", ckv_strerror(r), ckv_client_last_error(c2));
+  ckv_session_options mo = {.model_id = MODEL, .model_revision = REV};
+  r = ckv_session_restore(c2, "fleet:2", NULL, &mo, &b2);
+  cr_assert_eq(r, CKV_OK, "restore on daemon 2: %s (%s)", ckv_strerror(r), ckv_client_last_error(c2));
+  cr_assert_null(read_local(&d2, "fleet-1", &local_len), "daemon 2 had a local snapshot: the store was not used");
+  capture after_a = capture_view(c2, "fleet-1"), after_b = capture_view(c2, "fleet:2");
+  expect_same(&before_a, &after_a, "fleet-1 on daemon 2");
+  expect_same(&before_b, &after_b, "fleet:2 on daemon 2");
+  const char *states[4] = {"tokens.draft", "tokens.staged", "tokens.committed", "tokens.recycled"};
+  for (int i = 0; i < 4; i++)
+    cr_assert_eq(ckv_test_stat(&d2, states[i]), ckv_test_stat(&d1, states[i]), "%s differs between the daemons",
+                 states[i]);
+  cr_assert_eq(ckv_test_stat(&d2, "remote.loads"), 2);
+  cr_assert_eq(ckv_test_stat(&d2, "remote.load_bytes"), bytes + b_len);
+  /* the round counter came along: round 12 again is refused, 13 accepted */
+  float *attn = calloc(before_a.n_tokens, sizeof(float));
+  ckv_round_result rr;
+  cr_assert_eq(ckv_session_report(a2, 12, 0, attn, before_a.n_tokens, &rr), CKV_ERR_INVALID);
+  cr_assert_eq(ckv_session_report(a2, 13, 0, attn, before_a.n_tokens, &rr), CKV_OK, "%s", ckv_client_last_error(c2));
+  free(attn);
+  char *log = ckv_test_read_file(d2.log);
+  cr_assert(log && strstr(log, "restored from the remote store's snapshot"), "daemon 2's log: %s", log ? log : "");
+  free(log);
+  /* an id neither daemon nor the store knows */
+  ckv_session *none = NULL;
+  cr_assert_eq(ckv_session_open(c2, "nobody", NULL, &ro, &none), CKV_ERR_NOT_FOUND);
+  cr_assert_eq(ckv_test_stat(&d2, "remote.misses"), 1);
+
+  capture_free(&before_a);
+  capture_free(&before_b);
+  capture_free(&after_a);
+  capture_free(&after_b);
+  ckv_session_drop(a.s);
+  ckv_session_drop(b.s);
+  ckv_session_drop(a2);
+  ckv_session_drop(b2);
+  ckv_client_free(c1);
+  ckv_client_free(c2);
+  cr_expect_eq(ckv_test_daemon_stop(&d1), 0);
+  cr_expect_eq(ckv_test_daemon_stop(&d2), 0);
+  store_stop(&st);
+}
+
+Test(remote, tampered_value_refused, .timeout = 120) {
+  store st;
+  store_start(&st);
+  ckv_test_daemon d1, d2;
+  daemon_start(&d1, &st, "2s");
+  daemon_start(&d2, &st, "2s");
+  ckv_client *c1 = connect_to(&d1), *c2 = connect_to(&d2);
+  workload w = open_workload(c1, "t-1", 8);
+  cr_assert_eq(ckv_session_save(w.s, NULL, false, NULL), CKV_OK, "save: %s", ckv_client_last_error(c1));
+  const char *key = "ckv:v1:default:" MODEL ":" REV ":t-1";
+  size_t len;
+  uint8_t *orig = store_get(&st, key, &len);
+  cr_assert_not_null(orig);
+  /* in the header section, in the middle (a block's payload), in the end section */
+  size_t offs[3] = {40, len / 2, len - 4};
+  char msg[600];
+  for (int i = 0; i < 3; i++) {
+    store_cmd(&st, "SET %s %b", key, orig, len);
+    char flipped[1] = {(char)(orig[offs[i]] ^ 0x10)}, off[24];
+    snprintf(off, sizeof off, "%zu", offs[i]);
+    store_cmd(&st, "SETRANGE %s %s %b", key, off, flipped, (size_t)1);
+    int r = restore_raw(c2, "t-1", msg, sizeof msg);
+    cr_assert_eq(r, CKV_ERR_CORRUPT, "byte %zu of %zu flipped in the store: restore answered %s (%s)", offs[i], len,
+                 ckv_status_name(r), msg);
+    cr_assert(strstr(msg, "remote store") && strstr(msg, st.url), "the refusal does not name the store: %s", msg);
+    expect_serving(c2);
+  }
+  store_cmd(&st, "SET %s %b", key, orig, len);
+  cr_assert_eq(restore_raw(c2, "t-1", msg, sizeof msg), CKV_OK, "the untouched value: %s", msg);
+  free(orig);
+  ckv_session_drop(w.s);
+  ckv_client_free(c1);
+  ckv_client_free(c2);
+  cr_expect_eq(ckv_test_daemon_stop(&d1), 0);
+  cr_expect_eq(ckv_test_daemon_stop(&d2), 0);
+  store_stop(&st);
+}
+
+Test(remote, store_gone_mid_save, .timeout = 120) {
+  store st;
+  store_start(&st);
+  ckv_test_daemon d;
+  daemon_start(&d, &st, "300ms");
+  ckv_client *c = connect_to(&d);
+  workload w = open_workload(c, "g-1", 6);
+  cr_assert_eq(ckv_session_save(w.s, NULL, false, NULL), CKV_OK, "save: %s", ckv_client_last_error(c));
+  const char *key = "ckv:v1:default:" MODEL ":" REV ":g-1";
+  size_t v1_len;
+  uint8_t *v1 = store_get(&st, key, &v1_len);
+  cr_assert_not_null(v1);
+  run_rounds(c, &w, 4); /* the next save holds more */
+
+  /* the store stops answering writes in the middle of the save */
+  store_cmd(&st, "CLIENT PAUSE 10000 WRITE");
+  int r = ckv_session_save(w.s, NULL, false, NULL);
+  char msg[600];
+  snprintf(msg, sizeof msg, "%s", ckv_client_last_error(c));
+  store_cmd(&st, "CLIENT UNPAUSE");
+  cr_assert_eq(r, -EIO, "save with the store paused answered %s (%s)", ckv_status_name(r), msg);
+  cr_assert(strstr(msg, st.url) && strstr(msg, "saved locally") && strstr(msg, "intact"), "the text: %s", msg);
+  capture saved = capture_view(c, "g-1");
+  /* the store still holds the first save whole, the local file the second */
+  size_t now_len, local_len;
+  uint8_t *now = store_get(&st, key, &now_len);
+  cr_assert(now && now_len == v1_len && memcmp(now, v1, v1_len) == 0, "the store's value changed in a failed save");
+  free(now);
+  uint8_t *local = read_local(&d, "g-1", &local_len);
+  cr_assert(local && (local_len != v1_len || memcmp(local, v1, v1_len) != 0), "the local snapshot is not the newer one");
+  free(local);
+  /* the restore takes the newer copy: the local one */
+  cr_assert_eq(ckv_session_drop(w.s), CKV_OK);
+  r = restore_raw(c, "g-1", msg, sizeof msg);
+  cr_assert_eq(r, CKV_OK, "restore after the failed push: %s (%s)", ckv_status_name(r), msg);
+  capture back = capture_view(c, "g-1");
+  expect_same(&saved, &back, "g-1 restored after the failed push");
+  capture_free(&back);
+
+  /* the store dies: the save says so, the local snapshot is written */
+  ckv_session_options ro = {.resume = true, .model_id = MODEL, .model_revision = REV};
+  cr_assert_eq(ckv_session_open(c, "g-1", NULL, &ro, &w.s), CKV_OK, "%s", ckv_client_last_error(c));
+  store_kill(&st);
+  r = ckv_session_save(w.s, NULL, false, NULL);
+  snprintf(msg, sizeof msg, "%s", ckv_client_last_error(c));
+  cr_assert_eq(r, -EIO, "save with the store dead answered %s (%s)", ckv_status_name(r), msg);
+  cr_assert(strstr(msg, st.url) && strstr(msg, "saved locally"), "the text: %s", msg);
+  expect_serving(c);
+  cr_assert_eq(ckv_session_drop(w.s), CKV_OK);
+  r = restore_raw(c, "g-1", msg, sizeof msg);
+  cr_assert_eq(r, CKV_OK, "restore with the store dead: %s (%s)", ckv_status_name(r), msg);
+  back = capture_view(c, "g-1");
+  expect_same(&saved, &back, "g-1 restored with the store dead");
+  capture_free(&back);
+  char *log = ckv_test_read_file(d.log);
+  cr_assert(log && strstr(log, "remote-unavailable"), "no remote-unavailable line: %s", log ? log : "");
+  free(log);
+  cr_assert_geq(ckv_test_stat(&d, "remote.errors"), 2);
+
+  /* back on its port, empty: the next save reaches it again */
+  store_start_on(&st, st.port);
+  cr_assert_eq(ckv_session_open(c, "g-1", NULL, &ro, &w.s), CKV_OK, "%s", ckv_client_last_error(c));
+  r = ckv_session_save(w.s, NULL, false, NULL);
+  cr_assert_eq(r, CKV_OK, "save with the store back: %s (%s)", ckv_status_name(r), ckv_client_last_error(c));
+  now = store_get(&st, key, &now_len);
+  cr_assert_not_null(now, "the save did not reach the restarted store");
+  free(now);
+  /* and one that restarts between two saves costs nothing: the dead connection is made again */
+  store_kill(&st);
+  store_start_on(&st, st.port);
+  r = ckv_session_save(w.s, NULL, false, NULL);
+  cr_assert_eq(r, CKV_OK, "save after a store restart: %s (%s)", ckv_status_name(r), ckv_client_last_error(c));
+  cr_assert_eq(ckv_test_stat(&d, "remote.saves"), 3);
+
+  free(v1);
+  capture_free(&saved);
+  ckv_session_drop(w.s);
+  ckv_client_free(c);
+  cr_expect_eq(ckv_test_daemon_stop(&d), 0);
+  store_stop(&st);
+}
