@@ -3,7 +3,7 @@
 
     PYTHONPATH=build/python python3 examples/torch_worker.py --dialogues FILE.jsonl
         [--model PATH] [--policy NAME] [--param key=value ...] [--limit N] [--bos ID]
-        [--socket EP] [--attach-socket PATH] [--prefix ID] [--json] [--quiet]
+        [--socket EP] [--attach-socket PATH] [--prefix ID] [--keep] [--json] [--quiet]
 
 The Python twin of commitkv-dialogue (examples/dialogue.c over
 examples/llm/worker.c), through the `commitkv` module: a llama2.c legacy
@@ -34,11 +34,15 @@ block that the kernel reads after the view's; the module attends over the
 view only and returns no softmax normaliser, so here each query head h is
 attended on its own (its query in its KV head's place, zeros elsewhere: a
 zero query spreads exactly 1/N over the N attended slots), which gives that
-head's probabilities p_h over the view; with one draft token a of the view
+head's probabilities p_h over the view; with a draft token a of the view
 whose FP16 key is known, log Z_h = s_ha - log p_ha (s: scaled score), and the
 view's output merges exactly with the decoded tokens' own scores and values.
 As in the C worker, the view tokens' mass during the decode counts for the
-round.  Up to rounding this is the same attention.
+round.  Up to rounding this is the same attention.  Where no draft token is
+attended above rounding (a head that looks at a compressed sink), the most
+attended token anchors it with the FP16 key this worker wrote for it: then
+the merge is off by that token's compression error (policies that compress;
+under fp16 every token is draft).
 
 Semantic scores: none are sent (the daemon estimates them from token
 rarity), as commitkv-dialogue --semantic none does; compare with that.
@@ -52,6 +56,8 @@ on bad arguments or a malformed dialogue file.
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import json
 import math
 import os
@@ -100,9 +106,58 @@ class BadInput(Exception):
 # ---- the model ------------------------------------------------------------------
 
 
+LANES = 8  # model.c matmul(): partial sums per output row
+
+_LIBM = ctypes.util.find_library("m")
+_expf = ctypes.CDLL(_LIBM).expf if _LIBM else None
+if _expf is not None:
+    _expf.restype, _expf.argtypes = ctypes.c_float, [ctypes.c_float]
+
+
+def expf(x):
+    """The C library's expf, element by element, as model.c's SiLU calls it:
+    torch.exp in float32 differs from it in about 9% of values by an ulp,
+    exp in double rounded to float in about 0.05% (glibc's expf is not always
+    correctly rounded); either is enough to flip an FP16 K/V now and then.
+    Without a findable libm: the double-rounded one."""
+    if _expf is None:
+        return torch.exp(x.double()).float()
+    return torch.tensor([_expf(v) for v in x.tolist()], dtype=torch.float32)
+
+
+class Linear:
+    """out = W @ x summed in model.c's order, so the products and their sums
+    are the C forward pass's bit for bit: per row, LANES partial sums over
+    the columns in order, combined as ((a0+a4)+(a1+a5))+((a2+a6)+(a3+a7)),
+    plus the sequential sum of the columns past the last full lane group.
+    (torch.mv sums in BLAS order: the same to rounding, but a near-tie of two
+    logits is then decided differently now and then.)"""
+
+    def __init__(self, w):
+        n, d = w.shape
+        self.n, self.chunks = n, d // LANES
+        self.w = w[:, :self.chunks * LANES].reshape(n, self.chunks, LANES).contiguous()
+        self.tail = [w[:, j].contiguous() for j in range(self.chunks * LANES, d)]
+
+    def __call__(self, x):
+        cut = self.chunks * LANES
+        p = self.w * x[:cut].view(self.chunks, LANES)
+        acc = p[:, 0].clone()
+        for c in range(1, self.chunks):
+            acc += p[:, c]
+        pair = acc[:, :4] + acc[:, 4:]  # a0+a4, a1+a5, a2+a6, a3+a7
+        half = pair[:, 0::2] + pair[:, 1::2]  # (a0+a4)+(a1+a5), (a2+a6)+(a3+a7)
+        tail = torch.zeros(self.n)
+        for j, col in enumerate(self.tail):
+            tail += col * x[cut + j]
+        return (half[:, 0] + half[:, 1]) + tail
+
+
 class Llama:
     """A llama2.c legacy checkpoint in PyTorch (FP32, CPU), stepped one token at
-    a time: embed -> (qkv -> finish_layer) per layer -> logits, as model.c."""
+    a time: embed -> (qkv -> finish_layer) per layer -> logits, as model.c does
+    it, in its order of operations (so, given the same attention outputs, the
+    same bits)."""
 
     def __init__(self, path: str):
         with open(path, "rb") as f:
@@ -111,7 +166,7 @@ class Llama:
             raise Failure(f"{path}: too short for a llama2.c header")
         dim, hidden, layers, heads, kv_heads, vocab, seq = struct.unpack("<7i", raw[:28])
         if min(dim, hidden, layers, heads, kv_heads, seq) <= 0 or vocab == 0 or dim % heads or heads % kv_heads \
-                or (dim // heads) % 2:
+                or (dim // heads) % 2 or dim < LANES:
             raise Failure(f"{path}: not a llama2.c legacy checkpoint (header {dim} {hidden} {layers} {heads} "
                           f"{kv_heads} {vocab} {seq})")
         shared = vocab > 0
@@ -130,38 +185,39 @@ class Llama:
             off += n
             return t
 
-        self.tok = take(vocab, dim)
+        tok = take(vocab, dim)
         self.rms_att = take(layers, dim)
-        self.wq = take(layers, dim, dim)
-        self.wk = take(layers, kv, dim)
-        self.wv = take(layers, kv, dim)
-        self.wo = take(layers, dim, dim)
+        wq, wk, wv, wo = take(layers, dim, dim), take(layers, kv, dim), take(layers, kv, dim), take(layers, dim, dim)
         self.rms_ffn = take(layers, dim)
-        self.w1 = take(layers, hidden, dim)
-        self.w2 = take(layers, dim, hidden)
-        self.w3 = take(layers, hidden, dim)
+        w1, w2, w3 = take(layers, hidden, dim), take(layers, dim, hidden), take(layers, hidden, dim)
         self.rms_final = take(dim)
         take(seq, hd // 2)  # legacy RoPE tables (freq_cis_real, _imag): recomputed below
         take(seq, hd // 2)
-        self.wcls = self.tok if shared else take(vocab, dim)
+        wcls = tok if shared else take(vocab, dim)
         if off != w.size:
             raise Failure(f"{path}: {w.size - off} floats left over")
-        if not all(torch.isfinite(t).all() for t in (self.tok, self.wq, self.wk, self.wv, self.wo, self.w1,
-                                                     self.w2, self.w3, self.wcls)):
+        if not np.isfinite(w).all():
             raise Failure(f"{path}: a weight is NaN or infinite")
+        self.tok = tok
+        # Rows are summed independently: q, k, v (and w1, w3) from one product each.
+        self.wqkv = [Linear(torch.cat((wq[i], wk[i], wv[i]))) for i in range(layers)]
+        self.wo = [Linear(wo[i]) for i in range(layers)]
+        self.w13 = [Linear(torch.cat((w1[i], w3[i]))) for i in range(layers)]
+        self.w2 = [Linear(w2[i]) for i in range(layers)]
+        self.wcls = Linear(wcls)
         self.dim, self.hidden, self.n_layers, self.n_heads, self.n_kv_heads = dim, hidden, layers, heads, kv_heads
         self.vocab, self.seq_len, self.head_dim, self.kv_dim = vocab, seq, hd, kv
-        # model.c rope(): angle = pos * 10000^(-i/head_dim) in double, cos/sin rounded to float.
-        i = np.arange(0, hd, 2, dtype=np.float64)
-        ang = np.arange(seq, dtype=np.float64)[:, None] * np.power(ROPE_THETA, -i / hd)[None, :]
-        self.cos = torch.from_numpy(np.cos(ang).astype(np.float32))
-        self.sin = torch.from_numpy(np.sin(ang).astype(np.float32))
+        # model.c rope(): angle = pos * 10000^(-i/head_dim) in double (libm), cos/sin rounded to float.
+        ang = [[p * math.pow(ROPE_THETA, -i / hd) for i in range(0, hd, 2)] for p in range(seq)]
+        self.cos = torch.tensor([[math.cos(a) for a in row] for row in ang], dtype=torch.float64).float()
+        self.sin = torch.tensor([[math.sin(a) for a in row] for row in ang], dtype=torch.float64).float()
+        self.eps = np.float32(RMS_EPS)
 
-    @staticmethod
-    def _rmsnorm(x, w):
-        ss = torch.dot(x, x)
-        scale = 1.0 / torch.sqrt(ss / x.numel() + RMS_EPS)
-        return w * (scale * x)
+    def _rmsnorm(self, x, w):
+        """w * (1 / sqrt(mean(x^2) + eps) * x), the sum of squares in order (float32)."""
+        ss = np.add.accumulate((x * x).numpy())[-1]
+        scale = np.float32(1) / np.sqrt(ss / np.float32(x.numel()) + self.eps)
+        return w * (float(scale) * x)
 
     def _rope(self, vec, n_heads, pos):
         p = vec.view(n_heads, self.head_dim // 2, 2)
@@ -175,21 +231,20 @@ class Llama:
     def qkv(self, x, layer: int, pos: int):
         """q (n_heads, head_dim), k and v (n_kv_heads, head_dim), RoPE applied at pos."""
         xb = self._rmsnorm(x, self.rms_att[layer])
-        q = torch.mv(self.wq[layer], xb)
-        k = torch.mv(self.wk[layer], xb)
-        v = torch.mv(self.wv[layer], xb).view(self.n_kv_heads, self.head_dim)
-        return self._rope(q, self.n_heads, pos), self._rope(k, self.n_kv_heads, pos), v
+        q, k, v = self.wqkv[layer](xb).split((self.dim, self.kv_dim, self.kv_dim))
+        return self._rope(q, self.n_heads, pos), self._rope(k, self.n_kv_heads, pos), \
+            v.view(self.n_kv_heads, self.head_dim)
 
     def finish_layer(self, x, layer: int, att):
         """x after the layer, given the attention output (n_heads * head_dim)."""
-        x = x + torch.mv(self.wo[layer], att)
+        x = x + self.wo[layer](att)
         xb = self._rmsnorm(x, self.rms_ffn[layer])
-        g = torch.mv(self.w1[layer], xb)
-        h = g / (1.0 + torch.exp(-g)) * torch.mv(self.w3[layer], xb)
-        return x + torch.mv(self.w2[layer], h)
+        g, up = self.w13[layer](xb).split(self.hidden)
+        h = g / (1.0 + expf(-g)) * up
+        return x + self.w2[layer](h)
 
     def logits(self, x) -> np.ndarray:
-        return torch.mv(self.wcls, self._rmsnorm(x, self.rms_final)).numpy()
+        return self.wcls(self._rmsnorm(x, self.rms_final)).numpy()
 
 
 # ---- the dialogues ---------------------------------------------------------------
@@ -349,18 +404,21 @@ class Worker:
             qz[:] = 0
             qz[g] = qn[h]
             out, mass = self.s.attention(layer, qz)
-            p = mass[:self.n_done].astype(np.float64)
-            attended = p > 0
+            raw = mass[:self.n_done].astype(np.float64)
+            attended = raw > 0
+            p = raw.copy()
             if m.n_kv_heads > 1:  # the zero-query heads' share, exactly 1/N per attended slot
                 p[attended] -= (m.n_kv_heads - 1) * float(np.float32(1) / np.float32(attended.sum()))
             p = np.maximum(p, 0.0)
             a = draft[np.argmax(p[draft])] if draft.size else -1
-            if a < 0 or p[a] <= 0:
-                raise Failure(f"{self.s.id}: no attended draft token to anchor the aside attention on")
+            if a < 0 or p[a] <= 1e4 * 4.0 * float(np.spacing(np.float32(raw[a]))):
+                # No draft token is attended above rounding (a head on a compressed sink): anchor on the
+                # most attended token with the key this worker wrote for it, off by its compression error.
+                a = int(np.argmax(p))
             qh = qn[h].astype(np.float64)
             s_a = self.scale * float(self.k16[layer, a, g].astype(np.float64) @ qh)
-            lse_view = s_a - math.log(p[a])
             s_j = self.scale * (ak[:, g] @ qh)
+            lse_view = s_a - math.log(p[a])
             top = max(lse_view, float(s_j.max()))
             w_view, w_j = math.exp(lse_view - top), np.exp(s_j - top)
             z = w_view + w_j.sum()
@@ -413,7 +471,7 @@ def run_dialogue(args, model: Llama, client, d: Dialogue, idx: int, bos: int, it
     sid = f"{args.prefix}-{idx}"
     n_turns = d.turns_that_fit(model.seq_len)
     with client.open_session(sid, model.n_layers, model.n_kv_heads, model.head_dim, "fp16",
-                             policy=args.policy, params=args.params or None) as s:
+                             policy=args.policy, params=args.params or None, keep=args.keep) as s:
         w = Worker(model, s)
 
         def feed(turn, start, stop):
@@ -471,6 +529,8 @@ def parse_args(argv):
     ap.add_argument("--socket", metavar="EP", help="the daemon's endpoint (default $CKV_SOCKET)")
     ap.add_argument("--attach-socket", metavar="PATH", help="its attach socket (default $CKV_ATTACH_SOCKET)")
     ap.add_argument("--prefix", default=f"torch-{os.getpid()}", metavar="ID", help="session id prefix")
+    ap.add_argument("--keep", action="store_true", help="close each session (the daemon keeps it) instead of "
+                    "dropping it")
     ap.add_argument("--threads", type=int, default=1, metavar="N", help="torch threads (default 1)")
     ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
     ap.add_argument("--quiet", action="store_true", help="no progress on stderr")
