@@ -11,7 +11,9 @@ checkpoint (the format of ../shared/models/README.md) run token by token in
 PyTorch (FP32, CPU), the forward pass of examples/llm/model.c (RMSNorm eps
 1e-5 with the weight after the scale, RoPE theta 10000 recomputed in double on
 the pairs (2j, 2j+1), SwiGLU, grouped-query attention, tied or separate
-classifier), split at the attention step.  Per layer the token's K/V, rounded
+classifier), split at the attention step, and summed in model.c's order: the
+K/V it writes are the C worker's bit for bit (tests/python/test_torch_worker.py
+reads both back from the daemon).  Per layer the token's K/V, rounded
 to FP16, go into its draft slot in the daemon (`session.write_kv`), and the
 attention is the daemon's fused mixed-format kernel over the session's view
 (`session.attention`), whose per-position attention mass is summed over
