@@ -154,7 +154,7 @@ int ckv_bench_daemon_stop(ckv_bench_daemon *d) {
   return 0;
 }
 
-int ckv_bench_compress_stats(ckv_client *c, uint64_t *ret_pending_tokens, uint64_t *ret_queue) {
+int ckv_bench_compress_stats(ckv_client *c, uint64_t *ret_pending_tokens, uint64_t *ret_queue, uint64_t *ret_busy_us) {
   Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
   Commitkv__V1__StatsRequest sr = COMMITKV__V1__STATS_REQUEST__INIT;
   req.body_case = COMMITKV__V1__REQUEST__BODY_STATS;
@@ -164,6 +164,7 @@ int ckv_bench_compress_stats(ckv_client *c, uint64_t *ret_pending_tokens, uint64
   if (r < 0) return r;
   if (ret_pending_tokens) *ret_pending_tokens = rep->stats ? rep->stats->pending_tokens : 0;
   if (ret_queue) *ret_queue = rep->stats ? rep->stats->compress_queue : 0;
+  if (ret_busy_us) *ret_busy_us = rep->stats ? rep->stats->compress_busy_us : 0;
   ckv_rpc_free(rep);
   return 0;
 }

@@ -37,7 +37,7 @@ void ckv_bench_daemon_log_tail(ckv_bench_daemon *d);
  * tokens whose bytes do not match their state yet, and compressor jobs
  * waiting or running.  Either pointer may be NULL.  0 or the RPC's status. */
 typedef struct ckv_client ckv_client;
-int ckv_bench_compress_stats(ckv_client *c, uint64_t *ret_pending_tokens, uint64_t *ret_queue);
+int ckv_bench_compress_stats(ckv_client *c, uint64_t *ret_pending_tokens, uint64_t *ret_queue, uint64_t *ret_busy_us);
 
 /* rm -rf dir (no-op for NULL or ""). */
 void ckv_bench_rm_tree(const char *dir);

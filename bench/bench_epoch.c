@@ -12,7 +12,9 @@
  *    chunk per committed format wait for more; polled with Stats requests
  *    every 200 us, so
  *    figures carry up to that much polling slack), with the transitions that
- *    round moved.
+ *    round moved, and the compressor threads' own time on that round's jobs
+ *    (Stats compress_busy_us before and after: the kernels), so "x kernel"
+ *    reads as what publishing costs on top of moving the bytes.
  *
  * Tokens' K/V are left as the daemon initialised them: the kernels' work does
  * not depend on the values.  A table for people; --json prints one object. */
@@ -36,6 +38,7 @@
 
 typedef struct round_fig {
   double report_us, publish_us;
+  double kernel_us; /* the compressor threads' time on this round's jobs (Stats compress_busy_us) */
   uint64_t moved, epoch;
 } round_fig;
 
@@ -139,6 +142,12 @@ int ckv_bench_epoch(int argc, char **argv) {
      * round: staging, then commits and recycling as the history builds. */
     for (unsigned i = 0; i < tokens; i++) attn[i] = ((i / 64 + k) % 2 ? 1.9f : 0.1f) / (float)tokens;
     ckv_round_result res;
+    uint64_t busy0 = 0, busy = 0;
+    if ((r = ckv_bench_compress_stats(c, NULL, NULL, &busy0)) < 0) {
+      fprintf(stderr, "commitkv-bench epoch: stats: %s\n", ckv_strerror(r));
+      rc = 1;
+      break;
+    }
     double t0 = now_us();
     r = ckv_session_report(s, k + 1, 0, attn, tokens, &res);
     fig[k].report_us = now_us() - t0;
@@ -151,7 +160,7 @@ int ckv_bench_epoch(int argc, char **argv) {
     uint64_t pend = res.pending, queue = res.pending ? 1 : 0; /* unknown until asked */
     while (pend > WAITING_BY_DESIGN || queue) {
       usleep(200);
-      if ((r = ckv_bench_compress_stats(c, &pend, &queue)) < 0) {
+      if ((r = ckv_bench_compress_stats(c, &pend, &queue, &busy)) < 0) {
         fprintf(stderr, "commitkv-bench epoch: stats: %s\n", ckv_strerror(r));
         rc = 1;
         break;
@@ -164,6 +173,8 @@ int ckv_bench_epoch(int argc, char **argv) {
       }
     }
     fig[k].publish_us = now_us() - t0;
+    if (busy == 0 && ckv_bench_compress_stats(c, NULL, NULL, &busy) < 0) busy = busy0;
+    fig[k].kernel_us = busy > busy0 ? (double)(busy - busy0) : 0;
     const ckv_view *v;
     if (ckv_session_view(s, &v) == 0) {
       fig[k].epoch = v->epoch;
@@ -185,8 +196,10 @@ out:
            "\"max\":%.1f,\"reps\":%u},\"rounds\":[",
            backend, memory_kind, tokens, g.n_layers, g.n_kv_heads, g.head_dim, sorted[reps / 2], sorted[reps - 1], reps);
     for (unsigned k = 0; k < rounds; k++)
-      printf("%s{\"round\":%u,\"report_us\":%.1f,\"report_to_published_us\":%.1f,\"moved\":%llu,\"epoch\":%llu}",
-             k ? "," : "", k + 1, fig[k].report_us, fig[k].publish_us, (unsigned long long)fig[k].moved,
+      printf("%s{\"round\":%u,\"report_us\":%.1f,\"report_to_published_us\":%.1f,\"kernel_us\":%.1f,"
+             "\"published_to_kernel\":%.2f,\"moved\":%llu,\"epoch\":%llu}",
+             k ? "," : "", k + 1, fig[k].report_us, fig[k].publish_us, fig[k].kernel_us,
+             fig[k].kernel_us > 0 ? fig[k].publish_us / fig[k].kernel_us : 0.0, (unsigned long long)fig[k].moved,
              (unsigned long long)fig[k].epoch);
     printf("]}\n");
   } else {
@@ -194,9 +207,11 @@ out:
            memory_kind, tokens, g.n_layers, g.n_kv_heads, g.head_dim);
     printf("attach (connect + arena import): median %.0f us, max %.0f us over %u\n", sorted[reps / 2],
            sorted[reps - 1], reps);
-    printf("%-6s %12s %22s %10s %8s\n", "round", "report us", "report->published us", "moved", "epoch");
+    printf("%-6s %12s %22s %12s %10s %10s %8s\n", "round", "report us", "report->published us", "kernel us",
+           "x kernel", "moved", "epoch");
     for (unsigned k = 0; k < rounds; k++)
-      printf("%-6u %12.0f %22.0f %10llu %8llu\n", k + 1, fig[k].report_us, fig[k].publish_us,
+      printf("%-6u %12.0f %22.0f %12.0f %10.2f %10llu %8llu\n", k + 1, fig[k].report_us, fig[k].publish_us,
+             fig[k].kernel_us, fig[k].kernel_us > 0 ? fig[k].publish_us / fig[k].kernel_us : 0.0,
              (unsigned long long)fig[k].moved, (unsigned long long)fig[k].epoch);
   }
   return 0;

@@ -205,7 +205,7 @@ static int settle(ckv_client *c, ckv_session *s, session_figs *ret) {
   uint64_t last = UINT64_MAX, queue = 0;
   int r;
   for (;;) {
-    if ((r = session_figures(c, ckv_session_id(s), &f)) < 0 || (r = ckv_bench_compress_stats(c, NULL, &queue)) < 0) return r;
+    if ((r = session_figures(c, ckv_session_id(s), &f)) < 0 || (r = ckv_bench_compress_stats(c, NULL, &queue, NULL)) < 0) return r;
     int64_t t = now_ns();
     if (f.pending == 0 || t - start > (int64_t)SETTLE_MS * 1000000) break;
     if (f.pending != last || queue) {

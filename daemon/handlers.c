@@ -1064,6 +1064,7 @@ static int h_stats(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req,
   st->compress_queue = cs.queued;
   st->compress_jobs = cs.completed;
   st->compress_refused = cs.refused_busy;
+  st->compress_busy_us = cs.busy_ns / 1000u;
   uint64_t tr[4][4];
   memcpy(tr, s->counters.transitions, sizeof(tr));
   st->semantic_given_tokens = s->counters.semantic_given; /* of gone sessions, as the transitions */
