@@ -12,18 +12,20 @@
 #include "kernels/rot.h"
 
 /* One butterfly stage within each 8-float vector: lanes of mask take s - v
- * (a - b), the others v + s (a + b); s is v with the partners swapped. */
-static inline __m256 stage_in(__m256 v, __m256 s, int mask) {
-  return _mm256_blend_ps(_mm256_add_ps(v, s), _mm256_sub_ps(s, v), mask);
-}
+ * (a - b), the others v + s (a + b); s is v with the partners swapped.  A
+ * macro: the blend's mask must be an immediate, also at -O0. */
+#define STAGE_IN(v, s, mask) _mm256_blend_ps(_mm256_add_ps((v), (s)), _mm256_sub_ps((s), (v)), (mask))
 
 /* ckv_fwht for n a multiple of 8. */
 static void fwht_avx2(float *x, uint32_t n) {
   for (uint32_t i = 0; i < n; i += 8) { /* stages 1, 2, 4: inside a vector */
     __m256 v = _mm256_loadu_ps(x + i);
-    v = stage_in(v, _mm256_permute_ps(v, 0xB1), 0xAA);
-    v = stage_in(v, _mm256_permute_ps(v, 0x4E), 0xCC);
-    v = stage_in(v, _mm256_permute2f128_ps(v, v, 0x01), 0xF0);
+    __m256 s = _mm256_permute_ps(v, 0xB1);
+    v = STAGE_IN(v, s, 0xAA);
+    s = _mm256_permute_ps(v, 0x4E);
+    v = STAGE_IN(v, s, 0xCC);
+    s = _mm256_permute2f128_ps(v, v, 0x01);
+    v = STAGE_IN(v, s, 0xF0);
     _mm256_storeu_ps(x + i, v);
   }
   for (uint32_t len = 8; len < n; len <<= 1)
