@@ -49,7 +49,7 @@ static int plan_push(plan_buf *b, ckv_srv_session *s, uint32_t pos, uint32_t dst
 }
 
 /* Where the rotated formats pay: a power-of-two head_dim of at least 32
- * (their FP16 scale per head costs 16/head_dim bits per element; KIVI's
+ * (their one-byte scale per head costs 8/head_dim bits per element; KIVI's
  * scale and zero per 32 cost about 1). */
 #define ROT_MIN_HEAD_DIM 32u
 

@@ -30,7 +30,8 @@
 #include "lifecycle/judge.h"
 #include "lifecycle/tokens.h"
 
-#define CKV_SNAP_VERSION 1u
+/* 2: the rotated formats' scales are one byte (kernels/format.h); 1 had FP16 scales. */
+#define CKV_SNAP_VERSION 2u
 #define CKV_SNAP_SUFFIX ".ckvsnap"
 #define CKV_SNAP_TENANT_MAX 63u
 #define CKV_SNAP_ID_MAX 128u

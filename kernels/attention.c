@@ -209,7 +209,7 @@ static void score_block(const ckv_rowops *ops, const ckv_attn_args *a, const voi
     uint32_t bits = ckv_format_code_bits(fmt);
     float off = ckv_rot_offset(bits);
     const float *qr = LY->qr + (size_t)h * RG * D, *qsum = LY->qsum + (size_t)h * RG;
-    const uint16_t *sc = (const uint16_t *)ckv_cb(blk, ckv_rot_scales_offset(fmt, g, cap, L, 0));
+    const uint8_t *sc = ckv_cb(blk, ckv_rot_scales_offset(fmt, g, cap, L, 0));
     const uint8_t *codes = ckv_cb(blk, ckv_rot_codes_offset(fmt, g, cap, L, 0));
     size_t rb = ckv_rot_row_bytes(fmt, g);
     ckv_rot_key_mean(g, blk, hd, L, h, w->row);
@@ -219,7 +219,7 @@ static void score_block(const ckv_rowops *ops, const ckv_attn_args *a, const voi
       size_t k = (size_t)t * g->n_kv_heads + h;
       ops->cvt_codes(codes + k * rb, bits, w->tmp, D);
       ops->dotn(qr, RG, D, w->tmp, D, S + t, cap);
-      float st = ckv_f16_to_f32(sc[k]);
+      float st = ckv_rot_scale_value(sc[k]);
       for (size_t rg = 0; rg < RG; rg++) S[rg * cap + t] = (S[rg * cap + t] - off * qsum[rg]) * st + w->kc[rg];
     }
     return;

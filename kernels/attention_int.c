@@ -107,7 +107,7 @@ static void score_rot4(const ckv_idotops *io, const ckv_geometry *g, const void 
                        const ckv_iscore_query *q, size_t nq, ckv_iscratch *w, float *S) {
   uint32_t cap = ckv_hdr(blk)->capacity, D = g->head_dim, H = g->n_kv_heads, fmt = CKV_FORMAT_ROT4;
   size_t rb = ckv_rot_row_bytes(fmt, g);
-  const uint16_t *sc = (const uint16_t *)ckv_cb(blk, ckv_rot_scales_offset(fmt, g, cap, layer, 0));
+  const uint8_t *sc = ckv_cb(blk, ckv_rot_scales_offset(fmt, g, cap, layer, 0));
   const uint8_t *codes = ckv_cb(blk, ckv_rot_codes_offset(fmt, g, cap, layer, 0)) + (size_t)h * rb;
   float *mean = w->par;
   ckv_rot_key_mean(g, blk, ckv_hdr(blk), layer, h, mean);
@@ -121,7 +121,7 @@ static void score_rot4(const ckv_idotops *io, const ckv_geometry *g, const void 
     for (uint32_t i = 0; i < nt; i++) {
       uint32_t t = t0 + i;
       if (!ckv_block_slot_valid(blk, t)) continue;
-      float st = ckv_f16_to_f32(sc[(size_t)t * H + h]);
+      float st = ckv_rot_scale_value(sc[(size_t)t * H + h]);
       for (size_t rg = 0; rg < nq; rg++) {
         int32_t c = 2 * w->acc[rg * CKV_ISCORE_BATCH + i] - 15 * q->qr8.psum[rg];
         S[rg * cap + t] = (float)c * (0.5f * q->qr8.a[rg]) * st + w->bias[rg];

@@ -55,7 +55,7 @@ typedef enum ckv_format {
   CKV_FORMAT_COMMIT4 = 2,   /* KIVI-style INT4 (+ optional key-channel pruning) */
   CKV_FORMAT_COMMIT2 = 3,   /* KIVI-style INT2 (+ optional key-channel pruning) */
   /* Formats v2, committed: per token and head, a randomized Walsh-Hadamard
-   * rotation, then one FP16 scale and symmetric b-bit codes (see "rotated"
+   * rotation, then a one-byte scale and symmetric b-bit codes (see "rotated"
    * below).  head_dim must be a power of two, 8..CKV_MAX_HEAD_DIM. */
   CKV_FORMAT_ROT4 = 4,
   CKV_FORMAT_ROT3 = 5,
@@ -293,15 +293,18 @@ CKV_HD size_t ckv_commit_block_bytes(uint32_t fmt, const ckv_geometry *g, uint32
 /* --- rotated (formats v2: ROT4 / ROT3 / ROT2 / ROT1) ----------------------- */
 /* Payload = meta (uint32 flags, bit 0: key means set; 12 bytes reserved)
  * | key means fp16 [layer][head][head_dim] (aligned 16) | per (layer, K|V) a section:
- *   scales fp16 [slot][head] (aligned 16) | codes [slot][head][head_dim*b/8] (aligned 16),
+ *   scale codes uint8 [slot][head] (aligned 16) | codes [slot][head][head_dim*b/8] (aligned 16),
  * code i of a head at bits (i*b) % 8 of byte i*b/8 of its row, low bits first
  * (a 3-bit code may straddle two bytes).  Codes are of the head's vector
  * after the rotation of kernels/quant.h (ckv_rot_forward), keys less their
  * block's key mean (taken, rotated, from the tokens of the first move into
  * the block: a constant outlier channel costs nothing, and q.mean is one dot
  * product per block); the value of code c is (c - (2^b - 1) / 2) * scale
- * (+ the mean for keys).  Every token stands alone otherwise: no chunks, no
- * seals, no masks; 16 scale bits per head_dim elements (0.25 bit at 64). */
+ * (+ the mean for keys), the scale decoded from its byte by kernels/quant.h's
+ * ckv_rot_scale_value (a power of 2^(1/8)).  Every token stands alone
+ * otherwise: no chunks, no seals, no masks; 8 scale bits per head_dim
+ * elements (0.125 bit at 64; the key means add 16 bits per channel per block,
+ * 0.125 bit over K and V at 64 slots: 0.25 in all). */
 #define CKV_ROT_META_BYTES 16u
 #define CKV_ROT_MEANS_SET 1u
 CKV_HD size_t ckv_rot_meta_offset(uint32_t capacity) { return ckv_block_payload_offset(capacity); }
@@ -318,13 +321,13 @@ CKV_HD size_t ckv_rot_row_bytes(uint32_t fmt, const ckv_geometry *g) {
   return (size_t)g->head_dim * ckv_format_code_bits(fmt) / 8u;
 }
 CKV_HD size_t ckv_rot_scales_bytes(const ckv_geometry *g, uint32_t capacity) {
-  return ckv_align_up((size_t)capacity * g->n_kv_heads * 2u, CKV_SECTION_ALIGN);
+  return ckv_align_up((size_t)capacity * g->n_kv_heads, CKV_SECTION_ALIGN);
 }
 CKV_HD size_t ckv_rot_section_bytes(uint32_t fmt, const ckv_geometry *g, uint32_t capacity) {
   return ckv_rot_scales_bytes(g, capacity) +
          ckv_align_up((size_t)capacity * g->n_kv_heads * ckv_rot_row_bytes(fmt, g), CKV_SECTION_ALIGN);
 }
-/* FP16 scales [slot][head] of (layer, kv). */
+/* Scale codes (one byte each) [slot][head] of (layer, kv). */
 CKV_HD size_t ckv_rot_scales_offset(uint32_t fmt, const ckv_geometry *g, uint32_t capacity, uint32_t layer,
                                     uint32_t kv) {
   return ckv_rot_sections_offset(g, capacity) + ((size_t)layer * 2u + kv) * ckv_rot_section_bytes(fmt, g, capacity);

@@ -152,10 +152,11 @@ CKV_HD void ckv_pack_code(uint8_t *row, size_t e, uint32_t bits, uint32_t code) 
  * sum p v = R^T sum p (R v), which is how attention reads these formats
  * without un-rotating a single key.
  * Quantization of y (b bits, symmetric, mid-rise): rms = sqrt(sum y^2 / D)
- * (summed in 8 lanes, see ckv_lanes8_total); scale = the FP16 nearest of one of three
- * candidates (ckv_rot_quant_head), capped at 65504; code = clamp(floor(y * inv) +
- * 2^(b-1), 0, 2^b - 1) with inv = 1 / scale (0 for a zero scale); value =
- * (code - (2^b - 1) / 2) * scale.  The steps are the MSE-optimal uniform
+ * (summed in 8 lanes, see ckv_lanes8_total); the scale is one byte, a power
+ * of 2^(1/8) (ckv_rot_scale_value), the best of six codes: the two either
+ * side of each of three candidates (ckv_rot_quant_head); code =
+ * clamp(floor(y * inv) + 2^(b-1), 0, 2^b - 1) with inv = 1 / scale (0 for a
+ * zero scale); value = (code - (2^b - 1) / 2) * scale.  The steps are the MSE-optimal uniform
  * quantizer steps of a unit Gaussian (what a rotated head looks like), in
  * units of its standard deviation. */
 #define CKV_ROT_SEED 0x5eed2026u
@@ -222,64 +223,105 @@ CKV_HD float ckv_rot_code(float y, float inv, float half, float top) {
 CKV_HD float ckv_lanes8_total(const float l[8]) {
   return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
 }
-/* Squared error of quantizing y[0..n) with each of three FP16 scales in one
+/* The rotated formats' scale, one byte per token and head (0.125 bit per
+ * element at head_dim 64, against 0.25 for FP16): code c = 1..255 is
+ * 2^((c - 128) / 8), from 1.09 * 2^-16 to 60097 in steps of 9%, and 0 is a
+ * zero scale.  Computed exactly (a power of two times one of eight FP32
+ * constants), so every path decodes the same float. */
+#define CKV_ROT_SCALE_CODES 255u
+CKV_HD float ckv_rot_scale_value(uint32_t c) {
+  const float m[8] = {1.0f,         1.09050773f, 1.18920712f, 1.29683955f,
+                      1.41421356f,  1.54221083f, 1.68179283f, 1.83400809f};
+  if (c == 0u || c > CKV_ROT_SCALE_CODES) return 0.0f;
+  return m[c & 7u] * ckv_bits_f32((uint32_t)((int32_t)(c >> 3) - 16 + 127) << 23);
+}
+/* The largest code whose scale is <= s (1 for any s below the smallest, 255
+ * above the largest; s finite and > 0), from s's exponent and mantissa:
+ * exact, no logarithm. */
+CKV_HD uint32_t ckv_rot_scale_floor(float s) {
+  uint32_t u = ckv_f32_bits(s), e = (u >> 23) & 0xffu;
+  if (e == 0u) return 1u; /* subnormal: far below 2^-16 */
+  int32_t k = (int32_t)e - 127 + 16;
+  if (k < 0) return 1u;
+  if (k > 31) return CKV_ROT_SCALE_CODES;
+  float mant = ckv_bits_f32((u & 0x7fffffu) | (127u << 23)); /* s / 2^exponent, in [1, 2) */
+  uint32_t f = 0;
+  for (uint32_t j = 1; j < 8u; j++)
+    if (ckv_rot_scale_value(128u + j) <= mant) f = j;
+  uint32_t c = (uint32_t)k * 8u + f;
+  return c < 1u ? 1u : c > CKV_ROT_SCALE_CODES ? CKV_ROT_SCALE_CODES : c;
+}
+CKV_HD float ckv_rot_scale_inv(uint32_t c) {
+  float s = ckv_rot_scale_value(c);
+  return s > 0.0f ? 1.0f / s : 0.0f;
+}
+#define CKV_ROT_CANDIDATES 6
+/* Squared error of quantizing y[0..n) with each candidate scale code in one
  * pass: err[k] for cand[k] (codes as below, sums as above). */
-CKV_HD void ckv_rot_sq_error3(const float *y, uint32_t n, uint32_t bits, const uint16_t cand[3], float err[3]) {
+CKV_HD void ckv_rot_sq_errors(const float *y, uint32_t n, uint32_t bits, const uint8_t cand[CKV_ROT_CANDIDATES],
+                              float err[CKV_ROT_CANDIDATES]) {
   float half = (float)(1u << (bits - 1u)), top = (float)ckv_qa_levels(bits), off = ckv_rot_offset(bits);
-  float sc[3], inv[3], e[3][8];
-  for (int k = 0; k < 3; k++) {
-    sc[k] = ckv_f16_to_f32(cand[k]);
-    inv[k] = ckv_inv_scale(cand[k]);
+  float sc[CKV_ROT_CANDIDATES], inv[CKV_ROT_CANDIDATES], e[CKV_ROT_CANDIDATES][8];
+  for (int k = 0; k < CKV_ROT_CANDIDATES; k++) {
+    sc[k] = ckv_rot_scale_value(cand[k]);
+    inv[k] = ckv_rot_scale_inv(cand[k]);
     for (int j = 0; j < 8; j++) e[k][j] = 0.0f;
   }
   for (uint32_t i = 0; i < n; i++)
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < CKV_ROT_CANDIDATES; k++) {
       float d = y[i] - (ckv_rot_code(y[i], inv[k], half, top) - off) * sc[k];
       e[k][i & 7u] = ckv_mul_add(d, d, e[k][i & 7u]);
     }
-  for (int k = 0; k < 3; k++) err[k] = ckv_lanes8_total(e[k]);
+  for (int k = 0; k < CKV_ROT_CANDIDATES; k++) err[k] = ckv_lanes8_total(e[k]);
 }
-/* The scale candidates of a rotated head from its sum of squares and absmax:
- * step * rms (the Gaussian optimum), absmax / (2^(b-1) - 1/2) (nothing
- * clipped: a head with an outlier left after the rotation) and their mean. */
-CKV_HD void ckv_rot_candidates(float ss, float am, uint32_t n, uint32_t bits, uint16_t cand[3]) {
+/* The scale codes worth trying for a rotated head, from its sum of squares
+ * and absmax: the codes either side of step * rms (the Gaussian optimum), of
+ * absmax / (2^(b-1) - 1/2) (nothing clipped: a head with an outlier left
+ * after the rotation) and of their mean.  A head of zeros gets code 0 six
+ * times (scale 0: every value decodes to 0 exactly). */
+CKV_HD void ckv_rot_candidates(float ss, float am, uint32_t n, uint32_t bits, uint8_t cand[CKV_ROT_CANDIDATES]) {
   float rms = sqrtf(ss / (float)n), half = (float)(1u << (bits - 1u));
-  float g = ckv_rot_step(bits) * rms, a = am / (half - 0.5f);
-  g = g < CKV_F16_MAX ? g : CKV_F16_MAX;
-  a = a < CKV_F16_MAX ? a : CKV_F16_MAX;
-  cand[0] = ckv_f32_to_f16(g);
-  cand[1] = ckv_f32_to_f16(a);
-  cand[2] = ckv_f32_to_f16((g + a) * 0.5f);
+  float g = ckv_rot_step(bits) * rms, a = am / (half - 0.5f), base[3] = {g, a, (g + a) * 0.5f};
+  for (int k = 0; k < 3; k++) {
+    if (!(am > 0.0f)) {
+      cand[2 * k] = cand[2 * k + 1] = 0;
+      continue;
+    }
+    uint32_t c = ckv_rot_scale_floor(base[k]);
+    cand[2 * k] = (uint8_t)c;
+    cand[2 * k + 1] = (uint8_t)(c < CKV_ROT_SCALE_CODES ? c + 1u : c);
+  }
 }
 /* The candidate with the least squared error (ties: the earlier). */
-CKV_HD uint16_t ckv_rot_best(const uint16_t cand[3], const float err[3]) {
-  uint16_t s16 = cand[0];
+CKV_HD uint8_t ckv_rot_best(const uint8_t cand[CKV_ROT_CANDIDATES], const float err[CKV_ROT_CANDIDATES]) {
+  uint8_t c = cand[0];
   float best = err[0];
-  for (int k = 1; k < 3; k++)
+  for (int k = 1; k < CKV_ROT_CANDIDATES; k++)
     if (err[k] < best) {
       best = err[k];
-      s16 = cand[k];
+      c = cand[k];
     }
-  return s16;
+  return c;
 }
-/* Quantizes a rotated head y[0..n) (finite values) into *ret_scale and the
- * packed row (n*bits/8 bytes, written whole): the best of the candidates. */
-CKV_HD void ckv_rot_quant_head(const float *y, uint32_t n, uint32_t bits, uint16_t *ret_scale, uint8_t *row) {
+/* Quantizes a rotated head y[0..n) (finite values) into *ret_scale (a scale
+ * code) and the packed row (n*bits/8 bytes, written whole): the best of the
+ * candidates. */
+CKV_HD void ckv_rot_quant_head(const float *y, uint32_t n, uint32_t bits, uint8_t *ret_scale, uint8_t *row) {
   float ss[8] = {0, 0, 0, 0, 0, 0, 0, 0}, am = 0.0f;
   for (uint32_t i = 0; i < n; i++) {
     float a = fabsf(y[i]);
     ss[i & 7u] = ckv_mul_add(y[i], y[i], ss[i & 7u]);
     am = a > am ? a : am;
   }
-  uint16_t cand[3];
-  float err[3];
+  uint8_t cand[CKV_ROT_CANDIDATES];
+  float err[CKV_ROT_CANDIDATES];
   ckv_rot_candidates(ckv_lanes8_total(ss), am, n, bits, cand);
-  ckv_rot_sq_error3(y, n, bits, cand, err);
-  uint16_t s16 = ckv_rot_best(cand, err);
-  float inv = ckv_inv_scale(s16), half = (float)(1u << (bits - 1u)), top = (float)ckv_qa_levels(bits);
+  ckv_rot_sq_errors(y, n, bits, cand, err);
+  uint8_t sc = ckv_rot_best(cand, err);
+  float inv = ckv_rot_scale_inv(sc), half = (float)(1u << (bits - 1u)), top = (float)ckv_qa_levels(bits);
   for (size_t b = 0; b < (size_t)n * bits / 8u; b++) row[b] = 0;
   for (uint32_t i = 0; i < n; i++) ckv_pack_code(row, i, bits, (uint32_t)ckv_rot_code(y[i], inv, half, top));
-  *ret_scale = s16;
+  *ret_scale = sc;
 }
 /* A block's rotated key mean element from the sum of n tokens' rotated keys
  * (summed in destination-slot order), as FP16 nearest; non-finite -> finite.

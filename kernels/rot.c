@@ -28,7 +28,7 @@ float *ckv_rot_signs_new(const ckv_geometry *g) {
  * the same bytes), chosen once per call from the CPU path. */
 typedef struct rot_steps {
   void (*forward)(float *x, uint32_t n, const float *signs);
-  void (*quant_head)(const float *y, uint32_t n, uint32_t bits, uint16_t *ret_scale, uint8_t *row);
+  void (*quant_head)(const float *y, uint32_t n, uint32_t bits, uint8_t *ret_scale, uint8_t *row);
 } rot_steps;
 
 static rot_steps steps_for(uint32_t head_dim) {
@@ -66,10 +66,10 @@ void ckv_rot_read_rotated(const ckv_rowops *ops, const ckv_geometry *g, const vo
                           uint32_t layer, uint32_t kv, uint32_t slot, uint32_t head, float *dst) {
   uint32_t fmt = h->format, bits = ckv_format_code_bits(fmt), D = g->head_dim, H = g->n_kv_heads;
   size_t rb = ckv_rot_row_bytes(fmt, g);
-  const uint16_t *sc = (const uint16_t *)ckv_cb(blk, ckv_rot_scales_offset(fmt, g, h->capacity, layer, kv));
+  const uint8_t *sc = ckv_cb(blk, ckv_rot_scales_offset(fmt, g, h->capacity, layer, kv));
   const uint8_t *row = ckv_cb(blk, ckv_rot_codes_offset(fmt, g, h->capacity, layer, kv)) +
                        ((size_t)slot * H + head) * rb;
-  float s = ckv_f16_to_f32(sc[(size_t)slot * H + head]);
+  float s = ckv_rot_scale_value(sc[(size_t)slot * H + head]);
   ops->cvt_codes(row, bits, dst, D);
   /* value = (code - offset) * scale: one subtraction (exact) and one product */
   float off = ckv_rot_offset(bits);
@@ -134,7 +134,7 @@ int ckv_rot_to(const ckv_rowops *ops, const ckv_geometry *g, const float *signs,
     size_t rb = ckv_rot_row_bytes(fmt, g);
     for (uint32_t l = 0; l < g->n_layers; l++)
       for (uint32_t kv = 0; kv < 2; kv++) {
-        uint16_t *sc = (uint16_t *)ckv_b(dst, ckv_rot_scales_offset(fmt, g, cap, l, kv));
+        uint8_t *sc = ckv_b(dst, ckv_rot_scales_offset(fmt, g, cap, l, kv));
         uint8_t *codes = ckv_b(dst, ckv_rot_codes_offset(fmt, g, cap, l, kv));
         if (kv == 0)
           for (uint32_t hd = 0; hd < H; hd++) key_mean(g, dst, cap, l, hd, sum + (size_t)hd * D);

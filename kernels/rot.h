@@ -15,7 +15,7 @@ float *ckv_rot_signs_new(const ckv_geometry *g);
 /* The AVX2 versions of ckv_rot_forward_with and ckv_rot_quant_head (rot_avx2.c):
  * the same bytes; n a multiple of 8; only on CPUs with AVX2, FMA and F16C. */
 void ckv_rot_forward_avx2(float *x, uint32_t n, const float *signs);
-void ckv_rot_quant_head_avx2(const float *y, uint32_t n, uint32_t bits, uint16_t *ret_scale, uint8_t *row);
+void ckv_rot_quant_head_avx2(const float *y, uint32_t n, uint32_t bits, uint8_t *ret_scale, uint8_t *row);
 /* ckv_rot_forward / ckv_rot_inverse of quant.h with the head's signs from the table. */
 void ckv_rot_forward_with(float *x, uint32_t n, const float *signs);
 void ckv_rot_inverse_with(float *x, uint32_t n, const float *signs);

@@ -85,7 +85,7 @@ static void pack(const int32_t *c, uint32_t n, uint32_t bits, uint8_t *row) {
   }
 }
 
-void ckv_rot_quant_head_avx2(const float *y, uint32_t n, uint32_t bits, uint16_t *ret_scale, uint8_t *row) {
+void ckv_rot_quant_head_avx2(const float *y, uint32_t n, uint32_t bits, uint8_t *ret_scale, uint8_t *row) {
   const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   __m256 ss = _mm256_setzero_ps(), am = _mm256_setzero_ps();
   for (uint32_t i = 0; i < n; i += 8) {
@@ -96,13 +96,17 @@ void ckv_rot_quant_head_avx2(const float *y, uint32_t n, uint32_t bits, uint16_t
   float amx[8], m = 0.0f;
   _mm256_storeu_ps(amx, am);
   for (int j = 0; j < 8; j++) m = amx[j] > m ? amx[j] : m;
-  uint16_t cand[3];
-  float err[3];
+  uint8_t cand[CKV_ROT_CANDIDATES];
+  float err[CKV_ROT_CANDIDATES];
   ckv_rot_candidates(lanes_total(ss), m, n, bits, cand);
   const __m256 half = _mm256_set1_ps((float)(1u << (bits - 1u))), top = _mm256_set1_ps((float)ckv_qa_levels(bits)),
                off = _mm256_set1_ps(ckv_rot_offset(bits));
-  for (int k = 0; k < 3; k++) {
-    const __m256 sc = _mm256_set1_ps(ckv_f16_to_f32(cand[k])), inv = _mm256_set1_ps(ckv_inv_scale(cand[k]));
+  for (int k = 0; k < CKV_ROT_CANDIDATES; k++) {
+    if (k && cand[k] == cand[k - 1]) { /* the same code: the same error */
+      err[k] = err[k - 1];
+      continue;
+    }
+    const __m256 sc = _mm256_set1_ps(ckv_rot_scale_value(cand[k])), inv = _mm256_set1_ps(ckv_rot_scale_inv(cand[k]));
     __m256 e = _mm256_setzero_ps();
     for (uint32_t i = 0; i < n; i += 8) {
       __m256 v = _mm256_loadu_ps(y + i);
@@ -111,11 +115,11 @@ void ckv_rot_quant_head_avx2(const float *y, uint32_t n, uint32_t bits, uint16_t
     }
     err[k] = lanes_total(e);
   }
-  uint16_t s16 = ckv_rot_best(cand, err);
-  const __m256 inv = _mm256_set1_ps(ckv_inv_scale(s16));
+  uint8_t s8 = ckv_rot_best(cand, err);
+  const __m256 inv = _mm256_set1_ps(ckv_rot_scale_inv(s8));
   int32_t c[CKV_MAX_HEAD_DIM];
   for (uint32_t i = 0; i < n; i += 8)
     _mm256_storeu_si256((__m256i *)(c + i), _mm256_cvttps_epi32(codes8(_mm256_loadu_ps(y + i), inv, half, top)));
   pack(c, n, bits, row);
-  *ret_scale = s16;
+  *ret_scale = s8;
 }

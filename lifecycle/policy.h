@@ -91,14 +91,14 @@ int ckv_policy_from_name(const char *name);
     "Bits per element of committed blocks (4 or 2). INT4 already cost KL 0.12 when applied "      \
     "everywhere; INT2 is for memory-bound tenants who measured it.")                              \
   X(rotate, rotate, BOOL, 1, 0, 1, 1,                                                             \
-    "Committed blocks in the rotated formats v2 (a Walsh-Hadamard rotation per head, one FP16 "   \
-    "scale per head: 4.29 / 2.29 bits per element at head_dim 64, against KIVI's 5.03 / 3.03) "   \
+    "Committed blocks in the rotated formats v2 (a Walsh-Hadamard rotation per head, a one-byte " \
+    "scale per head: 4.30 / 2.30 bits per element at head_dim 64, against KIVI's 5.06 / 3.06) "   \
     "where head_dim is a power of two >= 32; below 32 the per-head scale costs more than KIVI's "  \
     "groups. The kivi4 and kivi2 baselines never rotate.")                                        \
   X(cold_bits, cold_bits, U32, 2, 0, 4, 1,                                                        \
     "Bits by value (rotated formats only): committed tokens that are not lasting facts (they "    \
     "went cold) take this many bits, 1-4, facts keep commit_bits; 0 = commit_bits for all. 2: "   \
-    "ROT2 (2.42 bits per element at head_dim 64) measured error 0.17 on keys, 0.34 on values.")  \
+    "ROT2 (2.30 bits per element at head_dim 64) measured error 0.17 on keys, 0.34 on values.")  \
   X(filler_cold, filler_cold, BOOL, 1, 0, 1, 1,                                                   \
     "Filler (attended but semantically empty) takes the cold path: staged, then committed in "    \
     "cold_bits, never a lasting fact; no: it stays FP16 until recycled (the seed's rule), which " \
@@ -110,7 +110,7 @@ int ckv_policy_from_name(const char *name);
   X(warm_bits, warm_bits, U32, 3, 0, 4, 1,                                                        \
     "Bits by value (rotated formats only): the warm tokens of warm_commit take this many bits, "  \
     "1-4; 0 = commit_bits. 3: ROT3 between facts (4) and cold tokens (2); on agent-synthetic "    \
-    "0.284 of FP16 at cosine 0.9940 against 0.297 at 0.9943 with 4.")                             \
+    "0.277 of FP16 at cosine 0.9932 against 0.290 at 0.9938 with 4.")                             \
   X(judge_every, judge_every, U32, 1, 1, 1000, 1,                                                 \
     "The commitkv rules run every this many rounds; attention is recorded every round. 1: "       \
     "ReportRound at 32K tokens measured p99 163 us with the judge every round, so there is no "   \

@@ -80,7 +80,7 @@ __device__ float rot_key(const ckv_geometry &g, const BlockDev &b, uint32_t L, u
   uint32_t bits = ckv_format_code_bits(b.fmt);
   size_t k = (size_t)t * g.n_kv_heads + h;
   const uint8_t *row = b.p + ckv_rot_codes_offset(b.fmt, &g, b.cap, L, 0) + k * ckv_rot_row_bytes(b.fmt, &g);
-  float sc = ckv_f16_to_f32(((const uint16_t *)(b.p + ckv_rot_scales_offset(b.fmt, &g, b.cap, L, 0)))[k]);
+  float sc = ckv_rot_scale_value((b.p + ckv_rot_scales_offset(b.fmt, &g, b.cap, L, 0))[k]);
   const uint16_t *mean = (const uint16_t *)(b.p + ckv_rot_mean_offset(&g, b.cap, L, h));
   return ckv_rot_value(ckv_unpack_code(row, d, bits), sc, bits) + ckv_rot_finite(ckv_f16_to_f32(mean[d]));
 }
@@ -236,7 +236,7 @@ __device__ float value_at(const ckv_geometry &g, const BlockDev &b, uint32_t L, 
     uint32_t bits = ckv_format_code_bits(b.fmt), h = (uint32_t)(e / g.head_dim);
     size_t k = (size_t)t * g.n_kv_heads + h;
     const uint8_t *row = b.p + ckv_rot_codes_offset(b.fmt, &g, b.cap, L, 1) + k * ckv_rot_row_bytes(b.fmt, &g);
-    float sc = ckv_f16_to_f32(((const uint16_t *)(b.p + ckv_rot_scales_offset(b.fmt, &g, b.cap, L, 1)))[k]);
+    float sc = ckv_rot_scale_value((b.p + ckv_rot_scales_offset(b.fmt, &g, b.cap, L, 1))[k]);
     return ckv_rot_value(ckv_unpack_code(row, e % g.head_dim, bits), sc, bits);
   }
   if (!ckv_format_is_commit(b.fmt)) return ckv_dev_read(g, b.p, b.fmt, b.cap, L, 1, t, e);

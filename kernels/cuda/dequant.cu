@@ -43,7 +43,7 @@ __global__ void k_dequant_rot(ckv_geometry g, const uint8_t *blk, ckv_block_head
   if (hd >= g.n_kv_heads) return;
   size_t k = (size_t)slot * g.n_kv_heads + hd;
   const uint8_t *row = blk + ckv_rot_codes_offset(h.format, &g, h.capacity, l, kv) + k * ckv_rot_row_bytes(h.format, &g);
-  float sc = ckv_f16_to_f32(((const uint16_t *)(blk + ckv_rot_scales_offset(h.format, &g, h.capacity, l, kv)))[k]);
+  float sc = ckv_rot_scale_value((blk + ckv_rot_scales_offset(h.format, &g, h.capacity, l, kv))[k]);
   float x[CKV_MAX_HEAD_DIM];
   const uint16_t *mean = (const uint16_t *)(blk + ckv_rot_mean_offset(&g, h.capacity, l, hd));
   for (uint32_t i = 0; i < D; i++) {

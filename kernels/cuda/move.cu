@@ -68,7 +68,7 @@ __device__ void rot_source(const ckv_geometry &g, const Entry &e, uint32_t l, ui
     uint32_t sb = ckv_format_code_bits(e.src_fmt);
     size_t k = (size_t)e.src_slot * g.n_kv_heads + hd;
     const uint8_t *row = e.src + ckv_rot_codes_offset(e.src_fmt, &g, e.src_cap, l, kv) + k * ckv_rot_row_bytes(e.src_fmt, &g);
-    float sc = ckv_f16_to_f32(((const uint16_t *)(e.src + ckv_rot_scales_offset(e.src_fmt, &g, e.src_cap, l, kv)))[k]);
+    float sc = ckv_rot_scale_value((e.src + ckv_rot_scales_offset(e.src_fmt, &g, e.src_cap, l, kv))[k]);
     const uint16_t *mean = (const uint16_t *)(e.src + ckv_rot_mean_offset(&g, e.src_cap, l, hd));
     for (uint32_t i = 0; i < D; i++) {
       x[i] = ckv_rot_value(ckv_unpack_code(row, i, sb), sc, sb);
@@ -112,7 +112,7 @@ __global__ void k_to_rot(ckv_geometry g, const Entry *en) {
     for (uint32_t i = 0; i < D; i++) x[i] = x[i] - ckv_rot_finite(ckv_f16_to_f32(mean[i]));
   }
   size_t k = (size_t)e.dst_slot * g.n_kv_heads + hd;
-  uint16_t *sc = (uint16_t *)(e.dst + ckv_rot_scales_offset(e.dst_fmt, &g, e.dst_cap, l, kv));
+  uint8_t *sc = e.dst + ckv_rot_scales_offset(e.dst_fmt, &g, e.dst_cap, l, kv);
   uint8_t *row = e.dst + ckv_rot_codes_offset(e.dst_fmt, &g, e.dst_cap, l, kv) + k * ckv_rot_row_bytes(e.dst_fmt, &g);
   ckv_rot_quant_head(x, D, ckv_format_code_bits(e.dst_fmt), &sc[k], row);
 }

@@ -47,6 +47,9 @@
 #include "testcheck.h"
 #include "testutil.h"
 
+/* Keys carry the snapshot format version (daemon/snapshot.h CKV_SNAP_VERSION). */
+#define KEY_PREFIX "ckv:v2"
+
 TestSuite(remote, .fini = ckv_test_leak_check);
 
 #define DEADLINE_MS 20000
@@ -407,14 +410,14 @@ Test(remote, saved_on_one_resumes_on_other, .timeout = 120) {
   /* the documented key holds the local file's bytes ("fleet:2": ':' encoded) */
   size_t local_len, remote_len;
   uint8_t *local = read_local(&d1, "fleet-1", &local_len);
-  uint8_t *remote = store_get(&st, "ckv:v1:default:" MODEL ":" REV ":fleet-1", &remote_len);
+  uint8_t *remote = store_get(&st, KEY_PREFIX ":default:" MODEL ":" REV ":fleet-1", &remote_len);
   cr_assert_not_null(remote, "nothing under ckv:v1:default:" MODEL ":" REV ":fleet-1");
   cr_assert_eq(remote_len, bytes);
   cr_assert(local && local_len == remote_len && memcmp(local, remote, local_len) == 0,
             "the store's value is not the snapshot file");
   free(local);
   free(remote);
-  remote = store_get(&st, "ckv:v1:default:" MODEL ":" REV ":fleet%3A2", &remote_len);
+  remote = store_get(&st, KEY_PREFIX ":default:" MODEL ":" REV ":fleet%3A2", &remote_len);
   cr_assert_not_null(remote, "nothing under the encoded key of fleet:2");
   free(remote);
   cr_assert_eq(ckv_test_stat(&d1, "remote.saves"), 2);
@@ -478,7 +481,7 @@ Test(remote, tampered_value_refused, .timeout = 120) {
   ckv_client *c1 = connect_to(&d1), *c2 = connect_to(&d2);
   workload w = open_workload(c1, "t-1", 8);
   cr_assert_eq(ckv_session_save(w.s, NULL, false, NULL), CKV_OK, "save: %s", ckv_client_last_error(c1));
-  const char *key = "ckv:v1:default:" MODEL ":" REV ":t-1";
+  const char *key = KEY_PREFIX ":default:" MODEL ":" REV ":t-1";
   size_t len;
   uint8_t *orig = store_get(&st, key, &len);
   cr_assert_not_null(orig);
@@ -515,7 +518,7 @@ Test(remote, store_gone_mid_save, .timeout = 120) {
   ckv_client *c = connect_to(&d);
   workload w = open_workload(c, "g-1", 6);
   cr_assert_eq(ckv_session_save(w.s, NULL, false, NULL), CKV_OK, "save: %s", ckv_client_last_error(c));
-  const char *key = "ckv:v1:default:" MODEL ":" REV ":g-1";
+  const char *key = KEY_PREFIX ":default:" MODEL ":" REV ":g-1";
   size_t v1_len;
   uint8_t *v1 = store_get(&st, key, &v1_len);
   cr_assert_not_null(v1);

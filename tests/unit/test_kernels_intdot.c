@@ -325,8 +325,8 @@ Test(intdot, extreme_codes_do_not_saturate) {
       for (int i = 0; i < 64 * 2; i++) sc[i] = 0x7bff;
     } else if (fmts[f] == CKV_FORMAT_ROT4) {
       memset(b + ckv_rot_codes_offset(fmts[f], &g, 64, 0, 0), 0xff, 64 * 2 * 128);
-      uint16_t *sc = (uint16_t *)(b + ckv_rot_scales_offset(fmts[f], &g, 64, 0, 0));
-      for (int i = 0; i < 64 * 2; i++) sc[i] = 0x7bff;
+      uint8_t *sc = b + ckv_rot_scales_offset(fmts[f], &g, 64, 0, 0);
+      for (int i = 0; i < 64 * 2; i++) sc[i] = CKV_ROT_SCALE_CODES; /* the largest scale */
     } else {
       for (uint32_t h = 0; h < 2; h++)
         for (uint32_t c = 0; c < 2; c++) {
