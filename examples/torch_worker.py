@@ -3,7 +3,7 @@
 
     PYTHONPATH=build/python python3 examples/torch_worker.py --dialogues FILE.jsonl
         [--model PATH] [--policy NAME] [--param key=value ...] [--limit N] [--bos ID]
-        [--socket EP] [--attach-socket PATH] [--prefix ID] [--keep] [--json] [--quiet]
+        [--socket EP] [--attach-socket PATH] [--prefix ID] [--keep] [--sync] [--json] [--quiet]
 
 The Python twin of commitkv-dialogue (examples/dialogue.c over
 examples/llm/worker.c), through the `commitkv` module: a llama2.c legacy
@@ -31,20 +31,12 @@ reference text.  The answer is right when it equals answer + "\\n" byte for
 byte.  A dialogue longer than the model's positions is cut after its last
 answer turn; one whose answers do not fit is skipped.
 
-Decoding aside.  The C worker puts the decoded tokens' K/V in a private draft
-block that the kernel reads after the view's; the module attends over the
-view only and returns no softmax normaliser, so here each query head h is
-attended on its own (its query in its KV head's place, zeros elsewhere: a
-zero query spreads exactly 1/N over the N attended slots), which gives that
-head's probabilities p_h over the view; with a draft token a of the view
-whose FP16 key is known, log Z_h = s_ha - log p_ha (s: scaled score), and the
-view's output merges exactly with the decoded tokens' own scores and values.
-As in the C worker, the view tokens' mass during the decode counts for the
-round.  Up to rounding this is the same attention.  Where no draft token is
-attended above rounding (a head that looks at a compressed sink), the most
-attended token anchors it with the FP16 key this worker wrote for it: then
-the merge is off by that token's compression error (policies that compress;
-under fp16 every token is draft).
+Decoding aside.  As the C worker, which puts the decoded tokens' K/V in a
+private draft block that the kernel reads after the view's, the decoded
+tokens go to session.attention as extra_k / extra_v: the module builds that
+block, and the view tokens' mass during the decode counts for the round (the
+decoded tokens' own does not).  The same attention as the C worker's, under
+every policy.
 
 Semantic scores: none are sent (the daemon estimates them from token
 rarity), as commitkv-dialogue --semantic none does; compare with that.
@@ -336,18 +328,17 @@ def fact_kind(answer: bytes) -> str:
 class Worker:
     """One model sequence whose KV cache is a commitkvd session (worker.c's llm_worker)."""
 
-    def __init__(self, model: Llama, session):
+    def __init__(self, model: Llama, session, sync: bool = False):
         self.m = model
         self.s = session
+        self.sync = sync  # wait for each round's moves (commitkv-dialogue --sync): the same states every run
         m = model
         self.mass = np.zeros(m.seq_len, dtype=np.float32)  # this round's attention mass per position
-        self.k16 = np.zeros((m.n_layers, m.seq_len, m.n_kv_heads, m.head_dim), dtype=np.float16)  # as written
         self.n_done = 0
         self.acked = 0
         self.logits = None
         self.steps = 0
         self.rounds = 0
-        self.scale = 1.0 / math.sqrt(m.head_dim)
 
     def _ack_newest(self):
         e = self.s.epoch
@@ -365,7 +356,6 @@ class Worker:
         for layer in range(m.n_layers):
             q, k, v = m.qkv(x, layer, pos)
             k16, v16 = k.to(torch.float16), v.to(torch.float16)
-            self.k16[layer, pos] = k16.numpy()
             self.s.write_kv(pos, layer, k16, v16)
             out, mass = self.s.attention(layer, q)
             if layer == 0:
@@ -379,6 +369,8 @@ class Worker:
     def end_round(self, round_no: int):
         """Reports the round's mass for every position so far, acknowledges its epoch, starts the next round."""
         r = self.s.report(round_no, self.mass[:self.n_done])
+        if self.sync and r.pending:
+            self.s.settle()
         if r.epoch > self.acked:
             self.s.ack(r.epoch)
             self.acked = r.epoch
@@ -387,54 +379,11 @@ class Worker:
 
     # -- decoding aside --
 
-    def _draft_positions(self) -> np.ndarray:
-        pos = [b.positions[b.valid] for b in self.s.view().draft]
-        p = np.unique(np.concatenate(pos)) if pos else np.zeros(0, dtype=np.uint32)
-        return p[p < self.n_done].astype(np.int64)
-
-    def _attend_aside(self, layer: int, q, ak, av, draft):
-        """Attention of q over the view and the aside tokens ak, av (n, n_kv_heads, head_dim, float64).
-        Returns the output (n_heads * head_dim float32); adds the view tokens' mass to the round's."""
-        m = self.m
-        group = m.n_heads // m.n_kv_heads
-        qn = q.numpy()
-        qz = np.zeros((m.n_kv_heads, m.head_dim), dtype=np.float32)
-        outs = np.empty((m.n_heads, m.head_dim), dtype=np.float64)
-        view_mass = np.zeros(self.n_done, dtype=np.float64)
-        for h in range(m.n_heads):
-            g = h // group
-            qz[:] = 0
-            qz[g] = qn[h]
-            out, mass = self.s.attention(layer, qz)
-            raw = mass[:self.n_done].astype(np.float64)
-            attended = raw > 0
-            p = raw.copy()
-            if m.n_kv_heads > 1:  # the zero-query heads' share, exactly 1/N per attended slot
-                p[attended] -= (m.n_kv_heads - 1) * float(np.float32(1) / np.float32(attended.sum()))
-            p = np.maximum(p, 0.0)
-            a = draft[np.argmax(p[draft])] if draft.size else -1
-            if a < 0 or p[a] <= 1e4 * 4.0 * float(np.spacing(np.float32(raw[a]))):
-                # No draft token is attended above rounding (a head on a compressed sink): anchor on the
-                # most attended token with the key this worker wrote for it, off by its compression error.
-                a = int(np.argmax(p))
-            qh = qn[h].astype(np.float64)
-            s_a = self.scale * float(self.k16[layer, a, g].astype(np.float64) @ qh)
-            s_j = self.scale * (ak[:, g] @ qh)
-            lse_view = s_a - math.log(p[a])
-            top = max(lse_view, float(s_j.max()))
-            w_view, w_j = math.exp(lse_view - top), np.exp(s_j - top)
-            z = w_view + w_j.sum()
-            outs[h] = (w_view * out[g].astype(np.float64) + w_j @ av[:, g]) / z
-            view_mass += p * (w_view / z)
-        self.mass[:self.n_done] += view_mass.astype(np.float32)
-        return torch.from_numpy(outs.astype(np.float32).reshape(-1))
-
     def decode_aside(self, max_tokens: int, stop: int, end: int):
         """Greedy decoding that appends nothing (worker.c llm_worker_decode_aside): tokens, and why it
         stopped: 's' after `stop`, 'e' before `end`, 'l' at max_tokens, 'c' out of positions."""
         m = self.m
-        draft = self._draft_positions()
-        ak = np.zeros((m.n_layers, max_tokens, m.n_kv_heads, m.head_dim), dtype=np.float64)
+        ak = np.zeros((m.n_layers, max_tokens, m.n_kv_heads, m.head_dim), dtype=np.float16)
         av = np.zeros_like(ak)
         lg = self.logits
         toks, why = [], "l"
@@ -459,8 +408,9 @@ class Worker:
                 q, k, v = m.qkv(x, layer, pos)
                 ak[layer, j] = k.to(torch.float16).numpy()
                 av[layer, j] = v.to(torch.float16).numpy()
-                att = self._attend_aside(layer, q, ak[layer, :j + 1], av[layer, :j + 1], draft)
-                x = m.finish_layer(x, layer, att)
+                out, mass = self.s.attention(layer, q, extra_k=ak[layer, :j + 1], extra_v=av[layer, :j + 1])
+                self.mass[:mass.size] += mass
+                x = m.finish_layer(x, layer, torch.from_numpy(out).reshape(-1))
             lg = m.logits(x)
         return toks, why
 
@@ -474,7 +424,7 @@ def run_dialogue(args, model: Llama, client, d: Dialogue, idx: int, bos: int, it
     n_turns = d.turns_that_fit(model.seq_len)
     with client.open_session(sid, model.n_layers, model.n_kv_heads, model.head_dim, "fp16",
                              policy=args.policy, params=args.params or None, keep=args.keep) as s:
-        w = Worker(model, s)
+        w = Worker(model, s, args.sync)
 
         def feed(turn, start, stop):
             role = ROLES[turn[0]]
@@ -534,6 +484,8 @@ def parse_args(argv):
     ap.add_argument("--keep", action="store_true", help="close each session (the daemon keeps it) instead of "
                     "dropping it")
     ap.add_argument("--threads", type=int, default=1, metavar="N", help="torch threads (default 1)")
+    ap.add_argument("--sync", action="store_true", help="wait for each round's compressions before the next "
+                    "token, as commitkv-dialogue --sync: runs repeat themselves")
     ap.add_argument("--json", action="store_true", help="one JSON object on stdout")
     ap.add_argument("--quiet", action="store_true", help="no progress on stderr")
     args = ap.parse_args(argv)

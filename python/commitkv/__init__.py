@@ -30,6 +30,7 @@ GIL, so threads sharing a client (or a session) run concurrently.
 from __future__ import annotations
 
 import enum
+import time
 from typing import Any, Iterator, Mapping, NamedTuple, Optional, Sequence, Union
 
 import numpy as np
@@ -334,19 +335,30 @@ class Session:
         epoch, n_tokens, blocks = self._s.view()
         return View(epoch, n_tokens, [Block(d, self.geometry) for d in blocks])
 
-    def attention(self, layer: int, q: Any, scale: Optional[float] = None, *, threads: int = 0) -> tuple:
+    def attention(self, layer: int, q: Any, scale: Optional[float] = None, *, threads: int = 0,
+                  extra_k: Any = None, extra_v: Any = None) -> tuple:
         """Fused decode attention of `q` over every block of the current view.
 
         q: (n_q_heads, head_dim) or (n_rows, n_q_heads, head_dim), n_q_heads a
         multiple of n_kv_heads (converted to float32 if it is not).  The kernel
         reads draft, staged and committed blocks in place.  scale defaults to
-        1/sqrt(head_dim); threads 0 lets the kernel choose.  Returns
-        (out, attention_mass): out shaped like q (float32), attention_mass one
-        float32 per session position (summed over rows and heads), ready for
-        :meth:`report`."""
+        1/sqrt(head_dim); threads 0 lets the kernel choose.  extra_k, extra_v:
+        optional K/V of this layer for tokens the session does not hold,
+        (n, n_kv_heads, head_dim) (converted to float16, 1 <= n <= 4096),
+        attended after the view's as a private draft block (greedy decoding
+        that appends nothing: the C worker's "aside" block); fp16 sessions
+        only.  Returns (out, attention_mass): out shaped like q (float32),
+        attention_mass one float32 per session position (summed over rows and
+        heads; the extra tokens' share is not in it), ready for :meth:`report`."""
         qa = np.ascontiguousarray(np.asarray(q), dtype=np.float32)
+        ek = ev = None
+        if extra_k is not None or extra_v is not None:
+            if extra_k is None or extra_v is None:
+                raise ValueError("extra_k and extra_v go together")
+            ek = np.ascontiguousarray(np.asarray(extra_k), dtype=np.float16)
+            ev = np.ascontiguousarray(np.asarray(extra_v), dtype=np.float16)
         out, mass, _epoch, _n = self._s.attention(int(layer), qa, 0.0 if scale is None else float(scale),
-                                                  int(threads))
+                                                  int(threads), ek, ev)
         return np.frombuffer(out, dtype=np.float32).reshape(qa.shape), np.frombuffer(mass, dtype=np.float32)
 
     def report(self, round: int, attention_mass: Any, semantic: Any = None, *, first_position: int = 0) -> RoundResult:
@@ -367,6 +379,23 @@ class Session:
                 pos = np.arange(scores.size, dtype=np.uint32)
         epoch, pending, trans = self._s.report(int(round), mass, int(first_position), pos, scores)
         return RoundResult(epoch, pending, [Transition(f, c, State(a), State(b)) for f, c, a, b in trans])
+
+    def settle(self, timeout: float = 5.0, poll: float = 0.001) -> int:
+        """Waits until the daemon has published this session's pending moves
+        (its pending token count is 0, or has not changed for 5 polls: the
+        rest waits for more tokens by design, e.g. a partial committed chunk),
+        at most `timeout` seconds.  Acknowledges nothing.  Returns the tokens
+        still pending.  With a settle after each report, a worker sees the
+        same states on every run (compressions are asynchronous otherwise)."""
+        deadline = time.monotonic() + timeout
+        last, quiet = None, 0
+        while True:
+            epoch, pending = self._s.info()
+            quiet = quiet + 1 if (epoch, pending) == last else 0
+            last = (epoch, pending)
+            if pending == 0 or quiet >= 5 or time.monotonic() >= deadline:
+                return pending
+            time.sleep(poll)
 
     def ack(self, epoch: int) -> int:
         """This client reads nothing older than `epoch` any more; returns the bytes the daemon freed.

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "client/rpc.h"
 #include "ext.h"
 #include "kernels/format.h"
 #include "kernels/kernels.h"
@@ -324,16 +325,45 @@ out:
 
 /* ---- attention --------------------------------------------------------------------- */
 
-/* The kernel over the copied view, then per-slot mass summed per position.
- * Runs without the GIL and without self->lock, under self->readers. */
+/* A private draft block of every layer holding n_extra tokens' FP16 K/V
+ * (ek, ev: [n_extra][n_kv_heads][head_dim]) in `layer` and zeros elsewhere,
+ * at positions after the session's: tokens the caller attends to without
+ * appending them (greedy decoding aside, as the C worker's aside block).
+ * NULL when out of memory. */
+static void *extra_block(const ckv_geometry *g, uint32_t layer, uint32_t n_extra, uint64_t first_pos,
+                         const uint16_t *ek, const uint16_t *ev) {
+  size_t bytes = ckv_format_block_bytes(CKV_FORMAT_DRAFT, g, n_extra, 0);
+  void *blk = bytes ? aligned_alloc(64, (bytes + 63u) / 64u * 64u) : NULL;
+  if (!blk) return NULL;
+  memset(blk, 0, bytes);
+  if (ckv_block_init(blk, CKV_FORMAT_DRAFT, g, n_extra, 0, 1) != CKV_OK) {
+    free(blk);
+    return NULL;
+  }
+  size_t te = ckv_draft_token_elems(g);
+  for (uint32_t t = 0; t < n_extra; t++) {
+    memcpy((uint8_t *)blk + ckv_draft_kv_offset(g, n_extra, layer, 0, t), ek + t * te, te * 2u);
+    memcpy((uint8_t *)blk + ckv_draft_kv_offset(g, n_extra, layer, 1, t), ev + t * te, te * 2u);
+    ckv_block_positions(blk)[t] = (uint32_t)(first_pos + t);
+    ckv_block_set_valid(blk, t, true);
+  }
+  return blk;
+}
+
+/* The kernel over the copied view (and the extra block, when given, after
+ * it), then per-slot mass summed per position (the extra tokens' mass is
+ * not counted).  Runs without the GIL and without self->lock, under
+ * self->readers. */
 static int attend(const ckvpy_session *self, const view_copy *vc, uint32_t layer, uint32_t rows, uint32_t qheads,
-                  float scale, uint32_t threads, const float *q, float *out, float *pos_mass) {
-  const void **blocks = malloc((vc->n ? vc->n : 1) * sizeof(*blocks));
+                  float scale, uint32_t threads, const float *q, const void *extra, float *out, float *pos_mass) {
+  size_t nb = vc->n + (extra ? 1u : 0u);
+  const void **blocks = malloc((nb ? nb : 1) * sizeof(*blocks));
   if (!blocks) return -ENOMEM;
   for (size_t i = 0; i < vc->n; i++) blocks[i] = vc->blocks[i].data;
+  if (extra) blocks[vc->n] = extra;
   ckv_attn_args a = {.geom = &self->geom, .layer = layer, .n_rows = rows, .n_q_heads = qheads, .scale = scale,
-                     .q = q, .blocks = blocks, .n_blocks = (uint32_t)vc->n, .out = out, .n_threads = threads};
-  size_t need = ckv_attention_mass_len(blocks, (uint32_t)vc->n);
+                     .q = q, .blocks = blocks, .n_blocks = (uint32_t)nb, .out = out, .n_threads = threads};
+  size_t need = ckv_attention_mass_len(blocks, (uint32_t)nb);
   float *slot_mass = malloc((need ? need : 1) * sizeof(float));
   size_t ws = ckv_attention_workspace_bytes(&a);
   void *work = ws ? malloc(ws) : NULL;
@@ -363,11 +393,16 @@ static int attend(const ckvpy_session *self, const view_copy *vc, uint32_t layer
 }
 
 static PyObject *session_attention(ckvpy_session *self, PyObject *args, PyObject *kw) {
-  static char *kwlist[] = {"layer", "q", "scale", "threads", NULL};
+  static char *kwlist[] = {"layer", "q", "scale", "threads", "extra_k", "extra_v", NULL};
   unsigned int layer, threads = 0;
-  PyObject *oq;
+  PyObject *oq, *oek = NULL, *oev = NULL;
   double scale = 0.0;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "IO|dI", kwlist, &layer, &oq, &scale, &threads)) return NULL;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "IO|dIOO", kwlist, &layer, &oq, &scale, &threads, &oek, &oev))
+    return NULL;
+  if ((oek && oek != Py_None) != (oev && oev != Py_None)) {
+    PyErr_SetString(PyExc_ValueError, "extra_k and extra_v go together");
+    return NULL;
+  }
   if (layer >= self->geom.n_layers) {
     char t[128];
     snprintf(t, sizeof(t), "layer %u of a session with %u layers", layer, self->geom.n_layers);
@@ -376,9 +411,29 @@ static PyObject *session_attention(ckvpy_session *self, PyObject *args, PyObject
   char want[160];
   snprintf(want, sizeof(want), "float32 of shape (n_q_heads, %u) or (n_rows, n_q_heads, %u), n_q_heads a multiple of %u",
            self->geom.head_dim, self->geom.head_dim, self->geom.n_kv_heads);
-  Py_buffer qb;
+  Py_buffer qb, kb = {0}, vb = {0};
   if (ckvpy_get_buffer(oq, "f", "q", want, &qb) < 0) return NULL;
   PyObject *out_obj = NULL, *mass_obj = NULL, *result = NULL;
+  void *extra = NULL;
+  uint32_t n_extra = 0;
+  if (oek && oek != Py_None) {
+    if (self->geom.dtype != CKV_DTYPE_FP16) {
+      PyErr_SetString(PyExc_ValueError, "extra_k, extra_v: extra tokens need a session of dtype fp16");
+      goto out;
+    }
+    size_t te = ckv_draft_token_elems(&self->geom);
+    char ew[160];
+    snprintf(ew, sizeof(ew), "float16 of shape (n, %u, %u), 1 <= n <= %u", self->geom.n_kv_heads, self->geom.head_dim,
+             CKV_MAX_BLOCK_TOKENS);
+    if (ckvpy_get_buffer(oek, "e", "extra_k", ew, &kb) < 0) goto out;
+    if (ckvpy_get_buffer(oev, "e", "extra_v", ew, &vb) < 0) goto out;
+    size_t nk = (size_t)kb.len / 2u;
+    if (nk == 0 || nk % te != 0 || nk / te > CKV_MAX_BLOCK_TOKENS || vb.len != kb.len) {
+      PyErr_Format(PyExc_ValueError, "extra_k, extra_v: %zd and %zd bytes; wanted %s each", kb.len, vb.len, ew);
+      goto out;
+    }
+    n_extra = (uint32_t)(nk / te);
+  }
   Py_ssize_t rows = qb.ndim == 3 ? qb.shape[0] : 1, qh = qb.ndim >= 2 ? qb.shape[qb.ndim - 2] : 0;
   if ((qb.ndim != 2 && qb.ndim != 3) || qb.shape[qb.ndim - 1] != (Py_ssize_t)self->geom.head_dim || rows < 1 ||
       qh < 1 || qh % self->geom.n_kv_heads != 0 || qh > 65536 || rows > 65536) {
@@ -395,16 +450,24 @@ static PyObject *session_attention(ckvpy_session *self, PyObject *args, PyObject
   Py_BEGIN_ALLOW_THREADS
   pthread_mutex_lock(&self->lock);
   r = copy_view(self, &vc, err, sizeof(err));
-  if (r == CKV_OK) pthread_rwlock_rdlock(&self->readers); /* before the lock goes: no ack in between */
+  bool reading = r == CKV_OK;
+  if (reading) pthread_rwlock_rdlock(&self->readers); /* before the lock goes: no ack in between */
   pthread_mutex_unlock(&self->lock);
+  if (r == CKV_OK && n_extra &&
+      !(extra = extra_block(&self->geom, layer, n_extra, vc.tokens, (const uint16_t *)kb.buf, (const uint16_t *)vb.buf)))
+    r = -ENOMEM;
   if (r == CKV_OK) {
     pos_mass = calloc(vc.tokens ? vc.tokens : 1, sizeof(float));
-    r = pos_mass ? attend(self, &vc, layer, (uint32_t)rows, (uint32_t)qh, (float)scale, threads, qb.buf, out, pos_mass)
+    r = pos_mass ? attend(self, &vc, layer, (uint32_t)rows, (uint32_t)qh, (float)scale, threads, qb.buf, extra, out,
+                          pos_mass)
                  : -ENOMEM;
+  }
+  if (reading) {
     pthread_rwlock_unlock(&self->readers);
     if (r < 0) snprintf(err, sizeof(err), "attention kernel: %s", ckv_strerror(r));
   }
   Py_END_ALLOW_THREADS
+  free(extra);
   free(vc.blocks);
   if (r < 0) {
     free(pos_mass);
@@ -419,6 +482,8 @@ out:
   Py_XDECREF(out_obj);
   Py_XDECREF(mass_obj);
   PyBuffer_Release(&qb);
+  if (kb.obj) PyBuffer_Release(&kb);
+  if (vb.obj) PyBuffer_Release(&vb);
   return result;
 }
 
@@ -484,6 +549,42 @@ out:
   return result;
 }
 
+/* (epoch, pending_tokens) of this session as the daemon has them now
+ * (ListSessions): what settle() polls until the round's moves are done. */
+static PyObject *session_info(ckvpy_session *self, PyObject *unused) {
+  Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
+  Commitkv__V1__ListSessions ls = COMMITKV__V1__LIST_SESSIONS__INIT;
+  req.body_case = COMMITKV__V1__REQUEST__BODY_LIST_SESSIONS;
+  req.list_sessions = &ls;
+  Commitkv__V1__Response *rep = NULL;
+  int r;
+  char err[512] = "";
+  uint64_t epoch = 0, pending = 0;
+  ckv_client *c = self->client->c;
+  Py_BEGIN_ALLOW_THREADS
+  pthread_mutex_lock(&self->lock);
+  r = self->s ? ckv_rpc(c, &req, &rep) : CKV_ERR_STATE;
+  if (r == CKV_OK) {
+    const Commitkv__V1__SessionList *l =
+        rep->body_case == COMMITKV__V1__RESPONSE__BODY_SESSION_LIST ? rep->session_list : NULL;
+    r = CKV_ERR_NOT_FOUND;
+    for (size_t i = 0; l && i < l->n_sessions; i++)
+      if (l->sessions[i]->session_id && !strcmp(l->sessions[i]->session_id, self->id)) {
+        epoch = l->sessions[i]->epoch;
+        pending = l->sessions[i]->pending_tokens;
+        r = CKV_OK;
+      }
+    if (r < 0) snprintf(err, sizeof(err), "the daemon does not list session '%s'", self->id);
+    ckv_rpc_free(rep);
+  } else if (r < 0 && self->s) {
+    ckvpy_copy_error(c, r, err, sizeof(err));
+  }
+  pthread_mutex_unlock(&self->lock);
+  Py_END_ALLOW_THREADS
+  if (r < 0) return ckvpy_raise(r, r == CKV_ERR_STATE && !self->s ? NOT_OPEN_TEXT : err);
+  return Py_BuildValue("(KK)", (unsigned long long)epoch, (unsigned long long)pending);
+}
+
 static PyObject *session_ack(ckvpy_session *self, PyObject *arg) {
   unsigned long long epoch = PyLong_AsUnsignedLongLong(arg);
   if (epoch == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
@@ -534,8 +635,9 @@ static PyMethodDef session_methods[] = {
     {"write_kv", (PyCFunction)(void (*)(void))session_write_kv, METH_VARARGS | METH_KEYWORDS,
      "write_kv(position, layer, k, v) -> tokens written"},
     {"view", (PyCFunction)session_view, METH_NOARGS, "view() -> (epoch, n_tokens, [block dict])"},
+    {"info", (PyCFunction)session_info, METH_NOARGS, "info() -> (epoch, pending_tokens) as the daemon has them now"},
     {"attention", (PyCFunction)(void (*)(void))session_attention, METH_VARARGS | METH_KEYWORDS,
-     "attention(layer, q, scale=0, threads=0) -> (out bytes, mass bytes, epoch, n_positions)"},
+     "attention(layer, q, scale=0, threads=0, extra_k=None, extra_v=None) -> (out bytes, mass bytes, epoch, n_positions)"},
     {"report", (PyCFunction)(void (*)(void))session_report, METH_VARARGS | METH_KEYWORDS,
      "report(round, attention_mass, first_position, semantic_positions, semantic_scores) -> (epoch, pending, "
      "[transition])"},

@@ -176,6 +176,38 @@ def test_attention_matches_numpy_and_feeds_report(client, sid):
             s.attention(L, q)
 
 
+def test_attention_over_extra_tokens_equals_appending_them(client, sid):
+    """extra_k / extra_v (decoding aside): attending over the view plus m
+    tokens the session does not hold gives what appending them gives, and the
+    session's mass leaves the extra tokens out."""
+    with client.open_session(sid, L, H, D) as s:
+        n, m = 40, 5
+        s.append(n, roles=commitkv.Role.USER)
+        k, v = rand_kv(n + m, seed=8)
+        for layer in range(L):
+            s.write_kv(0, layer, k[:n] * (layer + 1), v[:n])
+        rng = np.random.default_rng(9)
+        q = rng.standard_normal((2 * H, D)).astype(np.float32)
+        ek, ev = (k[n:] * 2).astype(np.float16), v[n:].astype(np.float16)
+        out, mass = s.attention(1, q, extra_k=ek, extra_v=ev)
+        assert mass.shape == (n,)
+        ref_out, ref_mass = reference_attention((k * 2).astype(np.float16), v, q, 1 / np.sqrt(D))
+        np.testing.assert_allclose(out, ref_out, rtol=2e-3, atol=2e-3)
+        np.testing.assert_allclose(mass, ref_mass[:n], rtol=2e-3, atol=2e-4)
+        assert mass.sum() < 2 * H * (1 - 1e-3)  # the extra tokens took their share
+        # the same tokens appended: the same output up to summation order
+        s.append(m, roles=commitkv.Role.USER)
+        for layer in range(L):
+            s.write_kv(n, layer, k[n:] * (layer + 1), v[n:])
+        out2, mass2 = s.attention(1, q)
+        np.testing.assert_allclose(out, out2, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(mass, mass2[:n], rtol=1e-5, atol=1e-7)
+        with pytest.raises(ValueError, match="go together"):
+            s.attention(1, q, extra_k=ek)
+        with pytest.raises(ValueError, match="extra_k, extra_v"):
+            s.attention(1, q, extra_k=ek[:, :, :-1], extra_v=ev[:, :, :-1])
+
+
 def test_rounds_move_tokens_and_views_follow(client, sid):
     """Rounds with attention on some tokens and none on others: the daemon
     publishes transitions (draft -> staged/committed/recycled), the view's
