@@ -351,10 +351,26 @@ static int session_info(llm_worker *r, uint64_t *ret_epoch, uint64_t *ret_pendin
   return e;
 }
 
+/* Jobs the daemon's compressor has waiting or running (all sessions). */
+static int compress_queue(llm_worker *r, uint64_t *ret) {
+  Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
+  Commitkv__V1__StatsRequest sr = COMMITKV__V1__STATS_REQUEST__INIT;
+  req.body_case = COMMITKV__V1__REQUEST__BODY_STATS;
+  req.stats = &sr;
+  Commitkv__V1__Response *rep;
+  int e = ckv_rpc(r->c, &req, &rep);
+  if (e < 0) return e;
+  *ret = rep->body_case == COMMITKV__V1__RESPONSE__BODY_STATS && rep->stats ? rep->stats->compress_queue : 0;
+  ckv_rpc_free(rep);
+  return CKV_OK;
+}
+
 /* Waits until the session's pending transitions are published.  Tokens
  * waiting for a committed chunk to fill stay pending for good, so it stops
  * once neither the epoch nor the pending count moved for LLM_SETTLE_QUIET
- * polls.  With final (no view is read any more) it also acknowledges each
+ * polls while the compressor had no job waiting or running (a job still
+ * running on a loaded machine keeps it waiting: a fixed quiet time alone
+ * ended some --sync rounds before their moves were published).  With final (no view is read any more) it also acknowledges each
  * epoch it sees, so the bytes read last are the settled footprint; during a
  * session the next refresh_view() acknowledges instead, once it holds the
  * view of that epoch (the library only refetches after a reply told it of a
@@ -373,7 +389,9 @@ static int settle(llm_worker *r, int poll_ms, bool final) {
       quiet = 0;
       continue; /* re-read: the ack may have reclaimed retired blocks */
     }
-    quiet = pending == last_pending && epoch == last_epoch ? quiet + 1 : 0;
+    uint64_t queue = 0;
+    if (pending && (e = compress_queue(r, &queue)) < 0) return e;
+    quiet = pending == last_pending && epoch == last_epoch && queue == 0 ? quiet + 1 : 0;
     last_pending = pending;
     last_epoch = epoch;
     if (!pending || quiet >= LLM_SETTLE_QUIET || waited >= LLM_SETTLE_MS) return CKV_OK;

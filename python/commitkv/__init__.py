@@ -382,16 +382,16 @@ class Session:
 
     def settle(self, timeout: float = 5.0, poll: float = 0.001) -> int:
         """Waits until the daemon has published this session's pending moves
-        (its pending token count is 0, or has not changed for 5 polls: the
-        rest waits for more tokens by design, e.g. a partial committed chunk),
-        at most `timeout` seconds.  Acknowledges nothing.  Returns the tokens
+        (its pending token count is 0, or has not changed for 5 polls while
+        the compressor had no job: the rest waits for more tokens by design,
+        e.g. a partial committed chunk), at most `timeout` seconds.  Acknowledges nothing.  Returns the tokens
         still pending.  With a settle after each report, a worker sees the
         same states on every run (compressions are asynchronous otherwise)."""
         deadline = time.monotonic() + timeout
         last, quiet = None, 0
         while True:
-            epoch, pending = self._s.info()
-            quiet = quiet + 1 if (epoch, pending) == last else 0
+            epoch, pending, queue = self._s.info()
+            quiet = quiet + 1 if (epoch, pending) == last and queue == 0 else 0
             last = (epoch, pending)
             if pending == 0 or quiet >= 5 or time.monotonic() >= deadline:
                 return pending

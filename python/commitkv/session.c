@@ -549,8 +549,10 @@ out:
   return result;
 }
 
-/* (epoch, pending_tokens) of this session as the daemon has them now
- * (ListSessions): what settle() polls until the round's moves are done. */
+/* (epoch, pending_tokens, compress_queue): this session's epoch and pending
+ * tokens as the daemon has them now (ListSessions) and the jobs its
+ * compressor has waiting or running (Stats, all sessions): what settle()
+ * polls until the round's moves are done. */
 static PyObject *session_info(ckvpy_session *self, PyObject *unused) {
   Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
   Commitkv__V1__ListSessions ls = COMMITKV__V1__LIST_SESSIONS__INIT;
@@ -559,7 +561,7 @@ static PyObject *session_info(ckvpy_session *self, PyObject *unused) {
   Commitkv__V1__Response *rep = NULL;
   int r;
   char err[512] = "";
-  uint64_t epoch = 0, pending = 0;
+  uint64_t epoch = 0, pending = 0, queue = 0;
   ckv_client *c = self->client->c;
   Py_BEGIN_ALLOW_THREADS
   pthread_mutex_lock(&self->lock);
@@ -579,10 +581,24 @@ static PyObject *session_info(ckvpy_session *self, PyObject *unused) {
   } else if (r < 0 && self->s) {
     ckvpy_copy_error(c, r, err, sizeof(err));
   }
+  if (r == CKV_OK) {
+    Commitkv__V1__Request sq = COMMITKV__V1__REQUEST__INIT;
+    Commitkv__V1__StatsRequest sr = COMMITKV__V1__STATS_REQUEST__INIT;
+    sq.body_case = COMMITKV__V1__REQUEST__BODY_STATS;
+    sq.stats = &sr;
+    r = ckv_rpc(c, &sq, &rep);
+    if (r == CKV_OK) {
+      queue = rep->body_case == COMMITKV__V1__RESPONSE__BODY_STATS && rep->stats ? rep->stats->compress_queue : 0;
+      ckv_rpc_free(rep);
+    }
+  }
+  if (r < 0 && !err[0] && self->s) {
+    ckvpy_copy_error(c, r, err, sizeof(err));
+  }
   pthread_mutex_unlock(&self->lock);
   Py_END_ALLOW_THREADS
   if (r < 0) return ckvpy_raise(r, r == CKV_ERR_STATE && !self->s ? NOT_OPEN_TEXT : err);
-  return Py_BuildValue("(KK)", (unsigned long long)epoch, (unsigned long long)pending);
+  return Py_BuildValue("(KKK)", (unsigned long long)epoch, (unsigned long long)pending, (unsigned long long)queue);
 }
 
 static PyObject *session_ack(ckvpy_session *self, PyObject *arg) {
@@ -635,7 +651,7 @@ static PyMethodDef session_methods[] = {
     {"write_kv", (PyCFunction)(void (*)(void))session_write_kv, METH_VARARGS | METH_KEYWORDS,
      "write_kv(position, layer, k, v) -> tokens written"},
     {"view", (PyCFunction)session_view, METH_NOARGS, "view() -> (epoch, n_tokens, [block dict])"},
-    {"info", (PyCFunction)session_info, METH_NOARGS, "info() -> (epoch, pending_tokens) as the daemon has them now"},
+    {"info", (PyCFunction)session_info, METH_NOARGS, "info() -> (epoch, pending_tokens, compress_queue) as the daemon has them now"},
     {"attention", (PyCFunction)(void (*)(void))session_attention, METH_VARARGS | METH_KEYWORDS,
      "attention(layer, q, scale=0, threads=0, extra_k=None, extra_v=None) -> (out bytes, mass bytes, epoch, n_positions)"},
     {"report", (PyCFunction)(void (*)(void))session_report, METH_VARARGS | METH_KEYWORDS,
