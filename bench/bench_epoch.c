@@ -16,8 +16,12 @@
  *    (Stats compress_busy_us before and after: the kernels), so "x kernel"
  *    reads as what publishing costs on top of moving the bytes.
  *
- * Tokens' K/V are left as the daemon initialised them: the kernels' work does
- * not depend on the values.  A table for people; --json prints one object. */
+ * The bench writes every token's K/V into its draft slot, as a worker does
+ * (so the daemon's reads meet pages a worker touched, not holes), and times
+ * a memcpy of each round's source bytes (the moved tokens in the format they
+ * left) in this process: "GB/s" is those bytes over the kernel time, "x
+ * memcpy" that against the memcpy of the same count.  A table for people;
+ * --json prints one object. */
 #include <getopt.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -40,13 +44,49 @@ typedef struct round_fig {
   double report_us, publish_us;
   double kernel_us; /* the compressor threads' time on this round's jobs (Stats compress_busy_us) */
   uint64_t moved, epoch;
+  uint64_t src_bytes; /* the moved tokens' bytes in the format they left */
+  double memcpy_us;   /* a memcpy of src_bytes in this process */
 } round_fig;
+
+/* Bytes one token takes in the format of state `from` (CKV_TOKEN_*: draft
+ * FP16, staged INT8 with its scales); 0 for states that hold no bytes. */
+static uint64_t token_bytes(const ckv_geometry *g, uint8_t from) {
+  if (from == CKV_TOKEN_DRAFT) return (uint64_t)g->n_layers * g->n_kv_heads * g->head_dim * 4u;
+  if (from == CKV_TOKEN_STAGED) return ckv_format_block_bytes(CKV_FORMAT_STAGED, g, 64, g->head_dim) / 64u;
+  return 0;
+}
+
+/* Microseconds of one memcpy of `bytes` between two buffers touched before
+ * (the best of three, so a page fault or a preemption does not count). */
+static double memcpy_us(uint64_t bytes) {
+  if (!bytes) return 0;
+  uint8_t *a = malloc(bytes), *b = malloc(bytes);
+  double best = 0;
+  if (a && b) {
+    memset(a, 1, bytes);
+    memset(b, 2, bytes);
+    for (int i = 0; i < 3; i++) {
+      struct timespec t0, t1;
+      clock_gettime(CLOCK_MONOTONIC, &t0);
+      memcpy(b, a, bytes);
+      __asm__ volatile("" : : "r"(b) : "memory");
+      clock_gettime(CLOCK_MONOTONIC, &t1);
+      double us = (double)(t1.tv_sec - t0.tv_sec) * 1e6 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e3;
+      if (i == 0 || us < best) best = us;
+    }
+  }
+  free(a);
+  free(b);
+  return best;
+}
 
 static double now_us(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
 }
+
+static double gbps(uint64_t bytes, double us) { return us > 0 ? (double)bytes / us / 1e3 : 0.0; }
 
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
@@ -127,7 +167,21 @@ int ckv_bench_epoch(int argc, char **argv) {
   int r = ckv_session_open(c, "bench-epoch", &g, NULL, &s);
   for (unsigned done = 0; r == 0 && done < tokens;) {
     uint32_t n = tokens - done < 4096 ? tokens - done : 4096;
-    r = ckv_session_append(s, n, NULL, NULL, NULL, NULL, NULL);
+    uint64_t first = 0;
+    r = ckv_session_append(s, n, NULL, NULL, NULL, NULL, &first);
+    /* The worker's writes: FP16 1.0 and -1.0 by token (values do not change
+     * the kernels' work; the daemon then reads pages a worker touched). */
+    size_t row = (size_t)g.n_kv_heads * g.head_dim * sizeof(uint16_t);
+    for (uint32_t i = 0; r == 0 && i < n; i++)
+      for (uint32_t l = 0; l < g.n_layers; l++)
+        for (int kv = 0; kv < 2; kv++) {
+          uint16_t *p = ckv_session_kv_ptr(s, first + i, l, kv);
+          if (!p) {
+            r = CKV_ERR_RANGE;
+            break;
+          }
+          for (size_t e = 0; e < row / sizeof(uint16_t); e++) p[e] = (i + e) % 2 ? 0x3c00 : 0xbc00;
+        }
     done += n;
   }
   attn = malloc((size_t)tokens * sizeof(*attn));
@@ -156,7 +210,10 @@ int ckv_bench_epoch(int argc, char **argv) {
       rc = 1;
       break;
     }
-    for (size_t i = 0; i < res.n_transitions; i++) fig[k].moved += res.transitions[i].count;
+    for (size_t i = 0; i < res.n_transitions; i++) {
+      fig[k].moved += res.transitions[i].count;
+      fig[k].src_bytes += res.transitions[i].count * token_bytes(&g, res.transitions[i].from);
+    }
     uint64_t pend = res.pending, queue = res.pending ? 1 : 0; /* unknown until asked */
     while (pend > WAITING_BY_DESIGN || queue) {
       usleep(200);
@@ -183,6 +240,7 @@ int ckv_bench_epoch(int argc, char **argv) {
   }
 out:
   if (s) ckv_session_drop(s);
+  for (unsigned k = 0; rc == 0 && k < rounds; k++) fig[k].memcpy_us = memcpy_us(fig[k].src_bytes);
   ckv_client_free(c);
   free(attn);
   if (d.pid > 0 && ckv_bench_daemon_stop(&d) != 0) rc = 1;
@@ -197,22 +255,29 @@ out:
            backend, memory_kind, tokens, g.n_layers, g.n_kv_heads, g.head_dim, sorted[reps / 2], sorted[reps - 1], reps);
     for (unsigned k = 0; k < rounds; k++)
       printf("%s{\"round\":%u,\"report_us\":%.1f,\"report_to_published_us\":%.1f,\"kernel_us\":%.1f,"
-             "\"published_to_kernel\":%.2f,\"moved\":%llu,\"epoch\":%llu}",
+             "\"published_to_kernel\":%.2f,\"ratio_to_kernel\":%.2f,\"moved\":%llu,\"epoch\":%llu,"
+             "\"src_bytes\":%llu,\"kernel_gbps\":%.2f,\"memcpy_us\":%.1f,\"memcpy_gbps\":%.2f,"
+             "\"kernel_to_memcpy\":%.3f}",
              k ? "," : "", k + 1, fig[k].report_us, fig[k].publish_us, fig[k].kernel_us,
+             fig[k].kernel_us > 0 ? fig[k].publish_us / fig[k].kernel_us : 0.0,
              fig[k].kernel_us > 0 ? fig[k].publish_us / fig[k].kernel_us : 0.0, (unsigned long long)fig[k].moved,
-             (unsigned long long)fig[k].epoch);
+             (unsigned long long)fig[k].epoch, (unsigned long long)fig[k].src_bytes, gbps(fig[k].src_bytes, fig[k].kernel_us),
+             fig[k].memcpy_us, gbps(fig[k].src_bytes, fig[k].memcpy_us),
+             fig[k].kernel_us > 0 ? fig[k].memcpy_us / fig[k].kernel_us : 0.0);
     printf("]}\n");
   } else {
     printf("commitkv-bench epoch: backend %s (KV in %s memory), %u tokens, geometry %ux%ux%u FP16\n", backend,
            memory_kind, tokens, g.n_layers, g.n_kv_heads, g.head_dim);
     printf("attach (connect + arena import): median %.0f us, max %.0f us over %u\n", sorted[reps / 2],
            sorted[reps - 1], reps);
-    printf("%-6s %12s %22s %12s %10s %10s %8s\n", "round", "report us", "report->published us", "kernel us",
-           "x kernel", "moved", "epoch");
+    printf("%-6s %10s %21s %10s %9s %9s %8s %8s %9s %8s %6s\n", "round", "report us", "report->published us",
+           "kernel us", "x kernel", "moved", "src MB", "GB/s", "memcpy us", "x memcpy", "epoch");
     for (unsigned k = 0; k < rounds; k++)
-      printf("%-6u %12.0f %22.0f %12.0f %10.2f %10llu %8llu\n", k + 1, fig[k].report_us, fig[k].publish_us,
-             fig[k].kernel_us, fig[k].kernel_us > 0 ? fig[k].publish_us / fig[k].kernel_us : 0.0,
-             (unsigned long long)fig[k].moved, (unsigned long long)fig[k].epoch);
+      printf("%-6u %10.0f %21.0f %10.0f %9.2f %9llu %8.1f %8.2f %9.0f %8.3f %6llu\n", k + 1, fig[k].report_us,
+             fig[k].publish_us, fig[k].kernel_us, fig[k].kernel_us > 0 ? fig[k].publish_us / fig[k].kernel_us : 0.0,
+             (unsigned long long)fig[k].moved, (double)fig[k].src_bytes / 1e6, gbps(fig[k].src_bytes, fig[k].kernel_us),
+             fig[k].memcpy_us, fig[k].kernel_us > 0 ? fig[k].memcpy_us / fig[k].kernel_us : 0.0,
+             (unsigned long long)fig[k].epoch);
   }
   return 0;
 }

@@ -1,5 +1,18 @@
 /* tenant.c - a tenant's arena, allocator, quota and usage, and how big an
- * arena a quota needs (see tenant.h). */
+ * arena a quota needs (see tenant.h).
+ *
+ * Freed chunks stay warm (backed, mapped in the daemon) up to an eighth of
+ * the quota (WARM_SHARE): the next blocks are taken from them, so a move's
+ * destination is memory that is already mapped instead of fresh shmem pages
+ * that fault and are zeroed one by one on a compressor thread, and the server
+ * thread punches no hole.  The warm chunks are not the tenant's: its quota
+ * and bytes_used count its blocks only; they sit inside the arena's headroom
+ * (an eighth of the quota plus 16 MiB, see ckv_tenant_arena_for_quota), so
+ * what the daemon keeps resident never exceeds the arenas it sized against
+ * [daemon] memory.  A block whose memory may hold an earlier block's bytes
+ * (a warm chunk, a freed block of its slab) is zeroed before it is handed
+ * out: no block ever shows K/V it was not given (another session's, a
+ * dropped one's). */
 #include "daemon/tenant.h"
 
 #include <errno.h>
@@ -19,6 +32,8 @@
 /* Headroom of an arena over its quota: a fixed part for the header and the
  * partly used slabs of a few block classes, and an eighth for rounding. */
 #define ARENA_SLACK (UINT64_C(16) << 20)
+/* Freed chunks kept warm: this share of the quota (within the headroom). */
+#define WARM_SHARE 8u
 
 uint64_t ckv_tenant_arena_for_quota(uint64_t quota) {
   const uint64_t a = CKV_TENANT_ARENA_ALIGN;
@@ -53,6 +68,7 @@ int ckv_tenant_new(const char *name, uint64_t quota_bytes, uint64_t arena_bytes,
       .bytes = ckv_arena_size(t->arena) - ckv_arena_data_offset(t->arena),
       .discard = ckv_arena_discard_cb,
       .discard_opaque = t->arena,
+      .warm_bytes = quota_bytes / WARM_SHARE,
   };
   r = ckv_slab_new(&cfg, &t->slab);
   if (r < 0) goto fail;
@@ -86,7 +102,8 @@ int ckv_tenant_block_alloc(ckv_tenant *t, uint64_t bytes, uint32_t format, uint6
   /* One class per block size and format: blocks of one class are interchangeable. */
   int r = ckv_slab_class(t->slab, bytes, format, &cls);
   if (r < 0) return r == CKV_ERR_LIMIT ? CKV_ERR_NOSPACE : r;
-  r = ckv_slab_alloc(t->slab, cls, ret_offset);
+  bool reused = false;
+  r = ckv_slab_take(t->slab, cls, ret_offset, &reused);
   if (r < 0) return r;
   /* The arena backs a growing prefix (device memory is taken as needed):
    * extend it over this block.  Workers map the new part when they meet it. */
@@ -100,6 +117,18 @@ int ckv_tenant_block_alloc(ckv_tenant *t, uint64_t bytes, uint32_t format, uint6
     }
     ckv_log(CKV_LOG_INFO, "arena-grow", t->name, NULL, "arena %u: %llu of %llu bytes backed", t->arena_id,
             (unsigned long long)ckv_arena_committed(t->arena), (unsigned long long)ckv_arena_size(t->arena));
+  }
+  if (reused) {
+    /* Earlier bytes (another session's K/V) never show through a new block:
+     * it reads zero, as fresh arena memory does, before anyone can see it.
+     * Warm memory is mapped, so this runs at memset speed. */
+    ckv_meta_write z = {.offset = *ret_offset, .src = NULL, .bytes = 0, .zero_bytes = bytes};
+    r = t->mem->write(ckv_arena_base(t->arena), &z, 1);
+    if (r < 0) {
+      ckv_log(CKV_LOG_WARNING, "block-clear", t->name, NULL, "cannot clear a reused block: %s", ckv_strerror(r));
+      (void)ckv_slab_dealloc(t->slab, *ret_offset);
+      return r;
+    }
   }
   t->bytes_used += bytes;
   if (format < CKV_FORMAT_COUNT_) t->bytes_by_format[format] += bytes;

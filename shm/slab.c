@@ -7,7 +7,15 @@
  * O(1).  Above it, each class keeps a list of its slabs that have free blocks;
  * a slab keeps a stack of free block indices (O(1) alloc and free) and a
  * bitmap of live blocks (O(1) double-free detection).  owner[] maps every
- * chunk to the slab using it, so freeing an offset finds its slab in O(1). */
+ * chunk to the slab using it, so freeing an offset finds its slab in O(1).
+ *
+ * Free spans are warm or cold, never mixed: a cold span was discarded (reads
+ * zero, costs no memory), a warm one was kept backed (up to cfg.warm_bytes:
+ * no hole punched now, no page fault and kernel zeroing when it is used
+ * again) or could not be discarded.  New slabs take warm spans first.  When
+ * no span of either kind is long enough, every warm span is discarded and
+ * merged with its cold neighbours before giving up, so keeping chunks warm
+ * never makes an allocation fail. */
 #include "shm/slab.h"
 
 #include "commitkv/status.h"
@@ -31,6 +39,8 @@ struct slab {
   uint32_t n_chunks;    /* chunks of the span */
   uint32_t n_blocks;    /* blocks that fit */
   uint32_t n_used;      /* allocated blocks */
+  uint32_t hwm;         /* blocks [0, hwm) were handed out at least once */
+  bool warm;            /* made of warm chunks: every block may hold old bytes */
   uint64_t offset;      /* arena offset of block 0 */
   uint32_t *stack;      /* free block indices: stack[0 .. n_blocks-n_used) */
   uint64_t bits[];      /* live-block bitmap, then the stack */
@@ -52,7 +62,10 @@ struct ckv_slab {
   uint32_t *flen;  /* free span length, valid at a free span's first and last chunk */
   uint32_t *fnext; /* free list links, valid at a free span's first chunk */
   uint32_t *fprev;
-  uint32_t lists[N_LISTS];
+  uint8_t *fwarm;  /* 1 for a warm free span, valid at its first and last chunk */
+  uint32_t lists[2][N_LISTS]; /* [0] cold spans, [1] warm spans */
+  uint64_t chunks_warm;       /* chunks in warm free spans */
+  uint64_t warm_max;          /* cfg.warm_bytes in chunks */
   uint32_t n_classes;
   slab_class classes[CKV_SLAB_MAX_CLASSES];
   uint64_t chunks_free;
@@ -70,62 +83,120 @@ static uint32_t list_index(uint32_t len) {
 
 /* ---- chunk pool ---- */
 
-static void span_insert(ckv_slab *s, uint32_t start, uint32_t len) {
+static void span_insert(ckv_slab *s, uint32_t start, uint32_t len, uint8_t warm) {
   uint32_t li = list_index(len);
+  uint32_t *list = &s->lists[warm][li];
   s->flen[start] = len;
   s->flen[start + len - 1] = len;
+  s->fwarm[start] = s->fwarm[start + len - 1] = warm;
   s->fprev[start] = NIL;
-  s->fnext[start] = s->lists[li];
-  if (s->lists[li] != NIL) s->fprev[s->lists[li]] = start;
-  s->lists[li] = start;
+  s->fnext[start] = *list;
+  if (*list != NIL) s->fprev[*list] = start;
+  *list = start;
+  if (warm) s->chunks_warm += len;
 }
 
 static void span_remove(ckv_slab *s, uint32_t start) {
   uint32_t li = list_index(s->flen[start]);
+  uint8_t warm = s->fwarm[start];
   uint32_t p = s->fprev[start], n = s->fnext[start];
   if (p != NIL)
     s->fnext[p] = n;
   else
-    s->lists[li] = n;
+    s->lists[warm][li] = n;
   if (n != NIL) s->fprev[n] = p;
+  if (warm) s->chunks_warm -= s->flen[start];
 }
 
-/* Takes a free run of k chunks; returns its first chunk or NIL. */
-static uint32_t span_take(ckv_slab *s, uint32_t k) {
+/* First fit of k chunks among the spans of one kind; NIL when none. */
+static uint32_t span_find(const ckv_slab *s, uint8_t warm, uint32_t k) {
+  const uint32_t *lists = s->lists[warm];
   uint32_t found = NIL;
   uint32_t li = list_index(k);
   if (k < EXACT_LISTS) {
-    for (uint32_t i = li; i < N_LISTS && found == NIL; i++) found = s->lists[i];
+    for (uint32_t i = li; i < N_LISTS && found == NIL; i++) found = lists[i];
   } else {
     /* The list of k's power of two mixes shorter and longer spans: first fit
      * there, then any span of a higher list (all long enough). */
-    for (uint32_t c = s->lists[li]; c != NIL && found == NIL; c = s->fnext[c])
+    for (uint32_t c = lists[li]; c != NIL && found == NIL; c = s->fnext[c])
       if (s->flen[c] >= k) found = c;
-    for (uint32_t i = li + 1; i < N_LISTS && found == NIL; i++) found = s->lists[i];
+    for (uint32_t i = li + 1; i < N_LISTS && found == NIL; i++) found = lists[i];
   }
-  if (found == NIL) return NIL;
-  uint32_t len = s->flen[found];
-  span_remove(s, found);
-  if (len > k) span_insert(s, found + k, len - k);
-  s->chunks_free -= k;
   return found;
 }
 
-/* Returns chunks [start, start+k) (owner[] already cleared) and merges. */
-static void span_give(ckv_slab *s, uint32_t start, uint32_t k) {
+/* Takes a free run of k chunks, warm ones first; returns its first chunk or
+ * NIL, and whether it is warm in *ret_warm. */
+static uint32_t span_take(ckv_slab *s, uint32_t k, bool *ret_warm) {
+  uint8_t warm = 1;
+  uint32_t found = span_find(s, warm, k);
+  if (found == NIL) found = span_find(s, warm = 0, k);
+  if (found == NIL) return NIL;
+  uint32_t len = s->flen[found];
+  span_remove(s, found);
+  if (len > k) span_insert(s, found + k, len - k, warm);
+  s->chunks_free -= k;
+  *ret_warm = warm;
+  return found;
+}
+
+/* Returns chunks [start, start+k) (owner[] already cleared) as a span of
+ * kind `warm` and merges it with free neighbours of the same kind, or with
+ * any neighbour when `absorb` (the merged span is then warm: it may hold old
+ * bytes). */
+static void span_give(ckv_slab *s, uint32_t start, uint32_t k, uint8_t warm, bool absorb) {
   s->chunks_free += k;
-  if (start > 0 && !s->owner[start - 1]) {
+  if (start > 0 && !s->owner[start - 1] && (s->fwarm[start - 1] == warm || (absorb && s->fwarm[start - 1] < 2))) {
     uint32_t left = start - s->flen[start - 1];
     span_remove(s, left);
     k += start - left;
     start = left;
   }
-  if (start + k < s->n_chunks && !s->owner[start + k]) {
+  if (start + k < s->n_chunks && !s->owner[start + k] &&
+      (s->fwarm[start + k] == warm || (absorb && s->fwarm[start + k] < 2))) {
     uint32_t rlen = s->flen[start + k];
     span_remove(s, start + k);
     k += rlen;
   }
-  span_insert(s, start, k);
+  span_insert(s, start, k, warm);
+}
+
+/* Discards chunks [start, start+k); true when they now read zero. */
+static bool discard(ckv_slab *s, uint32_t start, uint32_t k) {
+  if (!s->cfg.discard) return false; /* nothing gives the pages back: they keep their bytes */
+  if (s->cfg.discard(s->cfg.discard_opaque, s->cfg.offset + (uint64_t)start * s->cfg.chunk_bytes,
+                     (uint64_t)k * s->cfg.chunk_bytes) < 0) {
+    s->discard_errors++;
+    return false;
+  }
+  return true;
+}
+
+/* Discards every warm span (they merge with their cold neighbours): the
+ * last resort before an allocation fails for want of a long enough run.
+ * A span that cannot be discarded (no discard callback, or it failed) merges
+ * with its neighbours anyway and the result is warm: a run of free chunks is
+ * never unusable for being of two kinds.  Returns whether anything merged. */
+static bool cool_all(ckv_slab *s) {
+  uint32_t chain = NIL; /* the warm spans, detached, linked through fnext */
+  for (uint32_t li = 0; li < N_LISTS; li++) {
+    for (uint32_t c; (c = s->lists[1][li]) != NIL;) {
+      span_remove(s, c);
+      s->fwarm[c] = s->fwarm[c + s->flen[c] - 1] = 2; /* detached: no neighbour merges with it */
+      s->fnext[c] = chain;
+      chain = c;
+    }
+  }
+  bool any = false;
+  while (chain != NIL) {
+    uint32_t c = chain, len = s->flen[c];
+    chain = s->fnext[c];
+    s->chunks_free -= len; /* span_give counts them again */
+    bool cold = discard(s, c, len);
+    span_give(s, c, len, cold ? 0 : 1, /* absorb= */ !cold);
+    any = true;
+  }
+  return any;
 }
 
 /* ---- slabs ---- */
@@ -190,8 +261,10 @@ static int slab_create(ckv_slab *s, uint32_t cls, slab **ret) {
   size_t words = ((size_t)c->blocks_per_slab + 63) / 64;
   slab *sl = malloc(sizeof *sl + words * sizeof(uint64_t) + (size_t)c->blocks_per_slab * sizeof(uint32_t));
   if (!sl) return -ENOMEM;
-  uint32_t first = span_take(s, c->chunks_per_slab);
-  if (first == NIL && drop_empty_slabs(s) > 0) first = span_take(s, c->chunks_per_slab);
+  bool warm = false;
+  uint32_t first = span_take(s, c->chunks_per_slab, &warm);
+  if (first == NIL && drop_empty_slabs(s) > 0) first = span_take(s, c->chunks_per_slab, &warm);
+  if (first == NIL && cool_all(s)) first = span_take(s, c->chunks_per_slab, &warm);
   if (first == NIL) {
     free(sl);
     return CKV_ERR_NOSPACE;
@@ -203,6 +276,8 @@ static int slab_create(ckv_slab *s, uint32_t cls, slab **ret) {
   sl->n_chunks = c->chunks_per_slab;
   sl->n_blocks = c->blocks_per_slab;
   sl->n_used = 0;
+  sl->hwm = 0;
+  sl->warm = warm;
   sl->offset = s->cfg.offset + (uint64_t)first * s->cfg.chunk_bytes;
   memset(sl->bits, 0, words * sizeof(uint64_t));
   sl->stack = (uint32_t *)(sl->bits + words);
@@ -219,12 +294,13 @@ static void slab_destroy(ckv_slab *s, slab *sl) {
   slab_class *c = &s->classes[sl->cls];
   if (sl->listed) list_unlink(c, sl);
   for (uint32_t i = 0; i < sl->n_chunks; i++) s->owner[sl->first_chunk + i] = NULL;
-  span_give(s, sl->first_chunk, sl->n_chunks);
+  /* Kept warm while the budget lasts (no hole now, no fault later); else
+   * given back to the OS.  A discard that fails leaves the bytes: warm. */
+  bool keep = s->chunks_warm + sl->n_chunks <= s->warm_max;
+  bool cold = !keep && discard(s, sl->first_chunk, sl->n_chunks);
+  span_give(s, sl->first_chunk, sl->n_chunks, cold ? 0 : 1, /* absorb= */ false);
   c->slabs--;
   s->slabs--;
-  if (s->cfg.discard &&
-      s->cfg.discard(s->cfg.discard_opaque, sl->offset, (uint64_t)sl->n_chunks * s->cfg.chunk_bytes) < 0)
-    s->discard_errors++;
   free(sl);
 }
 
@@ -253,12 +329,15 @@ int ckv_slab_new(const ckv_slab_config *cfg, ckv_slab **ret) {
   s->flen = malloc(n * sizeof *s->flen);
   s->fnext = malloc(n * sizeof *s->fnext);
   s->fprev = malloc(n * sizeof *s->fprev);
-  if (!s->owner || !s->flen || !s->fnext || !s->fprev) {
+  s->fwarm = malloc(n);
+  if (!s->owner || !s->flen || !s->fnext || !s->fprev || !s->fwarm) {
     ckv_slab_free(s);
     return -ENOMEM;
   }
-  for (uint32_t i = 0; i < N_LISTS; i++) s->lists[i] = NIL;
-  span_insert(s, 0, s->n_chunks);
+  for (uint32_t i = 0; i < N_LISTS; i++) s->lists[0][i] = s->lists[1][i] = NIL;
+  s->warm_max = c.warm_bytes / c.chunk_bytes;
+  /* The range starts as the arena made it: zero, costing nothing (cold). */
+  span_insert(s, 0, s->n_chunks, 0);
   s->chunks_free = n;
   *ret = s;
   return CKV_OK;
@@ -281,6 +360,7 @@ ckv_slab *ckv_slab_free(ckv_slab *s) {
   free(s->flen);
   free(s->fnext);
   free(s->fprev);
+  free(s->fwarm);
   free(s);
   return NULL;
 }
@@ -329,6 +409,10 @@ int ckv_slab_class(ckv_slab *s, uint64_t block_bytes, uint64_t tag, uint32_t *re
 }
 
 int ckv_slab_alloc(ckv_slab *s, uint32_t cls, uint64_t *ret_offset) {
+  return ckv_slab_take(s, cls, ret_offset, NULL);
+}
+
+int ckv_slab_take(ckv_slab *s, uint32_t cls, uint64_t *ret_offset, bool *ret_reused) {
   if (!s || !ret_offset || cls >= s->n_classes) return CKV_ERR_INVALID;
   slab_class *c = &s->classes[cls];
   slab *sl = c->head;
@@ -340,6 +424,9 @@ int ckv_slab_alloc(ckv_slab *s, uint32_t cls, uint64_t *ret_offset) {
     c->empty--; /* only kept empty slabs are listed with no block in use */
   }
   uint32_t idx = sl->stack[sl->n_blocks - sl->n_used - 1];
+  /* Indices pop 0, 1, 2... the first time, so one below hwm was used before. */
+  bool reused = sl->warm || idx < sl->hwm;
+  if (idx >= sl->hwm) sl->hwm = idx + 1;
   sl->n_used++;
   sl->bits[idx / 64] |= UINT64_C(1) << (idx % 64);
   if (sl->n_used == sl->n_blocks) list_unlink(c, sl);
@@ -347,6 +434,7 @@ int ckv_slab_alloc(ckv_slab *s, uint32_t cls, uint64_t *ret_offset) {
   s->blocks_used++;
   s->bytes_used += c->stride;
   *ret_offset = sl->offset + (uint64_t)idx * c->stride;
+  if (ret_reused) *ret_reused = reused;
   return CKV_OK;
 }
 
@@ -409,6 +497,7 @@ void ckv_slab_get_stats(const ckv_slab *s, ckv_slab_stats *ret) {
       .bytes_reserved = ((uint64_t)s->n_chunks - s->chunks_free) * s->cfg.chunk_bytes,
       .chunks_total = s->n_chunks,
       .chunks_free = s->chunks_free,
+      .bytes_warm = s->chunks_warm * s->cfg.chunk_bytes,
       .blocks_used = s->blocks_used,
       .slabs = s->slabs,
       .classes = s->n_classes,

@@ -8,7 +8,12 @@
  * hold at least `min_blocks` blocks (real blocks are ~2 MiB, so a slab may
  * span several chunks).  When a slab's last block is freed its chunks go back
  * to the free pool at once (coalesced with free neighbours) and the discard
- * callback is called so the arena gives their pages back to the OS.
+ * callback is called so the arena gives their pages back to the OS, unless
+ * the allocator keeps them "warm": up to `warm_bytes` of freed chunks stay
+ * backed (no hole punched, so no page fault and no kernel zeroing when a new
+ * slab takes them, which it does before touching cold chunks).  Warm chunks
+ * hold the bytes of the blocks that were there: ckv_slab_take() says when a
+ * block may hold old bytes, so the owner can clear it.
  *
  * The allocator hands out offsets, never pointers, and keeps all of its
  * metadata in this process's heap: nothing in the shared arena can corrupt it.
@@ -23,6 +28,7 @@
 #ifndef CKV_SHM_SLAB_H
 #define CKV_SHM_SLAB_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 typedef struct ckv_slab ckv_slab;
@@ -51,6 +57,9 @@ typedef struct ckv_slab_config {
                          * this many blocks (fewer only if the range is smaller) */
   uint32_t keep_empty;  /* empty slabs a class keeps instead of returning them
                          * (avoids churn at the cost of reserved memory); 0 = none */
+  uint64_t warm_bytes;  /* freed chunks kept backed (not discarded), any class's
+                         * next slab taking them first; rounded down to chunks;
+                         * 0 = discard every freed chunk at once */
   ckv_slab_discard_fn discard; /* optional; see above */
   void *discard_opaque;        /* first argument of discard */
 } ckv_slab_config;
@@ -61,6 +70,8 @@ typedef struct ckv_slab_stats {
   uint64_t bytes_reserved; /* bytes of chunks held by classes (used + slack + empty) */
   uint64_t chunks_total;   /* chunks in the range */
   uint64_t chunks_free;    /* chunks in the free pool */
+  uint64_t bytes_warm;     /* bytes of free chunks kept backed (<= warm_bytes, plus any
+                            * whose discard failed) */
   uint64_t blocks_used;    /* allocated blocks, all classes */
   uint64_t slabs;          /* slabs held, all classes */
   uint64_t classes;        /* classes defined */
@@ -105,6 +116,12 @@ int ckv_slab_class(ckv_slab *s, uint64_t block_bytes, uint64_t tag, uint32_t *re
  * free block and no free run of chunks long enough for a new slab); -ENOMEM
  * (metadata). */
 int ckv_slab_alloc(ckv_slab *s, uint32_t cls, uint64_t *ret_offset);
+
+/* ckv_slab_alloc(), and *ret_reused (may be NULL) says whether the block's
+ * memory may hold bytes of an earlier block (a freed block of its slab, or a
+ * warm chunk, or one whose discard failed): false only for memory that reads
+ * zero since the range was made or discarded (the arena's guarantee). */
+int ckv_slab_take(ckv_slab *s, uint32_t cls, uint64_t *ret_offset, bool *ret_reused);
 
 /* Frees the block at `offset` (as returned by ckv_slab_alloc).  When its slab
  * becomes empty (and the class keeps no more empty slabs) the slab's chunks

@@ -1,7 +1,8 @@
 /* test_slab.c - the block allocator (shm/slab.c): no overlap under random
  * alloc/free checked against a shadow bitmap, full reuse after free, chunks
  * returned (and discarded) when a slab empties, coalescing of free chunks,
- * NOSPACE, and refusal of double/foreign frees without corruption. */
+ * NOSPACE, refusal of double/foreign frees without corruption, and warm
+ * chunks (kept backed within a budget, taken first, reported as reused). */
 #include "commitkv/status.h"
 #include "shm/slab.h"
 
@@ -389,4 +390,101 @@ Test(slab, bad_config_refused) {
   cr_assert_eq(ckv_slab_new(NULL, &s), CKV_ERR_INVALID);
   cr_assert_eq(s, (ckv_slab *)0x1, "ret written on failure");
   cr_assert_null(ckv_slab_free(NULL));
+}
+
+/* ---- warm chunks: kept backed up to warm_bytes, taken first, never in the way ---- */
+
+static ckv_slab *mk_warm(uint64_t chunks, uint64_t warm_chunks, discard_log *log) {
+  ckv_slab_config cfg = {.offset = BASE,
+                         .bytes = chunks * CHUNK,
+                         .chunk_bytes = CHUNK,
+                         .block_align = 256,
+                         .min_blocks = 1,
+                         .warm_bytes = warm_chunks * CHUNK,
+                         .discard = log_discard,
+                         .discard_opaque = log};
+  ckv_slab *s = NULL;
+  cr_assert_eq(ckv_slab_new(&cfg, &s), CKV_OK);
+  return s;
+}
+
+Test(slab, take_says_when_a_block_held_bytes_before) {
+  discard_log log = {0};
+  ckv_slab *s = mk_warm(4, /* warm_chunks= */ 0, &log);
+  uint32_t c = cls(s, CHUNK / 4, 1); /* four blocks per one-chunk slab */
+  uint64_t x, y, z;
+  bool reused = true;
+  cr_assert_eq(ckv_slab_take(s, c, &x, &reused), CKV_OK);
+  cr_assert(!reused, "a block of never used memory said reused");
+  cr_assert_eq(ckv_slab_take(s, c, &y, &reused), CKV_OK);
+  cr_assert(!reused);
+  cr_assert_eq(ckv_slab_dealloc(s, y), CKV_OK);
+  cr_assert_eq(ckv_slab_take(s, c, &z, &reused), CKV_OK);
+  cr_assert_eq(z, y, "the freed block was not the next one");
+  cr_assert(reused, "a freed block handed out again said fresh");
+  /* The slab empties: without warm budget its chunk is discarded and reads zero again. */
+  cr_assert_eq(ckv_slab_dealloc(s, x), CKV_OK);
+  cr_assert_eq(ckv_slab_dealloc(s, z), CKV_OK);
+  cr_assert_eq(log.calls, 1, "an empty slab without warm budget was not discarded");
+  cr_assert_eq(ckv_slab_take(s, c, &x, &reused), CKV_OK);
+  cr_assert(!reused, "a block of discarded memory said reused");
+  cr_assert_eq(ckv_slab_dealloc(s, x), CKV_OK);
+  ckv_slab_free(s);
+}
+
+Test(slab, warm_chunks_kept_within_budget_and_taken_first) {
+  discard_log log = {0};
+  ckv_slab *s = mk_warm(8, /* warm_chunks= */ 2, &log);
+  uint32_t one = cls(s, CHUNK, 1), other = cls(s, CHUNK, 2);
+  uint64_t off[4];
+  for (int i = 0; i < 4; i++) cr_assert_eq(ckv_slab_alloc(s, one, &off[i]), CKV_OK);
+  for (int i = 0; i < 4; i++) cr_assert_eq(ckv_slab_dealloc(s, off[i]), CKV_OK);
+  ckv_slab_stats st = stats(s);
+  cr_assert_eq(st.bytes_warm, 2 * CHUNK, "warm bytes %llu, budget two chunks", (unsigned long long)st.bytes_warm);
+  cr_assert_eq(log.calls, 2, "chunks beyond the warm budget were not discarded");
+  cr_assert_eq(st.chunks_free, 8);
+  cr_assert_eq(st.bytes_reserved, 0, "warm chunks counted as reserved");
+  /* Another class takes the warm chunks (the first two freed) before any cold one. */
+  uint64_t a, b;
+  bool reused = false;
+  cr_assert_eq(ckv_slab_take(s, other, &a, &reused), CKV_OK);
+  cr_assert(reused, "a block in a warm chunk said fresh");
+  cr_assert(a == off[0] || a == off[1], "a new slab skipped the warm chunks");
+  cr_assert_eq(ckv_slab_take(s, other, &b, &reused), CKV_OK);
+  cr_assert(reused && (b == off[0] || b == off[1]) && b != a);
+  cr_assert_eq(stats(s).bytes_warm, 0);
+  uint64_t c;
+  cr_assert_eq(ckv_slab_take(s, other, &c, &reused), CKV_OK);
+  cr_assert(!reused, "a block in a discarded chunk said reused");
+  ckv_slab_free(s);
+}
+
+Test(slab, warm_and_cold_neighbours_still_make_a_long_run) {
+  discard_log log = {0};
+  ckv_slab *s = mk_warm(4, /* warm_chunks= */ 4, &log);
+  uint32_t one = cls(s, CHUNK, 1), four = cls(s, 4 * CHUNK, 2);
+  uint64_t x, y;
+  /* Chunk 0 warm, chunks 1..3 cold: no run of four of one kind. */
+  cr_assert_eq(ckv_slab_alloc(s, one, &x), CKV_OK);
+  cr_assert_eq(ckv_slab_dealloc(s, x), CKV_OK);
+  cr_assert_eq(stats(s).bytes_warm, CHUNK);
+  bool reused = false;
+  cr_assert_eq(ckv_slab_take(s, four, &y, &reused), CKV_OK, "warm and cold chunks side by side made a run unusable");
+  cr_assert_eq(y, BASE);
+  cr_assert(!reused, "the warm chunk was discarded to merge: the run reads zero");
+  cr_assert_eq(log.calls, 1);
+  cr_assert_eq(stats(s).bytes_warm, 0);
+  ckv_slab_free(s);
+}
+
+Test(slab, without_discard_merged_runs_are_warm) {
+  ckv_slab *s = mk(4, 256, 1, 0); /* no discard callback: freed chunks keep their bytes */
+  uint32_t one = cls(s, CHUNK, 1), four = cls(s, 4 * CHUNK, 2);
+  uint64_t x, y;
+  cr_assert_eq(ckv_slab_alloc(s, one, &x), CKV_OK);
+  cr_assert_eq(ckv_slab_dealloc(s, x), CKV_OK);
+  bool reused = false;
+  cr_assert_eq(ckv_slab_take(s, four, &y, &reused), CKV_OK);
+  cr_assert(reused, "a run with undiscarded bytes said fresh");
+  ckv_slab_free(s);
 }
