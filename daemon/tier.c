@@ -330,6 +330,7 @@ void ckv_tier_scan(ckv_server *s, uint64_t now) {
     if (now - sess->touched_ms < t->idle_ms || ckv_tier_state_of(sess) != CKV_TIER_RESIDENT) continue;
     if (sess->quarantined || sess->doomed || sess->jobs_inflight || sess->tenant->mem != &ckv_blockmem_host) continue;
     if (sess->owner && sess->tier && sess->tier->writes_open) continue;
+    if (ckv_lifecycle_pending(sess)) continue; /* moves decided and not done: the file gets them done */
     if (ckv_srv_session_bytes(sess) == 0) continue; /* nothing to give back */
     if (t->inflight >= CKV_TIER_INFLIGHT) return;
     start_offload(s, sess, now);

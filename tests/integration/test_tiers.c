@@ -160,6 +160,25 @@ static ckv_session *session_with_rounds(ckv_client *c, const char *id, const cha
   return s;
 }
 
+/* Every decided move of every session done (the views stop changing). */
+static void wait_settled(ckv_client *c) {
+  long long end = ckv_test_now_ms() + DEADLINE_MS;
+  for (;;) {
+    Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
+    Commitkv__V1__ListSessions l = COMMITKV__V1__LIST_SESSIONS__INIT;
+    req.body_case = COMMITKV__V1__REQUEST__BODY_LIST_SESSIONS;
+    req.list_sessions = &l;
+    Commitkv__V1__Response *rep = NULL;
+    cr_assert_eq(ckv_rpc(c, &req, &rep), CKV_OK);
+    uint64_t pending = 0;
+    for (size_t i = 0; i < rep->session_list->n_sessions; i++) pending += rep->session_list->sessions[i]->pending_tokens;
+    ckv_rpc_free(rep);
+    if (!pending) return;
+    cr_assert_lt(ckv_test_now_ms(), end, "moves never finished");
+    usleep(10000);
+  }
+}
+
 /* ---- what a view holds, byte for byte (as test_snapshot compares) ---- */
 
 typedef struct captured_block {
@@ -279,6 +298,7 @@ Test(tiers, idle_session_goes_to_disk_and_back, .timeout = 120) {
   ckv_client *c = connect_to(&d);
   ckv_session *a = session_with_rounds(c, "tier-a", "commitkv", 12);
   ckv_session *b = session_with_rounds(c, "tier-b", "fp16", 3);
+  wait_settled(c);
   capture before_a = capture_view(c, "tier-a"), before_b = capture_view(c, "tier-b");
   cr_assert_gt(before_a.per_format[CKV_FORMAT_DRAFT], 0);
   size_t compressed = 0;
@@ -432,6 +452,7 @@ Test(tiers, kill9_with_session_on_disk_resumes, .timeout = 120) {
   daemon_start(&d, "64M");
   ckv_client *c = connect_to(&d);
   ckv_session *s = session_with_rounds(c, "tier-k", "commitkv", 10);
+  wait_settled(c);
   capture before = capture_view(c, "tier-k");
   ckv_session_close(s); /* detached: it goes down all the same */
   wait_stat_at_least(&d, "tiers.1.offloads", 1);
