@@ -120,7 +120,19 @@ static int cmd_stats(ckv_client *c, bool json) {
     } else {
       printf("null");
     }
-    printf("}\n");
+    printf(", \"tiers\": [");
+    for (size_t i = 0; i < s->n_tiers; i++) {
+      const Commitkv__V1__TierStats *t = s->tiers[i];
+      printf("%s{\"tier\": ", i ? ", " : "");
+      json_str(t->tier);
+      printf(", \"bytes\": %" PRIu64 ", \"capacity\": %" PRIu64 ", \"sessions\": %" PRIu64 ", \"hits\": %" PRIu64
+             ", \"misses\": %" PRIu64 ", \"offloads\": %" PRIu64 ", \"offload_bytes\": %" PRIu64
+             ", \"restores\": %" PRIu64 ", \"restore_bytes\": %" PRIu64 ", \"cancelled\": %" PRIu64
+             ", \"refused\": %" PRIu64 ", \"errors\": %" PRIu64 "}",
+             t->bytes, t->capacity, t->sessions, t->hits, t->misses, t->offloads, t->offload_bytes, t->restores,
+             t->restore_bytes, t->cancelled, t->refused, t->errors);
+    }
+    printf("]}\n");
   } else {
     const Commitkv__V1__ByteCounts *b = s->bytes;
     const Commitkv__V1__TokenCounts *t = s->tokens;
@@ -146,6 +158,14 @@ static int cmd_stats(ckv_client *c, bool json) {
              " misses, %" PRIu64 " errors\n",
              s->remote->url, s->remote->connected ? "connected" : "not connected", s->remote->saves,
              s->remote->save_bytes, s->remote->loads, s->remote->load_bytes, s->remote->misses, s->remote->errors);
+    for (size_t i = 0; i < s->n_tiers; i++) {
+      const Commitkv__V1__TierStats *ti = s->tiers[i];
+      printf("tier %-7s %" PRIu64 " bytes of %" PRIu64 ", %" PRIu64 " sessions, %" PRIu64 " hits, %" PRIu64
+             " misses, %" PRIu64 " offloads, %" PRIu64 " restores, %" PRIu64 " cancelled, %" PRIu64 " refused, %" PRIu64
+             " errors\n",
+             ti->tier, ti->bytes, ti->capacity, ti->sessions, ti->hits, ti->misses, ti->offloads, ti->restores, ti->cancelled,
+             ti->refused, ti->errors);
+    }
   }
   ckv_rpc_free(rep);
   return 0;

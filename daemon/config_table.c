@@ -87,7 +87,13 @@ const config_key ckv_cfg_keys[] = {
      .doc = "Bytes of the host-memory offload tier for rarely read committed blocks; 0 = off (no "
             "tier unless asked for: it costs pinned RAM)."},
     {SEC_DAEMON, "disk_memory", T_SIZE, DMN(disk_memory), .imin = 0, .imax = PIB, .def = "0",
-     .doc = "Bytes of the disk offload tier under state_dir; 0 = off."},
+     .doc = "Bytes of the disk offload tier under state_dir (its files, all tenants); 0 = off. When "
+            "full, an idle session stays in memory and the daemon says so."},
+    {SEC_DAEMON, "disk_idle", T_DURATION, DMN(disk_idle_ms), .imin = 0, .imax = 30 * DAY, .def = "0s",
+     .doc = "A session no request named for this long (seconds or more: 30s, 10m; detached, or attached "
+            "and quiet) is written to the disk tier and its memory given back; its next request brings "
+            "it back first. Needs disk_memory and state_dir. 0 = never: moving a session costs a write "
+            "and a read, worth it only where memory is short, so it is asked for."},
     {SEC_DAEMON, "state_dir", T_STRING, DMN(state_dir), .check = check_abs_path, .def = "",
      .doc = "Directory for snapshots and the disk tier. Empty: $STATE_DIRECTORY (systemd's "
             "StateDirectory=) or /var/lib/commitkv."},

@@ -29,6 +29,7 @@
 #include "daemon/snapshot.h"
 #include "daemon/strmap.h"
 #include "daemon/tenant.h"
+#include "daemon/tier.h"
 #include "daemon/utf8.h"
 #include "lifecycle/policy.h"
 #include "lifecycle/trace.h"
@@ -782,6 +783,8 @@ static int restore_session(ckv_server *s, ckv_conn *c, const Commitkv__V1__Reque
   io_request *q = calloc(1, sizeof(*q));
   if (!q) return -ENOMEM;
   q->job.kind = CKV_SNAPIO_LOAD;
+  /* a resume finds a session the disk tier held when the daemon stopped */
+  q->job.area = resume ? CKV_SNAPIO_TIER_FIRST : CKV_SNAPIO_SNAPSHOT;
   snprintf(q->job.name, sizeof q->job.name, "%s", name);
   snprintf(q->id, sizeof q->id, "%s", id);
   q->resume = resume;
@@ -830,10 +833,12 @@ static int restore_done(ckv_server *s, ckv_conn *c, io_request *q, reply_ctx *x)
   }
   if ((r = add_session(s, c, key, sess)) < 0) return fail(x, r, "out of memory");
   ckv_lifecycle_plan(sess, s->compressor, /* flush= */ false); /* what waited for a move when it was saved */
+  if (j->from_tier) ckv_tier_resumed(s, c->tenant, sess->id); /* back in memory: its tier file goes */
   ckv_log(CKV_LOG_INFO, "session-restore", c->tenant->name, sess->id,
           "restored from %s snapshot '%s': %zu tokens (%llu draft, %llu staged, %llu committed, %llu recycled), %llu "
           "not kept by its save%s; read in %.3f ms by the I/O thread",
-          j->origin == CKV_SNAP_FROM_REMOTE ? "the remote store's" : "the local", name, sess->tokens.n,
+          j->from_tier ? "the disk tier's" : j->origin == CKV_SNAP_FROM_REMOTE ? "the remote store's" : "the local",
+          name, sess->tokens.n,
           (unsigned long long)sess->count_by_state[0], (unsigned long long)sess->count_by_state[1],
           (unsigned long long)sess->count_by_state[2], (unsigned long long)sess->count_by_state[3],
           (unsigned long long)dropped, mlp_lost ? "; it used the mlp judge, which is not loaded: the rule judge decides" : "",
@@ -1004,7 +1009,47 @@ static Commitkv__V1__ByteCounts *byte_counts(ckv_server *s, const uint64_t *b5) 
   return b;
 }
 
+/* Stats.tiers: primary (the arenas) and disk (tier.h), for the caller's
+ * tenant or, for an admin, all of them. */
+static int tier_stats(ckv_server *s, const ckv_conn *c, Commitkv__V1__Stats *st) {
+  const ckv_tenant *only = c->admin ? NULL : c->tenant;
+  ckv_tier_stats d;
+  ckv_tier_get_stats(s, only, &d);
+  Commitkv__V1__TierStats *p = NEW(s, Commitkv__V1__TierStats, COMMITKV__V1__TIER_STATS__INIT);
+  Commitkv__V1__TierStats *k = NEW(s, Commitkv__V1__TierStats, COMMITKV__V1__TIER_STATS__INIT);
+  st->tiers = ckv_wire_alloc(&s->out, 2 * sizeof(*st->tiers));
+  if (!p || !k || !st->tiers) return -ENOMEM;
+  p->tier = "primary";
+  for (size_t i = 0; i < s->n_tenants; i++) {
+    const ckv_tenant *t = s->tenants[i];
+    if (!(c->admin || t == c->tenant)) continue;
+    p->bytes += t->bytes_used;
+    p->capacity += ckv_arena_size(t->arena);
+    p->hits += t->hits;
+    p->sessions += t->n_sessions;
+  }
+  p->sessions -= d.disk_sessions < p->sessions ? d.disk_sessions : p->sessions;
+  p->misses = d.restores; /* each brought back from disk */
+  k->tier = "disk";
+  k->bytes = d.disk_bytes;
+  k->capacity = d.capacity;
+  k->sessions = d.disk_sessions;
+  k->hits = d.restores;
+  k->offloads = d.offloads;
+  k->offload_bytes = d.offload_bytes;
+  k->restores = d.restores;
+  k->restore_bytes = d.restore_bytes;
+  k->cancelled = d.cancelled;
+  k->refused = d.refused;
+  k->errors = d.errors;
+  st->tiers[0] = p;
+  st->tiers[1] = k;
+  st->n_tiers = 2;
+  return CKV_OK;
+}
+
 static int h_stats(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, reply_ctx *x) {
+  int r;
   Commitkv__V1__Stats *st = NEW(s, Commitkv__V1__Stats, COMMITKV__V1__STATS__INIT);
   if (!st) return -ENOMEM;
   size_t nt = 0;
@@ -1080,6 +1125,7 @@ static int h_stats(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req,
   st->transitions_staged = tr[0][1];
   st->transitions_committed = tr[1][2];
   st->transitions_recycled = tr[0][3] + tr[1][3] + tr[2][3];
+  if ((r = tier_stats(s, c, st)) < 0) return r;
   if (s->opt.remote) {
     Commitkv__V1__RemoteStats *rs = NEW(s, Commitkv__V1__RemoteStats, COMMITKV__V1__REMOTE_STATS__INIT);
     if (!rs) return -ENOMEM;
@@ -1122,6 +1168,8 @@ static int h_list(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
     i->epoch = sess->epoch;
     i->rounds = sess->rounds;
     i->pending_tokens = ckv_lifecycle_pending(sess);
+    static const char *const k_tier_names[] = {"primary", "offloading", "disk", "restoring"};
+    i->tier = (char *)k_tier_names[ckv_tier_state_of(sess)];
     l->sessions[l->n_sessions++] = i;
   }
   x->rep->body_case = COMMITKV__V1__RESPONSE__BODY_SESSION_LIST;
@@ -1190,7 +1238,12 @@ void ckv_handle_request(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request 
     const handler_entry *h = NULL;
     for (size_t i = 0; i < sizeof(k_handlers) / sizeof(k_handlers[0]); i++)
       if (k_handlers[i].kind == req->body_case) h = &k_handlers[i];
-    r = h ? h->fn(s, c, req, &x) : fail(&x, CKV_ERR_INVALID, "empty or unknown request type %d", (int)req->body_case);
+    /* the disk tier first: a session on disk comes back before its request */
+    r = h ? ckv_tier_gate(s, c, req, x.msg, sizeof x.msg) : CKV_OK;
+    if (r == CKV_OK)
+      r = h ? h->fn(s, c, req, &x) : fail(&x, CKV_ERR_INVALID, "empty or unknown request type %d", (int)req->body_case);
+    else if (r < 0)
+      ckv_utf8_trim(x.msg);
   }
   answer_failure(&x, r);
 }

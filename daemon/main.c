@@ -318,10 +318,13 @@ int main(int argc, char **argv) {
     ckv_config_done(&a.cfg);
     return 1;
   }
-  if (a.cfg.host_memory || a.cfg.disk_memory)
+  if (a.cfg.host_memory)
     ckv_log(CKV_LOG_WARNING, "tiers", NULL, NULL,
-            "host_memory/disk_memory are set, but offload tiers are not implemented yet: everything stays in the "
-            "primary tier");
+            "host_memory is set, but the host tier is not implemented yet (on the host backend the primary tier is "
+            "host memory already); the disk tier is disk_memory and disk_idle");
+  if ((a.cfg.disk_memory != 0) != (a.cfg.disk_idle_ms != 0))
+    ckv_log(CKV_LOG_WARNING, "tiers", NULL, NULL, "the disk tier needs both disk_memory and disk_idle (%s is 0): off",
+            a.cfg.disk_memory ? "disk_idle" : "disk_memory");
   ckv_config_ensure_default_tenant(&a.cfg, (uint32_t)geteuid());
   ckv_log_set_level(a.cfg.log_level);
   if (policy_from_config(&a, err, sizeof(err)) < 0) {
@@ -370,6 +373,8 @@ int main(int argc, char **argv) {
       .mem = mem,
       .memory_bytes = a.cfg.memory,
       .state_dir = a.cfg.state_dir,
+      .disk_idle_ms = a.cfg.disk_idle_ms,
+      .disk_memory = a.cfg.disk_memory,
       .lease_ms = (uint32_t)a.cfg.lease_ms,
       .heartbeat_ms = (uint32_t)a.cfg.heartbeat_ms,
       .detach_keep_ms = a.cfg.detach_keep_ms,

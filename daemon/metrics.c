@@ -168,7 +168,7 @@ void ckv_metrics_fill_histograms(ckv_metrics *m, ckv_metrics_snapshot *snap) {
 /* ---- formatting -------------------------------------------------------- */
 
 static const char *const k_state_names[CKV_METRICS_STATES] = {"draft", "staged", "committed", "recycled"};
-static const char *const k_tier_names[CKV_METRICS_TIERS] = {"primary"};
+static const char *const k_tier_names[CKV_METRICS_TIERS] = {"primary", "disk"};
 static const char *const k_transition_names[CKV_METRICS_TRANSITIONS] = {"draft_staged", "staged_committed",
                                                                         "any_recycled"};
 
@@ -376,17 +376,28 @@ int ckv_metrics_format(const ckv_metrics_snapshot *snap, char **ret_text, size_t
                  (const char *const[]){"tenant", ts[i].name, "kind", k_transition_names[k], NULL},
                  ts[i].transitions_total[k]);
   family(f, "commitkv_tier_hits_total", "counter",
-         "Acquire/GetView served from a tier (primary: every request on a resident session).");
+         "Requests served from a tier (primary: Acquire/GetView of a resident session; disk: a session brought "
+         "back).");
   for (size_t i = 0; i < nt; i++)
     for (int t = 0; t < CKV_METRICS_TIERS; t++)
       sample_u64(f, "commitkv_tier_hits_total", (const char *const[]){"tenant", ts[i].name, "tier", k_tier_names[t], NULL},
                  ts[i].hits_total[t]);
   family(f, "commitkv_tier_misses_total", "counter",
-         "Acquire/GetView that had to bring a session back into a tier (always 0 for primary).");
+         "Requests that had to bring their session back into a tier (primary: from disk).");
   for (size_t i = 0; i < nt; i++)
     for (int t = 0; t < CKV_METRICS_TIERS; t++)
       sample_u64(f, "commitkv_tier_misses_total",
                  (const char *const[]){"tenant", ts[i].name, "tier", k_tier_names[t], NULL}, ts[i].misses_total[t]);
+  family(f, "commitkv_tier_offloads_total", "counter", "Sessions moved down into a tier (idle past disk_idle).");
+  for (size_t i = 0; i < nt; i++)
+    for (int t = 1; t < CKV_METRICS_TIERS; t++)
+      sample_u64(f, "commitkv_tier_offloads_total",
+                 (const char *const[]){"tenant", ts[i].name, "tier", k_tier_names[t], NULL}, ts[i].offloads_total[t]);
+  family(f, "commitkv_tier_restores_total", "counter", "Sessions brought back out of a tier by a request.");
+  for (size_t i = 0; i < nt; i++)
+    for (int t = 1; t < CKV_METRICS_TIERS; t++)
+      sample_u64(f, "commitkv_tier_restores_total",
+                 (const char *const[]){"tenant", ts[i].name, "tier", k_tier_names[t], NULL}, ts[i].restores_total[t]);
   family(f, "commitkv_errors_total", "counter", "Error replies by status code (errno: a folded -errno).");
   for (size_t i = 0; i < nt; i++)
     for (int e = 0; e < CKV_METRICS_ERRORS; e++)

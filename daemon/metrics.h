@@ -52,7 +52,7 @@ enum {
 /* Memory tiers (label tier=).  Only the primary tier (GPU memory, or host
  * memory on the host backend) exists today; host and disk offload tiers get
  * their own index when they land, and every per-tier array grows with them. */
-enum { CKV_METRICS_TIER_PRIMARY = 0, CKV_METRICS_TIERS = 1 };
+enum { CKV_METRICS_TIER_PRIMARY = 0, CKV_METRICS_TIER_DISK = 1, CKV_METRICS_TIERS = 2 };
 
 /* Transition kinds (label kind=): draft->staged, staged->committed, and
  * any state -> recycled. */
@@ -113,10 +113,12 @@ typedef struct ckv_metrics_tenant {
   uint64_t transitions_total[CKV_METRICS_TRANSITIONS];           /* tokens moved, by kind */
   uint64_t recycles_total; /* recycle decisions: runs of tokens recycled in one round count once */
   /* Tier hits and misses.  The primary tier counts one hit for every
-   * Acquire or GetView of a session that is resident (every session is,
-   * while it lives in the primary arena) and no misses: misses appear with
-   * the offload tiers, when a session must be brought back first. */
+   * Acquire or GetView of a session that is resident, and one miss for every
+   * session a request had to bring back from disk first (which is the disk
+   * tier's hit). */
   uint64_t hits_total[CKV_METRICS_TIERS], misses_total[CKV_METRICS_TIERS];
+  /* Sessions moved down into a tier and brought back out of it (tier.h). */
+  uint64_t offloads_total[CKV_METRICS_TIERS], restores_total[CKV_METRICS_TIERS];
   uint64_t compress_pending_tokens;          /* transitions decided but not yet compressed */
   uint64_t errors_total[CKV_METRICS_ERRORS]; /* error replies by code (ckv_metrics_error_index) */
   ckv_metrics_histogram round_latency;       /* filled by ckv_metrics_fill_histograms */

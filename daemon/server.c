@@ -34,6 +34,7 @@
 #include "daemon/snapio.h"
 #include "daemon/strmap.h"
 #include "daemon/tenant.h"
+#include "daemon/tier.h"
 #include "shm/arena.h"
 #include "shm/fdpass.h"
 
@@ -135,6 +136,7 @@ int ckv_server_new(const ckv_server_options *opt, ckv_server **ret, char *err, s
     snprintf(err, errlen, "cannot start the snapshot I/O thread: %s", ckv_strerror(r));
     goto fail;
   }
+  if ((r = ckv_tier_new(opt->disk_idle_ms, opt->disk_memory, opt->state_dir, &s->tier)) < 0) goto fail_nomem;
 
   s->zctx = zmq_ctx_new();
   if (!s->zctx) goto fail_nomem;
@@ -196,6 +198,7 @@ fail:
 }
 
 void ckv_server_destroy_session(ckv_server *s, ckv_srv_session *sess) {
+  ckv_tier_forget(s, sess); /* its tier file, requests waiting for it */
   char key[256];
   ckv_server_session_key(sess->tenant, sess->id, key, sizeof(key));
   if (ckv_strmap_get(s->sessions, key) == sess) ckv_strmap_del(s->sessions, key);
@@ -312,6 +315,7 @@ ckv_server *ckv_server_free(ckv_server *s) {
   }
   for (size_t i = 0; i < s->n_doomed; i++) ckv_srv_session_free(s->doomed[i]);
   free(s->doomed);
+  s->tier = ckv_tier_free(s->tier);
   for (size_t i = 0; i < s->n_tenants; i++) ckv_tenant_free(s->tenants[i]);
   free(s->tenants);
   s->conns = ckv_strmap_free(s->conns);
@@ -539,7 +543,10 @@ static void collect_io(ckv_server *s) {
   ckv_snapio_job *j = ckv_snapio_collect(s->snapio);
   while (j) {
     ckv_snapio_job *next = j->next;
-    ckv_handle_io_done(s, j);
+    if (j->finish)
+      j->finish(s, j); /* the disk tier's (tier.c) */
+    else
+      ckv_handle_io_done(s, j);
     j = next;
   }
 }
@@ -637,6 +644,7 @@ static void housekeeping(ckv_server *s) {
       s->counters.sessions_expired++;
       ckv_server_destroy_session(s, sess);
     }
+  ckv_tier_scan(s, now); /* idle sessions move to disk */
 }
 
 static void read_signals(ckv_server *s) {
@@ -669,6 +677,7 @@ int ckv_server_run(ckv_server *s) {
   ckv_log(CKV_LOG_NOTICE, "ready", NULL, NULL, "serving %s (attach %s), backend %s", s->opt.socket,
           s->opt.attach_socket, s->opt.backend);
   ckv_snapdir_startup(s->opt.state_dir); /* sessions that can come back from their snapshots */
+  ckv_tier_startup(s);                    /* and from the disk tier, after a crash */
   uint64_t last_house = 0, last_tick = 0;
   size_t cap = 0;
   zmq_pollitem_t *items = NULL;

@@ -61,6 +61,9 @@ typedef struct ckv_server_options {
   const ckv_blockmem *mem;    /* how the daemon writes arena memory (blockmem.h); NULL: host, in place */
   uint64_t memory_bytes;      /* all tenants' arenas together: their sizes never add up to more */
   const char *state_dir;
+  /* The disk tier (tier.h): sessions no request named for disk_idle_ms move
+   * to files under state_dir, at most disk_memory bytes of them; either 0 = off. */
+  uint64_t disk_idle_ms, disk_memory;
   uint32_t lease_ms, heartbeat_ms;
   uint64_t detach_keep_ms;
   uint32_t max_clients;  /* attached clients, all tenants together */
@@ -152,6 +155,7 @@ typedef struct ckv_server {
   ckv_strmap *sessions; /* "tenant/id" -> ckv_srv_session */
   ckv_compressor *compressor;
   struct ckv_snapio *snapio; /* the snapshot I/O thread (snapio.h) */
+  struct ckv_tier *tier;     /* the disk tier's policy and bookkeeping (tier.h) */
   /* The request being served by serve_one: handlers that hand work to the
    * I/O thread copy it and answer CKV_REPLY_DEFERRED, which sets
    * reply_deferred.  reply_armed is false outside serve_one (the request

@@ -14,6 +14,7 @@
 #include "daemon/session.h"
 #include "daemon/strmap.h"
 #include "daemon/tenant.h"
+#include "daemon/tier.h"
 #include "shm/arena.h"
 
 void ckv_server_publish_metrics(ckv_server *s) {
@@ -65,6 +66,16 @@ void ckv_server_publish_metrics(ckv_server *s) {
     m->arena_size_bytes[0] = ckv_arena_size(t->arena);
     m->arena_used_bytes[0] = t->bytes_used;
     m->hits_total[0] = t->hits;
+    ckv_tier_stats d;
+    ckv_tier_get_stats(s, t, &d);
+    m->tier_bytes[CKV_METRICS_TIER_DISK] = d.disk_bytes;
+    for (int k = 0; k < 3; k++) m->bytes[CKV_METRICS_TIER_DISK][k] = d.resident_bytes5[k];
+    m->arena_size_bytes[CKV_METRICS_TIER_DISK] = d.capacity; /* disk_memory, shared by the tenants */
+    m->arena_used_bytes[CKV_METRICS_TIER_DISK] = d.disk_bytes;
+    m->misses_total[CKV_METRICS_TIER_PRIMARY] = d.restores;
+    m->hits_total[CKV_METRICS_TIER_DISK] = d.restores;
+    m->offloads_total[CKV_METRICS_TIER_DISK] = d.offloads;
+    m->restores_total[CKV_METRICS_TIER_DISK] = d.restores;
     m->recycles_total = t->recycle_runs;
     memcpy(m->errors_total, t->errors, sizeof(m->errors_total));
     uint64_t gone[4][4];

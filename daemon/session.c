@@ -144,6 +144,24 @@ ckv_srv_session *ckv_srv_session_free(ckv_srv_session *s) {
   return NULL;
 }
 
+uint64_t ckv_srv_session_evict_blocks(ckv_srv_session *s) {
+  uint64_t freed = ckv_srv_session_release_retired(s);
+  for (size_t i = 0; i < s->n_blocks; i++) {
+    if (s->blocks[i].format != CKV_BLOCK_UNUSED) {
+      ckv_tenant_block_free(s->tenant, s->blocks[i].offset, s->blocks[i].bytes, s->blocks[i].format);
+      freed += s->blocks[i].bytes;
+    }
+    drop_meta(&s->blocks[i]);
+    s->blocks[i].format = CKV_BLOCK_UNUSED;
+  }
+  dirty_unlist(s);
+  s->n_dirty = 0;
+  s->n_blocks = 0;
+  s->n_free_idx = 0;
+  for (int i = 0; i < CKV_FILL_COUNT; i++) s->fill[i] = CKV_NO_BLOCK;
+  return freed;
+}
+
 void *ckv_srv_session_block_ptr(const ckv_srv_session *s, uint32_t index) {
   return ckv_tenant_ptr(s->tenant, s->blocks[index].offset);
 }

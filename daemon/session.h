@@ -118,6 +118,10 @@ typedef struct ckv_srv_session {
   struct ckv_srv_session *dirty_prev, *dirty_next;
   bool dirty_listed;
   struct ckv_srv_session **dirty_head; /* daemon-wide list head; NULL: not tracked */
+  /* The disk tier (tier.h): when a request last named the session (0: not
+   * yet seen by the tier), and its tier state (NULL: resident, never moved). */
+  uint64_t touched_ms;
+  struct ckv_tier_slot *tier;
 } ckv_srv_session;
 
 /* Validate a geometry against the format limits; fills default block sizes.
@@ -199,6 +203,14 @@ void ckv_srv_session_restore_free_list(ckv_srv_session *s);
 int ckv_srv_session_id_counts(const ckv_srv_session *s, uint32_t **ret_pairs, size_t *ret_n);
 /* Sets the count of token id `id` (restore).  CKV_OK or -ENOMEM. */
 int ckv_srv_session_set_id_count(ckv_srv_session *s, uint32_t id, uint32_t count);
+
+/* The disk tier took the session's bytes (tier.c): every block, live and
+ * retired, goes back to the tenant's allocator and the block table is
+ * emptied; token columns and policy state stay (stats still count them, the
+ * tier file holds the same).  Until its blocks come back (a new session
+ * built from the tier file takes this one's place) nothing may read or move
+ * its tokens.  Returns the bytes freed. */
+uint64_t ckv_srv_session_evict_blocks(ckv_srv_session *s);
 
 /* Flushes every session on the daemon-wide dirty list `head` (see
  * ckv_srv_session.dirty_head).  Returns CKV_OK or the first error. */

@@ -19,8 +19,8 @@ static int mkdir_one(const char *path) {
   return -errno;
 }
 
-int ckv_snapdir_dir(const char *state_dir, const char *tenant, int create, char *dir, size_t len, char *err,
-                    size_t errlen) {
+int ckv_snapdir_area_dir(const char *state_dir, const char *area, const char *tenant, int create, char *dir,
+                         size_t len, char *err, size_t errlen) {
   if (!state_dir || !*state_dir) {
     snprintf(err, errlen, "the daemon has no state directory ([daemon] state_dir, --state-dir)");
     return CKV_ERR_INVALID;
@@ -29,7 +29,7 @@ int ckv_snapdir_dir(const char *state_dir, const char *tenant, int create, char 
     snprintf(err, errlen, "tenant name '%s' cannot name a directory", tenant ? tenant : "");
     return CKV_ERR_INVALID;
   }
-  if (snprintf(dir, len, "%s/snapshots/%s", state_dir, tenant) >= (int)len) {
+  if (snprintf(dir, len, "%s/%s/%s", state_dir, area, tenant) >= (int)len) {
     snprintf(err, errlen, "snapshot directory path too long");
     return -ENAMETOOLONG;
   }
@@ -38,7 +38,7 @@ int ckv_snapdir_dir(const char *state_dir, const char *tenant, int create, char 
   snprintf(parent, sizeof parent, "%s", state_dir);
   int r = mkdir_one(parent);
   if (r == CKV_OK) {
-    snprintf(parent, sizeof parent, "%s/snapshots", state_dir);
+    snprintf(parent, sizeof parent, "%s/%s", state_dir, area);
     r = mkdir_one(parent);
   }
   if (r == CKV_OK) r = mkdir_one(dir);
@@ -46,11 +46,21 @@ int ckv_snapdir_dir(const char *state_dir, const char *tenant, int create, char 
   return r;
 }
 
-int ckv_snapdir_file(const char *state_dir, const char *tenant, const char *name, char *path, size_t len) {
+int ckv_snapdir_dir(const char *state_dir, const char *tenant, int create, char *dir, size_t len, char *err,
+                    size_t errlen) {
+  return ckv_snapdir_area_dir(state_dir, CKV_SNAPDIR_SNAPSHOTS, tenant, create, dir, len, err, errlen);
+}
+
+int ckv_snapdir_area_file(const char *state_dir, const char *area, const char *tenant, const char *name, char *path,
+                          size_t len) {
   if (!state_dir || !*state_dir || !name_ok(tenant)) return CKV_ERR_INVALID;
-  if (snprintf(path, len, "%s/snapshots/%s/%s%s", state_dir, tenant, name, CKV_SNAP_SUFFIX) >= (int)len)
+  if (snprintf(path, len, "%s/%s/%s/%s%s", state_dir, area, tenant, name, CKV_SNAP_SUFFIX) >= (int)len)
     return -ENAMETOOLONG;
   return CKV_OK;
+}
+
+int ckv_snapdir_file(const char *state_dir, const char *tenant, const char *name, char *path, size_t len) {
+  return ckv_snapdir_area_file(state_dir, CKV_SNAPDIR_SNAPSHOTS, tenant, name, path, len);
 }
 
 static int has_suffix(const char *n, const char *suf) {
@@ -58,9 +68,9 @@ static int has_suffix(const char *n, const char *suf) {
   return a > b && strcmp(n + a - b, suf) == 0;
 }
 
-static void each_in(const char *state_dir, const char *tenant, ckv_snapdir_fn fn, void *ctx) {
+static void each_in(const char *state_dir, const char *area, const char *tenant, ckv_snapdir_fn fn, void *ctx) {
   char dir[4096];
-  if (snprintf(dir, sizeof dir, "%s/snapshots/%s", state_dir, tenant) >= (int)sizeof dir) return;
+  if (snprintf(dir, sizeof dir, "%s/%s/%s", state_dir, area, tenant) >= (int)sizeof dir) return;
   DIR *d = opendir(dir);
   if (!d) return;
   struct dirent *e;
@@ -78,26 +88,31 @@ static void each_in(const char *state_dir, const char *tenant, ckv_snapdir_fn fn
   closedir(d);
 }
 
-void ckv_snapdir_each(const char *state_dir, const char *tenant, ckv_snapdir_fn fn, void *ctx) {
+void ckv_snapdir_area_each(const char *state_dir, const char *area, const char *tenant, ckv_snapdir_fn fn,
+                           void *ctx) {
   if (!state_dir || !*state_dir) return;
   if (tenant) {
-    if (name_ok(tenant)) each_in(state_dir, tenant, fn, ctx);
+    if (name_ok(tenant)) each_in(state_dir, area, tenant, fn, ctx);
     return;
   }
   char top[4096];
-  if (snprintf(top, sizeof top, "%s/snapshots", state_dir) >= (int)sizeof top) return;
+  if (snprintf(top, sizeof top, "%s/%s", state_dir, area) >= (int)sizeof top) return;
   DIR *d = opendir(top);
   if (!d) return;
   struct dirent *e;
   while ((e = readdir(d)))
-    if (name_ok(e->d_name)) each_in(state_dir, e->d_name, fn, ctx);
+    if (name_ok(e->d_name)) each_in(state_dir, area, e->d_name, fn, ctx);
   closedir(d);
 }
 
+void ckv_snapdir_each(const char *state_dir, const char *tenant, ckv_snapdir_fn fn, void *ctx) {
+  ckv_snapdir_area_each(state_dir, CKV_SNAPDIR_SNAPSHOTS, tenant, fn, ctx);
+}
+
 /* Removes .NAME.ckvsnap.tmp.* files of one tenant directory. */
-static void clean_temps(const char *state_dir, const char *tenant) {
+static void clean_temps(const char *state_dir, const char *area, const char *tenant) {
   char dir[4096];
-  if (snprintf(dir, sizeof dir, "%s/snapshots/%s", state_dir, tenant) >= (int)sizeof dir) return;
+  if (snprintf(dir, sizeof dir, "%s/%s/%s", state_dir, area, tenant) >= (int)sizeof dir) return;
   DIR *d = opendir(dir);
   if (!d) return;
   struct dirent *e;
@@ -138,16 +153,23 @@ static void log_one(void *ctx, const char *tenant, const char *name, const char 
   ckv_snap_done(&h);
 }
 
+void ckv_snapdir_clean_temps(const char *state_dir, const char *area) {
+  if (!state_dir || !*state_dir) return;
+  char top[4096];
+  if (snprintf(top, sizeof top, "%s/%s", state_dir, area) >= (int)sizeof top) return;
+  DIR *d = opendir(top);
+  if (!d) return;
+  struct dirent *e;
+  while ((e = readdir(d)))
+    if (name_ok(e->d_name)) clean_temps(state_dir, area, e->d_name);
+  closedir(d);
+}
+
 size_t ckv_snapdir_startup(const char *state_dir) {
   if (!state_dir || !*state_dir) return 0;
   char top[4096];
   if (snprintf(top, sizeof top, "%s/snapshots", state_dir) >= (int)sizeof top) return 0;
-  DIR *d = opendir(top);
-  if (!d) return 0;
-  struct dirent *e;
-  while ((e = readdir(d)))
-    if (name_ok(e->d_name)) clean_temps(state_dir, e->d_name);
-  closedir(d);
+  ckv_snapdir_clean_temps(state_dir, CKV_SNAPDIR_SNAPSHOTS);
   startup_ctx c = {0};
   ckv_snapdir_each(state_dir, NULL, log_one, &c);
   ckv_log(CKV_LOG_NOTICE, "snapshots", NULL, NULL, "%zu session snapshots in %s%s", c.ok, top,

@@ -11,6 +11,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The areas of the state directory: user snapshots (save games, listed by
+ * ListSnapshots) and the disk tier's files (tier.h: sessions moved out of
+ * memory, never listed), kept apart so neither ever reads the other's. */
+#define CKV_SNAPDIR_SNAPSHOTS "snapshots"
+#define CKV_SNAPDIR_TIER "tier"
+
 /* dir = state_dir/snapshots/tenant, created (with its parents) when `create`.
  * CKV_OK, CKV_ERR_INVALID (no state directory, or a tenant name that is no
  * directory name), -ENAMETOOLONG, or mkdir's -errno; err says which. */
@@ -23,6 +29,17 @@ int ckv_snapdir_file(const char *state_dir, const char *tenant, const char *name
  * when tenant is not NULL), tenants and names in directory order. */
 typedef void (*ckv_snapdir_fn)(void *ctx, const char *tenant, const char *name, const char *path, uint64_t bytes);
 void ckv_snapdir_each(const char *state_dir, const char *tenant, ckv_snapdir_fn fn, void *ctx);
+
+/* The same for any area (CKV_SNAPDIR_*): state_dir/area/tenant[/name.ckvsnap]. */
+int ckv_snapdir_area_dir(const char *state_dir, const char *area, const char *tenant, int create, char *dir,
+                         size_t len, char *err, size_t errlen);
+int ckv_snapdir_area_file(const char *state_dir, const char *area, const char *tenant, const char *name, char *path,
+                          size_t len);
+void ckv_snapdir_area_each(const char *state_dir, const char *area, const char *tenant, ckv_snapdir_fn fn,
+                           void *ctx);
+/* Removes the temporary files of writes a crash cut short in every tenant
+ * directory of `area` (and says so). */
+void ckv_snapdir_clean_temps(const char *state_dir, const char *area);
 
 /* Start-up: removes temporary files of saves a crash cut short, logs one
  * line per snapshot found (tenant, session, tokens, model) or why it cannot

@@ -40,13 +40,43 @@ void ckv_snapio_run(ckv_snapio_job *j) {
   uint64_t t0 = now_us();
   j->err[0] = 0;
   j->bytes = 0;
+  j->from_tier = 0;
+  const char *area = j->area == CKV_SNAPIO_SNAPSHOT ? CKV_SNAPDIR_SNAPSHOTS : CKV_SNAPDIR_TIER;
+  if (j->kind == CKV_SNAPIO_REMOVE) {
+    char path[4096 + 512];
+    j->status = ckv_snapdir_area_file(j->state_dir, area, j->tenant, j->name, path, sizeof path);
+    if (j->status == CKV_OK && unlink(path) < 0 && errno != ENOENT) {
+      j->status = -errno;
+      snprintf(j->err, sizeof j->err, "cannot remove %.200s: %s", path, strerror(errno));
+    }
+    j->io_us = now_us() - t0;
+    return;
+  }
+  if (j->kind == CKV_SNAPIO_LOAD && j->area != CKV_SNAPIO_SNAPSHOT) {
+    /* the disk tier's copy is the newest of the session when there is one:
+     * a request on the session brings it back and removes the file */
+    char path[4096 + 512];
+    j->origin = CKV_SNAP_FROM_LOCAL;
+    j->status = ckv_snapdir_area_file(j->state_dir, CKV_SNAPDIR_TIER, j->tenant, j->name, path, sizeof path);
+    if (j->status < 0)
+      snprintf(j->err, sizeof j->err, "the daemon has no state directory for the disk tier");
+    else
+      j->status = ckv_snap_read(path, &j->snap, j->err, sizeof j->err);
+    j->from_tier = j->status != -ENOENT;
+    if (j->area == CKV_SNAPIO_TIER || j->status != -ENOENT) {
+      j->io_us = now_us() - t0;
+      return;
+    }
+    j->err[0] = 0; /* no tier file: the snapshot, as for any resume */
+  }
   if (j->kind == CKV_SNAPIO_SAVE) {
     char dir[4096 + 256];
-    j->status = ckv_snapdir_dir(j->state_dir, j->tenant, /* create= */ 1, dir, sizeof dir, j->err, sizeof j->err);
+    j->status = ckv_snapdir_area_dir(j->state_dir, area, j->tenant, /* create= */ 1, dir, sizeof dir, j->err,
+                                     sizeof j->err);
     if (j->status == CKV_OK) j->status = ckv_snap_write(dir, j->name, &j->snap, &j->bytes, j->err, sizeof j->err);
     j->remote_status = CKV_OK;
     j->remote_err[0] = 0;
-    if (j->status == CKV_OK && j->remote)
+    if (j->status == CKV_OK && j->remote && j->area == CKV_SNAPIO_SNAPSHOT)
       j->remote_status = ckv_remote_snap_push(j->remote, j->state_dir, j->tenant, j->model_id, j->model_revision,
                                               j->name, j->remote_err, sizeof j->remote_err);
   } else if (j->remote) {

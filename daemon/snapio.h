@@ -29,11 +29,20 @@ typedef struct ckv_snapio ckv_snapio;
 typedef enum ckv_snapio_kind {
   CKV_SNAPIO_SAVE, /* write `snap` as state_dir/snapshots/tenant/name.ckvsnap */
   CKV_SNAPIO_LOAD, /* read and validate that file into `snap` */
+  CKV_SNAPIO_REMOVE, /* unlink that file (the disk tier's files, once their session is back or gone) */
 } ckv_snapio_kind;
+
+/* ckv_snapio_job.area: which file of the name the job means. */
+typedef enum ckv_snapio_area {
+  CKV_SNAPIO_SNAPSHOT,   /* state_dir/snapshots/tenant/name.ckvsnap (and the remote store) */
+  CKV_SNAPIO_TIER,       /* state_dir/tier/tenant/name.ckvsnap only (the disk tier, tier.h) */
+  CKV_SNAPIO_TIER_FIRST, /* LOAD: the tier file when there is one, else the snapshot (a resume) */
+} ckv_snapio_area;
 
 typedef struct ckv_snapio_job {
   struct ckv_snapio_job *next; /* queue link (the module's while queued) */
   ckv_snapio_kind kind;
+  ckv_snapio_area area;
   /* what to do (the caller's, filled before submit) */
   char state_dir[4096];
   char tenant[CKV_SNAP_TENANT_MAX + 1];
@@ -53,6 +62,10 @@ typedef struct ckv_snapio_job {
   int remote_status;     /* SAVE: CKV_OK, or why the push failed (the local file is written) */
   char remote_err[320];  /* why, when remote_status < 0 */
   int origin;            /* LOAD: ckv_snap_origin, the copy read */
+  int from_tier;         /* LOAD: the file read was the disk tier's */
+  /* Called on the loop instead of the request handlers' completion when set
+   * (the disk tier's jobs); it owns the job from then on. */
+  void (*finish)(void *server, struct ckv_snapio_job *j);
   /* Frees the whole job (it may be embedded in a larger struct of the
    * server's); called by ckv_snapio_free for jobs never collected. */
   void (*destroy)(struct ckv_snapio_job *j);

@@ -191,6 +191,30 @@ static PyObject *stats_dict(const Commitkv__V1__Stats *s) {
     return NULL;
   }
   Py_DECREF(remote);
+  /* per tier, as `commitkvctl stats --json` has them */
+  PyObject *tiers = PyList_New((Py_ssize_t)s->n_tiers);
+  for (size_t i = 0; tiers && i < s->n_tiers; i++) {
+    const Commitkv__V1__TierStats *t = s->tiers[i];
+    PyObject *td = Py_BuildValue(
+        "{szsKsKsKsKsKsKsKsKsKsKsKsK}", "tier", t->tier, "bytes", (unsigned long long)t->bytes, "capacity",
+        (unsigned long long)t->capacity, "sessions", (unsigned long long)t->sessions, "hits",
+        (unsigned long long)t->hits, "misses", (unsigned long long)t->misses, "offloads",
+        (unsigned long long)t->offloads, "offload_bytes", (unsigned long long)t->offload_bytes, "restores",
+        (unsigned long long)t->restores, "restore_bytes", (unsigned long long)t->restore_bytes, "cancelled",
+        (unsigned long long)t->cancelled, "refused", (unsigned long long)t->refused, "errors",
+        (unsigned long long)t->errors);
+    if (!td) {
+      Py_CLEAR(tiers);
+      break;
+    }
+    PyList_SET_ITEM(tiers, (Py_ssize_t)i, td);
+  }
+  if (!tiers || PyDict_SetItemString(d, "tiers", tiers) < 0) {
+    Py_XDECREF(tiers);
+    Py_DECREF(d);
+    return NULL;
+  }
+  Py_DECREF(tiers);
   return d;
 fail:
   Py_XDECREF(arenas);

@@ -1,0 +1,650 @@
+/* tier.c - the disk tier (see tier.h): which sessions go, their jobs on the
+ * snapshot I/O thread, the requests that wait for a session coming back, and
+ * the figures.  Everything here runs on the server loop; the I/O thread only
+ * ever sees a job. */
+#include "daemon/tier.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "commitkv/status.h"
+#include "daemon/blockmem.h"
+#include "daemon/lifecycle.h"
+#include "daemon/log.h"
+#include "daemon/server.h"
+#include "daemon/session.h"
+#include "daemon/session_snap.h"
+#include "daemon/snapdir.h"
+#include "daemon/snapio.h"
+#include "daemon/snapshot.h"
+#include "daemon/strmap.h"
+#include "daemon/tenant.h"
+#include "lifecycle/policy.h"
+
+/* A request waiting for its session to come back: its bytes as they came,
+ * served again (through the gate, which lets it pass then) once resident. */
+typedef struct parked {
+  struct parked *next;
+  ckv_reply_to to;
+  size_t len;
+  uint8_t data[];
+} parked;
+
+struct ckv_tier_slot {
+  ckv_tier_state state;
+  uint64_t seq;       /* the job in flight for this session */
+  bool cancel;        /* a request named the session while its offload was written */
+  bool writes_open;   /* tokens appended since the last report: the worker may still write their K/V */
+  bool full_logged;   /* "the tier is full" was said since the last request */
+  uint64_t file_bytes; /* the tier file's size (ON_DISK, RESTORING) */
+  uint64_t bytes5[5];  /* what the session held in memory when it went (stats bytes layout) */
+  parked *head, *tail;
+};
+
+/* One tenant's counters (since start; they never go down). */
+typedef struct tenant_counts {
+  const ckv_tenant *tenant;
+  uint64_t offloads, offload_bytes, restores, restore_bytes, cancelled, refused, errors;
+} tenant_counts;
+
+struct ckv_tier {
+  bool on;
+  uint64_t idle_ms, cap;
+  uint64_t disk_bytes; /* tier files of sessions on disk or coming back, and leftovers */
+  uint64_t reserved;   /* estimated size of the offloads being written */
+  unsigned inflight;   /* offloads being written */
+  uint64_t seq;
+  ckv_strmap *leftovers; /* "tenant/id" -> uint64_t bytes: files an earlier run left */
+  tenant_counts *tc;
+  size_t n_tc, cap_tc;
+};
+
+/* A tier job: the I/O thread's part first (snapio hands it back). */
+typedef struct tier_job {
+  ckv_snapio_job job;
+  uint64_t seq;
+  uint64_t reserved;          /* SAVE: counted in tier->reserved */
+  uint64_t epoch, n_tokens;   /* SAVE: the session as captured */
+  uint64_t idle_ms;           /* SAVE: how long it had been idle */
+  uint64_t bytes5[5];         /* SAVE: what it held in memory */
+} tier_job;
+
+static void job_destroy(ckv_snapio_job *j) {
+  ckv_snap_done(&j->snap);
+  free(j);
+}
+
+int ckv_tier_new(uint64_t idle_ms, uint64_t cap_bytes, const char *state_dir, ckv_tier **ret) {
+  ckv_tier *t = calloc(1, sizeof(*t));
+  if (!t) return -ENOMEM;
+  if (ckv_strmap_new(&t->leftovers) < 0) {
+    free(t);
+    return -ENOMEM;
+  }
+  t->idle_ms = idle_ms;
+  t->cap = cap_bytes;
+  t->on = idle_ms && cap_bytes && state_dir && *state_dir;
+  *ret = t;
+  return CKV_OK;
+}
+
+ckv_tier *ckv_tier_free(ckv_tier *t) {
+  if (!t) return NULL;
+  size_t cur = 0;
+  void *v;
+  while ((v = ckv_strmap_next(t->leftovers, &cur, NULL))) free(v);
+  ckv_strmap_free(t->leftovers);
+  free(t->tc);
+  free(t);
+  return NULL;
+}
+
+bool ckv_tier_enabled(const ckv_tier *t) { return t && t->on; }
+
+static tenant_counts *counts_of(ckv_tier *t, const ckv_tenant *tenant) {
+  static tenant_counts spare; /* out of memory: counted nowhere rather than failing a move */
+  for (size_t i = 0; i < t->n_tc; i++)
+    if (t->tc[i].tenant == tenant) return &t->tc[i];
+  if (t->n_tc == t->cap_tc) {
+    size_t ncap = t->cap_tc ? t->cap_tc * 2 : 4;
+    tenant_counts *n = realloc(t->tc, ncap * sizeof(*n));
+    if (!n) return &spare;
+    t->tc = n;
+    t->cap_tc = ncap;
+  }
+  t->tc[t->n_tc] = (tenant_counts){.tenant = tenant};
+  return &t->tc[t->n_tc++];
+}
+
+static ckv_tier_slot *slot_of(ckv_srv_session *sess) {
+  if (!sess->tier) sess->tier = calloc(1, sizeof(*sess->tier));
+  return sess->tier;
+}
+
+ckv_tier_state ckv_tier_state_of(const ckv_srv_session *sess) {
+  return sess->tier ? sess->tier->state : CKV_TIER_RESIDENT;
+}
+
+static tier_job *new_job(ckv_server *s, ckv_snapio_kind kind, const ckv_tenant *tenant, const char *id) {
+  tier_job *q = calloc(1, sizeof(*q));
+  if (!q) return NULL;
+  q->job.kind = kind;
+  q->job.area = CKV_SNAPIO_TIER;
+  q->job.destroy = job_destroy;
+  snprintf(q->job.state_dir, sizeof q->job.state_dir, "%s", s->opt.state_dir ? s->opt.state_dir : "");
+  snprintf(q->job.tenant, sizeof q->job.tenant, "%s", tenant->name);
+  snprintf(q->job.name, sizeof q->job.name, "%s", id);
+  return q;
+}
+
+static void remove_finished(void *server, ckv_snapio_job *j) {
+  (void)server;
+  if (j->status < 0)
+    ckv_log(CKV_LOG_WARNING, "tier-remove-failed", j->tenant, j->name, "tier file not removed: %s", j->err);
+  job_destroy(j);
+}
+
+/* Removes the tier file of tenant/id on the I/O thread (behind every job
+ * queued before it: a write of the same file lands first). */
+static void remove_file(ckv_server *s, const ckv_tenant *tenant, const char *id) {
+  if (!s->snapio) return; /* stopping: the file stays, resumable after a restart */
+  tier_job *q = new_job(s, CKV_SNAPIO_REMOVE, tenant, id);
+  if (!q) return;
+  q->job.finish = remove_finished;
+  if (ckv_snapio_submit(s->snapio, &q->job) < 0) { /* the queue is full: an unlink, here, once */
+    ckv_snapio_run(&q->job);
+    remove_finished(s, &q->job);
+  }
+}
+
+/* A file an earlier run left for tenant/id is gone or replaced. */
+static void forget_leftover(ckv_tier *t, const char *key) {
+  uint64_t *b = ckv_strmap_del(t->leftovers, key);
+  if (!b) return;
+  t->disk_bytes -= *b < t->disk_bytes ? *b : t->disk_bytes;
+  free(b);
+}
+
+/* ---- start-up ------------------------------------------------------------ */
+
+static void count_leftover(void *ctx, const char *tenant, const char *name, const char *path, uint64_t bytes) {
+  ckv_tier *t = ctx;
+  (void)path;
+  char key[256];
+  snprintf(key, sizeof key, "%s/%s", tenant, name);
+  uint64_t *b = malloc(sizeof(*b));
+  if (!b) return;
+  *b = bytes;
+  if (ckv_strmap_put(t->leftovers, key, b) < 0) {
+    free(b);
+    return;
+  }
+  t->disk_bytes += bytes;
+  ckv_log(CKV_LOG_INFO, "tier-found", tenant, name,
+          "tier file of %llu bytes from an earlier run: OpenSession with resume brings the session back",
+          (unsigned long long)bytes);
+}
+
+void ckv_tier_startup(ckv_server *s) {
+  ckv_tier *t = s->tier;
+  if (!t || !s->opt.state_dir || !*s->opt.state_dir) return;
+  ckv_snapdir_clean_temps(s->opt.state_dir, CKV_SNAPDIR_TIER);
+  ckv_snapdir_area_each(s->opt.state_dir, CKV_SNAPDIR_TIER, NULL, count_leftover, t);
+  if (ckv_strmap_size(t->leftovers) || t->on)
+    ckv_log(CKV_LOG_NOTICE, "tier", NULL, NULL, "disk tier %s: %zu session files (%llu bytes) in %s/%s%s",
+            t->on ? "on" : "off", ckv_strmap_size(t->leftovers), (unsigned long long)t->disk_bytes,
+            s->opt.state_dir, CKV_SNAPDIR_TIER,
+            t->on && t->disk_bytes > t->cap ? ", more than disk_memory: no session moves down until they go" : "");
+}
+
+/* ---- offload ------------------------------------------------------------- */
+
+static void offload_finished(void *server, ckv_snapio_job *j) {
+  ckv_server *s = server;
+  ckv_tier *t = s->tier;
+  tier_job *q = (tier_job *)j;
+  t->reserved -= q->reserved;
+  t->inflight--;
+  char key[256];
+  snprintf(key, sizeof key, "%s/%s", j->tenant, j->name);
+  ckv_srv_session *sess = ckv_strmap_get(s->sessions, key);
+  if (!sess || !sess->tier || sess->tier->seq != q->seq || sess->tier->state != CKV_TIER_OFFLOADING) {
+    /* dropped (or expired) while its copy was written: the copy goes too */
+    if (j->status == CKV_OK && sess == NULL) {
+      ckv_tenant *tn = NULL;
+      for (size_t i = 0; i < s->n_tenants; i++)
+        if (strcmp(s->tenants[i]->name, j->tenant) == 0) tn = s->tenants[i];
+      if (tn) remove_file(s, tn, j->name);
+    }
+    job_destroy(j);
+    return;
+  }
+  ckv_tier_slot *slot = sess->tier;
+  tenant_counts *tc = counts_of(t, sess->tenant);
+  uint64_t now = ckv_now_ms();
+  if (j->status < 0) {
+    slot->state = CKV_TIER_RESIDENT;
+    tc->errors++;
+    sess->touched_ms = now; /* tried again after another idle spell */
+    ckv_log(CKV_LOG_ERROR, "tier-offload-failed", j->tenant, j->name, "the session stays in memory: %s (%s)", j->err,
+            ckv_status_name(j->status));
+    job_destroy(j);
+    return;
+  }
+  /* Only a session nothing touched since its copy may lose its blocks: any
+   * change would be missing from the file. */
+  if (slot->cancel || sess->epoch != q->epoch || sess->tokens.n != q->n_tokens || sess->jobs_inflight) {
+    slot->state = CKV_TIER_RESIDENT;
+    tc->cancelled++;
+    ckv_log(CKV_LOG_INFO, "tier-offload-cancelled", j->tenant, j->name,
+            "a request arrived while the session was written to disk: it stays in memory, the file is removed");
+    remove_file(s, sess->tenant, sess->id);
+    job_destroy(j);
+    return;
+  }
+  forget_leftover(t, key); /* an earlier run's file of this id was just replaced */
+  uint64_t freed = ckv_srv_session_evict_blocks(sess);
+  slot->state = CKV_TIER_ON_DISK;
+  slot->file_bytes = j->bytes;
+  memcpy(slot->bytes5, q->bytes5, sizeof slot->bytes5);
+  t->disk_bytes += j->bytes;
+  tc->offloads++;
+  tc->offload_bytes += j->bytes;
+  ckv_log(CKV_LOG_INFO, "tier-offload", j->tenant, j->name,
+          "idle %.1f s: %llu bytes of KV memory given back, the session is on disk (%llu bytes, written and synced "
+          "in %.3f ms by the I/O thread); disk tier %llu of %llu bytes",
+          (double)q->idle_ms / 1e3, (unsigned long long)freed, (unsigned long long)j->bytes, (double)j->io_us / 1e3,
+          (unsigned long long)t->disk_bytes, (unsigned long long)t->cap);
+  job_destroy(j);
+}
+
+/* Upper bound of a tier file's size for the cap: block bytes plus the token
+ * columns, id counts and headers (docs/snapshot.md; within 64 bytes a token). */
+static uint64_t file_estimate(const ckv_snap *snap) {
+  return snap->buf_len_ + (uint64_t)snap->tokens.n * 64u + (uint64_t)snap->n_ids * 8u + (64u << 10);
+}
+
+static void start_offload(ckv_server *s, ckv_srv_session *sess, uint64_t now) {
+  ckv_tier *t = s->tier;
+  ckv_tier_slot *slot = slot_of(sess);
+  if (!slot) return;
+  tier_job *q = new_job(s, CKV_SNAPIO_SAVE, sess->tenant, sess->id);
+  if (!q) return;
+  char err[320];
+  uint64_t tokens = 0;
+  int r = ckv_session_snap_capture(sess, /* committed_only= */ false, &q->job.snap, &tokens, err, sizeof err);
+  if (r < 0) {
+    free(q);
+    if (r != CKV_ERR_BUSY) /* busy: moves in flight, tried again at the next scan */
+      ckv_log(CKV_LOG_WARNING, "tier-offload-failed", sess->tenant->name, sess->id, "the session stays in memory: %s",
+              err);
+    sess->touched_ms = now;
+    return;
+  }
+  uint64_t need = file_estimate(&q->job.snap);
+  if (t->disk_bytes + t->reserved + need > t->cap) {
+    counts_of(t, sess->tenant)->refused++;
+    if (!slot->full_logged)
+      ckv_log(CKV_LOG_NOTICE, "tier-full", sess->tenant->name, sess->id,
+              "idle, but the disk tier is full: it holds %llu of disk_memory %llu bytes (%llu being written) and this "
+              "session needs up to %llu; it stays in memory",
+              (unsigned long long)t->disk_bytes, (unsigned long long)t->cap, (unsigned long long)t->reserved,
+              (unsigned long long)need);
+    slot->full_logged = true;
+    sess->touched_ms = now; /* asked again after another idle spell */
+    job_destroy(&q->job);
+    return;
+  }
+  q->seq = ++t->seq;
+  q->reserved = need;
+  q->epoch = sess->epoch;
+  q->n_tokens = sess->tokens.n;
+  q->idle_ms = now - sess->touched_ms;
+  uint64_t tok4[4] = {0};
+  ckv_srv_session_figures(sess, tok4, q->bytes5);
+  q->job.finish = offload_finished;
+  if (ckv_snapio_submit(s->snapio, &q->job) < 0) { /* the queue is full of saves: next scan */
+    job_destroy(&q->job);
+    return;
+  }
+  t->reserved += need;
+  t->inflight++;
+  slot->state = CKV_TIER_OFFLOADING;
+  slot->seq = q->seq;
+  slot->cancel = false;
+}
+
+void ckv_tier_scan(ckv_server *s, uint64_t now) {
+  ckv_tier *t = s->tier;
+  if (!t || !t->on || !s->snapio) return;
+  size_t cur = 0;
+  ckv_srv_session *sess;
+  while ((sess = ckv_strmap_next(s->sessions, &cur, NULL))) {
+    if (!sess->touched_ms) { /* new to the tier: idle from now on */
+      sess->touched_ms = now;
+      continue;
+    }
+    if (now - sess->touched_ms < t->idle_ms || ckv_tier_state_of(sess) != CKV_TIER_RESIDENT) continue;
+    if (sess->quarantined || sess->doomed || sess->jobs_inflight || sess->tenant->mem != &ckv_blockmem_host) continue;
+    if (sess->owner && sess->tier && sess->tier->writes_open) continue;
+    if (ckv_lifecycle_pending(sess)) continue; /* moves decided and not done: the file gets them done */
+    if (ckv_srv_session_bytes(sess) == 0) continue; /* nothing to give back */
+    if (t->inflight >= CKV_TIER_INFLIGHT) return;
+    start_offload(s, sess, now);
+  }
+}
+
+/* ---- the way back -------------------------------------------------------- */
+
+/* Rebuilds session sess from the tier file job j read: a new session in
+ * fresh blocks takes its place (same key, owner, lane), sess is freed.
+ * CKV_OK, or the failure with its text in msg (the session stays on disk). */
+static int apply_restore(ckv_server *s, ckv_srv_session *sess, ckv_snapio_job *j, char *msg, size_t msglen) {
+  ckv_tier *t = s->tier;
+  ckv_tier_slot *slot = sess->tier;
+  tenant_counts *tc = counts_of(t, sess->tenant);
+  char err[320], key[256];
+  ckv_server_session_key(sess->tenant, sess->id, key, sizeof key);
+  slot->state = CKV_TIER_ON_DISK; /* unless it comes back below */
+  int r = j->status;
+  if (r < 0) {
+    snprintf(err, sizeof err, "%.280s (%s)", j->err, ckv_status_name(r));
+    if (r == -ENOENT) r = CKV_ERR_CORRUPT; /* its only copy is gone */
+  } else {
+    ckv_snap_expect e = {.tenant = sess->tenant->name,
+                         .model_id = sess->model_id,
+                         .model_revision = sess->model_revision,
+                         .geom = &sess->geom};
+    r = ckv_snap_check_identity(&j->snap, &e, err, sizeof err);
+    if (r == CKV_OK && strcmp(j->snap.session_id, sess->id) != 0)
+      r = CKV_ERR_CORRUPT, snprintf(err, sizeof err, "the tier file holds session '%s'", j->snap.session_id);
+  }
+  ckv_srv_session *ns = NULL;
+  if (r == CKV_OK)
+    r = ckv_session_snap_restore(&j->snap, sess->id, sess->tenant, s->opt.policy ? s->opt.policy->mlp : NULL,
+                                 &s->next_block_id, &ns, err, sizeof err);
+  if (r == CKV_OK && (r = ckv_srv_session_flush_meta(ns)) < 0)
+    snprintf(err, sizeof err, "cannot write the restored headers: %s", ckv_strerror(r));
+  if (r == CKV_OK && (r = ckv_strmap_put(s->sessions, key, ns)) < 0) snprintf(err, sizeof err, "out of memory");
+  if (r < 0) {
+    if (ns) {
+      ns->dirty_head = NULL;
+      ckv_srv_session_free(ns);
+    }
+    tc->errors++;
+    ckv_log(CKV_LOG_WARNING, "tier-restore-failed", sess->tenant->name, sess->id,
+            "cannot bring the session back from disk: %s; its file is kept", err);
+    if (r == CKV_ERR_QUOTA || r == CKV_ERR_NOSPACE)
+      snprintf(msg, msglen,
+               "session '%s' is on disk and its tenant's memory cannot take it back: %s; the file is kept: free "
+               "memory (drop or close other sessions) and retry",
+               sess->id, err);
+    else
+      snprintf(msg, msglen, "session '%s' is on disk and cannot be read back: %s; the file is kept", sess->id, err);
+    return r;
+  }
+  /* What the file does not hold: who reads it, its lane, its history here. */
+  ns->owner = sess->owner;
+  ns->detached_at_ms = sess->detached_at_ms;
+  ns->lane = sess->lane;
+  ns->job_failures = sess->job_failures;
+  ns->dirty_head = &s->dirty_head;
+  ns->touched_ms = ckv_now_ms();
+  ns->tier = slot;
+  sess->tier = NULL;
+  slot->state = CKV_TIER_RESIDENT;
+  slot->full_logged = false;
+  slot->writes_open = false;
+  memset(slot->bytes5, 0, sizeof slot->bytes5);
+  ckv_srv_session_free(sess); /* no blocks left: the stub */
+  ckv_lifecycle_plan(ns, s->compressor, /* flush= */ false);
+  t->disk_bytes -= slot->file_bytes < t->disk_bytes ? slot->file_bytes : t->disk_bytes;
+  tc->restores++;
+  tc->restore_bytes += slot->file_bytes;
+  ckv_log(CKV_LOG_INFO, "tier-restore", ns->tenant->name, ns->id,
+          "brought back from disk: %zu tokens, %llu bytes of KV memory, epoch %llu (read in %.3f ms by the I/O "
+          "thread)",
+          ns->tokens.n, (unsigned long long)ckv_srv_session_bytes(ns), (unsigned long long)ns->epoch,
+          (double)j->io_us / 1e3);
+  slot->file_bytes = 0;
+  remove_file(s, ns->tenant, ns->id);
+  return CKV_OK;
+}
+
+/* Answers parked request p: the error r (msg) or, when r is CKV_OK, the
+ * request served now, as the loop would (it may be deferred again). */
+static void answer_parked(ckv_server *s, parked *p, int r, const char *msg) {
+  ckv_conn *c = ckv_strmap_get(s->conns, p->to.keyhex);
+  if (!c || c->id != p->to.conn_id) return; /* gone meanwhile */
+  c->io_inflight--;
+  c->last_seen_ms = ckv_now_ms();
+  ckv_wire_reset(&s->out);
+  Commitkv__V1__Response rep = COMMITKV__V1__RESPONSE__INIT;
+  rep.request_id = p->to.request_id;
+  bool deferred = false;
+  if (r < 0) {
+    rep.code = r;
+    rep.message = (char *)msg;
+  } else {
+    s->reply_to = p->to;
+    s->reply_armed = true;
+    s->reply_deferred = false;
+    ckv_server_answer(s, c, p->data, p->len, &rep);
+    deferred = s->reply_deferred;
+    s->reply_armed = s->reply_deferred = false;
+  }
+  if (!deferred) {
+    ckv_server_finish_reply(s, c, &rep);
+    ckv_server_send_reply(s, &p->to, c, &rep);
+  }
+}
+
+static void answer_all(ckv_server *s, ckv_tier_slot *slot, int r, const char *msg) {
+  parked *p = slot->head;
+  slot->head = slot->tail = NULL;
+  while (p) {
+    parked *next = p->next;
+    if (s->conns) answer_parked(s, p, r, msg);
+    free(p);
+    p = next;
+  }
+}
+
+static void restore_finished(void *server, ckv_snapio_job *j) {
+  ckv_server *s = server;
+  tier_job *q = (tier_job *)j;
+  char key[256];
+  snprintf(key, sizeof key, "%s/%s", j->tenant, j->name);
+  ckv_srv_session *sess = ckv_strmap_get(s->sessions, key);
+  if (!sess || !sess->tier || sess->tier->seq != q->seq || sess->tier->state != CKV_TIER_RESTORING) {
+    job_destroy(j); /* dropped meanwhile: its waiting requests were answered then */
+    return;
+  }
+  ckv_tier_slot *slot = sess->tier;
+  char msg[768];
+  int r = apply_restore(s, sess, j, msg, sizeof msg); /* frees sess on success */
+  answer_all(s, slot, r, msg);
+  job_destroy(j);
+}
+
+/* Keeps request req for later (its reply goes to s->reply_to). */
+static int park(ckv_server *s, ckv_conn *c, ckv_tier_slot *slot, const Commitkv__V1__Request *req) {
+  size_t len = commitkv__v1__request__get_packed_size(req);
+  parked *p = malloc(sizeof(*p) + len);
+  if (!p) return -ENOMEM;
+  commitkv__v1__request__pack(req, p->data);
+  p->len = len;
+  p->next = NULL;
+  p->to = s->reply_to;
+  p->to.request_id = req->request_id;
+  if (slot->tail)
+    slot->tail->next = p;
+  else
+    slot->head = p;
+  slot->tail = p;
+  c->io_inflight++; /* waiting on the disk, not silent: the lease holds */
+  s->reply_deferred = true;
+  return CKV_REPLY_DEFERRED;
+}
+
+static int bring_back(ckv_server *s, ckv_conn *c, ckv_srv_session *sess, const Commitkv__V1__Request *req,
+                      char *msg, size_t msglen) {
+  ckv_tier *t = s->tier;
+  ckv_tier_slot *slot = sess->tier;
+  tier_job *q = new_job(s, CKV_SNAPIO_LOAD, sess->tenant, sess->id);
+  if (!q) return -ENOMEM;
+  q->seq = ++t->seq;
+  slot->state = CKV_TIER_RESTORING;
+  slot->seq = q->seq;
+  if (!s->reply_armed) { /* no loop to come back to: read it here */
+    ckv_snapio_run(&q->job);
+    int r = apply_restore(s, sess, &q->job, msg, msglen);
+    job_destroy(&q->job);
+    return r;
+  }
+  q->job.finish = restore_finished;
+  if (ckv_snapio_submit(s->snapio, &q->job) < 0) {
+    slot->state = CKV_TIER_ON_DISK;
+    job_destroy(&q->job);
+    snprintf(msg, msglen, "session '%s' is on disk and the I/O queue is full (%u jobs); retry", sess->id,
+             CKV_SNAPIO_DEPTH);
+    return CKV_ERR_BUSY;
+  }
+  return park(s, c, slot, req);
+}
+
+/* What a request means to the tier: the session it names, whether it needs
+ * the K/V resident, and who may ask (the handler refuses everyone else). */
+typedef struct target {
+  const char *id;
+  bool kv, owner_only, resume;
+} target;
+
+static bool target_of(const Commitkv__V1__Request *req, target *ret) {
+  *ret = (target){0};
+  switch (req->body_case) {
+    case COMMITKV__V1__REQUEST__BODY_APPEND_TOKENS:
+      *ret = (target){req->append_tokens->session_id, true, true, false};
+      return true;
+    case COMMITKV__V1__REQUEST__BODY_REPORT_ROUND:
+      *ret = (target){req->report_round->session_id, true, true, false};
+      return true;
+    case COMMITKV__V1__REQUEST__BODY_ACQUIRE: *ret = (target){req->acquire->session_id, true, true, false}; return true;
+    case COMMITKV__V1__REQUEST__BODY_GET_VIEW: *ret = (target){req->get_view->session_id, true, true, false}; return true;
+    case COMMITKV__V1__REQUEST__BODY_SAVE_SESSION:
+      *ret = (target){req->save_session->session_id, true, false, false};
+      return true;
+    case COMMITKV__V1__REQUEST__BODY_OPEN_SESSION:
+      *ret = (target){req->open_session->session_id, req->open_session->resume, false, req->open_session->resume};
+      return true;
+    case COMMITKV__V1__REQUEST__BODY_ACK_EPOCH:
+      *ret = (target){req->ack_epoch->session_id, false, true, false};
+      return true;
+    case COMMITKV__V1__REQUEST__BODY_CLOSE_SESSION:
+      *ret = (target){req->close_session->session_id, false, true, false};
+      return true;
+    default: return false; /* Drop, Restore, Stats, lists: the session may stay where it is */
+  }
+}
+
+int ckv_tier_gate(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, char *msg, size_t msglen) {
+  ckv_tier *t = s->tier;
+  target g;
+  if (!t || !c->tenant || !target_of(req, &g) || !g.id || ckv_wire_check_session_id(g.id) < 0) return CKV_OK;
+  char key[256];
+  ckv_server_session_key(c->tenant, g.id, key, sizeof key);
+  ckv_srv_session *sess = ckv_strmap_get(s->sessions, key);
+  if (!sess) {
+    if (req->body_case == COMMITKV__V1__REQUEST__BODY_OPEN_SESSION && !g.resume &&
+        ckv_strmap_get(t->leftovers, key)) {
+      /* a new session of this id: an earlier run's file of it must never
+       * come back in its place */
+      forget_leftover(t, key);
+      remove_file(s, c->tenant, g.id);
+    }
+    return CKV_OK;
+  }
+  if (req->body_case == COMMITKV__V1__REQUEST__BODY_OPEN_SESSION && !g.resume) return CKV_OK; /* EXISTS */
+  if (g.owner_only ? sess->owner != c->id : (g.resume && sess->owner && sess->owner != c->id))
+    return CKV_OK; /* the handler refuses it */
+  sess->touched_ms = ckv_now_ms();
+  ckv_tier_slot *slot = sess->tier;
+  if (!slot && t->on && req->body_case == COMMITKV__V1__REQUEST__BODY_APPEND_TOKENS) slot = slot_of(sess);
+  if (!slot) return CKV_OK;
+  slot->full_logged = false;
+  if (req->body_case == COMMITKV__V1__REQUEST__BODY_APPEND_TOKENS) slot->writes_open = true;
+  if (req->body_case == COMMITKV__V1__REQUEST__BODY_REPORT_ROUND) slot->writes_open = false;
+  switch (slot->state) {
+    case CKV_TIER_RESIDENT: return CKV_OK;
+    case CKV_TIER_OFFLOADING: slot->cancel = true; return CKV_OK;
+    case CKV_TIER_ON_DISK: return g.kv ? bring_back(s, c, sess, req, msg, msglen) : CKV_OK;
+    case CKV_TIER_RESTORING: return park(s, c, slot, req); /* behind the request that asked first */
+  }
+  return CKV_OK;
+}
+
+void ckv_tier_forget(ckv_server *s, ckv_srv_session *sess) {
+  ckv_tier_slot *slot = sess->tier;
+  if (!slot) return;
+  sess->tier = NULL;
+  char msg[256];
+  snprintf(msg, sizeof msg, "session '%s' was dropped while it was brought back from disk", sess->id);
+  answer_all(s, slot, CKV_ERR_NOT_FOUND, msg);
+  ckv_tier *t = s->tier;
+  if (t && (slot->state == CKV_TIER_ON_DISK || slot->state == CKV_TIER_RESTORING)) {
+    t->disk_bytes -= slot->file_bytes < t->disk_bytes ? slot->file_bytes : t->disk_bytes;
+    remove_file(s, sess->tenant, sess->id); /* behind a read in flight: that one finds no session */
+  }
+  free(slot);
+}
+
+void ckv_tier_resumed(ckv_server *s, const ckv_tenant *tenant, const char *id) {
+  ckv_tier *t = s->tier;
+  if (!t) return;
+  char key[256];
+  ckv_server_session_key(tenant, id, key, sizeof key);
+  forget_leftover(t, key);
+  counts_of(t, tenant)->restores++;
+  remove_file(s, tenant, id);
+}
+
+/* ---- figures ------------------------------------------------------------- */
+
+void ckv_tier_get_stats(const ckv_server *s, const ckv_tenant *tenant, ckv_tier_stats *ret) {
+  memset(ret, 0, sizeof(*ret));
+  const ckv_tier *t = s->tier;
+  if (!t) return;
+  ret->capacity = t->on ? t->cap : 0;
+  for (size_t i = 0; i < t->n_tc; i++) {
+    const tenant_counts *c = &t->tc[i];
+    if (tenant && c->tenant != tenant) continue;
+    ret->offloads += c->offloads;
+    ret->offload_bytes += c->offload_bytes;
+    ret->restores += c->restores;
+    ret->restore_bytes += c->restore_bytes;
+    ret->cancelled += c->cancelled;
+    ret->refused += c->refused;
+    ret->errors += c->errors;
+  }
+  size_t cur = 0;
+  ckv_srv_session *sess;
+  while ((sess = ckv_strmap_next(s->sessions, &cur, NULL))) {
+    if ((tenant && sess->tenant != tenant) || !sess->tier) continue;
+    ckv_tier_state st = sess->tier->state;
+    if (st != CKV_TIER_ON_DISK && st != CKV_TIER_RESTORING) continue;
+    ret->disk_sessions++;
+    ret->disk_bytes += sess->tier->file_bytes;
+    for (int k = 0; k < 5; k++) ret->resident_bytes5[k] += sess->tier->bytes5[k];
+  }
+  const char *key;
+  const uint64_t *b;
+  cur = 0;
+  size_t tl = tenant ? strlen(tenant->name) : 0;
+  while ((b = ckv_strmap_next(t->leftovers, &cur, &key))) {
+    if (tenant && (strncmp(key, tenant->name, tl) != 0 || key[tl] != '/')) continue;
+    ret->disk_bytes += *b;
+  }
+}

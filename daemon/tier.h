@@ -1,0 +1,107 @@
+/* tier.h - the disk tier, session by session: idle sessions move to files
+ * under state_dir/tier and come back before their next request.
+ *
+ * Policy (ckv_tier_scan, from the loop's housekeeping): a session that no
+ * request named for disk_idle_ms (detached, or attached and quiet: no
+ * tokens appended since its last report, whose K/V its worker may still be
+ * writing) is copied on the loop (ckv_session_snap_capture) and written by
+ * the snapshot I/O thread (snapio.h) as state_dir/tier/TENANT/ID.ckvsnap:
+ * the snapshot format, a directory of its own that ListSnapshots never
+ * shows.  Only once that file is durable (temporary file, fsync, rename,
+ * directory fsync) are the session's arena blocks freed and its quota given
+ * back; a request naming the session while the write is in flight cancels
+ * the move (the blocks stay, the file is removed).  disk_memory caps the
+ * tier files' bytes: when a session does not fit it stays in memory, and
+ * the daemon says so once per idle spell.
+ *
+ * The way back (ckv_tier_gate, before every request's handler): a request
+ * that needs the session's K/V (AppendTokens, ReportRound, Acquire, GetView,
+ * SaveSession, OpenSession with resume) on a session on disk is parked, the
+ * I/O thread reads and validates the file, and the loop rebuilds the session
+ * in fresh blocks (ckv_session_snap_restore: K/V bytes and token states as
+ * written) under a new epoch, then serves the parked requests in order: their
+ * replies carry the new epoch, so the worker re-reads its view.  When the
+ * quota cannot take it back, the parked requests are answered CKV_ERR_QUOTA
+ * with the numbers, and the file is kept.  Requests that do not touch K/V
+ * (AckEpoch, CloseSession, DropSession, Stats, ListSessions) are served with
+ * the session left on disk; a drop removes its file.
+ *
+ * A tier file outlives the daemon (kill -9, or a stop while the session was
+ * on disk): a restarted daemon counts it against disk_memory and an
+ * OpenSession with resume of that id restores it (before any save game of
+ * the same name: it is the newer copy), then removes it. */
+#ifndef CKV_DAEMON_TIER_H
+#define CKV_DAEMON_TIER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "daemon/wire.h"
+
+typedef struct ckv_server ckv_server;
+typedef struct ckv_conn ckv_conn;
+typedef struct ckv_srv_session ckv_srv_session;
+typedef struct ckv_tenant ckv_tenant;
+typedef struct ckv_tier ckv_tier;
+typedef struct ckv_tier_slot ckv_tier_slot;
+
+/* Offloads written at once: each holds a copy of its session in memory. */
+#define CKV_TIER_INFLIGHT 4u
+
+/* Where a session's K/V is. */
+typedef enum ckv_tier_state {
+  CKV_TIER_RESIDENT = 0, /* in the primary arena */
+  CKV_TIER_OFFLOADING,   /* in the arena, and a copy is being written to disk */
+  CKV_TIER_ON_DISK,      /* only in its tier file; no arena blocks */
+  CKV_TIER_RESTORING,    /* the tier file is being read back */
+} ckv_tier_state;
+
+/* The disk tier's figures: daemon-wide (tenant NULL) or one tenant's. */
+typedef struct ckv_tier_stats {
+  uint64_t disk_bytes, disk_sessions, capacity;
+  uint64_t offloads, offload_bytes, restores, restore_bytes;
+  uint64_t cancelled, refused, errors;
+  uint64_t resident_bytes5[5]; /* of sessions on disk: what they held in memory (stats bytes layout) */
+} ckv_tier_stats;
+
+/* The tier of a daemon: on when idle_ms, cap_bytes and state_dir are all
+ * set (else every call is a no-op and the stats stay 0).  CKV_OK or -ENOMEM. */
+int ckv_tier_new(uint64_t idle_ms, uint64_t cap_bytes, const char *state_dir, ckv_tier **ret);
+/* Accepts NULL, returns NULL.  Sessions must be gone (ckv_tier_forget). */
+ckv_tier *ckv_tier_free(ckv_tier *t);
+bool ckv_tier_enabled(const ckv_tier *t);
+
+/* Start-up: removes temporary files of cut-short tier writes, counts the
+ * tier files a previous run left (they stay resumable) and logs them. */
+void ckv_tier_startup(ckv_server *s);
+
+/* Before request req of client c is handled (handlers.c): notes the session
+ * it names as used now and, when that session is on disk or coming back and
+ * the request needs it, parks the request and returns CKV_REPLY_DEFERRED (the
+ * reply comes once the session is resident; without a loop, s->reply_armed
+ * false, the session is brought back on this thread and CKV_OK returned).  A
+ * request during an offload write cancels that offload.  CKV_OK: handle it
+ * now; < 0: refuse it with the text in msg. */
+int ckv_tier_gate(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, char *msg, size_t msglen);
+
+/* Housekeeping: starts the offload of every session idle for idle_ms that
+ * may go (see the top of this file), within the cap and CKV_TIER_INFLIGHT. */
+void ckv_tier_scan(ckv_server *s, uint64_t now_ms);
+
+/* Session sess is being destroyed (ckv_server_destroy_session): requests
+ * parked for it are answered NOT_FOUND, its tier file removed (kept when
+ * the daemon is stopping: s->snapio is gone then, and the file is resumable
+ * after a restart) and its slot freed. */
+void ckv_tier_forget(ckv_server *s, ckv_srv_session *sess);
+
+/* Session `id` of tenant came back from an earlier run's tier file (an
+ * OpenSession with resume, handlers.c): the file is removed and uncounted. */
+void ckv_tier_resumed(ckv_server *s, const ckv_tenant *tenant, const char *id);
+
+/* Where sess's K/V is now. */
+ckv_tier_state ckv_tier_state_of(const ckv_srv_session *sess);
+/* The figures of tenant (NULL: all tenants) into *ret. */
+void ckv_tier_get_stats(const ckv_server *s, const ckv_tenant *tenant, ckv_tier_stats *ret);
+
+#endif

@@ -1,0 +1,511 @@
+/* test_tiers.c - the disk tier (issue 15, tiers): real commitkvd processes
+ * with disk_idle = 1s, libcommitkv in this process, the reference worker.
+ *
+ * - idle_session_goes_to_disk_and_back: two sessions with history (draft,
+ *   staged and committed blocks; and an fp16 one) go quiet: both move to
+ *   disk (the tenant's arena bytes drop to 0, the tier files exist under
+ *   state_dir/tier and ListSnapshots does not show them, the counters say
+ *   2 offloads); a GetView brings one back and a ReportRound the other,
+ *   each under a new epoch with every block's payload byte for byte and
+ *   every token in the same format; the counters add up (2 restores, 2
+ *   primary misses, no bytes left on disk, the files removed).
+ * - request_during_offload_keeps_session: a request on a large session
+ *   while its tier file is being written cancels the move: the blocks stay
+ *   (arena bytes unchanged), the file is removed, cancelled counts it.
+ * - disk_memory_too_small_stays_resident: a tier smaller than the session:
+ *   it stays in memory, refused counts it, the log says why.
+ * - kill9_with_session_on_disk_resumes: a detached session on disk, the
+ *   daemon killed with SIGKILL, a new one on the same state directory counts
+ *   the file and brings the session back on OpenSession with resume,
+ *   identical, and removes the file.
+ * - reference_worker_rides_through_offload: commitkv-worker with two
+ *   sessions and a pause longer than disk_idle: the quiet session goes to
+ *   disk and comes back, and the worker still reads every byte it wrote. */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "client/rpc.h"
+#include "commitkv.pb-c.h"
+#include "commitkv/commitkv.h"
+#include "commitkv/status.h"
+#include "kernels/format.h"
+#include "kernels/kernels.h"
+#include "kernels/quant.h"
+#include "testcheck.h"
+#include "testutil.h"
+
+TestSuite(tiers, .fini = ckv_test_leak_check);
+
+#define DEADLINE_MS 20000
+
+static void daemon_start(ckv_test_daemon *d, const char *disk_memory) {
+  char mem[64];
+  snprintf(mem, sizeof mem, "daemon.disk_memory=%s", disk_memory);
+  const char *args[] = {"--set", "daemon.disk_idle=1s", "--set", mem, "--set", "daemon.detach_keep=60s",
+                        "--set", "daemon.lease=30s", NULL};
+  cr_assert_eq(ckv_test_daemon_start(d, args), 0, "commitkvd did not start");
+}
+
+static ckv_client *connect_to(const ckv_test_daemon *d) {
+  ckv_client_options o = {.socket = d->socket, .attach_socket = d->attach, .name = "test_tiers", .timeout_ms = 15000};
+  ckv_client *c = NULL;
+  int r = ckv_client_connect(&o, &c);
+  cr_assert_eq(r, CKV_OK, "connect: %s (%s)", ckv_strerror(r), ckv_client_connect_error());
+  return c;
+}
+
+/* Waits until stats field `path` reads at least `want`; returns it. */
+static unsigned long long wait_stat_at_least(const ckv_test_daemon *d, const char *path, unsigned long long want) {
+  long long end = ckv_test_now_ms() + DEADLINE_MS;
+  unsigned long long v;
+  while ((v = ckv_test_stat(d, path)) < want) {
+    cr_assert_lt(ckv_test_now_ms(), end, "stats %s stayed at %llu (want >= %llu); log: %s", path, v, want,
+                 ckv_test_file_tail(d->log, 2000));
+    usleep(20000);
+  }
+  return v;
+}
+
+/* Whether state_dir/tier/<any tenant>/<id>.ckvsnap exists. */
+static bool tier_file_exists(const ckv_test_daemon *d, const char *id) {
+  char top[512];
+  snprintf(top, sizeof top, "%s/tier", d->dir);
+  DIR *dir = opendir(top);
+  if (!dir) return false;
+  bool found = false;
+  struct dirent *e;
+  while (!found && (e = readdir(dir))) {
+    if (e->d_name[0] == '.') continue;
+    char path[1024];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/%s/%s.ckvsnap", top, e->d_name, id);
+    found = stat(path, &st) == 0;
+  }
+  closedir(dir);
+  return found;
+}
+
+static void wait_tier_file_gone(const ckv_test_daemon *d, const char *id) {
+  long long end = ckv_test_now_ms() + DEADLINE_MS;
+  while (tier_file_exists(d, id)) {
+    cr_assert_lt(ckv_test_now_ms(), end, "the tier file of %s was never removed", id);
+    usleep(20000);
+  }
+}
+
+/* ---- sessions with K/V ---- */
+
+#define LAYERS 2u
+#define HEADS 2u
+#define DIM 32u
+#define PER_ROUND 24u
+
+static const ckv_geometry k_geom = {LAYERS, HEADS, DIM, 0};
+
+static void write_tokens(ckv_session *s, const ckv_geometry *g, size_t from, size_t n) {
+  size_t elems = (size_t)g->n_kv_heads * g->head_dim;
+  uint16_t *k = malloc(elems * 2), *v = malloc(elems * 2);
+  cr_assert(k && v);
+  for (size_t pos = from; pos < from + n; pos++)
+    for (uint32_t layer = 0; layer < g->n_layers; layer++) {
+      for (size_t e = 0; e < elems; e++) {
+        k[e] = ckv_f32_to_f16(ckv_test_kv_value(pos, layer, 0, (uint32_t)e));
+        v[e] = ckv_f32_to_f16(ckv_test_kv_value(pos, layer, 1, (uint32_t)e));
+      }
+      cr_assert_eq(ckv_session_write_kv(s, pos, layer, k, v), CKV_OK);
+    }
+  free(k);
+  free(v);
+}
+
+/* Opens `id` with `policy` and runs `rounds` rounds (facts hot, older text
+ * cold, a third of it forgotten: commitkv makes staged and committed blocks),
+ * acking every epoch. */
+static ckv_session *session_with_rounds(ckv_client *c, const char *id, const char *policy, uint32_t rounds) {
+  const char *names[] = {"sink_tokens", "recent_window", "persistence_rounds", "idle_rounds", "prune_keep"};
+  const double values[] = {4, 16, 2, 6, 1};
+  bool ours = strcmp(policy, "commitkv") == 0;
+  ckv_session_options so = {.policy = policy, .param_names = ours ? names : NULL, .param_values = ours ? values : NULL,
+                            .n_params = ours ? 5 : 0};
+  ckv_session *s = NULL;
+  int r = ckv_session_open(c, id, &k_geom, &so, &s);
+  cr_assert_eq(r, CKV_OK, "open %s: %s (%s)", id, ckv_strerror(r), ckv_client_last_error(c));
+  size_t n = 0;
+  float *attn = malloc(PER_ROUND * (rounds + 1) * sizeof(float));
+  cr_assert_not_null(attn);
+  for (uint32_t round = 1; round <= rounds; round++) {
+    float sem[PER_ROUND];
+    for (uint32_t i = 0; i < PER_ROUND; i++) sem[i] = (n + i) % 8 == 1 ? 0.9f : (n + i) % 3 == 0 ? 0.2f : 0.5f;
+    uint64_t first = 0;
+    r = ckv_session_append(s, PER_ROUND, NULL, NULL, sem, NULL, &first);
+    cr_assert_eq(r, CKV_OK, "append: %s (%s)", ckv_strerror(r), ckv_client_last_error(c));
+    write_tokens(s, &k_geom, n, PER_ROUND);
+    n += PER_ROUND;
+    for (size_t pos = 0; pos < n; pos++)
+      attn[pos] = pos % 8 == 1 ? 4.f : pos + PER_ROUND >= n ? 1.f : (pos % 3 == 0 && round > 6) ? 0.f : 0.3f;
+    ckv_round_result rr;
+    r = ckv_session_report(s, round, 0, attn, n, &rr);
+    cr_assert_eq(r, CKV_OK, "report: %s (%s)", ckv_strerror(r), ckv_client_last_error(c));
+    cr_assert_eq(ckv_session_ack(s, rr.epoch, NULL), CKV_OK);
+  }
+  free(attn);
+  return s;
+}
+
+/* Every decided move of every session done (the views stop changing). */
+static void wait_settled(ckv_client *c) {
+  long long end = ckv_test_now_ms() + DEADLINE_MS;
+  for (;;) {
+    Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
+    Commitkv__V1__ListSessions l = COMMITKV__V1__LIST_SESSIONS__INIT;
+    req.body_case = COMMITKV__V1__REQUEST__BODY_LIST_SESSIONS;
+    req.list_sessions = &l;
+    Commitkv__V1__Response *rep = NULL;
+    cr_assert_eq(ckv_rpc(c, &req, &rep), CKV_OK);
+    uint64_t pending = 0;
+    for (size_t i = 0; i < rep->session_list->n_sessions; i++) pending += rep->session_list->sessions[i]->pending_tokens;
+    ckv_rpc_free(rep);
+    if (!pending) return;
+    cr_assert_lt(ckv_test_now_ms(), end, "moves never finished");
+    usleep(10000);
+  }
+}
+
+/* ---- what a view holds, byte for byte (as test_snapshot compares) ---- */
+
+typedef struct captured_block {
+  uint32_t format, n_valid;
+  uint32_t slots[1024], positions[1024];
+  uint8_t *payload;
+  size_t payload_len;
+} captured_block;
+
+typedef struct capture {
+  uint64_t epoch, n_tokens;
+  captured_block *blocks;
+  size_t n_blocks;
+  uint8_t *format_of; /* per position */
+  size_t per_format[CKV_FORMAT_COUNT_];
+} capture;
+
+static capture capture_view(ckv_client *c, const char *sid) {
+  Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
+  Commitkv__V1__GetView g = COMMITKV__V1__GET_VIEW__INIT;
+  g.session_id = (char *)sid;
+  req.body_case = COMMITKV__V1__REQUEST__BODY_GET_VIEW;
+  req.get_view = &g;
+  Commitkv__V1__Response *rep = NULL;
+  int r = ckv_rpc(c, &req, &rep);
+  cr_assert_eq(r, CKV_OK, "GetView %s: %s (%s)", sid, ckv_strerror(r), ckv_client_last_error(c));
+  const Commitkv__V1__View *v = rep->view;
+  capture cap = {.epoch = v->epoch, .n_tokens = v->n_tokens};
+  size_t total = v->n_draft + v->n_staged + v->n_committed;
+  cap.blocks = calloc(total + 1, sizeof(*cap.blocks));
+  cap.format_of = malloc(v->n_tokens + 1);
+  cr_assert(cap.blocks && cap.format_of);
+  memset(cap.format_of, CKV_FORMAT_COUNT_, v->n_tokens + 1);
+  Commitkv__V1__BlockRef **lists[3] = {v->draft, v->staged, v->committed};
+  size_t counts[3] = {v->n_draft, v->n_staged, v->n_committed};
+  for (int k = 0; k < 3; k++)
+    for (size_t i = 0; i < counts[k]; i++) {
+      const Commitkv__V1__BlockRef *b = lists[k][i];
+      const uint8_t *base = ckv_rpc_arena_ptr(c, b->arena_id, b->offset, b->bytes);
+      cr_assert_not_null(base, "view block outside the mapped arena");
+      cr_assert_eq(ckv_block_check(base, &k_geom), CKV_OK, "block %llu fails its header check",
+                   (unsigned long long)b->block_id);
+      cr_assert_leq(b->capacity, 1024);
+      captured_block *cb = &cap.blocks[cap.n_blocks++];
+      cb->format = b->format;
+      const uint32_t *pos = ckv_block_positions_const(base);
+      for (uint32_t slot = 0; slot < b->capacity; slot++)
+        if (ckv_block_slot_valid(base, slot)) {
+          cr_assert_lt(pos[slot], v->n_tokens);
+          cb->slots[cb->n_valid] = slot;
+          cb->positions[cb->n_valid++] = pos[slot];
+          cap.format_of[pos[slot]] = (uint8_t)b->format;
+        }
+      size_t head = ckv_block_payload_offset(b->capacity);
+      cb->payload_len = b->bytes - head;
+      cb->payload = malloc(cb->payload_len);
+      cr_assert_not_null(cb->payload);
+      memcpy(cb->payload, base + head, cb->payload_len);
+      cap.per_format[b->format]++;
+    }
+  ckv_rpc_free(rep);
+  return cap;
+}
+
+static void capture_free(capture *c) {
+  for (size_t i = 0; i < c->n_blocks; i++) free(c->blocks[i].payload);
+  free(c->blocks);
+  free(c->format_of);
+}
+
+static void expect_same(const capture *a, const capture *b, const char *what) {
+  cr_assert_eq(a->n_tokens, b->n_tokens, "%s: %llu tokens, had %llu", what, (unsigned long long)b->n_tokens,
+               (unsigned long long)a->n_tokens);
+  for (uint64_t p = 0; p < a->n_tokens; p++)
+    cr_assert_eq(a->format_of[p], b->format_of[p], "%s: token %llu in format %u, was %u", what,
+                 (unsigned long long)p, b->format_of[p], a->format_of[p]);
+  size_t matched = 0;
+  for (size_t i = 0; i < a->n_blocks; i++) {
+    const captured_block *x = &a->blocks[i];
+    if (!x->n_valid) continue;
+    const captured_block *y = NULL;
+    for (size_t j = 0; j < b->n_blocks && !y; j++)
+      if (b->blocks[j].format == x->format && b->blocks[j].n_valid == x->n_valid &&
+          memcmp(b->blocks[j].slots, x->slots, x->n_valid * 4) == 0 &&
+          memcmp(b->blocks[j].positions, x->positions, x->n_valid * 4) == 0)
+        y = &b->blocks[j];
+    cr_assert_not_null(y, "%s: no block of format %u holds positions %u.. in the same slots", what, x->format,
+                       x->positions[0]);
+    cr_assert_eq(y->payload_len, x->payload_len);
+    cr_assert_eq(memcmp(y->payload, x->payload, x->payload_len), 0, "%s: block of format %u (positions %u..) differs",
+                 what, x->format, x->positions[0]);
+    matched++;
+  }
+  cr_assert_gt(matched, 0);
+}
+
+static char *list_sessions_tier(ckv_client *c, const char *sid, char *buf, size_t len) {
+  Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
+  Commitkv__V1__ListSessions l = COMMITKV__V1__LIST_SESSIONS__INIT;
+  req.body_case = COMMITKV__V1__REQUEST__BODY_LIST_SESSIONS;
+  req.list_sessions = &l;
+  Commitkv__V1__Response *rep = NULL;
+  cr_assert_eq(ckv_rpc(c, &req, &rep), CKV_OK);
+  snprintf(buf, len, "?");
+  for (size_t i = 0; i < rep->session_list->n_sessions; i++)
+    if (strcmp(rep->session_list->sessions[i]->session_id, sid) == 0)
+      snprintf(buf, len, "%s", rep->session_list->sessions[i]->tier);
+  ckv_rpc_free(rep);
+  return buf;
+}
+
+/* ---- tests ---- */
+
+Test(tiers, idle_session_goes_to_disk_and_back, .timeout = 120) {
+  ckv_test_daemon d;
+  daemon_start(&d, "64M");
+  ckv_client *c = connect_to(&d);
+  ckv_session *a = session_with_rounds(c, "tier-a", "commitkv", 12);
+  ckv_session *b = session_with_rounds(c, "tier-b", "fp16", 3);
+  wait_settled(c);
+  capture before_a = capture_view(c, "tier-a"), before_b = capture_view(c, "tier-b");
+  cr_assert_gt(before_a.per_format[CKV_FORMAT_DRAFT], 0);
+  size_t compressed = 0;
+  for (int f = CKV_FORMAT_STAGED; f < CKV_FORMAT_COUNT_; f++) compressed += before_a.per_format[f];
+  cr_assert_gt(compressed, 0, "the history made no compressed blocks");
+  unsigned long long used = ckv_test_stat(&d, "arenas.0.bytes_used");
+  cr_assert_gt(used, 0);
+  cr_assert_eq(ckv_test_stat(&d, "tiers.1.offloads"), 0);
+
+  /* quiet for disk_idle: both go down, and give their memory back */
+  wait_stat_at_least(&d, "tiers.1.offloads", 2);
+  cr_assert_eq(ckv_test_stat(&d, "arenas.0.bytes_used"), 0, "the offloaded sessions still hold arena bytes");
+  cr_assert_eq(ckv_test_stat(&d, "tenants.0.bytes.total"), 0);
+  cr_assert_eq(ckv_test_stat(&d, "tiers.1.sessions"), 2);
+  cr_assert_eq(ckv_test_stat(&d, "tiers.0.sessions"), 0);
+  unsigned long long on_disk = ckv_test_stat(&d, "tiers.1.bytes");
+  cr_assert_gt(on_disk, 0);
+  cr_assert_eq(on_disk, ckv_test_stat(&d, "tiers.1.offload_bytes"));
+  cr_assert(tier_file_exists(&d, "tier-a") && tier_file_exists(&d, "tier-b"));
+  const char *snaps[] = {"snapshots", NULL};
+  char *listed = ckv_test_ctl(&d, snaps);
+  cr_assert_not_null(listed);
+  cr_assert_null(strstr(listed, "tier-a"), "ListSnapshots shows a tier file: %s", listed);
+  free(listed);
+  char tier[32];
+  cr_assert_str_eq(list_sessions_tier(c, "tier-a", tier, sizeof tier), "disk");
+
+  /* GetView brings tier-a back: a new epoch, the same bytes and states */
+  capture after_a = capture_view(c, "tier-a");
+  cr_assert_gt(after_a.epoch, before_a.epoch, "the epoch did not change (%llu)", (unsigned long long)after_a.epoch);
+  expect_same(&before_a, &after_a, "tier-a after GetView");
+  cr_assert_eq(ckv_test_stat(&d, "tiers.1.restores"), 1);
+  cr_assert_eq(ckv_test_stat(&d, "tiers.1.sessions"), 1);
+
+  /* ReportRound brings tier-b back (fp16: the round moves nothing) */
+  size_t n = ckv_session_tokens(b);
+  float *attn = calloc(n, sizeof(float));
+  ckv_round_result rr;
+  int r = ckv_session_report(b, 4, 0, attn, n, &rr);
+  free(attn);
+  cr_assert_eq(r, CKV_OK, "report on an offloaded session: %s (%s)", ckv_strerror(r), ckv_client_last_error(c));
+  cr_assert_gt(rr.epoch, before_b.epoch, "the report's epoch did not change");
+  capture after_b = capture_view(c, "tier-b");
+  expect_same(&before_b, &after_b, "tier-b after ReportRound");
+
+  /* the counters add up */
+  cr_assert_eq(ckv_test_stat(&d, "tiers.1.restores"), 2);
+  cr_assert_eq(ckv_test_stat(&d, "tiers.1.hits"), 2);
+  cr_assert_eq(ckv_test_stat(&d, "tiers.0.misses"), 2);
+  cr_assert_eq(ckv_test_stat(&d, "tiers.1.restore_bytes"), on_disk);
+  cr_assert_eq(ckv_test_stat(&d, "tiers.1.sessions"), 0);
+  cr_assert_eq(ckv_test_stat(&d, "tiers.1.bytes"), 0);
+  cr_assert_eq(ckv_test_stat(&d, "tiers.0.sessions"), 2);
+  /* the blocks came back (empty fill blocks are not rebuilt: at most as many bytes) */
+  unsigned long long back = ckv_test_stat(&d, "arenas.0.bytes_used");
+  cr_assert(back > 0 && back <= used, "the restored sessions hold %llu bytes, had %llu", back, used);
+  wait_tier_file_gone(&d, "tier-a");
+  wait_tier_file_gone(&d, "tier-b");
+  capture_free(&before_a);
+  capture_free(&before_b);
+  capture_free(&after_a);
+  capture_free(&after_b);
+  ckv_session_close(a);
+  ckv_session_close(b);
+  ckv_client_free(c);
+  cr_assert_eq(ckv_test_daemon_stop(&d), 0);
+}
+
+Test(tiers, request_during_offload_keeps_session, .timeout = 180) {
+  ckv_test_daemon d;
+  daemon_start(&d, "1G");
+  ckv_client *c = connect_to(&d);
+  /* large enough that its write takes a while: 32 layers x 8 heads x 128 dims, 256 tokens (32 MiB) */
+  const ckv_geometry g = {32, 8, 128, 0};
+  ckv_session_options so = {.policy = "fp16"};
+  ckv_session *s = NULL;
+  cr_assert_eq(ckv_session_open(c, "tier-big", &g, &so, &s), CKV_OK, "%s", ckv_client_last_error(c));
+  uint64_t first;
+  cr_assert_eq(ckv_session_append(s, 256, NULL, NULL, NULL, NULL, &first), CKV_OK, "%s", ckv_client_last_error(c));
+  write_tokens(s, &g, 0, 256);
+  float attn[256] = {0};
+  ckv_round_result rr;
+  cr_assert_eq(ckv_session_report(s, 1, 0, attn, 256, &rr), CKV_OK);
+  unsigned long long used = ckv_test_stat(&d, "arenas.0.bytes_used");
+  /* Watch for the write and answer it with a request at once; a try that
+   * came too late is a restore (the session goes quiet and is tried again). */
+  bool cancelled = false;
+  char tier[32];
+  for (int attempt = 0; attempt < 5 && !cancelled; attempt++) {
+    long long end = ckv_test_now_ms() + DEADLINE_MS;
+    while (strcmp(list_sessions_tier(c, "tier-big", tier, sizeof tier), "offloading") != 0) {
+      cr_assert_lt(ckv_test_now_ms(), end, "the session never went to disk (log: %s)", ckv_test_file_tail(d.log, 2000));
+    }
+    const ckv_view *v;
+    cr_assert_eq(ckv_session_view(s, &v), CKV_OK, "%s", ckv_client_last_error(c));
+    cancelled = ckv_test_stat(&d, "tiers.1.cancelled") > 0 || strcmp(list_sessions_tier(c, "tier-big", tier, sizeof tier), "offloading") == 0;
+    if (cancelled) wait_stat_at_least(&d, "tiers.1.cancelled", 1);
+  }
+  cr_assert(cancelled, "no request ever arrived during the write (5 tries)");
+  cr_assert_str_eq(list_sessions_tier(c, "tier-big", tier, sizeof tier), "primary");
+  cr_assert_eq(ckv_test_stat(&d, "arenas.0.bytes_used"), used, "a cancelled offload freed blocks");
+  cr_assert_eq(ckv_test_stat(&d, "tiers.1.bytes"), 0);
+  wait_tier_file_gone(&d, "tier-big");
+  char *log = ckv_test_read_file(d.log);
+  cr_assert(log && strstr(log, "tier-offload-cancelled"), "the log does not say the offload was cancelled");
+  free(log);
+  /* every byte still reads back */
+  const ckv_view *v;
+  cr_assert_eq(ckv_session_view(s, &v), CKV_OK);
+  size_t elems = (size_t)g.n_kv_heads * g.head_dim;
+  for (size_t i = 0; i < v->n_draft; i++) {
+    const ckv_block_view *bv = &v->draft[i];
+    const uint8_t *base = bv->data;
+    const uint32_t *pos = ckv_block_positions_const(base);
+    for (uint32_t slot = 0; slot < bv->capacity; slot++) {
+      if (!ckv_block_slot_valid(base, slot)) continue;
+      const uint16_t *k = (const uint16_t *)(base + ckv_draft_kv_offset(&g, bv->capacity, 5, 0, slot));
+      for (size_t e = 0; e < elems; e++)
+        cr_assert_eq(k[e], ckv_f32_to_f16(ckv_test_kv_value(pos[slot], 5, 0, (uint32_t)e)));
+    }
+  }
+  ckv_session_close(s);
+  ckv_client_free(c);
+  cr_assert_eq(ckv_test_daemon_stop(&d), 0);
+}
+
+Test(tiers, disk_memory_too_small_stays_resident, .timeout = 60) {
+  ckv_test_daemon d;
+  daemon_start(&d, "4K");
+  ckv_client *c = connect_to(&d);
+  ckv_session *s = session_with_rounds(c, "tier-small", "commitkv", 4);
+  unsigned long long used = ckv_test_stat(&d, "arenas.0.bytes_used");
+  wait_stat_at_least(&d, "tiers.1.refused", 1);
+  usleep(500000);
+  cr_assert_eq(ckv_test_stat(&d, "tiers.1.offloads"), 0);
+  cr_assert_eq(ckv_test_stat(&d, "arenas.0.bytes_used"), used);
+  cr_assert(!tier_file_exists(&d, "tier-small"));
+  char *log = ckv_test_read_file(d.log);
+  cr_assert(log && strstr(log, "disk tier is full") && strstr(log, "it stays in memory"),
+            "the log does not say why: %s", ckv_test_file_tail(d.log, 2000));
+  free(log);
+  capture v = capture_view(c, "tier-small"); /* still served at once */
+  capture_free(&v);
+  ckv_session_close(s);
+  ckv_client_free(c);
+  cr_assert_eq(ckv_test_daemon_stop(&d), 0);
+}
+
+Test(tiers, kill9_with_session_on_disk_resumes, .timeout = 120) {
+  ckv_test_daemon d;
+  daemon_start(&d, "64M");
+  ckv_client *c = connect_to(&d);
+  ckv_session *s = session_with_rounds(c, "tier-k", "commitkv", 10);
+  wait_settled(c);
+  capture before = capture_view(c, "tier-k");
+  ckv_session_close(s); /* detached: it goes down all the same */
+  wait_stat_at_least(&d, "tiers.1.offloads", 1);
+  cr_assert(tier_file_exists(&d, "tier-k"));
+  ckv_client_free(c);
+  cr_assert_eq(kill(d.pid, SIGKILL), 0);
+  cr_assert_eq(ckv_test_wait(d.pid, DEADLINE_MS), 128 + SIGKILL);
+  /* a new daemon on the same state directory */
+  char log2[280];
+  snprintf(log2, sizeof log2, "%s/commitkvd-2.log", d.dir);
+  const char *argv[] = {"commitkvd", "--socket", d.socket, "--attach-socket", d.attach, "--state-dir", d.dir,
+                        "--set", "daemon.metrics=", "--backend", "host", "--set", "daemon.disk_idle=1s",
+                        "--set", "daemon.disk_memory=64M", NULL};
+  snprintf(d.log, sizeof d.log, "%.280s", log2);
+  d.pid = ckv_test_spawn(argv, d.log);
+  long long end = ckv_test_now_ms() + DEADLINE_MS;
+  while (!ckv_test_attach_accepts(d.attach)) {
+    cr_assert(ckv_test_daemon_alive(&d), "the new commitkvd died (log %s)", d.log);
+    cr_assert_lt(ckv_test_now_ms(), end);
+    usleep(10000);
+  }
+  c = connect_to(&d);
+  cr_assert_gt(ckv_test_stat(&d, "tiers.1.bytes"), 0, "the new daemon does not count the tier file");
+  char *log = ckv_test_read_file(d.log);
+  cr_assert(log && strstr(log, "tier-found"), "the new daemon does not say it found the tier file");
+  free(log);
+  ckv_session_options so = {.policy = "commitkv", .resume = true};
+  ckv_session *s2 = NULL;
+  int r = ckv_session_open(c, "tier-k", &k_geom, &so, &s2);
+  cr_assert_eq(r, CKV_OK, "resume after kill -9: %s (%s)", ckv_strerror(r), ckv_client_last_error(c));
+  capture after = capture_view(c, "tier-k");
+  expect_same(&before, &after, "tier-k resumed after kill -9");
+  wait_tier_file_gone(&d, "tier-k");
+  cr_assert_eq(ckv_test_stat(&d, "tiers.1.bytes"), 0);
+  capture_free(&before);
+  capture_free(&after);
+  ckv_session_close(s2);
+  ckv_client_free(c);
+  cr_assert_eq(ckv_test_daemon_stop(&d), 0);
+}
+
+Test(tiers, reference_worker_rides_through_offload, .timeout = 120) {
+  ckv_test_daemon d;
+  daemon_start(&d, "64M");
+  char out[400];
+  snprintf(out, sizeof out, "%s/worker.out", d.dir);
+  const char *argv[] = {"commitkv-worker", "--socket", d.socket, "--attach-socket", d.attach, "--sessions", "2", "--rounds", "6", "--tokens", "16",
+                        "--pause-ms", "3000", "--quiet", NULL};
+  pid_t w = ckv_test_spawn(argv, out);
+  int st = ckv_test_wait(w, 60000);
+  cr_assert_eq(st, 0, "the worker failed (%d): %s", st, ckv_test_file_tail(out, 2000));
+  cr_assert_geq(ckv_test_stat(&d, "tiers.1.offloads"), 1, "nothing went to disk during the pause");
+  cr_assert_geq(ckv_test_stat(&d, "tiers.1.restores"), 1);
+  cr_assert_eq(ckv_test_stat(&d, "tiers.1.errors"), 0);
+  cr_assert_eq(ckv_test_daemon_stop(&d), 0);
+}
