@@ -196,14 +196,15 @@ static int cmd_sessions(ckv_client *c) {
   Commitkv__V1__Response *rep;
   if (request(c, &req, &rep, "sessions")) return 1;
   const Commitkv__V1__SessionList *l = rep->session_list;
-  printf("%-24s %-10s %-9s %-8s %8s %8s %8s %8s %12s %7s\n", "session", "tenant", "policy", "attached", "draft",
-         "staged", "commit", "recycled", "bytes", "vs_fp16");
+  printf("%-24s %-10s %-9s %-8s %8s %8s %8s %8s %12s %7s %s\n", "session", "tenant", "policy", "attached", "draft",
+         "staged", "commit", "recycled", "bytes", "vs_fp16", "tier");
   for (size_t i = 0; i < l->n_sessions; i++) {
     const Commitkv__V1__SessionInfo *s = l->sessions[i];
     double ratio = s->bytes->fp16_equivalent ? (double)s->bytes->total / (double)s->bytes->fp16_equivalent : 0.0;
-    printf("%-24s %-10s %-9s %-8s %8" PRIu64 " %8" PRIu64 " %8" PRIu64 " %8" PRIu64 " %12" PRIu64 " %7.3f\n",
+    printf("%-24s %-10s %-9s %-8s %8" PRIu64 " %8" PRIu64 " %8" PRIu64 " %8" PRIu64 " %12" PRIu64 " %7.3f %s\n",
            s->session_id, s->tenant, s->policy, s->attached ? "yes" : "no", s->tokens->draft, s->tokens->staged,
-           s->tokens->committed, s->tokens->recycled, s->bytes->total, ratio);
+           s->tokens->committed, s->tokens->recycled, s->bytes->total, ratio,
+           s->tier && *s->tier ? s->tier : "primary");
   }
   ckv_rpc_free(rep);
   return 0;
