@@ -549,7 +549,11 @@ int ckv_bench_tiers(int argc, char **argv) {
     fprintf(stderr, "commitkv-bench tiers: --tokens 1..4194304, --flops > 0, --prefill-tokens 1..100000\n");
     return 2;
   }
-  char daemon_path[4096], dir[] = "/tmp/ckv-bench-tiers-XXXXXX";
+  /* Under $TMPDIR (default /tmp): the state directory and the baseline's file
+   * lie on that filesystem. */
+  const char *tmp = getenv("TMPDIR");
+  char daemon_path[4096], dir[256];
+  snprintf(dir, sizeof dir, "%.200s/ckv-bench-tiers-XXXXXX", tmp && *tmp ? tmp : "/tmp");
   if (ckv_bench_find_daemon(daemon_arg, daemon_path, sizeof(daemon_path)) < 0 || !mkdtemp(dir)) {
     fprintf(stderr, "commitkv-bench tiers: no commitkvd or no temporary directory\n");
     return 1;
