@@ -11,5 +11,6 @@ int ckv_bench_quality(int argc, char **argv);
 int ckv_bench_epoch(int argc, char **argv);
 int ckv_bench_formats(int argc, char **argv);
 int ckv_bench_soak(int argc, char **argv);
+int ckv_bench_tiers(int argc, char **argv);
 
 #endif

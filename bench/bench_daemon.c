@@ -102,9 +102,15 @@ int ckv_bench_daemon_start(ckv_bench_daemon *d, const char *path, const char *di
       dup2(log, 2);
     }
     unsetenv("JOURNAL_STREAM"); /* log into the file, not the journal */
-    char *argv[] = {(char *)path, "--backend", (char *)(d->backend ? d->backend : "host"),  "--socket",    d->socket,          "--attach-socket",
+    char *argv[32] = {(char *)path, "--backend", (char *)(d->backend ? d->backend : "host"),  "--socket",    d->socket,          "--attach-socket",
                     d->attach,    "--memory",  (char *)memory, "--state-dir", state, "--set", "daemon.metrics=",
                     NULL};
+    int argc = 13;
+    for (size_t i = 0; i < sizeof d->sets / sizeof d->sets[0] && d->sets[i]; i++) {
+      argv[argc++] = "--set";
+      argv[argc++] = (char *)d->sets[i];
+    }
+    argv[argc] = NULL;
     execv(path, argv);
     fprintf(stderr, "exec %s: %s\n", path, strerror(errno));
     _exit(127);
