@@ -22,8 +22,8 @@ typedef struct worker {
   struct ckv_compressor *c;
   ckv_job *head, *tail; /* waiting jobs */
   bool running_job;
-  pthread_cond_t wake;          /* a job arrived or stop */
-  pthread_cond_t idle;          /* this worker finished a job */
+  pthread_cond_t wake;  /* a job arrived or stop */
+  pthread_cond_t idle;  /* this worker finished a job */
   uint64_t submitted, finished; /* per-worker counters for drain_lane */
 } worker;
 
@@ -44,8 +44,7 @@ static uint64_t now_ns(void) {
 }
 
 ckv_job *ckv_job_free(ckv_job *j) {
-  if (!j)
-    return NULL;
+  if (!j) return NULL;
   free(j->moves);
   free(j->headers);
   free(j->user);
@@ -54,21 +53,20 @@ ckv_job *ckv_job_free(ckv_job *j) {
 }
 
 /* CKV_TEST_COMPRESS_HOLD=PATH (tests only; read once, at
- * ckv_compressor_new): while the file PATH exists, a job stops half-way
- * through its moves (the first half written into their destination blocks)
- * and creates PATH.held to say so, so a test can kill the daemon in the
- * middle of a compression (tests/integration/test_kill_compress.c).  It waits
- * at most 60 s.  Unset: no effect. */
+ * ckv_compressor_new; documented in docs/snapshot.md): while the file PATH
+ * exists, a job stops half-way through its moves (the first half written
+ * into their destination blocks) and creates PATH.held to say so, so a test
+ * can kill the daemon in the middle of a compression
+ * (tests/integration/test_snapshot.c).  It waits at most 60 s.  Unset: no
+ * effect. */
 static char hold_path[512];
 
 static void test_hold(void) {
-  if (!hold_path[0] || access(hold_path, F_OK) != 0)
-    return;
+  if (!hold_path[0] || access(hold_path, F_OK) != 0) return;
   char held[600];
   snprintf(held, sizeof held, "%s.held", hold_path);
   int fd = open(held, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
-  if (fd >= 0)
-    close(fd);
+  if (fd >= 0) close(fd);
   for (int i = 0; i < 6000 && access(hold_path, F_OK) == 0; i++) {
     struct timespec ts = {0, 10 * 1000000L};
     nanosleep(&ts, NULL);
@@ -80,8 +78,7 @@ static void run_job(ckv_job *j) {
   size_t half = hold_path[0] ? j->n_moves / 2 : 0;
   j->status = half ? mem->run(&j->geom, j->moves, half, j->copy) : CKV_OK;
   test_hold();
-  if (j->status == CKV_OK)
-    j->status = mem->run(&j->geom, j->moves + half, j->n_moves - half, j->copy);
+  if (j->status == CKV_OK) j->status = mem->run(&j->geom, j->moves + half, j->n_moves - half, j->copy);
   j->done_ns = now_ns();
 }
 
@@ -105,14 +102,11 @@ static void *worker_main(void *arg) {
   ckv_compressor *c = w->c;
   pthread_mutex_lock(&c->lock);
   for (;;) {
-    while (!w->head && !c->stop)
-      pthread_cond_wait(&w->wake, &c->lock);
-    if (!w->head && c->stop)
-      break;
+    while (!w->head && !c->stop) pthread_cond_wait(&w->wake, &c->lock);
+    if (!w->head && c->stop) break;
     ckv_job *j = w->head;
     w->head = j->next;
-    if (!w->head)
-      w->tail = NULL;
+    if (!w->head) w->tail = NULL;
     w->running_job = true;
     pthread_mutex_unlock(&c->lock);
     uint64_t t0 = now_ns();
@@ -132,8 +126,7 @@ int ckv_compressor_new(unsigned threads, unsigned depth, ckv_compressor **ret) {
   const char *hold = getenv("CKV_TEST_COMPRESS_HOLD");
   snprintf(hold_path, sizeof hold_path, "%s", hold ? hold : "");
   ckv_compressor *c = calloc(1, sizeof(*c));
-  if (!c)
-    return -ENOMEM;
+  if (!c) return -ENOMEM;
   pthread_mutex_init(&c->lock, NULL);
   c->depth = depth ? depth : 1;
   c->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -167,12 +160,10 @@ int ckv_compressor_new(unsigned threads, unsigned depth, ckv_compressor **ret) {
 }
 
 ckv_compressor *ckv_compressor_free(ckv_compressor *c) {
-  if (!c)
-    return NULL;
+  if (!c) return NULL;
   pthread_mutex_lock(&c->lock);
   c->stop = true;
-  for (unsigned i = 0; i < c->n_threads; i++)
-    pthread_cond_signal(&c->w[i].wake);
+  for (unsigned i = 0; i < c->n_threads; i++) pthread_cond_signal(&c->w[i].wake);
   pthread_mutex_unlock(&c->lock);
   for (unsigned i = 0; i < c->n_threads; i++) {
     pthread_join(c->w[i].thread, NULL);
@@ -234,20 +225,17 @@ ckv_job *ckv_compressor_collect(ckv_compressor *c) {
 }
 
 void ckv_compressor_drain_lane(ckv_compressor *c, uint64_t lane) {
-  if (!c->n_threads)
-    return;
+  if (!c->n_threads) return;
   pthread_mutex_lock(&c->lock);
   worker *w = &c->w[lane % c->n_threads];
   uint64_t target = w->submitted;
-  while (w->finished < target)
-    pthread_cond_wait(&w->idle, &c->lock);
+  while (w->finished < target) pthread_cond_wait(&w->idle, &c->lock);
   pthread_mutex_unlock(&c->lock);
 }
 
 unsigned ckv_compressor_room(ckv_compressor *c) {
   pthread_mutex_lock(&c->lock);
-  unsigned room =
-      c->st.queued >= c->depth ? 0 : c->depth - (unsigned)c->st.queued;
+  unsigned room = c->st.queued >= c->depth ? 0 : c->depth - (unsigned)c->st.queued;
   pthread_mutex_unlock(&c->lock);
   return room;
 }
