@@ -4,8 +4,10 @@
 #include "daemon/compressor.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -50,9 +52,33 @@ ckv_job *ckv_job_free(ckv_job *j) {
   return NULL;
 }
 
+/* CKV_TEST_COMPRESS_HOLD=PATH (tests only; read once, at
+ * ckv_compressor_new; documented in docs/snapshot.md): while the file PATH
+ * exists, a job stops half-way through its moves (the first half written
+ * into their destination blocks) and creates PATH.held to say so, so a test
+ * can kill the daemon in the middle of a compression
+ * (tests/integration/test_snapshot.c).  It waits at most 60 s.  Unset: no
+ * effect. */
+static char hold_path[512];
+
+static void test_hold(void) {
+  if (!hold_path[0] || access(hold_path, F_OK) != 0) return;
+  char held[600];
+  snprintf(held, sizeof held, "%s.held", hold_path);
+  int fd = open(held, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+  if (fd >= 0) close(fd);
+  for (int i = 0; i < 6000 && access(hold_path, F_OK) == 0; i++) {
+    struct timespec ts = {0, 10 * 1000000L};
+    nanosleep(&ts, NULL);
+  }
+}
+
 static void run_job(ckv_job *j) {
   const ckv_blockmem *mem = j->mem ? j->mem : &ckv_blockmem_host;
-  j->status = mem->run(&j->geom, j->moves, j->n_moves, j->copy);
+  size_t half = hold_path[0] ? j->n_moves / 2 : 0;
+  j->status = half ? mem->run(&j->geom, j->moves, half, j->copy) : CKV_OK;
+  test_hold();
+  if (j->status == CKV_OK) j->status = mem->run(&j->geom, j->moves + half, j->n_moves - half, j->copy);
   j->done_ns = now_ns();
 }
 
@@ -97,6 +123,8 @@ static void *worker_main(void *arg) {
 }
 
 int ckv_compressor_new(unsigned threads, unsigned depth, ckv_compressor **ret) {
+  const char *hold = getenv("CKV_TEST_COMPRESS_HOLD");
+  snprintf(hold_path, sizeof hold_path, "%s", hold ? hold : "");
   ckv_compressor *c = calloc(1, sizeof(*c));
   if (!c) return -ENOMEM;
   pthread_mutex_init(&c->lock, NULL);

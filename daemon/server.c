@@ -586,6 +586,10 @@ static int serve_one(ckv_server *s) {
   bool deferred = false;
   if (!c) {
     rep.code = CKV_ERR_AUTH;
+    /* The refusal names the request it answers, as every reply does: a
+     * client that pipelines (or a replayed request) must tell which one was
+     * refused.  Peeked, not decoded: nothing of an unknown peer is unpacked. */
+    if (payload) rep.request_id = ckv_wire_peek_request_id(zmq_msg_data(payload), zmq_msg_size(payload));
     snprintf(msg, sizeof(msg), "unknown client: attach over %s first and use the attach key as routing id",
              s->opt.attach_socket);
     rep.message = msg;

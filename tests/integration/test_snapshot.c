@@ -18,7 +18,11 @@
  *   on resume of a snapshot-only id and on resume of a live session.
  * - kill9_during_save_keeps_previous: SIGKILL while a large save is writing
  *   its temporary file: the previous snapshot of that name still restores,
- *   and the next daemon removes the temporary file and says so. */
+ *   and the next daemon removes the temporary file and says so.
+ * - kill9_mid_compression_keeps_snapshot (issue 16): SIGKILL while a
+ *   compression job is half-way through its moves and a save of the same
+ *   session waits for it: the earlier snapshot is intact byte for byte, it
+ *   restores as saved, and the client re-attaches by itself. */
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <errno.h>
@@ -630,4 +634,106 @@ Test(snapshot, kill9_during_save_keeps_previous, .timeout = 180) {
   ckv_session_drop(s);
   ckv_client_free(c);
   cr_expect_eq(ckv_test_daemon_stop(&d), 0);
+}
+
+/* ---- issue 16: kill -9 in the middle of a compression ---- */
+
+static bool file_exists(const char *path) { return access(path, F_OK) == 0; }
+
+/* kill9_mid_compression_keeps_snapshot: session "kept" is saved after 12
+ * rounds; round 13's moves are then held half-way (CKV_TEST_COMPRESS_HOLD,
+ * a test-only hook in compressor.c: the first half of a job's moves written,
+ * the rest waiting) and a second save of "kept" is asked for, which waits for
+ * those moves; the daemon is killed with SIGKILL there.  A new daemon on the
+ * same state directory: the snapshot file is the first save's, byte for
+ * byte, with no temporary file beside it; it restores with every block's
+ * payload as saved and the saved round counter (round 13 never happened);
+ * the client, whose heartbeat thread runs, re-attached by itself. */
+Test(snapshot, kill9_mid_compression_keeps_snapshot, .timeout = 120) {
+  char *holddir = ckv_test_tmpdir("ckv-test-hold");
+  char hold[400], held[420];
+  snprintf(hold, sizeof hold, "%s/hold", holddir);
+  snprintf(held, sizeof held, "%s.held", hold);
+  setenv("CKV_TEST_COMPRESS_HOLD", hold, 1); /* the first daemon only (a forked test) */
+  ckv_test_daemon d;
+  daemon_start(&d);
+  unsetenv("CKV_TEST_COMPRESS_HOLD");
+  ckv_client_options o = {.socket = d.socket, .attach_socket = d.attach, .name = "test_snapshot-hb",
+                          .timeout_ms = 3000, .heartbeat = true};
+  ckv_client *c = NULL;
+  int r = ckv_client_connect(&o, &c);
+  cr_assert_eq(r, CKV_OK, "connect: %s (%s)", ckv_strerror(r), ckv_client_connect_error());
+  ckv_session *s = session_with_rounds(c, "kept", 1, 12, "m", "r");
+  cr_assert_eq(ckv_session_save(s, NULL, false, NULL), CKV_OK, "save: %s", ckv_client_last_error(c));
+  capture before = capture_view(c, "kept");
+  char dir[400], file[480];
+  snprintf(dir, sizeof dir, "%s/snapshots/%s", d.dir, ckv_client_tenant(c));
+  snprintf(file, sizeof file, "%s/kept.ckvsnap", dir);
+  size_t saved_len;
+  uint8_t *saved = slurp(file, &saved_len);
+
+  /* round 13, its moves held half-way */
+  FILE *f = fopen(hold, "w");
+  cr_assert_not_null(f);
+  fclose(f);
+  size_t n = before.n_tokens;
+  cr_assert_eq(ckv_session_append(s, PER_ROUND, NULL, NULL, NULL, NULL, NULL), CKV_OK, "%s", ckv_client_last_error(c));
+  float *attn = calloc(n + PER_ROUND, sizeof(float));
+  cr_assert_not_null(attn);
+  ckv_round_result rr;
+  cr_assert_eq(ckv_session_report(s, 13, 0, attn, n + PER_ROUND, &rr), CKV_OK, "%s", ckv_client_last_error(c));
+  free(attn);
+  cr_assert_gt(rr.pending, 0, "round 13 moved nothing: no compression to interrupt");
+  long long end = ckv_test_now_ms() + DEADLINE_MS;
+  while (!file_exists(held)) {
+    cr_assert_lt(ckv_test_now_ms(), end, "no compression job reached the hold");
+    usleep(1000);
+  }
+  /* the second save waits for the held moves (a save settles them first) */
+  save_job j = {.s = s};
+  pthread_t th;
+  cr_assert_eq(pthread_create(&th, NULL, save_thread, &j), 0);
+  usleep(300000); /* the request reaches the daemon, which waits for the moves */
+  uint64_t gen = ckv_rpc_generation(c);
+  daemon_kill9(&d);
+  pthread_join(th, NULL);
+  cr_assert_neq(j.status, CKV_OK, "the save finished while the moves were held");
+  unlink(hold);
+  unlink(held);
+  char log2[400];
+  snprintf(log2, sizeof log2, "%s/commitkvd-2.log", d.dir);
+  daemon_restart(&d, log2);
+
+  /* the heartbeat thread re-attaches by itself */
+  end = ckv_test_now_ms() + DEADLINE_MS;
+  while (ckv_rpc_generation(c) == gen || ckv_client_restarted(c)) {
+    cr_assert_lt(ckv_test_now_ms(), end, "the client did not re-attach by itself (restarted=%d: %s)",
+                 ckv_client_restarted(c), ckv_client_last_error(c));
+    usleep(20000);
+  }
+  cr_assert_eq(ckv_session_close(s), CKV_ERR_DAEMON_RESTARTED);
+
+  /* nothing half-written: the first save's file, byte for byte, alone */
+  size_t now_len;
+  uint8_t *now = slurp(file, &now_len);
+  cr_assert(now_len == saved_len && memcmp(now, saved, now_len) == 0,
+            "the snapshot changed (%zu bytes, saved %zu) across the kill mid-compression", now_len, saved_len);
+  free(now);
+  free(saved);
+  cr_assert_not(temp_exists(dir), "a temporary file is left in %s", dir);
+  ckv_session_options mo = {.model_id = "m", .model_revision = "r"};
+  r = ckv_session_restore(c, "kept", NULL, &mo, &s);
+  cr_assert_eq(r, CKV_OK, "restore: %s (%s); log %s", ckv_strerror(r), ckv_client_last_error(c), log2);
+  capture after = capture_view(c, "kept");
+  expect_same(&before, &after, "kept");
+  attn = calloc(before.n_tokens, sizeof(float));
+  cr_assert_eq(ckv_session_report(s, 12, 0, attn, before.n_tokens, &rr), CKV_ERR_INVALID, "round 12 accepted again");
+  cr_assert_eq(ckv_session_report(s, 13, 0, attn, before.n_tokens, &rr), CKV_OK, "%s", ckv_client_last_error(c));
+  free(attn);
+  capture_free(&before);
+  capture_free(&after);
+  ckv_session_drop(s);
+  ckv_client_free(c);
+  cr_expect_eq(ckv_test_daemon_stop(&d), 0);
+  ckv_test_rmdir(holddir);
 }
