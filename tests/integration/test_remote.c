@@ -46,6 +46,7 @@
 #include "kernels/quant.h"
 #include "testcheck.h"
 #include "testutil.h"
+#include "viewcapture.h"
 
 /* Keys carry the snapshot format version (daemon/snapshot.h CKV_SNAP_VERSION). */
 #define KEY_PREFIX "ckv:v2"
@@ -259,102 +260,6 @@ static workload open_workload(ckv_client *c, const char *id, uint32_t rounds) {
   return w;
 }
 
-/* What a view holds: per block its format, (slot, position) pairs and payload. */
-typedef struct captured_block {
-  uint32_t format, n_valid;
-  uint32_t slots[1024], positions[1024];
-  uint8_t *payload;
-  size_t payload_len;
-} captured_block;
-
-typedef struct capture {
-  uint64_t n_tokens;
-  captured_block *blocks;
-  size_t n_blocks;
-  uint8_t *format_of;
-  size_t per_format[CKV_FORMAT_COUNT_];
-} capture;
-
-static capture capture_view(ckv_client *c, const char *sid) {
-  Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
-  Commitkv__V1__GetView g = COMMITKV__V1__GET_VIEW__INIT;
-  g.session_id = (char *)sid;
-  req.body_case = COMMITKV__V1__REQUEST__BODY_GET_VIEW;
-  req.get_view = &g;
-  Commitkv__V1__Response *rep = NULL;
-  int r = ckv_rpc(c, &req, &rep);
-  cr_assert_eq(r, CKV_OK, "GetView %s: %s (%s)", sid, ckv_strerror(r), ckv_client_last_error(c));
-  const Commitkv__V1__View *v = rep->view;
-  capture cap = {.n_tokens = v->n_tokens};
-  size_t total = v->n_draft + v->n_staged + v->n_committed;
-  cap.blocks = calloc(total + 1, sizeof(*cap.blocks));
-  cap.format_of = malloc(v->n_tokens + 1);
-  cr_assert(cap.blocks && cap.format_of);
-  memset(cap.format_of, CKV_FORMAT_COUNT_, v->n_tokens + 1);
-  Commitkv__V1__BlockRef **lists[3] = {v->draft, v->staged, v->committed};
-  size_t counts[3] = {v->n_draft, v->n_staged, v->n_committed};
-  for (int k = 0; k < 3; k++)
-    for (size_t i = 0; i < counts[k]; i++) {
-      const Commitkv__V1__BlockRef *b = lists[k][i];
-      const uint8_t *base = ckv_rpc_arena_ptr(c, b->arena_id, b->offset, b->bytes);
-      cr_assert_not_null(base, "view block outside the mapped arena");
-      cr_assert_eq(ckv_block_check(base, &k_geom), CKV_OK);
-      cr_assert_leq(b->capacity, 1024);
-      captured_block *cb = &cap.blocks[cap.n_blocks++];
-      cb->format = b->format;
-      const uint32_t *pos = ckv_block_positions_const(base);
-      for (uint32_t slot = 0; slot < b->capacity; slot++)
-        if (ckv_block_slot_valid(base, slot)) {
-          cr_assert_lt(pos[slot], v->n_tokens);
-          cb->slots[cb->n_valid] = slot;
-          cb->positions[cb->n_valid++] = pos[slot];
-          cap.format_of[pos[slot]] = (uint8_t)b->format;
-        }
-      size_t head = ckv_block_payload_offset(b->capacity);
-      cb->payload_len = b->bytes - head;
-      cb->payload = malloc(cb->payload_len);
-      memcpy(cb->payload, base + head, cb->payload_len);
-      cap.per_format[b->format]++;
-    }
-  ckv_rpc_free(rep);
-  return cap;
-}
-
-static void capture_free(capture *c) {
-  for (size_t i = 0; i < c->n_blocks; i++) free(c->blocks[i].payload);
-  free(c->blocks);
-  free(c->format_of);
-}
-
-/* b holds the same blocks as a (matched by format and valid (slot, position)
- * pairs: block ids differ between daemons), byte for byte, and every token
- * in the same format. */
-static void expect_same(const capture *a, const capture *b, const char *what) {
-  cr_assert_eq(a->n_tokens, b->n_tokens, "%s: %llu tokens, saved %llu", what, (unsigned long long)b->n_tokens,
-               (unsigned long long)a->n_tokens);
-  for (uint64_t p = 0; p < a->n_tokens; p++)
-    cr_assert_eq(a->format_of[p], b->format_of[p], "%s: token %llu in format %u, saved in %u", what,
-                 (unsigned long long)p, b->format_of[p], a->format_of[p]);
-  size_t matched = 0;
-  for (size_t i = 0; i < a->n_blocks; i++) {
-    const captured_block *x = &a->blocks[i];
-    if (!x->n_valid) continue;
-    const captured_block *y = NULL;
-    for (size_t j = 0; j < b->n_blocks && !y; j++)
-      if (b->blocks[j].format == x->format && b->blocks[j].n_valid == x->n_valid &&
-          memcmp(b->blocks[j].slots, x->slots, x->n_valid * 4) == 0 &&
-          memcmp(b->blocks[j].positions, x->positions, x->n_valid * 4) == 0)
-        y = &b->blocks[j];
-    cr_assert_not_null(y, "%s: no block of format %u holds positions %u.. in the same slots", what, x->format,
-                       x->positions[0]);
-    cr_assert_eq(y->payload_len, x->payload_len);
-    cr_assert_eq(memcmp(y->payload, x->payload, x->payload_len), 0, "%s: block of format %u (positions %u..) differs",
-                 what, x->format, x->positions[0]);
-    matched++;
-  }
-  cr_assert_gt(matched, 0);
-}
-
 static int restore_raw(ckv_client *c, const char *id, char *msg, size_t len) {
   Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
   Commitkv__V1__RestoreSession rs = COMMITKV__V1__RESTORE_SESSION__INIT;
@@ -402,7 +307,7 @@ Test(remote, saved_on_one_resumes_on_other, .timeout = 120) {
   uint64_t bytes = 0;
   cr_assert_eq(ckv_session_save(a.s, NULL, false, &bytes), CKV_OK, "save: %s", ckv_client_last_error(c1));
   cr_assert_eq(ckv_session_save(b.s, NULL, false, NULL), CKV_OK, "save: %s", ckv_client_last_error(c1));
-  capture before_a = capture_view(c1, "fleet-1"), before_b = capture_view(c1, "fleet:2");
+  ckv_capture before_a = ckv_test_capture_view(c1, "fleet-1", &k_geom), before_b = ckv_test_capture_view(c1, "fleet:2", &k_geom);
   cr_assert_gt(before_a.per_format[CKV_FORMAT_DRAFT], 0, "no draft block");
   cr_assert_gt(before_a.per_format[CKV_FORMAT_STAGED] + before_b.per_format[CKV_FORMAT_STAGED], 0, "no staged block");
   cr_assert_gt(before_a.per_format[CKV_FORMAT_ROT4], 0, "no committed (ROT4) block");
@@ -434,9 +339,9 @@ Test(remote, saved_on_one_resumes_on_other, .timeout = 120) {
   r = ckv_session_restore(c2, "fleet:2", NULL, &mo, &b2);
   cr_assert_eq(r, CKV_OK, "restore on daemon 2: %s (%s)", ckv_strerror(r), ckv_client_last_error(c2));
   cr_assert_null(read_local(&d2, "fleet-1", &local_len), "daemon 2 had a local snapshot: the store was not used");
-  capture after_a = capture_view(c2, "fleet-1"), after_b = capture_view(c2, "fleet:2");
-  expect_same(&before_a, &after_a, "fleet-1 on daemon 2");
-  expect_same(&before_b, &after_b, "fleet:2 on daemon 2");
+  ckv_capture after_a = ckv_test_capture_view(c2, "fleet-1", &k_geom), after_b = ckv_test_capture_view(c2, "fleet:2", &k_geom);
+  ckv_test_expect_same_view(&before_a, &after_a, "fleet-1 on daemon 2");
+  ckv_test_expect_same_view(&before_b, &after_b, "fleet:2 on daemon 2");
   const char *states[4] = {"tokens.draft", "tokens.staged", "tokens.committed", "tokens.recycled"};
   for (int i = 0; i < 4; i++)
     cr_assert_eq(ckv_test_stat(&d2, states[i]), ckv_test_stat(&d1, states[i]), "%s differs between the daemons",
@@ -457,10 +362,10 @@ Test(remote, saved_on_one_resumes_on_other, .timeout = 120) {
   cr_assert_eq(ckv_session_open(c2, "nobody", NULL, &ro, &none), CKV_ERR_NOT_FOUND);
   cr_assert_eq(ckv_test_stat(&d2, "remote.misses"), 1);
 
-  capture_free(&before_a);
-  capture_free(&before_b);
-  capture_free(&after_a);
-  capture_free(&after_b);
+  ckv_test_capture_free(&before_a);
+  ckv_test_capture_free(&before_b);
+  ckv_test_capture_free(&after_a);
+  ckv_test_capture_free(&after_b);
   ckv_session_drop(a.s);
   ckv_session_drop(b.s);
   ckv_session_drop(a2);
@@ -532,7 +437,7 @@ Test(remote, store_gone_mid_save, .timeout = 120) {
   store_cmd(&st, "CLIENT UNPAUSE");
   cr_assert_eq(r, -EIO, "save with the store paused answered %s (%s)", ckv_status_name(r), msg);
   cr_assert(strstr(msg, st.url) && strstr(msg, "saved locally") && strstr(msg, "intact"), "the text: %s", msg);
-  capture saved = capture_view(c, "g-1");
+  ckv_capture saved = ckv_test_capture_view(c, "g-1", &k_geom);
   /* the store still holds the first save whole, the local file the second */
   size_t now_len, local_len;
   uint8_t *now = store_get(&st, key, &now_len);
@@ -545,9 +450,9 @@ Test(remote, store_gone_mid_save, .timeout = 120) {
   cr_assert_eq(ckv_session_drop(w.s), CKV_OK);
   r = restore_raw(c, "g-1", msg, sizeof msg);
   cr_assert_eq(r, CKV_OK, "restore after the failed push: %s (%s)", ckv_status_name(r), msg);
-  capture back = capture_view(c, "g-1");
-  expect_same(&saved, &back, "g-1 restored after the failed push");
-  capture_free(&back);
+  ckv_capture back = ckv_test_capture_view(c, "g-1", &k_geom);
+  ckv_test_expect_same_view(&saved, &back, "g-1 restored after the failed push");
+  ckv_test_capture_free(&back);
 
   /* the store dies: the save says so, the local snapshot is written */
   ckv_session_options ro = {.resume = true, .model_id = MODEL, .model_revision = REV};
@@ -561,9 +466,9 @@ Test(remote, store_gone_mid_save, .timeout = 120) {
   cr_assert_eq(ckv_session_drop(w.s), CKV_OK);
   r = restore_raw(c, "g-1", msg, sizeof msg);
   cr_assert_eq(r, CKV_OK, "restore with the store dead: %s (%s)", ckv_status_name(r), msg);
-  back = capture_view(c, "g-1");
-  expect_same(&saved, &back, "g-1 restored with the store dead");
-  capture_free(&back);
+  back = ckv_test_capture_view(c, "g-1", &k_geom);
+  ckv_test_expect_same_view(&saved, &back, "g-1 restored with the store dead");
+  ckv_test_capture_free(&back);
   char *log = ckv_test_read_file(d.log);
   cr_assert(log && strstr(log, "remote-unavailable"), "no remote-unavailable line: %s", log ? log : "");
   free(log);
@@ -585,7 +490,7 @@ Test(remote, store_gone_mid_save, .timeout = 120) {
   cr_assert_eq(ckv_test_stat(&d, "remote.saves"), 3);
 
   free(v1);
-  capture_free(&saved);
+  ckv_test_capture_free(&saved);
   ckv_session_drop(w.s);
   ckv_client_free(c);
   cr_expect_eq(ckv_test_daemon_stop(&d), 0);

@@ -46,6 +46,7 @@
 #include "kernels/quant.h"
 #include "testcheck.h"
 #include "testutil.h"
+#include "viewcapture.h"
 
 TestSuite(snapshot, .fini = ckv_test_leak_check);
 
@@ -101,18 +102,6 @@ static void expect_serving(ckv_client *c) {
   int r = ckv_rpc(c, &req, &rep);
   cr_assert_eq(r, CKV_OK, "status after a refused restore: %s (%s)", ckv_strerror(r), ckv_client_last_error(c));
   ckv_rpc_free(rep);
-}
-
-static Commitkv__V1__Response *get_view(ckv_client *c, const char *sid) {
-  Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
-  Commitkv__V1__GetView g = COMMITKV__V1__GET_VIEW__INIT;
-  g.session_id = (char *)sid;
-  req.body_case = COMMITKV__V1__REQUEST__BODY_GET_VIEW;
-  req.get_view = &g;
-  Commitkv__V1__Response *rep = NULL;
-  int r = ckv_rpc(c, &req, &rep);
-  cr_assert_eq(r, CKV_OK, "GetView %s: %s (%s)", sid, ckv_strerror(r), ckv_client_last_error(c));
-  return rep;
 }
 
 /* Raw RestoreSession: the code, the text in msg. */
@@ -199,100 +188,6 @@ static ckv_session *session_with_rounds(ckv_client *c, const char *id, int rotat
   return s;
 }
 
-/* What a view holds: per block its format, its (slot, position) pairs and
- * its payload bytes; per position its format (CKV_FORMAT_COUNT_: absent). */
-typedef struct captured_block {
-  uint32_t format, capacity, n_valid;
-  uint32_t slots[1024], positions[1024];
-  uint8_t *payload;
-  size_t payload_len;
-} captured_block;
-
-typedef struct capture {
-  uint64_t epoch, n_tokens;
-  captured_block *blocks;
-  size_t n_blocks;
-  uint8_t *format_of; /* per position */
-  size_t per_format[CKV_FORMAT_COUNT_];
-} capture;
-
-static capture capture_view(ckv_client *c, const char *sid) {
-  Commitkv__V1__Response *rep = get_view(c, sid);
-  const Commitkv__V1__View *v = rep->view;
-  capture cap = {.epoch = v->epoch, .n_tokens = v->n_tokens};
-  size_t total = v->n_draft + v->n_staged + v->n_committed;
-  cap.blocks = calloc(total + 1, sizeof(*cap.blocks));
-  cap.format_of = malloc(v->n_tokens + 1);
-  cr_assert(cap.blocks && cap.format_of);
-  memset(cap.format_of, CKV_FORMAT_COUNT_, v->n_tokens + 1);
-  Commitkv__V1__BlockRef **lists[3] = {v->draft, v->staged, v->committed};
-  size_t counts[3] = {v->n_draft, v->n_staged, v->n_committed};
-  for (int k = 0; k < 3; k++)
-    for (size_t i = 0; i < counts[k]; i++) {
-      const Commitkv__V1__BlockRef *b = lists[k][i];
-      const uint8_t *base = ckv_rpc_arena_ptr(c, b->arena_id, b->offset, b->bytes);
-      cr_assert_not_null(base, "view block outside the mapped arena");
-      cr_assert_eq(ckv_block_check(base, &k_geom), CKV_OK, "block %llu fails its header check",
-                   (unsigned long long)b->block_id);
-      cr_assert_leq(b->capacity, 1024);
-      captured_block *cb = &cap.blocks[cap.n_blocks++];
-      cb->format = b->format;
-      cb->capacity = b->capacity;
-      const uint32_t *pos = ckv_block_positions_const(base);
-      for (uint32_t slot = 0; slot < b->capacity; slot++)
-        if (ckv_block_slot_valid(base, slot)) {
-          cr_assert_lt(pos[slot], v->n_tokens);
-          cb->slots[cb->n_valid] = slot;
-          cb->positions[cb->n_valid++] = pos[slot];
-          cap.format_of[pos[slot]] = (uint8_t)b->format;
-        }
-      size_t head = ckv_block_payload_offset(b->capacity);
-      cb->payload_len = b->bytes - head;
-      cb->payload = malloc(cb->payload_len);
-      cr_assert_not_null(cb->payload);
-      memcpy(cb->payload, base + head, cb->payload_len);
-      cap.per_format[b->format]++;
-    }
-  ckv_rpc_free(rep);
-  return cap;
-}
-
-static void capture_free(capture *c) {
-  for (size_t i = 0; i < c->n_blocks; i++) free(c->blocks[i].payload);
-  free(c->blocks);
-  free(c->format_of);
-}
-
-/* The restored view holds the same blocks (matched by format and valid
- * (slot, position) pairs: block ids are new), byte for byte, and every
- * token in the same format. */
-static void expect_same(const capture *a, const capture *b, const char *what) {
-  cr_assert_eq(a->n_tokens, b->n_tokens, "%s: %llu tokens, saved %llu", what, (unsigned long long)b->n_tokens,
-               (unsigned long long)a->n_tokens);
-  for (uint64_t p = 0; p < a->n_tokens; p++)
-    cr_assert_eq(a->format_of[p], b->format_of[p], "%s: token %llu in format %u, saved in %u", what,
-                 (unsigned long long)p, b->format_of[p], a->format_of[p]);
-  size_t matched = 0;
-  for (size_t i = 0; i < a->n_blocks; i++) {
-    const captured_block *x = &a->blocks[i];
-    if (!x->n_valid) continue; /* an empty fill block carries no K/V */
-    const captured_block *y = NULL;
-    for (size_t j = 0; j < b->n_blocks && !y; j++)
-      if (b->blocks[j].format == x->format && b->blocks[j].n_valid == x->n_valid &&
-          memcmp(b->blocks[j].slots, x->slots, x->n_valid * 4) == 0 &&
-          memcmp(b->blocks[j].positions, x->positions, x->n_valid * 4) == 0)
-        y = &b->blocks[j];
-    cr_assert_not_null(y, "%s: no restored block of format %u holds positions %u.. in the same slots", what, x->format,
-                       x->positions[0]);
-    cr_assert_eq(y->payload_len, x->payload_len);
-    for (size_t k = 0; k < x->payload_len; k++)
-      cr_assert_eq(y->payload[k], x->payload[k], "%s: block of format %u (positions %u..) payload byte %zu reads %#x, saved %#x",
-                   what, x->format, x->positions[0], k, y->payload[k], x->payload[k]);
-    matched++;
-  }
-  cr_assert_gt(matched, 0);
-}
-
 static unsigned long long session_stat(const ckv_test_daemon *d, const char *sid, const char *field) {
   (void)sid;
   return ckv_test_stat(d, field);
@@ -309,13 +204,13 @@ Test(snapshot, save_kill9_restart_restore, .timeout = 120) {
   cr_assert_eq(ckv_session_save(rot, NULL, false, &bytes), CKV_OK, "save: %s", ckv_client_last_error(c));
   cr_assert_gt(bytes, 0);
   cr_assert_eq(ckv_session_save(kivi, NULL, false, &bytes), CKV_OK, "save: %s", ckv_client_last_error(c));
-  capture before_rot = capture_view(c, "rot"), before_kivi = capture_view(c, "kivi");
+  ckv_capture before_rot = ckv_test_capture_view(c, "rot", &k_geom), before_kivi = ckv_test_capture_view(c, "kivi", &k_geom);
   /* nothing moved since the save (a save settles every move) */
   cr_assert_eq(ckv_session_save(rot, NULL, false, NULL), CKV_OK);
   cr_assert_eq(ckv_session_save(kivi, NULL, false, NULL), CKV_OK);
-  capture again = capture_view(c, "rot");
+  ckv_capture again = ckv_test_capture_view(c, "rot", &k_geom);
   cr_assert_eq(again.epoch, before_rot.epoch, "the view moved after a save");
-  capture_free(&again);
+  ckv_test_capture_free(&again);
   cr_assert_gt(before_rot.per_format[CKV_FORMAT_DRAFT], 0, "no draft block to save");
   cr_assert_gt(before_rot.per_format[CKV_FORMAT_STAGED] + before_kivi.per_format[CKV_FORMAT_STAGED], 0, "no staged block");
   cr_assert_gt(before_rot.per_format[CKV_FORMAT_ROT4], 0, "no ROT4 block");
@@ -340,9 +235,9 @@ Test(snapshot, save_kill9_restart_restore, .timeout = 120) {
   r = ckv_session_open(c, "kivi", NULL, &ro, &kivi);
   cr_assert_eq(r, CKV_OK, "resume of a snapshot-only session: %s (%s)", ckv_strerror(r), ckv_client_last_error(c));
   cr_assert_eq(ckv_session_tokens(kivi), before_kivi.n_tokens);
-  capture after_rot = capture_view(c, "rot"), after_kivi = capture_view(c, "kivi");
-  expect_same(&before_rot, &after_rot, "rot");
-  expect_same(&before_kivi, &after_kivi, "kivi");
+  ckv_capture after_rot = ckv_test_capture_view(c, "rot", &k_geom), after_kivi = ckv_test_capture_view(c, "kivi", &k_geom);
+  ckv_test_expect_same_view(&before_rot, &after_rot, "rot");
+  ckv_test_expect_same_view(&before_kivi, &after_kivi, "kivi");
   cr_assert_gt(after_rot.epoch, before_rot.epoch, "epochs go on from the saved one");
   unsigned long long tok2[4] = {session_stat(&d, "", "tokens.draft"), session_stat(&d, "", "tokens.staged"),
                                 session_stat(&d, "", "tokens.committed"), session_stat(&d, "", "tokens.recycled")};
@@ -360,10 +255,10 @@ Test(snapshot, save_kill9_restart_restore, .timeout = 120) {
   cr_assert(list && strstr(list, "rot") && strstr(list, "stories260K") && strstr(list, "kivi"),
             "commitkvctl snapshots: %s", list ? list : "(null)");
   free(list);
-  capture_free(&before_rot);
-  capture_free(&before_kivi);
-  capture_free(&after_rot);
-  capture_free(&after_kivi);
+  ckv_test_capture_free(&before_rot);
+  ckv_test_capture_free(&before_kivi);
+  ckv_test_capture_free(&after_rot);
+  ckv_test_capture_free(&after_kivi);
   ckv_session_drop(rot);
   ckv_session_drop(kivi);
   ckv_client_free(c);
@@ -665,7 +560,7 @@ Test(snapshot, kill9_mid_compression_keeps_snapshot, .timeout = 120) {
   cr_assert_eq(r, CKV_OK, "connect: %s (%s)", ckv_strerror(r), ckv_client_connect_error());
   ckv_session *s = session_with_rounds(c, "kept", 1, 12, "m", "r");
   cr_assert_eq(ckv_session_save(s, NULL, false, NULL), CKV_OK, "save: %s", ckv_client_last_error(c));
-  capture before = capture_view(c, "kept");
+  ckv_capture before = ckv_test_capture_view(c, "kept", &k_geom);
   char dir[400], file[480];
   snprintf(dir, sizeof dir, "%s/snapshots/%s", d.dir, ckv_client_tenant(c));
   snprintf(file, sizeof file, "%s/kept.ckvsnap", dir);
@@ -724,14 +619,14 @@ Test(snapshot, kill9_mid_compression_keeps_snapshot, .timeout = 120) {
   ckv_session_options mo = {.model_id = "m", .model_revision = "r"};
   r = ckv_session_restore(c, "kept", NULL, &mo, &s);
   cr_assert_eq(r, CKV_OK, "restore: %s (%s); log %s", ckv_strerror(r), ckv_client_last_error(c), log2);
-  capture after = capture_view(c, "kept");
-  expect_same(&before, &after, "kept");
+  ckv_capture after = ckv_test_capture_view(c, "kept", &k_geom);
+  ckv_test_expect_same_view(&before, &after, "kept");
   attn = calloc(before.n_tokens, sizeof(float));
   cr_assert_eq(ckv_session_report(s, 12, 0, attn, before.n_tokens, &rr), CKV_ERR_INVALID, "round 12 accepted again");
   cr_assert_eq(ckv_session_report(s, 13, 0, attn, before.n_tokens, &rr), CKV_OK, "%s", ckv_client_last_error(c));
   free(attn);
-  capture_free(&before);
-  capture_free(&after);
+  ckv_test_capture_free(&before);
+  ckv_test_capture_free(&after);
   ckv_session_drop(s);
   ckv_client_free(c);
   cr_expect_eq(ckv_test_daemon_stop(&d), 0);

@@ -41,6 +41,7 @@
 #include "kernels/quant.h"
 #include "testcheck.h"
 #include "testutil.h"
+#include "viewcapture.h"
 
 TestSuite(tiers, .fini = ckv_test_leak_check);
 
@@ -179,102 +180,6 @@ static void wait_settled(ckv_client *c) {
   }
 }
 
-/* ---- what a view holds, byte for byte (as test_snapshot compares) ---- */
-
-typedef struct captured_block {
-  uint32_t format, n_valid;
-  uint32_t slots[1024], positions[1024];
-  uint8_t *payload;
-  size_t payload_len;
-} captured_block;
-
-typedef struct capture {
-  uint64_t epoch, n_tokens;
-  captured_block *blocks;
-  size_t n_blocks;
-  uint8_t *format_of; /* per position */
-  size_t per_format[CKV_FORMAT_COUNT_];
-} capture;
-
-static capture capture_view(ckv_client *c, const char *sid) {
-  Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
-  Commitkv__V1__GetView g = COMMITKV__V1__GET_VIEW__INIT;
-  g.session_id = (char *)sid;
-  req.body_case = COMMITKV__V1__REQUEST__BODY_GET_VIEW;
-  req.get_view = &g;
-  Commitkv__V1__Response *rep = NULL;
-  int r = ckv_rpc(c, &req, &rep);
-  cr_assert_eq(r, CKV_OK, "GetView %s: %s (%s)", sid, ckv_strerror(r), ckv_client_last_error(c));
-  const Commitkv__V1__View *v = rep->view;
-  capture cap = {.epoch = v->epoch, .n_tokens = v->n_tokens};
-  size_t total = v->n_draft + v->n_staged + v->n_committed;
-  cap.blocks = calloc(total + 1, sizeof(*cap.blocks));
-  cap.format_of = malloc(v->n_tokens + 1);
-  cr_assert(cap.blocks && cap.format_of);
-  memset(cap.format_of, CKV_FORMAT_COUNT_, v->n_tokens + 1);
-  Commitkv__V1__BlockRef **lists[3] = {v->draft, v->staged, v->committed};
-  size_t counts[3] = {v->n_draft, v->n_staged, v->n_committed};
-  for (int k = 0; k < 3; k++)
-    for (size_t i = 0; i < counts[k]; i++) {
-      const Commitkv__V1__BlockRef *b = lists[k][i];
-      const uint8_t *base = ckv_rpc_arena_ptr(c, b->arena_id, b->offset, b->bytes);
-      cr_assert_not_null(base, "view block outside the mapped arena");
-      cr_assert_eq(ckv_block_check(base, &k_geom), CKV_OK, "block %llu fails its header check",
-                   (unsigned long long)b->block_id);
-      cr_assert_leq(b->capacity, 1024);
-      captured_block *cb = &cap.blocks[cap.n_blocks++];
-      cb->format = b->format;
-      const uint32_t *pos = ckv_block_positions_const(base);
-      for (uint32_t slot = 0; slot < b->capacity; slot++)
-        if (ckv_block_slot_valid(base, slot)) {
-          cr_assert_lt(pos[slot], v->n_tokens);
-          cb->slots[cb->n_valid] = slot;
-          cb->positions[cb->n_valid++] = pos[slot];
-          cap.format_of[pos[slot]] = (uint8_t)b->format;
-        }
-      size_t head = ckv_block_payload_offset(b->capacity);
-      cb->payload_len = b->bytes - head;
-      cb->payload = malloc(cb->payload_len);
-      cr_assert_not_null(cb->payload);
-      memcpy(cb->payload, base + head, cb->payload_len);
-      cap.per_format[b->format]++;
-    }
-  ckv_rpc_free(rep);
-  return cap;
-}
-
-static void capture_free(capture *c) {
-  for (size_t i = 0; i < c->n_blocks; i++) free(c->blocks[i].payload);
-  free(c->blocks);
-  free(c->format_of);
-}
-
-static void expect_same(const capture *a, const capture *b, const char *what) {
-  cr_assert_eq(a->n_tokens, b->n_tokens, "%s: %llu tokens, had %llu", what, (unsigned long long)b->n_tokens,
-               (unsigned long long)a->n_tokens);
-  for (uint64_t p = 0; p < a->n_tokens; p++)
-    cr_assert_eq(a->format_of[p], b->format_of[p], "%s: token %llu in format %u, was %u", what,
-                 (unsigned long long)p, b->format_of[p], a->format_of[p]);
-  size_t matched = 0;
-  for (size_t i = 0; i < a->n_blocks; i++) {
-    const captured_block *x = &a->blocks[i];
-    if (!x->n_valid) continue;
-    const captured_block *y = NULL;
-    for (size_t j = 0; j < b->n_blocks && !y; j++)
-      if (b->blocks[j].format == x->format && b->blocks[j].n_valid == x->n_valid &&
-          memcmp(b->blocks[j].slots, x->slots, x->n_valid * 4) == 0 &&
-          memcmp(b->blocks[j].positions, x->positions, x->n_valid * 4) == 0)
-        y = &b->blocks[j];
-    cr_assert_not_null(y, "%s: no block of format %u holds positions %u.. in the same slots", what, x->format,
-                       x->positions[0]);
-    cr_assert_eq(y->payload_len, x->payload_len);
-    cr_assert_eq(memcmp(y->payload, x->payload, x->payload_len), 0, "%s: block of format %u (positions %u..) differs",
-                 what, x->format, x->positions[0]);
-    matched++;
-  }
-  cr_assert_gt(matched, 0);
-}
-
 static char *list_sessions_tier(ckv_client *c, const char *sid, char *buf, size_t len) {
   Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
   Commitkv__V1__ListSessions l = COMMITKV__V1__LIST_SESSIONS__INIT;
@@ -299,7 +204,7 @@ Test(tiers, idle_session_goes_to_disk_and_back, .timeout = 120) {
   ckv_session *a = session_with_rounds(c, "tier-a", "commitkv", 12);
   ckv_session *b = session_with_rounds(c, "tier-b", "fp16", 3);
   wait_settled(c);
-  capture before_a = capture_view(c, "tier-a"), before_b = capture_view(c, "tier-b");
+  ckv_capture before_a = ckv_test_capture_view(c, "tier-a", &k_geom), before_b = ckv_test_capture_view(c, "tier-b", &k_geom);
   cr_assert_gt(before_a.per_format[CKV_FORMAT_DRAFT], 0);
   size_t compressed = 0;
   for (int f = CKV_FORMAT_STAGED; f < CKV_FORMAT_COUNT_; f++) compressed += before_a.per_format[f];
@@ -327,9 +232,9 @@ Test(tiers, idle_session_goes_to_disk_and_back, .timeout = 120) {
   cr_assert_str_eq(list_sessions_tier(c, "tier-a", tier, sizeof tier), "disk");
 
   /* GetView brings tier-a back: a new epoch, the same bytes and states */
-  capture after_a = capture_view(c, "tier-a");
+  ckv_capture after_a = ckv_test_capture_view(c, "tier-a", &k_geom);
   cr_assert_gt(after_a.epoch, before_a.epoch, "the epoch did not change (%llu)", (unsigned long long)after_a.epoch);
-  expect_same(&before_a, &after_a, "tier-a after GetView");
+  ckv_test_expect_same_view(&before_a, &after_a, "tier-a after GetView");
   cr_assert_eq(ckv_test_stat(&d, "tiers.1.restores"), 1);
   cr_assert_eq(ckv_test_stat(&d, "tiers.1.sessions"), 1);
 
@@ -341,8 +246,8 @@ Test(tiers, idle_session_goes_to_disk_and_back, .timeout = 120) {
   free(attn);
   cr_assert_eq(r, CKV_OK, "report on an offloaded session: %s (%s)", ckv_strerror(r), ckv_client_last_error(c));
   cr_assert_gt(rr.epoch, before_b.epoch, "the report's epoch did not change");
-  capture after_b = capture_view(c, "tier-b");
-  expect_same(&before_b, &after_b, "tier-b after ReportRound");
+  ckv_capture after_b = ckv_test_capture_view(c, "tier-b", &k_geom);
+  ckv_test_expect_same_view(&before_b, &after_b, "tier-b after ReportRound");
 
   /* the counters add up */
   cr_assert_eq(ckv_test_stat(&d, "tiers.1.restores"), 2);
@@ -357,10 +262,10 @@ Test(tiers, idle_session_goes_to_disk_and_back, .timeout = 120) {
   cr_assert(back > 0 && back <= used, "the restored sessions hold %llu bytes, had %llu", back, used);
   wait_tier_file_gone(&d, "tier-a");
   wait_tier_file_gone(&d, "tier-b");
-  capture_free(&before_a);
-  capture_free(&before_b);
-  capture_free(&after_a);
-  capture_free(&after_b);
+  ckv_test_capture_free(&before_a);
+  ckv_test_capture_free(&before_b);
+  ckv_test_capture_free(&after_a);
+  ckv_test_capture_free(&after_b);
   ckv_session_close(a);
   ckv_session_close(b);
   ckv_client_free(c);
@@ -440,8 +345,8 @@ Test(tiers, disk_memory_too_small_stays_resident, .timeout = 60) {
   cr_assert(log && strstr(log, "disk tier is full") && strstr(log, "it stays in memory"),
             "the log does not say why: %s", ckv_test_file_tail(d.log, 2000));
   free(log);
-  capture v = capture_view(c, "tier-small"); /* still served at once */
-  capture_free(&v);
+  ckv_capture v = ckv_test_capture_view(c, "tier-small", &k_geom); /* still served at once */
+  ckv_test_capture_free(&v);
   ckv_session_close(s);
   ckv_client_free(c);
   cr_assert_eq(ckv_test_daemon_stop(&d), 0);
@@ -453,7 +358,7 @@ Test(tiers, kill9_with_session_on_disk_resumes, .timeout = 120) {
   ckv_client *c = connect_to(&d);
   ckv_session *s = session_with_rounds(c, "tier-k", "commitkv", 10);
   wait_settled(c);
-  capture before = capture_view(c, "tier-k");
+  ckv_capture before = ckv_test_capture_view(c, "tier-k", &k_geom);
   ckv_session_close(s); /* detached: it goes down all the same */
   wait_stat_at_least(&d, "tiers.1.offloads", 1);
   cr_assert(tier_file_exists(&d, "tier-k"));
@@ -483,12 +388,12 @@ Test(tiers, kill9_with_session_on_disk_resumes, .timeout = 120) {
   ckv_session *s2 = NULL;
   int r = ckv_session_open(c, "tier-k", &k_geom, &so, &s2);
   cr_assert_eq(r, CKV_OK, "resume after kill -9: %s (%s)", ckv_strerror(r), ckv_client_last_error(c));
-  capture after = capture_view(c, "tier-k");
-  expect_same(&before, &after, "tier-k resumed after kill -9");
+  ckv_capture after = ckv_test_capture_view(c, "tier-k", &k_geom);
+  ckv_test_expect_same_view(&before, &after, "tier-k resumed after kill -9");
   wait_tier_file_gone(&d, "tier-k");
   cr_assert_eq(ckv_test_stat(&d, "tiers.1.bytes"), 0);
-  capture_free(&before);
-  capture_free(&after);
+  ckv_test_capture_free(&before);
+  ckv_test_capture_free(&after);
   ckv_session_close(s2);
   ckv_client_free(c);
   cr_assert_eq(ckv_test_daemon_stop(&d), 0);
