@@ -55,14 +55,23 @@ test-tsan: deps
 	@echo "ThreadSanitizer: no report"
 
 # valgrind memcheck (run by .ci/run): commitkvd of $(BUILD) under valgrind through
-# a 10 s soak with worker kills; any memcheck error or definite/indirect leak of
-# the daemon fails it (tests/valgrind/commitkvd.sh).
+# a 10 s soak with worker kills, then through the integration suites of
+# VALGRIND_SUITES (every daemon they start runs under memcheck:
+# CKV_TEST_DAEMON_WRAP, tests/support/testutil.c; about 2 minutes); any
+# memcheck error or definite/indirect leak of the daemon fails it
+# (tests/valgrind/commitkvd.sh).  The suites that time the daemon (fairness,
+# quotas under load) stay out: memcheck runs it 20-50x slower.
+VALGRIND_SUITES ?= test_workers test_fault_matrix test_snapshot test_snapshot_faults test_hostile_arena \
+  test_bad_input test_attach_abuse test_protocol_misuse test_remote test_tiers
 test-valgrind: deps
 	@$(MAKE) --no-print-directory build
 	rm -rf $(BUILD)/valgrind-logs && mkdir -p $(BUILD)/valgrind-logs
 	CKV_VALGRIND_LOGS=$(CURDIR)/$(BUILD)/valgrind-logs CKV_DAEMON=$(CURDIR)/$(BUILD)/bin/commitkvd \
 	  $(BUILD)/bin/commitkv-bench soak --workers 2 --sessions 2 --seconds 10 --kill-every-ms 1500 \
 	  --restart-every-s 0 --daemon $(CURDIR)/tests/valgrind/commitkvd.sh
+	cd $(BUILD) && CKV_TEST_DAEMON_WRAP=$(CURDIR)/tests/valgrind/commitkvd.sh \
+	  CKV_VALGRIND_LOGS=$(CURDIR)/$(BUILD)/valgrind-logs ctest --output-on-failure -j 1 \
+	  -R "^($$(echo $(VALGRIND_SUITES) | tr ' ' '|'))$$"
 	@if [ -n "$$(cat $(BUILD)/valgrind-logs/* 2>/dev/null)" ]; then \
 	  cat $(BUILD)/valgrind-logs/*; echo "valgrind reported errors or leaks of commitkvd (above)"; exit 1; fi
 	@echo "valgrind: commitkvd clean (no error, no definite or indirect leak)"

@@ -61,9 +61,7 @@ float ckv_test_kv_value(size_t pos, uint32_t layer, uint32_t kv, uint32_t e) {
   return amp * (2.f * u - 1.f);
 }
 
-pid_t ckv_test_spawn(const char *const *argv, const char *out_path) {
-  char path[1024];
-  snprintf(path, sizeof(path), "%s/%s", ckv_test_bin_dir(), argv[0]);
+static pid_t spawn_path(const char *path, const char *const *argv, const char *out_path) {
   pid_t parent = getpid();
   pid_t pid = fork();
   if (pid == 0) {
@@ -84,6 +82,20 @@ pid_t ckv_test_spawn(const char *const *argv, const char *out_path) {
     _exit(127);
   }
   return pid;
+}
+
+pid_t ckv_test_spawn(const char *const *argv, const char *out_path) {
+  char path[1024];
+  snprintf(path, sizeof(path), "%s/%s", ckv_test_bin_dir(), argv[0]);
+  return spawn_path(path, argv, out_path);
+}
+
+/* CKV_TEST_DAEMON_WRAP=PATH: every daemon a suite starts runs through PATH
+ * (e.g. tests/valgrind/commitkvd.sh, memcheck), which gets the daemon binary
+ * in $CKV_DAEMON; start and stop then wait up to a minute. */
+static const char *daemon_wrapper(void) {
+  const char *w = getenv("CKV_TEST_DAEMON_WRAP");
+  return w && *w ? w : NULL;
 }
 
 int ckv_test_wait(pid_t pid, int timeout_ms) {
@@ -186,8 +198,16 @@ int ckv_test_daemon_start(ckv_test_daemon *d, const char *const *extra) {
     argv[n++] = tok;
   }
   argv[n] = NULL;
-  d->pid = ckv_test_spawn(argv, d->log);
-  long long end = ckv_test_now_ms() + 5000;
+  const char *wrap = daemon_wrapper();
+  if (wrap) {
+    char daemon[1024];
+    snprintf(daemon, sizeof(daemon), "%s/commitkvd", ckv_test_bin_dir());
+    setenv("CKV_DAEMON", daemon, 1);
+    d->pid = spawn_path(wrap, argv, d->log);
+  } else {
+    d->pid = ckv_test_spawn(argv, d->log);
+  }
+  long long end = ckv_test_now_ms() + (wrap ? 60000 : 5000);
   struct stat st;
   while (ckv_test_now_ms() < end) {
     if (stat(d->attach, &st) == 0) return 0;
@@ -208,7 +228,7 @@ int ckv_test_daemon_stop(ckv_test_daemon *d) {
   int rc = -1;
   if (d->pid > 0) {
     kill(d->pid, SIGTERM);
-    rc = ckv_test_wait(d->pid, 5000);
+    rc = ckv_test_wait(d->pid, daemon_wrapper() ? 60000 : 5000);
     d->pid = 0;
   }
   ckv_test_rmdir(d->dir);
