@@ -18,6 +18,7 @@
  *   p99 (stated below; the figures are printed, nothing asserts speed). */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <grp.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -194,9 +195,10 @@ Test(stuck_clients, never_acking_client_pins_only_its_own_memory, .timeout = 120
   ckv_test_daemon d;
   ckv_test_start_host(&d, "256M", (const char *const[]){"--config", cfg, NULL});
   cr_assert_eq(chmod(d.dir, 0755), 0);
-  raw admin;
-  raw_connect(&admin, &d);
 
+  /* ZeroMQ contexts (and their threads) in this process only after its
+   * forks: under ASan a child forked while such a thread held the
+   * allocator's lock hangs in its first malloc (test_quota_tenants did). */
   int fd;
   pid_t stuck = start_stuck(&d, &fd);
   rounds_out a;
@@ -212,6 +214,8 @@ Test(stuck_clients, never_acking_client_pins_only_its_own_memory, .timeout = 120
   cr_assert_eq(b.code, CKV_OK, "tenant b's %s while a was stuck: %s (%s)", b.step, ckv_strerror(b.code), b.msg);
   cr_assert_str_eq(b.tenant, "b");
   cr_assert_eq(a.tokens, b.tokens);
+  raw admin;
+  raw_connect(&admin, &d);
   /* b left (detached: its retired blocks freed); its moves land in a moment */
   arena_use u;
   long long end;
@@ -291,7 +295,8 @@ Test(stuck_clients, never_acking_client_pins_only_its_own_memory, .timeout = 120
 
 typedef struct flood_ctx {
   const ckv_test_daemon *d;
-  const char *stop_path; /* the flood runs until this file exists */
+  const char *start_path; /* the flood waits for this file (forked before this process has ZeroMQ threads) */
+  const char *stop_path;  /* the flood runs until this file exists */
 } flood_ctx;
 
 typedef struct flood_report {
@@ -304,6 +309,8 @@ typedef struct flood_report {
 static void flood_body(const void *ctx, void *report) {
   const flood_ctx *f = ctx;
   flood_report *rep = report;
+  long long give_up = ckv_test_now_ms() + 60000;
+  while (access(f->start_path, F_OK) != 0 && ckv_test_now_ms() < give_up) usleep(2000);
   raw r;
   ckv_raw_init(&r);
   if ((rep->code = ckv_raw_attach(&r, f->d->attach, "flooder")) != 0 ||
@@ -386,6 +393,15 @@ Test(stuck_clients, flooding_client_does_not_starve_reports, .timeout = 120) {
   ckv_test_daemon d;
   ckv_test_start_host(&d, "256M", (const char *const[]){"--config", cfg, NULL});
   cr_assert_eq(chmod(d.dir, 0755), 0);
+  /* the flooder first, waiting for its start file: this process may fork
+   * only before it has ZeroMQ threads (under ASan a child forked while one
+   * held the allocator's lock hangs in its first malloc) */
+  char start[400], stop[400];
+  snprintf(start, sizeof start, "%s/start-flood", d.dir);
+  snprintf(stop, sizeof stop, "%s/stop-flood", d.dir);
+  flood_ctx fc = {.d = &d, .start_path = start, .stop_path = stop};
+  int fd;
+  pid_t fl = ckv_test_begin_as(UID_F, UID_F, flood_body, &fc, sizeof(flood_report), &fd);
   /* the victim: this process, tenant b (root is listed there) */
   ckv_client_options co = {.socket = d.socket, .attach_socket = d.attach, .name = "victim", .timeout_ms = DEADLINE_MS};
   ckv_client *c = NULL;
@@ -394,15 +410,12 @@ Test(stuck_clients, flooding_client_does_not_starve_reports, .timeout = 120) {
   cr_assert_str_eq(ckv_client_tenant(c), "b");
   static long long quiet[VICTIM_ROUNDS], flooded[VICTIM_ROUNDS];
   victim_rounds(c, "quiet", quiet);
-
-  char stop[400];
-  snprintf(stop, sizeof stop, "%s/stop-flood", d.dir);
-  flood_ctx fc = {.d = &d, .stop_path = stop};
-  int fd;
-  pid_t fl = ckv_test_begin_as(UID_F, UID_F, flood_body, &fc, sizeof(flood_report), &fd);
-  /* the flood is on once the daemon's request count runs away */
   raw admin; /* attached before the flood: Stats through it, no attach during the flood */
   raw_connect(&admin, &d);
+  int sf = open(start, O_CREAT | O_WRONLY, 0644);
+  cr_assert_geq(sf, 0);
+  close(sf);
+  /* the flood is on once the daemon's request count runs away */
   unsigned long long req0 = poll_use(&admin).requests;
   long long end = ckv_test_now_ms() + DEADLINE_MS;
   while (poll_use(&admin).requests < req0 + 200) {
