@@ -186,17 +186,6 @@ static ckv_client *connect_to(const ckv_test_daemon *d) {
   return c;
 }
 
-static void expect_serving(ckv_client *c) {
-  Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
-  Commitkv__V1__StatusRequest st = COMMITKV__V1__STATUS_REQUEST__INIT;
-  req.body_case = COMMITKV__V1__REQUEST__BODY_STATUS;
-  req.status = &st;
-  Commitkv__V1__Response *rep = NULL;
-  int r = ckv_rpc(c, &req, &rep);
-  cr_assert_eq(r, CKV_OK, "status: %s (%s)", ckv_strerror(r), ckv_client_last_error(c));
-  ckv_rpc_free(rep);
-}
-
 /* ---- a session with history (the workload of test_snapshot.c) ---- */
 
 #define LAYERS 2u
@@ -402,7 +391,7 @@ Test(remote, tampered_value_refused, .timeout = 120) {
     cr_assert_eq(r, CKV_ERR_CORRUPT, "byte %zu of %zu flipped in the store: restore answered %s (%s)", offs[i], len,
                  ckv_status_name(r), msg);
     cr_assert(strstr(msg, "remote store") && strstr(msg, st.url), "the refusal does not name the store: %s", msg);
-    expect_serving(c2);
+    ckv_test_expect_serving(c2);
   }
   store_cmd(&st, "SET %s %b", key, orig, len);
   cr_assert_eq(restore_raw(c2, "t-1", msg, sizeof msg), CKV_OK, "the untouched value: %s", msg);
@@ -462,7 +451,7 @@ Test(remote, store_gone_mid_save, .timeout = 120) {
   snprintf(msg, sizeof msg, "%s", ckv_client_last_error(c));
   cr_assert_eq(r, -EIO, "save with the store dead answered %s (%s)", ckv_status_name(r), msg);
   cr_assert(strstr(msg, st.url) && strstr(msg, "saved locally"), "the text: %s", msg);
-  expect_serving(c);
+  ckv_test_expect_serving(c);
   cr_assert_eq(ckv_session_drop(w.s), CKV_OK);
   r = restore_raw(c, "g-1", msg, sizeof msg);
   cr_assert_eq(r, CKV_OK, "restore with the store dead: %s (%s)", ckv_status_name(r), msg);

@@ -92,18 +92,6 @@ static ckv_client *connect_to(const ckv_test_daemon *d, int timeout_ms) {
   return c;
 }
 
-/* The daemon still answers (after a refused restore). */
-static void expect_serving(ckv_client *c) {
-  Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
-  Commitkv__V1__StatusRequest st = COMMITKV__V1__STATUS_REQUEST__INIT;
-  req.body_case = COMMITKV__V1__REQUEST__BODY_STATUS;
-  req.status = &st;
-  Commitkv__V1__Response *rep = NULL;
-  int r = ckv_rpc(c, &req, &rep);
-  cr_assert_eq(r, CKV_OK, "status after a refused restore: %s (%s)", ckv_strerror(r), ckv_client_last_error(c));
-  ckv_rpc_free(rep);
-}
-
 /* Raw RestoreSession: the code, the text in msg. */
 static int restore_raw(ckv_client *c, const char *id, const char *name, const char *model, const char *rev, char *msg,
                        size_t len) {
@@ -307,7 +295,7 @@ static void expect_refused(ckv_client *c, const char *dir, const uint8_t *b, siz
   int r = restore_raw(c, "bad", "bad", NULL, NULL, msg, sizeof msg);
   cr_assert_eq(r, want, "%s: restore answered %s (%s), want %s", what, ckv_status_name(r), msg, ckv_status_name(want));
   cr_assert_gt(strlen(msg), 10, "%s: no text with the refusal", what);
-  expect_serving(c);
+  ckv_test_expect_serving(c);
 }
 
 Test(snapshot, cut_and_flipped_snapshots_refused, .timeout = 120) {
@@ -421,7 +409,7 @@ Test(snapshot, other_tenant_and_model_refused, .timeout = 120) {
   ckv_geometry g2 = {LAYERS, HEADS, DIM * 2, 0};
   cr_assert_eq(ckv_session_open(c, "who", &g2, &same, &t), CKV_ERR_FORMAT, "another geometry: %s",
                ckv_client_last_error(c));
-  expect_serving(c);
+  ckv_test_expect_serving(c);
   /* another tenant's snapshot in this tenant's directory: its header names
    * "other" (same length as the test's tenant name: checksum recomputed) */
   char dir[400], path[600];

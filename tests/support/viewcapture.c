@@ -91,3 +91,14 @@ void ckv_test_expect_same_view(const ckv_capture *a, const ckv_capture *b, const
   }
   cr_assert_gt(matched, 0, "%s: no block with K/V to compare", what);
 }
+
+void ckv_test_expect_serving(ckv_client *c) {
+  Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
+  Commitkv__V1__StatusRequest st = COMMITKV__V1__STATUS_REQUEST__INIT;
+  req.body_case = COMMITKV__V1__REQUEST__BODY_STATUS;
+  req.status = &st;
+  Commitkv__V1__Response *rep = NULL;
+  int r = ckv_rpc(c, &req, &rep);
+  cr_assert_eq(r, CKV_OK, "status: %s (%s)", ckv_strerror(r), ckv_client_last_error(c));
+  ckv_rpc_free(rep);
+}

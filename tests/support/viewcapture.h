@@ -36,5 +36,7 @@ void ckv_test_capture_free(ckv_capture *c);
  * pairs: block ids may be new), byte for byte, and every token in the same
  * format; `what` names the comparison in the failure. */
 void ckv_test_expect_same_view(const ckv_capture *a, const ckv_capture *b, const char *what);
+/* The daemon still answers a Status request on c (after a refusal, a kill, a store gone). */
+void ckv_test_expect_serving(ckv_client *c);
 
 #endif
