@@ -3,6 +3,7 @@
  *
  *   commitkv-bench quality [--json] [--plot FILE.png] [--quick] [--rounds R]
  *                          [--model PATH] [--param NAME=VALUE]... [--daemon PATH] [--llm PATH]
+ *                          [--policies LIST] [--synthetic]
  *
  * The bench starts a real commitkvd (beside this binary, or --daemon) on the
  * host backend in a temporary directory and runs two workloads:
@@ -87,7 +88,8 @@ enum { P_COMMITKV, P_FP16, P_INT8, P_KIVI4, P_KIVI2, P_H2O, P_STREAMING, N_POLIC
 static const char *const k_policy[N_POLICIES] = {"commitkv", "fp16", "int8", "kivi4", "kivi2", "h2o", "streaming"};
 
 typedef struct options {
-  bool json, quick;
+  bool json, quick, synthetic_only;
+  unsigned policy_mask; /* bit p: run policy p; 0: all (commitkv always runs: the others' budgets) */
   const char *plot, *model, *daemon, *llm, *agentlm, *dialogue;
   uint32_t rounds; /* 0: the preset's */
   const char *param_names[MAX_PARAMS];
@@ -577,6 +579,7 @@ static int run_synthetic(const options *o, const ckv_bench_daemon *d, workload_r
     return r;
   }
   for (int p = 0; p < N_POLICIES && r == 0; p++) {
+    if (o->policy_mask && p != P_COMMITKV && !(o->policy_mask & (1u << p))) continue; /* --policies */
     t0 = now_ns();
     double budget = wr->pol[P_COMMITKV].bytes_ratio.v; /* the daemon takes budgets in [0.01, 1] */
     budget = budget < 0.01 ? 0.01 : budget > 1.0 ? 1.0 : budget;
@@ -1132,6 +1135,8 @@ static void usage(FILE *f) {
              "  --rounds R      rounds per session (synthetic and real model)\n"
              "  --model PATH    stories260K.bin (default $CKV_MODEL, $CKV_MODEL_DIR, ../shared/models)\n"
              "  --param N=V     judge parameter override for the commitkv sessions (repeatable)\n"
+             "  --policies L    comma-separated policies to run (commitkv always runs); the rest null\n"
+             "  --synthetic     only the agent-synthetic workloads (stories260K and agentlm skipped)\n"
              "  --daemon PATH   commitkvd to start (default: beside this binary)\n"
              "  --llm PATH      commitkv-llm to run for stories260K (default: beside this binary)\n"
              "  --agentlm PATH  the agent model (default $CKV_AGENTLM_MODEL, tools/agentlm/agentlm.bin)\n"
@@ -1145,7 +1150,8 @@ static int parse_options(int argc, char **argv, options *o) {
                                      {"model", required_argument, 0, 'm'}, {"param", required_argument, 0, 'P'},
                                      {"daemon", required_argument, 0, 'd'}, {"help", no_argument, 0, 'h'},
                                      {"llm", required_argument, 0, 'l'}, {"agentlm", required_argument, 0, 'a'},
-                                     {"dialogue", required_argument, 0, 'D'},
+                                     {"dialogue", required_argument, 0, 'D'}, {"policies", required_argument, 0, 'L'},
+                                     {"synthetic", no_argument, 0, 'S'},
                                      {0, 0, 0, 0}};
   optind = 1;
   int ch;
@@ -1182,6 +1188,21 @@ static int parse_options(int argc, char **argv, options *o) {
       case 'l': o->llm = optarg; break;
       case 'a': o->agentlm = optarg; break;
       case 'D': o->dialogue = optarg; break;
+      case 'S': o->synthetic_only = true; break;
+      case 'L': {
+        char *save = NULL;
+        for (char *tok = strtok_r(optarg, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+          int found = -1;
+          for (int p = 0; p < N_POLICIES; p++)
+            if (!strcmp(tok, k_policy[p])) found = p;
+          if (found < 0) {
+            fprintf(stderr, "commitkv-bench quality: --policies: unknown policy '%s'\n", tok);
+            return -1;
+          }
+          o->policy_mask |= 1u << found;
+        }
+        break;
+      }
       case 'h': usage(stdout); return 1;
       default: usage(stderr); return -1;
     }
@@ -1225,8 +1246,12 @@ int ckv_bench_quality(int argc, char **argv) {
     ckv_bench_daemon_log_tail(&d);
     rc = 1;
   }
-  if (rc == 0) run_real_model(&o, &d, &wr[1]);
-  if (rc == 0) run_agentlm(&o, &d, &wr[2]);
+  if (o.synthetic_only) {
+    snprintf(wr[1].skipped, sizeof(wr[1].skipped), "not run (--synthetic)");
+    snprintf(wr[2].skipped, sizeof(wr[2].skipped), "not run (--synthetic)");
+  }
+  if (rc == 0 && !o.synthetic_only) run_real_model(&o, &d, &wr[1]);
+  if (rc == 0 && !o.synthetic_only) run_agentlm(&o, &d, &wr[2]);
   if (d.pid > 0 && ckv_bench_daemon_stop(&d) < 0) rc = 1;
   if (rc == 0) {
     if (o.json)

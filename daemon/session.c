@@ -14,7 +14,7 @@
 #include "kernels/kernels.h"
 
 #define DEFAULT_DRAFT_TOKENS 16u
-#define DEFAULT_COMMIT_TOKENS 64u
+#define DEFAULT_COMMIT_TOKENS 32u
 
 /* token id -> occurrences in this session (open addressing, power-of-two size) */
 typedef struct idcount {

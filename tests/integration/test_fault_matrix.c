@@ -32,6 +32,12 @@ static const char *const k_args[] = {"--set", "daemon.lease=3s", "--set", "daemo
                                      "--set", "daemon.detach_keep=8s", NULL};
 static const ckv_geometry k_geom = {2, 2, 64, CKV_DTYPE_FP16};
 enum { TOKENS = 16, STEPS = 5 };
+/* A window wider than both rounds: every token stays draft, whose bytes
+ * the resumer compares exactly. */
+static const char *const k_window_name[] = {"recent_window"};
+static const double k_window_value[] = {64};
+static const ckv_session_options k_keep_draft = {.param_names = k_window_name, .param_values = k_window_value,
+                                                 .n_params = 1};
 static const char *const k_steps[STEPS] = {"after_open", "after_append", "mid_kv", "stale_view", "before_ack"};
 
 static uint16_t value(size_t pos, uint32_t layer, uint32_t kv, uint32_t e) {
@@ -64,7 +70,7 @@ static void victim(const victim_ctx *vc) {
   float attn[2 * TOKENS];
   uint64_t first;
   ckv_round_result rr;
-  if (ckv_client_connect(&co, &c) < 0 || ckv_session_open(c, sid, &k_geom, NULL, &s) < 0) _exit(10);
+  if (ckv_client_connect(&co, &c) < 0 || ckv_session_open(c, sid, &k_geom, &k_keep_draft, &s) < 0) _exit(10);
   /* round 1, whole */
   if (ckv_session_append(s, TOKENS, NULL, NULL, NULL, NULL, &first) < 0) _exit(11);
   for (uint64_t p = 0; p < TOKENS; p++)

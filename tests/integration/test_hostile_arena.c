@@ -36,7 +36,9 @@ static void peer_open(peer *p, const ckv_test_daemon *d, const char *id, ckv_geo
   p->g = g;
   ckv_client_options o = {.socket = d->socket, .attach_socket = d->attach, .name = id, .heartbeat = true};
   cr_assert_eq(ckv_client_connect(&o, &p->c), CKV_OK, "%s: connect", id);
-  ckv_session_options so = {.policy = policy, .param_names = names, .param_values = values, .n_params = n_params};
+  /* 64-token committed blocks: the mask test below needs two chunks in one block */
+  ckv_session_options so = {.policy = policy, .commit_block_tokens = 64, .param_names = names, .param_values = values,
+                            .n_params = n_params};
   cr_assert_eq(ckv_session_open(p->c, id, &g, &so, &p->s), CKV_OK, "%s: open", id);
 }
 

@@ -77,11 +77,18 @@ static float tolerance(uint32_t format) {
  * scale, mean or rotation reads >= 1) and on the RMS of those errors over
  * every head checked (g_rot_e2 / g_rot_n).  Measured on this workload
  * (32-element heads, INT8 first): worst ROT4 head 0.161, worst ROT2 0.659
- * (2 bits on 32 elements: one vector's error varies a lot); RMS 0.11 / 0.36. */
-static double rot_tolerance(uint32_t format) { return format == CKV_FORMAT_ROT4 ? 0.25 : 0.80; }
-static double rot_rms_bound(uint32_t format) { return format == CKV_FORMAT_ROT4 ? 0.13 : 0.40; }
+ * (2 bits on 32 elements: one vector's error varies a lot); RMS 0.11 / 0.36.
+ * ROT1 (the cold tokens' default): RMS 0.62 (sign codes: sqrt(1 - 2/pi) = 0.60),
+ * worst 1.146 over ~24K heads. */
+static double rot_tolerance(uint32_t format) {
+  return format == CKV_FORMAT_ROT4 ? 0.25 : format == CKV_FORMAT_ROT1 ? 1.30 : 0.80;
+}
+static double rot_rms_bound(uint32_t format) {
+  return format == CKV_FORMAT_ROT4 ? 0.13 : format == CKV_FORMAT_ROT1 ? 0.66 : 0.40;
+}
 static double g_rot_e2[CKV_FORMAT_COUNT_];
 static size_t g_rot_n[CKV_FORMAT_COUNT_];
+static double g_rot_max[CKV_FORMAT_COUNT_]; /* worst head, printed */
 
 /* Raw GetView: the libcommitkv view is refreshed only when a reply says the
  * epoch moved, and publishing is asynchronous; the test wants the newest. */
@@ -145,6 +152,7 @@ static bool check_view(ckv_client *c, const char *sid, const ckv_geometry *g, co
                 }
                 g_rot_e2[b->format] += x2 > 0 ? e2 / x2 : 0;
                 g_rot_n[b->format]++;
+                if (x2 > 0 && sqrt(e2 / x2) > g_rot_max[b->format]) g_rot_max[b->format] = sqrt(e2 / x2);
                 cr_assert(sqrt(e2) <= rot_tolerance(b->format) * sqrt(x2) + 1e-4,
                           "token %u (format %u) layer %u %s head %u: relative error %.4f (bound %.2f)", pos, b->format,
                           layer, kv ? "V" : "K", h, sqrt(e2 / (x2 > 0 ? x2 : 1)), rot_tolerance(b->format));
@@ -274,7 +282,8 @@ static void twenty_rounds(int rotate, uint32_t committed_format, uint32_t cold_f
   for (uint32_t f = CKV_FORMAT_ROT4; f < CKV_FORMAT_COUNT_; f++)
     if (g_rot_n[f]) {
       double rms = sqrt(g_rot_e2[f] / (double)g_rot_n[f]);
-      fprintf(stderr, "format %u: RMS relative head error %.4f over %zu heads\n", f, rms, g_rot_n[f]);
+      fprintf(stderr, "format %u: RMS relative head error %.4f over %zu heads, worst %.4f\n", f, rms, g_rot_n[f],
+              g_rot_max[f]);
       cr_expect_leq(rms, rot_rms_bound(f), "format %u: RMS relative head error %.4f", f, rms);
     }
   /* facts are never recycled; system-role tokens and sinks neither */
@@ -309,7 +318,7 @@ static void twenty_rounds(int rotate, uint32_t committed_format, uint32_t cold_f
 
 /* Default rotate = yes, cold_bits = 2: facts in ROT4, tokens gone cold in ROT2. */
 Test(lifecycle_daemon, twenty_rounds_transitions_views_and_stats, .timeout = 60) {
-  twenty_rounds(1, CKV_FORMAT_ROT4, CKV_FORMAT_ROT2);
+  twenty_rounds(1, CKV_FORMAT_ROT4, CKV_FORMAT_ROT1);
 }
 /* rotate = 0: KIVI's INT4 for every committed token (cold_bits needs rotation). */
 Test(lifecycle_daemon, twenty_rounds_kivi_committed_blocks, .timeout = 60) {

@@ -72,7 +72,7 @@ Test(config, defaults) {
   cr_expect_eq(c.detach_keep_ms, 300000);
   cr_expect_eq(c.max_message, 16u << 20);
   cr_expect_eq(c.draft_block_tokens, 16);
-  cr_expect_eq(c.commit_block_tokens, 64);
+  cr_expect_eq(c.commit_block_tokens, 32);
   cr_expect_eq(c.compress_threads, 2);
   cr_expect_eq(c.log_level, CKV_LOG_INFO);
   cr_expect_str_eq(c.metrics, "127.0.0.1:9464");
@@ -81,7 +81,7 @@ Test(config, defaults) {
   cr_expect_eq(c.policy.judge, CKV_JUDGE_RULES);
   cr_expect_eq(c.policy.commit_bits, 4);
   cr_expect_eq(c.policy.sink_tokens, 4);
-  cr_expect_eq(c.policy.recent_window, 32);
+  cr_expect_eq(c.policy.recent_window, 12);
   cr_expect_float_eq(c.policy.budget, 0.25, 1e-12);
   cr_expect_float_eq(c.policy.prune_keep, 1.0, 1e-12);
   cr_expect(c.policy.semantic_estimate);

@@ -62,7 +62,7 @@ Test(policy, defaults) {
   cr_expect_eq(p.high_attn_threshold, 2.f);
   cr_expect_eq(p.history_rounds, 8);
   cr_expect_eq(p.sink_tokens, 4);
-  cr_expect_eq(p.recent_window, 32);
+  cr_expect_eq(p.recent_window, 12);
   cr_expect_eq(p.persistence_rounds, 4);
   cr_expect_eq(p.idle_rounds, 16);
   cr_expect_eq(p.budget, 0.25f);
