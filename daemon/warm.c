@@ -38,6 +38,7 @@
 #include "daemon/snapshot.h"
 #include "daemon/strmap.h"
 #include "daemon/tenant.h"
+#include "daemon/tier.h"
 #include "lifecycle/judge.h"
 #include "shm/arena.h"
 #include "shm/slab.h"
@@ -542,9 +543,17 @@ size_t ckv_warm_stop(ckv_server *s) {
       if (sess->tenant != t) continue;
       ckv_server_settle_session(s, sess);
       ckv_snap snap;
-      int r = sess->tier || sess->quarantined ? CKV_ERR_STATE : ckv_srv_session_flush_meta(sess);
-      if (r == CKV_OK) r = ckv_session_snap_capture_refs(sess, &snap, err, sizeof err);
-      else snprintf(err, sizeof err, "%s", sess->tier ? "it is on the disk tier" : sess->quarantined ? "quarantined" : "its headers cannot be written");
+      /* only sessions whose bytes are all in the arena (an offload in
+       * flight has them there too, and its file is abandoned with it) */
+      ckv_tier_state ts = ckv_tier_state_of(sess);
+      bool away = ts == CKV_TIER_ON_DISK || ts == CKV_TIER_RESTORING;
+      int r = away || sess->quarantined ? CKV_ERR_STATE : ckv_srv_session_flush_meta(sess);
+      if (r == CKV_OK)
+        r = ckv_session_snap_capture_refs(sess, &snap, err, sizeof err);
+      else
+        snprintf(err, sizeof err, "%s",
+                 away ? "its bytes are on the disk tier" : sess->quarantined ? "it is quarantined"
+                                                                            : "its headers cannot be written");
       if (r == CKV_OK) {
         r = ckv_snap_write(dir, sess->id, &snap, NULL, err, sizeof err);
         ckv_snap_done(&snap);

@@ -78,7 +78,10 @@ typedef struct sdenv {
   ckv_test_daemon d; /* socket, attach, log of the unit's daemon; dir = the state dir */
 } sdenv;
 
-static sdenv *g_env; /* for the suite's fini: nothing is left behind when a test fails */
+/* One per test worker, in static storage: a failed assertion leaves the
+ * test function, and the suite's fini must still find what to stop. */
+static sdenv g_sd;
+static sdenv *g_env; /* set while a manager may run */
 
 static const char *find_exe(const char *const *candidates) {
   for (int i = 0; candidates[i]; i++)
@@ -452,25 +455,25 @@ static bool log_has(const char *path, const char *needle) {
 /* ---- tests ------------------------------------------------------------- */
 
 Test(warm, restart_keeps_mapping_and_kv, .timeout = 180) {
-  sdenv e;
-  SKIP_WITHOUT_SYSTEMD(&e);
-  ckv_client *c = connect_to(&e.d);
+  sdenv *e = &g_sd;
+  SKIP_WITHOUT_SYSTEMD(e);
+  ckv_client *c = connect_to(&e->d);
   ckv_session *a = session_with_rounds(c, "a", 12), *b = session_with_rounds(c, "b", 5);
   ckv_capture before_a = ckv_test_capture_view(c, "a", &k_geom), before_b = ckv_test_capture_view(c, "b", &k_geom);
   cr_assert_gt(before_a.per_format[CKV_FORMAT_DRAFT], 0, "no draft block");
   cr_assert_gt(before_a.per_format[CKV_FORMAT_STAGED], 0, "no staged block");
   cr_assert_gt(before_a.per_format[CKV_FORMAT_COMMIT4] + before_a.per_format[CKV_FORMAT_ROT4], 0, "no committed block");
   unsigned long long tok[4];
-  tokens_by_state(&e.d, tok);
+  tokens_by_state(&e->d, tok);
   cr_assert_gt(tok[3], 0, "nothing recycled: the workload did not exercise the lifecycle");
   mapped ma, mb;
   map_blocks(c, a, &ma);
   map_blocks(c, b, &mb);
   ckv_arena *mapping = c->arena;
-  long old_pid = e.d.pid;
+  long old_pid = e->d.pid;
 
-  cr_assert_eq(ctl(&e, "restart " UNIT), 0, "systemctl --user restart failed; daemon log %s", e.d.log);
-  wait_restarted(&e, old_pid);
+  cr_assert_eq(ctl(e, "restart " UNIT), 0, "systemctl --user restart failed; daemon log %s", e->d.log);
+  wait_restarted(e, old_pid);
   /* before the worker reconnects: its mapping is whole and live */
   expect_mapping_intact(&ma, "a, after the restart");
   expect_mapping_intact(&mb, "b, after the restart");
@@ -478,13 +481,13 @@ Test(warm, restart_keeps_mapping_and_kv, .timeout = 180) {
 
   int r = ckv_client_reconnect(c);
   cr_assert_eq(r, CKV_OK, "reconnect: %s (%s)", ckv_strerror(r), ckv_client_last_error(c));
-  cr_assert(ckv_client_arena_kept(c), "the worker had to map the arena anew (daemon log %s)", e.d.log);
+  cr_assert(ckv_client_arena_kept(c), "the worker had to map the arena anew (daemon log %s)", e->d.log);
   cr_assert_eq(c->arena, mapping, "the client swapped its mapping");
   ckv_session_close(a);
   ckv_session_close(b);
   char msg[512];
   a = resume(c, "a", &r, msg, sizeof msg);
-  cr_assert_eq(r, CKV_OK, "resume a: %s (%s); daemon log %s", ckv_strerror(r), msg, e.d.log);
+  cr_assert_eq(r, CKV_OK, "resume a: %s (%s); daemon log %s", ckv_strerror(r), msg, e->d.log);
   b = resume(c, "b", &r, msg, sizeof msg);
   cr_assert_eq(r, CKV_OK, "resume b: %s (%s)", ckv_strerror(r), msg);
   ckv_capture after_a = ckv_test_capture_view(c, "a", &k_geom), after_b = ckv_test_capture_view(c, "b", &k_geom);
@@ -498,7 +501,7 @@ Test(warm, restart_keeps_mapping_and_kv, .timeout = 180) {
   for (size_t i = 0; i < na.n; i++) cr_assert(mapped_at(&ma, na.at[i]), "block %zu of a moved in the arena", i);
   mapped_free(&na);
   unsigned long long tok2[4];
-  tokens_by_state(&e.d, tok2);
+  tokens_by_state(&e->d, tok2);
   for (int i = 0; i < 4; i++) cr_assert_eq(tok2[i], tok[i], "state %d: %llu tokens, had %llu", i, tok2[i], tok[i]);
   /* the next round: round 12 again is refused, 13 runs */
   float *attn = calloc(after_a.n_tokens, sizeof(float));
@@ -506,8 +509,8 @@ Test(warm, restart_keeps_mapping_and_kv, .timeout = 180) {
   cr_assert_eq(ckv_session_report(a, 12, 0, attn, after_a.n_tokens, &rr), CKV_ERR_INVALID);
   cr_assert_eq(ckv_session_report(a, 13, 0, attn, after_a.n_tokens, &rr), CKV_OK, "%s", ckv_client_last_error(c));
   free(attn);
-  cr_assert(log_has(e.d.log, "warm-journal"), "the old daemon wrote no journal (log %s)", e.d.log);
-  cr_assert(log_has(e.d.log, "warm-session-kept"), "the new daemon kept no session (log %s)", e.d.log);
+  cr_assert(log_has(e->d.log, "warm-journal"), "the old daemon wrote no journal (log %s)", e->d.log);
+  cr_assert(log_has(e->d.log, "warm-session-kept"), "the new daemon kept no session (log %s)", e->d.log);
   ckv_test_capture_free(&before_a);
   ckv_test_capture_free(&before_b);
   ckv_test_capture_free(&after_a);
@@ -517,27 +520,27 @@ Test(warm, restart_keeps_mapping_and_kv, .timeout = 180) {
   ckv_session_close(a);
   ckv_session_close(b);
   ckv_client_free(c);
-  sd_stop(&e);
+  sd_stop(e);
 }
 
 Test(warm, kill9_says_what_was_dropped, .timeout = 180) {
-  sdenv e;
-  SKIP_WITHOUT_SYSTEMD(&e);
-  ckv_client *c = connect_to(&e.d);
+  sdenv *e = &g_sd;
+  SKIP_WITHOUT_SYSTEMD(e);
+  ckv_client *c = connect_to(&e->d);
   ckv_session *a = session_with_rounds(c, "a", 8), *b = session_with_rounds(c, "b", 8);
   cr_assert_eq(ckv_session_save(b, NULL, false, NULL), CKV_OK, "save: %s", ckv_client_last_error(c));
   ckv_capture before_b = ckv_test_capture_view(c, "b", &k_geom);
   mapped ma;
   map_blocks(c, a, &ma);
   uint64_t gen = ckv_arena_generation(c->arena);
-  long old_pid = e.d.pid;
+  long old_pid = e->d.pid;
 
   cr_assert_eq(kill((pid_t)old_pid, SIGKILL), 0);
-  wait_restarted(&e, old_pid);
+  wait_restarted(e, old_pid);
   /* the new daemon says what it did with the arenas of the killed one */
-  cr_assert(log_has(e.d.log, "warm-journal-missing"), "the new daemon did not say why nothing was kept (log %s)",
-            e.d.log);
-  cr_assert(log_has(e.d.log, "warm-arena-dropped"), "the arena in the store was not dropped (log %s)", e.d.log);
+  cr_assert(log_has(e->d.log, "warm-journal-missing"), "the new daemon did not say why nothing was kept (log %s)",
+            e->d.log);
+  cr_assert(log_has(e->d.log, "warm-arena-dropped"), "the arena in the store was not dropped (log %s)", e->d.log);
   expect_mapping_intact(&ma, "a, after the kill");
 
   int r = ckv_client_reconnect(c);
@@ -558,7 +561,7 @@ Test(warm, kill9_says_what_was_dropped, .timeout = 180) {
   mapped_free(&ma);
   ckv_session_close(b);
   ckv_client_free(c);
-  sd_stop(&e);
+  sd_stop(e);
 }
 
 static void request_damage(const sdenv *e, const char *what) {
@@ -568,18 +571,18 @@ static void request_damage(const sdenv *e, const char *what) {
 }
 
 Test(warm, corrupt_journal_refused, .timeout = 240) {
-  sdenv e;
-  SKIP_WITHOUT_SYSTEMD(&e);
-  ckv_client *c = connect_to(&e.d);
+  sdenv *e = &g_sd;
+  SKIP_WITHOUT_SYSTEMD(e);
+  ckv_client *c = connect_to(&e->d);
   ckv_session *a = session_with_rounds(c, "a", 6), *b = session_with_rounds(c, "b", 6);
   ckv_capture before_a = ckv_test_capture_view(c, "a", &k_geom);
 
   /* 1: b's journal entry damaged: b is dropped and says so, a is kept */
-  request_damage(&e, "entry");
-  long old_pid = e.d.pid;
-  cr_assert_eq(ctl(&e, "restart " UNIT), 0, "systemctl --user restart failed; daemon log %s", e.d.log);
-  wait_restarted(&e, old_pid);
-  cr_assert(log_has(e.d.log, "warm-session-dropped"), "the damaged entry was not refused (log %s)", e.d.log);
+  request_damage(e, "entry");
+  long old_pid = e->d.pid;
+  cr_assert_eq(ctl(e, "restart " UNIT), 0, "systemctl --user restart failed; daemon log %s", e->d.log);
+  wait_restarted(e, old_pid);
+  cr_assert(log_has(e->d.log, "warm-session-dropped"), "the damaged entry was not refused (log %s)", e->d.log);
   int r = ckv_client_reconnect(c);
   cr_assert_eq(r, CKV_OK, "reconnect: %s (%s)", ckv_strerror(r), ckv_client_last_error(c));
   cr_assert(ckv_client_arena_kept(c));
@@ -598,11 +601,11 @@ Test(warm, corrupt_journal_refused, .timeout = 240) {
   b = session_with_rounds(c, "b", 2);
 
   /* 2: the manifest damaged: refused with a log line, nothing kept, serving */
-  request_damage(&e, "manifest");
-  old_pid = e.d.pid;
-  cr_assert_eq(ctl(&e, "restart " UNIT), 0, "systemctl --user restart failed; daemon log %s", e.d.log);
-  wait_restarted(&e, old_pid);
-  cr_assert(log_has(e.d.log, "warm-journal-refused"), "the damaged manifest was not refused (log %s)", e.d.log);
+  request_damage(e, "manifest");
+  old_pid = e->d.pid;
+  cr_assert_eq(ctl(e, "restart " UNIT), 0, "systemctl --user restart failed; daemon log %s", e->d.log);
+  wait_restarted(e, old_pid);
+  cr_assert(log_has(e->d.log, "warm-journal-refused"), "the damaged manifest was not refused (log %s)", e->d.log);
   r = ckv_client_reconnect(c);
   cr_assert_eq(r, CKV_OK, "reconnect: %s (%s)", ckv_strerror(r), ckv_client_last_error(c));
   cr_assert_not(ckv_client_arena_kept(c), "an arena of a refused journal was handed out");
@@ -615,7 +618,7 @@ Test(warm, corrupt_journal_refused, .timeout = 240) {
   ckv_session_close(a);
   ckv_test_capture_free(&before_a);
   ckv_client_free(c);
-  sd_stop(&e);
+  sd_stop(e);
 }
 
 Test(warm, snapshot_path_without_systemd, .timeout = 120) {
