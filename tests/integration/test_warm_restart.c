@@ -459,6 +459,10 @@ Test(warm, restart_keeps_mapping_and_kv, .timeout = 180) {
   SKIP_WITHOUT_SYSTEMD(e);
   ckv_client *c = connect_to(&e->d);
   ckv_session *a = session_with_rounds(c, "a", 12), *b = session_with_rounds(c, "b", 5);
+  /* Moves run off the critical path: the stop settles them before it writes
+   * the journal, so settle them here too (a save does) before capturing. */
+  cr_assert_eq(ckv_session_save(a, NULL, false, NULL), CKV_OK, "save: %s", ckv_client_last_error(c));
+  cr_assert_eq(ckv_session_save(b, NULL, false, NULL), CKV_OK, "save: %s", ckv_client_last_error(c));
   ckv_capture before_a = ckv_test_capture_view(c, "a", &k_geom), before_b = ckv_test_capture_view(c, "b", &k_geom);
   cr_assert_gt(before_a.per_format[CKV_FORMAT_DRAFT], 0, "no draft block");
   cr_assert_gt(before_a.per_format[CKV_FORMAT_STAGED], 0, "no staged block");
@@ -575,6 +579,7 @@ Test(warm, corrupt_journal_refused, .timeout = 240) {
   SKIP_WITHOUT_SYSTEMD(e);
   ckv_client *c = connect_to(&e->d);
   ckv_session *a = session_with_rounds(c, "a", 6), *b = session_with_rounds(c, "b", 6);
+  cr_assert_eq(ckv_session_save(a, "a-settled", false, NULL), CKV_OK, "save: %s", ckv_client_last_error(c));
   ckv_capture before_a = ckv_test_capture_view(c, "a", &k_geom);
 
   /* 1: b's journal entry damaged: b is dropped and says so, a is kept */
