@@ -37,8 +37,10 @@ static int copy_tokens(const ckv_tokens *src, ckv_tokens *dst) {
   return ckv_tokens_append_rows(dst, src);
 }
 
-int ckv_session_snap_capture(const ckv_srv_session *s, bool committed_only, ckv_snap *ret, uint64_t *ret_tokens,
-                             char *err, size_t errlen) {
+/* refs: a warm-restart journal entry: only the header regions are copied
+ * (the payload stays in the kept arena), blocks get their offsets later. */
+static int capture(const ckv_srv_session *s, bool committed_only, bool refs, ckv_snap *ret, uint64_t *ret_tokens,
+                   char *err, size_t errlen) {
   if (s->tenant->mem != &ckv_blockmem_host)
     return fail(err, errlen, CKV_ERR_UNSUPPORTED, "snapshots need a host arena (this tenant's memory is %s)",
                 s->tenant->mem->name);
@@ -99,7 +101,7 @@ int ckv_session_snap_capture(const ckv_srv_session *s, bool committed_only, ckv_
     const ckv_sblock *b = &s->blocks[i];
     if (b->format == CKV_BLOCK_UNUSED) continue;
     if (!committed_only) keep[i] = true;
-    if (keep[i]) total += b->bytes;
+    if (keep[i]) total += refs ? ckv_block_payload_offset(b->capacity) : b->bytes;
   }
   if (!(snap.buf_ = malloc(total ? total : 1))) {
     r = fail(err, errlen, -ENOMEM, "out of memory copying %llu bytes of blocks", (unsigned long long)total);
@@ -118,7 +120,7 @@ int ckv_session_snap_capture(const ckv_srv_session *s, bool committed_only, ckv_
     size_t head = ckv_block_payload_offset(b->capacity);
     /* the header region from the daemon's private shadow, the payload from the arena */
     memcpy(at, b->meta, head);
-    memcpy(at + head, (const uint8_t *)ckv_tenant_ptr(s->tenant, b->offset) + head, b->bytes - head);
+    if (!refs) memcpy(at + head, (const uint8_t *)ckv_tenant_ptr(s->tenant, b->offset) + head, b->bytes - head);
     if (committed_only) { /* the valid bits of the tokens not kept are cleared in the copy */
       const uint32_t *pos = ckv_block_positions_const(at);
       for (uint32_t slot = 0; slot < b->capacity; slot++)
@@ -130,8 +132,8 @@ int ckv_session_snap_capture(const ckv_srv_session *s, bool committed_only, ckv_
     snap.blocks[snap.n_blocks++] = (ckv_snap_block){
         .index = (uint32_t)i, .format = b->format, .capacity = b->capacity, .used = b->used,
         .kept = ckv_format_is_commit(b->format) ? h->kept_channels : 0, .bytes = b->bytes, .meta = at,
-        .payload = at + head};
-    at += b->bytes;
+        .payload = refs ? NULL : at + head};
+    at += refs ? head : b->bytes;
   }
   uint64_t live = 0;
   for (size_t p = 0; p < t->n; p++) live += t->state[p] != CKV_STATE_RECYCLED;
@@ -143,6 +145,11 @@ out:
   free(keep);
   ckv_snap_done(&snap);
   return r;
+}
+
+int ckv_session_snap_capture(const ckv_srv_session *s, bool committed_only, ckv_snap *ret, uint64_t *ret_tokens,
+                             char *err, size_t errlen) {
+  return capture(s, committed_only, /* refs= */ false, ret, ret_tokens, err, errlen);
 }
 
 int ckv_session_snap_save(const ckv_srv_session *s, const char *dir, const char *name, bool committed_only,
@@ -289,7 +296,7 @@ int ckv_session_snap_restore_kept(const ckv_snap *snap, const char *id, ckv_tena
 
 int ckv_session_snap_capture_refs(const ckv_srv_session *s, ckv_snap *ret, char *err, size_t errlen) {
   uint64_t tokens = 0;
-  int r = ckv_session_snap_capture(s, /* committed_only= */ false, ret, &tokens, err, errlen);
+  int r = capture(s, /* committed_only= */ false, /* refs= */ true, ret, &tokens, err, errlen);
   if (r < 0) return r;
   /* the same description, each block by its place instead of its bytes */
   ret->flags |= CKV_SNAP_BLOCK_REFS;
@@ -297,7 +304,6 @@ int ckv_session_snap_capture_refs(const ckv_srv_session *s, ckv_snap *ret, char 
     ckv_snap_block *b = &ret->blocks[i];
     const ckv_sblock *sb = &s->blocks[b->index];
     b->arena_offset = sb->offset;
-    b->payload = NULL;
     if ((r = ckv_slab_block_slab(s->tenant->slab, sb->offset, &b->slab_offset)) < 0) {
       ckv_snap_done(ret);
       return fail(err, errlen, CKV_ERR_INTERNAL, "block %u is not a live block of the allocator", b->index);

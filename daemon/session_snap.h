@@ -53,8 +53,8 @@ int ckv_session_snap_restore(const ckv_snap *snap, const char *id, ckv_tenant *t
                              uint64_t *next_block_id, ckv_srv_session **ret, char *err, size_t errlen);
 
 /* Warm restart (warm.h).  capture_refs: ckv_session_snap_capture of the
- * whole session with CKV_SNAP_BLOCK_REFS (each block's arena and slab
- * offset; its payload is not copied: the arena is kept).  restore_kept: the
+ * whole session with CKV_SNAP_BLOCK_REFS (each block's header region, arena
+ * and slab offset; no payload byte is copied: the arena is kept).  restore_kept: the
  * restore of such an entry into the adopted arena of t, each block claimed
  * at its old offset (tenant.h claim), payload untouched; the offsets are
  * checked against the arena and the allocator (a block outside the arena,
