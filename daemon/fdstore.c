@@ -55,8 +55,8 @@ void ckv_fdstore_take_arenas(ckv_fdstore_arena **ret, size_t *ret_n) {
       errno = 0;
       unsigned long long g = strtoull(name + plen, &end, 16);
       if (errno || !end || *end || end - (name + plen) != 16 || !g || !out) {
-        ckv_log(CKV_LOG_WARNING, "fdstore-refused", NULL, NULL, "fd %d named '%.80s' from the store is no arena: closed",
-                fd, name);
+        ckv_log(CKV_LOG_WARNING, "fdstore-refused", NULL, NULL,
+                "fd %d named '%.80s' from the store is no arena: closed", fd, name);
         close(fd);
         char msg[320];
         snprintf(msg, sizeof msg, "FDSTOREREMOVE=1\nFDNAME=%.255s", name);

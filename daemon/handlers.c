@@ -231,7 +231,9 @@ static int opened_reply(ckv_server *s, ckv_srv_session *sess, bool resumed, repl
  * restart at start dropped it (warm.h): what could not be kept is said. */
 static int not_resumable(ckv_conn *c, const char *id, reply_ctx *x) {
   const char *why = ckv_warm_dropped(c->tenant->name, id);
-  if (why) return fail(x, CKV_ERR_NOT_FOUND, "no session '%s' to resume: the daemon's warm restart dropped it: %s", id, why);
+  if (why)
+    return fail(x, CKV_ERR_NOT_FOUND, "no session '%s' to resume: the daemon's warm restart dropped it: %s", id, why);
+  if ((why = ckv_warm_unclean())) return fail(x, CKV_ERR_NOT_FOUND, "no session '%s' to resume (%s)", id, why);
   return fail(x, CKV_ERR_NOT_FOUND, "no session '%s' to resume", id);
 }
 

@@ -54,6 +54,9 @@ typedef struct dropped {
 } dropped;
 
 static dropped *g_dropped;
+/* The start found arenas in the store and no journal: the daemon before us
+ * was killed or crashed.  Said on every resume that finds nothing. */
+static bool g_unclean;
 
 __attribute__((format(printf, 3, 4))) static void note_dropped(const char *tenant, const char *id, const char *fmt,
                                                                ...) {
@@ -74,6 +77,12 @@ const char *ckv_warm_dropped(const char *tenant, const char *id) {
   for (const dropped *d = g_dropped; d; d = d->next)
     if (strcmp(d->key, key) == 0) return d->why;
   return NULL;
+}
+
+const char *ckv_warm_unclean(void) {
+  return g_unclean ? "the daemon before this one did not stop cleanly (killed or crashed): sessions that lived only "
+                     "in its memory are gone, saved ones come back from their snapshots"
+                   : NULL;
 }
 
 /* ---- manifest encoding ---- */
@@ -333,8 +342,8 @@ static bool rebuild_session(ckv_server *s, ckv_tenant *t, const char *id) {
   if (r == CKV_OK) r = ckv_snap_read(path, &snap, err, sizeof err);
   else snprintf(err, sizeof err, "no journal entry path: %s", ckv_strerror(r));
   if (r < 0) {
-    ckv_log(CKV_LOG_WARNING, "warm-session-dropped", t->name, id, "not kept across the restart: journal entry refused: %s",
-            err);
+    ckv_log(CKV_LOG_WARNING, "warm-session-dropped", t->name, id,
+            "not kept across the restart: journal entry refused: %s", err);
     note_dropped(t->name, id, "its journal entry was refused (%.150s)", err);
     return false;
   }
@@ -392,7 +401,8 @@ void ckv_warm_start(ckv_server *s) {
   if (r < 0 && r != -ENOENT)
     ckv_log(CKV_LOG_ERROR, "warm-journal-refused", NULL, NULL,
             "warm-restart journal refused, no session is kept from it: %s", err);
-  if (r == -ENOENT && n_fds)
+  g_unclean = r == -ENOENT && n_fds;
+  if (g_unclean)
     ckv_log(CKV_LOG_WARNING, "warm-journal-missing", NULL, NULL,
             "the fd store holds %zu arena(s) but there is no journal: the previous daemon did not stop cleanly "
             "(killed or crashed); its sessions are not kept (saved ones come back from their snapshots)",
@@ -589,8 +599,8 @@ size_t ckv_warm_stop(ckv_server *s) {
   }
   free(m.p);
   if (r < 0) {
-    ckv_log(CKV_LOG_ERROR, "warm-journal-failed", NULL, NULL, "cannot write the warm-restart journal: %s; nothing is kept",
-            ckv_strerror(r));
+    ckv_log(CKV_LOG_ERROR, "warm-journal-failed", NULL, NULL,
+            "cannot write the warm-restart journal: %s; nothing is kept", ckv_strerror(r));
     remove_journal(s);
     return 0;
   }

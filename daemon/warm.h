@@ -47,5 +47,9 @@ void ckv_warm_tenant_up(ckv_server *s, ckv_tenant *t);
 size_t ckv_warm_stop(ckv_server *s);
 /* Why the warm restart did not keep session `id` of `tenant`, or NULL. */
 const char *ckv_warm_dropped(const char *tenant, const char *id);
+/* Why sessions of the previous daemon may be missing although no journal
+ * named them (it was killed or crashed: the store held arenas, no journal
+ * came with them), or NULL.  Says nothing about any one id. */
+const char *ckv_warm_unclean(void);
 
 #endif

@@ -556,6 +556,7 @@ Test(warm, kill9_says_what_was_dropped, .timeout = 180) {
   char msg[512];
   a = resume(c, "a", &r, msg, sizeof msg);
   cr_assert_eq(r, CKV_ERR_NOT_FOUND, "resume of a session nobody kept: %s (%s)", ckv_strerror(r), msg);
+  cr_assert(strstr(msg, "did not stop cleanly"), "NOT_FOUND does not say why: %s", msg);
   b = resume(c, "b", &r, msg, sizeof msg);
   cr_assert_eq(r, CKV_OK, "resume of a saved session from its snapshot: %s (%s)", ckv_strerror(r), msg);
   ckv_capture after_b = ckv_test_capture_view(c, "b", &k_geom);
