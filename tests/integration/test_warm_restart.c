@@ -23,8 +23,9 @@
  *   answers NOT_FOUND.
  * - corrupt_journal_refused: a journal entry with a flipped byte drops that
  *   session (NOT_FOUND saying the warm restart dropped it) and keeps the
- *   other; a manifest with a flipped byte is refused with a log line and
- *   nothing is kept; the daemon serves after both.
+ *   other; a manifest with a flipped byte, cut short, or of another version
+ *   is refused with a log line and nothing is kept; the daemon serves after
+ *   each.
  * - snapshot_path_without_systemd: no service manager: no journal, no fd
  *   store; a saved session comes back from its snapshot after a restart.
  *
@@ -166,19 +167,22 @@ static void write_file(const char *path, const char *text) {
 
 /* Writes the unit: commitkvd on sockets and a state directory of this test.
  * ExecStartPre damages the journal when the test left a request for it in
- * DIR/damage ("manifest" or "entry"), between the old daemon's stop and the
- * new one's start. */
+ * DIR/damage ("manifest", "entry", "truncate", "version"), between the old
+ * daemon's stop and the new one's start. */
 static void write_unit(const sdenv *e) {
   char path[400], unit[4096], asan[600] = "";
   const char *ao = getenv("ASAN_OPTIONS");
   if (ao && *ao) snprintf(asan, sizeof asan, "Environment=\"ASAN_OPTIONS=%s\"\n", ao);
   snprintf(path, sizeof path, "%s/damage.sh", e->dir);
-  char script[1400];
+  char script[2000];
   snprintf(script, sizeof script,
            "#!/bin/sh\n"
-           "# flips one byte of the warm-restart journal once, when the test asks\n"
+           "# damages the warm-restart journal once, when the test asks\n"
            "[ -f %1$s/damage ] || exit 0\n"
            "what=$(cat %1$s/damage); rm -f %1$s/damage\n"
+           "if [ \"$what\" = truncate ]; then truncate -s 10 %2$s/warm/journal; echo truncated >&2; exit 0; fi\n"
+           "if [ \"$what\" = version ]; then printf '\\002\\000\\000\\000\\375\\377\\377\\377' | "
+           "dd of=%2$s/warm/journal bs=1 seek=8 conv=notrunc 2>/dev/null; echo version 2 >&2; exit 0; fi\n"
            "if [ \"$what\" = manifest ]; then f=%2$s/warm/journal; off=30\n"
            "else f=$(ls %2$s/warm/*/b.ckvsnap); off=200; fi\n"
            "[ -f \"$f\" ] || { echo \"no journal file to damage\" >&2; exit 0; }\n"
@@ -622,6 +626,22 @@ Test(warm, corrupt_journal_refused, .timeout = 240) {
   cr_assert_eq(r, CKV_ERR_NOT_FOUND, "resume after a refused journal: %s (%s)", ckv_strerror(r), msg);
   a = session_with_rounds(c, "a", 2); /* and it serves new sessions */
   ckv_session_close(a);
+
+  /* 3, 4: a manifest cut short, one of another version: refused, serving */
+  const char *kinds[] = {"truncate", "version"};
+  const char *says[] = {"no journal magic (10 bytes)", "journal version 2, this build reads 1"};
+  for (int k = 0; k < 2; k++) {
+    request_damage(e, kinds[k]);
+    old_pid = e->d.pid;
+    cr_assert_eq(ctl(e, "restart " UNIT), 0, "systemctl --user restart failed; daemon log %s", e->d.log);
+    wait_restarted(e, old_pid);
+    cr_assert(log_has(e->d.log, says[k]), "a %s journal was not refused with '%s' (log %s)", kinds[k], says[k],
+              e->d.log);
+    r = ckv_client_reconnect(c);
+    cr_assert_eq(r, CKV_OK, "reconnect: %s (%s)", ckv_strerror(r), ckv_client_last_error(c));
+    cr_assert_not(ckv_client_arena_kept(c));
+    ckv_test_expect_serving(c);
+  }
   ckv_test_capture_free(&before_a);
   ckv_client_free(c);
   sd_stop(e);
