@@ -247,6 +247,7 @@ static int attach(ckv_client *c, const char *path, const char *name, bool want_a
   memcpy(c->boot_token, rep->boot_token.data, sizeof(c->boot_token));
   snprintf(c->tenant, sizeof(c->tenant), "%s", rep->tenant ? rep->tenant : "");
   c->admin = rep->admin;
+  c->arena_kept = false;
   for (size_t i = 0; i < rep->n_arenas && i < 1; i++) {
     const Commitkv__V1__ArenaInfo *a = rep->arenas[i];
     ckv_arena_desc d;
@@ -264,7 +265,6 @@ static int attach(ckv_client *c, const char *path, const char *name, bool want_a
       c->arena_kept = true;
       continue;
     }
-    c->arena_kept = false;
     r = ckv_arena_import(&d, &c->arena);
     if (r < 0) {
       arena_error(c, "cannot map arena", a->arena_id, d.kind, r);

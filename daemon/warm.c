@@ -522,6 +522,7 @@ size_t ckv_warm_stop(ckv_server *s) {
   if (mkdir(top, 0700) < 0 && errno != EEXIST) {
     ckv_log(CKV_LOG_ERROR, "warm-journal-failed", NULL, NULL, "cannot create %s: %s; nothing is kept", top,
             strerror(errno));
+    for (size_t i = 0; i < s->n_tenants; i++) ckv_fdstore_remove_arena(ckv_arena_generation(s->tenants[i]->arena));
     return 0;
   }
   buf m = {0};
@@ -602,6 +603,8 @@ size_t ckv_warm_stop(ckv_server *s) {
     ckv_log(CKV_LOG_ERROR, "warm-journal-failed", NULL, NULL,
             "cannot write the warm-restart journal: %s; nothing is kept", ckv_strerror(r));
     remove_journal(s);
+    /* the arenas are freed as usual: the store must not offer them either */
+    for (size_t i = 0; i < s->n_tenants; i++) ckv_fdstore_remove_arena(ckv_arena_generation(s->tenants[i]->arena));
     return 0;
   }
   /* Hand the arenas on: no block goes back to an allocator (no hole is
