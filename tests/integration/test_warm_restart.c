@@ -26,6 +26,10 @@
  *   other; a manifest with a flipped byte, cut short, or of another version
  *   is refused with a log line and nothing is kept; the daemon serves after
  *   each.
+ * - two_tenants_keep_their_own_arenas: two tenants (real uids, children
+ *   that switched to them) hold a session of the same id; after a restart
+ *   each one's worker is handed back its own arena (its mapping kept, its
+ *   generation, not the other's) and reads exactly its own K/V.
  * - snapshot_path_without_systemd: no service manager: no journal, no fd
  *   store; a saved session comes back from its snapshot after a restart.
  *
@@ -49,6 +53,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include "client/rpc.h"
 #include "commitkv/commitkv.h"
@@ -75,6 +80,7 @@ static const ckv_geometry k_geom = {LAYERS, HEADS, DIM, 0};
 typedef struct sdenv {
   char *dir;
   char xdg[300], cfg[300], state[300];
+  char extra[480]; /* more commitkvd arguments (--config ...) */
   pid_t manager;
   ckv_test_daemon d; /* socket, attach, log of the unit's daemon; dir = the state dir */
 } sdenv;
@@ -204,18 +210,20 @@ static void write_unit(const sdenv *e) {
            "%s"
            "ExecStartPre=%s/damage.sh\n"
            "ExecStart=%s/commitkvd --socket %s --attach-socket %s --state-dir %s --backend host --set daemon.metrics= "
-           "--set daemon.detach_keep=120s\n"
+           "--set daemon.detach_keep=120s %s\n"
            "StandardOutput=append:%s\n"
            "StandardError=append:%s\n",
-           asan, e->dir, ckv_test_bin_dir(), e->d.socket, e->d.attach, e->state, e->d.log, e->d.log);
+           asan, e->dir, ckv_test_bin_dir(), e->d.socket, e->d.attach, e->state, e->extra, e->d.log, e->d.log);
   snprintf(path, sizeof path, "%s/systemd/user/" UNIT, e->cfg);
   write_file(path, unit);
 }
 
 static void sd_stop(sdenv *e);
+static bool sd_start_with(sdenv *e, const char *config, char *why, size_t whylen);
 
-/* Starts the manager and the unit; false (with why) when no manager runs. */
-static bool sd_start(sdenv *e, char *why, size_t whylen) {
+/* Starts the manager and the unit; false (with why) when no manager runs.
+ * `config`: text of a commitkvd.conf for the unit, or NULL. */
+static bool sd_start_with(sdenv *e, const char *config, char *why, size_t whylen) {
   memset(e, 0, sizeof *e);
   const char *no = cannot_run();
   if (no) {
@@ -240,6 +248,12 @@ static bool sd_start(sdenv *e, char *why, size_t whylen) {
   snprintf(e->d.attach, sizeof e->d.attach, "%s/commitkvd.attach", e->dir);
   snprintf(e->d.log, sizeof e->d.log, "%s/commitkvd.log", e->dir);
   e->d.dir = e->state;
+  if (config) {
+    snprintf(p, sizeof p, "%s/commitkvd.conf", e->dir);
+    write_file(p, config);
+    snprintf(e->extra, sizeof e->extra, "--config %.400s", p);
+    cr_assert_eq(chmod(e->dir, 0755), 0); /* other uids reach the sockets */
+  }
   write_unit(e);
   g_env = e;
   e->manager = fork();
@@ -313,10 +327,11 @@ static void suite_fini(void) {
 
 TestSuite(warm, .fini = suite_fini);
 
-#define SKIP_WITHOUT_SYSTEMD(e)                                                                               \
+#define SKIP_WITHOUT_SYSTEMD(e) SKIP_WITHOUT_SYSTEMD_CONF(e, NULL)
+#define SKIP_WITHOUT_SYSTEMD_CONF(e, conf)                                                                    \
   do {                                                                                                        \
     char why_[512];                                                                                           \
-    if (!sd_start(e, why_, sizeof why_)) {                                                                    \
+    if (!sd_start_with(e, conf, why_, sizeof why_)) {                                                         \
       printf("SKIPPED: %s (test_warm_restart.snapshot_path_without_systemd covers the snapshot path)\n", why_); \
       fflush(stdout);                                                                                         \
       cr_skip("%s", why_);                                                                                    \
@@ -684,4 +699,159 @@ Test(warm, snapshot_path_without_systemd, .timeout = 120) {
   ckv_session_close(a);
   ckv_client_free(c);
   cr_expect_eq(ckv_test_daemon_stop(&d), 0);
+}
+
+/* ---- two tenants ---- */
+
+#define TENANT_TOKENS 40u
+
+typedef struct tenant_ctx {
+  const sdenv *e;
+  unsigned tag;
+} tenant_ctx;
+
+typedef struct tenant_report {
+  char step[64]; /* the step that failed, "" when all went well */
+  int code;
+  char msg[200];
+  char tenant[64];
+  uint64_t gen_before, gen_after, sum_before, sum_after, tokens_after;
+  int kept, same_base;
+} tenant_report;
+
+/* A commutative digest of what a view shows: per block its valid (slot,
+ * position) pairs and payload; blocks may come back in another order. */
+static uint64_t view_digest(ckv_session *s, int *ret_code) {
+  const ckv_view *v = NULL;
+  *ret_code = ckv_session_view(s, &v);
+  if (*ret_code != CKV_OK) return 0;
+  uint64_t sum = 0;
+  const ckv_block_view *lists[3] = {v->draft, v->staged, v->committed};
+  size_t counts[3] = {v->n_draft, v->n_staged, v->n_committed};
+  for (int k = 0; k < 3; k++)
+    for (size_t i = 0; i < counts[k]; i++) {
+      const ckv_block_view *b = &lists[k][i];
+      const uint8_t *base = b->data;
+      size_t head = ckv_block_payload_offset(b->capacity);
+      uint64_t h = XXH64(base + head, b->bytes - head, b->format);
+      const uint32_t *pos = ckv_block_positions_const(base);
+      for (uint32_t slot = 0; slot < b->capacity; slot++)
+        if (ckv_block_slot_valid(base, slot)) h ^= XXH64(&pos[slot], 4, slot + 1);
+      sum += h;
+    }
+  return sum;
+}
+
+static bool wait_file(const char *path, int timeout_ms) {
+  long long end = ckv_test_now_ms() + timeout_ms;
+  while (access(path, F_OK) != 0) {
+    if (ckv_test_now_ms() > end) return false;
+    usleep(20000);
+  }
+  return true;
+}
+
+#define CHILD_STEP(rep, what, expr)                                                            \
+  do {                                                                                         \
+    int r_ = (expr);                                                                           \
+    if (r_ != CKV_OK) {                                                                        \
+      snprintf((rep)->step, sizeof (rep)->step, "%s", what);                                   \
+      (rep)->code = r_;                                                                        \
+      snprintf((rep)->msg, sizeof (rep)->msg, "%s", c ? ckv_client_last_error(c) : ckv_client_connect_error()); \
+      goto out;                                                                                \
+    }                                                                                          \
+  } while (0)
+
+/* In a child as the tenant's uid: write K/V, wait for the restart, reconnect, resume, read. */
+static void tenant_body(const void *vctx, void *vrep) {
+  const tenant_ctx *t = vctx;
+  tenant_report *rep = vrep;
+  ckv_client *c = NULL;
+  ckv_session *s = NULL;
+  char flag[400];
+  ckv_client_options o = {.socket = t->e->d.socket, .attach_socket = t->e->d.attach, .name = "warm-tenant",
+                          .timeout_ms = 10000};
+  CHILD_STEP(rep, "connect", ckv_client_connect(&o, &c));
+  snprintf(rep->tenant, sizeof rep->tenant, "%s", ckv_client_tenant(c));
+  CHILD_STEP(rep, "open", ckv_session_open(c, "same-id", &k_geom, NULL, &s));
+  uint64_t first = 0;
+  CHILD_STEP(rep, "append", ckv_session_append(s, TENANT_TOKENS, NULL, NULL, NULL, NULL, &first));
+  for (uint64_t pos = first; pos < first + TENANT_TOKENS; pos++)
+    for (uint32_t layer = 0; layer < LAYERS; layer++) {
+      uint16_t k[HEADS * DIM], v[HEADS * DIM];
+      for (uint32_t el = 0; el < HEADS * DIM; el++) {
+        k[el] = ckv_f32_to_f16(ckv_test_kv_value(pos + 7919u * t->tag, layer, 0, el));
+        v[el] = ckv_f32_to_f16(ckv_test_kv_value(pos + 7919u * t->tag, layer, 1, el));
+      }
+      CHILD_STEP(rep, "write_kv", ckv_session_write_kv(s, pos, layer, k, v));
+    }
+  int vr;
+  rep->sum_before = view_digest(s, &vr);
+  CHILD_STEP(rep, "view before", vr);
+  rep->gen_before = ckv_arena_generation(c->arena);
+  const void *base = ckv_arena_base(c->arena);
+  snprintf(flag, sizeof flag, "%s/flags/ready-%u", t->e->dir, t->tag);
+  FILE *f = fopen(flag, "w");
+  if (f) fclose(f);
+  snprintf(flag, sizeof flag, "%s/flags/restarted", t->e->dir);
+  CHILD_STEP(rep, "wait for the restart", wait_file(flag, 60000) ? CKV_OK : CKV_ERR_TIMEOUT);
+  CHILD_STEP(rep, "reconnect", ckv_client_reconnect(c));
+  rep->kept = ckv_client_arena_kept(c);
+  rep->gen_after = ckv_arena_generation(c->arena);
+  rep->same_base = ckv_arena_base(c->arena) == base;
+  ckv_session_close(s);
+  s = NULL;
+  ckv_session_options ro = {.resume = true};
+  CHILD_STEP(rep, "resume", ckv_session_open(c, "same-id", NULL, &ro, &s));
+  rep->tokens_after = ckv_session_tokens(s);
+  rep->sum_after = view_digest(s, &vr);
+  CHILD_STEP(rep, "view after", vr);
+out:
+  if (s) ckv_session_close(s);
+  ckv_client_free(c);
+}
+
+Test(warm, two_tenants_keep_their_own_arenas, .timeout = 180) {
+  static const unsigned uids[2] = {65531, 65532};
+  char conf[400];
+  snprintf(conf, sizeof conf, "[tenant.w1]\nuids = %u\nquota = 64M\n[tenant.w2]\nuids = %u\nquota = 64M\n",
+           uids[0], uids[1]);
+  sdenv *e = &g_sd;
+  SKIP_WITHOUT_SYSTEMD_CONF(e, conf);
+  char flags[400];
+  snprintf(flags, sizeof flags, "%s/flags", e->dir);
+  cr_assert_eq(mkdir(flags, 0777), 0);
+  cr_assert_eq(chmod(flags, 0777), 0); /* under the umask */
+  /* the children first: this process has no ZeroMQ thread yet (fork safety) */
+  tenant_ctx ctx[2] = {{.e = e, .tag = 1}, {.e = e, .tag = 2}};
+  pid_t pid[2];
+  int fd[2];
+  for (int i = 0; i < 2; i++)
+    pid[i] = ckv_test_begin_as(uids[i], uids[i], tenant_body, &ctx[i], sizeof(tenant_report), &fd[i]);
+  for (int i = 0; i < 2; i++) {
+    char ready[460];
+    snprintf(ready, sizeof ready, "%s/ready-%u", flags, ctx[i].tag);
+    if (!wait_file(ready, DEADLINE_MS)) break; /* the report says why */
+  }
+  long old_pid = e->d.pid;
+  cr_assert_eq(ctl(e, "restart " UNIT), 0, "systemctl --user restart failed; daemon log %s", e->d.log);
+  wait_restarted(e, old_pid);
+  char restarted[460];
+  snprintf(restarted, sizeof restarted, "%s/restarted", flags);
+  write_file(restarted, "");
+  tenant_report rep[2];
+  for (int i = 0; i < 2; i++) {
+    ckv_test_end_as(pid[i], fd[i], &rep[i], sizeof rep[i], DEADLINE_MS * 2);
+    cr_assert_str_empty(rep[i].step, "tenant uid %u: %s failed: %s (%s); daemon log %s", uids[i], rep[i].step,
+                        ckv_strerror(rep[i].code), rep[i].msg, e->d.log);
+    cr_assert_str_eq(rep[i].tenant, i ? "w2" : "w1");
+    cr_assert(rep[i].kept, "tenant %s: its mapping was not kept", rep[i].tenant);
+    cr_assert(rep[i].same_base, "tenant %s: the client swapped its mapping", rep[i].tenant);
+    cr_assert_eq(rep[i].gen_after, rep[i].gen_before, "tenant %s was handed another arena", rep[i].tenant);
+    cr_assert_eq(rep[i].tokens_after, TENANT_TOKENS);
+    cr_assert_eq(rep[i].sum_after, rep[i].sum_before, "tenant %s reads other K/V after the restart", rep[i].tenant);
+  }
+  cr_assert_neq(rep[0].gen_before, rep[1].gen_before, "two tenants shared an arena");
+  cr_assert_neq(rep[0].sum_before, rep[1].sum_before, "the tenants wrote the same K/V: the check proves nothing");
+  sd_stop(e);
 }
