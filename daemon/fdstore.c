@@ -1,7 +1,9 @@
 /* fdstore.c - arenas in systemd's file descriptor store (see fdstore.h). */
 #include "daemon/fdstore.h"
 
+#include <ctype.h>
 #include <errno.h>
+#include <stdbool.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,10 +18,11 @@ int ckv_fdstore_available(void) {
   return e && *e;
 }
 
-int ckv_fdstore_put_arena(int fd, uint64_t generation) {
+int ckv_fdstore_put_arena(int fd, uint64_t generation, uint64_t owner) {
   if (!ckv_fdstore_available()) return 0;
   char msg[96];
-  snprintf(msg, sizeof msg, "FDSTORE=1\nFDNAME=" CKV_FDSTORE_ARENA_PREFIX "%016" PRIx64, generation);
+  snprintf(msg, sizeof msg, "FDSTORE=1\nFDNAME=" CKV_FDSTORE_ARENA_PREFIX "%016" PRIx64 ".%016" PRIx64, generation,
+           owner);
   int r = sd_pid_notify_with_fds(0, /* unset_environment= */ 0, msg, &fd, 1);
   if (r < 0)
     ckv_log(CKV_LOG_WARNING, "fdstore-put", NULL, NULL,
@@ -28,10 +31,11 @@ int ckv_fdstore_put_arena(int fd, uint64_t generation) {
   return r;
 }
 
-void ckv_fdstore_remove_arena(uint64_t generation) {
+void ckv_fdstore_remove_arena(uint64_t generation, uint64_t owner) {
   if (!ckv_fdstore_available()) return;
   char msg[96];
-  snprintf(msg, sizeof msg, "FDSTOREREMOVE=1\nFDNAME=" CKV_FDSTORE_ARENA_PREFIX "%016" PRIx64, generation);
+  snprintf(msg, sizeof msg, "FDSTOREREMOVE=1\nFDNAME=" CKV_FDSTORE_ARENA_PREFIX "%016" PRIx64 ".%016" PRIx64,
+           generation, owner);
   (void)sd_notify(0, msg);
 }
 
@@ -51,10 +55,12 @@ void ckv_fdstore_take_arenas(ckv_fdstore_arena **ret, size_t *ret_n) {
     int fd = SD_LISTEN_FDS_START + i;
     const char *name = names[i] ? names[i] : "";
     if (strncmp(name, CKV_FDSTORE_ARENA_PREFIX, plen) == 0) {
-      char *end = NULL;
-      errno = 0;
-      unsigned long long g = strtoull(name + plen, &end, 16);
-      if (errno || !end || *end || end - (name + plen) != 16 || !g || !out) {
+      /* "<16 hex>.<16 hex>" exactly */
+      const char *p = name + plen;
+      bool ok = strlen(p) == 33 && p[16] == '.';
+      for (int h = 0; ok && h < 33; h++) ok = h == 16 || isxdigit((unsigned char)p[h]);
+      unsigned long long g = ok ? strtoull(p, NULL, 16) : 0, o = ok ? strtoull(p + 17, NULL, 16) : 0;
+      if (!ok || !g || !out) {
         ckv_log(CKV_LOG_WARNING, "fdstore-refused", NULL, NULL,
                 "fd %d named '%.80s' from the store is no arena: closed", fd, name);
         close(fd);
@@ -62,7 +68,7 @@ void ckv_fdstore_take_arenas(ckv_fdstore_arena **ret, size_t *ret_n) {
         snprintf(msg, sizeof msg, "FDSTOREREMOVE=1\nFDNAME=%.255s", name);
         (void)sd_notify(0, msg);
       } else {
-        out[k++] = (ckv_fdstore_arena){.fd = fd, .generation = g};
+        out[k++] = (ckv_fdstore_arena){.fd = fd, .generation = g, .owner = o};
       }
     }
     free(names[i]);

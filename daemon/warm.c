@@ -3,6 +3,7 @@
  *
  * The manifest, STATE_DIR/warm/journal (all integers little-endian):
  *   "CKVWARM\0" · u32 version · u32 ~version · u64 written_at_ms ·
+ *   u64 owner (the writer's tag: its arenas sit in the fd store under it) ·
  *   u32 n_tenants, then per tenant: str name · u64 arena generation ·
  *   u64 arena bytes · u64 quota · u32 max_sessions · u32 max_clients ·
  *   u32 policies · i32 default_policy · u32 n_sessions, then n_sessions
@@ -160,6 +161,13 @@ static uint64_t now_ms_real(void) {
   return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
+/* This daemon's tag in the fd store's names (fdstore.h): from its boot token. */
+static uint64_t owner_tag(const ckv_server *s) {
+  uint64_t t;
+  memcpy(&t, s->boot_token, sizeof t);
+  return t ? t : 1;
+}
+
 static bool warm_enabled(const ckv_server *s) {
   return s->opt.state_dir && *s->opt.state_dir && ckv_fdstore_available() &&
          strcmp(s->backend->name, ckv_arena_host_backend.name) == 0;
@@ -219,8 +227,8 @@ static void jtenants_free(jtenant *t, size_t n) {
 
 /* Reads and checks the manifest.  CKV_OK with *ret and *ret_n, -ENOENT when
  * there is none, else a code and err. */
-static int read_manifest(const char *path, jtenant **ret, size_t *ret_n, uint64_t *ret_written, char *err,
-                         size_t errlen) {
+static int read_manifest(const char *path, jtenant **ret, size_t *ret_n, uint64_t *ret_written, uint64_t *ret_owner,
+                         char *err, size_t errlen) {
   int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) {
     if (errno == ENOENT) return -ENOENT;
@@ -273,7 +281,7 @@ static int read_manifest(const char *path, jtenant **ret, size_t *ret_n, uint64_
     goto out;
   }
   cur c = {.p = p, .n = len - 8, .at = 16};
-  uint64_t written = get_u64(&c);
+  uint64_t written = get_u64(&c), owner = get_u64(&c);
   nt = get_u32(&c);
   if (c.short_ || nt > 4096) {
     snprintf(err, errlen, "%.300s: %u tenants", path, nt);
@@ -317,6 +325,7 @@ static int read_manifest(const char *path, jtenant **ret, size_t *ret_n, uint64_
   *ret = ts;
   *ret_n = nt;
   *ret_written = written;
+  *ret_owner = owner;
   ts = NULL;
   r = CKV_OK;
 out:
@@ -331,7 +340,7 @@ static void drop_arena_fd(ckv_fdstore_arena *a, const char *why) {
           a->generation, why);
   close(a->fd);
   a->fd = -1;
-  ckv_fdstore_remove_arena(a->generation);
+  ckv_fdstore_remove_arena(a->generation, a->owner);
 }
 
 /* Rebuilds session `id` of t from its journal entry; logs and notes a drop. */
@@ -393,11 +402,11 @@ void ckv_warm_start(ckv_server *s) {
   ckv_fdstore_take_arenas(&fds, &n_fds);
   jtenant *jt = NULL;
   size_t n_jt = 0;
-  uint64_t written = 0;
+  uint64_t written = 0, owner = 0;
   char path[4096], err[512] = "";
   int r = -ENOENT;
   if (s->opt.state_dir && *s->opt.state_dir && manifest_path(s, path, sizeof path) == CKV_OK)
-    r = read_manifest(path, &jt, &n_jt, &written, err, sizeof err);
+    r = read_manifest(path, &jt, &n_jt, &written, &owner, err, sizeof err);
   if (r < 0 && r != -ENOENT)
     ckv_log(CKV_LOG_ERROR, "warm-journal-refused", NULL, NULL,
             "warm-restart journal refused, no session is kept from it: %s", err);
@@ -418,13 +427,20 @@ void ckv_warm_start(ckv_server *s) {
   for (size_t i = 0; r == CKV_OK && i < n_jt; i++) {
     jtenant *j = &jt[i];
     ckv_fdstore_arena *a = NULL;
+    bool later = false; /* the arena is there, stored by a later daemon than the journal's writer */
     for (size_t k = 0; k < n_fds && !a; k++)
-      if (fds[k].fd >= 0 && fds[k].generation == j->generation) a = &fds[k];
+      if (fds[k].fd >= 0 && fds[k].generation == j->generation) {
+        if (fds[k].owner == owner)
+          a = &fds[k];
+        else
+          later = true;
+      }
     const char *why = NULL;
     ckv_arena *arena = NULL;
     char whybuf[200];
     if (!a) {
-      why = "systemd did not hand its arena back";
+      why = later ? "the journal is stale: a later daemon held its arena since (and changed it)"
+                  : "systemd did not hand its arena back";
     } else {
       ckv_arena_desc d;
       memset(&d, 0, sizeof d);
@@ -478,6 +494,10 @@ void ckv_warm_start(ckv_server *s) {
     s->tenants[s->n_tenants++] = t;
     close(a->fd); /* the arena keeps a duplicate; the store keeps its own */
     a->fd = -1;
+    /* Ours from now on: stored again under this daemon's tag, so this
+     * journal (removed below, but a copy may linger) never matches it again. */
+    ckv_fdstore_remove_arena(a->generation, a->owner);
+    ckv_warm_tenant_up(s, t);
     size_t tk = 0;
     for (uint32_t k = 0; k < j->n_sessions; k++) tk += rebuild_session(s, t, j->ids[k]);
     /* Memory no kept block holds (dropped sessions, freed blocks, warm
@@ -509,7 +529,7 @@ void ckv_warm_tenant_up(ckv_server *s, ckv_tenant *t) {
   if (!warm_enabled(s)) return;
   ckv_arena_desc d;
   if (ckv_arena_export(t->arena, &d) < 0 || d.n_fds != 1) return;
-  (void)ckv_fdstore_put_arena(d.fds[0], ckv_arena_generation(t->arena));
+  (void)ckv_fdstore_put_arena(d.fds[0], ckv_arena_generation(t->arena), owner_tag(s));
 }
 
 /* ---- stop ---- */
@@ -522,7 +542,8 @@ size_t ckv_warm_stop(ckv_server *s) {
   if (mkdir(top, 0700) < 0 && errno != EEXIST) {
     ckv_log(CKV_LOG_ERROR, "warm-journal-failed", NULL, NULL, "cannot create %s: %s; nothing is kept", top,
             strerror(errno));
-    for (size_t i = 0; i < s->n_tenants; i++) ckv_fdstore_remove_arena(ckv_arena_generation(s->tenants[i]->arena));
+    for (size_t i = 0; i < s->n_tenants; i++)
+      ckv_fdstore_remove_arena(ckv_arena_generation(s->tenants[i]->arena), owner_tag(s));
     return 0;
   }
   buf m = {0};
@@ -530,6 +551,7 @@ size_t ckv_warm_stop(ckv_server *s) {
   put_u32(&m, CKV_WARM_VERSION);
   put_u32(&m, ~(uint32_t)CKV_WARM_VERSION);
   put_u64(&m, now_ms_real());
+  put_u64(&m, owner_tag(s));
   put_u32(&m, (uint32_t)s->n_tenants);
   size_t kept = 0, skipped = 0;
   for (size_t i = 0; i < s->n_tenants; i++) {
@@ -604,7 +626,8 @@ size_t ckv_warm_stop(ckv_server *s) {
             "cannot write the warm-restart journal: %s; nothing is kept", ckv_strerror(r));
     remove_journal(s);
     /* the arenas are freed as usual: the store must not offer them either */
-    for (size_t i = 0; i < s->n_tenants; i++) ckv_fdstore_remove_arena(ckv_arena_generation(s->tenants[i]->arena));
+    for (size_t i = 0; i < s->n_tenants; i++)
+      ckv_fdstore_remove_arena(ckv_arena_generation(s->tenants[i]->arena), owner_tag(s));
     return 0;
   }
   /* Hand the arenas on: no block goes back to an allocator (no hole is

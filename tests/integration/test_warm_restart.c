@@ -26,6 +26,12 @@
  *   other; a manifest with a flipped byte, cut short, or of another version
  *   is refused with a log line and nothing is kept; the daemon serves after
  *   each.
+ * - stale_journal_never_applied: a copy of a consumed journal put back
+ *   after the daemon that consumed it changed the session and was killed:
+ *   the new daemon finds the arena stored under the later daemon's tag,
+ *   refuses the stale journal for it, and the session answers NOT_FOUND
+ *   saying why, instead of coming back with metadata that no longer fits
+ *   its bytes.
  * - two_tenants_keep_their_own_arenas: two tenants (real uids, children
  *   that switched to them) hold a session of the same id; after a restart
  *   each one's worker is handed back its own arena (its mapping kept, its
@@ -173,19 +179,22 @@ static void write_file(const char *path, const char *text) {
 
 /* Writes the unit: commitkvd on sockets and a state directory of this test.
  * ExecStartPre damages the journal when the test left a request for it in
- * DIR/damage ("manifest", "entry", "truncate", "version"), between the old
- * daemon's stop and the new one's start. */
+ * DIR/damage ("manifest", "entry", "truncate", "version"; "stash" keeps a
+ * copy of the journal the next daemon consumes, "unstash" puts that copy
+ * back), between the old daemon's stop and the new one's start. */
 static void write_unit(const sdenv *e) {
   char path[400], unit[4096], asan[600] = "";
   const char *ao = getenv("ASAN_OPTIONS");
   if (ao && *ao) snprintf(asan, sizeof asan, "Environment=\"ASAN_OPTIONS=%s\"\n", ao);
   snprintf(path, sizeof path, "%s/damage.sh", e->dir);
-  char script[2000];
+  char script[4096];
   snprintf(script, sizeof script,
            "#!/bin/sh\n"
            "# damages the warm-restart journal once, when the test asks\n"
            "[ -f %1$s/damage ] || exit 0\n"
            "what=$(cat %1$s/damage); rm -f %1$s/damage\n"
+           "if [ \"$what\" = stash ]; then cp -a %2$s/warm %1$s/warm.stash; echo stashed >&2; exit 0; fi\n"
+           "if [ \"$what\" = unstash ]; then rm -rf %2$s/warm; cp -a %1$s/warm.stash %2$s/warm; echo unstashed >&2; exit 0; fi\n"
            "if [ \"$what\" = truncate ]; then truncate -s 10 %2$s/warm/journal; echo truncated >&2; exit 0; fi\n"
            "if [ \"$what\" = version ]; then printf '\\002\\000\\000\\000\\375\\377\\377\\377' | "
            "dd of=%2$s/warm/journal bs=1 seek=8 conv=notrunc 2>/dev/null; echo version 2 >&2; exit 0; fi\n"
@@ -699,6 +708,46 @@ Test(warm, snapshot_path_without_systemd, .timeout = 120) {
   ckv_session_close(a);
   ckv_client_free(c);
   cr_expect_eq(ckv_test_daemon_stop(&d), 0);
+}
+
+Test(warm, stale_journal_never_applied, .timeout = 180) {
+  sdenv *e = &g_sd;
+  SKIP_WITHOUT_SYSTEMD(e);
+  ckv_client *c = connect_to(&e->d);
+  ckv_session *a = session_with_rounds(c, "a", 3);
+  /* a clean restart whose journal is copied aside before the new daemon consumes it */
+  request_damage(e, "stash");
+  long old_pid = e->d.pid;
+  cr_assert_eq(ctl(e, "restart " UNIT), 0, "systemctl --user restart failed; daemon log %s", e->d.log);
+  wait_restarted(e, old_pid);
+  int r = ckv_client_reconnect(c);
+  cr_assert_eq(r, CKV_OK, "reconnect: %s (%s)", ckv_strerror(r), ckv_client_last_error(c));
+  cr_assert(ckv_client_arena_kept(c));
+  ckv_session_close(a);
+  char msg[512];
+  a = resume(c, "a", &r, msg, sizeof msg);
+  cr_assert_eq(r, CKV_OK, "resume a: %s (%s)", ckv_strerror(r), msg);
+  /* the session moves on in the kept arena: more tokens than the stale journal knows */
+  uint64_t first = 0;
+  cr_assert_eq(ckv_session_append(a, 8, NULL, NULL, NULL, NULL, &first), CKV_OK, "%s", ckv_client_last_error(c));
+  uint64_t now = ckv_session_tokens(a);
+  /* killed, and the stale copy put back before the next start */
+  request_damage(e, "unstash");
+  old_pid = e->d.pid;
+  cr_assert_eq(kill((pid_t)old_pid, SIGKILL), 0);
+  wait_restarted(e, old_pid);
+  r = ckv_client_reconnect(c);
+  cr_assert_eq(r, CKV_OK, "reconnect: %s (%s)", ckv_strerror(r), ckv_client_last_error(c));
+  ckv_session_close(a);
+  a = resume(c, "a", &r, msg, sizeof msg);
+  cr_assert_eq(r, CKV_ERR_NOT_FOUND, "resume after a stale journal: %s (%s; %llu tokens, the session had %llu)",
+               ckv_strerror(r), msg, a ? (unsigned long long)ckv_session_tokens(a) : 0ull, (unsigned long long)now);
+  cr_assert_not(ckv_client_arena_kept(c), "an arena of a stale journal was handed out");
+  cr_assert(log_has(e->d.log, "the journal is stale"), "the stale journal was not refused (log %s)", e->d.log);
+  cr_assert(strstr(msg, "journal is stale"), "NOT_FOUND does not say why: %s", msg);
+  ckv_test_expect_serving(c);
+  ckv_client_free(c);
+  sd_stop(e);
 }
 
 /* ---- two tenants ---- */
