@@ -37,6 +37,7 @@
 
 #define DEFAULT_TIMEOUT_MS 5000
 #define ATTACH_MAX_FRAME 4096
+#define HB_BACKOFF_MAX_MS 4000u /* the heartbeat's reconnect attempts back off to this */
 
 static void default_socket(char *buf, size_t len) {
   const char *env = getenv("CKV_SOCKET");
@@ -246,11 +247,24 @@ static int attach(ckv_client *c, const char *path, const char *name, bool want_a
   memcpy(c->boot_token, rep->boot_token.data, sizeof(c->boot_token));
   snprintf(c->tenant, sizeof(c->tenant), "%s", rep->tenant ? rep->tenant : "");
   c->admin = rep->admin;
+  c->arena_kept = false;
   for (size_t i = 0; i < rep->n_arenas && i < 1; i++) {
     const Commitkv__V1__ArenaInfo *a = rep->arenas[i];
     ckv_arena_desc d;
     r = arena_desc(c, a, fds, n_fds, &d);
     if (r < 0) goto out;
+    /* A warm restart (the daemon kept its arenas in systemd's fd store)
+     * hands back the very arena this process still maps: keep that mapping,
+     * so every pointer the worker holds into it stays valid. */
+    ckv_arena *prev = c->previous_arena;
+    if (prev && strcmp(ckv_arena_kind(prev), d.kind) == 0 && ckv_arena_generation(prev) == d.generation &&
+        ckv_arena_size(prev) == d.bytes && ckv_arena_is_live(prev)) {
+      c->arena = prev;
+      c->previous_arena = NULL;
+      c->arena_id = a->arena_id;
+      c->arena_kept = true;
+      continue;
+    }
     r = ckv_arena_import(&d, &c->arena);
     if (r < 0) {
       arena_error(c, "cannot map arena", a->arena_id, d.kind, r);
@@ -267,18 +281,27 @@ out:
 
 static void *heartbeat_main(void *arg) {
   ckv_client *c = arg;
+  unsigned failures = 0; /* reconnects in a row that found no daemon: back off */
   pthread_mutex_lock(&c->hb_lock);
   while (!c->hb_stop) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)c->heartbeat_ms * 1000000u;
+    /* heartbeat, then twice as long after each failed reconnect, at most
+     * HB_BACKOFF_MAX_MS (or the heartbeat, when longer) */
+    uint64_t wait_ms = c->heartbeat_ms, cap = c->heartbeat_ms > HB_BACKOFF_MAX_MS ? c->heartbeat_ms : HB_BACKOFF_MAX_MS;
+    for (unsigned i = 0; i < failures && wait_ms < cap; i++) wait_ms *= 2;
+    if (wait_ms > cap) wait_ms = cap;
+    uint64_t ns = (uint64_t)ts.tv_nsec + wait_ms * 1000000u;
     ts.tv_sec += (time_t)(ns / 1000000000u);
     ts.tv_nsec = (long)(ns % 1000000000u);
     pthread_cond_timedwait(&c->hb_cond, &c->hb_lock, &ts);
     if (c->hb_stop) break;
     pthread_mutex_unlock(&c->hb_lock);
     /* A restarted daemon knows nothing of us: re-attach without the worker's help. */
-    if (ckv_client_heartbeat(c) == CKV_ERR_DAEMON_RESTARTED) (void)ckv_client_reconnect(c);
+    if (ckv_client_heartbeat(c) == CKV_ERR_DAEMON_RESTARTED)
+      failures = ckv_client_reconnect(c) == CKV_OK ? 0 : failures + 1;
+    else
+      failures = 0;
     pthread_mutex_lock(&c->hb_lock);
   }
   pthread_mutex_unlock(&c->hb_lock);
@@ -418,6 +441,14 @@ bool ckv_client_restarted(const ckv_client *c) {
   ckv_client *m = (ckv_client *)c;
   pthread_mutex_lock(&m->lock);
   bool r = m->restarted;
+  pthread_mutex_unlock(&m->lock);
+  return r;
+}
+
+bool ckv_client_arena_kept(const ckv_client *c) {
+  ckv_client *m = (ckv_client *)c;
+  pthread_mutex_lock(&m->lock);
+  bool r = m->arena_kept;
   pthread_mutex_unlock(&m->lock);
   return r;
 }

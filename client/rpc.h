@@ -23,6 +23,7 @@ struct ckv_client {
    * reconnects.  Unmapped at the next reconnect or ckv_client_free. */
   ckv_arena *previous_arena;
   uint32_t arena_id;
+  bool arena_kept;      /* the last attach kept previous_arena (a warm restart of the daemon) */
   int cuda_device;      /* CUDA ordinal checked against the arena's device at the first CUDA attach
                          * (-1 before): a reconnect from another thread checks the same device */
   uint8_t key[16];

@@ -15,7 +15,9 @@ int ckv_activation_attach_fd(const char *expected_path) {
   int n = sd_listen_fds(0);
   if (n <= 0) return -1;
   const char *path = expected_path && *expected_path ? expected_path : NULL;
+  int sockets = 0; /* the fd store's arenas (memfds, fdstore.h) come in the same list */
   for (int fd = SD_LISTEN_FDS_START; fd < SD_LISTEN_FDS_START + n; fd++) {
+    sockets += sd_is_socket(fd, AF_UNSPEC, 0, -1) > 0;
     /* length 0: path is a NUL-terminated file system path. */
     if (sd_is_socket_unix(fd, SOCK_STREAM, /* listening= */ 1, path, 0) <= 0) continue;
     int fl = fcntl(fd, F_GETFL);
@@ -25,7 +27,9 @@ int ckv_activation_attach_fd(const char *expected_path) {
             fd, path ? ", " : "", path ? path : "");
     return fd;
   }
-  ckv_log(CKV_LOG_WARNING, "attach.activated", NULL, NULL,
-          "systemd passed %d socket(s) but none listens on %s: binding it myself", n, path ? path : "a unix path");
+  if (sockets)
+    ckv_log(CKV_LOG_WARNING, "attach.activated", NULL, NULL,
+            "systemd passed %d socket(s) but none listens on %s: binding it myself", sockets,
+            path ? path : "a unix path");
   return -1;
 }

@@ -30,6 +30,7 @@
 #include "daemon/strmap.h"
 #include "daemon/tenant.h"
 #include "daemon/tier.h"
+#include "daemon/warm.h"
 #include "daemon/utf8.h"
 #include "lifecycle/policy.h"
 #include "lifecycle/trace.h"
@@ -224,6 +225,16 @@ static int opened_reply(ckv_server *s, ckv_srv_session *sess, bool resumed, repl
   x->rep->body_case = COMMITKV__V1__RESPONSE__BODY_SESSION_OPENED;
   x->rep->session_opened = o;
   return CKV_OK;
+}
+
+/* NOT_FOUND for a resume of an id nobody holds, saying so when the warm
+ * restart at start dropped it (warm.h): what could not be kept is said. */
+static int not_resumable(ckv_conn *c, const char *id, reply_ctx *x) {
+  const char *why = ckv_warm_dropped(c->tenant->name, id);
+  if (why)
+    return fail(x, CKV_ERR_NOT_FOUND, "no session '%s' to resume: the daemon's warm restart dropped it: %s", id, why);
+  if ((why = ckv_warm_unclean())) return fail(x, CKV_ERR_NOT_FOUND, "no session '%s' to resume (%s)", id, why);
+  return fail(x, CKV_ERR_NOT_FOUND, "no session '%s' to resume", id);
 }
 
 /* A model id or revision from a client: at most 128 bytes, no control
@@ -777,7 +788,7 @@ static int restore_session(ckv_server *s, ckv_conn *c, const Commitkv__V1__Reque
   int r = restore_allowed(s, c, id, x);
   if (r < 0) return r;
   if ((!s->opt.state_dir || !*s->opt.state_dir) && !s->opt.remote) {
-    if (resume) return fail(x, CKV_ERR_NOT_FOUND, "no session '%s' to resume", id);
+    if (resume) return not_resumable(c, id, x);
     return fail(x, CKV_ERR_INVALID, "the daemon has no state directory for snapshots");
   }
   io_request *q = calloc(1, sizeof(*q));
@@ -802,7 +813,7 @@ static int restore_done(ckv_server *s, ckv_conn *c, io_request *q, reply_ctx *x)
   ckv_snapio_job *j = &q->job;
   const char *id = q->id, *name = j->name;
   if (j->status == -ENOENT) {
-    if (q->resume) return fail(x, CKV_ERR_NOT_FOUND, "no session '%s' to resume", id);
+    if (q->resume) return not_resumable(c, id, x);
     return fail(x, CKV_ERR_NOT_FOUND, "no snapshot '%s'", name);
   }
   if (j->status < 0) {

@@ -18,6 +18,7 @@
 #include "daemon/log.h"
 #include "daemon/remote_store.h"
 #include "daemon/server.h"
+#include "daemon/warm.h"
 #include "daemon/tenant.h"
 #include "lifecycle/judge.h"
 #include "lifecycle/mlp.h"
@@ -411,7 +412,9 @@ int main(int argc, char **argv) {
     return 1;
   }
   a.server->trace = a.trace;
+  ckv_warm_start(a.server); /* arenas and sessions a warm restart kept (warm.h) */
   r = ckv_server_run(a.server);
+  if (r == 0) ckv_warm_stop(a.server); /* a clean stop hands the arenas on */
   if (a.notify) sd_notify(0, "STOPPING=1\nSTATUS=draining");
   a.server = ckv_server_free(a.server);
   remote = ckv_remote_free(remote); /* after the server: the drain may still save */

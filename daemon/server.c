@@ -34,6 +34,7 @@
 #include "daemon/snapio.h"
 #include "daemon/strmap.h"
 #include "daemon/tenant.h"
+#include "daemon/warm.h"
 #include "daemon/tier.h"
 #include "shm/arena.h"
 #include "shm/fdpass.h"
@@ -402,6 +403,7 @@ ckv_tenant *ckv_server_tenant(ckv_server *s, const ckv_tenant_spec *spec, int *r
   t->default_policy = spec->default_policy;
   if (s->opt.mem) t->mem = s->opt.mem;
   s->tenants[s->n_tenants++] = t;
+  ckv_warm_tenant_up(s, t); /* its arena to systemd's fd store: a restart keeps it */
   ckv_log(CKV_LOG_INFO, "tenant-up", t->name, NULL,
           "arena %u of %llu bytes (%s), quota %llu bytes; %llu of %llu bytes of memory left", t->arena_id,
           (unsigned long long)ckv_arena_size(t->arena), ckv_arena_kind(t->arena), (unsigned long long)quota,

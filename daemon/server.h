@@ -138,6 +138,7 @@ typedef struct ckv_counters {
   uint64_t sessions_detached, sessions_resumed, sessions_expired;
   uint64_t transitions[4][4]; /* of sessions already gone; live ones keep their own */
   uint64_t semantic_given;    /* likewise: tokens with a worker's semantic score */
+  uint64_t warm_kept, warm_dropped; /* sessions the warm restart at start kept / dropped (warm.h) */
 } ckv_counters;
 
 typedef struct ckv_server {

@@ -36,6 +36,8 @@ void ckv_server_publish_metrics(ckv_server *s) {
       .sessions_detached_total = s->counters.sessions_detached,
       .sessions_resumed_total = s->counters.sessions_resumed,
       .sessions_expired_total = s->counters.sessions_expired,
+      .warm_sessions_kept = s->counters.warm_kept,
+      .warm_sessions_dropped = s->counters.warm_dropped,
       .attaches_total = s->counters.attaches,
       .attach_refused_total = s->counters.attach_refused,
       .tenants = mt,

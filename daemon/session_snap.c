@@ -14,6 +14,8 @@
 #include "daemon/snapshot.h"
 #include "daemon/tenant.h"
 #include "lifecycle/policy.h"
+#include "shm/arena.h"
+#include "shm/slab.h"
 
 __attribute__((format(printf, 4, 5))) static int fail(char *err, size_t len, int code, const char *fmt, ...) {
   va_list ap;
@@ -35,8 +37,10 @@ static int copy_tokens(const ckv_tokens *src, ckv_tokens *dst) {
   return ckv_tokens_append_rows(dst, src);
 }
 
-int ckv_session_snap_capture(const ckv_srv_session *s, bool committed_only, ckv_snap *ret, uint64_t *ret_tokens,
-                             char *err, size_t errlen) {
+/* refs: a warm-restart journal entry: only the header regions are copied
+ * (the payload stays in the kept arena), blocks get their offsets later. */
+static int capture(const ckv_srv_session *s, bool committed_only, bool refs, ckv_snap *ret, uint64_t *ret_tokens,
+                   char *err, size_t errlen) {
   if (s->tenant->mem != &ckv_blockmem_host)
     return fail(err, errlen, CKV_ERR_UNSUPPORTED, "snapshots need a host arena (this tenant's memory is %s)",
                 s->tenant->mem->name);
@@ -97,7 +101,7 @@ int ckv_session_snap_capture(const ckv_srv_session *s, bool committed_only, ckv_
     const ckv_sblock *b = &s->blocks[i];
     if (b->format == CKV_BLOCK_UNUSED) continue;
     if (!committed_only) keep[i] = true;
-    if (keep[i]) total += b->bytes;
+    if (keep[i]) total += refs ? ckv_block_payload_offset(b->capacity) : b->bytes;
   }
   if (!(snap.buf_ = malloc(total ? total : 1))) {
     r = fail(err, errlen, -ENOMEM, "out of memory copying %llu bytes of blocks", (unsigned long long)total);
@@ -116,7 +120,7 @@ int ckv_session_snap_capture(const ckv_srv_session *s, bool committed_only, ckv_
     size_t head = ckv_block_payload_offset(b->capacity);
     /* the header region from the daemon's private shadow, the payload from the arena */
     memcpy(at, b->meta, head);
-    memcpy(at + head, (const uint8_t *)ckv_tenant_ptr(s->tenant, b->offset) + head, b->bytes - head);
+    if (!refs) memcpy(at + head, (const uint8_t *)ckv_tenant_ptr(s->tenant, b->offset) + head, b->bytes - head);
     if (committed_only) { /* the valid bits of the tokens not kept are cleared in the copy */
       const uint32_t *pos = ckv_block_positions_const(at);
       for (uint32_t slot = 0; slot < b->capacity; slot++)
@@ -128,8 +132,8 @@ int ckv_session_snap_capture(const ckv_srv_session *s, bool committed_only, ckv_
     snap.blocks[snap.n_blocks++] = (ckv_snap_block){
         .index = (uint32_t)i, .format = b->format, .capacity = b->capacity, .used = b->used,
         .kept = ckv_format_is_commit(b->format) ? h->kept_channels : 0, .bytes = b->bytes, .meta = at,
-        .payload = at + head};
-    at += b->bytes;
+        .payload = refs ? NULL : at + head};
+    at += refs ? head : b->bytes;
   }
   uint64_t live = 0;
   for (size_t p = 0; p < t->n; p++) live += t->state[p] != CKV_STATE_RECYCLED;
@@ -141,6 +145,11 @@ out:
   free(keep);
   ckv_snap_done(&snap);
   return r;
+}
+
+int ckv_session_snap_capture(const ckv_srv_session *s, bool committed_only, ckv_snap *ret, uint64_t *ret_tokens,
+                             char *err, size_t errlen) {
+  return capture(s, committed_only, /* refs= */ false, ret, ret_tokens, err, errlen);
 }
 
 int ckv_session_snap_save(const ckv_srv_session *s, const char *dir, const char *name, bool committed_only,
@@ -158,8 +167,11 @@ int ckv_session_snap_save(const ckv_srv_session *s, const char *dir, const char 
   return r;
 }
 
-int ckv_session_snap_restore(const ckv_snap *snap, const char *id, ckv_tenant *t, const ckv_mlp *mlp,
-                             uint64_t *next_block_id, ckv_srv_session **ret, char *err, size_t errlen) {
+static int restore(const ckv_snap *snap, const char *id, ckv_tenant *t, const ckv_mlp *mlp, uint64_t *next_block_id,
+                   bool kept, ckv_srv_session **ret, char *err, size_t errlen) {
+  if (kept != ((snap->flags & CKV_SNAP_BLOCK_REFS) != 0))
+    return fail(err, errlen, CKV_ERR_FORMAT, kept ? "a journal entry without block references"
+                                                  : "a warm-restart journal entry, not a snapshot");
   if (t->mem != &ckv_blockmem_host)
     return fail(err, errlen, CKV_ERR_UNSUPPORTED, "snapshots need a host arena (this tenant's memory is %s)",
                 t->mem->name);
@@ -196,7 +208,21 @@ int ckv_session_snap_restore(const ckv_snap *snap, const char *id, ckv_tenant *t
     bool filling = false;
     for (int f = 0; f < CKV_FORMAT_COUNT_; f++) filling |= snap->fill[f] == sb->index;
     if (!refs[sb->index] && !filling) continue; /* empty: it would be retired at once */
+    if (kept) {
+      const uint64_t lo = CKV_ARENA_HEADER_BYTES;
+      if (sb->arena_offset < lo || sb->arena_offset > ckv_arena_size(t->arena) ||
+          sb->bytes > ckv_arena_size(t->arena) - sb->arena_offset) {
+        r = fail(err, errlen, CKV_ERR_CORRUPT, "block %u at offset %llu (%llu bytes) lies outside the arena",
+                 sb->index, (unsigned long long)sb->arena_offset, (unsigned long long)sb->bytes);
+        goto bad;
+      }
+      t->claim.pending = true;
+      t->claim.offset = sb->arena_offset;
+      t->claim.slab_offset = sb->slab_offset;
+    }
     r = ckv_srv_session_restore_block(s, sb->index, sb->format);
+    t->claim.pending = false;
+    if (r == CKV_OK && kept && s->blocks[sb->index].offset != sb->arena_offset) r = CKV_ERR_INTERNAL;
     if (r < 0) {
       fail(err, errlen, r, "cannot allocate block %u (%llu bytes): %s", sb->index, (unsigned long long)sb->bytes,
            ckv_strerror(r));
@@ -219,6 +245,7 @@ int ckv_session_snap_restore(const ckv_snap *snap, const char *id, ckv_tenant *t
     ((ckv_block_header *)meta)->n_valid = refs[sb->index];
     b->used = sb->used;
     b->refs = refs[sb->index];
+    if (kept) continue; /* the payload is where it was: the arena outlived the daemon */
     ckv_meta_write w = {.offset = b->offset + head, .src = sb->payload, .bytes = sb->bytes - head};
     if ((r = t->mem->write(ckv_tenant_ptr(t, 0), &w, 1)) < 0) {
       fail(err, errlen, r, "writing block %u into the arena: %s", sb->index, ckv_strerror(r));
@@ -255,4 +282,32 @@ bad:
   s->dirty_head = NULL;
   ckv_srv_session_free(s);
   return r;
+}
+
+int ckv_session_snap_restore(const ckv_snap *snap, const char *id, ckv_tenant *t, const ckv_mlp *mlp,
+                             uint64_t *next_block_id, ckv_srv_session **ret, char *err, size_t errlen) {
+  return restore(snap, id, t, mlp, next_block_id, /* kept= */ false, ret, err, errlen);
+}
+
+int ckv_session_snap_restore_kept(const ckv_snap *snap, const char *id, ckv_tenant *t, const ckv_mlp *mlp,
+                                  uint64_t *next_block_id, ckv_srv_session **ret, char *err, size_t errlen) {
+  return restore(snap, id, t, mlp, next_block_id, /* kept= */ true, ret, err, errlen);
+}
+
+int ckv_session_snap_capture_refs(const ckv_srv_session *s, ckv_snap *ret, char *err, size_t errlen) {
+  uint64_t tokens = 0;
+  int r = capture(s, /* committed_only= */ false, /* refs= */ true, ret, &tokens, err, errlen);
+  if (r < 0) return r;
+  /* the same description, each block by its place instead of its bytes */
+  ret->flags |= CKV_SNAP_BLOCK_REFS;
+  for (size_t i = 0; i < ret->n_blocks; i++) {
+    ckv_snap_block *b = &ret->blocks[i];
+    const ckv_sblock *sb = &s->blocks[b->index];
+    b->arena_offset = sb->offset;
+    if ((r = ckv_slab_block_slab(s->tenant->slab, sb->offset, &b->slab_offset)) < 0) {
+      ckv_snap_done(ret);
+      return fail(err, errlen, CKV_ERR_INTERNAL, "block %u is not a live block of the allocator", b->index);
+    }
+  }
+  return CKV_OK;
 }

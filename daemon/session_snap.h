@@ -52,4 +52,17 @@ int ckv_session_snap_save(const ckv_srv_session *s, const char *dir, const char 
 int ckv_session_snap_restore(const ckv_snap *snap, const char *id, ckv_tenant *t, const ckv_mlp *mlp,
                              uint64_t *next_block_id, ckv_srv_session **ret, char *err, size_t errlen);
 
+/* Warm restart (warm.h).  capture_refs: ckv_session_snap_capture of the
+ * whole session with CKV_SNAP_BLOCK_REFS (each block's header region, arena
+ * and slab offset; no payload byte is copied: the arena is kept).  restore_kept: the
+ * restore of such an entry into the adopted arena of t, each block claimed
+ * at its old offset (tenant.h claim), payload untouched; the offsets are
+ * checked against the arena and the allocator (a block outside the arena,
+ * on another block or off its slab's grid is CKV_ERR_CORRUPT /
+ * CKV_ERR_INVALID / CKV_ERR_EXISTS).  A plain snapshot is refused by
+ * restore_kept and a journal entry by ckv_session_snap_restore (FORMAT). */
+int ckv_session_snap_capture_refs(const ckv_srv_session *s, ckv_snap *ret, char *err, size_t errlen);
+int ckv_session_snap_restore_kept(const ckv_snap *snap, const char *id, ckv_tenant *t, const ckv_mlp *mlp,
+                                  uint64_t *next_block_id, ckv_srv_session **ret, char *err, size_t errlen);
+
 #endif

@@ -292,7 +292,7 @@ int ckv_snap_write(const char *dir, const char *name, const ckv_snap *snap, uint
   uint64_t max_payload = 0;
   for (size_t i = 0; i < snap->n_blocks; i++)
     if (snap->blocks[i].bytes > max_payload) max_payload = snap->blocks[i].bytes;
-  uint8_t *scratch = malloc(max_payload ? max_payload : 1);
+  uint8_t *scratch = malloc(max_payload + 16);
   int r = CKV_OK;
   if (hb.oom || tb.oom || ib.oom || !scratch) {
     r = fail(err, errlen, -ENOMEM, "out of memory encoding the snapshot");
@@ -331,6 +331,12 @@ int ckv_snap_write(const char *dir, const char *name, const ckv_snap *snap, uint
     /* one buffer: descriptor | header region | payload (copied once: a
      * worker writing its draft slots must not make the hash lie) */
     memcpy(scratch, bl->meta, head);
+    if (snap->flags & CKV_SNAP_BLOCK_REFS) { /* the payload stays in the kept arena */
+      memcpy(scratch + head, &bl->arena_offset, 8);
+      memcpy(scratch + head + 8, &bl->slab_offset, 8);
+      ok = write_section(&w, CKV_SNAP_SEC_BLOCK, desc, sizeof desc, scratch, head + 16);
+      continue;
+    }
     memcpy(scratch + head, bl->payload, bl->bytes - head);
     ok = write_section(&w, CKV_SNAP_SEC_BLOCK, desc, sizeof desc, scratch, bl->bytes);
   }
@@ -447,7 +453,7 @@ static int parse_header(const section *sec, ckv_snap *s, char *err, size_t errle
   s->commit_tokens = get_u32(&c);
   uint32_t seed = get_u32(&c);
   if (c.bad) return fail(err, errlen, CKV_ERR_CORRUPT, "header section too short");
-  if (s->flags & ~(uint32_t)CKV_SNAP_COMMITTED_ONLY)
+  if (s->flags & ~(uint32_t)(CKV_SNAP_COMMITTED_ONLY | CKV_SNAP_BLOCK_REFS))
     return fail(err, errlen, CKV_ERR_FORMAT, "header: unknown flags %#x", s->flags);
   if (!geometry_ok(s))
     return fail(err, errlen, CKV_ERR_FORMAT,
@@ -592,12 +598,18 @@ static int parse_block(const section *sec, ckv_snap *s, size_t i, char *err, siz
     return fail(err, errlen, CKV_ERR_CORRUPT,
                 "block %zu (format %u): %u slots, %u used, %u channels, %llu bytes do not fit the geometry", i, fmt,
                 cap, d[3], d[4], (unsigned long long)bytes);
-  if (sec->len != BLOCK_DESC_BYTES + bytes)
+  bool refs = (s->flags & CKV_SNAP_BLOCK_REFS) != 0;
+  uint64_t head = ckv_block_payload_offset(cap), held = refs ? head + 16 : bytes;
+  if (sec->len != BLOCK_DESC_BYTES + held)
     return fail(err, errlen, CKV_ERR_CORRUPT, "block %zu: section holds %llu bytes, the block %llu", i,
-                (unsigned long long)(sec->len - BLOCK_DESC_BYTES), (unsigned long long)bytes);
+                (unsigned long long)(sec->len - BLOCK_DESC_BYTES), (unsigned long long)held);
   *b = (ckv_snap_block){.index = d[0], .format = (uint8_t)fmt, .capacity = (uint16_t)cap, .used = (uint16_t)d[3],
                         .kept = d[4], .bytes = bytes, .meta = sec->data + BLOCK_DESC_BYTES,
-                        .payload = sec->data + BLOCK_DESC_BYTES + ckv_block_payload_offset(cap)};
+                        .payload = refs ? NULL : sec->data + BLOCK_DESC_BYTES + head};
+  if (refs) {
+    memcpy(&b->arena_offset, sec->data + BLOCK_DESC_BYTES + head, 8);
+    memcpy(&b->slab_offset, sec->data + BLOCK_DESC_BYTES + head + 8, 8);
+  }
   /* the valid bitmap: no bit beyond the slots handed out */
   const uint8_t *bm = b->meta + ckv_block_bitmap_offset(cap);
   for (uint32_t slot = 0; slot < ckv_block_bitmap_words(cap) * 64u; slot++)

@@ -39,7 +39,14 @@
 #define CKV_SNAP_POLICY_MAX 15u
 
 /* ckv_snap.flags */
-enum { CKV_SNAP_COMMITTED_ONLY = 1u };
+enum {
+  CKV_SNAP_COMMITTED_ONLY = 1u,
+  /* A warm-restart journal entry (warm.h): each BLOCK holds its header
+   * region and the block's place in the arena kept across the restart
+   * (arena_offset, slab_offset) instead of its payload.  Never a snapshot:
+   * only the journal reads it (session_snap.c refuses it elsewhere). */
+  CKV_SNAP_BLOCK_REFS = 2u,
+};
 
 /* One block of the session.  meta: the daemon's private header region
  * (ckv_block_payload_offset(capacity) bytes: header, positions, valid
@@ -54,7 +61,9 @@ typedef struct ckv_snap_block {
   uint32_t kept; /* key channels kept (committed formats), 0 otherwise */
   uint64_t bytes;
   const uint8_t *meta;
-  const uint8_t *payload;
+  const uint8_t *payload;  /* NULL with CKV_SNAP_BLOCK_REFS */
+  uint64_t arena_offset;   /* CKV_SNAP_BLOCK_REFS: the block's offset in its arena */
+  uint64_t slab_offset;    /* CKV_SNAP_BLOCK_REFS: block 0 of its slab (shm/slab.h ckv_slab_claim) */
 } ckv_snap_block;
 
 typedef struct ckv_snap {

@@ -52,16 +52,19 @@ uint64_t ckv_tenant_quota_for_arena(uint64_t arena_bytes) {
   return (usable - ARENA_SLACK) / 9 * 8;
 }
 
-int ckv_tenant_new(const char *name, uint64_t quota_bytes, uint64_t arena_bytes, uint32_t arena_id,
-                   const ckv_arena_backend *be, ckv_tenant **ret) {
-  if (arena_bytes <= CKV_ARENA_HEADER_BYTES) return CKV_ERR_INVALID;
+static int tenant_make(const char *name, uint64_t quota_bytes, const ckv_arena_backend *be, uint64_t arena_bytes,
+                       ckv_arena *adopted, uint32_t arena_id, ckv_tenant **ret) {
   ckv_tenant *t = calloc(1, sizeof(*t));
-  if (!t) return -ENOMEM;
+  if (!t) {
+    ckv_arena_free(adopted);
+    return -ENOMEM;
+  }
   snprintf(t->name, sizeof(t->name), "%s", name);
   t->quota_bytes = quota_bytes;
   t->arena_id = arena_id;
   t->mem = &ckv_blockmem_host;
-  int r = ckv_arena_new(be, arena_bytes - CKV_ARENA_HEADER_BYTES, name, &t->arena);
+  t->arena = adopted;
+  int r = adopted ? CKV_OK : ckv_arena_new(be, arena_bytes - CKV_ARENA_HEADER_BYTES, name, &t->arena);
   if (r < 0) goto fail;
   ckv_slab_config cfg = {
       .offset = ckv_arena_data_offset(t->arena),
@@ -84,6 +87,22 @@ fail:
   return r;
 }
 
+int ckv_tenant_new(const char *name, uint64_t quota_bytes, uint64_t arena_bytes, uint32_t arena_id,
+                   const ckv_arena_backend *be, ckv_tenant **ret) {
+  if (arena_bytes <= CKV_ARENA_HEADER_BYTES) return CKV_ERR_INVALID;
+  return tenant_make(name, quota_bytes, be, arena_bytes, NULL, arena_id, ret);
+}
+
+int ckv_tenant_adopt(const char *name, uint64_t quota_bytes, ckv_arena *arena, uint32_t arena_id, ckv_tenant **ret) {
+  if (!arena) return CKV_ERR_INVALID;
+  return tenant_make(name, quota_bytes, NULL, 0, arena, arena_id, ret);
+}
+
+void ckv_tenant_keep(ckv_tenant *t) {
+  t->slab = ckv_slab_free(t->slab);
+  ckv_arena_keep_live(t->arena);
+}
+
 ckv_tenant *ckv_tenant_free(ckv_tenant *t) {
   if (!t) return NULL;
   ckv_slab_free(t->slab);
@@ -98,10 +117,20 @@ bool ckv_tenant_would_fit(const ckv_tenant *t, uint64_t bytes) {
 
 int ckv_tenant_block_alloc(ckv_tenant *t, uint64_t bytes, uint32_t format, uint64_t *ret_offset) {
   if (!ckv_tenant_would_fit(t, bytes)) return CKV_ERR_QUOTA;
+  if (!t->slab) return CKV_ERR_STATE; /* handed on (ckv_tenant_keep) */
   uint32_t cls;
   /* One class per block size and format: blocks of one class are interchangeable. */
   int r = ckv_slab_class(t->slab, bytes, format, &cls);
   if (r < 0) return r == CKV_ERR_LIMIT ? CKV_ERR_NOSPACE : r;
+  if (t->claim.pending) { /* a warm restart puts the block back where it was, bytes and all */
+    t->claim.pending = false;
+    if (t->claim.offset + bytes > ckv_arena_size(t->arena)) return CKV_ERR_INVALID;
+    if ((r = ckv_slab_claim(t->slab, cls, t->claim.slab_offset, t->claim.offset)) < 0) return r;
+    *ret_offset = t->claim.offset;
+    t->bytes_used += bytes;
+    if (format < CKV_FORMAT_COUNT_) t->bytes_by_format[format] += bytes;
+    return CKV_OK;
+  }
   bool reused = false;
   r = ckv_slab_take(t->slab, cls, ret_offset, &reused);
   if (r < 0) return r;
@@ -136,6 +165,7 @@ int ckv_tenant_block_alloc(ckv_tenant *t, uint64_t bytes, uint32_t format, uint6
 }
 
 void ckv_tenant_block_free(ckv_tenant *t, uint64_t offset, uint64_t bytes, uint32_t format) {
+  if (!t->slab) return; /* handed on: the next daemon's blocks now */
   if (ckv_slab_dealloc(t->slab, offset) < 0) return; /* not ours: never corrupt the accounting */
   t->bytes_used -= bytes;
   if (format < CKV_FORMAT_COUNT_) t->bytes_by_format[format] -= bytes;

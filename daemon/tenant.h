@@ -38,6 +38,13 @@ typedef struct ckv_tenant {
   uint64_t hits;                   /* Acquire/GetView of resident sessions */
   uint64_t recycle_runs;           /* runs of recycled tokens reported */
   uint64_t errors[CKV_METRICS_ERRORS];
+  /* Warm restart (warm.h): while claim.pending, the next block_alloc takes
+   * exactly this block of the kept arena instead of a free one, bytes as
+   * they are. */
+  struct {
+    bool pending;
+    uint64_t offset, slab_offset;
+  } claim;
 } ckv_tenant;
 
 /* Arena sizing.  A tenant's arena holds its quota plus headroom: the arena
@@ -63,6 +70,13 @@ uint64_t ckv_tenant_quota_for_arena(uint64_t arena_bytes);
 int ckv_tenant_new(const char *name, uint64_t quota_bytes, uint64_t arena_bytes, uint32_t arena_id,
                    const ckv_arena_backend *be, ckv_tenant **ret);
 ckv_tenant *ckv_tenant_free(ckv_tenant *t);
+/* ckv_tenant_new over an arena that already exists (adopted across a
+ * restart, warm.h); takes `arena` over, also on failure. */
+int ckv_tenant_adopt(const char *name, uint64_t quota_bytes, ckv_arena *arena, uint32_t arena_id, ckv_tenant **ret);
+/* At a stop that hands the arena on (warm.h): the allocator goes first, so
+ * the sessions freed after it give no block back (no hole is punched in
+ * memory the next daemon adopts), and the arena's header stays live. */
+void ckv_tenant_keep(ckv_tenant *t);
 
 /* Allocate one block of `bytes` for a block of format `format`.  Refuses with
  * CKV_ERR_QUOTA when the quota would be exceeded and CKV_ERR_NOSPACE when the

@@ -27,6 +27,7 @@ struct ckv_arena {
   uint64_t generation;             /* copy of the header's, never re-read */
   uint64_t committed;              /* usable prefix: grown by the owner, learned by importers */
   bool owner;                      /* created here (vs imported) */
+  bool keep_live;                  /* handed on: free leaves the header live */
 };
 
 #define CKV_ARENA_MAX_BACKENDS 8
@@ -196,10 +197,14 @@ int ckv_arena_new(const ckv_arena_backend *be, uint64_t bytes, const char *label
 
 ckv_arena *ckv_arena_free(ckv_arena *a) {
   if (!a) return NULL;
-  if (a->owner) set_state(a, CKV_ARENA_STATE_RETIRED);
+  if (a->owner && !a->keep_live) set_state(a, CKV_ARENA_STATE_RETIRED);
   a->be->destroy(a->ctx, a->base, a->bytes);
   free(a);
   return NULL;
+}
+
+void ckv_arena_keep_live(ckv_arena *a) {
+  if (a && a->owner) a->keep_live = true;
 }
 
 void *ckv_arena_base(const ckv_arena *a) { return a->base; }
@@ -347,4 +352,40 @@ int ckv_arena_resident(const ckv_arena *a, uint64_t *ret_bytes) {
   if (!a || !ret_bytes) return CKV_ERR_INVALID;
   if (!a->owner || !a->be->resident) return CKV_ERR_UNSUPPORTED;
   return a->be->resident(a->ctx, ret_bytes);
+}
+
+int ckv_arena_adopt(const ckv_arena_desc *e, ckv_arena **ret) {
+  if (!e || !ret) return CKV_ERR_INVALID;
+  int r = desc_counts_check(e);
+  if (r < 0) return r;
+  const ckv_arena_backend *be = ckv_arena_backend_find(e->kind);
+  if (!be || !be->adopt) return CKV_ERR_UNSUPPORTED;
+  if (e->bytes <= CKV_ARENA_HEADER_BYTES || e->bytes > CKV_ARENA_MAX_BYTES + CKV_ARENA_HEADER_BYTES ||
+      e->bytes % granularity(be) != 0)
+    return CKV_ERR_FORMAT;
+  ckv_arena *a = calloc(1, sizeof *a);
+  if (!a) return -ENOMEM;
+  a->be = be;
+  a->bytes = e->bytes;
+  a->committed = e->bytes; /* a backend that grows cannot adopt (no grow state crosses a restart) */
+  r = be->adopt(e, &a->ctx, &a->base);
+  if (r < 0) {
+    free(a);
+    return r;
+  }
+  ckv_arena_header h;
+  r = header_read(a, &h);
+  if (r == CKV_OK) r = validate_header(&h, e, be);
+  if (r < 0) {
+    be->destroy(a->ctx, a->base, a->bytes);
+    free(a);
+    return r;
+  }
+  a->generation = h.generation;
+  a->owner = true;
+  /* The header names its creator for diagnostics: that is us from now on. */
+  h.creator_pid = (uint32_t)getpid();
+  (void)header_write(a, &h);
+  *ret = a;
+  return CKV_OK;
 }

@@ -134,6 +134,12 @@ struct ckv_arena_backend {
   int (*write)(void *ctx, void *base, uint64_t off, const void *src, size_t len);
   /* Bytes of the region currently backed by memory.  Optional. */
   int (*resident)(void *ctx, uint64_t *ret_bytes);
+  /* Owner of an arena another process created (a daemon before a restart,
+   * its fds handed back by systemd's fd store): map `e` like import and keep
+   * a descriptor of its own (dup) so the arena can be exported, discarded
+   * and adopted again.  Borrows e->fds.  Optional; NULL means the backend's
+   * arenas cannot outlive their creator. */
+  int (*adopt)(const ckv_arena_desc *e, void **ret_ctx, void **ret_base);
 };
 
 /* The host backend: sealed memfd, mmap MAP_SHARED, holes punched on discard. */
@@ -172,6 +178,23 @@ int ckv_arena_new(const ckv_arena_backend *be, uint64_t bytes, const char *label
  * released (memory stays alive while any importer still maps it).  Accepts
  * NULL; always returns NULL (`a = ckv_arena_free(a);`). */
 ckv_arena *ckv_arena_free(ckv_arena *a);
+
+/* Makes a later ckv_arena_free() leave the header live: the memory is handed
+ * on (systemd's fd store keeps the memfd across a daemon restart) and
+ * importers must go on using it.  Owner only; a no-op otherwise. */
+void ckv_arena_keep_live(ckv_arena *a);
+
+/* Becomes the owner of an arena that another process created and handed on
+ * (ckv_arena_keep_live, then fds passed back, e.g. by systemd's fd store).
+ * `e` says what is expected: kind, bytes and generation (all must match the
+ * backing object and the header, which must be live and of this build's
+ * format).  The whole region counts as committed.  Borrows e->fds (the
+ * backend keeps a duplicate).  The caller owns *ret (ckv_arena_free).
+ * Returns CKV_OK; CKV_ERR_INVALID (NULL, counts); CKV_ERR_UNSUPPORTED (no
+ * such backend, or it cannot adopt); CKV_ERR_FORMAT (not a sealed region of
+ * that size, or a header of another build, arena, size or a retired one);
+ * a negated errno. */
+int ckv_arena_adopt(const ckv_arena_desc *e, ckv_arena **ret);
 
 /* Where the region is mapped in this process (the header is at offset 0; a
  * block at offset `off` is at base + off).  For device backends a device

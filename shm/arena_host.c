@@ -95,6 +95,22 @@ static int host_import(const ckv_arena_desc *e, void **ret_ctx, void **ret_base)
   return CKV_OK;
 }
 
+/* An import that keeps a duplicate of the fd: the adopter exports, discards
+ * (punches holes) and hands the memfd on again, as its creator did. */
+static int host_adopt(const ckv_arena_desc *e, void **ret_ctx, void **ret_base) {
+  int r = host_import(e, ret_ctx, ret_base);
+  if (r < 0) return r;
+  host_ctx *c = *ret_ctx;
+  c->fd = fcntl(e->fds[0], F_DUPFD_CLOEXEC, 0);
+  if (c->fd < 0) {
+    r = -errno;
+    munmap(*ret_base, (size_t)e->bytes);
+    free(c);
+    return r;
+  }
+  return CKV_OK;
+}
+
 static void host_destroy(void *ctx, void *base, uint64_t bytes) {
   host_ctx *c = ctx;
   if (base) munmap(base, (size_t)bytes);
@@ -139,4 +155,5 @@ const ckv_arena_backend ckv_arena_host_backend = {
     .read = NULL, /* CPU-addressable: the generic code loads and stores directly */
     .write = NULL,
     .resident = host_resident,
+    .adopt = host_adopt,
 };

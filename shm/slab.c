@@ -521,3 +521,110 @@ int ckv_slab_get_class_stats(const ckv_slab *s, uint32_t cls, ckv_slab_class_sta
   *ret = st;
   return CKV_OK;
 }
+
+/* ---- rebuilding over kept memory ---- */
+
+int ckv_slab_block_slab(const ckv_slab *s, uint64_t offset, uint64_t *ret_slab_offset) {
+  if (!s || !ret_slab_offset) return CKV_ERR_INVALID;
+  uint32_t idx;
+  const slab *sl = find_block(s, offset, &idx);
+  if (!sl) return CKV_ERR_INVALID;
+  *ret_slab_offset = sl->offset;
+  return CKV_OK;
+}
+
+/* Takes chunks [first, first+k) out of the free pool, whichever free spans
+ * hold them; false (nothing changed) unless every one is free. */
+static bool span_take_at(ckv_slab *s, uint32_t first, uint32_t k) {
+  if (first >= s->n_chunks || k > s->n_chunks - first) return false;
+  for (uint32_t i = first; i < first + k; i++)
+    if (s->owner[i]) return false;
+  /* The run of free chunks holding `first` starts a span (spans never hold
+   * used chunks); hop span by span (flen is valid at a span's first chunk)
+   * to the one holding each chunk. */
+  uint32_t run = first;
+  while (run > 0 && !s->owner[run - 1]) run--;
+  uint32_t c = first, sp = run;
+  while (c < first + k) {
+    while (sp + s->flen[sp] <= c) sp += s->flen[sp];
+    uint32_t len = s->flen[sp], end = sp + len;
+    uint8_t warm = s->fwarm[sp];
+    span_remove(s, sp);
+    uint32_t stop = end < first + k ? end : first + k;
+    if (sp < c) span_insert(s, sp, c - sp, warm);
+    if (end > stop) span_insert(s, stop, end - stop, warm);
+    s->chunks_free -= stop - c;
+    c = sp = stop;
+  }
+  return true;
+}
+
+int ckv_slab_claim(ckv_slab *s, uint32_t cls, uint64_t slab_offset, uint64_t offset) {
+  if (!s || cls >= s->n_classes || slab_offset < s->cfg.offset || offset < slab_offset) return CKV_ERR_INVALID;
+  slab_class *c = &s->classes[cls];
+  uint64_t rel = slab_offset - s->cfg.offset;
+  if (rel % s->cfg.chunk_bytes != 0 || (offset - slab_offset) % c->stride != 0) return CKV_ERR_INVALID;
+  uint64_t first = rel / s->cfg.chunk_bytes, idx = (offset - slab_offset) / c->stride;
+  if (first >= s->n_chunks || c->chunks_per_slab > s->n_chunks - first || idx >= c->blocks_per_slab)
+    return CKV_ERR_INVALID;
+  slab *sl = s->owner[first];
+  if (sl && (sl->cls != cls || sl->offset != slab_offset)) return CKV_ERR_EXISTS;
+  if (!sl) {
+    size_t words = ((size_t)c->blocks_per_slab + 63) / 64;
+    sl = malloc(sizeof *sl + words * sizeof(uint64_t) + (size_t)c->blocks_per_slab * sizeof(uint32_t));
+    if (!sl) return -ENOMEM;
+    if (!span_take_at(s, (uint32_t)first, c->chunks_per_slab)) {
+      free(sl);
+      return CKV_ERR_EXISTS;
+    }
+    *sl = (slab){.cls = cls, .first_chunk = (uint32_t)first, .n_chunks = c->chunks_per_slab,
+                 .n_blocks = c->blocks_per_slab, .hwm = c->blocks_per_slab, .warm = true, .offset = slab_offset};
+    memset(sl->bits, 0, words * sizeof(uint64_t));
+    sl->stack = (uint32_t *)(sl->bits + words);
+    for (uint32_t i = 0; i < sl->n_blocks; i++) sl->stack[i] = sl->n_blocks - 1 - i;
+    for (uint32_t i = 0; i < sl->n_chunks; i++) s->owner[first + i] = sl;
+    c->slabs++;
+    s->slabs++;
+    list_push(c, sl, /* front= */ false);
+  }
+  if (sl->bits[idx / 64] & (UINT64_C(1) << (idx % 64))) return CKV_ERR_EXISTS;
+  /* out of the free stack (a linear search: rebuilding runs once, at start) */
+  uint32_t n_free = sl->n_blocks - sl->n_used;
+  for (uint32_t i = 0; i < n_free; i++)
+    if (sl->stack[i] == idx) {
+      sl->stack[i] = sl->stack[n_free - 1];
+      break;
+    }
+  sl->bits[idx / 64] |= UINT64_C(1) << (idx % 64);
+  sl->n_used++;
+  if (sl->n_used == sl->n_blocks) list_unlink(c, sl);
+  c->blocks_used++;
+  s->blocks_used++;
+  s->bytes_used += c->stride;
+  return CKV_OK;
+}
+
+uint64_t ckv_slab_scrub(ckv_slab *s) {
+  if (!s) return 0;
+  uint64_t failed = 0;
+  for (uint32_t c = 0; c < s->n_chunks;) {
+    if (s->owner[c]) {
+      c = s->owner[c]->first_chunk + s->owner[c]->n_chunks;
+      continue;
+    }
+    /* a maximal run of free chunks: out of the pool span by span, one
+     * discard, back as one span (its neighbours are used or the edges) */
+    uint32_t end = c;
+    while (end < s->n_chunks && !s->owner[end]) {
+      uint32_t len = s->flen[end];
+      span_remove(s, end);
+      end += len;
+    }
+    s->chunks_free -= end - c; /* span_give counts them again */
+    bool cold = discard(s, c, end - c);
+    if (!cold) failed++;
+    span_give(s, c, end - c, cold ? 0 : 1, /* absorb= */ false);
+    c = end;
+  }
+  return failed;
+}

@@ -134,6 +134,27 @@ int ckv_slab_dealloc(ckv_slab *s, uint64_t offset);
  * *ret_class (ret_class may be NULL).  Returns CKV_OK or CKV_ERR_INVALID. */
 int ckv_slab_lookup(const ckv_slab *s, uint64_t offset, uint32_t *ret_class);
 
+/* Writes to *ret_slab_offset the arena offset of block 0 of the slab that
+ * holds the live block at `offset`: with the class, what ckv_slab_claim()
+ * needs to put the block back in the same place in a new allocator.
+ * Returns CKV_OK or CKV_ERR_INVALID (not a live block). */
+int ckv_slab_block_slab(const ckv_slab *s, uint64_t offset, uint64_t *ret_slab_offset);
+/* Marks the block at `offset` of class `cls` allocated, in the slab whose
+ * block 0 is at `slab_offset`: rebuilds an allocator over memory whose
+ * blocks outlived the previous one (a daemon restart that kept its arena).
+ * The slab is made if its chunks are all free, or must already be a slab of
+ * that class at that offset.  The slab counts as warm (its other blocks may
+ * hold old bytes: ckv_slab_take says reused).  Call ckv_slab_scrub() once
+ * every block is claimed.
+ * Returns CKV_OK; CKV_ERR_INVALID (unknown class, offsets outside the range
+ * or not on the slab's block grid); CKV_ERR_EXISTS (the block is live
+ * already, or its chunks belong to another slab); -ENOMEM. */
+int ckv_slab_claim(ckv_slab *s, uint32_t cls, uint64_t slab_offset, uint64_t offset);
+/* Discards every free chunk (the discard callback), so that memory no live
+ * block claimed reads zero: after ckv_slab_claim(), before anything is
+ * allocated.  Returns the number of discards that failed (their chunks stay
+ * warm: the next block there is cleared by its owner, ckv_slab_take). */
+uint64_t ckv_slab_scrub(ckv_slab *s);
 /* Totals over all classes.  Never fails. */
 void ckv_slab_get_stats(const ckv_slab *s, ckv_slab_stats *ret);
 

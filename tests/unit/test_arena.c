@@ -1,6 +1,7 @@
 /* test_arena.c - arenas (shm/arena.c, shm/arena_host.c): create, export over a
  * unix socket to a forked process that imports and writes, header validation
- * on import, seals, discard giving pages back, lazy commit, the registry, and
+ * on import, seals, discard giving pages back, lazy commit, the registry, an
+ * arena kept live and adopted by its generation (warm restart), and
  * the slab allocator discarding through an arena. */
 #include "commitkv/status.h"
 #include "shm/arena.h"
@@ -441,4 +442,43 @@ Test(arena, grows_and_importers_refresh) {
   cr_assert_leq(steps, CKV_ARENA_MAX_FDS, "%u prefixes to cover the arena", steps);
   ckv_arena_free(b);
   ckv_arena_free(a);
+}
+
+/* ---- handed on across a restart (warm restart) ---- */
+
+Test(arena, kept_live_then_adopted_by_generation) {
+  ckv_arena *a = mk(MiB);
+  ckv_arena_desc d = desc_of(a);
+  int fd = fcntl(d.fds[0], F_DUPFD_CLOEXEC, 0); /* what systemd's fd store holds */
+  cr_assert_geq(fd, 0);
+  uint64_t gen = ckv_arena_generation(a), bytes = ckv_arena_size(a);
+  ((volatile uint8_t *)ckv_arena_base(a))[CKV_ARENA_HEADER_BYTES + 9] = 77;
+  ckv_arena_keep_live(a);
+  ckv_arena_free(a);
+  ckv_arena_desc e = {.bytes = bytes, .generation = gen, .committed = bytes, .n_fds = 1, .fds = {fd}};
+  snprintf(e.kind, sizeof e.kind, "host");
+  /* another generation, another size: refused */
+  e.generation = gen ^ 1;
+  ckv_arena *b = NULL;
+  cr_assert_eq(ckv_arena_adopt(&e, &b), CKV_ERR_FORMAT);
+  cr_assert_null(b);
+  e.generation = gen;
+  e.bytes = bytes * 2;
+  cr_assert_eq(ckv_arena_adopt(&e, &b), CKV_ERR_FORMAT);
+  e.bytes = bytes;
+  cr_assert_eq(ckv_arena_adopt(&e, &b), CKV_OK);
+  close(fd); /* the adopter keeps its own descriptor */
+  cr_assert(ckv_arena_is_owner(b));
+  cr_assert_eq(ckv_arena_generation(b), gen);
+  cr_assert_eq(((volatile uint8_t *)ckv_arena_base(b))[CKV_ARENA_HEADER_BYTES + 9], 77, "the bytes did not survive");
+  ckv_arena_desc again;
+  cr_assert_eq(ckv_arena_export(b, &again), CKV_OK, "an adopted arena cannot be exported");
+  cr_assert_eq(ckv_arena_discard(b, CKV_ARENA_HEADER_BYTES, 4096), CKV_OK);
+  cr_assert_eq(((volatile uint8_t *)ckv_arena_base(b))[CKV_ARENA_HEADER_BYTES + 9], 0);
+  /* a retired arena is not adopted */
+  int fd2 = fcntl(again.fds[0], F_DUPFD_CLOEXEC, 0);
+  ckv_arena_free(b);
+  e.fds[0] = fd2;
+  cr_assert_eq(ckv_arena_adopt(&e, &b), CKV_ERR_FORMAT, "a retired arena was adopted");
+  close(fd2);
 }

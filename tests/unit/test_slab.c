@@ -2,7 +2,8 @@
  * alloc/free checked against a shadow bitmap, full reuse after free, chunks
  * returned (and discarded) when a slab empties, coalescing of free chunks,
  * NOSPACE, refusal of double/foreign frees without corruption, and warm
- * chunks (kept backed within a budget, taken first, reported as reused). */
+ * chunks (kept backed within a budget, taken first, reported as reused), and
+ * an allocator rebuilt over kept blocks (claim, scrub: the warm restart). */
 #include "commitkv/status.h"
 #include "shm/slab.h"
 
@@ -486,5 +487,56 @@ Test(slab, without_discard_merged_runs_are_warm) {
   bool reused = false;
   cr_assert_eq(ckv_slab_take(s, four, &y, &reused), CKV_OK);
   cr_assert(reused, "a run with undiscarded bytes said fresh");
+  ckv_slab_free(s);
+}
+
+/* ---- rebuilding over kept memory (warm restart) ---- */
+
+Test(slab, claim_rebuilds_the_same_blocks_and_scrub_discards_the_rest) {
+  discard_log log = {0};
+  ckv_slab *s = mk_warm(16, 0, &log);
+  uint32_t small = cls(s, CHUNK / 4, 1), big = cls(s, CHUNK + CHUNK / 2, 2); /* one chunk / two chunks per block */
+  uint64_t a[6], b[3], slab_a[6], slab_b[3];
+  for (int i = 0; i < 6; i++) cr_assert_eq(ckv_slab_alloc(s, small, &a[i]), CKV_OK);
+  for (int i = 0; i < 3; i++) cr_assert_eq(ckv_slab_alloc(s, big, &b[i]), CKV_OK);
+  for (int i = 0; i < 6; i++) cr_assert_eq(ckv_slab_block_slab(s, a[i], &slab_a[i]), CKV_OK);
+  for (int i = 0; i < 3; i++) cr_assert_eq(ckv_slab_block_slab(s, b[i], &slab_b[i]), CKV_OK);
+  cr_assert_eq(ckv_slab_block_slab(s, a[0] + 8, &slab_a[0]), CKV_ERR_INVALID, "not a block start");
+  ckv_slab_stats before = stats(s);
+  ckv_slab_free(s);
+
+  /* a new allocator keeps a[1], a[4], b[2] (the others were dropped) */
+  s = mk_warm(16, 0, &log);
+  small = cls(s, CHUNK / 4, 1);
+  big = cls(s, CHUNK + CHUNK / 2, 2);
+  cr_assert_eq(ckv_slab_claim(s, small, slab_a[1], a[1]), CKV_OK);
+  cr_assert_eq(ckv_slab_claim(s, small, slab_a[4], a[4]), CKV_OK);
+  cr_assert_eq(ckv_slab_claim(s, big, slab_b[2], b[2]), CKV_OK);
+  /* refused: twice, another class's slab, off the grid, outside the range */
+  cr_assert_eq(ckv_slab_claim(s, small, slab_a[1], a[1]), CKV_ERR_EXISTS);
+  cr_assert_eq(ckv_slab_claim(s, big, slab_a[1], slab_a[1]), CKV_ERR_EXISTS, "on a slab of another class");
+  cr_assert_eq(ckv_slab_claim(s, small, slab_a[1], a[1] + 256), CKV_ERR_INVALID);
+  cr_assert_eq(ckv_slab_claim(s, small, slab_a[1] + CHUNK * 64, a[1] + CHUNK * 64), CKV_ERR_INVALID);
+  cr_assert_eq(ckv_slab_claim(s, 99, slab_a[1], a[1]), CKV_ERR_INVALID);
+  ckv_slab_stats st = stats(s);
+  cr_assert_eq(st.blocks_used, 3);
+  cr_assert_lt(st.blocks_used, before.blocks_used);
+  log.calls = 0;
+  cr_assert_eq(ckv_slab_scrub(s), 0);
+  cr_assert_gt(log.calls, 0, "nothing of the free range was discarded");
+  /* kept blocks are live; new blocks never overlap them; those of a kept slab say reused */
+  cr_assert_eq(ckv_slab_lookup(s, a[4], NULL), CKV_OK);
+  uint64_t x;
+  bool reused = false;
+  cr_assert_eq(ckv_slab_take(s, small, &x, &reused), CKV_OK);
+  cr_assert(x != a[1] && x != a[4]);
+  if (x >= slab_a[1] && x < slab_a[1] + CHUNK) cr_assert(reused, "a block beside kept ones said fresh");
+  cr_assert_eq(ckv_slab_dealloc(s, a[1]), CKV_OK);
+  cr_assert_eq(ckv_slab_dealloc(s, a[4]), CKV_OK);
+  cr_assert_eq(ckv_slab_dealloc(s, b[2]), CKV_OK);
+  cr_assert_eq(ckv_slab_dealloc(s, x), CKV_OK);
+  st = stats(s);
+  cr_assert_eq(st.blocks_used, 0);
+  cr_assert_eq(st.chunks_free, st.chunks_total, "chunks lost in the rebuild");
   ckv_slab_free(s);
 }

@@ -100,11 +100,20 @@ const char *ckv_client_last_error(const ckv_client *c);
  * attaches to the new daemon and maps its arenas, without the worker
  * process restarting.  Sessions opened before are gone with the old daemon:
  * their handles answer CKV_ERR_DAEMON_RESTARTED; free them with
- * ckv_session_close and open new ones.  The background heartbeat (if
- * enabled) calls this by itself when it notices a restart.  Returns CKV_OK or
- * why the new daemon cannot be reached (calls keep failing with
- * CKV_ERR_DAEMON_RESTARTED until a reconnect succeeds). */
+ * ckv_session_close and open new ones (with resume: a warm restart, below,
+ * kept them).  The background heartbeat (if enabled) calls this by itself
+ * when it notices a restart.  Returns CKV_OK or why the new daemon cannot be
+ * reached (calls keep failing with CKV_ERR_DAEMON_RESTARTED until a
+ * reconnect succeeds).
+ * Warm restart (commitkvd under systemd with its fd store): the new daemon
+ * hands back the very arena this process maps; the mapping is kept (every
+ * pointer into it stays valid, ckv_client_arena_kept says so) and sessions
+ * the daemon kept resume, on the same bytes, with ckv_session_open(resume).
+ * A session it could not keep answers CKV_ERR_NOT_FOUND saying why. */
 int ckv_client_reconnect(ckv_client *c);
+/* Whether the last (re)connect kept the arena mapping of the connection
+ * before it (a warm restart of the daemon), rather than mapping anew. */
+bool ckv_client_arena_kept(const ckv_client *c);
 /* True between noticing a daemon restart and a successful reconnect. */
 bool ckv_client_restarted(const ckv_client *c);
 /* One heartbeat now (the background thread does this by itself). */

@@ -1,0 +1,640 @@
+/* warm.c - warm restart: the journal at a clean stop, adoption and rebuild
+ * at start (see warm.h).
+ *
+ * The manifest, STATE_DIR/warm/journal (all integers little-endian):
+ *   "CKVWARM\0" · u32 version · u32 ~version · u64 written_at_ms ·
+ *   u64 owner (the writer's tag: its arenas sit in the fd store under it) ·
+ *   u32 n_tenants, then per tenant: str name · u64 arena generation ·
+ *   u64 arena bytes · u64 quota · u32 max_sessions · u32 max_clients ·
+ *   u32 policies · i32 default_policy · u32 n_sessions, then n_sessions
+ *   times str session id ·
+ *   u64 XXH64 (seed 0) of every byte before it.
+ * (str = u32 length + bytes.)  Session entries: STATE_DIR/warm/TENANT/ID.ckvsnap
+ * snapshots with CKV_SNAP_BLOCK_REFS (docs/snapshot.md, docs/warm-restart.md),
+ * each section checksummed and cross-checked by the snapshot reader. */
+#include "daemon/warm.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "commitkv/status.h"
+#include "daemon/blockmem.h"
+#include "daemon/fdstore.h"
+#include "daemon/log.h"
+#include "daemon/server.h"
+#include "daemon/session.h"
+#include "daemon/session_snap.h"
+#include "daemon/snapdir.h"
+#include "daemon/snapshot.h"
+#include "daemon/strmap.h"
+#include "daemon/tenant.h"
+#include "daemon/tier.h"
+#include "lifecycle/judge.h"
+#include "shm/arena.h"
+#include "shm/slab.h"
+
+#define MANIFEST_MAX (UINT64_C(64) << 20) /* far beyond any tenant count we allow */
+
+/* ---- sessions the warm restart dropped (answered on resume) ---- */
+
+typedef struct dropped {
+  struct dropped *next;
+  char key[256]; /* tenant/id */
+  char why[200];
+} dropped;
+
+static dropped *g_dropped;
+/* The start found arenas in the store and no journal: the daemon before us
+ * was killed or crashed.  Said on every resume that finds nothing. */
+static bool g_unclean;
+
+__attribute__((format(printf, 3, 4))) static void note_dropped(const char *tenant, const char *id, const char *fmt,
+                                                               ...) {
+  dropped *d = calloc(1, sizeof(*d));
+  if (!d) return;
+  snprintf(d->key, sizeof d->key, "%s/%s", tenant, id);
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(d->why, sizeof d->why, fmt, ap);
+  va_end(ap);
+  d->next = g_dropped;
+  g_dropped = d;
+}
+
+const char *ckv_warm_dropped(const char *tenant, const char *id) {
+  char key[256];
+  snprintf(key, sizeof key, "%s/%s", tenant, id);
+  for (const dropped *d = g_dropped; d; d = d->next)
+    if (strcmp(d->key, key) == 0) return d->why;
+  return NULL;
+}
+
+const char *ckv_warm_unclean(void) {
+  return g_unclean ? "the daemon before this one did not stop cleanly (killed or crashed): sessions that lived only "
+                     "in its memory are gone, saved ones come back from their snapshots"
+                   : NULL;
+}
+
+/* ---- manifest encoding ---- */
+
+typedef struct buf {
+  uint8_t *p;
+  size_t n, cap;
+  bool oom;
+} buf;
+
+static void put(buf *b, const void *src, size_t n) {
+  if (b->oom) return;
+  if (b->n + n > b->cap) {
+    size_t cap = b->cap ? b->cap * 2 : 4096;
+    while (cap < b->n + n) cap *= 2;
+    uint8_t *p = realloc(b->p, cap);
+    if (!p) {
+      b->oom = true;
+      return;
+    }
+    b->p = p;
+    b->cap = cap;
+  }
+  memcpy(b->p + b->n, src, n);
+  b->n += n;
+}
+static void put_u32(buf *b, uint32_t v) { put(b, &v, 4); }
+static void put_u64(buf *b, uint64_t v) { put(b, &v, 8); }
+static void put_str(buf *b, const char *s) {
+  uint32_t n = (uint32_t)strlen(s);
+  put_u32(b, n);
+  put(b, s, n);
+}
+
+typedef struct cur {
+  const uint8_t *p;
+  size_t n, at;
+  bool short_;
+} cur;
+
+static const uint8_t *get(cur *c, size_t n) {
+  if (c->short_ || n > c->n - c->at) {
+    c->short_ = true;
+    return NULL;
+  }
+  const uint8_t *r = c->p + c->at;
+  c->at += n;
+  return r;
+}
+static uint32_t get_u32(cur *c) {
+  uint32_t v = 0;
+  const uint8_t *p = get(c, 4);
+  if (p) memcpy(&v, p, 4);
+  return v;
+}
+static uint64_t get_u64(cur *c) {
+  uint64_t v = 0;
+  const uint8_t *p = get(c, 8);
+  if (p) memcpy(&v, p, 8);
+  return v;
+}
+static bool get_str(cur *c, char *out, size_t max) {
+  uint32_t n = get_u32(c);
+  if (c->short_ || n >= max) return false;
+  const uint8_t *p = get(c, n);
+  if (!p) return false;
+  memcpy(out, p, n);
+  out[n] = 0;
+  return memchr(out, 0, n) == NULL;
+}
+
+static uint64_t now_ms_real(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* This daemon's tag in the fd store's names (fdstore.h): from its boot token. */
+static uint64_t owner_tag(const ckv_server *s) {
+  uint64_t t;
+  memcpy(&t, s->boot_token, sizeof t);
+  return t ? t : 1;
+}
+
+static bool warm_enabled(const ckv_server *s) {
+  return s->opt.state_dir && *s->opt.state_dir && ckv_fdstore_available() &&
+         strcmp(s->backend->name, ckv_arena_host_backend.name) == 0;
+}
+
+static int manifest_path(const ckv_server *s, char *path, size_t len) {
+  if (snprintf(path, len, "%s/%s/%s", s->opt.state_dir, CKV_WARM_AREA, CKV_WARM_MANIFEST) >= (int)len)
+    return -ENAMETOOLONG;
+  return CKV_OK;
+}
+
+/* Removes STATE_DIR/warm and everything in it (two levels: the tenants'
+ * directories and their entries). */
+static void remove_journal(const ckv_server *s) {
+  char top[4096];
+  if (snprintf(top, sizeof top, "%s/%s", s->opt.state_dir, CKV_WARM_AREA) >= (int)sizeof top) return;
+  DIR *d = opendir(top);
+  if (!d) return;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    if (e->d_name[0] == '.' && (!e->d_name[1] || (e->d_name[1] == '.' && !e->d_name[2]))) continue;
+    char p[4096 + 256];
+    snprintf(p, sizeof p, "%s/%s", top, e->d_name);
+    DIR *sub = opendir(p);
+    if (sub) {
+      struct dirent *f;
+      while ((f = readdir(sub))) {
+        if (f->d_name[0] == '.' && (!f->d_name[1] || (f->d_name[1] == '.' && !f->d_name[2]))) continue;
+        char q[4096 + 512];
+        snprintf(q, sizeof q, "%s/%s", p, f->d_name);
+        unlink(q);
+      }
+      closedir(sub);
+      rmdir(p);
+    } else {
+      unlink(p);
+    }
+  }
+  closedir(d);
+  rmdir(top);
+}
+
+/* ---- start ---- */
+
+typedef struct jtenant {
+  char name[64];
+  uint64_t generation, bytes, quota;
+  uint32_t max_sessions, max_clients, policies, n_sessions;
+  int32_t default_policy;
+  char (*ids)[CKV_SESSION_ID_MAX + 1];
+} jtenant;
+
+static void jtenants_free(jtenant *t, size_t n) {
+  for (size_t i = 0; i < n; i++) free(t[i].ids);
+  free(t);
+}
+
+/* Reads and checks the manifest.  CKV_OK with *ret and *ret_n, -ENOENT when
+ * there is none, else a code and err. */
+static int read_manifest(const char *path, jtenant **ret, size_t *ret_n, uint64_t *ret_written, uint64_t *ret_owner,
+                         char *err, size_t errlen) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) {
+    if (errno == ENOENT) return -ENOENT;
+    snprintf(err, errlen, "cannot open %.300s: %s", path, strerror(errno));
+    return -errno;
+  }
+  struct stat st;
+  if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size > MANIFEST_MAX) {
+    snprintf(err, errlen, "%.300s is not a regular file of at most %llu bytes", path, (unsigned long long)MANIFEST_MAX);
+    close(fd);
+    return CKV_ERR_CORRUPT;
+  }
+  size_t len = (size_t)st.st_size;
+  uint8_t *p = malloc(len ? len : 1);
+  size_t got = 0;
+  while (p && got < len) {
+    ssize_t r = read(fd, p + got, len - got);
+    if (r <= 0) break;
+    got += (size_t)r;
+  }
+  close(fd);
+  if (!p || got != len) {
+    free(p);
+    snprintf(err, errlen, "cannot read %.300s", path);
+    return p ? -EIO : -ENOMEM;
+  }
+  int r = CKV_ERR_CORRUPT;
+  jtenant *ts = NULL;
+  uint32_t nt = 0;
+  if (len < 16 + 8 || memcmp(p, CKV_WARM_MAGIC, 8) != 0) {
+    snprintf(err, errlen, "%.300s: no journal magic (%zu bytes)", path, len);
+    goto out;
+  }
+  uint32_t ver, nver;
+  memcpy(&ver, p + 8, 4);
+  memcpy(&nver, p + 12, 4);
+  if (ver != (uint32_t)~nver) {
+    snprintf(err, errlen, "%.300s: damaged version word", path);
+    goto out;
+  }
+  if (ver != CKV_WARM_VERSION) {
+    snprintf(err, errlen, "%.300s: journal version %u, this build reads %u", path, ver, CKV_WARM_VERSION);
+    r = CKV_ERR_FORMAT;
+    goto out;
+  }
+  uint64_t sum;
+  memcpy(&sum, p + len - 8, 8);
+  if (XXH64(p, len - 8, 0) != sum) {
+    snprintf(err, errlen, "%.300s: checksum mismatch (truncated or damaged)", path);
+    goto out;
+  }
+  cur c = {.p = p, .n = len - 8, .at = 16};
+  uint64_t written = get_u64(&c), owner = get_u64(&c);
+  nt = get_u32(&c);
+  if (c.short_ || nt > 4096) {
+    snprintf(err, errlen, "%.300s: %u tenants", path, nt);
+    goto out;
+  }
+  ts = calloc(nt ? nt : 1, sizeof(*ts));
+  if (!ts) {
+    r = -ENOMEM;
+    goto out;
+  }
+  for (uint32_t i = 0; i < nt; i++) {
+    jtenant *t = &ts[i];
+    bool ok = get_str(&c, t->name, sizeof t->name) && t->name[0];
+    t->generation = get_u64(&c);
+    t->bytes = get_u64(&c);
+    t->quota = get_u64(&c);
+    t->max_sessions = get_u32(&c);
+    t->max_clients = get_u32(&c);
+    t->policies = get_u32(&c);
+    t->default_policy = (int32_t)get_u32(&c);
+    t->n_sessions = get_u32(&c);
+    if (!ok || c.short_ || t->n_sessions > (1u << 20) || !t->generation) {
+      snprintf(err, errlen, "%.300s: tenant %u does not parse", path, i);
+      goto out;
+    }
+    t->ids = calloc(t->n_sessions ? t->n_sessions : 1, sizeof(*t->ids));
+    if (!t->ids) {
+      r = -ENOMEM;
+      goto out;
+    }
+    for (uint32_t k = 0; k < t->n_sessions; k++)
+      if (!get_str(&c, t->ids[k], sizeof t->ids[k]) || !t->ids[k][0] || strchr(t->ids[k], '/')) {
+        snprintf(err, errlen, "%.300s: session %u of tenant '%s' does not parse", path, k, t->name);
+        goto out;
+      }
+  }
+  if (c.at != c.n) {
+    snprintf(err, errlen, "%.300s: %zu bytes after the last tenant", path, c.n - c.at);
+    goto out;
+  }
+  *ret = ts;
+  *ret_n = nt;
+  *ret_written = written;
+  *ret_owner = owner;
+  ts = NULL;
+  r = CKV_OK;
+out:
+  if (ts) jtenants_free(ts, nt);
+  free(p);
+  return r;
+}
+
+static void drop_arena_fd(ckv_fdstore_arena *a, const char *why) {
+  if (a->fd < 0) return;
+  ckv_log(CKV_LOG_WARNING, "warm-arena-dropped", NULL, NULL, "arena %016" PRIx64 " from the fd store dropped: %s",
+          a->generation, why);
+  close(a->fd);
+  a->fd = -1;
+  ckv_fdstore_remove_arena(a->generation, a->owner);
+}
+
+/* Rebuilds session `id` of t from its journal entry; logs and notes a drop. */
+static bool rebuild_session(ckv_server *s, ckv_tenant *t, const char *id) {
+  char path[4096], err[512] = "";
+  ckv_snap snap;
+  int r = ckv_snapdir_area_file(s->opt.state_dir, CKV_WARM_AREA, t->name, id, path, sizeof path);
+  if (r == CKV_OK) r = ckv_snap_read(path, &snap, err, sizeof err);
+  else snprintf(err, sizeof err, "no journal entry path: %s", ckv_strerror(r));
+  if (r < 0) {
+    ckv_log(CKV_LOG_WARNING, "warm-session-dropped", t->name, id,
+            "not kept across the restart: journal entry refused: %s", err);
+    note_dropped(t->name, id, "its journal entry was refused (%.150s)", err);
+    return false;
+  }
+  ckv_srv_session *sess = NULL;
+  ckv_snap_expect e = {.tenant = t->name};
+  if ((r = ckv_snap_check_identity(&snap, &e, err, sizeof err)) == CKV_OK && strcmp(snap.session_id, id) != 0) {
+    snprintf(err, sizeof err, "the entry names session '%.128s'", snap.session_id);
+    r = CKV_ERR_CORRUPT;
+  }
+  if (r == CKV_OK)
+    r = ckv_session_snap_restore_kept(&snap, id, t, s->opt.policy ? s->opt.policy->mlp : NULL, &s->next_block_id,
+                                      &sess, err, sizeof err);
+  ckv_snap_done(&snap);
+  if (r == CKV_OK && (r = ckv_srv_session_flush_meta(sess)) < 0) {
+    snprintf(err, sizeof err, "cannot write the rebuilt headers: %s", ckv_strerror(r));
+    sess = ckv_srv_session_free(sess);
+  }
+  char key[256];
+  ckv_server_session_key(t, id, key, sizeof key);
+  if (r == CKV_OK && ckv_strmap_put(s->sessions, key, sess) < 0) {
+    snprintf(err, sizeof err, "out of memory");
+    sess = ckv_srv_session_free(sess);
+    r = -ENOMEM;
+  }
+  if (r < 0) {
+    ckv_log(CKV_LOG_WARNING, "warm-session-dropped", t->name, id, "not kept across the restart: %s", err);
+    note_dropped(t->name, id, "%.190s", err);
+    return false;
+  }
+  sess->dirty_head = &s->dirty_head;
+  sess->lane = ++s->next_lane;
+  sess->owner = 0; /* detached: its worker resumes it (OpenSession resume) within detach_keep */
+  sess->detached_at_ms = ckv_now_ms();
+  t->n_sessions++;
+  ckv_log(CKV_LOG_INFO, "warm-session-kept", t->name, id,
+          "kept across the restart on its blocks: %zu tokens (%llu draft, %llu staged, %llu committed, %llu recycled), "
+          "epoch %llu",
+          sess->tokens.n, (unsigned long long)sess->count_by_state[0], (unsigned long long)sess->count_by_state[1],
+          (unsigned long long)sess->count_by_state[2], (unsigned long long)sess->count_by_state[3],
+          (unsigned long long)sess->epoch);
+  return true;
+}
+
+void ckv_warm_start(ckv_server *s) {
+  ckv_fdstore_arena *fds = NULL;
+  size_t n_fds = 0;
+  ckv_fdstore_take_arenas(&fds, &n_fds);
+  jtenant *jt = NULL;
+  size_t n_jt = 0;
+  uint64_t written = 0, owner = 0;
+  char path[4096], err[512] = "";
+  int r = -ENOENT;
+  if (s->opt.state_dir && *s->opt.state_dir && manifest_path(s, path, sizeof path) == CKV_OK)
+    r = read_manifest(path, &jt, &n_jt, &written, &owner, err, sizeof err);
+  if (r < 0 && r != -ENOENT)
+    ckv_log(CKV_LOG_ERROR, "warm-journal-refused", NULL, NULL,
+            "warm-restart journal refused, no session is kept from it: %s", err);
+  g_unclean = r == -ENOENT && n_fds;
+  if (g_unclean)
+    ckv_log(CKV_LOG_WARNING, "warm-journal-missing", NULL, NULL,
+            "the fd store holds %zu arena(s) but there is no journal: the previous daemon did not stop cleanly "
+            "(killed or crashed); its sessions are not kept (saved ones come back from their snapshots)",
+            n_fds);
+  if (r == CKV_OK && !warm_enabled(s)) {
+    ckv_log(CKV_LOG_WARNING, "warm-journal-refused", NULL, NULL,
+            "a warm-restart journal of %zu tenant(s) is here, but this daemon runs without systemd's fd store or "
+            "on another backend: nothing kept",
+            n_jt);
+    r = CKV_ERR_UNSUPPORTED;
+  }
+  size_t kept = 0, lost = 0;
+  for (size_t i = 0; r == CKV_OK && i < n_jt; i++) {
+    jtenant *j = &jt[i];
+    ckv_fdstore_arena *a = NULL;
+    bool later = false; /* the arena is there, stored by a later daemon than the journal's writer */
+    for (size_t k = 0; k < n_fds && !a; k++)
+      if (fds[k].fd >= 0 && fds[k].generation == j->generation) {
+        if (fds[k].owner == owner)
+          a = &fds[k];
+        else
+          later = true;
+      }
+    const char *why = NULL;
+    ckv_arena *arena = NULL;
+    char whybuf[200];
+    if (!a) {
+      why = later ? "the journal is stale: a later daemon held its arena since (and changed it)"
+                  : "systemd did not hand its arena back";
+    } else {
+      ckv_arena_desc d;
+      memset(&d, 0, sizeof d);
+      snprintf(d.kind, sizeof d.kind, "%s", ckv_arena_host_backend.name);
+      d.bytes = j->bytes;
+      d.generation = j->generation;
+      d.committed = j->bytes;
+      d.n_fds = 1;
+      d.fds[0] = a->fd;
+      int ar = ckv_arena_adopt(&d, &arena);
+      if (ar < 0) {
+        snprintf(whybuf, sizeof whybuf, "its arena (%llu bytes) cannot be adopted: %s", (unsigned long long)j->bytes,
+                 ckv_strerror(ar));
+        why = whybuf;
+      }
+    }
+    bool dup_name = false;
+    for (size_t k = 0; k < s->n_tenants; k++) dup_name |= strcmp(s->tenants[k]->name, j->name) == 0;
+    uint64_t used = 0;
+    for (size_t k = 0; k < s->n_tenants; k++) used += ckv_arena_size(s->tenants[k]->arena);
+    if (!why && dup_name) why = "the journal names the tenant twice";
+    if (!why && used + j->bytes > s->opt.memory_bytes) why = "its arena no longer fits [daemon] memory";
+    ckv_tenant *t = NULL;
+    ckv_tenant **nt = why ? NULL : realloc(s->tenants, (s->n_tenants + 1) * sizeof(*nt));
+    if (!why && !nt) why = "out of memory";
+    if (nt) s->tenants = nt;
+    if (!why) {
+      uint64_t holds = ckv_tenant_quota_for_arena(j->bytes);
+      int tr = ckv_tenant_adopt(j->name, j->quota && j->quota < holds ? j->quota : holds, arena,
+                                (uint32_t)s->n_tenants + 1, &t);
+      arena = NULL; /* the tenant's now, also on failure */
+      if (tr < 0) {
+        snprintf(whybuf, sizeof whybuf, "cannot set up its tenant: %s", ckv_strerror(tr));
+        why = whybuf;
+      }
+    }
+    ckv_arena_free(arena); /* not adopted: an importer-side unmap of the memfd (the header stays as it is) */
+    if (why) {
+      ckv_log(CKV_LOG_WARNING, "warm-tenant-dropped", j->name, NULL, "%u session(s) not kept across the restart: %s",
+              j->n_sessions, why);
+      for (uint32_t k = 0; k < j->n_sessions; k++) note_dropped(j->name, j->ids[k], "%s", why);
+      lost += j->n_sessions;
+      if (a) drop_arena_fd(a, why);
+      continue;
+    }
+    t->max_sessions = j->max_sessions ? j->max_sessions : s->opt.max_sessions;
+    t->max_clients = j->max_clients;
+    t->policies = j->policies;
+    t->default_policy = j->default_policy;
+    if (s->opt.mem) t->mem = s->opt.mem;
+    s->tenants[s->n_tenants++] = t;
+    close(a->fd); /* the arena keeps a duplicate; the store keeps its own */
+    a->fd = -1;
+    /* Ours from now on: stored again under this daemon's tag, so this
+     * journal (removed below, but a copy may linger) never matches it again. */
+    ckv_fdstore_remove_arena(a->generation, a->owner);
+    ckv_warm_tenant_up(s, t);
+    size_t tk = 0;
+    for (uint32_t k = 0; k < j->n_sessions; k++) tk += rebuild_session(s, t, j->ids[k]);
+    /* Memory no kept block holds (dropped sessions, freed blocks, warm
+     * chunks) reads zero from here on: no stale K/V shows through. */
+    uint64_t failed = ckv_slab_scrub(t->slab);
+    ckv_log(CKV_LOG_NOTICE, "warm-tenant-kept", t->name, NULL,
+            "arena %u (%016" PRIx64 ", %llu bytes) kept across the restart with %zu of %u session(s)%s", t->arena_id,
+            ckv_arena_generation(t->arena), (unsigned long long)ckv_arena_size(t->arena), tk, j->n_sessions,
+            failed ? "; some free chunks could not be discarded (they are cleared when used)" : "");
+    kept += tk;
+    lost += j->n_sessions - tk;
+  }
+  for (size_t k = 0; k < n_fds; k++)
+    drop_arena_fd(&fds[k], r == CKV_OK ? "no tenant of the journal has it" : "no usable journal");
+  if (r == CKV_OK)
+    ckv_log(CKV_LOG_NOTICE, "warm-restart", NULL, NULL,
+            "warm restart: %zu session(s) kept, %zu dropped (journal written %llu ms before)", kept, lost,
+            (unsigned long long)(now_ms_real() > written ? now_ms_real() - written : 0));
+  s->counters.warm_kept = kept;
+  s->counters.warm_dropped = lost;
+  /* Consumed: a later start (after a crash of this daemon) must never read
+   * a journal of arenas that have moved on since. */
+  if (s->opt.state_dir && *s->opt.state_dir) remove_journal(s);
+  jtenants_free(jt, n_jt);
+  free(fds);
+}
+
+void ckv_warm_tenant_up(ckv_server *s, ckv_tenant *t) {
+  if (!warm_enabled(s)) return;
+  ckv_arena_desc d;
+  if (ckv_arena_export(t->arena, &d) < 0 || d.n_fds != 1) return;
+  (void)ckv_fdstore_put_arena(d.fds[0], ckv_arena_generation(t->arena), owner_tag(s));
+}
+
+/* ---- stop ---- */
+
+size_t ckv_warm_stop(ckv_server *s) {
+  if (!warm_enabled(s)) return 0;
+  char top[4096], err[512];
+  if (snprintf(top, sizeof top, "%s/%s", s->opt.state_dir, CKV_WARM_AREA) >= (int)sizeof top) return 0;
+  remove_journal(s); /* a half-written one of an earlier stop */
+  if (mkdir(top, 0700) < 0 && errno != EEXIST) {
+    ckv_log(CKV_LOG_ERROR, "warm-journal-failed", NULL, NULL, "cannot create %s: %s; nothing is kept", top,
+            strerror(errno));
+    for (size_t i = 0; i < s->n_tenants; i++)
+      ckv_fdstore_remove_arena(ckv_arena_generation(s->tenants[i]->arena), owner_tag(s));
+    return 0;
+  }
+  buf m = {0};
+  put(&m, CKV_WARM_MAGIC, 8);
+  put_u32(&m, CKV_WARM_VERSION);
+  put_u32(&m, ~(uint32_t)CKV_WARM_VERSION);
+  put_u64(&m, now_ms_real());
+  put_u64(&m, owner_tag(s));
+  put_u32(&m, (uint32_t)s->n_tenants);
+  size_t kept = 0, skipped = 0;
+  for (size_t i = 0; i < s->n_tenants; i++) {
+    ckv_tenant *t = s->tenants[i];
+    put_str(&m, t->name);
+    put_u64(&m, ckv_arena_generation(t->arena));
+    put_u64(&m, ckv_arena_size(t->arena));
+    put_u64(&m, t->quota_bytes);
+    put_u32(&m, t->max_sessions);
+    put_u32(&m, t->max_clients);
+    put_u32(&m, t->policies);
+    put_u32(&m, (uint32_t)t->default_policy);
+    size_t count_at = m.n;
+    put_u32(&m, 0);
+    uint32_t n = 0;
+    char dir[4096];
+    bool have_dir = ckv_snapdir_area_dir(s->opt.state_dir, CKV_WARM_AREA, t->name, 1, dir, sizeof dir, err,
+                                         sizeof err) == CKV_OK;
+    size_t cursor = 0;
+    ckv_srv_session *sess;
+    while (have_dir && (sess = ckv_strmap_next(s->sessions, &cursor, NULL))) {
+      if (sess->tenant != t) continue;
+      ckv_server_settle_session(s, sess);
+      ckv_snap snap;
+      /* only sessions whose bytes are all in the arena (an offload in
+       * flight has them there too, and its file is abandoned with it) */
+      ckv_tier_state ts = ckv_tier_state_of(sess);
+      bool away = ts == CKV_TIER_ON_DISK || ts == CKV_TIER_RESTORING;
+      int r = away || sess->quarantined ? CKV_ERR_STATE : ckv_srv_session_flush_meta(sess);
+      if (r == CKV_OK)
+        r = ckv_session_snap_capture_refs(sess, &snap, err, sizeof err);
+      else
+        snprintf(err, sizeof err, "%s",
+                 away ? "its bytes are on the disk tier" : sess->quarantined ? "it is quarantined"
+                                                                            : "its headers cannot be written");
+      if (r == CKV_OK) {
+        r = ckv_snap_write(dir, sess->id, &snap, NULL, err, sizeof err);
+        ckv_snap_done(&snap);
+      }
+      if (r < 0) {
+        ckv_log(CKV_LOG_WARNING, "warm-session-skipped", t->name, sess->id, "not journaled: %s", err);
+        skipped++;
+        continue;
+      }
+      put_str(&m, sess->id);
+      n++;
+    }
+    if (!m.oom) memcpy(m.p + count_at, &n, 4);
+    kept += n;
+  }
+  uint64_t sum = m.oom ? 0 : XXH64(m.p, m.n, 0);
+  put_u64(&m, sum);
+  char path[4096], tmp[4200];
+  int r = m.oom ? -ENOMEM : manifest_path(s, path, sizeof path);
+  if (r == CKV_OK) {
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    size_t done = 0;
+    while (fd >= 0 && done < m.n) {
+      ssize_t w = write(fd, m.p + done, m.n - done);
+      if (w <= 0) break;
+      done += (size_t)w;
+    }
+    r = fd < 0 || done != m.n || fsync(fd) < 0 ? -errno : CKV_OK;
+    if (fd >= 0) close(fd);
+    if (r == CKV_OK && rename(tmp, path) < 0) r = -errno;
+    if (r < 0) unlink(tmp);
+  }
+  free(m.p);
+  if (r < 0) {
+    ckv_log(CKV_LOG_ERROR, "warm-journal-failed", NULL, NULL,
+            "cannot write the warm-restart journal: %s; nothing is kept", ckv_strerror(r));
+    remove_journal(s);
+    /* the arenas are freed as usual: the store must not offer them either */
+    for (size_t i = 0; i < s->n_tenants; i++)
+      ckv_fdstore_remove_arena(ckv_arena_generation(s->tenants[i]->arena), owner_tag(s));
+    return 0;
+  }
+  /* Hand the arenas on: no block goes back to an allocator (no hole is
+   * punched) and no header is retired while the sessions are freed. */
+  for (size_t i = 0; i < s->n_tenants; i++) ckv_tenant_keep(s->tenants[i]);
+  ckv_log(CKV_LOG_NOTICE, "warm-journal", NULL, NULL,
+          "warm-restart journal written: %zu tenant(s), %zu session(s) kept in their arenas, %zu not journaled",
+          s->n_tenants, kept, skipped);
+  return kept;
+}

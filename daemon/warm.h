@@ -1,0 +1,55 @@
+/* warm.h - warm restart: the arenas and their sessions outlive the daemon
+ * process under systemd (docs/warm-restart.md).
+ *
+ * Every host arena goes to systemd's fd store when its tenant comes up
+ * (fdstore.h).  At a clean stop (SIGTERM: systemctl restart, an upgrade) the
+ * daemon writes a journal under STATE_DIR/warm: a manifest (tenants, the
+ * generation and size of each one's arena, their sessions) and per session a
+ * snapshot-format entry whose blocks name their place in the arena instead
+ * of carrying their bytes (CKV_SNAP_BLOCK_REFS); then it leaves the arenas
+ * live and unpunched.  The next daemon takes the fds back, checks each
+ * against the manifest (name, size, seals, header, generation), adopts the
+ * arenas, rebuilds the allocators and the sessions on the very same blocks
+ * (so the workers' mappings and every byte in them stay valid), scrubs what
+ * no kept block holds, and keeps the sessions detached for resume.
+ *
+ * The journal is consumed when read (removed at start), so it only ever
+ * describes the arenas of the daemon that wrote it at its stop: after a
+ * crash (kill -9) there is none and the arenas in the store are dropped,
+ * which the log says; sessions saved with SaveSession come back from their
+ * snapshots.  Anything refused (a journal truncated, corrupt, of another
+ * version; an arena missing, of another size or generation; a session entry
+ * that does not validate or whose blocks do not fit the arena) is logged and
+ * dropped; the daemon serves either way.  A resume of a session the warm
+ * restart dropped answers NOT_FOUND saying so (ckv_warm_dropped). */
+#ifndef CKV_DAEMON_WARM_H
+#define CKV_DAEMON_WARM_H
+
+#include <stddef.h>
+
+typedef struct ckv_server ckv_server;
+typedef struct ckv_tenant ckv_tenant;
+
+#define CKV_WARM_AREA "warm"
+#define CKV_WARM_MANIFEST "journal"
+#define CKV_WARM_MAGIC "CKVWARM"
+#define CKV_WARM_VERSION 1u
+
+/* At start, before serving: adopt what the fd store handed back, rebuild
+ * the sessions the journal lists.  Never fails (what cannot be kept is
+ * dropped and logged). */
+void ckv_warm_start(ckv_server *s);
+/* A tenant came up: its arena goes to the fd store (host arenas, with a
+ * state directory, under a service manager). */
+void ckv_warm_tenant_up(ckv_server *s, ckv_tenant *t);
+/* At a clean stop, after the drain, before ckv_server_free: writes the
+ * journal and hands the arenas on.  Returns the number of sessions kept. */
+size_t ckv_warm_stop(ckv_server *s);
+/* Why the warm restart did not keep session `id` of `tenant`, or NULL. */
+const char *ckv_warm_dropped(const char *tenant, const char *id);
+/* Why sessions of the previous daemon may be missing although no journal
+ * named them (it was killed or crashed: the store held arenas, no journal
+ * came with them), or NULL.  Says nothing about any one id. */
+const char *ckv_warm_unclean(void);
+
+#endif

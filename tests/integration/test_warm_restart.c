@@ -1,0 +1,906 @@
+/* test_warm_restart.c - commitkvd restarts under a real systemd fd store and
+ * its workers' memory stays (issue 15, warm restart; docs/warm-restart.md).
+ *
+ * Each systemd test starts a private user manager (`systemd --user`) in a
+ * mount namespace of its own, where /run/systemd/system exists (systemd 252
+ * refuses --user without it, and PID 1 of a container is no systemd), with
+ * XDG_RUNTIME_DIR and XDG_CONFIG_HOME in a temporary directory, and runs
+ * commitkvd as a unit there (Type=notify, FileDescriptorStoreMax=,
+ * Restart=on-failure), driven with `systemctl --user` over the manager's
+ * private socket (systemd-run needs a D-Bus session bus).  The worker is
+ * libcommitkv in this process.
+ *
+ * - restart_keeps_mapping_and_kv: sessions with draft, staged and committed
+ *   blocks; `systemctl --user restart`; before the worker reconnects, its old
+ *   mapping still shows every block's bytes; it reconnects onto the same
+ *   mapping (ckv_client_arena_kept), resumes its sessions, and the view reads
+ *   identical K/V (every block's payload, every token in the same format) on
+ *   the very same blocks, state counts equal, and the next round runs.
+ * - kill9_says_what_was_dropped: SIGKILL, systemd restarts the unit: the new
+ *   daemon says the arenas in the store have no journal and drops them; the
+ *   worker's old mapping still holds its own bytes (nobody else's), it gets
+ *   a fresh arena, the saved session comes back from its snapshot, the other
+ *   answers NOT_FOUND.
+ * - corrupt_journal_refused: a journal entry with a flipped byte drops that
+ *   session (NOT_FOUND saying the warm restart dropped it) and keeps the
+ *   other; a manifest with a flipped byte, cut short, or of another version
+ *   is refused with a log line and nothing is kept; the daemon serves after
+ *   each.
+ * - stale_journal_never_applied: a copy of a consumed journal put back
+ *   after the daemon that consumed it changed the session and was killed:
+ *   the new daemon finds the arena stored under the later daemon's tag,
+ *   refuses the stale journal for it, and the session answers NOT_FOUND
+ *   saying why, instead of coming back with metadata that no longer fits
+ *   its bytes.
+ * - two_tenants_keep_their_own_arenas: two tenants (real uids, children
+ *   that switched to them) hold a session of the same id; after a restart
+ *   each one's worker is handed back its own arena (its mapping kept, its
+ *   generation, not the other's) and reads exactly its own K/V.
+ * - snapshot_path_without_systemd: no service manager: no journal, no fd
+ *   store; a saved session comes back from its snapshot after a restart.
+ *
+ * Where no systemd can run (not root, no systemd or systemctl binary, no
+ * mount namespace), the systemd tests print "SKIPPED: <reason>" and skip;
+ * the snapshot path runs everywhere.  Every test stops the unit and the
+ * manager, and checks that no daemon is left. */
+
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "client/rpc.h"
+#include "commitkv/commitkv.h"
+#include "commitkv/status.h"
+#include "kernels/format.h"
+#include "kernels/kernels.h"
+#include "kernels/quant.h"
+#include "shm/arena.h"
+#include "testcheck.h"
+#include "testutil.h"
+#include "viewcapture.h"
+
+#define DEADLINE_MS 30000
+#define UNIT "ckvwarm.service"
+#define LAYERS 2u
+#define HEADS 2u
+#define DIM 32u
+#define PER_ROUND 24u
+
+static const ckv_geometry k_geom = {LAYERS, HEADS, DIM, 0};
+
+/* ---- a private systemd user manager ---------------------------------- */
+
+typedef struct sdenv {
+  char *dir;
+  char xdg[300], cfg[300], state[300];
+  char extra[480]; /* more commitkvd arguments (--config ...) */
+  pid_t manager;
+  ckv_test_daemon d; /* socket, attach, log of the unit's daemon; dir = the state dir */
+} sdenv;
+
+/* One per test worker, in static storage: a failed assertion leaves the
+ * test function, and the suite's fini must still find what to stop. */
+static sdenv g_sd;
+static sdenv *g_env; /* set while a manager may run */
+
+static const char *find_exe(const char *const *candidates) {
+  for (int i = 0; candidates[i]; i++)
+    if (access(candidates[i], X_OK) == 0) return candidates[i];
+  return NULL;
+}
+
+static const char *systemd_bin(void) {
+  return find_exe((const char *const[]){"/lib/systemd/systemd", "/usr/lib/systemd/systemd", NULL});
+}
+static const char *systemctl_bin(void) {
+  return find_exe((const char *const[]){"/usr/bin/systemctl", "/bin/systemctl", NULL});
+}
+
+/* Runs `systemctl --user ARGS` against the private manager; its exit status. */
+static int ctl(const sdenv *e, const char *args) {
+  char cmd[1200];
+  snprintf(cmd, sizeof cmd, "XDG_RUNTIME_DIR=%s %s --user %s >>%s/systemctl.log 2>&1", e->xdg, systemctl_bin(), args,
+           e->dir);
+  int r = system(cmd);
+  return r == -1 || !WIFEXITED(r) ? -1 : WEXITSTATUS(r);
+}
+
+static long main_pid(const sdenv *e) {
+  char cmd[900];
+  snprintf(cmd, sizeof cmd, "XDG_RUNTIME_DIR=%s %s --user show -p MainPID --value " UNIT, e->xdg, systemctl_bin());
+  FILE *p = popen(cmd, "r");
+  if (!p) return 0;
+  long pid = 0;
+  if (fscanf(p, "%ld", &pid) != 1) pid = 0;
+  pclose(p);
+  return pid;
+}
+
+/* The child: a mount namespace where /run/systemd/system exists (a bind of
+ * our own directory over /run/systemd), then the user manager. */
+static void manager_child(const sdenv *e) {
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  char fakerun[400], log[400];
+  snprintf(fakerun, sizeof fakerun, "%s/fakerun", e->dir);
+  snprintf(log, sizeof log, "%s/manager.log", e->dir);
+  int fd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+  if (fd >= 0) {
+    dup2(fd, 1);
+    dup2(fd, 2);
+  }
+  if (unshare(CLONE_NEWNS) < 0) {
+    fprintf(stderr, "unshare(CLONE_NEWNS): %s\n", strerror(errno));
+    _exit(97);
+  }
+  if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) {
+    fprintf(stderr, "mount --make-rprivate /: %s\n", strerror(errno));
+    _exit(97);
+  }
+  mkdir("/run/systemd", 0755);
+  if (mount(fakerun, "/run/systemd", NULL, MS_BIND, NULL) < 0) {
+    fprintf(stderr, "mount --bind %s /run/systemd: %s\n", fakerun, strerror(errno));
+    _exit(97);
+  }
+  mkdir("/run/systemd/system", 0755);
+  setenv("XDG_RUNTIME_DIR", e->xdg, 1);
+  setenv("XDG_CONFIG_HOME", e->cfg, 1);
+  execl(systemd_bin(), "systemd", "--user", (char *)NULL);
+  fprintf(stderr, "exec %s: %s\n", systemd_bin(), strerror(errno));
+  _exit(97);
+}
+
+/* Why no private manager can run here, or NULL. */
+static const char *cannot_run(void) {
+  if (geteuid() != 0) return "not root: a private systemd --user needs a mount namespace of its own";
+  if (!systemd_bin()) return "no systemd binary (/lib/systemd/systemd)";
+  if (!systemctl_bin()) return "no systemctl";
+  return NULL;
+}
+
+static void write_file(const char *path, const char *text) {
+  FILE *f = fopen(path, "w");
+  cr_assert_not_null(f, "cannot write %s", path);
+  fputs(text, f);
+  fclose(f);
+}
+
+/* Writes the unit: commitkvd on sockets and a state directory of this test.
+ * ExecStartPre damages the journal when the test left a request for it in
+ * DIR/damage ("manifest", "entry", "truncate", "version"; "stash" keeps a
+ * copy of the journal the next daemon consumes, "unstash" puts that copy
+ * back), between the old daemon's stop and the new one's start. */
+static void write_unit(const sdenv *e) {
+  char path[400], unit[4096], asan[600] = "";
+  const char *ao = getenv("ASAN_OPTIONS");
+  if (ao && *ao) snprintf(asan, sizeof asan, "Environment=\"ASAN_OPTIONS=%s\"\n", ao);
+  snprintf(path, sizeof path, "%s/damage.sh", e->dir);
+  char script[4096];
+  snprintf(script, sizeof script,
+           "#!/bin/sh\n"
+           "# damages the warm-restart journal once, when the test asks\n"
+           "[ -f %1$s/damage ] || exit 0\n"
+           "what=$(cat %1$s/damage); rm -f %1$s/damage\n"
+           "if [ \"$what\" = stash ]; then cp -a %2$s/warm %1$s/warm.stash; echo stashed >&2; exit 0; fi\n"
+           "if [ \"$what\" = unstash ]; then rm -rf %2$s/warm; cp -a %1$s/warm.stash %2$s/warm; echo unstashed >&2; exit 0; fi\n"
+           "if [ \"$what\" = truncate ]; then truncate -s 10 %2$s/warm/journal; echo truncated >&2; exit 0; fi\n"
+           "if [ \"$what\" = version ]; then printf '\\002\\000\\000\\000\\375\\377\\377\\377' | "
+           "dd of=%2$s/warm/journal bs=1 seek=8 conv=notrunc 2>/dev/null; echo version 2 >&2; exit 0; fi\n"
+           "if [ \"$what\" = manifest ]; then f=%2$s/warm/journal; off=30\n"
+           "else f=$(ls %2$s/warm/*/b.ckvsnap); off=200; fi\n"
+           "[ -f \"$f\" ] || { echo \"no journal file to damage\" >&2; exit 0; }\n"
+           "b=$(dd if=\"$f\" bs=1 skip=$off count=1 2>/dev/null | od -An -tu1 | tr -d ' ')\n"
+           "printf \"$(printf '\\\\%%03o' $(( (b ^ 255) & 255 )))\" | dd of=\"$f\" bs=1 seek=$off conv=notrunc 2>/dev/null\n"
+           "echo \"damaged $f at $off\" >&2\n",
+           e->dir, e->state);
+  write_file(path, script);
+  chmod(path, 0755);
+  snprintf(unit, sizeof unit,
+           "[Service]\n"
+           "Type=notify\n"
+           "NotifyAccess=main\n"
+           "FileDescriptorStoreMax=64\n"
+           "Restart=on-failure\n"
+           "RestartSec=100ms\n"
+           "TimeoutStartSec=60s\n"
+           "TimeoutStopSec=60s\n"
+           "%s"
+           "ExecStartPre=%s/damage.sh\n"
+           "ExecStart=%s/commitkvd --socket %s --attach-socket %s --state-dir %s --backend host --set daemon.metrics= "
+           "--set daemon.detach_keep=120s %s\n"
+           "StandardOutput=append:%s\n"
+           "StandardError=append:%s\n",
+           asan, e->dir, ckv_test_bin_dir(), e->d.socket, e->d.attach, e->state, e->extra, e->d.log, e->d.log);
+  snprintf(path, sizeof path, "%s/systemd/user/" UNIT, e->cfg);
+  write_file(path, unit);
+}
+
+static void sd_stop(sdenv *e);
+static bool sd_start_with(sdenv *e, const char *config, char *why, size_t whylen);
+
+/* Starts the manager and the unit; false (with why) when no manager runs.
+ * `config`: text of a commitkvd.conf for the unit, or NULL. */
+static bool sd_start_with(sdenv *e, const char *config, char *why, size_t whylen) {
+  memset(e, 0, sizeof *e);
+  const char *no = cannot_run();
+  if (no) {
+    snprintf(why, whylen, "%s", no);
+    return false;
+  }
+  e->dir = ckv_test_tmpdir("ckv-warm");
+  snprintf(e->xdg, sizeof e->xdg, "%s/xdg", e->dir);
+  snprintf(e->cfg, sizeof e->cfg, "%s/cfg", e->dir);
+  snprintf(e->state, sizeof e->state, "%s/state", e->dir);
+  char p[400];
+  mkdir(e->xdg, 0700);
+  mkdir(e->cfg, 0700);
+  mkdir(e->state, 0700);
+  snprintf(p, sizeof p, "%s/systemd", e->cfg);
+  mkdir(p, 0700);
+  snprintf(p, sizeof p, "%s/systemd/user", e->cfg);
+  mkdir(p, 0700);
+  snprintf(p, sizeof p, "%s/fakerun", e->dir);
+  mkdir(p, 0755);
+  snprintf(e->d.socket, sizeof e->d.socket, "ipc://%s/commitkvd.sock", e->dir);
+  snprintf(e->d.attach, sizeof e->d.attach, "%s/commitkvd.attach", e->dir);
+  snprintf(e->d.log, sizeof e->d.log, "%s/commitkvd.log", e->dir);
+  e->d.dir = e->state;
+  if (config) {
+    snprintf(p, sizeof p, "%s/commitkvd.conf", e->dir);
+    write_file(p, config);
+    snprintf(e->extra, sizeof e->extra, "--config %.400s", p);
+    cr_assert_eq(chmod(e->dir, 0755), 0); /* other uids reach the sockets */
+  }
+  write_unit(e);
+  g_env = e;
+  e->manager = fork();
+  cr_assert_geq(e->manager, 0);
+  if (e->manager == 0) manager_child(e);
+  char sock[400];
+  snprintf(sock, sizeof sock, "%s/systemd/private", e->xdg);
+  long long end = ckv_test_now_ms() + DEADLINE_MS;
+  while (access(sock, F_OK) != 0) {
+    int st;
+    if (waitpid(e->manager, &st, WNOHANG) == e->manager) {
+      e->manager = 0;
+      snprintf(p, sizeof p, "%s/manager.log", e->dir);
+      char *tail = ckv_test_file_tail(p, 300);
+      snprintf(why, whylen, "the private systemd --user did not start: %s", tail ? tail : "(no log)");
+      free(tail);
+      sd_stop(e);
+      return false;
+    }
+    cr_assert_lt(ckv_test_now_ms(), end, "the private systemd --user never made %s", sock);
+    usleep(20000);
+  }
+  cr_assert_eq(ctl(e, "daemon-reload"), 0, "systemctl --user daemon-reload failed (see %s/systemctl.log)", e->dir);
+  cr_assert_eq(ctl(e, "start " UNIT), 0, "systemctl --user start failed; daemon log %s", e->d.log);
+  e->d.pid = (pid_t)main_pid(e);
+  cr_assert_gt(e->d.pid, 0, "the unit has no main pid");
+  return true;
+}
+
+/* Stops the unit and the manager; no commitkvd of this test is left. */
+static void sd_stop(sdenv *e) {
+  if (g_env == e) g_env = NULL;
+  pid_t daemon = e->manager ? (pid_t)main_pid(e) : 0;
+  if (e->manager) {
+    ctl(e, "stop " UNIT);
+    ctl(e, "exit");
+    long long end = ckv_test_now_ms() + 10000;
+    int st;
+    while (waitpid(e->manager, &st, WNOHANG) != e->manager) {
+      if (ckv_test_now_ms() > end) {
+        kill(e->manager, SIGKILL);
+        waitpid(e->manager, &st, 0);
+        break;
+      }
+      usleep(20000);
+    }
+    e->manager = 0;
+  }
+  if (daemon > 0 && kill(daemon, 0) == 0) {
+    kill(daemon, SIGKILL);
+    cr_expect_fail("commitkvd %d outlived its unit and manager", (int)daemon);
+  }
+  if (e->dir && getenv("CKV_TEST_VERBOSE")) { /* the daemons' story, for whoever debugs */
+    char *log = ckv_test_read_file(e->d.log);
+    fprintf(stderr, "---- %s ----\n%s\n", e->d.log, log ? log : "(none)");
+    free(log);
+  }
+  if (e->dir) {
+    char p[400];
+    snprintf(p, sizeof p, "%s/fakerun", e->dir);
+    rmdir(p);
+    ckv_test_rmdir(e->dir);
+    e->dir = NULL;
+  }
+}
+
+static void suite_fini(void) {
+  if (g_env) sd_stop(g_env);
+  ckv_test_leak_check();
+}
+
+TestSuite(warm, .fini = suite_fini);
+
+#define SKIP_WITHOUT_SYSTEMD(e) SKIP_WITHOUT_SYSTEMD_CONF(e, NULL)
+#define SKIP_WITHOUT_SYSTEMD_CONF(e, conf)                                                                    \
+  do {                                                                                                        \
+    char why_[512];                                                                                           \
+    if (!sd_start_with(e, conf, why_, sizeof why_)) {                                                         \
+      printf("SKIPPED: %s (test_warm_restart.snapshot_path_without_systemd covers the snapshot path)\n", why_); \
+      fflush(stdout);                                                                                         \
+      cr_skip("%s", why_);                                                                                    \
+    }                                                                                                         \
+  } while (0)
+
+/* Waits until systemd restarted the unit (a new main pid that accepts attaches). */
+static void wait_restarted(sdenv *e, long old_pid) {
+  long long end = ckv_test_now_ms() + DEADLINE_MS;
+  for (;;) {
+    long pid = main_pid(e);
+    if (pid > 0 && pid != old_pid && ctl(e, "is-active --quiet " UNIT) == 0 && ckv_test_attach_accepts(e->d.attach)) {
+      e->d.pid = (pid_t)pid;
+      return;
+    }
+    cr_assert_lt(ckv_test_now_ms(), end, "systemd did not restart the unit (daemon log %s)", e->d.log);
+    usleep(50000);
+  }
+}
+
+/* ---- the worker ------------------------------------------------------- */
+
+static ckv_client *connect_to(const ckv_test_daemon *d) {
+  ckv_client_options o = {.socket = d->socket, .attach_socket = d->attach, .name = "test_warm_restart",
+                          .timeout_ms = 10000};
+  ckv_client *c = NULL;
+  int r = ckv_client_connect(&o, &c);
+  cr_assert_eq(r, CKV_OK, "connect: %s (%s)", ckv_strerror(r), ckv_client_connect_error());
+  return c;
+}
+
+/* Opens `id` and runs `rounds` rounds (facts hot, older text cold, some
+ * forgotten): draft, staged and committed blocks, acking every view. */
+static ckv_session *session_with_rounds(ckv_client *c, const char *id, uint32_t rounds) {
+  const char *names[] = {"sink_tokens", "recent_window", "persistence_rounds", "idle_rounds"};
+  const double values[] = {4, 16, 2, 6};
+  ckv_session_options so = {.policy = "commitkv", .param_names = names, .param_values = values, .n_params = 4,
+                            .model_id = "stories260K", .model_revision = "r1"};
+  ckv_session *s = NULL;
+  int r = ckv_session_open(c, id, &k_geom, &so, &s);
+  cr_assert_eq(r, CKV_OK, "open %s: %s (%s)", id, ckv_strerror(r), ckv_client_last_error(c));
+  size_t n = 0, elems = HEADS * DIM;
+  float *attn = malloc(PER_ROUND * (rounds + 1) * sizeof(float));
+  cr_assert_not_null(attn);
+  for (uint32_t round = 1; round <= rounds; round++) {
+    float sem[PER_ROUND];
+    for (uint32_t i = 0; i < PER_ROUND; i++) sem[i] = (n + i) % 8 == 1 ? 0.9f : (n + i) % 3 == 0 ? 0.2f : 0.5f;
+    uint64_t first = 0;
+    r = ckv_session_append(s, PER_ROUND, NULL, NULL, sem, NULL, &first);
+    cr_assert_eq(r, CKV_OK, "append: %s (%s)", ckv_strerror(r), ckv_client_last_error(c));
+    for (size_t pos = n; pos < n + PER_ROUND; pos++)
+      for (uint32_t layer = 0; layer < LAYERS; layer++) {
+        uint16_t k[HEADS * DIM], v[HEADS * DIM];
+        for (uint32_t e = 0; e < elems; e++) {
+          k[e] = ckv_f32_to_f16(ckv_test_kv_value(pos + 1000u * (uint32_t)id[0], layer, 0, e));
+          v[e] = ckv_f32_to_f16(ckv_test_kv_value(pos + 1000u * (uint32_t)id[0], layer, 1, e));
+        }
+        cr_assert_eq(ckv_session_write_kv(s, pos, layer, k, v), CKV_OK);
+      }
+    n += PER_ROUND;
+    for (size_t pos = 0; pos < n; pos++)
+      attn[pos] = pos % 8 == 1 ? 4.f : pos + PER_ROUND >= n ? 1.f : (pos % 3 == 0 && round > 6) ? 0.f : 0.3f;
+    ckv_round_result rr;
+    r = ckv_session_report(s, round, 0, attn, n, &rr);
+    cr_assert_eq(r, CKV_OK, "report: %s (%s)", ckv_strerror(r), ckv_client_last_error(c));
+    cr_assert_eq(ckv_session_ack(s, rr.epoch, NULL), CKV_OK);
+  }
+  free(attn);
+  return s;
+}
+
+/* What the worker's mapping shows of a session's blocks: where and what. */
+typedef struct mapped {
+  size_t n;
+  const uint8_t *at[512];
+  uint64_t bytes[512];
+  uint8_t *copy[512];
+} mapped;
+
+static void map_blocks(ckv_client *c, ckv_session *s, mapped *m) {
+  const ckv_view *v = NULL;
+  int r = ckv_session_view(s, &v);
+  cr_assert_eq(r, CKV_OK, "view: %s (%s)", ckv_strerror(r), ckv_client_last_error(c));
+  memset(m, 0, sizeof *m);
+  const ckv_block_view *lists[3] = {v->draft, v->staged, v->committed};
+  size_t counts[3] = {v->n_draft, v->n_staged, v->n_committed};
+  for (int k = 0; k < 3; k++)
+    for (size_t i = 0; i < counts[k]; i++) {
+      cr_assert_lt(m->n, 512);
+      size_t head = ckv_block_payload_offset(lists[k][i].capacity);
+      m->at[m->n] = (const uint8_t *)lists[k][i].data + head;
+      m->bytes[m->n] = lists[k][i].bytes - head;
+      m->copy[m->n] = malloc(m->bytes[m->n]);
+      cr_assert_not_null(m->copy[m->n]);
+      memcpy(m->copy[m->n], m->at[m->n], m->bytes[m->n]);
+      m->n++;
+    }
+}
+
+/* The old mapping still shows every byte it showed. */
+static void expect_mapping_intact(const mapped *m, const char *what) {
+  for (size_t i = 0; i < m->n; i++)
+    cr_assert_eq(memcmp(m->at[i], m->copy[i], m->bytes[i]), 0, "%s: block %zu of the worker's old mapping changed",
+                 what, i);
+}
+
+static bool mapped_at(const mapped *m, const void *p) {
+  for (size_t i = 0; i < m->n; i++)
+    if (m->at[i] == p) return true;
+  return false;
+}
+
+static void mapped_free(mapped *m) {
+  for (size_t i = 0; i < m->n; i++) free(m->copy[i]);
+  memset(m, 0, sizeof *m);
+}
+
+static ckv_session *resume(ckv_client *c, const char *id, int *ret_code, char *msg, size_t msglen) {
+  ckv_session_options ro = {.resume = true, .model_id = "stories260K", .model_revision = "r1"};
+  ckv_session *s = NULL;
+  *ret_code = ckv_session_open(c, id, NULL, &ro, &s);
+  snprintf(msg, msglen, "%s", ckv_client_last_error(c));
+  return *ret_code == CKV_OK ? s : NULL;
+}
+
+static void tokens_by_state(const ckv_test_daemon *d, unsigned long long tok[4]) {
+  tok[0] = ckv_test_stat(d, "tokens.draft");
+  tok[1] = ckv_test_stat(d, "tokens.staged");
+  tok[2] = ckv_test_stat(d, "tokens.committed");
+  tok[3] = ckv_test_stat(d, "tokens.recycled");
+}
+
+static bool log_has(const char *path, const char *needle) {
+  char *log = ckv_test_read_file(path);
+  bool r = log && strstr(log, needle);
+  free(log);
+  return r;
+}
+
+/* ---- tests ------------------------------------------------------------- */
+
+Test(warm, restart_keeps_mapping_and_kv, .timeout = 180) {
+  sdenv *e = &g_sd;
+  SKIP_WITHOUT_SYSTEMD(e);
+  ckv_client *c = connect_to(&e->d);
+  ckv_session *a = session_with_rounds(c, "a", 12), *b = session_with_rounds(c, "b", 5);
+  /* Moves run off the critical path: the stop settles them before it writes
+   * the journal, so settle them here too (a save does) before capturing. */
+  cr_assert_eq(ckv_session_save(a, NULL, false, NULL), CKV_OK, "save: %s", ckv_client_last_error(c));
+  cr_assert_eq(ckv_session_save(b, NULL, false, NULL), CKV_OK, "save: %s", ckv_client_last_error(c));
+  ckv_capture before_a = ckv_test_capture_view(c, "a", &k_geom), before_b = ckv_test_capture_view(c, "b", &k_geom);
+  cr_assert_gt(before_a.per_format[CKV_FORMAT_DRAFT], 0, "no draft block");
+  cr_assert_gt(before_a.per_format[CKV_FORMAT_STAGED], 0, "no staged block");
+  cr_assert_gt(before_a.per_format[CKV_FORMAT_COMMIT4] + before_a.per_format[CKV_FORMAT_ROT4], 0, "no committed block");
+  unsigned long long tok[4];
+  tokens_by_state(&e->d, tok);
+  cr_assert_gt(tok[3], 0, "nothing recycled: the workload did not exercise the lifecycle");
+  mapped ma, mb;
+  map_blocks(c, a, &ma);
+  map_blocks(c, b, &mb);
+  ckv_arena *mapping = c->arena;
+  long old_pid = e->d.pid;
+
+  cr_assert_eq(ctl(e, "restart " UNIT), 0, "systemctl --user restart failed; daemon log %s", e->d.log);
+  wait_restarted(e, old_pid);
+  /* before the worker reconnects: its mapping is whole and live */
+  expect_mapping_intact(&ma, "a, after the restart");
+  expect_mapping_intact(&mb, "b, after the restart");
+  cr_assert(ckv_arena_is_live(mapping), "the old daemon retired the arena it handed on");
+
+  int r = ckv_client_reconnect(c);
+  cr_assert_eq(r, CKV_OK, "reconnect: %s (%s)", ckv_strerror(r), ckv_client_last_error(c));
+  cr_assert(ckv_client_arena_kept(c), "the worker had to map the arena anew (daemon log %s)", e->d.log);
+  cr_assert_eq(c->arena, mapping, "the client swapped its mapping");
+  ckv_session_close(a);
+  ckv_session_close(b);
+  char msg[512];
+  a = resume(c, "a", &r, msg, sizeof msg);
+  cr_assert_eq(r, CKV_OK, "resume a: %s (%s); daemon log %s", ckv_strerror(r), msg, e->d.log);
+  b = resume(c, "b", &r, msg, sizeof msg);
+  cr_assert_eq(r, CKV_OK, "resume b: %s (%s)", ckv_strerror(r), msg);
+  ckv_capture after_a = ckv_test_capture_view(c, "a", &k_geom), after_b = ckv_test_capture_view(c, "b", &k_geom);
+  ckv_test_expect_same_view(&before_a, &after_a, "a after a warm restart");
+  ckv_test_expect_same_view(&before_b, &after_b, "b after a warm restart");
+  cr_assert_gt(after_a.epoch, before_a.epoch, "epochs go on from the kept one");
+  /* on the very same blocks: zero copy */
+  mapped na;
+  map_blocks(c, a, &na);
+  cr_assert_eq(na.n, ma.n);
+  for (size_t i = 0; i < na.n; i++) cr_assert(mapped_at(&ma, na.at[i]), "block %zu of a moved in the arena", i);
+  mapped_free(&na);
+  unsigned long long tok2[4];
+  tokens_by_state(&e->d, tok2);
+  for (int i = 0; i < 4; i++) cr_assert_eq(tok2[i], tok[i], "state %d: %llu tokens, had %llu", i, tok2[i], tok[i]);
+  /* the next round: round 12 again is refused, 13 runs */
+  float *attn = calloc(after_a.n_tokens, sizeof(float));
+  ckv_round_result rr;
+  cr_assert_eq(ckv_session_report(a, 12, 0, attn, after_a.n_tokens, &rr), CKV_ERR_INVALID);
+  cr_assert_eq(ckv_session_report(a, 13, 0, attn, after_a.n_tokens, &rr), CKV_OK, "%s", ckv_client_last_error(c));
+  free(attn);
+  cr_assert(log_has(e->d.log, "warm-journal"), "the old daemon wrote no journal (log %s)", e->d.log);
+  cr_assert(log_has(e->d.log, "warm-session-kept"), "the new daemon kept no session (log %s)", e->d.log);
+  ckv_test_capture_free(&before_a);
+  ckv_test_capture_free(&before_b);
+  ckv_test_capture_free(&after_a);
+  ckv_test_capture_free(&after_b);
+  mapped_free(&ma);
+  mapped_free(&mb);
+  ckv_session_close(a);
+  ckv_session_close(b);
+  ckv_client_free(c);
+  sd_stop(e);
+}
+
+Test(warm, kill9_says_what_was_dropped, .timeout = 180) {
+  sdenv *e = &g_sd;
+  SKIP_WITHOUT_SYSTEMD(e);
+  ckv_client *c = connect_to(&e->d);
+  ckv_session *a = session_with_rounds(c, "a", 8), *b = session_with_rounds(c, "b", 8);
+  cr_assert_eq(ckv_session_save(b, NULL, false, NULL), CKV_OK, "save: %s", ckv_client_last_error(c));
+  ckv_capture before_b = ckv_test_capture_view(c, "b", &k_geom);
+  mapped ma;
+  map_blocks(c, a, &ma);
+  uint64_t gen = ckv_arena_generation(c->arena);
+  long old_pid = e->d.pid;
+
+  cr_assert_eq(kill((pid_t)old_pid, SIGKILL), 0);
+  wait_restarted(e, old_pid);
+  /* the new daemon says what it did with the arenas of the killed one */
+  cr_assert(log_has(e->d.log, "warm-journal-missing"), "the new daemon did not say why nothing was kept (log %s)",
+            e->d.log);
+  cr_assert(log_has(e->d.log, "warm-arena-dropped"), "the arena in the store was not dropped (log %s)", e->d.log);
+  expect_mapping_intact(&ma, "a, after the kill");
+
+  int r = ckv_client_reconnect(c);
+  cr_assert_eq(r, CKV_OK, "reconnect: %s (%s)", ckv_strerror(r), ckv_client_last_error(c));
+  cr_assert_not(ckv_client_arena_kept(c), "a dropped arena cannot be kept");
+  cr_assert_neq(ckv_arena_generation(c->arena), gen, "the new daemon handed out the dropped arena");
+  ckv_session_close(a);
+  ckv_session_close(b);
+  char msg[512];
+  a = resume(c, "a", &r, msg, sizeof msg);
+  cr_assert_eq(r, CKV_ERR_NOT_FOUND, "resume of a session nobody kept: %s (%s)", ckv_strerror(r), msg);
+  cr_assert(strstr(msg, "did not stop cleanly"), "NOT_FOUND does not say why: %s", msg);
+  b = resume(c, "b", &r, msg, sizeof msg);
+  cr_assert_eq(r, CKV_OK, "resume of a saved session from its snapshot: %s (%s)", ckv_strerror(r), msg);
+  ckv_capture after_b = ckv_test_capture_view(c, "b", &k_geom);
+  ckv_test_expect_same_view(&before_b, &after_b, "b from its snapshot after a kill -9");
+  ckv_test_capture_free(&before_b);
+  ckv_test_capture_free(&after_b);
+  mapped_free(&ma);
+  ckv_session_close(b);
+  ckv_client_free(c);
+  sd_stop(e);
+}
+
+static void request_damage(const sdenv *e, const char *what) {
+  char p[400];
+  snprintf(p, sizeof p, "%s/damage", e->dir);
+  write_file(p, what);
+}
+
+Test(warm, corrupt_journal_refused, .timeout = 240) {
+  sdenv *e = &g_sd;
+  SKIP_WITHOUT_SYSTEMD(e);
+  ckv_client *c = connect_to(&e->d);
+  ckv_session *a = session_with_rounds(c, "a", 6), *b = session_with_rounds(c, "b", 6);
+  cr_assert_eq(ckv_session_save(a, "a-settled", false, NULL), CKV_OK, "save: %s", ckv_client_last_error(c));
+  ckv_capture before_a = ckv_test_capture_view(c, "a", &k_geom);
+
+  /* 1: b's journal entry damaged: b is dropped and says so, a is kept */
+  request_damage(e, "entry");
+  long old_pid = e->d.pid;
+  cr_assert_eq(ctl(e, "restart " UNIT), 0, "systemctl --user restart failed; daemon log %s", e->d.log);
+  wait_restarted(e, old_pid);
+  cr_assert(log_has(e->d.log, "warm-session-dropped"), "the damaged entry was not refused (log %s)", e->d.log);
+  int r = ckv_client_reconnect(c);
+  cr_assert_eq(r, CKV_OK, "reconnect: %s (%s)", ckv_strerror(r), ckv_client_last_error(c));
+  cr_assert(ckv_client_arena_kept(c));
+  ckv_session_close(a);
+  ckv_session_close(b);
+  char msg[512];
+  b = resume(c, "b", &r, msg, sizeof msg);
+  cr_assert_eq(r, CKV_ERR_NOT_FOUND, "resume of the damaged one: %s (%s)", ckv_strerror(r), msg);
+  cr_assert(strstr(msg, "warm restart dropped it"), "NOT_FOUND does not say why: %s", msg);
+  a = resume(c, "a", &r, msg, sizeof msg);
+  cr_assert_eq(r, CKV_OK, "resume a: %s (%s)", ckv_strerror(r), msg);
+  ckv_capture after_a = ckv_test_capture_view(c, "a", &k_geom);
+  ckv_test_expect_same_view(&before_a, &after_a, "a beside a damaged entry");
+  ckv_test_capture_free(&after_a);
+  /* b's blocks were scrubbed: a new session there reads only what it writes (viewcapture checks headers) */
+  b = session_with_rounds(c, "b", 2);
+
+  /* 2: the manifest damaged: refused with a log line, nothing kept, serving */
+  request_damage(e, "manifest");
+  old_pid = e->d.pid;
+  cr_assert_eq(ctl(e, "restart " UNIT), 0, "systemctl --user restart failed; daemon log %s", e->d.log);
+  wait_restarted(e, old_pid);
+  cr_assert(log_has(e->d.log, "warm-journal-refused"), "the damaged manifest was not refused (log %s)", e->d.log);
+  r = ckv_client_reconnect(c);
+  cr_assert_eq(r, CKV_OK, "reconnect: %s (%s)", ckv_strerror(r), ckv_client_last_error(c));
+  cr_assert_not(ckv_client_arena_kept(c), "an arena of a refused journal was handed out");
+  ckv_test_expect_serving(c);
+  ckv_session_close(a);
+  ckv_session_close(b);
+  a = resume(c, "a", &r, msg, sizeof msg);
+  cr_assert_eq(r, CKV_ERR_NOT_FOUND, "resume after a refused journal: %s (%s)", ckv_strerror(r), msg);
+  a = session_with_rounds(c, "a", 2); /* and it serves new sessions */
+  ckv_session_close(a);
+
+  /* 3, 4: a manifest cut short, one of another version: refused, serving */
+  const char *kinds[] = {"truncate", "version"};
+  const char *says[] = {"no journal magic (10 bytes)", "journal version 2, this build reads 1"};
+  for (int k = 0; k < 2; k++) {
+    request_damage(e, kinds[k]);
+    old_pid = e->d.pid;
+    cr_assert_eq(ctl(e, "restart " UNIT), 0, "systemctl --user restart failed; daemon log %s", e->d.log);
+    wait_restarted(e, old_pid);
+    cr_assert(log_has(e->d.log, says[k]), "a %s journal was not refused with '%s' (log %s)", kinds[k], says[k],
+              e->d.log);
+    r = ckv_client_reconnect(c);
+    cr_assert_eq(r, CKV_OK, "reconnect: %s (%s)", ckv_strerror(r), ckv_client_last_error(c));
+    cr_assert_not(ckv_client_arena_kept(c));
+    ckv_test_expect_serving(c);
+  }
+  ckv_test_capture_free(&before_a);
+  ckv_client_free(c);
+  sd_stop(e);
+}
+
+Test(warm, snapshot_path_without_systemd, .timeout = 120) {
+  unsetenv("NOTIFY_SOCKET");
+  ckv_test_daemon d;
+  const char *args[] = {"--set", "daemon.detach_keep=60s", NULL};
+  cr_assert_eq(ckv_test_daemon_start(&d, args), 0, "commitkvd did not start");
+  ckv_client *c = connect_to(&d);
+  ckv_session *a = session_with_rounds(c, "a", 8);
+  cr_assert_eq(ckv_session_save(a, NULL, false, NULL), CKV_OK, "save: %s", ckv_client_last_error(c));
+  ckv_capture before = ckv_test_capture_view(c, "a", &k_geom);
+  cr_assert_eq(kill(d.pid, SIGTERM), 0);
+  cr_assert_eq(ckv_test_wait(d.pid, DEADLINE_MS), 0, "commitkvd did not stop cleanly");
+  char warm[400];
+  snprintf(warm, sizeof warm, "%s/warm", d.dir);
+  cr_assert_neq(access(warm, F_OK), 0, "a journal without a service manager: %s", warm);
+  const char *argv[] = {"commitkvd", "--socket", d.socket, "--attach-socket", d.attach, "--state-dir", d.dir,
+                        "--set", "daemon.metrics=", "--backend", "host", "--set", "daemon.detach_keep=60s", NULL};
+  d.pid = ckv_test_spawn(argv, d.log);
+  long long end = ckv_test_now_ms() + DEADLINE_MS;
+  while (!ckv_test_attach_accepts(d.attach)) {
+    cr_assert(ckv_test_daemon_alive(&d), "the new commitkvd died (log %s)", d.log);
+    cr_assert_lt(ckv_test_now_ms(), end);
+    usleep(10000);
+  }
+  int r = ckv_client_reconnect(c);
+  cr_assert_eq(r, CKV_OK, "reconnect: %s (%s)", ckv_strerror(r), ckv_client_last_error(c));
+  cr_assert_not(ckv_client_arena_kept(c));
+  ckv_session_close(a);
+  char msg[512];
+  a = resume(c, "a", &r, msg, sizeof msg);
+  cr_assert_eq(r, CKV_OK, "resume from the snapshot: %s (%s)", ckv_strerror(r), msg);
+  ckv_capture after = ckv_test_capture_view(c, "a", &k_geom);
+  ckv_test_expect_same_view(&before, &after, "a from its snapshot");
+  ckv_test_capture_free(&before);
+  ckv_test_capture_free(&after);
+  ckv_session_close(a);
+  ckv_client_free(c);
+  cr_expect_eq(ckv_test_daemon_stop(&d), 0);
+}
+
+Test(warm, stale_journal_never_applied, .timeout = 180) {
+  sdenv *e = &g_sd;
+  SKIP_WITHOUT_SYSTEMD(e);
+  ckv_client *c = connect_to(&e->d);
+  ckv_session *a = session_with_rounds(c, "a", 3);
+  /* a clean restart whose journal is copied aside before the new daemon consumes it */
+  request_damage(e, "stash");
+  long old_pid = e->d.pid;
+  cr_assert_eq(ctl(e, "restart " UNIT), 0, "systemctl --user restart failed; daemon log %s", e->d.log);
+  wait_restarted(e, old_pid);
+  int r = ckv_client_reconnect(c);
+  cr_assert_eq(r, CKV_OK, "reconnect: %s (%s)", ckv_strerror(r), ckv_client_last_error(c));
+  cr_assert(ckv_client_arena_kept(c));
+  ckv_session_close(a);
+  char msg[512];
+  a = resume(c, "a", &r, msg, sizeof msg);
+  cr_assert_eq(r, CKV_OK, "resume a: %s (%s)", ckv_strerror(r), msg);
+  /* the session moves on in the kept arena: more tokens than the stale journal knows */
+  uint64_t first = 0;
+  cr_assert_eq(ckv_session_append(a, 8, NULL, NULL, NULL, NULL, &first), CKV_OK, "%s", ckv_client_last_error(c));
+  uint64_t now = ckv_session_tokens(a);
+  /* killed, and the stale copy put back before the next start */
+  request_damage(e, "unstash");
+  old_pid = e->d.pid;
+  cr_assert_eq(kill((pid_t)old_pid, SIGKILL), 0);
+  wait_restarted(e, old_pid);
+  r = ckv_client_reconnect(c);
+  cr_assert_eq(r, CKV_OK, "reconnect: %s (%s)", ckv_strerror(r), ckv_client_last_error(c));
+  ckv_session_close(a);
+  a = resume(c, "a", &r, msg, sizeof msg);
+  cr_assert_eq(r, CKV_ERR_NOT_FOUND, "resume after a stale journal: %s (%s; %llu tokens, the session had %llu)",
+               ckv_strerror(r), msg, a ? (unsigned long long)ckv_session_tokens(a) : 0ull, (unsigned long long)now);
+  cr_assert_not(ckv_client_arena_kept(c), "an arena of a stale journal was handed out");
+  cr_assert(log_has(e->d.log, "the journal is stale"), "the stale journal was not refused (log %s)", e->d.log);
+  cr_assert(strstr(msg, "journal is stale"), "NOT_FOUND does not say why: %s", msg);
+  ckv_test_expect_serving(c);
+  ckv_client_free(c);
+  sd_stop(e);
+}
+
+/* ---- two tenants ---- */
+
+#define TENANT_TOKENS 40u
+
+typedef struct tenant_ctx {
+  const sdenv *e;
+  unsigned tag;
+} tenant_ctx;
+
+typedef struct tenant_report {
+  char step[64]; /* the step that failed, "" when all went well */
+  int code;
+  char msg[200];
+  char tenant[64];
+  uint64_t gen_before, gen_after, sum_before, sum_after, tokens_after;
+  int kept, same_base;
+} tenant_report;
+
+/* A commutative digest of what a view shows: per block its valid (slot,
+ * position) pairs and payload; blocks may come back in another order. */
+static uint64_t view_digest(ckv_session *s, int *ret_code) {
+  const ckv_view *v = NULL;
+  *ret_code = ckv_session_view(s, &v);
+  if (*ret_code != CKV_OK) return 0;
+  uint64_t sum = 0;
+  const ckv_block_view *lists[3] = {v->draft, v->staged, v->committed};
+  size_t counts[3] = {v->n_draft, v->n_staged, v->n_committed};
+  for (int k = 0; k < 3; k++)
+    for (size_t i = 0; i < counts[k]; i++) {
+      const ckv_block_view *b = &lists[k][i];
+      const uint8_t *base = b->data;
+      size_t head = ckv_block_payload_offset(b->capacity);
+      uint64_t h = XXH64(base + head, b->bytes - head, b->format);
+      const uint32_t *pos = ckv_block_positions_const(base);
+      for (uint32_t slot = 0; slot < b->capacity; slot++)
+        if (ckv_block_slot_valid(base, slot)) h ^= XXH64(&pos[slot], 4, slot + 1);
+      sum += h;
+    }
+  return sum;
+}
+
+static bool wait_file(const char *path, int timeout_ms) {
+  long long end = ckv_test_now_ms() + timeout_ms;
+  while (access(path, F_OK) != 0) {
+    if (ckv_test_now_ms() > end) return false;
+    usleep(20000);
+  }
+  return true;
+}
+
+#define CHILD_STEP(rep, what, expr)                                                            \
+  do {                                                                                         \
+    int r_ = (expr);                                                                           \
+    if (r_ != CKV_OK) {                                                                        \
+      snprintf((rep)->step, sizeof (rep)->step, "%s", what);                                   \
+      (rep)->code = r_;                                                                        \
+      snprintf((rep)->msg, sizeof (rep)->msg, "%s", c ? ckv_client_last_error(c) : ckv_client_connect_error()); \
+      goto out;                                                                                \
+    }                                                                                          \
+  } while (0)
+
+/* In a child as the tenant's uid: write K/V, wait for the restart, reconnect, resume, read. */
+static void tenant_body(const void *vctx, void *vrep) {
+  const tenant_ctx *t = vctx;
+  tenant_report *rep = vrep;
+  ckv_client *c = NULL;
+  ckv_session *s = NULL;
+  char flag[400];
+  ckv_client_options o = {.socket = t->e->d.socket, .attach_socket = t->e->d.attach, .name = "warm-tenant",
+                          .timeout_ms = 10000};
+  CHILD_STEP(rep, "connect", ckv_client_connect(&o, &c));
+  snprintf(rep->tenant, sizeof rep->tenant, "%s", ckv_client_tenant(c));
+  CHILD_STEP(rep, "open", ckv_session_open(c, "same-id", &k_geom, NULL, &s));
+  uint64_t first = 0;
+  CHILD_STEP(rep, "append", ckv_session_append(s, TENANT_TOKENS, NULL, NULL, NULL, NULL, &first));
+  for (uint64_t pos = first; pos < first + TENANT_TOKENS; pos++)
+    for (uint32_t layer = 0; layer < LAYERS; layer++) {
+      uint16_t k[HEADS * DIM], v[HEADS * DIM];
+      for (uint32_t el = 0; el < HEADS * DIM; el++) {
+        k[el] = ckv_f32_to_f16(ckv_test_kv_value(pos + 7919u * t->tag, layer, 0, el));
+        v[el] = ckv_f32_to_f16(ckv_test_kv_value(pos + 7919u * t->tag, layer, 1, el));
+      }
+      CHILD_STEP(rep, "write_kv", ckv_session_write_kv(s, pos, layer, k, v));
+    }
+  int vr;
+  rep->sum_before = view_digest(s, &vr);
+  CHILD_STEP(rep, "view before", vr);
+  rep->gen_before = ckv_arena_generation(c->arena);
+  const void *base = ckv_arena_base(c->arena);
+  snprintf(flag, sizeof flag, "%s/flags/ready-%u", t->e->dir, t->tag);
+  FILE *f = fopen(flag, "w");
+  if (f) fclose(f);
+  snprintf(flag, sizeof flag, "%s/flags/restarted", t->e->dir);
+  CHILD_STEP(rep, "wait for the restart", wait_file(flag, 60000) ? CKV_OK : CKV_ERR_TIMEOUT);
+  CHILD_STEP(rep, "reconnect", ckv_client_reconnect(c));
+  rep->kept = ckv_client_arena_kept(c);
+  rep->gen_after = ckv_arena_generation(c->arena);
+  rep->same_base = ckv_arena_base(c->arena) == base;
+  ckv_session_close(s);
+  s = NULL;
+  ckv_session_options ro = {.resume = true};
+  CHILD_STEP(rep, "resume", ckv_session_open(c, "same-id", NULL, &ro, &s));
+  rep->tokens_after = ckv_session_tokens(s);
+  rep->sum_after = view_digest(s, &vr);
+  CHILD_STEP(rep, "view after", vr);
+out:
+  if (s) ckv_session_close(s);
+  ckv_client_free(c);
+}
+
+Test(warm, two_tenants_keep_their_own_arenas, .timeout = 180) {
+  static const unsigned uids[2] = {65531, 65532};
+  char conf[400];
+  snprintf(conf, sizeof conf, "[tenant.w1]\nuids = %u\nquota = 64M\n[tenant.w2]\nuids = %u\nquota = 64M\n",
+           uids[0], uids[1]);
+  sdenv *e = &g_sd;
+  SKIP_WITHOUT_SYSTEMD_CONF(e, conf);
+  char flags[400];
+  snprintf(flags, sizeof flags, "%s/flags", e->dir);
+  cr_assert_eq(mkdir(flags, 0777), 0);
+  cr_assert_eq(chmod(flags, 0777), 0); /* under the umask */
+  /* the children first: this process has no ZeroMQ thread yet (fork safety) */
+  tenant_ctx ctx[2] = {{.e = e, .tag = 1}, {.e = e, .tag = 2}};
+  pid_t pid[2];
+  int fd[2];
+  for (int i = 0; i < 2; i++)
+    pid[i] = ckv_test_begin_as(uids[i], uids[i], tenant_body, &ctx[i], sizeof(tenant_report), &fd[i]);
+  for (int i = 0; i < 2; i++) {
+    char ready[460];
+    snprintf(ready, sizeof ready, "%s/ready-%u", flags, ctx[i].tag);
+    if (!wait_file(ready, DEADLINE_MS)) break; /* the report says why */
+  }
+  long old_pid = e->d.pid;
+  cr_assert_eq(ctl(e, "restart " UNIT), 0, "systemctl --user restart failed; daemon log %s", e->d.log);
+  wait_restarted(e, old_pid);
+  char restarted[460];
+  snprintf(restarted, sizeof restarted, "%s/restarted", flags);
+  write_file(restarted, "");
+  tenant_report rep[2];
+  for (int i = 0; i < 2; i++) {
+    ckv_test_end_as(pid[i], fd[i], &rep[i], sizeof rep[i], DEADLINE_MS * 2);
+    cr_assert_str_empty(rep[i].step, "tenant uid %u: %s failed: %s (%s); daemon log %s", uids[i], rep[i].step,
+                        ckv_strerror(rep[i].code), rep[i].msg, e->d.log);
+    cr_assert_str_eq(rep[i].tenant, i ? "w2" : "w1");
+    cr_assert(rep[i].kept, "tenant %s: its mapping was not kept", rep[i].tenant);
+    cr_assert(rep[i].same_base, "tenant %s: the client swapped its mapping", rep[i].tenant);
+    cr_assert_eq(rep[i].gen_after, rep[i].gen_before, "tenant %s was handed another arena", rep[i].tenant);
+    cr_assert_eq(rep[i].tokens_after, TENANT_TOKENS);
+    cr_assert_eq(rep[i].sum_after, rep[i].sum_before, "tenant %s reads other K/V after the restart", rep[i].tenant);
+  }
+  cr_assert_neq(rep[0].gen_before, rep[1].gen_before, "two tenants shared an arena");
+  cr_assert_neq(rep[0].sum_before, rep[1].sum_before, "the tenants wrote the same K/V: the check proves nothing");
+  sd_stop(e);
+}
