@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #include "kernels/access.h"
+#include "kernels/attention_blocks.h"
 #include "kernels/attention_int.h"
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
@@ -55,6 +56,7 @@ typedef struct attn_ws {
   float *qk, *kc, *tmp, *row, *acc_gather;
   uint32_t *idx;
   ckv_iscratch is; /* integer scores of committed chunks */
+  ckv_ablock_ws ab; /* the SIMD loops (attention_blocks.c) */
 } attn_ws;
 typedef struct attn_part {
   float *m, *l, *acc; /* running max and sum per (kv head, row, query head), accumulator [hr][D] */
@@ -70,6 +72,8 @@ typedef struct attn_layout {
   attn_ws *ws;
   ckv_iquery qs8, qr8;   /* integer scores: qs and qr quantized, [hr][ld] */
   const ckv_idotops *io; /* integer scores: the path's table; NULL: float scores */
+  const ckv_attnops *A;  /* the SIMD loops of the path; NULL: the portable loops only */
+  ckv_ablock_luts luts;
   uint32_t n_parts, n_threads;
 } attn_layout;
 
@@ -129,6 +133,10 @@ static bool int_scores_of(const ckv_attn_args *a) {
 /* Carves the workspace (base NULL: only measures it).  Returns its bytes. */
 static size_t ws_layout(const ckv_attn_args *a, size_t slots, attn_layout *L, uint8_t *base) {
   const ckv_geometry *g = a->geom;
+  size_t cap_max = 1;
+  for (uint32_t b = 0; b < a->n_blocks; b++)
+    if (ckv_hdr(a->blocks[b])->capacity > cap_max) cap_max = ckv_hdr(a->blocks[b])->capacity;
+  size_t per_slot = ckv_staged_groups(g) > g->n_kv_heads ? ckv_staged_groups(g) : g->n_kv_heads;
   size_t RG = (size_t)a->n_rows * (a->n_q_heads / g->n_kv_heads), D = g->head_dim, te = ckv_draft_token_elems(g);
   size_t HR = RG * g->n_kv_heads;
   uint32_t P = n_parts_of(a), T = n_threads_of(a, slots);
@@ -164,6 +172,19 @@ static size_t ws_layout(const ckv_attn_args *a, size_t slots, attn_layout *L, ui
     CARVE(w->acc_gather, float, RG * D);
     CARVE(w->idx, uint32_t, D);
     off += ckv_iscratch_carve(&w->is, RG, (uint32_t)D, base ? base + off : NULL);
+    ckv_ablock_ws *ab = &w->ab;
+    CARVE(ab->live, uint16_t, cap_max);
+    CARVE(ab->sub, uint16_t, cap_max + 16u);
+    CARVE(ab->ksc, float, cap_max * per_slot);
+    CARVE(ab->vsc, float, cap_max * per_slot);
+    CARVE(ab->vpar, float, cap_max * (2u * ckv_commit_value_groups(g) > per_slot ? 2u * ckv_commit_value_groups(g) : per_slot));
+    CARVE(ab->wt, float, RG * cap_max);
+    CARVE(ab->qk, float, RG * D);
+    CARVE(ab->qg, float, RG * D);
+    CARVE(ab->row, float, D);
+    CARVE(ab->tmp, float, D);
+    CARVE(ab->bias, float, RG);
+    CARVE(ab->chan, uint32_t, D);
   }
 #undef CARVE
   L->n_parts = P;
@@ -374,10 +395,24 @@ static void run_blocks(const attn_job *j, attn_ws *w, attn_part *P, uint32_t b0,
     const void *blk = a->blocks[b];
     uint32_t cap = ckv_hdr(blk)->capacity;
     float *SB = j->L->S + j->L->slot_base[b] * HR; /* [hr][slot] for this block */
-    for (uint32_t h = 0; h < H; h++) score_block(ops, a, blk, h, RG, w, j->L, SB + (size_t)h * RG * cap);
+    uint32_t fmt = ckv_hdr(blk)->format;
+    const ckv_attnops *A = j->L->A;
+    bool fast = A && ckv_ablock_takes(A, g, blk); /* the SIMD loops (attention_blocks.c) */
+    ckv_ablock_args x = {.A = A, .ops = ops, .luts = &j->L->luts, .g = g, .blk = blk, .layer = a->layer, .RG = RG};
+    if (fast) ckv_ablock_prepare(ops, g, a->layer, blk, &w->ab);
+    for (uint32_t h = 0; h < H; h++) {
+      float *S = SB + (size_t)h * RG * cap;
+      if (fast && !(j->L->io && ckv_iscore_format(fmt)))
+        ckv_ablock_scores(&x, h, j->L->qs + (size_t)h * RG * D, j->L->qr + (size_t)h * RG * D, &w->ab, S);
+      else
+        score_block(ops, a, blk, h, RG, w, j->L, S);
+    }
     for (size_t hr = 0; hr < HR; hr++) {
       float bm = -INFINITY, *s = SB + hr * cap;
-      for (uint32_t t = 0; t < cap; t++) bm = s[t] > bm ? s[t] : bm;
+      if (A)
+        bm = A->maxf(s, cap, bm);
+      else
+        for (uint32_t t = 0; t < cap; t++) bm = s[t] > bm ? s[t] : bm;
       float nm = bm > P->m[hr] ? bm : P->m[hr];
       j->L->mblk[(size_t)b * HR + hr] = nm;
       if (nm == -INFINITY) { /* nothing valid yet: exp values are all 0 */
@@ -393,7 +428,11 @@ static void run_blocks(const attn_job *j, attn_ws *w, attn_part *P, uint32_t b0,
       }
       P->l[hr] += ops->exp_sub(s, nm, cap);
     }
-    if (ckv_format_is_rot(ckv_hdr(blk)->format)) {
+    if (fast) {
+      for (uint32_t h = 0; h < H; h++) ckv_ablock_values(&x, h, SB + (size_t)h * RG * cap, &w->ab, P->acc, P->racc);
+      continue;
+    }
+    if (ckv_format_is_rot(fmt)) {
       rot_values(ops, g, blk, a->layer, RG, SB, w, P);
       continue;
     }
@@ -488,6 +527,8 @@ ckv_status ckv_kernels_attention(const ckv_attn_args *a) {
     }
   }
   L.io = int_scores_of(a) ? ckv_idotops_get() : NULL;
+  L.A = ckv_attnops_get();
+  if (L.A) ckv_ablock_tables(&L.luts);
   if (L.io && has_staged) ckv_iquery_set(ops, L.qs, HR, D, D, 0, &L.qs8, L.ws[0].is.tmp);
   if (L.io && has_rot4) ckv_iquery_set(ops, L.qr, HR, D, D, 1, &L.qr8, L.ws[0].is.tmp);
   L.slot_base[0] = 0;

@@ -1,0 +1,57 @@
+/* attention_blocks.h - private: one block of fused attention through the
+ * SIMD loops of attention_simd.h (attention_blocks.c), for attention.c. */
+#ifndef CKV_ATTENTION_BLOCKS_H
+#define CKV_ATTENTION_BLOCKS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/attention_simd.h"
+#include "kernels/format.h"
+#include "kernels/rot.h"
+#include "kernels/rowops.h"
+
+/* Decode tables: codes[b][i] = i mod 2^b; rot[b][i] = (i mod 2^b) - (2^b - 1) / 2. */
+typedef struct ckv_ablock_luts {
+  float codes[5][16], rot[5][16];
+} ckv_ablock_luts;
+void ckv_ablock_tables(ckv_ablock_luts *t);
+
+/* One thread's scratch, sized for the largest block of the call (cap slots):
+ * live: cap, sub: cap + 16; ksc, vsc: cap * max(staged groups, n_kv_heads), as [group or head][slot];
+ * vpar: cap * max(2 * committed value groups, staged groups);
+ * wt: RG * cap; qk, qg: RG * head_dim; row, tmp: head_dim; bias: RG; chan: head_dim. */
+typedef struct ckv_ablock_ws {
+  uint16_t *live, *sub;
+  uint32_t n_live;
+  float *ksc, *vsc, *vpar, *wt, *qk, *qg, *row, *tmp, *bias;
+  uint32_t *chan;
+} ckv_ablock_ws;
+
+/* What the calls on one block share. */
+typedef struct ckv_ablock_args {
+  const ckv_attnops *A;
+  const ckv_rowops *ops;
+  const ckv_ablock_luts *luts;
+  const ckv_geometry *g;
+  const void *blk;
+  uint32_t layer;
+  size_t RG; /* query rows per KV head */
+} ckv_ablock_args;
+
+/* Lists the slots of blk that count (valid; committed: in a sealed chunk) in increasing order; returns how many. */
+uint32_t ckv_ablock_live(const void *blk, uint16_t *idx);
+/* Whether the SIMD loops of A take this block (else the portable loops do). */
+bool ckv_ablock_takes(const ckv_attnops *A, const ckv_geometry *g, const void *blk);
+/* Per block, before its heads: the live list and the widened scales of layer L. */
+void ckv_ablock_prepare(const ckv_rowops *ops, const ckv_geometry *g, uint32_t L, const void *blk, ckv_ablock_ws *w);
+/* Scores S[rg*cap + t] of KV head h (-inf for slots that do not count); qs the scaled query rows of
+ * the head's group [RG][head_dim], qr the same rotated (rotated blocks). */
+void ckv_ablock_scores(const ckv_ablock_args *x, uint32_t h, const float *qs, const float *qr, ckv_ablock_ws *w,
+                       float *S);
+/* acc (or racc for rotated blocks, in the rotated basis) [h*RG + rg][head_dim] += sum_t E[rg*cap + t] v_t. */
+void ckv_ablock_values(const ckv_ablock_args *x, uint32_t h, const float *E, ckv_ablock_ws *w, float *acc,
+                       float *racc);
+
+#endif
