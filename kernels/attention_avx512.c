@@ -70,6 +70,14 @@ AI __m512i codes16(const uint8_t *row, uint32_t d, uint32_t n, uint32_t bits, co
 AI __m512 dec16(const uint8_t *row, uint32_t d, uint32_t n, const int enc, uint32_t bits, __m512 lut,
                 const unpack16 *u) {
   __mmask16 m = lanes(d, n);
+  if (m == 0xffff) switch (enc) { /* a whole step: plain loads */
+    case CKV_AENC_F16: return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(row + 2u * d)));
+    case CKV_AENC_BF16:
+      return _mm512_castsi512_ps(
+          _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)(row + 2u * d))), 16));
+    case CKV_AENC_I8: return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(row + d))));
+    default: break;
+    }
   switch (enc) {
   case CKV_AENC_F16: return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)(const void *)row + d));
   case CKV_AENC_BF16:
@@ -89,12 +97,68 @@ AI __m128 red4(__m512 a, __m512 b, __m512 c, __m512 d) {
   return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
 }
 
-/* NR (1..4) query rows against every listed row; two partial sums per query row (even and odd steps). */
+/* Two vectors' halves summed: quads 0, 1 of the result from a, 2, 3 from b. */
+AI __m512 fold2(__m512 a, __m512 b) {
+  return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xee));
+}
+/* Of two folds: quad q holds the four partial sums of the q-th of their four vectors. */
+AI __m512 fold4(__m512 u0, __m512 u1) {
+  return _mm512_add_ps(_mm512_shuffle_f32x4(u0, u1, 0x88), _mm512_shuffle_f32x4(u0, u1, 0xdd));
+}
+/* The 16 sums of v_k = s[k/4][k%4] (token k/4, row k%4) as one vector, lane 4 * row + token.
+ * (A macro: an array argument would keep the 16 accumulators in memory.) */
+#define RED16(s, ret)                                                                              \
+  do {                                                                                             \
+    __m512 w0_ = fold4(fold2(s[0][0], s[0][1]), fold2(s[0][2], s[0][3]));                          \
+    __m512 w1_ = fold4(fold2(s[1][0], s[1][1]), fold2(s[1][2], s[1][3]));                          \
+    __m512 w2_ = fold4(fold2(s[2][0], s[2][1]), fold2(s[2][2], s[2][3]));                          \
+    __m512 w3_ = fold4(fold2(s[3][0], s[3][1]), fold2(s[3][2], s[3][3]));                          \
+    __m512 a_ = _mm512_add_ps(_mm512_unpacklo_ps(w0_, w1_), _mm512_unpackhi_ps(w0_, w1_));         \
+    __m512 b_ = _mm512_add_ps(_mm512_unpacklo_ps(w2_, w3_), _mm512_unpackhi_ps(w2_, w3_));         \
+    (ret) = _mm512_add_ps(_mm512_shuffle_ps(a_, b_, 0x44), _mm512_shuffle_ps(a_, b_, 0xee));       \
+  } while (0)
+
+/* NR (1..4) query rows against every listed row: four rows at a time (16 accumulators, each query
+ * step loaded once for four tokens, one reduction for 16 sums), then the rest one at a time with
+ * two partial sums per query row (even and odd steps).  Sums in a fixed order either way. */
 AI void score_tile(const float *q, size_t ldq, const ckv_arows *k, const uint16_t *idx, size_t ni, uint32_t n,
                    float *out, size_t ldo, const int NR, const int enc, __m512 lut, const unpack16 *u) {
   uint32_t full = n & ~15u;
   __mmask16 mt = lanes(full, n);
-  for (size_t i = 0; i < ni; i++) {
+  size_t i = 0;
+  for (; i + 4 <= ni; i += 4) {
+    const uint8_t *row[4];
+    UNROLL
+    for (int j = 0; j < 4; j++) row[j] = k->base + idx[i + j] * k->stride;
+    __m512 s[4][4];
+    UNROLL
+    for (int j = 0; j < 4; j++) {
+      UNROLL
+      for (int r = 0; r < 4; r++) s[j][r] = _mm512_setzero_ps();
+    }
+    for (uint32_t d = 0; d < n; d += 16) {
+      __m512 x[4];
+      UNROLL
+      for (int j = 0; j < 4; j++) x[j] = dec16(row[j], d, n, enc, k->bits, lut, u);
+      __mmask16 m = d < full ? (__mmask16)0xffff : mt;
+      UNROLL
+      for (int r = 0; r < NR; r++) {
+        __m512 qv = _mm512_maskz_loadu_ps(m, q + r * ldq + d);
+        UNROLL
+        for (int j = 0; j < 4; j++) s[j][r] = _mm512_fmadd_ps(qv, x[j], s[j][r]);
+      }
+    }
+    float v[16];
+    __m512 sum;
+    RED16(s, sum);
+    _mm512_storeu_ps(v, sum);
+    UNROLL
+    for (int r = 0; r < NR; r++) {
+      UNROLL
+      for (int j = 0; j < 4; j++) out[r * ldo + idx[i + j]] = v[4 * r + j];
+    }
+  }
+  for (; i < ni; i++) {
     uint32_t t = idx[i];
     const uint8_t *row = k->base + t * k->stride;
     __m512 s[4][2];

@@ -55,6 +55,23 @@ uint32_t ckv_ablock_live(const void *blk, uint16_t *idx) {
   return n;
 }
 
+void ckv_ablock_prefetch(const ckv_geometry *g, uint32_t L, const void *blk) {
+  const ckv_block_header *h = ckv_hdr(blk);
+  uint32_t cap = h->capacity, fmt = h->format;
+  size_t lo, hi; /* the bytes of layer L's K and V (and their scales) */
+  if (fmt == CKV_FORMAT_DRAFT) {
+    lo = ckv_draft_kv_offset(g, cap, L, 0, 0), hi = ckv_draft_kv_offset(g, cap, L, 2, 0);
+  } else if (fmt == CKV_FORMAT_STAGED) {
+    lo = ckv_staged_codes_offset(g, cap, L, 0), hi = lo + 2u * ckv_staged_section_bytes(g, cap);
+  } else if (ckv_format_is_rot(fmt)) {
+    lo = ckv_rot_scales_offset(fmt, g, cap, L, 0), hi = lo + 2u * ckv_rot_section_bytes(fmt, g, cap);
+  } else {
+    lo = ckv_commit_layer_offset(fmt, g, cap, h->kept_channels, L);
+    hi = lo + ckv_commit_layer_bytes(fmt, g, cap, h->kept_channels);
+  }
+  for (size_t o = lo; o < hi; o += 64) __builtin_prefetch(ckv_cb(blk, o), 0, 2);
+}
+
 bool ckv_ablock_takes(const ckv_attnops *A, const ckv_geometry *g, const void *blk) {
   const ckv_block_header *h = ckv_hdr(blk);
   uint32_t m = A->n_multiple, D = g->head_dim;
