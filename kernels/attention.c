@@ -399,7 +399,7 @@ static void run_blocks(const attn_job *j, attn_ws *w, attn_part *P, uint32_t b0,
     const ckv_attnops *A = j->L->A;
     bool fast = A && ckv_ablock_takes(A, g, blk); /* the SIMD loops (attention_blocks.c) */
     ckv_ablock_args x = {.A = A, .ops = ops, .luts = &j->L->luts, .g = g, .blk = blk, .layer = a->layer, .RG = RG};
-    if (fast) ckv_ablock_prepare(ops, g, a->layer, blk, &w->ab);
+    if (fast) ckv_ablock_prepare(ops, &j->L->luts, g, a->layer, blk, &w->ab);
     if (A && b + 1 < b1) ckv_ablock_prefetch(g, a->layer, a->blocks[b + 1]);
     for (uint32_t h = 0; h < H; h++) {
       float *S = SB + (size_t)h * RG * cap;

@@ -23,6 +23,7 @@
 #include "kernels/quant.h"
 
 void ckv_ablock_tables(ckv_ablock_luts *t) {
+  for (uint32_t c = 0; c < 256; c++) t->rot_scale[c] = ckv_rot_scale_value(c);
   for (uint32_t bits = 1; bits <= 4; bits++) {
     uint32_t mask = ckv_qa_levels(bits);
     float off = ckv_rot_offset(bits);
@@ -81,7 +82,8 @@ bool ckv_ablock_takes(const ckv_attnops *A, const ckv_geometry *g, const void *b
   return true;
 }
 
-void ckv_ablock_prepare(const ckv_rowops *ops, const ckv_geometry *g, uint32_t L, const void *blk, ckv_ablock_ws *w) {
+void ckv_ablock_prepare(const ckv_rowops *ops, const ckv_ablock_luts *luts, const ckv_geometry *g, uint32_t L,
+                        const void *blk, ckv_ablock_ws *w) {
   const ckv_block_header *h = ckv_hdr(blk);
   uint32_t cap = h->capacity, fmt = h->format;
   w->n_live = ckv_ablock_live(blk, w->live);
@@ -99,8 +101,8 @@ void ckv_ablock_prepare(const ckv_rowops *ops, const ckv_geometry *g, uint32_t L
     const uint8_t *vs = ckv_cb(blk, ckv_rot_scales_offset(fmt, g, cap, L, 1));
     for (size_t t = 0; t < cap; t++)
       for (size_t k = 0; k < H; k++) {
-        w->ksc[k * cap + t] = ckv_rot_scale_value(ks[t * H + k]);
-        w->vsc[k * cap + t] = ckv_rot_scale_value(vs[t * H + k]);
+        w->ksc[k * cap + t] = luts->rot_scale[ks[t * H + k]];
+        w->vsc[k * cap + t] = luts->rot_scale[vs[t * H + k]];
       }
   } else if (ckv_format_is_commit(fmt)) { /* value (scale, zero) pairs [slot][group][2] */
     ops->cvt_f16((const uint16_t *)ckv_cb(blk, ckv_commit_value_params_offset(fmt, g, cap, h->kept_channels, L)),
@@ -127,7 +129,8 @@ void ckv_ablock_scores(const ckv_ablock_args *x, uint32_t h, const float *qs, co
   const ckv_block_header *hd = ckv_hdr(blk);
   uint32_t cap = hd->capacity, D = g->head_dim, fmt = hd->format, L = x->layer, H = g->n_kv_heads;
   size_t RG = x->RG, te = ckv_draft_token_elems(g);
-  for (size_t i = 0; i < RG * cap; i++) S[i] = -INFINITY;
+  if (w->n_live != cap || ckv_format_is_commit(fmt)) /* the loops write only the listed slots */
+    for (size_t i = 0; i < RG * cap; i++) S[i] = -INFINITY;
   ckv_arows k = {0};
   if (fmt == CKV_FORMAT_DRAFT) {
     k = (ckv_arows){.base = ckv_cb(blk, ckv_draft_kv_offset(g, cap, L, 0, 0)) + (size_t)h * D * 2u, .stride = te * 2u,
@@ -147,10 +150,16 @@ void ckv_ablock_scores(const ckv_ablock_args *x, uint32_t h, const float *qs, co
     size_t rb = ckv_rot_row_bytes(fmt, g);
     k = (ckv_arows){.base = ckv_cb(blk, ckv_rot_codes_offset(fmt, g, cap, L, 0)) + (size_t)h * rb, .stride = H * rb,
                     .enc = CKV_AENC_PACK, .bits = bits, .lut = x->luts->rot[bits]};
-    /* the block's key mean, widened with F16C and made finite (as ckv_rot_key_mean) */
+    /* the block's bias per query row, qr . mean: the mean widened with F16C, and made finite (as
+     * ckv_rot_key_mean) only when it is not: then some bias is not finite either */
     x->ops->cvt_f16((const uint16_t *)ckv_cb(blk, ckv_rot_mean_offset(g, cap, L, h)), w->row, D);
-    for (uint32_t i = 0; i < D; i++) w->row[i] = ckv_rot_finite(w->row[i]);
-    x->ops->dotn(qr, RG, D, w->row, D, w->bias, 1); /* the block's bias per query row */
+    x->ops->dotn(qr, RG, D, w->row, D, w->bias, 1);
+    bool finite = true;
+    for (size_t rg = 0; rg < RG; rg++) finite &= isfinite(w->bias[rg]) != 0;
+    if (!finite) {
+      for (uint32_t i = 0; i < D; i++) w->row[i] = ckv_rot_finite(w->row[i]);
+      x->ops->dotn(qr, RG, D, w->row, D, w->bias, 1);
+    }
     x->A->scores(qr, RG, D, &k, w->live, w->n_live, D, S, cap);
     scale_scores(x->A, S, RG, cap, w->live, w->n_live, w->ksc + (size_t)h * cap, w->bias);
     return;

@@ -12,9 +12,10 @@
 #include "kernels/rot.h"
 #include "kernels/rowops.h"
 
-/* Decode tables: codes[b][i] = i mod 2^b; rot[b][i] = (i mod 2^b) - (2^b - 1) / 2. */
+/* Decode tables: codes[b][i] = i mod 2^b; rot[b][i] = (i mod 2^b) - (2^b - 1) / 2; rot_scale[c] =
+ * ckv_rot_scale_value(c). */
 typedef struct ckv_ablock_luts {
-  float codes[5][16], rot[5][16];
+  float codes[5][16], rot[5][16], rot_scale[256];
 } ckv_ablock_luts;
 void ckv_ablock_tables(ckv_ablock_luts *t);
 
@@ -48,7 +49,8 @@ void ckv_ablock_prefetch(const ckv_geometry *g, uint32_t L, const void *blk);
 /* Whether the SIMD loops of A take this block (else the portable loops do). */
 bool ckv_ablock_takes(const ckv_attnops *A, const ckv_geometry *g, const void *blk);
 /* Per block, before its heads: the live list and the widened scales of layer L. */
-void ckv_ablock_prepare(const ckv_rowops *ops, const ckv_geometry *g, uint32_t L, const void *blk, ckv_ablock_ws *w);
+void ckv_ablock_prepare(const ckv_rowops *ops, const ckv_ablock_luts *luts, const ckv_geometry *g, uint32_t L,
+                        const void *blk, ckv_ablock_ws *w);
 /* Scores S[rg*cap + t] of KV head h (-inf for slots that do not count); qs the scaled query rows of
  * the head's group [RG][head_dim], qr the same rotated (rotated blocks). */
 void ckv_ablock_scores(const ckv_ablock_args *x, uint32_t h, const float *qs, const float *qr, ckv_ablock_ws *w,
