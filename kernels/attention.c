@@ -60,13 +60,15 @@ typedef struct attn_ws {
 } attn_ws;
 typedef struct attn_part {
   float *m, *l, *acc; /* running max and sum per (kv head, row, query head), accumulator [hr][D] */
-  float *racc;        /* accumulator of rotated blocks' values, [hr][D], in the rotated basis */
+  float *racc;        /* accumulators of rotated blocks' values, in the rotated basis: [3][hr][D], the
+                         natural order, then ROT4's and ROT2's permuted orders (ckv_ablock_perm) */
 } attn_part;
 
 /* The whole workspace: shared inputs and outputs, then partitions, then threads. */
 typedef struct attn_layout {
   float *qs, *S, *mblk;
   float *qr, *qsum; /* rotated scaled query [hr][D] and the sum of its elements [hr] */
+  float *qrp;       /* qr in ROT4's and ROT2's permuted orders, [2][hr][D] */
   size_t *slot_base; /* n_blocks + 1 prefix sums of the capacities */
   attn_part *parts;  /* (the array itself lives in the workspace too) */
   attn_ws *ws;
@@ -149,6 +151,7 @@ static size_t ws_layout(const ckv_attn_args *a, size_t slots, attn_layout *L, ui
   CARVE(L->qs, float, HR * D);
   CARVE(L->qr, float, HR * D);
   CARVE(L->qsum, float, HR);
+  CARVE(L->qrp, float, 2u * HR * D);
   CARVE(L->S, float, slots * HR);
   CARVE(L->mblk, float, (size_t)a->n_blocks * HR);
   CARVE(L->slot_base, size_t, (size_t)a->n_blocks + 1);
@@ -161,7 +164,7 @@ static size_t ws_layout(const ckv_attn_args *a, size_t slots, attn_layout *L, ui
     CARVE(q->m, float, HR);
     CARVE(q->l, float, HR);
     CARVE(q->acc, float, HR * D);
-    CARVE(q->racc, float, HR * D);
+    CARVE(q->racc, float, 3u * HR * D);
   }
   for (uint32_t t = 0; t < T; t++) {
     attn_ws dummy, *w = base ? &L->ws[t] : &dummy;
@@ -390,7 +393,7 @@ static void run_blocks(const attn_job *j, attn_ws *w, attn_part *P, uint32_t b0,
     P->l[hr] = 0.0f;
   }
   memset(P->acc, 0, HR * D * sizeof(float));
-  memset(P->racc, 0, HR * D * sizeof(float));
+  memset(P->racc, 0, 3u * HR * D * sizeof(float));
   for (uint32_t b = b0; b < b1; b++) {
     const void *blk = a->blocks[b];
     uint32_t cap = ckv_hdr(blk)->capacity;
@@ -404,7 +407,8 @@ static void run_blocks(const attn_job *j, attn_ws *w, attn_part *P, uint32_t b0,
     for (uint32_t h = 0; h < H; h++) {
       float *S = SB + (size_t)h * RG * cap;
       if (fast && !(j->L->io && ckv_iscore_format(fmt)))
-        ckv_ablock_scores(&x, h, j->L->qs + (size_t)h * RG * D, j->L->qr + (size_t)h * RG * D, &w->ab, S);
+        ckv_ablock_scores(&x, h, j->L->qs + (size_t)h * RG * D, j->L->qr + (size_t)h * RG * D,
+                          j->L->qrp + (size_t)h * RG * D, HR * D, &w->ab, S);
       else
         score_block(ops, a, blk, h, RG, w, j->L, S);
     }
@@ -423,14 +427,16 @@ static void run_blocks(const attn_job *j, attn_ws *w, attn_part *P, uint32_t b0,
       if (nm > P->m[hr]) {
         float alpha = P->m[hr] == -INFINITY ? 0.0f : expf(P->m[hr] - nm);
         for (uint32_t d = 0; d < D; d++) P->acc[hr * D + d] *= alpha;
-        for (uint32_t d = 0; d < D; d++) P->racc[hr * D + d] *= alpha;
+        for (uint32_t k = 0; k < 3; k++)
+          for (uint32_t d = 0; d < D; d++) P->racc[k * HR * D + hr * D + d] *= alpha;
         P->l[hr] *= alpha;
         P->m[hr] = nm;
       }
       P->l[hr] += ops->exp_sub(s, nm, cap);
     }
     if (fast) {
-      for (uint32_t h = 0; h < H; h++) ckv_ablock_values(&x, h, SB + (size_t)h * RG * cap, &w->ab, P->acc, P->racc);
+      for (uint32_t h = 0; h < H; h++)
+        ckv_ablock_values(&x, h, SB + (size_t)h * RG * cap, &w->ab, P->acc, P->racc, HR * D);
       continue;
     }
     if (ckv_format_is_rot(fmt)) {
@@ -478,7 +484,11 @@ static void combine(attn_part *p, const attn_part *q, size_t HR, uint32_t D) {
     float ap = p->m[hr] == -INFINITY ? 0.0f : expf(p->m[hr] - M);
     float aq = q->m[hr] == -INFINITY ? 0.0f : expf(q->m[hr] - M);
     for (uint32_t d = 0; d < D; d++) p->acc[hr * D + d] = p->acc[hr * D + d] * ap + q->acc[hr * D + d] * aq;
-    for (uint32_t d = 0; d < D; d++) p->racc[hr * D + d] = p->racc[hr * D + d] * ap + q->racc[hr * D + d] * aq;
+    for (uint32_t k = 0; k < 3; k++)
+      for (uint32_t d = 0; d < D; d++) {
+        size_t i = k * HR * D + hr * D + d;
+        p->racc[i] = p->racc[i] * ap + q->racc[i] * aq;
+      }
     p->l[hr] = p->l[hr] * ap + q->l[hr] * aq;
     p->m[hr] = M;
   }
@@ -525,6 +535,9 @@ ckv_status ckv_kernels_attention(const ckv_attn_args *a) {
       ckv_rot_forward(qr, D, a->layer, 0, (uint32_t)(hr / RG));
       for (uint32_t d = 0; d < D; d++) sum += qr[d];
       L.qsum[hr] = sum;
+      for (uint32_t k = 0; k < 2; k++) /* the orders the SIMD loops read ROT4 and ROT2 rows in */
+        if (ckv_ablock_permuted(k ? 2u : 4u, D))
+          for (uint32_t i = 0; i < D; i++) L.qrp[k * HR * D + hr * D + i] = qr[ckv_ablock_perm(k ? 2u : 4u, i)];
     }
   }
   L.io = int_scores_of(a) ? ckv_idotops_get() : NULL;
@@ -553,6 +566,9 @@ ckv_status ckv_kernels_attention(const ckv_attn_args *a) {
     float inv = R->l[hr] > 0.0f ? 1.0f / R->l[hr] : 0.0f;
     if (has_rot) { /* back from the value basis of KV head h */
       float *r = R->racc + hr * D;
+      for (uint32_t k = 0; k < 2; k++) /* the permuted sums back into the natural order */
+        if (ckv_ablock_permuted(k ? 2u : 4u, D))
+          for (uint32_t i = 0; i < D; i++) r[ckv_ablock_perm(k ? 2u : 4u, i)] += R->racc[(k + 1u) * HR * D + hr * D + i];
       ckv_rot_inverse(r, D, a->layer, 1, (uint32_t)h);
       for (uint32_t d = 0; d < D; d++) R->acc[hr * D + d] += r[d];
     }

@@ -247,6 +247,7 @@ static void a_scale_add(float *x, const float *s, float b, size_t n) {
 
 const ckv_attnops ckv_attnops_avx2 = {.name = "avx2",
                                       .n_multiple = 8,
+                                      .packp = false,
                                       .scores = a_scores,
                                       .values = a_values,
                                       .nonzero = a_nonzero,

@@ -11,6 +11,7 @@
  * Every load of a row is a masked load of the bytes the row has, so the
  * last row of a block is never read past its end. */
 #include <immintrin.h>
+#include <stdbool.h>
 
 #include "kernels/attention_simd.h"
 
@@ -37,12 +38,20 @@ typedef struct unpack16 {
   __m512i ctl, sh;
   __mmask16 bytes; /* the 2b bytes of a whole group */
   uint32_t safe;   /* groups that start below this byte of the row may load 16 bytes whole */
+  /* CKV_AENC_PACKP: 16 code bytes broadcast to the four 128-bit lanes, lane i shifted by
+   * 8 * (i / 4) + m * b brings code m of byte 4 * (i % 4) + i / 4 to its low bits */
+  __m512i psh[4];
+  uint32_t gshift, vmask; /* a group of 16 bytes is 2^gshift elements; V - 1 */
 } unpack16;
 
 static unpack16 unpack_of(uint32_t bits, uint32_t n) {
   size_t row = ((size_t)n * bits + 7u) / 8u;
   unpack16 u = {_mm512_load_si512(unpack_ctl[bits]), _mm512_load_si512(unpack_sh[bits]),
-                (__mmask16)((1u << (2u * bits)) - 1u), row >= 16u ? (uint32_t)(row - 16u) + 1u : 0u};
+                (__mmask16)((1u << (2u * bits)) - 1u), row >= 16u ? (uint32_t)(row - 16u) + 1u : 0u,
+                {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()},
+                bits == 2u ? 6u : 5u, bits == 2u ? 3u : 1u};
+  const __m512i base = _mm512_set_epi32(24, 24, 24, 24, 16, 16, 16, 16, 8, 8, 8, 8, 0, 0, 0, 0);
+  for (uint32_t m = 0; m < 4; m++) u.psh[m] = _mm512_add_epi32(base, _mm512_set1_epi32((int)(m * bits)));
   return u;
 }
 
@@ -84,6 +93,10 @@ AI __m512 dec16(const uint8_t *row, uint32_t d, uint32_t n, const int enc, uint3
     return _mm512_castsi512_ps(
         _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t *)(const void *)row + d)), 16));
   case CKV_AENC_I8: return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, row + d)));
+  case CKV_AENC_PACKP: { /* whole groups of 16 bytes (n % 32 or 64 == 0): a broadcast load, one shift */
+    __m512i b = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(const void *)(row + ((d >> u->gshift) << 4))));
+    return _mm512_permutexvar_ps(_mm512_srlv_epi32(b, u->psh[(d >> 4) & u->vmask]), lut);
+  }
   default: return _mm512_permutexvar_ps(codes16(row, d, n, bits, u), lut);
   }
 }
@@ -195,8 +208,9 @@ AI void score_tile(const float *q, size_t ldq, const ckv_arows *k, const uint16_
 
 AI void scores_enc(const float *q, size_t nq, size_t ldq, const ckv_arows *k, const uint16_t *idx, size_t ni,
                    uint32_t n, float *out, size_t ldo, const int enc) {
-  __m512 lut = enc == CKV_AENC_PACK ? _mm512_loadu_ps(k->lut) : _mm512_setzero_ps();
-  unpack16 u = unpack_of(enc == CKV_AENC_PACK ? k->bits : 1u, n);
+  const int packed = enc == CKV_AENC_PACK || enc == CKV_AENC_PACKP;
+  __m512 lut = packed ? _mm512_loadu_ps(k->lut) : _mm512_setzero_ps();
+  unpack16 u = unpack_of(packed ? k->bits : 1u, n);
   for (size_t r0 = 0; r0 < nq; r0 += 4) {
     const float *qr = q + r0 * ldq;
     float *o = out + r0 * ldo;
@@ -215,6 +229,7 @@ static void z_scores(const float *q, size_t nq, size_t ldq, const ckv_arows *k, 
   case CKV_AENC_F16: scores_enc(q, nq, ldq, k, idx, ni, n, out, ldo, CKV_AENC_F16); break;
   case CKV_AENC_BF16: scores_enc(q, nq, ldq, k, idx, ni, n, out, ldo, CKV_AENC_BF16); break;
   case CKV_AENC_I8: scores_enc(q, nq, ldq, k, idx, ni, n, out, ldo, CKV_AENC_I8); break;
+  case CKV_AENC_PACKP: scores_enc(q, nq, ldq, k, idx, ni, n, out, ldo, CKV_AENC_PACKP); break;
   default: scores_enc(q, nq, ldq, k, idx, ni, n, out, ldo, CKV_AENC_PACK); break;
   }
 }
@@ -273,7 +288,7 @@ AI void value_tile(const float *w, size_t ldw, const ckv_arows *v, const uint16_
 
 AI void values_enc(const float *w, size_t nq, size_t ldw, const ckv_arows *v, const uint16_t *idx, size_t ni,
                    uint32_t n, float *acc, size_t lda, const int enc) {
-  const int packed = enc == CKV_AENC_PACK || enc == CKV_AENC_AFFINE;
+  const int packed = enc == CKV_AENC_PACK || enc == CKV_AENC_AFFINE || enc == CKV_AENC_PACKP;
   __m512 lut = packed ? _mm512_loadu_ps(v->lut) : _mm512_setzero_ps();
   unpack16 u = unpack_of(packed ? v->bits : 1u, n);
   for (size_t r0 = 0; r0 < nq; r0 += 4) {
@@ -297,6 +312,7 @@ static void z_values(const float *w, size_t nq, size_t ldw, const ckv_arows *v, 
   case CKV_AENC_BF16: values_enc(w, nq, ldw, v, idx, ni, n, acc, lda, CKV_AENC_BF16); break;
   case CKV_AENC_I8: values_enc(w, nq, ldw, v, idx, ni, n, acc, lda, CKV_AENC_I8); break;
   case CKV_AENC_AFFINE: values_enc(w, nq, ldw, v, idx, ni, n, acc, lda, CKV_AENC_AFFINE); break;
+  case CKV_AENC_PACKP: values_enc(w, nq, ldw, v, idx, ni, n, acc, lda, CKV_AENC_PACKP); break;
   default: values_enc(w, nq, ldw, v, idx, ni, n, acc, lda, CKV_AENC_PACK); break;
   }
 }
@@ -334,6 +350,7 @@ static void z_scale_add(float *x, const float *s, float b, size_t n) {
 
 const ckv_attnops ckv_attnops_avx512 = {.name = "avx512",
                                         .n_multiple = 1,
+                                        .packp = true,
                                         .scores = z_scores,
                                         .values = z_values,
                                         .nonzero = z_nonzero,

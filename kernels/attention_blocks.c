@@ -122,8 +122,8 @@ static void scale_scores(const ckv_attnops *A, float *S, size_t RG, uint32_t cap
   }
 }
 
-void ckv_ablock_scores(const ckv_ablock_args *x, uint32_t h, const float *qs, const float *qr, ckv_ablock_ws *w,
-                       float *S) {
+void ckv_ablock_scores(const ckv_ablock_args *x, uint32_t h, const float *qs, const float *qr, const float *qrp,
+                       size_t ldp, ckv_ablock_ws *w, float *S) {
   const ckv_geometry *g = x->g;
   const void *blk = x->blk;
   const ckv_block_header *hd = ckv_hdr(blk);
@@ -150,6 +150,8 @@ void ckv_ablock_scores(const ckv_ablock_args *x, uint32_t h, const float *qs, co
     size_t rb = ckv_rot_row_bytes(fmt, g);
     k = (ckv_arows){.base = ckv_cb(blk, ckv_rot_codes_offset(fmt, g, cap, L, 0)) + (size_t)h * rb, .stride = H * rb,
                     .enc = CKV_AENC_PACK, .bits = bits, .lut = x->luts->rot[bits]};
+    const float *qk = qr; /* the query in the order the rows are read in */
+    if (x->A->packp && ckv_ablock_permuted(bits, D)) k.enc = CKV_AENC_PACKP, qk = qrp + (bits == 2u ? ldp : 0u);
     /* the block's bias per query row, qr . mean: the mean widened with F16C, and made finite (as
      * ckv_rot_key_mean) only when it is not: then some bias is not finite either */
     x->ops->cvt_f16((const uint16_t *)ckv_cb(blk, ckv_rot_mean_offset(g, cap, L, h)), w->row, D);
@@ -160,7 +162,7 @@ void ckv_ablock_scores(const ckv_ablock_args *x, uint32_t h, const float *qs, co
       for (uint32_t i = 0; i < D; i++) w->row[i] = ckv_rot_finite(w->row[i]);
       x->ops->dotn(qr, RG, D, w->row, D, w->bias, 1);
     }
-    x->A->scores(qr, RG, D, &k, w->live, w->n_live, D, S, cap);
+    x->A->scores(qk, RG, D, &k, w->live, w->n_live, D, S, cap);
     scale_scores(x->A, S, RG, cap, w->live, w->n_live, w->ksc + (size_t)h * cap, w->bias);
     return;
   }
@@ -200,7 +202,7 @@ void ckv_ablock_scores(const ckv_ablock_args *x, uint32_t h, const float *qs, co
 }
 
 void ckv_ablock_values(const ckv_ablock_args *x, uint32_t h, const float *E, ckv_ablock_ws *w, float *acc,
-                       float *racc) {
+                       float *racc, size_t ldr) {
   const ckv_geometry *g = x->g;
   const void *blk = x->blk;
   const ckv_block_header *hd = ckv_hdr(blk);
@@ -238,6 +240,7 @@ void ckv_ablock_values(const ckv_ablock_args *x, uint32_t h, const float *E, ckv
                     .enc = CKV_AENC_PACK, .bits = bits, .lut = x->luts->rot[bits]};
     sc = w->vsc + (size_t)h * cap;
     out = racc;
+    if (x->A->packp && ckv_ablock_permuted(bits, D)) v.enc = CKV_AENC_PACKP, out = racc + (bits == 2u ? 2u : 1u) * ldr;
   } else { /* committed values, D % 32 == 0 (ckv_ablock_takes): the head's groups are its own */
     uint32_t bits = ckv_format_code_bits(fmt), ng = ckv_commit_value_groups(g);
     v = (ckv_arows){.base = ckv_cb(blk, ckv_commit_value_codes_offset(fmt, g, cap, hd->kept_channels, L)) +

@@ -19,6 +19,19 @@ typedef struct ckv_ablock_luts {
 } ckv_ablock_luts;
 void ckv_ablock_tables(ckv_ablock_luts *t);
 
+/* ROT4 and ROT2 rows of n elements are read in a permuted order (CKV_AENC_PACKP, attention_simd.h)
+ * when n is a multiple of 32 (ROT4) or 64 (ROT2); the query is permuted to match and the values
+ * summed in that order, put back once per call. */
+static inline bool ckv_ablock_permuted(uint32_t bits, uint32_t n) {
+  return (bits == 4u && n % 32u == 0) || (bits == 2u && n % 64u == 0);
+}
+/* The element at position pos of the permuted order of b-bit rows (b = 4 or 2): in each group of
+ * 16 * (8 / b) elements (16 code bytes), vector m lane i holds code m of byte 4 * (i % 4) + i / 4. */
+static inline uint32_t ckv_ablock_perm(uint32_t bits, uint32_t pos) {
+  uint32_t V = 8u / bits, G = 16u * V, r = pos % G, m = r / 16u, i = r % 16u;
+  return pos / G * G + V * (4u * (i % 4u) + i / 4u) + m;
+}
+
 /* One thread's scratch, sized for the largest block of the call (cap slots):
  * live: cap, sub: cap + 16; ksc, vsc: cap * max(staged groups, n_kv_heads), as [group or head][slot];
  * vpar: cap * max(2 * committed value groups, staged groups);
@@ -52,11 +65,13 @@ bool ckv_ablock_takes(const ckv_attnops *A, const ckv_geometry *g, const void *b
 void ckv_ablock_prepare(const ckv_rowops *ops, const ckv_ablock_luts *luts, const ckv_geometry *g, uint32_t L,
                         const void *blk, ckv_ablock_ws *w);
 /* Scores S[rg*cap + t] of KV head h (-inf for slots that do not count); qs the scaled query rows of
- * the head's group [RG][head_dim], qr the same rotated (rotated blocks). */
-void ckv_ablock_scores(const ckv_ablock_args *x, uint32_t h, const float *qs, const float *qr, ckv_ablock_ws *w,
-                       float *S);
-/* acc (or racc for rotated blocks, in the rotated basis) [h*RG + rg][head_dim] += sum_t E[rg*cap + t] v_t. */
+ * the head's group [RG][head_dim], qr the same rotated (rotated blocks), qrp qr in ROT4's permuted
+ * order and qrp + ldp in ROT2's. */
+void ckv_ablock_scores(const ckv_ablock_args *x, uint32_t h, const float *qs, const float *qr, const float *qrp,
+                       size_t ldp, ckv_ablock_ws *w, float *S);
+/* acc (or racc for rotated blocks, in the rotated basis) [h*RG + rg][head_dim] += sum_t E[rg*cap + t] v_t;
+ * racc + ldr: ROT4's permuted order, racc + 2 ldr: ROT2's. */
 void ckv_ablock_values(const ckv_ablock_args *x, uint32_t h, const float *E, ckv_ablock_ws *w, float *acc,
-                       float *racc);
+                       float *racc, size_t ldr);
 
 #endif

@@ -18,6 +18,7 @@
 #ifndef CKV_ATTENTION_SIMD_H
 #define CKV_ATTENTION_SIMD_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -29,6 +30,9 @@ enum ckv_aenc {
   CKV_AENC_PACK = 3,   /* b-bit codes, low bits first (b = 1..4): value lut[code] */
   CKV_AENC_AFFINE = 4, /* b-bit codes (b = 2 or 4) with (scale, zero) per 32 elements per token:
                           value code * scale + zero (two roundings, as dequantization) */
+  CKV_AENC_PACKP = 5,  /* as PACK for b = 4 (n % 32 == 0) or 2 (n % 64 == 0), the elements read in a
+                          permuted order (attention_blocks.h ckv_ablock_perm) that needs no byte
+                          shuffle: the query and the accumulators are in that order too */
 };
 
 /* One KV head's K or V rows in one block. */
@@ -47,6 +51,7 @@ typedef struct ckv_arows {
 typedef struct ckv_attnops {
   const char *name;
   uint32_t n_multiple; /* the row lengths n this table takes are multiples of this */
+  bool packp;          /* takes CKV_AENC_PACKP */
   /* out[r*ldo + idx[i]] = sum_{d<n} q[r*ldq + d] * row(idx[i])[d] for r < nq, i < ni
    * (CKV_AENC_AFFINE is not accepted here). */
   void (*scores)(const float *q, size_t nq, size_t ldq, const ckv_arows *k, const uint16_t *idx, size_t ni,
