@@ -24,6 +24,13 @@
  * end (the rotation is orthogonal and linear), so no key or value is ever
  * un-rotated.
  *
+ * On the AVX2 and AVX-512 paths a block goes through the fused SIMD loops of
+ * attention_blocks.c / attention_simd.h where they take it: each K/V code is
+ * decoded once, in registers, for every query row of its KV head's group,
+ * per-token scales ride on the scores and weights, and the next block's
+ * layer bytes are prefetched.  The loops below (score_block, value_row,
+ * rot_values) are the scalar path and take the shapes the SIMD loops leave.
+ *
  * Integer scores (ckv_attn_args.scores, attention_int.c): INT8 staged,
  * 4-bit committed and ROT4 keys can be scored with integer dot products of
  * an INT8-quantized query (once per call; per chunk for committed keys),
