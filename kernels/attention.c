@@ -410,9 +410,10 @@ static void run_blocks(const attn_job *j, attn_ws *w, attn_part *P, uint32_t b0,
     bool fast = A && ckv_ablock_takes(A, g, blk); /* the SIMD loops (attention_blocks.c) */
     ckv_ablock_args x = {.A = A, .ops = ops, .luts = &j->L->luts, .g = g, .blk = blk, .layer = a->layer, .RG = RG};
     if (fast) ckv_ablock_prepare(ops, &j->L->luts, g, a->layer, blk, &w->ab);
-    if (A && b + 1 < b1) ckv_ablock_prefetch(g, a->layer, a->blocks[b + 1]);
+    const void *next = A && b + 1 < b1 ? a->blocks[b + 1] : NULL; /* prefetched over this block's heads */
     for (uint32_t h = 0; h < H; h++) {
       float *S = SB + (size_t)h * RG * cap;
+      if (next) ckv_ablock_prefetch(g, a->layer, next, h, 2u * H);
       if (fast && !(j->L->io && ckv_iscore_format(fmt)))
         ckv_ablock_scores(&x, h, j->L->qs + (size_t)h * RG * D, j->L->qr + (size_t)h * RG * D,
                           j->L->qrp + (size_t)h * RG * D, HR * D, &w->ab, S);
@@ -442,8 +443,10 @@ static void run_blocks(const attn_job *j, attn_ws *w, attn_part *P, uint32_t b0,
       P->l[hr] += ops->exp_sub(s, nm, cap);
     }
     if (fast) {
-      for (uint32_t h = 0; h < H; h++)
+      for (uint32_t h = 0; h < H; h++) {
+        if (next) ckv_ablock_prefetch(g, a->layer, next, H + h, 2u * H);
         ckv_ablock_values(&x, h, SB + (size_t)h * RG * cap, &w->ab, P->acc, P->racc, HR * D);
+      }
       continue;
     }
     if (ckv_format_is_rot(fmt)) {

@@ -56,7 +56,7 @@ uint32_t ckv_ablock_live(const void *blk, uint16_t *idx) {
   return n;
 }
 
-void ckv_ablock_prefetch(const ckv_geometry *g, uint32_t L, const void *blk) {
+void ckv_ablock_prefetch(const ckv_geometry *g, uint32_t L, const void *blk, uint32_t part, uint32_t n_parts) {
   const ckv_block_header *h = ckv_hdr(blk);
   uint32_t cap = h->capacity, fmt = h->format;
   size_t lo, hi; /* the bytes of layer L's K and V (and their scales) */
@@ -70,7 +70,8 @@ void ckv_ablock_prefetch(const ckv_geometry *g, uint32_t L, const void *blk) {
     lo = ckv_commit_layer_offset(fmt, g, cap, h->kept_channels, L);
     hi = lo + ckv_commit_layer_bytes(fmt, g, cap, h->kept_channels);
   }
-  for (size_t o = lo; o < hi; o += 64) __builtin_prefetch(ckv_cb(blk, o), 0, 2);
+  size_t lines = (hi - lo + 63u) / 64u, l0 = lines * part / n_parts, l1 = lines * (part + 1u) / n_parts;
+  for (size_t l = l0; l < l1; l++) __builtin_prefetch(ckv_cb(blk, lo + l * 64u), 0, 2);
 }
 
 bool ckv_ablock_takes(const ckv_attnops *A, const ckv_geometry *g, const void *blk) {

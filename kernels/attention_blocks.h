@@ -56,9 +56,10 @@ typedef struct ckv_ablock_args {
 
 /* Lists the slots of blk that count (valid; committed: in a sealed chunk) in increasing order; returns how many. */
 uint32_t ckv_ablock_live(const void *blk, uint16_t *idx);
-/* Asks for layer L's K and V bytes of blk in the caches ahead of their use: a KV head's rows are a
- * stride apart (one line or less each), too far apart for the hardware prefetchers to follow. */
-void ckv_ablock_prefetch(const ckv_geometry *g, uint32_t L, const void *blk);
+/* Asks for part `part` of n_parts of layer L's K and V bytes of blk in the caches ahead of their
+ * use (a KV head's rows are a stride apart, one line or less each, too far apart for the hardware
+ * prefetchers to follow); in parts, so the requests spread over the work of the block before. */
+void ckv_ablock_prefetch(const ckv_geometry *g, uint32_t L, const void *blk, uint32_t part, uint32_t n_parts);
 /* Whether the SIMD loops of A take this block (else the portable loops do). */
 bool ckv_ablock_takes(const ckv_attnops *A, const ckv_geometry *g, const void *blk);
 /* Per block, before its heads: the live list and the widened scales of layer L. */
