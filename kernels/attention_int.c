@@ -129,14 +129,16 @@ static void score_rot4(const ckv_rowops *ops, const ckv_idotops *io, const ckv_g
     uint32_t nt = cap - t0 < CKV_ISCORE_BATCH ? cap - t0 : CKV_ISCORE_BATCH;
     io->u4(q->qr8.p, nq, q->qr8.ld, codes + (size_t)t0 * H * rb, H * rb, nt, D, w->acc, CKV_ISCORE_BATCH);
     uint32_t valid = valid32(blk, cap, t0);
-    for (uint32_t i = 0; i < nt; i++) {
-      uint32_t t = t0 + i;
-      if (!((valid >> i) & 1u)) continue;
-      float st = ckv_rot_scale_value(sc[(size_t)t * H + h]);
-      for (size_t rg = 0; rg < nq; rg++) {
-        int32_t c = 2 * w->acc[rg * CKV_ISCORE_BATCH + i] - 15 * q->qr8.psum[rg];
-        S[rg * cap + t] = (float)c * (0.5f * q->qr8.a[rg]) * st + w->bias[rg];
-      }
+    float st[CKV_ISCORE_BATCH];
+    for (uint32_t i = 0; i < nt; i++) st[i] = ckv_rot_scale_value(sc[(size_t)(t0 + i) * H + h]);
+    for (size_t rg = 0; rg < nq; rg++) { /* every slot of the batch (loops a compiler vectorises), then the empty ones */
+      const int32_t *ac = w->acc + rg * CKV_ISCORE_BATCH;
+      int32_t ps = 15 * q->qr8.psum[rg];
+      float k = 0.5f * q->qr8.a[rg], b = w->bias[rg], *o = S + rg * cap + t0;
+      for (uint32_t i = 0; i < nt; i++) o[i] = (float)(2 * ac[i] - ps) * k * st[i] + b;
+      if (valid != (nt == 32u ? ~0u : (1u << nt) - 1u))
+        for (uint32_t i = 0; i < nt; i++)
+          if (!((valid >> i) & 1u)) o[i] = -INFINITY;
     }
   }
 }

@@ -173,9 +173,10 @@ static void v_u4(const int8_t *p, size_t nq, size_t ldp, const uint8_t *rows, si
       }
       __m512i sum;
       RED16I(s, sum);
-      int32_t add[4][4];
-      for (int j = 0; j < 4; j++)
-        for (int r = 0; r < 4; r++) add[j][r] = ckv_idot_u4_tail(q[r], rows + (t + j) * stride, half, n);
+      int32_t add[4][4] = {{0}};
+      if (half < n) /* channels past the last whole half block */
+        for (int j = 0; j < 4; j++)
+          for (int r = 0; r < 4; r++) add[j][r] = ckv_idot_u4_tail(q[r], rows + (t + j) * stride, half, n);
       store16(sum, nq, i, out, ldo, t, add);
     }
     for (; t < nt; t++) {
