@@ -243,8 +243,10 @@ static int run_plain(void *p) {
 }
 static int run_fused(void *p) { return ckv_kernels_attention(p); }
 
-static const char *const attn_formats[] = {"fp16", "int8", "int4", "int2", "mix", "rot4", "rot2"};
-#define N_ATTN_FORMATS 7
+/* mix: the KIVI lifecycle (int2, int4, int8, fp16); mix_rot: the same shares with the rotated
+ * committed formats (rot2, rot4, int8, fp16), what a session of the rotated lifecycle holds. */
+static const char *const attn_formats[] = {"fp16", "int8", "int4", "int2", "mix", "rot4", "rot2", "mix_rot"};
+#define N_ATTN_FORMATS 8
 
 /* Builds the blocks of one attention format from the drafts; returns the block list (caller frees sets). */
 static int attn_blocks(const ckv_geometry *g, blockset *drafts, size_t tokens, int f, blockset sets[4],
@@ -252,7 +254,10 @@ static int attn_blocks(const ckv_geometry *g, blockset *drafts, size_t tokens, i
   /* mix: oldest 1/4 int2, next 3/8 int4, next 1/4 int8, newest 1/8 draft */
   size_t cut[4];
   uint32_t fmts[4] = {CKV_FORMAT_COMMIT2, CKV_FORMAT_COMMIT4, CKV_FORMAT_STAGED, CKV_FORMAT_DRAFT};
-  if (f >= 5) { /* one rotated format for every token */
+  if (f == 7) {
+    fmts[0] = CKV_FORMAT_ROT2, fmts[1] = CKV_FORMAT_ROT4;
+    cut[0] = tokens / 4, cut[1] = tokens * 3 / 8, cut[2] = tokens / 4, cut[3] = tokens - cut[0] - cut[1] - cut[2];
+  } else if (f >= 5) { /* one rotated format for every token */
     fmts[0] = f == 5 ? CKV_FORMAT_ROT4 : CKV_FORMAT_ROT2;
     cut[0] = tokens, cut[1] = cut[2] = cut[3] = 0;
   } else if (f == 0) cut[0] = cut[1] = cut[2] = 0, cut[3] = tokens;
@@ -459,8 +464,8 @@ int ckv_bench_kernels(int argc, char **argv) {
       a.mass = mass;
       a.workspace_bytes = ckv_attention_workspace_bytes(&a);
       a.workspace = malloc(a.workspace_bytes);
-      int min_iters = quick ? 2 : 3;
-      double budget = quick ? 0.05 : 0.5;
+      int min_iters = nsizes_arg ? 5 : quick ? 2 : 3; /* --tokens: sized runs, more tries on a shared machine */
+      double budget = quick && !nsizes_arg ? 0.05 : 0.5;
       double best = best_call(run_fused, &a, min_iters, budget);
       if (f == 0) {
         attn_baseline *bl = &base[si];
@@ -565,12 +570,12 @@ int ckv_bench_kernels(int argc, char **argv) {
     else
       printf("%-18s %10.2f %10.2f %10.2f\n", "quantize_int8", ops[0].gbps, qplain_gbps, ops[0].gbps / qplain_gbps);
     printf("\nattention, one layer, 8 KV heads x 128, 32 query heads, 1 query row, %ld threads\n"
-           "%-8s %-6s %12s %10s %10s %8s %6s\n",
+           "%-8s %-8s %12s %10s %10s %8s %6s\n",
            threads ? (long)threads : sysconf(_SC_NPROCESSORS_ONLN), "tokens", "format", "us/query", "vs fp16",
            "vs plain", "GB/s", "bits");
     for (int i = 0; i < nar; i++) {
       double plain = base[i / N_ATTN_FORMATS].plain_us;
-      printf("%-8u %-6s %12.1f %10.2f %10.2f %8.2f %6.2f\n", ar[i].tokens, ar[i].format, ar[i].us,
+      printf("%-8u %-8s %12.1f %10.2f %10.2f %8.2f %6.2f\n", ar[i].tokens, ar[i].format, ar[i].us,
              ar[i - i % N_ATTN_FORMATS].us / ar[i].us, plain > 0 ? plain / ar[i].us : 0.0, ar[i].gbps, ar[i].bits);
     }
     printf("\nfp16 attention against its baselines (same blocks, same run): the fused kernel on %ld threads "
