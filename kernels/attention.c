@@ -66,7 +66,8 @@ typedef struct attn_ws {
   ckv_ablock_ws ab; /* the SIMD loops (attention_blocks.c) */
 } attn_ws;
 typedef struct attn_part {
-  float *m, *l, *acc; /* running max and sum per (kv head, row, query head), accumulator [hr][D] */
+  float *m, *l, *acc; /* running max and sum per (kv head, row, query head), accumulators [2][hr][D]:
+                         the natural order, then committed INT4 values in PACKP's order */
   float *racc;        /* accumulators of rotated blocks' values, in the rotated basis: [3][hr][D], the
                          natural order, then ROT4's and ROT2's permuted orders (ckv_ablock_perm) */
 } attn_part;
@@ -76,6 +77,7 @@ typedef struct attn_layout {
   float *qs, *S, *mblk;
   float *qr, *qsum; /* rotated scaled query [hr][D] and the sum of its elements [hr] */
   float *qrp;       /* qr in ROT4's and ROT2's permuted orders, [2][hr][D] */
+  float *qsp;       /* qs in INT4's permuted order [hr][D] when head_dim % 32 == 0, else NULL */
   size_t *slot_base; /* n_blocks + 1 prefix sums of the capacities */
   attn_part *parts;  /* (the array itself lives in the workspace too) */
   attn_ws *ws;
@@ -159,6 +161,7 @@ static size_t ws_layout(const ckv_attn_args *a, size_t slots, attn_layout *L, ui
   CARVE(L->qr, float, HR * D);
   CARVE(L->qsum, float, HR);
   CARVE(L->qrp, float, 2u * HR * D);
+  CARVE(L->qsp, float, HR * D);
   CARVE(L->S, float, slots * HR);
   CARVE(L->mblk, float, (size_t)a->n_blocks * HR);
   CARVE(L->slot_base, size_t, (size_t)a->n_blocks + 1);
@@ -170,7 +173,7 @@ static size_t ws_layout(const ckv_attn_args *a, size_t slots, attn_layout *L, ui
     attn_part dummy, *q = base ? &L->parts[p] : &dummy;
     CARVE(q->m, float, HR);
     CARVE(q->l, float, HR);
-    CARVE(q->acc, float, HR * D);
+    CARVE(q->acc, float, 2u * HR * D);
     CARVE(q->racc, float, 3u * HR * D);
   }
   for (uint32_t t = 0; t < T; t++) {
@@ -195,6 +198,9 @@ static size_t ws_layout(const ckv_attn_args *a, size_t slots, attn_layout *L, ui
     CARVE(ab->tmp, float, D);
     CARVE(ab->bias, float, RG);
     CARVE(ab->chan, uint32_t, D);
+    CARVE(ab->pch, uint32_t, D);
+    CARVE(ab->psc, float, D);
+    CARVE(ab->pzp, float, D);
   }
 #undef CARVE
   L->n_parts = P;
@@ -399,7 +405,7 @@ static void run_blocks(const attn_job *j, attn_ws *w, attn_part *P, uint32_t b0,
     P->m[hr] = -INFINITY;
     P->l[hr] = 0.0f;
   }
-  memset(P->acc, 0, HR * D * sizeof(float));
+  memset(P->acc, 0, 2u * HR * D * sizeof(float));
   memset(P->racc, 0, 3u * HR * D * sizeof(float));
   for (uint32_t b = b0; b < b1; b++) {
     const void *blk = a->blocks[b];
@@ -415,8 +421,8 @@ static void run_blocks(const attn_job *j, attn_ws *w, attn_part *P, uint32_t b0,
       float *S = SB + (size_t)h * RG * cap;
       if (next) ckv_ablock_prefetch(g, a->layer, next, h, 2u * H);
       if (fast && !(j->L->io && ckv_iscore_format(fmt)))
-        ckv_ablock_scores(&x, h, j->L->qs + (size_t)h * RG * D, j->L->qr + (size_t)h * RG * D,
-                          j->L->qrp + (size_t)h * RG * D, HR * D, &w->ab, S);
+        ckv_ablock_scores(&x, h, j->L->qs + (size_t)h * RG * D, j->L->qsp ? j->L->qsp + (size_t)h * RG * D : NULL,
+                          j->L->qr + (size_t)h * RG * D, j->L->qrp + (size_t)h * RG * D, HR * D, &w->ab, S);
       else
         score_block(ops, a, blk, h, RG, w, j->L, S);
     }
@@ -434,7 +440,8 @@ static void run_blocks(const attn_job *j, attn_ws *w, attn_part *P, uint32_t b0,
       }
       if (nm > P->m[hr]) {
         float alpha = P->m[hr] == -INFINITY ? 0.0f : expf(P->m[hr] - nm);
-        for (uint32_t d = 0; d < D; d++) P->acc[hr * D + d] *= alpha;
+        for (uint32_t k = 0; k < 2; k++)
+          for (uint32_t d = 0; d < D; d++) P->acc[k * HR * D + hr * D + d] *= alpha;
         for (uint32_t k = 0; k < 3; k++)
           for (uint32_t d = 0; d < D; d++) P->racc[k * HR * D + hr * D + d] *= alpha;
         P->l[hr] *= alpha;
@@ -493,7 +500,11 @@ static void combine(attn_part *p, const attn_part *q, size_t HR, uint32_t D) {
     if (M == -INFINITY) continue;
     float ap = p->m[hr] == -INFINITY ? 0.0f : expf(p->m[hr] - M);
     float aq = q->m[hr] == -INFINITY ? 0.0f : expf(q->m[hr] - M);
-    for (uint32_t d = 0; d < D; d++) p->acc[hr * D + d] = p->acc[hr * D + d] * ap + q->acc[hr * D + d] * aq;
+    for (uint32_t k = 0; k < 2; k++)
+      for (uint32_t d = 0; d < D; d++) {
+        size_t i = k * HR * D + hr * D + d;
+        p->acc[i] = p->acc[i] * ap + q->acc[i] * aq;
+      }
     for (uint32_t k = 0; k < 3; k++)
       for (uint32_t d = 0; d < D; d++) {
         size_t i = k * HR * D + hr * D + d;
@@ -530,10 +541,11 @@ ckv_status ckv_kernels_attention(const ckv_attn_args *a) {
     const float *q = a->q + ((rg / G) * a->n_q_heads + h * G + rg % G) * D;
     for (uint32_t d = 0; d < D; d++) L.qs[hr * D + d] = q[d] * scale;
   }
-  bool has_rot = false, has_staged = false, has_rot4 = false;
+  bool has_rot = false, has_staged = false, has_rot4 = false, has_c4 = false;
   for (uint32_t b = 0; b < a->n_blocks; b++) {
     uint32_t fmt = ckv_hdr(a->blocks[b])->format;
     has_rot |= ckv_format_is_rot(fmt);
+    has_c4 |= fmt == CKV_FORMAT_COMMIT4;
     has_staged |= fmt == CKV_FORMAT_STAGED;
     has_rot4 |= fmt == CKV_FORMAT_ROT4;
   }
@@ -550,6 +562,11 @@ ckv_status ckv_kernels_attention(const ckv_attn_args *a) {
           for (uint32_t i = 0; i < D; i++) L.qrp[k * HR * D + hr * D + i] = qr[ckv_ablock_perm(k ? 2u : 4u, i)];
     }
   }
+  if (has_c4 && D % 32u == 0) /* the order the SIMD loops read committed INT4 keys in */
+    for (size_t hr = 0; hr < HR; hr++)
+      for (uint32_t i = 0; i < D; i++) L.qsp[hr * D + i] = L.qs[hr * D + ckv_ablock_perm(4u, i)];
+  else
+    L.qsp = NULL;
   L.io = int_scores_of(a) ? ckv_idotops_get() : NULL;
   L.A = ckv_attnops_get();
   if (L.A) ckv_ablock_tables(&L.luts);
@@ -582,6 +599,8 @@ ckv_status ckv_kernels_attention(const ckv_attn_args *a) {
       ckv_rot_inverse(r, D, a->layer, 1, (uint32_t)h);
       for (uint32_t d = 0; d < D; d++) R->acc[hr * D + d] += r[d];
     }
+    if (D % 32u == 0) /* committed INT4 values, summed in PACKP's order */
+      for (uint32_t i = 0; i < D; i++) R->acc[hr * D + ckv_ablock_perm(4u, i)] += R->acc[HR * D + hr * D + i];
     for (uint32_t d = 0; d < D; d++) o[d] = R->acc[hr * D + d] * inv;
   }
   if (a->mass) {

@@ -75,6 +75,12 @@ AI __m512i codes16(const uint8_t *row, uint32_t d, uint32_t n, uint32_t bits, co
   return _mm512_srlv_epi32(x, u->sh);
 }
 
+/* CKV_AENC_PACKP: the code indices at position d (whole groups of 16 bytes: a broadcast load, one shift). */
+AI __m512i pcodes16(const uint8_t *row, uint32_t d, const unpack16 *u) {
+  __m512i b = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(const void *)(row + ((d >> u->gshift) << 4))));
+  return _mm512_srlv_epi32(b, u->psh[(d >> 4) & u->vmask]);
+}
+
 /* Elements [d, d+16) of a row (lanes past n: 0 for F16/BF16/I8, finite table values for packed rows). */
 AI __m512 dec16(const uint8_t *row, uint32_t d, uint32_t n, const int enc, uint32_t bits, __m512 lut,
                 const unpack16 *u) {
@@ -93,10 +99,7 @@ AI __m512 dec16(const uint8_t *row, uint32_t d, uint32_t n, const int enc, uint3
     return _mm512_castsi512_ps(
         _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t *)(const void *)row + d)), 16));
   case CKV_AENC_I8: return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, row + d)));
-  case CKV_AENC_PACKP: { /* whole groups of 16 bytes (n % 32 or 64 == 0): a broadcast load, one shift */
-    __m512i b = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(const void *)(row + ((d >> u->gshift) << 4))));
-    return _mm512_permutexvar_ps(_mm512_srlv_epi32(b, u->psh[(d >> 4) & u->vmask]), lut);
-  }
+  case CKV_AENC_PACKP: return _mm512_permutexvar_ps(pcodes16(row, d, u), lut);
   default: return _mm512_permutexvar_ps(codes16(row, d, n, bits, u), lut);
   }
 }
@@ -257,17 +260,21 @@ AI void value_tile(const float *w, size_t ldw, const ckv_arows *v, const uint16_
     uint32_t t = idx[i];
     const uint8_t *row = v->base + t * v->stride;
     __m512 x[4];
-    if (enc == CKV_AENC_AFFINE) { /* d0 % 64 == 0 and n % 32 == 0: steps 0, 1 in group d0/32, 2, 3 in the next */
+    if (enc == CKV_AENC_AFFINE || enc == CKV_AENC_AFFINEP) {
+      /* d0 % 64 == 0 and n % 32 == 0: steps 0, 1 in group d0/32, 2, 3 in the next (AFFINEP: the
+       * permutation keeps each group's elements in the group) */
+#define CODES(d) (enc == CKV_AENC_AFFINEP ? pcodes16(row, d, u) : codes16(row, d, n, v->bits, u))
       __m512 l0 = affine_lut(v, t, d0 / 32u, iota);
-      x[0] = _mm512_permutexvar_ps(codes16(row, d0, n, v->bits, u), l0);
-      x[1] = nv > 1 ? _mm512_permutexvar_ps(codes16(row, d0 + 16, n, v->bits, u), l0) : _mm512_setzero_ps();
+      x[0] = _mm512_permutexvar_ps(CODES(d0), l0);
+      x[1] = nv > 1 ? _mm512_permutexvar_ps(CODES(d0 + 16), l0) : _mm512_setzero_ps();
       if (nv > 2) {
         __m512 l1 = affine_lut(v, t, d0 / 32u + 1u, iota);
-        x[2] = _mm512_permutexvar_ps(codes16(row, d0 + 32, n, v->bits, u), l1);
-        x[3] = _mm512_permutexvar_ps(codes16(row, d0 + 48, n, v->bits, u), l1);
+        x[2] = _mm512_permutexvar_ps(CODES(d0 + 32), l1);
+        x[3] = _mm512_permutexvar_ps(CODES(d0 + 48), l1);
       } else {
         x[2] = x[3] = _mm512_setzero_ps();
       }
+#undef CODES
     } else {
       UNROLL
       for (int j = 0; j < 4; j++)
@@ -288,7 +295,7 @@ AI void value_tile(const float *w, size_t ldw, const ckv_arows *v, const uint16_
 
 AI void values_enc(const float *w, size_t nq, size_t ldw, const ckv_arows *v, const uint16_t *idx, size_t ni,
                    uint32_t n, float *acc, size_t lda, const int enc) {
-  const int packed = enc == CKV_AENC_PACK || enc == CKV_AENC_AFFINE || enc == CKV_AENC_PACKP;
+  const int packed = enc == CKV_AENC_PACK || enc == CKV_AENC_AFFINE || enc == CKV_AENC_PACKP || enc == CKV_AENC_AFFINEP;
   __m512 lut = packed ? _mm512_loadu_ps(v->lut) : _mm512_setzero_ps();
   unpack16 u = unpack_of(packed ? v->bits : 1u, n);
   for (size_t r0 = 0; r0 < nq; r0 += 4) {
@@ -313,6 +320,7 @@ static void z_values(const float *w, size_t nq, size_t ldw, const ckv_arows *v, 
   case CKV_AENC_I8: values_enc(w, nq, ldw, v, idx, ni, n, acc, lda, CKV_AENC_I8); break;
   case CKV_AENC_AFFINE: values_enc(w, nq, ldw, v, idx, ni, n, acc, lda, CKV_AENC_AFFINE); break;
   case CKV_AENC_PACKP: values_enc(w, nq, ldw, v, idx, ni, n, acc, lda, CKV_AENC_PACKP); break;
+  case CKV_AENC_AFFINEP: values_enc(w, nq, ldw, v, idx, ni, n, acc, lda, CKV_AENC_AFFINEP); break;
   default: values_enc(w, nq, ldw, v, idx, ni, n, acc, lda, CKV_AENC_PACK); break;
   }
 }

@@ -24,6 +24,7 @@
 
 void ckv_ablock_tables(ckv_ablock_luts *t) {
   for (uint32_t c = 0; c < 256; c++) t->rot_scale[c] = ckv_rot_scale_value(c);
+  for (uint32_t i = 0; i < 32; i++) t->perm4[i] = (uint8_t)ckv_ablock_perm(4u, i);
   for (uint32_t bits = 1; bits <= 4; bits++) {
     uint32_t mask = ckv_qa_levels(bits);
     float off = ckv_rot_offset(bits);
@@ -123,14 +124,14 @@ static void scale_scores(const ckv_attnops *A, float *S, size_t RG, uint32_t cap
   }
 }
 
-void ckv_ablock_scores(const ckv_ablock_args *x, uint32_t h, const float *qs, const float *qr, const float *qrp,
-                       size_t ldp, ckv_ablock_ws *w, float *S) {
+void ckv_ablock_scores(const ckv_ablock_args *x, uint32_t h, const float *qs, const float *qsp, const float *qr,
+                       const float *qrp, size_t ldp, ckv_ablock_ws *w, float *S) {
   const ckv_geometry *g = x->g;
   const void *blk = x->blk;
   const ckv_block_header *hd = ckv_hdr(blk);
   uint32_t cap = hd->capacity, D = g->head_dim, fmt = hd->format, L = x->layer, H = g->n_kv_heads;
   size_t RG = x->RG, te = ckv_draft_token_elems(g);
-  if (w->n_live != cap || ckv_format_is_commit(fmt)) /* the loops write only the listed slots */
+  if (w->n_live != cap) /* the loops write only the listed slots */
     for (size_t i = 0; i < RG * cap; i++) S[i] = -INFINITY;
   ckv_arows k = {0};
   if (fmt == CKV_FORMAT_DRAFT) {
@@ -170,11 +171,21 @@ void ckv_ablock_scores(const ckv_ablock_args *x, uint32_t h, const float *qs, co
   /* committed (KIVI) keys: per chunk, q.k = sum_j (q_j s_j) u_j + sum_j q_j z_j */
   uint32_t kept = hd->kept_channels, bits = ckv_format_code_bits(fmt);
   size_t krow = ckv_commit_key_row_bytes(fmt, kept);
-  if (ckv_mask_channels(ckv_commit_mask(g, hd, blk, L, h), D, w->chan) != kept) return; /* as the portable loops */
-  const float *qg = qs;
+  if (ckv_mask_channels(ckv_commit_mask(g, hd, blk, L, h), D, w->chan) != kept) { /* as the portable loops */
+    for (size_t i = 0; i < RG * cap; i++) S[i] = -INFINITY;
+    return;
+  }
+  /* INT4 rows of whole 32-channel groups are read in PACKP's order: the query on the kept channels
+   * in that order (the call's permuted query when nothing is pruned), each chunk's scales and zero
+   * points as they are widened */
+  bool perm = x->A->packp && fmt == CKV_FORMAT_COMMIT4 && kept % 32u == 0 && qsp;
+  const float *qg = perm ? qsp : qs;
   if (kept != D) { /* the query on the kept channels, [rg][kept] with stride D */
+    if (perm)
+      for (uint32_t j = 0; j < kept; j++) w->pch[j] = w->chan[ckv_ablock_perm(4u, j)];
+    const uint32_t *ch = perm ? w->pch : w->chan;
     for (size_t rg = 0; rg < RG; rg++)
-      for (uint32_t j = 0; j < kept; j++) w->qg[rg * D + j] = qs[rg * D + w->chan[j]];
+      for (uint32_t j = 0; j < kept; j++) w->qg[rg * D + j] = qs[rg * D + ch[j]];
     qg = w->qg;
   }
   for (uint32_t i = 0, c = ~0u, n = 0; i <= w->n_live; i++) {
@@ -185,16 +196,29 @@ void ckv_ablock_scores(const ckv_ablock_args *x, uint32_t h, const float *qs, co
     }
     if (n) { /* chunk c is listed: fold its channel scales into the query, score, add the zero-point term */
       const uint8_t *ch = ckv_cb(blk, ckv_commit_key_chunk_offset(fmt, g, cap, kept, L, h, c));
+      const float *csc = w->tmp, *czp = w->row;
       x->ops->cvt_f16((const uint16_t *)ch, w->tmp, kept);
       x->ops->cvt_f16((const uint16_t *)ch + kept, w->row, kept);
-      x->ops->dotn(qg, RG, D, w->row, kept, w->bias, 1);
-      for (size_t rg = 0; rg < RG; rg++) x->ops->mul(qg + rg * D, w->tmp, w->qk + rg * D, kept);
-      k = (ckv_arows){.base = ch + (size_t)kept * 4u, .stride = krow, .enc = CKV_AENC_PACK, .bits = bits,
-                      .lut = x->luts->codes[bits]};
+      if (perm) {
+        for (uint32_t j = 0; j < kept; j += 32) /* within each 32-channel group */
+          for (uint32_t l = 0; l < 32; l++) {
+            uint32_t e = j + x->luts->perm4[l];
+            w->psc[j + l] = w->tmp[e];
+            w->pzp[j + l] = w->row[e];
+          }
+        csc = w->psc, czp = w->pzp;
+      }
+      x->ops->dotn(qg, RG, D, czp, kept, w->bias, 1);
+      for (size_t rg = 0; rg < RG; rg++) x->ops->mul(qg + rg * D, csc, w->qk + rg * D, kept);
+      k = (ckv_arows){.base = ch + (size_t)kept * 4u, .stride = krow, .enc = perm ? CKV_AENC_PACKP : CKV_AENC_PACK,
+                      .bits = bits, .lut = x->luts->codes[bits]};
       float *Sc = S + (size_t)c * CKV_COMMIT_CHUNK_TOKENS;
       x->A->scores(w->qk, RG, D, &k, w->sub, n, kept, Sc, cap);
       for (size_t rg = 0; rg < RG; rg++)
-        for (uint32_t j = 0; j < n; j++) Sc[rg * cap + w->sub[j]] += w->bias[rg];
+        if (n == CKV_COMMIT_CHUNK_TOKENS) /* a whole chunk: x * 1 + bias, exact as the sum */
+          x->ops->affine(Sc + rg * cap, 1.0f, w->bias[rg], n);
+        else
+          for (uint32_t j = 0; j < n; j++) Sc[rg * cap + w->sub[j]] += w->bias[rg];
     }
     c = tc;
     n = 0;
@@ -249,6 +273,7 @@ void ckv_ablock_values(const ckv_ablock_args *x, uint32_t h, const float *E, ckv
                     .stride = ckv_commit_value_row_bytes(fmt, g), .enc = CKV_AENC_AFFINE, .bits = bits,
                     .lut = x->luts->codes[bits],
                     .par = w->vpar + (size_t)h * (D / CKV_COMMIT_VALUE_GROUP) * 2u, .ldpar = (size_t)ng * 2u};
+    if (x->A->packp && bits == 4u) v.enc = CKV_AENC_AFFINEP, out = acc + ldr; /* INT4: PACKP's order */
   }
   if (sc) { /* the scale rides on the weights: one product per query row and token */
     for (size_t rg = 0; rg < RG; rg++) {

@@ -13,9 +13,10 @@
 #include "kernels/rowops.h"
 
 /* Decode tables: codes[b][i] = i mod 2^b; rot[b][i] = (i mod 2^b) - (2^b - 1) / 2; rot_scale[c] =
- * ckv_rot_scale_value(c). */
+ * ckv_rot_scale_value(c); perm4: the permutation of a 32-element group (ckv_ablock_perm). */
 typedef struct ckv_ablock_luts {
   float codes[5][16], rot[5][16], rot_scale[256];
+  uint8_t perm4[32]; /* ckv_ablock_perm(4, i) */
 } ckv_ablock_luts;
 void ckv_ablock_tables(ckv_ablock_luts *t);
 
@@ -39,8 +40,8 @@ static inline uint32_t ckv_ablock_perm(uint32_t bits, uint32_t pos) {
 typedef struct ckv_ablock_ws {
   uint16_t *live, *sub;
   uint32_t n_live;
-  float *ksc, *vsc, *vpar, *wt, *qk, *qg, *row, *tmp, *bias;
-  uint32_t *chan;
+  float *ksc, *vsc, *vpar, *wt, *qk, *qg, *row, *tmp, *bias, *psc, *pzp; /* psc, pzp: head_dim */
+  uint32_t *chan, *pch; /* head_dim: kept channels; the same in PACKP's order */
 } ckv_ablock_ws;
 
 /* What the calls on one block share. */
@@ -66,12 +67,13 @@ bool ckv_ablock_takes(const ckv_attnops *A, const ckv_geometry *g, const void *b
 void ckv_ablock_prepare(const ckv_rowops *ops, const ckv_ablock_luts *luts, const ckv_geometry *g, uint32_t L,
                         const void *blk, ckv_ablock_ws *w);
 /* Scores S[rg*cap + t] of KV head h (-inf for slots that do not count); qs the scaled query rows of
- * the head's group [RG][head_dim], qr the same rotated (rotated blocks), qrp qr in ROT4's permuted
- * order and qrp + ldp in ROT2's. */
-void ckv_ablock_scores(const ckv_ablock_args *x, uint32_t h, const float *qs, const float *qr, const float *qrp,
-                       size_t ldp, ckv_ablock_ws *w, float *S);
+ * the head's group [RG][head_dim], qsp the same in INT4's permuted order (NULL: none), qr the same
+ * rotated (rotated blocks), qrp qr in ROT4's permuted order and qrp + ldp in ROT2's. */
+void ckv_ablock_scores(const ckv_ablock_args *x, uint32_t h, const float *qs, const float *qsp, const float *qr,
+                       const float *qrp, size_t ldp, ckv_ablock_ws *w, float *S);
 /* acc (or racc for rotated blocks, in the rotated basis) [h*RG + rg][head_dim] += sum_t E[rg*cap + t] v_t;
- * racc + ldr: ROT4's permuted order, racc + 2 ldr: ROT2's. */
+ * racc + ldr: ROT4's permuted order, racc + 2 ldr: ROT2's; acc + ldr: INT4 (committed) values in
+ * PACKP's order. */
 void ckv_ablock_values(const ckv_ablock_args *x, uint32_t h, const float *E, ckv_ablock_ws *w, float *acc,
                        float *racc, size_t ldr);
 

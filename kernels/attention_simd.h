@@ -33,6 +33,7 @@ enum ckv_aenc {
   CKV_AENC_PACKP = 5,  /* as PACK for b = 4 (n % 32 == 0) or 2 (n % 64 == 0), the elements read in a
                           permuted order (attention_blocks.h ckv_ablock_perm) that needs no byte
                           shuffle: the query and the accumulators are in that order too */
+  CKV_AENC_AFFINEP = 6, /* AFFINE for b = 4 in PACKP's order (n % 32 == 0: a 32-element group stays one) */
 };
 
 /* One KV head's K or V rows in one block. */
