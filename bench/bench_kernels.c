@@ -6,7 +6,7 @@
  * and 128K tokens stored all-draft (fp16), all-staged (int8), all-committed
  * (int4, int2) and a realistic mix.  One thread, the auto-detected CPU path.
  * --quick: CI-sized (32 MiB, 1K/4K tokens, few iterations); --mib N: op
- * buffer size; --tokens N,...: the attention sizes instead (e.g. 32768);
+ * buffer size; --tokens N,...: the attention sizes instead (multiples of 512, e.g. 32768);
  * --cpu-time: time with the thread CPU clock instead of wall.
  * quantize_int8 also runs beside a plain-C INT8 quantizer (quant_plain.c,
  * where the CPU has AVX2/F16C): GB/s and the ratio, "quant_baselines" in JSON.
@@ -335,12 +335,12 @@ int ckv_bench_kernels(int argc, char **argv) {
     else if (!strcmp(argv[i], "--mib") && i + 1 < argc) mib = strtoul(argv[++i], NULL, 10);
     else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) {
       for (char *e = argv[++i]; *e && nsizes_arg < 3; e += *e == ',') {
-        size_t n = strtoul(e, &e, 10) / 64 * 64; /* whole committed blocks */
-        if (n >= 64) sizes_arg[nsizes_arg++] = n;
+        size_t n = strtoul(e, &e, 10) / 512 * 512; /* the mixes' shares in whole 64-token blocks */
+        if (n >= 512) sizes_arg[nsizes_arg++] = n;
         if (*e && *e != ',') break;
       }
       if (!nsizes_arg) {
-        fprintf(stderr, "--tokens: at least 64\n");
+        fprintf(stderr, "--tokens: at least 512 (rounded down to a multiple of 512)\n");
         return 2;
       }
     }
