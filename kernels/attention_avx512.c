@@ -356,6 +356,16 @@ static void z_scale_add(float *x, const float *s, float b, size_t n) {
   }
 }
 
+static void z_permute32(const float *x, const uint8_t *perm, float *y, size_t n) {
+  __m512i i0 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)perm));
+  __m512i i1 = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(perm + 16)));
+  for (size_t g = 0; g < n; g += 32) {
+    __m512 lo = _mm512_loadu_ps(x + g), hi = _mm512_loadu_ps(x + g + 16);
+    _mm512_storeu_ps(y + g, _mm512_permutex2var_ps(lo, i0, hi));
+    _mm512_storeu_ps(y + g + 16, _mm512_permutex2var_ps(lo, i1, hi));
+  }
+}
+
 const ckv_attnops ckv_attnops_avx512 = {.name = "avx512",
                                         .n_multiple = 1,
                                         .packp = true,
@@ -363,4 +373,5 @@ const ckv_attnops ckv_attnops_avx512 = {.name = "avx512",
                                         .values = z_values,
                                         .nonzero = z_nonzero,
                                         .scale_add = z_scale_add,
+                                        .permute32 = z_permute32,
                                         .maxf = z_maxf};

@@ -112,6 +112,20 @@ void ckv_ablock_prepare(const ckv_rowops *ops, const ckv_ablock_luts *luts, cons
   }
 }
 
+/* ckv_mask_channels (access.h) a word at a time: the set bits of mask[0..head_dim) into idx, in order. */
+static uint32_t mask_channels(const uint64_t *mask, uint32_t head_dim, uint32_t *idx) {
+  uint32_t n = 0;
+  for (uint32_t k = 0; k < (head_dim + 63u) / 64u; k++) {
+    uint64_t bits = mask[k];
+    if (head_dim - 64u * k < 64u) bits &= (1ull << (head_dim - 64u * k)) - 1u;
+    while (bits) {
+      idx[n++] = 64u * k + (uint32_t)__builtin_ctzll(bits);
+      bits &= bits - 1u;
+    }
+  }
+  return n;
+}
+
 /* S[rg*cap + t] = S[rg*cap + t] * sc[t] (+ bias[rg]) for the listed slots. */
 static void scale_scores(const ckv_attnops *A, float *S, size_t RG, uint32_t cap, const uint16_t *idx, uint32_t n,
                          const float *sc, const float *bias) {
@@ -171,14 +185,14 @@ void ckv_ablock_scores(const ckv_ablock_args *x, uint32_t h, const float *qs, co
   /* committed (KIVI) keys: per chunk, q.k = sum_j (q_j s_j) u_j + sum_j q_j z_j */
   uint32_t kept = hd->kept_channels, bits = ckv_format_code_bits(fmt);
   size_t krow = ckv_commit_key_row_bytes(fmt, kept);
-  if (ckv_mask_channels(ckv_commit_mask(g, hd, blk, L, h), D, w->chan) != kept) { /* as the portable loops */
+  if (mask_channels(ckv_commit_mask(g, hd, blk, L, h), D, w->chan) != kept) { /* as the portable loops */
     for (size_t i = 0; i < RG * cap; i++) S[i] = -INFINITY;
     return;
   }
   /* INT4 rows of whole 32-channel groups are read in PACKP's order: the query on the kept channels
    * in that order (the call's permuted query when nothing is pruned), each chunk's scales and zero
    * points as they are widened */
-  bool perm = x->A->packp && fmt == CKV_FORMAT_COMMIT4 && kept % 32u == 0 && qsp;
+  bool perm = x->A->packp && x->A->permute32 && fmt == CKV_FORMAT_COMMIT4 && kept % 32u == 0 && qsp;
   const float *qg = perm ? qsp : qs;
   if (kept != D) { /* the query on the kept channels, [rg][kept] with stride D */
     if (perm)
@@ -199,13 +213,9 @@ void ckv_ablock_scores(const ckv_ablock_args *x, uint32_t h, const float *qs, co
       const float *csc = w->tmp, *czp = w->row;
       x->ops->cvt_f16((const uint16_t *)ch, w->tmp, kept);
       x->ops->cvt_f16((const uint16_t *)ch + kept, w->row, kept);
-      if (perm) {
-        for (uint32_t j = 0; j < kept; j += 32) /* within each 32-channel group */
-          for (uint32_t l = 0; l < 32; l++) {
-            uint32_t e = j + x->luts->perm4[l];
-            w->psc[j + l] = w->tmp[e];
-            w->pzp[j + l] = w->row[e];
-          }
+      if (perm) { /* within each 32-channel group */
+        x->A->permute32(w->tmp, x->luts->perm4, w->psc, kept);
+        x->A->permute32(w->row, x->luts->perm4, w->pzp, kept);
         csc = w->psc, czp = w->pzp;
       }
       x->ops->dotn(qg, RG, D, czp, kept, w->bias, 1);

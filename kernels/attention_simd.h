@@ -66,6 +66,9 @@ typedef struct ckv_attnops {
   uint32_t (*nonzero)(const float *E, size_t nq, size_t lde, uint32_t n, uint16_t *out);
   /* x[i] = x[i] * s[i] + b (two roundings). */
   void (*scale_add)(float *x, const float *s, float b, size_t n);
+  /* CKV_AENC_PACKP's order of 4-bit rows: y[g + i] = x[g + perm[i]] for each 32-element group g of n
+   * (n % 32 == 0), perm the 32-entry permutation; NULL where packp is false. */
+  void (*permute32)(const float *x, const uint8_t *perm, float *y, size_t n);
   /* max(m, x[0..n)), NaN elements ignored. */
   float (*maxf)(const float *x, size_t n, float m);
 } ckv_attnops;
