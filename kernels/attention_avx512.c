@@ -8,8 +8,13 @@
  * that hold code i into lane i, a per-lane shift brings the code to the low
  * bits, and a permute through the 16-entry table gives the float (the table
  * repeats every 2^b entries, so the bits above the code need no mask).
- * Every load of a row is a masked load of the bytes the row has, so the
- * last row of a block is never read past its end. */
+ * Near a row's end a load is a masked load of the bytes the row has, so the
+ * last row of a block is never read past its end.  ROT4, ROT2 and committed
+ * INT4 rows of whole 16-byte groups are read in CKV_AENC_PACKP's permuted
+ * order instead: one broadcast load and one per-lane shift per 16 codes, no
+ * byte shuffle.  Scores take four rows at a time (16 accumulators, each
+ * query step loaded once for four rows, one 16-sum reduction); the value
+ * tile keeps 4 query rows by 64 elements in registers across the tokens. */
 #include <immintrin.h>
 #include <stdbool.h>
 
