@@ -1,4 +1,4 @@
-/* bench_kernels.c - `commitkv-bench kernels [--json] [--quick] [--mib N]`:
+/* bench_kernels.c - `commitkv-bench kernels [--json] [--quick] [--mib N] [--tokens N[,N...]]`:
  * throughput of each kernel operation (GB/s of bytes read + written, on
  * buffers larger than the last-level cache) next to memcpy measured in the
  * same run on the same sizes, and fused decode attention for one layer at
@@ -6,7 +6,8 @@
  * and 128K tokens stored all-draft (fp16), all-staged (int8), all-committed
  * (int4, int2) and a realistic mix.  One thread, the auto-detected CPU path.
  * --quick: CI-sized (32 MiB, 1K/4K tokens, few iterations); --mib N: op
- * buffer size; --cpu-time: time with the thread CPU clock instead of wall.
+ * buffer size; --tokens N,...: the attention sizes instead (multiples of 512, e.g. 32768);
+ * --cpu-time: time with the thread CPU clock instead of wall.
  * quantize_int8 also runs beside a plain-C INT8 quantizer (quant_plain.c,
  * where the CPU has AVX2/F16C): GB/s and the ratio, "quant_baselines" in JSON.
  * The formats with integer scores (int8, int4, rot4) are also timed with
@@ -242,8 +243,10 @@ static int run_plain(void *p) {
 }
 static int run_fused(void *p) { return ckv_kernels_attention(p); }
 
-static const char *const attn_formats[] = {"fp16", "int8", "int4", "int2", "mix", "rot4", "rot2"};
-#define N_ATTN_FORMATS 7
+/* mix: the KIVI lifecycle (int2, int4, int8, fp16); mix_rot: the same shares with the rotated
+ * committed formats (rot2, rot4, int8, fp16), what a session of the rotated lifecycle holds. */
+static const char *const attn_formats[] = {"fp16", "int8", "int4", "int2", "mix", "rot4", "rot2", "mix_rot"};
+#define N_ATTN_FORMATS 8
 
 /* Builds the blocks of one attention format from the drafts; returns the block list (caller frees sets). */
 static int attn_blocks(const ckv_geometry *g, blockset *drafts, size_t tokens, int f, blockset sets[4],
@@ -251,7 +254,10 @@ static int attn_blocks(const ckv_geometry *g, blockset *drafts, size_t tokens, i
   /* mix: oldest 1/4 int2, next 3/8 int4, next 1/4 int8, newest 1/8 draft */
   size_t cut[4];
   uint32_t fmts[4] = {CKV_FORMAT_COMMIT2, CKV_FORMAT_COMMIT4, CKV_FORMAT_STAGED, CKV_FORMAT_DRAFT};
-  if (f >= 5) { /* one rotated format for every token */
+  if (f == 7) {
+    fmts[0] = CKV_FORMAT_ROT2, fmts[1] = CKV_FORMAT_ROT4;
+    cut[0] = tokens / 4, cut[1] = tokens * 3 / 8, cut[2] = tokens / 4, cut[3] = tokens - cut[0] - cut[1] - cut[2];
+  } else if (f >= 5) { /* one rotated format for every token */
     fmts[0] = f == 5 ? CKV_FORMAT_ROT4 : CKV_FORMAT_ROT2;
     cut[0] = tokens, cut[1] = cut[2] = cut[3] = 0;
   } else if (f == 0) cut[0] = cut[1] = cut[2] = 0, cut[3] = tokens;
@@ -320,13 +326,26 @@ static void gpu_section(int json) {
 int ckv_bench_kernels(int argc, char **argv) {
   int json = 0, quick = 0;
   size_t mib = 1024;
+  size_t sizes_arg[3];
+  size_t nsizes_arg = 0; /* --tokens */
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--json")) json = 1;
     else if (!strcmp(argv[i], "--quick")) quick = 1;
     else if (!strcmp(argv[i], "--cpu-time")) g_clock = CLOCK_THREAD_CPUTIME_ID;
     else if (!strcmp(argv[i], "--mib") && i + 1 < argc) mib = strtoul(argv[++i], NULL, 10);
+    else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) {
+      for (char *e = argv[++i]; *e && nsizes_arg < 3; e += *e == ',') {
+        size_t n = strtoul(e, &e, 10) / 512 * 512; /* the mixes' shares in whole 64-token blocks */
+        if (n >= 512) sizes_arg[nsizes_arg++] = n;
+        if (*e && *e != ',') break;
+      }
+      if (!nsizes_arg) {
+        fprintf(stderr, "--tokens: at least 512 (rounded down to a multiple of 512)\n");
+        return 2;
+      }
+    }
     else {
-      fprintf(stderr, "usage: commitkv-bench kernels [--json] [--quick] [--mib N] [--cpu-time]\n");
+      fprintf(stderr, "usage: commitkv-bench kernels [--json] [--quick] [--mib N] [--tokens N[,N...]] [--cpu-time]\n");
       return 2;
     }
   }
@@ -416,7 +435,8 @@ int ckv_bench_kernels(int argc, char **argv) {
   const ckv_geometry ga = {.n_layers = 1, .n_kv_heads = 8, .head_dim = 128, .dtype = CKV_DTYPE_FP16};
   const uint32_t QH = 32;
   size_t sizes_full[] = {4096, 32768, 131072}, sizes_quick[] = {1024, 4096};
-  size_t *sizes = quick ? sizes_quick : sizes_full, nsizes = quick ? 2 : 3;
+  size_t *sizes = nsizes_arg ? sizes_arg : quick ? sizes_quick : sizes_full;
+  size_t nsizes = nsizes_arg ? nsizes_arg : quick ? 2 : 3;
   attn_result ar[3 * N_ATTN_FORMATS];
   attn_baseline base[3];
   attn_int_result air[3 * 3];
@@ -444,8 +464,8 @@ int ckv_bench_kernels(int argc, char **argv) {
       a.mass = mass;
       a.workspace_bytes = ckv_attention_workspace_bytes(&a);
       a.workspace = malloc(a.workspace_bytes);
-      int min_iters = quick ? 2 : 3;
-      double budget = quick ? 0.05 : 0.5;
+      int min_iters = nsizes_arg ? 5 : quick ? 2 : 3; /* --tokens: sized runs, more tries on a shared machine */
+      double budget = quick && !nsizes_arg ? 0.05 : 0.5;
       double best = best_call(run_fused, &a, min_iters, budget);
       if (f == 0) {
         attn_baseline *bl = &base[si];
@@ -513,10 +533,11 @@ int ckv_bench_kernels(int argc, char **argv) {
            qplain_gbps > 0 ? qplain_gbps / memcpy_gbps : 0.0);
     printf("], \"attention\": [");
     for (int i = 0; i < nar; i++) {
-      double fp16 = ar[i - i % N_ATTN_FORMATS].us;
-      printf("%s{\"tokens\": %u, \"format\": \"%s\", \"us_per_query\": %.1f, \"speedup_vs_fp16\": %.3f, \"gbps\": %.3f, "
-             "\"bits_per_element\": %.3f}",
-             i ? ", " : "", ar[i].tokens, ar[i].format, ar[i].us, fp16 / ar[i].us, ar[i].gbps, ar[i].bits);
+      double fp16 = ar[i - i % N_ATTN_FORMATS].us, plain = base[i / N_ATTN_FORMATS].plain_us;
+      printf("%s{\"tokens\": %u, \"format\": \"%s\", \"threads\": %ld, \"ms\": %.4f, \"us_per_query\": %.1f, "
+             "\"speedup_vs_fp16\": %.3f, \"ratio_plain\": %.3f, \"gbps\": %.3f, \"bits_per_element\": %.3f}",
+             i ? ", " : "", ar[i].tokens, ar[i].format, threads ? (long)threads : sysconf(_SC_NPROCESSORS_ONLN),
+             ar[i].us / 1e3, ar[i].us, fp16 / ar[i].us, plain > 0 ? plain / ar[i].us : 0.0, ar[i].gbps, ar[i].bits);
     }
     printf("], \"attention_baselines\": [");
     for (size_t si = 0; si < nsizes; si++)
@@ -548,11 +569,15 @@ int ckv_bench_kernels(int argc, char **argv) {
       printf("%-18s %10.2f %10s %10s\n", "quantize_int8", ops[0].gbps, "-", "(no AVX2)");
     else
       printf("%-18s %10.2f %10.2f %10.2f\n", "quantize_int8", ops[0].gbps, qplain_gbps, ops[0].gbps / qplain_gbps);
-    printf("\nattention, one layer, 8 KV heads x 128, 32 query heads, 1 query row\n%-8s %-6s %12s %10s %8s %6s\n",
-           "tokens", "format", "us/query", "vs fp16", "GB/s", "bits");
-    for (int i = 0; i < nar; i++)
-      printf("%-8u %-6s %12.1f %10.2f %8.2f %6.2f\n", ar[i].tokens, ar[i].format, ar[i].us, ar[i - i % N_ATTN_FORMATS].us / ar[i].us,
-             ar[i].gbps, ar[i].bits);
+    printf("\nattention, one layer, 8 KV heads x 128, 32 query heads, 1 query row, %ld threads\n"
+           "%-8s %-8s %12s %10s %10s %8s %6s\n",
+           threads ? (long)threads : sysconf(_SC_NPROCESSORS_ONLN), "tokens", "format", "us/query", "vs fp16",
+           "vs plain", "GB/s", "bits");
+    for (int i = 0; i < nar; i++) {
+      double plain = base[i / N_ATTN_FORMATS].plain_us;
+      printf("%-8u %-8s %12.1f %10.2f %10.2f %8.2f %6.2f\n", ar[i].tokens, ar[i].format, ar[i].us,
+             ar[i - i % N_ATTN_FORMATS].us / ar[i].us, plain > 0 ? plain / ar[i].us : 0.0, ar[i].gbps, ar[i].bits);
+    }
     printf("\nfp16 attention against its baselines (same blocks, same run): the fused kernel on %ld threads "
            "(CKV_ATTENTION_THREADS) and on one, and a plain-C loop (attention_plain.c)\n%-8s %12s %12s %12s %10s %10s\n",
            threads ? (long)threads : sysconf(_SC_NPROCESSORS_ONLN), "tokens", "fused us", "1 thread us", "plain C us",

@@ -24,6 +24,13 @@
  * end (the rotation is orthogonal and linear), so no key or value is ever
  * un-rotated.
  *
+ * On the AVX2 and AVX-512 paths a block goes through the fused SIMD loops of
+ * attention_blocks.c / attention_simd.h where they take it: each K/V code is
+ * decoded once, in registers, for every query row of its KV head's group,
+ * per-token scales ride on the scores and weights, and the next block's
+ * layer bytes are prefetched.  The loops below (score_block, value_row,
+ * rot_values) are the scalar path and take the shapes the SIMD loops leave.
+ *
  * Integer scores (ckv_attn_args.scores, attention_int.c): INT8 staged,
  * 4-bit committed and ROT4 keys can be scored with integer dot products of
  * an INT8-quantized query (once per call; per chunk for committed keys),
@@ -35,6 +42,7 @@
 #include <unistd.h>
 
 #include "kernels/access.h"
+#include "kernels/attention_blocks.h"
 #include "kernels/attention_int.h"
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
@@ -55,21 +63,28 @@ typedef struct attn_ws {
   float *qk, *kc, *tmp, *row, *acc_gather;
   uint32_t *idx;
   ckv_iscratch is; /* integer scores of committed chunks */
+  ckv_ablock_ws ab; /* the SIMD loops (attention_blocks.c) */
 } attn_ws;
 typedef struct attn_part {
-  float *m, *l, *acc; /* running max and sum per (kv head, row, query head), accumulator [hr][D] */
-  float *racc;        /* accumulator of rotated blocks' values, [hr][D], in the rotated basis */
+  float *m, *l, *acc; /* running max and sum per (kv head, row, query head), accumulators [2][hr][D]:
+                         the natural order, then committed INT4 values in PACKP's order */
+  float *racc;        /* accumulators of rotated blocks' values, in the rotated basis: [3][hr][D], the
+                         natural order, then ROT4's and ROT2's permuted orders (ckv_ablock_perm) */
 } attn_part;
 
 /* The whole workspace: shared inputs and outputs, then partitions, then threads. */
 typedef struct attn_layout {
   float *qs, *S, *mblk;
   float *qr, *qsum; /* rotated scaled query [hr][D] and the sum of its elements [hr] */
+  float *qrp;       /* qr in ROT4's and ROT2's permuted orders, [2][hr][D] */
+  float *qsp;       /* qs in INT4's permuted order [hr][D] when head_dim % 32 == 0, else NULL */
   size_t *slot_base; /* n_blocks + 1 prefix sums of the capacities */
   attn_part *parts;  /* (the array itself lives in the workspace too) */
   attn_ws *ws;
   ckv_iquery qs8, qr8;   /* integer scores: qs and qr quantized, [hr][ld] */
   const ckv_idotops *io; /* integer scores: the path's table; NULL: float scores */
+  const ckv_attnops *A;  /* the SIMD loops of the path; NULL: the portable loops only */
+  ckv_ablock_luts luts;
   uint32_t n_parts, n_threads;
 } attn_layout;
 
@@ -129,6 +144,10 @@ static bool int_scores_of(const ckv_attn_args *a) {
 /* Carves the workspace (base NULL: only measures it).  Returns its bytes. */
 static size_t ws_layout(const ckv_attn_args *a, size_t slots, attn_layout *L, uint8_t *base) {
   const ckv_geometry *g = a->geom;
+  size_t cap_max = 1;
+  for (uint32_t b = 0; b < a->n_blocks; b++)
+    if (ckv_hdr(a->blocks[b])->capacity > cap_max) cap_max = ckv_hdr(a->blocks[b])->capacity;
+  size_t per_slot = ckv_staged_groups(g) > g->n_kv_heads ? ckv_staged_groups(g) : g->n_kv_heads;
   size_t RG = (size_t)a->n_rows * (a->n_q_heads / g->n_kv_heads), D = g->head_dim, te = ckv_draft_token_elems(g);
   size_t HR = RG * g->n_kv_heads;
   uint32_t P = n_parts_of(a), T = n_threads_of(a, slots);
@@ -141,6 +160,8 @@ static size_t ws_layout(const ckv_attn_args *a, size_t slots, attn_layout *L, ui
   CARVE(L->qs, float, HR * D);
   CARVE(L->qr, float, HR * D);
   CARVE(L->qsum, float, HR);
+  CARVE(L->qrp, float, 2u * HR * D);
+  CARVE(L->qsp, float, HR * D);
   CARVE(L->S, float, slots * HR);
   CARVE(L->mblk, float, (size_t)a->n_blocks * HR);
   CARVE(L->slot_base, size_t, (size_t)a->n_blocks + 1);
@@ -152,8 +173,8 @@ static size_t ws_layout(const ckv_attn_args *a, size_t slots, attn_layout *L, ui
     attn_part dummy, *q = base ? &L->parts[p] : &dummy;
     CARVE(q->m, float, HR);
     CARVE(q->l, float, HR);
-    CARVE(q->acc, float, HR * D);
-    CARVE(q->racc, float, HR * D);
+    CARVE(q->acc, float, 2u * HR * D);
+    CARVE(q->racc, float, 3u * HR * D);
   }
   for (uint32_t t = 0; t < T; t++) {
     attn_ws dummy, *w = base ? &L->ws[t] : &dummy;
@@ -164,6 +185,22 @@ static size_t ws_layout(const ckv_attn_args *a, size_t slots, attn_layout *L, ui
     CARVE(w->acc_gather, float, RG * D);
     CARVE(w->idx, uint32_t, D);
     off += ckv_iscratch_carve(&w->is, RG, (uint32_t)D, base ? base + off : NULL);
+    ckv_ablock_ws *ab = &w->ab;
+    CARVE(ab->live, uint16_t, cap_max);
+    CARVE(ab->sub, uint16_t, cap_max + 16u);
+    CARVE(ab->ksc, float, cap_max * per_slot);
+    CARVE(ab->vsc, float, cap_max * per_slot);
+    CARVE(ab->vpar, float, cap_max * (2u * ckv_commit_value_groups(g) > per_slot ? 2u * ckv_commit_value_groups(g) : per_slot));
+    CARVE(ab->wt, float, RG * cap_max);
+    CARVE(ab->qk, float, RG * D);
+    CARVE(ab->qg, float, RG * D);
+    CARVE(ab->row, float, D);
+    CARVE(ab->tmp, float, D);
+    CARVE(ab->bias, float, RG);
+    CARVE(ab->chan, uint32_t, D);
+    CARVE(ab->pch, uint32_t, D);
+    CARVE(ab->psc, float, D);
+    CARVE(ab->pzp, float, D);
   }
 #undef CARVE
   L->n_parts = P;
@@ -368,16 +405,33 @@ static void run_blocks(const attn_job *j, attn_ws *w, attn_part *P, uint32_t b0,
     P->m[hr] = -INFINITY;
     P->l[hr] = 0.0f;
   }
-  memset(P->acc, 0, HR * D * sizeof(float));
-  memset(P->racc, 0, HR * D * sizeof(float));
+  memset(P->acc, 0, 2u * HR * D * sizeof(float));
+  memset(P->racc, 0, 3u * HR * D * sizeof(float));
   for (uint32_t b = b0; b < b1; b++) {
     const void *blk = a->blocks[b];
     uint32_t cap = ckv_hdr(blk)->capacity;
     float *SB = j->L->S + j->L->slot_base[b] * HR; /* [hr][slot] for this block */
-    for (uint32_t h = 0; h < H; h++) score_block(ops, a, blk, h, RG, w, j->L, SB + (size_t)h * RG * cap);
+    uint32_t fmt = ckv_hdr(blk)->format;
+    const ckv_attnops *A = j->L->A;
+    bool fast = A && ckv_ablock_takes(A, g, blk); /* the SIMD loops (attention_blocks.c) */
+    ckv_ablock_args x = {.A = A, .ops = ops, .luts = &j->L->luts, .g = g, .blk = blk, .layer = a->layer, .RG = RG};
+    if (fast) ckv_ablock_prepare(ops, &j->L->luts, g, a->layer, blk, &w->ab);
+    const void *next = A && b + 1 < b1 ? a->blocks[b + 1] : NULL; /* prefetched over this block's heads */
+    for (uint32_t h = 0; h < H; h++) {
+      float *S = SB + (size_t)h * RG * cap;
+      if (next) ckv_ablock_prefetch(g, a->layer, next, h, 2u * H);
+      if (fast && !(j->L->io && ckv_iscore_format(fmt)))
+        ckv_ablock_scores(&x, h, j->L->qs + (size_t)h * RG * D, j->L->qsp ? j->L->qsp + (size_t)h * RG * D : NULL,
+                          j->L->qr + (size_t)h * RG * D, j->L->qrp + (size_t)h * RG * D, HR * D, &w->ab, S);
+      else
+        score_block(ops, a, blk, h, RG, w, j->L, S);
+    }
     for (size_t hr = 0; hr < HR; hr++) {
       float bm = -INFINITY, *s = SB + hr * cap;
-      for (uint32_t t = 0; t < cap; t++) bm = s[t] > bm ? s[t] : bm;
+      if (A)
+        bm = A->maxf(s, cap, bm);
+      else
+        for (uint32_t t = 0; t < cap; t++) bm = s[t] > bm ? s[t] : bm;
       float nm = bm > P->m[hr] ? bm : P->m[hr];
       j->L->mblk[(size_t)b * HR + hr] = nm;
       if (nm == -INFINITY) { /* nothing valid yet: exp values are all 0 */
@@ -386,14 +440,23 @@ static void run_blocks(const attn_job *j, attn_ws *w, attn_part *P, uint32_t b0,
       }
       if (nm > P->m[hr]) {
         float alpha = P->m[hr] == -INFINITY ? 0.0f : expf(P->m[hr] - nm);
-        for (uint32_t d = 0; d < D; d++) P->acc[hr * D + d] *= alpha;
-        for (uint32_t d = 0; d < D; d++) P->racc[hr * D + d] *= alpha;
+        for (uint32_t k = 0; k < 2; k++)
+          for (uint32_t d = 0; d < D; d++) P->acc[k * HR * D + hr * D + d] *= alpha;
+        for (uint32_t k = 0; k < 3; k++)
+          for (uint32_t d = 0; d < D; d++) P->racc[k * HR * D + hr * D + d] *= alpha;
         P->l[hr] *= alpha;
         P->m[hr] = nm;
       }
       P->l[hr] += ops->exp_sub(s, nm, cap);
     }
-    if (ckv_format_is_rot(ckv_hdr(blk)->format)) {
+    if (fast) {
+      for (uint32_t h = 0; h < H; h++) {
+        if (next) ckv_ablock_prefetch(g, a->layer, next, H + h, 2u * H);
+        ckv_ablock_values(&x, h, SB + (size_t)h * RG * cap, &w->ab, P->acc, P->racc, HR * D);
+      }
+      continue;
+    }
+    if (ckv_format_is_rot(fmt)) {
       rot_values(ops, g, blk, a->layer, RG, SB, w, P);
       continue;
     }
@@ -437,8 +500,16 @@ static void combine(attn_part *p, const attn_part *q, size_t HR, uint32_t D) {
     if (M == -INFINITY) continue;
     float ap = p->m[hr] == -INFINITY ? 0.0f : expf(p->m[hr] - M);
     float aq = q->m[hr] == -INFINITY ? 0.0f : expf(q->m[hr] - M);
-    for (uint32_t d = 0; d < D; d++) p->acc[hr * D + d] = p->acc[hr * D + d] * ap + q->acc[hr * D + d] * aq;
-    for (uint32_t d = 0; d < D; d++) p->racc[hr * D + d] = p->racc[hr * D + d] * ap + q->racc[hr * D + d] * aq;
+    for (uint32_t k = 0; k < 2; k++)
+      for (uint32_t d = 0; d < D; d++) {
+        size_t i = k * HR * D + hr * D + d;
+        p->acc[i] = p->acc[i] * ap + q->acc[i] * aq;
+      }
+    for (uint32_t k = 0; k < 3; k++)
+      for (uint32_t d = 0; d < D; d++) {
+        size_t i = k * HR * D + hr * D + d;
+        p->racc[i] = p->racc[i] * ap + q->racc[i] * aq;
+      }
     p->l[hr] = p->l[hr] * ap + q->l[hr] * aq;
     p->m[hr] = M;
   }
@@ -470,10 +541,11 @@ ckv_status ckv_kernels_attention(const ckv_attn_args *a) {
     const float *q = a->q + ((rg / G) * a->n_q_heads + h * G + rg % G) * D;
     for (uint32_t d = 0; d < D; d++) L.qs[hr * D + d] = q[d] * scale;
   }
-  bool has_rot = false, has_staged = false, has_rot4 = false;
+  bool has_rot = false, has_staged = false, has_rot4 = false, has_c4 = false;
   for (uint32_t b = 0; b < a->n_blocks; b++) {
     uint32_t fmt = ckv_hdr(a->blocks[b])->format;
     has_rot |= ckv_format_is_rot(fmt);
+    has_c4 |= fmt == CKV_FORMAT_COMMIT4;
     has_staged |= fmt == CKV_FORMAT_STAGED;
     has_rot4 |= fmt == CKV_FORMAT_ROT4;
   }
@@ -485,9 +557,19 @@ ckv_status ckv_kernels_attention(const ckv_attn_args *a) {
       ckv_rot_forward(qr, D, a->layer, 0, (uint32_t)(hr / RG));
       for (uint32_t d = 0; d < D; d++) sum += qr[d];
       L.qsum[hr] = sum;
+      for (uint32_t k = 0; k < 2; k++) /* the orders the SIMD loops read ROT4 and ROT2 rows in */
+        if (ckv_ablock_permuted(k ? 2u : 4u, D))
+          for (uint32_t i = 0; i < D; i++) L.qrp[k * HR * D + hr * D + i] = qr[ckv_ablock_perm(k ? 2u : 4u, i)];
     }
   }
+  if (has_c4 && D % 32u == 0) /* the order the SIMD loops read committed INT4 keys in */
+    for (size_t hr = 0; hr < HR; hr++)
+      for (uint32_t i = 0; i < D; i++) L.qsp[hr * D + i] = L.qs[hr * D + ckv_ablock_perm(4u, i)];
+  else
+    L.qsp = NULL;
   L.io = int_scores_of(a) ? ckv_idotops_get() : NULL;
+  L.A = ckv_attnops_get();
+  if (L.A) ckv_ablock_tables(&L.luts);
   if (L.io && has_staged) ckv_iquery_set(ops, L.qs, HR, D, D, 0, &L.qs8, L.ws[0].is.tmp);
   if (L.io && has_rot4) ckv_iquery_set(ops, L.qr, HR, D, D, 1, &L.qr8, L.ws[0].is.tmp);
   L.slot_base[0] = 0;
@@ -511,9 +593,14 @@ ckv_status ckv_kernels_attention(const ckv_attn_args *a) {
     float inv = R->l[hr] > 0.0f ? 1.0f / R->l[hr] : 0.0f;
     if (has_rot) { /* back from the value basis of KV head h */
       float *r = R->racc + hr * D;
+      for (uint32_t k = 0; k < 2; k++) /* the permuted sums back into the natural order */
+        if (ckv_ablock_permuted(k ? 2u : 4u, D))
+          for (uint32_t i = 0; i < D; i++) r[ckv_ablock_perm(k ? 2u : 4u, i)] += R->racc[(k + 1u) * HR * D + hr * D + i];
       ckv_rot_inverse(r, D, a->layer, 1, (uint32_t)h);
       for (uint32_t d = 0; d < D; d++) R->acc[hr * D + d] += r[d];
     }
+    if (D % 32u == 0) /* committed INT4 values, summed in PACKP's order */
+      for (uint32_t i = 0; i < D; i++) R->acc[hr * D + ckv_ablock_perm(4u, i)] += R->acc[HR * D + hr * D + i];
     for (uint32_t d = 0; d < D; d++) o[d] = R->acc[hr * D + d] * inv;
   }
   if (a->mass) {

@@ -85,6 +85,14 @@ void ckv_iquery_set(const ckv_rowops *ops, const float *x, size_t nq, size_t ldx
   }
 }
 
+/* The valid bits of slots [t0, t0 + 32) of blk (one acquire load, not one call per slot and head). */
+static uint32_t valid32(const void *blk, uint32_t cap, uint32_t t0) {
+  const uint64_t *w = (const uint64_t *)ckv_cb(blk, ckv_block_bitmap_offset(cap));
+  uint64_t bits = __atomic_load_n(&w[t0 / 64u], __ATOMIC_ACQUIRE) >> (t0 % 64u);
+  uint32_t n = cap - t0 < 32u ? cap - t0 : 32u;
+  return (uint32_t)bits & (n == 32u ? ~0u : (1u << n) - 1u);
+}
+
 static void score_staged(const ckv_idotops *io, const ckv_geometry *g, const void *blk, uint32_t layer, uint32_t h,
                          const ckv_iquery *q, size_t nq, int32_t *acc, float *S) {
   uint32_t cap = ckv_hdr(blk)->capacity, D = g->head_dim, ng = ckv_staged_groups(g), hg = ckv_staged_group_heads(g);
@@ -94,23 +102,25 @@ static void score_staged(const ckv_idotops *io, const ckv_geometry *g, const voi
   for (uint32_t t0 = 0; t0 < cap; t0 += CKV_ISCORE_BATCH) {
     uint32_t nt = cap - t0 < CKV_ISCORE_BATCH ? cap - t0 : CKV_ISCORE_BATCH;
     io->i8(q->p, nq, q->ld, codes + (size_t)t0 * te, te, nt, D, acc, CKV_ISCORE_BATCH);
+    uint32_t valid = valid32(blk, cap, t0);
     for (uint32_t i = 0; i < nt; i++) {
       uint32_t t = t0 + i;
-      if (!ckv_block_slot_valid(blk, t)) continue;
+      if (!((valid >> i) & 1u)) continue;
       float st = ckv_f16_to_f32(sc[(size_t)t * ng + h / hg]);
       for (size_t rg = 0; rg < nq; rg++) S[rg * cap + t] = (float)acc[rg * CKV_ISCORE_BATCH + i] * q->a[rg] * st;
     }
   }
 }
 
-static void score_rot4(const ckv_idotops *io, const ckv_geometry *g, const void *blk, uint32_t layer, uint32_t h,
+static void score_rot4(const ckv_rowops *ops, const ckv_idotops *io, const ckv_geometry *g, const void *blk, uint32_t layer, uint32_t h,
                        const ckv_iscore_query *q, size_t nq, ckv_iscratch *w, float *S) {
   uint32_t cap = ckv_hdr(blk)->capacity, D = g->head_dim, H = g->n_kv_heads, fmt = CKV_FORMAT_ROT4;
   size_t rb = ckv_rot_row_bytes(fmt, g);
   const uint8_t *sc = ckv_cb(blk, ckv_rot_scales_offset(fmt, g, cap, layer, 0));
   const uint8_t *codes = ckv_cb(blk, ckv_rot_codes_offset(fmt, g, cap, layer, 0)) + (size_t)h * rb;
-  float *mean = w->par;
-  ckv_rot_key_mean(g, blk, ckv_hdr(blk), layer, h, mean);
+  float *mean = w->par; /* the key mean widened (exact on every path) and made finite, as ckv_rot_key_mean */
+  ops->cvt_f16((const uint16_t *)ckv_cb(blk, ckv_rot_mean_offset(g, cap, layer, h)), mean, D);
+  for (uint32_t i = 0; i < D; i++) mean[i] = ckv_rot_finite(mean[i]);
   for (size_t rg = 0; rg < nq; rg++) { /* the block's bias qr . mean, in index order */
     const float *x = q->qr + rg * D;
     w->bias[rg] = dot16(x, mean, D);
@@ -118,14 +128,17 @@ static void score_rot4(const ckv_idotops *io, const ckv_geometry *g, const void 
   for (uint32_t t0 = 0; t0 < cap; t0 += CKV_ISCORE_BATCH) {
     uint32_t nt = cap - t0 < CKV_ISCORE_BATCH ? cap - t0 : CKV_ISCORE_BATCH;
     io->u4(q->qr8.p, nq, q->qr8.ld, codes + (size_t)t0 * H * rb, H * rb, nt, D, w->acc, CKV_ISCORE_BATCH);
-    for (uint32_t i = 0; i < nt; i++) {
-      uint32_t t = t0 + i;
-      if (!ckv_block_slot_valid(blk, t)) continue;
-      float st = ckv_rot_scale_value(sc[(size_t)t * H + h]);
-      for (size_t rg = 0; rg < nq; rg++) {
-        int32_t c = 2 * w->acc[rg * CKV_ISCORE_BATCH + i] - 15 * q->qr8.psum[rg];
-        S[rg * cap + t] = (float)c * (0.5f * q->qr8.a[rg]) * st + w->bias[rg];
-      }
+    uint32_t valid = valid32(blk, cap, t0);
+    float st[CKV_ISCORE_BATCH];
+    for (uint32_t i = 0; i < nt; i++) st[i] = ckv_rot_scale_value(sc[(size_t)(t0 + i) * H + h]);
+    for (size_t rg = 0; rg < nq; rg++) { /* every slot of the batch (loops a compiler vectorises), then the empty ones */
+      const int32_t *ac = w->acc + rg * CKV_ISCORE_BATCH;
+      int32_t ps = 15 * q->qr8.psum[rg];
+      float k = 0.5f * q->qr8.a[rg], b = w->bias[rg], *o = S + rg * cap + t0;
+      for (uint32_t i = 0; i < nt; i++) o[i] = (float)(2 * ac[i] - ps) * k * st[i] + b;
+      if (valid != (nt == 32u ? ~0u : (1u << nt) - 1u))
+        for (uint32_t i = 0; i < nt; i++)
+          if (!((valid >> i) & 1u)) o[i] = -INFINITY;
     }
   }
 }
@@ -164,9 +177,10 @@ static void score_commit4(const ckv_rowops *ops, const ckv_idotops *io, const ck
     ckv_iquery_set(ops, w->qk, nq, ld, (uint32_t)ld, 0, &w->q, w->tmp);
     io->u4(w->q.p, nq, w->q.ld, ch + (size_t)kept * 4u, krow, CKV_COMMIT_CHUNK_TOKENS, kept, w->acc,
            CKV_ISCORE_BATCH);
+    uint32_t valid = valid32(blk, cap, c * CKV_COMMIT_CHUNK_TOKENS);
     for (uint32_t i = 0; i < CKV_COMMIT_CHUNK_TOKENS; i++) {
       uint32_t t = c * CKV_COMMIT_CHUNK_TOKENS + i;
-      if (!ckv_block_slot_valid(blk, t)) continue;
+      if (!((valid >> i) & 1u)) continue;
       for (size_t rg = 0; rg < nq; rg++) {
         int32_t v = 2 * w->acc[rg * CKV_ISCORE_BATCH + i] - 15 * w->q.psum[rg];
         S[rg * cap + t] = (float)v * (0.5f * w->q.a[rg]) + w->bias[rg];
@@ -180,6 +194,6 @@ void ckv_iscore_block(const ckv_rowops *ops, const ckv_idotops *io, const ckv_ge
   uint32_t cap = ckv_hdr(blk)->capacity, fmt = ckv_hdr(blk)->format;
   for (size_t i = 0; i < nq * cap; i++) S[i] = -INFINITY;
   if (fmt == CKV_FORMAT_STAGED) score_staged(io, g, blk, layer, h, &q->qs8, nq, w->acc, S);
-  else if (fmt == CKV_FORMAT_ROT4) score_rot4(io, g, blk, layer, h, q, nq, w, S);
+  else if (fmt == CKV_FORMAT_ROT4) score_rot4(ops, io, g, blk, layer, h, q, nq, w, S);
   else if (fmt == CKV_FORMAT_COMMIT4) score_commit4(ops, io, g, layer, blk, h, q, nq, w, S);
 }

@@ -57,7 +57,7 @@ static result measure(uint32_t fmt, uint32_t kept, void *const *drafts, const fl
   return res;
 }
 
-Test(fidelity, synthetic_outliers) {
+static void synthetic_outliers_on_path(void) {
   kf_rng r = {2024};
   outliers o;
   for (int e = 0; e < H * D; e++) o.gain[e] = 1.0f;
@@ -97,6 +97,17 @@ Test(fidelity, synthetic_outliers) {
     cr_expect_geq(res.min, rows[i].floor_min, "%s min cosine %f", rows[i].name, res.min);
   }
   for (int i = 0; i < TOKENS / 16; i++) free(drafts[i]);
+}
+
+/* On every path this CPU runs (the fused SIMD loops of attention_simd.h included). */
+Test(fidelity, synthetic_outliers) {
+  static const ckv_cpu_path paths[] = {CKV_PATH_SCALAR, CKV_PATH_AVX2, CKV_PATH_AVX512};
+  for (size_t p = 0; p < 3; p++) {
+    if (ckv_kernels_force(paths[p]) != CKV_OK) continue;
+    printf("fidelity: path %s\n", ckv_kernels_path_name(paths[p]));
+    synthetic_outliers_on_path();
+  }
+  ckv_kernels_force(CKV_PATH_AUTO);
 }
 
 /* The same measurement on K/V of the real model (shared/models/stories260K,

@@ -245,7 +245,7 @@ static cosines compare(const float *a, const float *b, size_t n_heads, size_t D)
   return c;
 }
 
-Test(intdot, attention_outputs_close_to_float_scores) {
+static void attention_outputs_close_to_float_scores_on_path(void) {
   enum { D = 128, H = 2, QH = 8, R = 2, TOKENS = 512 };
   const ckv_geometry g = {1, H, D, CKV_DTYPE_FP16};
   kf_rng r = {2024};
@@ -298,6 +298,17 @@ Test(intdot, attention_outputs_close_to_float_scores) {
     for (int b = 0; b < TOKENS / 64; b++) free(blk[b]);
   }
   for (int i = 0; i < TOKENS / 16; i++) free(d[i]);
+}
+
+/* On every path this CPU runs (the fused SIMD loops of attention_simd.h included). */
+Test(intdot, attention_outputs_close_to_float_scores) {
+  static const ckv_cpu_path paths[] = {CKV_PATH_SCALAR, CKV_PATH_AVX2, CKV_PATH_AVX512};
+  for (size_t p = 0; p < 3; p++) {
+    if (ckv_kernels_force(paths[p]) != CKV_OK) continue;
+    printf("intdot: path %s\n", ckv_kernels_path_name(paths[p]));
+    attention_outputs_close_to_float_scores_on_path();
+  }
+  ckv_kernels_force(CKV_PATH_AUTO);
 }
 
 /* Extreme codes no valid quantization writes but a worker may: every staged

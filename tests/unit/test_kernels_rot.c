@@ -258,7 +258,9 @@ Test(rot, attention_over_mixed_formats_matches_the_oracle) {
   for (int i = 0; i < ROWS * QH * 64; i++) q[i] = 0.3f * kf_normal(&r);
   size_t nm = ckv_attention_mass_len((const void *const *)blocks, NB);
   float *mass = calloc(nm, sizeof(float)), *rmass = calloc(nm, sizeof(float));
-  for (uint32_t layer = 0; layer < agent.n_layers; layer++) {
+  static const ckv_cpu_path paths[] = {CKV_PATH_SCALAR, CKV_PATH_AVX2, CKV_PATH_AVX512};
+  for (size_t p = 0; p < 3; p++) /* every path this CPU runs, the fused SIMD loops included */
+  for (uint32_t layer = 0; layer < agent.n_layers && ckv_kernels_force(paths[p]) == CKV_OK; layer++) {
     ckv_attn_args a = {.geom = &agent, .layer = layer, .n_rows = ROWS, .n_q_heads = QH, .q = q,
                        .blocks = (const void *const *)blocks, .n_blocks = NB, .out = out, .mass = mass};
     cr_assert_eq(ckv_kernels_attention(&a), CKV_OK);
@@ -266,7 +268,7 @@ Test(rot, attention_over_mixed_formats_matches_the_oracle) {
     a.mass = rmass;
     cr_assert_eq(ckv_kernels_attention_reference(&a), CKV_OK);
     double rel = kf_max_rel(out, ref, ROWS * QH * 64, 0.05);
-    cr_expect(rel < 1e-4, "layer %u: output max rel diff %.3g", layer, rel);
+    cr_expect(rel < 1e-4, "%s, layer %u: output max rel diff %.3g", ckv_kernels_path_name(paths[p]), layer, rel);
     double msum = 0, mdiff = 0;
     for (size_t i = 0; i < nm; i++) {
       msum += mass[i];
@@ -278,6 +280,7 @@ Test(rot, attention_over_mixed_formats_matches_the_oracle) {
     cr_expect_eq(mass[64 + 7], 0.0f);
     cr_expect_eq(mass[6 * 64 + 50], 0.0f);
   }
+  ckv_kernels_force(CKV_PATH_AUTO);
   free(mass);
   free(rmass);
   for (int b = 0; b < NB; b++) free(blocks[b]);
