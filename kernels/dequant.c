@@ -61,15 +61,28 @@ ckv_status ckv_kernels_dequantize(const ckv_geometry *g, const void *blk, uint32
   uint32_t cap = h->capacity, kept = h->kept_channels, D = g->head_dim;
   if (kv == 0) {
     uint32_t idx[CKV_MAX_HEAD_DIM];
-    memset(ret, 0, ckv_draft_token_elems(g) * sizeof(float));
+    float v[CKV_MAX_HEAD_DIM], sf[CKV_MAX_HEAD_DIM], zf[CKV_MAX_HEAD_DIM];
+    if (kept < D) memset(ret, 0, ckv_draft_token_elems(g) * sizeof(float));
     for (uint32_t hd = 0; hd < g->n_kv_heads; hd++) {
-      if (ckv_mask_channels(ckv_commit_mask(g, h, blk, layer, hd), D, idx) != kept) return CKV_ERR_CORRUPT;
+      const uint64_t *mask = ckv_commit_mask(g, h, blk, layer, hd);
+      /* every channel kept (the usual case): the mask is checked by counting its bits, and channel j is
+       * kept channel j; otherwise the kept channels' indices */
+      uint32_t set = 0;
+      for (uint32_t w = 0; w < ckv_commit_mask_words(g); w++)
+        set += (uint32_t)__builtin_popcountll(D - 64u * w >= 64u ? mask[w] : mask[w] & ((1ull << (D - 64u * w)) - 1u));
+      if (set != kept || (kept < D && ckv_mask_channels(mask, D, idx) != kept)) return CKV_ERR_CORRUPT;
       const uint8_t *c = ckv_cb(blk, ckv_commit_key_chunk_offset(fmt, g, cap, kept, layer, hd, chunk));
       const uint16_t *sc = (const uint16_t *)c, *zp = sc + kept;
       const uint8_t *row = c + (size_t)kept * 4u + (slot % CKV_COMMIT_CHUNK_TOKENS) * ckv_commit_key_row_bytes(fmt, kept);
-      for (uint32_t j = 0; j < kept; j++)
-        ret[(size_t)hd * D + idx[j]] =
-            ckv_mul_add((float)ckv_unpack_code(row, j, bits), ckv_f16_to_f32(sc[j]), ckv_f16_to_f32(zp[j]));
+      /* ckv_mul_add(code, scale, zero): the product, then + 1 * zero (exact: one rounding, as the sum) */
+      float *x = kept == D ? ret + (size_t)hd * D : v;
+      ops->cvt_codes(row, bits, x, kept);
+      ops->cvt_f16(sc, sf, kept);
+      ops->cvt_f16(zp, zf, kept);
+      ops->mul(x, sf, x, kept);
+      ops->axpy(1.0f, zf, x, kept);
+      if (kept < D)
+        for (uint32_t j = 0; j < kept; j++) ret[(size_t)hd * D + idx[j]] = v[j];
     }
     return CKV_OK;
   }

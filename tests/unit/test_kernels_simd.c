@@ -249,6 +249,22 @@ Test(simd, transitions_bit_equal) {
                      ckv_kernels_path_name(simd_paths[p]));
         cr_expect_eq(memcmp(c, c_ref, ckv_format_block_bytes(fmt, g, 64, kept)), 0, "commit bytes fmt %u, %s", fmt,
                      ckv_kernels_path_name(simd_paths[p]));
+        /* and read back: this path's floats of the scalar blocks are the scalar path's (pruned keys too) */
+        size_t te = ckv_draft_token_elems(g);
+        float *x = malloc(te * sizeof(float)), *y = malloc(te * sizeof(float));
+        for (int which = 0; which < 2; which++)
+          for (uint32_t slot = 0; slot < 64; slot++)
+            for (uint32_t l = 0; l < g->n_layers; l++)
+              for (uint32_t kv = 0; kv < 2; kv++) {
+                const void *blk = which ? c_ref : s_ref;
+                cr_assert_eq(ckv_kernels_dequantize(g, blk, l, kv, slot, y), CKV_OK);
+                ckv_kernels_force(CKV_PATH_SCALAR);
+                cr_assert_eq(ckv_kernels_dequantize(g, blk, l, kv, slot, x), CKV_OK);
+                ckv_kernels_force(simd_paths[p]);
+                cr_expect_eq(memcmp(x, y, te * sizeof(float)), 0, "dequantized %s fmt %u slot %u layer %u kv %u, %s",
+                             which ? "commit" : "staged", fmt, slot, l, kv, ckv_kernels_path_name(simd_paths[p]));
+              }
+        free(x), free(y);
         free(s), free(c);
       }
       free(s_ref), free(c_ref);
