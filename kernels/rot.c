@@ -123,7 +123,7 @@ static void layer_means(const ckv_rowops *ops, const rot_steps *rs, const ckv_ge
   for (size_t i = 0; i < n; i++) {
     float *row = keys + i * te;
     read_rotated_row(ops, rs, g, signs, &moves[order[i]], l, 0, row);
-    for (size_t e = 0; e < te; e++) sum[e] = sum[e] + row[e];
+    ops->axpy(1.0f, row, sum, te); /* sum + 1 * row: one rounding, the sum's */
   }
   for (uint32_t hd = 0; hd < H; hd++) {
     uint16_t *mean = (uint16_t *)ckv_b(dst, ckv_rot_mean_offset(g, dh->capacity, l, hd));
@@ -163,14 +163,14 @@ int ckv_rot_to(const ckv_rowops *ops, const ckv_geometry *g, const float *signs,
         layer_means(ops, &rs, g, signs, moves, order + i, j - i, l, keys, sum);
         for (size_t k = i; k < j; k++) {
           float *r = keys + (k - i) * te;
-          for (size_t e = 0; e < te; e++) r[e] = r[e] - sum[e];
+          ops->axpy(-1.0f, sum, r, te); /* r + -1 * sum = r - sum, one rounding */
           quant_row(&rs, g, dst, fmt, cap, l, 0, moves[order[k]].dst_slot, r);
         }
       } else {
         for (uint32_t hd = 0; hd < H; hd++) key_mean(g, dst, cap, l, hd, sum + (size_t)hd * D);
         for (size_t k = i; k < j; k++) {
           read_rotated_row(ops, &rs, g, signs, &moves[order[k]], l, 0, row);
-          for (size_t e = 0; e < te; e++) row[e] = row[e] - sum[e]; /* keys less the block's mean */
+          ops->axpy(-1.0f, sum, row, te); /* keys less the block's mean: row - sum, one rounding */
           quant_row(&rs, g, dst, fmt, cap, l, 0, moves[order[k]].dst_slot, row);
         }
       }
