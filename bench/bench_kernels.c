@@ -243,7 +243,8 @@ static double op_once(void *p) {
   if (r->job.kind != 1) blockset_reinit(r->job.dst, r->fmt, r->job.g, r->job.cap, r->kept);
   op_job jobs[64];
   pthread_t th[64];
-  int n = r->threads, started = 0;
+  int n = r->threads;
+  uint64_t started = 0;
   size_t nb = r->job.dst->n, per = (nb + n - 1) / n;
   double t = now_s();
   for (int k = 0; k < n; k++) {
@@ -253,10 +254,10 @@ static double op_once(void *p) {
     jobs[k].ring = r->job.ring + (r->job.ring_floats / n) * k;
     jobs[k].ring_floats = r->job.ring_floats / n;
     if (k == n - 1 || pthread_create(&th[k], NULL, op_thread, &jobs[k]) != 0) op_job_run(&jobs[k]);
-    else started |= 1 << k;
+    else started |= 1ull << k;
   }
   for (int k = 0; k < n; k++)
-    if (started & (1 << k)) pthread_join(th[k], NULL);
+    if (started & (1ull << k)) pthread_join(th[k], NULL);
   return now_s() - t;
 }
 
@@ -294,14 +295,16 @@ static double memcpy_threads(void *p) {
   op_ctx parts[64];
   pthread_t th[64];
   size_t per = c->bytes / n / 64 * 64;
+  uint64_t started = 0;
   double t = now_s();
   for (int k = 0; k < n; k++) {
     parts[k] = *c;
     parts[k].a = c->a + per * k, parts[k].b = c->b + per * k, parts[k].bytes = per;
-    if (k < n - 1 && pthread_create(&th[k], NULL, memcpy_thread, &parts[k]) != 0) run_memcpy(&parts[k]);
+    if (k == n - 1 || pthread_create(&th[k], NULL, memcpy_thread, &parts[k]) != 0) run_memcpy(&parts[k]);
+    else started |= 1ull << k;
   }
-  run_memcpy(&parts[n - 1]);
-  for (int k = 0; k < n - 1; k++) pthread_join(th[k], NULL); /* (a failed create ran its part inline: join is then an error, harmless) */
+  for (int k = 0; k < n; k++)
+    if (started & (1ull << k)) pthread_join(th[k], NULL);
   return now_s() - t;
 }
 
