@@ -143,13 +143,10 @@ int ckv_rot_to(const ckv_rowops *ops, const ckv_geometry *g, const float *signs,
     most = j - i > most ? j - i : most;
     i = j;
   }
-  /* sum: the block's key means of one layer, every head; keys: the rotated keys of one layer of a group */
-  float *sum = malloc(te * sizeof(float)), *keys = malloc((most ? most : 1) * te * sizeof(float));
-  if (!sum || !keys) {
-    free(sum);
-    free(keys);
-    return -12;
-  }
+  /* sum: the block's key means of one layer, every head; keys: the rotated keys of one layer of a group
+   * (made when a block without means comes) */
+  float *sum = malloc(te * sizeof(float)), *keys = NULL;
+  if (!sum) return -12;
   for (size_t i = 0; i < n;) { /* the moves of one destination block (sorted by destination) */
     size_t j = i + 1;
     while (j < n && moves[order[j]].dst == moves[order[i]].dst) j++;
@@ -158,6 +155,10 @@ int ckv_rot_to(const ckv_rowops *ops, const ckv_geometry *g, const float *signs,
     uint32_t fmt = dh->format, cap = dh->capacity;
     uint32_t *meta = (uint32_t *)ckv_b(dst, ckv_rot_meta_offset(cap));
     bool fresh = !(__atomic_load_n(meta, __ATOMIC_ACQUIRE) & CKV_ROT_MEANS_SET);
+    if (fresh && !keys && !(keys = malloc(most * te * sizeof(float)))) {
+      free(sum);
+      return -12;
+    }
     for (uint32_t l = 0; l < g->n_layers; l++) {
       if (fresh) { /* the keys rotated once: for the means, then quantized from the buffer */
         layer_means(ops, &rs, g, signs, moves, order + i, j - i, l, keys, sum);
