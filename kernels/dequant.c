@@ -41,7 +41,11 @@ ckv_status ckv_kernels_dequantize(const ckv_geometry *g, const void *blk, uint32
   const ckv_rowops *ops = ckv_rowops_get();
   if (ckv_format_is_rot(h->format)) { /* dequantize rotated, then rotate back head by head */
     ckv_cpu_path p = ckv_kernels_path();
-    if ((p == CKV_PATH_AVX2 || p == CKV_PATH_AVX512) && g->head_dim % 8u == 0) { /* the same floats, in registers */
+    if (p == CKV_PATH_AVX512 && g->head_dim % 16u == 0) { /* the same floats, in registers */
+      ckv_rot_dequant_row_avx512(g, blk, h, layer, kv, slot, ret);
+      return CKV_OK;
+    }
+    if ((p == CKV_PATH_AVX2 || p == CKV_PATH_AVX512) && g->head_dim % 8u == 0) {
       ckv_rot_dequant_row_avx2(g, blk, h, layer, kv, slot, ret);
       return CKV_OK;
     }
