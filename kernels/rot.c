@@ -34,6 +34,7 @@ typedef struct rot_steps {
 
 static rot_steps steps_for(uint32_t head_dim) {
   ckv_cpu_path p = ckv_kernels_path();
+  if (p == CKV_PATH_AVX512 && head_dim % 16u == 0) return (rot_steps){ckv_rot_forward_avx512, ckv_rot_quant_head_avx512};
   if (p == CKV_PATH_AVX512 && head_dim % 8u == 0) return (rot_steps){ckv_rot_forward_avx2, ckv_rot_quant_head_avx512};
   if (p == CKV_PATH_AVX2 && head_dim % 8u == 0) return (rot_steps){ckv_rot_forward_avx2, ckv_rot_quant_head_avx2};
   return (rot_steps){ckv_rot_forward_with, ckv_rot_quant_head};

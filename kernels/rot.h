@@ -27,7 +27,9 @@ void ckv_rot_quant_head_avx512(const float *y, uint32_t n, uint32_t bits, uint8_
  * multiple of 8, the block and slot checked by the caller. */
 void ckv_rot_dequant_row_avx2(const ckv_geometry *g, const void *blk, const ckv_block_header *h, uint32_t layer,
                               uint32_t kv, uint32_t slot, float *dst);
-/* The same 16 lanes at a time (rot_avx512.c): head_dim a multiple of 16, the AVX-512 path only. */
+/* The same 16 lanes at a time (rot_avx512.c): head_dim a multiple of 16, the AVX-512 path only; and the
+ * forward rotation likewise. */
+void ckv_rot_forward_avx512(float *x, uint32_t n, const float *signs);
 void ckv_rot_dequant_row_avx512(const ckv_geometry *g, const void *blk, const ckv_block_header *h, uint32_t layer,
                                 uint32_t kv, uint32_t slot, float *dst);
 /* ckv_rot_forward / ckv_rot_inverse of quant.h with the head's signs from the table. */

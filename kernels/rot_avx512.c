@@ -176,3 +176,18 @@ void ckv_rot_dequant_row_avx512(const ckv_geometry *g, const void *blk, const ck
     }
   }
 }
+
+/* ckv_rot_forward_with 16 lanes at a time (n a multiple of 16): finite (NaN -> 0, clamped) times the sign,
+ * the transform, the norm; rot_avx2.c's ckv_rot_forward_avx2 at twice the width. */
+void ckv_rot_forward_avx512(float *x, uint32_t n, const float *signs) {
+  const __m512 lo = _mm512_set1_ps(-CKV_F16_MAX), hi = _mm512_set1_ps(CKV_F16_MAX);
+  for (uint32_t i = 0; i < n; i += 16) {
+    __m512 v = _mm512_loadu_ps(x + i);
+    v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), v);
+    v = _mm512_min_ps(_mm512_max_ps(v, lo), hi);
+    _mm512_storeu_ps(x + i, fwht16(_mm512_mul_ps(v, _mm512_loadu_ps(signs + i))));
+  }
+  fwht_from16(x, n);
+  const __m512 r = _mm512_set1_ps(ckv_rot_norm(n));
+  for (uint32_t i = 0; i < n; i += 16) _mm512_storeu_ps(x + i, _mm512_mul_ps(_mm512_loadu_ps(x + i), r));
+}
