@@ -188,7 +188,7 @@ Test(simd, group_quantizers_bit_equal) {
   for (int i = 352; i < 384; i++) x[i] = kf_normal(&r) * 1e-6f;
   for (int i = 384; i < 416; i++) x[i] = kf_normal(&r) * 1e6f;
   for (int i = 416; i < 448; i++) x[i] = 3.0f + kf_normal(&r) * 1e-3f; /* far from 0: the zero point matters */
-  static const size_t gls[] = {1, 7, 8, 32, 40, 128, 1024, N};
+  static const size_t gls[] = {1, 7, 8, 16, 32, 40, 48, 128, 1024, N};
   int tested = 0;
   for (size_t p = 0; p < 2; p++) {
     if (!ckv_kernels_path_supported(simd_paths[p])) continue;
