@@ -272,7 +272,10 @@ static void dequant_row(const ckv_geometry *g, const void *blk, uint32_t l, uint
     const int8_t *c = (const int8_t *)(b + ckv_staged_codes_offset(g, cap, l, kv)) + (size_t)slot * te;
     const uint16_t *sc = (const uint16_t *)(b + ckv_staged_scales_offset(g, cap, l, kv)) + (size_t)slot * ckv_staged_groups(g);
     size_t gl = (size_t)ckv_staged_group_heads(g) * D;
-    for (size_t i = 0; i < te; i++) x[i] = (float)c[i] * h2f(sc[i / gl]);
+    for (size_t lo = 0, q = 0; lo < te; lo += gl, q++) {
+      float s = h2f(sc[q]);
+      for (size_t i = lo; i < lo + gl && i < te; i++) x[i] = (float)c[i] * s;
+    }
   } else if (ckv_format_is_commit(fmt)) {
     uint32_t kept = h->kept_channels, chunk = slot / CKV_COMMIT_CHUNK_TOKENS;
     if (kv == 0) {
@@ -286,9 +289,9 @@ static void dequant_row(const ckv_geometry *g, const void *blk, uint32_t l, uint
       const uint16_t *par = (const uint16_t *)(b + ckv_commit_value_params_offset(fmt, g, cap, kept, l)) +
                             (size_t)slot * ckv_commit_value_groups(g) * 2u;
       const uint8_t *row = b + ckv_commit_value_codes_offset(fmt, g, cap, kept, l) + (size_t)slot * ckv_commit_value_row_bytes(fmt, g);
-      for (size_t e = 0; e < te; e++) {
-        size_t q = e / CKV_COMMIT_VALUE_GROUP;
-        x[e] = (float)ckv_unpack_code(row, e, bits) * h2f(par[2 * q]) + h2f(par[2 * q + 1]);
+      for (size_t lo = 0, q = 0; lo < te; lo += CKV_COMMIT_VALUE_GROUP, q++) {
+        float s = h2f(par[2 * q]), z = h2f(par[2 * q + 1]);
+        for (size_t e = lo; e < lo + CKV_COMMIT_VALUE_GROUP && e < te; e++) x[e] = (float)ckv_unpack_code(row, e, bits) * s + z;
       }
     }
   } else { /* rotated: the values, the key mean, the inverse rotation */

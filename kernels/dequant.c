@@ -25,9 +25,11 @@ void ckv_read_row(const ckv_rowops *ops, const ckv_geometry *g, const void *blk,
   uint32_t ng = ckv_staged_groups(g), gl = ckv_staged_group_heads(g) * g->head_dim;
   const uint16_t *sc = (const uint16_t *)ckv_cb(blk, ckv_staged_scales_offset(g, h->capacity, layer, kv)) +
                        (size_t)slot * ng;
+  float s[CKV_MAX_KV_HEADS];
+  ops->cvt_f16(sc, s, ng); /* every scale of the row widened at once (exact on every path) */
   for (uint32_t q = 0; q < ng; q++) {
     size_t lo = (size_t)q * gl, n = lo + gl <= te ? gl : te - lo;
-    ops->cvt_i8(codes + lo, ckv_f16_to_f32(sc[q]), dst + lo, n);
+    ops->cvt_i8(codes + lo, s[q], dst + lo, n);
   }
 }
 

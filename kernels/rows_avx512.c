@@ -1,7 +1,8 @@
 /* rows_avx512.c - the row primitives with AVX-512 F/BW/VL (16 floats a step).
  * Compiled with -mavx512f -mavx512bw -mavx512vl -mfma -mf16c and called only
  * after dispatch.c checked the CPU.  Quantizing primitives do exactly the
- * scalar operations lane by lane (same bytes); tails use the AVX2 table. */
+ * scalar operations lane by lane (same bytes); tails use the AVX2 table,
+ * called only when there is one (a call per short group adds up). */
 #include <immintrin.h>
 #include <math.h>
 
@@ -14,7 +15,7 @@ static void z_cvt_f16(const uint16_t *src, float *dst, size_t n) {
   size_t i = 0;
   for (; i + 16 <= n; i += 16)
     _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + i))));
-  A2.cvt_f16(src + i, dst + i, n - i);
+  if (i < n) A2.cvt_f16(src + i, dst + i, n - i);
 }
 static void z_cvt_bf16(const uint16_t *src, float *dst, size_t n) {
   size_t i = 0;
@@ -22,7 +23,7 @@ static void z_cvt_bf16(const uint16_t *src, float *dst, size_t n) {
     __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(src + i)));
     _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
   }
-  A2.cvt_bf16(src + i, dst + i, n - i);
+  if (i < n) A2.cvt_bf16(src + i, dst + i, n - i);
 }
 static void z_cvt_i8(const int8_t *src, float s, float *dst, size_t n) {
   size_t i = 0;
@@ -31,7 +32,7 @@ static void z_cvt_i8(const int8_t *src, float s, float *dst, size_t n) {
     __m512i w = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(src + i)));
     _mm512_storeu_ps(dst + i, _mm512_mul_ps(_mm512_cvtepi32_ps(w), vs));
   }
-  A2.cvt_i8(src + i, s, dst + i, n - i);
+  if (i < n) A2.cvt_i8(src + i, s, dst + i, n - i);
 }
 static inline void unpack32(const uint8_t *row, uint32_t bits, __m128i *lo16, __m128i *hi16) {
   if (bits == 4) {
@@ -60,18 +61,18 @@ static void z_cvt_codes(const uint8_t *row, uint32_t bits, float *dst, size_t n)
     _mm512_storeu_ps(dst + i, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo)));
     _mm512_storeu_ps(dst + i + 16, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi)));
   }
-  A2.cvt_codes(row + i * bits / 8, bits, dst + i, n - i);
+  if (i < n) A2.cvt_codes(row + i * bits / 8, bits, dst + i, n - i);
 }
 static void z_affine(float *x, float s, float z, size_t n) {
   size_t i = 0;
   __m512 vs = _mm512_set1_ps(s), vz = _mm512_set1_ps(z);
   for (; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), vs), vz));
-  A2.affine(x + i, s, z, n - i);
+  if (i < n) A2.affine(x + i, s, z, n - i);
 }
 static void z_mul(const float *a, const float *b, float *y, size_t n) {
   size_t i = 0;
   for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, _mm512_mul_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i)));
-  A2.mul(a + i, b + i, y + i, n - i);
+  if (i < n) A2.mul(a + i, b + i, y + i, n - i);
 }
 static float z_dot(const float *a, const float *b, size_t n) {
   size_t i = 0;
@@ -127,7 +128,7 @@ static void z_axpy(float a, const float *x, float *y, size_t n) {
   __m512 va = _mm512_set1_ps(a);
   for (; i + 16 <= n; i += 16)
     _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
-  A2.axpy(a, x + i, y + i, n - i);
+  if (i < n) A2.axpy(a, x + i, y + i, n - i);
 }
 static inline __m512 exp16(__m512 x) {
   __mmask16 zero = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_LT_OQ);
@@ -184,7 +185,7 @@ static void z_minmax(const float *x, float *mn, float *mx, size_t n) {
     _mm512_storeu_ps(mn + i, _mm512_min_ps(v, _mm512_loadu_ps(mn + i)));
     _mm512_storeu_ps(mx + i, _mm512_max_ps(v, _mm512_loadu_ps(mx + i)));
   }
-  A2.minmax(x + i, mn + i, mx + i, n - i);
+  if (i < n) A2.minmax(x + i, mn + i, mx + i, n - i);
 }
 /* kernels/quant.h's rules, 16 groups at a time: F16C conversion is IEEE round-to-nearest-even,
  * like ckv_f32_to_f16, so the FP16 bits are the scalar ones. */
@@ -234,7 +235,7 @@ static void z_quant_i8(const float *x, float inv, int8_t *dst, size_t n) {
     r = _mm512_min_ps(_mm512_max_ps(r, lo), hi);
     _mm_storeu_si128((__m128i *)(dst + i), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(r)));
   }
-  A2.quant_i8(x + i, inv, dst + i, n - i);
+  if (i < n) A2.quant_i8(x + i, inv, dst + i, n - i);
 }
 static void z_quant_u(const float *x, const float *zero, const float *inv, uint32_t bits, uint8_t *codes, size_t n) {
   size_t i = 0;
@@ -245,7 +246,7 @@ static void z_quant_u(const float *x, const float *zero, const float *inv, uint3
     r = _mm512_min_ps(_mm512_max_ps(r, lo), hi);
     _mm_storeu_si128((__m128i *)(codes + i), _mm512_cvtusepi32_epi8(_mm512_cvtps_epi32(r)));
   }
-  A2.quant_u(x + i, zero + i, inv + i, bits, codes + i, n - i);
+  if (i < n) A2.quant_u(x + i, zero + i, inv + i, bits, codes + i, n - i);
 }
 
 /* ckv_f16_round_up of 8 lanes (quant.h's steps: clamp, F16C round-to-nearest-even, one step up where that
