@@ -355,12 +355,12 @@ static int run_ops(const ckv_geometry *g, blockset *dr, size_t tokens, int reps,
         pr.job.plain = 1;
         if (kind != 1) pr.job.dst = &plain, pr.job.moves = pmoves;
         row->plain_gbps = bytes / best_of(reps, op_once, &pr) / 1e9;
-        if (threads == 1) {
-          row->same = op_same(&r, &plain); /* each set holds its last timed run's whole output */
+        if (threads == 1 || kind != 1) { /* each set holds its last timed run's whole output */
+          row->same = op_same(&r, &plain);
           if (row->same == 0)
-            fprintf(stderr, "kernels: *** MISMATCH: %s %s: the plain-C baseline's bytes differ from ours ***\n", row->op,
-                    row->format);
-        } else {
+            fprintf(stderr, "kernels: *** MISMATCH: %s %s on %d threads: the plain-C baseline's bytes differ from ours ***\n", row->op,
+                    row->format, threads);
+        } else { /* dequantized on several threads: the rows each thread reads, compared on one above */
           row->same = g_ops[g_nops - 2].same;
         }
       }
