@@ -20,9 +20,7 @@
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
 
-bool ckv_bench_quant_plain_supported(void) {
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-}
+bool ckv_bench_quant_plain_supported(void) { return ckv_kernels_path_supported(CKV_PATH_AVX2); /* AVX2, FMA, F16C */ }
 
 static inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
 /* Round to nearest even; -0 as +0 (integer test: the flags may not keep a zero's sign). */
@@ -162,7 +160,7 @@ static void head_signs(uint32_t l, uint32_t kv, uint32_t hd, uint32_t D, float *
   for (uint32_t i = 0; i < D; i++) s[i] = ckv_rot_sign(l, kv, hd, i);
 }
 /* Every head of a token's row rotated: x <- R x (finite, signs, transform, norm). */
-static void rotate_row(const ckv_geometry *g, uint32_t l, uint32_t kv, const float *signs, float *x) {
+static void rotate_row(const ckv_geometry *g, const float *signs, float *x) {
   uint32_t D = g->head_dim;
   float r = ckv_rot_norm(D);
   for (uint32_t hd = 0; hd < g->n_kv_heads; hd++) {
@@ -203,7 +201,7 @@ static void rot_block(const ckv_geometry *g, void *const *src, void *dst, uint32
       uint8_t *sc = at(dst, ckv_rot_scales_offset(fmt, g, cap, l, kv)), *codes = at(dst, ckv_rot_codes_offset(fmt, g, cap, l, kv));
       for (uint32_t i = 0; i < cap; i++) {
         widen(g, src, t0 + i, l, kv, rows + i * te);
-        rotate_row(g, l, kv, signs, rows + i * te);
+        rotate_row(g, signs, rows + i * te);
       }
       if (kv == 0)
         for (uint32_t hd = 0; hd < H; hd++) {
