@@ -8,8 +8,11 @@
  * --quick: CI-sized (32 MiB, 1K/4K tokens, few iterations); --mib N: op
  * buffer size; --tokens N,...: the attention sizes instead (multiples of 512, e.g. 32768);
  * --cpu-time: time with the thread CPU clock instead of wall.
- * quantize_int8 also runs beside a plain-C INT8 quantizer (quant_plain.c,
- * where the CPU has AVX2/F16C): GB/s and the ratio, "quant_baselines" in JSON.
+ * Every quantize / dequantize (int8, int4, int2, rot4, rot3, rot2, rot1) and
+ * prune_keys runs on one thread and on all, beside a plain-C baseline that
+ * writes the same bytes (quant_plain.c, where the CPU has AVX2/F16C; checked,
+ * a mismatch printed loudly): GB/s, x memcpy (of as many threads) and x
+ * plain C, "ops" in JSON.
  * The formats with integer scores (int8, int4, rot4) are also timed with
  * them (ckv_attn_args.scores, the query quantized to INT8) beside the float
  * scores of the same blocks, on all threads and on one: "attention_int" in
@@ -19,6 +22,7 @@
  * attention at 4K/32K/128K tokens per format), under "gpu" with --json.
  * Reports figures only; it never judges them. */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,11 +38,6 @@
 #ifdef CKV_HAVE_CUDA_KERNELS
 #include "kernels/cuda/kernels_cuda.h"
 #endif
-
-typedef struct op_result {
-  const char *name;
-  double gbps;
-} op_result;
 
 typedef struct attn_result {
   uint32_t tokens;
@@ -166,55 +165,256 @@ static double run_memcpy(void *p) {
   memcpy(c->b, c->a, c->bytes);
   return now_s() - t;
 }
-static double run_move(void *p) {
-  op_ctx *c = p;
-  blockset_reinit(c->dst, c->fmt, c->g, c->cap, c->kept);
-  double t = now_s();
-  ckv_kernels_move(c->g, c->moves, c->tokens, 0);
-  return now_s() - t;
-}
-static double run_prune(void *p) {
-  op_ctx *c = p;
-  blockset_reinit(c->dst, c->fmt, c->g, c->cap, c->kept);
-  double t = now_s();
-  ckv_kernels_prune_keys(c->g, c->moves, c->tokens);
-  return now_s() - t;
-}
-static double run_dequant(void *p) {
-  op_ctx *c = p;
-  size_t te = ckv_draft_token_elems(c->g), pos = 0;
-  double t = now_s();
-  for (size_t b = 0; b < c->dst->n; b++)
-    for (uint32_t s = 0; s < c->cap; s++)
-      for (uint32_t l = 0; l < c->g->n_layers; l++)
-        for (uint32_t kv = 0; kv < 2; kv++) {
-          if (pos + te > c->ring_floats) pos = 0;
-          ckv_kernels_dequantize(c->g, c->dst->blk[b], l, kv, s, c->ring + pos);
-          pos += te;
-        }
-  return now_s() - t;
-}
-
-/* The plain-C INT8 quantizer (quant_plain.c) over the same draft blocks. */
-typedef struct qplain_ctx {
-  const ckv_geometry *g;
-  blockset *src;
-  int8_t *codes;
-  uint16_t *scales;
-} qplain_ctx;
-static double run_quant_plain(void *p) {
-  qplain_ctx *c = p;
-  double t = now_s();
-  ckv_bench_plain_quantize_int8(c->g, c->src->blk, c->src->n, c->codes, c->scales);
-  return now_s() - t;
-}
-
 static size_t llc_bytes(void) {
 #ifdef _SC_LEVEL3_CACHE_SIZE
   long v = sysconf(_SC_LEVEL3_CACHE_SIZE);
   if (v > 0) return (size_t)v;
 #endif
   return 0;
+}
+
+/* ---- ops: quantize / dequantize / prune, ours against plain C (quant_plain.c) ----
+ * Each op runs on one thread and on all (the blocks split in contiguous
+ * ranges, one per thread: the kernels take any subset of moves or blocks),
+ * ours and the plain-C baseline on the same drafts, timed the same way; the
+ * baseline's output is compared with ours byte for byte (untimed). */
+#define MAX_OPS 32
+typedef struct op_row {
+  const char *op, *format;
+  int threads;
+  double gbps, plain_gbps; /* plain_gbps < 0: not run (CPU without AVX2/F16C) */
+  int same;                /* 1 same bytes, 0 differs (printed loudly), -1 not compared */
+} op_row;
+static op_row g_ops[MAX_OPS];
+static int g_nops;
+static double g_memcpy_threads_gbps;
+static int g_op_threads;
+
+/* One op's work for one thread's share of the blocks. */
+typedef struct op_job {
+  int kind; /* 0 quantize, 1 dequantize, 2 prune */
+  int plain;
+  uint32_t fmt;
+  const ckv_geometry *g;
+  blockset *src, *dst;
+  const ckv_move *moves;
+  uint32_t cap;
+  size_t b0, b1; /* destination blocks */
+  float *ring;
+  size_t ring_floats;
+} op_job;
+
+static void op_job_run(op_job *j) {
+  size_t t0 = j->b0 * j->cap, t1 = j->b1 * j->cap;
+  if (j->kind == 0) {
+    if (j->plain) ckv_bench_plain_quantize(j->fmt, j->g, j->src->blk, j->dst->blk, j->cap, t0, t1);
+    else ckv_kernels_move(j->g, j->moves + t0, t1 - t0, 0);
+  } else if (j->kind == 1) {
+    if (j->plain) {
+      ckv_bench_plain_dequantize(j->g, j->dst->blk, j->b0, j->b1, j->ring, j->ring_floats);
+      return;
+    }
+    size_t te = ckv_draft_token_elems(j->g), pos = 0;
+    for (size_t b = j->b0; b < j->b1; b++)
+      for (uint32_t s = 0; s < j->cap; s++)
+        for (uint32_t l = 0; l < j->g->n_layers; l++)
+          for (uint32_t kv = 0; kv < 2; kv++) {
+            if (pos + te > j->ring_floats) pos = 0;
+            ckv_kernels_dequantize(j->g, j->dst->blk[b], l, kv, s, j->ring + pos);
+            pos += te;
+          }
+  } else {
+    if (j->plain) ckv_bench_plain_prune(j->g, j->src->blk, j->dst->blk, j->cap, t0, t1);
+    else ckv_kernels_prune_keys(j->g, j->moves + t0, t1 - t0);
+  }
+}
+static void *op_thread(void *p) {
+  op_job_run(p);
+  return NULL;
+}
+
+typedef struct op_run {
+  op_job job;
+  int threads;
+  uint32_t fmt, kept;
+} op_run;
+/* One timed run: blocks re-initialised first (untimed) where the op writes them. */
+static double op_once(void *p) {
+  op_run *r = p;
+  if (r->job.kind != 1) blockset_reinit(r->job.dst, r->fmt, r->job.g, r->job.cap, r->kept);
+  op_job jobs[64];
+  pthread_t th[64];
+  int n = r->threads;
+  uint64_t started = 0;
+  size_t nb = r->job.dst->n, per = (nb + n - 1) / n;
+  double t = now_s();
+  for (int k = 0; k < n; k++) {
+    jobs[k] = r->job;
+    jobs[k].b0 = k * per < nb ? k * per : nb;
+    jobs[k].b1 = (k + 1) * per < nb ? (k + 1) * per : nb;
+    jobs[k].ring = r->job.ring + (r->job.ring_floats / n) * k;
+    jobs[k].ring_floats = r->job.ring_floats / n;
+    if (k == n - 1 || pthread_create(&th[k], NULL, op_thread, &jobs[k]) != 0) op_job_run(&jobs[k]);
+    else started |= 1ull << k;
+  }
+  for (int k = 0; k < n; k++)
+    if (started & (1ull << k)) pthread_join(th[k], NULL);
+  return now_s() - t;
+}
+
+/* Byte comparison of ours against the baseline (dequantize: block by block, through two rings). */
+static int op_same(const op_run *ours, blockset *plain_dst) {
+  const op_job *j = &ours->job;
+  if (j->kind != 1) {
+    for (size_t b = 0; b < j->dst->n; b++)
+      if (memcmp(j->dst->blk[b], plain_dst->blk[b], j->dst->bytes_each)) return 0;
+    return 1;
+  }
+  size_t rows = (size_t)j->cap * j->g->n_layers * 2u, floats = rows * ckv_draft_token_elems(j->g);
+  float *a = malloc(floats * sizeof(float)), *p = malloc(floats * sizeof(float));
+  int same = a && p ? 1 : -1;
+  for (size_t b = 0; b < j->dst->n && same == 1; b++) {
+    op_job one = *j;
+    one.b0 = b, one.b1 = b + 1, one.ring = a, one.ring_floats = floats;
+    op_job_run(&one);
+    one.plain = 1, one.ring = p;
+    op_job_run(&one);
+    if (memcmp(a, p, floats * sizeof(float))) same = 0;
+  }
+  free(a);
+  free(p);
+  return same;
+}
+
+static void *memcpy_thread(void *p) {
+  run_memcpy(p);
+  return NULL;
+}
+static double memcpy_threads(void *p) {
+  op_ctx *c = p;
+  int n = g_op_threads;
+  op_ctx parts[64];
+  pthread_t th[64];
+  size_t per = c->bytes / n / 64 * 64;
+  uint64_t started = 0;
+  double t = now_s();
+  for (int k = 0; k < n; k++) {
+    parts[k] = *c;
+    parts[k].a = c->a + per * k, parts[k].b = c->b + per * k, parts[k].bytes = per;
+    if (k == n - 1 || pthread_create(&th[k], NULL, memcpy_thread, &parts[k]) != 0) run_memcpy(&parts[k]);
+    else started |= 1ull << k;
+  }
+  for (int k = 0; k < n; k++)
+    if (started & (1ull << k)) pthread_join(th[k], NULL);
+  return now_s() - t;
+}
+
+static const char *const op_formats[] = {"int8", "int4", "int2", "rot4", "rot3", "rot2", "rot1"};
+static const uint32_t op_fmt_codes[] = {CKV_FORMAT_STAGED, CKV_FORMAT_COMMIT4, CKV_FORMAT_COMMIT2, CKV_FORMAT_ROT4,
+                                        CKV_FORMAT_ROT3, CKV_FORMAT_ROT2, CKV_FORMAT_ROT1};
+
+/* Every op of every format, on one thread and on all; results in g_ops.  0, or -1 when out of memory. */
+static int run_ops(const ckv_geometry *g, blockset *dr, size_t tokens, int reps, op_ctx *mc) {
+  long np = sysconf(_SC_NPROCESSORS_ONLN);
+  g_op_threads = np < 1 ? 1 : np > 64 ? 64 : (int)np;
+  g_memcpy_threads_gbps = g_op_threads > 1 ? 2.0 * mc->bytes / best_of(reps, memcpy_threads, mc) / 1e9 : 0;
+  size_t draft_bytes = dr->n * dr->bytes_each, fp32_bytes = tokens * ckv_token_elems(g) * 4;
+  int plain_ok = ckv_bench_quant_plain_supported();
+  ckv_move *moves = NULL;
+  g_nops = 0;
+  for (int f = 0; f <= (int)(sizeof(op_formats) / sizeof(op_formats[0])); f++) {
+    int prune = f == (int)(sizeof(op_formats) / sizeof(op_formats[0])); /* the last: prune_keys on int4, 64 of 128 kept */
+    uint32_t fmt = prune ? CKV_FORMAT_COMMIT4 : op_fmt_codes[f], kept = prune ? 64 : 0;
+    blockset ours = {0}, plain = {0};
+    if (blockset_new(&ours, fmt, g, 64, kept, tokens / 64) || blockset_new(&plain, fmt, g, 64, kept, tokens / 64)) return -1;
+    free(moves);
+    moves = moves_new(dr, &ours, 64, tokens);
+    ckv_move *pmoves = moves_new(dr, &plain, 64, tokens);
+    if (!moves || !pmoves) return -1;
+    size_t dst_bytes = ours.n * ours.bytes_each;
+    for (int kind = prune ? 2 : 0; kind <= (prune ? 2 : 1); kind++) {
+      size_t bytes = kind == 0 ? draft_bytes + dst_bytes : kind == 1 ? dst_bytes + fp32_bytes : draft_bytes / 2;
+      if (kind == 1) { /* ours quantized again, marked valid: the input of both dequantizers */
+        blockset_reinit(&ours, fmt, g, 64, kept);
+        ckv_kernels_move(g, moves, tokens, CKV_MOVE_SET_VALID);
+      }
+      int nt = g_op_threads > 1 ? 2 : 1;
+      for (int ti = 0; ti < nt && g_nops < MAX_OPS; ti++) {
+        int threads = ti ? g_op_threads : 1;
+        op_row *row = &g_ops[g_nops++];
+        row->op = kind == 0 ? "quantize" : kind == 1 ? "dequantize" : "prune_keys";
+        row->format = prune ? "int4" : op_formats[f];
+        row->threads = threads;
+        op_run r = {.job = {.kind = kind, .fmt = fmt, .g = g, .src = dr, .dst = &ours, .moves = moves, .cap = 64, .ring = mc->ring,
+                            .ring_floats = mc->ring_floats},
+                    .threads = threads, .fmt = fmt, .kept = kept};
+        row->gbps = bytes / best_of(reps, op_once, &r) / 1e9;
+        row->plain_gbps = -1;
+        row->same = -1;
+        if (!plain_ok) continue;
+        op_run pr = r;
+        pr.job.plain = 1;
+        if (kind != 1) pr.job.dst = &plain, pr.job.moves = pmoves;
+        row->plain_gbps = bytes / best_of(reps, op_once, &pr) / 1e9;
+        if (threads == 1 || kind != 1) { /* each set holds its last timed run's whole output */
+          row->same = op_same(&r, &plain);
+          if (row->same == 0)
+            fprintf(stderr, "kernels: *** MISMATCH: %s %s on %d threads: the plain-C baseline's bytes differ from ours ***\n", row->op,
+                    row->format, threads);
+        } else { /* dequantized on several threads: the rows each thread reads, compared on one above */
+          row->same = g_ops[g_nops - 2].same;
+        }
+      }
+    }
+    free(pmoves);
+    blockset_free(&ours);
+    blockset_free(&plain);
+  }
+  free(moves);
+  return 0;
+}
+
+static double op_memcpy(const op_row *o, double memcpy_gbps) {
+  return o->threads > 1 && g_memcpy_threads_gbps > 0 ? g_memcpy_threads_gbps : memcpy_gbps;
+}
+static void print_ops_json(double memcpy_gbps) {
+  printf("\"memcpy_threads_gbps\": %.3f, \"ops_threads\": %d, \"ops\": [", g_memcpy_threads_gbps, g_op_threads);
+  for (int i = 0; i < g_nops; i++) {
+    const op_row *o = &g_ops[i];
+    double mc = op_memcpy(o, memcpy_gbps);
+    printf("%s{\"name\": \"%s_%s\", \"op\": \"%s\", \"format\": \"%s\", \"threads\": %d, \"gbps\": %.3f, "
+           "\"ratio_to_memcpy\": %.3f, \"ratio_memcpy\": %.3f, \"plain_gbps\": %.3f, \"ratio_plain\": %.3f, "
+           "\"same_bytes\": %s}",
+           i ? ", " : "", o->op, o->format, o->op, o->format, o->threads, o->gbps, o->gbps / mc, o->gbps / mc,
+           o->plain_gbps, o->plain_gbps > 0 ? o->gbps / o->plain_gbps : 0.0,
+           o->same < 0 ? "null" : o->same ? "true" : "false");
+  }
+  printf("], \"quant_baselines\": [");
+  for (int i = 0, n = 0; i < g_nops; i++) /* the earlier key: the one-thread rows against plain C */
+    if (g_ops[i].threads == 1)
+      printf("%s{\"op\": \"%s\", \"format\": \"%s\", \"threads\": 1, \"gbps\": %.3f, \"plain_c_gbps\": %.3f, "
+             "\"ratio_plain\": %.3f, \"ratio_memcpy\": %.3f, \"plain_ratio_memcpy\": %.3f}",
+             n++ ? ", " : "", g_ops[i].op, g_ops[i].format, g_ops[i].gbps, g_ops[i].plain_gbps,
+             g_ops[i].plain_gbps > 0 ? g_ops[i].gbps / g_ops[i].plain_gbps : 0.0, g_ops[i].gbps / memcpy_gbps,
+             g_ops[i].plain_gbps > 0 ? g_ops[i].plain_gbps / memcpy_gbps : 0.0);
+  printf("], ");
+}
+static void print_ops_text(double memcpy_gbps) {
+  printf("\nmemcpy: %.2f GB/s (read + written), %.2f GB/s on %d threads\n"
+         "ours against a plain-C baseline of the same bytes (quant_plain.c), same drafts, same bytes counted\n"
+         "%-11s %-6s %7s %9s %9s %10s %9s %6s\n",
+         memcpy_gbps, g_memcpy_threads_gbps, g_op_threads, "op", "format", "threads", "GB/s", "x memcpy", "plain GB/s",
+         "vs plain", "same");
+  for (int i = 0; i < g_nops; i++) {
+    const op_row *o = &g_ops[i];
+    if (o->plain_gbps < 0)
+      printf("%-11s %-6s %7d %9.2f %9.2f %10s %9s %6s\n", o->op, o->format, o->threads, o->gbps,
+             o->gbps / op_memcpy(o, memcpy_gbps), "-", "(no AVX2)", "-");
+    else
+      printf("%-11s %-6s %7d %9.2f %9.2f %10.2f %9.2f %6s\n", o->op, o->format, o->threads, o->gbps,
+             o->gbps / op_memcpy(o, memcpy_gbps), o->plain_gbps, o->gbps / o->plain_gbps,
+             o->same < 0 ? "-" : o->same ? "yes" : "NO!");
+  }
 }
 
 /* ---- attention ---- */
@@ -359,16 +559,12 @@ int ckv_bench_kernels(int argc, char **argv) {
   fprintf(log, "kernels: path %s, %zu tokens (%.0f MiB fp16), LLC %.0f MiB\n", ckv_kernels_path_name(ckv_kernels_path()),
           tokens, tokens * tok_bytes / 1048576.0, llc_bytes() / 1048576.0);
 
-  blockset dr = {0}, st = {0}, c4 = {0}, c2 = {0}, pr = {0}, r4 = {0}, r2 = {0};
-  if (drafts_new(&dr, &g, tokens, 7) || blockset_new(&st, CKV_FORMAT_STAGED, &g, 64, 0, tokens / 64) ||
-      blockset_new(&c4, CKV_FORMAT_COMMIT4, &g, 64, 0, tokens / 64) ||
-      blockset_new(&c2, CKV_FORMAT_COMMIT2, &g, 64, 0, tokens / 64) ||
-      blockset_new(&pr, CKV_FORMAT_COMMIT4, &g, 64, 64, tokens / 64) ||
-      blockset_new(&r4, CKV_FORMAT_ROT4, &g, 64, 0, tokens / 64) || blockset_new(&r2, CKV_FORMAT_ROT2, &g, 64, 0, tokens / 64)) {
+  blockset dr = {0};
+  if (drafts_new(&dr, &g, tokens, 7)) {
     fprintf(stderr, "kernels: out of memory\n");
     return 1;
   }
-  size_t draft_bytes = dr.n * dr.bytes_each, fp32_bytes = tokens * ckv_token_elems(&g) * 4;
+  size_t draft_bytes = dr.n * dr.bytes_each;
   op_ctx c = {.g = &g, .tokens = tokens, .cap = 64, .src = &dr};
   c.bytes = draft_bytes;
   c.a = dr.mem;
@@ -377,58 +573,11 @@ int ckv_bench_kernels(int argc, char **argv) {
   c.ring = (float *)c.b; /* the memcpy target doubles as the FP32 output ring (as large as the source) */
   memset(c.b, 1, draft_bytes);
   double memcpy_gbps = 2.0 * draft_bytes / best_of(reps, run_memcpy, &c) / 1e9;
-
-  op_result ops[9];
-  int nops = 0;
-  struct {
-    const char *name;
-    blockset *dst;
-    uint32_t fmt, kept;
-    int kind; /* 0 move, 1 dequant, 2 prune */
-  } plan[] = {
-      {"quantize_int8", &st, CKV_FORMAT_STAGED, 0, 0}, {"dequantize_int8", &st, CKV_FORMAT_STAGED, 0, 1},
-      {"quantize_int4", &c4, CKV_FORMAT_COMMIT4, 0, 0}, {"dequantize_int4", &c4, CKV_FORMAT_COMMIT4, 0, 1},
-      {"quantize_int2", &c2, CKV_FORMAT_COMMIT2, 0, 0}, {"prune_keys", &pr, CKV_FORMAT_COMMIT4, 64, 2},
-      {"quantize_rot4", &r4, CKV_FORMAT_ROT4, 0, 0},    {"dequantize_rot4", &r4, CKV_FORMAT_ROT4, 0, 1},
-      {"quantize_rot2", &r2, CKV_FORMAT_ROT2, 0, 0},
-  };
-  for (size_t i = 0; i < sizeof(plan) / sizeof(plan[0]); i++) {
-    c.dst = plan[i].dst;
-    c.fmt = plan[i].fmt;
-    c.kept = plan[i].kept;
-    free(c.moves);
-    c.moves = moves_new(&dr, c.dst, 64, tokens);
-    size_t dst_bytes = c.dst->n * c.dst->bytes_each, bytes;
-    double t;
-    if (plan[i].kind == 0) {
-      t = best_of(reps, run_move, &c);
-      bytes = draft_bytes + dst_bytes;
-    } else if (plan[i].kind == 1) {
-      /* the blocks hold the previous quantize's output */
-      ckv_kernels_move(&g, c.moves, tokens, CKV_MOVE_SET_VALID);
-      t = best_of(reps, run_dequant, &c);
-      bytes = dst_bytes + fp32_bytes;
-    } else {
-      t = best_of(reps, run_prune, &c);
-      bytes = draft_bytes / 2; /* reads every key once; the masks are a few bytes */
-    }
-    ops[nops++] = (op_result){plan[i].name, bytes / t / 1e9};
+  if (run_ops(&g, &dr, tokens, reps, &c)) {
+    fprintf(stderr, "kernels: out of memory\n");
+    return 1;
   }
-  free(c.moves);
-  /* quantize_int8 against a plain-C loop on the same drafts, its bytes counted as ours (draft + staged) */
-  double qplain_gbps = -1; /* < 0: not run (CPU without AVX2/F16C) */
-  if (ckv_bench_quant_plain_supported()) {
-    size_t elems = tokens * ckv_token_elems(&g);
-    qplain_ctx qc = {&g, &dr, malloc(elems), malloc(tokens * g.n_layers * 2u * ckv_staged_groups(&g) * sizeof(uint16_t))};
-    if (qc.codes && qc.scales) {
-      memset(qc.codes, 0, elems); /* touch every page before timing */
-      memset(qc.scales, 0, tokens * g.n_layers * 2u * ckv_staged_groups(&g) * sizeof(uint16_t));
-      qplain_gbps = (draft_bytes + st.n * st.bytes_each) / best_of(reps, run_quant_plain, &qc) / 1e9;
-    }
-    free(qc.codes), free(qc.scales);
-  }
-  blockset_free(&st), blockset_free(&c4), blockset_free(&c2), blockset_free(&pr), blockset_free(&dr);
-  blockset_free(&r4), blockset_free(&r2);
+  blockset_free(&dr);
   free(c.b);
 
   /* attention: one layer */
@@ -521,17 +670,11 @@ int ckv_bench_kernels(int argc, char **argv) {
   }
 
   if (json) {
-    printf("{\"path\": \"%s\", \"clock\": \"%s\", \"tokens_ops\": %zu, \"llc_bytes\": %zu, \"memcpy_gbps\": %.3f, \"ops\": [",
+    printf("{\"path\": \"%s\", \"clock\": \"%s\", \"tokens_ops\": %zu, \"llc_bytes\": %zu, \"memcpy_gbps\": %.3f, ",
            ckv_kernels_path_name(ckv_kernels_path()), g_clock == CLOCK_MONOTONIC ? "wall" : "thread_cpu", tokens, llc_bytes(),
            memcpy_gbps);
-    for (int i = 0; i < nops; i++)
-      printf("%s{\"name\": \"%s\", \"gbps\": %.3f, \"ratio_to_memcpy\": %.3f}", i ? ", " : "", ops[i].name, ops[i].gbps,
-             ops[i].gbps / memcpy_gbps);
-    printf("], \"quant_baselines\": [{\"op\": \"quantize_int8\", \"format\": \"int8\", \"threads\": 1, \"gbps\": %.3f, "
-           "\"plain_c_gbps\": %.3f, \"ratio_plain\": %.3f, \"ratio_memcpy\": %.3f, \"plain_ratio_memcpy\": %.3f}",
-           ops[0].gbps, qplain_gbps, qplain_gbps > 0 ? ops[0].gbps / qplain_gbps : 0.0, ops[0].gbps / memcpy_gbps,
-           qplain_gbps > 0 ? qplain_gbps / memcpy_gbps : 0.0);
-    printf("], \"attention\": [");
+    print_ops_json(memcpy_gbps);
+    printf("\"attention\": [");
     for (int i = 0; i < nar; i++) {
       double fp16 = ar[i - i % N_ATTN_FORMATS].us, plain = base[i / N_ATTN_FORMATS].plain_us;
       printf("%s{\"tokens\": %u, \"format\": \"%s\", \"threads\": %ld, \"ms\": %.4f, \"us_per_query\": %.1f, "
@@ -561,14 +704,7 @@ int ckv_bench_kernels(int argc, char **argv) {
     gpu_section(1);
     printf("}\n");
   } else {
-    printf("\nmemcpy: %.2f GB/s (read + written)\n\n%-18s %10s %10s\n", memcpy_gbps, "op", "GB/s", "x memcpy");
-    for (int i = 0; i < nops; i++) printf("%-18s %10.2f %10.2f\n", ops[i].name, ops[i].gbps, ops[i].gbps / memcpy_gbps);
-    printf("\nquantize_int8 against a plain-C loop (quant_plain.c; same drafts, same bytes counted), one thread\n"
-           "%-18s %10s %10s %10s\n", "op", "ours GB/s", "plain GB/s", "vs plain");
-    if (qplain_gbps < 0)
-      printf("%-18s %10.2f %10s %10s\n", "quantize_int8", ops[0].gbps, "-", "(no AVX2)");
-    else
-      printf("%-18s %10.2f %10.2f %10.2f\n", "quantize_int8", ops[0].gbps, qplain_gbps, ops[0].gbps / qplain_gbps);
+    print_ops_text(memcpy_gbps);
     printf("\nattention, one layer, 8 KV heads x 128, 32 query heads, 1 query row, %ld threads\n"
            "%-8s %-8s %12s %10s %10s %8s %6s\n",
            threads ? (long)threads : sysconf(_SC_NPROCESSORS_ONLN), "tokens", "format", "us/query", "vs fp16",

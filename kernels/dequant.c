@@ -25,9 +25,11 @@ void ckv_read_row(const ckv_rowops *ops, const ckv_geometry *g, const void *blk,
   uint32_t ng = ckv_staged_groups(g), gl = ckv_staged_group_heads(g) * g->head_dim;
   const uint16_t *sc = (const uint16_t *)ckv_cb(blk, ckv_staged_scales_offset(g, h->capacity, layer, kv)) +
                        (size_t)slot * ng;
+  float s[CKV_MAX_KV_HEADS];
+  ops->cvt_f16(sc, s, ng); /* every scale of the row widened at once (exact on every path) */
   for (uint32_t q = 0; q < ng; q++) {
     size_t lo = (size_t)q * gl, n = lo + gl <= te ? gl : te - lo;
-    ops->cvt_i8(codes + lo, ckv_f16_to_f32(sc[q]), dst + lo, n);
+    ops->cvt_i8(codes + lo, s[q], dst + lo, n);
   }
 }
 
@@ -40,6 +42,15 @@ ckv_status ckv_kernels_dequantize(const ckv_geometry *g, const void *blk, uint32
   if (layer >= g->n_layers || slot >= h->capacity) return CKV_ERR_RANGE;
   const ckv_rowops *ops = ckv_rowops_get();
   if (ckv_format_is_rot(h->format)) { /* dequantize rotated, then rotate back head by head */
+    ckv_cpu_path p = ckv_kernels_path();
+    if (p == CKV_PATH_AVX512 && g->head_dim % 16u == 0) { /* the same floats, in registers */
+      ckv_rot_dequant_row_avx512(g, blk, h, layer, kv, slot, ret);
+      return CKV_OK;
+    }
+    if ((p == CKV_PATH_AVX2 || p == CKV_PATH_AVX512) && g->head_dim % 8u == 0) {
+      ckv_rot_dequant_row_avx2(g, blk, h, layer, kv, slot, ret);
+      return CKV_OK;
+    }
     for (uint32_t hd = 0; hd < g->n_kv_heads; hd++) {
       float *x = ret + (size_t)hd * g->head_dim;
       ckv_rot_read_rotated(ops, g, blk, h, layer, kv, slot, hd, x);
@@ -56,15 +67,28 @@ ckv_status ckv_kernels_dequantize(const ckv_geometry *g, const void *blk, uint32
   uint32_t cap = h->capacity, kept = h->kept_channels, D = g->head_dim;
   if (kv == 0) {
     uint32_t idx[CKV_MAX_HEAD_DIM];
-    memset(ret, 0, ckv_draft_token_elems(g) * sizeof(float));
+    float v[CKV_MAX_HEAD_DIM], sf[CKV_MAX_HEAD_DIM], zf[CKV_MAX_HEAD_DIM];
+    if (kept < D) memset(ret, 0, ckv_draft_token_elems(g) * sizeof(float));
     for (uint32_t hd = 0; hd < g->n_kv_heads; hd++) {
-      if (ckv_mask_channels(ckv_commit_mask(g, h, blk, layer, hd), D, idx) != kept) return CKV_ERR_CORRUPT;
+      const uint64_t *mask = ckv_commit_mask(g, h, blk, layer, hd);
+      /* every channel kept (the usual case): the mask is checked by counting its bits, and channel j is
+       * kept channel j; otherwise the kept channels' indices */
+      uint32_t set = 0;
+      for (uint32_t w = 0; w < ckv_commit_mask_words(g); w++)
+        set += (uint32_t)__builtin_popcountll(D - 64u * w >= 64u ? mask[w] : mask[w] & ((1ull << (D - 64u * w)) - 1u));
+      if (set != kept || (kept < D && ckv_mask_channels(mask, D, idx) != kept)) return CKV_ERR_CORRUPT;
       const uint8_t *c = ckv_cb(blk, ckv_commit_key_chunk_offset(fmt, g, cap, kept, layer, hd, chunk));
       const uint16_t *sc = (const uint16_t *)c, *zp = sc + kept;
       const uint8_t *row = c + (size_t)kept * 4u + (slot % CKV_COMMIT_CHUNK_TOKENS) * ckv_commit_key_row_bytes(fmt, kept);
-      for (uint32_t j = 0; j < kept; j++)
-        ret[(size_t)hd * D + idx[j]] =
-            ckv_mul_add((float)ckv_unpack_code(row, j, bits), ckv_f16_to_f32(sc[j]), ckv_f16_to_f32(zp[j]));
+      /* ckv_mul_add(code, scale, zero): the product, then + 1 * zero (exact: one rounding, as the sum) */
+      float *x = kept == D ? ret + (size_t)hd * D : v;
+      ops->cvt_codes(row, bits, x, kept);
+      ops->cvt_f16(sc, sf, kept);
+      ops->cvt_f16(zp, zf, kept);
+      ops->mul(x, sf, x, kept);
+      ops->axpy(1.0f, zf, x, kept);
+      if (kept < D)
+        for (uint32_t j = 0; j < kept; j++) ret[(size_t)hd * D + idx[j]] = v[j];
     }
     return CKV_OK;
   }

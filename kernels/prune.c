@@ -9,25 +9,58 @@
 #include "kernels/access.h"
 #include "kernels/kernels.h"
 
-typedef struct ranked {
-  float mag;
-  uint32_t ch;
-} ranked;
-
-static int by_magnitude(const void *a, const void *b) {
-  const ranked *x = a, *y = b;
-  if (x->mag != y->mag) return x->mag > y->mag ? -1 : 1;
-  return x->ch < y->ch ? -1 : x->ch > y->ch;
+/* A channel's place in the ranking as one integer: magnitude descending (NaN
+ * as -1), then channel ascending, so keys are distinct and the r smallest
+ * keys are the r channels a sort by (magnitude, channel) would put first.
+ * The float's bits map to an order-preserving unsigned (negative: all bits
+ * flipped; else the sign bit set), then flipped for descending. */
+static uint64_t rank_key(float mag, uint32_t ch) {
+  if (isnan(mag)) mag = -1.0f;
+  if (mag == 0.0f) mag = 0.0f; /* -0 ranks with +0 (they compare equal) */
+  uint32_t u;
+  memcpy(&u, &mag, sizeof u);
+  u = (u & 0x80000000u) ? ~u : u | 0x80000000u;
+  return (uint64_t)~u << 32 | ch;
+}
+static void swap64(uint64_t *a, uint64_t *b) {
+  uint64_t t = *a;
+  *a = *b;
+  *b = t;
+}
+/* Reorders a[0..n) so that a[0..k) are its k smallest (quickselect, median-of-three pivots; k < n). */
+static void smallest_first(uint64_t *a, uint32_t n, uint32_t k) {
+  uint32_t lo = 0, hi = n - 1;
+  while (lo < hi) {
+    uint32_t mid = lo + (hi - lo) / 2;
+    if (a[mid] < a[lo]) swap64(&a[mid], &a[lo]);
+    if (a[hi] < a[lo]) swap64(&a[hi], &a[lo]);
+    if (a[mid] < a[hi]) swap64(&a[mid], &a[hi]); /* a[hi]: the median */
+    uint64_t p = a[hi];
+    uint32_t i = lo;
+    for (uint32_t j = lo; j < hi; j++)
+      if (a[j] < p) swap64(&a[i++], &a[j]);
+    swap64(&a[i], &a[hi]);
+    if (i == k) return;
+    if (i < k) lo = i + 1;
+    else hi = i - 1;
+  }
 }
 
 void ckv_kernels_select_channels(const float *mag, uint32_t head_dim, uint32_t r, uint64_t *ret_mask) {
-  ranked rk[CKV_MAX_HEAD_DIM];
+  uint64_t key[CKV_MAX_HEAD_DIM];
   uint32_t words = (head_dim + 63u) / 64u;
   memset(ret_mask, 0, words * sizeof(uint64_t));
   if (head_dim > CKV_MAX_HEAD_DIM) return;
-  for (uint32_t c = 0; c < head_dim; c++) rk[c] = (ranked){isnan(mag[c]) ? -1.0f : mag[c], c};
-  qsort(rk, head_dim, sizeof rk[0], by_magnitude);
-  for (uint32_t i = 0; i < r && i < head_dim; i++) ret_mask[rk[i].ch / 64u] |= 1ull << (rk[i].ch % 64u);
+  if (r >= head_dim) { /* every channel */
+    for (uint32_t c = 0; c < head_dim; c++) ret_mask[c / 64u] |= 1ull << (c % 64u);
+    return;
+  }
+  for (uint32_t c = 0; c < head_dim; c++) key[c] = rank_key(mag[c], c);
+  smallest_first(key, head_dim, r);
+  for (uint32_t i = 0; i < r; i++) {
+    uint32_t ch = (uint32_t)key[i];
+    ret_mask[ch / 64u] |= 1ull << (ch % 64u);
+  }
 }
 
 static bool mask_empty(const ckv_geometry *g, const ckv_block_header *bh, const void *blk) {

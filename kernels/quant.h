@@ -245,9 +245,11 @@ CKV_HD uint32_t ckv_rot_scale_floor(float s) {
   if (k < 0) return 1u;
   if (k > 31) return CKV_ROT_SCALE_CODES;
   float mant = ckv_bits_f32((u & 0x7fffffu) | (127u << 23)); /* s / 2^exponent, in [1, 2) */
-  uint32_t f = 0;
-  for (uint32_t j = 1; j < 8u; j++)
-    if (ckv_rot_scale_value(128u + j) <= mant) f = j;
+  /* the largest j with scale value 128 + j (= the constant m[j] of ckv_rot_scale_value) <= mant: the values
+   * increase with j, so it is the count of those <= mant (no loop, no branch) */
+  uint32_t f = (uint32_t)(1.09050773f <= mant) + (uint32_t)(1.18920712f <= mant) + (uint32_t)(1.29683955f <= mant) +
+               (uint32_t)(1.41421356f <= mant) + (uint32_t)(1.54221083f <= mant) + (uint32_t)(1.68179283f <= mant) +
+               (uint32_t)(1.83400809f <= mant);
   uint32_t c = (uint32_t)k * 8u + f;
   return c < 1u ? 1u : c > CKV_ROT_SCALE_CODES ? CKV_ROT_SCALE_CODES : c;
 }

@@ -24,8 +24,9 @@ float *ckv_rot_signs_new(const ckv_geometry *g) {
   return s;
 }
 
-/* The two hot steps of filling a rotated block, scalar or AVX2 (rot_avx2.c:
- * the same bytes), chosen once per call from the CPU path. */
+/* The two hot steps of filling a rotated block, scalar, AVX2 (rot_avx2.c) or
+ * AVX-512 (rot_avx512.c), the same bytes, chosen once per call from the CPU
+ * path. */
 typedef struct rot_steps {
   void (*forward)(float *x, uint32_t n, const float *signs);
   void (*quant_head)(const float *y, uint32_t n, uint32_t bits, uint8_t *ret_scale, uint8_t *row);
@@ -33,8 +34,9 @@ typedef struct rot_steps {
 
 static rot_steps steps_for(uint32_t head_dim) {
   ckv_cpu_path p = ckv_kernels_path();
-  if ((p == CKV_PATH_AVX2 || p == CKV_PATH_AVX512) && head_dim % 8u == 0)
-    return (rot_steps){ckv_rot_forward_avx2, ckv_rot_quant_head_avx2};
+  if (p == CKV_PATH_AVX512 && head_dim % 16u == 0) return (rot_steps){ckv_rot_forward_avx512, ckv_rot_quant_head_avx512};
+  if (p == CKV_PATH_AVX512 && head_dim % 8u == 0) return (rot_steps){ckv_rot_forward_avx2, ckv_rot_quant_head_avx512};
+  if (p == CKV_PATH_AVX2 && head_dim % 8u == 0) return (rot_steps){ckv_rot_forward_avx2, ckv_rot_quant_head_avx2};
   return (rot_steps){ckv_rot_forward_with, ckv_rot_quant_head};
 }
 
@@ -94,63 +96,95 @@ static void read_rotated_row(const ckv_rowops *ops, const rot_steps *rs, const c
   for (uint32_t hd = 0; hd < H; hd++) rs->forward(row + (size_t)hd * D, D, signs + ckv_rot_signs_index(g, l, kv, hd));
 }
 
-/* Sets the key means of block moves[order[0]].dst from the n moves bound for it. */
-static void set_means(const ckv_rowops *ops, const rot_steps *rs, const ckv_geometry *g, const float *signs,
-                      const ckv_move *moves, const size_t *order, size_t n, float *row, float *sum) {
+/* Quantizes row (every head of K or V of one token, keys already less the
+ * block's means) into destination slot `slot` of (layer, kv). */
+static void quant_row(const rot_steps *rs, const ckv_geometry *g, void *dst, uint32_t fmt, uint32_t cap, uint32_t l,
+                      uint32_t kv, uint32_t slot, const float *row) {
+  uint32_t D = g->head_dim, H = g->n_kv_heads, bits = ckv_format_code_bits(fmt);
+  size_t rb = ckv_rot_row_bytes(fmt, g);
+  uint8_t *sc = ckv_b(dst, ckv_rot_scales_offset(fmt, g, cap, l, kv));
+  uint8_t *codes = ckv_b(dst, ckv_rot_codes_offset(fmt, g, cap, l, kv));
+  for (uint32_t hd = 0; hd < H; hd++) {
+    size_t at = (size_t)slot * H + hd;
+    rs->quant_head(row + (size_t)hd * D, D, bits, &sc[at], codes + at * rb);
+  }
+}
+
+/* The keys of layer l of the n moves bound for block dst, whose means are not
+ * set yet: every token's rotated keys into keys[n][H*D] (rotated once, kept
+ * for the quantization), their sum in destination-slot order, the means of
+ * the layer written as FP16 and read back (as every later move reads them). */
+static void layer_means(const ckv_rowops *ops, const rot_steps *rs, const ckv_geometry *g, const float *signs,
+                        const ckv_move *moves, const size_t *order, size_t n, uint32_t l, float *keys, float *sum) {
   const ckv_block_header *dh = ckv_move_dst_hdr(&moves[order[0]]);
   void *dst = moves[order[0]].dst;
   uint32_t D = g->head_dim, H = g->n_kv_heads;
-  for (uint32_t l = 0; l < g->n_layers; l++) {
-    memset(sum, 0, (size_t)H * D * sizeof(float));
-    for (size_t i = 0; i < n; i++) {
-      read_rotated_row(ops, rs, g, signs, &moves[order[i]], l, 0, row);
-      for (size_t e = 0; e < (size_t)H * D; e++) sum[e] = sum[e] + row[e];
-    }
-    for (uint32_t hd = 0; hd < H; hd++) {
-      uint16_t *mean = (uint16_t *)ckv_b(dst, ckv_rot_mean_offset(g, dh->capacity, l, hd));
-      for (uint32_t i = 0; i < D; i++) mean[i] = ckv_rot_mean_f16(sum[(size_t)hd * D + i], (uint32_t)n);
-    }
+  size_t te = (size_t)H * D;
+  memset(sum, 0, te * sizeof(float));
+  for (size_t i = 0; i < n; i++) {
+    float *row = keys + i * te;
+    read_rotated_row(ops, rs, g, signs, &moves[order[i]], l, 0, row);
+    ops->axpy(1.0f, row, sum, te); /* sum + 1 * row: one rounding, the sum's */
   }
-  uint32_t *meta = (uint32_t *)ckv_b(dst, ckv_rot_meta_offset(dh->capacity));
-  __atomic_fetch_or(meta, CKV_ROT_MEANS_SET, __ATOMIC_RELEASE);
+  for (uint32_t hd = 0; hd < H; hd++) {
+    uint16_t *mean = (uint16_t *)ckv_b(dst, ckv_rot_mean_offset(g, dh->capacity, l, hd));
+    for (uint32_t i = 0; i < D; i++) mean[i] = ckv_rot_mean_f16(sum[(size_t)hd * D + i], (uint32_t)n);
+    key_mean(g, dst, dh->capacity, l, hd, sum + (size_t)hd * D);
+  }
 }
 
 int ckv_rot_to(const ckv_rowops *ops, const ckv_geometry *g, const float *signs, const ckv_move *moves,
                const size_t *order, size_t n, float *row) {
   uint32_t D = g->head_dim, H = g->n_kv_heads;
+  size_t te = (size_t)H * D, most = 0;
   rot_steps rs = steps_for(D);
-  /* sum: set_means' scratch, then the block's key means of one layer, every head */
-  float *sum = malloc((size_t)H * D * sizeof(float));
+  for (size_t i = 0; i < n;) { /* the largest group of moves into one block */
+    size_t j = i + 1;
+    while (j < n && moves[order[j]].dst == moves[order[i]].dst) j++;
+    most = j - i > most ? j - i : most;
+    i = j;
+  }
+  /* sum: the block's key means of one layer, every head; keys: the rotated keys of one layer of a group
+   * (made when a block without means comes) */
+  float *sum = malloc(te * sizeof(float)), *keys = NULL;
   if (!sum) return -12;
   for (size_t i = 0; i < n;) { /* the moves of one destination block (sorted by destination) */
     size_t j = i + 1;
     while (j < n && moves[order[j]].dst == moves[order[i]].dst) j++;
     const ckv_block_header *dh = ckv_move_dst_hdr(&moves[order[i]]);
     void *dst = moves[order[i]].dst;
-    uint32_t fmt = dh->format, bits = ckv_format_code_bits(fmt), cap = dh->capacity;
-    const uint32_t *meta = (const uint32_t *)ckv_cb(dst, ckv_rot_meta_offset(cap));
-    if (!(__atomic_load_n(meta, __ATOMIC_ACQUIRE) & CKV_ROT_MEANS_SET))
-      set_means(ops, &rs, g, signs, moves, order + i, j - i, row, sum);
-    size_t rb = ckv_rot_row_bytes(fmt, g);
-    for (uint32_t l = 0; l < g->n_layers; l++)
-      for (uint32_t kv = 0; kv < 2; kv++) {
-        uint8_t *sc = ckv_b(dst, ckv_rot_scales_offset(fmt, g, cap, l, kv));
-        uint8_t *codes = ckv_b(dst, ckv_rot_codes_offset(fmt, g, cap, l, kv));
-        if (kv == 0)
-          for (uint32_t hd = 0; hd < H; hd++) key_mean(g, dst, cap, l, hd, sum + (size_t)hd * D);
+    uint32_t fmt = dh->format, cap = dh->capacity;
+    uint32_t *meta = (uint32_t *)ckv_b(dst, ckv_rot_meta_offset(cap));
+    bool fresh = !(__atomic_load_n(meta, __ATOMIC_ACQUIRE) & CKV_ROT_MEANS_SET);
+    if (fresh && !keys && !(keys = malloc(most * te * sizeof(float)))) {
+      free(sum);
+      return -12;
+    }
+    for (uint32_t l = 0; l < g->n_layers; l++) {
+      if (fresh) { /* the keys rotated once: for the means, then quantized from the buffer */
+        layer_means(ops, &rs, g, signs, moves, order + i, j - i, l, keys, sum);
         for (size_t k = i; k < j; k++) {
-          const ckv_move *m = &moves[order[k]];
-          read_rotated_row(ops, &rs, g, signs, m, l, kv, row);
-          if (kv == 0) /* keys less the block's mean */
-            for (size_t e = 0; e < (size_t)H * D; e++) row[e] = row[e] - sum[e];
-          for (uint32_t hd = 0; hd < H; hd++) {
-            size_t at = (size_t)m->dst_slot * H + hd;
-            rs.quant_head(row + (size_t)hd * D, D, bits, &sc[at], codes + at * rb);
-          }
+          float *r = keys + (k - i) * te;
+          ops->axpy(-1.0f, sum, r, te); /* r + -1 * sum = r - sum, one rounding */
+          quant_row(&rs, g, dst, fmt, cap, l, 0, moves[order[k]].dst_slot, r);
+        }
+      } else {
+        for (uint32_t hd = 0; hd < H; hd++) key_mean(g, dst, cap, l, hd, sum + (size_t)hd * D);
+        for (size_t k = i; k < j; k++) {
+          read_rotated_row(ops, &rs, g, signs, &moves[order[k]], l, 0, row);
+          ops->axpy(-1.0f, sum, row, te); /* keys less the block's mean: row - sum, one rounding */
+          quant_row(&rs, g, dst, fmt, cap, l, 0, moves[order[k]].dst_slot, row);
         }
       }
+      for (size_t k = i; k < j; k++) {
+        read_rotated_row(ops, &rs, g, signs, &moves[order[k]], l, 1, row);
+        quant_row(&rs, g, dst, fmt, cap, l, 1, moves[order[k]].dst_slot, row);
+      }
+    }
+    if (fresh) __atomic_fetch_or(meta, CKV_ROT_MEANS_SET, __ATOMIC_RELEASE);
     i = j;
   }
   free(sum);
+  free(keys);
   return 0;
 }

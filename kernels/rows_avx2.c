@@ -2,7 +2,7 @@
  * Compiled with -mavx2 -mfma -mf16c (kernels/CMakeLists.txt) and called only
  * after dispatch.c checked the CPU.  Quantizing primitives do exactly the
  * scalar operations, lane by lane, so their output bytes are the scalar ones;
- * tails fall back to the scalar table. */
+ * tails fall back to the scalar table, called only when there is one. */
 #include <immintrin.h>
 #include <math.h>
 
@@ -15,7 +15,7 @@ static void a_cvt_f16(const uint16_t *src, float *dst, size_t n) {
   size_t i = 0;
   for (; i + 8 <= n; i += 8)
     _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
-  SC.cvt_f16(src + i, dst + i, n - i);
+  if (i < n) SC.cvt_f16(src + i, dst + i, n - i);
 }
 static void a_cvt_bf16(const uint16_t *src, float *dst, size_t n) {
   size_t i = 0;
@@ -23,7 +23,7 @@ static void a_cvt_bf16(const uint16_t *src, float *dst, size_t n) {
     __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + i)));
     _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
   }
-  SC.cvt_bf16(src + i, dst + i, n - i);
+  if (i < n) SC.cvt_bf16(src + i, dst + i, n - i);
 }
 static void a_cvt_i8(const int8_t *src, float s, float *dst, size_t n) {
   size_t i = 0;
@@ -32,7 +32,7 @@ static void a_cvt_i8(const int8_t *src, float s, float *dst, size_t n) {
     __m256i w = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(src + i)));
     _mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_cvtepi32_ps(w), vs));
   }
-  SC.cvt_i8(src + i, s, dst + i, n - i);
+  if (i < n) SC.cvt_i8(src + i, s, dst + i, n - i);
 }
 /* 32 codes from a packed row, as 32 bytes in natural order. */
 static inline void unpack32(const uint8_t *row, uint32_t bits, __m128i *lo16, __m128i *hi16) {
@@ -64,13 +64,13 @@ static void a_cvt_codes(const uint8_t *row, uint32_t bits, float *dst, size_t n)
     _mm256_storeu_ps(dst + i + 16, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)));
     _mm256_storeu_ps(dst + i + 24, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))));
   }
-  SC.cvt_codes(row + i * bits / 8, bits, dst + i, n - i);
+  if (i < n) SC.cvt_codes(row + i * bits / 8, bits, dst + i, n - i);
 }
 static void a_affine(float *x, float s, float z, size_t n) {
   size_t i = 0;
   __m256 vs = _mm256_set1_ps(s), vz = _mm256_set1_ps(z);
   for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), vs), vz));
-  SC.affine(x + i, s, z, n - i);
+  if (i < n) SC.affine(x + i, s, z, n - i);
 }
 static inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -81,7 +81,7 @@ static inline float hsum(__m256 v) {
 static void a_mul(const float *a, const float *b, float *y, size_t n) {
   size_t i = 0;
   for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
-  SC.mul(a + i, b + i, y + i, n - i);
+  if (i < n) SC.mul(a + i, b + i, y + i, n - i);
 }
 static float a_dot(const float *a, const float *b, size_t n) {
   size_t i = 0;
@@ -129,7 +129,7 @@ static void a_axpy(float a, const float *x, float *y, size_t n) {
   __m256 va = _mm256_set1_ps(a);
   for (; i + 8 <= n; i += 8)
     _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
-  SC.axpy(a, x + i, y + i, n - i);
+  if (i < n) SC.axpy(a, x + i, y + i, n - i);
 }
 /* exp(x) for x <= 0 ... 88: Cody-Waite reduction, degree-6 polynomial, about 2 ulp. */
 static inline __m256 exp8(__m256 x) {
@@ -197,7 +197,7 @@ static void a_minmax(const float *x, float *mn, float *mx, size_t n) {
     _mm256_storeu_ps(mn + i, _mm256_min_ps(v, _mm256_loadu_ps(mn + i)));
     _mm256_storeu_ps(mx + i, _mm256_max_ps(v, _mm256_loadu_ps(mx + i)));
   }
-  SC.minmax(x + i, mn + i, mx + i, n - i);
+  if (i < n) SC.minmax(x + i, mn + i, mx + i, n - i);
 }
 /* An immediate operand: a macro, not a variable, so -O0 builds compile. */
 #define CKV_F16_RNE (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
@@ -266,7 +266,7 @@ static void a_quant_i8(const float *x, float inv, int8_t *dst, size_t n) {
     __m128i p = _mm_packs_epi32(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
     _mm_storel_epi64((__m128i *)(dst + i), _mm_packs_epi16(p, p));
   }
-  SC.quant_i8(x + i, inv, dst + i, n - i);
+  if (i < n) SC.quant_i8(x + i, inv, dst + i, n - i);
 }
 static void a_quant_u(const float *x, const float *zero, const float *inv, uint32_t bits, uint8_t *codes, size_t n) {
   size_t i = 0;
@@ -279,7 +279,7 @@ static void a_quant_u(const float *x, const float *zero, const float *inv, uint3
     __m128i p = _mm_packs_epi32(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
     _mm_storel_epi64((__m128i *)(codes + i), _mm_packus_epi16(p, p));
   }
-  SC.quant_u(x + i, zero + i, inv + i, bits, codes + i, n - i);
+  if (i < n) SC.quant_u(x + i, zero + i, inv + i, bits, codes + i, n - i);
 }
 /* Horizontal min / max of 8 lanes that hold no NaN. */
 static inline float hmin8(__m256 v) {

@@ -1,7 +1,8 @@
 /* rows_avx512.c - the row primitives with AVX-512 F/BW/VL (16 floats a step).
  * Compiled with -mavx512f -mavx512bw -mavx512vl -mfma -mf16c and called only
  * after dispatch.c checked the CPU.  Quantizing primitives do exactly the
- * scalar operations lane by lane (same bytes); tails use the AVX2 table. */
+ * scalar operations lane by lane (same bytes); tails use the AVX2 table,
+ * called only when there is one (a call per short group adds up). */
 #include <immintrin.h>
 #include <math.h>
 
@@ -14,7 +15,7 @@ static void z_cvt_f16(const uint16_t *src, float *dst, size_t n) {
   size_t i = 0;
   for (; i + 16 <= n; i += 16)
     _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + i))));
-  A2.cvt_f16(src + i, dst + i, n - i);
+  if (i < n) A2.cvt_f16(src + i, dst + i, n - i);
 }
 static void z_cvt_bf16(const uint16_t *src, float *dst, size_t n) {
   size_t i = 0;
@@ -22,7 +23,7 @@ static void z_cvt_bf16(const uint16_t *src, float *dst, size_t n) {
     __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(src + i)));
     _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
   }
-  A2.cvt_bf16(src + i, dst + i, n - i);
+  if (i < n) A2.cvt_bf16(src + i, dst + i, n - i);
 }
 static void z_cvt_i8(const int8_t *src, float s, float *dst, size_t n) {
   size_t i = 0;
@@ -31,7 +32,7 @@ static void z_cvt_i8(const int8_t *src, float s, float *dst, size_t n) {
     __m512i w = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(src + i)));
     _mm512_storeu_ps(dst + i, _mm512_mul_ps(_mm512_cvtepi32_ps(w), vs));
   }
-  A2.cvt_i8(src + i, s, dst + i, n - i);
+  if (i < n) A2.cvt_i8(src + i, s, dst + i, n - i);
 }
 static inline void unpack32(const uint8_t *row, uint32_t bits, __m128i *lo16, __m128i *hi16) {
   if (bits == 4) {
@@ -60,18 +61,18 @@ static void z_cvt_codes(const uint8_t *row, uint32_t bits, float *dst, size_t n)
     _mm512_storeu_ps(dst + i, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo)));
     _mm512_storeu_ps(dst + i + 16, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi)));
   }
-  A2.cvt_codes(row + i * bits / 8, bits, dst + i, n - i);
+  if (i < n) A2.cvt_codes(row + i * bits / 8, bits, dst + i, n - i);
 }
 static void z_affine(float *x, float s, float z, size_t n) {
   size_t i = 0;
   __m512 vs = _mm512_set1_ps(s), vz = _mm512_set1_ps(z);
   for (; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), vs), vz));
-  A2.affine(x + i, s, z, n - i);
+  if (i < n) A2.affine(x + i, s, z, n - i);
 }
 static void z_mul(const float *a, const float *b, float *y, size_t n) {
   size_t i = 0;
   for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, _mm512_mul_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i)));
-  A2.mul(a + i, b + i, y + i, n - i);
+  if (i < n) A2.mul(a + i, b + i, y + i, n - i);
 }
 static float z_dot(const float *a, const float *b, size_t n) {
   size_t i = 0;
@@ -127,7 +128,7 @@ static void z_axpy(float a, const float *x, float *y, size_t n) {
   __m512 va = _mm512_set1_ps(a);
   for (; i + 16 <= n; i += 16)
     _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
-  A2.axpy(a, x + i, y + i, n - i);
+  if (i < n) A2.axpy(a, x + i, y + i, n - i);
 }
 static inline __m512 exp16(__m512 x) {
   __mmask16 zero = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_LT_OQ);
@@ -184,7 +185,7 @@ static void z_minmax(const float *x, float *mn, float *mx, size_t n) {
     _mm512_storeu_ps(mn + i, _mm512_min_ps(v, _mm512_loadu_ps(mn + i)));
     _mm512_storeu_ps(mx + i, _mm512_max_ps(v, _mm512_loadu_ps(mx + i)));
   }
-  A2.minmax(x + i, mn + i, mx + i, n - i);
+  if (i < n) A2.minmax(x + i, mn + i, mx + i, n - i);
 }
 /* kernels/quant.h's rules, 16 groups at a time: F16C conversion is IEEE round-to-nearest-even,
  * like ckv_f32_to_f16, so the FP16 bits are the scalar ones. */
@@ -234,7 +235,7 @@ static void z_quant_i8(const float *x, float inv, int8_t *dst, size_t n) {
     r = _mm512_min_ps(_mm512_max_ps(r, lo), hi);
     _mm_storeu_si128((__m128i *)(dst + i), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(r)));
   }
-  A2.quant_i8(x + i, inv, dst + i, n - i);
+  if (i < n) A2.quant_i8(x + i, inv, dst + i, n - i);
 }
 static void z_quant_u(const float *x, const float *zero, const float *inv, uint32_t bits, uint8_t *codes, size_t n) {
   size_t i = 0;
@@ -245,7 +246,78 @@ static void z_quant_u(const float *x, const float *zero, const float *inv, uint3
     r = _mm512_min_ps(_mm512_max_ps(r, lo), hi);
     _mm_storeu_si128((__m128i *)(codes + i), _mm512_cvtusepi32_epi8(_mm512_cvtps_epi32(r)));
   }
-  A2.quant_u(x + i, zero + i, inv + i, bits, codes + i, n - i);
+  if (i < n) A2.quant_u(x + i, zero + i, inv + i, bits, codes + i, n - i);
+}
+
+/* ckv_f16_round_up of 8 lanes (quant.h's steps: clamp, F16C round-to-nearest-even, one step up where that
+ * fell below), as rows_avx2.c's f16_up8. */
+static inline __m128i z_f16_up8(__m256 v) {
+  const __m256 zero = _mm256_setzero_ps(), big = _mm256_set1_ps(CKV_F16_MAX);
+  v = _mm256_add_ps(_mm256_min_ps(_mm256_max_ps(v, zero), big), zero);
+  __m128i h = _mm256_cvtps_ph(v, CKV_F16_RNE);
+  __mmask8 under = _mm256_cmp_ps_mask(_mm256_cvtph_ps(h), v, _CMP_LT_OQ);
+  return _mm_mask_add_epi16(h, under, h, _mm_set1_epi16(1));
+}
+/* 16 halves widened exactly (FP16 by F16C, BF16 by a shift). */
+static inline __m512 widen16(const uint16_t *h, int bf16) {
+  __m256i w = _mm256_loadu_si256((const __m256i *)h);
+  return bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(w), 16)) : _mm512_cvtph_ps(w);
+}
+/* rows_avx2.c's q8_groups_h 16 lanes at a time, for groups of a multiple of 16 elements (the others take the
+ * AVX2 version): per 8 groups their absmax (|NaN| is NaN, and max_ps returns its second operand: NaN ignored), their 8 scales
+ * in one F16C step, then the codes (rint, clamp: max_ps(NaN, lo) = lo, as fmaxf). */
+static inline __attribute__((always_inline)) void z_q8_groups_h(const uint16_t *h, const int bf16, size_t n, size_t gl,
+                                                                 int8_t *codes, uint16_t *scales) {
+  size_t ng = (n + gl - 1) / gl;
+  const __m512 lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
+  for (size_t q0 = 0; q0 < ng; q0 += 8) {
+    size_t nb = ng - q0 < 8 ? ng - q0 : 8;
+    float am[8] = {0}, inv[8];
+    uint16_t s16[8];
+    for (size_t k = 0; k < nb; k++) {
+      size_t l0 = (q0 + k) * gl, cnt = n - l0 < gl ? n - l0 : gl, i = 0;
+      __m512 m0 = _mm512_setzero_ps(), m1 = m0; /* two chains: max_ps latency */
+      for (; i + 32 <= cnt; i += 32) {
+        m0 = _mm512_max_ps(_mm512_abs_ps(widen16(h + l0 + i, bf16)), m0);
+        m1 = _mm512_max_ps(_mm512_abs_ps(widen16(h + l0 + i + 16, bf16)), m1);
+      }
+      for (; i + 16 <= cnt; i += 16) m0 = _mm512_max_ps(_mm512_abs_ps(widen16(h + l0 + i, bf16)), m0);
+      am[k] = _mm512_reduce_max_ps(_mm512_max_ps(m0, m1)); /* no NaN in any lane */
+      for (; i < cnt; i++) { /* the last group's tail */
+        float a = fabsf(bf16 ? ckv_bf16_to_f32(h[l0 + i]) : _cvtsh_ss(h[l0 + i]));
+        am[k] = a > am[k] ? a : am[k];
+      }
+    }
+    __m128i hs = z_f16_up8(_mm256_div_ps(_mm256_loadu_ps(am), _mm256_set1_ps(127.0f)));
+    _mm_storeu_si128((__m128i *)s16, hs);
+    __m256 sf = _mm256_cvtph_ps(hs);
+    __mmask8 pos = _mm256_cmp_ps_mask(sf, _mm256_setzero_ps(), _CMP_GT_OQ);
+    _mm256_storeu_ps(inv, _mm256_maskz_div_ps(pos, _mm256_set1_ps(1.0f), sf)); /* ckv_inv_scale */
+    for (size_t k = 0; k < nb; k++) {
+      size_t l0 = (q0 + k) * gl, cnt = n - l0 < gl ? n - l0 : gl, i = 0;
+      scales[q0 + k] = s16[k];
+      __m512 vi = _mm512_set1_ps(inv[k]);
+      for (; i + 16 <= cnt; i += 16) {
+        __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(widen16(h + l0 + i, bf16), vi), CKV_F16_RNE);
+        r = _mm512_min_ps(_mm512_max_ps(r, lo), hi);
+        _mm_storeu_si128((__m128i *)(codes + l0 + i), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(r)));
+      }
+      for (; i < cnt; i++) {
+        float v = bf16 ? ckv_bf16_to_f32(h[l0 + i]) : _cvtsh_ss(h[l0 + i]);
+        codes[l0 + i] = ckv_q8_code(v, inv[k]);
+      }
+    }
+  }
+}
+static void z_quant_i8_groups_h(const uint16_t *h, int bf16, size_t n, size_t gl, int8_t *codes, uint16_t *scales) {
+  if (gl % 16u) { /* groups straddling vectors: the AVX2 version */
+    ckv_avx2_quant_i8_groups_h(h, bf16, n, gl, codes, scales);
+    return;
+  }
+  if (bf16) /* specialised per input type, so the inner loops carry no branch */
+    z_q8_groups_h(h, 1, n, gl, codes, scales);
+  else
+    z_q8_groups_h(h, 0, n, gl, codes, scales);
 }
 
 const ckv_rowops ckv_rowops_avx512 = {
@@ -267,8 +339,9 @@ const ckv_rowops ckv_rowops_avx512 = {
     .qa_params = z_qa_params,
     .quant_i8 = z_quant_i8,
     .quant_u = z_quant_u,
-    /* whole rows: the AVX2 versions (8 groups per F16C step; groups are short) */
+    /* whole rows: the AVX2 versions (8 groups per F16C step; groups are short), but for FP16 / BF16 input
+     * rows, whose groups of a multiple of 16 elements take 16 lanes */
     .quant_i8_groups = ckv_avx2_quant_i8_groups,
     .quant_u_groups = ckv_avx2_quant_u_groups,
-    .quant_i8_groups_h = ckv_avx2_quant_i8_groups_h,
+    .quant_i8_groups_h = z_quant_i8_groups_h,
 };

@@ -511,3 +511,40 @@ Test(kernels, attention_every_path_format_and_shape) {
   }
   printf("attention: worst max rel err, float scores %.2e, int8 scores %.2e\n", worst[0], worst[1]);
 }
+
+/* The channel selection against a full sort by (magnitude descending, NaN as
+ * -1, channel ascending), the order it is defined by: every head_dim to 512
+ * and many r, on magnitudes with heavy ties, -0 next to +0, NaN, +-Inf and
+ * negative values (a worker's rows may hold anything). */
+typedef struct sel_rank {
+  float mag;
+  uint32_t ch;
+} sel_rank;
+static int sel_by_magnitude(const void *a, const void *b) {
+  const sel_rank *x = a, *y = b;
+  if (x->mag != y->mag) return x->mag > y->mag ? -1 : 1;
+  return x->ch < y->ch ? -1 : x->ch > y->ch;
+}
+Test(kernels, select_channels_equals_a_full_sort) {
+  kf_rng r = {77};
+  float mag[CKV_MAX_HEAD_DIM];
+  sel_rank rk[CKV_MAX_HEAD_DIM];
+  int checked = 0;
+  for (uint32_t d = 1; d <= CKV_MAX_HEAD_DIM; d += d < 70 ? 1 : 37) {
+    for (uint32_t i = 0; i < d; i++) {
+      uint64_t k = kf_next(&r) % 16;
+      mag[i] = k == 0 ? NAN : k == 1 ? INFINITY : k == 2 ? -0.0f : k == 3 ? 0.0f : k == 4 ? -INFINITY
+               : k == 5 ? -2.0f : k < 10 ? (float)(kf_next(&r) % 3) : fabsf(kf_normal(&r));
+      rk[i] = (sel_rank){isnan(mag[i]) ? -1.0f : mag[i], i};
+    }
+    qsort(rk, d, sizeof rk[0], sel_by_magnitude);
+    for (uint32_t want = 0; want <= d; want += 1 + d / 9) {
+      uint64_t mask[CKV_MAX_HEAD_DIM / 64], ref[CKV_MAX_HEAD_DIM / 64] = {0};
+      ckv_kernels_select_channels(mag, d, want, mask);
+      for (uint32_t i = 0; i < want; i++) ref[rk[i].ch / 64] |= 1ull << (rk[i].ch % 64);
+      cr_expect_arr_eq(mask, ref, (d + 63) / 64 * sizeof(uint64_t), "head_dim %u, %u kept", d, want);
+      checked++;
+    }
+  }
+  cr_expect_gt(checked, 500);
+}

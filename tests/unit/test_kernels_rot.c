@@ -285,3 +285,108 @@ Test(rot, attention_over_mixed_formats_matches_the_oracle) {
   free(rmass);
   for (int b = 0; b < NB; b++) free(blocks[b]);
 }
+
+/* Adversarial tokens for the SIMD comparison: slot s of the draft by kind. */
+static float adversarial(kf_rng *r, uint32_t layer, uint32_t kv, uint32_t e, void *ctx) {
+  const uint32_t *D = ctx;
+  uint32_t slot = layer >> 8, ch = e % *D; /* the slot rides in the layer's high bits (see fill_adversarial) */
+  static const float edge[] = {NAN, INFINITY, -INFINITY, 65504.0f, -65504.0f, 6e-8f, -6e-8f, 1e-5f, 0.0f, -0.0f, 1e30f};
+  switch (slot % 8) {
+    case 1: return edge[e % (sizeof edge / sizeof edge[0])];
+    case 2: return 0.0f; /* a head of zeros: scale 0 */
+    case 3: return kv ? -3.0f : 7.25f; /* constant */
+    case 4: return ch == 3 ? 60000.0f : kf_normal(r) * 1e-3f; /* one outlier */
+    case 5: return (float)(e % 5) * 6e-8f; /* FP16 subnormals only */
+    case 6: return kf_normal(r) * 3000.0f;
+    default: return kf_normal(r) + (ch == 5 ? 20.0f : 0.0f);
+  }
+}
+static void fill_adversarial(const ckv_geometry *g, void *d, kf_rng *r) {
+  uint32_t D = g->head_dim;
+  size_t te = ckv_draft_token_elems(g);
+  float *x = malloc(te * sizeof(float));
+  for (uint32_t s = 0; s < 64; s++) {
+    for (uint32_t l = 0; l < g->n_layers; l++)
+      for (uint32_t kv = 0; kv < 2; kv++) {
+        for (size_t e = 0; e < te; e++) x[e] = adversarial(r, s << 8 | l, kv, (uint32_t)e, &D);
+        kf_put(g, d, l, kv, s, x);
+      }
+    ckv_block_positions(d)[s] = s;
+    ckv_block_set_valid(d, s, true);
+  }
+  free(x);
+}
+
+/* Every SIMD path against the scalar one, byte for byte and float for float:
+ * quantizing (draft, staged and rotated sources; an odd number of tokens into
+ * a block, in scrambled slots) and dequantizing every token back, at every
+ * head_dim from 8 to 512, 3 KV heads, on adversarial tokens (NaN, +-Inf,
+ * +-65504, FP16 subnormals, zero and constant heads, outliers). */
+Test(rot, simd_paths_equal_scalar_on_adversarial_tokens) {
+  static const ckv_cpu_path paths[] = {CKV_PATH_SCALAR, CKV_PATH_AVX2, CKV_PATH_AVX512};
+  static const uint32_t dims[] = {8, 16, 32, 64, 128, 256, 512};
+  enum { NT = 37 };
+  int compared = 0;
+  for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
+    ckv_geometry g = {.n_layers = 2, .n_kv_heads = 3, .head_dim = dims[di], .dtype = CKV_DTYPE_FP16};
+    size_t te = ckv_draft_token_elems(&g);
+    kf_rng r = {0x5eed + di};
+    void *d = kf_block(CKV_FORMAT_DRAFT, &g, 64, 0);
+    fill_adversarial(&g, d, &r);
+    for (size_t f = 0; f < 4; f++)
+      for (uint32_t via = 0; via < 3; via++) { /* from the draft, from a staged copy, from a rot4 copy */
+        uint32_t fmt = rot_formats[f], src_fmt = via == 0 ? CKV_FORMAT_DRAFT : via == 1 ? CKV_FORMAT_STAGED : CKV_FORMAT_ROT4;
+        size_t n = ckv_format_block_bytes(fmt, &g, 64, 0);
+        void *ref = NULL;
+        float *x = malloc(te * sizeof(float)), *y = malloc(te * sizeof(float));
+        for (size_t p = 0; p < 3; p++) {
+          if (ckv_kernels_force(paths[p]) != CKV_OK) continue;
+          void *src = d, *mid = NULL, *c = kf_block(fmt, &g, 64, 0);
+          ckv_move m[64];
+          if (via) { /* the intermediate block on the scalar path, the same for every path */
+            ckv_kernels_force(CKV_PATH_SCALAR);
+            mid = src = kf_block(src_fmt, &g, 64, 0);
+            for (uint32_t t = 0; t < 64; t++) m[t] = (ckv_move){.src = d, .src_slot = t, .dst = mid, .dst_slot = t};
+            cr_assert_eq(ckv_kernels_move(&g, m, 64, CKV_MOVE_SET_VALID), CKV_OK);
+            ckv_kernels_force(paths[p]);
+          }
+          for (uint32_t t = 0; t < NT; t++)
+            m[t] = (ckv_move){.src = src, .src_slot = (t * 7) % 64, .dst = c, .dst_slot = (t * 13 + 5) % 64};
+          cr_assert_eq(ckv_kernels_move(&g, m, NT, CKV_MOVE_SET_VALID), CKV_OK);
+          free(mid);
+          if (!ref) {
+            ref = c;
+            continue;
+          }
+          cr_expect_eq(memcmp(ref, c, n), 0, "D %u rot%u from format %u: path %s writes other bytes than scalar", g.head_dim,
+                       ckv_format_code_bits(fmt), src_fmt, ckv_kernels_path_name(paths[p]));
+          /* dequantized: this path's reading of the scalar block against the scalar path's */
+          for (uint32_t t = 0; t < NT; t++)
+            for (uint32_t l = 0; l < g.n_layers; l++)
+              for (uint32_t kv = 0; kv < 2; kv++) {
+                uint32_t slot = (t * 13 + 5) % 64;
+                cr_assert_eq(ckv_kernels_dequantize(&g, ref, l, kv, slot, y), CKV_OK);
+                ckv_kernels_force(CKV_PATH_SCALAR);
+                cr_assert_eq(ckv_kernels_dequantize(&g, ref, l, kv, slot, x), CKV_OK);
+                ckv_kernels_force(paths[p]);
+                if (memcmp(x, y, te * sizeof(float))) {
+                  size_t e = 0;
+                  while (ckv_f32_bits(x[e]) == ckv_f32_bits(y[e])) e++;
+                  cr_expect(0, "D %u rot%u slot %u layer %u kv %u: path %s dequantizes element %zu to %a, scalar to %a",
+                            g.head_dim, ckv_format_code_bits(fmt), slot, l, kv, ckv_kernels_path_name(paths[p]), e, y[e], x[e]);
+                }
+                for (size_t e = 0; e < te; e++) cr_assert(isfinite(y[e]));
+              }
+          compared++;
+          free(c);
+        }
+        free(ref);
+        free(x);
+        free(y);
+      }
+    free(d);
+  }
+  ckv_kernels_force(CKV_PATH_AUTO);
+  if (!compared) cr_skip_test("no SIMD path on this CPU");
+  fprintf(stderr, "rot simd: %d path x head_dim x format x source comparisons\n", compared);
+}

@@ -188,7 +188,7 @@ Test(simd, group_quantizers_bit_equal) {
   for (int i = 352; i < 384; i++) x[i] = kf_normal(&r) * 1e-6f;
   for (int i = 384; i < 416; i++) x[i] = kf_normal(&r) * 1e6f;
   for (int i = 416; i < 448; i++) x[i] = 3.0f + kf_normal(&r) * 1e-3f; /* far from 0: the zero point matters */
-  static const size_t gls[] = {1, 7, 8, 32, 40, 128, 1024, N};
+  static const size_t gls[] = {1, 7, 8, 16, 32, 40, 48, 128, 1024, N};
   int tested = 0;
   for (size_t p = 0; p < 2; p++) {
     if (!ckv_kernels_path_supported(simd_paths[p])) continue;
@@ -249,6 +249,22 @@ Test(simd, transitions_bit_equal) {
                      ckv_kernels_path_name(simd_paths[p]));
         cr_expect_eq(memcmp(c, c_ref, ckv_format_block_bytes(fmt, g, 64, kept)), 0, "commit bytes fmt %u, %s", fmt,
                      ckv_kernels_path_name(simd_paths[p]));
+        /* and read back: this path's floats of the scalar blocks are the scalar path's (pruned keys too) */
+        size_t te = ckv_draft_token_elems(g);
+        float *x = malloc(te * sizeof(float)), *y = malloc(te * sizeof(float));
+        for (int which = 0; which < 2; which++)
+          for (uint32_t slot = 0; slot < 64; slot++)
+            for (uint32_t l = 0; l < g->n_layers; l++)
+              for (uint32_t kv = 0; kv < 2; kv++) {
+                const void *blk = which ? c_ref : s_ref;
+                cr_assert_eq(ckv_kernels_dequantize(g, blk, l, kv, slot, y), CKV_OK);
+                ckv_kernels_force(CKV_PATH_SCALAR);
+                cr_assert_eq(ckv_kernels_dequantize(g, blk, l, kv, slot, x), CKV_OK);
+                ckv_kernels_force(simd_paths[p]);
+                cr_expect_eq(memcmp(x, y, te * sizeof(float)), 0, "dequantized %s fmt %u slot %u layer %u kv %u, %s",
+                             which ? "commit" : "staged", fmt, slot, l, kv, ckv_kernels_path_name(simd_paths[p]));
+              }
+        free(x), free(y);
         free(s), free(c);
       }
       free(s_ref), free(c_ref);
