@@ -252,6 +252,16 @@ static const jval *check_shape(const jval *root, const char *name) {
   return found;
 }
 
+/* The workload named `name` (NULL if absent), no shape checks (--policies leaves policies null). */
+static const jval *find_workload(const jval *root, const char *name) {
+  const jval *wls = jget(root, "workloads");
+  for (size_t w = 0; wls && wls->t == J_ARR && w < wls->n; w++) {
+    const jval *nm = jget(wls->items[w], "name");
+    if (nm && nm->t == J_STR && !strcmp(nm->str, name)) return wls->items[w];
+  }
+  return NULL;
+}
+
 static double policy_field(const jval *wl, const char *policy, const char *field) {
   const jval *pols = jget(wl, "policies");
   for (size_t i = 0; i < pols->n; i++) {
@@ -281,14 +291,14 @@ Test(quality, quick_json_has_every_field_and_commitkv_keeps_the_facts, .timeout 
   /* the claim: commitkv keeps every planted fact a later query needs */
   cr_assert_float_eq(policy_field(syn, "commitkv", "fact_recall"), 1.0, 1e-9,
                      "commitkv lost a planted fact (fact_recall %.3f)", policy_field(syn, "commitkv", "fact_recall"));
-  /* formats v2 with bits by value (facts ROT4, warm tokens ROT3, cold tokens and filler ROT2) and
-   * compaction of blocks at most 7/8 full, one-byte rotated scales: measured 0.277 of FP16 at cosine
-   * 0.9932 (FP16 scales: 0.284 at 0.9940; warm tokens in
-   * ROT4 and compaction at 3/4: 0.334 at 0.9943; KIVI formats and the seed's rules: 0.487 at
-   * 0.9979; kivi4 0.376 at 0.9964) */
+  /* formats v2 with bits by value (facts ROT4, warm tokens and attended filler ROT2, cold tokens
+   * ROT1), a 12-token window, 32-token blocks: measured at this (quick) geometry 0.209 of FP16 at
+   * cosine 0.9912 (warm ROT3, cold ROT2, window 32, 64-token blocks: 0.277 at 0.9932; KIVI formats
+   * and the seed's rules: 0.487 at 0.9979; kivi4 0.353 at 0.9952). The issue's bound (0.20) is on
+   * the full geometry: agent_synthetic_full_geometry below. */
   double ratio = policy_field(syn, "commitkv", "bytes_ratio_fp16"), cos = policy_field(syn, "commitkv", "attn_cosine");
   fprintf(stderr, "agent-synthetic quick: commitkv %.3f of fp16, cosine %.5f\n", ratio, cos);
-  cr_expect_leq(ratio, 0.30, "commitkv keeps %.3f of FP16 bytes", ratio);
+  cr_expect_leq(ratio, 0.22, "commitkv keeps %.3f of FP16 bytes", ratio);
   cr_expect_geq(cos, 0.990, "commitkv cosine %.5f", cos);
   /* every format on the workload's K/V: bits and errors within floors taken from measurement */
   const jval *fl = jget(syn, "formats");
@@ -322,7 +332,7 @@ Test(quality, quick_json_has_every_field_and_commitkv_keeps_the_facts, .timeout 
   cr_expect_lt(jget(fl->items[5], "key_rel_error")->num, jget(fl->items[2], "key_rel_error")->num,
                "rot4 keys should beat kivi4 with a quarter of the key channels pruned");
   /* by attention alone (no CONFIRMATION tags, no semantic scores): not worse than kivi2's fidelity.
-   * Measured: commitkv 0.342 of FP16 at cosine 0.9866 (facts 0.67), kivi2 0.262 at 0.9543 (facts 1.0) */
+   * Measured: commitkv 0.199 of FP16 at cosine 0.9602 (facts 0.67), kivi2 0.235 at 0.9447 (facts 1.0) */
   const jval *att = check_shape(root, "agent-synthetic-attention");
   cr_assert_not_null(att, "no agent-synthetic-attention workload");
   double ca = policy_field(att, "commitkv", "attn_cosine"), k2 = policy_field(att, "kivi2", "attn_cosine");
@@ -332,6 +342,50 @@ Test(quality, quick_json_has_every_field_and_commitkv_keeps_the_facts, .timeout 
   jfree(root);
   free(out);
   ckv_test_rmdir(dir);
+}
+
+/* The issue's claim at its geometry (32 layers x 8 KV heads x 128, 32 rounds, 1575 tokens): commitkv
+ * at most 0.20 of FP16 with cosine >= 0.99 and every planted fact; h2o and streaming at the same
+ * bytes lose facts; by attention alone not worse than kivi2.  Measured (commitkv-bench quality
+ * --synthetic --policies commitkv,kivi2,h2o,streaming): commitkv 0.192 at 0.99325, facts 1.0;
+ * h2o / streaming 0.203, facts 0.0; attention alone 0.194 at 0.9689 against kivi2's 0.211 at
+ * 0.9527.  About 2 minutes here; skipped under the sanitizers (10x slower; the quick test above
+ * runs the same code there). */
+Test(quality, agent_synthetic_full_geometry, .timeout = 900) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  fprintf(stderr, "SKIPPED: agent_synthetic_full_geometry under a sanitizer (the quick test covers the code)\n");
+  cr_skip("full geometry under a sanitizer");
+#else
+  char *dir = ckv_test_tmpdir("ckv-quality-full");
+  char *out = NULL;
+  const char *args[] = {"quality", "--synthetic", "--policies", "commitkv,kivi2,h2o,streaming", "--json", NULL};
+  cr_assert_eq(run_bench(args, dir, &out), 0, "commitkv-bench quality --synthetic failed");
+  jval *root = json_parse(out);
+  cr_assert_not_null(root, "not one JSON object: %s", out);
+  const jval *syn = find_workload(root, "agent-synthetic"), *att = find_workload(root, "agent-synthetic-attention");
+  cr_assert(syn && att, "both synthetic workloads reported");
+  double ratio = policy_field(syn, "commitkv", "bytes_ratio_fp16"), cos = policy_field(syn, "commitkv", "attn_cosine"),
+         facts = policy_field(syn, "commitkv", "fact_recall");
+  fprintf(stderr, "agent-synthetic 32 x 8 x 128: commitkv %.3f of fp16, cosine %.5f, facts %.2f\n", ratio, cos, facts);
+  cr_expect_leq(ratio, 0.20, "commitkv keeps %.3f of FP16 bytes", ratio);
+  cr_expect_geq(cos, 0.990, "commitkv cosine %.5f", cos);
+  cr_expect_float_eq(facts, 1.0, 1e-9, "commitkv lost a planted fact (fact_recall %.3f)", facts);
+  for (int i = 0; i < 2; i++) {
+    const char *pol = i ? "streaming" : "h2o";
+    double b = policy_field(syn, pol, "bytes_ratio_fp16"), f = policy_field(syn, pol, "fact_recall");
+    fprintf(stderr, "  %s: %.3f of fp16, facts %.2f\n", pol, b, f);
+    cr_expect(b >= 0.8 * ratio && b <= 1.2 * ratio, "%s ran at %.3f of FP16, not commitkv's %.3f", pol, b, ratio);
+    cr_expect_lt(f, 1.0, "%s kept every fact at commitkv's bytes", pol);
+  }
+  double ca = policy_field(att, "commitkv", "attn_cosine"), k2 = policy_field(att, "kivi2", "attn_cosine");
+  fprintf(stderr, "  attention alone: commitkv %.3f of fp16 at cosine %.5f, kivi2 %.3f at %.5f\n",
+          policy_field(att, "commitkv", "bytes_ratio_fp16"), ca, policy_field(att, "kivi2", "bytes_ratio_fp16"), k2);
+  cr_expect_geq(ca, k2, "by attention alone commitkv's cosine %.5f is below kivi2's %.5f", ca, k2);
+  cr_expect(isnan(policy_field(syn, "kivi4", "attn_cosine")), "--policies ran kivi4");
+  jfree(root);
+  free(out);
+  ckv_test_rmdir(dir);
+#endif
 }
 
 /* The real-model path with a stand-in commitkv-llm: the bench must take the
