@@ -48,6 +48,19 @@ static int plan_push(plan_buf *b, ckv_srv_session *s, uint32_t pos, uint32_t dst
   return CKV_OK;
 }
 
+/* Room for `n` moves, so planning never reallocates. */
+static int plan_reserve(plan_buf *b, size_t n) {
+  if (n <= b->cap) return CKV_OK;
+  ckv_move *nm = realloc(b->moves, n * sizeof(*nm));
+  if (!nm) return -ENOMEM;
+  b->moves = nm;
+  move_rec *nr = realloc(b->recs, n * sizeof(*nr));
+  if (!nr) return -ENOMEM;
+  b->recs = nr;
+  b->cap = n;
+  return CKV_OK;
+}
+
 /* Where the rotated formats pay: a power-of-two head_dim of at least 32
  * (their one-byte scale per head costs 8/head_dim bits per element; KIVI's
  * scale and zero per 32 cost about 1). */
@@ -286,6 +299,11 @@ static int submit(ckv_srv_session *s, ckv_compressor *c, plan_buf *b, int copy) 
   return CKV_OK;
 }
 
+static int by_pos(const void *a, const void *b) {
+  uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+  return x < y ? -1 : x > y;
+}
+
 /* Blocks at most seven eighths full, not being filled, with no token in flight, move
  * their survivors to the fill block of their format (draft, staged).  At three
  * quarters, agent-synthetic ended with 124 staged tokens in three 64-slot blocks
@@ -314,23 +332,59 @@ static int compact(ckv_srv_session *s, ckv_compressor *c) {
   }
   /* A block waits when a move of one of its tokens is in flight, or when it
    * holds a draft token appended since the last report: the worker may still
-   * be writing that token's K/V into the slot it was given. */
+   * be writing that token's K/V into the slot it was given.  A block's tokens
+   * are its valid slots (the daemon's shadow of its header: positions and
+   * valid bits), so only the sparse blocks are read, never every token. */
   const uint32_t reported = (uint32_t)s->last_round;
-  for (size_t p = 0; p < t->n; p++) {
-    bool unreported = t->state[p] == CKV_STATE_DRAFT && t->last_transition[p] >= reported;
-    if (((t->flags[p] & CKV_TOKEN_PENDING) || unreported) && t->block[p] < n_known) sparse[t->block[p]] = 0;
-  }
-  plan_buf b = {0};
+  uint32_t *cand = NULL;
+  size_t n_cand = 0, cap_cand = 0;
   int r = CKV_OK;
-  for (size_t p = 0; p < t->n && r == CKV_OK; p++) {
-    uint32_t blk = t->block[p];
-    if (blk == CKV_NO_BLOCK || blk >= n_known || !sparse[blk] || t->state[p] == CKV_STATE_RECYCLED) continue;
+  for (size_t i = 0; i < n_known && r == CKV_OK; i++) {
+    if (!sparse[i]) continue;
+    const uint8_t *meta = s->blocks[i].meta;
+    const uint32_t *positions = ckv_block_positions_const(meta);
+    size_t mark = n_cand;
+    for (uint32_t slot = 0; slot < s->blocks[i].capacity && sparse[i]; slot++) {
+      if (!ckv_block_slot_valid(meta, slot)) continue;
+      uint32_t p = positions[slot];
+      bool unreported = p < t->n && t->state[p] == CKV_STATE_DRAFT && t->last_transition[p] >= reported;
+      /* a slot that is not its token's place would be a broken record: leave the block alone */
+      if (p >= t->n || t->block[p] != i || t->slot[p] != slot || (t->flags[p] & CKV_TOKEN_PENDING) || unreported) {
+        sparse[i] = 0;
+        break;
+      }
+      if (n_cand == cap_cand) {
+        size_t ncap = cap_cand ? cap_cand * 2 : 256;
+        uint32_t *nc = realloc(cand, ncap * sizeof(*nc));
+        if (!nc) {
+          r = -ENOMEM;
+          break;
+        }
+        cand = nc;
+        cap_cand = ncap;
+      }
+      if (t->state[p] != CKV_STATE_RECYCLED) cand[n_cand++] = p;
+    }
+    if (!sparse[i]) n_cand = mark;
+  }
+  if (r < 0) {
+    free(cand);
+    free(sparse);
+    return r;
+  }
+  /* in position order, as a scan of the tokens would find them */
+  qsort(cand, n_cand, sizeof(*cand), by_pos);
+  plan_buf b = {0};
+  r = plan_reserve(&b, n_cand);
+  for (size_t i = 0; i < n_cand && r == CKV_OK; i++) {
+    uint32_t p = cand[i], blk = t->block[p];
     uint32_t dst;
     uint16_t slot;
     r = reserve(s, s->blocks[blk].format, 1, 1, &dst, &slot);
     if (r == CKV_OK && dst < n_known && sparse[dst]) r = CKV_ERR_STATE; /* cannot happen: fill blocks are never sparse */
-    if (r == CKV_OK) r = plan_push(&b, s, (uint32_t)p, dst, slot);
+    if (r == CKV_OK) r = plan_push(&b, s, p, dst, slot);
   }
+  free(cand);
   free(sparse);
   if (b.n == 0) {
     free(b.moves);
