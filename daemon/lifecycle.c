@@ -512,7 +512,7 @@ static int compact(ckv_srv_session *s, ckv_compressor *c) {
     return r;
   }
   /* in position order, as a scan of the tokens would find them */
-  qsort(cand, n_cand, sizeof(*cand), by_pos);
+  if (n_cand > 1) qsort(cand, n_cand, sizeof(*cand), by_pos);
   plan_buf b = {0};
   r = plan_reserve(&b, n_cand);
   for (size_t i = 0; i < n_cand && r == CKV_OK; i++) {
