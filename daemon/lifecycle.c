@@ -149,7 +149,7 @@ int ckv_lifecycle_plan(ckv_srv_session *s, ckv_compressor *c, bool flush) {
   int r = plan(s, c, flush, &deferred);
   /* A flush made in parts closes the partial chunks in its last part, as one
    * plan would have. */
-  s->plan_flush = flush && deferred;
+  if (!s->plan_dirty || deferred) s->plan_flush = flush && deferred; /* a full queue keeps it for later */
   /* While a plan made in parts goes on, most blocks are in flux: compaction
    * waits for its last part (each part would rescan every token). */
   if (r == CKV_OK && !deferred) r = compact(s, c);
@@ -234,6 +234,14 @@ static int plan_reserve(plan_buf *b, size_t n) {
   b->recs = nr;
   b->cap = n;
   return CKV_OK;
+}
+
+/* Whether token p's bytes lag its state (count_pending's test, less the moves in flight). */
+static bool lags(const ckv_srv_session *s, size_t p) {
+  uint8_t st = s->tokens.state[p];
+  uint32_t f = physical_format(s, p);
+  return (st == CKV_STATE_STAGED && f != CKV_FORMAT_STAGED) ||
+         (st == CKV_STATE_COMMITTED && !ckv_format_is_committed_state(f));
 }
 
 static int plan(ckv_srv_session *s, ckv_compressor *c, bool flush, bool *ret_deferred) {
@@ -578,6 +586,9 @@ void ckv_lifecycle_publish(ckv_srv_session *s, ckv_compressor *c, ckv_job *j) {
     ckv_block_set_valid(src, m->src_slot, false);
     t->block[m->pos] = live ? m->dst_block : CKV_NO_BLOCK;
     t->slot[m->pos] = m->dst_slot;
+    /* A token that moved on meanwhile (or is logically committed and went
+     * to staged first) still lags: the next plan must look at it again. */
+    if (live && m->pos < s->plan_from && lags(s, m->pos)) s->plan_from = m->pos;
     ckv_srv_session_release_slot(s, m->src_block);
     if (!live) ckv_srv_session_release_slot(s, m->dst_block);
   }
