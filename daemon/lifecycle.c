@@ -486,8 +486,15 @@ static int compact(ckv_srv_session *s, ckv_compressor *c) {
   uint32_t *cand = NULL;
   size_t n_cand = 0, cap_cand = 0;
   int r = CKV_OK;
+  /* Whole blocks up to the plan's bound per call: the rest on the next one
+   * (the copies are byte for byte, so where the cut falls changes no bytes). */
+  const size_t budget = s->plan_max_moves ? s->plan_max_moves : CKV_LIFECYCLE_PLAN_MAX_MOVES;
   for (size_t i = 0; i < n_known && r == CKV_OK; i++) {
     if (!sparse[i]) continue;
+    if (n_cand >= budget) {
+      s->plan_dirty = true;
+      break;
+    }
     const uint8_t *meta = s->blocks[i].meta;
     const uint32_t *positions = ckv_block_positions_const(meta);
     size_t mark = n_cand;
