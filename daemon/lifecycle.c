@@ -115,7 +115,7 @@ static uint32_t physical_format(const ckv_srv_session *s, size_t pos) {
 static uint64_t count_pending(const ckv_srv_session *s);
 static int submit(ckv_srv_session *s, ckv_compressor *c, plan_buf *b, int copy);
 
-static int plan(ckv_srv_session *s, ckv_compressor *c, bool flush);
+static int plan(ckv_srv_session *s, ckv_compressor *c, bool flush, bool *ret_deferred);
 
 static int compact(ckv_srv_session *s, ckv_compressor *c);
 
@@ -144,85 +144,235 @@ static void note_stall(ckv_srv_session *s) {
 int ckv_lifecycle_plan(ckv_srv_session *s, ckv_compressor *c, bool flush) {
   if (s->quarantined) return CKV_OK; /* its blocks are not trusted: nothing moves any more */
   s->stalled_on = 0;
-  int r = plan(s, c, flush);
-  if (r == CKV_OK) r = compact(s, c);
-  s->pending = count_pending(s);
+  bool deferred = false;
+  flush = flush || s->plan_flush;
+  int r = plan(s, c, flush, &deferred);
+  /* A flush made in parts closes the partial chunks in its last part, as one
+   * plan would have. */
+  if (!s->plan_dirty || deferred) s->plan_flush = flush && deferred; /* a full queue keeps it for later */
+  /* While a plan made in parts goes on, most blocks are in flux: compaction
+   * waits for its last part (each part would rescan every token). */
+  if (r == CKV_OK && !deferred) r = compact(s, c);
+  if (r < 0) s->pending = count_pending(s); /* plan's own count may be short */
   note_stall(s);
   return r;
 }
 
-static int plan(ckv_srv_session *s, ckv_compressor *c, bool flush) {
+/* One plan call's bound (ckv_srv_session.plan_max_moves): past `budget`
+ * moves a format takes tokens only into a block this call opened, until that
+ * block is full, and opens no new one.  A block's first job decides what all
+ * its tokens share (a rotated block's key mean, a committed block's kept
+ * channels), so a job never leaves a block it opened half-filled for a later
+ * job: the tokens, blocks and bytes are those of one unbounded plan whenever
+ * nothing is judged between the calls (publishing plans the rest at once). */
+typedef struct plan_bound {
+  size_t budget;
+  uint32_t opened[CKV_FILL_COUNT]; /* the block this call opened per format, CKV_NO_BLOCK: none */
+  bool deferred;                   /* tokens were left for a later call */
+} plan_bound;
+
+static void plan_bound_init(plan_bound *x, const ckv_srv_session *s) {
+  x->budget = s->plan_max_moves ? s->plan_max_moves : CKV_LIFECYCLE_PLAN_MAX_MOVES;
+  for (int f = 0; f < CKV_FILL_COUNT; f++) x->opened[f] = CKV_NO_BLOCK;
+  x->deferred = false;
+}
+
+/* Free slots of the fill block of `format` from its next `align`ed slot on
+ * (0 without a fill block). */
+static uint32_t fill_room(const ckv_srv_session *s, uint32_t format, uint32_t align) {
+  uint32_t cur = s->fill[fill_index(format)];
+  if (cur == CKV_NO_BLOCK) return 0;
+  const ckv_sblock *b = &s->blocks[cur];
+  uint32_t start = (b->used + align - 1) / align * align;
+  return start < b->capacity ? b->capacity - start : 0;
+}
+
+/* Past the budget: room (0 = none) that `format` may still use in a block
+ * this call opened. */
+static uint32_t bound_room(const ckv_srv_session *s, const plan_bound *x, uint32_t format, uint32_t align) {
+  uint32_t cur = s->fill[fill_index(format)];
+  return cur != CKV_NO_BLOCK && cur == x->opened[fill_index(format)] ? fill_room(s, format, align) : 0;
+}
+
+/* Whether any committed format may still fill a block this call opened. */
+static bool bound_open(const ckv_srv_session *s, const plan_bound *x) {
+  for (int f = 0; f < CKV_FILL_COUNT; f++)
+    if (ckv_format_is_committed_state((uint32_t)f) && x->opened[f] != CKV_NO_BLOCK && bound_room(s, x, (uint32_t)f, 1))
+      return true;
+  return false;
+}
+
+/* reserve(), noting the blocks this call opens (a new block starts at slot 0;
+ * a fill block already has a slot in use). */
+static int take(ckv_srv_session *s, plan_bound *x, uint32_t format, uint32_t count, uint32_t align,
+                uint32_t *ret_block, uint16_t *ret_first) {
+  int r = reserve(s, format, count, align, ret_block, ret_first);
+  if (r == CKV_OK && *ret_first == 0) x->opened[fill_index(format)] = *ret_block;
+  return r;
+}
+
+static bool wants_staged(const ckv_srv_session *s, size_t p) {
+  const ckv_tokens *t = &s->tokens;
+  return !(t->flags[p] & CKV_TOKEN_PENDING) && t->state[p] != CKV_STATE_DRAFT && t->state[p] != CKV_STATE_RECYCLED &&
+         physical_format(s, p) == CKV_FORMAT_DRAFT;
+}
+
+static bool wants_commit(const ckv_srv_session *s, size_t p) {
+  const ckv_tokens *t = &s->tokens;
+  return t->state[p] == CKV_STATE_COMMITTED && !(t->flags[p] & CKV_TOKEN_PENDING) &&
+         physical_format(s, p) == CKV_FORMAT_STAGED;
+}
+
+/* Room for `n` moves, so planning never reallocates. */
+static int plan_reserve(plan_buf *b, size_t n) {
+  if (n <= b->cap) return CKV_OK;
+  ckv_move *nm = realloc(b->moves, n * sizeof(*nm));
+  if (!nm) return -ENOMEM;
+  b->moves = nm;
+  move_rec *nr = realloc(b->recs, n * sizeof(*nr));
+  if (!nr) return -ENOMEM;
+  b->recs = nr;
+  b->cap = n;
+  return CKV_OK;
+}
+
+/* Whether token p's bytes lag its state (count_pending's test, less the moves in flight). */
+static bool lags(const ckv_srv_session *s, size_t p) {
+  uint8_t st = s->tokens.state[p];
+  uint32_t f = physical_format(s, p);
+  return (st == CKV_STATE_STAGED && f != CKV_FORMAT_STAGED) ||
+         (st == CKV_STATE_COMMITTED && !ckv_format_is_committed_state(f));
+}
+
+static int plan(ckv_srv_session *s, ckv_compressor *c, bool flush, bool *ret_deferred) {
   ckv_tokens *t = &s->tokens;
   s->plan_dirty = false;
-  for (size_t p = 0; p < t->n; p++)
-    if (t->state[p] == CKV_STATE_RECYCLED && t->block[p] != CKV_NO_BLOCK && !(t->flags[p] & CKV_TOKEN_PENDING))
-      recycle_now(s, p);
+  const size_t from = s->plan_from < t->n ? s->plan_from : t->n;
+  /* One pass from the cursor: recycle what the judge recycled, count what
+   * wants to move and what lags its state. */
+  size_t to_staged = 0, ready = 0;
+  uint64_t lagging = 0;
+  for (size_t p = from; p < t->n; p++) {
+    if (t->state[p] == CKV_STATE_RECYCLED) {
+      if (t->block[p] != CKV_NO_BLOCK && !(t->flags[p] & CKV_TOKEN_PENDING)) recycle_now(s, p);
+      continue;
+    }
+    if (t->state[p] == CKV_STATE_DRAFT || (t->flags[p] & CKV_TOKEN_PENDING)) continue;
+    /* staged or committed, not moving: wants_staged, wants_commit and the lag at one look */
+    uint32_t f = physical_format(s, p);
+    bool committed = t->state[p] == CKV_STATE_COMMITTED;
+    to_staged += f == CKV_FORMAT_DRAFT;
+    ready += committed && f == CKV_FORMAT_STAGED;
+    lagging += committed ? !ckv_format_is_committed_state(f) : f != CKV_FORMAT_STAGED;
+  }
+  s->pending = s->moving + lagging;
   if (ckv_compressor_room(c) == 0) { /* backpressure: planned on a later call */
     s->plan_dirty = true;
+    s->plan_from = from;
     return CKV_OK;
   }
 
-  plan_buf b = {0};
-  int r = CKV_OK;
-  /* draft -> staged, in position order */
-  for (size_t p = 0; p < t->n && r == CKV_OK; p++) {
-    if (t->flags[p] & CKV_TOKEN_PENDING || t->state[p] == CKV_STATE_DRAFT || t->state[p] == CKV_STATE_RECYCLED)
-      continue;
-    if (physical_format(s, p) != CKV_FORMAT_DRAFT) continue;
-    uint32_t blk;
-    uint16_t slot;
-    r = reserve(s, CKV_FORMAT_STAGED, 1, 1, &blk, &slot);
-    if (r == CKV_OK) r = plan_push(&b, s, (uint32_t)p, blk, slot);
-  }
-  /* staged -> committed, one key chunk at a time */
+  plan_bound x;
+  plan_bound_init(&x, s);
   uint32_t cf = commit_format(s);
-  size_t ready = 0;
-  for (size_t p = 0; p < t->n; p++)
-    ready += t->state[p] == CKV_STATE_COMMITTED && !(t->flags[p] & CKV_TOKEN_PENDING) &&
-             physical_format(s, p) == CKV_FORMAT_STAGED;
-  if (ckv_format_is_rot(cf)) { /* every token on its own: no chunk to wait for */
-    for (size_t p = 0; p < t->n && r == CKV_OK && ready; p++) {
-      if (t->state[p] != CKV_STATE_COMMITTED || (t->flags[p] & CKV_TOKEN_PENDING) ||
-          physical_format(s, p) != CKV_FORMAT_STAGED)
-        continue;
-      uint32_t blk;
-      uint16_t slot;
-      r = reserve(s, token_commit_format(s, cf, p), 1, 1, &blk, &slot);
-      if (r == CKV_OK) r = plan_push(&b, s, (uint32_t)p, blk, slot);
-      ready--;
+  size_t take_n = ckv_format_is_rot(cf) ? ready
+                  : flush               ? ready
+                                        : ready / CKV_COMMIT_CHUNK_TOKENS * CKV_COMMIT_CHUNK_TOKENS;
+  /* Each phase (draft -> staged, staged -> committed) has its own budget, so
+   * a long run of the one never starves the other, and past it at most one
+   * block per format more. */
+  size_t most = to_staged + take_n, cap = 2 * x.budget + (size_t)CKV_FILL_COUNT * CKV_MAX_BLOCK_TOKENS;
+  plan_buf b = {0};
+  int r = plan_reserve(&b, most < cap ? most : cap);
+  if (r < 0) return r;
+  /* The new cursor: the first position left with something to plan. */
+  size_t rest = t->n;
+  /* draft -> staged, in position order, a run of slots per staged block */
+  size_t p = from;
+  for (; to_staged && r == CKV_OK;) {
+    uint32_t room = fill_room(s, CKV_FORMAT_STAGED, 1);
+    if (b.n >= x.budget) room = bound_room(s, &x, CKV_FORMAT_STAGED, 1);
+    if (b.n >= x.budget && !room) {
+      x.deferred = true;
+      break;
     }
-    ready = 0;
-  }
-  size_t take = flush ? ready : ready / CKV_COMMIT_CHUNK_TOKENS * CKV_COMMIT_CHUNK_TOKENS;
-  for (size_t p = 0, done = 0; p < t->n && done < take && r == CKV_OK;) {
-    uint32_t chunk_n = take - done < CKV_COMMIT_CHUNK_TOKENS ? (uint32_t)(take - done) : CKV_COMMIT_CHUNK_TOKENS;
+    uint32_t k = room ? room : s->staged_tokens;
+    if (k > to_staged) k = (uint32_t)to_staged;
     uint32_t blk;
     uint16_t first;
-    r = reserve(s, cf, chunk_n, CKV_COMMIT_CHUNK_TOKENS, &blk, &first);
+    r = take(s, &x, CKV_FORMAT_STAGED, k, 1, &blk, &first);
+    for (uint32_t i = 0; r == CKV_OK && i < k; p++) {
+      if (!wants_staged(s, p)) continue;
+      r = plan_push(&b, s, (uint32_t)p, blk, (uint16_t)(first + i));
+      i++;
+    }
+    if (r == CKV_OK) to_staged -= k;
+  }
+  if (to_staged) rest = p;
+  const size_t staged_n = b.n; /* the committing phase's budget counts from here */
+  /* staged -> committed, one key chunk at a time */
+  if (ckv_format_is_rot(cf)) { /* every token on its own: no chunk to wait for */
+    for (p = from; p < t->n && r == CKV_OK && ready; p++) {
+      if (!wants_commit(s, p)) continue;
+      uint32_t fmt = token_commit_format(s, cf, p);
+      if (b.n - staged_n >= x.budget && !bound_room(s, &x, fmt, 1)) {
+        x.deferred = true;
+        if (p < rest) rest = p;
+        if (!bound_open(s, &x)) break; /* no block of this call has room left: the rest waits */
+        ready--;
+        continue;
+      }
+      uint32_t blk;
+      uint16_t slot;
+      r = take(s, &x, fmt, 1, 1, &blk, &slot);
+      if (r == CKV_OK) r = plan_push(&b, s, (uint32_t)p, blk, slot);
+      if (r == CKV_OK) ready--;
+    }
+    if (ready && p < rest) rest = p;
+    take_n = 0;
+  }
+  p = from;
+  for (size_t done = 0; p < t->n && done < take_n && r == CKV_OK;) {
+    uint32_t chunk_n = take_n - done < CKV_COMMIT_CHUNK_TOKENS ? (uint32_t)(take_n - done) : CKV_COMMIT_CHUNK_TOKENS;
+    if (b.n - staged_n >= x.budget && bound_room(s, &x, cf, CKV_COMMIT_CHUNK_TOKENS) < CKV_COMMIT_CHUNK_TOKENS) {
+      x.deferred = true;
+      break;
+    }
+    uint32_t blk;
+    uint16_t first;
+    r = take(s, &x, cf, chunk_n, CKV_COMMIT_CHUNK_TOKENS, &blk, &first);
     if (r < 0) break;
     /* a partial chunk is sealed by its move: the rest of it stays empty */
     s->blocks[blk].used = (uint16_t)(first + CKV_COMMIT_CHUNK_TOKENS);
     for (uint32_t k = 0; k < chunk_n && p < t->n; p++) {
-      if (t->state[p] != CKV_STATE_COMMITTED || (t->flags[p] & CKV_TOKEN_PENDING) ||
-          physical_format(s, p) != CKV_FORMAT_STAGED)
-        continue;
+      if (!wants_commit(s, p)) continue;
       r = plan_push(&b, s, (uint32_t)p, blk, (uint16_t)(first + k));
       if (r < 0) break;
       k++;
       done++;
     }
+    ready -= chunk_n;
   }
+  if (!ckv_format_is_rot(cf) && ready && p < rest) rest = p; /* tokens waiting for a chunk, or deferred */
+  s->plan_from = rest;
+  s->pending -= b.n; /* counted as lagging, now moving (submit adds them) */
+  *ret_deferred = x.deferred;
+  if (x.deferred) s->plan_dirty = true; /* the rest: on the next call (publishing this job makes one) */
   if (r == CKV_ERR_QUOTA || r == CKV_ERR_NOSPACE) {
     s->plan_dirty = true;
     s->stalled_on = r;
   }
+  if (r < 0) s->plan_from = from; /* where it stopped is not known exactly: rescan */
   if (b.n == 0) {
     free(b.moves);
     free(b.recs);
     return r == CKV_ERR_QUOTA || r == CKV_ERR_NOSPACE ? CKV_OK : r;
   }
   int sr = submit(s, c, &b, 0);
-  if (sr < 0) return sr;
+  if (sr < 0) {
+    s->plan_from = from;
+    return sr;
+  }
   return r == CKV_ERR_QUOTA || r == CKV_ERR_NOSPACE ? CKV_OK : r;
 }
 
@@ -231,24 +381,32 @@ static int plan(ckv_srv_session *s, ckv_compressor *c, bool flush) {
  * offsets from these, never from the headers in the arena, which workers can
  * write.  Returns the array (NULL on -ENOMEM). */
 static ckv_block_header *trusted_headers(const ckv_srv_session *s, plan_buf *b) {
-  uint32_t *copy_of = malloc((s->n_blocks ? s->n_blocks : 1) * sizeof(*copy_of));
-  if (!copy_of) return NULL;
-  memset(copy_of, 0xff, (s->n_blocks ? s->n_blocks : 1) * sizeof(*copy_of));
-  size_t n = 0;
-  for (size_t i = 0; i < b->n; i++) {
-    if (copy_of[b->recs[i].src_block] == UINT32_MAX) copy_of[b->recs[i].src_block] = (uint32_t)n++;
-    if (copy_of[b->recs[i].dst_block] == UINT32_MAX) copy_of[b->recs[i].dst_block] = (uint32_t)n++;
-  }
-  ckv_block_header *h = malloc((n ? n : 1) * sizeof(*h));
-  if (h) {
-    for (size_t blk = 0; blk < s->n_blocks; blk++)
-      if (copy_of[blk] != UINT32_MAX) h[copy_of[blk]] = *ckv_srv_session_block_header(s, (uint32_t)blk);
+  size_t nb = s->n_blocks ? s->n_blocks : 1, nu = b->n ? 2 * b->n : 1;
+  uint32_t *copy_of = malloc(nb * sizeof(*copy_of));
+  uint32_t *used = malloc(nu * sizeof(*used)); /* the blocks in order of first use: two per move at most */
+  ckv_block_header *h = NULL;
+  if (copy_of && used) {
+    memset(copy_of, 0xff, nb * sizeof(*copy_of));
+    size_t n = 0;
     for (size_t i = 0; i < b->n; i++) {
-      b->moves[i].src_hdr = &h[copy_of[b->recs[i].src_block]];
-      b->moves[i].dst_hdr = &h[copy_of[b->recs[i].dst_block]];
+      uint32_t ends[2] = {b->recs[i].src_block, b->recs[i].dst_block};
+      for (int e = 0; e < 2; e++)
+        if (copy_of[ends[e]] == UINT32_MAX) {
+          copy_of[ends[e]] = (uint32_t)n;
+          used[n++] = ends[e];
+        }
+    }
+    h = malloc((n ? n : 1) * sizeof(*h));
+    if (h) {
+      for (size_t k = 0; k < n; k++) h[k] = *ckv_srv_session_block_header(s, used[k]);
+      for (size_t i = 0; i < b->n; i++) {
+        b->moves[i].src_hdr = &h[copy_of[b->recs[i].src_block]];
+        b->moves[i].dst_hdr = &h[copy_of[b->recs[i].dst_block]];
+      }
     }
   }
   free(copy_of);
+  free(used);
   return h;
 }
 
@@ -283,7 +441,14 @@ static int submit(ckv_srv_session *s, ckv_compressor *c, plan_buf *b, int copy) 
     ckv_job_free(j);
     return CKV_ERR_BUSY;
   }
+  s->moving += b->n;
+  s->pending += b->n;
   return CKV_OK;
+}
+
+static int by_pos(const void *a, const void *b) {
+  uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+  return x < y ? -1 : x > y;
 }
 
 /* Blocks at most seven eighths full, not being filled, with no token in flight, move
@@ -314,23 +479,66 @@ static int compact(ckv_srv_session *s, ckv_compressor *c) {
   }
   /* A block waits when a move of one of its tokens is in flight, or when it
    * holds a draft token appended since the last report: the worker may still
-   * be writing that token's K/V into the slot it was given. */
+   * be writing that token's K/V into the slot it was given.  A block's tokens
+   * are its valid slots (the daemon's shadow of its header: positions and
+   * valid bits), so only the sparse blocks are read, never every token. */
   const uint32_t reported = (uint32_t)s->last_round;
-  for (size_t p = 0; p < t->n; p++) {
-    bool unreported = t->state[p] == CKV_STATE_DRAFT && t->last_transition[p] >= reported;
-    if (((t->flags[p] & CKV_TOKEN_PENDING) || unreported) && t->block[p] < n_known) sparse[t->block[p]] = 0;
-  }
-  plan_buf b = {0};
+  uint32_t *cand = NULL;
+  size_t n_cand = 0, cap_cand = 0;
   int r = CKV_OK;
-  for (size_t p = 0; p < t->n && r == CKV_OK; p++) {
-    uint32_t blk = t->block[p];
-    if (blk == CKV_NO_BLOCK || blk >= n_known || !sparse[blk] || t->state[p] == CKV_STATE_RECYCLED) continue;
+  /* Whole blocks up to the plan's bound per call: the rest on the next one
+   * (the copies are byte for byte, so where the cut falls changes no bytes). */
+  const size_t budget = s->plan_max_moves ? s->plan_max_moves : CKV_LIFECYCLE_PLAN_MAX_MOVES;
+  for (size_t i = 0; i < n_known && r == CKV_OK; i++) {
+    if (!sparse[i]) continue;
+    if (n_cand >= budget) {
+      s->plan_dirty = true;
+      break;
+    }
+    const uint8_t *meta = s->blocks[i].meta;
+    const uint32_t *positions = ckv_block_positions_const(meta);
+    size_t mark = n_cand;
+    for (uint32_t slot = 0; slot < s->blocks[i].capacity && sparse[i]; slot++) {
+      if (!ckv_block_slot_valid(meta, slot)) continue;
+      uint32_t p = positions[slot];
+      bool unreported = p < t->n && t->state[p] == CKV_STATE_DRAFT && t->last_transition[p] >= reported;
+      /* a slot that is not its token's place would be a broken record: leave the block alone */
+      if (p >= t->n || t->block[p] != i || t->slot[p] != slot || (t->flags[p] & CKV_TOKEN_PENDING) || unreported) {
+        sparse[i] = 0;
+        break;
+      }
+      if (n_cand == cap_cand) {
+        size_t ncap = cap_cand ? cap_cand * 2 : 256;
+        uint32_t *nc = realloc(cand, ncap * sizeof(*nc));
+        if (!nc) {
+          r = -ENOMEM;
+          break;
+        }
+        cand = nc;
+        cap_cand = ncap;
+      }
+      if (t->state[p] != CKV_STATE_RECYCLED) cand[n_cand++] = p;
+    }
+    if (!sparse[i]) n_cand = mark;
+  }
+  if (r < 0) {
+    free(cand);
+    free(sparse);
+    return r;
+  }
+  /* in position order, as a scan of the tokens would find them */
+  if (n_cand > 1) qsort(cand, n_cand, sizeof(*cand), by_pos);
+  plan_buf b = {0};
+  r = plan_reserve(&b, n_cand);
+  for (size_t i = 0; i < n_cand && r == CKV_OK; i++) {
+    uint32_t p = cand[i], blk = t->block[p];
     uint32_t dst;
     uint16_t slot;
     r = reserve(s, s->blocks[blk].format, 1, 1, &dst, &slot);
     if (r == CKV_OK && dst < n_known && sparse[dst]) r = CKV_ERR_STATE; /* cannot happen: fill blocks are never sparse */
-    if (r == CKV_OK) r = plan_push(&b, s, (uint32_t)p, dst, slot);
+    if (r == CKV_OK) r = plan_push(&b, s, p, dst, slot);
   }
+  free(cand);
   free(sparse);
   if (b.n == 0) {
     free(b.moves);
@@ -363,11 +571,13 @@ void ckv_lifecycle_publish(ckv_srv_session *s, ckv_compressor *c, ckv_job *j) {
   move_rec *recs = j->user;
   ckv_tokens *t = &s->tokens;
   s->jobs_inflight--;
+  s->moving -= j->n_moves;
   if (s->doomed) {
     ckv_job_free(j);
     return;
   }
   if (j->status >= 0) s->job_failures = 0;
+  else s->plan_from = 0; /* its tokens stay where they were: plan them again */
   for (size_t i = 0; i < j->n_moves; i++) {
     move_rec *m = &recs[i];
     t->flags[m->pos] &= (uint8_t)~CKV_TOKEN_PENDING;
@@ -383,6 +593,9 @@ void ckv_lifecycle_publish(ckv_srv_session *s, ckv_compressor *c, ckv_job *j) {
     ckv_block_set_valid(src, m->src_slot, false);
     t->block[m->pos] = live ? m->dst_block : CKV_NO_BLOCK;
     t->slot[m->pos] = m->dst_slot;
+    /* A token that moved on meanwhile (or is logically committed and went
+     * to staged first) still lags: the next plan must look at it again. */
+    if (live && m->pos < s->plan_from && lags(s, m->pos)) s->plan_from = m->pos;
     ckv_srv_session_release_slot(s, m->src_block);
     if (!live) ckv_srv_session_release_slot(s, m->dst_block);
   }
@@ -399,6 +612,7 @@ int ckv_lifecycle_round(ckv_srv_session *s, ckv_compressor *c, uint32_t round, c
     s->count_by_state[tr->from] -= tr->count;
     s->count_by_state[tr->to] += tr->count;
     s->transitions[tr->from][tr->to] += tr->count;
+    if (tr->first < s->plan_from) s->plan_from = (size_t)tr->first;
   }
   if (r < 0) return r;
   /* Nothing decided and nothing left over: the bytes already match. */
@@ -442,7 +656,10 @@ long ckv_lifecycle_escalate(ckv_srv_session *s, ckv_compressor *c, int from, ckv
     s->transitions[from][to]++;
     n++;
   }
-  if (n) (void)ckv_lifecycle_plan(s, c, /* flush= */ true);
+  if (n) {
+    s->plan_from = 0; /* states changed all over */
+    (void)ckv_lifecycle_plan(s, c, /* flush= */ true);
+  }
   return n;
 }
 

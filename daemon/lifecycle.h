@@ -38,6 +38,17 @@ int ckv_lifecycle_round(ckv_srv_session *s, ckv_compressor *c, uint32_t round, c
  * negative status on allocation failure. */
 int ckv_lifecycle_plan(ckv_srv_session *s, ckv_compressor *c, bool flush);
 
+/* Moves one plan call makes at most in each of its two phases (draft ->
+ * staged, staged -> committed; a session may set its own,
+ * ckv_srv_session.plan_max_moves): a round in which most of a long session
+ * changes state plans its moves over several calls, one job each, instead of
+ * spending 100-200 ms of the server thread on one.  Publishing a job plans
+ * the next part at once, so the compressor keeps working and the last tokens
+ * are published when the compressor is through, as without the bound.  Past
+ * the bound a call still fills the blocks it opened (see lifecycle.c), by at
+ * most one block per format. */
+#define CKV_LIFECYCLE_PLAN_MAX_MOVES 32768u
+
 /* Consecutive failed jobs after which a session is quarantined even when the
  * failure itself looked transient (no memory, device busy). */
 #define CKV_LIFECYCLE_MAX_JOB_FAILURES 3

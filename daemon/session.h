@@ -96,7 +96,15 @@ typedef struct ckv_srv_session {
   uint64_t lane;            /* compressor lane: this session's moves run in order */
   uint32_t jobs_inflight;   /* compressor jobs not yet published */
   bool doomed;              /* dropped while jobs were in flight: freed when they finish */
-  bool plan_dirty;          /* the last plan stopped early (quota, full queue): plan again */
+  bool plan_dirty;          /* the last plan stopped early (quota, full queue, bound): plan again */
+  /* Moves one plan call makes at most (lifecycle.c; 0: CKV_LIFECYCLE_PLAN_MAX_MOVES, UINT32_MAX: no bound). */
+  uint32_t plan_max_moves;
+  /* Positions below plan_from have nothing to plan (lifecycle.c lowers it
+   * when a state changes there), so a plan made in parts does not rescan
+   * them; `moving`: tokens in compressor jobs not yet published. */
+  size_t plan_from;
+  uint64_t moving;
+  bool plan_flush; /* a flushing plan was made in parts: its later parts flush too */
   /* A compressor job on this session failed: how many in a row, and whether
    * the session is quarantined (its blocks hold bytes the daemon did not
    * write: no more moves, appends and reports refused; drop it) and why. */

@@ -590,3 +590,218 @@ Test(quota, refusal_loses_nothing_when_no_room_can_be_made) {
   verify(&f);
   fx_done(&f);
 }
+
+/* ---- a mass transition planned in parts ends as one plan would end it ----
+ *
+ * When most of a long session changes state in one round, planning every
+ * move at once takes the server thread 100-200 ms at 1M tokens; a plan call
+ * makes at most plan_max_moves moves per phase and the publishing of each job
+ * plans the next part.  The parts must add up to the one plan: the same
+ * tokens in the same states, formats and slots, with the same K/V bit for bit
+ * (a rotated block's key mean and a committed block's channels come from the
+ * first job into the block, so a part never leaves a block it opened
+ * half-filled). Three sessions get the same stream: no bound, the default
+ * bound, a bound of 1000 (hundreds of parts). */
+
+#define MASS_TOKENS (256u * 1024u)
+#define MASS_DIM 32u
+#define MASS_SMALL_BOUND 1000u
+
+typedef struct mass {
+  ckv_geometry g;
+  ckv_tenant *tenant;
+  ckv_compressor *comp;
+  ckv_srv_session *s;
+  uint64_t next_id;
+  uint64_t jobs, max_job; /* jobs published; most moves in one */
+} mass;
+
+static void mass_init(mass *m, const ckv_judge_params *p, uint32_t plan_max_moves) {
+  memset(m, 0, sizeof(*m));
+  m->g = (ckv_geometry){1, 1, MASS_DIM, CKV_DTYPE_FP16};
+  uint64_t quota = 1ull << 30;
+  cr_assert_eq(ckv_tenant_new("t", quota, quota + (64u << 20), 1, &ckv_arena_host_backend, &m->tenant), CKV_OK);
+  cr_assert_eq(ckv_compressor_new(1, 64, &m->comp), CKV_OK);
+  uint32_t dt = 16, ct = 64;
+  cr_assert_eq(ckv_srv_session_check_geometry(&m->g, &dt, &ct), CKV_OK);
+  cr_assert_eq(ckv_srv_session_new("mass", m->tenant, &m->g, dt, ct, ckv_policy_names[p->policy], p, &m->next_id,
+                                   &m->s),
+               CKV_OK);
+  m->s->owner = 1;
+  m->s->lane = 1;
+  m->s->plan_max_moves = plan_max_moves;
+}
+
+/* Publishes every job, the parts that publishing plans included. */
+static void mass_settle(mass *m) {
+  for (;;) {
+    ckv_compressor_drain_lane(m->comp, m->s->lane);
+    ckv_job *j = ckv_compressor_collect(m->comp);
+    if (!j) {
+      if (!m->s->jobs_inflight) break;
+      continue;
+    }
+    while (j) {
+      ckv_job *next = j->next;
+      cr_assert_eq(j->status, CKV_OK, "a compressor move failed: %d", j->status);
+      m->jobs++;
+      if (j->n_moves > m->max_job) m->max_job = j->n_moves;
+      ckv_lifecycle_publish(m->s, m->comp, j);
+      j = next;
+    }
+  }
+  cr_assert_eq(ckv_srv_session_ack(m->s, m->s->epoch, NULL), CKV_OK);
+}
+
+static void mass_done(mass *m) {
+  mass_settle(m);
+  m->comp = ckv_compressor_free(m->comp);
+  m->s = ckv_srv_session_free(m->s);
+  cr_expect_eq(m->tenant->bytes_used, 0);
+  m->tenant = ckv_tenant_free(m->tenant);
+}
+
+static void mass_append(mass *m) {
+  enum { CHUNK = 4096 };
+  static float sem[CHUNK];
+  ckv_srv_session *s = m->s;
+  ckv_slot_run *runs = calloc(ckv_srv_session_max_runs(s, CHUNK), sizeof(*runs));
+  cr_assert_not_null(runs);
+  for (uint32_t done = 0; done < MASS_TOKENS; done += CHUNK) {
+    /* every fifth token a fact (the best-protected format), a third of little meaning */
+    for (uint32_t i = 0; i < CHUNK; i++)
+      sem[i] = (done + i) % 5 == 0 ? 0.9f : (done + i) % 3 == 0 ? 0.2f : 0.5f;
+    size_t n_runs;
+    uint64_t first;
+    cr_assert_eq(ckv_srv_session_append(s, CHUNK, NULL, NULL, sem, NULL, runs, &n_runs, &first), CKV_OK);
+    for (size_t pos = first; pos < first + CHUNK; pos++) {
+      uint32_t blk = s->tokens.block[pos], cap = s->blocks[blk].capacity;
+      uint8_t *base = ckv_srv_session_block_ptr(s, blk);
+      for (uint32_t kv = 0; kv < 2; kv++) {
+        uint16_t *dst = (uint16_t *)(base + ckv_draft_kv_offset(&m->g, cap, 0, kv, s->tokens.slot[pos]));
+        for (uint32_t e = 0; e < MASS_DIM; e++) dst[e] = ckv_f32_to_f16(ckv_test_kv_value(pos, 0, kv, e));
+      }
+    }
+  }
+  free(runs);
+  cr_assert_eq(ckv_srv_session_flush_meta(s), CKV_OK);
+}
+
+static void mass_round(mass *m, uint32_t round) {
+  ckv_srv_session *s = m->s;
+  float *a = malloc(s->tokens.n * sizeof(float));
+  cr_assert_not_null(a);
+  for (size_t pos = 0; pos < s->tokens.n; pos++) /* facts hot, the last turn warm, the rest cold */
+    a[pos] = pos % 5 == 0 ? 3.f : pos + 64 >= s->tokens.n ? 1.f : pos % 7 == 0 ? 0.6f : 0.05f;
+  cr_assert_eq(ckv_srv_session_report_round(s, round, 0, a, s->tokens.n, NULL, NULL, 0), CKV_OK);
+  free(a);
+  ckv_transition_list out = {0};
+  cr_assert_eq(ckv_lifecycle_round(s, m->comp, round, &out), CKV_OK);
+  ckv_transition_list_done(&out);
+  mass_settle(m);
+}
+
+static void mass_escalate(mass *m, int from) {
+  ckv_transition_list out = {0};
+  cr_assert_geq(ckv_lifecycle_escalate(m->s, m->comp, from, &out), 0);
+  ckv_transition_list_done(&out);
+  mass_settle(m);
+}
+
+/* The stream: a report, every draft token staged at once, every staged one
+ * committed at once, then two more rounds of the judge. */
+static void mass_run(mass *m) {
+  mass_append(m);
+  mass_round(m, 1);
+  mass_escalate(m, D);
+  mass_escalate(m, S);
+  mass_round(m, 2);
+  mass_round(m, 3);
+}
+
+/* Nothing in flight; the lagging count the plans keep is the one a scan gives. */
+static void mass_expect_settled(const mass *m, const char *what) {
+  const ckv_srv_session *s = m->s;
+  uint64_t lag = 0;
+  for (size_t p = 0; p < s->tokens.n; p++) {
+    cr_assert_eq(s->tokens.flags[p] & CKV_TOKEN_PENDING, 0, "%s: token %zu still moving", what, p);
+    uint8_t st = s->tokens.state[p];
+    uint32_t blk = s->tokens.block[p];
+    uint32_t f = blk == CKV_NO_BLOCK ? CKV_BLOCK_UNUSED : s->blocks[blk].format;
+    lag += (st == S && f != CKV_FORMAT_STAGED) || (st == C && !ckv_format_is_committed_state(f));
+  }
+  cr_expect_eq(ckv_lifecycle_pending(s), lag, "%s: %llu tokens pending by the plans' count, %llu by a scan", what,
+               (unsigned long long)ckv_lifecycle_pending(s), (unsigned long long)lag);
+  cr_expect(!s->plan_dirty, "%s: a part of the plan was left unplanned", what);
+}
+
+/* b ends as a did: same states, formats, slots and K/V bit for bit. */
+static void mass_expect_same(const mass *a, const mass *b, const char *what) {
+  const ckv_tokens *ta = &a->s->tokens, *tb = &b->s->tokens;
+  cr_assert_eq(ta->n, tb->n);
+  float va[MASS_DIM], vb[MASS_DIM];
+  uint64_t moved = 0;
+  for (size_t p = 0; p < ta->n; p++) {
+    cr_assert_eq(tb->state[p], ta->state[p], "%s: token %zu is %u, %u without the bound", what, p, tb->state[p],
+                 ta->state[p]);
+    if (ta->state[p] == X) continue;
+    uint32_t fa = a->s->blocks[ta->block[p]].format, fb = b->s->blocks[tb->block[p]].format;
+    cr_assert_eq(fb, fa, "%s: token %zu in format %u, %u without the bound", what, p, fb, fa);
+    cr_assert_eq(tb->slot[p], ta->slot[p], "%s: token %zu in slot %u, %u without the bound", what, p, tb->slot[p],
+                 ta->slot[p]);
+    moved += fa != CKV_FORMAT_DRAFT;
+    const void *ba = ckv_srv_session_block_ptr(a->s, ta->block[p]), *bb = ckv_srv_session_block_ptr(b->s, tb->block[p]);
+    for (uint32_t kv = 0; kv < 2; kv++) {
+      cr_assert_eq(ckv_kernels_dequantize(&a->g, ba, 0, kv, ta->slot[p], va), CKV_OK);
+      cr_assert_eq(ckv_kernels_dequantize(&b->g, bb, 0, kv, tb->slot[p], vb), CKV_OK);
+      cr_assert(memcmp(va, vb, sizeof(va)) == 0, "%s: token %zu (format %u) %s reads %f..., %f... without the bound",
+                what, p, fa, kv ? "V" : "K", vb[0], va[0]);
+    }
+  }
+  cr_assert_gt(moved, MASS_TOKENS / 2, "%s: only %llu tokens left FP16: no mass transition", what,
+               (unsigned long long)moved);
+  for (int k = 0; k < 4; k++) cr_expect_eq(b->s->count_by_state[k], a->s->count_by_state[k]);
+  cr_expect_eq(ckv_lifecycle_pending(b->s), ckv_lifecycle_pending(a->s));
+}
+
+static void mass_transition(const ckv_judge_params *p) {
+  static mass whole, parts, small; /* large: off the stack */
+  mass_init(&whole, p, UINT32_MAX);
+  mass_init(&parts, p, 0); /* the default bound */
+  mass_init(&small, p, MASS_SMALL_BOUND);
+  mass_run(&whole);
+  mass_run(&parts);
+  mass_run(&small);
+  mass_expect_settled(&whole, "no bound");
+  mass_expect_settled(&parts, "default bound");
+  mass_expect_settled(&small, "bound 1000");
+  mass_expect_same(&whole, &parts, "default bound");
+  mass_expect_same(&whole, &small, "bound 1000");
+  /* the bound held: two phases of at most the bound each, and at most one
+   * block (64 slots) per format past it */
+  cr_expect_gt(small.jobs, whole.jobs + 100, "bound 1000: %llu jobs, %llu without the bound",
+               (unsigned long long)small.jobs, (unsigned long long)whole.jobs);
+  cr_expect_leq(small.max_job, 2 * MASS_SMALL_BOUND + CKV_FILL_COUNT * 64u, "bound 1000: a job of %llu moves",
+                (unsigned long long)small.max_job);
+  cr_expect_leq(parts.max_job, 2 * CKV_LIFECYCLE_PLAN_MAX_MOVES + CKV_FILL_COUNT * 64u);
+  cr_expect_gt(whole.max_job, 2 * CKV_LIFECYCLE_PLAN_MAX_MOVES, "the unbounded plan made no large job");
+  mass_done(&whole);
+  mass_done(&parts);
+  mass_done(&small);
+}
+
+/* Rotated formats, three of them interleaved (facts ROT4, warm ROT3, cold ROT2). */
+Test(lifecycle, mass_transition_in_parts_rotated, .timeout = 300) {
+  ckv_judge_params p = params_for(CKV_POLICY_COMMITKV);
+  p.rotate = 1;
+  p.warm_commit = 1;
+  p.warm_bits = 3;
+  p.cold_bits = 2;
+  mass_transition(&p);
+}
+
+/* KIVI committed chunks (the flush closes the last partial chunk in the last part). */
+Test(lifecycle, mass_transition_in_parts_kivi, .timeout = 300) {
+  ckv_judge_params p = params_for(CKV_POLICY_COMMITKV);
+  mass_transition(&p);
+}
