@@ -525,6 +525,9 @@ static int park(ckv_server *s, ckv_conn *c, parked **head, parked **tail, const 
   return CKV_REPLY_DEFERRED;
 }
 
+static unsigned pressure_moves(ckv_server *s, const ckv_tenant *tn, const ckv_srv_session *except, uint64_t short_by,
+                               uint64_t *ret_freeing);
+
 static int bring_back(ckv_server *s, ckv_conn *c, ckv_srv_session *sess, const Commitkv__V1__Request *req,
                       char *msg, size_t msglen) {
   ckv_tier *t = s->tier;
@@ -541,6 +544,21 @@ static int bring_back(ckv_server *s, ckv_conn *c, ckv_srv_session *sess, const C
     return r;
   }
   q->job.finish = restore_finished;
+  /* Memory pressure on the way back: the tenant's coldest sessions go down
+   * first, their offloads queued ahead of this read (the I/O thread keeps
+   * the order), so their blocks are free when the file is applied. */
+  uint64_t need = slot->bytes5[3], freeing;
+  if (t->pressure && !ckv_tenant_would_fit(sess->tenant, need)) {
+    const ckv_tenant *tn = sess->tenant;
+    uint64_t short_by = tn->bytes_used + need - tn->quota_bytes;
+    unsigned started = pressure_moves(s, tn, sess, short_by, &freeing);
+    if (started)
+      ckv_log(CKV_LOG_NOTICE, "tier-pressure", tn->name, sess->id,
+              "coming back from disk needs %llu bytes and the tenant quota is short by %llu: moving its %u coldest "
+              "other session%s (%llu bytes) to disk first",
+              (unsigned long long)need, (unsigned long long)short_by, started, started == 1 ? "" : "s",
+              (unsigned long long)freeing);
+  }
   if (ckv_snapio_submit(s->snapio, &q->job) < 0) {
     slot->state = CKV_TIER_ON_DISK;
     job_destroy(&q->job);
@@ -642,22 +660,21 @@ static int colder_first(const void *a, const void *b) {
   return x->touched_ms < y->touched_ms ? -1 : x->touched_ms > y->touched_ms;
 }
 
-int ckv_tier_make_room(ckv_server *s, ckv_conn *c, ckv_srv_session *sess, uint64_t need,
-                       const Commitkv__V1__Request *req) {
+/* Starts the offload of tenant tn's coldest sessions that may go (never
+ * `except`), until they hold short_by bytes or CKV_TIER_INFLIGHT offloads
+ * are written; how many started (their bytes in *ret_freeing). */
+static unsigned pressure_moves(ckv_server *s, const ckv_tenant *tn, const ckv_srv_session *except, uint64_t short_by,
+                               uint64_t *ret_freeing) {
   ckv_tier *t = s->tier;
-  ckv_tenant *tn = sess->tenant;
-  if (!t || !t->pressure || t->replaying || !s->snapio || !s->reply_armed || ckv_tenant_would_fit(tn, need))
-    return CKV_OK;
-  uint64_t short_by = tn->bytes_used + need - tn->quota_bytes;
-  /* The tenant's other sessions that may go, coldest first. */
+  *ret_freeing = 0;
   size_t n = 0, cap = ckv_strmap_size(s->sessions);
   ckv_srv_session **cand = malloc((cap ? cap : 1) * sizeof(*cand));
-  if (!cand) return CKV_OK;
+  if (!cand) return 0;
   size_t cur = 0;
   ckv_srv_session *o;
   uint64_t now = ckv_now_ms(), freeing = 0;
   while ((o = ckv_strmap_next(s->sessions, &cur, NULL)) && n < cap) {
-    if (o == sess || o->tenant != tn || !may_go_down(o)) continue;
+    if (o == except || o->tenant != tn || !may_go_down(o)) continue;
     /* An attached session's blocks are freed as soon as its file is
      * durable: its worker, between its view and its next request, may be
      * reading them.  Only one quiet for a while goes (a detached one has no
@@ -675,6 +692,18 @@ int ckv_tier_make_room(ckv_server *s, ckv_conn *c, ckv_srv_session *sess, uint64
     }
   }
   free(cand);
+  *ret_freeing = freeing;
+  return started;
+}
+
+int ckv_tier_make_room(ckv_server *s, ckv_conn *c, ckv_srv_session *sess, uint64_t need,
+                       const Commitkv__V1__Request *req) {
+  ckv_tier *t = s->tier;
+  ckv_tenant *tn = sess->tenant;
+  if (!t || !t->pressure || t->replaying || !s->snapio || !s->reply_armed || ckv_tenant_would_fit(tn, need))
+    return CKV_OK;
+  uint64_t short_by = tn->bytes_used + need - tn->quota_bytes, freeing;
+  unsigned started = pressure_moves(s, tn, sess, short_by, &freeing);
   if (!started && !t->pressure_inflight) return CKV_OK; /* nothing can go: the old way */
   if (started)
     ckv_log(CKV_LOG_NOTICE, "tier-pressure", tn->name, sess->id,

@@ -108,6 +108,9 @@ void ckv_tier_scan(ckv_server *s, uint64_t now_ms);
  * loop, or req is that second serving): the caller goes on the old way. */
 int ckv_tier_make_room(ckv_server *s, ckv_conn *c, ckv_srv_session *sess, uint64_t need,
                        const Commitkv__V1__Request *req);
+/* (The way back does the same by itself: a session coming back that does
+ * not fit its tenant's quota has the coldest others written first, queued
+ * ahead of its read.) */
 
 /* Session sess is being destroyed (ckv_server_destroy_session): requests
  * parked for it are answered NOT_FOUND, its tier file removed (kept when

@@ -187,6 +187,7 @@ typedef struct scenario {
   unsigned long long a_bytes, o_bytes;
   long long a_quiet_since_ms; /* A's last request */
   uint32_t b_tokens_beside_a; /* B's tokens when its first append did not fit beside A */
+  uint32_t b_tokens;          /* after fill_b */
   int first_refusal;          /* of B's appends: the first failure (CKV_OK: none) */
   char first_msg[512];
 } scenario;
@@ -270,10 +271,24 @@ static void run_scenario(scenario *sc, const char *const *sets) {
           sc->first_refusal ? ": " : "", sc->first_refusal ? sc->first_msg : "");
 }
 
+/* After A went down: B grows until the quota is full without A, then is
+ * refused the old way (A on disk, nobody else of tenant p to move). */
+static void fill_b(scenario *sc) {
+  uint32_t tokens = sc->b_tokens_beside_a + BATCH;
+  int r = CKV_OK;
+  for (int i = 0; i < MAX_BATCHES && r == CKV_OK; i++) r = grow_b(sc, &tokens);
+  cr_assert_eq(r, CKV_ERR_QUOTA, "B's growth ended with %s (%s)", ckv_status_name(r), ckv_client_last_error(sc->c));
+  fprintf(stderr, "test_tier_pressure: B holds %u tokens once A is on disk (%u beside A)\n", tokens,
+          sc->b_tokens_beside_a);
+  cr_assert_gt(tokens, sc->b_tokens_beside_a + BATCH, "B did not grow into A's room");
+  cr_assert_leq(arena_used(sc->c, "p"), QUOTA_KIB * 1024ull);
+  sc->b_tokens = tokens;
+}
+
 static void end_scenario(scenario *sc) {
   ckv_test_capture_free(&sc->before_a);
   if (sc->b) ckv_session_close(sc->b);
-  ckv_session_close(sc->a);
+  if (sc->a) ckv_session_close(sc->a);
   ckv_client_free(sc->c);
   ckv_test_stop_clean(&sc->d);
   ckv_test_rmdir(sc->cfgdir);
@@ -314,14 +329,7 @@ Test(tier_pressure, coldest_session_moves_before_quota_refusal, .timeout = 120) 
 
   /* B keeps growing into the room A gave back, until the quota is full
    * without A: then the old refusal, and nothing else moves */
-  uint32_t tokens = sc.b_tokens_beside_a + BATCH;
-  int r = CKV_OK;
-  for (int i = 0; i < MAX_BATCHES && r == CKV_OK; i++) r = grow_b(&sc, &tokens);
-  cr_assert_eq(r, CKV_ERR_QUOTA, "B's growth ended with %s (%s)", ckv_status_name(r), ckv_client_last_error(sc.c));
-  fprintf(stderr, "test_tier_pressure: B holds %u tokens once A is on disk (%u beside A)\n", tokens,
-          sc.b_tokens_beside_a);
-  cr_assert_gt(tokens, sc.b_tokens_beside_a + BATCH, "B did not grow into A's room");
-  cr_assert_leq(arena_used(sc.c, "p"), QUOTA_KIB * 1024ull);
+  fill_b(&sc);
   cr_assert_eq(ckv_test_stat(&sc.d, "tiers.1.pressure_moves"), 1);
 
   /* the other tenant's session, the coldest of all, never moved */
@@ -346,6 +354,52 @@ Test(tier_pressure, coldest_session_moves_before_quota_refusal, .timeout = 120) 
   cr_assert_eq(ckv_test_stat(&sc.d, "tiers.1.bytes"), 0);
   cr_assert_eq(ckv_test_stat(&sc.d, "tiers.1.errors"), 0);
   cr_assert_leq(arena_used(sc.c, "p"), sc.a_bytes);
+  end_scenario(&sc);
+}
+
+Test(tier_pressure, way_back_moves_the_coldest_first, .timeout = 120) {
+  scenario sc;
+  run_scenario(&sc, (const char *const[]){"daemon.disk_memory=64M", NULL});
+  cr_assert_eq(sc.first_refusal, CKV_OK, "%s", sc.first_msg);
+  fill_b(&sc);
+  /* B's worker is done with it (a round reported), and B goes quiet */
+  float *attn = calloc(sc.b_tokens, sizeof(float));
+  ckv_round_result rr;
+  cr_assert_eq(ckv_session_report(sc.b, 1, 0, attn, sc.b_tokens, &rr), CKV_OK, "%s", ckv_client_last_error(sc.c));
+  free(attn);
+  cr_assert_eq(ckv_session_ack(sc.b, rr.epoch, NULL), CKV_OK);
+  ckv_capture before_b = ckv_test_capture_view(sc.c, "hot-b", &k_geom);
+  long long quiet_since = ckv_test_now_ms();
+  while (ckv_test_now_ms() < quiet_since + 1300) usleep(20000);
+
+  /* A does not fit beside B: touching A moves B down first, and A comes back identical */
+  ckv_capture after_a = ckv_test_capture_view(sc.c, "cold-a", &k_geom);
+  ckv_test_expect_same_view(&sc.before_a, &after_a, "cold-a brought back under pressure");
+  ckv_test_capture_free(&after_a);
+  char tier[32];
+  cr_assert_str_eq(session_tier(sc.c, "hot-b", tier, sizeof tier), "disk");
+  cr_assert_str_eq(session_tier(sc.c, "cold-a", tier, sizeof tier), "primary");
+  cr_assert_eq(ckv_test_stat(&sc.d, "tiers.1.pressure_moves"), 2);
+  cr_assert_eq(ckv_test_stat(&sc.d, "tiers.1.offloads"), 2);
+  cr_assert_eq(ckv_test_stat(&sc.d, "tiers.1.restores"), 1);
+  cr_assert_eq(ckv_test_stat(&sc.d, "tiers.1.sessions"), 1);
+  cr_assert_eq(arena_used(sc.c, "o"), sc.o_bytes, "tenant o's arena changed under tenant p's pressure");
+
+  /* A dropped: B comes back identical too; every figure adds up */
+  cr_assert_eq(ckv_session_drop(sc.a), CKV_OK);
+  sc.a = NULL;
+  ckv_capture after_b = ckv_test_capture_view(sc.c, "hot-b", &k_geom);
+  ckv_test_expect_same_view(&before_b, &after_b, "hot-b after its pressure move");
+  ckv_test_capture_free(&before_b);
+  ckv_test_capture_free(&after_b);
+  cr_assert_eq(ckv_test_stat(&sc.d, "tiers.1.restores"), 2);
+  cr_assert_eq(ckv_test_stat(&sc.d, "tiers.1.hits"), 2);
+  cr_assert_eq(ckv_test_stat(&sc.d, "tiers.0.misses"), 2);
+  cr_assert_eq(ckv_test_stat(&sc.d, "tiers.1.restore_bytes"), ckv_test_stat(&sc.d, "tiers.1.offload_bytes"));
+  cr_assert_eq(ckv_test_stat(&sc.d, "tiers.1.sessions"), 0);
+  cr_assert_eq(ckv_test_stat(&sc.d, "tiers.1.bytes"), 0);
+  cr_assert_eq(ckv_test_stat(&sc.d, "tiers.1.errors"), 0);
+  cr_assert_not(tier_file_exists(&sc.d, "o-keep"));
   end_scenario(&sc);
 }
 
