@@ -14,6 +14,13 @@
  * tier files' bytes: when a session does not fit it stays in memory, and
  * the daemon says so once per idle spell.
  *
+ * Memory pressure (disk_pressure; ckv_tier_make_room, from AppendTokens, and
+ * the way back below): when a tenant's quota cannot take a request's new
+ * blocks, the tenant's coldest other sessions that may go are written the
+ * same way first, and the request waits, parked, until those offloads land;
+ * then it is served the old way (compress, recycle, refuse) with the room
+ * they made.  docs/tiers.md says who may go.
+ *
  * The way back (ckv_tier_gate, before every request's handler): a request
  * that needs the session's K/V (AppendTokens, ReportRound, Acquire, GetView,
  * SaveSession, OpenSession with resume) on a session on disk is parked, the
