@@ -53,9 +53,9 @@ typedef struct tenant_counts {
 struct ckv_tier {
   bool on;
   uint64_t idle_ms, cap;
-  bool pressure;             /* memory pressure moves the coldest sessions down (tier_pressure) */
-  unsigned pressure_inflight; /* offloads written for waiting requests */
-  bool replaying;            /* serving the waiting requests again: no second round of moves */
+  bool pressure;              /* memory pressure moves the coldest sessions down (ckv_tier_make_room) */
+  unsigned pressure_inflight; /* offloads being written for memory pressure */
+  bool replaying;             /* serving the waiting requests again: no second round of moves */
   parked *wait_head, *wait_tail; /* requests waiting for the pressure offloads to land */
   uint64_t disk_bytes; /* tier files of sessions on disk or coming back, and leftovers */
   uint64_t reserved;   /* estimated size of the offloads being written */

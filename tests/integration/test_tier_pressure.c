@@ -16,11 +16,18 @@
  *   the quota is full without A (then the old refusal, CKV_ERR_QUOTA, with
  *   nothing more moved).  Tenant o's session, older than A, never moves.  B
  *   dropped, A comes back on GetView byte for byte; the counters add up.
+ * - way_back_moves_the_coldest_first: with A on disk and B filling the
+ *   quota, B reported and quiet for over a second: a GetView of A moves B
+ *   down first and A comes back identical; A dropped, B comes back
+ *   identical; the counters add up (2 moves, 2 restores).
  * - pressure_off_keeps_old_refusal / no_disk_tier_keeps_old_refusal /
  *   full_disk_tier_keeps_old_refusal: disk_pressure = no, disk_memory = 0,
  *   or a disk tier too small for A: the append that does not fit beside A is
  *   refused with CKV_ERR_QUOTA as before, A stays in memory (the full tier
- *   says so in the log and counts a refusal). */
+ *   says so in the log and counts a refusal).
+ * - recently_used_attached_session_stays: A attached and named by a request
+ *   less than a second before (its worker may be reading it): A stays, and
+ *   the append is refused the old way. */
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <stdbool.h>
@@ -206,7 +213,7 @@ static int grow_b(scenario *sc, uint32_t *tokens) {
 
 /* Starts the daemon (extra --set options), the other tenant's session, A,
  * then grows B until its next batch would not fit beside A, and appends it. */
-static void run_scenario(scenario *sc, const char *const *sets) {
+static void run_scenario(scenario *sc, const char *const *sets, bool a_rests) {
   memset(sc, 0, sizeof(*sc));
   char text[256], cfg[400];
   snprintf(text, sizeof text, "[daemon]\ndetach_keep = 60s\nlease = 30s\n[tenant.p]\nuids = 0\nquota = %uK\n"
@@ -261,7 +268,11 @@ static void run_scenario(scenario *sc, const char *const *sets) {
   /* A, attached, quiet for longer than an attached session must be to move
    * (CKV_TIER_PRESSURE_QUIET_MS, 1 s) */
   long long quiet_since = sc->a_quiet_since_ms;
-  while (ckv_test_now_ms() < quiet_since + 1300) usleep(20000);
+  while (a_rests && ckv_test_now_ms() < quiet_since + 1300) usleep(20000);
+  if (!a_rests) { /* A named by a request just now: its worker may be reading it */
+    ckv_capture now_a = ckv_test_capture_view(sc->c, "cold-a", &k_geom);
+    ckv_test_capture_free(&now_a);
+  }
   sc->first_refusal = grow_b(sc, &tokens);
   snprintf(sc->first_msg, sizeof sc->first_msg, "%s", ckv_client_last_error(sc->c));
   fprintf(stderr,
@@ -310,7 +321,7 @@ static void expect_old_refusal(scenario *sc) {
 
 Test(tier_pressure, coldest_session_moves_before_quota_refusal, .timeout = 120) {
   scenario sc;
-  run_scenario(&sc, (const char *const[]){"daemon.disk_memory=64M", NULL});
+  run_scenario(&sc, (const char *const[]){"daemon.disk_memory=64M", NULL}, true);
   cr_assert_eq(sc.first_refusal, CKV_OK,
                "B's append that did not fit beside A was refused (%s: %s): A was not moved to disk first; log: %s",
                ckv_status_name(sc.first_refusal), sc.first_msg, ckv_test_file_tail(sc.d.log, 1500));
@@ -359,7 +370,7 @@ Test(tier_pressure, coldest_session_moves_before_quota_refusal, .timeout = 120) 
 
 Test(tier_pressure, way_back_moves_the_coldest_first, .timeout = 120) {
   scenario sc;
-  run_scenario(&sc, (const char *const[]){"daemon.disk_memory=64M", NULL});
+  run_scenario(&sc, (const char *const[]){"daemon.disk_memory=64M", NULL}, true);
   cr_assert_eq(sc.first_refusal, CKV_OK, "%s", sc.first_msg);
   fill_b(&sc);
   /* B's worker is done with it (a round reported), and B goes quiet */
@@ -403,23 +414,30 @@ Test(tier_pressure, way_back_moves_the_coldest_first, .timeout = 120) {
   end_scenario(&sc);
 }
 
+Test(tier_pressure, recently_used_attached_session_stays, .timeout = 120) {
+  scenario sc;
+  run_scenario(&sc, (const char *const[]){"daemon.disk_memory=64M", NULL}, /* a_rests= */ false);
+  expect_old_refusal(&sc);
+  end_scenario(&sc);
+}
+
 Test(tier_pressure, pressure_off_keeps_old_refusal, .timeout = 120) {
   scenario sc;
-  run_scenario(&sc, (const char *const[]){"daemon.disk_memory=64M", "daemon.disk_pressure=no", NULL});
+  run_scenario(&sc, (const char *const[]){"daemon.disk_memory=64M", "daemon.disk_pressure=no", NULL}, true);
   expect_old_refusal(&sc);
   end_scenario(&sc);
 }
 
 Test(tier_pressure, no_disk_tier_keeps_old_refusal, .timeout = 120) {
   scenario sc;
-  run_scenario(&sc, (const char *const[]){"daemon.disk_memory=0", NULL});
+  run_scenario(&sc, (const char *const[]){"daemon.disk_memory=0", NULL}, true);
   expect_old_refusal(&sc);
   end_scenario(&sc);
 }
 
 Test(tier_pressure, full_disk_tier_keeps_old_refusal, .timeout = 120) {
   scenario sc;
-  run_scenario(&sc, (const char *const[]){"daemon.disk_memory=4K", NULL}); /* smaller than A's file */
+  run_scenario(&sc, (const char *const[]){"daemon.disk_memory=4K", NULL}, true); /* smaller than A's file */
   expect_old_refusal(&sc);
   cr_assert_geq(ckv_test_stat(&sc.d, "tiers.1.refused"), 1);
   char *log = ckv_test_read_file(sc.d.log);
