@@ -94,6 +94,11 @@ const config_key ckv_cfg_keys[] = {
             "and quiet) is written to the disk tier and its memory given back; its next request brings "
             "it back first. Needs disk_memory and state_dir. 0 = never: moving a session costs a write "
             "and a read, worth it only where memory is short, so it is asked for."},
+    {SEC_DAEMON, "disk_pressure", T_BOOL, DMN(disk_pressure), .def = "yes",
+     .doc = "When a request of a tenant needs more memory than its quota has left, first move the "
+            "tenant's coldest other sessions (least recently used, quiet) to the disk tier, and "
+            "only then compress, recycle or refuse; the request waits for the moves. Needs "
+            "disk_memory and state_dir (disk_idle may be 0). Lossless, so on by default."},
     {SEC_DAEMON, "state_dir", T_STRING, DMN(state_dir), .check = check_abs_path, .def = "",
      .doc = "Directory for snapshots and the disk tier. Empty: $STATE_DIRECTORY (systemd's "
             "StateDirectory=) or /var/lib/commitkv."},

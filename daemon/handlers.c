@@ -388,9 +388,12 @@ static int h_append(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req
   ckv_transition_list made_room = {0};
   uint64_t need = ckv_srv_session_append_bytes(sess, n);
   if (need && !ckv_tenant_would_fit(sess->tenant, need)) {
-    /* Quota pressure: make room from this session before refusing, cheapest
+    /* Quota pressure: the tenant's coldest other sessions go to disk first
+     * (lossless; the reply waits for them, tier.h), then this session makes
+     * room before refusing, cheapest
      * loss first: compress draft -> staged, then staged -> committed, then
      * recycle the least valuable tokens (the reply reports every transition). */
+    if ((r = ckv_tier_make_room(s, c, sess, need, req)) == CKV_REPLY_DEFERRED) return r;
     ckv_server_settle_session(s, sess);
     for (int from = CKV_STATE_DRAFT; from <= CKV_STATE_STAGED && !ckv_tenant_would_fit(sess->tenant, need); from++) {
       if (ckv_lifecycle_escalate(sess, s->compressor, from, &made_room) <= 0) continue;
@@ -1052,6 +1055,7 @@ static int tier_stats(ckv_server *s, const ckv_conn *c, Commitkv__V1__Stats *st)
   k->restore_bytes = d.restore_bytes;
   k->cancelled = d.cancelled;
   k->refused = d.refused;
+  k->pressure_moves = d.pressure_moves;
   k->errors = d.errors;
   st->tiers[0] = p;
   st->tiers[1] = k;

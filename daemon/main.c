@@ -323,9 +323,11 @@ int main(int argc, char **argv) {
     ckv_log(CKV_LOG_WARNING, "tiers", NULL, NULL,
             "host_memory is set, but the host tier is not implemented yet (on the host backend the primary tier is "
             "host memory already); the disk tier is disk_memory and disk_idle");
-  if ((a.cfg.disk_memory != 0) != (a.cfg.disk_idle_ms != 0))
-    ckv_log(CKV_LOG_WARNING, "tiers", NULL, NULL, "the disk tier needs both disk_memory and disk_idle (%s is 0): off",
-            a.cfg.disk_memory ? "disk_idle" : "disk_memory");
+  if (a.cfg.disk_idle_ms && !a.cfg.disk_memory)
+    ckv_log(CKV_LOG_WARNING, "tiers", NULL, NULL, "disk_idle is set but disk_memory is 0: the disk tier is off");
+  else if (a.cfg.disk_memory && !a.cfg.disk_idle_ms && !a.cfg.disk_pressure)
+    ckv_log(CKV_LOG_WARNING, "tiers", NULL, NULL,
+            "disk_memory is set but disk_idle is 0 and disk_pressure off: no session ever moves down");
   ckv_config_ensure_default_tenant(&a.cfg, (uint32_t)geteuid());
   ckv_log_set_level(a.cfg.log_level);
   if (policy_from_config(&a, err, sizeof(err)) < 0) {
@@ -376,6 +378,7 @@ int main(int argc, char **argv) {
       .state_dir = a.cfg.state_dir,
       .disk_idle_ms = a.cfg.disk_idle_ms,
       .disk_memory = a.cfg.disk_memory,
+      .disk_pressure = a.cfg.disk_pressure,
       .lease_ms = (uint32_t)a.cfg.lease_ms,
       .heartbeat_ms = (uint32_t)a.cfg.heartbeat_ms,
       .detach_keep_ms = a.cfg.detach_keep_ms,

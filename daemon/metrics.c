@@ -399,6 +399,13 @@ int ckv_metrics_format(const ckv_metrics_snapshot *snap, char **ret_text, size_t
     for (int t = 1; t < CKV_METRICS_TIERS; t++)
       sample_u64(f, "commitkv_tier_offloads_total",
                  (const char *const[]){"tenant", ts[i].name, "tier", k_tier_names[t], NULL}, ts[i].offloads_total[t]);
+  family(f, "commitkv_tier_pressure_moves_total", "counter",
+         "Sessions moved down into a tier because their tenant's quota was short (part of offloads).");
+  for (size_t i = 0; i < nt; i++)
+    for (int t = 1; t < CKV_METRICS_TIERS; t++)
+      sample_u64(f, "commitkv_tier_pressure_moves_total",
+                 (const char *const[]){"tenant", ts[i].name, "tier", k_tier_names[t], NULL},
+                 ts[i].pressure_moves_total[t]);
   family(f, "commitkv_tier_restores_total", "counter", "Sessions brought back out of a tier by a request.");
   for (size_t i = 0; i < nt; i++)
     for (int t = 1; t < CKV_METRICS_TIERS; t++)

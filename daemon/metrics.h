@@ -119,6 +119,7 @@ typedef struct ckv_metrics_tenant {
   uint64_t hits_total[CKV_METRICS_TIERS], misses_total[CKV_METRICS_TIERS];
   /* Sessions moved down into a tier and brought back out of it (tier.h). */
   uint64_t offloads_total[CKV_METRICS_TIERS], restores_total[CKV_METRICS_TIERS];
+  uint64_t pressure_moves_total[CKV_METRICS_TIERS]; /* of the offloads, those for a short quota */
   uint64_t compress_pending_tokens;          /* transitions decided but not yet compressed */
   uint64_t errors_total[CKV_METRICS_ERRORS]; /* error replies by code (ckv_metrics_error_index) */
   ckv_metrics_histogram round_latency;       /* filled by ckv_metrics_fill_histograms */

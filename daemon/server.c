@@ -137,7 +137,8 @@ int ckv_server_new(const ckv_server_options *opt, ckv_server **ret, char *err, s
     snprintf(err, errlen, "cannot start the snapshot I/O thread: %s", ckv_strerror(r));
     goto fail;
   }
-  if ((r = ckv_tier_new(opt->disk_idle_ms, opt->disk_memory, opt->state_dir, &s->tier)) < 0) goto fail_nomem;
+  if ((r = ckv_tier_new(opt->disk_idle_ms, opt->disk_memory, opt->disk_pressure, opt->state_dir, &s->tier)) < 0)
+    goto fail_nomem;
 
   s->zctx = zmq_ctx_new();
   if (!s->zctx) goto fail_nomem;

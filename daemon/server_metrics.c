@@ -78,6 +78,7 @@ void ckv_server_publish_metrics(ckv_server *s) {
     m->hits_total[CKV_METRICS_TIER_DISK] = d.restores;
     m->offloads_total[CKV_METRICS_TIER_DISK] = d.offloads;
     m->restores_total[CKV_METRICS_TIER_DISK] = d.restores;
+    m->pressure_moves_total[CKV_METRICS_TIER_DISK] = d.pressure_moves;
     m->recycles_total = t->recycle_runs;
     memcpy(m->errors_total, t->errors, sizeof(m->errors_total));
     uint64_t gone[4][4];

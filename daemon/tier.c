@@ -47,12 +47,16 @@ struct ckv_tier_slot {
 /* One tenant's counters (since start; they never go down). */
 typedef struct tenant_counts {
   const ckv_tenant *tenant;
-  uint64_t offloads, offload_bytes, restores, restore_bytes, cancelled, refused, errors;
+  uint64_t offloads, offload_bytes, restores, restore_bytes, cancelled, refused, errors, pressure_moves;
 } tenant_counts;
 
 struct ckv_tier {
   bool on;
   uint64_t idle_ms, cap;
+  bool pressure;              /* memory pressure moves the coldest sessions down (ckv_tier_make_room) */
+  unsigned pressure_inflight; /* offloads being written for memory pressure */
+  bool replaying;             /* serving the waiting requests again: no second round of moves */
+  parked *wait_head, *wait_tail; /* requests waiting for the pressure offloads to land */
   uint64_t disk_bytes; /* tier files of sessions on disk or coming back, and leftovers */
   uint64_t reserved;   /* estimated size of the offloads being written */
   unsigned inflight;   /* offloads being written */
@@ -70,6 +74,7 @@ typedef struct tier_job {
   uint64_t epoch, n_tokens;   /* SAVE: the session as captured */
   uint64_t idle_ms;           /* SAVE: how long it had been idle */
   uint64_t bytes5[5];         /* SAVE: what it held in memory */
+  bool pressure;              /* SAVE: made to give room to a waiting request (counted in pressure_inflight) */
 } tier_job;
 
 static void job_destroy(ckv_snapio_job *j) {
@@ -77,7 +82,7 @@ static void job_destroy(ckv_snapio_job *j) {
   free(j);
 }
 
-int ckv_tier_new(uint64_t idle_ms, uint64_t cap_bytes, const char *state_dir, ckv_tier **ret) {
+int ckv_tier_new(uint64_t idle_ms, uint64_t cap_bytes, bool pressure, const char *state_dir, ckv_tier **ret) {
   ckv_tier *t = calloc(1, sizeof(*t));
   if (!t) return -ENOMEM;
   if (ckv_strmap_new(&t->leftovers) < 0) {
@@ -86,7 +91,8 @@ int ckv_tier_new(uint64_t idle_ms, uint64_t cap_bytes, const char *state_dir, ck
   }
   t->idle_ms = idle_ms;
   t->cap = cap_bytes;
-  t->on = idle_ms && cap_bytes && state_dir && *state_dir;
+  t->on = (idle_ms || pressure) && cap_bytes && state_dir && *state_dir;
+  t->pressure = t->on && pressure;
   *ret = t;
   return CKV_OK;
 }
@@ -96,6 +102,10 @@ ckv_tier *ckv_tier_free(ckv_tier *t) {
   size_t cur = 0;
   void *v;
   while ((v = ckv_strmap_next(t->leftovers, &cur, NULL))) free(v);
+  for (parked *p = t->wait_head, *next; p; p = next) { /* stopping: nobody to answer */
+    next = p->next;
+    free(p);
+  }
   ckv_strmap_free(t->leftovers);
   free(t->tc);
   free(t);
@@ -202,8 +212,7 @@ void ckv_tier_startup(ckv_server *s) {
 
 /* ---- offload ------------------------------------------------------------- */
 
-static void offload_finished(void *server, ckv_snapio_job *j) {
-  ckv_server *s = server;
+static void offload_landed(ckv_server *s, ckv_snapio_job *j) {
   ckv_tier *t = s->tier;
   tier_job *q = (tier_job *)j;
   t->reserved -= q->reserved;
@@ -253,12 +262,27 @@ static void offload_finished(void *server, ckv_snapio_job *j) {
   t->disk_bytes += j->bytes;
   tc->offloads++;
   tc->offload_bytes += j->bytes;
+  if (q->pressure) tc->pressure_moves++;
   ckv_log(CKV_LOG_INFO, "tier-offload", j->tenant, j->name,
-          "idle %.1f s: %llu bytes of KV memory given back, the session is on disk (%llu bytes, written and synced "
+          "%s %.1f s: %llu bytes of KV memory given back, the session is on disk (%llu bytes, written and synced "
           "in %.3f ms by the I/O thread); disk tier %llu of %llu bytes",
-          (double)q->idle_ms / 1e3, (unsigned long long)freed, (unsigned long long)j->bytes, (double)j->io_us / 1e3,
+          q->pressure ? "memory pressure, coldest session, idle" : "idle", (double)q->idle_ms / 1e3,
+          (unsigned long long)freed, (unsigned long long)j->bytes, (double)j->io_us / 1e3,
           (unsigned long long)t->disk_bytes, (unsigned long long)t->cap);
   job_destroy(j);
+}
+
+/* Requests that waited for the pressure offloads are served again, in
+ * order, now that those landed (or failed): with no second round of moves,
+ * so what room they made is what the handler finds (else the old way:
+ * compression, recycling, the quota error). */
+static void replay_waiting(ckv_server *s);
+
+static void offload_finished(void *server, ckv_snapio_job *j) {
+  ckv_server *s = server;
+  bool pressure = ((tier_job *)j)->pressure;
+  offload_landed(s, j); /* destroys j */
+  if (pressure && --s->tier->pressure_inflight == 0) replay_waiting(s);
 }
 
 /* Upper bound of a tier file's size for the cap: block bytes plus the token
@@ -267,12 +291,14 @@ static uint64_t file_estimate(const ckv_snap *snap) {
   return snap->buf_len_ + (uint64_t)snap->tokens.n * 64u + (uint64_t)snap->n_ids * 8u + (64u << 10);
 }
 
-static void start_offload(ckv_server *s, ckv_srv_session *sess, uint64_t now) {
+/* Starts writing sess to its tier file; whether it did (else it stays in
+ * memory, and the log said why when that was news). */
+static bool start_offload(ckv_server *s, ckv_srv_session *sess, uint64_t now, bool pressure) {
   ckv_tier *t = s->tier;
   ckv_tier_slot *slot = slot_of(sess);
-  if (!slot) return;
+  if (!slot) return false;
   tier_job *q = new_job(s, CKV_SNAPIO_SAVE, sess->tenant, sess->id);
-  if (!q) return;
+  if (!q) return false;
   char err[320];
   uint64_t tokens = 0;
   int r = ckv_session_snap_capture(sess, /* committed_only= */ false, &q->job.snap, &tokens, err, sizeof err);
@@ -282,7 +308,7 @@ static void start_offload(ckv_server *s, ckv_srv_session *sess, uint64_t now) {
       ckv_log(CKV_LOG_WARNING, "tier-offload-failed", sess->tenant->name, sess->id, "the session stays in memory: %s",
               err);
     sess->touched_ms = now;
-    return;
+    return false;
   }
   uint64_t need = file_estimate(&q->job.snap);
   if (t->disk_bytes + t->reserved + need > t->cap) {
@@ -296,7 +322,7 @@ static void start_offload(ckv_server *s, ckv_srv_session *sess, uint64_t now) {
     slot->full_logged = true;
     sess->touched_ms = now; /* asked again after another idle spell */
     job_destroy(&q->job);
-    return;
+    return false;
   }
   q->seq = ++t->seq;
   q->reserved = need;
@@ -305,21 +331,33 @@ static void start_offload(ckv_server *s, ckv_srv_session *sess, uint64_t now) {
   q->idle_ms = now - sess->touched_ms;
   uint64_t tok4[4] = {0};
   ckv_srv_session_figures(sess, tok4, q->bytes5);
+  q->pressure = pressure;
   q->job.finish = offload_finished;
   if (ckv_snapio_submit(s->snapio, &q->job) < 0) { /* the queue is full of saves: next scan */
     job_destroy(&q->job);
-    return;
+    return false;
   }
   t->reserved += need;
   t->inflight++;
+  if (pressure) t->pressure_inflight++;
   slot->state = CKV_TIER_OFFLOADING;
   slot->seq = q->seq;
   slot->cancel = false;
+  return true;
+}
+
+/* Whether resident session sess may be written to disk now. */
+static bool may_go_down(const ckv_srv_session *sess) {
+  if (ckv_tier_state_of(sess) != CKV_TIER_RESIDENT) return false;
+  if (sess->quarantined || sess->doomed || sess->jobs_inflight || sess->tenant->mem != &ckv_blockmem_host) return false;
+  if (sess->owner && sess->tier && sess->tier->writes_open) return false; /* its worker may be writing K/V */
+  if (ckv_lifecycle_pending(sess)) return false; /* moves decided and not done: the file gets them done */
+  return ckv_srv_session_bytes(sess) > 0; /* else nothing to give back */
 }
 
 void ckv_tier_scan(ckv_server *s, uint64_t now) {
   ckv_tier *t = s->tier;
-  if (!t || !t->on || !s->snapio) return;
+  if (!t || !t->on || !t->idle_ms || !s->snapio) return;
   size_t cur = 0;
   ckv_srv_session *sess;
   while ((sess = ckv_strmap_next(s->sessions, &cur, NULL))) {
@@ -328,12 +366,9 @@ void ckv_tier_scan(ckv_server *s, uint64_t now) {
       continue;
     }
     if (now - sess->touched_ms < t->idle_ms || ckv_tier_state_of(sess) != CKV_TIER_RESIDENT) continue;
-    if (sess->quarantined || sess->doomed || sess->jobs_inflight || sess->tenant->mem != &ckv_blockmem_host) continue;
-    if (sess->owner && sess->tier && sess->tier->writes_open) continue;
-    if (ckv_lifecycle_pending(sess)) continue; /* moves decided and not done: the file gets them done */
-    if (ckv_srv_session_bytes(sess) == 0) continue; /* nothing to give back */
+    if (!may_go_down(sess)) continue;
     if (t->inflight >= CKV_TIER_INFLIGHT) return;
-    start_offload(s, sess, now);
+    start_offload(s, sess, now, /* pressure= */ false);
   }
 }
 
@@ -471,7 +506,7 @@ static void restore_finished(void *server, ckv_snapio_job *j) {
 }
 
 /* Keeps request req for later (its reply goes to s->reply_to). */
-static int park(ckv_server *s, ckv_conn *c, ckv_tier_slot *slot, const Commitkv__V1__Request *req) {
+static int park(ckv_server *s, ckv_conn *c, parked **head, parked **tail, const Commitkv__V1__Request *req) {
   size_t len = commitkv__v1__request__get_packed_size(req);
   parked *p = malloc(sizeof(*p) + len);
   if (!p) return -ENOMEM;
@@ -480,15 +515,18 @@ static int park(ckv_server *s, ckv_conn *c, ckv_tier_slot *slot, const Commitkv_
   p->next = NULL;
   p->to = s->reply_to;
   p->to.request_id = req->request_id;
-  if (slot->tail)
-    slot->tail->next = p;
+  if (*tail)
+    (*tail)->next = p;
   else
-    slot->head = p;
-  slot->tail = p;
+    *head = p;
+  *tail = p;
   c->io_inflight++; /* waiting on the disk, not silent: the lease holds */
   s->reply_deferred = true;
   return CKV_REPLY_DEFERRED;
 }
+
+static unsigned pressure_moves(ckv_server *s, const ckv_tenant *tn, const ckv_srv_session *except, uint64_t short_by,
+                               uint64_t *ret_freeing);
 
 static int bring_back(ckv_server *s, ckv_conn *c, ckv_srv_session *sess, const Commitkv__V1__Request *req,
                       char *msg, size_t msglen) {
@@ -506,6 +544,21 @@ static int bring_back(ckv_server *s, ckv_conn *c, ckv_srv_session *sess, const C
     return r;
   }
   q->job.finish = restore_finished;
+  /* Memory pressure on the way back: the tenant's coldest sessions go down
+   * first, their offloads queued ahead of this read (the I/O thread keeps
+   * the order), so their blocks are free when the file is applied. */
+  uint64_t need = slot->bytes5[3], freeing;
+  if (t->pressure && !ckv_tenant_would_fit(sess->tenant, need)) {
+    const ckv_tenant *tn = sess->tenant;
+    uint64_t short_by = tn->bytes_used + need - tn->quota_bytes;
+    unsigned started = pressure_moves(s, tn, sess, short_by, &freeing);
+    if (started)
+      ckv_log(CKV_LOG_NOTICE, "tier-pressure", tn->name, sess->id,
+              "coming back from disk needs %llu bytes and the tenant quota is short by %llu: moving its %u coldest "
+              "other session%s (%llu bytes) to disk first",
+              (unsigned long long)need, (unsigned long long)short_by, started, started == 1 ? "" : "s",
+              (unsigned long long)freeing);
+  }
   if (ckv_snapio_submit(s->snapio, &q->job) < 0) {
     slot->state = CKV_TIER_ON_DISK;
     job_destroy(&q->job);
@@ -513,7 +566,7 @@ static int bring_back(ckv_server *s, ckv_conn *c, ckv_srv_session *sess, const C
              CKV_SNAPIO_DEPTH);
     return CKV_ERR_BUSY;
   }
-  return park(s, c, slot, req);
+  return park(s, c, &slot->head, &slot->tail, req);
 }
 
 /* What a request means to the tier: the session it names, whether it needs
@@ -581,9 +634,85 @@ int ckv_tier_gate(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
     case CKV_TIER_RESIDENT: return CKV_OK;
     case CKV_TIER_OFFLOADING: slot->cancel = true; return CKV_OK;
     case CKV_TIER_ON_DISK: return g.kv ? bring_back(s, c, sess, req, msg, msglen) : CKV_OK;
-    case CKV_TIER_RESTORING: return park(s, c, slot, req); /* behind the request that asked first */
+    case CKV_TIER_RESTORING: return park(s, c, &slot->head, &slot->tail, req); /* behind the request that asked first */
   }
   return CKV_OK;
+}
+
+/* ---- memory pressure ----------------------------------------------------- */
+
+static void replay_waiting(ckv_server *s) {
+  ckv_tier *t = s->tier;
+  parked *p = t->wait_head;
+  t->wait_head = t->wait_tail = NULL;
+  t->replaying = true;
+  while (p) {
+    parked *next = p->next;
+    if (s->conns) answer_parked(s, p, CKV_OK, NULL);
+    free(p);
+    p = next;
+  }
+  t->replaying = false;
+}
+
+static int colder_first(const void *a, const void *b) {
+  const ckv_srv_session *x = *(ckv_srv_session *const *)a, *y = *(ckv_srv_session *const *)b;
+  return x->touched_ms < y->touched_ms ? -1 : x->touched_ms > y->touched_ms;
+}
+
+/* Starts the offload of tenant tn's coldest sessions that may go (never
+ * `except`), until they hold short_by bytes or CKV_TIER_INFLIGHT offloads
+ * are written; how many started (their bytes in *ret_freeing). */
+static unsigned pressure_moves(ckv_server *s, const ckv_tenant *tn, const ckv_srv_session *except, uint64_t short_by,
+                               uint64_t *ret_freeing) {
+  ckv_tier *t = s->tier;
+  *ret_freeing = 0;
+  size_t n = 0, cap = ckv_strmap_size(s->sessions);
+  ckv_srv_session **cand = malloc((cap ? cap : 1) * sizeof(*cand));
+  if (!cand) return 0;
+  size_t cur = 0;
+  ckv_srv_session *o;
+  uint64_t now = ckv_now_ms(), freeing = 0;
+  while ((o = ckv_strmap_next(s->sessions, &cur, NULL)) && n < cap) {
+    if (o == except || o->tenant != tn || !may_go_down(o)) continue;
+    /* An attached session's blocks are freed as soon as its file is
+     * durable: its worker, between its view and its next request, may be
+     * reading them.  Only one quiet for a while goes (a detached one has no
+     * reader). */
+    if (o->owner && now - o->touched_ms < CKV_TIER_PRESSURE_QUIET_MS) continue;
+    cand[n++] = o;
+  }
+  qsort(cand, n, sizeof(*cand), colder_first);
+  unsigned started = 0;
+  for (size_t i = 0; i < n && freeing < short_by && t->inflight < CKV_TIER_INFLIGHT; i++) {
+    uint64_t held = ckv_srv_session_bytes(cand[i]);
+    if (start_offload(s, cand[i], now, /* pressure= */ true)) {
+      freeing += held;
+      started++;
+    }
+  }
+  free(cand);
+  *ret_freeing = freeing;
+  return started;
+}
+
+int ckv_tier_make_room(ckv_server *s, ckv_conn *c, ckv_srv_session *sess, uint64_t need,
+                       const Commitkv__V1__Request *req) {
+  ckv_tier *t = s->tier;
+  ckv_tenant *tn = sess->tenant;
+  if (!t || !t->pressure || t->replaying || !s->snapio || !s->reply_armed || ckv_tenant_would_fit(tn, need))
+    return CKV_OK;
+  uint64_t short_by = tn->bytes_used + need - tn->quota_bytes, freeing;
+  unsigned started = pressure_moves(s, tn, sess, short_by, &freeing);
+  if (!started && !t->pressure_inflight) return CKV_OK; /* nothing can go: the old way */
+  if (started)
+    ckv_log(CKV_LOG_NOTICE, "tier-pressure", tn->name, sess->id,
+            "tenant quota short by %llu bytes (%llu of %llu used, %llu asked): moving its %u coldest other "
+            "session%s (%llu bytes) to disk before anything is recycled; the request waits for them",
+            (unsigned long long)short_by, (unsigned long long)tn->bytes_used, (unsigned long long)tn->quota_bytes,
+            (unsigned long long)need, started, started == 1 ? "" : "s", (unsigned long long)freeing);
+  int r = park(s, c, &t->wait_head, &t->wait_tail, req);
+  return r == -ENOMEM ? CKV_OK : r;
 }
 
 void ckv_tier_forget(ckv_server *s, ckv_srv_session *sess) {
@@ -628,6 +757,7 @@ void ckv_tier_get_stats(const ckv_server *s, const ckv_tenant *tenant, ckv_tier_
     ret->cancelled += c->cancelled;
     ret->refused += c->refused;
     ret->errors += c->errors;
+    ret->pressure_moves += c->pressure_moves;
   }
   size_t cur = 0;
   ckv_srv_session *sess;

@@ -14,6 +14,13 @@
  * tier files' bytes: when a session does not fit it stays in memory, and
  * the daemon says so once per idle spell.
  *
+ * Memory pressure (disk_pressure; ckv_tier_make_room, from AppendTokens, and
+ * the way back below): when a tenant's quota cannot take a request's new
+ * blocks, the tenant's coldest other sessions that may go are written the
+ * same way first, and the request waits, parked, until those offloads land;
+ * then it is served the old way (compress, recycle, refuse) with the room
+ * they made.  docs/tiers.md says who may go.
+ *
  * The way back (ckv_tier_gate, before every request's handler): a request
  * that needs the session's K/V (AppendTokens, ReportRound, Acquire, GetView,
  * SaveSession, OpenSession with resume) on a session on disk is parked, the
@@ -49,6 +56,10 @@ typedef struct ckv_tier_slot ckv_tier_slot;
 /* Offloads written at once: each holds a copy of its session in memory. */
 #define CKV_TIER_INFLIGHT 4u
 
+/* Under memory pressure an attached session moves down only when no
+ * request named it for this long (its worker may be reading its view). */
+#define CKV_TIER_PRESSURE_QUIET_MS 1000u
+
 /* Where a session's K/V is. */
 typedef enum ckv_tier_state {
   CKV_TIER_RESIDENT = 0, /* in the primary arena */
@@ -62,12 +73,15 @@ typedef struct ckv_tier_stats {
   uint64_t disk_bytes, disk_sessions, capacity;
   uint64_t offloads, offload_bytes, restores, restore_bytes;
   uint64_t cancelled, refused, errors;
+  uint64_t pressure_moves; /* offloads made for memory pressure (part of offloads) */
   uint64_t resident_bytes5[5]; /* of sessions on disk: what they held in memory (stats bytes layout) */
 } ckv_tier_stats;
 
-/* The tier of a daemon: on when idle_ms, cap_bytes and state_dir are all
- * set (else every call is a no-op and the stats stay 0).  CKV_OK or -ENOMEM. */
-int ckv_tier_new(uint64_t idle_ms, uint64_t cap_bytes, const char *state_dir, ckv_tier **ret);
+/* The tier of a daemon: on when cap_bytes and state_dir are set and idle_ms
+ * or pressure is (else every call is a no-op and the stats stay 0): idle_ms
+ * moves idle sessions down, pressure the coldest when a tenant's quota is
+ * short (ckv_tier_make_room).  CKV_OK or -ENOMEM. */
+int ckv_tier_new(uint64_t idle_ms, uint64_t cap_bytes, bool pressure, const char *state_dir, ckv_tier **ret);
 /* Accepts NULL, returns NULL.  Sessions must be gone (ckv_tier_forget). */
 ckv_tier *ckv_tier_free(ckv_tier *t);
 bool ckv_tier_enabled(const ckv_tier *t);
@@ -88,6 +102,22 @@ int ckv_tier_gate(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
 /* Housekeeping: starts the offload of every session idle for idle_ms that
  * may go (see the top of this file), within the cap and CKV_TIER_INFLIGHT. */
 void ckv_tier_scan(ckv_server *s, uint64_t now_ms);
+
+/* Memory pressure: request req (of client c, on resident session sess)
+ * needs `need` more bytes than sess's tenant has left.  Starts writing the
+ * tenant's coldest other sessions to disk (least recently named first; never
+ * sess, one mid-move, with jobs in flight or pending moves, attached with
+ * appends not yet reported, or attached and named by a request within
+ * CKV_TIER_PRESSURE_QUIET_MS), as many as cover the shortfall, and parks req:
+ * CKV_REPLY_DEFERRED, and req is served again, once, after those offloads
+ * land (their blocks freed) or fail, with no second round of moves.
+ * CKV_OK: nothing could go (pressure off, no candidate, the tier full, no
+ * loop, or req is that second serving): the caller goes on the old way. */
+int ckv_tier_make_room(ckv_server *s, ckv_conn *c, ckv_srv_session *sess, uint64_t need,
+                       const Commitkv__V1__Request *req);
+/* (The way back does the same by itself: a session coming back that does
+ * not fit its tenant's quota has the coldest others written first, queued
+ * ahead of its read.) */
 
 /* Session sess is being destroyed (ckv_server_destroy_session): requests
  * parked for it are answered NOT_FOUND, its tier file removed (kept when

@@ -196,13 +196,13 @@ static PyObject *stats_dict(const Commitkv__V1__Stats *s) {
   for (size_t i = 0; tiers && i < s->n_tiers; i++) {
     const Commitkv__V1__TierStats *t = s->tiers[i];
     PyObject *td = Py_BuildValue(
-        "{szsKsKsKsKsKsKsKsKsKsKsKsK}", "tier", t->tier, "bytes", (unsigned long long)t->bytes, "capacity",
+        "{szsKsKsKsKsKsKsKsKsKsKsKsKsK}", "tier", t->tier, "bytes", (unsigned long long)t->bytes, "capacity",
         (unsigned long long)t->capacity, "sessions", (unsigned long long)t->sessions, "hits",
         (unsigned long long)t->hits, "misses", (unsigned long long)t->misses, "offloads",
         (unsigned long long)t->offloads, "offload_bytes", (unsigned long long)t->offload_bytes, "restores",
         (unsigned long long)t->restores, "restore_bytes", (unsigned long long)t->restore_bytes, "cancelled",
         (unsigned long long)t->cancelled, "refused", (unsigned long long)t->refused, "errors",
-        (unsigned long long)t->errors);
+        (unsigned long long)t->errors, "pressure_moves", (unsigned long long)t->pressure_moves);
     if (!td) {
       Py_CLEAR(tiers);
       break;

@@ -1,0 +1,447 @@
+/* test_tier_pressure.c - moves to the disk tier under memory pressure (issue
+ * 15, tiers: "under memory pressure the coldest move before anything is
+ * recycled"): real commitkvd processes with a small tenant quota, disk_idle
+ * 0 (no idle moves: whatever goes down goes for the quota), libcommitkv in
+ * this process and, for a second tenant, in a child under another uid.
+ *
+ * The scenario (run_scenario): tenant "o" (uid 65531, a child) writes a
+ * session and leaves it detached: the coldest session of the daemon.  This
+ * process (tenant "p", quota QUOTA) writes session A (fp16, A_TOKENS) and
+ * reports it, then grows session B with system tokens (never recycled, so
+ * the old way refuses) BATCH at a time.
+ *
+ * - coldest_session_moves_before_quota_refusal: B's append that does not fit
+ *   beside A succeeds: A went to disk (ListSessions tier "disk", tenant p's
+ *   arena holds only B, tiers.1.pressure_moves 1), and B keeps growing until
+ *   the quota is full without A (then the old refusal, CKV_ERR_QUOTA, with
+ *   nothing more moved).  Tenant o's session, older than A, never moves.  B
+ *   dropped, A comes back on GetView byte for byte; the counters add up.
+ * - way_back_moves_the_coldest_first: with A on disk and B filling the
+ *   quota, B reported and quiet for over a second: a GetView of A moves B
+ *   down first and A comes back identical; A dropped, B comes back
+ *   identical; the counters add up (2 moves, 2 restores).
+ * - pressure_off_keeps_old_refusal / no_disk_tier_keeps_old_refusal /
+ *   full_disk_tier_keeps_old_refusal: disk_pressure = no, disk_memory = 0,
+ *   or a disk tier too small for A: the append that does not fit beside A is
+ *   refused with CKV_ERR_QUOTA as before, A stays in memory (the full tier
+ *   says so in the log and counts a refusal).
+ * - recently_used_attached_session_stays: A attached and named by a request
+ *   less than a second before (its worker may be reading it): A stays, and
+ *   the append is refused the old way. */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "client/rpc.h"
+#include "commitkv.pb-c.h"
+#include "commitkv/commitkv.h"
+#include "commitkv/status.h"
+#include "kernels/quant.h"
+#include "testcheck.h"
+#include "testutil.h"
+#include "viewcapture.h"
+
+TestSuite(tier_pressure, .fini = ckv_test_leak_check);
+
+#define DEADLINE_MS 20000
+#define OTHER_UID 65531u
+#define QUOTA_KIB 256u
+#define A_TOKENS 128u
+#define O_TOKENS 96u
+#define BATCH 32u
+#define MAX_BATCHES 64
+
+static const ckv_geometry k_geom = {2, 2, 32, 0}; /* 512 bytes of K/V per token */
+
+static void write_tokens(ckv_session *s, size_t from, size_t n) {
+  size_t elems = (size_t)k_geom.n_kv_heads * k_geom.head_dim;
+  uint16_t k[64], v[64];
+  for (size_t pos = from; pos < from + n; pos++)
+    for (uint32_t layer = 0; layer < k_geom.n_layers; layer++) {
+      for (size_t e = 0; e < elems; e++) {
+        k[e] = ckv_f32_to_f16(ckv_test_kv_value(pos, layer, 0, (uint32_t)e));
+        v[e] = ckv_f32_to_f16(ckv_test_kv_value(pos, layer, 1, (uint32_t)e));
+      }
+      cr_assert_eq(ckv_session_write_kv(s, pos, layer, k, v), CKV_OK);
+    }
+}
+
+/* A session of n tokens with K/V written and one round reported (so the
+ * daemon knows its worker is done writing), its epoch acked; NULL and the
+ * failure in *ret_code / msg when a step failed (the child reports it). */
+static ckv_session *written_session(ckv_client *c, const char *id, uint32_t n, int *ret_code, char *msg, size_t len) {
+  ckv_session_options so = {.policy = "fp16"};
+  ckv_session *s = NULL;
+  uint64_t first;
+  int r = ckv_session_open(c, id, &k_geom, &so, &s);
+  if (r == CKV_OK) r = ckv_session_append(s, n, NULL, NULL, NULL, NULL, &first);
+  if (r == CKV_OK) {
+    write_tokens(s, 0, n);
+    float *attn = calloc(n, sizeof(float));
+    ckv_round_result rr;
+    r = attn ? ckv_session_report(s, 1, 0, attn, n, &rr) : -ENOMEM;
+    free(attn);
+    if (r == CKV_OK) r = ckv_session_ack(s, rr.epoch, NULL);
+  }
+  *ret_code = r;
+  if (r != CKV_OK) {
+    snprintf(msg, len, "%s: %s (%s)", id, ckv_strerror(r), ckv_client_last_error(c));
+    if (s) ckv_session_close(s);
+    return NULL;
+  }
+  return s;
+}
+
+static ckv_client *connect_to(const ckv_test_daemon *d) {
+  ckv_client_options o = {.socket = d->socket, .attach_socket = d->attach, .name = "test_tier_pressure",
+                          .timeout_ms = 15000};
+  ckv_client *c = NULL;
+  int r = ckv_client_connect(&o, &c);
+  cr_assert_eq(r, CKV_OK, "connect: %s (%s)", ckv_strerror(r), ckv_client_connect_error());
+  return c;
+}
+
+/* ---- the other tenant: a child under OTHER_UID ---- */
+
+typedef struct other_report {
+  int code;
+  char tenant[64], msg[512];
+} other_report;
+
+static void other_body(const void *ctx, void *report) {
+  const ckv_test_daemon *d = ctx;
+  other_report *rep = report;
+  ckv_client_options co = {.socket = d->socket, .attach_socket = d->attach, .name = "pressure-other",
+                           .timeout_ms = 15000};
+  ckv_client *c = NULL;
+  if ((rep->code = ckv_client_connect(&co, &c)) != CKV_OK) {
+    snprintf(rep->msg, sizeof rep->msg, "connect: %s", ckv_client_connect_error());
+    return;
+  }
+  snprintf(rep->tenant, sizeof rep->tenant, "%s", ckv_client_tenant(c));
+  ckv_session *s = written_session(c, "o-keep", O_TOKENS, &rep->code, rep->msg, sizeof rep->msg);
+  /* leaves it detached (kept for detach_keep): the daemon's coldest session */
+  if (s) ckv_session_close(s);
+  ckv_client_free(c);
+}
+
+/* ---- figures ---- */
+
+/* Tenant `name`'s arena bytes in use (Stats; this process is admin). */
+static unsigned long long arena_used(ckv_client *c, const char *name) {
+  Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
+  Commitkv__V1__StatsRequest g = COMMITKV__V1__STATS_REQUEST__INIT;
+  req.body_case = COMMITKV__V1__REQUEST__BODY_STATS;
+  req.stats = &g;
+  Commitkv__V1__Response *rep = NULL;
+  cr_assert_eq(ckv_rpc(c, &req, &rep), CKV_OK);
+  unsigned long long used = ~0ull;
+  for (size_t i = 0; i < rep->stats->n_arenas; i++)
+    if (strcmp(rep->stats->arenas[i]->tenant, name) == 0) used = rep->stats->arenas[i]->bytes_used;
+  ckv_rpc_free(rep);
+  cr_assert_neq(used, ~0ull, "no arena of tenant %s", name);
+  return used;
+}
+
+static char *session_tier(ckv_client *c, const char *sid, char *buf, size_t len) {
+  Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
+  Commitkv__V1__ListSessions l = COMMITKV__V1__LIST_SESSIONS__INIT;
+  req.body_case = COMMITKV__V1__REQUEST__BODY_LIST_SESSIONS;
+  req.list_sessions = &l;
+  Commitkv__V1__Response *rep = NULL;
+  cr_assert_eq(ckv_rpc(c, &req, &rep), CKV_OK);
+  snprintf(buf, len, "?");
+  for (size_t i = 0; i < rep->session_list->n_sessions; i++)
+    if (strcmp(rep->session_list->sessions[i]->session_id, sid) == 0)
+      snprintf(buf, len, "%s", rep->session_list->sessions[i]->tier);
+  ckv_rpc_free(rep);
+  return buf;
+}
+
+/* Whether state_dir/tier/<any tenant>/<id>.ckvsnap exists. */
+static bool tier_file_exists(const ckv_test_daemon *d, const char *id) {
+  char top[512];
+  snprintf(top, sizeof top, "%s/tier", d->dir);
+  DIR *dir = opendir(top);
+  if (!dir) return false;
+  bool found = false;
+  struct dirent *e;
+  while (!found && (e = readdir(dir))) {
+    if (e->d_name[0] == '.') continue;
+    char path[1024];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/%s/%s.ckvsnap", top, e->d_name, id);
+    found = stat(path, &st) == 0;
+  }
+  closedir(dir);
+  return found;
+}
+
+/* ---- the scenario ---- */
+
+typedef struct scenario {
+  ckv_test_daemon d;
+  char *cfgdir;
+  ckv_client *c;
+  ckv_session *a, *b;
+  ckv_capture before_a;
+  unsigned long long a_bytes, o_bytes;
+  long long a_quiet_since_ms; /* A's last request */
+  uint32_t b_tokens_beside_a; /* B's tokens when its first append did not fit beside A */
+  uint32_t b_tokens;          /* after fill_b */
+  int first_refusal;          /* of B's appends: the first failure (CKV_OK: none) */
+  char first_msg[512];
+} scenario;
+
+static int grow_b(scenario *sc, uint32_t *tokens) {
+  uint8_t roles[BATCH];
+  memset(roles, CKV_ROLE_SYSTEM, sizeof roles);
+  uint64_t first;
+  int r = ckv_session_append(sc->b, BATCH, roles, NULL, NULL, NULL, &first);
+  if (r == CKV_OK) {
+    write_tokens(sc->b, first, BATCH);
+    *tokens += BATCH;
+  }
+  return r;
+}
+
+/* Starts the daemon (extra --set options), the other tenant's session, A,
+ * then grows B until its next batch would not fit beside A, and appends it. */
+static void run_scenario(scenario *sc, const char *const *sets, bool a_rests) {
+  memset(sc, 0, sizeof(*sc));
+  char text[256], cfg[400];
+  snprintf(text, sizeof text, "[daemon]\ndetach_keep = 60s\nlease = 30s\n[tenant.p]\nuids = 0\nquota = %uK\n"
+                              "[tenant.o]\nuids = %u\nquota = 1M\n",
+           QUOTA_KIB, OTHER_UID);
+  sc->cfgdir = ckv_test_write_config(text, cfg, sizeof cfg);
+  const char *args[16] = {"--config", cfg};
+  int n = 2;
+  for (int i = 0; sets[i] && n < 14; i++) {
+    args[n++] = "--set";
+    args[n++] = sets[i];
+  }
+  args[n] = NULL;
+  ckv_test_start_host(&sc->d, "64M", args);
+  cr_assert_eq(chmod(sc->d.dir, 0755), 0); /* the other uid must reach the sockets */
+  /* the child before this process has a ZeroMQ thread (fork safety) */
+  other_report orep;
+  memset(&orep, 0, sizeof orep);
+  ckv_test_run_as(OTHER_UID, OTHER_UID, other_body, &sc->d, &orep, sizeof orep, DEADLINE_MS);
+  cr_assert_eq(orep.code, CKV_OK, "tenant o: %s", orep.msg);
+  cr_assert_str_eq(orep.tenant, "o");
+
+  sc->c = connect_to(&sc->d);
+  cr_assert_str_eq(ckv_client_tenant(sc->c), "p");
+  sc->o_bytes = arena_used(sc->c, "o");
+  cr_assert_gt(sc->o_bytes, 0);
+  int code;
+  char msg[512];
+  sc->a = written_session(sc->c, "cold-a", A_TOKENS, &code, msg, sizeof msg);
+  cr_assert_not_null(sc->a, "%s", msg);
+  sc->before_a = ckv_test_capture_view(sc->c, "cold-a", &k_geom);
+  sc->a_quiet_since_ms = ckv_test_now_ms();
+  sc->a_bytes = arena_used(sc->c, "p");
+  cr_assert_gt(sc->a_bytes, 0);
+
+  ckv_session_options so = {.policy = "fp16"};
+  cr_assert_eq(ckv_session_open(sc->c, "hot-b", &k_geom, &so, &sc->b), CKV_OK, "%s", ckv_client_last_error(sc->c));
+  /* B grows while it fits beside A: the first batch that does not is the one under test */
+  uint32_t tokens = 0;
+  unsigned long long per_batch = 0, quota = QUOTA_KIB * 1024ull;
+  for (int i = 0; i < MAX_BATCHES; i++) {
+    unsigned long long used = arena_used(sc->c, "p");
+    if (i == 2) per_batch = (used - sc->a_bytes) / 2; /* measured: whole blocks per batch */
+    if (per_batch && used + per_batch > quota) break;
+    cr_assert_eq(grow_b(sc, &tokens), CKV_OK, "B's batch %d failed beside A before the quota: %s", i,
+                 ckv_client_last_error(sc->c));
+  }
+  cr_assert_gt(per_batch, 0);
+  sc->b_tokens_beside_a = tokens;
+  char tier[32];
+  cr_assert_str_eq(session_tier(sc->c, "cold-a", tier, sizeof tier), "primary", "A moved before the quota was short");
+  /* A, attached, quiet for longer than an attached session must be to move
+   * (CKV_TIER_PRESSURE_QUIET_MS, 1 s) */
+  long long quiet_since = sc->a_quiet_since_ms;
+  while (a_rests && ckv_test_now_ms() < quiet_since + 1300) usleep(20000);
+  if (!a_rests) { /* A named by a request just now: its worker may be reading it */
+    ckv_capture now_a = ckv_test_capture_view(sc->c, "cold-a", &k_geom);
+    ckv_test_capture_free(&now_a);
+  }
+  sc->first_refusal = grow_b(sc, &tokens);
+  snprintf(sc->first_msg, sizeof sc->first_msg, "%s", ckv_client_last_error(sc->c));
+  fprintf(stderr,
+          "test_tier_pressure: quota %u KiB, A %llu bytes, B %u tokens beside A (%llu bytes a batch); the next "
+          "batch: %s%s%s\n",
+          QUOTA_KIB, sc->a_bytes, sc->b_tokens_beside_a, per_batch, ckv_status_name(sc->first_refusal),
+          sc->first_refusal ? ": " : "", sc->first_refusal ? sc->first_msg : "");
+}
+
+/* After A went down: B grows until the quota is full without A, then is
+ * refused the old way (A on disk, nobody else of tenant p to move). */
+static void fill_b(scenario *sc) {
+  uint32_t tokens = sc->b_tokens_beside_a + BATCH;
+  int r = CKV_OK;
+  for (int i = 0; i < MAX_BATCHES && r == CKV_OK; i++) r = grow_b(sc, &tokens);
+  cr_assert_eq(r, CKV_ERR_QUOTA, "B's growth ended with %s (%s)", ckv_status_name(r), ckv_client_last_error(sc->c));
+  fprintf(stderr, "test_tier_pressure: B holds %u tokens once A is on disk (%u beside A)\n", tokens,
+          sc->b_tokens_beside_a);
+  cr_assert_gt(tokens, sc->b_tokens_beside_a + BATCH, "B did not grow into A's room");
+  cr_assert_leq(arena_used(sc->c, "p"), QUOTA_KIB * 1024ull);
+  sc->b_tokens = tokens;
+}
+
+static void end_scenario(scenario *sc) {
+  ckv_test_capture_free(&sc->before_a);
+  if (sc->b) ckv_session_close(sc->b);
+  if (sc->a) ckv_session_close(sc->a);
+  ckv_client_free(sc->c);
+  ckv_test_stop_clean(&sc->d);
+  ckv_test_rmdir(sc->cfgdir);
+}
+
+/* The old behaviour: refused with the quota error, A still in memory. */
+static void expect_old_refusal(scenario *sc) {
+  cr_assert_eq(sc->first_refusal, CKV_ERR_QUOTA, "B's append beside A: %s (%s), not the quota refusal",
+               ckv_status_name(sc->first_refusal), sc->first_msg);
+  cr_assert(strstr(sc->first_msg, "quota"), "%s", sc->first_msg);
+  char tier[32];
+  cr_assert_str_eq(session_tier(sc->c, "cold-a", tier, sizeof tier), "primary");
+  cr_assert_eq(ckv_test_stat(&sc->d, "tiers.1.offloads"), 0);
+  cr_assert_eq(ckv_test_stat(&sc->d, "tiers.1.pressure_moves"), 0);
+  cr_assert_eq(arena_used(sc->c, "o"), sc->o_bytes);
+}
+
+/* ---- tests ---- */
+
+Test(tier_pressure, coldest_session_moves_before_quota_refusal, .timeout = 120) {
+  scenario sc;
+  run_scenario(&sc, (const char *const[]){"daemon.disk_memory=64M", NULL}, true);
+  cr_assert_eq(sc.first_refusal, CKV_OK,
+               "B's append that did not fit beside A was refused (%s: %s): A was not moved to disk first; log: %s",
+               ckv_status_name(sc.first_refusal), sc.first_msg, ckv_test_file_tail(sc.d.log, 1500));
+  char tier[32];
+  cr_assert_str_eq(session_tier(sc.c, "cold-a", tier, sizeof tier), "disk");
+  cr_assert(tier_file_exists(&sc.d, "cold-a"));
+  cr_assert_eq(ckv_test_stat(&sc.d, "tiers.1.offloads"), 1);
+  cr_assert_eq(ckv_test_stat(&sc.d, "tiers.1.pressure_moves"), 1);
+  cr_assert_eq(ckv_test_stat(&sc.d, "tiers.1.sessions"), 1);
+  unsigned long long on_disk = ckv_test_stat(&sc.d, "tiers.1.bytes");
+  cr_assert_gt(on_disk, 0);
+  cr_assert_eq(on_disk, ckv_test_stat(&sc.d, "tiers.1.offload_bytes"));
+  char *log = ckv_test_read_file(sc.d.log);
+  cr_assert(log && strstr(log, "tier-pressure"), "the move was not logged");
+  free(log);
+
+  /* B keeps growing into the room A gave back, until the quota is full
+   * without A: then the old refusal, and nothing else moves */
+  fill_b(&sc);
+  cr_assert_eq(ckv_test_stat(&sc.d, "tiers.1.pressure_moves"), 1);
+
+  /* the other tenant's session, the coldest of all, never moved */
+  cr_assert_eq(arena_used(sc.c, "o"), sc.o_bytes, "tenant o's arena changed under tenant p's pressure");
+  cr_assert_not(tier_file_exists(&sc.d, "o-keep"), "tenant o's session went to disk");
+
+  /* room again (B dropped): A comes back on GetView, byte for byte */
+  cr_assert_eq(ckv_session_drop(sc.b), CKV_OK);
+  sc.b = NULL;
+  ckv_capture after_a = ckv_test_capture_view(sc.c, "cold-a", &k_geom);
+  cr_assert_gt(after_a.epoch, sc.before_a.epoch);
+  ckv_test_expect_same_view(&sc.before_a, &after_a, "cold-a after its pressure move");
+  ckv_test_capture_free(&after_a);
+  cr_assert_str_eq(session_tier(sc.c, "cold-a", tier, sizeof tier), "primary");
+
+  /* the counters add up */
+  cr_assert_eq(ckv_test_stat(&sc.d, "tiers.1.restores"), 1);
+  cr_assert_eq(ckv_test_stat(&sc.d, "tiers.1.hits"), 1);
+  cr_assert_eq(ckv_test_stat(&sc.d, "tiers.0.misses"), 1);
+  cr_assert_eq(ckv_test_stat(&sc.d, "tiers.1.restore_bytes"), on_disk);
+  cr_assert_eq(ckv_test_stat(&sc.d, "tiers.1.sessions"), 0);
+  cr_assert_eq(ckv_test_stat(&sc.d, "tiers.1.bytes"), 0);
+  cr_assert_eq(ckv_test_stat(&sc.d, "tiers.1.errors"), 0);
+  cr_assert_leq(arena_used(sc.c, "p"), sc.a_bytes);
+  end_scenario(&sc);
+}
+
+Test(tier_pressure, way_back_moves_the_coldest_first, .timeout = 120) {
+  scenario sc;
+  run_scenario(&sc, (const char *const[]){"daemon.disk_memory=64M", NULL}, true);
+  cr_assert_eq(sc.first_refusal, CKV_OK, "%s", sc.first_msg);
+  fill_b(&sc);
+  /* B's worker is done with it (a round reported), and B goes quiet */
+  float *attn = calloc(sc.b_tokens, sizeof(float));
+  ckv_round_result rr;
+  cr_assert_eq(ckv_session_report(sc.b, 1, 0, attn, sc.b_tokens, &rr), CKV_OK, "%s", ckv_client_last_error(sc.c));
+  free(attn);
+  cr_assert_eq(ckv_session_ack(sc.b, rr.epoch, NULL), CKV_OK);
+  ckv_capture before_b = ckv_test_capture_view(sc.c, "hot-b", &k_geom);
+  long long quiet_since = ckv_test_now_ms();
+  while (ckv_test_now_ms() < quiet_since + 1300) usleep(20000);
+
+  /* A does not fit beside B: touching A moves B down first, and A comes back identical */
+  ckv_capture after_a = ckv_test_capture_view(sc.c, "cold-a", &k_geom);
+  ckv_test_expect_same_view(&sc.before_a, &after_a, "cold-a brought back under pressure");
+  ckv_test_capture_free(&after_a);
+  char tier[32];
+  cr_assert_str_eq(session_tier(sc.c, "hot-b", tier, sizeof tier), "disk");
+  cr_assert_str_eq(session_tier(sc.c, "cold-a", tier, sizeof tier), "primary");
+  cr_assert_eq(ckv_test_stat(&sc.d, "tiers.1.pressure_moves"), 2);
+  cr_assert_eq(ckv_test_stat(&sc.d, "tiers.1.offloads"), 2);
+  cr_assert_eq(ckv_test_stat(&sc.d, "tiers.1.restores"), 1);
+  cr_assert_eq(ckv_test_stat(&sc.d, "tiers.1.sessions"), 1);
+  cr_assert_eq(arena_used(sc.c, "o"), sc.o_bytes, "tenant o's arena changed under tenant p's pressure");
+
+  /* A dropped: B comes back identical too; every figure adds up */
+  cr_assert_eq(ckv_session_drop(sc.a), CKV_OK);
+  sc.a = NULL;
+  ckv_capture after_b = ckv_test_capture_view(sc.c, "hot-b", &k_geom);
+  ckv_test_expect_same_view(&before_b, &after_b, "hot-b after its pressure move");
+  ckv_test_capture_free(&before_b);
+  ckv_test_capture_free(&after_b);
+  cr_assert_eq(ckv_test_stat(&sc.d, "tiers.1.restores"), 2);
+  cr_assert_eq(ckv_test_stat(&sc.d, "tiers.1.hits"), 2);
+  cr_assert_eq(ckv_test_stat(&sc.d, "tiers.0.misses"), 2);
+  cr_assert_eq(ckv_test_stat(&sc.d, "tiers.1.restore_bytes"), ckv_test_stat(&sc.d, "tiers.1.offload_bytes"));
+  cr_assert_eq(ckv_test_stat(&sc.d, "tiers.1.sessions"), 0);
+  cr_assert_eq(ckv_test_stat(&sc.d, "tiers.1.bytes"), 0);
+  cr_assert_eq(ckv_test_stat(&sc.d, "tiers.1.errors"), 0);
+  cr_assert_not(tier_file_exists(&sc.d, "o-keep"));
+  end_scenario(&sc);
+}
+
+Test(tier_pressure, recently_used_attached_session_stays, .timeout = 120) {
+  scenario sc;
+  run_scenario(&sc, (const char *const[]){"daemon.disk_memory=64M", NULL}, /* a_rests= */ false);
+  expect_old_refusal(&sc);
+  end_scenario(&sc);
+}
+
+Test(tier_pressure, pressure_off_keeps_old_refusal, .timeout = 120) {
+  scenario sc;
+  run_scenario(&sc, (const char *const[]){"daemon.disk_memory=64M", "daemon.disk_pressure=no", NULL}, true);
+  expect_old_refusal(&sc);
+  end_scenario(&sc);
+}
+
+Test(tier_pressure, no_disk_tier_keeps_old_refusal, .timeout = 120) {
+  scenario sc;
+  run_scenario(&sc, (const char *const[]){"daemon.disk_memory=0", NULL}, true);
+  expect_old_refusal(&sc);
+  end_scenario(&sc);
+}
+
+Test(tier_pressure, full_disk_tier_keeps_old_refusal, .timeout = 120) {
+  scenario sc;
+  run_scenario(&sc, (const char *const[]){"daemon.disk_memory=4K", NULL}, true); /* smaller than A's file */
+  expect_old_refusal(&sc);
+  cr_assert_geq(ckv_test_stat(&sc.d, "tiers.1.refused"), 1);
+  char *log = ckv_test_read_file(sc.d.log);
+  cr_assert(log && strstr(log, "tier-full"), "the full tier was not logged");
+  free(log);
+  end_scenario(&sc);
+}
