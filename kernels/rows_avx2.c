@@ -281,12 +281,7 @@ static void a_quant_u(const float *x, const float *zero, const float *inv, uint3
   }
   if (i < n) SC.quant_u(x + i, zero + i, inv + i, bits, codes + i, n - i);
 }
-/* Horizontal min / max of 8 lanes that hold no NaN. */
-static inline float hmin8(__m256 v) {
-  __m128 s = _mm_min_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_min_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_min_ss(s, _mm_movehdup_ps(s)));
-}
+/* Horizontal max of 8 lanes that hold no NaN. */
 static inline float hmax8(__m256 v) {
   __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_max_ps(s, _mm_movehl_ps(s, s));
@@ -303,22 +298,6 @@ static inline float group_absmax(const float *x, size_t n) {
     r = a > r ? a : r;
   }
   return r;
-}
-static inline void group_range(const float *x, size_t n, float *ret_mn, float *ret_mx) {
-  size_t i = 0;
-  __m256 mn = _mm256_set1_ps(INFINITY), mx = _mm256_set1_ps(-INFINITY);
-  for (; i + 8 <= n; i += 8) {
-    __m256 v = _mm256_loadu_ps(x + i);
-    mn = _mm256_min_ps(v, mn);
-    mx = _mm256_max_ps(v, mx);
-  }
-  float a = hmin8(mn), b = hmax8(mx);
-  for (; i < n; i++) {
-    a = x[i] < a ? x[i] : a;
-    b = x[i] > b ? x[i] : b;
-  }
-  *ret_mn = a;
-  *ret_mx = b;
 }
 /* Up to 8 groups at a time: their absmax, then their 8 scales in one F16C step, then the codes. */
 void ckv_avx2_quant_i8_groups(const float *x, size_t n, size_t gl, int8_t *codes, uint16_t *scales) {
