@@ -299,6 +299,7 @@ static int h_open(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
       return fail(x, CKV_ERR_FORMAT, "session '%s' has another geometry", o->session_id);
     if (!sess->owner) s->counters.sessions_resumed++;
     sess->owner = c->id;
+    sess->warm_unresumed = false;
     sess->acked_epoch = 0;
     ckv_log(CKV_LOG_INFO, "session-resume", c->tenant->name, sess->id, "resumed by client %llu",
             (unsigned long long)c->id);

@@ -88,6 +88,9 @@ typedef struct ckv_srv_session {
   size_t n_retired, cap_retired;
   uint64_t owner;           /* client id of the attached reader/writer, 0 = detached */
   uint64_t detached_at_ms;  /* when owner became 0 */
+  /* Rebuilt by a warm restart and not resumed yet: its worker may still read
+   * its blocks through the mapping it kept (no memory-pressure move). */
+  bool warm_unresumed;
   uint64_t rounds;          /* ReportRounds received */
   uint64_t last_round;      /* round number of the last ReportRound */
   uint64_t count_by_state[4]; /* logical states */

@@ -678,8 +678,10 @@ static unsigned pressure_moves(ckv_server *s, const ckv_tenant *tn, const ckv_sr
     /* An attached session's blocks are freed as soon as its file is
      * durable: its worker, between its view and its next request, may be
      * reading them.  Only one quiet for a while goes (a detached one has no
-     * reader). */
+     * reader, except one a warm restart kept: its worker still maps the
+     * blocks it read before the restart, until it resumes the session). */
     if (o->owner && now - o->touched_ms < CKV_TIER_PRESSURE_QUIET_MS) continue;
+    if (o->warm_unresumed) continue;
     cand[n++] = o;
   }
   qsort(cand, n, sizeof(*cand), colder_first);

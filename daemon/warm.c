@@ -386,6 +386,7 @@ static bool rebuild_session(ckv_server *s, ckv_tenant *t, const char *id) {
   sess->lane = ++s->next_lane;
   sess->owner = 0; /* detached: its worker resumes it (OpenSession resume) within detach_keep */
   sess->detached_at_ms = ckv_now_ms();
+  sess->warm_unresumed = true;
   t->n_sessions++;
   ckv_log(CKV_LOG_INFO, "warm-session-kept", t->name, id,
           "kept across the restart on its blocks: %zu tokens (%llu draft, %llu staged, %llu committed, %llu recycled), "

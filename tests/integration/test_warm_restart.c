@@ -38,6 +38,12 @@
  *   generation, not the other's) and reads exactly its own K/V.
  * - snapshot_path_without_systemd: no service manager: no journal, no fd
  *   store; a saved session comes back from its snapshot after a restart.
+ * - pressure_spares_sessions_not_resumed: disk tier with memory pressure, a
+ *   small quota; after a restart the worker reconnects and grows a new
+ *   session until the quota refuses it, before it resumes its kept session
+ *   (whose blocks it may still read through the mapping it kept): the kept
+ *   session is not moved to disk (no pressure move), its old mapping shows
+ *   every byte, and it resumes with the same view.
  *
  * Where no systemd can run (not root, no systemd or systemctl binary, no
  * mount namespace), the systemd tests print "SKIPPED: <reason>" and skip;
@@ -902,5 +908,60 @@ Test(warm, two_tenants_keep_their_own_arenas, .timeout = 180) {
   }
   cr_assert_neq(rep[0].gen_before, rep[1].gen_before, "two tenants shared an arena");
   cr_assert_neq(rep[0].sum_before, rep[1].sum_before, "the tenants wrote the same K/V: the check proves nothing");
+  sd_stop(e);
+}
+
+/* A session the warm restart kept and its worker has not resumed yet is read
+ * through the mapping the worker kept: memory pressure from the tenant's
+ * other sessions must not move it to disk (its blocks would be freed,
+ * cleared and handed to others under the worker's pointers). */
+Test(warm, pressure_spares_sessions_not_resumed, .timeout = 180) {
+  sdenv *e = &g_sd;
+  SKIP_WITHOUT_SYSTEMD_CONF(e, "[daemon]\ndisk_memory = 64M\ndisk_pressure = yes\n[tenant.p]\nuids = 0\n"
+                               "quota = 256K\n");
+  ckv_client *c = connect_to(&e->d);
+  ckv_session *a = session_with_rounds(c, "a", 12);
+  cr_assert_eq(ckv_session_save(a, NULL, false, NULL), CKV_OK, "save: %s", ckv_client_last_error(c));
+  ckv_capture before_a = ckv_test_capture_view(c, "a", &k_geom);
+  mapped ma;
+  map_blocks(c, a, &ma);
+  long old_pid = e->d.pid;
+  cr_assert_eq(ctl(e, "restart " UNIT), 0, "systemctl --user restart failed; daemon log %s", e->d.log);
+  wait_restarted(e, old_pid);
+  int r = ckv_client_reconnect(c);
+  cr_assert_eq(r, CKV_OK, "reconnect: %s (%s)", ckv_strerror(r), ckv_client_last_error(c));
+  cr_assert(ckv_client_arena_kept(c), "the worker had to map the arena anew (daemon log %s)", e->d.log);
+  ckv_session_close(a);
+  /* a new session grows with system tokens (never recycled) until the quota refuses it */
+  ckv_session_options so = {.policy = "commitkv", .model_id = "stories260K", .model_revision = "r1"};
+  ckv_session *b = NULL;
+  r = ckv_session_open(c, "b", &k_geom, &so, &b);
+  cr_assert_eq(r, CKV_OK, "open b: %s (%s)", ckv_strerror(r), ckv_client_last_error(c));
+  uint8_t roles[32];
+  memset(roles, CKV_ROLE_SYSTEM, sizeof roles);
+  int batches = 0;
+  for (r = CKV_OK; r == CKV_OK && batches < 64; batches++) {
+    uint64_t first;
+    r = ckv_session_append(b, 32, roles, NULL, NULL, NULL, &first);
+  }
+  cr_assert_eq(r, CKV_ERR_QUOTA, "b's growth ended with %s after %d batches (%s)", ckv_status_name(r), batches,
+               ckv_client_last_error(c));
+  unsigned long long moves = ckv_test_stat(&e->d, "tiers.1.pressure_moves");
+  cr_assert_eq(moves, 0,
+               "%llu pressure move(s): the kept session 'a', not resumed yet, went to disk under its worker's "
+               "mapping (daemon log %s)",
+               moves, e->d.log);
+  expect_mapping_intact(&ma, "a, not resumed, after b filled the quota");
+  char msg[512];
+  a = resume(c, "a", &r, msg, sizeof msg);
+  cr_assert_eq(r, CKV_OK, "resume a: %s (%s); daemon log %s", ckv_strerror(r), msg, e->d.log);
+  ckv_capture after_a = ckv_test_capture_view(c, "a", &k_geom);
+  ckv_test_expect_same_view(&before_a, &after_a, "a resumed after b filled the quota");
+  ckv_test_capture_free(&before_a);
+  ckv_test_capture_free(&after_a);
+  mapped_free(&ma);
+  ckv_session_close(a);
+  ckv_session_close(b);
+  ckv_client_free(c);
   sd_stop(e);
 }
