@@ -299,6 +299,27 @@ static int validate_header(const ckv_arena_header *h, const ckv_arena_desc *e, c
   return CKV_OK;
 }
 
+/* Maps e with `map` (the backend's import or adopt) into a (calloc'd, its
+ * backend, bytes and committed set), reads and validates the header and sets
+ * the generation; on failure a is unmapped and freed. */
+static int map_checked(ckv_arena *a, const ckv_arena_desc *e,
+                       int (*map)(const ckv_arena_desc *, void **, void **), ckv_arena_header *h) {
+  int r = map(e, &a->ctx, &a->base);
+  if (r < 0) {
+    free(a);
+    return r;
+  }
+  r = header_read(a, h);
+  if (r == CKV_OK) r = validate_header(h, e, a->be);
+  if (r < 0) {
+    a->be->destroy(a->ctx, a->base, a->bytes);
+    free(a);
+    return r;
+  }
+  a->generation = h->generation;
+  return CKV_OK;
+}
+
 int ckv_arena_import(const ckv_arena_desc *e, ckv_arena **ret) {
   if (!e || !ret) return CKV_ERR_INVALID;
   int r = desc_counts_check(e);
@@ -316,20 +337,8 @@ int ckv_arena_import(const ckv_arena_desc *e, ckv_arena **ret) {
   a->bytes = e->bytes;
   a->owner = false;
   a->committed = e->committed;
-  r = be->import(e, &a->ctx, &a->base);
-  if (r < 0) {
-    free(a);
-    return r;
-  }
   ckv_arena_header h;
-  r = header_read(a, &h);
-  if (r == CKV_OK) r = validate_header(&h, e, be);
-  if (r < 0) {
-    be->destroy(a->ctx, a->base, a->bytes);
-    free(a);
-    return r;
-  }
-  a->generation = h.generation;
+  if ((r = map_checked(a, e, be->import, &h)) < 0) return r;
   *ret = a;
   return CKV_OK;
 }
@@ -368,20 +377,8 @@ int ckv_arena_adopt(const ckv_arena_desc *e, ckv_arena **ret) {
   a->be = be;
   a->bytes = e->bytes;
   a->committed = e->bytes; /* a backend that grows cannot adopt (no grow state crosses a restart) */
-  r = be->adopt(e, &a->ctx, &a->base);
-  if (r < 0) {
-    free(a);
-    return r;
-  }
   ckv_arena_header h;
-  r = header_read(a, &h);
-  if (r == CKV_OK) r = validate_header(&h, e, be);
-  if (r < 0) {
-    be->destroy(a->ctx, a->base, a->bytes);
-    free(a);
-    return r;
-  }
-  a->generation = h.generation;
+  if ((r = map_checked(a, e, be->adopt, &h)) < 0) return r;
   a->owner = true;
   /* The header names its creator for diagnostics: that is us from now on. */
   h.creator_pid = (uint32_t)getpid();
