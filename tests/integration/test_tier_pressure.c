@@ -29,7 +29,6 @@
  *   less than a second before (its worker may be reading it): A stays, and
  *   the append is refused the old way. */
 #include <criterion/criterion.h>
-#include <dirent.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -45,6 +44,7 @@
 #include "kernels/quant.h"
 #include "testcheck.h"
 #include "testutil.h"
+#include "tiercheck.h"
 #include "viewcapture.h"
 
 TestSuite(tier_pressure, .fini = ckv_test_leak_check);
@@ -149,39 +149,7 @@ static unsigned long long arena_used(ckv_client *c, const char *name) {
   return used;
 }
 
-static char *session_tier(ckv_client *c, const char *sid, char *buf, size_t len) {
-  Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
-  Commitkv__V1__ListSessions l = COMMITKV__V1__LIST_SESSIONS__INIT;
-  req.body_case = COMMITKV__V1__REQUEST__BODY_LIST_SESSIONS;
-  req.list_sessions = &l;
-  Commitkv__V1__Response *rep = NULL;
-  cr_assert_eq(ckv_rpc(c, &req, &rep), CKV_OK);
-  snprintf(buf, len, "?");
-  for (size_t i = 0; i < rep->session_list->n_sessions; i++)
-    if (strcmp(rep->session_list->sessions[i]->session_id, sid) == 0)
-      snprintf(buf, len, "%s", rep->session_list->sessions[i]->tier);
-  ckv_rpc_free(rep);
-  return buf;
-}
 
-/* Whether state_dir/tier/<any tenant>/<id>.ckvsnap exists. */
-static bool tier_file_exists(const ckv_test_daemon *d, const char *id) {
-  char top[512];
-  snprintf(top, sizeof top, "%s/tier", d->dir);
-  DIR *dir = opendir(top);
-  if (!dir) return false;
-  bool found = false;
-  struct dirent *e;
-  while (!found && (e = readdir(dir))) {
-    if (e->d_name[0] == '.') continue;
-    char path[1024];
-    struct stat st;
-    snprintf(path, sizeof path, "%s/%s/%s.ckvsnap", top, e->d_name, id);
-    found = stat(path, &st) == 0;
-  }
-  closedir(dir);
-  return found;
-}
 
 /* ---- the scenario ---- */
 
@@ -264,7 +232,7 @@ static void run_scenario(scenario *sc, const char *const *sets, bool a_rests) {
   cr_assert_gt(per_batch, 0);
   sc->b_tokens_beside_a = tokens;
   char tier[32];
-  cr_assert_str_eq(session_tier(sc->c, "cold-a", tier, sizeof tier), "primary", "A moved before the quota was short");
+  cr_assert_str_eq(ckv_test_session_tier(sc->c, "cold-a", tier, sizeof tier), "primary", "A moved before the quota was short");
   /* A, attached, quiet for longer than an attached session must be to move
    * (CKV_TIER_PRESSURE_QUIET_MS, 1 s) */
   long long quiet_since = sc->a_quiet_since_ms;
@@ -311,7 +279,7 @@ static void expect_old_refusal(scenario *sc) {
                ckv_status_name(sc->first_refusal), sc->first_msg);
   cr_assert(strstr(sc->first_msg, "quota"), "%s", sc->first_msg);
   char tier[32];
-  cr_assert_str_eq(session_tier(sc->c, "cold-a", tier, sizeof tier), "primary");
+  cr_assert_str_eq(ckv_test_session_tier(sc->c, "cold-a", tier, sizeof tier), "primary");
   cr_assert_eq(ckv_test_stat(&sc->d, "tiers.1.offloads"), 0);
   cr_assert_eq(ckv_test_stat(&sc->d, "tiers.1.pressure_moves"), 0);
   cr_assert_eq(arena_used(sc->c, "o"), sc->o_bytes);
@@ -326,8 +294,8 @@ Test(tier_pressure, coldest_session_moves_before_quota_refusal, .timeout = 120) 
                "B's append that did not fit beside A was refused (%s: %s): A was not moved to disk first; log: %s",
                ckv_status_name(sc.first_refusal), sc.first_msg, ckv_test_file_tail(sc.d.log, 1500));
   char tier[32];
-  cr_assert_str_eq(session_tier(sc.c, "cold-a", tier, sizeof tier), "disk");
-  cr_assert(tier_file_exists(&sc.d, "cold-a"));
+  cr_assert_str_eq(ckv_test_session_tier(sc.c, "cold-a", tier, sizeof tier), "disk");
+  cr_assert(ckv_test_tier_file_exists(&sc.d, "cold-a"));
   cr_assert_eq(ckv_test_stat(&sc.d, "tiers.1.offloads"), 1);
   cr_assert_eq(ckv_test_stat(&sc.d, "tiers.1.pressure_moves"), 1);
   cr_assert_eq(ckv_test_stat(&sc.d, "tiers.1.sessions"), 1);
@@ -345,7 +313,7 @@ Test(tier_pressure, coldest_session_moves_before_quota_refusal, .timeout = 120) 
 
   /* the other tenant's session, the coldest of all, never moved */
   cr_assert_eq(arena_used(sc.c, "o"), sc.o_bytes, "tenant o's arena changed under tenant p's pressure");
-  cr_assert_not(tier_file_exists(&sc.d, "o-keep"), "tenant o's session went to disk");
+  cr_assert_not(ckv_test_tier_file_exists(&sc.d, "o-keep"), "tenant o's session went to disk");
 
   /* room again (B dropped): A comes back on GetView, byte for byte */
   cr_assert_eq(ckv_session_drop(sc.b), CKV_OK);
@@ -354,7 +322,7 @@ Test(tier_pressure, coldest_session_moves_before_quota_refusal, .timeout = 120) 
   cr_assert_gt(after_a.epoch, sc.before_a.epoch);
   ckv_test_expect_same_view(&sc.before_a, &after_a, "cold-a after its pressure move");
   ckv_test_capture_free(&after_a);
-  cr_assert_str_eq(session_tier(sc.c, "cold-a", tier, sizeof tier), "primary");
+  cr_assert_str_eq(ckv_test_session_tier(sc.c, "cold-a", tier, sizeof tier), "primary");
 
   /* the counters add up */
   cr_assert_eq(ckv_test_stat(&sc.d, "tiers.1.restores"), 1);
@@ -388,8 +356,8 @@ Test(tier_pressure, way_back_moves_the_coldest_first, .timeout = 120) {
   ckv_test_expect_same_view(&sc.before_a, &after_a, "cold-a brought back under pressure");
   ckv_test_capture_free(&after_a);
   char tier[32];
-  cr_assert_str_eq(session_tier(sc.c, "hot-b", tier, sizeof tier), "disk");
-  cr_assert_str_eq(session_tier(sc.c, "cold-a", tier, sizeof tier), "primary");
+  cr_assert_str_eq(ckv_test_session_tier(sc.c, "hot-b", tier, sizeof tier), "disk");
+  cr_assert_str_eq(ckv_test_session_tier(sc.c, "cold-a", tier, sizeof tier), "primary");
   cr_assert_eq(ckv_test_stat(&sc.d, "tiers.1.pressure_moves"), 2);
   cr_assert_eq(ckv_test_stat(&sc.d, "tiers.1.offloads"), 2);
   cr_assert_eq(ckv_test_stat(&sc.d, "tiers.1.restores"), 1);
@@ -410,7 +378,7 @@ Test(tier_pressure, way_back_moves_the_coldest_first, .timeout = 120) {
   cr_assert_eq(ckv_test_stat(&sc.d, "tiers.1.sessions"), 0);
   cr_assert_eq(ckv_test_stat(&sc.d, "tiers.1.bytes"), 0);
   cr_assert_eq(ckv_test_stat(&sc.d, "tiers.1.errors"), 0);
-  cr_assert_not(tier_file_exists(&sc.d, "o-keep"));
+  cr_assert_not(ckv_test_tier_file_exists(&sc.d, "o-keep"));
   end_scenario(&sc);
 }
 

@@ -22,7 +22,6 @@
  *   sessions and a pause longer than disk_idle: the quiet session goes to
  *   disk and comes back, and the worker still reads every byte it wrote. */
 #include <criterion/criterion.h>
-#include <dirent.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -41,6 +40,7 @@
 #include "kernels/quant.h"
 #include "testcheck.h"
 #include "testutil.h"
+#include "tiercheck.h"
 #include "viewcapture.h"
 
 TestSuite(tiers, .fini = ckv_test_leak_check);
@@ -75,28 +75,10 @@ static unsigned long long wait_stat_at_least(const ckv_test_daemon *d, const cha
   return v;
 }
 
-/* Whether state_dir/tier/<any tenant>/<id>.ckvsnap exists. */
-static bool tier_file_exists(const ckv_test_daemon *d, const char *id) {
-  char top[512];
-  snprintf(top, sizeof top, "%s/tier", d->dir);
-  DIR *dir = opendir(top);
-  if (!dir) return false;
-  bool found = false;
-  struct dirent *e;
-  while (!found && (e = readdir(dir))) {
-    if (e->d_name[0] == '.') continue;
-    char path[1024];
-    struct stat st;
-    snprintf(path, sizeof path, "%s/%s/%s.ckvsnap", top, e->d_name, id);
-    found = stat(path, &st) == 0;
-  }
-  closedir(dir);
-  return found;
-}
 
 static void wait_tier_file_gone(const ckv_test_daemon *d, const char *id) {
   long long end = ckv_test_now_ms() + DEADLINE_MS;
-  while (tier_file_exists(d, id)) {
+  while (ckv_test_tier_file_exists(d, id)) {
     cr_assert_lt(ckv_test_now_ms(), end, "the tier file of %s was never removed", id);
     usleep(20000);
   }
@@ -180,20 +162,6 @@ static void wait_settled(ckv_client *c) {
   }
 }
 
-static char *list_sessions_tier(ckv_client *c, const char *sid, char *buf, size_t len) {
-  Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
-  Commitkv__V1__ListSessions l = COMMITKV__V1__LIST_SESSIONS__INIT;
-  req.body_case = COMMITKV__V1__REQUEST__BODY_LIST_SESSIONS;
-  req.list_sessions = &l;
-  Commitkv__V1__Response *rep = NULL;
-  cr_assert_eq(ckv_rpc(c, &req, &rep), CKV_OK);
-  snprintf(buf, len, "?");
-  for (size_t i = 0; i < rep->session_list->n_sessions; i++)
-    if (strcmp(rep->session_list->sessions[i]->session_id, sid) == 0)
-      snprintf(buf, len, "%s", rep->session_list->sessions[i]->tier);
-  ckv_rpc_free(rep);
-  return buf;
-}
 
 /* ---- tests ---- */
 
@@ -222,14 +190,14 @@ Test(tiers, idle_session_goes_to_disk_and_back, .timeout = 120) {
   unsigned long long on_disk = ckv_test_stat(&d, "tiers.1.bytes");
   cr_assert_gt(on_disk, 0);
   cr_assert_eq(on_disk, ckv_test_stat(&d, "tiers.1.offload_bytes"));
-  cr_assert(tier_file_exists(&d, "tier-a") && tier_file_exists(&d, "tier-b"));
+  cr_assert(ckv_test_tier_file_exists(&d, "tier-a") && ckv_test_tier_file_exists(&d, "tier-b"));
   const char *snaps[] = {"snapshots", NULL};
   char *listed = ckv_test_ctl(&d, snaps);
   cr_assert_not_null(listed);
   cr_assert_null(strstr(listed, "tier-a"), "ListSnapshots shows a tier file: %s", listed);
   free(listed);
   char tier[32];
-  cr_assert_str_eq(list_sessions_tier(c, "tier-a", tier, sizeof tier), "disk");
+  cr_assert_str_eq(ckv_test_session_tier(c, "tier-a", tier, sizeof tier), "disk");
 
   /* GetView brings tier-a back: a new epoch, the same bytes and states */
   ckv_capture after_a = ckv_test_capture_view(c, "tier-a", &k_geom);
@@ -294,16 +262,17 @@ Test(tiers, request_during_offload_keeps_session, .timeout = 180) {
   char tier[32];
   for (int attempt = 0; attempt < 5 && !cancelled; attempt++) {
     long long end = ckv_test_now_ms() + DEADLINE_MS;
-    while (strcmp(list_sessions_tier(c, "tier-big", tier, sizeof tier), "offloading") != 0) {
+    while (strcmp(ckv_test_session_tier(c, "tier-big", tier, sizeof tier), "offloading") != 0) {
       cr_assert_lt(ckv_test_now_ms(), end, "the session never went to disk (log: %s)", ckv_test_file_tail(d.log, 2000));
     }
     const ckv_view *v;
     cr_assert_eq(ckv_session_view(s, &v), CKV_OK, "%s", ckv_client_last_error(c));
-    cancelled = ckv_test_stat(&d, "tiers.1.cancelled") > 0 || strcmp(list_sessions_tier(c, "tier-big", tier, sizeof tier), "offloading") == 0;
+    cancelled = ckv_test_stat(&d, "tiers.1.cancelled") > 0 ||
+                strcmp(ckv_test_session_tier(c, "tier-big", tier, sizeof tier), "offloading") == 0;
     if (cancelled) wait_stat_at_least(&d, "tiers.1.cancelled", 1);
   }
   cr_assert(cancelled, "no request ever arrived during the write (5 tries)");
-  cr_assert_str_eq(list_sessions_tier(c, "tier-big", tier, sizeof tier), "primary");
+  cr_assert_str_eq(ckv_test_session_tier(c, "tier-big", tier, sizeof tier), "primary");
   cr_assert_eq(ckv_test_stat(&d, "arenas.0.bytes_used"), used, "a cancelled offload freed blocks");
   cr_assert_eq(ckv_test_stat(&d, "tiers.1.bytes"), 0);
   wait_tier_file_gone(&d, "tier-big");
@@ -340,7 +309,7 @@ Test(tiers, disk_memory_too_small_stays_resident, .timeout = 60) {
   usleep(500000);
   cr_assert_eq(ckv_test_stat(&d, "tiers.1.offloads"), 0);
   cr_assert_eq(ckv_test_stat(&d, "arenas.0.bytes_used"), used);
-  cr_assert(!tier_file_exists(&d, "tier-small"));
+  cr_assert(!ckv_test_tier_file_exists(&d, "tier-small"));
   char *log = ckv_test_read_file(d.log);
   cr_assert(log && strstr(log, "disk tier is full") && strstr(log, "it stays in memory"),
             "the log does not say why: %s", ckv_test_file_tail(d.log, 2000));
@@ -361,7 +330,7 @@ Test(tiers, kill9_with_session_on_disk_resumes, .timeout = 120) {
   ckv_capture before = ckv_test_capture_view(c, "tier-k", &k_geom);
   ckv_session_close(s); /* detached: it goes down all the same */
   wait_stat_at_least(&d, "tiers.1.offloads", 1);
-  cr_assert(tier_file_exists(&d, "tier-k"));
+  cr_assert(ckv_test_tier_file_exists(&d, "tier-k"));
   ckv_client_free(c);
   cr_assert_eq(kill(d.pid, SIGKILL), 0);
   cr_assert_eq(ckv_test_wait(d.pid, DEADLINE_MS), 128 + SIGKILL);
