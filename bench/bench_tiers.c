@@ -378,6 +378,27 @@ static void snapshot_path(char *buf, size_t len, const char *dir, ckv_client *c,
   snprintf(buf, len, "%.200s/state/snapshots/%.63s/%.128s.ckvsnap", dir, ckv_client_tenant(c), name);
 }
 
+/* OpenSession with resume of SESSION_ID, timed into rf (done when it holds
+ * `tokens`); *ret the session, or NULL.  -1 after saying why on stderr. */
+static int timed_resume(ckv_client *c, unsigned tokens, const char *from, resume_fig *rf, ckv_session **ret) {
+  ckv_session_options so = {.resume = true};
+  double t0 = now_us();
+  int r = ckv_session_open(c, SESSION_ID, NULL, &so, ret);
+  rf->us = now_us() - t0;
+  if (r < 0) {
+    fprintf(stderr, "commitkv-bench tiers: resume from %s: %s: %s\n", from, ckv_strerror(r), ckv_client_last_error(c));
+    *ret = NULL;
+    return -1;
+  }
+  if (ckv_session_tokens(*ret) != tokens) {
+    fprintf(stderr, "commitkv-bench tiers: resumed %llu tokens from %s, not %u\n",
+            (unsigned long long)ckv_session_tokens(*ret), from, tokens);
+    return -1;
+  }
+  rf->done = true;
+  return 0;
+}
+
 #define FAIL(...)                                        \
   do {                                                   \
     fprintf(stderr, "commitkv-bench tiers: " __VA_ARGS__); \
@@ -426,13 +447,7 @@ static int run_disk(const char *daemon_path, const char *dir, const char *memory
     if (tier_stats(c, &on_disk, NULL) < 0) FAIL("stats\n");
     if (now_us() > end) FAIL("the disk tier did not take the idle session within %d ms\n", TIER_WAIT_MS);
   }
-  ckv_session_options so = {.resume = true};
-  t0 = now_us();
-  r = ckv_session_open(c, SESSION_ID, NULL, &so, &s);
-  rf->us = now_us() - t0;
-  if (r < 0) FAIL("resume from the disk tier: %s: %s\n", ckv_strerror(r), ckv_client_last_error(c));
-  if (ckv_session_tokens(s) != tokens) FAIL("resumed %llu tokens, not %u\n", (unsigned long long)ckv_session_tokens(s), tokens);
-  rf->done = true;
+  if (timed_resume(c, tokens, "the disk tier", rf, &s) < 0) FAIL("resume from the disk tier failed\n");
 out:
   free(buf);
   if (s) ckv_session_drop(s);
@@ -494,13 +509,7 @@ static int run_remote(const char *daemon_path, const char *redis_server, const c
   if ((r = ckv_session_drop(s)) < 0) FAIL("drop: %s\n", ckv_strerror(r));
   s = NULL;
   unlink(snap);
-  ckv_session_options so = {.resume = true};
-  t0 = now_us();
-  r = ckv_session_open(c, SESSION_ID, NULL, &so, &s);
-  rf->us = now_us() - t0;
-  if (r < 0) FAIL("resume from the store: %s: %s\n", ckv_strerror(r), ckv_client_last_error(c));
-  if (ckv_session_tokens(s) != tokens) FAIL("resumed %llu tokens, not %u\n", (unsigned long long)ckv_session_tokens(s), tokens);
-  rf->done = true;
+  if (timed_resume(c, tokens, "the store", rf, &s) < 0) FAIL("resume from the store failed\n");
 out:
   free(buf);
   if (s) ckv_session_drop(s);

@@ -434,7 +434,7 @@ static int apply_restore(ckv_server *s, ckv_srv_session *sess, ckv_snapio_job *j
   slot->full_logged = false;
   slot->writes_open = false;
   memset(slot->bytes5, 0, sizeof slot->bytes5);
-  ckv_srv_session_free(sess); /* the on-disk placeholder: it held no blocks */
+  ckv_srv_session_free(sess); /* the record that stood for the session while on disk (no blocks) */
   ckv_lifecycle_plan(ns, s->compressor, /* flush= */ false);
   t->disk_bytes -= slot->file_bytes < t->disk_bytes ? slot->file_bytes : t->disk_bytes;
   tc->restores++;
