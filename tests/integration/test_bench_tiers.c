@@ -41,21 +41,9 @@ static void expect_row(const char *json, const char *name, const char *value, co
 
 Test(bench_tiers, json_names_every_figure, .timeout = 60) {
   char *dir = ckv_test_tmpdir("ckv-bench-tiers-test");
-  char bin[1024], out[600], err[600];
-  snprintf(bin, sizeof(bin), "%s/commitkv-bench", ckv_test_bin_dir());
-  snprintf(out, sizeof(out), "%s/tiers.out", dir);
-  snprintf(err, sizeof(err), "%s/tiers.err", dir);
-  pid_t pid = fork();
-  if (pid == 0) {
-    int fo = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644), fe = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(fo, 1);
-    dup2(fe, 2);
-    setenv("TMPDIR", dir, 1);
-    execl(bin, bin, "tiers", "--tokens", "2048", "--prefill-tokens", "64", "--json", (char *)NULL);
-    _exit(127);
-  }
-  int st = ckv_test_wait(pid, 50000);
-  char *json = ckv_test_read_file(out), *e = ckv_test_read_file(err);
+  char *json = NULL, *e = NULL;
+  const char *const args[] = {"tiers", "--tokens", "2048", "--prefill-tokens", "64", "--json", NULL};
+  int st = ckv_test_run_bench(args, dir, 50000, &json, &e);
   fprintf(stderr, "bench tiers: %s", json ? json : "(no output)\n");
   cr_assert_eq(st, 0, "commitkv-bench tiers exited %d: %s", st, e ? e : "");
   cr_assert_not_null(json);

@@ -175,30 +175,10 @@ static const jval *jget(const jval *o, const char *key) {
 /* ---- running the bench ---- */
 /* Runs commitkv-bench with args; returns its exit status and its stdout in *ret_out. */
 static int run_bench(const char *const *args, const char *dir, char **ret_out) {
-  char bin[1024], out[600], err[600];
-  snprintf(bin, sizeof(bin), "%s/commitkv-bench", ckv_test_bin_dir());
-  snprintf(out, sizeof(out), "%s/bench.out", dir);
-  snprintf(err, sizeof(err), "%s/bench.err", dir);
-  const char *argv[32];
-  int n = 0;
-  argv[n++] = bin;
-  for (int i = 0; args[i] && n < 31; i++) argv[n++] = args[i];
-  argv[n] = NULL;
-  pid_t pid = fork();
-  if (pid == 0) {
-    int fo = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644), fe = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(fo, 1);
-    dup2(fe, 2);
-    execv(bin, (char *const *)argv);
-    _exit(127);
-  }
-  int st = ckv_test_wait(pid, 300000);
-  *ret_out = ckv_test_read_file(out);
-  if (st != 0) {
-    char *e = ckv_test_read_file(err);
-    fprintf(stderr, "commitkv-bench exited %d; stderr:\n%s\n", st, e ? e : "");
-    free(e);
-  }
+  char *e = NULL;
+  int st = ckv_test_run_bench(args, dir, 300000, ret_out, &e);
+  if (st != 0) fprintf(stderr, "commitkv-bench exited %d; stderr:\n%s\n", st, e ? e : "");
+  free(e);
   return st;
 }
 

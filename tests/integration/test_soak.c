@@ -25,22 +25,10 @@ static double num(const char *json, const char *key) {
 
 Test(soak, kills_and_restarts_lose_no_byte, .timeout = 120) {
   char *dir = ckv_test_tmpdir("ckv-soak-test");
-  char bin[1024], out[600], err[600];
-  snprintf(bin, sizeof(bin), "%s/commitkv-bench", ckv_test_bin_dir());
-  snprintf(out, sizeof(out), "%s/soak.out", dir);
-  snprintf(err, sizeof(err), "%s/soak.err", dir);
-  pid_t pid = fork();
-  if (pid == 0) {
-    int fo = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644), fe = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(fo, 1);
-    dup2(fe, 2);
-    setenv("TMPDIR", dir, 1);
-    execl(bin, bin, "soak", "--workers", "3", "--sessions", "2", "--seconds", "6", "--kill-every-ms", "800",
-          "--restart-every-s", "2.5", "--json", (char *)NULL);
-    _exit(127);
-  }
-  int st = ckv_test_wait(pid, 100000);
-  char *json = ckv_test_read_file(out), *e = ckv_test_read_file(err);
+  char *json = NULL, *e = NULL;
+  const char *const args[] = {"soak", "--workers", "3", "--sessions", "2", "--seconds", "6", "--kill-every-ms", "800",
+                              "--restart-every-s", "2.5", "--json", NULL};
+  int st = ckv_test_run_bench(args, dir, 100000, &json, &e);
   fprintf(stderr, "soak: %s", json ? json : "(no output)\n");
   cr_assert_eq(st, 0, "commitkv-bench soak exited %d: %s", st, e ? e : "");
   cr_assert_not_null(json);

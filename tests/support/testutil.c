@@ -359,3 +359,29 @@ int ckv_test_json_u64(const char *json, const char *path, unsigned long long *re
   *ret = v;
   return 0;
 }
+
+int ckv_test_run_bench(const char *const *args, const char *dir, int timeout_ms, char **ret_out, char **ret_err) {
+  char bin[1024], out[600], err[600];
+  snprintf(bin, sizeof(bin), "%s/commitkv-bench", ckv_test_bin_dir());
+  snprintf(out, sizeof(out), "%s/bench.out", dir);
+  snprintf(err, sizeof(err), "%s/bench.err", dir);
+  const char *argv[32];
+  int n = 0;
+  argv[n++] = bin;
+  for (int i = 0; args[i] && n < 31; i++) argv[n++] = args[i];
+  argv[n] = NULL;
+  pid_t pid = fork();
+  if (pid < 0) return -1;
+  if (pid == 0) {
+    int fo = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644), fe = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fo, 1);
+    dup2(fe, 2);
+    setenv("TMPDIR", dir, 1);
+    execv(bin, (char *const *)argv);
+    _exit(127);
+  }
+  int st = ckv_test_wait(pid, timeout_ms);
+  if (ret_out) *ret_out = ckv_test_read_file(out);
+  if (ret_err) *ret_err = ckv_test_read_file(err);
+  return st;
+}

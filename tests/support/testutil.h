@@ -40,6 +40,11 @@ int ckv_test_daemon_alive(const ckv_test_daemon *d);
 pid_t ckv_test_spawn(const char *const *argv, const char *out_path);
 /* Waits for pid; returns its exit status, 128+signal when killed, -1 on timeout (it is then killed). */
 int ckv_test_wait(pid_t pid, int timeout_ms);
+/* Runs bin_dir/commitkv-bench with args (NULL-terminated, at most 30) and
+ * TMPDIR=dir, stdout and stderr into dir/bench.out and dir/bench.err; waits up
+ * to timeout_ms.  *ret_out / *ret_err (either may be NULL): the files' contents
+ * (malloc'd, NULL if unreadable).  Returns the exit status as ckv_test_wait. */
+int ckv_test_run_bench(const char *const *args, const char *dir, int timeout_ms, char **ret_out, char **ret_err);
 
 /* A piece of a test run in a child process as another local user: it
  * fills `report` (zeroed, as many bytes as the caller asked for), which
