@@ -103,8 +103,9 @@ format:
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(PKG_BUILD) $(FUZZ_BUILD)
 
-# The agent LM (tools/agentlm/README.md): generate, train (bf16 on a GPU when
-# nvidia-smi answers), export build/agentlm/model.bin, check it against the C
-# forward pass, measure recall, print its sha256.  Needs python3-torch.
+# The agent LM (tools/agentlm/README.md): generate, train the committed
+# tools/agentlm/agentlm.bin again from its seed (about 55 minutes on 2 cores;
+# AGENTLM_PRESET=gpu on a GPU), export build/agentlm/model.bin, check it against
+# the C forward pass, measure recall, print its sha256.  Needs python3-torch.
 agentlm:
 	sh tools/agentlm/train.sh

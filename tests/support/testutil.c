@@ -86,7 +86,10 @@ static pid_t spawn_path(const char *path, const char *const *argv, const char *o
 
 pid_t ckv_test_spawn(const char *const *argv, const char *out_path) {
   char path[1024];
-  snprintf(path, sizeof(path), "%s/%s", ckv_test_bin_dir(), argv[0]);
+  if (argv[0][0] == '/') /* a system tool by its absolute path */
+    snprintf(path, sizeof(path), "%s", argv[0]);
+  else
+    snprintf(path, sizeof(path), "%s/%s", ckv_test_bin_dir(), argv[0]);
   return spawn_path(path, argv, out_path);
 }
 

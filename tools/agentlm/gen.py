@@ -139,8 +139,44 @@ def fact_kind(answer):
     return "note" if " note is " in answer else "other"
 
 
+# Share of names, cities, colours and items made up from random syllables
+# instead of the vocabularies above (train.py --novel-values).  A model that
+# has seen only a few hundred names learns to recall them from its weights and
+# half-copies the unseen ones ("Dmitro" for "Dmitri"); made-up values can only
+# be copied.  0 draws nothing extra: the data of a seed stays as it was.
+NOVEL_SHARE = 0.0
+
+
+def novel(r, lo=2, hi=3):
+    """A pronounceable made-up word of lo..hi syllables, lower case."""
+    w = ""
+    for _ in range(r.randint(lo, hi)):
+        w += r.choice("bcdfghjklmnprstvwyz") + r.choice("aeiouy")
+        if r.random() < 0.3:
+            w += r.choice("nrslmkt")
+    return w
+
+
+def made_up(r):
+    return NOVEL_SHARE > 0 and r.random() < NOVEL_SHARE
+
+
 def person(r):
+    if made_up(r):
+        return novel(r).capitalize() + " " + novel(r).capitalize()
     return r.choice(FIRST) + " " + r.choice(LAST)
+
+
+def city_name(r):
+    return novel(r).capitalize() if made_up(r) else r.choice(CITIES)
+
+
+def colour(r):
+    return novel(r, 1, 2) if made_up(r) else r.choice(COLORS)
+
+
+def item_name(r):
+    return novel(r) if made_up(r) else r.choice(ITEMS)
 
 
 def code(r):
@@ -170,7 +206,7 @@ def make_task(r, kind):
                  ("booking_people", "The table is for %d people." % n, "How many people is the table for?",
                   ["For how many people is the table?"])]
     elif kind == "flight":
-        city, month, d, name, c = r.choice(CITIES), r.choice(MONTHS), r.randint(1, 28), person(r), code(r)
+        city, month, d, name, c = city_name(r), r.choice(MONTHS), r.randint(1, 28), person(r), code(r)
         date = "%s %d" % (month, d)
         opening = [("U", weighted(r, "Book me a flight to %s on %s." % (city, date),
                                   ["I need a flight to %s on %s." % (city, date)])),
@@ -185,7 +221,7 @@ def make_task(r, kind):
                  ("flight_ticket", "Your ticket number is %s." % c, "What is my ticket number?",
                   ["Can you repeat my ticket number?"])]
     elif kind == "order":
-        color, item, price = r.choice(COLORS), r.choice(ITEMS), r.randint(10, 999)
+        color, item, price = colour(r), item_name(r), r.randint(10, 999)
         num = "%05d" % r.randrange(100000)
         opening = [("U", weighted(r, "I want to order a %s %s." % (color, item),
                                   ["Please order a %s %s for me." % (color, item)])),
@@ -197,7 +233,7 @@ def make_task(r, kind):
                  ("order_number", "Your order number is %s." % num, "What is my order number?",
                   ["Can you repeat my order number?"])]
     else:
-        city, n, name, c = r.choice(CITIES), r.randint(1, 14), person(r), code(r)
+        city, n, name, c = city_name(r), r.randint(1, 14), person(r), code(r)
         opening = [("U", weighted(r, "I need a hotel in %s for %d nights." % (city, n),
                                   ["Find me a hotel in %s for %d nights." % (city, n)])),
                    ("A", "What name for the reservation?"), ("U", name + ".")]

@@ -164,6 +164,10 @@ def main():
     ap.add_argument("--repeat", type=int, default=0, help="repeat samples (random strings and their copies)")
     ap.add_argument("--repeat-start", type=float, default=0.3)
     ap.add_argument("--repeat-end", type=float, default=0.1)
+    ap.add_argument("--novel-values", type=float, default=0.0,
+                    help="share of made-up names, cities, colours and items in the dialogues (gen.NOVEL_SHARE)")
+    ap.add_argument("--seed-circuit", action="store_true",
+                    help="start with previous-token heads in layer 0 (seed_circuit.py)")
     ap.add_argument("--init-from", default="", help="ckpt.pt of another run: start from its weights")
     ap.add_argument("--answer-weight", type=float, default=4.0)
     ap.add_argument("--steps", type=int, default=1000)
@@ -197,6 +201,7 @@ def main():
         torch.backends.cudnn.allow_tf32 = True
 
     # data first: the generator's worker processes fork before CUDA starts
+    gen.NOVEL_SHARE = a.novel_values
     t0 = time.time()
     pools = {}
     for kind, count in (("dialogue", a.dialogues), ("copy-short", a.copy_short), ("copy-long", a.copy_long),
@@ -207,7 +212,13 @@ def main():
             print("data: %d %s samples, %d tokens" % (count, kind, tok), flush=True)
     print("data generated in %.1f s" % (time.time() - t0), flush=True)
     cfg = Config(a.dim, a.hidden_dim, a.n_layers, a.n_heads, a.n_kv_heads, a.seq_len)
-    model = AgentLM(cfg).to(dev)
+    model = AgentLM(cfg)
+    if a.seed_circuit:
+        from seed_circuit import Frozen, seed_copy_values, seed_match, seed_previous_token_heads
+        print("seeded circuit: %s" % seed_previous_token_heads(model, a.seed), flush=True)
+        seed_copy_values(model, 1, a.seed)
+        print("seeded match: %s" % seed_match(model, 1, a.seed), flush=True)
+    model = model.to(dev)
     pools = {k: (ids.to(dev), codes.to(dev)) for k, (ids, codes) in pools.items()}
     print("model: %s, %d parameters" % (cfg.as_dict(), n_params(model)), flush=True)
 
@@ -227,6 +238,7 @@ def main():
         opt.load_state_dict(ck["opt"])
         step = ck["step"]
         print("resumed at step %d" % step, flush=True)
+    frozen = Frozen(model) if a.seed_circuit else None
     fwd = torch.compile(model) if a.compile and hasattr(torch, "compile") else model
     with open(os.path.join(a.outdir, "config.json"), "w") as f:
         json.dump({"model": cfg.as_dict(), "args": vars(a)}, f, indent=1)
@@ -277,6 +289,8 @@ def main():
         if a.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), a.grad_clip)
         opt.step()
+        if frozen:
+            frozen.restore()
         step += 1
         p = progress(step, time.time() - t_start, a)
         tok_window = tok_window + (cw > 0).sum()  # a tensor: no device sync per step

@@ -1,0 +1,205 @@
+/* test_agentlm_model.c - the committed agent LM (tools/agentlm/agentlm.bin)
+ * is the file its sha256 names, has the geometry issue 12 asks for, and
+ * answers public recall questions through a real commitkvd.
+ *
+ *  - sha256sum of the committed file equals tools/agentlm/agentlm.bin.sha256;
+ *  - its llama2.c header: dim 256, 4 query heads of 64 on 2 KV heads (GQA),
+ *    4 layers, vocabulary 257 (bytes and BOS 256) with the shared classifier,
+ *    1024 positions, and the file is exactly as long as that geometry;
+ *  - commitkv-dialogue --policy fp16 over the first public dialogues
+ *    (../shared/models/agent-dialogues.jsonl, or $CKV_MODEL_DIR) answers three
+ *    named public questions exactly (facts 234-550 bytes back), its FP16
+ *    shadow says the same bytes, and its recall over those dialogues holds;
+ *  - with every token older than the last 32 held as INT2 (kivi2, no sinks)
+ *    recall over the same dialogues falls and KL rises: the model reads its
+ *    distant context (bounds from the measurement in tools/agentlm/README.md).
+ * Without the public file the recall tests skip and say so. */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "testcheck.h"
+#include "testutil.h"
+
+#define AGENT_TIMEOUT_MS 600000
+/* Public dialogues the recall tests run (the first ones of the file); under a sanitizer (10x slower) only the
+ * first two, which hold the named questions, and the recall bounds are skipped (said on stderr). */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define RECALL_DIALOGUES "2"
+#define UNDER_SANITIZER 1
+#else
+#define RECALL_DIALOGUES "12"
+#define UNDER_SANITIZER 0
+#endif
+/* Measured on the committed model over the first 12 public dialogues: fp16 recall 0.833 (35/42), INT2 past the
+ * last 32 recall 0.524, KL 0.0748 (over all 200: 0.881, 0.590, 0.0732; README.md).  The bounds leave room for
+ * rounding differences between machines; the INT2 ones are the issue's own (a drop of 0.2, KL above 0.05). */
+#define MIN_FP16_RECALL 0.80
+#define MIN_RECALL_DROP 0.2
+#define MIN_INT2_KL 0.05
+
+/* Three public questions the committed model answers, each from a fact stated hundreds of bytes before. */
+static const struct {
+  const char *id;
+  int turn;
+  const char *answer;
+} k_questions[] = {{"d001", 10, "The reservation is for Carla Okafor."},
+                   {"d001", 18, "Your reservation code is TQ9301."},
+                   {"d001", 20, "The hotel is in Seoul."}};
+
+enum { DIM = 256, HIDDEN = 768, LAYERS = 4, HEADS = 4, KV_HEADS = 2, VOCAB = 257, SEQ = 1024 };
+
+static const char *const k_daemon_args[] = {"--backend", "host", "--memory", "512M", NULL};
+
+static void source_path(char *buf, size_t size, const char *rel) {
+  const char *src = getenv("CKV_SOURCE_DIR");
+  snprintf(buf, size, "%s/%s", src && *src ? src : ".", rel);
+}
+
+/* The public dialogues, or skip the test visibly. */
+static void public_or_skip(char *buf, size_t size) {
+  const char *dir = getenv("CKV_MODEL_DIR");
+  if (dir && *dir) {
+    snprintf(buf, size, "%s/agent-dialogues.jsonl", dir);
+  } else {
+    char rel[64];
+    snprintf(rel, sizeof(rel), "../shared/models/agent-dialogues.jsonl");
+    source_path(buf, size, rel);
+  }
+  struct stat st;
+  if (stat(buf, &st) != 0) {
+    fprintf(stderr, "test_agentlm_model: SKIPPED: public dialogues not found at %s (set CKV_MODEL_DIR)\n", buf);
+    cr_skip_test("public dialogues not found at %s (set CKV_MODEL_DIR)", buf);
+  }
+}
+
+Test(agentlm_model, committed_file_matches_its_sha256_and_geometry) {
+  char model[512], sum_file[512], out[512];
+  source_path(model, sizeof(model), "tools/agentlm/agentlm.bin");
+  source_path(sum_file, sizeof(sum_file), "tools/agentlm/agentlm.bin.sha256");
+  char *want = ckv_test_read_file(sum_file);
+  cr_assert_not_null(want, "%s missing", sum_file);
+  cr_assert_geq(strlen(want), 64, "%s holds no sha256", sum_file);
+
+  char *dir = ckv_test_tmpdir("agentlm-sha");
+  snprintf(out, sizeof(out), "%s/sha256.out", dir);
+  const char *argv[] = {"/usr/bin/sha256sum", model, NULL};
+  cr_assert_eq(ckv_test_wait(ckv_test_spawn(argv, out), 60000), 0, "sha256sum %s failed", model);
+  char *got = ckv_test_read_file(out);
+  cr_assert_not_null(got);
+  cr_expect_eq(strncmp(got, want, 64), 0, "sha256 of %s is %.64s, %s says %.64s", model, got, sum_file, want);
+  free(got);
+  free(want);
+  ckv_test_rmdir(dir);
+
+  FILE *f = fopen(model, "rb");
+  cr_assert_not_null(f, "cannot open %s", model);
+  int32_t h[7];
+  cr_assert_eq(fread(h, sizeof(h), 1, f), 1);
+  cr_assert_eq(fseek(f, 0, SEEK_END), 0);
+  long size = ftell(f);
+  fclose(f);
+  cr_expect_eq(h[0], DIM);
+  cr_expect_eq(h[1], HIDDEN);
+  cr_expect_eq(h[2], LAYERS);
+  cr_expect_eq(h[3], HEADS);
+  cr_expect_eq(h[4], KV_HEADS);
+  cr_expect_eq(h[5], VOCAB, "vocabulary %d: 257 with the classifier shared (a positive size)", h[5]);
+  cr_expect_eq(h[6], SEQ);
+  cr_expect_eq(DIM / HEADS, 64, "head_dim");
+  cr_expect_geq(HEADS / KV_HEADS, 2, "query heads per KV head");
+  const long kv = (long)KV_HEADS * (DIM / HEADS);
+  const long floats = (long)VOCAB * DIM +
+                      (long)LAYERS * (DIM + (long)DIM * DIM + 2L * DIM * kv + (long)DIM * DIM + DIM +
+                                      3L * DIM * HIDDEN) +
+                      DIM + 2L * SEQ * (DIM / HEADS / 2);
+  cr_expect_eq(size, 28 + 4 * floats, "%ld bytes, the geometry needs %ld", size, 28 + 4 * floats);
+}
+
+/* commitkv-dialogue on the committed model, its JSON report parsed. */
+static json_t *run_dialogue(ckv_test_daemon *d, const char *model, const char *data, const char *policy,
+                            const char *const *extra) {
+  char out[512];
+  snprintf(out, sizeof(out), "%s/dialogue-%s.out", d->dir, policy);
+  const char *argv[32] = {"commitkv-dialogue", "--socket", d->socket, "--attach-socket", d->attach, "--model", model,
+                          "--dialogues", data, "--limit", RECALL_DIALOGUES, "--policy", policy, "--prefix", policy,
+                          "--shadow", "--json", "--quiet"};
+  size_t n = 18;
+  for (size_t i = 0; extra && extra[i] && n < 31; i++) argv[n++] = extra[i];
+  argv[n] = NULL;
+  int rc = ckv_test_wait(ckv_test_spawn(argv, out), AGENT_TIMEOUT_MS);
+  char *text = ckv_test_read_file(out);
+  const char *obj = NULL; /* the report: the last line that is a JSON object */
+  for (const char *p = text; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : p + strlen(p))
+    if (*p == '{') obj = p;
+  json_t *j = rc == 0 && obj ? json_loads(obj, JSON_ALLOW_NUL, NULL) : NULL;
+  if (!j) {
+    ckv_test_daemon_stop(d);
+    cr_assert_fail("commitkv-dialogue --policy %s failed (%d): %s", policy, rc, text ? text : "(no output)");
+  }
+  free(text);
+  return j;
+}
+
+static double num(const json_t *o, const char *key) {
+  json_t *v = json_object_get(o, key);
+  cr_assert(json_is_number(v), "no number \"%s\"", key);
+  return json_number_value(v);
+}
+
+Test(agentlm_model, answers_public_questions_and_needs_its_distant_context, .timeout = 1200) {
+  char model[512], data[512];
+  source_path(model, sizeof(model), "tools/agentlm/agentlm.bin");
+  public_or_skip(data, sizeof(data));
+  ckv_test_daemon d;
+  if (ckv_test_daemon_start(&d, k_daemon_args) != 0) {
+    if (d.pid > 0) ckv_test_daemon_stop(&d);
+    cr_assert_fail("commitkvd did not start");
+  }
+  json_t *fp16 = run_dialogue(&d, model, data, "fp16", NULL);
+  json_t *items = json_object_get(fp16, "items");
+  for (size_t q = 0; q < sizeof(k_questions) / sizeof(k_questions[0]); q++) {
+    const json_t *it = NULL;
+    for (size_t i = 0; i < json_array_size(items) && !it; i++) {
+      const json_t *c = json_array_get(items, i);
+      if (!strcmp(json_string_value(json_object_get(c, "id")), k_questions[q].id) &&
+          (int)num(c, "turn") == k_questions[q].turn)
+        it = c;
+    }
+    cr_assert_not_null(it, "no answer to %s turn %d in the report", k_questions[q].id, k_questions[q].turn);
+    cr_expect_str_eq(json_string_value(json_object_get(it, "expected")), k_questions[q].answer,
+                     "the public file's answer to %s turn %d changed", k_questions[q].id, k_questions[q].turn);
+    cr_expect(json_is_true(json_object_get(it, "ok")), "%s turn %d \"%s\" (%d bytes back): said \"%s\", expected \"%s\"",
+              k_questions[q].id, k_questions[q].turn, json_string_value(json_object_get(it, "question")),
+              (int)num(it, "distance"), json_string_value(json_object_get(it, "said")), k_questions[q].answer);
+    cr_expect_str_eq(json_string_value(json_object_get(it, "said_hex")),
+                     json_string_value(json_object_get(it, "shadow_said_hex")), "%s turn %d: daemon and shadow",
+                     k_questions[q].id, k_questions[q].turn);
+  }
+  if (UNDER_SANITIZER) {
+    fprintf(stderr, "test_agentlm_model: SKIPPED the recall and INT2 bounds under a sanitizer (2 dialogues run)\n");
+    json_decref(fp16);
+    cr_expect_eq(ckv_test_daemon_stop(&d), 0);
+    return;
+  }
+  const double r16 = num(fp16, "recall");
+  cr_expect_geq(r16, MIN_FP16_RECALL, "fp16 recall %.3f over the first %s public dialogues", r16, RECALL_DIALOGUES);
+
+  /* INT2 past the last 32 tokens (recent_window 32 without sinks), compressed
+   * before each next round (--sync) so the run repeats itself. */
+  const char *const int2[] = {"--param", "sink_tokens=0", "--param", "recent_window=32", "--sync", NULL};
+  json_t *kivi2 = run_dialogue(&d, model, data, "kivi2", int2);
+  const double r2 = num(kivi2, "recall"), kl = num(kivi2, "kl_mean");
+  fprintf(stderr, "test_agentlm_model: first %s public dialogues: fp16 recall %.3f, INT2-past-32 recall %.3f, "
+          "KL %.4f\n", RECALL_DIALOGUES, r16, r2, kl);
+  cr_expect_geq(r16 - r2, MIN_RECALL_DROP, "recall %.3f under INT2 past the last 32, %.3f at fp16", r2, r16);
+  cr_expect_gt(kl, MIN_INT2_KL, "KL %.4f under INT2 past the last 32", kl);
+  cr_expect_lt(num(kivi2, "bytes_ratio_fp16"), 0.5, "kivi2 kept more than half of FP16's bytes");
+  json_decref(fp16);
+  json_decref(kivi2);
+  cr_expect_eq(ckv_test_daemon_stop(&d), 0);
+}
