@@ -379,6 +379,7 @@ Test(quality, agent_synthetic_full_geometry, .timeout = 900) {
 /* The real-model path with a stand-in commitkv-llm: the bench must take the
  * three figures from its JSON and give h2o/streaming commitkv's bytes as budget. */
 Test(quality, real_model_json_is_parsed, .timeout = 300) {
+  setenv("CKV_AGENTLM_MODEL", "/agentlm-not-needed-here", 1); /* the stand-in is the subject, not the agent model */
   char *dir = ckv_test_tmpdir("ckv-quality-llm");
   char script[600], model[600], log[600];
   snprintf(script, sizeof(script), "%s/fake-llm.sh", dir);
