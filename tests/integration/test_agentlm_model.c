@@ -22,6 +22,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "dialoguerun.h"
 #include "testcheck.h"
 #include "testutil.h"
 
@@ -120,29 +121,16 @@ Test(agentlm_model, committed_file_matches_its_sha256_and_geometry) {
   cr_expect_eq(size, 28 + 4 * floats, "%ld bytes, the geometry needs %ld", size, 28 + 4 * floats);
 }
 
-/* commitkv-dialogue on the committed model, its JSON report parsed. */
+/* commitkv-dialogue on the committed model, its JSON report parsed (dialoguerun.c). */
 static json_t *run_dialogue(ckv_test_daemon *d, const char *model, const char *data, const char *policy,
                             const char *const *extra) {
-  char out[512];
-  snprintf(out, sizeof(out), "%s/dialogue-%s.out", d->dir, policy);
   const char *argv[32] = {"commitkv-dialogue", "--socket", d->socket, "--attach-socket", d->attach, "--model", model,
                           "--dialogues", data, "--limit", RECALL_DIALOGUES, "--policy", policy, "--prefix", policy,
                           "--shadow", "--json", "--quiet"};
   size_t n = 18;
   for (size_t i = 0; extra && extra[i] && n < 31; i++) argv[n++] = extra[i];
   argv[n] = NULL;
-  int rc = ckv_test_wait(ckv_test_spawn(argv, out), AGENT_TIMEOUT_MS);
-  char *text = ckv_test_read_file(out);
-  const char *obj = NULL; /* the report: the last line that is a JSON object */
-  for (const char *p = text; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : p + strlen(p))
-    if (*p == '{') obj = p;
-  json_t *j = rc == 0 && obj ? json_loads(obj, JSON_ALLOW_NUL, NULL) : NULL;
-  if (!j) {
-    ckv_test_daemon_stop(d);
-    cr_assert_fail("commitkv-dialogue --policy %s failed (%d): %s", policy, rc, text ? text : "(no output)");
-  }
-  free(text);
-  return j;
+  return ckv_test_dialogue_report(d, argv, policy, AGENT_TIMEOUT_MS);
 }
 
 static double num(const json_t *o, const char *key) {

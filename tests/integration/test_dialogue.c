@@ -34,6 +34,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "dialoguerun.h"
 #include "testcheck.h"
 #include "testutil.h"
 
@@ -164,27 +165,13 @@ static void start_daemon(ckv_test_daemon *d) {
   cr_assert_fail("commitkvd did not start");
 }
 
-/* commitkv-dialogue with its JSON report parsed; the daemon is stopped first
- * when it fails, so nothing outlives the test. */
+/* commitkv-dialogue with its JSON report parsed (dialoguerun.c). */
 static json_t *run_dialogue(ckv_test_daemon *d, const char *model, const char *data, const char *policy,
                             const char *limit, const char *extra) {
-  char out[400];
-  snprintf(out, sizeof(out), "%s/dialogue-%s.out", d->dir, policy);
   const char *argv[] = {"commitkv-dialogue", "--socket", d->socket, "--attach-socket", d->attach, "--model", model,
                         "--dialogues", data, "--limit", limit, "--policy", policy, "--prefix", policy, "--shadow",
                         "--json", "--quiet", extra, NULL};
-  int rc = ckv_test_wait(ckv_test_spawn(argv, out), DLG_TIMEOUT_MS);
-  char *text = ckv_test_read_file(out);
-  const char *obj = NULL; /* the report: the last line that is a JSON object */
-  for (const char *p = text; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : p + strlen(p))
-    if (*p == '{') obj = p;
-  json_t *j = rc == 0 && obj ? json_loads(obj, JSON_ALLOW_NUL, NULL) : NULL; /* "said" may hold byte 0 */
-  if (!j) {
-    ckv_test_daemon_stop(d);
-    cr_assert_fail("commitkv-dialogue --policy %s failed (%d): %s", policy, rc, text ? text : "(no output)");
-  }
-  free(text);
-  return j;
+  return ckv_test_dialogue_report(d, argv, policy, DLG_TIMEOUT_MS);
 }
 
 static double num(const json_t *o, const char *key) {
