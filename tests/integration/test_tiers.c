@@ -147,12 +147,7 @@ static ckv_session *session_with_rounds(ckv_client *c, const char *id, const cha
 static void wait_settled(ckv_client *c) {
   long long end = ckv_test_now_ms() + DEADLINE_MS;
   for (;;) {
-    Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
-    Commitkv__V1__ListSessions l = COMMITKV__V1__LIST_SESSIONS__INIT;
-    req.body_case = COMMITKV__V1__REQUEST__BODY_LIST_SESSIONS;
-    req.list_sessions = &l;
-    Commitkv__V1__Response *rep = NULL;
-    cr_assert_eq(ckv_rpc(c, &req, &rep), CKV_OK);
+    Commitkv__V1__Response *rep = ckv_test_list_sessions(c);
     uint64_t pending = 0;
     for (size_t i = 0; i < rep->session_list->n_sessions; i++) pending += rep->session_list->sessions[i]->pending_tokens;
     ckv_rpc_free(rep);

@@ -11,13 +11,19 @@
 #include "commitkv.pb-c.h"
 #include "commitkv/status.h"
 
-char *ckv_test_session_tier(ckv_client *c, const char *sid, char *buf, size_t len) {
+Commitkv__V1__Response *ckv_test_list_sessions(ckv_client *c) {
   Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
   Commitkv__V1__ListSessions l = COMMITKV__V1__LIST_SESSIONS__INIT;
   req.body_case = COMMITKV__V1__REQUEST__BODY_LIST_SESSIONS;
   req.list_sessions = &l;
   Commitkv__V1__Response *rep = NULL;
   cr_assert_eq(ckv_rpc(c, &req, &rep), CKV_OK);
+  cr_assert_not_null(rep->session_list, "ListSessions answered without a session list");
+  return rep;
+}
+
+char *ckv_test_session_tier(ckv_client *c, const char *sid, char *buf, size_t len) {
+  Commitkv__V1__Response *rep = ckv_test_list_sessions(c);
   snprintf(buf, len, "?");
   for (size_t i = 0; i < rep->session_list->n_sessions; i++)
     if (strcmp(rep->session_list->sessions[i]->session_id, sid) == 0)

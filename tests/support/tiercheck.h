@@ -8,9 +8,12 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "commitkv.pb-c.h"
 #include "commitkv/commitkv.h"
 #include "testutil.h"
 
+/* The ListSessions reply (asserted to be one); free it with ckv_rpc_free. */
+Commitkv__V1__Response *ckv_test_list_sessions(ckv_client *c);
 /* The tier ListSessions names for `sid` ("primary", "disk", ...) into buf, "?"
  * when the session is not listed; returns buf. */
 char *ckv_test_session_tier(ckv_client *c, const char *sid, char *buf, size_t len);

@@ -28,6 +28,8 @@ before it, in separate subspaces, and a later head can match several bytes
 of context at once.
 """
 import math
+import os
+import sys
 
 import torch
 
@@ -191,6 +193,7 @@ class Frozen:
 
 def layer0_attention_to_offsets(model, ids):
     """Mean attention weight layer 0's head h gives to position m - OFFSETS[h] (a check)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from model import apply_rope
     c = model.c
     with torch.no_grad():
@@ -212,3 +215,15 @@ def layer0_attention_to_offsets(model, ids):
             idx = torch.arange(d, T)
             out.append(a[:, hh, idx, idx - d].mean().item())
         return out
+
+
+if __name__ == "__main__":
+    # The check the README cites: seed a fresh default model, print the share of
+    # layer 0 attention each query head puts on its offset (measured 0.993 each).
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from model import AgentLM, Config
+    torch.manual_seed(0)
+    m = AgentLM(Config())
+    seed_previous_token_heads(m)
+    print("layer 0 attention on offsets %s: %s" % (list(OFFSETS), [round(x, 4) for x in
+          layer0_attention_to_offsets(m, torch.randint(0, 257, (2, 1024)))]))
