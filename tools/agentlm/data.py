@@ -48,16 +48,30 @@ def fact_offset(d, r):
     return best
 
 
-def encode(d, seq_len, answer_weight):
-    """ids (seq_len+1 ints), weights (seq_len floats, one per target), n_tokens."""
+def value_start(answer):
+    """Bytes of the fixed sentence form before the fact's value ("The passenger
+    is " of "The passenger is Dmitri Silva."), 0 when the form is unknown."""
+    from gen import KINDS
+    for p, _ in KINDS:
+        if answer.startswith(p):
+            return len(p.encode())
+    return 0
+
+
+def encode(d, seq_len, answer_weight, value_weight=None):
+    """ids (seq_len+1 ints), weights (seq_len floats, one per target), n_tokens.
+    With value_weight, the bytes of an answer from its fact's value on (value,
+    full stop, newline: where the model has to copy) weigh value_weight."""
     body, spans = render_spans(d)
     ids = [BOS] + list(body)
     ids = ids[: seq_len + 1]
     n = len(ids)
     w = [1.0] * (n - 1)
-    for s, e, _ in spans:
+    for s, e, r in spans:
+        v = s + value_start(r["answer"]) if value_weight is not None else e
         for p in range(s, min(e, n)):
-            w[p - 1] = answer_weight  # target at position p is predicted from p-1
+            # target at position p is predicted from p-1
+            w[p - 1] = value_weight if p >= v and v > s else answer_weight
     pad = seq_len + 1 - n
     return ids + [0] * pad, w + [0.0] * pad, n
 

@@ -146,6 +146,11 @@ def fact_kind(answer):
 # be copied.  0 draws nothing extra: the data of a seed stays as it was.
 NOVEL_SHARE = 0.0
 
+# Relative weights of the task kinds when a task starts (train.py
+# --task-weights), e.g. {"flight": 2.0}: kinds not named weigh 1.  None draws
+# uniformly, as before: the data of a seed stays as it was.
+TASK_WEIGHTS = None
+
 
 def novel(r, lo=2, hi=3):
     """A pronounceable made-up word of lo..hi syllables, lower case."""
@@ -300,7 +305,10 @@ def dialogue(r, ident, max_bytes):
         # Start a task when none is live, or sometimes beside the live ones.
         free = [k for k in ("booking", "flight", "order", "hotel") if k not in live]
         if free and n_tasks < 3 and (not live or r.random() < 0.22):
-            kind = r.choice(free)
+            if TASK_WEIGHTS is None:
+                kind = r.choice(free)
+            else:
+                kind = r.choices(free, weights=[TASK_WEIGHTS.get(k, 1.0) for k in free])[0]
             turns, facts = make_task(r, kind)
             if not b.fits(turns):
                 break

@@ -54,14 +54,15 @@ from model import BOS, AgentLM, Config, export, n_params  # noqa: E402
 
 def gen_chunk(job):
     """Generate and encode samples start..start+count of one kind: (ids int16
-    [n, seq_len+1], weight codes uint8 [n, seq_len]: 0 pad, 1 byte, 2 answer, tokens)."""
+    [n, seq_len+1], weight codes uint8 [n, seq_len]: 0 pad, 1 byte, 2 answer, 3 answer
+    value, tokens)."""
     import numpy as np
     seed, kind, start, count, max_bytes, seq_len = job
     ids = np.zeros((count, seq_len + 1), dtype=np.int16)
     codes = np.zeros((count, seq_len), dtype=np.uint8)
     tokens = 0
     for j, i in enumerate(range(start, start + count)):
-        a, w, n = encode(gen.sample(seed, kind, i, max_bytes), seq_len, 2.0)
+        a, w, n = encode(gen.sample(seed, kind, i, max_bytes), seq_len, 2.0, 3.0)
         ids[j] = a
         codes[j] = w
         tokens += n - 1
@@ -168,8 +169,13 @@ def main():
                     help="share of made-up names, cities, colours and items in the dialogues (gen.NOVEL_SHARE)")
     ap.add_argument("--seed-circuit", action="store_true",
                     help="start with previous-token heads in layer 0 (seed_circuit.py)")
-    ap.add_argument("--init-from", default="", help="ckpt.pt of another run: start from its weights")
+    ap.add_argument("--init-from", default="",
+                    help="ckpt.pt of another run, or an exported model.bin: start from its weights")
+    ap.add_argument("--task-weights", default="",
+                    help="relative weights of the task kinds in the dialogues, e.g. flight=2 (others 1)")
     ap.add_argument("--answer-weight", type=float, default=4.0)
+    ap.add_argument("--value-weight", type=float, default=None,
+                    help="loss weight of an answer's value bytes (where it copies); default --answer-weight")
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--lr", type=float, default=2e-3)
@@ -202,6 +208,9 @@ def main():
 
     # data first: the generator's worker processes fork before CUDA starts
     gen.NOVEL_SHARE = a.novel_values
+    if a.task_weights:
+        gen.TASK_WEIGHTS = {k: float(v) for k, v in (kv.split("=") for kv in a.task_weights.split(","))}
+        print("task weights: %s" % gen.TASK_WEIGHTS, flush=True)
     t0 = time.time()
     pools = {}
     for kind, count in (("dialogue", a.dialogues), ("copy-short", a.copy_short), ("copy-long", a.copy_long),
@@ -229,7 +238,14 @@ def main():
                             lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
     step = 0
     if a.init_from:
-        model.load_state_dict(torch.load(a.init_from, map_location=dev)["model"])
+        if a.init_from.endswith(".bin"):
+            from model import load_bin
+            src = load_bin(a.init_from)
+            if src.c.as_dict() != cfg.as_dict():
+                sys.exit("train.py: %s is %s, not %s" % (a.init_from, src.c.as_dict(), cfg.as_dict()))
+            model.load_state_dict(src.state_dict())
+        else:
+            model.load_state_dict(torch.load(a.init_from, map_location=dev)["model"])
         print("weights from %s" % a.init_from, flush=True)
     ckpt_path = os.path.join(a.outdir, "ckpt.pt")
     if a.resume and os.path.exists(ckpt_path):
@@ -248,7 +264,8 @@ def main():
                     "config": cfg.as_dict()}, ckpt_path)
 
     log = open(os.path.join(a.outdir, "log.jsonl"), "a")
-    weight_of = torch.tensor([0.0, 1.0, a.answer_weight], device=dev)  # by weight code
+    value_weight = a.answer_weight if a.value_weight is None else a.value_weight
+    weight_of = torch.tensor([0.0, 1.0, a.answer_weight, value_weight], device=dev)  # by weight code
     g = torch.Generator().manual_seed(a.seed * 1000003 + step)
     t_start, tok_window, t_window = time.time(), 0, time.time()
     p = progress(step, 0.0, a)
@@ -297,7 +314,7 @@ def main():
         if step % a.log_every == 0 or p >= 1.0:
             with torch.no_grad():
                 plain = (nll * (w > 0)).sum() / (w > 0).sum()
-                am = cw == 2
+                am = cw >= 2
                 ans = (nll * am).sum() / am.sum().clamp(min=1)
                 # the answers of dialogues alone: what the public evaluation asks
                 dm = am & torch.tensor(row_is_dialogue, device=dev)[:, None]
