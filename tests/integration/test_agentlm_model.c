@@ -12,7 +12,10 @@
  *    shadow says the same bytes, and its recall over those dialogues holds;
  *  - with every token older than the last 32 held as INT2 (kivi2, no sinks)
  *    recall over the same dialogues falls and KL rises: the model reads its
- *    distant context (bounds from the measurement in tools/agentlm/README.md).
+ *    distant context (bounds from the measurement in tools/agentlm/README.md);
+ *  - over every public dialogue (200, 547 questions), fp16 through commitkvd
+ *    answers at least 0.90 of the questions exactly: issue 12's bound, with
+ *    the report per fact kind and per distance.
  * Without the public file the recall tests skip and say so. */
 #include <criterion/criterion.h>
 #include <jansson.h>
@@ -36,12 +39,15 @@
 #define RECALL_DIALOGUES "12"
 #define UNDER_SANITIZER 0
 #endif
-/* Measured on the committed model over the first 12 public dialogues: fp16 recall 0.833 (35/42), INT2 past the
- * last 32 recall 0.524, KL 0.0748 (over all 200: 0.881, 0.590, 0.0732; README.md).  The bounds leave room for
- * rounding differences between machines; the INT2 ones are the issue's own (a drop of 0.2, KL above 0.05). */
-#define MIN_FP16_RECALL 0.80
+/* Measured on the committed model (run 7) over the first 12 public dialogues: fp16 recall 0.905 (38/42), INT2
+ * past the last 32 recall 0.667, KL 0.0699 (over all 200: 0.905, 0.697, 0.0703; README.md).  The 12-dialogue
+ * fp16 bound leaves one answer of room for rounding differences between machines (run 5's model, 0.833, fails
+ * it); the INT2 ones are the issue's own (a drop of 0.2, KL above 0.05), and so is the whole file's 0.90. */
+#define MIN_FP16_RECALL 0.88
 #define MIN_RECALL_DROP 0.2
 #define MIN_INT2_KL 0.05
+#define MIN_FP16_RECALL_ALL 0.90
+#define PUBLIC_QUESTIONS 547
 
 /* Three public questions the committed model answers, each from a fact stated hundreds of bytes before. */
 static const struct {
@@ -121,13 +127,23 @@ Test(agentlm_model, committed_file_matches_its_sha256_and_geometry) {
   cr_expect_eq(size, 28 + 4 * floats, "%ld bytes, the geometry needs %ld", size, 28 + 4 * floats);
 }
 
-/* commitkv-dialogue on the committed model, its JSON report parsed (dialoguerun.c). */
+/* run_dialogue's extra arguments for the whole public file, without the FP16 shadow (fp16 is the shadow). */
+static const char *const k_every_dialogue[] = {NULL};
+
+/* commitkv-dialogue on the committed model, its JSON report parsed (dialoguerun.c): the first RECALL_DIALOGUES
+ * public dialogues with the FP16 shadow, or every one (extra = k_every_dialogue). */
 static json_t *run_dialogue(ckv_test_daemon *d, const char *model, const char *data, const char *policy,
                             const char *const *extra) {
   const char *argv[32] = {"commitkv-dialogue", "--socket", d->socket, "--attach-socket", d->attach, "--model", model,
-                          "--dialogues", data, "--limit", RECALL_DIALOGUES, "--policy", policy, "--prefix", policy,
-                          "--shadow", "--json", "--quiet"};
-  size_t n = 18;
+                          "--dialogues", data, "--policy", policy, "--prefix", policy, "--json", "--quiet"};
+  size_t n = 15;
+  if (extra != k_every_dialogue) {
+    argv[n++] = "--limit";
+    argv[n++] = RECALL_DIALOGUES;
+    argv[n++] = "--shadow";
+  } else {
+    extra = NULL;
+  }
   for (size_t i = 0; extra && extra[i] && n < 31; i++) argv[n++] = extra[i];
   argv[n] = NULL;
   return ckv_test_dialogue_report(d, argv, policy, AGENT_TIMEOUT_MS);
@@ -189,5 +205,37 @@ Test(agentlm_model, answers_public_questions_and_needs_its_distant_context, .tim
   cr_expect_lt(num(kivi2, "bytes_ratio_fp16"), 0.5, "kivi2 kept more than half of FP16's bytes");
   json_decref(fp16);
   json_decref(kivi2);
+  cr_expect_eq(ckv_test_daemon_stop(&d), 0);
+}
+
+Test(agentlm_model, fp16_recall_over_every_public_dialogue, .timeout = 580) {
+  if (UNDER_SANITIZER) {
+    fprintf(stderr, "test_agentlm_model: SKIPPED the whole public file under a sanitizer (10x slower)\n");
+    cr_skip_test("the whole public file under a sanitizer");
+  }
+  char model[512], data[512];
+  source_path(model, sizeof(model), "tools/agentlm/agentlm.bin");
+  public_or_skip(data, sizeof(data));
+  ckv_test_daemon d;
+  if (ckv_test_daemon_start(&d, k_daemon_args) != 0) {
+    if (d.pid > 0) ckv_test_daemon_stop(&d);
+    cr_assert_fail("commitkvd did not start");
+  }
+  json_t *fp16 = run_dialogue(&d, model, data, "fp16", k_every_dialogue);
+  const double r16 = num(fp16, "recall");
+  fprintf(stderr, "test_agentlm_model: every public dialogue: fp16 recall %.3f (%d/%d)\n", r16,
+          (int)num(fp16, "correct"), (int)num(fp16, "questions"));
+  cr_expect_eq((int)num(fp16, "questions"), PUBLIC_QUESTIONS, "the public file's questions changed");
+  cr_expect_eq((int)num(fp16, "skipped"), 0, "dialogues skipped");
+  cr_expect_geq(r16, MIN_FP16_RECALL_ALL, "fp16 recall %.3f over every public dialogue (issue 12: >= 0.90)", r16);
+  /* reported per fact kind and per distance: 15 kinds, every question in one distance bucket */
+  const json_t *kinds = json_object_get(fp16, "per_kind"), *dist = json_object_get(fp16, "per_distance");
+  cr_expect_eq(json_object_size(kinds), 15, "fact kinds reported: %zu", json_object_size(kinds));
+  int in_buckets = 0;
+  const char *key;
+  json_t *b;
+  json_object_foreach((json_t *)dist, key, b) in_buckets += (int)num(b, "n");
+  cr_expect_eq(in_buckets, PUBLIC_QUESTIONS, "questions over the distance buckets: %d", in_buckets);
+  json_decref(fp16);
   cr_expect_eq(ckv_test_daemon_stop(&d), 0);
 }

@@ -4,10 +4,11 @@
 #   sh tools/agentlm/train.sh            (or: make agentlm)
 #
 # Picks a preset: "cpu" by default (the committed model: previous-token and
-# induction circuit seeded, 1,800 steps, about 55 minutes on this project's
-# 2-core machines, see README.md), "gpu" when asked (AGENTLM_PRESET=gpu: bf16
-# on CUDA, the schedule run over AGENTLM_MINUTES of wall time), or "small" (the
-# pipeline check: a 0.4M-parameter model for about 13 minutes on one core).
+# induction circuit seeded, 1,800 steps, then two fine-tunes of 1,200 and 700
+# steps, about 2 h 15 min on this project's 2-core machines, see README.md),
+# "gpu" when asked (AGENTLM_PRESET=gpu: bf16 on CUDA, the schedule run over
+# AGENTLM_MINUTES of wall time; one stage), or "small" (the pipeline check: a
+# 0.4M-parameter model for about 13 minutes on one core).
 # Then: exports build/agentlm/model.bin (llama2.c legacy format), compiles
 # ckv-agentlm-logits from examples/llm/model.c and checks that the C forward
 # pass gives PyTorch's logits, measures recall on the public dialogues
@@ -44,7 +45,17 @@ case "$AGENTLM_PRESET" in
     ARGS="--device cpu --threads $NPROC --workers $NPROC $MODEL --seed-circuit --novel-values 0.5 --bf16 --batch 16 --lr 1e-3
           --warmup 50 --steps 1800 --dialogues 40000 --copy-short 10000 --copy-long 10000 --repeat 10000
           --short-start 0.2 --short-end 0.05 --long-share 0.15 --repeat-start 0.2 --repeat-end 0.05
-          --curriculum-frac 0.4 --answer-weight 4 --log-every 20 --ckpt-every 200" ;;
+          --curriculum-frac 0.4 --answer-weight 4 --log-every 20 --ckpt-every 200"
+    # then two fine-tunes of that model (runs 6 and 7, README.md): fresh dialogues
+    # (seed + 1, seed + 2), flights twice as often (the passenger and the ticket
+    # were the confused pair), lower lr; run 7 also weighs the bytes an answer
+    # copies (its value) 16 instead of 4
+    TUNE="--device cpu --threads $NPROC --workers $NPROC $MODEL --seed-circuit --novel-values 0.5 --bf16 --batch 16
+          --warmup 20 --copy-short 2000 --copy-long 2000 --repeat 2000 --short-start 0.05 --short-end 0.05
+          --long-share 0.05 --repeat-start 0.05 --repeat-end 0.05 --curriculum-frac 0.4 --answer-weight 4
+          --task-weights flight=2 --log-every 20"
+    STAGE2="$TUNE --lr 5e-4 --steps 1200 --dialogues 20000 --ckpt-every 200"
+    STAGE3="$TUNE --lr 4e-4 --steps 700 --dialogues 12000 --value-weight 16 --ckpt-every 100" ;;
   small)
     ARGS="--device cpu --threads 1 --dim 128 --hidden-dim 384 --n-layers 2 --n-heads 4 --n-kv-heads 2
           --seq-len 1024 --batch 8 --lr 3e-3 --warmup 30 --steps 480 --dialogues 4000 --copy-short 1000
@@ -53,8 +64,17 @@ case "$AGENTLM_PRESET" in
 esac
 echo "train.sh: preset $AGENTLM_PRESET, python $PY, output $OUT"
 mkdir -p "$OUT"
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$NPROC}
 # shellcheck disable=SC2086
-OMP_NUM_THREADS=${OMP_NUM_THREADS:-$NPROC} "$PY" "$HERE/train.py" --seed "$SEED" $ARGS --outdir "$OUT" ${AGENTLM_ARGS:-}
+if [ -n "${STAGE2:-}" ]; then
+  mkdir -p "$OUT/stage1" "$OUT/stage2"
+  "$PY" "$HERE/train.py" --seed "$SEED" $ARGS --outdir "$OUT/stage1"
+  "$PY" "$HERE/train.py" --seed "$((SEED + 1))" $STAGE2 --init-from "$OUT/stage1/model.bin" --outdir "$OUT/stage2"
+  "$PY" "$HERE/train.py" --seed "$((SEED + 2))" $STAGE3 --init-from "$OUT/stage2/model.bin" --outdir "$OUT" \
+    ${AGENTLM_ARGS:-}
+else
+  "$PY" "$HERE/train.py" --seed "$SEED" $ARGS --outdir "$OUT" ${AGENTLM_ARGS:-}
+fi
 
 cc -O2 -std=c11 -D_GNU_SOURCE -I"$ROOT" -I"$ROOT/client/include" -o "$OUT/ckv-agentlm-logits" \
   "$HERE/logits.c" "$ROOT/examples/llm/model.c" "$ROOT/common/status.c" -lm
