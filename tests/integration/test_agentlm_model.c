@@ -127,22 +127,17 @@ Test(agentlm_model, committed_file_matches_its_sha256_and_geometry) {
   cr_expect_eq(size, 28 + 4 * floats, "%ld bytes, the geometry needs %ld", size, 28 + 4 * floats);
 }
 
-/* run_dialogue's extra arguments for the whole public file, without the FP16 shadow (fp16 is the shadow). */
-static const char *const k_every_dialogue[] = {NULL};
-
-/* commitkv-dialogue on the committed model, its JSON report parsed (dialoguerun.c): the first RECALL_DIALOGUES
- * public dialogues with the FP16 shadow, or every one (extra = k_every_dialogue). */
+/* commitkv-dialogue on the committed model, its JSON report parsed (dialoguerun.c): the first `limit` public
+ * dialogues with the FP16 shadow, or every one without it (limit NULL: fp16 is its own shadow). */
 static json_t *run_dialogue(ckv_test_daemon *d, const char *model, const char *data, const char *policy,
-                            const char *const *extra) {
+                            const char *limit, const char *const *extra) {
   const char *argv[32] = {"commitkv-dialogue", "--socket", d->socket, "--attach-socket", d->attach, "--model", model,
                           "--dialogues", data, "--policy", policy, "--prefix", policy, "--json", "--quiet"};
   size_t n = 15;
-  if (extra != k_every_dialogue) {
+  if (limit) {
     argv[n++] = "--limit";
-    argv[n++] = RECALL_DIALOGUES;
+    argv[n++] = limit;
     argv[n++] = "--shadow";
-  } else {
-    extra = NULL;
   }
   for (size_t i = 0; extra && extra[i] && n < 31; i++) argv[n++] = extra[i];
   argv[n] = NULL;
@@ -155,16 +150,21 @@ static double num(const json_t *o, const char *key) {
   return json_number_value(v);
 }
 
-Test(agentlm_model, answers_public_questions_and_needs_its_distant_context, .timeout = 1200) {
-  char model[512], data[512];
-  source_path(model, sizeof(model), "tools/agentlm/agentlm.bin");
-  public_or_skip(data, sizeof(data));
-  ckv_test_daemon d;
-  if (ckv_test_daemon_start(&d, k_daemon_args) != 0) {
-    if (d.pid > 0) ckv_test_daemon_stop(&d);
+/* The committed model's and the public file's paths (skips without the file), and a commitkvd to run them on. */
+static void start_with_model(ckv_test_daemon *d, char *model, char *data, size_t size) {
+  source_path(model, size, "tools/agentlm/agentlm.bin");
+  public_or_skip(data, size);
+  if (ckv_test_daemon_start(d, k_daemon_args) != 0) {
+    if (d->pid > 0) ckv_test_daemon_stop(d);
     cr_assert_fail("commitkvd did not start");
   }
-  json_t *fp16 = run_dialogue(&d, model, data, "fp16", NULL);
+}
+
+Test(agentlm_model, answers_public_questions_and_needs_its_distant_context, .timeout = 1200) {
+  char model[512], data[512];
+  ckv_test_daemon d;
+  start_with_model(&d, model, data, sizeof(model));
+  json_t *fp16 = run_dialogue(&d, model, data, "fp16", RECALL_DIALOGUES, NULL);
   json_t *items = json_object_get(fp16, "items");
   for (size_t q = 0; q < sizeof(k_questions) / sizeof(k_questions[0]); q++) {
     const json_t *it = NULL;
@@ -196,7 +196,7 @@ Test(agentlm_model, answers_public_questions_and_needs_its_distant_context, .tim
   /* INT2 past the last 32 tokens (recent_window 32 without sinks), compressed
    * before each next round (--sync) so the run repeats itself. */
   const char *const int2[] = {"--param", "sink_tokens=0", "--param", "recent_window=32", "--sync", NULL};
-  json_t *kivi2 = run_dialogue(&d, model, data, "kivi2", int2);
+  json_t *kivi2 = run_dialogue(&d, model, data, "kivi2", RECALL_DIALOGUES, int2);
   const double r2 = num(kivi2, "recall"), kl = num(kivi2, "kl_mean");
   fprintf(stderr, "test_agentlm_model: first %s public dialogues: fp16 recall %.3f, INT2-past-32 recall %.3f, "
           "KL %.4f\n", RECALL_DIALOGUES, r16, r2, kl);
@@ -214,14 +214,9 @@ Test(agentlm_model, fp16_recall_over_every_public_dialogue, .timeout = 580) {
     cr_skip_test("the whole public file under a sanitizer");
   }
   char model[512], data[512];
-  source_path(model, sizeof(model), "tools/agentlm/agentlm.bin");
-  public_or_skip(data, sizeof(data));
   ckv_test_daemon d;
-  if (ckv_test_daemon_start(&d, k_daemon_args) != 0) {
-    if (d.pid > 0) ckv_test_daemon_stop(&d);
-    cr_assert_fail("commitkvd did not start");
-  }
-  json_t *fp16 = run_dialogue(&d, model, data, "fp16", k_every_dialogue);
+  start_with_model(&d, model, data, sizeof(model));
+  json_t *fp16 = run_dialogue(&d, model, data, "fp16", NULL, NULL);
   const double r16 = num(fp16, "recall");
   fprintf(stderr, "test_agentlm_model: every public dialogue: fp16 recall %.3f (%d/%d)\n", r16,
           (int)num(fp16, "correct"), (int)num(fp16, "questions"));
