@@ -90,6 +90,38 @@ long dialogue_fact_position(const dialogue *d, const dialogue_recall *r) {
   return best;
 }
 
+static bool word_sep(char c) { return c == ' ' || c == '.' || c == ',' || c == '?' || c == '!'; }
+
+/* Whether word w[0..n) of an answer names a fact's value (dialogues.h). */
+static bool value_word(const char *w, size_t n, bool first) {
+  if (n < 2) return false;
+  for (size_t i = 0; i < n; i++)
+    if (w[i] >= '0' && w[i] <= '9') return true;
+  return !first && w[0] >= 'A' && w[0] <= 'Z';
+}
+
+bool dialogue_turn_holds_fact(const dialogue *d, size_t t) {
+  if (t >= d->n_turns) return false;
+  const dialogue_turn *turn = &d->turns[t];
+  for (size_t k = 0; k < d->n_recall; k++) {
+    const char *a = d->recall[k].answer;
+    size_t len = d->recall[k].len;
+    bool first = true;
+    for (size_t i = 0; i < len;) {
+      if (word_sep(a[i])) {
+        i++;
+        continue;
+      }
+      size_t j = i;
+      while (j < len && !word_sep(a[j])) j++;
+      if (value_word(a + i, j - i, first) && last_occurrence(turn->text, turn->len, a + i, j - i)) return true;
+      first = false;
+      i = j;
+    }
+  }
+  return false;
+}
+
 /* ---- loading ------------------------------------------------------------------ */
 
 typedef struct load_ctx {

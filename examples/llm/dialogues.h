@@ -75,6 +75,16 @@ const char *dialogue_fact_kind(const char *answer);
  * it was never stated. */
 long dialogue_fact_position(const dialogue *d, const dialogue_recall *r);
 
+/* Whether turn t holds a value of one of the dialogue's recalled facts: a
+ * word of an answer sentence (split at spaces and . , ? !) of two or more
+ * bytes that has a digit, or starts with a capital and is not the
+ * sentence's first word ("The passenger is Dmitri Silva." -> Dmitri, Silva;
+ * "Your ticket number is FR7907." -> FR7907).  Labels read off the answers,
+ * which no worker knows in advance: commitkv-dialogue --semantic oracle
+ * uses them to measure what bits by value could keep with a perfect
+ * semantic signal, never as a policy's input. */
+bool dialogue_turn_holds_fact(const dialogue *d, size_t t);
+
 /* Distance buckets in bytes, as tools/agentlm/eval.py prints them. */
 #define DIALOGUE_N_BUCKETS 5
 /* Bucket index of a distance (DIALOGUE_N_BUCKETS - 1: unknown, dist < 0). */

@@ -218,6 +218,7 @@ static int step(llm_worker *r, int token, uint8_t role, uint8_t tag) {
   r->tags[pos] = tag;
   r->n_done = pos + 1;
   if (r->sem && (e = embed_token(r, role, tag)) < 0) return e;
+  if (r->sem) r->sem_fixed[pos] = r->fixed_score;
   if (r->sh) {
     if ((e = step_shadow(r, token, pos)) < 0) return e;
     compare(r);
@@ -406,6 +407,8 @@ static int settle(llm_worker *r, int poll_ms, bool final) {
 static int queue_semantic(llm_worker *r) {
   size_t n = ckv_semantic_turns_tokens(r->sem);
   int e = n ? ckv_semantic_turns_scores(r->sem, /* weights= */ NULL, r->sem_scores) : CKV_OK;
+  for (size_t i = 0; e == CKV_OK && i < n; i++)
+    if (!isnan(r->sem_fixed[i])) r->sem_scores[i] = r->sem_fixed[i];
   return e < 0 || !n ? e : ckv_session_set_semantic(r->s, r->sem_pos, r->sem_scores, n);
 }
 
@@ -460,7 +463,7 @@ int llm_worker_parse_semantic(const char *s, llm_worker_options *o) {
 
 int llm_worker_init(llm_worker *r, const llm_worker_options *o, const ckv_model *m, ckv_client *c,
                     llm_worker_stats *res) {
-  *r = (llm_worker){.o = o, .m = m, .mc = ckv_model_config_get(m), .c = c, .res = res};
+  *r = (llm_worker){.o = o, .m = m, .mc = ckv_model_config_get(m), .c = c, .res = res, .fixed_score = NAN};
   const ckv_model_config *mc = r->mc;
   size_t cache = (size_t)mc->n_layers * (size_t)mc->seq_len * (size_t)mc->kv_dim;
   r->geom = (ckv_geometry){.n_layers = (uint32_t)mc->n_layers, .n_kv_heads = (uint32_t)mc->n_kv_heads,
@@ -474,8 +477,12 @@ int llm_worker_init(llm_worker *r, const llm_worker_options *o, const ckv_model 
   if (r->sem) {
     r->sem_scores = malloc((size_t)mc->seq_len * sizeof(float));
     r->sem_pos = malloc((size_t)mc->seq_len * sizeof(uint32_t));
-    if (!r->sem_scores || !r->sem_pos) return -ENOMEM;
-    for (int i = 0; i < mc->seq_len; i++) r->sem_pos[i] = (uint32_t)i;
+    r->sem_fixed = malloc((size_t)mc->seq_len * sizeof(float));
+    if (!r->sem_scores || !r->sem_pos || !r->sem_fixed) return -ENOMEM;
+    for (int i = 0; i < mc->seq_len; i++) {
+      r->sem_pos[i] = (uint32_t)i;
+      r->sem_fixed[i] = NAN;
+    }
   }
   r->logits = malloc((size_t)mc->vocab_size * sizeof(float));
   r->sh_logits = malloc((size_t)mc->vocab_size * sizeof(float));
@@ -519,6 +526,7 @@ void llm_worker_done(llm_worker *r) {
   ckv_semantic_turns_free(r->sem);
   free(r->sem_scores);
   free(r->sem_pos);
+  free(r->sem_fixed);
   *r = (llm_worker){0};
 }
 
@@ -537,6 +545,8 @@ int llm_worker_open(llm_worker *r, const char *id) {
 int llm_worker_token(llm_worker *r, int token, uint8_t role, uint8_t tag) { return step_retry(r, token, role, tag); }
 
 void llm_worker_topic_shift(llm_worker *r) { r->shift_next = true; }
+
+void llm_worker_fix_score(llm_worker *r, float score) { r->fixed_score = score; }
 
 int llm_worker_end_round(llm_worker *r, int round) {
   for (;;) {

@@ -139,6 +139,8 @@ typedef struct llm_worker {
   ckv_semantic_turns *sem;  /* turn embeddings of the stream (NULL with options.semantic_off) */
   float *sem_scores;        /* per position, for the report */
   uint32_t *sem_pos;        /* 0, 1, 2, ...: every position is scored */
+  float *sem_fixed;         /* per position: a score set by llm_worker_fix_score (NaN: none) */
+  float fixed_score;        /* what the next tokens get (NaN: their embedding's) */
   bool shift_next;          /* llm_worker_topic_shift(): the next turn abandons the topic */
   bool topic_has_task;      /* the current topic's user request was seen */
   ckv_geometry geom;        /* what the session is opened with, again after a restart */
@@ -164,6 +166,12 @@ int llm_worker_token(llm_worker *w, int token, uint8_t role, uint8_t tag);
  * topic before it: its turns' semantic scores drop, and the next user turn
  * states the new task. */
 void llm_worker_topic_shift(llm_worker *w);
+
+/* The tokens appended from now on carry semantic score `score` (0..1)
+ * instead of their turn embedding's; NaN: their embedding's again.  For
+ * diagnostics that label turns themselves (commitkv-dialogue --semantic
+ * oracle); without embeddings (options.semantic_off) nothing is sent. */
+void llm_worker_fix_score(llm_worker *w, float score);
 
 /* The end of round `round` (from 1, increasing): the report of its mass
  * (once), with options.sync the wait for its moves, a fresh view; the mass
