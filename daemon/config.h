@@ -90,6 +90,7 @@ typedef struct ckv_policy_params {
   uint32_t judge_every;        /* the rules run every this many rounds */
   double far_sample;           /* share of far tokens judged per round */
   double prune_keep;           /* committed key channels kept (fraction); 1.0 = no pruning */
+  uint32_t filler_recycle_rounds; /* worker-scored empty tokens recycled after commit; 0 = off */
   bool semantic_estimate;      /* estimate a semantic score when the worker sends none */
 } ckv_policy_params;
 

@@ -6,7 +6,7 @@
  *                     [--param key=value ...] [--shadow] [--shadow-fp32]
  *                     [--json] [--limit N] [--bos ID] [--socket EP]
  *                     [--attach-socket PATH] [--prefix ID] [--sync] [--keep]
- *                     [--quiet] [--reconnect-timeout-ms MS] [--semantic embed|none|oracle]
+ *                     [--quiet] [--reconnect-timeout-ms MS] [--semantic embed|none|entities|oracle]
  *
  * A byte-level model (ids 0..255 are bytes; BOS --bos, by default 256 when
  * the vocabulary is 257, else 1).  Each dialogue is one session, each turn
@@ -46,6 +46,9 @@
  * the dialogues' words ("Forget that, ...": dialogue_turn_is_topic_shift)
  * abandons it, which lowers the scores of the turns before it.  --semantic
  * none sends no scores (the daemon estimates them from token rarity).
+ * --semantic entities scores each turn from its text: a turn that names an
+ * entity (a number, date, id or name: dialogue_turn_names_entity) scores
+ * DLG_ORACLE_FACT, every other one DLG_ORACLE_OTHER.
  * --semantic oracle is a diagnostic, not a worker: turns that hold a value
  * of a recalled fact (dialogue_turn_holds_fact, read off the answers) score
  * DLG_ORACLE_FACT, a lasting fact's score, every other turn
@@ -86,7 +89,8 @@ typedef struct opts {
   size_t limit;
   int bos; /* -1: from the vocabulary */
   bool json, quiet;
-  bool oracle; /* --semantic oracle */
+  bool oracle;   /* --semantic oracle */
+  bool entities; /* --semantic entities */
   llm_worker_options w;
   llm_worker_params params; /* --param overrides */
 } opts;
@@ -129,7 +133,7 @@ static void usage(void) {
           "usage: commitkv-dialogue --dialogues FILE.jsonl [--model PATH] [--policy NAME] [--param key=value ...]\n"
           "                         [--shadow] [--shadow-fp32] [--json] [--limit N] [--bos ID] [--socket EP]\n"
           "                         [--attach-socket PATH] [--prefix ID] [--sync] [--keep] [--quiet]\n"
-          "                         [--reconnect-timeout-ms MS] [--semantic embed|none|oracle]\n");
+          "                         [--reconnect-timeout-ms MS] [--semantic embed|none|entities|oracle]\n");
 }
 
 static int parse_args(int argc, char **argv, opts *o) {
@@ -172,7 +176,8 @@ static int parse_args(int argc, char **argv, opts *o) {
         break;
       case 'E':
         o->oracle = !strcmp(optarg, "oracle");
-        bad = llm_worker_parse_semantic(o->oracle ? "embed" : optarg, &o->w);
+        o->entities = !strcmp(optarg, "entities");
+        bad = llm_worker_parse_semantic(o->oracle || o->entities ? "embed" : optarg, &o->w);
         break;
       case 'h': usage(); exit(0);
       default: bad = -1; break;
@@ -259,7 +264,13 @@ static int run_dialogue(const opts *o, const ckv_model *m, ckv_client *c, const 
     const dialogue_recall *r = dialogue_recall_at(d, t);
     what = "round";
     if (dialogue_turn_is_topic_shift(turn)) llm_worker_topic_shift(&w);
-    if (o->oracle) llm_worker_fix_score(&w, dialogue_turn_holds_fact(d, t) ? DLG_ORACLE_FACT : DLG_ORACLE_OTHER);
+    for (size_t k = 0; o->entities && k < t; k++) /* superseded: a later turn says it all again */
+      if (dialogue_turn_names_entity(&d->turns[k]) && dialogue_turn_restates(turn, &d->turns[k]))
+        llm_worker_fix_scores(&w, dialogue_turn_position(d, k), dialogue_turn_position(d, k + 1), DLG_ORACLE_OTHER);
+    if (o->oracle || o->entities)
+      llm_worker_fix_score(&w, (o->oracle ? dialogue_turn_holds_fact(d, t) : dialogue_turn_names_entity(turn))
+                                   ? DLG_ORACLE_FACT
+                                   : DLG_ORACLE_OTHER);
     if (t == 0) e = llm_worker_token(&w, bos, CKV_ROLE_SYSTEM, CKV_TAG_TURN_START);
     if (e == CKV_OK && r) {
       item *it = &items[(*n_items)];
@@ -415,7 +426,7 @@ static int print_json(const opts *o, const char *path, const dialogue_set *ds, i
   json_object_set_new(root, "policy", json_string(policy));
   json_object_set_new(root, "shadow", !sh ? json_null() : json_string(o->w.shadow_fp32 ? "fp32" : "fp16"));
   json_object_set_new(root, "bos", json_integer(bos));
-  json_object_set_new(root, "semantic", json_string(o->oracle ? "oracle" : o->w.semantic_off ? "none" : "embed"));
+  json_object_set_new(root, "semantic", json_string(o->oracle ? "oracle" : o->entities ? "entities" : o->w.semantic_off ? "none" : "embed"));
   json_object_set_new(root, "dialogues", json_integer((json_int_t)n_res));
   json_object_set_new(root, "skipped", json_integer((json_int_t)skipped));
   json_object_set_new(root, "questions", json_integer((json_int_t)s->questions));

@@ -5,7 +5,10 @@
  *             idle_rounds and at least idle_rounds old; never sinks, the
  *             recent window, system-role tokens or lasting facts (committed
  *             by rule (a) below, or carrying a confirmation tag: committed
- *             means valid for the rest of the session);
+ *             means valid for the rest of the session); and, with
+ *             filler_recycle_rounds, a committed token the worker scored
+ *             below semantic_threshold that many rounds after it committed,
+ *             attended or not (filler draws attention: it is the trap);
  *   draft->staged   (a) hot and meaningful: mean attention over R rounds >=
  *             attn_threshold and semantic >= semantic_threshold; or (b) out
  *             of the recent window for a round and not filler (INT8 is
@@ -123,6 +126,10 @@ static int judge_rules(ckv_tokens *t, uint32_t round, const ckv_judge_params *p,
     uint32_t idle = round - t->last_attended[pos], age = round - t->last_transition[pos];
     if (idle >= p->idle_rounds && t->role[pos] != 1 && !ckv_judge_lasting_fact(t, pos, p)) {
       r = change(t, pos, CKV_STATE_RECYCLED, round, out);
+    } else if (st == CKV_STATE_COMMITTED && p->filler_recycle_rounds && age >= p->filler_recycle_rounds &&
+               t->role[pos] != 1 && (t->flags[pos] & CKV_TOKEN_SEM_GIVEN) &&
+               ckv_q16_to_unit(t->semantic[pos]) < p->semantic_threshold) {
+      r = change(t, pos, CKV_STATE_RECYCLED, round, out); /* worker-scored filler: its attention does not count */
     } else if (st == CKV_STATE_COMMITTED) {
       continue;
     } else {

@@ -50,6 +50,7 @@ typedef struct ckv_judge_params {
   uint32_t judge_every;      /* the rules run every this many rounds (attention is recorded every round) */
   float far_sample;          /* share of the tokens older than CKV_JUDGE_NEAR_TOKENS judged per round */
   float prune_keep;          /* committed key channels kept (fraction) */
+  uint32_t filler_recycle_rounds; /* worker-scored empty tokens recycled this many rounds after commit; 0 = off */
   int semantic_estimate_enabled; /* estimate semantic scores when the worker sends none */
   const ckv_mlp *mlp;        /* non-NULL: the mlp judge replaces the rules (commitkv policy) */
 } ckv_judge_params;

@@ -126,6 +126,12 @@ int ckv_policy_from_name(const char *name);
   X(prune_keep, prune_keep, FLOAT, 1, 0.125, 1, 1,                                                \
     "Fraction of key channels kept in committed blocks (ThinK-style pruning); 1.0 = off, as "     \
     "pruning adds error on top of quantization.")                                                 \
+  X(filler_recycle_rounds, filler_recycle_rounds, U32, 0, 0, 1000000, 1,                         \
+    "Rounds after it committed that a token the worker scored semantically empty (below "         \
+    "semantic_threshold; the daemon's own estimates never count) is recycled, whatever attention " \
+    "it draws: filler draws attention and carries nothing. 0 = off (such tokens go idle like any " \
+    "other). On the agent model with entity-scored turns, 2 keeps FP16's recall at 0.20 of its "  \
+    "bytes (docs/formats-v2.md); 1 loses answers.")                                               \
   X(semantic_estimate, semantic_estimate_enabled, BOOL, 1, 0, 1, 0,                               \
     "When the worker sends no semantic score, estimate one from token-id rarity in the "          \
     "session (1 at an id's first occurrence, 1/(1 + k/8) after k earlier ones), so repeated "    \

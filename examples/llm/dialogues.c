@@ -122,6 +122,43 @@ bool dialogue_turn_holds_fact(const dialogue *d, size_t t) {
   return false;
 }
 
+static bool entity_sep(char c) { return word_sep(c) || c == ':' || c == ';'; }
+
+/* Calls fn(word, len, arg) for each entity word of t until fn returns
+ * false; returns whether t has one (and fn never said stop: the count). */
+static size_t entity_words(const dialogue_turn *t, bool (*fn)(const char *, size_t, const void *), const void *arg) {
+  bool sentence_start = true;
+  size_t n = 0;
+  for (size_t i = 0; i < t->len;) {
+    char c = t->text[i];
+    if (entity_sep(c)) {
+      if (c == '.' || c == '?' || c == '!') sentence_start = true;
+      i++;
+      continue;
+    }
+    size_t j = i;
+    while (j < t->len && !entity_sep(t->text[j])) j++;
+    if (value_word(t->text + i, j - i, sentence_start)) {
+      n++;
+      if (fn && !fn(t->text + i, j - i, arg)) return 0;
+    }
+    sentence_start = false;
+    i = j;
+  }
+  return n;
+}
+
+bool dialogue_turn_names_entity(const dialogue_turn *t) { return entity_words(t, NULL, NULL) > 0; }
+
+static bool word_in(const char *w, size_t n, const void *arg) {
+  const dialogue_turn *t = arg;
+  return last_occurrence(t->text, t->len, w, n) != NULL;
+}
+
+bool dialogue_turn_restates(const dialogue_turn *later, const dialogue_turn *old) {
+  return entity_words(old, word_in, later) > 0;
+}
+
 /* ---- loading ------------------------------------------------------------------ */
 
 typedef struct load_ctx {

@@ -85,6 +85,20 @@ long dialogue_fact_position(const dialogue *d, const dialogue_recall *r);
  * semantic signal, never as a policy's input. */
 bool dialogue_turn_holds_fact(const dialogue *d, size_t t);
 
+/* Whether turn t names an entity, as a worker can tell from the text alone:
+ * a word (split at spaces and . , ? ! : ;) of two or more bytes that has a
+ * digit, or starts with a capital without starting a sentence ("Oslo",
+ * "August 23", "FR7907", the "Silva" of "Dmitri Silva.").  The names,
+ * dates and ids that DESIGN.md's committed state is for; commitkv-dialogue
+ * --semantic entities scores such turns as lasting facts. */
+bool dialogue_turn_names_entity(const dialogue_turn *t);
+
+/* Whether every entity word of turn `old` (dialogue_turn_names_entity's
+ * words) appears in turn `later`: the later turn restates what the old one
+ * said ("Dmitri Silva." restated by "Confirmed. ... The passenger is Dmitri
+ * Silva.").  False when `old` names no entity. */
+bool dialogue_turn_restates(const dialogue_turn *later, const dialogue_turn *old);
+
 /* Distance buckets in bytes, as tools/agentlm/eval.py prints them. */
 #define DIALOGUE_N_BUCKETS 5
 /* Bucket index of a distance (DIALOGUE_N_BUCKETS - 1: unknown, dist < 0). */

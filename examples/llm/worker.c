@@ -548,6 +548,10 @@ void llm_worker_topic_shift(llm_worker *r) { r->shift_next = true; }
 
 void llm_worker_fix_score(llm_worker *r, float score) { r->fixed_score = score; }
 
+void llm_worker_fix_scores(llm_worker *r, uint64_t from, uint64_t to, float score) {
+  for (uint64_t p = from; r->sem && p < to && p < r->n_done; p++) r->sem_fixed[p] = score;
+}
+
 int llm_worker_end_round(llm_worker *r, int round) {
   for (;;) {
     long long t0 = reconnect_now_ms();

@@ -173,6 +173,10 @@ void llm_worker_topic_shift(llm_worker *w);
  * oracle); without embeddings (options.semantic_off) nothing is sent. */
 void llm_worker_fix_score(llm_worker *w, float score);
 
+/* Positions [from, to) already appended carry `score` from the next report
+ * on (a later turn superseded them); NaN: their embedding's again. */
+void llm_worker_fix_scores(llm_worker *w, uint64_t from, uint64_t to, float score);
+
 /* The end of round `round` (from 1, increasing): the report of its mass
  * (once), with options.sync the wait for its moves, a fresh view; the mass
  * starts over for the next round. */

@@ -5,7 +5,12 @@
  * the user's name, the tool's result, the confirmation, the answers) hold a
  * fact; the questions, chit-chat and filler do not; the answer's first word
  * ("The", "Your"), one-byte words and values of facts nobody is asked about
- * never count. */
+ * never count.  dialogue_turn_names_entity, the labels of --semantic
+ * entities, from the text alone: every turn that holds a recalled value
+ * names an entity, and so do statements nobody asks about; and
+ * dialogue_turn_restates: the confirmation restates the name, a repeated
+ * answer restates the one before, the name does not restate the
+ * confirmation. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,5 +63,19 @@ Test(dialogues, turns_holding_a_recalled_value_are_labelled_facts) {
     cr_expect_eq(dialogue_turn_holds_fact(d, t), want[t], "turn %zu (%.*s): want %d", t, (int)d->turns[t].len,
                  d->turns[t].text, want[t]);
   cr_expect(!dialogue_turn_holds_fact(d, d->n_turns), "a turn past the end holds nothing");
+  /* entities from the text: the fact turns and the ticket number nobody asks about (13); never the questions,
+   * the chit-chat ("Many" starts a sentence), "got it" or the system prompt ("Answer" starts one) */
+  static const bool entity[14] = {false, true, false, true, true, true, false,
+                                  true,  false, false, false, true, false, true};
+  for (size_t t = 0; t < d->n_turns; t++)
+    cr_expect_eq(dialogue_turn_names_entity(&d->turns[t]), entity[t], "turn %zu (%.*s): want %d", t,
+                 (int)d->turns[t].len, d->turns[t].text, entity[t]);
+  const dialogue_turn *tu = d->turns;
+  cr_expect(dialogue_turn_restates(&tu[5], &tu[3]), "the confirmation restates \"Dmitri Silva.\"");
+  cr_expect(!dialogue_turn_restates(&tu[3], &tu[5]), "the name alone does not restate the confirmation");
+  cr_expect(dialogue_turn_restates(&tu[11], &tu[1]) == false, "the date answer lacks Oslo");
+  cr_expect(dialogue_turn_restates(&tu[13], &tu[5]) == false, "the ticket answer lacks the name");
+  cr_expect(dialogue_turn_restates(&tu[7], &tu[7]), "a turn restates itself");
+  cr_expect(!dialogue_turn_restates(&tu[5], &tu[6]), "a turn with no entity is restated by nothing");
   dialogue_set_free(&set);
 }

@@ -694,3 +694,57 @@ Test(baseline, h2o_keeps_sinks_recent_and_heaviest_within_the_budget) {
   ckv_transition_list_done(&out);
   ckv_tokens_done(&t);
 }
+
+/* ---- filler_recycle_rounds ---- */
+
+/* Tokens the worker scored empty are recycled filler_recycle_rounds after
+ * they committed however much attention they draw; meaningful tokens,
+ * system-role tokens and tokens with no score from the worker stay; off (0)
+ * nothing is recycled. */
+static void filler_recycle_run(uint32_t rounds_after_commit) {
+  ckv_judge_params p = params_for(CKV_POLICY_COMMITKV);
+  p.persistence_rounds = 1;
+  p.attn_threshold = p.high_attn_threshold = 1e6f; /* everything takes the cold path */
+  p.idle_rounds = 1000000;
+  p.sink_tokens = 0;
+  p.recent_window = 0;
+  p.filler_recycle_rounds = rounds_after_commit;
+  enum { EMPTY, FACT, SYSTEM, UNSCORED, KINDS, PER = 8 };
+  ckv_tokens t;
+  ckv_tokens_init(&t);
+  for (int k = 0; k < KINDS; k++)
+    for (int i = 0; i < PER; i++)
+      push(&t, k == SYSTEM ? ROLE_SYSTEM : ROLE_USER, k == EMPTY || k == SYSTEM ? 0.1f : k == FACT ? 0.9f : -1.f, 0);
+  ckv_transition_list out = {0};
+  uint64_t counts[4] = {KINDS * PER, 0, 0, 0};
+  float attn[KINDS * PER];
+  uint32_t committed_at = 0, recycled_at = 0;
+  for (uint32_t round = 1; round <= 12; round++) {
+    for (size_t i = 0; i < t.n; i++) attn[i] = 5.f; /* every token heavily attended, every round */
+    record(&t, round, attn);
+    judge_checked(&t, round, &p, counts, &out);
+    if (!committed_at && t.state[EMPTY * PER] == C) committed_at = round;
+    if (!recycled_at && t.state[EMPTY * PER] == X) recycled_at = round;
+  }
+  cr_assert_gt(committed_at, 0, "the empty tokens never committed");
+  for (int k = 0; k < KINDS; k++)
+    for (int i = 0; i < PER; i++) {
+      uint8_t st = t.state[k * PER + i];
+      if (k == EMPTY && rounds_after_commit)
+        cr_expect_eq(st, X, "empty token %d not recycled", i);
+      else
+        cr_expect_eq(st, C, "kind %d token %d: state %u, want committed", k, i, st);
+    }
+  if (rounds_after_commit)
+    cr_expect_eq(recycled_at, committed_at + rounds_after_commit, "committed at round %u, recycled at %u", committed_at,
+                 recycled_at);
+  ckv_transition_list_done(&out);
+  ckv_tokens_done(&t);
+}
+
+Test(judge, filler_recycle_rounds_recycles_worker_scored_filler_however_attended) {
+  filler_recycle_run(2);
+  filler_recycle_run(1);
+}
+
+Test(judge, filler_recycle_rounds_off_recycles_nothing) { filler_recycle_run(0); }
