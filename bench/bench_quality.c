@@ -91,6 +91,7 @@ typedef struct options {
   bool json, quick, synthetic_only;
   unsigned policy_mask; /* bit p: run policy p; 0: all (commitkv always runs: the others' budgets) */
   const char *plot, *model, *daemon, *llm, *agentlm, *dialogue;
+  const char *semantic; /* --semantic: commitkv-dialogue's, for the agentlm commitkv sessions (NULL: its default) */
   uint32_t rounds; /* 0: the preset's */
   const char *param_names[MAX_PARAMS];
   double param_values[MAX_PARAMS];
@@ -875,7 +876,7 @@ static void run_agentlm(const options *o, const ckv_bench_daemon *d, workload_re
   snprintf(limit_s, sizeof(limit_s), "%u", limit);
   fprintf(stderr, "commitkv-bench: agentlm: %s, %u dialogues of %s per policy\n", model, limit, data);
   for (int p = 0; p < N_POLICIES; p++) {
-    const char *argv[16 + 2 * MAX_PARAMS];
+    const char *argv[24 + 2 * MAX_PARAMS]; /* 13 fixed, a budget, the params, --semantic, 3 flags, NULL */
     char budget_s[48], params[MAX_PARAMS][96];
     int n = 0;
     argv[n++] = bin;
@@ -903,6 +904,10 @@ static void run_agentlm(const options *o, const ckv_bench_daemon *d, workload_re
       snprintf(params[i], sizeof(params[i]), "%s=%.17g", o->param_names[i], o->param_values[i]);
       argv[n++] = "--param";
       argv[n++] = params[i];
+    }
+    if (p == P_COMMITKV && o->semantic) {
+      argv[n++] = "--semantic";
+      argv[n++] = o->semantic;
     }
     argv[n++] = "--shadow";
     argv[n++] = "--json";
@@ -1128,7 +1133,7 @@ static int plot(const char *png, const char *dir, const workload_result *wr, siz
 
 static void usage(FILE *f) {
   fprintf(f, "usage: commitkv-bench quality [--json] [--plot FILE.png] [--quick] [--rounds R] [--model PATH]\n"
-             "                              [--param NAME=VALUE]... [--daemon PATH]\n"
+             "                              [--param NAME=VALUE]... [--daemon PATH] [--semantic M]\n"
              "  --json          one JSON object on stdout instead of the table\n"
              "  --plot FILE     PNG of memory per round and memory vs fidelity (gnuplot)\n"
              "  --quick         CI size: small geometry, same session shape\n"
@@ -1140,7 +1145,9 @@ static void usage(FILE *f) {
              "  --daemon PATH   commitkvd to start (default: beside this binary)\n"
              "  --llm PATH      commitkv-llm to run for stories260K (default: beside this binary)\n"
              "  --agentlm PATH  the agent model (default $CKV_AGENTLM_MODEL, tools/agentlm/agentlm.bin)\n"
-             "  --dialogue PATH commitkv-dialogue to run for agentlm (default: beside this binary)\n");
+             "  --dialogue PATH commitkv-dialogue to run for agentlm (default: beside this binary)\n"
+             "  --semantic M    agentlm's commitkv sessions score turns by M: embed (default), none, entities\n"
+             "                  (the agent profile, README.md) or oracle (the bound, from the answers)\n");
 }
 
 static int parse_options(int argc, char **argv, options *o) {
@@ -1151,7 +1158,7 @@ static int parse_options(int argc, char **argv, options *o) {
                                      {"daemon", required_argument, 0, 'd'}, {"help", no_argument, 0, 'h'},
                                      {"llm", required_argument, 0, 'l'}, {"agentlm", required_argument, 0, 'a'},
                                      {"dialogue", required_argument, 0, 'D'}, {"policies", required_argument, 0, 'L'},
-                                     {"synthetic", no_argument, 0, 'S'},
+                                     {"synthetic", no_argument, 0, 'S'}, {"semantic", required_argument, 0, 'E'},
                                      {0, 0, 0, 0}};
   optind = 1;
   int ch;
@@ -1189,6 +1196,13 @@ static int parse_options(int argc, char **argv, options *o) {
       case 'a': o->agentlm = optarg; break;
       case 'D': o->dialogue = optarg; break;
       case 'S': o->synthetic_only = true; break;
+      case 'E':
+        if (strcmp(optarg, "embed") && strcmp(optarg, "none") && strcmp(optarg, "entities") && strcmp(optarg, "oracle")) {
+          fprintf(stderr, "commitkv-bench quality: --semantic wants embed, none, entities or oracle, not '%s'\n", optarg);
+          return -1;
+        }
+        o->semantic = optarg;
+        break;
       case 'L': {
         char *save = NULL;
         for (char *tok = strtok_r(optarg, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {

@@ -100,7 +100,7 @@ for it in items[:6]:
     print("     commitkv         %s %s" % (mark(it["ok"]), it["said"].rstrip("\n")))
     print("     commitkv profile %s %s" % (mark(p.get("ok")), p.get("said", "").rstrip("\n")))
 print("  %-26s %8s %8s %8s" % ("policy", "bytes", "recall", "KL"))
-print("  %-26s %8.3f %8.3f %8s" % ("fp16", 1.0, j["shadow_recall"] or 0.0, "-"))
+print("  %-26s %8.3f %8.3f %8s" % ("fp16 (the shadow)", 1.0, j["shadow_recall"] or 0.0, "-"))
 for name, r in (("commitkv (defaults)", j), ("commitkv (agent profile)", pj)):
     print("  %-26s %8.3f %8.3f %8.5f" % (name, r["bytes_ratio_fp16"], r["recall"], r["kl_mean"] or 0.0))
 print("verdict: commitkv (agent profile) kept %.3f of FP16's bytes with recall %.3f against FP16's %.3f "
