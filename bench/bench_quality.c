@@ -1147,7 +1147,7 @@ static void usage(FILE *f) {
              "  --agentlm PATH  the agent model (default $CKV_AGENTLM_MODEL, tools/agentlm/agentlm.bin)\n"
              "  --dialogue PATH commitkv-dialogue to run for agentlm (default: beside this binary)\n"
              "  --semantic M    agentlm's commitkv sessions score turns by M: embed (default), none, entities\n"
-             "                  (the agent profile, README.md) or oracle (the bound, from the answers)\n");
+             "                  (the agent profile, README.md) or oracle (labels read off the answers)\n");
 }
 
 static int parse_options(int argc, char **argv, options *o) {

@@ -53,7 +53,7 @@
  * of a recalled fact (dialogue_turn_holds_fact, read off the answers) score
  * DLG_ORACLE_FACT, a lasting fact's score, every other turn
  * DLG_ORACLE_OTHER, below the semantic filter: what bits by value keeps
- * with a perfect semantic signal, the bound for any real one.
+ * when exactly the turns that hold an asked value are known.
  *
  * A dialogue longer than the model's positions is cut after its last
  * answer turn; one whose answers do not fit is skipped (and counted).

@@ -17,8 +17,8 @@
  *    answers at least 0.90 of the questions exactly: issue 12's bound, with
  *    the report per fact kind and per distance;
  *  - bits by value on real K/V: with the fact turns labelled
- *    (commitkv-dialogue --semantic oracle, read off the answers: the bound for
- *    any real semantic signal) lasting facts keep ROT4 and every other token
+ *    (commitkv-dialogue --semantic oracle, read off the answers: exactly the
+ *    turns that hold an asked value) lasting facts keep ROT4 and every other token
  *    past the last round commits to ROT1; recall stays near FP16's at about
  *    0.20 of its bytes, while the same rules without labels (everything
  *    ROT1) lose most answers;
