@@ -177,6 +177,13 @@ static double num(const json_t *o, const char *key) {
   return json_number_value(v);
 }
 
+/* Under a sanitizer (10x slower) the long runs are skipped, and say so. */
+static void skip_under_sanitizer(const char *what) {
+  if (!UNDER_SANITIZER) return;
+  fprintf(stderr, "test_agentlm_model: SKIPPED %s under a sanitizer (10x slower)\n", what);
+  cr_skip_test("%s under a sanitizer", what);
+}
+
 /* The committed model's and the public file's paths (skips without the file), and a commitkvd to run them on. */
 static void start_with_model(ckv_test_daemon *d, char *model, char *data, size_t size) {
   source_path(model, size, "tools/agentlm/agentlm.bin");
@@ -236,10 +243,7 @@ Test(agentlm_model, answers_public_questions_and_needs_its_distant_context, .tim
 }
 
 Test(agentlm_model, fp16_recall_over_every_public_dialogue, .timeout = 580) {
-  if (UNDER_SANITIZER) {
-    fprintf(stderr, "test_agentlm_model: SKIPPED the whole public file under a sanitizer (10x slower)\n");
-    cr_skip_test("the whole public file under a sanitizer");
-  }
+  skip_under_sanitizer("the whole public file");
   char model[512], data[512];
   ckv_test_daemon d;
   start_with_model(&d, model, data, sizeof(model));
@@ -263,10 +267,7 @@ Test(agentlm_model, fp16_recall_over_every_public_dialogue, .timeout = 580) {
 }
 
 Test(agentlm_model, bits_by_value_keep_labelled_facts, .timeout = 900) {
-  if (UNDER_SANITIZER) {
-    fprintf(stderr, "test_agentlm_model: SKIPPED bits by value under a sanitizer (10x slower)\n");
-    cr_skip_test("bits by value under a sanitizer");
-  }
+  skip_under_sanitizer("bits by value");
   char model[512], data[512];
   ckv_test_daemon d;
   start_with_model(&d, model, data, sizeof(model));
@@ -290,10 +291,7 @@ Test(agentlm_model, bits_by_value_keep_labelled_facts, .timeout = 900) {
 }
 
 Test(agentlm_model, agent_profile_keeps_fp16_recall_in_a_fifth_of_the_bytes, .timeout = 580) {
-  if (UNDER_SANITIZER) {
-    fprintf(stderr, "test_agentlm_model: SKIPPED the agent profile over the whole file under a sanitizer\n");
-    cr_skip_test("the agent profile over the whole public file under a sanitizer");
-  }
+  skip_under_sanitizer("the agent profile over the whole public file");
   char model[512], data[512];
   ckv_test_daemon d;
   start_with_model(&d, model, data, sizeof(model));
