@@ -1146,8 +1146,8 @@ static void usage(FILE *f) {
              "  --llm PATH      commitkv-llm to run for stories260K (default: beside this binary)\n"
              "  --agentlm PATH  the agent model (default $CKV_AGENTLM_MODEL, tools/agentlm/agentlm.bin)\n"
              "  --dialogue PATH commitkv-dialogue to run for agentlm (default: beside this binary)\n"
-             "  --semantic M    agentlm's commitkv sessions score turns by M: embed (default), none, entities\n"
-             "                  (the agent profile, README.md) or oracle (labels read off the answers)\n");
+             "  --semantic M    agentlm's commitkv sessions score turns by M: entities (commitkv-dialogue's\n"
+             "                  default), embed, none or oracle (labels read off the answers)\n");
 }
 
 static int parse_options(int argc, char **argv, options *o) {

@@ -91,6 +91,7 @@ typedef struct ckv_policy_params {
   double far_sample;           /* share of far tokens judged per round */
   double prune_keep;           /* committed key channels kept (fraction); 1.0 = no pruning */
   uint32_t filler_recycle_rounds; /* worker-scored empty tokens recycled after commit; 0 = off */
+  uint32_t scored_persistence_rounds; /* staged rounds before worker-scored facts and filler commit */
   bool semantic_estimate;      /* estimate a semantic score when the worker sends none */
 } ckv_policy_params;
 

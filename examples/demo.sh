@@ -74,39 +74,36 @@ PY=/usr/bin/python3
 [ -x "$PY" ] || PY=python3
 if [ -f "$AGENTLM" ] && [ -f "$DIALOGUES" ] && [ -x "$BIN/commitkv-dialogue" ]; then
   echo "== the agent model ($AGENTLM) answers recall questions of 12 public dialogues: commitkv vs FP16"
-  # the defaults, and the agent profile (README.md: turns scored from their text, facts ROT4, the rest ROT1 then
-  # recycled)
-  PROFILE="--semantic entities --sync --param persistence_rounds=1 --param cold_bits=1 --param attn_threshold=1000000
-    --param high_attn_threshold=1000000 --param idle_rounds=1000000 --param filler_recycle_rounds=2"
-  # shellcheck disable=SC2086
+  # commitkv with the shipped defaults (the worker scores turns from their text, --semantic entities), and the
+  # kivi2 baseline (every token past the last 32 in INT2) on the same dialogues
   if "$BIN/commitkv-dialogue" --socket "$SOCK" --attach-socket "$ATTACH" --model "$AGENTLM" --dialogues "$DIALOGUES" \
-    --limit 12 --policy commitkv --shadow --json --quiet >"$DIR/dialogue.json" 2>"$DIR/dialogue.err" &&
+    --limit 12 --policy commitkv --sync --shadow --json --quiet >"$DIR/dialogue.json" 2>"$DIR/dialogue.err" &&
     "$BIN/commitkv-dialogue" --socket "$SOCK" --attach-socket "$ATTACH" --model "$AGENTLM" --dialogues "$DIALOGUES" \
-      --limit 12 --policy commitkv --prefix profile --shadow --json --quiet $PROFILE >"$DIR/profile.json" \
-      2>>"$DIR/dialogue.err"; then
-    "$PY" - "$DIR/dialogue.json" "$DIR/profile.json" <<'PYEOF'
+      --limit 12 --policy kivi2 --prefix kivi2 --param sink_tokens=0 --param recent_window=32 --sync --shadow --json \
+      --quiet >"$DIR/kivi2.json" 2>>"$DIR/dialogue.err"; then
+    "$PY" - "$DIR/dialogue.json" "$DIR/kivi2.json" <<'PYEOF'
 import json, sys
-j, pj = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
-prof = {(it["id"], it["turn"]): it for it in pj["items"]}
+j, kj = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+kivi = {(it["id"], it["turn"]): it for it in kj["items"]}
 items = j["items"]
 # a few questions, the hardest first: those FP16 and commitkv answer differently, then far ones
 items.sort(key=lambda it: (it.get("shadow_ok") == it["ok"], -it["distance"]))
 mark = lambda ok: "ok  " if ok else "MISS"
 for it in items[:6]:
-    p = prof.get((it["id"], it["turn"]), {})
+    k = kivi.get((it["id"], it["turn"]), {})
     print("  Q: %s   (%s, %d bytes back)" % (it["question"], it["kind"], it["distance"]))
-    print("     expected:        %s" % it["expected"])
-    print("     fp16             %s %s" % (mark(it.get("shadow_ok")), it.get("shadow_said", "").rstrip("\n")))
-    print("     commitkv         %s %s" % (mark(it["ok"]), it["said"].rstrip("\n")))
-    print("     commitkv profile %s %s" % (mark(p.get("ok")), p.get("said", "").rstrip("\n")))
+    print("     expected: %s" % it["expected"])
+    print("     fp16      %s %s" % (mark(it.get("shadow_ok")), it.get("shadow_said", "").rstrip("\n")))
+    print("     commitkv  %s %s" % (mark(it["ok"]), it["said"].rstrip("\n")))
+    print("     kivi2     %s %s" % (mark(k.get("ok")), k.get("said", "").rstrip("\n")))
 print("  %-26s %8s %8s %8s" % ("policy", "bytes", "recall", "KL"))
 print("  %-26s %8.3f %8.3f %8s" % ("fp16 (the shadow)", 1.0, j["shadow_recall"] or 0.0, "-"))
-for name, r in (("commitkv (defaults)", j), ("commitkv (agent profile)", pj)):
+for name, r in (("commitkv (defaults)", j), ("kivi2 (past the last 32)", kj)):
     print("  %-26s %8.3f %8.3f %8.5f" % (name, r["bytes_ratio_fp16"], r["recall"], r["kl_mean"] or 0.0))
-print("verdict: commitkv (agent profile) kept %.3f of FP16's bytes with recall %.3f against FP16's %.3f "
-      "(%d questions), KL %.5f; the defaults %.3f with recall %.3f"
-      % (pj["bytes_ratio_fp16"], pj["recall"], pj["shadow_recall"] or 0.0, pj["questions"], pj["kl_mean"] or 0.0,
-         j["bytes_ratio_fp16"], j["recall"]))
+print("verdict: commitkv (defaults) kept %.3f of FP16's bytes with recall %.3f against FP16's %.3f "
+      "(%d questions), KL %.5f; kivi2 %.3f with recall %.3f"
+      % (j["bytes_ratio_fp16"], j["recall"], j["shadow_recall"] or 0.0, j["questions"], j["kl_mean"] or 0.0,
+         kj["bytes_ratio_fp16"], kj["recall"]))
 PYEOF
   else
     echo "   (commitkv-dialogue failed:)"; tail -3 "$DIR/dialogue.err"

@@ -41,6 +41,12 @@
  *                [--param key=value ...] [--shadow] [--shadow-fp32] [--json]
  *                [--prefix ID] [--quiet] [--keep] [--sync]
  *                [--semantic embed|none]
+ *   commitkv-llm --dialogues FILE.jsonl [commitkv-dialogue's options]
+ *
+ * With --dialogues it is commitkv-dialogue (examples/llm/dialogue_run.c):
+ * the agent model's dialogues as multi-turn sessions, each round one user
+ * turn and the model's own answer, recall by exact match of its greedy
+ * answers, KL and top-1 against the FP16 shadow, bytes per round.
  *
  * Semantic scores (--semantic embed, the default): each turn is embedded
  * from the model's own final hidden states and every token scored by
@@ -82,6 +88,7 @@
 
 #include "commitkv/commitkv.h"
 #include "examples/common/reconnect.h"
+#include "examples/llm/dialogue_run.h"
 #include "examples/llm/model.h"
 #include "examples/llm/worker.h"
 
@@ -118,7 +125,16 @@ static void usage(void) {
           "                    [--rounds R] [--user-tokens U] [--assistant-tokens A] [--seed S]\n"
           "                    [--policy NAME] [--param key=value ...] [--shadow] [--shadow-fp32]\n"
           "                    [--json] [--prefix ID] [--quiet] [--keep] [--sync]\n"
-          "                    [--reconnect-timeout-ms MS] [--semantic embed|none]\n");
+          "                    [--reconnect-timeout-ms MS] [--semantic embed|none]\n"
+          "       commitkv-llm --dialogues FILE.jsonl [commitkv-dialogue's options]\n"
+          "                    (the agent dialogues, recall by exact match: commitkv-dialogue --help)\n");
+}
+
+/* --dialogues (or --dialogues=F) anywhere on the line: the dialogue run. */
+static int wants_dialogues(int argc, char **argv) {
+  for (int i = 1; i < argc; i++)
+    if (!strcmp(argv[i], "--dialogues") || !strncmp(argv[i], "--dialogues=", 12)) return 1;
+  return 0;
 }
 
 static int parse_int(const char *s, int lo, int hi, int *ret) {
@@ -343,6 +359,7 @@ int main(int argc, char **argv) {
   snprintf(default_prefix, sizeof(default_prefix), "llm-%ld", (long)getpid());
   opts o = {.prefix = default_prefix, .sessions = 2, .rounds = 20, .user_tokens = 16, .assistant_tokens = 16,
             .seed = 1, .w = {.prog = "commitkv-llm", .reconnect_ms = RECONNECT_DEFAULT_GIVE_UP_MS}};
+  if (wants_dialogues(argc, argv)) return ckv_dialogue_main(argc, argv);
   if (parse_args(argc, argv, &o) < 0) return 2;
   o.w.param_names = o.params.names;
   o.w.param_values = o.params.values;

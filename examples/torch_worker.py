@@ -5,7 +5,7 @@
         [--model PATH] [--policy NAME] [--param key=value ...] [--limit N] [--bos ID]
         [--socket EP] [--attach-socket PATH] [--prefix ID] [--keep] [--sync] [--json] [--quiet]
 
-The Python twin of commitkv-dialogue (examples/dialogue.c over
+The Python twin of commitkv-dialogue (examples/llm/dialogue_run.c over
 examples/llm/worker.c), through the `commitkv` module: a llama2.c legacy
 checkpoint (the format of ../shared/models/README.md) run token by token in
 PyTorch (FP32, CPU), the forward pass of examples/llm/model.c (RMSNorm eps

@@ -20,7 +20,11 @@
  *   staged->committed   (a) a lasting fact: attention >= high_attn_threshold
  *             in each of the last persistence_rounds rounds and semantic >=
  *             semantic_threshold; or (b) gone cold: mean attention below
- *             attn_threshold for persistence_rounds since it was staged.
+ *             attn_threshold for persistence_rounds since it was staged;
+ *             or (c) the worker scored it a lasting fact or filler
+ *             (worker_decided): it commits scored_persistence_rounds after
+ *             it was staged, whatever its attention (a fact in the facts'
+ *             format, filler in the cold or warm one, then recycled).
  * Rule (b) of both steps answers "what becomes of a draft token past the
  * window that is neither promoted nor idle": it is compressed step by step,
  * while tokens that keep drawing attention stay in INT8, where quantization
@@ -114,6 +118,14 @@ static size_t far_stride(const ckv_judge_params *p) {
   return (size_t)(s + 0.5f);
 }
 
+/* The worker scored the token (never the daemon's estimate) as a lasting
+ * fact (>= CKV_FACT_SEMANTIC) or as filler (below semantic_threshold). */
+static int worker_decided(const ckv_tokens *t, size_t pos, const ckv_judge_params *p) {
+  if (!(t->flags[pos] & CKV_TOKEN_SEM_GIVEN)) return 0;
+  float sem = ckv_q16_to_unit(t->semantic[pos]);
+  return sem >= CKV_FACT_SEMANTIC || sem < p->semantic_threshold;
+}
+
 static int judge_rules(ckv_tokens *t, uint32_t round, const ckv_judge_params *p, size_t end,
                        ckv_transition_list *out) {
   const uint32_t R = p->history_rounds;
@@ -138,10 +150,12 @@ static int judge_rules(ckv_tokens *t, uint32_t round, const ckv_judge_params *p,
       /* filler: semantically empty yet drawing attention in any recent round
        * (the mean of a young token is diluted by rounds before it existed) */
       int filler = !meaningful && ckv_tokens_attn_max(t, pos, round, R) >= p->attn_threshold;
+      /* the worker's own score says fact or filler: no need to wait for attention to confirm it */
+      int scored = p->scored_persistence_rounds && worker_decided(t, pos, p);
       if (st == CKV_STATE_DRAFT) {
         if ((mean >= p->attn_threshold && meaningful) || ((!filler || p->filler_cold) && age >= 1))
           r = change(t, pos, CKV_STATE_STAGED, round, out);
-      } else if (age >= p->persistence_rounds) {
+      } else if (age >= (scored ? p->scored_persistence_rounds : p->persistence_rounds)) {
         float sustained = ckv_tokens_attn_min(t, pos, round, p->persistence_rounds);
         int fact = sustained >= p->high_attn_threshold && meaningful;
         int warm = !fact && meaningful && mean >= p->attn_threshold && p->warm_commit;
@@ -149,7 +163,7 @@ static int judge_rules(ckv_tokens *t, uint32_t round, const ckv_judge_params *p,
          * cold ones: in ROT2 instead of ROT1, agent-synthetic's cosine went
          * 0.99089 -> 0.99325 for 0.187 -> 0.192 of FP16 */
         int hot_filler = filler && p->filler_cold && mean >= p->attn_threshold;
-        if (fact || warm || mean < p->attn_threshold || (filler && p->filler_cold)) {
+        if (scored || fact || warm || mean < p->attn_threshold || (filler && p->filler_cold)) {
           r = change(t, pos, CKV_STATE_COMMITTED, round, out);
           if (fact) t->flags[pos] |= CKV_TOKEN_FACT;
           if (warm || hot_filler) t->flags[pos] |= CKV_TOKEN_WARM;

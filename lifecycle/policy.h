@@ -126,12 +126,18 @@ int ckv_policy_from_name(const char *name);
   X(prune_keep, prune_keep, FLOAT, 1, 0.125, 1, 1,                                                \
     "Fraction of key channels kept in committed blocks (ThinK-style pruning); 1.0 = off, as "     \
     "pruning adds error on top of quantization.")                                                 \
-  X(filler_recycle_rounds, filler_recycle_rounds, U32, 0, 0, 1000000, 1,                         \
+  X(filler_recycle_rounds, filler_recycle_rounds, U32, 2, 0, 1000000, 1,                         \
     "Rounds after it committed that a token the worker scored semantically empty (below "         \
     "semantic_threshold; the daemon's own estimates never count) is recycled, whatever attention " \
     "it draws: filler draws attention and carries nothing. 0 = off (such tokens go idle like any " \
-    "other). On the agent model with entity-scored turns, 2 keeps FP16's recall at 0.20 of its "  \
-    "bytes (docs/formats-v2.md); 1 loses answers.")                                               \
+    "other). 2: on the agent model with entity-scored turns FP16's recall at 0.19 of its bytes "  \
+    "(docs/formats-v2.md), 1 loses answers; agent-synthetic keeps cosine 0.993.")                 \
+  X(scored_persistence_rounds, scored_persistence_rounds, U32, 0, 0, 100000, 1,                  \
+    "Rounds staged before a token commits when the worker's own score says what it is: a "        \
+    "lasting fact (>= 0.8) or filler (below semantic_threshold), whatever attention it draws; "   \
+    "0 = persistence_rounds like any other. For workers whose scores label whole turns (the "     \
+    "agent dialogue worker sends 1: FP16's recall at 0.19 of its bytes); off by default, since "  \
+    "agent-synthetic's token-level filler draws real attention (1: cosine 0.957, not 0.993).")   \
   X(semantic_estimate, semantic_estimate_enabled, BOOL, 1, 0, 1, 0,                               \
     "When the worker sends no semantic score, estimate one from token-id rarity in the "          \
     "session (1 at an id's first occurrence, 1/(1 + k/8) after k earlier ones), so repeated "    \

@@ -20,9 +20,12 @@
  *  - the bytes against FP16 are those of an uncompressed cache;
  *  - under kivi2 (with --sync, so it is repeatable; two of the dialogues)
  *    the KL is well above 0 and the cache smaller than FP16;
- *  - semantic scores come from the model's embeddings: by default every
- *    token the fp16 run appended got a score from the worker (the daemon's
- *    semantic_given_tokens counts them), with --semantic none not one.
+ *  - semantic scores come from the worker: by default (--semantic entities,
+ *    turns scored from their text) every token the fp16 run appended got a
+ *    score (the daemon's semantic_given_tokens counts them), with
+ *    --semantic none not one.
+ *  - commitkv-llm --dialogues runs the same dialogues to the same answers
+ *    and bytes (kivi2, --sync);
  * A malformed dialogue file is refused with the line named, exit 2. */
 #include <criterion/criterion.h>
 #include <jansson.h>
@@ -336,6 +339,19 @@ Test(dialogue, fp16_is_the_plain_forward_pass_and_kivi2_is_not, .timeout = 900) 
   /* Measured 0.126 here (0.16-0.18 on public dialogues): INT2 keys and values move this model. */
   cr_expect_gt(kl2, 1e-2, "kivi2 should move the distribution away from FP16, KL %g", kl2);
   cr_expect_lt(ratio2, 0.6, "kivi2 should hold fewer bytes than FP16: %g", ratio2);
+  /* commitkv-llm --dialogues is the same run: the same answers, byte for byte, and the same bytes */
+  const char *llm_argv[] = {"commitkv-llm", "--socket", d.socket, "--attach-socket", d.attach, "--model", model,
+                            "--dialogues", data, "--limit", "2", "--policy", "kivi2", "--prefix", "llm-kivi2",
+                            "--shadow", "--json", "--quiet", "--sync", NULL};
+  json_t *via_llm = ckv_test_dialogue_report(&d, llm_argv, "llm-kivi2", DLG_TIMEOUT_MS);
+  const json_t *li = json_object_get(via_llm, "items"), *ki = json_object_get(kivi2, "items");
+  cr_expect_eq(json_array_size(li), json_array_size(ki), "commitkv-llm --dialogues asked other questions");
+  for (size_t i = 0; i < json_array_size(li) && i < json_array_size(ki); i++)
+    cr_expect_str_eq(json_string_value(json_object_get(json_array_get(li, i), "said_hex")),
+                     json_string_value(json_object_get(json_array_get(ki, i), "said_hex")),
+                     "item %zu: commitkv-llm --dialogues answered otherwise", i);
+  cr_expect_eq(num(via_llm, "bytes_total"), num(kivi2, "bytes_total"), "commitkv-llm --dialogues kept other bytes");
+  json_decref(via_llm);
   cr_expect_eq(ckv_test_stat(&d, "errors"), 0, "the daemon refused a request");
   json_decref(fp16);
   json_decref(kivi2);

@@ -748,3 +748,57 @@ Test(judge, filler_recycle_rounds_recycles_worker_scored_filler_however_attended
 }
 
 Test(judge, filler_recycle_rounds_off_recycles_nothing) { filler_recycle_run(0); }
+
+/* ---- scored_persistence_rounds ---- */
+
+/* Every token heavily attended every round, shipped thresholds (persistence_rounds 4): a token the
+ * worker scored a fact (0.9) or filler (0.1) commits `spr` rounds after it was staged (0: after
+ * persistence_rounds like the rest); tokens scored in between (0.5) and unscored ones always wait
+ * persistence_rounds.  The fact commits as a lasting fact (the facts' format). */
+static void scored_persistence_run(uint32_t spr) {
+  ckv_judge_params p = params_for(CKV_POLICY_COMMITKV);
+  cr_assert_eq(p.persistence_rounds, 4, "the shipped persistence_rounds changed: re-derive this test");
+  p.sink_tokens = 0;
+  p.recent_window = 0;
+  p.idle_rounds = 1000000;
+  p.filler_recycle_rounds = 0; /* watch the commit, not the recycling after it */
+  p.scored_persistence_rounds = spr;
+  enum { FACT, EMPTY, MIDDLE, UNSCORED, KINDS, PER = 8 };
+  static const float sem[KINDS] = {0.9f, 0.1f, 0.5f, -1.f};
+  ckv_tokens t;
+  ckv_tokens_init(&t);
+  for (int k = 0; k < KINDS; k++)
+    for (int i = 0; i < PER; i++) push(&t, ROLE_USER, sem[k], 0);
+  ckv_transition_list out = {0};
+  uint64_t counts[4] = {KINDS * PER, 0, 0, 0};
+  float attn[KINDS * PER];
+  uint32_t staged_at[KINDS] = {0}, committed_at[KINDS] = {0};
+  for (uint32_t round = 1; round <= 12; round++) {
+    for (size_t i = 0; i < t.n; i++) attn[i] = 5.f;
+    record(&t, round, attn);
+    judge_checked(&t, round, &p, counts, &out);
+    for (int k = 0; k < KINDS; k++) {
+      uint8_t st = t.state[k * PER];
+      for (int i = 1; i < PER; i++) cr_assert_eq(t.state[k * PER + i], st, "kind %d: tokens of one kind disagree", k);
+      if (!staged_at[k] && st == S) staged_at[k] = round;
+      if (!committed_at[k] && st == C) committed_at[k] = round, staged_at[k] = staged_at[k] ? staged_at[k] : round;
+    }
+  }
+  for (int k = 0; k < KINDS; k++) {
+    uint32_t want = spr && (k == FACT || k == EMPTY) ? spr : p.persistence_rounds;
+    cr_assert_gt(committed_at[k], 0, "kind %d never committed (spr %u)", k, spr);
+    cr_expect_eq(committed_at[k] - staged_at[k], want, "kind %d: staged at round %u, committed at %u; want %u later",
+                 k, staged_at[k], committed_at[k], want);
+  }
+  cr_expect(ckv_judge_lasting_fact(&t, FACT * PER, &p), "the worker's fact is not a lasting fact");
+  cr_expect(!ckv_judge_lasting_fact(&t, EMPTY * PER, &p), "the worker's filler is a lasting fact");
+  ckv_transition_list_done(&out);
+  ckv_tokens_done(&t);
+}
+
+Test(judge, scored_persistence_rounds_commits_the_workers_facts_and_filler_early) {
+  scored_persistence_run(1);
+  scored_persistence_run(2);
+}
+
+Test(judge, scored_persistence_rounds_off_waits_persistence_rounds) { scored_persistence_run(0); }

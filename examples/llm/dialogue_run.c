@@ -1,0 +1,656 @@
+/* dialogue_run.c - commitkv-dialogue (and commitkv-llm --dialogues): agent
+ * dialogues (tools/agentlm's schema) through a real model whose KV cache
+ * lives in commitkvd; recall by exact match of the model's greedy answers.
+ *
+ *   commitkv-dialogue --dialogues FILE.jsonl [--model PATH] [--policy NAME]
+ *                     [--param key=value ...] [--shadow] [--shadow-fp32]
+ *                     [--json] [--limit N] [--bos ID] [--socket EP]
+ *                     [--attach-socket PATH] [--prefix ID] [--sync] [--keep]
+ *                     [--quiet] [--reconnect-timeout-ms MS] [--semantic entities|embed|none|oracle]
+ *
+ * A byte-level model (ids 0..255 are bytes; BOS --bos, by default 256 when
+ * the vocabulary is 257, else 1).  Each dialogue is one session, each turn
+ * one round: BOS (round 1, role system), then the bytes of "R: text\n" with
+ * the turn's role (S system, U user, A assistant, T tool; the first byte
+ * tagged turn start, as commitkv-llm tags its turns), one token at a time
+ * through examples/llm/worker.c (K/V into the daemon's draft slots, fused
+ * attention over the session's view), then the round's attention mass
+ * reported and the view acknowledged.  At an answer turn listed in
+ * "recall", "A: " is fed, then the model decodes greedily (argmax of the
+ * commitkv path's logits) until a newline or 200 bytes, aside (the decoded
+ * bytes never enter the session: llm_worker_decode_aside), and the answer is
+ * right when it equals answer + "\n" byte for byte.  The dialogue then goes
+ * on with the reference text of that turn, so later turns see the true
+ * context.
+ *
+ * With --shadow every token also runs through the FP16 shadow (worker.h):
+ * KL(p_shadow || p_commitkv) and top-1 agreement at every appended token,
+ * and at each answer turn the shadow decodes too (from its own logits over
+ * its own cache), which gives the FP16 baseline's recall on the same run
+ * ("shadow_recall").  The policy's recall always comes from its own greedy
+ * answers: a policy that loses the fact gets the question wrong even where
+ * the shadow answers it.
+ *
+ * Reported per policy run: recall overall, per fact kind (from the answer
+ * sentence, examples/llm/dialogues.c) and per distance in bytes (from where
+ * the fact was stated to the answer, the buckets of tools/agentlm/eval.py);
+ * KL and top-1 against the shadow; the session's bytes against FP16 K/V of
+ * the tokens appended (ListSessions, as commitkv-llm reads them) after every
+ * round and at the end (after the pending transitions settled).  A table for
+ * people, --json for machines (one object; "params" the session overrides
+ * sent; "said_hex" holds each answer's bytes exactly, "said" the same bytes
+ * read as Latin-1).
+ *
+ * Semantic scores (--semantic entities is the default, below): with
+ * --semantic embed (worker.h) each turn is embedded from the model's final
+ * hidden states; system turns and the first
+ * user turn of a topic state the task; a user turn that shifts the topic in
+ * the dialogues' words ("Forget that, ...": dialogue_turn_is_topic_shift)
+ * abandons it, which lowers the scores of the turns before it.  --semantic
+ * none sends no scores (the daemon estimates them from token rarity).
+ * --semantic entities scores each turn from its text: a turn that names an
+ * entity (a number, date, id or name: dialogue_turn_names_entity) scores
+ * DLG_ORACLE_FACT, every other one DLG_ORACLE_OTHER; a turn whose entities a
+ * later turn all restates drops to DLG_ORACLE_OTHER.  With turn labels
+ * (entities, oracle) a commitkv session is opened with
+ * scored_persistence_rounds = DLG_TURN_LABEL_ROUNDS.
+ * --semantic oracle is a diagnostic, not a worker: turns that hold a value
+ * of a recalled fact (dialogue_turn_holds_fact, read off the answers) score
+ * DLG_ORACLE_FACT, a lasting fact's score, every other turn
+ * DLG_ORACLE_OTHER, below the semantic filter: what bits by value keeps
+ * when exactly the turns that hold an asked value are known.
+ *
+ * A dialogue longer than the model's positions is cut after its last
+ * answer turn; one whose answers do not fit is skipped (and counted).
+ * Exit 0 on success, 1 on a runtime failure, 2 on bad arguments or a
+ * malformed dialogue file. */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "commitkv/commitkv.h"
+#include "examples/common/reconnect.h"
+#include "examples/llm/dialogue_run.h"
+#include "examples/llm/dialogues.h"
+#include "examples/llm/model.h"
+#include "examples/llm/worker.h"
+
+#define DLG_MAX_ANSWER 200 /* bytes decoded at most per answer */
+#define DLG_BOS_BYTE_MODEL 256
+#define DLG_BOS_DEFAULT 1
+#define DLG_FALLBACK_MODEL "../shared/models/" CKV_MODEL_DEFAULT_FILE
+#define DLG_ORACLE_FACT 0.9f  /* --semantic oracle: >= CKV_FACT_SEMANTIC, a lasting fact */
+#define DLG_ORACLE_OTHER 0.1f /* below the semantic filter (semantic_threshold 0.3) */
+/* Turn labels (entities, oracle) mark whole turns fact or filler: the worker
+ * asks the daemon to act on its word a round after staging instead of waiting
+ * persistence_rounds for attention to agree (lifecycle/policy.h,
+ * scored_persistence_rounds; --param scored_persistence_rounds=0 turns it off). */
+#define DLG_TURN_LABEL_ROUNDS 1.0
+
+typedef struct opts {
+  const char *socket, *attach, *model, *data, *prefix;
+  size_t limit;
+  int bos; /* -1: from the vocabulary */
+  bool json, quiet;
+  bool oracle;   /* --semantic oracle */
+  bool entities; /* --semantic entities */
+  llm_worker_options w;
+  llm_worker_params params; /* --param overrides */
+} opts;
+
+/* One recall question, as answered. */
+typedef struct item {
+  size_t dialogue;
+  const dialogue_recall *r;
+  const char *kind;
+  long distance;
+  bool ok, shadow_ok;
+  uint8_t said[DLG_MAX_ANSWER], shadow_said[DLG_MAX_ANSWER];
+  int n_said, n_shadow_said;
+  char why, shadow_why; /* llm_worker_decode_aside's */
+} item;
+
+/* One dialogue's session. */
+typedef struct dlg_result {
+  llm_worker_stats st;
+  size_t dialogue;
+  size_t turns_run;
+  uint64_t *bytes_by_round, *tokens_by_round; /* after each round's report */
+  size_t rounds;
+} dlg_result;
+
+static int g_quiet;
+
+static void note(const char *fmt, ...) {
+  if (g_quiet) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+}
+
+/* ---- arguments ------------------------------------------------------------ */
+
+static void usage(void) {
+  fprintf(stderr,
+          "usage: commitkv-dialogue --dialogues FILE.jsonl [--model PATH] [--policy NAME] [--param key=value ...]\n"
+          "                         [--shadow] [--shadow-fp32] [--json] [--limit N] [--bos ID] [--socket EP]\n"
+          "                         [--attach-socket PATH] [--prefix ID] [--sync] [--keep] [--quiet]\n"
+          "                         [--reconnect-timeout-ms MS] [--semantic entities|embed|none|oracle]\n");
+}
+
+static int parse_args(int argc, char **argv, opts *o) {
+  static const struct option lo[] = {
+      {"dialogues", required_argument, 0, 'd'}, {"model", required_argument, 0, 'm'},
+      {"policy", required_argument, 0, 'P'},    {"param", required_argument, 0, 'K'},
+      {"shadow", no_argument, 0, 'w'},          {"shadow-fp32", no_argument, 0, 'W'},
+      {"json", no_argument, 0, 'j'},            {"limit", required_argument, 0, 'l'},
+      {"bos", required_argument, 0, 'b'},       {"socket", required_argument, 0, 's'},
+      {"attach-socket", required_argument, 0, 'a'}, {"prefix", required_argument, 0, 'p'},
+      {"sync", no_argument, 0, 'y'},            {"keep", no_argument, 0, 'k'},
+      {"quiet", no_argument, 0, 'q'},           {"help", no_argument, 0, 'h'},
+      {"reconnect-timeout-ms", required_argument, 0, 'R'}, {"semantic", required_argument, 0, 'E'},
+      {0, 0, 0, 0}};
+  int ch, bad = 0;
+  long v = 0;
+  while (!bad && (ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+    switch (ch) {
+      case 'd': o->data = optarg; break;
+      case 'm': o->model = optarg; break;
+      case 'P': o->w.policy = optarg; break;
+      case 'K': bad = llm_worker_params_add(&o->params, optarg); break;
+      case 'w': o->w.shadow = true; break;
+      case 'W': o->w.shadow = o->w.shadow_fp32 = true; break;
+      case 'j': o->json = true; break;
+      case 'l':
+        if (!(bad = llm_worker_parse_long(optarg, 1, 1L << 30, &v))) o->limit = (size_t)v;
+        break;
+      case 'b':
+        if (!(bad = llm_worker_parse_long(optarg, 0, 1L << 30, &v))) o->bos = (int)v;
+        break;
+      case 's': o->socket = optarg; break;
+      case 'a': o->attach = optarg; break;
+      case 'p': o->prefix = optarg; break;
+      case 'y': o->w.sync = true; break;
+      case 'k': o->w.keep = true; break;
+      case 'q': o->quiet = true; break;
+      case 'R':
+        if (!(bad = llm_worker_parse_long(optarg, 0, 24L * 3600 * 1000, &v))) o->w.reconnect_ms = (int)v;
+        break;
+      case 'E':
+        o->oracle = !strcmp(optarg, "oracle");
+        o->entities = !strcmp(optarg, "entities");
+        bad = llm_worker_parse_semantic(o->oracle || o->entities ? "embed" : optarg, &o->w);
+        break;
+      case 'h': usage(); exit(0);
+      default: bad = -1; break;
+    }
+    if (bad) fprintf(stderr, "commitkv-dialogue: bad value for an option\n");
+  }
+  if (!bad && !o->data) {
+    fprintf(stderr, "commitkv-dialogue: --dialogues FILE.jsonl is required\n");
+    bad = -1;
+  }
+  if (bad || optind != argc) {
+    usage();
+    return -1;
+  }
+  return 0;
+}
+
+/* ---- one dialogue ------------------------------------------------------------ */
+
+static uint8_t role_of(char r) {
+  switch (r) {
+    case 'S': return CKV_ROLE_SYSTEM;
+    case 'U': return CKV_ROLE_USER;
+    case 'A': return CKV_ROLE_ASSISTANT;
+    default: return CKV_ROLE_TOOL;
+  }
+}
+
+/* Turns of d that are run: all when they fit in seq_len positions, else up
+ * to its last answer turn; 0 when even that does not fit. */
+static size_t turns_that_fit(const dialogue *d, int seq_len) {
+  size_t last = 0;
+  for (size_t i = 0; i < d->n_recall; i++)
+    if (d->recall[i].turn + 1 > last) last = d->recall[i].turn + 1;
+  if (dialogue_turn_position(d, d->n_turns) <= (size_t)seq_len) return d->n_turns;
+  if (last && dialogue_turn_position(d, last) <= (size_t)seq_len) return last;
+  return 0;
+}
+
+/* Bytes [from, to) of turn t's rendering "R: text\n", one token each. */
+static int feed(llm_worker *w, const dialogue_turn *t, size_t from, size_t to) {
+  uint8_t role = role_of(t->role);
+  for (size_t i = from; i < to; i++) {
+    int byte = i == 0 ? t->role : i == 1 ? ':' : i == 2 ? ' ' : i < 3 + t->len ? (uint8_t)t->text[i - 3] : '\n';
+    int e = llm_worker_token(w, byte, role, i == 0 ? CKV_TAG_TURN_START : 0);
+    if (e < 0) return e;
+  }
+  return CKV_OK;
+}
+
+/* The greedy answer of one path, and whether it is answer + "\n" exactly. */
+static int answer(llm_worker *w, bool shadow, int bos, const dialogue_recall *r, uint8_t *said, int *n_said, char *why,
+                  bool *ok) {
+  int toks[DLG_MAX_ANSWER], n = 0;
+  int e = llm_worker_decode_aside(w, shadow, DLG_MAX_ANSWER, '\n', bos, toks, &n, why);
+  if (e < 0) return e;
+  bool match = (size_t)n == r->len + 1 && toks[n - 1] == '\n';
+  for (int i = 0; i < n; i++) {
+    said[i] = (uint8_t)(toks[i] & 0xff); /* ids above 255 other than BOS: not bytes, and never right */
+    if (toks[i] > 255 || (match && i < n - 1 && toks[i] != (uint8_t)r->answer[i])) match = false; /* match: n - 1 == len */
+  }
+  *n_said = n;
+  *ok = match;
+  return CKV_OK;
+}
+
+static int run_dialogue(const opts *o, const ckv_model *m, ckv_client *c, const dialogue *d, size_t idx, int bos,
+                        dlg_result *res, item *items, size_t *n_items) {
+  llm_worker w;
+  char id[160];
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  res->dialogue = idx;
+  res->turns_run = turns_that_fit(d, ckv_model_config_get(m)->seq_len);
+  res->bytes_by_round = calloc(res->turns_run + 1, sizeof(uint64_t));
+  res->tokens_by_round = calloc(res->turns_run + 1, sizeof(uint64_t));
+  if (!res->bytes_by_round || !res->tokens_by_round) return -ENOMEM;
+  int e = llm_worker_init(&w, &o->w, m, c, &res->st);
+  const char *what = "setup";
+  snprintf(id, sizeof(id), "%s-%zu", o->prefix, idx);
+  if (e == CKV_OK && (e = llm_worker_open(&w, id)) < 0) what = "open session";
+  for (size_t t = 0; e == CKV_OK && t < res->turns_run; t++) {
+    const dialogue_turn *turn = &d->turns[t];
+    const dialogue_recall *r = dialogue_recall_at(d, t);
+    what = "round";
+    if (dialogue_turn_is_topic_shift(turn)) llm_worker_topic_shift(&w);
+    for (size_t k = 0; o->entities && k < t; k++) /* superseded: a later turn says it all again */
+      if (dialogue_turn_names_entity(&d->turns[k]) && dialogue_turn_restates(turn, &d->turns[k]))
+        llm_worker_fix_scores(&w, dialogue_turn_position(d, k), dialogue_turn_position(d, k + 1), DLG_ORACLE_OTHER);
+    if (o->oracle || o->entities)
+      llm_worker_fix_score(&w, (o->oracle ? dialogue_turn_holds_fact(d, t) : dialogue_turn_names_entity(turn))
+                                   ? DLG_ORACLE_FACT
+                                   : DLG_ORACLE_OTHER);
+    if (t == 0) e = llm_worker_token(&w, bos, CKV_ROLE_SYSTEM, CKV_TAG_TURN_START);
+    if (e == CKV_OK && r) {
+      item *it = &items[(*n_items)];
+      *it = (item){.dialogue = idx, .r = r, .kind = dialogue_fact_kind(r->answer)};
+      long fact = dialogue_fact_position(d, r);
+      it->distance = fact < 0 ? -1 : (long)(dialogue_turn_position(d, t) + 3) - fact;
+      if ((e = feed(&w, turn, 0, 3)) < 0) break; /* "A: " */
+      what = "decode";
+      e = answer(&w, false, bos, r, it->said, &it->n_said, &it->why, &it->ok);
+      if (e == CKV_OK && w.sh)
+        e = answer(&w, true, bos, r, it->shadow_said, &it->n_shadow_said, &it->shadow_why, &it->shadow_ok);
+      if (e < 0) break;
+      (*n_items)++;
+      what = "round";
+      e = feed(&w, turn, 3, dialogue_turn_bytes(turn)); /* the reference answer */
+    } else if (e == CKV_OK) {
+      e = feed(&w, turn, 0, dialogue_turn_bytes(turn));
+    }
+    if (e == CKV_OK) e = llm_worker_end_round(&w, (int)t + 1);
+    if (e == CKV_OK && (e = llm_worker_read_bytes(&w)) < 0) what = "list sessions";
+    if (e == CKV_OK) {
+      res->bytes_by_round[t] = res->st.bytes_total;
+      res->tokens_by_round[t] = res->st.tokens;
+      res->rounds = t + 1;
+    }
+  }
+  if (e == CKV_OK && (e = llm_worker_settle(&w)) < 0) what = "list sessions";
+  if (e < 0)
+    fprintf(stderr, "commitkv-dialogue: %s (dialogue %s): %s: %s%s%s\n", id, d->id, what, ckv_strerror(e),
+            *ckv_client_last_error(c) ? ": " : "", ckv_client_last_error(c));
+  if (e == CKV_OK) {
+    if ((e = llm_worker_end(&w, /* recover= */ true)) < 0)
+      fprintf(stderr, "commitkv-dialogue: %s: %s: %s\n", id, o->w.keep ? "close" : "drop", ckv_strerror(e));
+  } else {
+    (void)llm_worker_end(&w, /* recover= */ false);
+  }
+  llm_worker_done(&w);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  res->st.seconds = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+  return e;
+}
+
+/* ---- what the runs add up to ------------------------------------------------- */
+
+/* Correct answers and questions of one group (a fact kind, a distance bucket). */
+typedef struct tally {
+  const char *name;
+  size_t n, ok, shadow_ok;
+} tally;
+
+typedef struct summary {
+  size_t questions, ok, shadow_ok;
+  tally kinds[32];
+  size_t n_kinds;
+  tally buckets[DIALOGUE_N_BUCKETS];
+  uint64_t steps, counted, agree, bytes_total, bytes_fp16;
+  double kl_sum, kl_max;
+  size_t max_rounds;
+  double *ratio_by_round; /* mean over the dialogues that have the round */
+  size_t *n_by_round;
+} summary;
+
+static void count(tally *t, const item *it) {
+  t->n++;
+  t->ok += it->ok;
+  t->shadow_ok += it->shadow_ok;
+}
+
+static double ratio(double a, double b) { return b > 0 ? a / b : 0.0; }
+
+static int summarise(const dlg_result *res, size_t n_res, const item *items, size_t n_items, uint64_t fp16_per_token,
+                     summary *s) {
+  *s = (summary){0};
+  for (int b = 0; b < DIALOGUE_N_BUCKETS; b++) s->buckets[b].name = dialogue_bucket_name(b);
+  for (size_t i = 0; i < n_items; i++) {
+    const item *it = &items[i];
+    s->questions++;
+    s->ok += it->ok;
+    s->shadow_ok += it->shadow_ok;
+    count(&s->buckets[dialogue_distance_bucket(it->distance)], it);
+    size_t k = 0;
+    while (k < s->n_kinds && strcmp(s->kinds[k].name, it->kind)) k++;
+    if (k == s->n_kinds && k < sizeof(s->kinds) / sizeof(s->kinds[0])) s->kinds[s->n_kinds++].name = it->kind;
+    if (k < s->n_kinds) count(&s->kinds[k], it);
+  }
+  for (size_t i = 0; i < n_res; i++) {
+    const llm_worker_stats *x = &res[i].st;
+    s->steps += x->steps, s->counted += x->top1_counted, s->agree += x->top1_agree, s->kl_sum += x->kl_sum;
+    if (x->kl_max > s->kl_max || isnan(x->kl_max)) s->kl_max = x->kl_max;
+    s->bytes_total += x->bytes_total, s->bytes_fp16 += x->bytes_fp16;
+    if (res[i].rounds > s->max_rounds) s->max_rounds = res[i].rounds;
+  }
+  s->ratio_by_round = calloc(s->max_rounds + 1, sizeof(double));
+  s->n_by_round = calloc(s->max_rounds + 1, sizeof(size_t));
+  if (!s->ratio_by_round || !s->n_by_round) return -ENOMEM;
+  for (size_t i = 0; i < n_res; i++)
+    for (size_t r = 0; r < res[i].rounds; r++) {
+      s->ratio_by_round[r] += ratio((double)res[i].bytes_by_round[r], (double)(res[i].tokens_by_round[r] * fp16_per_token));
+      s->n_by_round[r]++;
+    }
+  for (size_t r = 0; r < s->max_rounds; r++) s->ratio_by_round[r] = ratio(s->ratio_by_round[r], (double)s->n_by_round[r]);
+  return CKV_OK;
+}
+
+/* ---- output ------------------------------------------------------------------- */
+
+/* A number, or null where there is nothing to measure. */
+static json_t *num_or_null(double v, bool have) { return have && isfinite(v) ? json_real(v) : json_null(); }
+
+/* Bytes as a JSON string, each byte read as Latin-1 (U+0000..U+00FF), so the
+ * exact bytes come back from any decoder; and the same bytes in hex. */
+static json_t *latin1(const uint8_t *b, int n) {
+  char buf[2 * DLG_MAX_ANSWER + 1];
+  size_t k = 0;
+  if (n > DLG_MAX_ANSWER) n = DLG_MAX_ANSWER; /* longer texts (questions) are cut, never overflow */
+  for (int i = 0; i < n; i++) {
+    if (b[i] < 0x80) {
+      buf[k++] = (char)b[i];
+    } else {
+      buf[k++] = (char)(0xc0 | (b[i] >> 6));
+      buf[k++] = (char)(0x80 | (b[i] & 0x3f));
+    }
+  }
+  return json_stringn(buf, k);
+}
+
+static json_t *hex(const uint8_t *b, int n) {
+  char buf[2 * DLG_MAX_ANSWER + 1];
+  for (int i = 0; i < n; i++) snprintf(buf + 2 * i, 3, "%02x", b[i]);
+  buf[2 * n] = '\0';
+  return json_string(buf);
+}
+
+static const char *why_name(char why) {
+  return why == 's' ? "newline" : why == 'e' ? "bos" : why == 'c' ? "context" : "length";
+}
+
+static json_t *tally_json(const tally *t, bool shadow) {
+  return json_pack("{s:I, s:I, s:f, s:o}", "n", (json_int_t)t->n, "correct", (json_int_t)t->ok, "recall",
+                   ratio((double)t->ok, (double)t->n),
+                   "shadow_recall", num_or_null(ratio((double)t->shadow_ok, (double)t->n), shadow && t->n));
+}
+
+static int print_json(const opts *o, const char *path, const dialogue_set *ds, int bos, size_t skipped,
+                      const dlg_result *res, size_t n_res, const item *items, size_t n_items, const summary *s) {
+  bool sh = o->w.shadow;
+  json_t *root = json_object(), *kinds = json_object(), *dists = json_object(), *rounds = json_array(),
+         *jitems = json_array(), *sessions = json_array();
+  if (!root || !kinds || !dists || !rounds || !jitems || !sessions) return -ENOMEM;
+  const char *policy = n_res && res[0].st.policy[0] ? res[0].st.policy : o->w.policy ? o->w.policy : "default";
+  json_object_set_new(root, "model", json_string(path));
+  json_object_set_new(root, "data", json_string(o->data));
+  json_object_set_new(root, "policy", json_string(policy));
+  json_object_set_new(root, "shadow", !sh ? json_null() : json_string(o->w.shadow_fp32 ? "fp32" : "fp16"));
+  json_object_set_new(root, "bos", json_integer(bos));
+  json_object_set_new(root, "semantic", json_string(o->oracle ? "oracle" : o->entities ? "entities" : o->w.semantic_off ? "none" : "embed"));
+  json_t *params = json_object(); /* the session overrides sent, --param and the worker's own */
+  for (size_t i = 0; params && i < o->params.n; i++)
+    json_object_set_new(params, o->params.names[i], json_real(o->params.values[i]));
+  json_object_set_new(root, "params", params ? params : json_null());
+  json_object_set_new(root, "dialogues", json_integer((json_int_t)n_res));
+  json_object_set_new(root, "skipped", json_integer((json_int_t)skipped));
+  json_object_set_new(root, "questions", json_integer((json_int_t)s->questions));
+  json_object_set_new(root, "correct", json_integer((json_int_t)s->ok));
+  json_object_set_new(root, "recall", json_real(ratio((double)s->ok, (double)s->questions)));
+  json_object_set_new(root, "shadow_correct", sh ? json_integer((json_int_t)s->shadow_ok) : json_null());
+  json_object_set_new(root, "shadow_recall", num_or_null(ratio((double)s->shadow_ok, (double)s->questions), sh));
+  for (size_t k = 0; k < s->n_kinds; k++) json_object_set_new(kinds, s->kinds[k].name, tally_json(&s->kinds[k], sh));
+  for (int b = 0; b < DIALOGUE_N_BUCKETS; b++)
+    if (s->buckets[b].n) json_object_set_new(dists, s->buckets[b].name, tally_json(&s->buckets[b], sh));
+  json_object_set_new(root, "per_kind", kinds);
+  json_object_set_new(root, "per_distance", dists);
+  json_object_set_new(root, "steps", json_integer((json_int_t)s->steps));
+  json_object_set_new(root, "kl_mean", num_or_null(ratio(s->kl_sum, (double)s->steps), sh && s->steps));
+  json_object_set_new(root, "kl_max", num_or_null(s->kl_max, sh && s->steps));
+  json_object_set_new(root, "top1_agreement", num_or_null(ratio((double)s->agree, (double)s->counted), sh && s->counted));
+  json_object_set_new(root, "top1_counted", json_integer((json_int_t)s->counted));
+  json_object_set_new(root, "bytes_total", json_integer((json_int_t)s->bytes_total));
+  json_object_set_new(root, "bytes_fp16", json_integer((json_int_t)s->bytes_fp16));
+  json_object_set_new(root, "bytes_ratio_fp16", json_real(ratio((double)s->bytes_total, (double)s->bytes_fp16)));
+  for (size_t r = 0; r < s->max_rounds; r++) json_array_append_new(rounds, json_real(s->ratio_by_round[r]));
+  json_object_set_new(root, "bytes_ratio_fp16_by_round", rounds);
+  for (size_t i = 0; i < n_items; i++) {
+    const item *it = &items[i];
+    json_t *j = json_pack("{s:I, s:s, s:I, s:I, s:s, s:I, s:b, s:o, s:o, s:s}", "dialogue", (json_int_t)it->dialogue,
+                          "id", ds->d[it->dialogue].id, "turn", (json_int_t)it->r->turn, "question_turn",
+                          (json_int_t)it->r->question_turn, "kind", it->kind, "distance", (json_int_t)it->distance,
+                          "ok", it->ok, "said", latin1(it->said, it->n_said), "said_hex", hex(it->said, it->n_said),
+                          "stop", why_name(it->why));
+    if (j) { /* what was asked and what the reference answer is, for people reading the items */
+      const dialogue *dd = &ds->d[it->dialogue];
+      const dialogue_turn *qt = it->r->question_turn < dd->n_turns ? &dd->turns[it->r->question_turn] : NULL;
+      json_object_set_new(j, "question", qt ? latin1((const uint8_t *)qt->text, (int)qt->len) : json_null());
+      json_object_set_new(j, "expected", latin1((const uint8_t *)it->r->answer, (int)it->r->len));
+    }
+    if (j && sh) {
+      json_object_set_new(j, "shadow_ok", json_boolean(it->shadow_ok));
+      json_object_set_new(j, "shadow_said", latin1(it->shadow_said, it->n_shadow_said));
+      json_object_set_new(j, "shadow_said_hex", hex(it->shadow_said, it->n_shadow_said));
+      json_object_set_new(j, "shadow_stop", json_string(why_name(it->shadow_why)));
+    }
+    json_array_append_new(jitems, j);
+  }
+  json_object_set_new(root, "items", jitems);
+  for (size_t i = 0; i < n_res; i++) {
+    const dlg_result *x = &res[i];
+    const llm_worker_stats *st = &x->st;
+    json_t *by = json_array(), *tok = json_array();
+    for (size_t r = 0; r < x->rounds; r++) {
+      json_array_append_new(by, json_integer((json_int_t)x->bytes_by_round[r]));
+      json_array_append_new(tok, json_integer((json_int_t)x->tokens_by_round[r]));
+    }
+    json_t *j = json_pack("{s:s, s:s, s:I, s:I, s:I, s:I, s:o, s:o, s:o, s:I, s:I, s:I, s:f, s:o, s:o, s:f, s:i}",
+                          "session", st->id, "id", ds->d[x->dialogue].id, "dialogue", (json_int_t)x->dialogue,
+                          "tokens", (json_int_t)st->tokens, "rounds", (json_int_t)st->rounds, "steps",
+                          (json_int_t)st->steps,
+                          "kl_mean", num_or_null(ratio(st->kl_sum, (double)st->steps), sh && st->steps),
+                          "kl_max", num_or_null(st->kl_max, sh && st->steps),
+                          "top1_agreement",
+                          num_or_null(ratio((double)st->top1_agree, (double)st->top1_counted), sh && st->top1_counted),
+                          "bytes_total", (json_int_t)st->bytes_total, "bytes_fp16", (json_int_t)st->bytes_fp16,
+                          "bytes_fp16_live", (json_int_t)st->bytes_fp16_live, "bytes_ratio_fp16",
+                          ratio((double)st->bytes_total, (double)st->bytes_fp16), "bytes_by_round", by,
+                          "tokens_by_round", tok, "seconds", st->seconds, "reconnects", st->reconnects);
+    json_array_append_new(sessions, j);
+  }
+  json_object_set_new(root, "sessions", sessions);
+  int e = json_dumpf(root, stdout, JSON_COMPACT | JSON_ENSURE_ASCII) == 0 ? CKV_OK : -EIO;
+  putchar('\n');
+  json_decref(root);
+  return e;
+}
+
+static void print_tally(const char *title, const tally *t, size_t n, bool shadow) {
+  printf("%s:%*s recall    n%s\n", title, (int)(22 - strlen(title)), "", shadow ? "   shadow (FP16)" : "");
+  for (size_t i = 0; i < n; i++) {
+    if (!t[i].n) continue;
+    printf("  %-20s %.4f %4zu", t[i].name, ratio((double)t[i].ok, (double)t[i].n), t[i].n);
+    if (shadow) printf("   %.4f", ratio((double)t[i].shadow_ok, (double)t[i].n));
+    printf("\n");
+  }
+}
+
+static void print_table(const opts *o, const char *path, size_t skipped, const dlg_result *res, size_t n_res,
+                        const summary *s) {
+  bool sh = o->w.shadow;
+  const char *policy = n_res && res[0].st.policy[0] ? res[0].st.policy : o->w.policy ? o->w.policy : "default";
+  printf("%zu dialogues of %s (%zu skipped), model %s, policy %s%s\n", n_res, o->data, skipped, path, policy,
+         sh ? (o->w.shadow_fp32 ? ", shadow FP32" : ", shadow FP16") : "");
+  printf("recall %.4f (%zu/%zu)", ratio((double)s->ok, (double)s->questions), s->ok, s->questions);
+  if (sh) printf(", shadow (FP16) %.4f (%zu/%zu)", ratio((double)s->shadow_ok, (double)s->questions), s->shadow_ok, s->questions);
+  printf("\n");
+  print_tally("per fact kind", s->kinds, s->n_kinds, sh);
+  print_tally("per distance (bytes)", s->buckets, DIALOGUE_N_BUCKETS, sh);
+  if (sh)
+    printf("vs shadow: KL mean %.3g max %.3g, top1 %.4f (%" PRIu64 "/%" PRIu64 ") over %" PRIu64 " steps\n",
+           ratio(s->kl_sum, (double)s->steps), s->kl_max, ratio((double)s->agree, (double)s->counted), s->agree,
+           s->counted, s->steps);
+  printf("bytes / FP16 at the end: %.3f (%" PRIu64 " / %" PRIu64 ")\n", ratio((double)s->bytes_total, (double)s->bytes_fp16),
+         s->bytes_total, s->bytes_fp16);
+  printf("bytes / FP16 per round (mean over dialogues):");
+  for (size_t r = 0; r < s->max_rounds; r++) printf("%s %zu:%.3f", r % 8 ? "" : "\n ", r + 1, s->ratio_by_round[r]);
+  printf("\n");
+}
+
+/* ---- main ----------------------------------------------------------------- */
+
+/* Sends scored_persistence_rounds = DLG_TURN_LABEL_ROUNDS to a commitkv
+ * session (a named one, or the daemon's default policy) unless --param set it. */
+static void trust_turn_labels(opts *o) {
+  if (o->w.policy && strcmp(o->w.policy, "commitkv")) return;
+  for (size_t i = 0; i < o->params.n; i++)
+    if (!strcmp(o->params.names[i], "scored_persistence_rounds")) return;
+  if (o->params.n == LLM_WORKER_MAX_PARAMS) return;
+  o->params.names[o->params.n] = "scored_persistence_rounds";
+  o->params.values[o->params.n++] = DLG_TURN_LABEL_ROUNDS;
+}
+
+static const char *model_path(const opts *o, char *buf, size_t size) {
+  if (o->model) return o->model;
+  if (ckv_model_path_from_env(buf, size) == CKV_OK) return buf;
+  return DLG_FALLBACK_MODEL;
+}
+
+int ckv_dialogue_main(int argc, char **argv) {
+  char default_prefix[64], env_path[4096], err[512];
+  snprintf(default_prefix, sizeof(default_prefix), "dlg-%ld", (long)getpid());
+  opts o = {.prefix = default_prefix, .bos = -1,
+            .entities = true, .w = {.prog = "commitkv-dialogue", .reconnect_ms = RECONNECT_DEFAULT_GIVE_UP_MS}};
+  if (parse_args(argc, argv, &o) < 0) return 2;
+  if (o.entities || o.oracle) trust_turn_labels(&o);
+  o.w.param_names = o.params.names;
+  o.w.param_values = o.params.values;
+  o.w.n_params = o.params.n;
+  g_quiet = o.quiet;
+  dialogue_set ds;
+  int e = dialogue_set_load(o.data, o.limit, &ds, err, sizeof(err));
+  if (e < 0) {
+    fprintf(stderr, "commitkv-dialogue: %s\n", err);
+    return e == CKV_ERR_INVALID ? 2 : 1;
+  }
+  const char *path = model_path(&o, env_path, sizeof(env_path));
+  ckv_model *m = NULL;
+  if ((e = ckv_model_load(path, &m)) < 0) {
+    fprintf(stderr, "commitkv-dialogue: cannot load model %s: %s (set --model, CKV_MODEL or CKV_MODEL_DIR)\n", path,
+            ckv_strerror(e));
+    dialogue_set_free(&ds);
+    return 1;
+  }
+  const ckv_model_config *mc = ckv_model_config_get(m);
+  int bos = o.bos >= 0 ? o.bos : mc->vocab_size == DLG_BOS_BYTE_MODEL + 1 ? DLG_BOS_BYTE_MODEL : DLG_BOS_DEFAULT;
+  int rc = 1;
+  ckv_client *c = NULL;
+  dlg_result *res = calloc(ds.n ? ds.n : 1, sizeof(*res));
+  size_t n_questions = 0, n_res = 0, n_items = 0, skipped = 0;
+  for (size_t i = 0; i < ds.n; i++) n_questions += ds.d[i].n_recall;
+  item *items = calloc(n_questions ? n_questions : 1, sizeof(*items));
+  summary s = {0};
+  if (!res || !items) {
+    fprintf(stderr, "commitkv-dialogue: out of memory\n");
+    goto done;
+  }
+  if (mc->vocab_size < 256 || bos >= mc->vocab_size) {
+    fprintf(stderr, "commitkv-dialogue: %s is not a byte-level model: vocabulary %d, BOS %d\n", path, mc->vocab_size, bos);
+    rc = 2;
+    goto done;
+  }
+  ckv_client_options co = {.socket = o.socket, .attach_socket = o.attach, .name = "commitkv-dialogue", .heartbeat = true};
+  if ((e = ckv_client_connect(&co, &c)) < 0) {
+    fprintf(stderr, "commitkv-dialogue: cannot reach commitkvd (%s): %s\n", o.socket ? o.socket : "default socket",
+            ckv_strerror(e));
+    goto done;
+  }
+  if (strcmp(ckv_client_memory_kind(c), "host") != 0) { /* the model runs on the CPU, reading K/V in place */
+    fprintf(stderr, "commitkv-dialogue: the daemon's KV memory is '%s', which the CPU cannot address: run commitkvd "
+                    "--backend host\n", ckv_client_memory_kind(c));
+    goto done;
+  }
+  e = CKV_OK;
+  for (size_t i = 0; e == CKV_OK && i < ds.n; i++) {
+    if (!turns_that_fit(&ds.d[i], mc->seq_len)) {
+      note("commitkv-dialogue: %s: its answers do not fit in %d positions: skipped\n", ds.d[i].id, mc->seq_len);
+      skipped++;
+      continue;
+    }
+    e = run_dialogue(&o, m, c, &ds.d[i], i, bos, &res[n_res], items, &n_items);
+    n_res++;
+    note("%s: %" PRIu64 " tokens, %" PRIu64 " rounds, %.2fs\n", ds.d[i].id, res[n_res - 1].st.tokens,
+         res[n_res - 1].st.rounds, res[n_res - 1].st.seconds);
+  }
+  if (e < 0) goto done;
+  uint64_t fp16_per_token = 2u * (uint64_t)mc->n_layers * (uint64_t)mc->kv_dim * 2u;
+  if ((e = summarise(res, n_res, items, n_items, fp16_per_token, &s)) < 0) goto done;
+  if (o.json)
+    e = print_json(&o, path, &ds, bos, skipped, res, n_res, items, n_items, &s);
+  else
+    print_table(&o, path, skipped, res, n_res, &s);
+  rc = e == CKV_OK ? 0 : 1;
+done:
+  for (size_t i = 0; res && i < n_res; i++) {
+    free(res[i].bytes_by_round);
+    free(res[i].tokens_by_round);
+  }
+  free(res);
+  free(items);
+  free(s.ratio_by_round);
+  free(s.n_by_round);
+  ckv_client_free(c);
+  ckv_model_free(m);
+  dialogue_set_free(&ds);
+  return rc;
+}
