@@ -232,7 +232,6 @@ static const jval *check_shape(const jval *root, const char *name) {
   return found;
 }
 
-#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__) /* agent_synthetic_full_geometry */
 /* The workload named `name` (NULL if absent), no shape checks (--policies leaves policies null). */
 static const jval *find_workload(const jval *root, const char *name) {
   const jval *wls = jget(root, "workloads");
@@ -242,7 +241,6 @@ static const jval *find_workload(const jval *root, const char *name) {
   }
   return NULL;
 }
-#endif
 
 static double policy_field(const jval *wl, const char *policy, const char *field) {
   const jval *pols = jget(wl, "policies");
