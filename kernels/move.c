@@ -105,6 +105,19 @@ static const float *gather(scratch *s, const uint32_t *idx, uint32_t kept, uint3
   return s->row;
 }
 
+/* Whether a chunk takes the fused path (rowops' minmax_h, quant_u_h, quant_u32_groups_h): every source
+ * a draft, no channel pruned, rows in whole groups of 32, 4 or 2 bits, and the path has both. */
+static int fused_commit(const ckv_rowops *ops, const ckv_geometry *g, const ckv_move *moves, const size_t *order,
+                        size_t n, const ckv_block_header *h) {
+  uint32_t bits = ckv_format_code_bits(h->format);
+  if (!ops->minmax_h || !ops->quant_u_h || !ops->quant_u32_groups_h || (bits != 4 && bits != 2) || h->kept_channels != g->head_dim ||
+      g->head_dim % 32u || ckv_draft_token_elems(g) % 32u || CKV_COMMIT_VALUE_GROUP != 32)
+    return 0;
+  for (size_t i = 0; i < n; i++)
+    if (ckv_move_src_hdr(&moves[order[i]])->format != CKV_FORMAT_DRAFT) return 0;
+  return 1;
+}
+
 /* Quantizes the moves order[0..n) (one chunk of one committed block).
  * CKV_ERR_CORRUPT when a channel mask does not hold the block's kept
  * channels (the mask lives in memory a worker can write). */
@@ -117,7 +130,45 @@ static int to_commit_chunk(const ckv_rowops *ops, const ckv_geometry *g, const c
   size_t te = ckv_draft_token_elems(g), krow = ckv_commit_key_row_bytes(fmt, kept);
   size_t vrow = ckv_commit_value_row_bytes(fmt, g);
   uint32_t idx[CKV_MAX_HEAD_DIM];
-  for (uint32_t l = 0; l < g->n_layers; l++) {
+  int bf16 = g->dtype == CKV_DTYPE_BF16, fused = fused_commit(ops, g, moves, order, n, h);
+  for (uint32_t l = 0; l < g->n_layers && fused; l++) {
+    if (n < T) { /* a partial chunk: the slots not written stay zero */
+      for (uint32_t hd = 0; hd < H; hd++)
+        memset(ckv_b(dst, ckv_commit_key_chunk_offset(fmt, g, cap, kept, l, hd, chunk)), 0,
+               ckv_commit_key_chunk_bytes(fmt, kept));
+      memset((uint16_t *)ckv_b(dst, ckv_commit_value_params_offset(fmt, g, cap, kept, l)) + (size_t)chunk * T * ng * 2u,
+             0, (size_t)T * ng * 4u);
+      memset(ckv_b(dst, ckv_commit_value_codes_offset(fmt, g, cap, kept, l)) + (size_t)chunk * T * vrow, 0, T * vrow);
+    }
+    /* keys: per channel min / max over the chunk's rows, read front to back, then each row's codes */
+    const uint16_t *src[CKV_COMMIT_CHUNK_TOKENS];
+    for (size_t e = 0; e < te; e++) s->mn[e] = INFINITY, s->mx[e] = -INFINITY;
+    for (size_t i = 0; i < n; i++) {
+      const ckv_move *m = &moves[order[i]];
+      src[i] = (const uint16_t *)ckv_cb(m->src, ckv_draft_kv_offset(g, ckv_move_src_hdr(m)->capacity, l, 0, m->src_slot));
+      ops->minmax_h(src[i], bf16, s->mn, s->mx, te);
+    }
+    uint8_t *c[CKV_MAX_KV_HEADS];
+    for (uint32_t hd = 0; hd < H; hd++) {
+      if (ckv_mask_channels(ckv_commit_mask(g, h, dst, l, hd), D, idx) != kept) return CKV_ERR_CORRUPT;
+      c[hd] = ckv_b(dst, ckv_commit_key_chunk_offset(fmt, g, cap, kept, l, hd, chunk));
+      size_t o = (size_t)hd * D;
+      ops->qa_params(s->mn + o, s->mx + o, D, bits, (uint16_t *)c[hd], (uint16_t *)c[hd] + kept, s->zero + o, s->inv + o);
+    }
+    for (size_t i = 0; i < n; i++) {
+      size_t r = (size_t)kept * 4u + (moves[order[i]].dst_slot % T) * krow;
+      for (uint32_t hd = 0; hd < H; hd++)
+        ops->quant_u_h(src[i] + (size_t)hd * D, bf16, s->zero + (size_t)hd * D, s->inv + (size_t)hd * D, bits, c[hd] + r, D);
+    }
+    uint16_t *par = (uint16_t *)ckv_b(dst, ckv_commit_value_params_offset(fmt, g, cap, kept, l));
+    uint8_t *vcodes = ckv_b(dst, ckv_commit_value_codes_offset(fmt, g, cap, kept, l));
+    for (size_t i = 0; i < n; i++) {
+      const ckv_move *m = &moves[order[i]];
+      const uint16_t *v = (const uint16_t *)ckv_cb(m->src, ckv_draft_kv_offset(g, ckv_move_src_hdr(m)->capacity, l, 1, m->src_slot));
+      ops->quant_u32_groups_h(v, bf16, te, bits, par + (size_t)m->dst_slot * ng * 2u, vcodes + (size_t)m->dst_slot * vrow);
+    }
+  }
+  for (uint32_t l = 0; l < g->n_layers && !fused; l++) {
     /* keys: gather the chunk's rows, then per head per kept channel min/max over tokens */
     for (size_t i = 0; i < n; i++) {
       const ckv_move *m = &moves[order[i]];
@@ -171,7 +222,7 @@ ckv_status ckv_kernels_move(const ckv_geometry *g, const ckv_move *moves, size_t
   s.row = malloc(te * sizeof(float));
   s.zero = malloc(te * sizeof(float));
   s.inv = malloc(te * sizeof(float));
-  size_t nmm = g->head_dim > ckv_commit_value_groups(g) ? g->head_dim : ckv_commit_value_groups(g);
+  size_t nmm = te; /* per element of a row: the fused keys' min / max (head_dim and value groups fit too) */
   s.mn = malloc(nmm * sizeof(float));
   s.mx = malloc(nmm * sizeof(float));
   s.gz = malloc(nmm * sizeof(float));

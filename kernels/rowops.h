@@ -61,6 +61,15 @@ typedef struct ckv_rowops {
   /* quant_i8_groups of the widened FP16 (bf16 = 0) or BF16 (bf16 = 1) row h, widening in registers
    * instead of through an FP32 row.  NULL where a path has none (move.c then widens first). */
   void (*quant_i8_groups_h)(const uint16_t *h, int bf16, size_t n, size_t gl, int8_t *codes, uint16_t *scales);
+  /* quant_u_groups of the widened FP16 / BF16 row h in groups of 32 (n a multiple of 32, bits 4 or
+   * 2), every byte of row and params written (nothing to zero first).  NULL where a path has none. */
+  void (*quant_u32_groups_h)(const uint16_t *h, int bf16, size_t n, uint32_t bits, uint16_t *params, uint8_t *row);
+  /* minmax of the widened FP16 / BF16 row h.  NULL where a path has none. */
+  void (*minmax_h)(const uint16_t *h, int bf16, float *mn, float *mx, size_t n);
+  /* code i = ckv_qa_code(widened h[i], zero[i], inv[i], bits), packed into row as ckv_pack_codes
+   * does, every byte of row written (n a multiple of 32, bits 4 or 2).  NULL where a path has none. */
+  void (*quant_u_h)(const uint16_t *h, int bf16, const float *zero, const float *inv, uint32_t bits, uint8_t *row,
+                    size_t n);
 } ckv_rowops;
 
 extern const ckv_rowops ckv_rowops_scalar;
@@ -70,6 +79,10 @@ extern const ckv_rowops ckv_rowops_avx512;
 void ckv_avx2_quant_i8_groups(const float *x, size_t n, size_t gl, int8_t *codes, uint16_t *scales);
 void ckv_avx2_quant_i8_groups_h(const uint16_t *h, int bf16, size_t n, size_t gl, int8_t *codes, uint16_t *scales);
 void ckv_avx2_quant_u_groups(const float *x, size_t n, size_t gl, uint32_t bits, uint16_t *params, uint8_t *row);
+void ckv_avx2_quant_u32_groups_h(const uint16_t *h, int bf16, size_t n, uint32_t bits, uint16_t *params, uint8_t *row);
+void ckv_avx2_minmax_h(const uint16_t *h, int bf16, float *mn, float *mx, size_t n);
+void ckv_avx2_quant_u_h(const uint16_t *h, int bf16, const float *zero, const float *inv, uint32_t bits, uint8_t *row,
+                        size_t n);
 
 /* The table for the current path (dispatch.c). */
 const ckv_rowops *ckv_rowops_get(void);

@@ -400,26 +400,22 @@ static inline __m256 reduce8(const __m256 *v, int is_max) {
 #undef CKV_RED
   return c;
 }
-/* 32 codes (four vectors of 8 int32 in 0..15 or 0..3) packed into row: 16 bytes (4 bits) or 8 (2 bits). */
+/* 32 codes (four vectors of 8 int32, elements 0..7, 8..15, ...) packed into row: 16 bytes (4 bits)
+ * or 8 (2 bits).  The packs saturate: a code below 0 (NaN and -Inf convert to INT32_MIN) becomes 0,
+ * so callers clamp only from above.  256-bit packs keep runs of 4 elements together: per 128-bit
+ * lane L the bytes are w0[4L..4L+3], w1[4L..], w2[4L..], w3[4L..]; the last steps interleave the lanes. */
 static inline void pack32(__m256i w0, __m256i w1, __m256i w2, __m256i w3, uint32_t bits, uint8_t *row) {
-  __m128i p0 = _mm_packs_epi32(_mm256_castsi256_si128(w0), _mm256_extracti128_si256(w0, 1));
-  __m128i p1 = _mm_packs_epi32(_mm256_castsi256_si128(w1), _mm256_extracti128_si256(w1, 1));
-  __m128i p2 = _mm_packs_epi32(_mm256_castsi256_si128(w2), _mm256_extracti128_si256(w2, 1));
-  __m128i p3 = _mm_packs_epi32(_mm256_castsi256_si128(w3), _mm256_extracti128_si256(w3, 1));
-  __m128i b01 = _mm_packus_epi16(p0, p1), b23 = _mm_packus_epi16(p2, p3); /* codes 0..15, 16..31 as bytes */
+  __m256i b = _mm256_packus_epi16(_mm256_packs_epi32(w0, w1), _mm256_packs_epi32(w2, w3));
   if (bits == 4) { /* per 16-bit lane c0 | c1 << 8 -> c0 | c1 << 4 */
-    __m128i m = _mm_set1_epi16(0x00ff);
-    b01 = _mm_and_si128(_mm_or_si128(b01, _mm_srli_epi16(b01, 4)), m);
-    b23 = _mm_and_si128(_mm_or_si128(b23, _mm_srli_epi16(b23, 4)), m);
-    _mm_storeu_si128((__m128i *)row, _mm_packus_epi16(b01, b23));
+    __m256i x = _mm256_and_si256(_mm256_or_si256(b, _mm256_srli_epi16(b, 4)), _mm256_set1_epi16(0x00ff));
+    __m128i l0 = _mm256_castsi256_si128(x), l1 = _mm256_extracti128_si256(x, 1); /* 32-bit units: w_j's lo / hi pairs */
+    _mm_storeu_si128((__m128i *)row, _mm_packus_epi16(_mm_unpacklo_epi32(l0, l1), _mm_unpackhi_epi32(l0, l1)));
   } else { /* per 32-bit lane c0 | c1 << 8 | c2 << 16 | c3 << 24 -> c0 | c1 << 2 | c2 << 4 | c3 << 6 */
-    __m128i m1 = _mm_set1_epi32(0x000f000f), m2 = _mm_set1_epi32(0xff);
-    b01 = _mm_and_si128(_mm_or_si128(b01, _mm_srli_epi32(b01, 6)), m1);
-    b23 = _mm_and_si128(_mm_or_si128(b23, _mm_srli_epi32(b23, 6)), m1);
-    b01 = _mm_and_si128(_mm_or_si128(b01, _mm_srli_epi32(b01, 12)), m2);
-    b23 = _mm_and_si128(_mm_or_si128(b23, _mm_srli_epi32(b23, 12)), m2);
-    __m128i h = _mm_packus_epi32(b01, b23);
-    _mm_storel_epi64((__m128i *)row, _mm_packus_epi16(h, h));
+    __m256i x = _mm256_and_si256(_mm256_or_si256(b, _mm256_srli_epi32(b, 6)), _mm256_set1_epi32(0x000f000f));
+    x = _mm256_and_si256(_mm256_or_si256(x, _mm256_srli_epi32(x, 12)), _mm256_set1_epi32(0xff));
+    x = _mm256_packus_epi16(_mm256_packus_epi32(x, x), x); /* per lane: its 4 bytes first */
+    __m128i l = _mm_unpacklo_epi8(_mm256_castsi256_si128(x), _mm256_extracti128_si256(x, 1));
+    _mm_storel_epi64((__m128i *)row, l);
   }
 }
 /* clamp(rint((x - z) * inv), 0, hi) of 8 elements as int32. */
@@ -477,6 +473,97 @@ void ckv_avx2_quant_u_groups(const float *x, size_t n, size_t gl, uint32_t bits,
   }
 }
 
+/* rint((x - z) * inv) of 8 widened elements as int32, clamped from above only (min_ps(hi, NaN) is
+ * NaN, which converts to INT32_MIN like -Inf and any negative code): for pack32, whose saturating
+ * packs make every code below 0 a 0, as ckv_qa_code's clamp does. */
+static inline __m256i qa_code8v(__m256 x, __m256 z, __m256 v, __m256 hi) {
+  return _mm256_cvtps_epi32(_mm256_min_ps(hi, _mm256_mul_ps(_mm256_sub_ps(x, z), v)));
+}
+/* ckv_avx2_quant_u_groups of a FP16 / BF16 row in groups of 32, widened in registers: per 8
+ * groups one chained min / max per group (the accumulator second: NaN ignored), the 8 ranges
+ * reduced together, one F16C step for their params, then the codes packed 32 at a time. */
+static inline __attribute__((always_inline)) void qu32_groups_h(const uint16_t *h, const int bf16, size_t n,
+                                                                uint32_t bits, uint16_t *params, uint8_t *row) {
+  const __m256 hi = _mm256_set1_ps((float)ckv_qa_levels(bits));
+  const __m256 pinf = _mm256_set1_ps(INFINITY), ninf = _mm256_set1_ps(-INFINITY);
+  for (size_t e0 = 0; e0 < n; e0 += 256) {
+    size_t nb = (n - e0) / 32 < 8 ? (n - e0) / 32 : 8;
+    __m256 vmn[8], vmx[8];
+    for (size_t k = 0; k < 8; k++) {
+      vmn[k] = pinf, vmx[k] = ninf;
+      if (k >= nb) continue;
+      const uint16_t *x = h + e0 + 32 * k;
+      __m256 a = widen8(x, bf16), b = widen8(x + 8, bf16), c = widen8(x + 16, bf16), d = widen8(x + 24, bf16);
+      vmn[k] = _mm256_min_ps(d, _mm256_min_ps(c, _mm256_min_ps(b, _mm256_min_ps(a, pinf))));
+      vmx[k] = _mm256_max_ps(d, _mm256_max_ps(c, _mm256_max_ps(b, _mm256_max_ps(a, ninf))));
+    }
+    __m128i hs, hz;
+    __m256 vz, vi;
+    qa_params8(reduce8(vmn, 0), reduce8(vmx, 1), hi, &hs, &hz, &vz, &vi);
+    uint16_t sz[16];
+    float zf[8], inv[8];
+    _mm_storeu_si128((__m128i *)sz, _mm_unpacklo_epi16(hs, hz)); /* scale, zero per group */
+    _mm_storeu_si128((__m128i *)(sz + 8), _mm_unpackhi_epi16(hs, hz));
+    memcpy(params + 2 * (e0 / 32), sz, nb * 2 * sizeof(uint16_t));
+    _mm256_storeu_ps(zf, vz);
+    _mm256_storeu_ps(inv, vi);
+    for (size_t k = 0; k < nb; k++) {
+      const uint16_t *x = h + e0 + 32 * k;
+      __m256 z = _mm256_set1_ps(zf[k]), v = _mm256_set1_ps(inv[k]);
+      pack32(qa_code8v(widen8(x, bf16), z, v, hi), qa_code8v(widen8(x + 8, bf16), z, v, hi),
+             qa_code8v(widen8(x + 16, bf16), z, v, hi), qa_code8v(widen8(x + 24, bf16), z, v, hi), bits,
+             row + (e0 + 32 * k) * bits / 8);
+    }
+  }
+}
+void ckv_avx2_quant_u32_groups_h(const uint16_t *h, int bf16, size_t n, uint32_t bits, uint16_t *params, uint8_t *row) {
+  if (bf16)
+    qu32_groups_h(h, 1, n, bits, params, row);
+  else
+    qu32_groups_h(h, 0, n, bits, params, row);
+}
+
+/* mn[i] = min(mn[i], h[i]), mx[i] = max(...) of a widened FP16 / BF16 row (NaN ignored: the
+ * accumulator is the second operand, as fminf / fmaxf). */
+static inline __attribute__((always_inline)) void minmax_h(const uint16_t *h, const int bf16, float *mn, float *mx,
+                                                           size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 x = widen8(h + i, bf16);
+    _mm256_storeu_ps(mn + i, _mm256_min_ps(x, _mm256_loadu_ps(mn + i)));
+    _mm256_storeu_ps(mx + i, _mm256_max_ps(x, _mm256_loadu_ps(mx + i)));
+  }
+  for (; i < n; i++) {
+    float x = bf16 ? ckv_bf16_to_f32(h[i]) : _cvtsh_ss(h[i]);
+    mn[i] = x < mn[i] ? x : mn[i];
+    mx[i] = x > mx[i] ? x : mx[i];
+  }
+}
+void ckv_avx2_minmax_h(const uint16_t *h, int bf16, float *mn, float *mx, size_t n) {
+  if (bf16)
+    minmax_h(h, 1, mn, mx, n);
+  else
+    minmax_h(h, 0, mn, mx, n);
+}
+/* Codes of a widened FP16 / BF16 row with per-element zero / inverse scale, packed 32 at a time. */
+static inline __attribute__((always_inline)) void quant_u_h(const uint16_t *h, const int bf16, const float *zero,
+                                                            const float *inv, uint32_t bits, uint8_t *row, size_t n) {
+  const __m256 hi = _mm256_set1_ps((float)ckv_qa_levels(bits));
+  for (size_t i = 0; i + 32 <= n; i += 32) {
+    __m256i w[4];
+    for (int j = 0; j < 4; j++)
+      w[j] = qa_code8v(widen8(h + i + 8 * j, bf16), _mm256_loadu_ps(zero + i + 8 * j), _mm256_loadu_ps(inv + i + 8 * j), hi);
+    pack32(w[0], w[1], w[2], w[3], bits, row + i * bits / 8);
+  }
+}
+void ckv_avx2_quant_u_h(const uint16_t *h, int bf16, const float *zero, const float *inv, uint32_t bits, uint8_t *row,
+                        size_t n) {
+  if (bf16)
+    quant_u_h(h, 1, zero, inv, bits, row, n);
+  else
+    quant_u_h(h, 0, zero, inv, bits, row, n);
+}
+
 const ckv_rowops ckv_rowops_avx2 = {
     .name = "avx2",
     .cvt_f16 = a_cvt_f16,
@@ -499,4 +586,7 @@ const ckv_rowops ckv_rowops_avx2 = {
     .quant_i8_groups = ckv_avx2_quant_i8_groups,
     .quant_u_groups = ckv_avx2_quant_u_groups,
     .quant_i8_groups_h = ckv_avx2_quant_i8_groups_h,
+    .quant_u32_groups_h = ckv_avx2_quant_u32_groups_h,
+    .minmax_h = ckv_avx2_minmax_h,
+    .quant_u_h = ckv_avx2_quant_u_h,
 };

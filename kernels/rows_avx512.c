@@ -189,41 +189,51 @@ static void z_minmax(const float *x, float *mn, float *mx, size_t n) {
 }
 /* kernels/quant.h's rules, 16 groups at a time: F16C conversion is IEEE round-to-nearest-even,
  * like ckv_f32_to_f16, so the FP16 bits are the scalar ones. */
+/* an immediate operand: a macro, not a variable, so -O0 builds compile */
+#define CKV_F16_RNE (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+/* ckv_qa_params of 16 groups (kernels/quant.h's rules lane by lane). */
+static inline void qa_params16(__m512 a, __m512 b, uint32_t bits, __m256i *ret_s16, __m256i *ret_z16, __m512 *ret_zf,
+                               __m512 *ret_inv) {
+  const __m512 zero = _mm512_setzero_ps(), big = _mm512_set1_ps(CKV_F16_MAX), nbig = _mm512_set1_ps(-CKV_F16_MAX);
+  const __m512 lv = _mm512_set1_ps((float)ckv_qa_levels(bits)), one = _mm512_set1_ps(1.0f);
+  __mmask16 ok = _mm512_cmp_ps_mask(a, b, _CMP_LE_OQ);
+  a = _mm512_maskz_mov_ps(ok, a);
+  b = _mm512_maskz_mov_ps(ok, b);
+  /* zero point: largest FP16 <= mn */
+  __m512 v = _mm512_add_ps(_mm512_min_ps(_mm512_max_ps(a, nbig), big), zero);
+  __m256i h = _mm512_cvtps_ph(v, CKV_F16_RNE);
+  __mmask16 over = _mm512_cmp_ps_mask(_mm512_cvtph_ps(h), v, _CMP_GT_OQ);
+  __m256i neg = _mm256_and_si256(h, _mm256_set1_epi16((short)0x8000));
+  __mmask16 isneg = _mm256_cmpneq_epi16_mask(neg, _mm256_setzero_si256());
+  __mmask16 iszero = _mm256_cmpeq_epi16_mask(h, _mm256_setzero_si256());
+  __m256i down = _mm256_mask_add_epi16(_mm256_sub_epi16(h, _mm256_set1_epi16(1)), isneg, h, _mm256_set1_epi16(1));
+  down = _mm256_mask_mov_epi16(down, iszero, _mm256_set1_epi16((short)0x8001));
+  __m256i z16 = _mm256_mask_mov_epi16(h, over, down);
+  __m512 zf = _mm512_cvtph_ps(z16);
+  /* scale: smallest FP16 >= (min(mx, 65504) - zero) / levels */
+  __m512 sc = _mm512_div_ps(_mm512_sub_ps(_mm512_min_ps(b, big), zf), lv);
+  sc = _mm512_add_ps(_mm512_min_ps(_mm512_max_ps(sc, zero), big), zero);
+  __m256i s16 = _mm512_cvtps_ph(sc, CKV_F16_RNE);
+  __mmask16 under = _mm512_cmp_ps_mask(_mm512_cvtph_ps(s16), sc, _CMP_LT_OQ);
+  s16 = _mm256_mask_add_epi16(s16, under, s16, _mm256_set1_epi16(1));
+  __m512 sf = _mm512_cvtph_ps(s16);
+  __mmask16 pos = _mm512_cmp_ps_mask(sf, zero, _CMP_GT_OQ);
+  *ret_s16 = s16;
+  *ret_z16 = z16;
+  *ret_zf = zf;
+  *ret_inv = _mm512_maskz_div_ps(pos, one, sf);
+}
 static void z_qa_params(const float *mn, const float *mx, size_t n, uint32_t bits, uint16_t *ret_scale,
                         uint16_t *ret_zero, float *ret_zf, float *ret_inv) {
   size_t i = 0;
-  const __m512 zero = _mm512_setzero_ps(), big = _mm512_set1_ps(CKV_F16_MAX), nbig = _mm512_set1_ps(-CKV_F16_MAX);
-  const __m512 lv = _mm512_set1_ps((float)ckv_qa_levels(bits)), one = _mm512_set1_ps(1.0f);
-  /* an immediate operand: a macro, not a variable, so -O0 builds compile */
-#define CKV_F16_RNE (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
   for (; i + 16 <= n; i += 16) {
-    __m512 a = _mm512_loadu_ps(mn + i), b = _mm512_loadu_ps(mx + i);
-    __mmask16 ok = _mm512_cmp_ps_mask(a, b, _CMP_LE_OQ);
-    a = _mm512_maskz_mov_ps(ok, a);
-    b = _mm512_maskz_mov_ps(ok, b);
-    /* zero point: largest FP16 <= mn */
-    __m512 v = _mm512_add_ps(_mm512_min_ps(_mm512_max_ps(a, nbig), big), zero);
-    __m256i h = _mm512_cvtps_ph(v, CKV_F16_RNE);
-    __mmask16 over = _mm512_cmp_ps_mask(_mm512_cvtph_ps(h), v, _CMP_GT_OQ);
-    __m256i neg = _mm256_and_si256(h, _mm256_set1_epi16((short)0x8000));
-    __mmask16 isneg = _mm256_cmpneq_epi16_mask(neg, _mm256_setzero_si256());
-    __mmask16 iszero = _mm256_cmpeq_epi16_mask(h, _mm256_setzero_si256());
-    __m256i down = _mm256_mask_add_epi16(_mm256_sub_epi16(h, _mm256_set1_epi16(1)), isneg, h, _mm256_set1_epi16(1));
-    down = _mm256_mask_mov_epi16(down, iszero, _mm256_set1_epi16((short)0x8001));
-    __m256i z16 = _mm256_mask_mov_epi16(h, over, down);
-    __m512 zf = _mm512_cvtph_ps(z16);
-    /* scale: smallest FP16 >= (min(mx, 65504) - zero) / levels */
-    __m512 s = _mm512_div_ps(_mm512_sub_ps(_mm512_min_ps(b, big), zf), lv);
-    s = _mm512_add_ps(_mm512_min_ps(_mm512_max_ps(s, zero), big), zero);
-    __m256i s16 = _mm512_cvtps_ph(s, CKV_F16_RNE);
-    __mmask16 under = _mm512_cmp_ps_mask(_mm512_cvtph_ps(s16), s, _CMP_LT_OQ);
-    s16 = _mm256_mask_add_epi16(s16, under, s16, _mm256_set1_epi16(1));
-    __m512 sf = _mm512_cvtph_ps(s16);
-    __mmask16 pos = _mm512_cmp_ps_mask(sf, zero, _CMP_GT_OQ);
+    __m256i s16, z16;
+    __m512 zf, inv;
+    qa_params16(_mm512_loadu_ps(mn + i), _mm512_loadu_ps(mx + i), bits, &s16, &z16, &zf, &inv);
     _mm256_storeu_si256((__m256i *)(ret_scale + i), s16);
     _mm256_storeu_si256((__m256i *)(ret_zero + i), z16);
     _mm512_storeu_ps(ret_zf + i, zf);
-    _mm512_storeu_ps(ret_inv + i, _mm512_maskz_div_ps(pos, one, sf));
+    _mm512_storeu_ps(ret_inv + i, inv);
   }
   ckv_rowops_scalar.qa_params(mn + i, mx + i, n - i, bits, ret_scale + i, ret_zero + i, ret_zf + i, ret_inv + i);
 }
@@ -320,6 +330,117 @@ static void z_quant_i8_groups_h(const uint16_t *h, int bf16, size_t n, size_t gl
     z_q8_groups_h(h, 0, n, gl, codes, scales);
 }
 
+/* ---- committed rows straight from FP16 / BF16 halves (move.c's fused path) ---- */
+/* min / max of a widened row into accumulators (the accumulator second: NaN ignored). */
+static inline __attribute__((always_inline)) void minmax_h(const uint16_t *h, const int bf16, float *mn, float *mx,
+                                                           size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m512 x = widen16(h + i, bf16);
+    _mm512_storeu_ps(mn + i, _mm512_min_ps(x, _mm512_loadu_ps(mn + i)));
+    _mm512_storeu_ps(mx + i, _mm512_max_ps(x, _mm512_loadu_ps(mx + i)));
+  }
+  if (i < n) ckv_avx2_minmax_h(h + i, bf16, mn + i, mx + i, n - i);
+}
+static void z_minmax_h(const uint16_t *h, int bf16, float *mn, float *mx, size_t n) {
+  if (bf16)
+    minmax_h(h, 1, mn, mx, n);
+  else
+    minmax_h(h, 0, mn, mx, n);
+}
+/* rint((x - z) * inv) clamped to [0, hi] as int32: min_ps(hi, NaN) is NaN, which converts to
+ * INT32_MIN like -Inf and every negative code, and max_epi32 makes those 0, as ckv_qa_code's clamp. */
+static inline __m512i qa_code16(__m512 x, __m512 z, __m512 v, __m512 hi) {
+  return _mm512_max_epi32(_mm512_cvtps_epi32(_mm512_min_ps(hi, _mm512_mul_ps(_mm512_sub_ps(x, z), v))),
+                          _mm512_setzero_si512());
+}
+/* 32 codes (elements 0..15 in w0, 16..31 in w1, each 0..2^bits-1) packed into row as ckv_pack_codes. */
+static inline void pack32z(__m512i w0, __m512i w1, uint32_t bits, uint8_t *row) {
+  if (bits == 4) { /* per 64-bit lane c_even | c_odd << 32 -> c_even | c_odd << 4 in its low byte */
+    __m512i x0 = _mm512_or_si512(w0, _mm512_srli_epi64(w0, 28)), x1 = _mm512_or_si512(w1, _mm512_srli_epi64(w1, 28));
+    _mm_storeu_si128((__m128i *)row, _mm_unpacklo_epi64(_mm512_cvtepi64_epi8(x0), _mm512_cvtepi64_epi8(x1)));
+  } else { /* per 32-bit lane of bytes c0 | c1 << 8 | c2 << 16 | c3 << 24 -> c0 | c1 << 2 | c2 << 4 | c3 << 6 */
+    __m256i b = _mm256_setr_m128i(_mm512_cvtepi32_epi8(w0), _mm512_cvtepi32_epi8(w1));
+    b = _mm256_and_si256(_mm256_or_si256(b, _mm256_srli_epi32(b, 6)), _mm256_set1_epi32(0x000f000f));
+    b = _mm256_and_si256(_mm256_or_si256(b, _mm256_srli_epi32(b, 12)), _mm256_set1_epi32(0xff));
+    _mm_storel_epi64((__m128i *)row, _mm256_cvtepi32_epi8(b));
+  }
+}
+static inline __attribute__((always_inline)) void quant_u_h(const uint16_t *h, const int bf16, const float *zero,
+                                                            const float *inv, uint32_t bits, uint8_t *row, size_t n) {
+  const __m512 hi = _mm512_set1_ps((float)ckv_qa_levels(bits));
+  for (size_t i = 0; i + 32 <= n; i += 32)
+    pack32z(qa_code16(widen16(h + i, bf16), _mm512_loadu_ps(zero + i), _mm512_loadu_ps(inv + i), hi),
+            qa_code16(widen16(h + i + 16, bf16), _mm512_loadu_ps(zero + i + 16), _mm512_loadu_ps(inv + i + 16), hi), bits,
+            row + i * bits / 8);
+}
+static void z_quant_u_h(const uint16_t *h, int bf16, const float *zero, const float *inv, uint32_t bits, uint8_t *row,
+                        size_t n) {
+  if (bf16)
+    quant_u_h(h, 1, zero, inv, bits, row, n);
+  else
+    quant_u_h(h, 0, zero, inv, bits, row, n);
+}
+/* Lane k of the result (k < 16) = min (max) over the 16 lanes of v[k]: four levels of pairwise
+ * folds (within 128-bit lanes by unpack, then across them by shuffle_f32x4). */
+static inline __m512 reduce16(const __m512 *v, int is_max) {
+#define CKV_RED(a, b) (is_max ? _mm512_max_ps((a), (b)) : _mm512_min_ps((a), (b)))
+  __m512 a[8], b[4], c[2];
+  for (int i = 0; i < 8; i++) /* per 128-bit lane: v[2i] at 0, 2; v[2i+1] at 1, 3 */
+    a[i] = CKV_RED(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  for (int j = 0; j < 4; j++) { /* per 128-bit lane L: groups 4j..4j+3, each over lane L */
+    __m512d x = _mm512_castps_pd(a[2 * j]), y = _mm512_castps_pd(a[2 * j + 1]);
+    b[j] = CKV_RED(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  }
+  for (int k = 0; k < 2; k++) /* lanes: b[2k] over L0+L1, over L2+L3, b[2k+1] the same */
+    c[k] = CKV_RED(_mm512_shuffle_f32x4(b[2 * k], b[2 * k + 1], 0x88), _mm512_shuffle_f32x4(b[2 * k], b[2 * k + 1], 0xdd));
+  /* lane L: b[L] over all four lanes, i.e. groups 4L..4L+3 */
+  __m512 d = CKV_RED(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xdd));
+#undef CKV_RED
+  return d;
+}
+/* quant_u_groups of a widened row in groups of 32, 16 groups at a time: per group one chained
+ * min / max (the accumulator second: NaN ignored), the 16 ranges reduced together, their params in
+ * one step, then the codes. */
+static inline __attribute__((always_inline)) void qu32_groups_h(const uint16_t *h, const int bf16, size_t n,
+                                                                uint32_t bits, uint16_t *params, uint8_t *row) {
+  const __m512 hi = _mm512_set1_ps((float)ckv_qa_levels(bits));
+  const __m512 pinf = _mm512_set1_ps(INFINITY), ninf = _mm512_set1_ps(-INFINITY);
+  for (size_t e0 = 0; e0 < n; e0 += 512) {
+    size_t nb = (n - e0) / 32 < 16 ? (n - e0) / 32 : 16;
+    __m512 vmn[16], vmx[16];
+    for (size_t k = 0; k < 16; k++) {
+      vmn[k] = pinf, vmx[k] = ninf;
+      if (k >= nb) continue;
+      __m512 a = widen16(h + e0 + 32 * k, bf16), b = widen16(h + e0 + 32 * k + 16, bf16);
+      vmn[k] = _mm512_min_ps(b, _mm512_min_ps(a, pinf));
+      vmx[k] = _mm512_max_ps(b, _mm512_max_ps(a, ninf));
+    }
+    __m256i hs, hz;
+    __m512 vz, vi;
+    qa_params16(reduce16(vmn, 0), reduce16(vmx, 1), bits, &hs, &hz, &vz, &vi);
+    uint16_t sz[32];
+    float zf[16], inv[16];
+    _mm256_storeu_si256((__m256i *)sz, _mm256_permute2x128_si256(_mm256_unpacklo_epi16(hs, hz), _mm256_unpackhi_epi16(hs, hz), 0x20));
+    _mm256_storeu_si256((__m256i *)(sz + 16), _mm256_permute2x128_si256(_mm256_unpacklo_epi16(hs, hz), _mm256_unpackhi_epi16(hs, hz), 0x31));
+    memcpy(params + 2 * (e0 / 32), sz, nb * 2 * sizeof(uint16_t));
+    _mm512_storeu_ps(zf, vz);
+    _mm512_storeu_ps(inv, vi);
+    for (size_t k = 0; k < nb; k++) {
+      const uint16_t *x = h + e0 + 32 * k;
+      __m512 z = _mm512_set1_ps(zf[k]), v = _mm512_set1_ps(inv[k]);
+      pack32z(qa_code16(widen16(x, bf16), z, v, hi), qa_code16(widen16(x + 16, bf16), z, v, hi), bits,
+              row + (e0 + 32 * k) * bits / 8);
+    }
+  }
+}
+static void z_quant_u32_groups_h(const uint16_t *h, int bf16, size_t n, uint32_t bits, uint16_t *params, uint8_t *row) {
+  if (bf16)
+    qu32_groups_h(h, 1, n, bits, params, row);
+  else
+    qu32_groups_h(h, 0, n, bits, params, row);
+}
+
 const ckv_rowops ckv_rowops_avx512 = {
     .name = "avx512",
     .cvt_f16 = z_cvt_f16,
@@ -344,4 +465,7 @@ const ckv_rowops ckv_rowops_avx512 = {
     .quant_i8_groups = ckv_avx2_quant_i8_groups,
     .quant_u_groups = ckv_avx2_quant_u_groups,
     .quant_i8_groups_h = z_quant_i8_groups_h,
+    .quant_u32_groups_h = z_quant_u32_groups_h,
+    .minmax_h = z_minmax_h,
+    .quant_u_h = z_quant_u_h,
 };

@@ -172,6 +172,44 @@ static void check_groups(const ckv_rowops *V, const float *x, size_t n, size_t g
     }
     free(hv);
   }
+  /* committed rows straight from halves (move.c's fused path): groups of 32, per-channel min / max, codes */
+  if (V->quant_u32_groups_h && V->minmax_h && V->quant_u_h && gl == 32) {
+    size_t m = n / 32 * 32;
+    uint16_t *hv = malloc(m * 2), *p1 = malloc(m / 8 + 8), *p2 = malloc(m / 8 + 8);
+    float *w = malloc(m * sizeof(float)), *mn1 = malloc(m * sizeof(float)), *mx1 = malloc(m * sizeof(float));
+    float *mn2 = malloc(m * sizeof(float)), *mx2 = malloc(m * sizeof(float));
+    cr_assert(hv && p1 && p2 && w && mn1 && mx1 && mn2 && mx2);
+    for (int bf16 = 0; bf16 <= 1; bf16++) {
+      for (size_t i = 0; i < m; i++) hv[i] = bf16 ? (uint16_t)(ckv_f32_bits(x[i]) >> 16) : ckv_f32_to_f16(x[i]);
+      (bf16 ? S->cvt_bf16 : S->cvt_f16)(hv, w, m);
+      for (uint32_t bits = 2; bits <= 4; bits += 2) {
+        memset(c1, 0, n), memset(c2, 0xa5, n); /* every byte written: no zeroing first */
+        S->quant_u_groups(w, m, 32, bits, p1, c1);
+        V->quant_u32_groups_h(hv, bf16, m, bits, p2, c2);
+        cr_expect_arr_eq(p1, p2, m / 32 * 4, "quant_u32_groups_h params %s bf16 %d bits %u", V->name, bf16, bits);
+        cr_expect_arr_eq(c1, c2, m * bits / 8, "quant_u32_groups_h codes %s bf16 %d bits %u", V->name, bf16, bits);
+        /* per-element params of those groups, then the codes of quant_u_h against quant_u + ckv_pack_codes */
+        for (size_t k = 0; k < m; k++) {
+          zero[k] = ckv_f16_to_f32(p1[2 * (k / 32) + 1]);
+          inv[k] = ckv_inv_scale(p1[2 * (k / 32)]);
+        }
+        S->quant_u(w, zero, inv, bits, c1, m);
+        ckv_pack_codes(c1, m, bits, c3);
+        memset(c2, 0x5a, n);
+        V->quant_u_h(hv, bf16, zero, inv, bits, c2, m);
+        cr_expect_arr_eq(c3, c2, m * bits / 8, "quant_u_h codes %s bf16 %d bits %u", V->name, bf16, bits);
+      }
+      for (size_t i = 0; i < m; i++) { /* accumulators with a history, NaN-free as move.c's are */
+        mn1[i] = mn2[i] = (i % 3) ? INFINITY : 0.5f;
+        mx1[i] = mx2[i] = (i % 5) ? -INFINITY : -0.5f;
+      }
+      S->minmax(w, mn1, mx1, m);
+      V->minmax_h(hv, bf16, mn2, mx2, m);
+      cr_expect_eq(memcmp(mn1, mn2, m * sizeof(float)), 0, "minmax_h min %s bf16 %d", V->name, bf16);
+      cr_expect_eq(memcmp(mx1, mx2, m * sizeof(float)), 0, "minmax_h max %s bf16 %d", V->name, bf16);
+    }
+    free(hv), free(p1), free(p2), free(w), free(mn1), free(mx1), free(mn2), free(mx2);
+  }
   free(q1), free(q2), free(q3), free(s1), free(s2), free(s3), free(c1), free(c2), free(c3), free(zero), free(inv);
 }
 
@@ -268,6 +306,53 @@ Test(simd, transitions_bit_equal) {
         free(s), free(c);
       }
       free(s_ref), free(c_ref);
+    }
+    for (int i = 0; i < 4; i++) free(d[i]);
+  }
+  ckv_kernels_force(CKV_PATH_AUTO);
+  if (!tested) cr_skip_test("no SIMD path on this CPU");
+}
+
+static float gen_edges(kf_rng *r, uint32_t l, uint32_t kv, uint32_t e, void *ctx) {
+  float v = gen_wild(r, l, kv, e, ctx);
+  uint64_t u = kf_next(r) % 401;
+  return u == 0 ? NAN : u == 1 ? INFINITY : u == 2 ? -INFINITY : u == 3 ? 70000.0f : v;
+}
+
+/* Drafts straight into committed blocks, nothing pruned (move.c's fused path where the geometry
+ * allows it: head_dim and rows in groups of 32), a full chunk and a partial one, with NaN, +-Inf and
+ * values past FP16's range in the drafts: the same bytes on every path as on the scalar one. */
+Test(simd, draft_to_committed_bit_equal) {
+  const ckv_geometry geoms[] = {{2, 2, 64, CKV_DTYPE_FP16}, {1, 4, 32, CKV_DTYPE_BF16}, {1, 8, 128, CKV_DTYPE_FP16},
+                                {1, 6, 8, CKV_DTYPE_FP16}};
+  int tested = 0;
+  for (size_t gi = 0; gi < sizeof geoms / sizeof geoms[0]; gi++) {
+    const ckv_geometry *g = &geoms[gi];
+    kf_rng r = {71 + gi};
+    void *d[4];
+    for (int i = 0; i < 4; i++) {
+      d[i] = kf_block(CKV_FORMAT_DRAFT, g, 16, 0);
+      kf_fill_draft(g, d[i], &r, gen_edges, NULL, 16u * i);
+    }
+    for (uint32_t fmt = CKV_FORMAT_COMMIT4; fmt <= CKV_FORMAT_COMMIT2; fmt++) {
+      void *ref = NULL;
+      for (int p = -1; p < 2; p++) {
+        if (ckv_kernels_force(p < 0 ? CKV_PATH_SCALAR : simd_paths[p]) != CKV_OK) continue;
+        void *c = kf_block(fmt, g, 64, 0);
+        ckv_move m[44];
+        for (uint32_t i = 0; i < 44; i++) /* slots 0..31 (a full chunk) and 32..43, in a scrambled order */
+          m[i] = (ckv_move){.src = d[(i * 7) % 44 / 16], .src_slot = (i * 7) % 44 % 16, .dst = c, .dst_slot = (i * 7) % 44};
+        cr_assert_eq(ckv_kernels_move(g, m, 44, CKV_MOVE_SET_VALID), CKV_OK);
+        if (p < 0) {
+          ref = c;
+          continue;
+        }
+        tested++;
+        cr_expect_eq(memcmp(c, ref, ckv_format_block_bytes(fmt, g, 64, 0)), 0, "draft -> commit fmt %u geometry %zu, %s",
+                     fmt, gi, ckv_kernels_path_name(simd_paths[p]));
+        free(c);
+      }
+      free(ref);
     }
     for (int i = 0; i < 4; i++) free(d[i]);
   }
