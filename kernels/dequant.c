@@ -69,6 +69,10 @@ ckv_status ckv_kernels_dequantize(const ckv_geometry *g, const void *blk, uint32
     uint32_t idx[CKV_MAX_HEAD_DIM];
     float v[CKV_MAX_HEAD_DIM], sf[CKV_MAX_HEAD_DIM], zf[CKV_MAX_HEAD_DIM];
     if (kept < D) memset(ret, 0, ckv_draft_token_elems(g) * sizeof(float));
+    /* each head's row of this slot lies in its own chunk: ask for them all before the first is needed */
+    for (uint32_t hd = 0; hd < g->n_kv_heads; hd++)
+      __builtin_prefetch(ckv_cb(blk, ckv_commit_key_chunk_offset(fmt, g, cap, kept, layer, hd, chunk)) + (size_t)kept * 4u +
+                         (slot % CKV_COMMIT_CHUNK_TOKENS) * ckv_commit_key_row_bytes(fmt, kept));
     for (uint32_t hd = 0; hd < g->n_kv_heads; hd++) {
       const uint64_t *mask = ckv_commit_mask(g, h, blk, layer, hd);
       /* every channel kept (the usual case): the mask is checked by counting its bits, and channel j is
@@ -82,6 +86,12 @@ ckv_status ckv_kernels_dequantize(const ckv_geometry *g, const void *blk, uint32
       const uint8_t *row = c + (size_t)kept * 4u + (slot % CKV_COMMIT_CHUNK_TOKENS) * ckv_commit_key_row_bytes(fmt, kept);
       /* ckv_mul_add(code, scale, zero): the product, then + 1 * zero (exact: one rounding, as the sum) */
       float *x = kept == D ? ret + (size_t)hd * D : v;
+      if (ops->dequant_u_cols && (bits == 4 || bits == 2) && kept % 32u == 0) { /* one pass */
+        ops->dequant_u_cols(row, bits, sc, zp, x, kept);
+        if (kept < D)
+          for (uint32_t j = 0; j < kept; j++) ret[(size_t)hd * D + idx[j]] = v[j];
+        continue;
+      }
       ops->cvt_codes(row, bits, x, kept);
       ops->cvt_f16(sc, sf, kept);
       ops->cvt_f16(zp, zf, kept);
@@ -98,6 +108,11 @@ ckv_status ckv_kernels_dequantize(const ckv_geometry *g, const void *blk, uint32
                         (size_t)slot * ng * 2u;
   const uint8_t *row = ckv_cb(blk, ckv_commit_value_codes_offset(fmt, g, cap, kept, layer)) +
                        (size_t)slot * ckv_commit_value_row_bytes(fmt, g);
+  if (ops->dequant_u32_groups && (bits == 4 || bits == 2) && te % CKV_COMMIT_VALUE_GROUP == 0 &&
+      CKV_COMMIT_VALUE_GROUP == 32) { /* one pass */
+    ops->dequant_u32_groups(row, bits, par, ret, te);
+    return CKV_OK;
+  }
   ops->cvt_codes(row, bits, ret, te);
   for (uint32_t q = 0; q < ng; q++) {
     size_t lo = (size_t)q * CKV_COMMIT_VALUE_GROUP, n = lo + CKV_COMMIT_VALUE_GROUP <= te ? CKV_COMMIT_VALUE_GROUP : te - lo;

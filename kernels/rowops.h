@@ -70,6 +70,13 @@ typedef struct ckv_rowops {
    * does, every byte of row written (n a multiple of 32, bits 4 or 2).  NULL where a path has none. */
   void (*quant_u_h)(const uint16_t *h, int bf16, const float *zero, const float *inv, uint32_t bits, uint8_t *row,
                     size_t n);
+  /* dst[i] = ckv_mul_add(code i of row, widened scale[i], widened zero[i]): committed keys' per-channel
+   * params (n a multiple of 32, bits 4 or 2).  NULL where a path has none (dequant.c composes). */
+  void (*dequant_u_cols)(const uint8_t *row, uint32_t bits, const uint16_t *scale, const uint16_t *zero, float *dst,
+                         size_t n);
+  /* dst[i] = ckv_mul_add(code i, scale, zero) with (scale, zero) = params[2q], params[2q+1] of its
+   * group q of 32: committed values (n a multiple of 32, bits 4 or 2).  NULL where a path has none. */
+  void (*dequant_u32_groups)(const uint8_t *row, uint32_t bits, const uint16_t *params, float *dst, size_t n);
 } ckv_rowops;
 
 extern const ckv_rowops ckv_rowops_scalar;

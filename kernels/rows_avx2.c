@@ -564,6 +564,40 @@ void ckv_avx2_quant_u_h(const uint16_t *h, int bf16, const float *zero, const fl
     quant_u_h(h, 0, zero, inv, bits, row, n);
 }
 
+/* ---- committed rows back to FP32 in one pass (dequant.c), 32 codes a step ---- */
+/* The 32 codes of row (4 or 2 bits) as four vectors of 8 floats. */
+static inline void codes32(const uint8_t *row, uint32_t bits, __m256 c[4]) {
+  __m128i lo, hi;
+  unpack32(row, bits, &lo, &hi);
+  c[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
+  c[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
+  c[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
+  c[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+}
+/* dst[i] = ckv_mul_add(code i, widened scale[i], widened zero[i]) (keys: per-channel params). */
+void ckv_avx2_dequant_u_cols(const uint8_t *row, uint32_t bits, const uint16_t *scale, const uint16_t *zero, float *dst,
+                             size_t n) {
+  for (size_t i = 0; i + 32 <= n; i += 32) {
+    __m256 c[4];
+    codes32(row + i * bits / 8, bits, c);
+    for (int j = 0; j < 4; j++) {
+      __m256 s = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(scale + i + 8 * j)));
+      __m256 z = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(zero + i + 8 * j)));
+      _mm256_storeu_ps(dst + i + 8 * j, _mm256_add_ps(_mm256_mul_ps(c[j], s), z));
+    }
+  }
+}
+/* dst[i] = ckv_mul_add(code i, scale, zero) of its group of 32 ((scale, zero) pairs in params: values). */
+void ckv_avx2_dequant_u32_groups(const uint8_t *row, uint32_t bits, const uint16_t *params, float *dst, size_t n) {
+  for (size_t i = 0; i + 32 <= n; i += 32) {
+    __m256 c[4];
+    codes32(row + i * bits / 8, bits, c);
+    __m128 sz = _mm_cvtph_ps(_mm_cvtsi32_si128((int)((uint32_t)params[i / 16] | (uint32_t)params[i / 16 + 1] << 16)));
+    __m256 s = _mm256_broadcastss_ps(sz), z = _mm256_broadcastss_ps(_mm_movehdup_ps(sz));
+    for (int j = 0; j < 4; j++) _mm256_storeu_ps(dst + i + 8 * j, _mm256_add_ps(_mm256_mul_ps(c[j], s), z));
+  }
+}
+
 const ckv_rowops ckv_rowops_avx2 = {
     .name = "avx2",
     .cvt_f16 = a_cvt_f16,
@@ -589,4 +623,6 @@ const ckv_rowops ckv_rowops_avx2 = {
     .quant_u32_groups_h = ckv_avx2_quant_u32_groups_h,
     .minmax_h = ckv_avx2_minmax_h,
     .quant_u_h = ckv_avx2_quant_u_h,
+    .dequant_u_cols = ckv_avx2_dequant_u_cols,
+    .dequant_u32_groups = ckv_avx2_dequant_u32_groups,
 };

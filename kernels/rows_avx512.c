@@ -441,6 +441,37 @@ static void z_quant_u32_groups_h(const uint16_t *h, int bf16, size_t n, uint32_t
     qu32_groups_h(h, 0, n, bits, params, row);
 }
 
+/* ---- committed rows back to FP32 in one pass (dequant.c), 32 codes a step ---- */
+static inline void codes32z(const uint8_t *row, uint32_t bits, __m512 *c0, __m512 *c1) {
+  __m128i lo, hi;
+  unpack32(row, bits, &lo, &hi);
+  *c0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo));
+  *c1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi));
+}
+static void z_dequant_u_cols(const uint8_t *row, uint32_t bits, const uint16_t *scale, const uint16_t *zero, float *dst,
+                             size_t n) {
+  for (size_t i = 0; i + 32 <= n; i += 32) {
+    __m512 c0, c1;
+    codes32z(row + i * bits / 8, bits, &c0, &c1);
+    __m512 s0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(scale + i)));
+    __m512 s1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(scale + i + 16)));
+    __m512 z0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(zero + i)));
+    __m512 z1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(zero + i + 16)));
+    _mm512_storeu_ps(dst + i, _mm512_add_ps(_mm512_mul_ps(c0, s0), z0));
+    _mm512_storeu_ps(dst + i + 16, _mm512_add_ps(_mm512_mul_ps(c1, s1), z1));
+  }
+}
+static void z_dequant_u32_groups(const uint8_t *row, uint32_t bits, const uint16_t *params, float *dst, size_t n) {
+  for (size_t i = 0; i + 32 <= n; i += 32) {
+    __m512 c0, c1;
+    codes32z(row + i * bits / 8, bits, &c0, &c1);
+    __m128 sz = _mm_cvtph_ps(_mm_cvtsi32_si128((int)((uint32_t)params[i / 16] | (uint32_t)params[i / 16 + 1] << 16)));
+    __m512 s = _mm512_broadcastss_ps(sz), z = _mm512_broadcastss_ps(_mm_movehdup_ps(sz));
+    _mm512_storeu_ps(dst + i, _mm512_add_ps(_mm512_mul_ps(c0, s), z));
+    _mm512_storeu_ps(dst + i + 16, _mm512_add_ps(_mm512_mul_ps(c1, s), z));
+  }
+}
+
 const ckv_rowops ckv_rowops_avx512 = {
     .name = "avx512",
     .cvt_f16 = z_cvt_f16,
@@ -468,4 +499,6 @@ const ckv_rowops ckv_rowops_avx512 = {
     .quant_u32_groups_h = z_quant_u32_groups_h,
     .minmax_h = z_minmax_h,
     .quant_u_h = z_quant_u_h,
+    .dequant_u_cols = z_dequant_u_cols,
+    .dequant_u32_groups = z_dequant_u32_groups,
 };
