@@ -78,6 +78,7 @@ typedef struct attn_layout {
   float *qr, *qsum; /* rotated scaled query [hr][D] and the sum of its elements [hr] */
   float *qrp;       /* qr in ROT4's and ROT2's permuted orders, [2][hr][D] */
   float *qsp;       /* qs in INT4's permuted order [hr][D] when head_dim % 32 == 0, else NULL */
+  float *qsn;       /* integer scores of committed keys: qs in nibble order [hr][ld], zero padded, or NULL */
   size_t *slot_base; /* n_blocks + 1 prefix sums of the capacities */
   attn_part *parts;  /* (the array itself lives in the workspace too) */
   attn_ws *ws;
@@ -162,6 +163,7 @@ static size_t ws_layout(const ckv_attn_args *a, size_t slots, attn_layout *L, ui
   CARVE(L->qsum, float, HR);
   CARVE(L->qrp, float, 2u * HR * D);
   CARVE(L->qsp, float, HR * D);
+  CARVE(L->qsn, float, HR * ckv_idot_ld(D));
   CARVE(L->S, float, slots * HR);
   CARVE(L->mblk, float, (size_t)a->n_blocks * HR);
   CARVE(L->slot_base, size_t, (size_t)a->n_blocks + 1);
@@ -236,7 +238,8 @@ static void score_block(const ckv_rowops *ops, const ckv_attn_args *a, const voi
   const float *qs = LY->qs + (size_t)h * RG * D;
   if (LY->io && ckv_iscore_format(fmt)) { /* integer scores (attention_int.c) */
     ckv_iscore_query q = {.qs = qs, .qr = LY->qr + (size_t)h * RG * D, .qs8 = iq_rows(&LY->qs8, (size_t)h * RG),
-                          .qr8 = iq_rows(&LY->qr8, (size_t)h * RG)};
+                          .qr8 = iq_rows(&LY->qr8, (size_t)h * RG),
+                          .qsn = LY->qsn ? LY->qsn + (size_t)h * RG * ckv_idot_ld(D) : NULL};
     ckv_iscore_block(ops, LY->io, g, L, blk, h, &q, RG, &w->is, S);
     return;
   }
@@ -571,6 +574,14 @@ ckv_status ckv_kernels_attention(const ckv_attn_args *a) {
   L.A = ckv_attnops_get();
   if (L.A) ckv_ablock_tables(&L.luts);
   if (L.io && has_staged) ckv_iquery_set(ops, L.qs, HR, D, D, 0, &L.qs8, L.ws[0].is.tmp);
+  if (L.io && has_c4) { /* what every committed block with all channels kept folds its scales into */
+    size_t ld = ckv_idot_ld(D);
+    memset(L.qsn, 0, HR * ld * sizeof(float));
+    for (size_t hr = 0; hr < HR; hr++)
+      for (uint32_t j = 0; j < D; j++) L.qsn[hr * ld + ckv_idot_u4_index(j)] = L.qs[hr * D + j];
+  } else {
+    L.qsn = NULL;
+  }
   if (L.io && has_rot4) ckv_iquery_set(ops, L.qr, HR, D, D, 1, &L.qr8, L.ws[0].is.tmp);
   L.slot_base[0] = 0;
   for (uint32_t b = 0; b < a->n_blocks; b++) L.slot_base[b + 1] = L.slot_base[b] + ckv_hdr(a->blocks[b])->capacity;

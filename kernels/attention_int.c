@@ -56,16 +56,58 @@ size_t ckv_iscratch_carve(ckv_iscratch *s, size_t nq, uint32_t n, uint8_t *mem) 
 
 /* sum x[i] * y[i] in a fixed order (16 interleaved partial sums, then a fixed
  * tree), so the bias terms are the same on every path and cost a 16th of a
- * serial loop's latency. */
+ * serial loop's latency.  The 16 partial sums are four GCC vectors (lanes: a
+ * product, then a sum, never fused: this file has no FMA flag), the same bits
+ * as 16 scalar accumulators. */
+typedef float ckv_f32x4 __attribute__((vector_size(16)));
 static float dot16(const float *x, const float *y, size_t n) {
-  float acc[16] = {0};
+  ckv_f32x4 v[4] = {{0}}; /* lanes 0-3, 4-7, 8-11, 12-15: four SSE registers on any x86-64 */
   size_t i = 0;
   for (; i + 16 <= n; i += 16)
-    for (size_t l = 0; l < 16; l++) acc[l] += x[i + l] * y[i + l];
+    for (int k = 0; k < 4; k++) {
+      ckv_f32x4 a, b;
+      memcpy(&a, x + i + 4 * k, sizeof a);
+      memcpy(&b, y + i + 4 * k, sizeof b);
+      v[k] += a * b;
+    }
+  float acc[16];
+  memcpy(acc, v, sizeof acc);
   for (size_t l = 0; i < n; i++, l++) acc[l] += x[i] * y[i];
   for (size_t w = 8; w; w >>= 1)
     for (size_t l = 0; l < w; l++) acc[l] += acc[l + w];
   return acc[0];
+}
+
+/* even[m] = x[2m], odd[m] = x[2m + 1] for m < 32 (GCC vector shuffles: SSE2's shufps, or any target's). */
+static void deinterleave32(const float *x, float *even, float *odd) {
+  typedef int32_t i32x4 __attribute__((vector_size(16)));
+  const i32x4 ev = {0, 2, 4, 6}, od = {1, 3, 5, 7};
+  for (uint32_t m = 0; m < 32; m += 4) {
+    ckv_f32x4 a, b;
+    memcpy(&a, x + 2 * m, sizeof a);
+    memcpy(&b, x + 2 * m + 4, sizeof b);
+    ckv_f32x4 e = __builtin_shuffle(a, b, ev), o = __builtin_shuffle(a, b, od);
+    memcpy(even + m, &e, sizeof e);
+    memcpy(odd + m, &o, sizeof o);
+  }
+}
+
+/* S[0..n) = -inf, four lanes a store. */
+static void fill_neg_inf(float *S, size_t n) {
+  const ckv_f32x4 v = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+  size_t i = 0;
+  for (; i + 4 <= n; i += 4) memcpy(S + i, &v, sizeof v);
+  for (; i < n; i++) S[i] = -INFINITY;
+}
+
+/* sum of p[0..n), n a multiple of 32 (32 int16 partial sums, widened at the end: exact). */
+static int32_t sum_i8(const int8_t *p, size_t n) {
+  int16_t acc[32] = {0};
+  for (size_t j = 0; j < n; j += 32) /* at most 127 * (n / 32) per lane: no overflow below n = 8K */
+    for (int l = 0; l < 32; l++) acc[l] = (int16_t)(acc[l] + p[j + l]); /* fixed trip count: vectorised */
+  int32_t s = 0;
+  for (int l = 0; l < 32; l++) s += acc[l];
+  return s;
 }
 
 void ckv_iquery_set(const ckv_rowops *ops, const float *x, size_t nq, size_t ldx, uint32_t n, int nibble,
@@ -78,8 +120,8 @@ void ckv_iquery_set(const ckv_rowops *ops, const float *x, size_t nq, size_t ldx
     ops->quant_i8(xi, inv, nibble ? tmp : p, n);
     if (nibble)
       for (uint32_t j = 0; j < n; j++) p[ckv_idot_u4_index(j)] = tmp[j];
-    int32_t s = 0;
-    for (size_t j = 0; j < q->ld; j++) s += p[j];
+    int32_t s = q->ld <= 8192u ? sum_i8(p, q->ld) : 0;
+    for (size_t j = 0; q->ld > 8192u && j < q->ld; j++) s += p[j];
     q->a[i] = a;
     q->psum[i] = s;
   }
@@ -154,10 +196,20 @@ static void score_commit4(const ckv_rowops *ops, const ckv_idotops *io, const ck
   uint32_t cap = hd->capacity, D = g->head_dim, fmt = hd->format, kept = hd->kept_channels;
   uint32_t sealed = ckv_block_sealed_chunks(blk);
   size_t krow = ckv_commit_key_row_bytes(fmt, kept), ld = ckv_idot_ld(kept);
-  if (ckv_mask_channels(ckv_commit_mask(g, hd, blk, layer, h), D, w->idx) != kept) return; /* as the float path */
-  memset(w->qg, 0, nq * ld * sizeof(float));
-  for (size_t rg = 0; rg < nq; rg++)
-    for (uint32_t j = 0; j < kept; j++) w->qg[rg * ld + ckv_idot_u4_index(j)] = q->qs[rg * D + w->idx[j]];
+  const uint64_t *mask = ckv_commit_mask(g, hd, blk, layer, h);
+  const float *qg = w->qg;
+  if (kept == D && q->qsn) { /* every channel kept: the call's nibble-ordered query; the mask only counted */
+    uint32_t set = 0;
+    for (uint32_t k = 0; k < ckv_commit_mask_words(g); k++)
+      set += (uint32_t)__builtin_popcountll(D - 64u * k >= 64u ? mask[k] : mask[k] & ((1ull << (D - 64u * k)) - 1u));
+    if (set != kept) return; /* as the float path */
+    qg = q->qsn;
+  } else {
+    if (ckv_mask_channels(mask, D, w->idx) != kept) return; /* as the float path */
+    memset(w->qg, 0, nq * ld * sizeof(float));
+    for (size_t rg = 0; rg < nq; rg++)
+      for (uint32_t j = 0; j < kept; j++) w->qg[rg * ld + ckv_idot_u4_index(j)] = q->qs[rg * D + w->idx[j]];
+  }
   float *scale = w->par, *zero = w->par + ld, *sp = w->par + 2 * ld, *wp = w->par + 3 * ld;
   memset(sp, 0, 2 * ld * sizeof(float)); /* padding stays 0 */
   for (uint32_t c = 0; c < ckv_commit_chunks(cap); c++) {
@@ -165,26 +217,39 @@ static void score_commit4(const ckv_rowops *ops, const ckv_idotops *io, const ck
     const uint8_t *ch = ckv_cb(blk, ckv_commit_key_chunk_offset(fmt, g, cap, kept, layer, h, c));
     ops->cvt_f16((const uint16_t *)ch, scale, kept);
     ops->cvt_f16((const uint16_t *)ch + kept, zero, kept);
-    for (uint32_t j = 0; j < kept; j++) {
+    uint32_t j = 0;
+    for (; j + 64 <= kept; j += 64) { /* nibble order of whole 64-channel blocks: evens, then odds */
+      deinterleave32(scale + j, sp + j, sp + j + 32);
+      deinterleave32(zero + j, wp + j, wp + j + 32);
+      for (uint32_t m = 0; m < 64; m += 4) { /* wp = zero + 7.5 scale: a product, then a sum */
+        ckv_f32x4 z, sv;
+        memcpy(&z, wp + j + m, sizeof z);
+        memcpy(&sv, sp + j + m, sizeof sv);
+        z = z + 7.5f * sv;
+        memcpy(wp + j + m, &z, sizeof z);
+      }
+    }
+    for (; j < kept; j++) {
       size_t k = ckv_idot_u4_index(j);
       sp[k] = scale[j];
       wp[k] = zero[j] + 7.5f * scale[j];
     }
     for (size_t rg = 0; rg < nq; rg++) {
-      ops->mul(w->qg + rg * ld, sp, w->qk + rg * ld, ld); /* one rounding per element: the same on every path */
-      w->bias[rg] = dot16(w->qg + rg * ld, wp, ld);
+      ops->mul(qg + rg * ld, sp, w->qk + rg * ld, ld); /* one rounding per element: the same on every path */
+      w->bias[rg] = dot16(qg + rg * ld, wp, ld);
     }
     ckv_iquery_set(ops, w->qk, nq, ld, (uint32_t)ld, 0, &w->q, w->tmp);
     io->u4(w->q.p, nq, w->q.ld, ch + (size_t)kept * 4u, krow, CKV_COMMIT_CHUNK_TOKENS, kept, w->acc,
            CKV_ISCORE_BATCH);
     uint32_t valid = valid32(blk, cap, c * CKV_COMMIT_CHUNK_TOKENS);
-    for (uint32_t i = 0; i < CKV_COMMIT_CHUNK_TOKENS; i++) {
-      uint32_t t = c * CKV_COMMIT_CHUNK_TOKENS + i;
-      if (!((valid >> i) & 1u)) continue;
-      for (size_t rg = 0; rg < nq; rg++) {
-        int32_t v = 2 * w->acc[rg * CKV_ISCORE_BATCH + i] - 15 * w->q.psum[rg];
-        S[rg * cap + t] = (float)v * (0.5f * w->q.a[rg]) + w->bias[rg];
-      }
+    for (size_t rg = 0; rg < nq; rg++) { /* every slot of the chunk (a loop a compiler vectorises), then the empty ones */
+      const int32_t *ac = w->acc + rg * CKV_ISCORE_BATCH;
+      int32_t ps = 15 * w->q.psum[rg];
+      float k = 0.5f * w->q.a[rg], b = w->bias[rg], *o = S + rg * cap + c * CKV_COMMIT_CHUNK_TOKENS;
+      for (uint32_t i = 0; i < CKV_COMMIT_CHUNK_TOKENS; i++) o[i] = (float)(2 * ac[i] - ps) * k + b;
+      if (valid != ~0u)
+        for (uint32_t i = 0; i < CKV_COMMIT_CHUNK_TOKENS; i++)
+          if (!((valid >> i) & 1u)) o[i] = -INFINITY;
     }
   }
 }
@@ -192,7 +257,7 @@ static void score_commit4(const ckv_rowops *ops, const ckv_idotops *io, const ck
 void ckv_iscore_block(const ckv_rowops *ops, const ckv_idotops *io, const ckv_geometry *g, uint32_t layer,
                       const void *blk, uint32_t h, const ckv_iscore_query *q, size_t nq, ckv_iscratch *w, float *S) {
   uint32_t cap = ckv_hdr(blk)->capacity, fmt = ckv_hdr(blk)->format;
-  for (size_t i = 0; i < nq * cap; i++) S[i] = -INFINITY;
+  fill_neg_inf(S, nq * cap);
   if (fmt == CKV_FORMAT_STAGED) score_staged(io, g, blk, layer, h, &q->qs8, nq, w->acc, S);
   else if (fmt == CKV_FORMAT_ROT4) score_rot4(ops, io, g, blk, layer, h, q, nq, w, S);
   else if (fmt == CKV_FORMAT_COMMIT4) score_commit4(ops, io, g, layer, blk, h, q, nq, w, S);

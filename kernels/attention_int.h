@@ -39,6 +39,8 @@ typedef struct ckv_iscore_query {
   const float *qr; /* [nq][head_dim]: the same rotated (ckv_rot_forward for the head's keys); rotated blocks */
   ckv_iquery qs8;  /* qs quantized in natural order (staged blocks) */
   ckv_iquery qr8;  /* qr quantized in nibble order (ROT4 blocks) */
+  const float *qsn; /* [nq][ckv_idot_ld(head_dim)]: qs in nibble order, zero padded (committed blocks with
+                       every channel kept use it as is), or NULL */
 } ckv_iscore_query;
 
 /* Carves an iquery / iscratch for nq rows of n elements from *mem (NULL: only

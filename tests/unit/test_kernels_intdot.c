@@ -122,6 +122,8 @@ typedef struct scorer {
   ckv_iscratch w;
   ckv_iscore_query q;
   float *qs, *qr, *S;
+  float *qsn; /* qs in nibble order, as fused attention hands committed blocks with every channel kept */
+  int use_qsn;
 } scorer;
 static void scorer_init(scorer *s, const ckv_geometry *g, size_t nq) {
   uint32_t D = g->head_dim;
@@ -129,13 +131,14 @@ static void scorer_init(scorer *s, const ckv_geometry *g, size_t nq) {
   size_t a = ckv_iscratch_carve(&s->w, nq, D, NULL), b = ckv_iquery_carve(&dummy, nq, D, NULL);
   s->mem = aligned_alloc(64, a + 2 * b);
   s->qs = malloc(nq * D * 4), s->qr = malloc(nq * D * 4), s->S = malloc(nq * 64 * 4);
-  cr_assert(s->mem && s->qs && s->qr && s->S);
+  s->qsn = malloc(nq * ckv_idot_ld(D) * 4), s->use_qsn = 0;
+  cr_assert(s->mem && s->qs && s->qr && s->S && s->qsn);
   ckv_iscratch_carve(&s->w, nq, D, s->mem);
   ckv_iquery_carve(&s->q.qs8, nq, D, s->mem + a);
   ckv_iquery_carve(&s->q.qr8, nq, D, s->mem + a + b);
-  s->q.qs = s->qs, s->q.qr = s->qr;
+  s->q.qs = s->qs, s->q.qr = s->qr, s->q.qsn = NULL;
 }
-static void scorer_done(scorer *s) { free(s->mem), free(s->qs), free(s->qr), free(s->S); }
+static void scorer_done(scorer *s) { free(s->mem), free(s->qs), free(s->qr), free(s->S), free(s->qsn); }
 /* Scores of kv head h as attention computes them: the query quantized, then the block scored. */
 static void score(scorer *s, const path *p, const ckv_geometry *g, uint32_t layer, const void *blk, uint32_t h, size_t nq) {
   uint32_t D = g->head_dim;
@@ -146,6 +149,14 @@ static void score(scorer *s, const path *p, const ckv_geometry *g, uint32_t laye
     }
   ckv_iquery_set(p->ops, s->qs, nq, D, D, 0, &s->q.qs8, s->w.tmp);
   ckv_iquery_set(p->ops, s->qr, nq, D, D, 1, &s->q.qr8, s->w.tmp);
+  s->q.qsn = NULL;
+  if (s->use_qsn) {
+    size_t ld = ckv_idot_ld(D);
+    memset(s->qsn, 0, nq * ld * 4);
+    for (size_t i = 0; i < nq; i++)
+      for (uint32_t j = 0; j < D; j++) s->qsn[i * ld + ckv_idot_u4_index(j)] = s->qs[i * D + j];
+    s->q.qsn = s->qsn;
+  }
   ckv_iscore_block(p->ops, p->io, g, layer, blk, h, &s->q, nq, &s->w, s->S);
 }
 
@@ -207,11 +218,14 @@ Test(intdot, block_scores_same_bits_on_every_path_and_close_to_exact) {
         size_t n = 0;
         for (uint32_t h = 0; h < g->n_kv_heads; h++) {
           score(&ref, &P[0], g, layer, blk, h, nq);
-          for (int p = 1; p < 4; p++) {
-            if (!P[p].ok) continue;
-            score(&s, &P[p], g, layer, blk, h, nq);
-            cr_expect_eq(memcmp(s.S, ref.S, nq * 64 * 4), 0, "fmt %u kept %u D %u nq %zu head %u: %s scores differ from scalar",
-                         fm[f].fmt, fm[f].kept, D, nq, h, P[p].name);
+          /* every path, with the call's nibble-ordered query and without (the block folds its own): the same bits */
+          for (int p = 0; p < 8; p++) {
+            if (!P[p % 4].ok || p == 0) continue;
+            s.use_qsn = p >= 4;
+            score(&s, &P[p % 4], g, layer, blk, h, nq);
+            cr_expect_eq(memcmp(s.S, ref.S, nq * 64 * 4), 0,
+                         "fmt %u kept %u D %u nq %zu head %u: %s scores (%s query) differ from scalar", fm[f].fmt,
+                         fm[f].kept, D, nq, h, P[p % 4].name, s.use_qsn ? "nibble-ordered" : "block-folded");
           }
           score_error(g, layer, blk, h, ref.qs, nq, ref.S, &emax, &ss, &n);
         }
