@@ -93,7 +93,13 @@ int ckv_prune_block(const ckv_rowops *ops, const ckv_geometry *g, void *dst, con
     memset(mag, 0, te * sizeof(float));
     for (size_t i = 0; i < n; i++) {
       const ckv_move *mv = &moves[order[i]];
-      ckv_read_row(ops, g, mv->src, ckv_move_src_hdr(mv), l, 0, mv->src_slot, row);
+      const ckv_block_header *sh = ckv_move_src_hdr(mv);
+      if (sh->format == CKV_FORMAT_DRAFT && ops->absadd_h) { /* widened in registers */
+        ops->absadd_h((const uint16_t *)ckv_cb(mv->src, ckv_draft_kv_offset(g, sh->capacity, l, 0, mv->src_slot)),
+                      g->dtype == CKV_DTYPE_BF16, mag, te);
+        continue;
+      }
+      ckv_read_row(ops, g, mv->src, sh, l, 0, mv->src_slot, row);
       for (size_t e = 0; e < te; e++) mag[e] += fabsf(row[e]);
     }
     for (uint32_t hd = 0; hd < H; hd++) {

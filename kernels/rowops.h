@@ -77,6 +77,8 @@ typedef struct ckv_rowops {
   /* dst[i] = ckv_mul_add(code i, scale, zero) with (scale, zero) = params[2q], params[2q+1] of its
    * group q of 32: committed values (n a multiple of 32, bits 4 or 2).  NULL where a path has none. */
   void (*dequant_u32_groups)(const uint8_t *row, uint32_t bits, const uint16_t *params, float *dst, size_t n);
+  /* acc[i] += fabsf(widened FP16 / BF16 h[i]), element by element.  NULL where a path has none. */
+  void (*absadd_h)(const uint16_t *h, int bf16, float *acc, size_t n);
 } ckv_rowops;
 
 extern const ckv_rowops ckv_rowops_scalar;
@@ -87,6 +89,7 @@ void ckv_avx2_quant_i8_groups(const float *x, size_t n, size_t gl, int8_t *codes
 void ckv_avx2_quant_i8_groups_h(const uint16_t *h, int bf16, size_t n, size_t gl, int8_t *codes, uint16_t *scales);
 void ckv_avx2_quant_u_groups(const float *x, size_t n, size_t gl, uint32_t bits, uint16_t *params, uint8_t *row);
 void ckv_avx2_quant_u32_groups_h(const uint16_t *h, int bf16, size_t n, uint32_t bits, uint16_t *params, uint8_t *row);
+void ckv_avx2_absadd_h(const uint16_t *h, int bf16, float *acc, size_t n);
 void ckv_avx2_minmax_h(const uint16_t *h, int bf16, float *mn, float *mx, size_t n);
 void ckv_avx2_quant_u_h(const uint16_t *h, int bf16, const float *zero, const float *inv, uint32_t bits, uint8_t *row,
                         size_t n);

@@ -564,6 +564,21 @@ void ckv_avx2_quant_u_h(const uint16_t *h, int bf16, const float *zero, const fl
     quant_u_h(h, 0, zero, inv, bits, row, n);
 }
 
+/* acc[i] += |widened h[i]| (pruning's channel magnitudes), element by element: the scalar sums. */
+static inline __attribute__((always_inline)) void absadd_h(const uint16_t *h, const int bf16, float *acc, size_t n) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(acc + i, _mm256_add_ps(_mm256_loadu_ps(acc + i), _mm256_andnot_ps(sign, widen8(h + i, bf16))));
+  for (; i < n; i++) acc[i] += fabsf(bf16 ? ckv_bf16_to_f32(h[i]) : _cvtsh_ss(h[i]));
+}
+void ckv_avx2_absadd_h(const uint16_t *h, int bf16, float *acc, size_t n) {
+  if (bf16)
+    absadd_h(h, 1, acc, n);
+  else
+    absadd_h(h, 0, acc, n);
+}
+
 /* ---- committed rows back to FP32 in one pass (dequant.c), 32 codes a step ---- */
 /* The 32 codes of row (4 or 2 bits) as four vectors of 8 floats. */
 static inline void codes32(const uint8_t *row, uint32_t bits, __m256 c[4]) {
@@ -624,5 +639,6 @@ const ckv_rowops ckv_rowops_avx2 = {
     .minmax_h = ckv_avx2_minmax_h,
     .quant_u_h = ckv_avx2_quant_u_h,
     .dequant_u_cols = ckv_avx2_dequant_u_cols,
+    .absadd_h = ckv_avx2_absadd_h,
     .dequant_u32_groups = ckv_avx2_dequant_u32_groups,
 };

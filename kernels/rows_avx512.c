@@ -441,6 +441,20 @@ static void z_quant_u32_groups_h(const uint16_t *h, int bf16, size_t n, uint32_t
     qu32_groups_h(h, 0, n, bits, params, row);
 }
 
+/* acc[i] += |widened h[i]| (pruning's channel magnitudes), element by element: the scalar sums. */
+static inline __attribute__((always_inline)) void absadd_h(const uint16_t *h, const int bf16, float *acc, size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(acc + i, _mm512_add_ps(_mm512_loadu_ps(acc + i), _mm512_abs_ps(widen16(h + i, bf16))));
+  if (i < n) ckv_avx2_absadd_h(h + i, bf16, acc + i, n - i);
+}
+static void z_absadd_h(const uint16_t *h, int bf16, float *acc, size_t n) {
+  if (bf16)
+    absadd_h(h, 1, acc, n);
+  else
+    absadd_h(h, 0, acc, n);
+}
+
 /* ---- committed rows back to FP32 in one pass (dequant.c), 32 codes a step ---- */
 static inline void codes32z(const uint8_t *row, uint32_t bits, __m512 *c0, __m512 *c1) {
   __m128i lo, hi;
@@ -500,5 +514,6 @@ const ckv_rowops ckv_rowops_avx512 = {
     .minmax_h = z_minmax_h,
     .quant_u_h = z_quant_u_h,
     .dequant_u_cols = z_dequant_u_cols,
+    .absadd_h = z_absadd_h,
     .dequant_u32_groups = z_dequant_u32_groups,
 };

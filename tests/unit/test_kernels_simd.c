@@ -320,8 +320,9 @@ static float gen_edges(kf_rng *r, uint32_t l, uint32_t kv, uint32_t e, void *ctx
 }
 
 /* Drafts straight into committed blocks, nothing pruned (move.c's fused path where the geometry
- * allows it: head_dim and rows in groups of 32), a full chunk and a partial one, with NaN, +-Inf and
- * values past FP16's range in the drafts: the same bytes on every path as on the scalar one. */
+ * allows it: head_dim and rows in groups of 32) and half the key channels pruned (magnitudes summed
+ * from the halves), a full chunk and a partial one, with NaN, +-Inf and values past FP16's range in
+ * the drafts: the same bytes on every path as on the scalar one. */
 Test(simd, draft_to_committed_bit_equal) {
   const ckv_geometry geoms[] = {{2, 2, 64, CKV_DTYPE_FP16}, {1, 4, 32, CKV_DTYPE_BF16}, {1, 8, 128, CKV_DTYPE_FP16},
                                 {1, 6, 8, CKV_DTYPE_FP16}};
@@ -334,11 +335,12 @@ Test(simd, draft_to_committed_bit_equal) {
       d[i] = kf_block(CKV_FORMAT_DRAFT, g, 16, 0);
       kf_fill_draft(g, d[i], &r, gen_edges, NULL, 16u * i);
     }
-    for (uint32_t fmt = CKV_FORMAT_COMMIT4; fmt <= CKV_FORMAT_COMMIT2; fmt++) {
+    for (uint32_t fk = 0; fk < 4; fk++) { /* INT4, INT2; every channel, then half pruned (magnitudes from halves) */
+      uint32_t fmt = fk % 2 ? CKV_FORMAT_COMMIT2 : CKV_FORMAT_COMMIT4, kept = fk >= 2 ? g->head_dim / 2 : 0;
       void *ref = NULL;
       for (int p = -1; p < 2; p++) {
         if (ckv_kernels_force(p < 0 ? CKV_PATH_SCALAR : simd_paths[p]) != CKV_OK) continue;
-        void *c = kf_block(fmt, g, 64, 0);
+        void *c = kf_block(fmt, g, 64, kept);
         ckv_move m[44];
         for (uint32_t i = 0; i < 44; i++) /* slots 0..31 (a full chunk) and 32..43, in a scrambled order */
           m[i] = (ckv_move){.src = d[(i * 7) % 44 / 16], .src_slot = (i * 7) % 44 % 16, .dst = c, .dst_slot = (i * 7) % 44};
@@ -348,8 +350,8 @@ Test(simd, draft_to_committed_bit_equal) {
           continue;
         }
         tested++;
-        cr_expect_eq(memcmp(c, ref, ckv_format_block_bytes(fmt, g, 64, 0)), 0, "draft -> commit fmt %u geometry %zu, %s",
-                     fmt, gi, ckv_kernels_path_name(simd_paths[p]));
+        cr_expect_eq(memcmp(c, ref, ckv_format_block_bytes(fmt, g, 64, kept)), 0,
+                     "draft -> commit fmt %u kept %u geometry %zu, %s", fmt, kept, gi, ckv_kernels_path_name(simd_paths[p]));
         free(c);
       }
       free(ref);
