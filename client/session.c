@@ -505,6 +505,28 @@ int ckv_session_report(ckv_session *s, uint64_t round, uint64_t first_position, 
   return CKV_OK;
 }
 
+int ckv_session_prefetch(ckv_session *s, bool *ret_resident) {
+  if (!s) return CKV_ERR_INVALID;
+  if (stale(s)) return CKV_ERR_DAEMON_RESTARTED;
+  Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
+  Commitkv__V1__Acquire a = COMMITKV__V1__ACQUIRE__INIT;
+  a.session_id = s->id;
+  a.prefetch = true;
+  req.body_case = COMMITKV__V1__REQUEST__BODY_ACQUIRE;
+  req.acquire = &a;
+  Commitkv__V1__Response *rep;
+  int r = ckv_rpc(s->c, &req, &rep);
+  if (r < 0) return r;
+  if (rep->body_case != COMMITKV__V1__RESPONSE__BODY_VIEW) {
+    ckv_rpc_set_error(s->c, "session %s: Acquire answered without a view", s->id);
+    ckv_rpc_free(rep);
+    return CKV_ERR_PROTO;
+  }
+  if (ret_resident) *ret_resident = rep->view->resident;
+  ckv_rpc_free(rep); /* the view itself is read with ckv_session_view */
+  return CKV_OK;
+}
+
 int ckv_session_ack(ckv_session *s, uint64_t epoch, uint64_t *ret_reclaimed) {
   if (!s) return CKV_ERR_INVALID;
   if (stale(s)) return CKV_ERR_DAEMON_RESTARTED;

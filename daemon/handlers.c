@@ -526,6 +526,8 @@ static int h_ack(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, r
 static int view_reply(ckv_server *s, ckv_srv_session *sess, reply_ctx *x) {
   Commitkv__V1__View *v = NEW(s, Commitkv__V1__View, COMMITKV__V1__VIEW__INIT);
   if (!v) return -ENOMEM;
+  v->resident = true; /* a view is answered only once the session is back (tier.c parks the request) */
+  v->tier = (char *)"primary";
   size_t counts[3] = {0};
   for (size_t i = 0; i < sess->n_blocks; i++) {
     uint8_t f = sess->blocks[i].format;
@@ -584,10 +586,23 @@ static int h_view(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
 }
 
 static int h_acquire(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, reply_ctx *x) {
-  /* Host backend: every block is resident; tiering makes this bring blocks back. */
+  /* A session on disk was parked by the tier gate until it is back, unless
+   * this is a prefetch: the gate started the read, and the answer is now. */
   ckv_srv_session *sess;
   int r = find_session(s, c, req->acquire->session_id, true, &sess, x);
   if (r < 0) return r;
+  ckv_tier_state ts = ckv_tier_state_of(sess);
+  if (req->acquire->prefetch && (ts == CKV_TIER_ON_DISK || ts == CKV_TIER_RESTORING)) {
+    Commitkv__V1__View *v = NEW(s, Commitkv__V1__View, COMMITKV__V1__VIEW__INIT);
+    if (!v) return -ENOMEM;
+    v->epoch = sess->epoch;
+    v->n_tokens = sess->tokens.n;
+    v->resident = false;
+    v->tier = (char *)(ts == CKV_TIER_ON_DISK ? "disk" : "restoring");
+    x->rep->body_case = COMMITKV__V1__RESPONSE__BODY_VIEW;
+    x->rep->view = v;
+    return CKV_OK;
+  }
   c->tenant->hits++;
   return view_reply(s, sess, x);
 }

@@ -528,8 +528,20 @@ static int park(ckv_server *s, ckv_conn *c, parked **head, parked **tail, const 
 static unsigned pressure_moves(ckv_server *s, const ckv_tenant *tn, const ckv_srv_session *except, uint64_t short_by,
                                uint64_t *ret_freeing);
 
+/* Starts reading sess back (CKV_OK; without a loop it is back when this
+ * returns) or fails with msg; the caller parks its request, or (a prefetch)
+ * answers at once.  *ret_sync: the read ran here and r is its outcome. */
+static int start_restore(ckv_server *s, ckv_srv_session *sess, char *msg, size_t msglen, bool *ret_sync);
+
 static int bring_back(ckv_server *s, ckv_conn *c, ckv_srv_session *sess, const Commitkv__V1__Request *req,
                       char *msg, size_t msglen) {
+  bool sync = false;
+  int r = start_restore(s, sess, msg, msglen, &sync);
+  if (sync || r < 0) return r;
+  return park(s, c, &sess->tier->head, &sess->tier->tail, req);
+}
+
+static int start_restore(ckv_server *s, ckv_srv_session *sess, char *msg, size_t msglen, bool *ret_sync) {
   ckv_tier *t = s->tier;
   ckv_tier_slot *slot = sess->tier;
   tier_job *q = new_job(s, CKV_SNAPIO_LOAD, sess->tenant, sess->id);
@@ -541,6 +553,7 @@ static int bring_back(ckv_server *s, ckv_conn *c, ckv_srv_session *sess, const C
     ckv_snapio_run(&q->job);
     int r = apply_restore(s, sess, &q->job, msg, msglen);
     job_destroy(&q->job);
+    *ret_sync = true;
     return r;
   }
   q->job.finish = restore_finished;
@@ -566,7 +579,7 @@ static int bring_back(ckv_server *s, ckv_conn *c, ckv_srv_session *sess, const C
              CKV_SNAPIO_DEPTH);
     return CKV_ERR_BUSY;
   }
-  return park(s, c, &slot->head, &slot->tail, req);
+  return CKV_OK;
 }
 
 /* What a request means to the tier: the session it names, whether it needs
@@ -630,11 +643,21 @@ int ckv_tier_gate(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
   slot->full_logged = false;
   if (req->body_case == COMMITKV__V1__REQUEST__BODY_APPEND_TOKENS) slot->writes_open = true;
   if (req->body_case == COMMITKV__V1__REQUEST__BODY_REPORT_ROUND) slot->writes_open = false;
+  /* Acquire with prefetch: the read starts (or is under way) and the handler answers now */
+  bool prefetch = req->body_case == COMMITKV__V1__REQUEST__BODY_ACQUIRE && req->acquire->prefetch;
   switch (slot->state) {
     case CKV_TIER_RESIDENT: return CKV_OK;
     case CKV_TIER_OFFLOADING: slot->cancel = true; return CKV_OK;
-    case CKV_TIER_ON_DISK: return g.kv ? bring_back(s, c, sess, req, msg, msglen) : CKV_OK;
-    case CKV_TIER_RESTORING: return park(s, c, &slot->head, &slot->tail, req); /* behind the request that asked first */
+    case CKV_TIER_ON_DISK:
+      if (!g.kv) return CKV_OK;
+      if (prefetch) {
+        bool sync = false;
+        return start_restore(s, sess, msg, msglen, &sync);
+      }
+      return bring_back(s, c, sess, req, msg, msglen);
+    case CKV_TIER_RESTORING:
+      if (prefetch) return CKV_OK;
+      return park(s, c, &slot->head, &slot->tail, req); /* behind the request that asked first */
   }
   return CKV_OK;
 }

@@ -262,6 +262,14 @@ int ckv_session_report(ckv_session *s, uint64_t round, uint64_t first_position, 
 /* Semantic-score updates for a report: call before ckv_session_report; they
  * travel with it. */
 int ckv_session_set_semantic(ckv_session *s, const uint32_t *positions, const float *scores, size_t n);
+/* Asks for the session to be resident before its next round (Acquire with
+ * prefetch): a session the daemon moved to disk (docs/tiers.md) starts
+ * coming back and the call returns at once.  *ret_resident (may be NULL)
+ * says whether its K/V is in the primary tier now; a request that needs it
+ * (the view, append, report) waits for it either way.  Call it when a
+ * request for the session is on its way (an engine's router: the user is
+ * typing) to hide the read-back. */
+int ckv_session_prefetch(ckv_session *s, bool *ret_resident);
 /* This client no longer reads anything older than `epoch`.  ret_reclaimed
  * (may be NULL) receives the bytes the daemon freed. */
 int ckv_session_ack(ckv_session *s, uint64_t epoch, uint64_t *ret_reclaimed);
