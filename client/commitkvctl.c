@@ -128,9 +128,10 @@ static int cmd_stats(ckv_client *c, bool json) {
       printf(", \"bytes\": %" PRIu64 ", \"capacity\": %" PRIu64 ", \"sessions\": %" PRIu64 ", \"hits\": %" PRIu64
              ", \"misses\": %" PRIu64 ", \"offloads\": %" PRIu64 ", \"offload_bytes\": %" PRIu64
              ", \"restores\": %" PRIu64 ", \"restore_bytes\": %" PRIu64 ", \"cancelled\": %" PRIu64
-             ", \"refused\": %" PRIu64 ", \"errors\": %" PRIu64 ", \"pressure_moves\": %" PRIu64 "}",
+             ", \"refused\": %" PRIu64 ", \"errors\": %" PRIu64 ", \"pressure_moves\": %" PRIu64
+             ", \"hit_tokens\": %" PRIu64 ", \"miss_tokens\": %" PRIu64 "}",
              t->bytes, t->capacity, t->sessions, t->hits, t->misses, t->offloads, t->offload_bytes, t->restores,
-             t->restore_bytes, t->cancelled, t->refused, t->errors, t->pressure_moves);
+             t->restore_bytes, t->cancelled, t->refused, t->errors, t->pressure_moves, t->hit_tokens, t->miss_tokens);
     }
     printf("]}\n");
   } else {

@@ -572,6 +572,7 @@ static int h_view(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
   int r = find_session(s, c, req->get_view->session_id, true, &sess, x);
   if (r < 0) return r;
   c->tenant->hits++; /* host backend: every block is resident */
+  c->tenant->hit_tokens += sess->tokens.n;
   if (req->get_view->known_epoch && req->get_view->known_epoch == sess->epoch) {
     Commitkv__V1__View *v = NEW(s, Commitkv__V1__View, COMMITKV__V1__VIEW__INIT);
     if (!v) return -ENOMEM;
@@ -604,6 +605,7 @@ static int h_acquire(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *re
     return CKV_OK;
   }
   c->tenant->hits++;
+  c->tenant->hit_tokens += sess->tokens.n;
   return view_reply(s, sess, x);
 }
 
@@ -863,7 +865,7 @@ static int restore_done(ckv_server *s, ckv_conn *c, io_request *q, reply_ctx *x)
   }
   if ((r = add_session(s, c, key, sess)) < 0) return fail(x, r, "out of memory");
   ckv_lifecycle_plan(sess, s->compressor, /* flush= */ false); /* what waited for a move when it was saved */
-  if (j->from_tier) ckv_tier_resumed(s, c->tenant, sess->id); /* back in memory: its tier file goes */
+  if (j->from_tier) ckv_tier_resumed(s, c->tenant, sess->id, sess->tokens.n); /* back in memory: its tier file goes */
   ckv_log(CKV_LOG_INFO, "session-restore", c->tenant->name, sess->id,
           "restored from %s snapshot '%s': %zu tokens (%llu draft, %llu staged, %llu committed, %llu recycled), %llu "
           "not kept by its save%s; read in %.3f ms by the I/O thread",
@@ -1056,15 +1058,18 @@ static int tier_stats(ckv_server *s, const ckv_conn *c, Commitkv__V1__Stats *st)
     p->bytes += t->bytes_used;
     p->capacity += ckv_arena_size(t->arena);
     p->hits += t->hits;
+    p->hit_tokens += t->hit_tokens;
     p->sessions += t->n_sessions;
   }
   p->sessions -= d.disk_sessions < p->sessions ? d.disk_sessions : p->sessions;
   p->misses = d.restores; /* each brought back from disk */
+  p->miss_tokens = d.restore_tokens;
   k->tier = "disk";
   k->bytes = d.disk_bytes;
   k->capacity = d.capacity;
   k->sessions = d.disk_sessions;
   k->hits = d.restores;
+  k->hit_tokens = d.restore_tokens;
   k->offloads = d.offloads;
   k->offload_bytes = d.offload_bytes;
   k->restores = d.restores;

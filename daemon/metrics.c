@@ -394,6 +394,18 @@ int ckv_metrics_format(const ckv_metrics_snapshot *snap, char **ret_text, size_t
     for (int t = 0; t < CKV_METRICS_TIERS; t++)
       sample_u64(f, "commitkv_tier_misses_total",
                  (const char *const[]){"tenant", ts[i].name, "tier", k_tier_names[t], NULL}, ts[i].misses_total[t]);
+  family(f, "commitkv_tier_hit_tokens_total", "counter",
+         "Tokens served from a tier (primary: the tokens of each hit; disk: the tokens of each session brought back).");
+  for (size_t i = 0; i < nt; i++)
+    for (int t = 0; t < CKV_METRICS_TIERS; t++)
+      sample_u64(f, "commitkv_tier_hit_tokens_total",
+                 (const char *const[]){"tenant", ts[i].name, "tier", k_tier_names[t], NULL}, ts[i].hit_tokens_total[t]);
+  family(f, "commitkv_tier_miss_tokens_total", "counter",
+         "Tokens a request found in a lower tier and had brought back (primary: from disk).");
+  for (size_t i = 0; i < nt; i++)
+    for (int t = 0; t < CKV_METRICS_TIERS; t++)
+      sample_u64(f, "commitkv_tier_miss_tokens_total",
+                 (const char *const[]){"tenant", ts[i].name, "tier", k_tier_names[t], NULL}, ts[i].miss_tokens_total[t]);
   family(f, "commitkv_tier_offloads_total", "counter", "Sessions moved down into a tier (idle past disk_idle).");
   for (size_t i = 0; i < nt; i++)
     for (int t = 1; t < CKV_METRICS_TIERS; t++)

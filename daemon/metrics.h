@@ -117,6 +117,8 @@ typedef struct ckv_metrics_tenant {
    * session a request had to bring back from disk first (which is the disk
    * tier's hit). */
   uint64_t hits_total[CKV_METRICS_TIERS], misses_total[CKV_METRICS_TIERS];
+  /* The same in tokens: the tokens each hit served, the tokens each miss brought back. */
+  uint64_t hit_tokens_total[CKV_METRICS_TIERS], miss_tokens_total[CKV_METRICS_TIERS];
   /* Sessions moved down into a tier and brought back out of it (tier.h). */
   uint64_t offloads_total[CKV_METRICS_TIERS], restores_total[CKV_METRICS_TIERS];
   uint64_t pressure_moves_total[CKV_METRICS_TIERS]; /* of the offloads, those for a short quota */

@@ -68,6 +68,7 @@ void ckv_server_publish_metrics(ckv_server *s) {
     m->arena_size_bytes[0] = ckv_arena_size(t->arena);
     m->arena_used_bytes[0] = t->bytes_used;
     m->hits_total[0] = t->hits;
+    m->hit_tokens_total[0] = t->hit_tokens;
     ckv_tier_stats d;
     ckv_tier_get_stats(s, t, &d);
     m->tier_bytes[CKV_METRICS_TIER_DISK] = d.disk_bytes;
@@ -76,6 +77,8 @@ void ckv_server_publish_metrics(ckv_server *s) {
     m->arena_used_bytes[CKV_METRICS_TIER_DISK] = d.disk_bytes;
     m->misses_total[CKV_METRICS_TIER_PRIMARY] = d.restores;
     m->hits_total[CKV_METRICS_TIER_DISK] = d.restores;
+    m->miss_tokens_total[CKV_METRICS_TIER_PRIMARY] = d.restore_tokens;
+    m->hit_tokens_total[CKV_METRICS_TIER_DISK] = d.restore_tokens;
     m->offloads_total[CKV_METRICS_TIER_DISK] = d.offloads;
     m->restores_total[CKV_METRICS_TIER_DISK] = d.restores;
     m->pressure_moves_total[CKV_METRICS_TIER_DISK] = d.pressure_moves;

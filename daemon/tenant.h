@@ -36,6 +36,7 @@ typedef struct ckv_tenant {
   /* counters for the metrics endpoint */
   uint64_t transitions_gone[4][4]; /* transitions of sessions already freed */
   uint64_t hits;                   /* Acquire/GetView of resident sessions */
+  uint64_t hit_tokens;             /* the tokens those sessions held */
   uint64_t recycle_runs;           /* runs of recycled tokens reported */
   uint64_t errors[CKV_METRICS_ERRORS];
   /* Warm restart (warm.h): while claim.pending, the next block_alloc takes

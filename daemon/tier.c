@@ -47,7 +47,7 @@ struct ckv_tier_slot {
 /* One tenant's counters (since start; they never go down). */
 typedef struct tenant_counts {
   const ckv_tenant *tenant;
-  uint64_t offloads, offload_bytes, restores, restore_bytes, cancelled, refused, errors, pressure_moves;
+  uint64_t offloads, offload_bytes, restores, restore_bytes, restore_tokens, cancelled, refused, errors, pressure_moves;
 } tenant_counts;
 
 struct ckv_tier {
@@ -439,6 +439,7 @@ static int apply_restore(ckv_server *s, ckv_srv_session *sess, ckv_snapio_job *j
   t->disk_bytes -= slot->file_bytes < t->disk_bytes ? slot->file_bytes : t->disk_bytes;
   tc->restores++;
   tc->restore_bytes += slot->file_bytes;
+  tc->restore_tokens += ns->tokens.n;
   ckv_log(CKV_LOG_INFO, "tier-restore", ns->tenant->name, ns->id,
           "brought back from disk: %zu tokens, %llu bytes of KV memory, epoch %llu (read in %.3f ms by the I/O "
           "thread)",
@@ -755,13 +756,15 @@ void ckv_tier_forget(ckv_server *s, ckv_srv_session *sess) {
   free(slot);
 }
 
-void ckv_tier_resumed(ckv_server *s, const ckv_tenant *tenant, const char *id) {
+void ckv_tier_resumed(ckv_server *s, const ckv_tenant *tenant, const char *id, uint64_t tokens) {
   ckv_tier *t = s->tier;
   if (!t) return;
   char key[256];
   ckv_server_session_key(tenant, id, key, sizeof key);
   forget_leftover(t, key);
-  counts_of(t, tenant)->restores++;
+  tenant_counts *tc = counts_of(t, tenant);
+  tc->restores++;
+  tc->restore_tokens += tokens;
   remove_file(s, tenant, id);
 }
 
@@ -779,6 +782,7 @@ void ckv_tier_get_stats(const ckv_server *s, const ckv_tenant *tenant, ckv_tier_
     ret->offload_bytes += c->offload_bytes;
     ret->restores += c->restores;
     ret->restore_bytes += c->restore_bytes;
+    ret->restore_tokens += c->restore_tokens;
     ret->cancelled += c->cancelled;
     ret->refused += c->refused;
     ret->errors += c->errors;

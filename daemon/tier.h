@@ -72,6 +72,7 @@ typedef enum ckv_tier_state {
 typedef struct ckv_tier_stats {
   uint64_t disk_bytes, disk_sessions, capacity;
   uint64_t offloads, offload_bytes, restores, restore_bytes;
+  uint64_t restore_tokens; /* tokens of the sessions brought back (the disk tier's hit tokens) */
   uint64_t cancelled, refused, errors;
   uint64_t pressure_moves; /* offloads made for memory pressure (part of offloads) */
   uint64_t resident_bytes5[5]; /* of sessions on disk: what they held in memory (stats bytes layout) */
@@ -125,9 +126,10 @@ int ckv_tier_make_room(ckv_server *s, ckv_conn *c, ckv_srv_session *sess, uint64
  * after a restart) and its slot freed. */
 void ckv_tier_forget(ckv_server *s, ckv_srv_session *sess);
 
-/* Session `id` of tenant came back from an earlier run's tier file (an
- * OpenSession with resume, handlers.c): the file is removed and uncounted. */
-void ckv_tier_resumed(ckv_server *s, const ckv_tenant *tenant, const char *id);
+/* Session `id` of tenant (`tokens` tokens) came back from an earlier run's
+ * tier file (an OpenSession with resume, handlers.c): the file is removed
+ * and uncounted, the restore counted. */
+void ckv_tier_resumed(ckv_server *s, const ckv_tenant *tenant, const char *id, uint64_t tokens);
 
 /* Where sess's K/V is now. */
 ckv_tier_state ckv_tier_state_of(const ckv_srv_session *sess);

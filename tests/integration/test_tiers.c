@@ -219,6 +219,12 @@ Test(tiers, idle_session_goes_to_disk_and_back, .timeout = 120) {
   cr_assert_eq(ckv_test_stat(&d, "tiers.1.restores"), 2);
   cr_assert_eq(ckv_test_stat(&d, "tiers.1.hits"), 2);
   cr_assert_eq(ckv_test_stat(&d, "tiers.0.misses"), 2);
+  /* in tokens: both sessions' tokens came from disk; the primary served every view since */
+  unsigned long long both = ckv_session_tokens(a) + ckv_session_tokens(b);
+  cr_assert_eq(ckv_test_stat(&d, "tiers.1.hit_tokens"), both);
+  cr_assert_eq(ckv_test_stat(&d, "tiers.0.miss_tokens"), both);
+  unsigned long long served = ckv_test_stat(&d, "tiers.0.hit_tokens");
+  cr_assert_geq(served, both + ckv_session_tokens(a), "primary hit tokens %llu: not every view counted", served);
   cr_assert_eq(ckv_test_stat(&d, "tiers.1.restore_bytes"), on_disk);
   cr_assert_eq(ckv_test_stat(&d, "tiers.1.sessions"), 0);
   cr_assert_eq(ckv_test_stat(&d, "tiers.1.bytes"), 0);

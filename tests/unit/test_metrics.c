@@ -49,6 +49,9 @@ static ckv_metrics_tenant make_tenant(const char *name) {
   t.transitions_total[CKV_METRICS_TR_ANY_RECYCLED] = 40;
   t.recycles_total = 4;
   t.hits_total[0] = 11;
+  t.hit_tokens_total[0] = 1100;
+  t.miss_tokens_total[0] = 70;
+  t.hit_tokens_total[1] = 70;
   t.compress_pending_tokens = 9;
   t.errors_total[ckv_metrics_error_index(CKV_ERR_QUOTA)] = 2;
   t.errors_total[ckv_metrics_error_index(-ENOMEM)] = 1;
@@ -124,6 +127,10 @@ Test(metrics, format_known_snapshot) {
   assert_line(text, "commitkv_recycles_total{tenant=\"alice\"} 4");
   assert_line(text, "commitkv_tier_hits_total{tenant=\"alice\",tier=\"primary\"} 11");
   assert_line(text, "commitkv_tier_misses_total{tenant=\"alice\",tier=\"primary\"} 0");
+  assert_line(text, "# TYPE commitkv_tier_hit_tokens_total counter");
+  assert_line(text, "commitkv_tier_hit_tokens_total{tenant=\"alice\",tier=\"primary\"} 1100");
+  assert_line(text, "commitkv_tier_hit_tokens_total{tenant=\"alice\",tier=\"disk\"} 70");
+  assert_line(text, "commitkv_tier_miss_tokens_total{tenant=\"alice\",tier=\"primary\"} 70");
   assert_line(text, "commitkv_compress_pending_tokens{tenant=\"alice\"} 9");
   assert_line(text, "commitkv_errors_total{tenant=\"alice\",code=\"CKV_ERR_QUOTA\"} 2");
   assert_line(text, "commitkv_errors_total{tenant=\"alice\",code=\"errno\"} 1");
