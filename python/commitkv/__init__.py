@@ -402,6 +402,12 @@ class Session:
         Arrays of older views must not be read after this."""
         return self._s.ack(int(epoch))
 
+    def prefetch(self) -> bool:
+        """Asks for the session to be resident before its next round: one the daemon moved to disk
+        starts coming back and the call returns at once.  True when its K/V is in memory now (a view,
+        append or report waits for it either way); call it when a request for the session is coming."""
+        return self._s.prefetch()
+
     def close(self, keep: Optional[bool] = None) -> None:
         """Drops the session, or detaches it (kept for resume) with keep=True
         (default: the `keep` given to open_session).  Idempotent."""

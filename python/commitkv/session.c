@@ -620,6 +620,21 @@ static PyObject *session_ack(ckvpy_session *self, PyObject *arg) {
   return PyLong_FromUnsignedLongLong(reclaimed);
 }
 
+static PyObject *session_prefetch(ckvpy_session *self, PyObject *unused) {
+  int r;
+  bool resident = false;
+  char err[512];
+  ckv_client *c = self->client->c;
+  Py_BEGIN_ALLOW_THREADS
+  pthread_mutex_lock(&self->lock);
+  r = self->s ? ckv_session_prefetch(self->s, &resident) : CKV_ERR_STATE;
+  if (r < 0) ckvpy_copy_error(self->s ? c : NULL, r, err, sizeof(err));
+  pthread_mutex_unlock(&self->lock);
+  Py_END_ALLOW_THREADS
+  if (r < 0) return ckvpy_raise(r, r == CKV_ERR_STATE && !self->s ? NOT_OPEN_TEXT : err);
+  return PyBool_FromLong(resident);
+}
+
 /* ---- attributes ----------------------------------------------------------------------- */
 
 static PyObject *locked_u64(ckvpy_session *self, uint64_t (*fn)(const ckv_session *)) {
@@ -658,6 +673,8 @@ static PyMethodDef session_methods[] = {
      "report(round, attention_mass, first_position, semantic_positions, semantic_scores) -> (epoch, pending, "
      "[transition])"},
     {"ack", (PyCFunction)session_ack, METH_O, "ack(epoch) -> bytes reclaimed"},
+    {"prefetch", (PyCFunction)session_prefetch, METH_NOARGS,
+     "prefetch() -> resident: start bringing a session the daemon moved to disk back, without waiting"},
     {NULL}};
 
 static PyGetSetDef session_getset[] = {{"id", (getter)session_get_id, NULL, "Session id.", NULL},

@@ -3,6 +3,7 @@ write_kv, zero-copy views, attention, report, ack, stats."""
 
 import json
 import os
+import time
 
 import numpy as np
 import pytest
@@ -286,3 +287,26 @@ def test_stats_is_the_stats_json_object(client, daemon, sid):
     assert [set(t) for t in mine["tenants"]] == [set(t) for t in ctl["tenants"]]
     assert mine["sessions"] >= 1 and mine["tokens"]["draft"] >= 4 and mine["backend"] == ctl["backend"]
     assert json.loads(json.dumps(mine)) == mine
+
+
+def test_prefetch_brings_an_offloaded_session_back_without_waiting(make_daemon, sid):
+    d = make_daemon(extra=["--set", "daemon.disk_idle=1s", "--set", "daemon.disk_memory=64M"])
+    with commitkv.connect(d.socket, d.attach) as c:
+        with c.open_session(sid, L, H, D) as s:
+            s.append(3)
+            k, v = rand_kv(3)
+            s.write_kv(0, 0, k, v)
+            s.report(1, np.ones(3, dtype=np.float32))
+            assert s.prefetch() is True  # in memory
+            end = time.monotonic() + 20
+            while d.stats()["tiers"][1]["sessions"] != 1:
+                assert time.monotonic() < end, d.log_tail()
+                time.sleep(0.05)
+            assert s.prefetch() is False  # on disk: the answer does not wait for the read
+            while not s.prefetch():
+                assert time.monotonic() < end, d.log_tail()
+                time.sleep(0.02)
+            assert d.stats()["tiers"][1]["restores"] == 1
+            kk, vv = s.view().kv(1, 0)
+            np.testing.assert_array_equal(kk, k[1])
+            np.testing.assert_array_equal(vv, v[1])
