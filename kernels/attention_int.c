@@ -80,13 +80,19 @@ static float dot16(const float *x, const float *y, size_t n) {
 
 /* even[m] = x[2m], odd[m] = x[2m + 1] for m < 32 (GCC vector shuffles: SSE2's shufps, or any target's). */
 static void deinterleave32(const float *x, float *even, float *odd) {
+#ifndef __clang__
   typedef int32_t i32x4 __attribute__((vector_size(16)));
   const i32x4 ev = {0, 2, 4, 6}, od = {1, 3, 5, 7};
+#endif
   for (uint32_t m = 0; m < 32; m += 4) {
     ckv_f32x4 a, b;
     memcpy(&a, x + 2 * m, sizeof a);
     memcpy(&b, x + 2 * m + 4, sizeof b);
+#ifdef __clang__ /* clang spells GCC's __builtin_shuffle this way (the fuzz build) */
+    ckv_f32x4 e = __builtin_shufflevector(a, b, 0, 2, 4, 6), o = __builtin_shufflevector(a, b, 1, 3, 5, 7);
+#else
     ckv_f32x4 e = __builtin_shuffle(a, b, ev), o = __builtin_shuffle(a, b, od);
+#endif
     memcpy(even + m, &e, sizeof e);
     memcpy(odd + m, &o, sizeof o);
   }
