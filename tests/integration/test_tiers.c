@@ -87,6 +87,18 @@ static void wait_tier_file_gone(const ckv_test_daemon *d, const char *id) {
   }
 }
 
+/* Waits until ListSessions says session `id` is in tier `want` (ListSessions names no session
+ * for the tier, so it never brings one back). */
+static void wait_tier(const ckv_test_daemon *d, ckv_client *c, const char *id, const char *want) {
+  long long end = ckv_test_now_ms() + DEADLINE_MS;
+  char tier[32];
+  while (strcmp(ckv_test_session_tier(c, id, tier, sizeof tier), want) != 0) {
+    cr_assert_lt(ckv_test_now_ms(), end, "session %s stayed '%s' (want '%s'); log: %s", id, tier, want,
+                 ckv_test_file_tail(d->log, 2000));
+    usleep(10000);
+  }
+}
+
 /* ---- sessions with K/V ---- */
 
 #define LAYERS 2u
@@ -264,13 +276,7 @@ Test(tiers, prefetch_starts_the_way_back_and_answers_at_once, .timeout = 120) {
   resident = true;
   cr_assert_eq(ckv_session_prefetch(a, &resident), CKV_OK, "%s", ckv_client_last_error(c));
   cr_assert(!resident, "a session on disk answered resident before its file was read");
-  /* nothing else asks for it: it comes back by itself */
-  long long end = ckv_test_now_ms() + DEADLINE_MS;
-  while (strcmp(ckv_test_session_tier(c, "tier-p", tier, sizeof tier), "primary") != 0) {
-    cr_assert_lt(ckv_test_now_ms(), end, "the prefetched session stayed '%s'; log: %s", tier,
-                 ckv_test_file_tail(d.log, 2000));
-    usleep(10000);
-  }
+  wait_tier(&d, c, "tier-p", "primary"); /* nothing else asks for it: it comes back by itself */
   cr_assert_eq(ckv_test_stat(&d, "tiers.1.restores"), 1);
   cr_assert_eq(ckv_test_stat(&d, "tiers.1.sessions"), 0);
   cr_assert_eq(ckv_session_prefetch(a, &resident), CKV_OK);
@@ -323,11 +329,7 @@ Test(tiers, request_during_offload_keeps_session, .timeout = 180) {
    * be close to disk_idle after the request: name the session again at once so that no second
    * offload starts under the checks below (one that does is cancelled the same way). */
   cr_assert_eq(ckv_session_view(s, &v0), CKV_OK, "%s", ckv_client_last_error(c));
-  long long back = ckv_test_now_ms() + DEADLINE_MS;
-  while (strcmp(ckv_test_session_tier(c, "tier-big", tier, sizeof tier), "primary") != 0) {
-    cr_assert_lt(ckv_test_now_ms(), back, "the cancelled session stayed '%s'", tier);
-    usleep(10000);
-  }
+  wait_tier(&d, c, "tier-big", "primary");
   cr_assert_eq(ckv_test_stat(&d, "arenas.0.bytes_used"), used, "a cancelled offload freed blocks");
   cr_assert_eq(ckv_test_stat(&d, "tiers.1.bytes"), 0);
   wait_tier_file_gone(&d, "tier-big");
