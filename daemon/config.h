@@ -123,6 +123,7 @@ typedef struct ckv_config {
   uint64_t host_memory;                        /* bytes of the host offload tier; 0 = off */
   uint64_t disk_memory;                        /* bytes of the disk offload tier; 0 = off */
   uint64_t disk_idle_ms;                       /* a session idle this long moves to the disk tier; 0 = never */
+  uint64_t remote_idle_ms;                     /* ... and this long more on disk, to the remote store; 0 = never */
   bool disk_pressure;                          /* a tenant short of quota moves its coldest sessions down first */
   char state_dir[CKV_CONFIG_PATH_MAX];         /* snapshots and disk tier */
   uint64_t lease_ms;                           /* a client silent this long is dead */

@@ -94,6 +94,10 @@ const config_key ckv_cfg_keys[] = {
             "and quiet) is written to the disk tier and its memory given back; its next request brings "
             "it back first. Needs disk_memory and state_dir. 0 = never: moving a session costs a write "
             "and a read, worth it only where memory is short, so it is asked for."},
+    {SEC_DAEMON, "remote_idle", T_DURATION, DMN(remote_idle_ms), .imin = 0, .imax = 30 * DAY, .def = "0s",
+     .doc = "A session on the disk tier that no request named for this long more moves on to the remote "
+            "store (`remote`): its tier file is stored there and then removed, and its next request reads "
+            "it back from the store. Needs remote and the disk tier. 0 = never (the default)."},
     {SEC_DAEMON, "disk_pressure", T_BOOL, DMN(disk_pressure), .def = "yes",
      .doc = "When a request of a tenant needs more memory than its quota has left, first move the "
             "tenant's coldest other sessions (least recently used, quiet) to the disk tier, and "

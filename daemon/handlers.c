@@ -593,13 +593,13 @@ static int h_acquire(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *re
   int r = find_session(s, c, req->acquire->session_id, true, &sess, x);
   if (r < 0) return r;
   ckv_tier_state ts = ckv_tier_state_of(sess);
-  if (req->acquire->prefetch && (ts == CKV_TIER_ON_DISK || ts == CKV_TIER_RESTORING)) {
+  if (req->acquire->prefetch && ts != CKV_TIER_RESIDENT && ts != CKV_TIER_OFFLOADING) {
     Commitkv__V1__View *v = NEW(s, Commitkv__V1__View, COMMITKV__V1__VIEW__INIT);
     if (!v) return -ENOMEM;
     v->epoch = sess->epoch;
     v->n_tokens = sess->tokens.n;
     v->resident = false;
-    v->tier = (char *)(ts == CKV_TIER_ON_DISK ? "disk" : "restoring");
+    v->tier = (char *)ckv_tier_state_name(ts);
     x->rep->body_case = COMMITKV__V1__RESPONSE__BODY_VIEW;
     x->rep->view = v;
     return CKV_OK;
@@ -817,6 +817,7 @@ static int restore_session(ckv_server *s, ckv_conn *c, const Commitkv__V1__Reque
   q->job.kind = CKV_SNAPIO_LOAD;
   /* a resume finds a session the disk tier held when the daemon stopped */
   q->job.area = resume ? CKV_SNAPIO_TIER_FIRST : CKV_SNAPIO_SNAPSHOT;
+  q->job.look_remote_tier = resume && ckv_tier_remote_on(s->tier);
   snprintf(q->job.name, sizeof q->job.name, "%s", name);
   snprintf(q->id, sizeof q->id, "%s", id);
   q->resume = resume;
@@ -865,11 +866,11 @@ static int restore_done(ckv_server *s, ckv_conn *c, io_request *q, reply_ctx *x)
   }
   if ((r = add_session(s, c, key, sess)) < 0) return fail(x, r, "out of memory");
   ckv_lifecycle_plan(sess, s->compressor, /* flush= */ false); /* what waited for a move when it was saved */
-  if (j->from_tier) ckv_tier_resumed(s, c->tenant, sess->id, sess->tokens.n); /* back in memory: its tier file goes */
+  if (j->from_tier) ckv_tier_resumed(s, sess, j->from_tier == 2); /* back in memory: its tier copy goes */
   ckv_log(CKV_LOG_INFO, "session-restore", c->tenant->name, sess->id,
           "restored from %s snapshot '%s': %zu tokens (%llu draft, %llu staged, %llu committed, %llu recycled), %llu "
           "not kept by its save%s; read in %.3f ms by the I/O thread",
-          j->from_tier ? "the disk tier's" : j->origin == CKV_SNAP_FROM_REMOTE ? "the remote store's" : "the local",
+          j->from_tier == 2 ? "the remote tier's" : j->from_tier ? "the disk tier's" : j->origin == CKV_SNAP_FROM_REMOTE ? "the remote store's" : "the local",
           name, sess->tokens.n,
           (unsigned long long)sess->count_by_state[0], (unsigned long long)sess->count_by_state[1],
           (unsigned long long)sess->count_by_state[2], (unsigned long long)sess->count_by_state[3],
@@ -1041,16 +1042,17 @@ static Commitkv__V1__ByteCounts *byte_counts(ckv_server *s, const uint64_t *b5) 
   return b;
 }
 
-/* Stats.tiers: primary (the arenas) and disk (tier.h), for the caller's
- * tenant or, for an admin, all of them. */
+/* Stats.tiers: primary (the arenas), disk and, when the remote tier is on,
+ * remote (tier.h), for the caller's tenant or, for an admin, all of them. */
 static int tier_stats(ckv_server *s, const ckv_conn *c, Commitkv__V1__Stats *st) {
   const ckv_tenant *only = c->admin ? NULL : c->tenant;
   ckv_tier_stats d;
   ckv_tier_get_stats(s, only, &d);
   Commitkv__V1__TierStats *p = NEW(s, Commitkv__V1__TierStats, COMMITKV__V1__TIER_STATS__INIT);
   Commitkv__V1__TierStats *k = NEW(s, Commitkv__V1__TierStats, COMMITKV__V1__TIER_STATS__INIT);
-  st->tiers = ckv_wire_alloc(&s->out, 2 * sizeof(*st->tiers));
-  if (!p || !k || !st->tiers) return -ENOMEM;
+  Commitkv__V1__TierStats *m = d.remote_on ? NEW(s, Commitkv__V1__TierStats, COMMITKV__V1__TIER_STATS__INIT) : NULL;
+  st->tiers = ckv_wire_alloc(&s->out, 3 * sizeof(*st->tiers));
+  if (!p || !k || !st->tiers || (d.remote_on && !m)) return -ENOMEM;
   p->tier = "primary";
   for (size_t i = 0; i < s->n_tenants; i++) {
     const ckv_tenant *t = s->tenants[i];
@@ -1061,9 +1063,10 @@ static int tier_stats(ckv_server *s, const ckv_conn *c, Commitkv__V1__Stats *st)
     p->hit_tokens += t->hit_tokens;
     p->sessions += t->n_sessions;
   }
-  p->sessions -= d.disk_sessions < p->sessions ? d.disk_sessions : p->sessions;
-  p->misses = d.restores; /* each brought back from disk */
-  p->miss_tokens = d.restore_tokens;
+  uint64_t below = d.disk_sessions + d.remote_sessions;
+  p->sessions -= below < p->sessions ? below : p->sessions;
+  p->misses = d.restores + d.remote_restores; /* each brought back from disk or the store */
+  p->miss_tokens = d.restore_tokens + d.remote_restore_tokens;
   k->tier = "disk";
   k->bytes = d.disk_bytes;
   k->capacity = d.capacity;
@@ -1081,6 +1084,19 @@ static int tier_stats(ckv_server *s, const ckv_conn *c, Commitkv__V1__Stats *st)
   st->tiers[0] = p;
   st->tiers[1] = k;
   st->n_tiers = 2;
+  if (m) { /* the remote tier (remote_idle): its offloads are sessions moved on from disk */
+    m->tier = "remote";
+    m->bytes = d.remote_bytes;
+    m->sessions = d.remote_sessions;
+    m->hits = d.remote_restores;
+    m->hit_tokens = d.remote_restore_tokens;
+    m->offloads = d.pushes;
+    m->offload_bytes = d.push_bytes;
+    m->restores = d.remote_restores;
+    m->restore_bytes = d.remote_restore_bytes;
+    m->errors = d.remote_errors;
+    st->tiers[st->n_tiers++] = m;
+  }
   return CKV_OK;
 }
 
@@ -1204,8 +1220,7 @@ static int h_list(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
     i->epoch = sess->epoch;
     i->rounds = sess->rounds;
     i->pending_tokens = ckv_lifecycle_pending(sess);
-    static const char *const k_tier_names[] = {"primary", "offloading", "disk", "restoring"};
-    i->tier = (char *)k_tier_names[ckv_tier_state_of(sess)];
+    i->tier = (char *)ckv_tier_state_name(ckv_tier_state_of(sess));
     l->sessions[l->n_sessions++] = i;
   }
   x->rep->body_case = COMMITKV__V1__RESPONSE__BODY_SESSION_LIST;

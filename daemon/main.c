@@ -328,6 +328,9 @@ int main(int argc, char **argv) {
   else if (a.cfg.disk_memory && !a.cfg.disk_idle_ms && !a.cfg.disk_pressure)
     ckv_log(CKV_LOG_WARNING, "tiers", NULL, NULL,
             "disk_memory is set but disk_idle is 0 and disk_pressure off: no session ever moves down");
+  if (a.cfg.remote_idle_ms && (!a.cfg.remote[0] || !a.cfg.disk_memory))
+    ckv_log(CKV_LOG_WARNING, "tiers", NULL, NULL, "remote_idle is set but %s: the remote tier is off",
+            !a.cfg.remote[0] ? "no remote store is (remote)" : "the disk tier is off (disk_memory is 0)");
   ckv_config_ensure_default_tenant(&a.cfg, (uint32_t)geteuid());
   ckv_log_set_level(a.cfg.log_level);
   if (policy_from_config(&a, err, sizeof(err)) < 0) {
@@ -378,6 +381,7 @@ int main(int argc, char **argv) {
       .state_dir = a.cfg.state_dir,
       .disk_idle_ms = a.cfg.disk_idle_ms,
       .disk_memory = a.cfg.disk_memory,
+      .remote_idle_ms = a.cfg.remote_idle_ms,
       .disk_pressure = a.cfg.disk_pressure,
       .lease_ms = (uint32_t)a.cfg.lease_ms,
       .heartbeat_ms = (uint32_t)a.cfg.heartbeat_ms,

@@ -168,7 +168,7 @@ void ckv_metrics_fill_histograms(ckv_metrics *m, ckv_metrics_snapshot *snap) {
 /* ---- formatting -------------------------------------------------------- */
 
 static const char *const k_state_names[CKV_METRICS_STATES] = {"draft", "staged", "committed", "recycled"};
-static const char *const k_tier_names[CKV_METRICS_TIERS] = {"primary", "disk"};
+static const char *const k_tier_names[CKV_METRICS_TIERS] = {"primary", "disk", "remote"};
 static const char *const k_transition_names[CKV_METRICS_TRANSITIONS] = {"draft_staged", "staged_committed",
                                                                         "any_recycled"};
 

@@ -52,7 +52,7 @@ enum {
 /* Memory tiers (label tier=).  Only the primary tier (GPU memory, or host
  * memory on the host backend) exists today; host and disk offload tiers get
  * their own index when they land, and every per-tier array grows with them. */
-enum { CKV_METRICS_TIER_PRIMARY = 0, CKV_METRICS_TIER_DISK = 1, CKV_METRICS_TIERS = 2 };
+enum { CKV_METRICS_TIER_PRIMARY = 0, CKV_METRICS_TIER_DISK = 1, CKV_METRICS_TIER_REMOTE = 2, CKV_METRICS_TIERS = 3 };
 
 /* Transition kinds (label kind=): draft->staged, staged->committed, and
  * any state -> recycled. */

@@ -137,3 +137,52 @@ int ckv_remote_snap_load(ckv_remote *r, const char *state_dir, const char *tenan
   *ret_origin = take_remote ? CKV_SNAP_FROM_REMOTE : CKV_SNAP_FROM_LOCAL;
   return CKV_OK;
 }
+
+/* ---- the remote tier (tier.h): a session's tier file, moved to the store ---- */
+
+static int tier_key_of(const char *tenant, const char *model_id, const char *model_revision, const char *id,
+                       char *key, size_t len, char *err, size_t errlen) {
+  if (ckv_remote_tier_key(CKV_SNAP_VERSION, tenant, model_id ? model_id : "", model_revision ? model_revision : "", id,
+                          key, len) < 0)
+    return fail(err, errlen, CKV_ERR_INVALID, "no remote store key can be made for session '%s'", id);
+  return CKV_OK;
+}
+
+int ckv_remote_tier_push(ckv_remote *r, const char *state_dir, const char *tenant, const char *model_id,
+                         const char *model_revision, const char *id, uint64_t *ret_bytes, char *err, size_t errlen) {
+  char key[CKV_REMOTE_KEY_MAX], path[4096];
+  int rc = tier_key_of(tenant, model_id, model_revision, id, key, sizeof key, err, errlen);
+  if (rc < 0) return rc;
+  if ((rc = ckv_snapdir_area_file(state_dir, CKV_SNAPDIR_TIER, tenant, id, path, sizeof path)) < 0)
+    return fail(err, errlen, rc, "no tier file for session '%s'", id);
+  uint8_t *buf = NULL;
+  size_t len = 0;
+  if ((rc = slurp(path, &buf, &len, err, errlen)) < 0) return rc;
+  rc = ckv_remote_put(r, key, buf, len, err, errlen);
+  free(buf);
+  if (rc == CKV_OK) *ret_bytes = len;
+  return rc;
+}
+
+int ckv_remote_tier_load(ckv_remote *r, const char *tenant, const char *model_id, const char *model_revision,
+                         const char *id, uint64_t max_bytes, ckv_snap *ret, char *err, size_t errlen) {
+  char key[CKV_REMOTE_KEY_MAX];
+  int rc = tier_key_of(tenant, model_id, model_revision, id, key, sizeof key, err, errlen);
+  if (rc < 0) return rc;
+  uint8_t *buf = NULL;
+  size_t len = 0;
+  if ((rc = ckv_remote_get(r, key, max_bytes, &buf, &len, err, errlen)) < 0) return rc;
+  char perr[320];
+  rc = ckv_snap_parse(buf, len, ret, perr, sizeof perr);
+  free(buf);
+  if (rc < 0) return fail(err, errlen, rc, "the remote store's copy (%s, key %s): %s", ckv_remote_url_text(r), key, perr);
+  return CKV_OK;
+}
+
+int ckv_remote_tier_drop(ckv_remote *r, const char *tenant, const char *model_id, const char *model_revision,
+                         const char *id, char *err, size_t errlen) {
+  char key[CKV_REMOTE_KEY_MAX];
+  int rc = tier_key_of(tenant, model_id, model_revision, id, key, sizeof key, err, errlen);
+  if (rc < 0) return rc;
+  return ckv_remote_del(r, key, err, errlen);
+}

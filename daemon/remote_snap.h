@@ -38,4 +38,22 @@ int ckv_remote_snap_load(ckv_remote *r, const char *state_dir, const char *tenan
                          const char *model_revision, const char *name, uint64_t max_bytes, ckv_snap *ret,
                          ckv_snap_origin *ret_origin, char *err, size_t errlen);
 
+/* The remote tier (tier.h): a session's disk tier file, moved on to the
+ * store under ckv_remote_tier_key (tenant, model id, revision, session id).
+ *
+ * ckv_remote_tier_push stores the bytes of state_dir/tier/TENANT/ID.ckvsnap
+ * (the file stays: the caller removes it once the session is marked
+ * remote); *ret_bytes their length.  CKV_OK, -EIO (the store), -errno (the
+ * file), CKV_ERR_INVALID (no key for these names).
+ * ckv_remote_tier_load reads that value back and validates it as a local
+ * file (ckv_snap_parse) into *ret.  -ENOENT: the store does not hold it;
+ * CKV_ERR_CORRUPT / CKV_ERR_FORMAT: refused; -EIO; CKV_ERR_TOO_LARGE.
+ * ckv_remote_tier_drop deletes it (CKV_OK when it was not there). */
+int ckv_remote_tier_push(ckv_remote *r, const char *state_dir, const char *tenant, const char *model_id,
+                         const char *model_revision, const char *id, uint64_t *ret_bytes, char *err, size_t errlen);
+int ckv_remote_tier_load(ckv_remote *r, const char *tenant, const char *model_id, const char *model_revision,
+                         const char *id, uint64_t max_bytes, ckv_snap *ret, char *err, size_t errlen);
+int ckv_remote_tier_drop(ckv_remote *r, const char *tenant, const char *model_id, const char *model_revision,
+                         const char *id, char *err, size_t errlen);
+
 #endif

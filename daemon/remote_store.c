@@ -186,10 +186,10 @@ static int put_component(const char *v, bool may_be_empty, char **p, char *end) 
   return CKV_OK;
 }
 
-int ckv_remote_key(uint32_t format_version, const char *tenant, const char *model_id, const char *model_revision,
-                   const char *name, char *buf, size_t len) {
+static int make_key(const char *space, uint32_t format_version, const char *tenant, const char *model_id,
+                    const char *model_revision, const char *name, char *buf, size_t len) {
   if (!tenant || !name || !model_id || !model_revision) return CKV_ERR_INVALID;
-  int n = snprintf(buf, len, "ckv:v%u:", format_version);
+  int n = snprintf(buf, len, "%sv%u:", space, format_version);
   if (n < 0 || (size_t)n >= len) return CKV_ERR_LIMIT;
   char *p = buf + n, *end = buf + len;
   const char *parts[4] = {tenant, model_id, model_revision, name};
@@ -203,6 +203,16 @@ int ckv_remote_key(uint32_t format_version, const char *tenant, const char *mode
   }
   *p = 0;
   return CKV_OK;
+}
+
+int ckv_remote_key(uint32_t format_version, const char *tenant, const char *model_id, const char *model_revision,
+                   const char *name, char *buf, size_t len) {
+  return make_key("ckv:", format_version, tenant, model_id, model_revision, name, buf, len);
+}
+
+int ckv_remote_tier_key(uint32_t format_version, const char *tenant, const char *model_id,
+                        const char *model_revision, const char *session_id, char *buf, size_t len) {
+  return make_key("ckv:tier:", format_version, tenant, model_id, model_revision, session_id, buf, len);
 }
 
 /* ---- the connection ---- */
@@ -463,6 +473,21 @@ int ckv_remote_get(ckv_remote *r, const char *key, uint64_t max_bytes, uint8_t *
   } else {
     __atomic_fetch_add(&r->stats.errors, 1, __ATOMIC_RELAXED);
   }
+  return rc;
+}
+
+/* ---- del ---- */
+
+static int do_del(ckv_remote *r, void *vctx, char *err, size_t errlen) {
+  const char *key = vctx;
+  const char *argv[2] = {"DEL", key};
+  size_t lens[2] = {3, strlen(key)};
+  return simple(r, 2, argv, lens, err, errlen);
+}
+
+int ckv_remote_del(ckv_remote *r, const char *key, char *err, size_t errlen) {
+  int rc = with_retry(r, do_del, (void *)key, err, errlen);
+  if (rc < 0) __atomic_fetch_add(&r->stats.errors, 1, __ATOMIC_RELAXED);
   return rc;
 }
 

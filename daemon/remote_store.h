@@ -72,6 +72,14 @@ int ckv_remote_read_password(const char *path, char **ret_password, char *err, s
 int ckv_remote_key(uint32_t format_version, const char *tenant, const char *model_id, const char *model_revision,
                    const char *name, char *buf, size_t len);
 
+/* The key of the remote tier's copy of a session (tier.h):
+ *     ckv:tier:v<format version>:<tenant>:<model id>:<model revision>:<session id>
+ * encoded as above; no snapshot key starts with "ckv:tier:" (theirs go on
+ * with "v<digits>"), so a session on the remote tier never meets a save
+ * game of the same name.  The same returns as ckv_remote_key. */
+int ckv_remote_tier_key(uint32_t format_version, const char *tenant, const char *model_id,
+                        const char *model_revision, const char *session_id, char *buf, size_t len);
+
 /* A handle on the store at url (password: NULL or "" = no AUTH;
  * timeout_ms: per connect and per command).  Nothing is connected yet:
  * ckv_remote_ping connects and says whether the store answers.  Returns
@@ -92,6 +100,9 @@ int ckv_remote_put(ckv_remote *r, const char *key, const void *buf, size_t len, 
  * is read); -EIO; -ENOMEM. */
 int ckv_remote_get(ckv_remote *r, const char *key, uint64_t max_bytes, uint8_t **ret_buf, size_t *ret_len, char *err,
                    size_t errlen);
+
+/* Deletes key (CKV_OK whether or not the store held it), -EIO. */
+int ckv_remote_del(ckv_remote *r, const char *key, char *err, size_t errlen);
 
 /* What the store was asked since start. */
 typedef struct ckv_remote_stats {

@@ -139,6 +139,7 @@ int ckv_server_new(const ckv_server_options *opt, ckv_server **ret, char *err, s
   }
   if ((r = ckv_tier_new(opt->disk_idle_ms, opt->disk_memory, opt->disk_pressure, opt->state_dir, &s->tier)) < 0)
     goto fail_nomem;
+  ckv_tier_set_remote(s->tier, opt->remote, opt->remote_idle_ms);
 
   s->zctx = zmq_ctx_new();
   if (!s->zctx) goto fail_nomem;

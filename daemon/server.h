@@ -64,6 +64,9 @@ typedef struct ckv_server_options {
   /* The disk tier (tier.h): sessions no request named for disk_idle_ms move
    * to files under state_dir, at most disk_memory bytes of them; either 0 = off. */
   uint64_t disk_idle_ms, disk_memory;
+  /* The remote tier: a session on disk no request named for remote_idle_ms
+   * more moves on to `remote` (0 or no store: never). */
+  uint64_t remote_idle_ms;
   bool disk_pressure; /* under quota pressure the coldest sessions move down first (needs disk_memory) */
   uint32_t lease_ms, heartbeat_ms;
   uint64_t detach_keep_ms;

@@ -75,12 +75,19 @@ void ckv_server_publish_metrics(ckv_server *s) {
     for (int k = 0; k < 3; k++) m->bytes[CKV_METRICS_TIER_DISK][k] = d.resident_bytes5[k];
     m->arena_size_bytes[CKV_METRICS_TIER_DISK] = d.capacity; /* disk_memory, shared by the tenants */
     m->arena_used_bytes[CKV_METRICS_TIER_DISK] = d.disk_bytes;
-    m->misses_total[CKV_METRICS_TIER_PRIMARY] = d.restores;
+    m->misses_total[CKV_METRICS_TIER_PRIMARY] = d.restores + d.remote_restores;
     m->hits_total[CKV_METRICS_TIER_DISK] = d.restores;
-    m->miss_tokens_total[CKV_METRICS_TIER_PRIMARY] = d.restore_tokens;
+    m->miss_tokens_total[CKV_METRICS_TIER_PRIMARY] = d.restore_tokens + d.remote_restore_tokens;
     m->hit_tokens_total[CKV_METRICS_TIER_DISK] = d.restore_tokens;
     m->offloads_total[CKV_METRICS_TIER_DISK] = d.offloads;
     m->restores_total[CKV_METRICS_TIER_DISK] = d.restores;
+    m->tier_bytes[CKV_METRICS_TIER_REMOTE] = d.remote_bytes;
+    for (int k = 0; k < 3; k++) m->bytes[CKV_METRICS_TIER_REMOTE][k] = d.remote_resident_bytes5[k];
+    m->arena_used_bytes[CKV_METRICS_TIER_REMOTE] = d.remote_bytes;
+    m->hits_total[CKV_METRICS_TIER_REMOTE] = d.remote_restores;
+    m->hit_tokens_total[CKV_METRICS_TIER_REMOTE] = d.remote_restore_tokens;
+    m->offloads_total[CKV_METRICS_TIER_REMOTE] = d.pushes;
+    m->restores_total[CKV_METRICS_TIER_REMOTE] = d.remote_restores;
     m->pressure_moves_total[CKV_METRICS_TIER_DISK] = d.pressure_moves;
     m->recycles_total = t->recycle_runs;
     memcpy(m->errors_total, t->errors, sizeof(m->errors_total));

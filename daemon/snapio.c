@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "commitkv/status.h"
+#include "daemon/log.h"
 #include "daemon/remote_snap.h"
 #include "daemon/snapdir.h"
 
@@ -36,12 +37,68 @@ static uint64_t now_us(void) {
   return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
+/* PUSH, and LOAD / REMOVE of the remote tier's copy (remote_snap.h). */
+static void run_remote_tier(ckv_snapio_job *j) {
+  if (!j->remote) {
+    j->status = CKV_ERR_INVALID;
+    snprintf(j->err, sizeof j->err, "the daemon has no remote store");
+    return;
+  }
+  switch (j->kind) {
+    case CKV_SNAPIO_PUSH:
+      j->status = ckv_remote_tier_push(j->remote, j->state_dir, j->tenant, j->model_id, j->model_revision, j->name,
+                                       &j->bytes, j->err, sizeof j->err);
+      return;
+    case CKV_SNAPIO_LOAD:
+      j->origin = CKV_SNAP_FROM_REMOTE;
+      j->from_tier = 2;
+      j->status = ckv_remote_tier_load(j->remote, j->tenant, j->model_id, j->model_revision, j->name, j->max_bytes,
+                                       &j->snap, j->err, sizeof j->err);
+      return;
+    case CKV_SNAPIO_REMOVE:
+      j->status = ckv_remote_tier_drop(j->remote, j->tenant, j->model_id, j->model_revision, j->name, j->err,
+                                       sizeof j->err);
+      return;
+    case CKV_SNAPIO_SAVE: break;
+  }
+  j->status = CKV_ERR_INVALID;
+  snprintf(j->err, sizeof j->err, "no such remote tier job");
+}
+
+/* A resume with no tier file here: the session may sit in the remote tier
+ * (this daemon, or another of the fleet, moved it there).  Whether that
+ * decided the job (found, or refused: never an older snapshot in its
+ * place); false: not there, or the store does not answer (logged), and the
+ * snapshot is read as for any resume. */
+static bool resume_from_remote_tier(ckv_snapio_job *j) {
+  char err[sizeof j->err];
+  int r = ckv_remote_tier_load(j->remote, j->tenant, j->model_id, j->model_revision, j->name, j->max_bytes, &j->snap,
+                               err, sizeof err);
+  if (r == -ENOENT) return false;
+  if (r == -EIO) {
+    ckv_log(CKV_LOG_WARNING, "remote-unavailable", j->tenant, j->name,
+            "%s; a resume cannot see the remote tier, so the session's snapshot is read instead, if there is one",
+            err);
+    return false;
+  }
+  j->status = r;
+  snprintf(j->err, sizeof j->err, "%s", r < 0 ? err : "");
+  j->origin = CKV_SNAP_FROM_REMOTE;
+  j->from_tier = 2;
+  return true;
+}
+
 void ckv_snapio_run(ckv_snapio_job *j) {
   uint64_t t0 = now_us();
   j->err[0] = 0;
   j->bytes = 0;
   j->from_tier = 0;
   const char *area = j->area == CKV_SNAPIO_SNAPSHOT ? CKV_SNAPDIR_SNAPSHOTS : CKV_SNAPDIR_TIER;
+  if (j->kind == CKV_SNAPIO_PUSH || j->area == CKV_SNAPIO_TIER_REMOTE) {
+    run_remote_tier(j);
+    j->io_us = now_us() - t0;
+    return;
+  }
   if (j->kind == CKV_SNAPIO_REMOVE) {
     char path[4096 + 512];
     j->status = ckv_snapdir_area_file(j->state_dir, area, j->tenant, j->name, path, sizeof path);
@@ -63,6 +120,11 @@ void ckv_snapio_run(ckv_snapio_job *j) {
     else
       j->status = ckv_snap_read(path, &j->snap, j->err, sizeof j->err);
     j->from_tier = j->status != -ENOENT;
+    if (j->area == CKV_SNAPIO_TIER_FIRST && j->status == -ENOENT && j->remote && j->look_remote_tier &&
+        resume_from_remote_tier(j)) {
+      j->io_us = now_us() - t0;
+      return;
+    }
     if (j->area == CKV_SNAPIO_TIER || j->status != -ENOENT) {
       j->io_us = now_us() - t0;
       return;

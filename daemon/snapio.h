@@ -30,13 +30,16 @@ typedef enum ckv_snapio_kind {
   CKV_SNAPIO_SAVE, /* write `snap` as state_dir/snapshots/tenant/name.ckvsnap */
   CKV_SNAPIO_LOAD, /* read and validate that file into `snap` */
   CKV_SNAPIO_REMOVE, /* unlink that file (the disk tier's files, once their session is back or gone) */
+  CKV_SNAPIO_PUSH,   /* the remote tier: store the tier file's bytes under the session's tier key (the file stays) */
 } ckv_snapio_kind;
 
 /* ckv_snapio_job.area: which file of the name the job means. */
 typedef enum ckv_snapio_area {
   CKV_SNAPIO_SNAPSHOT,   /* state_dir/snapshots/tenant/name.ckvsnap (and the remote store) */
   CKV_SNAPIO_TIER,       /* state_dir/tier/tenant/name.ckvsnap only (the disk tier, tier.h) */
-  CKV_SNAPIO_TIER_FIRST, /* LOAD: the tier file when there is one, else the snapshot (a resume) */
+  CKV_SNAPIO_TIER_FIRST, /* LOAD: the tier file when there is one, else the remote tier's copy, else the
+                            snapshot (a resume) */
+  CKV_SNAPIO_TIER_REMOTE, /* LOAD / REMOVE: the remote tier's copy of the session (remote_snap.h), not a file */
 } ckv_snapio_area;
 
 typedef struct ckv_snapio_job {
@@ -54,15 +57,16 @@ typedef struct ckv_snapio_job {
   struct ckv_remote *remote;
   char model_id[CKV_SNAP_MODEL_MAX + 1], model_revision[CKV_SNAP_MODEL_MAX + 1]; /* the store's key */
   uint64_t max_bytes; /* LOAD: the most the store may send */
+  int look_remote_tier; /* LOAD TIER_FIRST: the remote tier is on, look there after the tier file */
   /* what came of it (the thread's until collected) */
   int status;     /* CKV_OK, a ckv_status or -errno (ckv_snap_write / ckv_snap_read / ckv_snapdir_dir) */
   char err[320];  /* why, when status < 0 */
-  uint64_t bytes; /* SAVE: the file's size */
+  uint64_t bytes; /* SAVE: the file's size; PUSH: the bytes stored */
   uint64_t io_us; /* time the I/O took on the thread */
   int remote_status;     /* SAVE: CKV_OK, or why the push failed (the local file is written) */
   char remote_err[320];  /* why, when remote_status < 0 */
   int origin;            /* LOAD: ckv_snap_origin, the copy read */
-  int from_tier;         /* LOAD: the file read was the disk tier's */
+  int from_tier;         /* LOAD: the copy read was the disk tier's (1) or the remote tier's (2) */
   /* Called on the loop instead of the request handlers' completion when set
    * (the disk tier's jobs); it owns the job from then on. */
   void (*finish)(void *server, struct ckv_snapio_job *j);

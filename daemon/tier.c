@@ -14,6 +14,7 @@
 #include "daemon/blockmem.h"
 #include "daemon/lifecycle.h"
 #include "daemon/log.h"
+#include "daemon/remote_store.h"
 #include "daemon/server.h"
 #include "daemon/session.h"
 #include "daemon/session_snap.h"
@@ -39,7 +40,9 @@ struct ckv_tier_slot {
   bool cancel;        /* a request named the session while its offload was written */
   bool writes_open;   /* tokens appended since the last report: the worker may still write their K/V */
   bool full_logged;   /* "the tier is full" was said since the last request */
-  uint64_t file_bytes; /* the tier file's size (ON_DISK, RESTORING) */
+  bool remote_copy;   /* its copy is the remote tier's (ON_REMOTE, or RESTORING from there) */
+  uint64_t disk_since_ms; /* when it went to disk (the remote tier's idle clock starts there) */
+  uint64_t file_bytes; /* the tier file's size (ON_DISK, PUSHING, RESTORING; ON_REMOTE: the store's copy) */
   uint64_t bytes5[5];  /* what the session held in memory when it went (stats bytes layout) */
   parked *head, *tail;
 };
@@ -48,6 +51,7 @@ struct ckv_tier_slot {
 typedef struct tenant_counts {
   const ckv_tenant *tenant;
   uint64_t offloads, offload_bytes, restores, restore_bytes, restore_tokens, cancelled, refused, errors, pressure_moves;
+  uint64_t pushes, push_bytes, remote_restores, remote_restore_bytes, remote_restore_tokens, remote_errors;
 } tenant_counts;
 
 struct ckv_tier {
@@ -60,6 +64,9 @@ struct ckv_tier {
   uint64_t disk_bytes; /* tier files of sessions on disk or coming back, and leftovers */
   uint64_t reserved;   /* estimated size of the offloads being written */
   unsigned inflight;   /* offloads being written */
+  struct ckv_remote *remote; /* the remote tier's store (NULL: no remote tier) */
+  uint64_t remote_idle_ms;
+  unsigned pushing;          /* pushes in flight */
   uint64_t seq;
   ckv_strmap *leftovers; /* "tenant/id" -> uint64_t bytes: files an earlier run left */
   tenant_counts *tc;
@@ -75,6 +82,7 @@ typedef struct tier_job {
   uint64_t idle_ms;           /* SAVE: how long it had been idle */
   uint64_t bytes5[5];         /* SAVE: what it held in memory */
   bool pressure;              /* SAVE: made to give room to a waiting request (counted in pressure_inflight) */
+  uint64_t since_ms;          /* PUSH: when the session was last used (or went to disk) */
 } tier_job;
 
 static void job_destroy(ckv_snapio_job *j) {
@@ -114,6 +122,19 @@ ckv_tier *ckv_tier_free(ckv_tier *t) {
 
 bool ckv_tier_enabled(const ckv_tier *t) { return t && t->on; }
 
+bool ckv_tier_remote_on(const ckv_tier *t) { return t && t->remote; }
+
+void ckv_tier_set_remote(ckv_tier *t, struct ckv_remote *r, uint64_t idle_ms) {
+  if (!t || !t->on || !r || !idle_ms) return;
+  t->remote = r;
+  t->remote_idle_ms = idle_ms;
+}
+
+const char *ckv_tier_state_name(ckv_tier_state st) {
+  static const char *const names[] = {"primary", "offloading", "disk", "restoring", "pushing", "remote"};
+  return (unsigned)st < sizeof names / sizeof names[0] ? names[st] : "?";
+}
+
 static tenant_counts *counts_of(ckv_tier *t, const ckv_tenant *tenant) {
   static tenant_counts spare; /* out of memory: counted nowhere rather than failing a move */
   for (size_t i = 0; i < t->n_tc; i++)
@@ -147,6 +168,17 @@ static tier_job *new_job(ckv_server *s, ckv_snapio_kind kind, const ckv_tenant *
   snprintf(q->job.state_dir, sizeof q->job.state_dir, "%s", s->opt.state_dir ? s->opt.state_dir : "");
   snprintf(q->job.tenant, sizeof q->job.tenant, "%s", tenant->name);
   snprintf(q->job.name, sizeof q->job.name, "%s", id);
+  q->job.remote = s->tier ? s->tier->remote : NULL;
+  return q;
+}
+
+/* A job on the remote tier's copy of sess (its key names the model). */
+static tier_job *new_remote_job(ckv_server *s, ckv_snapio_kind kind, const ckv_srv_session *sess) {
+  tier_job *q = new_job(s, kind, sess->tenant, sess->id);
+  if (!q) return NULL;
+  q->job.area = CKV_SNAPIO_TIER_REMOTE;
+  snprintf(q->job.model_id, sizeof q->job.model_id, "%s", sess->model_id);
+  snprintf(q->job.model_revision, sizeof q->job.model_revision, "%s", sess->model_revision);
   return q;
 }
 
@@ -168,6 +200,44 @@ static void remove_file(ckv_server *s, const ckv_tenant *tenant, const char *id)
     ckv_snapio_run(&q->job);
     remove_finished(s, &q->job);
   }
+}
+
+static void remote_removed(void *server, ckv_snapio_job *j) {
+  (void)server;
+  if (j->status < 0)
+    ckv_log(CKV_LOG_WARNING, "tier-remove-failed", j->tenant, j->name,
+            "the remote tier's copy was not deleted (the store keeps it until it is resumed or replaced): %s", j->err);
+  job_destroy(j);
+}
+
+/* Deletes the remote tier's copy of the session job j names (the job's
+ * tenant, id and model), on the I/O thread behind every job before it. */
+static void remove_remote_of(ckv_server *s, const ckv_snapio_job *j) {
+  if (!s->snapio || !s->tier || !s->tier->remote) return; /* stopping: the copy stays, resumable */
+  tier_job *q = calloc(1, sizeof(*q));
+  if (!q) return;
+  q->job.kind = CKV_SNAPIO_REMOVE;
+  q->job.area = CKV_SNAPIO_TIER_REMOTE;
+  q->job.destroy = job_destroy;
+  q->job.finish = remote_removed;
+  q->job.remote = s->tier->remote;
+  memcpy(q->job.state_dir, j->state_dir, sizeof q->job.state_dir);
+  memcpy(q->job.tenant, j->tenant, sizeof q->job.tenant);
+  memcpy(q->job.name, j->name, sizeof q->job.name);
+  memcpy(q->job.model_id, j->model_id, sizeof q->job.model_id);
+  memcpy(q->job.model_revision, j->model_revision, sizeof q->job.model_revision);
+  if (ckv_snapio_submit(s->snapio, &q->job) < 0) { /* the queue is full: a DEL, here, once */
+    ckv_snapio_run(&q->job);
+    remote_removed(s, &q->job);
+  }
+}
+
+static void remove_remote(ckv_server *s, const ckv_srv_session *sess) {
+  if (!s->snapio || !s->tier || !s->tier->remote) return;
+  tier_job *q = new_remote_job(s, CKV_SNAPIO_REMOVE, sess);
+  if (!q) return;
+  remove_remote_of(s, &q->job);
+  job_destroy(&q->job);
 }
 
 /* A file an earlier run left for tenant/id is gone or replaced. */
@@ -257,6 +327,8 @@ static void offload_landed(ckv_server *s, ckv_snapio_job *j) {
   forget_leftover(t, key); /* an earlier run's file of this id was just replaced */
   uint64_t freed = ckv_srv_session_evict_blocks(sess);
   slot->state = CKV_TIER_ON_DISK;
+  slot->remote_copy = false;
+  slot->disk_since_ms = now;
   slot->file_bytes = j->bytes;
   memcpy(slot->bytes5, q->bytes5, sizeof slot->bytes5);
   t->disk_bytes += j->bytes;
@@ -355,9 +427,71 @@ static bool may_go_down(const ckv_srv_session *sess) {
   return ckv_srv_session_bytes(sess) > 0; /* else nothing to give back */
 }
 
+/* ---- the remote tier: disk -> store -------------------------------------- */
+
+static void push_finished(void *server, ckv_snapio_job *j) {
+  ckv_server *s = server;
+  ckv_tier *t = s->tier;
+  tier_job *q = (tier_job *)j;
+  t->pushing--;
+  char key[256];
+  snprintf(key, sizeof key, "%s/%s", j->tenant, j->name);
+  ckv_srv_session *sess = ckv_strmap_get(s->sessions, key);
+  if (!sess || !sess->tier || sess->tier->seq != q->seq || sess->tier->state != CKV_TIER_PUSHING) {
+    /* dropped, or a request brought it back from its tier file meanwhile:
+     * the store's copy is nobody's */
+    if (j->status == CKV_OK) remove_remote_of(s, j);
+    job_destroy(j);
+    return;
+  }
+  ckv_tier_slot *slot = sess->tier;
+  tenant_counts *tc = counts_of(t, sess->tenant);
+  uint64_t now = ckv_now_ms();
+  if (j->status < 0) {
+    slot->state = CKV_TIER_ON_DISK;
+    slot->disk_since_ms = now; /* tried again after another remote_idle */
+    tc->remote_errors++;
+    ckv_log(CKV_LOG_WARNING, "tier-push-failed", j->tenant, j->name,
+            "the session stays on disk (its tier file is intact): %s (%s)", j->err, ckv_status_name(j->status));
+    job_destroy(j);
+    return;
+  }
+  slot->state = CKV_TIER_ON_REMOTE;
+  slot->remote_copy = true;
+  t->disk_bytes -= slot->file_bytes < t->disk_bytes ? slot->file_bytes : t->disk_bytes;
+  slot->file_bytes = j->bytes;
+  tc->pushes++;
+  tc->push_bytes += j->bytes;
+  ckv_log(CKV_LOG_INFO, "tier-push", j->tenant, j->name,
+          "on disk and unused for %.1f s: moved to the remote store %s (%llu bytes, in %.3f ms by the I/O thread); "
+          "its tier file is removed",
+          (double)(now - q->since_ms) / 1e3, ckv_remote_url_text(t->remote), (unsigned long long)j->bytes,
+          (double)j->io_us / 1e3);
+  remove_file(s, sess->tenant, sess->id);
+  job_destroy(j);
+}
+
+/* Starts pushing the tier file of sess (on disk) to the store. */
+static void start_push(ckv_server *s, ckv_srv_session *sess, uint64_t since) {
+  ckv_tier *t = s->tier;
+  tier_job *q = new_remote_job(s, CKV_SNAPIO_PUSH, sess);
+  if (!q) return;
+  q->job.area = CKV_SNAPIO_TIER;
+  q->seq = ++t->seq;
+  q->since_ms = since;
+  q->job.finish = push_finished;
+  if (ckv_snapio_submit(s->snapio, &q->job) < 0) { /* the queue is full: next scan */
+    job_destroy(&q->job);
+    return;
+  }
+  t->pushing++;
+  sess->tier->state = CKV_TIER_PUSHING;
+  sess->tier->seq = q->seq;
+}
+
 void ckv_tier_scan(ckv_server *s, uint64_t now) {
   ckv_tier *t = s->tier;
-  if (!t || !t->on || !t->idle_ms || !s->snapio) return;
+  if (!t || !t->on || !(t->idle_ms || t->remote) || !s->snapio) return;
   size_t cur = 0;
   ckv_srv_session *sess;
   while ((sess = ckv_strmap_next(s->sessions, &cur, NULL))) {
@@ -365,9 +499,15 @@ void ckv_tier_scan(ckv_server *s, uint64_t now) {
       sess->touched_ms = now;
       continue;
     }
-    if (now - sess->touched_ms < t->idle_ms || ckv_tier_state_of(sess) != CKV_TIER_RESIDENT) continue;
+    ckv_tier_state st = ckv_tier_state_of(sess);
+    if (st == CKV_TIER_ON_DISK && t->remote && !sess->doomed) {
+      uint64_t since = sess->touched_ms > sess->tier->disk_since_ms ? sess->touched_ms : sess->tier->disk_since_ms;
+      if (now - since >= t->remote_idle_ms && t->pushing < CKV_TIER_INFLIGHT) start_push(s, sess, since);
+      continue;
+    }
+    if (!t->idle_ms || now - sess->touched_ms < t->idle_ms || st != CKV_TIER_RESIDENT) continue;
     if (!may_go_down(sess)) continue;
-    if (t->inflight >= CKV_TIER_INFLIGHT) return;
+    if (t->inflight >= CKV_TIER_INFLIGHT) continue;
     start_offload(s, sess, now, /* pressure= */ false);
   }
 }
@@ -383,7 +523,9 @@ static int apply_restore(ckv_server *s, ckv_srv_session *sess, ckv_snapio_job *j
   tenant_counts *tc = counts_of(t, sess->tenant);
   char err[320], key[256];
   ckv_server_session_key(sess->tenant, sess->id, key, sizeof key);
-  slot->state = CKV_TIER_ON_DISK; /* unless it comes back below */
+  bool remote = slot->remote_copy;
+  slot->state = remote ? CKV_TIER_ON_REMOTE : CKV_TIER_ON_DISK; /* unless it comes back below */
+  const char *where = remote ? "in the remote store" : "on disk";
   int r = j->status;
   if (r < 0) {
     snprintf(err, sizeof err, "%.280s (%s)", j->err, ckv_status_name(r));
@@ -409,16 +551,23 @@ static int apply_restore(ckv_server *s, ckv_srv_session *sess, ckv_snapio_job *j
       ns->dirty_head = NULL;
       ckv_srv_session_free(ns);
     }
-    tc->errors++;
+    if (remote)
+      tc->remote_errors++;
+    else
+      tc->errors++;
+    const char *kept = remote ? "the store's copy is kept" : "its file is kept";
     ckv_log(CKV_LOG_WARNING, "tier-restore-failed", sess->tenant->name, sess->id,
-            "cannot bring the session back from disk: %s; its file is kept", err);
+            "cannot bring the session back from %s: %s; %s", remote ? "the remote store" : "disk", err, kept);
     if (r == CKV_ERR_QUOTA || r == CKV_ERR_NOSPACE)
       snprintf(msg, msglen,
-               "session '%s' is on disk and its tenant's memory cannot take it back: %s; the file is kept: free "
+               "session '%s' is %s and its tenant's memory cannot take it back: %s; %s: free "
                "memory (drop or close other sessions) and retry",
-               sess->id, err);
+               sess->id, where, err, kept);
+    else if (r == -EIO)
+      snprintf(msg, msglen, "session '%s' is %s, which does not answer: %s; %s: retry when the store is back",
+               sess->id, where, err, kept);
     else
-      snprintf(msg, msglen, "session '%s' is on disk and cannot be read back: %s; the file is kept", sess->id, err);
+      snprintf(msg, msglen, "session '%s' is %s and cannot be read back: %s; %s", sess->id, where, err, kept);
     return r;
   }
   /* What the file does not hold: who reads it, its lane, its history here. */
@@ -431,22 +580,32 @@ static int apply_restore(ckv_server *s, ckv_srv_session *sess, ckv_snapio_job *j
   ns->tier = slot;
   sess->tier = NULL;
   slot->state = CKV_TIER_RESIDENT;
+  slot->remote_copy = false;
   slot->full_logged = false;
   slot->writes_open = false;
   memset(slot->bytes5, 0, sizeof slot->bytes5);
   ckv_srv_session_free(sess); /* the record that stood for the session while on disk (no blocks) */
   ckv_lifecycle_plan(ns, s->compressor, /* flush= */ false);
-  t->disk_bytes -= slot->file_bytes < t->disk_bytes ? slot->file_bytes : t->disk_bytes;
-  tc->restores++;
-  tc->restore_bytes += slot->file_bytes;
-  tc->restore_tokens += ns->tokens.n;
+  if (remote) {
+    tc->remote_restores++;
+    tc->remote_restore_bytes += slot->file_bytes;
+    tc->remote_restore_tokens += ns->tokens.n;
+  } else {
+    t->disk_bytes -= slot->file_bytes < t->disk_bytes ? slot->file_bytes : t->disk_bytes;
+    tc->restores++;
+    tc->restore_bytes += slot->file_bytes;
+    tc->restore_tokens += ns->tokens.n;
+  }
   ckv_log(CKV_LOG_INFO, "tier-restore", ns->tenant->name, ns->id,
-          "brought back from disk: %zu tokens, %llu bytes of KV memory, epoch %llu (read in %.3f ms by the I/O "
+          "brought back from %s: %zu tokens, %llu bytes of KV memory, epoch %llu (read in %.3f ms by the I/O "
           "thread)",
-          ns->tokens.n, (unsigned long long)ckv_srv_session_bytes(ns), (unsigned long long)ns->epoch,
-          (double)j->io_us / 1e3);
+          remote ? "the remote store" : "disk", ns->tokens.n, (unsigned long long)ckv_srv_session_bytes(ns),
+          (unsigned long long)ns->epoch, (double)j->io_us / 1e3);
   slot->file_bytes = 0;
-  remove_file(s, ns->tenant, ns->id);
+  if (remote)
+    remove_remote(s, ns);
+  else
+    remove_file(s, ns->tenant, ns->id);
   return CKV_OK;
 }
 
@@ -545,9 +704,12 @@ static int bring_back(ckv_server *s, ckv_conn *c, ckv_srv_session *sess, const C
 static int start_restore(ckv_server *s, ckv_srv_session *sess, char *msg, size_t msglen, bool *ret_sync) {
   ckv_tier *t = s->tier;
   ckv_tier_slot *slot = sess->tier;
-  tier_job *q = new_job(s, CKV_SNAPIO_LOAD, sess->tenant, sess->id);
+  bool remote = slot->state == CKV_TIER_ON_REMOTE; /* PUSHING: the tier file is still there */
+  tier_job *q = remote ? new_remote_job(s, CKV_SNAPIO_LOAD, sess) : new_job(s, CKV_SNAPIO_LOAD, sess->tenant, sess->id);
   if (!q) return -ENOMEM;
+  q->job.max_bytes = slot->file_bytes; /* what the push stored: the store may send no more */
   q->seq = ++t->seq;
+  slot->remote_copy = remote;
   slot->state = CKV_TIER_RESTORING;
   slot->seq = q->seq;
   if (!s->reply_armed) { /* no loop to come back to: read it here */
@@ -574,10 +736,10 @@ static int start_restore(ckv_server *s, ckv_srv_session *sess, char *msg, size_t
               (unsigned long long)freeing);
   }
   if (ckv_snapio_submit(s->snapio, &q->job) < 0) {
-    slot->state = CKV_TIER_ON_DISK;
+    slot->state = remote ? CKV_TIER_ON_REMOTE : CKV_TIER_ON_DISK;
     job_destroy(&q->job);
-    snprintf(msg, msglen, "session '%s' is on disk and the I/O queue is full (%u jobs); retry", sess->id,
-             CKV_SNAPIO_DEPTH);
+    snprintf(msg, msglen, "session '%s' is %s and the I/O queue is full (%u jobs); retry", sess->id,
+             remote ? "in the remote store" : "on disk", CKV_SNAPIO_DEPTH);
     return CKV_ERR_BUSY;
   }
   return CKV_OK;
@@ -617,6 +779,23 @@ static bool target_of(const Commitkv__V1__Request *req, target *ret) {
   }
 }
 
+/* A new session of this id (OpenSession without resume, no session of the
+ * id here): a remote tier copy an earlier run (or another daemon) left of
+ * it must never come back in its place, so it is deleted.  Names the key
+ * cannot hold are left to the handler to refuse. */
+static void remove_stale_remote(ckv_server *s, const ckv_tenant *tenant, const Commitkv__V1__OpenSession *o) {
+  if ((o->model_id && strlen(o->model_id) > CKV_SNAP_MODEL_MAX) ||
+      (o->model_revision && strlen(o->model_revision) > CKV_SNAP_MODEL_MAX))
+    return;
+  tier_job *q = new_job(s, CKV_SNAPIO_REMOVE, tenant, o->session_id);
+  if (!q) return;
+  q->job.area = CKV_SNAPIO_TIER_REMOTE;
+  snprintf(q->job.model_id, sizeof q->job.model_id, "%s", o->model_id ? o->model_id : "");
+  snprintf(q->job.model_revision, sizeof q->job.model_revision, "%s", o->model_revision ? o->model_revision : "");
+  remove_remote_of(s, &q->job);
+  job_destroy(&q->job);
+}
+
 int ckv_tier_gate(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, char *msg, size_t msglen) {
   ckv_tier *t = s->tier;
   target g;
@@ -632,6 +811,8 @@ int ckv_tier_gate(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
       forget_leftover(t, key);
       remove_file(s, c->tenant, g.id);
     }
+    if (req->body_case == COMMITKV__V1__REQUEST__BODY_OPEN_SESSION && !g.resume && t->remote)
+      remove_stale_remote(s, c->tenant, req->open_session);
     return CKV_OK;
   }
   if (req->body_case == COMMITKV__V1__REQUEST__BODY_OPEN_SESSION && !g.resume) return CKV_OK; /* EXISTS */
@@ -650,6 +831,8 @@ int ckv_tier_gate(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
     case CKV_TIER_RESIDENT: return CKV_OK;
     case CKV_TIER_OFFLOADING: slot->cancel = true; return CKV_OK;
     case CKV_TIER_ON_DISK:
+    case CKV_TIER_PUSHING: /* read back from its tier file, still there; the pushed copy goes */
+    case CKV_TIER_ON_REMOTE:
       if (!g.kv) return CKV_OK;
       if (prefetch) {
         bool sync = false;
@@ -749,23 +932,33 @@ void ckv_tier_forget(ckv_server *s, ckv_srv_session *sess) {
   snprintf(msg, sizeof msg, "session '%s' was dropped while it was brought back from disk", sess->id);
   answer_all(s, slot, CKV_ERR_NOT_FOUND, msg);
   ckv_tier *t = s->tier;
-  if (t && (slot->state == CKV_TIER_ON_DISK || slot->state == CKV_TIER_RESTORING)) {
+  bool on_disk = slot->state == CKV_TIER_ON_DISK || slot->state == CKV_TIER_PUSHING ||
+                 (slot->state == CKV_TIER_RESTORING && !slot->remote_copy);
+  if (t && on_disk) {
     t->disk_bytes -= slot->file_bytes < t->disk_bytes ? slot->file_bytes : t->disk_bytes;
     remove_file(s, sess->tenant, sess->id); /* behind a read in flight: that one finds no session */
+  } else if (t && slot->remote_copy) {
+    remove_remote(s, sess); /* a push in flight deletes its own copy when it finds no session */
   }
   free(slot);
 }
 
-void ckv_tier_resumed(ckv_server *s, const ckv_tenant *tenant, const char *id, uint64_t tokens) {
+void ckv_tier_resumed(ckv_server *s, const ckv_srv_session *sess, bool from_remote) {
   ckv_tier *t = s->tier;
   if (!t) return;
   char key[256];
-  ckv_server_session_key(tenant, id, key, sizeof key);
+  ckv_server_session_key(sess->tenant, sess->id, key, sizeof key);
   forget_leftover(t, key);
-  tenant_counts *tc = counts_of(t, tenant);
-  tc->restores++;
-  tc->restore_tokens += tokens;
-  remove_file(s, tenant, id);
+  tenant_counts *tc = counts_of(t, sess->tenant);
+  if (from_remote) {
+    tc->remote_restores++;
+    tc->remote_restore_tokens += sess->tokens.n;
+  } else {
+    tc->restores++;
+    tc->restore_tokens += sess->tokens.n;
+  }
+  remove_file(s, sess->tenant, sess->id);
+  remove_remote(s, sess); /* also a copy a push cut short by a stop left in the store */
 }
 
 /* ---- figures ------------------------------------------------------------- */
@@ -775,6 +968,7 @@ void ckv_tier_get_stats(const ckv_server *s, const ckv_tenant *tenant, ckv_tier_
   const ckv_tier *t = s->tier;
   if (!t) return;
   ret->capacity = t->on ? t->cap : 0;
+  ret->remote_on = t->remote != NULL;
   for (size_t i = 0; i < t->n_tc; i++) {
     const tenant_counts *c = &t->tc[i];
     if (tenant && c->tenant != tenant) continue;
@@ -787,16 +981,29 @@ void ckv_tier_get_stats(const ckv_server *s, const ckv_tenant *tenant, ckv_tier_
     ret->refused += c->refused;
     ret->errors += c->errors;
     ret->pressure_moves += c->pressure_moves;
+    ret->pushes += c->pushes;
+    ret->push_bytes += c->push_bytes;
+    ret->remote_restores += c->remote_restores;
+    ret->remote_restore_bytes += c->remote_restore_bytes;
+    ret->remote_restore_tokens += c->remote_restore_tokens;
+    ret->remote_errors += c->remote_errors;
   }
   size_t cur = 0;
   ckv_srv_session *sess;
   while ((sess = ckv_strmap_next(s->sessions, &cur, NULL))) {
     if ((tenant && sess->tenant != tenant) || !sess->tier) continue;
     ckv_tier_state st = sess->tier->state;
-    if (st != CKV_TIER_ON_DISK && st != CKV_TIER_RESTORING) continue;
-    ret->disk_sessions++;
-    ret->disk_bytes += sess->tier->file_bytes;
-    for (int k = 0; k < 5; k++) ret->resident_bytes5[k] += sess->tier->bytes5[k];
+    if (st == CKV_TIER_RESIDENT || st == CKV_TIER_OFFLOADING) continue;
+    bool remote = sess->tier->remote_copy;
+    if (remote) {
+      ret->remote_sessions++;
+      ret->remote_bytes += sess->tier->file_bytes;
+    } else {
+      ret->disk_sessions++;
+      ret->disk_bytes += sess->tier->file_bytes;
+    }
+    uint64_t *b5 = remote ? ret->remote_resident_bytes5 : ret->resident_bytes5;
+    for (int k = 0; k < 5; k++) b5[k] += sess->tier->bytes5[k];
   }
   const char *key;
   const uint64_t *b;

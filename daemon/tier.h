@@ -36,7 +36,21 @@
  * A tier file outlives the daemon (kill -9, or a stop while the session was
  * on disk): a restarted daemon counts it against disk_memory and an
  * OpenSession with resume of that id restores it (before any save game of
- * the same name: it is the newer copy), then removes it. */
+ * the same name: it is the newer copy), then removes it.
+ *
+ * The remote tier (ckv_tier_set_remote: a remote store and remote_idle_ms):
+ * a session on disk that no request named for remote_idle_ms more is pushed
+ * by the I/O thread to the store under its tier key (remote_snap.h); once
+ * the store has it whole, the tier file is removed and the session is
+ * remote.  Its next request that needs K/V reads it back from the store (the
+ * same validation as a file), the loop rebuilds it as above, and the
+ * store's copy is deleted.  A request during the push reads the tier file,
+ * which is still there, and the pushed copy is deleted.  A push that fails
+ * leaves the session on disk (tried again after another remote_idle_ms); a
+ * read that fails leaves it remote, the requests answered with the store's
+ * error.  A resume (OpenSession with resume) with no tier file here looks
+ * for the session in the remote tier before its snapshots: another daemon
+ * of the fleet may have moved it there. */
 #ifndef CKV_DAEMON_TIER_H
 #define CKV_DAEMON_TIER_H
 
@@ -52,6 +66,7 @@ typedef struct ckv_srv_session ckv_srv_session;
 typedef struct ckv_tenant ckv_tenant;
 typedef struct ckv_tier ckv_tier;
 typedef struct ckv_tier_slot ckv_tier_slot;
+typedef struct ckv_remote ckv_remote;
 
 /* Offloads written at once: each holds a copy of its session in memory. */
 #define CKV_TIER_INFLIGHT 4u
@@ -65,8 +80,14 @@ typedef enum ckv_tier_state {
   CKV_TIER_RESIDENT = 0, /* in the primary arena */
   CKV_TIER_OFFLOADING,   /* in the arena, and a copy is being written to disk */
   CKV_TIER_ON_DISK,      /* only in its tier file; no arena blocks */
-  CKV_TIER_RESTORING,    /* the tier file is being read back */
+  CKV_TIER_RESTORING,    /* the tier file (or the remote tier's copy) is being read back */
+  CKV_TIER_PUSHING,      /* on disk, and its file is being copied to the remote store */
+  CKV_TIER_ON_REMOTE,    /* only in the remote store; no arena blocks, no tier file */
 } ckv_tier_state;
+
+/* The name ListSessions and View give state st ("primary", "offloading",
+ * "disk", "restoring", "pushing", "remote"). */
+const char *ckv_tier_state_name(ckv_tier_state st);
 
 /* The disk tier's figures: daemon-wide (tenant NULL) or one tenant's. */
 typedef struct ckv_tier_stats {
@@ -76,6 +97,13 @@ typedef struct ckv_tier_stats {
   uint64_t cancelled, refused, errors;
   uint64_t pressure_moves; /* offloads made for memory pressure (part of offloads) */
   uint64_t resident_bytes5[5]; /* of sessions on disk: what they held in memory (stats bytes layout) */
+  /* the remote tier */
+  bool remote_on;
+  uint64_t remote_bytes, remote_sessions;
+  uint64_t remote_resident_bytes5[5]; /* of sessions in the store: what they held in memory */
+  uint64_t pushes, push_bytes; /* sessions moved from disk to the store */
+  uint64_t remote_restores, remote_restore_bytes, remote_restore_tokens; /* brought back from the store */
+  uint64_t remote_errors;      /* pushes and reads back that failed */
 } ckv_tier_stats;
 
 /* The tier of a daemon: on when cap_bytes and state_dir are set and idle_ms
@@ -85,7 +113,13 @@ typedef struct ckv_tier_stats {
 int ckv_tier_new(uint64_t idle_ms, uint64_t cap_bytes, bool pressure, const char *state_dir, ckv_tier **ret);
 /* Accepts NULL, returns NULL.  Sessions must be gone (ckv_tier_forget). */
 ckv_tier *ckv_tier_free(ckv_tier *t);
+/* Turns the remote tier on: sessions on disk no request named for idle_ms
+ * more move on to store r (the daemon's; used by the I/O thread only).  A
+ * no-op when r is NULL, idle_ms 0 or the disk tier off. */
+void ckv_tier_set_remote(ckv_tier *t, ckv_remote *r, uint64_t idle_ms);
 bool ckv_tier_enabled(const ckv_tier *t);
+/* Whether the remote tier is on (ckv_tier_set_remote). */
+bool ckv_tier_remote_on(const ckv_tier *t);
 
 /* Start-up: removes temporary files of cut-short tier writes, counts the
  * tier files a previous run left (they stay resumable) and logs them. */
@@ -126,10 +160,10 @@ int ckv_tier_make_room(ckv_server *s, ckv_conn *c, ckv_srv_session *sess, uint64
  * after a restart) and its slot freed. */
 void ckv_tier_forget(ckv_server *s, ckv_srv_session *sess);
 
-/* Session `id` of tenant (`tokens` tokens) came back from an earlier run's
- * tier file (an OpenSession with resume, handlers.c): the file is removed
- * and uncounted, the restore counted. */
-void ckv_tier_resumed(ckv_server *s, const ckv_tenant *tenant, const char *id, uint64_t tokens);
+/* Session sess came back from an earlier run's tier file, or (from_remote)
+ * the remote tier's copy (an OpenSession with resume, handlers.c): the file
+ * is removed and uncounted, the store's copy deleted, the restore counted. */
+void ckv_tier_resumed(ckv_server *s, const ckv_srv_session *sess, bool from_remote);
 
 /* Where sess's K/V is now. */
 ckv_tier_state ckv_tier_state_of(const ckv_srv_session *sess);

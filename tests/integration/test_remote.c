@@ -46,6 +46,7 @@
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
 #include "testcheck.h"
+#include "redisstore.h"
 #include "testutil.h"
 #include "viewcapture.h"
 
@@ -55,125 +56,9 @@
 TestSuite(remote, .fini = ckv_test_leak_check);
 
 #define DEADLINE_MS 20000
-#define REDIS_SERVER "/usr/bin/redis-server"
-
-/* ---- a redis-server of our own ---- */
-
-typedef struct store {
-  pid_t pid;
-  int port;
-  char *dir;
-  char url[64];
-} store;
-
-static int free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  cr_assert_geq(fd, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0, "bind: %s", strerror(errno));
-  socklen_t len = sizeof a;
-  cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
-static redisContext *store_conn(const store *st) {
-  redisContext *c = redisConnectWithTimeout("127.0.0.1", st->port, (struct timeval){2, 0});
-  cr_assert(c && !c->err, "cannot connect to redis on %d: %s", st->port, c ? c->errstr : "oom");
-  return c;
-}
-
-static void store_start_on(store *st, int port) {
-  st->port = port;
-  snprintf(st->url, sizeof st->url, "redis://127.0.0.1:%d", port);
-  char portstr[16], log[512];
-  snprintf(portstr, sizeof portstr, "%d", port);
-  snprintf(log, sizeof log, "%s/redis.log", st->dir);
-  st->pid = fork();
-  cr_assert_geq(st->pid, 0);
-  if (st->pid == 0) {
-    /* dies with the test: a failed assertion skips store_stop (three redis-servers
-     * outlived failed runs of this suite on the shared machine) */
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() == 1) _exit(125);
-    int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0600);
-    if (fd >= 0) {
-      dup2(fd, 1);
-      dup2(fd, 2);
-    }
-    if (chdir(st->dir) != 0) _exit(126);
-    execl(REDIS_SERVER, "redis-server", "--port", portstr, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-          "--daemonize", "no", (char *)NULL);
-    _exit(127);
-  }
-  long long end = ckv_test_now_ms() + DEADLINE_MS;
-  for (;;) {
-    redisContext *c = redisConnectWithTimeout("127.0.0.1", port, (struct timeval){0, 200000});
-    if (c && !c->err) {
-      redisReply *r = redisCommand(c, "PING");
-      bool ok = r && r->type == REDIS_REPLY_STATUS;
-      if (r) freeReplyObject(r);
-      redisFree(c);
-      if (ok) return;
-    } else if (c) {
-      redisFree(c);
-    }
-    cr_assert_eq(waitpid(st->pid, NULL, WNOHANG), 0, "redis-server died at start (log %s)", log);
-    cr_assert_lt(ckv_test_now_ms(), end, "redis-server never answered on %d", port);
-    usleep(20000);
-  }
-}
-
-static void store_start(store *st) {
-  if (access(REDIS_SERVER, X_OK) != 0)
-    cr_skip_test(REDIS_SERVER " not found (make deps installs redis-server): the remote tier is NOT tested");
-  st->dir = ckv_test_tmpdir("ckv-redis");
-  store_start_on(st, free_port());
-}
-
-static void store_kill(store *st) {
-  if (st->pid <= 0) return;
-  kill(st->pid, SIGKILL);
-  waitpid(st->pid, NULL, 0);
-  st->pid = 0;
-}
-
-static void store_stop(store *st) {
-  store_kill(st);
-  ckv_test_rmdir(st->dir);
-}
-
-/* The value under key (malloc'd), or NULL with *len 0 when there is none. */
-static uint8_t *store_get(const store *st, const char *key, size_t *len) {
-  redisContext *c = store_conn(st);
-  redisReply *r = redisCommand(c, "GET %s", key);
-  cr_assert_not_null(r);
-  uint8_t *v = NULL;
-  *len = 0;
-  if (r->type == REDIS_REPLY_STRING) {
-    v = malloc(r->len + 1);
-    memcpy(v, r->str, r->len);
-    *len = r->len;
-  }
-  freeReplyObject(r);
-  redisFree(c);
-  return v;
-}
-
-static void store_cmd(const store *st, const char *fmt, ...) {
-  redisContext *c = store_conn(st);
-  va_list ap;
-  va_start(ap, fmt);
-  redisReply *r = redisvCommand(c, fmt, ap);
-  va_end(ap);
-  cr_assert(r && r->type != REDIS_REPLY_ERROR, "redis: %s", r ? r->str : c->errstr);
-  freeReplyObject(r);
-  redisFree(c);
-}
-
 /* ---- daemons ---- */
 
-static void daemon_start(ckv_test_daemon *d, const store *st, const char *timeout) {
+static void daemon_start(ckv_test_daemon *d, const ckv_test_store *st, const char *timeout) {
   char remote[96], to[64];
   snprintf(remote, sizeof remote, "daemon.remote=%s", st->url);
   snprintf(to, sizeof to, "daemon.remote_timeout=%s", timeout);
@@ -291,8 +176,8 @@ static uint8_t *read_local(const ckv_test_daemon *d, const char *name, size_t *l
 /* ---- the tests ---- */
 
 Test(remote, saved_on_one_resumes_on_other, .timeout = 120) {
-  store st;
-  store_start(&st);
+  ckv_test_store st;
+  ckv_test_store_start(&st);
   ckv_test_daemon d1, d2;
   daemon_start(&d1, &st, "2s");
   daemon_start(&d2, &st, "2s");
@@ -309,14 +194,14 @@ Test(remote, saved_on_one_resumes_on_other, .timeout = 120) {
   /* the documented key holds the local file's bytes ("fleet:2": ':' encoded) */
   size_t local_len, remote_len;
   uint8_t *local = read_local(&d1, "fleet-1", &local_len);
-  uint8_t *remote = store_get(&st, KEY_PREFIX ":default:" MODEL ":" REV ":fleet-1", &remote_len);
+  uint8_t *remote = ckv_test_store_get(&st, KEY_PREFIX ":default:" MODEL ":" REV ":fleet-1", &remote_len);
   cr_assert_not_null(remote, "nothing under ckv:v1:default:" MODEL ":" REV ":fleet-1");
   cr_assert_eq(remote_len, bytes);
   cr_assert(local && local_len == remote_len && memcmp(local, remote, local_len) == 0,
             "the store's value is not the snapshot file");
   free(local);
   free(remote);
-  remote = store_get(&st, KEY_PREFIX ":default:" MODEL ":" REV ":fleet%3A2", &remote_len);
+  remote = ckv_test_store_get(&st, KEY_PREFIX ":default:" MODEL ":" REV ":fleet%3A2", &remote_len);
   cr_assert_not_null(remote, "nothing under the encoded key of fleet:2");
   free(remote);
   cr_assert_eq(ckv_test_stat(&d1, "remote.saves"), 2);
@@ -368,12 +253,12 @@ Test(remote, saved_on_one_resumes_on_other, .timeout = 120) {
   ckv_client_free(c2);
   cr_expect_eq(ckv_test_daemon_stop(&d1), 0);
   cr_expect_eq(ckv_test_daemon_stop(&d2), 0);
-  store_stop(&st);
+  ckv_test_store_stop(&st);
 }
 
 Test(remote, tampered_value_refused, .timeout = 120) {
-  store st;
-  store_start(&st);
+  ckv_test_store st;
+  ckv_test_store_start(&st);
   ckv_test_daemon d1, d2;
   daemon_start(&d1, &st, "2s");
   daemon_start(&d2, &st, "2s");
@@ -382,23 +267,23 @@ Test(remote, tampered_value_refused, .timeout = 120) {
   cr_assert_eq(ckv_session_save(w.s, NULL, false, NULL), CKV_OK, "save: %s", ckv_client_last_error(c1));
   const char *key = KEY_PREFIX ":default:" MODEL ":" REV ":t-1";
   size_t len;
-  uint8_t *orig = store_get(&st, key, &len);
+  uint8_t *orig = ckv_test_store_get(&st, key, &len);
   cr_assert_not_null(orig);
   /* in the header section, in the middle (a block's payload), in the end section */
   size_t offs[3] = {40, len / 2, len - 4};
   char msg[600];
   for (int i = 0; i < 3; i++) {
-    store_cmd(&st, "SET %s %b", key, orig, len);
+    ckv_test_store_cmd(&st, "SET %s %b", key, orig, len);
     char flipped[1] = {(char)(orig[offs[i]] ^ 0x10)}, off[24];
     snprintf(off, sizeof off, "%zu", offs[i]);
-    store_cmd(&st, "SETRANGE %s %s %b", key, off, flipped, (size_t)1);
+    ckv_test_store_cmd(&st, "SETRANGE %s %s %b", key, off, flipped, (size_t)1);
     int r = restore_raw(c2, "t-1", msg, sizeof msg);
     cr_assert_eq(r, CKV_ERR_CORRUPT, "byte %zu of %zu flipped in the store: restore answered %s (%s)", offs[i], len,
                  ckv_status_name(r), msg);
     cr_assert(strstr(msg, "remote store") && strstr(msg, st.url), "the refusal does not name the store: %s", msg);
     ckv_test_expect_serving(c2);
   }
-  store_cmd(&st, "SET %s %b", key, orig, len);
+  ckv_test_store_cmd(&st, "SET %s %b", key, orig, len);
   cr_assert_eq(restore_raw(c2, "t-1", msg, sizeof msg), CKV_OK, "the untouched value: %s", msg);
   free(orig);
   ckv_session_drop(w.s);
@@ -406,12 +291,12 @@ Test(remote, tampered_value_refused, .timeout = 120) {
   ckv_client_free(c2);
   cr_expect_eq(ckv_test_daemon_stop(&d1), 0);
   cr_expect_eq(ckv_test_daemon_stop(&d2), 0);
-  store_stop(&st);
+  ckv_test_store_stop(&st);
 }
 
 Test(remote, store_gone_mid_save, .timeout = 120) {
-  store st;
-  store_start(&st);
+  ckv_test_store st;
+  ckv_test_store_start(&st);
   ckv_test_daemon d;
   daemon_start(&d, &st, "300ms");
   ckv_client *c = connect_to(&d);
@@ -419,22 +304,22 @@ Test(remote, store_gone_mid_save, .timeout = 120) {
   cr_assert_eq(ckv_session_save(w.s, NULL, false, NULL), CKV_OK, "save: %s", ckv_client_last_error(c));
   const char *key = KEY_PREFIX ":default:" MODEL ":" REV ":g-1";
   size_t v1_len;
-  uint8_t *v1 = store_get(&st, key, &v1_len);
+  uint8_t *v1 = ckv_test_store_get(&st, key, &v1_len);
   cr_assert_not_null(v1);
   run_rounds(c, &w, 4); /* the next save holds more */
 
   /* the store stops answering writes in the middle of the save */
-  store_cmd(&st, "CLIENT PAUSE 10000 WRITE");
+  ckv_test_store_cmd(&st, "CLIENT PAUSE 10000 WRITE");
   int r = ckv_session_save(w.s, NULL, false, NULL);
   char msg[600];
   snprintf(msg, sizeof msg, "%s", ckv_client_last_error(c));
-  store_cmd(&st, "CLIENT UNPAUSE");
+  ckv_test_store_cmd(&st, "CLIENT UNPAUSE");
   cr_assert_eq(r, -EIO, "save with the store paused answered %s (%s)", ckv_status_name(r), msg);
   cr_assert(strstr(msg, st.url) && strstr(msg, "saved locally") && strstr(msg, "intact"), "the text: %s", msg);
   ckv_capture saved = ckv_test_capture_view(c, "g-1", &k_geom);
   /* the store still holds the first save whole, the local file the second */
   size_t now_len, local_len;
-  uint8_t *now = store_get(&st, key, &now_len);
+  uint8_t *now = ckv_test_store_get(&st, key, &now_len);
   cr_assert(now && now_len == v1_len && memcmp(now, v1, v1_len) == 0, "the store's value changed in a failed save");
   free(now);
   uint8_t *local = read_local(&d, "g-1", &local_len);
@@ -451,7 +336,7 @@ Test(remote, store_gone_mid_save, .timeout = 120) {
   /* the store dies: the save says so, the local snapshot is written */
   ckv_session_options ro = {.resume = true, .model_id = MODEL, .model_revision = REV};
   cr_assert_eq(ckv_session_open(c, "g-1", NULL, &ro, &w.s), CKV_OK, "%s", ckv_client_last_error(c));
-  store_kill(&st);
+  ckv_test_store_kill(&st);
   r = ckv_session_save(w.s, NULL, false, NULL);
   snprintf(msg, sizeof msg, "%s", ckv_client_last_error(c));
   cr_assert_eq(r, -EIO, "save with the store dead answered %s (%s)", ckv_status_name(r), msg);
@@ -469,16 +354,16 @@ Test(remote, store_gone_mid_save, .timeout = 120) {
   cr_assert_geq(ckv_test_stat(&d, "remote.errors"), 2);
 
   /* back on its port, empty: the next save reaches it again */
-  store_start_on(&st, st.port);
+  ckv_test_store_start_on(&st, st.port);
   cr_assert_eq(ckv_session_open(c, "g-1", NULL, &ro, &w.s), CKV_OK, "%s", ckv_client_last_error(c));
   r = ckv_session_save(w.s, NULL, false, NULL);
   cr_assert_eq(r, CKV_OK, "save with the store back: %s (%s)", ckv_status_name(r), ckv_client_last_error(c));
-  now = store_get(&st, key, &now_len);
+  now = ckv_test_store_get(&st, key, &now_len);
   cr_assert_not_null(now, "the save did not reach the restarted store");
   free(now);
   /* and one that restarts between two saves costs nothing: the dead connection is made again */
-  store_kill(&st);
-  store_start_on(&st, st.port);
+  ckv_test_store_kill(&st);
+  ckv_test_store_start_on(&st, st.port);
   r = ckv_session_save(w.s, NULL, false, NULL);
   cr_assert_eq(r, CKV_OK, "save after a store restart: %s (%s)", ckv_status_name(r), ckv_client_last_error(c));
   cr_assert_eq(ckv_test_stat(&d, "remote.saves"), 3);
@@ -488,5 +373,5 @@ Test(remote, store_gone_mid_save, .timeout = 120) {
   ckv_session_drop(w.s);
   ckv_client_free(c);
   cr_expect_eq(ckv_test_daemon_stop(&d), 0);
-  store_stop(&st);
+  ckv_test_store_stop(&st);
 }

@@ -369,9 +369,9 @@ Test(metrics, commitkvctl_metrics_prints_per_tenant, .timeout = 30) {
   cr_expect(strstr(buf, "\ntenant alice: 3 sessions (1 detached), 2 clients, quota 1073741824 bytes\n"), "%s", buf);
   cr_expect(strstr(buf, "\ntenant bob: "), "%s", buf);
   char row[128];
-  snprintf(row, sizeof(row), "\n  %-10s %14s %20s %20s\n", "draft", "77", "1000", "0"); /* primary, disk */
+  snprintf(row, sizeof(row), "\n  %-10s %14s %20s %20s %20s\n", "draft", "77", "1000", "0", "0"); /* primary, disk, remote */
   cr_expect(strstr(buf, row), "no row '%s' in:\n%s", row, buf);
-  snprintf(row, sizeof(row), "\n  %-10s %14s %20s %20s\n", "committed", "300", "3000", "0");
+  snprintf(row, sizeof(row), "\n  %-10s %14s %20s %20s %20s\n", "committed", "300", "3000", "0", "0");
   cr_expect(strstr(buf, row), "no row '%s' in:\n%s", row, buf);
   cr_expect(strstr(buf, "(FP16 equivalent 24000, ratio 0.271)"), "%s", buf);
   cr_expect(strstr(buf, "transitions: draft->staged 7, staged->committed 5, ->recycled 40; recycles 4"), "%s", buf);

@@ -1,0 +1,344 @@
+/* test_tier_remote.c - the remote tier as a tier (issue 15): a real
+ * redis-server on a free loopback port, real commitkvd processes with
+ * disk_idle = 1s and remote_idle = 1s pointing at it, libcommitkv in this
+ * process, hiredis to look into the store.
+ *
+ * - idle_session_goes_disk_then_remote_and_back: a quiet session with draft,
+ *   staged and committed blocks moves to disk and then on to the store: its
+ *   tier file is removed, the store holds it under the documented tier key
+ *   with exactly the bytes Stats reports, ListSessions says "remote"; a
+ *   GetView brings it back under a new epoch with every block's payload byte
+ *   for byte and every token in the same format, the store's copy is
+ *   deleted, and the counters add up (a remote hit in tokens, a primary
+ *   miss, nothing left below).  A second session dropped while remote takes
+ *   its store copy with it.
+ * - store_stopped_keeps_the_session_and_says_so: with the store stopped
+ *   (SIGSTOP: it takes connections and never answers) a session goes to
+ *   disk, its push fails, and it stays on disk with its file intact (errors
+ *   counted); the store back, it moves on; the store stopped again, a
+ *   request for it is answered -EIO naming the store and saying the copy is
+ *   kept, the session stays remote and the daemon keeps serving; the store
+ *   back, the next request brings it back identical.
+ * - kill9_on_one_resumes_on_another: a session moved to the store by daemon
+ *   1, daemon 1 killed with SIGKILL, and daemon 2 (its own socket and state
+ *   directory, the same store) resumes it with OpenSession{resume},
+ *   identical, and deletes the store's copy. */
+#include <criterion/criterion.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "client/rpc.h"
+#include "commitkv.pb-c.h"
+#include "commitkv/commitkv.h"
+#include "commitkv/status.h"
+#include "kernels/format.h"
+#include "kernels/quant.h"
+#include "redisstore.h"
+#include "testcheck.h"
+#include "testutil.h"
+#include "tiercheck.h"
+#include "viewcapture.h"
+
+TestSuite(tier_remote, .fini = ckv_test_leak_check);
+
+#define DEADLINE_MS 20000
+#define MODEL "stories260K"
+#define REV "r1"
+/* the key remote_store.h documents (CKV_SNAP_VERSION is 2) */
+#define TIER_KEY(id) "ckv:tier:v2:default:" MODEL ":" REV ":" id
+
+static void daemon_start(ckv_test_daemon *d, const ckv_test_store *st) {
+  char remote[96];
+  snprintf(remote, sizeof remote, "daemon.remote=%s", st->url);
+  const char *args[] = {"--set", "daemon.disk_idle=1s",    "--set", "daemon.remote_idle=1s", "--set",
+                        "daemon.disk_memory=64M", "--set", "daemon.detach_keep=60s", "--set", "daemon.lease=30s",
+                        "--set", remote,          "--set", "daemon.remote_timeout=1s", NULL};
+  cr_assert_eq(ckv_test_daemon_start(d, args), 0, "commitkvd with %s did not start: %s", remote,
+               ckv_test_file_tail(d->log, 2000));
+}
+
+static ckv_client *connect_to(const ckv_test_daemon *d) {
+  ckv_client_options o = {.socket = d->socket, .attach_socket = d->attach, .name = "test_tier_remote",
+                          .timeout_ms = 15000};
+  ckv_client *c = NULL;
+  int r = ckv_client_connect(&o, &c);
+  cr_assert_eq(r, CKV_OK, "connect: %s (%s)", ckv_strerror(r), ckv_client_connect_error());
+  return c;
+}
+
+static unsigned long long wait_stat_at_least(const ckv_test_daemon *d, const char *path, unsigned long long want) {
+  long long end = ckv_test_now_ms() + DEADLINE_MS;
+  unsigned long long v;
+  while ((v = ckv_test_stat(d, path)) < want) {
+    cr_assert_lt(ckv_test_now_ms(), end, "stats %s stayed at %llu (want >= %llu); log: %s", path, v, want,
+                 ckv_test_file_tail(d->log, 2000));
+    usleep(20000);
+  }
+  return v;
+}
+
+/* Until ListSessions says session `id` is in tier `want` (it names no session, so it moves none). */
+static void wait_tier(const ckv_test_daemon *d, ckv_client *c, const char *id, const char *want) {
+  long long end = ckv_test_now_ms() + DEADLINE_MS;
+  char tier[32];
+  while (strcmp(ckv_test_session_tier(c, id, tier, sizeof tier), want) != 0) {
+    cr_assert_lt(ckv_test_now_ms(), end, "session %s stayed '%s' (want '%s'); log: %s", id, tier, want,
+                 ckv_test_file_tail(d->log, 2000));
+    usleep(10000);
+  }
+}
+
+/* Until the store holds `want` keys matching pattern. */
+static void wait_store_keys(const ckv_test_store *st, const char *pattern, size_t want) {
+  long long end = ckv_test_now_ms() + DEADLINE_MS;
+  size_t n;
+  while ((n = ckv_test_store_count(st, pattern)) != want) {
+    cr_assert_lt(ckv_test_now_ms(), end, "the store holds %zu keys %s (want %zu)", n, pattern, want);
+    usleep(20000);
+  }
+}
+
+/* ---- a session with history ---- */
+
+#define LAYERS 2u
+#define HEADS 2u
+#define DIM 32u
+#define PER_ROUND 24u
+
+static const ckv_geometry k_geom = {LAYERS, HEADS, DIM, 0};
+
+static void write_tokens(ckv_session *s, size_t from, size_t n) {
+  size_t elems = HEADS * DIM;
+  uint16_t k[HEADS * DIM], v[HEADS * DIM];
+  for (size_t pos = from; pos < from + n; pos++)
+    for (uint32_t layer = 0; layer < LAYERS; layer++) {
+      for (size_t e = 0; e < elems; e++) {
+        k[e] = ckv_f32_to_f16(ckv_test_kv_value(pos, layer, 0, (uint32_t)e));
+        v[e] = ckv_f32_to_f16(ckv_test_kv_value(pos, layer, 1, (uint32_t)e));
+      }
+      cr_assert_eq(ckv_session_write_kv(s, pos, layer, k, v), CKV_OK);
+    }
+}
+
+/* Opens `id` (commitkv, the test's model) and runs `rounds` rounds (facts
+ * hot, older text cold, a third forgotten: staged and committed blocks). */
+static ckv_session *session_with_rounds(ckv_client *c, const char *id, uint32_t rounds) {
+  const char *names[] = {"sink_tokens", "recent_window", "persistence_rounds", "idle_rounds", "prune_keep"};
+  const double values[] = {4, 16, 2, 6, 1};
+  ckv_session_options so = {.policy = "commitkv", .param_names = names, .param_values = values, .n_params = 5,
+                            .model_id = MODEL, .model_revision = REV};
+  ckv_session *s = NULL;
+  int r = ckv_session_open(c, id, &k_geom, &so, &s);
+  cr_assert_eq(r, CKV_OK, "open %s: %s (%s)", id, ckv_strerror(r), ckv_client_last_error(c));
+  size_t n = 0;
+  float *attn = malloc(PER_ROUND * (rounds + 1) * sizeof(float));
+  cr_assert_not_null(attn);
+  for (uint32_t round = 1; round <= rounds; round++) {
+    float sem[PER_ROUND];
+    for (uint32_t i = 0; i < PER_ROUND; i++) sem[i] = (n + i) % 8 == 1 ? 0.9f : (n + i) % 3 == 0 ? 0.2f : 0.5f;
+    uint64_t first = 0;
+    r = ckv_session_append(s, PER_ROUND, NULL, NULL, sem, NULL, &first);
+    cr_assert_eq(r, CKV_OK, "append: %s (%s)", ckv_strerror(r), ckv_client_last_error(c));
+    write_tokens(s, n, PER_ROUND);
+    n += PER_ROUND;
+    for (size_t pos = 0; pos < n; pos++)
+      attn[pos] = pos % 8 == 1 ? 4.f : pos + PER_ROUND >= n ? 1.f : (pos % 3 == 0 && round > 6) ? 0.f : 0.3f;
+    ckv_round_result rr;
+    r = ckv_session_report(s, round, 0, attn, n, &rr);
+    cr_assert_eq(r, CKV_OK, "report: %s (%s)", ckv_strerror(r), ckv_client_last_error(c));
+    cr_assert_eq(ckv_session_ack(s, rr.epoch, NULL), CKV_OK);
+  }
+  free(attn);
+  return s;
+}
+
+/* Every decided move of every session done (the views stop changing). */
+static void wait_settled(ckv_client *c) {
+  long long end = ckv_test_now_ms() + DEADLINE_MS;
+  for (;;) {
+    Commitkv__V1__Response *rep = ckv_test_list_sessions(c);
+    uint64_t pending = 0;
+    for (size_t i = 0; i < rep->session_list->n_sessions; i++) pending += rep->session_list->sessions[i]->pending_tokens;
+    ckv_rpc_free(rep);
+    if (!pending) return;
+    cr_assert_lt(ckv_test_now_ms(), end, "moves never finished");
+    usleep(10000);
+  }
+}
+
+/* GetView of `id`, its code and text (no assertion on either). */
+static int get_view_raw(ckv_client *c, const char *id, char *msg, size_t len) {
+  Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
+  Commitkv__V1__GetView gv = COMMITKV__V1__GET_VIEW__INIT;
+  gv.session_id = (char *)id;
+  req.body_case = COMMITKV__V1__REQUEST__BODY_GET_VIEW;
+  req.get_view = &gv;
+  Commitkv__V1__Response *rep = NULL;
+  int r = ckv_rpc(c, &req, &rep);
+  snprintf(msg, len, "%s", r == CKV_OK ? "" : ckv_client_last_error(c));
+  if (r == CKV_OK) ckv_rpc_free(rep);
+  return r;
+}
+
+/* ---- tests ---- */
+
+Test(tier_remote, idle_session_goes_disk_then_remote_and_back, .timeout = 120) {
+  ckv_test_store st;
+  ckv_test_store_start(&st);
+  ckv_test_daemon d;
+  daemon_start(&d, &st);
+  ckv_client *c = connect_to(&d);
+  ckv_session *a = session_with_rounds(c, "rt-a", 12);
+  ckv_session *b = session_with_rounds(c, "rt-b", 4);
+  wait_settled(c);
+  ckv_capture before = ckv_test_capture_view(c, "rt-a", &k_geom);
+  size_t compressed = 0;
+  for (int f = CKV_FORMAT_STAGED; f < CKV_FORMAT_COUNT_; f++) compressed += before.per_format[f];
+  cr_assert(before.per_format[CKV_FORMAT_DRAFT] > 0 && compressed > 0, "the history made no mixed formats");
+  size_t tokens_a = ckv_session_tokens(a);
+
+  /* quiet: disk after disk_idle, then the store after remote_idle more */
+  wait_tier(&d, c, "rt-a", "remote");
+  wait_tier(&d, c, "rt-b", "remote");
+  cr_assert(!ckv_test_tier_file_exists(&d, "rt-a"), "the tier file stayed after the push");
+  cr_assert_eq(ckv_test_stat(&d, "tiers.2.sessions"), 2);
+  cr_assert_eq(ckv_test_stat(&d, "tiers.2.offloads"), 2);
+  cr_assert_eq(ckv_test_stat(&d, "tiers.1.offloads"), 2);
+  cr_assert_eq(ckv_test_stat(&d, "tiers.1.sessions"), 0);
+  cr_assert_eq(ckv_test_stat(&d, "tiers.1.bytes"), 0, "bytes still counted on disk");
+  cr_assert_eq(ckv_test_stat(&d, "tiers.0.sessions"), 0);
+  cr_assert_eq(ckv_test_stat(&d, "arenas.0.bytes_used"), 0);
+  size_t len_a = 0, len_b = 0;
+  uint8_t *va = ckv_test_store_get(&st, TIER_KEY("rt-a"), &len_a), *vb = ckv_test_store_get(&st, TIER_KEY("rt-b"), &len_b);
+  cr_assert(va && vb, "the store holds no %s / rt-b", TIER_KEY("rt-a"));
+  cr_assert_eq(memcmp(va, "CKVSNAP", 7), 0, "the value is not a snapshot file");
+  cr_assert_eq(ckv_test_stat(&d, "tiers.2.bytes"), len_a + len_b, "stats and the store disagree on the bytes");
+  cr_assert_eq(ckv_test_stat(&d, "tiers.2.offload_bytes"), len_a + len_b);
+  free(va);
+  free(vb);
+
+  /* GetView brings rt-a back from the store: a new epoch, the same bytes and states */
+  ckv_capture after = ckv_test_capture_view(c, "rt-a", &k_geom);
+  cr_assert_gt(after.epoch, before.epoch);
+  ckv_test_expect_same_view(&before, &after, "rt-a back from the remote tier");
+  wait_store_keys(&st, TIER_KEY("rt-a"), 0);
+  cr_assert_eq(ckv_test_stat(&d, "tiers.2.restores"), 1);
+  cr_assert_eq(ckv_test_stat(&d, "tiers.2.hits"), 1);
+  cr_assert_eq(ckv_test_stat(&d, "tiers.2.hit_tokens"), tokens_a);
+  cr_assert_eq(ckv_test_stat(&d, "tiers.0.misses"), 1);
+  cr_assert_eq(ckv_test_stat(&d, "tiers.0.miss_tokens"), tokens_a);
+  cr_assert_eq(ckv_test_stat(&d, "tiers.1.restores"), 0, "counted as a disk restore");
+  cr_assert_eq(ckv_test_stat(&d, "tiers.2.sessions"), 1);
+  cr_assert_eq(ckv_test_stat(&d, "tiers.2.bytes"), len_b);
+  cr_assert_eq(ckv_test_stat(&d, "tiers.2.errors"), 0);
+
+  /* a drop while remote deletes the store's copy */
+  cr_assert_eq(ckv_session_drop(b), CKV_OK, "drop: %s", ckv_client_last_error(c));
+  wait_store_keys(&st, "ckv:tier:*", 0);
+  cr_assert_eq(ckv_test_stat(&d, "tiers.2.sessions"), 0);
+  cr_assert_eq(ckv_test_stat(&d, "tiers.2.bytes"), 0);
+
+  ckv_test_capture_free(&before);
+  ckv_test_capture_free(&after);
+  ckv_session_close(a);
+  ckv_client_free(c);
+  cr_assert_eq(ckv_test_daemon_stop(&d), 0);
+  ckv_test_store_stop(&st);
+}
+
+Test(tier_remote, store_stopped_keeps_the_session_and_says_so, .timeout = 180) {
+  ckv_test_store st;
+  ckv_test_store_start(&st);
+  ckv_test_daemon d;
+  daemon_start(&d, &st);
+  ckv_client *c = connect_to(&d);
+  cr_assert_eq(kill(st.pid, SIGSTOP), 0);
+  ckv_session *a = session_with_rounds(c, "rt-s", 10);
+  wait_settled(c);
+  ckv_capture before = ckv_test_capture_view(c, "rt-s", &k_geom);
+
+  /* to disk; the push finds no answer within remote_timeout: it stays on disk, intact */
+  wait_stat_at_least(&d, "tiers.1.offloads", 1);
+  wait_stat_at_least(&d, "tiers.2.errors", 1);
+  char tier[32];
+  ckv_test_session_tier(c, "rt-s", tier, sizeof tier);
+  cr_assert(strcmp(tier, "disk") == 0 || strcmp(tier, "pushing") == 0, "after a failed push: '%s'", tier);
+  cr_assert(ckv_test_tier_file_exists(&d, "rt-s"), "a failed push lost the tier file");
+  char *log = ckv_test_read_file(d.log);
+  cr_assert(log && strstr(log, "tier-push-failed") && strstr(log, st.url), "the log does not say the push failed");
+  free(log);
+
+  /* the store back: it moves on */
+  cr_assert_eq(kill(st.pid, SIGCONT), 0);
+  wait_tier(&d, c, "rt-s", "remote");
+  cr_assert(!ckv_test_tier_file_exists(&d, "rt-s"));
+
+  /* the store stopped again: a request is refused with the store's error, the session stays remote */
+  cr_assert_eq(kill(st.pid, SIGSTOP), 0);
+  char msg[1024];
+  int r = get_view_raw(c, "rt-s", msg, sizeof msg);
+  cr_assert_eq(r, -EIO, "GetView with the store stopped: %s (%s)", ckv_strerror(r), msg);
+  cr_assert(strstr(msg, "remote store") && strstr(msg, st.url) && strstr(msg, "kept"), "the text: %s", msg);
+  cr_assert_str_eq(ckv_test_session_tier(c, "rt-s", tier, sizeof tier), "remote");
+  cr_assert_eq(ckv_test_stat(&d, "tiers.2.sessions"), 1);
+  ckv_test_expect_serving(c);
+
+  /* the store back: the next request brings it back, identical */
+  cr_assert_eq(kill(st.pid, SIGCONT), 0);
+  ckv_capture after = ckv_test_capture_view(c, "rt-s", &k_geom);
+  ckv_test_expect_same_view(&before, &after, "rt-s after the store came back");
+  wait_store_keys(&st, "ckv:tier:*", 0);
+  cr_assert_eq(ckv_test_stat(&d, "tiers.2.restores"), 1);
+
+  ckv_test_capture_free(&before);
+  ckv_test_capture_free(&after);
+  ckv_session_close(a);
+  ckv_client_free(c);
+  cr_assert_eq(ckv_test_daemon_stop(&d), 0);
+  ckv_test_store_stop(&st);
+}
+
+Test(tier_remote, kill9_on_one_resumes_on_another, .timeout = 120) {
+  ckv_test_store st;
+  ckv_test_store_start(&st);
+  ckv_test_daemon d1, d2;
+  daemon_start(&d1, &st);
+  daemon_start(&d2, &st);
+  ckv_client *c1 = connect_to(&d1);
+  ckv_session *s = session_with_rounds(c1, "rt-k", 10);
+  wait_settled(c1);
+  ckv_capture before = ckv_test_capture_view(c1, "rt-k", &k_geom);
+  ckv_session_close(s); /* detached: it goes down all the same */
+  wait_tier(&d1, c1, "rt-k", "remote");
+  ckv_client_free(c1);
+  cr_assert_eq(kill(d1.pid, SIGKILL), 0);
+  cr_assert_eq(ckv_test_wait(d1.pid, DEADLINE_MS), 128 + SIGKILL);
+
+  /* daemon 2 never held it: its state directory has neither a tier file nor a snapshot */
+  ckv_client *c2 = connect_to(&d2);
+  ckv_session_options so = {.policy = "commitkv", .resume = true, .model_id = MODEL, .model_revision = REV};
+  ckv_session *s2 = NULL;
+  int r = ckv_session_open(c2, "rt-k", &k_geom, &so, &s2);
+  cr_assert_eq(r, CKV_OK, "resume on the other daemon: %s (%s)", ckv_strerror(r), ckv_client_last_error(c2));
+  ckv_capture after = ckv_test_capture_view(c2, "rt-k", &k_geom);
+  ckv_test_expect_same_view(&before, &after, "rt-k resumed on daemon 2");
+  wait_store_keys(&st, "ckv:tier:*", 0);
+  cr_assert_eq(ckv_test_stat(&d2, "tiers.2.restores"), 1);
+  cr_assert_eq(ckv_test_stat(&d2, "tiers.2.hit_tokens"), ckv_session_tokens(s2));
+  char *log = ckv_test_read_file(d2.log);
+  cr_assert(log && strstr(log, "the remote tier's"), "daemon 2 does not say where the session came from");
+  free(log);
+
+  ckv_test_capture_free(&before);
+  ckv_test_capture_free(&after);
+  ckv_session_close(s2);
+  ckv_client_free(c2);
+  cr_assert_eq(ckv_test_daemon_stop(&d2), 0);
+  ckv_test_rmdir(d1.dir);
+  ckv_test_store_stop(&st);
+}
