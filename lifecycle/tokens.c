@@ -14,10 +14,12 @@
 #include <float.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "commitkv/status.h"
+#include "lifecycle/record_simd.h"
 
 _Static_assert(CKV_TOKENS_BYTES_PER_TOKEN <= 32, "per-token metadata must stay within 32 bytes");
 
@@ -43,11 +45,11 @@ static uint8_t encode_formula(float rel) {
 
 /* Coded range [2^-7, 2^8): below it the formula gives 0 (0.86 before
  * truncation at 2^-7), from 2^8 on 255 (the last boundary is 246.8). */
-#define ENC_LO 0x3C000000u /* bits of 2^-7 */
-#define ENC_HI 0x43800000u /* bits of 2^8 */
-#define ENC_SHIFT 17u      /* 23 mantissa bits - 6 kept */
-#define ENC_BINS ((ENC_HI - ENC_LO) >> ENC_SHIFT)
-#define ENC_NONE (1u << ENC_SHIFT) /* no boundary in the bin: never reached by the low bits */
+#define ENC_LO CKV_ENC_LO
+#define ENC_HI CKV_ENC_HI
+#define ENC_SHIFT CKV_ENC_SHIFT
+#define ENC_BINS CKV_ENC_BINS
+#define ENC_NONE CKV_ENC_NONE
 
 /* Entry = code at the bin's start << 24 | offset (low bits) of the first float
  * in the bin with the next code.  Entry 0 is "below the range", the last one
@@ -176,6 +178,45 @@ size_t ckv_tokens_push(ckv_tokens *t, uint8_t role, uint8_t tags, float semantic
   return p;
 }
 
+/* ---- which record pass runs (the CPU's best unless a test forces one) ---- */
+
+static int g_record_path = -1; /* ckv_tokens_path; -1: not chosen yet */
+
+static bool record_path_supported(ckv_tokens_path p) {
+#if defined(__x86_64__)
+  switch (p) {
+    case CKV_TOKENS_PATH_SCALAR: return true;
+    case CKV_TOKENS_PATH_AVX2: return __builtin_cpu_supports("avx2");
+    case CKV_TOKENS_PATH_AVX512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl");
+  }
+  return false;
+#else
+  return p == CKV_TOKENS_PATH_SCALAR;
+#endif
+}
+
+static ckv_tokens_path record_path(void) {
+  int p = __atomic_load_n(&g_record_path, __ATOMIC_RELAXED);
+  if (p >= 0) return (ckv_tokens_path)p;
+  p = record_path_supported(CKV_TOKENS_PATH_AVX512) ? CKV_TOKENS_PATH_AVX512
+      : record_path_supported(CKV_TOKENS_PATH_AVX2) ? CKV_TOKENS_PATH_AVX2
+                                                     : CKV_TOKENS_PATH_SCALAR;
+  __atomic_store_n(&g_record_path, p, __ATOMIC_RELAXED); /* racing threads choose the same */
+  return (ckv_tokens_path)p;
+}
+
+int ckv_tokens_force_path(ckv_tokens_path p) {
+  if ((int)p == -1) {
+    __atomic_store_n(&g_record_path, -1, __ATOMIC_RELAXED);
+    return CKV_OK;
+  }
+  if (!record_path_supported(p)) return CKV_ERR_UNSUPPORTED;
+  __atomic_store_n(&g_record_path, (int)p, __ATOMIC_RELAXED);
+  return CKV_OK;
+}
+
 void ckv_tokens_record_round(ckv_tokens *t, uint32_t round, size_t first, const float *attn, size_t n, size_t live) {
   if (t->n == 0) return; /* nothing to record (and no columns yet: t->attn may be NULL) */
   const size_t ring = round % CKV_ATTN_HISTORY;
@@ -185,9 +226,9 @@ void ckv_tokens_record_round(ckv_tokens *t, uint32_t round, size_t first, const 
   uint32_t *restrict last = t->last_attended;
   uint8_t *restrict ring_col = t->attn + ring;
   double sum = 0.0; /* in position order, one double: the scale is bit for bit the same as ever */
-  for (size_t p = first; p < end; p++) {
+  for (size_t p = first; p < end; p++) { /* adding +0.0 leaves the sum's bits as they are: no branch */
     float a = attn[p - first];
-    if (a > 0.f && a <= FLT_MAX && state[p] != CKV_STATE_RECYCLED) sum += a; /* not NaN, negative or inf */
+    sum += (a > 0.f && a <= FLT_MAX && state[p] != CKV_STATE_RECYCLED) ? (double)a : 0.0; /* not NaN, negative or inf */
   }
   /* mean mass per live token -> relative scale; no mass at all records zeros */
   const float inv = sum > 0.0 && live ? (float)((double)live / sum) : 0.f;
@@ -214,8 +255,16 @@ void ckv_tokens_record_round(ckv_tokens *t, uint32_t round, size_t first, const 
    * clamped without a branch (an arithmetic shift of the signed distance),
    * below the range to entry 0, above it to the last; last_attended is
    * updated by a mask, not a branch (whether a token reaches the floor is a
-   * coin toss for the predictor). */
-  for (size_t p = first; p < end; p++) {
+   * coin toss for the predictor).  The vector paths do the same, lane by
+   * lane (record_simd.c); this loop takes the tail. */
+  size_t p = first;
+  ckv_tokens_path path = record_path();
+  if (path != CKV_TOKENS_PATH_SCALAR && end > first) {
+    ckv_record_span span = {.attn = attn - first, .state = state, .ring_col = ring_col, .ring = (unsigned)ring,
+                            .cum = cum, .last = last, .inv = inv, .round = round, .enc = g_enc};
+    p = path == CKV_TOKENS_PATH_AVX512 ? ckv_record_span_avx512(&span, first, end) : ckv_record_span_avx2(&span, first, end);
+  }
+  for (; p < end; p++) {
     float a = attn[p - first];
     a = (a > 0.f && a <= FLT_MAX && state[p] != CKV_STATE_RECYCLED) ? a : 0.f;
     float rel = a * inv;

@@ -10,6 +10,7 @@
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -114,7 +115,12 @@ static void check_same(const ckv_tokens *a, const ckv_tokens *b, uint32_t round)
                  (double)a->cum_attn[p], (double)b->cum_attn[p]);
 }
 
-Test(tokens, record_round_stores_what_the_formula_stores, .timeout = 60) {
+static void record_matches_formula(ckv_tokens_path path, const char *name) {
+  int fr = ckv_tokens_force_path(path);
+  if (fr != 0) {
+    fprintf(stderr, "SKIPPED: this CPU has no %s: that record path is not tested here\n", name);
+    cr_skip_test("this CPU has no %s", name);
+  }
   enum { N = 3000 };
   ckv_tokens t, o;
   ckv_tokens_init(&t);
@@ -147,4 +153,72 @@ Test(tokens, record_round_stores_what_the_formula_stores, .timeout = 60) {
   free(attn);
   ckv_tokens_done(&t);
   ckv_tokens_done(&o);
+  ckv_tokens_force_path((ckv_tokens_path)-1);
+}
+
+/* Every record path the CPU can run stores the definition's bytes (the
+ * vector ones: whole vectors, then the scalar tail). */
+Test(tokens, record_round_stores_what_the_formula_stores, .timeout = 60) {
+  record_matches_formula(CKV_TOKENS_PATH_SCALAR, "scalar path");
+}
+Test(tokens, record_round_avx2_stores_what_the_formula_stores, .timeout = 60) {
+  record_matches_formula(CKV_TOKENS_PATH_AVX2, "AVX2");
+}
+Test(tokens, record_round_avx512_stores_what_the_formula_stores, .timeout = 60) {
+  record_matches_formula(CKV_TOKENS_PATH_AVX512, "AVX-512 (F, BW, VL)");
+}
+
+/* At every code boundary (the float where the code steps up, and its
+ * neighbours), with a round whose scale is exactly 1 (the report's masses,
+ * exact in a double, topped up to an integer sum = live), every record path
+ * stores the encoder's code for the mass itself. */
+static void record_codes_at_boundaries(ckv_tokens_path path, const char *name) {
+  if (ckv_tokens_force_path(path) != 0) {
+    fprintf(stderr, "SKIPPED: this CPU has no %s: that record path is not tested here\n", name);
+    cr_skip_test("this CPU has no %s", name);
+  }
+  enum { MAX = 1024 };
+  float *m = malloc(MAX * sizeof(float));
+  cr_assert_not_null(m);
+  size_t n = 0;
+  uint8_t prev = 0;
+  for (uint32_t u = bits_of(0.004f); u <= bits_of(300.f) && n + 3 < MAX - 4; u++) {
+    uint8_t c = ckv_attn_encode(float_of(u));
+    if (c != prev) {
+      m[n++] = float_of(u - 1);
+      m[n++] = float_of(u);
+      m[n++] = float_of(u + 1);
+    }
+    prev = c;
+  }
+  cr_assert_gt(n, 3 * 200, "only %zu boundary floats", n);
+  double sum = 0.0;
+  for (size_t i = 0; i < n; i++) sum += m[i];
+  size_t real = n;
+  double live = ceil(sum) + 1.0, rest = live - sum; /* exact: the masses span fewer than 53 bits */
+  while (rest > 0.0) { /* top up with floats no larger than what is missing */
+    float f = (float)rest;
+    if ((double)f > rest) f = nextafterf(f, 0.f);
+    cr_assert(n < MAX && f > 0.f);
+    m[n++] = f;
+    rest -= f;
+  }
+  ckv_tokens t;
+  ckv_tokens_init(&t);
+  cr_assert_eq(ckv_tokens_reserve(&t, n), 0);
+  for (size_t i = 0; i < n; i++) ckv_tokens_push(&t, 2, 0, 0.5f, 0, 0, 0);
+  ckv_tokens_record_round(&t, 5, 0, m, n, (size_t)live);
+  for (size_t i = 0; i < real; i++)
+    cr_assert_eq(t.attn[i * CKV_ATTN_HISTORY + 5], ckv_attn_encode(m[i]), "%s: token %zu (0x%08x): code %u, want %u",
+                 name, i, bits_of(m[i]), t.attn[i * CKV_ATTN_HISTORY + 5], ckv_attn_encode(m[i]));
+  for (size_t i = 0; i < real; i++) cr_assert_eq(bits_of(t.cum_attn[i]), bits_of(m[i]), "%s: cum_attn %zu", name, i);
+  ckv_tokens_done(&t);
+  free(m);
+  ckv_tokens_force_path((ckv_tokens_path)-1);
+}
+
+Test(tokens, record_codes_at_boundaries_scalar) { record_codes_at_boundaries(CKV_TOKENS_PATH_SCALAR, "scalar path"); }
+Test(tokens, record_codes_at_boundaries_avx2) { record_codes_at_boundaries(CKV_TOKENS_PATH_AVX2, "AVX2"); }
+Test(tokens, record_codes_at_boundaries_avx512) {
+  record_codes_at_boundaries(CKV_TOKENS_PATH_AVX512, "AVX-512 (F, BW, VL)");
 }
