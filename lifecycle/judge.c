@@ -38,6 +38,7 @@
 #include <string.h>
 
 #include "commitkv/status.h"
+#include "lifecycle/judge_scan.h"
 #include "lifecycle/mlp.h"
 #include "lifecycle/policy.h"
 
@@ -95,20 +96,6 @@ void ckv_judge_features(const ckv_tokens *t, size_t pos, uint32_t round, const c
   f[11] = logf(1.f + t->cum_attn[pos]);                                 /* accumulated attention */
 }
 
-/* Committed as a fact (sustained attention while meaningful), confirmed
- * (confirmation-turn tag) or scored as one by the worker (semantic >=
- * CKV_FACT_SEMANTIC; the daemon's own estimates never count): it "stays valid for the rest of the session"
- * (DESIGN.md 1), so silence alone does not recycle it; only the tenant's
- * quota or a drop does.  A fact asked for again twenty rounds later must
- * still be there.  Tokens committed because they went cold may still be
- * recycled when idle. */
-int ckv_judge_lasting_fact(const ckv_tokens *t, size_t pos, const ckv_judge_params *p) {
-  (void)p;
-  return t->state[pos] == CKV_STATE_COMMITTED &&
-         ((t->tags[pos] & 4) || (t->flags[pos] & CKV_TOKEN_FACT) ||
-          ((t->flags[pos] & CKV_TOKEN_SEM_GIVEN) && ckv_q16_to_unit(t->semantic[pos]) >= CKV_FACT_SEMANTIC));
-}
-
 /* Far-token sampling (far_sample < 1): tokens older than the newest
  * CKV_JUDGE_NEAR_TOKENS are judged every `stride` rounds, a rotating subset,
  * so a round judges about far_sample of them. */
@@ -118,60 +105,134 @@ static size_t far_stride(const ckv_judge_params *p) {
   return (size_t)(s + 0.5f);
 }
 
+/* Integer forms of the score tests: q -> ckv_q16_to_unit(q) is monotone, so
+ * `ckv_q16_to_unit(q) >= x` is `q >= q16_at_least(x)` for every q, and
+ * `ckv_q16_to_unit(q) < x` is `q < q16_below(x)`: the same decisions, bit for
+ * bit, with a compare instead of a division per token (the division was a
+ * third of the judge's time at 32K tokens). */
+static uint32_t q16_first(float x, int below) {
+  uint32_t lo = 0, hi = 65536; /* the first q where the test turns (65536: never) */
+  while (lo < hi) {
+    uint32_t mid = (lo + hi) / 2;
+    float v = ckv_q16_to_unit((uint16_t)mid);
+    if (below ? !(v < x) : v >= x)
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  return lo;
+}
+
+typedef struct rule_consts {
+  uint32_t meaningful_q; /* semantic q >= this: >= semantic_threshold */
+  uint32_t empty_q;      /* semantic q < this: < semantic_threshold (equal unless the threshold is NaN) */
+  uint32_t fact_q;       /* semantic q >= this: >= CKV_FACT_SEMANTIC */
+} rule_consts;
+
+/* Committed as a fact (sustained attention while meaningful), confirmed
+ * (confirmation-turn tag) or scored as one by the worker (semantic >=
+ * CKV_FACT_SEMANTIC; the daemon's own estimates never count): it "stays valid for the rest of the session"
+ * (DESIGN.md 1), so silence alone does not recycle it; only the tenant's
+ * quota or a drop does.  A fact asked for again twenty rounds later must
+ * still be there.  Tokens committed because they went cold may still be
+ * recycled when idle. */
+static int lasting_fact(const ckv_tokens *t, size_t pos, const rule_consts *k) {
+  return t->state[pos] == CKV_STATE_COMMITTED &&
+         ((t->tags[pos] & 4) || (t->flags[pos] & CKV_TOKEN_FACT) ||
+          ((t->flags[pos] & CKV_TOKEN_SEM_GIVEN) && t->semantic[pos] >= k->fact_q));
+}
+
+int ckv_judge_lasting_fact(const ckv_tokens *t, size_t pos, const ckv_judge_params *p) {
+  (void)p;
+  static uint32_t fact_q; /* q16_first(CKV_FACT_SEMANTIC, 0) + 1, once (racing threads store the same) */
+  uint32_t q = __atomic_load_n(&fact_q, __ATOMIC_RELAXED);
+  if (!q) {
+    q = q16_first(CKV_FACT_SEMANTIC, 0) + 1;
+    __atomic_store_n(&fact_q, q, __ATOMIC_RELAXED);
+  }
+  return lasting_fact(t, pos, &(rule_consts){.fact_q = q - 1});
+}
+
 /* The worker scored the token (never the daemon's estimate) as a lasting
  * fact (>= CKV_FACT_SEMANTIC) or as filler (below semantic_threshold). */
-static int worker_decided(const ckv_tokens *t, size_t pos, const ckv_judge_params *p) {
+static int worker_decided(const ckv_tokens *t, size_t pos, const rule_consts *k) {
   if (!(t->flags[pos] & CKV_TOKEN_SEM_GIVEN)) return 0;
-  float sem = ckv_q16_to_unit(t->semantic[pos]);
-  return sem >= CKV_FACT_SEMANTIC || sem < p->semantic_threshold;
+  uint32_t q = t->semantic[pos];
+  return q >= k->fact_q || q < k->empty_q;
+}
+
+/* One token of the rule judge (the rules in the header comment). */
+static int judge_rule_token(ckv_tokens *t, size_t pos, uint32_t round, const ckv_judge_params *p,
+                            const rule_consts *k, ckv_transition_list *out) {
+  const uint32_t R = p->history_rounds;
+  uint8_t st = t->state[pos];
+  if (st == CKV_STATE_RECYCLED) return CKV_OK;
+  uint32_t idle = round - t->last_attended[pos], age = round - t->last_transition[pos];
+  if (idle >= p->idle_rounds && t->role[pos] != 1 && !lasting_fact(t, pos, k))
+    return change(t, pos, CKV_STATE_RECYCLED, round, out);
+  if (st == CKV_STATE_COMMITTED && p->filler_recycle_rounds && age >= p->filler_recycle_rounds &&
+      t->role[pos] != 1 && (t->flags[pos] & CKV_TOKEN_SEM_GIVEN) && t->semantic[pos] < k->empty_q)
+    return change(t, pos, CKV_STATE_RECYCLED, round, out); /* worker-scored filler: its attention does not count */
+  if (st == CKV_STATE_COMMITTED) return CKV_OK;
+  float mean = ckv_tokens_attn_mean(t, pos, round, R);
+  int meaningful = t->semantic[pos] >= k->meaningful_q;
+  /* filler: semantically empty yet drawing attention in any recent round
+   * (the mean of a young token is diluted by rounds before it existed) */
+  int filler = !meaningful && ckv_tokens_attn_max(t, pos, round, R) >= p->attn_threshold;
+  /* the worker's own score says fact or filler: no need to wait for attention to confirm it */
+  int scored = p->scored_persistence_rounds && worker_decided(t, pos, k);
+  if (st == CKV_STATE_DRAFT) {
+    if ((mean >= p->attn_threshold && meaningful) || ((!filler || p->filler_cold) && age >= 1))
+      return change(t, pos, CKV_STATE_STAGED, round, out);
+    return CKV_OK;
+  }
+  if (age < (scored ? p->scored_persistence_rounds : p->persistence_rounds)) return CKV_OK;
+  float sustained = ckv_tokens_attn_min(t, pos, round, p->persistence_rounds);
+  int fact = sustained >= p->high_attn_threshold && meaningful;
+  int warm = !fact && meaningful && mean >= p->attn_threshold && p->warm_commit;
+  /* filler that still draws attention takes the warm tokens' bits, not the
+   * cold ones: in ROT2 instead of ROT1, agent-synthetic's cosine went
+   * 0.99089 -> 0.99325 for 0.187 -> 0.192 of FP16 */
+  int hot_filler = filler && p->filler_cold && mean >= p->attn_threshold;
+  if (!(scored || fact || warm || mean < p->attn_threshold || (filler && p->filler_cold))) return CKV_OK;
+  int r = change(t, pos, CKV_STATE_COMMITTED, round, out);
+  if (fact) t->flags[pos] |= CKV_TOKEN_FACT;
+  if (warm || hot_filler) t->flags[pos] |= CKV_TOKEN_WARM;
+  return r;
 }
 
 static int judge_rules(ckv_tokens *t, uint32_t round, const ckv_judge_params *p, size_t end,
                        ckv_transition_list *out) {
-  const uint32_t R = p->history_rounds;
   const size_t stride = far_stride(p), near = t->n > CKV_JUDGE_NEAR_TOKENS ? t->n - CKV_JUDGE_NEAR_TOKENS : 0;
-  for (size_t pos = p->sink_tokens; pos < end; pos++) {
-    if (stride > 1 && pos < near && (pos + round) % stride != 0) continue;
-    uint8_t st = t->state[pos];
-    if (st == CKV_STATE_RECYCLED) continue;
-    int r = CKV_OK;
-    uint32_t idle = round - t->last_attended[pos], age = round - t->last_transition[pos];
-    if (idle >= p->idle_rounds && t->role[pos] != 1 && !ckv_judge_lasting_fact(t, pos, p)) {
-      r = change(t, pos, CKV_STATE_RECYCLED, round, out);
-    } else if (st == CKV_STATE_COMMITTED && p->filler_recycle_rounds && age >= p->filler_recycle_rounds &&
-               t->role[pos] != 1 && (t->flags[pos] & CKV_TOKEN_SEM_GIVEN) &&
-               ckv_q16_to_unit(t->semantic[pos]) < p->semantic_threshold) {
-      r = change(t, pos, CKV_STATE_RECYCLED, round, out); /* worker-scored filler: its attention does not count */
-    } else if (st == CKV_STATE_COMMITTED) {
-      continue;
-    } else {
-      float mean = ckv_tokens_attn_mean(t, pos, round, R), sem = ckv_q16_to_unit(t->semantic[pos]);
-      int meaningful = sem >= p->semantic_threshold;
-      /* filler: semantically empty yet drawing attention in any recent round
-       * (the mean of a young token is diluted by rounds before it existed) */
-      int filler = !meaningful && ckv_tokens_attn_max(t, pos, round, R) >= p->attn_threshold;
-      /* the worker's own score says fact or filler: no need to wait for attention to confirm it */
-      int scored = p->scored_persistence_rounds && worker_decided(t, pos, p);
-      if (st == CKV_STATE_DRAFT) {
-        if ((mean >= p->attn_threshold && meaningful) || ((!filler || p->filler_cold) && age >= 1))
-          r = change(t, pos, CKV_STATE_STAGED, round, out);
-      } else if (age >= (scored ? p->scored_persistence_rounds : p->persistence_rounds)) {
-        float sustained = ckv_tokens_attn_min(t, pos, round, p->persistence_rounds);
-        int fact = sustained >= p->high_attn_threshold && meaningful;
-        int warm = !fact && meaningful && mean >= p->attn_threshold && p->warm_commit;
-        /* filler that still draws attention takes the warm tokens' bits, not the
-         * cold ones: in ROT2 instead of ROT1, agent-synthetic's cosine went
-         * 0.99089 -> 0.99325 for 0.187 -> 0.192 of FP16 */
-        int hot_filler = filler && p->filler_cold && mean >= p->attn_threshold;
-        if (scored || fact || warm || mean < p->attn_threshold || (filler && p->filler_cold)) {
-          r = change(t, pos, CKV_STATE_COMMITTED, round, out);
-          if (fact) t->flags[pos] |= CKV_TOKEN_FACT;
-          if (warm || hot_filler) t->flags[pos] |= CKV_TOKEN_WARM;
-        }
+  const rule_consts k = {.meaningful_q = q16_first(p->semantic_threshold, 0),
+                         .empty_q = q16_first(p->semantic_threshold, 1),
+                         .fact_q = q16_first(CKV_FACT_SEMANTIC, 0)};
+#define SAMPLED_OUT(pos) (stride > 1 && (pos) < near && ((pos) + round) % stride != 0)
+  size_t pos = p->sink_tokens;
+  if (ckv_tokens_vector_path() != CKV_TOKENS_PATH_SCALAR) {
+    /* the vector scan lists the tokens that can change; the rest would not */
+    const ckv_judge_scan scan = {.state = t->state, .role = t->role, .tags = t->tags, .flags = t->flags,
+                                 .semantic = t->semantic, .last_attended = t->last_attended,
+                                 .last_transition = t->last_transition, .round = round,
+                                 .idle_rounds = p->idle_rounds, .filler_recycle_rounds = p->filler_recycle_rounds,
+                                 .fact_q = k.fact_q, .empty_q = k.empty_q};
+    uint32_t cand[512];
+    while (pos + 8 <= end) {
+      size_t nc;
+      pos = ckv_judge_scan_avx2(&scan, pos, end, cand, sizeof(cand) / sizeof(cand[0]), &nc);
+      for (size_t i = 0; i < nc; i++) {
+        if (SAMPLED_OUT(cand[i])) continue;
+        int r = judge_rule_token(t, cand[i], round, p, &k, out);
+        if (r < 0) return r;
       }
     }
+  }
+  for (; pos < end; pos++) { /* every token (the scalar path), or the last few after the scan */
+    if (SAMPLED_OUT(pos)) continue;
+    int r = judge_rule_token(t, pos, round, p, &k, out);
     if (r < 0) return r;
   }
+#undef SAMPLED_OUT
   return CKV_OK;
 }
 

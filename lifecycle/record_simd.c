@@ -53,6 +53,26 @@ __attribute__((target("avx2"))) size_t ckv_record_span_avx2(const ckv_record_spa
   return p;
 }
 
+__attribute__((target("avx2"))) size_t ckv_record_mass_avx2(const float *attn, const uint8_t *state, size_t first,
+                                                          size_t end, double lane[8]) {
+  const __m256 zero = _mm256_setzero_ps(), fmax = _mm256_set1_ps(FLT_MAX);
+  const __m256i recycled = _mm256_set1_epi32(CKV_STATE_RECYCLED);
+  __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+  size_t p = first;
+  for (; p + 8 <= end; p += 8) {
+    __m256 m = _mm256_loadu_ps(attn + p);
+    __m256i st = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(state + p)));
+    __m256 ok = _mm256_and_ps(_mm256_cmp_ps(m, zero, _CMP_GT_OQ), _mm256_cmp_ps(m, fmax, _CMP_LE_OQ));
+    ok = _mm256_andnot_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(st, recycled)), ok);
+    m = _mm256_and_ps(m, ok);
+    lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(m)));
+    hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(m, 1)));
+  }
+  _mm256_storeu_pd(lane, lo);
+  _mm256_storeu_pd(lane + 4, hi);
+  return p;
+}
+
 __attribute__((target("avx512f,avx512bw,avx512vl"))) size_t ckv_record_span_avx512(const ckv_record_span *a, size_t p,
                                                                                    size_t end) {
   const __m512 zero = _mm512_setzero_ps(), fmax = _mm512_set1_ps(FLT_MAX), inv = _mm512_set1_ps(a->inv);
@@ -97,6 +117,10 @@ size_t ckv_record_span_avx2(const ckv_record_span *a, size_t p, size_t end) {
 size_t ckv_record_span_avx512(const ckv_record_span *a, size_t p, size_t end) {
   (void)a, (void)end;
   return p;
+}
+size_t ckv_record_mass_avx2(const float *attn, const uint8_t *state, size_t first, size_t end, double lane[8]) {
+  (void)attn, (void)state, (void)end, (void)lane;
+  return first;
 }
 
 #endif

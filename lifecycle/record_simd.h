@@ -39,4 +39,10 @@ typedef struct ckv_record_span {
 size_t ckv_record_span_avx2(const ckv_record_span *a, size_t p, size_t end);
 size_t ckv_record_span_avx512(const ckv_record_span *a, size_t p, size_t end);
 
+/* The round's mass lanes (tokens.c round_mass): from p = first on, whole
+ * groups of 8 positions, lane k += the masked mass of position p + k; returns
+ * where it stopped.  AVX2 (the AVX-512 path uses it too: one 8-lane chain of
+ * adds either way). */
+size_t ckv_record_mass_avx2(const float *attn, const uint8_t *state, size_t first, size_t end, double lane[8]);
+
 #endif

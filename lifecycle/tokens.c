@@ -207,6 +207,8 @@ static ckv_tokens_path record_path(void) {
   return (ckv_tokens_path)p;
 }
 
+ckv_tokens_path ckv_tokens_vector_path(void) { return record_path(); }
+
 int ckv_tokens_force_path(ckv_tokens_path p) {
   if ((int)p == -1) {
     __atomic_store_n(&g_record_path, -1, __ATOMIC_RELAXED);
@@ -217,6 +219,23 @@ int ckv_tokens_force_path(ckv_tokens_path p) {
   return CKV_OK;
 }
 
+/* The round's total mass, in a fixed order: lane k adds the masses of
+ * positions first + k, first + k + 8, ... (each masked to +0.0 when not in
+ * (0, FLT_MAX] or recycled: adding +0.0 leaves a lane's bits as they are),
+ * then the eight lanes are added as a fixed tree.  Eight chains instead of
+ * one (a 32K-token round was ~60% of the record pass waiting on one chain of
+ * double adds); the vector path fills the same lanes with the same adds. */
+static double round_mass(const float *attn, const uint8_t *state, size_t first, size_t end, ckv_tokens_path path) {
+  double lane[8] = {0};
+  size_t p = first;
+  if (path != CKV_TOKENS_PATH_SCALAR && end > first) p = ckv_record_mass_avx2(attn, state, first, end, lane);
+  for (; p < end; p++) {
+    float a = attn[p];
+    lane[(p - first) & 7] += (a > 0.f && a <= FLT_MAX && state[p] != CKV_STATE_RECYCLED) ? (double)a : 0.0;
+  }
+  return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+}
+
 void ckv_tokens_record_round(ckv_tokens *t, uint32_t round, size_t first, const float *attn, size_t n, size_t live) {
   if (t->n == 0) return; /* nothing to record (and no columns yet: t->attn may be NULL) */
   const size_t ring = round % CKV_ATTN_HISTORY;
@@ -225,11 +244,8 @@ void ckv_tokens_record_round(ckv_tokens *t, uint32_t round, size_t first, const 
   float *restrict cum = t->cum_attn;
   uint32_t *restrict last = t->last_attended;
   uint8_t *restrict ring_col = t->attn + ring;
-  double sum = 0.0; /* in position order, one double: the scale is bit for bit the same as ever */
-  for (size_t p = first; p < end; p++) { /* adding +0.0 leaves the sum's bits as they are: no branch */
-    float a = attn[p - first];
-    sum += (a > 0.f && a <= FLT_MAX && state[p] != CKV_STATE_RECYCLED) ? (double)a : 0.0; /* not NaN, negative or inf */
-  }
+  ckv_tokens_path path = record_path();
+  double sum = round_mass(attn - first, state, first, end, path);
   /* mean mass per live token -> relative scale; no mass at all records zeros */
   const float inv = sum > 0.0 && live ? (float)((double)live / sum) : 0.f;
   pthread_once(&g_enc_once, encode_init);
@@ -258,7 +274,6 @@ void ckv_tokens_record_round(ckv_tokens *t, uint32_t round, size_t first, const 
    * coin toss for the predictor).  The vector paths do the same, lane by
    * lane (record_simd.c); this loop takes the tail. */
   size_t p = first;
-  ckv_tokens_path path = record_path();
   if (path != CKV_TOKENS_PATH_SCALAR && end > first) {
     ckv_record_span span = {.attn = attn - first, .state = state, .ring_col = ring_col, .ring = (unsigned)ring,
                             .cum = cum, .last = last, .inv = inv, .round = round, .enc = g_enc};

@@ -74,8 +74,10 @@ size_t ckv_tokens_push(ckv_tokens *t, uint8_t role, uint8_t tags, float semantic
  * One pass over all tokens (two over the report). */
 void ckv_tokens_record_round(ckv_tokens *t, uint32_t round, size_t first, const float *attn, size_t n, size_t live);
 
-/* The record pass's code path (chosen from the CPU at first use; every path
- * stores the same bytes).  Tests force each one the CPU can run; -1 goes
+/* The lifecycle's code path: the record pass and the rule judge's pre-scan
+ * (judge.c; its one vector path is AVX2, which every AVX-512 CPU here has).
+ * Chosen from the CPU at first use; every path stores the same bytes and
+ * makes the same decisions.  Tests force each one the CPU can run; -1 goes
  * back to the CPU's choice.  CKV_OK or CKV_ERR_UNSUPPORTED. */
 typedef enum ckv_tokens_path {
   CKV_TOKENS_PATH_SCALAR = 0,
@@ -83,6 +85,7 @@ typedef enum ckv_tokens_path {
   CKV_TOKENS_PATH_AVX512 = 2,
 } ckv_tokens_path;
 int ckv_tokens_force_path(ckv_tokens_path p);
+ckv_tokens_path ckv_tokens_vector_path(void);
 
 /* Relative attention of ring entry `code`. */
 float ckv_attn_decode(uint8_t code);

@@ -11,6 +11,7 @@
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -802,3 +803,195 @@ Test(judge, scored_persistence_rounds_commits_the_workers_facts_and_filler_early
 }
 
 Test(judge, scored_persistence_rounds_off_waits_persistence_rounds) { scored_persistence_run(0); }
+
+/* ---- the score tests at the exact Q0.16 boundary ----
+ * The judge compares scores as Q0.16 integers against thresholds turned
+ * into integers once per run; these tokens sit at the two scores either side
+ * of where ckv_q16_to_unit(q) crosses the threshold, so an off-by-one in the
+ * conversion turns one of them the wrong way. */
+
+/* The first q whose score is >= x (65536 if none), by the definition. */
+static uint32_t first_q_at_least(float x) {
+  uint32_t q = 0;
+  while (q <= 65535 && !(ckv_q16_to_unit((uint16_t)q) >= x)) q++;
+  return q;
+}
+
+/* n tokens with scores q0, q0 + 1, q0 + 2, q0 + 3, q0, ... (clamped to
+ * 65535), given by the worker: n >= 16 puts them in the vector scan's whole
+ * groups of 8 as well as in its scalar tail. */
+static void push_scored(ckv_tokens *t, uint32_t q0, size_t n, uint8_t state, uint32_t round) {
+  for (size_t i = 0; i < n; i++) {
+    push(t, ROLE_USER, 0.5f, round);
+    size_t pos = t->n - 1;
+    uint32_t q = q0 + (uint32_t)(i % 4) > 65535 ? 65535 : q0 + (uint32_t)(i % 4);
+    t->semantic[pos] = (uint16_t)q;
+    t->flags[pos] |= CKV_TOKEN_SEM_GIVEN;
+    t->state[pos] = state;
+  }
+}
+
+Test(judge, score_thresholds_turn_at_the_exact_q16_boundary) {
+  static const float thresholds[] = {0.3f, 0.f, 0.5f, 0.77777f, 0.999999f, 1.f};
+  for (size_t i = 0; i < sizeof(thresholds) / sizeof(thresholds[0]); i++) {
+    float thr = thresholds[i];
+    uint32_t b = first_q_at_least(thr), q0 = b >= 2 ? b - 2 : 0;
+    ckv_judge_params p = params_for(CKV_POLICY_COMMITKV);
+    p.semantic_threshold = thr;
+    p.sink_tokens = 0;
+    p.recent_window = 0;
+    p.attn_threshold = 0.5f;
+    p.filler_cold = 0;
+    p.scored_persistence_rounds = 0;
+
+    /* committed filler: recycled filler_recycle_rounds after its commit iff below the threshold */
+    ckv_tokens t;
+    ckv_tokens_init(&t);
+    push_scored(&t, q0, 21, C, 1);
+    p.idle_rounds = 1000000;
+    p.filler_recycle_rounds = 3;
+    ckv_transition_list out = {0};
+    cr_assert_eq(ckv_judge_run(&t, 10, &p, &out), CKV_OK);
+    for (size_t pos = 0; pos < t.n; pos++) {
+      int below = ckv_q16_to_unit(t.semantic[pos]) < thr;
+      cr_expect_eq(t.state[pos] == X, below, "threshold %g, q %u (boundary %u): recycled %d, below %d", (double)thr,
+                   t.semantic[pos], b, t.state[pos] == X, below);
+    }
+    ckv_transition_list_done(&out);
+    ckv_tokens_done(&t);
+
+    /* a fresh draft drawing attention: staged at once iff meaningful (else it is filler and stays draft) */
+    ckv_tokens_init(&t);
+    push_scored(&t, q0, 21, D, 1);
+    float attn[21];
+    for (size_t pos = 0; pos < 21; pos++) attn[pos] = 1.f;
+    record(&t, 1, attn);
+    cr_assert_eq(ckv_judge_run(&t, 1, &p, &out), CKV_OK);
+    for (size_t pos = 0; pos < t.n; pos++) {
+      int meaningful = ckv_q16_to_unit(t.semantic[pos]) >= thr;
+      cr_expect_eq(t.state[pos] == S, meaningful, "threshold %g, q %u (boundary %u): staged %d, meaningful %d",
+                   (double)thr, t.semantic[pos], b, t.state[pos] == S, meaningful);
+    }
+    ckv_transition_list_done(&out);
+    ckv_tokens_done(&t);
+  }
+
+  /* idle committed tokens: kept iff the worker scored them a lasting fact (>= CKV_FACT_SEMANTIC) */
+  uint32_t b = first_q_at_least(CKV_FACT_SEMANTIC);
+  cr_assert(b > 2 && b < 65535, "fact boundary %u", b);
+  ckv_judge_params p = params_for(CKV_POLICY_COMMITKV);
+  p.sink_tokens = 0;
+  p.recent_window = 0;
+  p.idle_rounds = 5;
+  p.filler_recycle_rounds = 0;
+  ckv_tokens t;
+  ckv_tokens_init(&t);
+  push_scored(&t, b - 2, 21, C, 1);
+  int fact_before[21];
+  for (size_t pos = 0; pos < t.n; pos++) {
+    fact_before[pos] = ckv_judge_lasting_fact(&t, pos, &p);
+    cr_expect_eq(fact_before[pos], ckv_q16_to_unit(t.semantic[pos]) >= CKV_FACT_SEMANTIC,
+                 "q %u (boundary %u): ckv_judge_lasting_fact %d", t.semantic[pos], b, fact_before[pos]);
+  }
+  ckv_transition_list out = {0};
+  cr_assert_eq(ckv_judge_run(&t, 20, &p, &out), CKV_OK);
+  for (size_t pos = 0; pos < t.n; pos++)
+    cr_expect_eq(t.state[pos] != X, fact_before[pos], "q %u (fact boundary %u): kept %d", t.semantic[pos], b,
+                 t.state[pos] != X);
+  ckv_transition_list_done(&out);
+  ckv_tokens_done(&t);
+}
+
+/* ---- the judge's vector pre-scan decides what the per-token rules decide ----
+ * The same random stream (every role, confirmation tags, worker-scored and
+ * estimated scores, idle spells, recycled tokens, a far-token sample) judged
+ * with the scalar path and with the vector one: the same states, flags,
+ * last_transition and transition lists, round by round. */
+
+typedef struct judged_stream {
+  ckv_tokens t;
+  ckv_transition_range *v; /* every round's transitions, concatenated */
+  size_t n, cap;
+} judged_stream;
+
+static void run_random_stream(ckv_tokens_path path, const ckv_judge_params *p, judged_stream *js) {
+  cr_assert_eq(ckv_tokens_force_path(path), CKV_OK);
+  rng r = {2024};
+  ckv_tokens_init(&js->t);
+  js->v = NULL;
+  js->n = js->cap = 0;
+  enum { ROUNDS = 60, MAX = 3000 };
+  float *attn = malloc(MAX * sizeof(float));
+  cr_assert_not_null(attn);
+  for (uint32_t round = 1; round <= ROUNDS; round++) {
+    size_t add = 20 + rnd(&r) % 61; /* sizes that are not multiples of 8 */
+    for (size_t i = 0; i < add && js->t.n < MAX; i++) {
+      uint8_t role = (uint8_t)(rnd(&r) % 5);
+      float sem = rnd(&r) % 4 == 0 ? -1.f : rndf(&r); /* a quarter estimated */
+      cr_assert_eq(ckv_tokens_reserve(&js->t, 1), CKV_OK);
+      ckv_tokens_push(&js->t, role, rnd(&r) % 7 == 0 ? 4 : 0, sem, round, CKV_NO_BLOCK, 0);
+    }
+    for (size_t i = 0; i < js->t.n; i++) {
+      uint64_t x = rnd(&r) % 10;
+      attn[i] = x < 4 ? 0.f : x < 8 ? rndf(&r) * 0.5f : 2.f + rndf(&r) * 8.f; /* idle, lukewarm, hot */
+    }
+    ckv_tokens_record_round(&js->t, round, 0, attn, js->t.n, live_count(&js->t));
+    ckv_transition_list out = {0};
+    cr_assert_eq(ckv_judge_run(&js->t, round, p, &out), CKV_OK);
+    if (js->n + out.n + 1 > js->cap) {
+      js->cap = (js->n + out.n + 1) * 2;
+      js->v = realloc(js->v, js->cap * sizeof(*js->v));
+      cr_assert_not_null(js->v);
+    }
+    memcpy(js->v + js->n, out.v, out.n * sizeof(*out.v));
+    js->n += out.n;
+    js->v[js->n++] = (ckv_transition_range){round, 0, 0xff, 0xff}; /* round separator */
+    ckv_transition_list_done(&out);
+  }
+  free(attn);
+  ckv_tokens_force_path((ckv_tokens_path)-1);
+}
+
+static void judge_paths_alike(const ckv_judge_params *p, const char *what) {
+  if (ckv_tokens_force_path(CKV_TOKENS_PATH_AVX2) != CKV_OK) {
+    fprintf(stderr, "SKIPPED: this CPU has no AVX2: the judge's vector scan is not tested here\n");
+    cr_skip_test("no AVX2");
+  }
+  ckv_tokens_force_path((ckv_tokens_path)-1);
+  judged_stream a, b;
+  run_random_stream(CKV_TOKENS_PATH_SCALAR, p, &a);
+  run_random_stream(CKV_TOKENS_PATH_AVX2, p, &b);
+  size_t n = a.t.n, changes = 0, recycled = 0;
+  cr_assert_eq(b.t.n, n);
+  cr_expect_eq(memcmp(a.t.state, b.t.state, n), 0, "%s: states differ", what);
+  cr_expect_eq(memcmp(a.t.flags, b.t.flags, n), 0, "%s: flags differ", what);
+  cr_expect_eq(memcmp(a.t.last_transition, b.t.last_transition, n * sizeof(uint32_t)), 0,
+               "%s: last_transition differs", what);
+  cr_assert_eq(a.n, b.n, "%s: %zu transition runs, vector path %zu", what, a.n, b.n);
+  for (size_t i = 0; i < a.n; i++) {
+    cr_assert(a.v[i].first == b.v[i].first && a.v[i].count == b.v[i].count && a.v[i].from == b.v[i].from &&
+                  a.v[i].to == b.v[i].to,
+              "%s: transition run %zu differs", what, i);
+    if (a.v[i].from != 0xff) changes += a.v[i].count, recycled += a.v[i].to == X ? a.v[i].count : 0;
+  }
+  /* the stream must exercise the rules, or agreeing proves nothing */
+  cr_assert_gt(changes, n, "%s: only %zu transitions for %zu tokens", what, changes, n);
+  cr_assert_gt(recycled, n / 10, "%s: only %zu recycled of %zu", what, recycled, n);
+  free(a.v);
+  free(b.v);
+  ckv_tokens_done(&a.t);
+  ckv_tokens_done(&b.t);
+}
+
+Test(judge, vector_scan_decides_what_the_rules_decide, .timeout = 60) {
+  ckv_judge_params p = params_for(CKV_POLICY_COMMITKV);
+  p.sink_tokens = 5; /* the scan starts unaligned */
+  p.recent_window = 13;
+  p.idle_rounds = 3;
+  judge_paths_alike(&p, "defaults, idle_rounds 3");
+  p.filler_recycle_rounds = 2;
+  p.scored_persistence_rounds = 1;
+  judge_paths_alike(&p, "filler_recycle_rounds 2");
+  p.far_sample = 0.25f;
+  judge_paths_alike(&p, "far_sample 0.25");
+}

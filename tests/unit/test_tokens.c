@@ -70,11 +70,12 @@ Test(tokens, encode_equals_formula_on_edges_and_a_stride_over_all_patterns) {
 static void oracle_record(ckv_tokens *t, uint32_t round, size_t first, const float *attn, size_t n, size_t live) {
   const size_t ring = round % CKV_ATTN_HISTORY;
   const size_t end = first + n < t->n ? first + n : t->n;
-  double sum = 0.0;
+  double lane[8] = {0}; /* the round's mass: eight lanes by position, added as a fixed tree */
   for (size_t p = first; p < end; p++) {
     float a = attn[p - first];
-    if (a > 0.f && !isinf(a) && t->state[p] != CKV_STATE_RECYCLED) sum += a;
+    if (a > 0.f && !isinf(a) && t->state[p] != CKV_STATE_RECYCLED) lane[(p - first) % 8] += a;
   }
+  double sum = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
   const float inv = sum > 0.0 && live ? (float)((double)live / sum) : 0.f;
   for (size_t p = 0; p < t->n; p++) {
     float a = (p >= first && p < end) ? attn[p - first] : 0.f;
