@@ -224,7 +224,12 @@ int ckv_tokens_force_path(ckv_tokens_path p) {
  * (0, FLT_MAX] or recycled: adding +0.0 leaves a lane's bits as they are),
  * then the eight lanes are added as a fixed tree.  Eight chains instead of
  * one (a 32K-token round was ~60% of the record pass waiting on one chain of
- * double adds); the vector path fills the same lanes with the same adds. */
+ * double adds); the vector path fills the same lanes with the same adds.
+ * The order reaches the stored bytes only through (float)(live / sum): a
+ * double sum of n floats in another order differs by at most ~n ulps of a
+ * double, far below a float's, so the codes almost never change from the
+ * one-chain sum this replaced; the fixed order keeps them a function of the
+ * report alone. */
 static double round_mass(const float *attn, const uint8_t *state, size_t first, size_t end, ckv_tokens_path path) {
   double lane[8] = {0};
   size_t p = first;
