@@ -174,19 +174,20 @@ static int judge_rule_token(ckv_tokens *t, size_t pos, uint32_t round, const ckv
       t->role[pos] != 1 && (t->flags[pos] & CKV_TOKEN_SEM_GIVEN) && t->semantic[pos] < k->empty_q)
     return change(t, pos, CKV_STATE_RECYCLED, round, out); /* worker-scored filler: its attention does not count */
   if (st == CKV_STATE_COMMITTED) return CKV_OK;
+  /* the worker's own score says fact or filler: no need to wait for attention to confirm it */
+  int scored = p->scored_persistence_rounds && worker_decided(t, pos, k);
+  /* a staged token commits only after its persistence rounds (nothing below reads attention before) */
+  if (st == CKV_STATE_STAGED && age < (scored ? p->scored_persistence_rounds : p->persistence_rounds)) return CKV_OK;
   float mean = ckv_tokens_attn_mean(t, pos, round, R);
   int meaningful = t->semantic[pos] >= k->meaningful_q;
   /* filler: semantically empty yet drawing attention in any recent round
    * (the mean of a young token is diluted by rounds before it existed) */
   int filler = !meaningful && ckv_tokens_attn_max(t, pos, round, R) >= p->attn_threshold;
-  /* the worker's own score says fact or filler: no need to wait for attention to confirm it */
-  int scored = p->scored_persistence_rounds && worker_decided(t, pos, k);
   if (st == CKV_STATE_DRAFT) {
     if ((mean >= p->attn_threshold && meaningful) || ((!filler || p->filler_cold) && age >= 1))
       return change(t, pos, CKV_STATE_STAGED, round, out);
     return CKV_OK;
   }
-  if (age < (scored ? p->scored_persistence_rounds : p->persistence_rounds)) return CKV_OK;
   float sustained = ckv_tokens_attn_min(t, pos, round, p->persistence_rounds);
   int fact = sustained >= p->high_attn_threshold && meaningful;
   int warm = !fact && meaningful && mean >= p->attn_threshold && p->warm_commit;
@@ -215,7 +216,11 @@ static int judge_rules(ckv_tokens *t, uint32_t round, const ckv_judge_params *p,
                                  .semantic = t->semantic, .last_attended = t->last_attended,
                                  .last_transition = t->last_transition, .round = round,
                                  .idle_rounds = p->idle_rounds, .filler_recycle_rounds = p->filler_recycle_rounds,
-                                 .fact_q = k.fact_q, .empty_q = k.empty_q};
+                                 .fact_q = k.fact_q, .empty_q = k.empty_q,
+                                 .staged_age = p->scored_persistence_rounds &&
+                                                       p->scored_persistence_rounds < p->persistence_rounds
+                                                   ? p->scored_persistence_rounds
+                                                   : p->persistence_rounds};
     uint32_t cand[512];
     while (pos + 8 <= end) {
       size_t nc;

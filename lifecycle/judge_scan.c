@@ -21,7 +21,8 @@ __attribute__((target("avx2"))) size_t ckv_judge_scan_avx2(const ckv_judge_scan 
   const __m256i round = _mm256_set1_epi32((int)s->round), idle_rounds = _mm256_set1_epi32((int)s->idle_rounds);
   const __m256i frr = _mm256_set1_epi32((int)s->filler_recycle_rounds);
   const __m256i fact_q = _mm256_set1_epi32((int)s->fact_q), empty_q = _mm256_set1_epi32((int)s->empty_q);
-  const __m256i committed = _mm256_set1_epi32(CKV_STATE_COMMITTED), two = _mm256_set1_epi32(2);
+  const __m256i committed = _mm256_set1_epi32(CKV_STATE_COMMITTED), one = _mm256_set1_epi32(CKV_STATE_STAGED);
+  const __m256i staged_age = _mm256_set1_epi32((int)s->staged_age);
   const __m256i system = _mm256_set1_epi32(1), zero = _mm256_setzero_si256();
   const __m256i confirmed = _mm256_set1_epi32(4), fact_flag = _mm256_set1_epi32(CKV_TOKEN_FACT);
   const __m256i given = _mm256_set1_epi32(CKV_TOKEN_SEM_GIVEN);
@@ -33,7 +34,7 @@ __attribute__((target("avx2"))) size_t ckv_judge_scan_avx2(const ckv_judge_scan 
     __m256i sem = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(s->semantic + p)));
     __m256i idle = _mm256_sub_epi32(round, _mm256_loadu_si256((const __m256i *)(s->last_attended + p)));
     __m256i age = _mm256_sub_epi32(round, _mm256_loadu_si256((const __m256i *)(s->last_transition + p)));
-    __m256i draft_or_staged = _mm256_cmpgt_epi32(two, st); /* states are 0..3 */
+    __m256i draft = _mm256_cmpeq_epi32(st, zero), staged = _mm256_cmpeq_epi32(st, one);
     __m256i is_committed = _mm256_cmpeq_epi32(st, committed);
     __m256i not_system = _mm256_xor_si256(_mm256_cmpeq_epi32(role, system), _mm256_set1_epi32(-1));
     __m256i is_given = _mm256_cmpeq_epi32(_mm256_and_si256(flags, given), given);
@@ -42,10 +43,13 @@ __attribute__((target("avx2"))) size_t ckv_judge_scan_avx2(const ckv_judge_scan 
         _mm256_or_si256(_mm256_cmpeq_epi32(_mm256_and_si256(tags, confirmed), confirmed),
                         _mm256_cmpeq_epi32(_mm256_and_si256(flags, fact_flag), fact_flag)),
         _mm256_and_si256(is_given, _mm256_cmpgt_epi32(_mm256_add_epi32(sem, _mm256_set1_epi32(1)), fact_q)));
-    __m256i goes_idle = _mm256_andnot_si256(fact, _mm256_and_si256(ge_u32(idle, idle_rounds), not_system));
+    __m256i idle_out = _mm256_and_si256(ge_u32(idle, idle_rounds), not_system); /* recycled unless a lasting fact */
+    __m256i goes_idle = _mm256_andnot_si256(fact, idle_out);
     __m256i filler = _mm256_and_si256(_mm256_and_si256(filler_on, ge_u32(age, frr)),
                                       _mm256_and_si256(not_system, _mm256_and_si256(is_given, _mm256_cmpgt_epi32(empty_q, sem))));
-    __m256i cand = _mm256_or_si256(draft_or_staged, _mm256_and_si256(is_committed, _mm256_or_si256(goes_idle, filler)));
+    __m256i staged_may = _mm256_or_si256(idle_out, ge_u32(age, staged_age)); /* a staged token is never a lasting fact */
+    __m256i cand = _mm256_or_si256(_mm256_or_si256(draft, _mm256_and_si256(staged, staged_may)),
+                                   _mm256_and_si256(is_committed, _mm256_or_si256(goes_idle, filler)));
     unsigned m = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(cand));
     while (m) {
       out[n++] = (uint32_t)(p + (size_t)__builtin_ctz(m));

@@ -2,13 +2,13 @@
  * of a span can change state this round.
  *
  * Most tokens of a long session change nothing in a round: recycled ones
- * never do, and a committed one only when it goes idle without being a
- * lasting fact, or when it is worker-scored filler past
- * filler_recycle_rounds.  The scan tests exactly those conditions for 8
- * tokens at a time and lists the rest (every draft and staged token, and
- * the committed ones that will change) for the judge's per-token rules,
- * which decide as before: a token left out is one the rules would leave
- * as it is.
+ * never do; a committed one only when it goes idle without being a lasting
+ * fact, or when it is worker-scored filler past filler_recycle_rounds; a
+ * staged one only when it goes idle or has been staged for its persistence
+ * rounds.  The scan tests exactly those conditions for 8 tokens at a time
+ * and lists the rest (every draft token, and the staged and committed ones
+ * that may change) for the judge's per-token rules, which decide as
+ * before: a token left out is one the rules would leave as it is.
  *
  * Private to lifecycle/. */
 #ifndef CKV_LIFECYCLE_JUDGE_SCAN_H
@@ -26,6 +26,7 @@ typedef struct ckv_judge_scan {
   uint32_t filler_recycle_rounds; /* 0: off */
   uint32_t fact_q;                /* semantic q >= this: a worker-scored lasting fact (65536: none) */
   uint32_t empty_q;               /* semantic q < this: below semantic_threshold */
+  uint32_t staged_age;            /* a staged token younger than this (rounds) cannot commit */
 } ckv_judge_scan;
 
 /* Scans whole groups of 8 positions from p while p + 8 <= end and at most
