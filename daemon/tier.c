@@ -350,11 +350,16 @@ static void offload_landed(ckv_server *s, ckv_snapio_job *j) {
  * compression, recycling, the quota error). */
 static void replay_waiting(ckv_server *s);
 
+static void replan_stalled(ckv_server *s);
+
 static void offload_finished(void *server, ckv_snapio_job *j) {
   ckv_server *s = server;
   bool pressure = ((tier_job *)j)->pressure;
   offload_landed(s, j); /* destroys j */
-  if (pressure && --s->tier->pressure_inflight == 0) replay_waiting(s);
+  if (pressure && --s->tier->pressure_inflight == 0) {
+    replay_waiting(s);
+    replan_stalled(s);
+  }
 }
 
 /* Upper bound of a tier file's size for the cap: block bytes plus the token
@@ -489,8 +494,11 @@ static void start_push(ckv_server *s, ckv_srv_session *sess, uint64_t since) {
   sess->tier->seq = q->seq;
 }
 
+static void relieve_stalls(ckv_server *s);
+
 void ckv_tier_scan(ckv_server *s, uint64_t now) {
   ckv_tier *t = s->tier;
+  if (t && t->on && s->snapio) relieve_stalls(s);
   if (!t || !t->on || !(t->idle_ms || t->remote) || !s->snapio) return;
   size_t cur = 0;
   ckv_srv_session *sess;
@@ -903,6 +911,44 @@ static unsigned pressure_moves(ckv_server *s, const ckv_tenant *tn, const ckv_sr
   free(cand);
   *ret_freeing = freeing;
   return started;
+}
+
+/* Compression stalled on the quota (moves-stalled: a session's decided
+ * moves found no room for a destination block) moves the tenant's coldest
+ * other session to disk, as an append short of quota does, instead of
+ * leaving the moves to wait for a drop.  One move at a time for the whole
+ * daemon: once it has landed, every stalled session plans again, and a
+ * session still stalled asks for the next at the next scan. */
+static void relieve_stalls(ckv_server *s) {
+  ckv_tier *t = s->tier;
+  if (!t->pressure || t->pressure_inflight || t->replaying) return;
+  size_t cur = 0;
+  ckv_srv_session *sess;
+  while ((sess = ckv_strmap_next(s->sessions, &cur, NULL))) {
+    uint64_t waiting = ckv_lifecycle_pending(sess);
+    if (sess->stalled_on != CKV_ERR_QUOTA || !waiting || sess->doomed || sess->quarantined ||
+        ckv_tier_state_of(sess) != CKV_TIER_RESIDENT)
+      continue;
+    const ckv_tenant *tn = sess->tenant;
+    uint64_t freeing;
+    unsigned started = pressure_moves(s, tn, sess, /* short_by= */ 1, &freeing); /* the coldest one */
+    if (!started) continue;
+    ckv_log(CKV_LOG_NOTICE, "tier-pressure", tn->name, sess->id,
+            "compression stalled on the tenant quota (%llu tokens wait for their moves; %llu of %llu bytes used): "
+            "moving its coldest other session (%llu bytes) to disk before anything is recycled",
+            (unsigned long long)waiting, (unsigned long long)tn->bytes_used, (unsigned long long)tn->quota_bytes,
+            (unsigned long long)freeing);
+    return;
+  }
+}
+
+/* After pressure moves landed: sessions whose moves waited for memory try again. */
+static void replan_stalled(ckv_server *s) {
+  size_t cur = 0;
+  ckv_srv_session *sess;
+  while ((sess = ckv_strmap_next(s->sessions, &cur, NULL)))
+    if (sess->stalled_on && !sess->doomed && ckv_tier_state_of(sess) == CKV_TIER_RESIDENT)
+      ckv_lifecycle_plan(sess, s->compressor, /* flush= */ false);
 }
 
 int ckv_tier_make_room(ckv_server *s, ckv_conn *c, ckv_srv_session *sess, uint64_t need,

@@ -27,7 +27,10 @@
  *   says so in the log and counts a refusal).
  * - recently_used_attached_session_stays: A attached and named by a request
  *   less than a second before (its worker may be reading it): A stays, and
- *   the append is refused the old way. */
+ *   the append is refused the old way.
+ * - stalled_compression_moves_the_coldest_session /
+ *   stalled_compression_waits_with_pressure_off: B's staged moves find no
+ *   room (see "compression stalled on the quota" below). */
 #include <criterion/criterion.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -412,4 +415,138 @@ Test(tier_pressure, full_disk_tier_keeps_old_refusal, .timeout = 120) {
   cr_assert(log && strstr(log, "tier-full"), "the full tier was not logged");
   free(log);
   end_scenario(&sc);
+}
+
+/* ---- compression stalled on the quota ----
+ * Tenant p holds A (fp16, reported, quiet) and B (policy int8), whose drafts
+ * fill the quota until not even one staged block fits.  B's round stages its
+ * tokens, and their moves find no room for a destination block
+ * (moves-stalled).  With the disk tier's pressure on, the daemon moves A
+ * (the coldest other session) to disk by itself, with no request of ours
+ * asking, and B's moves then complete; with pressure off they wait, and A
+ * stays. */
+
+#define STALL_BATCH 16u /* one draft block: the quota ends with less free than a staged block */
+
+typedef struct stall_run {
+  ckv_test_daemon d;
+  char *cfgdir;
+  ckv_client *c;
+  ckv_session *a, *b;
+  uint32_t b_tokens;
+  uint64_t round;
+  uint32_t pending; /* after B's first round */
+} stall_run;
+
+static uint32_t report_b(stall_run *st) {
+  float *attn = calloc(st->b_tokens, sizeof(float));
+  cr_assert_not_null(attn);
+  ckv_round_result rr;
+  int r = ckv_session_report(st->b, ++st->round, 0, attn, st->b_tokens, &rr);
+  free(attn);
+  cr_assert_eq(r, CKV_OK, "B's round %llu: %s (%s)", (unsigned long long)st->round, ckv_strerror(r),
+               ckv_client_last_error(st->c));
+  cr_assert_eq(ckv_session_ack(st->b, rr.epoch, NULL), CKV_OK); /* B's worker reads the new view */
+  return rr.pending;
+}
+
+static void stall_setup(stall_run *st, const char *pressure) {
+  memset(st, 0, sizeof(*st));
+  char text[256], cfg[400];
+  snprintf(text, sizeof text, "[daemon]\ndetach_keep = 60s\nlease = 30s\n[tenant.p]\nuids = 0\nquota = %uK\n",
+           QUOTA_KIB);
+  st->cfgdir = ckv_test_write_config(text, cfg, sizeof cfg);
+  const char *args[] = {"--config", cfg, "--set", "daemon.disk_memory=64M", "--set", pressure, NULL};
+  ckv_test_start_host(&st->d, "64M", args);
+  st->c = connect_to(&st->d);
+  int code;
+  char msg[512];
+  st->a = written_session(st->c, "cold-a", A_TOKENS, &code, msg, sizeof msg);
+  cr_assert_not_null(st->a, "%s", msg);
+  long long a_quiet_since = ckv_test_now_ms();
+
+  ckv_session_options so = {.policy = "int8"};
+  cr_assert_eq(ckv_session_open(st->c, "stalled-b", &k_geom, &so, &st->b), CKV_OK, "%s", ckv_client_last_error(st->c));
+  unsigned long long quota = QUOTA_KIB * 1024ull;
+  unsigned long long draft = ckv_format_block_bytes(CKV_FORMAT_DRAFT, &k_geom, STALL_BATCH, 0);
+  unsigned long long staged = ckv_format_block_bytes(CKV_FORMAT_STAGED, &k_geom, CKV_DEFAULT_CAPACITY_STAGED, 0);
+  cr_assert_lt(draft, staged, "the premise: a draft block (%llu bytes) is smaller than a staged one (%llu)", draft,
+               staged);
+  for (int i = 0; i < 4 * MAX_BATCHES && arena_used(st->c, "p") + draft <= quota; i++) {
+    uint64_t first;
+    cr_assert_eq(ckv_session_append(st->b, STALL_BATCH, NULL, NULL, NULL, NULL, &first), CKV_OK,
+                 "B's append %d: %s", i, ckv_client_last_error(st->c));
+    write_tokens(st->b, first, STALL_BATCH);
+    st->b_tokens += STALL_BATCH;
+  }
+  unsigned long long left = quota - arena_used(st->c, "p");
+  fprintf(stderr, "test_tier_pressure: B %u tokens beside A, %llu bytes of the quota left (a staged block: %llu)\n",
+          st->b_tokens, left, staged);
+  cr_assert_lt(left, staged, "the quota still holds a staged block: nothing would stall");
+  char tier[32];
+  cr_assert_str_eq(ckv_test_session_tier(st->c, "cold-a", tier, sizeof tier), "primary");
+  while (ckv_test_now_ms() < a_quiet_since + 1300) usleep(20000); /* A quiet past CKV_TIER_PRESSURE_QUIET_MS */
+  st->pending = report_b(st);
+  cr_assert_gt(st->pending, 0, "B's round decided no moves");
+}
+
+static void stall_end(stall_run *st) {
+  if (st->b) ckv_session_close(st->b);
+  if (st->a) ckv_session_close(st->a);
+  ckv_client_free(st->c);
+  ckv_test_stop_clean(&st->d);
+  ckv_test_rmdir(st->cfgdir);
+}
+
+Test(tier_pressure, stalled_compression_moves_the_coldest_session, .timeout = 120) {
+  stall_run st;
+  stall_setup(&st, "daemon.disk_pressure=yes");
+  /* no request names A or B from here: the daemon moves A by itself */
+  char tier[32];
+  long long deadline = ckv_test_now_ms() + DEADLINE_MS;
+  while (ckv_test_now_ms() < deadline && strcmp(ckv_test_session_tier(st.c, "cold-a", tier, sizeof tier), "disk"))
+    usleep(50000);
+  cr_assert_str_eq(tier, "disk", "A did not move for B's stalled compression; log: %s",
+                   ckv_test_file_tail(st.d.log, 2000));
+  cr_assert_eq(ckv_test_stat(&st.d, "tiers.1.pressure_moves"), 1);
+  char *log = ckv_test_read_file(st.d.log);
+  cr_assert(log && strstr(log, "compression stalled on the tenant quota"), "the move was not logged as the stall's");
+  free(log);
+  /* B's moves start once A's blocks are free, before B asks again */
+  deadline = ckv_test_now_ms() + DEADLINE_MS;
+  unsigned long long waiting = st.pending;
+  while (ckv_test_now_ms() < deadline && (waiting = ckv_test_stat(&st.d, "pending_tokens")) >= st.pending)
+    usleep(50000);
+  cr_assert_lt(waiting, st.pending, "B's moves did not start when A's memory was freed (%llu pending)", waiting);
+  /* and find room to the end: its rounds (acked, so retired drafts are freed) run them all */
+  uint32_t pending = st.pending;
+  deadline = ckv_test_now_ms() + DEADLINE_MS;
+  while (pending && ckv_test_now_ms() < deadline) {
+    usleep(50000);
+    pending = report_b(&st);
+  }
+  cr_assert_eq(pending, 0, "B still has %u moves pending (%u after its first round); log: %s", pending, st.pending,
+               ckv_test_file_tail(st.d.log, 2000));
+  cr_assert_eq(ckv_test_stat(&st.d, "tiers.1.pressure_moves"), 1, "more than A moved");
+  cr_assert_leq(arena_used(st.c, "p"), QUOTA_KIB * 1024ull);
+  stall_end(&st);
+}
+
+Test(tier_pressure, stalled_compression_waits_with_pressure_off, .timeout = 120) {
+  stall_run st;
+  stall_setup(&st, "daemon.disk_pressure=no");
+  uint32_t pending = st.pending;
+  for (int i = 0; i < 30; i++) { /* 3 s of rounds: the moves wait for memory nobody frees */
+    usleep(100000);
+    pending = report_b(&st);
+  }
+  cr_assert_eq(pending, st.pending, "B's moves went ahead without memory (%u pending, %u at first)", pending,
+               st.pending);
+  char tier[32];
+  cr_assert_str_eq(ckv_test_session_tier(st.c, "cold-a", tier, sizeof tier), "primary");
+  cr_assert_eq(ckv_test_stat(&st.d, "tiers.1.pressure_moves"), 0);
+  char *log = ckv_test_read_file(st.d.log);
+  cr_assert(log && strstr(log, "moves-stalled"), "the stall was not logged");
+  free(log);
+  stall_end(&st);
 }
