@@ -106,10 +106,10 @@ static size_t far_stride(const ckv_judge_params *p) {
 }
 
 /* Integer forms of the score tests: q -> ckv_q16_to_unit(q) is monotone, so
- * `ckv_q16_to_unit(q) >= x` is `q >= q16_at_least(x)` for every q, and
- * `ckv_q16_to_unit(q) < x` is `q < q16_below(x)`: the same decisions, bit for
- * bit, with a compare instead of a division per token (the division was a
- * third of the judge's time at 32K tokens). */
+ * `ckv_q16_to_unit(q) >= x` is `q >= q16_first(x, 0)` for every q, and
+ * `ckv_q16_to_unit(q) < x` is `q < q16_first(x, 1)`: the same decisions, bit
+ * for bit, with a compare instead of a division per token (the division was
+ * a third of the judge's time at 32K tokens). */
 static uint32_t q16_first(float x, int below) {
   uint32_t lo = 0, hi = 65536; /* the first q where the test turns (65536: never) */
   while (lo < hi) {
