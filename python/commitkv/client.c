@@ -177,6 +177,23 @@ static PyObject *stats_dict(const Commitkv__V1__Stats *s) {
       (unsigned long long)s->uptime_ms, "semantic_given_tokens", (unsigned long long)s->semantic_given_tokens,
       "backend", s->backend);
   if (!d) return NULL; /* "N" stole arenas and tenants */
+  /* the compressor's figures, as `commitkvctl stats --json` has them */
+  const struct {
+    const char *key;
+    uint64_t v;
+  } compress[] = {{"pending_tokens", s->pending_tokens},         {"compress_queue", s->compress_queue},
+                  {"compress_jobs", s->compress_jobs},           {"compress_refused", s->compress_refused},
+                  {"transitions_staged", s->transitions_staged}, {"transitions_committed", s->transitions_committed},
+                  {"transitions_recycled", s->transitions_recycled}};
+  for (size_t i = 0; i < sizeof(compress) / sizeof(compress[0]); i++) {
+    PyObject *v = PyLong_FromUnsignedLongLong((unsigned long long)compress[i].v);
+    if (!v || PyDict_SetItemString(d, compress[i].key, v) < 0) {
+      Py_XDECREF(v);
+      Py_DECREF(d);
+      return NULL;
+    }
+    Py_DECREF(v);
+  }
   /* the remote store, as `commitkvctl stats --json` has it: null without one */
   const Commitkv__V1__RemoteStats *rs = s->remote;
   PyObject *remote = rs ? Py_BuildValue("{szsKsKsKsKsKsKsO}", "url", rs->url, "saves", (unsigned long long)rs->saves,
@@ -196,13 +213,14 @@ static PyObject *stats_dict(const Commitkv__V1__Stats *s) {
   for (size_t i = 0; tiers && i < s->n_tiers; i++) {
     const Commitkv__V1__TierStats *t = s->tiers[i];
     PyObject *td = Py_BuildValue(
-        "{szsKsKsKsKsKsKsKsKsKsKsKsKsK}", "tier", t->tier, "bytes", (unsigned long long)t->bytes, "capacity",
+        "{szsKsKsKsKsKsKsKsKsKsKsKsKsKsKsK}", "tier", t->tier, "bytes", (unsigned long long)t->bytes, "capacity",
         (unsigned long long)t->capacity, "sessions", (unsigned long long)t->sessions, "hits",
         (unsigned long long)t->hits, "misses", (unsigned long long)t->misses, "offloads",
         (unsigned long long)t->offloads, "offload_bytes", (unsigned long long)t->offload_bytes, "restores",
         (unsigned long long)t->restores, "restore_bytes", (unsigned long long)t->restore_bytes, "cancelled",
         (unsigned long long)t->cancelled, "refused", (unsigned long long)t->refused, "errors",
-        (unsigned long long)t->errors, "pressure_moves", (unsigned long long)t->pressure_moves);
+        (unsigned long long)t->errors, "pressure_moves", (unsigned long long)t->pressure_moves, "hit_tokens",
+        (unsigned long long)t->hit_tokens, "miss_tokens", (unsigned long long)t->miss_tokens);
     if (!td) {
       Py_CLEAR(tiers);
       break;

@@ -285,6 +285,7 @@ def test_stats_is_the_stats_json_object(client, daemon, sid):
         assert set(mine[key]) == set(ctl[key])
     assert [set(a) for a in mine["arenas"]] == [set(a) for a in ctl["arenas"]]
     assert [set(t) for t in mine["tenants"]] == [set(t) for t in ctl["tenants"]]
+    assert [set(t) for t in mine["tiers"]] == [set(t) for t in ctl["tiers"]]
     assert mine["sessions"] >= 1 and mine["tokens"]["draft"] >= 4 and mine["backend"] == ctl["backend"]
     assert json.loads(json.dumps(mine)) == mine
 
