@@ -27,7 +27,7 @@ __attribute__((target("avx2"))) size_t ckv_record_span_avx2(const ckv_record_spa
   const __m256i byte_mask = _mm256_set1_epi64x((long long)(0xFFull << (a->ring * 8)));
   uint8_t *rows = a->ring_col - a->ring; /* token p's history row: rows + 8 p */
   for (; p + 8 <= end; p += 8) {
-    __m256 m = _mm256_loadu_ps(a->attn + p);
+    __m256 m = _mm256_loadu_ps(a->attn + (p - a->first));
     __m256i st = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(a->state + p)));
     __m256 ok = _mm256_and_ps(_mm256_cmp_ps(m, zero, _CMP_GT_OQ), _mm256_cmp_ps(m, fmax, _CMP_LE_OQ));
     ok = _mm256_andnot_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(st, recycled)), ok);
@@ -60,7 +60,7 @@ __attribute__((target("avx2"))) size_t ckv_record_mass_avx2(const float *attn, c
   __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
   size_t p = first;
   for (; p + 8 <= end; p += 8) {
-    __m256 m = _mm256_loadu_ps(attn + p);
+    __m256 m = _mm256_loadu_ps(attn + (p - first));
     __m256i st = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(state + p)));
     __m256 ok = _mm256_and_ps(_mm256_cmp_ps(m, zero, _CMP_GT_OQ), _mm256_cmp_ps(m, fmax, _CMP_LE_OQ));
     ok = _mm256_andnot_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(st, recycled)), ok);
@@ -86,7 +86,7 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) size_t ckv_record_span_avx5
   const __m128i shift = _mm_cvtsi32_si128((int)(a->ring * 8));
   uint8_t *rows = a->ring_col - a->ring; /* token p's history row: rows + 8 p */
   for (; p + 16 <= end; p += 16) {
-    __m512 m = _mm512_loadu_ps(a->attn + p);
+    __m512 m = _mm512_loadu_ps(a->attn + (p - a->first));
     __mmask16 live = ~_mm_cmpeq_epi8_mask(_mm_loadu_si128((const __m128i *)(a->state + p)), recycled);
     __mmask16 ok = live & _mm512_cmp_ps_mask(m, zero, _CMP_GT_OQ) & _mm512_cmp_ps_mask(m, fmax, _CMP_LE_OQ);
     __m512 rel = _mm512_mul_ps(_mm512_maskz_mov_ps(ok, m), inv);

@@ -18,12 +18,13 @@
 #define CKV_ENC_NONE (1u << CKV_ENC_SHIFT) /* no boundary in the bin: never reached by the low bits */
 
 /* One round's main pass over positions [p, end): token p's reported mass is
- * attn[p] (already offset by the report's first position), masked to 0 when
+ * attn[p - first] (first: the report's first position), masked to 0 when
  * not in (0, FLT_MAX] or the token is recycled; rel = mass * inv (finite);
  * the ring byte ring_col[p * 8] gets rel's code, cum[p] += rel, and
  * last[p] = round when rel >= CKV_ATTENDED_FLOOR. */
 typedef struct ckv_record_span {
-  const float *attn;
+  const float *attn; /* attn[0]: position first */
+  size_t first;
   const uint8_t *state;
   uint8_t *ring_col; /* t->attn + round % CKV_ATTN_HISTORY */
   unsigned ring;     /* round % CKV_ATTN_HISTORY */
@@ -40,8 +41,8 @@ size_t ckv_record_span_avx2(const ckv_record_span *a, size_t p, size_t end);
 size_t ckv_record_span_avx512(const ckv_record_span *a, size_t p, size_t end);
 
 /* The round's mass lanes (tokens.c round_mass): from p = first on, whole
- * groups of 8 positions, lane k += the masked mass of position p + k; returns
- * where it stopped.  AVX2 (the AVX-512 path uses it too: one 8-lane chain of
+ * groups of 8 positions, lane k += the masked mass of position p + k, which
+ * is attn[p + k - first]; returns where it stopped.  AVX2 (the AVX-512 path uses it too: one 8-lane chain of
  * adds either way). */
 size_t ckv_record_mass_avx2(const float *attn, const uint8_t *state, size_t first, size_t end, double lane[8]);
 

@@ -235,7 +235,7 @@ static double round_mass(const float *attn, const uint8_t *state, size_t first, 
   size_t p = first;
   if (path != CKV_TOKENS_PATH_SCALAR && end > first) p = ckv_record_mass_avx2(attn, state, first, end, lane);
   for (; p < end; p++) {
-    float a = attn[p];
+    float a = attn[p - first];
     lane[(p - first) & 7] += (a > 0.f && a <= FLT_MAX && state[p] != CKV_STATE_RECYCLED) ? (double)a : 0.0;
   }
   return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
@@ -250,7 +250,7 @@ void ckv_tokens_record_round(ckv_tokens *t, uint32_t round, size_t first, const 
   uint32_t *restrict last = t->last_attended;
   uint8_t *restrict ring_col = t->attn + ring;
   ckv_tokens_path path = record_path();
-  double sum = round_mass(attn - first, state, first, end, path);
+  double sum = round_mass(attn, state, first, end, path); /* attn[0] is position first (any first a worker sends) */
   /* mean mass per live token -> relative scale; no mass at all records zeros */
   const float inv = sum > 0.0 && live ? (float)((double)live / sum) : 0.f;
   pthread_once(&g_enc_once, encode_init);
@@ -280,7 +280,7 @@ void ckv_tokens_record_round(ckv_tokens *t, uint32_t round, size_t first, const 
    * lane (record_simd.c); this loop takes the tail. */
   size_t p = first;
   if (path != CKV_TOKENS_PATH_SCALAR && end > first) {
-    ckv_record_span span = {.attn = attn - first, .state = state, .ring_col = ring_col, .ring = (unsigned)ring,
+    ckv_record_span span = {.attn = attn, .first = first, .state = state, .ring_col = ring_col, .ring = (unsigned)ring,
                             .cum = cum, .last = last, .inv = inv, .round = round, .enc = g_enc};
     p = path == CKV_TOKENS_PATH_AVX512 ? ckv_record_span_avx512(&span, first, end) : ckv_record_span_avx2(&span, first, end);
   }
