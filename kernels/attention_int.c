@@ -151,11 +151,15 @@ static void score_staged(const ckv_idotops *io, const ckv_geometry *g, const voi
     uint32_t nt = cap - t0 < CKV_ISCORE_BATCH ? cap - t0 : CKV_ISCORE_BATCH;
     io->i8(q->p, nq, q->ld, codes + (size_t)t0 * te, te, nt, D, acc, CKV_ISCORE_BATCH);
     uint32_t valid = valid32(blk, cap, t0);
-    for (uint32_t i = 0; i < nt; i++) {
-      uint32_t t = t0 + i;
-      if (!((valid >> i) & 1u)) continue;
-      float st = ckv_f16_to_f32(sc[(size_t)t * ng + h / hg]);
-      for (size_t rg = 0; rg < nq; rg++) S[rg * cap + t] = (float)acc[rg * CKV_ISCORE_BATCH + i] * q->a[rg] * st;
+    float st[CKV_ISCORE_BATCH];
+    for (uint32_t i = 0; i < nt; i++) st[i] = ckv_f16_to_f32(sc[(size_t)(t0 + i) * ng + h / hg]);
+    for (size_t rg = 0; rg < nq; rg++) { /* every slot of the batch (a loop a compiler vectorises), then the empty ones */
+      const int32_t *ac = acc + rg * CKV_ISCORE_BATCH;
+      float a = q->a[rg], *o = S + rg * cap + t0;
+      for (uint32_t i = 0; i < nt; i++) o[i] = (float)ac[i] * a * st[i];
+      if (valid != (nt == 32u ? ~0u : (1u << nt) - 1u))
+        for (uint32_t i = 0; i < nt; i++)
+          if (!((valid >> i) & 1u)) o[i] = -INFINITY;
     }
   }
 }

@@ -63,17 +63,18 @@ static inline void store16(__m512i v, size_t nq, size_t i, int32_t *out, size_t 
 
 static void v_i8(const int8_t *p, size_t nq, size_t ldp, const int8_t *rows, size_t stride, size_t nt, size_t n,
                  int32_t *out, size_t ldo) {
-  const __m512i bias = _mm512_set1_epi8((char)0x80);
+  const __m512i bias = _mm512_set1_epi8((char)0x80), ones = _mm512_set1_epi8(1);
   size_t full = n & ~(size_t)63;
   __mmask64 tm = n > full ? (~(__mmask64)0) >> (64u - (n - full)) : 0;
   for (size_t i = 0; i < nq; i += 4) {
     const int8_t *q[4];
     group(p, nq, ldp, i, q);
-    int32_t corr[4]; /* -128 * sum(q) over the n channels: undoes the bias */
+    int32_t corr[4]; /* -128 * sum(q) over the n channels: undoes the bias (ones x q, four bytes a lane) */
     for (size_t r = 0; r < 4; r++) {
-      int32_t s = 0;
-      for (size_t j = 0; j < n; j++) s += q[r][j];
-      corr[r] = -128 * s;
+      __m512i s = _mm512_setzero_si512();
+      for (size_t d = 0; d < full + (tm ? 64u : 0u); d += 64)
+        s = _mm512_dpbusd_epi32(s, ones, _mm512_maskz_loadu_epi8(d < full ? ~(__mmask64)0 : tm, q[r] + d));
+      corr[r] = -128 * _mm512_reduce_add_epi32(s);
     }
     size_t t = 0;
     for (; t + 4 <= nt; t += 4) { /* four rows at a time: each query step loaded once for four */
