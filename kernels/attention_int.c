@@ -141,6 +141,13 @@ static uint32_t valid32(const void *blk, uint32_t cap, uint32_t t0) {
   return (uint32_t)bits & (n == 32u ? ~0u : (1u << n) - 1u);
 }
 
+/* o[i] = -inf for the empty slots of a batch of nt <= 32 (valid: valid32's bits). */
+static void empty_slots(float *o, uint32_t valid, uint32_t nt) {
+  if (valid == (nt == 32u ? ~0u : (1u << nt) - 1u)) return;
+  for (uint32_t i = 0; i < nt; i++)
+    if (!((valid >> i) & 1u)) o[i] = -INFINITY;
+}
+
 static void score_staged(const ckv_idotops *io, const ckv_geometry *g, const void *blk, uint32_t layer, uint32_t h,
                          const ckv_iquery *q, size_t nq, int32_t *acc, float *S) {
   uint32_t cap = ckv_hdr(blk)->capacity, D = g->head_dim, ng = ckv_staged_groups(g), hg = ckv_staged_group_heads(g);
@@ -157,9 +164,7 @@ static void score_staged(const ckv_idotops *io, const ckv_geometry *g, const voi
       const int32_t *ac = acc + rg * CKV_ISCORE_BATCH;
       float a = q->a[rg], *o = S + rg * cap + t0;
       for (uint32_t i = 0; i < nt; i++) o[i] = (float)ac[i] * a * st[i];
-      if (valid != (nt == 32u ? ~0u : (1u << nt) - 1u))
-        for (uint32_t i = 0; i < nt; i++)
-          if (!((valid >> i) & 1u)) o[i] = -INFINITY;
+      empty_slots(o, valid, nt);
     }
   }
 }
@@ -188,9 +193,7 @@ static void score_rot4(const ckv_rowops *ops, const ckv_idotops *io, const ckv_g
       int32_t ps = 15 * q->qr8.psum[rg];
       float k = 0.5f * q->qr8.a[rg], b = w->bias[rg], *o = S + rg * cap + t0;
       for (uint32_t i = 0; i < nt; i++) o[i] = (float)(2 * ac[i] - ps) * k * st[i] + b;
-      if (valid != (nt == 32u ? ~0u : (1u << nt) - 1u))
-        for (uint32_t i = 0; i < nt; i++)
-          if (!((valid >> i) & 1u)) o[i] = -INFINITY;
+      empty_slots(o, valid, nt);
     }
   }
 }
@@ -257,9 +260,7 @@ static void score_commit4(const ckv_rowops *ops, const ckv_idotops *io, const ck
       int32_t ps = 15 * w->q.psum[rg];
       float k = 0.5f * w->q.a[rg], b = w->bias[rg], *o = S + rg * cap + c * CKV_COMMIT_CHUNK_TOKENS;
       for (uint32_t i = 0; i < CKV_COMMIT_CHUNK_TOKENS; i++) o[i] = (float)(2 * ac[i] - ps) * k + b;
-      if (valid != ~0u)
-        for (uint32_t i = 0; i < CKV_COMMIT_CHUNK_TOKENS; i++)
-          if (!((valid >> i) & 1u)) o[i] = -INFINITY;
+      empty_slots(o, valid, CKV_COMMIT_CHUNK_TOKENS);
     }
   }
 }
@@ -267,8 +268,13 @@ static void score_commit4(const ckv_rowops *ops, const ckv_idotops *io, const ck
 void ckv_iscore_block(const ckv_rowops *ops, const ckv_idotops *io, const ckv_geometry *g, uint32_t layer,
                       const void *blk, uint32_t h, const ckv_iscore_query *q, size_t nq, ckv_iscratch *w, float *S) {
   uint32_t cap = ckv_hdr(blk)->capacity, fmt = ckv_hdr(blk)->format;
-  fill_neg_inf(S, nq * cap);
-  if (fmt == CKV_FORMAT_STAGED) score_staged(io, g, blk, layer, h, &q->qs8, nq, w->acc, S);
-  else if (fmt == CKV_FORMAT_ROT4) score_rot4(ops, io, g, blk, layer, h, q, nq, w, S);
-  else if (fmt == CKV_FORMAT_COMMIT4) score_commit4(ops, io, g, layer, blk, h, q, nq, w, S);
+  /* staged and ROT4 blocks write every slot; committed ones skip unsealed chunks and refused masks */
+  if (fmt == CKV_FORMAT_STAGED) {
+    score_staged(io, g, blk, layer, h, &q->qs8, nq, w->acc, S);
+  } else if (fmt == CKV_FORMAT_ROT4) {
+    score_rot4(ops, io, g, blk, layer, h, q, nq, w, S);
+  } else {
+    fill_neg_inf(S, nq * cap);
+    if (fmt == CKV_FORMAT_COMMIT4) score_commit4(ops, io, g, layer, blk, h, q, nq, w, S);
+  }
 }
