@@ -74,6 +74,15 @@ typedef struct scratch {
   uint8_t *codes;
 } scratch;
 
+/* The FP16 / BF16 row of K (kv 0) or V of layer l of a move's draft source. */
+static const uint16_t *src_row(const ckv_geometry *g, const ckv_move *m, uint32_t l, uint32_t kv) {
+  return (const uint16_t *)ckv_cb(m->src, ckv_draft_kv_offset(g, ckv_move_src_hdr(m)->capacity, l, kv, m->src_slot));
+}
+/* Asks for a source row a pass ahead of its first read (into L2: the pass in between reads L1). */
+static void prefetch_row(const void *p, size_t bytes) {
+  for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch((const char *)p + o, 0, 2);
+}
+
 /* Converts moves order[0..n) (all into staged blocks), layer by layer so that
  * consecutive slots are read and written front to back. */
 static void to_staged(const ckv_rowops *ops, const ckv_geometry *g, const ckv_move *moves, const size_t *order,
@@ -89,7 +98,9 @@ static void to_staged(const ckv_rowops *ops, const ckv_geometry *g, const ckv_mo
         int8_t *codes = (int8_t *)ckv_b(m->dst, ckv_staged_codes_offset(g, cap, l, kv)) + (size_t)m->dst_slot * te;
         uint16_t *sc = (uint16_t *)ckv_b(m->dst, ckv_staged_scales_offset(g, cap, l, kv)) + (size_t)m->dst_slot * ng;
         if (sh->format == CKV_FORMAT_DRAFT && ops->quant_i8_groups_h) { /* one call per row, scales included */
-          const uint16_t *h = (const uint16_t *)ckv_cb(m->src, ckv_draft_kv_offset(g, sh->capacity, l, kv, m->src_slot));
+          const uint16_t *h = src_row(g, m, l, kv);
+          if (i + 1 < n && ckv_move_src_hdr(&moves[order[i + 1]])->format == CKV_FORMAT_DRAFT)
+            prefetch_row(src_row(g, &moves[order[i + 1]], l, kv), te * 2u); /* the next row, while this one is coded */
           ops->quant_i8_groups_h(h, g->dtype == CKV_DTYPE_BF16, te, gl, codes, sc);
         } else {
           ckv_read_row(ops, g, m->src, sh, l, kv, m->src_slot, s->row);
@@ -144,10 +155,10 @@ static int to_commit_chunk(const ckv_rowops *ops, const ckv_geometry *g, const c
     const uint16_t *src[CKV_COMMIT_CHUNK_TOKENS];
     for (size_t e = 0; e < te; e++) s->mn[e] = INFINITY, s->mx[e] = -INFINITY;
     for (size_t i = 0; i < n; i++) {
-      const ckv_move *m = &moves[order[i]];
-      src[i] = (const uint16_t *)ckv_cb(m->src, ckv_draft_kv_offset(g, ckv_move_src_hdr(m)->capacity, l, 0, m->src_slot));
-      ops->minmax_h(src[i], bf16, s->mn, s->mx, te);
+      src[i] = src_row(g, &moves[order[i]], l, 0);
+      if (!ops->minmax_rows_h) ops->minmax_h(src[i], bf16, s->mn, s->mx, te);
     }
+    if (ops->minmax_rows_h) ops->minmax_rows_h(src, n, bf16, s->mn, s->mx, te); /* the same floats, one pass */
     uint8_t *c[CKV_MAX_KV_HEADS];
     for (uint32_t hd = 0; hd < H; hd++) {
       if (ckv_mask_channels(ckv_commit_mask(g, h, dst, l, hd), D, idx) != kept) return CKV_ERR_CORRUPT;
@@ -157,6 +168,7 @@ static int to_commit_chunk(const ckv_rowops *ops, const ckv_geometry *g, const c
     }
     for (size_t i = 0; i < n; i++) {
       size_t r = (size_t)kept * 4u + (moves[order[i]].dst_slot % T) * krow;
+      prefetch_row(src_row(g, &moves[order[i]], l, 1), te * 2u); /* the values, read next */
       for (uint32_t hd = 0; hd < H; hd++)
         ops->quant_u_h(src[i] + (size_t)hd * D, bf16, s->zero + (size_t)hd * D, s->inv + (size_t)hd * D, bits, c[hd] + r, D);
     }
@@ -164,7 +176,8 @@ static int to_commit_chunk(const ckv_rowops *ops, const ckv_geometry *g, const c
     uint8_t *vcodes = ckv_b(dst, ckv_commit_value_codes_offset(fmt, g, cap, kept, l));
     for (size_t i = 0; i < n; i++) {
       const ckv_move *m = &moves[order[i]];
-      const uint16_t *v = (const uint16_t *)ckv_cb(m->src, ckv_draft_kv_offset(g, ckv_move_src_hdr(m)->capacity, l, 1, m->src_slot));
+      const uint16_t *v = src_row(g, m, l, 1);
+      if (l + 1 < g->n_layers) prefetch_row(src_row(g, m, l + 1, 0), te * 2u); /* the next layer's keys */
       ops->quant_u32_groups_h(v, bf16, te, bits, par + (size_t)m->dst_slot * ng * 2u, vcodes + (size_t)m->dst_slot * vrow);
     }
   }

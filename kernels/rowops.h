@@ -66,6 +66,10 @@ typedef struct ckv_rowops {
   void (*quant_u32_groups_h)(const uint16_t *h, int bf16, size_t n, uint32_t bits, uint16_t *params, uint8_t *row);
   /* minmax of the widened FP16 / BF16 row h.  NULL where a path has none. */
   void (*minmax_h)(const uint16_t *h, int bf16, float *mn, float *mx, size_t n);
+  /* minmax_h of rows[0], rows[1], ... rows[nrows-1] in that order (the same floats), a block of
+   * columns at a time across every row, the accumulators in registers: mn and mx are read and
+   * written once instead of once per row.  NULL where a path has none. */
+  void (*minmax_rows_h)(const uint16_t *const *rows, size_t nrows, int bf16, float *mn, float *mx, size_t n);
   /* code i = ckv_qa_code(widened h[i], zero[i], inv[i], bits), packed into row as ckv_pack_codes
    * does, every byte of row written (n a multiple of 32, bits 4 or 2).  NULL where a path has none. */
   void (*quant_u_h)(const uint16_t *h, int bf16, const float *zero, const float *inv, uint32_t bits, uint8_t *row,
@@ -91,6 +95,7 @@ void ckv_avx2_quant_u_groups(const float *x, size_t n, size_t gl, uint32_t bits,
 void ckv_avx2_quant_u32_groups_h(const uint16_t *h, int bf16, size_t n, uint32_t bits, uint16_t *params, uint8_t *row);
 void ckv_avx2_absadd_h(const uint16_t *h, int bf16, float *acc, size_t n);
 void ckv_avx2_minmax_h(const uint16_t *h, int bf16, float *mn, float *mx, size_t n);
+void ckv_avx2_minmax_rows_h(const uint16_t *const *rows, size_t nrows, int bf16, float *mn, float *mx, size_t n);
 void ckv_avx2_quant_u_h(const uint16_t *h, int bf16, const float *zero, const float *inv, uint32_t bits, uint8_t *row,
                         size_t n);
 

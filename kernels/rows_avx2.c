@@ -545,6 +545,30 @@ void ckv_avx2_minmax_h(const uint16_t *h, int bf16, float *mn, float *mx, size_t
   else
     minmax_h(h, 0, mn, mx, n);
 }
+/* minmax_h over rows, 32 columns at a time in four accumulator pairs (the rest: minmax_h per row). */
+static inline __attribute__((always_inline)) void minmax_rows_h(const uint16_t *const *rows, size_t nrows,
+                                                                const int bf16, float *mn, float *mx, size_t n) {
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    __m256 lo[4], hi[4];
+    _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) lo[j] = _mm256_loadu_ps(mn + i + 8 * j), hi[j] = _mm256_loadu_ps(mx + i + 8 * j);
+    for (size_t r = 0; r < nrows; r++)
+      _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
+        __m256 x = widen8(rows[r] + i + 8 * j, bf16);
+        lo[j] = _mm256_min_ps(x, lo[j]);
+        hi[j] = _mm256_max_ps(x, hi[j]);
+      }
+    _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) _mm256_storeu_ps(mn + i + 8 * j, lo[j]), _mm256_storeu_ps(mx + i + 8 * j, hi[j]);
+  }
+  if (i < n)
+    for (size_t r = 0; r < nrows; r++) minmax_h(rows[r] + i, bf16, mn + i, mx + i, n - i);
+}
+void ckv_avx2_minmax_rows_h(const uint16_t *const *rows, size_t nrows, int bf16, float *mn, float *mx, size_t n) {
+  if (bf16)
+    minmax_rows_h(rows, nrows, 1, mn, mx, n);
+  else
+    minmax_rows_h(rows, nrows, 0, mn, mx, n);
+}
 /* Codes of a widened FP16 / BF16 row with per-element zero / inverse scale, packed 32 at a time. */
 static inline __attribute__((always_inline)) void quant_u_h(const uint16_t *h, const int bf16, const float *zero,
                                                             const float *inv, uint32_t bits, uint8_t *row, size_t n) {
@@ -637,6 +661,7 @@ const ckv_rowops ckv_rowops_avx2 = {
     .quant_i8_groups_h = ckv_avx2_quant_i8_groups_h,
     .quant_u32_groups_h = ckv_avx2_quant_u32_groups_h,
     .minmax_h = ckv_avx2_minmax_h,
+    .minmax_rows_h = ckv_avx2_minmax_rows_h,
     .quant_u_h = ckv_avx2_quant_u_h,
     .dequant_u_cols = ckv_avx2_dequant_u_cols,
     .absadd_h = ckv_avx2_absadd_h,

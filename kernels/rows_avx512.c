@@ -348,6 +348,30 @@ static void z_minmax_h(const uint16_t *h, int bf16, float *mn, float *mx, size_t
   else
     minmax_h(h, 0, mn, mx, n);
 }
+/* minmax_h over rows, 64 columns at a time in four accumulator pairs (the rest: minmax_h per row). */
+static inline __attribute__((always_inline)) void minmax_rows_h(const uint16_t *const *rows, size_t nrows,
+                                                                const int bf16, float *mn, float *mx, size_t n) {
+  size_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    __m512 lo[4], hi[4];
+    _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) lo[j] = _mm512_loadu_ps(mn + i + 16 * j), hi[j] = _mm512_loadu_ps(mx + i + 16 * j);
+    for (size_t r = 0; r < nrows; r++)
+      _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
+        __m512 x = widen16(rows[r] + i + 16 * j, bf16);
+        lo[j] = _mm512_min_ps(x, lo[j]);
+        hi[j] = _mm512_max_ps(x, hi[j]);
+      }
+    _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) _mm512_storeu_ps(mn + i + 16 * j, lo[j]), _mm512_storeu_ps(mx + i + 16 * j, hi[j]);
+  }
+  if (i < n)
+    for (size_t r = 0; r < nrows; r++) minmax_h(rows[r] + i, bf16, mn + i, mx + i, n - i);
+}
+static void z_minmax_rows_h(const uint16_t *const *rows, size_t nrows, int bf16, float *mn, float *mx, size_t n) {
+  if (bf16)
+    minmax_rows_h(rows, nrows, 1, mn, mx, n);
+  else
+    minmax_rows_h(rows, nrows, 0, mn, mx, n);
+}
 /* rint((x - z) * inv) clamped to [0, hi] as int32: min_ps(hi, NaN) is NaN, which converts to
  * INT32_MIN like -Inf and every negative code, and max_epi32 makes those 0, as ckv_qa_code's clamp. */
 static inline __m512i qa_code16(__m512 x, __m512 z, __m512 v, __m512 hi) {
@@ -512,6 +536,7 @@ const ckv_rowops ckv_rowops_avx512 = {
     .quant_i8_groups_h = z_quant_i8_groups_h,
     .quant_u32_groups_h = z_quant_u32_groups_h,
     .minmax_h = z_minmax_h,
+    .minmax_rows_h = z_minmax_rows_h,
     .quant_u_h = z_quant_u_h,
     .dequant_u_cols = z_dequant_u_cols,
     .absadd_h = z_absadd_h,

@@ -207,6 +207,23 @@ static void check_groups(const ckv_rowops *V, const float *x, size_t n, size_t g
       V->minmax_h(hv, bf16, mn2, mx2, m);
       cr_expect_eq(memcmp(mn1, mn2, m * sizeof(float)), 0, "minmax_h min %s bf16 %d", V->name, bf16);
       cr_expect_eq(memcmp(mx1, mx2, m * sizeof(float)), 0, "minmax_h max %s bf16 %d", V->name, bf16);
+      if (V->minmax_rows_h && m > 128) { /* five rows at once against minmax_h row by row: widths that are a
+                                            * multiple of 64, of 32 only, and odd (every tail) */
+        const uint16_t *rows[5];
+        for (int k = 0; k < 5; k++) rows[k] = hv + 8 * k; /* overlapping windows: each element seen in several */
+        const size_t widths[] = {m - 64, m - 96, m - 71};
+        for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++) {
+          size_t wn = widths[wi];
+          for (size_t i = 0; i < wn; i++) {
+            mn1[i] = mn2[i] = (i % 3) ? INFINITY : 0.5f;
+            mx1[i] = mx2[i] = (i % 5) ? -INFINITY : -0.5f;
+          }
+          for (int k = 0; k < 5; k++) V->minmax_h(rows[k], bf16, mn1, mx1, wn);
+          V->minmax_rows_h(rows, 5, bf16, mn2, mx2, wn);
+          cr_expect_eq(memcmp(mn1, mn2, wn * sizeof(float)), 0, "minmax_rows_h min %s bf16 %d n %zu", V->name, bf16, wn);
+          cr_expect_eq(memcmp(mx1, mx2, wn * sizeof(float)), 0, "minmax_rows_h max %s bf16 %d n %zu", V->name, bf16, wn);
+        }
+      }
     }
     free(hv), free(p1), free(p2), free(w), free(mn1), free(mx1), free(mn2), free(mx2);
   }
