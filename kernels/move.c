@@ -116,12 +116,12 @@ static const float *gather(scratch *s, const uint32_t *idx, uint32_t kept, uint3
   return s->row;
 }
 
-/* Whether a chunk takes the fused path (rowops' minmax_h, quant_u_h, quant_u32_groups_h): every source
+/* Whether a chunk takes the fused path (rowops' minmax_rows_h, quant_u_h, quant_u32_groups_h): every source
  * a draft, no channel pruned, rows in whole groups of 32, 4 or 2 bits, and the path has both. */
 static int fused_commit(const ckv_rowops *ops, const ckv_geometry *g, const ckv_move *moves, const size_t *order,
                         size_t n, const ckv_block_header *h) {
   uint32_t bits = ckv_format_code_bits(h->format);
-  if (!ops->minmax_h || !ops->quant_u_h || !ops->quant_u32_groups_h || (bits != 4 && bits != 2) || h->kept_channels != g->head_dim ||
+  if (!ops->minmax_rows_h || !ops->quant_u_h || !ops->quant_u32_groups_h || (bits != 4 && bits != 2) || h->kept_channels != g->head_dim ||
       g->head_dim % 32u || ckv_draft_token_elems(g) % 32u || CKV_COMMIT_VALUE_GROUP != 32)
     return 0;
   for (size_t i = 0; i < n; i++)
@@ -154,11 +154,8 @@ static int to_commit_chunk(const ckv_rowops *ops, const ckv_geometry *g, const c
     /* keys: per channel min / max over the chunk's rows, read front to back, then each row's codes */
     const uint16_t *src[CKV_COMMIT_CHUNK_TOKENS];
     for (size_t e = 0; e < te; e++) s->mn[e] = INFINITY, s->mx[e] = -INFINITY;
-    for (size_t i = 0; i < n; i++) {
-      src[i] = src_row(g, &moves[order[i]], l, 0);
-      if (!ops->minmax_rows_h) ops->minmax_h(src[i], bf16, s->mn, s->mx, te);
-    }
-    if (ops->minmax_rows_h) ops->minmax_rows_h(src, n, bf16, s->mn, s->mx, te); /* the same floats, one pass */
+    for (size_t i = 0; i < n; i++) src[i] = src_row(g, &moves[order[i]], l, 0);
+    ops->minmax_rows_h(src, n, bf16, s->mn, s->mx, te);
     uint8_t *c[CKV_MAX_KV_HEADS];
     for (uint32_t hd = 0; hd < H; hd++) {
       if (ckv_mask_channels(ckv_commit_mask(g, h, dst, l, hd), D, idx) != kept) return CKV_ERR_CORRUPT;
