@@ -325,31 +325,48 @@ static inline __m256 widen8(const uint16_t *h, int bf16) {
   __m128i w = _mm_loadu_si128((const __m128i *)h);
   return bf16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(w), 16)) : _mm256_cvtph_ps(w);
 }
+/* The bits of the largest magnitude among cnt FP16 / BF16 halves, NaN ignored.  Sign-magnitude halves
+ * order as their magnitudes do, so this is the integer max of (bits & 0x7fff) over the halves at or below
+ * infinity's bits: widened, exactly the absmax that max_ps finds over the floats, 16 halves a step. */
+static inline __attribute__((always_inline)) uint16_t absmax_bits(const uint16_t *h, size_t cnt, const int bf16) {
+  const uint16_t inf = bf16 ? 0x7f80u : 0x7c00u;
+  const __m256i mag = _mm256_set1_epi16(0x7fff), vinf = _mm256_set1_epi16((short)inf);
+  __m256i m0 = _mm256_setzero_si256(), m1 = m0; /* two chains */
+  size_t i = 0;
+  for (; i + 32 <= cnt; i += 32) { /* after the mask every half is a non-negative int16: a signed compare */
+    __m256i a = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(h + i)), mag);
+    __m256i b = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(h + i + 16)), mag);
+    m0 = _mm256_max_epu16(m0, _mm256_andnot_si256(_mm256_cmpgt_epi16(a, vinf), a));
+    m1 = _mm256_max_epu16(m1, _mm256_andnot_si256(_mm256_cmpgt_epi16(b, vinf), b));
+  }
+  for (; i + 16 <= cnt; i += 16) {
+    __m256i a = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(h + i)), mag);
+    m0 = _mm256_max_epu16(m0, _mm256_andnot_si256(_mm256_cmpgt_epi16(a, vinf), a));
+  }
+  m0 = _mm256_max_epu16(m0, m1);
+  __m128i x = _mm_max_epu16(_mm256_castsi256_si128(m0), _mm256_extracti128_si256(m0, 1));
+  x = _mm_minpos_epu16(_mm_xor_si128(x, _mm_set1_epi32(-1))); /* the max, as the min of the complements */
+  uint16_t r = (uint16_t)~(uint32_t)_mm_cvtsi128_si32(x);
+  for (; i < cnt; i++) { /* the group's tail */
+    uint16_t a = h[i] & 0x7fffu;
+    r = a <= inf && a > r ? a : r;
+  }
+  return r;
+}
 /* Two passes over each group of halves (L1-resident): absmax, then codes; groups whose length is not a
  * multiple of 8 widen through a small FP32 buffer and take the FP32 route. */
 static inline __attribute__((always_inline)) void q8_groups_h(const uint16_t *h, const int bf16, size_t n, size_t gl,
                                                                int8_t *codes, uint16_t *scales) {
   size_t ng = (n + gl - 1) / gl;
-  const __m256 sign = _mm256_set1_ps(-0.0f), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+  const __m256 lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
   for (size_t q0 = 0; q0 < ng; q0 += 8) {
     size_t nb = ng - q0 < 8 ? ng - q0 : 8;
     float am[8] = {0}, inv[8];
     uint16_t s16[8];
     for (size_t k = 0; k < nb; k++) {
-      size_t l0 = (q0 + k) * gl, cnt = n - l0 < gl ? n - l0 : gl, i = 0;
-      __m256 m = _mm256_setzero_ps(), m1 = m, m2 = m, m3 = m; /* four chains: max_ps latency */
-      for (; i + 32 <= cnt; i += 32) {
-        m = _mm256_max_ps(_mm256_andnot_ps(sign, widen8(h + l0 + i, bf16)), m);
-        m1 = _mm256_max_ps(_mm256_andnot_ps(sign, widen8(h + l0 + i + 8, bf16)), m1);
-        m2 = _mm256_max_ps(_mm256_andnot_ps(sign, widen8(h + l0 + i + 16, bf16)), m2);
-        m3 = _mm256_max_ps(_mm256_andnot_ps(sign, widen8(h + l0 + i + 24, bf16)), m3);
-      }
-      for (; i + 8 <= cnt; i += 8) m = _mm256_max_ps(_mm256_andnot_ps(sign, widen8(h + l0 + i, bf16)), m);
-      am[k] = hmax8(_mm256_max_ps(_mm256_max_ps(m, m1), _mm256_max_ps(m2, m3))); /* no NaN in any lane */
-      for (; i < cnt; i++) {
-        float a = fabsf(bf16 ? ckv_bf16_to_f32(h[l0 + i]) : _cvtsh_ss(h[l0 + i]));
-        am[k] = a > am[k] ? a : am[k];
-      }
+      size_t l0 = (q0 + k) * gl, cnt = n - l0 < gl ? n - l0 : gl;
+      uint16_t a = absmax_bits(h + l0, cnt, bf16);
+      am[k] = bf16 ? ckv_bf16_to_f32(a) : _cvtsh_ss(a);
     }
     __m128i hs = f16_up8(_mm256_div_ps(_mm256_loadu_ps(am), _mm256_set1_ps(127.0f)));
     _mm_storeu_si128((__m128i *)s16, hs);

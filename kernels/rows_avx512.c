@@ -273,30 +273,45 @@ static inline __m512 widen16(const uint16_t *h, int bf16) {
   __m256i w = _mm256_loadu_si256((const __m256i *)h);
   return bf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(w), 16)) : _mm512_cvtph_ps(w);
 }
+/* The bits of the largest magnitude among cnt FP16 / BF16 halves, NaN ignored.  Sign-magnitude halves
+ * order as their magnitudes do, so this is the integer max of (bits & 0x7fff) over the halves at or below
+ * infinity's bits: widened, exactly the absmax that max_ps finds over the floats, 32 halves a step. */
+static inline __attribute__((always_inline)) uint16_t z_absmax_bits(const uint16_t *h, size_t cnt, const int bf16) {
+  const __m512i mag = _mm512_set1_epi16(0x7fff), inf = _mm512_set1_epi16(bf16 ? 0x7f80 : 0x7c00);
+  __m512i m0 = _mm512_setzero_si512(), m1 = m0; /* two chains */
+  size_t i = 0;
+  for (; i + 64 <= cnt; i += 64) {
+    __m512i a = _mm512_and_si512(_mm512_loadu_si512(h + i), mag), b = _mm512_and_si512(_mm512_loadu_si512(h + i + 32), mag);
+    m0 = _mm512_mask_max_epu16(m0, _mm512_cmple_epu16_mask(a, inf), m0, a);
+    m1 = _mm512_mask_max_epu16(m1, _mm512_cmple_epu16_mask(b, inf), m1, b);
+  }
+  for (; i < cnt; i += 32) { /* the rest, a masked load (0 where past the group) */
+    __mmask32 l = cnt - i >= 32 ? ~(__mmask32)0 : (__mmask32)((1u << (cnt - i)) - 1u);
+    __m512i a = _mm512_and_si512(_mm512_maskz_loadu_epi16(l, h + i), mag);
+    m0 = _mm512_mask_max_epu16(m0, _mm512_cmple_epu16_mask(a, inf), m0, a);
+  }
+  m0 = _mm512_max_epu16(m0, m1);
+  __m256i y = _mm256_max_epu16(_mm512_castsi512_si256(m0), _mm512_extracti64x4_epi64(m0, 1));
+  __m128i x = _mm_max_epu16(_mm256_castsi256_si128(y), _mm256_extracti128_si256(y, 1));
+  x = _mm_minpos_epu16(_mm_xor_si128(x, _mm_set1_epi32(-1))); /* the max, as the min of the complements */
+  return (uint16_t)~(uint32_t)_mm_cvtsi128_si32(x);
+}
 /* rows_avx2.c's q8_groups_h 16 lanes at a time, for groups of a multiple of 16 elements (the others take the
- * AVX2 version): per 8 groups their absmax (|NaN| is NaN, and max_ps returns its second operand: NaN ignored), their 8 scales
- * in one F16C step, then the codes (rint, clamp: max_ps(NaN, lo) = lo, as fmaxf). */
+ * AVX2 version): per 8 groups their absmax (z_absmax_bits, NaN ignored), their 8 scales in one F16C step, then
+ * the codes (rint, clamp to [-127, 127]: NaN gives -127, as fmaxf(NaN, -127) does). */
 static inline __attribute__((always_inline)) void z_q8_groups_h(const uint16_t *h, const int bf16, size_t n, size_t gl,
                                                                  int8_t *codes, uint16_t *scales) {
   size_t ng = (n + gl - 1) / gl;
-  const __m512 lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
+  const __m512 hi = _mm512_set1_ps(127.0f);
+  const __m512i lo = _mm512_set1_epi32(-127);
   for (size_t q0 = 0; q0 < ng; q0 += 8) {
     size_t nb = ng - q0 < 8 ? ng - q0 : 8;
     float am[8] = {0}, inv[8];
     uint16_t s16[8];
     for (size_t k = 0; k < nb; k++) {
-      size_t l0 = (q0 + k) * gl, cnt = n - l0 < gl ? n - l0 : gl, i = 0;
-      __m512 m0 = _mm512_setzero_ps(), m1 = m0; /* two chains: max_ps latency */
-      for (; i + 32 <= cnt; i += 32) {
-        m0 = _mm512_max_ps(_mm512_abs_ps(widen16(h + l0 + i, bf16)), m0);
-        m1 = _mm512_max_ps(_mm512_abs_ps(widen16(h + l0 + i + 16, bf16)), m1);
-      }
-      for (; i + 16 <= cnt; i += 16) m0 = _mm512_max_ps(_mm512_abs_ps(widen16(h + l0 + i, bf16)), m0);
-      am[k] = _mm512_reduce_max_ps(_mm512_max_ps(m0, m1)); /* no NaN in any lane */
-      for (; i < cnt; i++) { /* the last group's tail */
-        float a = fabsf(bf16 ? ckv_bf16_to_f32(h[l0 + i]) : _cvtsh_ss(h[l0 + i]));
-        am[k] = a > am[k] ? a : am[k];
-      }
+      size_t l0 = (q0 + k) * gl, cnt = n - l0 < gl ? n - l0 : gl;
+      uint16_t a = z_absmax_bits(h + l0, cnt, bf16);
+      am[k] = bf16 ? ckv_bf16_to_f32(a) : _cvtsh_ss(a);
     }
     __m128i hs = z_f16_up8(_mm256_div_ps(_mm256_loadu_ps(am), _mm256_set1_ps(127.0f)));
     _mm_storeu_si128((__m128i *)s16, hs);
@@ -307,10 +322,10 @@ static inline __attribute__((always_inline)) void z_q8_groups_h(const uint16_t *
       size_t l0 = (q0 + k) * gl, cnt = n - l0 < gl ? n - l0 : gl, i = 0;
       scales[q0 + k] = s16[k];
       __m512 vi = _mm512_set1_ps(inv[k]);
-      for (; i + 16 <= cnt; i += 16) {
-        __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(widen16(h + l0 + i, bf16), vi), CKV_F16_RNE);
-        r = _mm512_min_ps(_mm512_max_ps(r, lo), hi);
-        _mm_storeu_si128((__m128i *)(codes + l0 + i), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(r)));
+      for (; i + 16 <= cnt; i += 16) { /* min_ps(hi, NaN) is NaN, which converts to INT_MIN, as do values below it */
+        __m512 p = _mm512_min_ps(hi, _mm512_mul_ps(widen16(h + l0 + i, bf16), vi));
+        __m512i r = _mm512_max_epi32(_mm512_cvt_roundps_epi32(p, CKV_F16_RNE), lo);
+        _mm_storeu_si128((__m128i *)(codes + l0 + i), _mm512_cvtsepi32_epi8(r));
       }
       for (; i < cnt; i++) {
         float v = bf16 ? ckv_bf16_to_f32(h[l0 + i]) : _cvtsh_ss(h[l0 + i]);

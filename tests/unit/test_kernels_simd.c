@@ -4,6 +4,7 @@
  * tiny magnitudes); attention must agree with the scalar path within 1e-4
  * relative.  Paths the CPU lacks are reported as skipped. */
 #include <criterion/criterion.h>
+#include <float.h>
 #include <stdio.h>
 
 #include "kernels/rowops.h"
@@ -243,6 +244,11 @@ Test(simd, group_quantizers_bit_equal) {
   for (int i = 352; i < 384; i++) x[i] = kf_normal(&r) * 1e-6f;
   for (int i = 384; i < 416; i++) x[i] = kf_normal(&r) * 1e6f;
   for (int i = 416; i < 448; i++) x[i] = 3.0f + kf_normal(&r) * 1e-3f; /* far from 0: the zero point matters */
+  /* beyond FP16's range (BF16 keeps them): the largest magnitudes below infinity's bits, and NaNs among them */
+  for (int i = 448; i < 480; i++) x[i] = kf_normal(&r) * 1e37f;
+  x[450] = FLT_MAX, x[455] = -FLT_MAX, x[460] = NAN, x[461] = -NAN, x[470] = 3e38f;
+  for (int i = 480; i < 512; i++) x[i] = kf_normal(&r); /* an infinity among finite values, and a NaN */
+  x[490] = INFINITY, x[491] = NAN, x[500] = -INFINITY;
   static const size_t gls[] = {1, 7, 8, 16, 32, 40, 48, 128, 1024, N};
   int tested = 0;
   for (size_t p = 0; p < 2; p++) {
