@@ -129,6 +129,7 @@ typedef struct ckv_config {
   uint64_t lease_ms;                           /* a client silent this long is dead */
   uint64_t heartbeat_ms;                       /* client heartbeat period (told in Welcome) */
   uint64_t detach_keep_ms;                     /* detached sessions kept this long for resume */
+  uint64_t autosave_ms;                        /* live sessions saved to state_dir/autosave this often; 0 = off */
   uint32_t max_clients;                        /* connected clients, all tenants (the ceiling) */
   uint32_t max_sessions;                       /* open sessions per tenant */
   uint64_t max_message;                        /* bytes; ZMQ_MAXMSGSIZE */

@@ -118,6 +118,14 @@ const config_key ckv_cfg_keys[] = {
      .def = "5m",
      .doc = "How long a detached session (its worker died or disconnected) is kept for resume "
             "before it is reclaimed; 5m covers a worker restart, 0 frees at once."},
+    {SEC_DAEMON, "autosave", T_DURATION, DMN(autosave_ms), .imin = 0, .imax = 30 * DAY, .def = "0s",
+     .doc = "Crash copies: every live session that changed (a round, tokens, a move) is saved this "
+            "often, one at a time, to state_dir/autosave (full snapshots, never listed, never sent to "
+            "the remote store). After a kill -9 or a crash, OpenSession with resume brings a session "
+            "back from its autosave when that is newer than its snapshot; what came after the autosave "
+            "is lost and the reply's token count says where it stands. Dropping or expiring a session "
+            "removes its autosave. The copy is made on the loop (about the session's bytes), so size "
+            "the period to the sessions: 30s or more. 0 = off (the default)."},
     {SEC_DAEMON, "max_clients", T_U32, DMN(max_clients), .imin = 1, .imax = 65536, .def = "256",
      .doc = "Connected clients, all tenants together: every resource a peer can claim has a limit. "
             "The ceiling over each tenant's own max_clients."},

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "commitkv/status.h"
+#include "daemon/autosave.h"
 #include "daemon/compressor.h"
 #include "daemon/config.h"
 #include "daemon/lifecycle.h"
@@ -328,6 +329,7 @@ static int h_open(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
   snprintf(sess->model_id, sizeof sess->model_id, "%s", model_id);
   snprintf(sess->model_revision, sizeof sess->model_revision, "%s", model_revision);
   if ((r = add_session(s, c, key, sess)) < 0) return fail(x, r, "out of memory");
+  ckv_autosave_session_new(s, sess, false); /* a crash copy of an earlier session of this id goes */
   ckv_log(CKV_LOG_INFO, "session-open", c->tenant->name, sess->id, "%u layers x %u kv heads x %u dims, policy %s",
           g.n_layers, g.n_kv_heads, g.head_dim, policy);
   return opened_reply(s, sess, false, x);
@@ -637,6 +639,7 @@ static int h_drop(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
     return fail(x, CKV_ERR_BUSY, "session '%s' is attached to another client", d->session_id);
   ckv_log(CKV_LOG_INFO, "session-drop", sess->tenant->name, sess->id, "dropped by client %llu",
           (unsigned long long)c->id);
+  ckv_autosave_forget(s, sess->tenant, sess->id); /* dropped on purpose: never back from a crash copy */
   ckv_server_destroy_session(s, sess);
   return CKV_OK;
 }
@@ -867,10 +870,18 @@ static int restore_done(ckv_server *s, ckv_conn *c, io_request *q, reply_ctx *x)
   if ((r = add_session(s, c, key, sess)) < 0) return fail(x, r, "out of memory");
   ckv_lifecycle_plan(sess, s->compressor, /* flush= */ false); /* what waited for a move when it was saved */
   if (j->from_tier) ckv_tier_resumed(s, sess, j->from_tier == 2); /* back in memory: its tier copy goes */
+  ckv_autosave_session_new(s, sess, j->from_autosave);
+  if (j->autosave_status < 0)
+    ckv_log(CKV_LOG_WARNING, "autosave-refused", c->tenant->name, sess->id,
+            "its autosave was refused (%s): restored from snapshot '%s' instead", j->autosave_err, name);
   ckv_log(CKV_LOG_INFO, "session-restore", c->tenant->name, sess->id,
           "restored from %s snapshot '%s': %zu tokens (%llu draft, %llu staged, %llu committed, %llu recycled), %llu "
           "not kept by its save%s; read in %.3f ms by the I/O thread",
-          j->from_tier == 2 ? "the remote tier's" : j->from_tier ? "the disk tier's" : j->origin == CKV_SNAP_FROM_REMOTE ? "the remote store's" : "the local",
+          j->from_tier == 2            ? "the remote tier's"
+          : j->from_tier               ? "the disk tier's"
+          : j->from_autosave           ? "its autosave, newer than its"
+          : j->origin == CKV_SNAP_FROM_REMOTE ? "the remote store's"
+                                              : "the local",
           name, sess->tokens.n,
           (unsigned long long)sess->count_by_state[0], (unsigned long long)sess->count_by_state[1],
           (unsigned long long)sess->count_by_state[2], (unsigned long long)sess->count_by_state[3],

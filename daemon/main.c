@@ -386,6 +386,7 @@ int main(int argc, char **argv) {
       .lease_ms = (uint32_t)a.cfg.lease_ms,
       .heartbeat_ms = (uint32_t)a.cfg.heartbeat_ms,
       .detach_keep_ms = a.cfg.detach_keep_ms,
+      .autosave_ms = a.cfg.autosave_ms,
       .max_clients = a.cfg.max_clients,
       .max_sessions = a.cfg.max_sessions,
       .max_message = a.cfg.max_message,

@@ -140,6 +140,7 @@ typedef struct ckv_metrics_snapshot {
   uint64_t requests_total, errors_total, rounds_total, leases_expired_total;
   uint64_t sessions_detached_total, sessions_resumed_total, sessions_expired_total;
   uint64_t warm_sessions_kept, warm_sessions_dropped; /* by the warm restart at start (warm.h) */
+  uint64_t autosaves_total, autosave_bytes_total, autosave_errors_total, autosave_resumes_total; /* autosave.h */
   uint64_t attaches_total, attach_refused_total;
   uint64_t compress_queue_depth; /* jobs queued now (stats compress_queue) */
   uint64_t compress_jobs_total, compress_refused_total;

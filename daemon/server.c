@@ -24,6 +24,7 @@
 #include <zmq.h>
 
 #include "commitkv/status.h"
+#include "daemon/autosave.h"
 #include "daemon/compressor.h"
 #include "daemon/lifecycle.h"
 #include "daemon/activation.h"
@@ -650,9 +651,11 @@ static void housekeeping(ckv_server *s) {
       ckv_log(CKV_LOG_INFO, "session-expired", sess->tenant->name, sess->id, "detached session freed after %llu ms",
               (unsigned long long)s->opt.detach_keep_ms);
       s->counters.sessions_expired++;
+      ckv_autosave_forget(s, sess->tenant, sess->id); /* ended on purpose: never back from a crash copy */
       ckv_server_destroy_session(s, sess);
     }
   ckv_tier_scan(s, now); /* idle sessions move to disk */
+  ckv_autosave_scan(s, now); /* and changed ones get a crash copy */
 }
 
 static void read_signals(ckv_server *s) {
@@ -686,6 +689,7 @@ int ckv_server_run(ckv_server *s) {
           s->opt.attach_socket, s->opt.backend);
   ckv_snapdir_startup(s->opt.state_dir); /* sessions that can come back from their snapshots */
   ckv_tier_startup(s);                    /* and from the disk tier, after a crash */
+  ckv_autosave_startup(s);                /* and from their autosaves */
   uint64_t last_house = 0, last_tick = 0;
   size_t cap = 0;
   zmq_pollitem_t *items = NULL;

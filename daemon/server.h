@@ -70,6 +70,9 @@ typedef struct ckv_server_options {
   bool disk_pressure; /* under quota pressure the coldest sessions move down first (needs disk_memory) */
   uint32_t lease_ms, heartbeat_ms;
   uint64_t detach_keep_ms;
+  /* Autosave (autosave.h): each live session that changed is saved to
+   * state_dir/autosave at most every autosave_ms (0 = off). */
+  uint64_t autosave_ms;
   uint32_t max_clients;  /* attached clients, all tenants together */
   uint32_t max_sessions; /* per tenant */
   uint64_t max_message;  /* larger requests are answered CKV_ERR_TOO_LARGE; ZMQ_MAXMSGSIZE is 2x + 64K */
@@ -143,6 +146,8 @@ typedef struct ckv_counters {
   uint64_t transitions[4][4]; /* of sessions already gone; live ones keep their own */
   uint64_t semantic_given;    /* likewise: tokens with a worker's semantic score */
   uint64_t warm_kept, warm_dropped; /* sessions the warm restart at start kept / dropped (warm.h) */
+  uint64_t autosaves, autosave_bytes, autosave_errors; /* autosave.h */
+  uint64_t autosave_resumes; /* sessions a resume brought back from their autosave */
 } ckv_counters;
 
 typedef struct ckv_server {
@@ -160,6 +165,8 @@ typedef struct ckv_server {
   ckv_strmap *sessions; /* "tenant/id" -> ckv_srv_session */
   ckv_compressor *compressor;
   struct ckv_snapio *snapio; /* the snapshot I/O thread (snapio.h) */
+  bool autosave_inflight;    /* an autosave is being written (one at a time) */
+  bool autosave_found;       /* state_dir/autosave held files at start (removed as their sessions end) */
   struct ckv_tier *tier;     /* the disk tier's policy and bookkeeping (tier.h) */
   /* The request being served by serve_one: handlers that hand work to the
    * I/O thread copy it and answer CKV_REPLY_DEFERRED, which sets

@@ -456,6 +456,7 @@ int ckv_srv_session_report_round(ckv_srv_session *s, uint64_t round, uint64_t fi
   }
   s->rounds++;
   s->last_round = round;
+  s->reported_tokens = s->tokens.n;
   return CKV_OK;
 }
 

@@ -133,6 +133,11 @@ typedef struct ckv_srv_session {
    * yet seen by the tier), and its tier state (NULL: resident, never moved). */
   uint64_t touched_ms;
   struct ckv_tier_slot *tier;
+  /* Autosave (autosave.h): tokens when the last ReportRound came (more now: the
+   * worker may still be writing their K/V), what the last autosave captured
+   * (rounds + tokens + epoch; 0: none yet) and when. */
+  size_t reported_tokens;
+  uint64_t autosave_mark, autosave_ms;
 } ckv_srv_session;
 
 /* Validate a geometry against the format limits; fills default block sizes.

@@ -16,6 +16,7 @@
  * memory, never listed), kept apart so neither ever reads the other's. */
 #define CKV_SNAPDIR_SNAPSHOTS "snapshots"
 #define CKV_SNAPDIR_TIER "tier"
+#define CKV_SNAPDIR_AUTOSAVE "autosave" /* autosave.h: crash copies of live sessions, never listed */
 
 /* dir = state_dir/snapshots/tenant, created (with its parents) when `create`.
  * CKV_OK, CKV_ERR_INVALID (no state directory, or a tenant name that is no

@@ -88,12 +88,49 @@ static bool resume_from_remote_tier(ckv_snapio_job *j) {
   return true;
 }
 
+/* A resume that found no tier copy read the snapshot (or found none): the
+ * session's autosave replaces it when that is newer.  An autosave that is
+ * there but refused (damaged, cut) is said: the snapshot stands when there
+ * is one, else the resume fails with the autosave's error. */
+static void prefer_autosave(ckv_snapio_job *j) {
+  char path[4096 + 512];
+  if (ckv_snapdir_area_file(j->state_dir, CKV_SNAPDIR_AUTOSAVE, j->tenant, j->name, path, sizeof path) != CKV_OK) return;
+  ckv_snap a;
+  char err[sizeof j->err];
+  int r = ckv_snap_read(path, &a, err, sizeof err);
+  if (r == -ENOENT) return;
+  if (r < 0) {
+    j->autosave_status = r;
+    snprintf(j->autosave_err, sizeof j->autosave_err, "%s", err);
+    if (j->status == -ENOENT) {
+      j->status = r;
+      snprintf(j->err, sizeof j->err, "its autosave is refused: %.280s", err);
+    }
+    return;
+  }
+  if (j->status == CKV_OK && a.saved_at_ms <= j->snap.saved_at_ms) { /* the snapshot is the newer copy */
+    ckv_snap_done(&a);
+    return;
+  }
+  if (j->status == CKV_OK) ckv_snap_done(&j->snap);
+  j->snap = a;
+  j->status = CKV_OK;
+  j->err[0] = 0;
+  j->origin = CKV_SNAP_FROM_LOCAL;
+  j->from_autosave = 1;
+}
+
 void ckv_snapio_run(ckv_snapio_job *j) {
   uint64_t t0 = now_us();
   j->err[0] = 0;
   j->bytes = 0;
   j->from_tier = 0;
-  const char *area = j->area == CKV_SNAPIO_SNAPSHOT ? CKV_SNAPDIR_SNAPSHOTS : CKV_SNAPDIR_TIER;
+  const char *area = j->area == CKV_SNAPIO_SNAPSHOT   ? CKV_SNAPDIR_SNAPSHOTS
+                     : j->area == CKV_SNAPIO_AUTOSAVE ? CKV_SNAPDIR_AUTOSAVE
+                                                      : CKV_SNAPDIR_TIER;
+  j->from_autosave = 0;
+  j->autosave_status = CKV_OK;
+  j->autosave_err[0] = 0;
   if (j->kind == CKV_SNAPIO_PUSH || j->area == CKV_SNAPIO_TIER_REMOTE) {
     run_remote_tier(j);
     j->io_us = now_us() - t0;
@@ -109,7 +146,7 @@ void ckv_snapio_run(ckv_snapio_job *j) {
     j->io_us = now_us() - t0;
     return;
   }
-  if (j->kind == CKV_SNAPIO_LOAD && j->area != CKV_SNAPIO_SNAPSHOT) {
+  if (j->kind == CKV_SNAPIO_LOAD && j->area != CKV_SNAPIO_SNAPSHOT && j->area != CKV_SNAPIO_AUTOSAVE) {
     /* the disk tier's copy is the newest of the session when there is one:
      * a request on the session brings it back and removes the file */
     char path[4096 + 512];
@@ -155,6 +192,7 @@ void ckv_snapio_run(ckv_snapio_job *j) {
     else
       j->status = ckv_snap_read(path, &j->snap, j->err, sizeof j->err);
   }
+  if (j->kind == CKV_SNAPIO_LOAD && j->area == CKV_SNAPIO_TIER_FIRST) prefer_autosave(j);
   j->io_us = now_us() - t0;
 }
 

@@ -40,6 +40,8 @@ typedef enum ckv_snapio_area {
   CKV_SNAPIO_TIER_FIRST, /* LOAD: the tier file when there is one, else the remote tier's copy, else the
                             snapshot (a resume) */
   CKV_SNAPIO_TIER_REMOTE, /* LOAD / REMOVE: the remote tier's copy of the session (remote_snap.h), not a file */
+  CKV_SNAPIO_AUTOSAVE,    /* SAVE / REMOVE: state_dir/autosave/tenant/name.ckvsnap (autosave.h); a resume
+                             (TIER_FIRST) reads it too and takes it when it is newer than the snapshot */
 } ckv_snapio_area;
 
 typedef struct ckv_snapio_job {
@@ -67,6 +69,9 @@ typedef struct ckv_snapio_job {
   char remote_err[320];  /* why, when remote_status < 0 */
   int origin;            /* LOAD: ckv_snap_origin, the copy read */
   int from_tier;         /* LOAD: the copy read was the disk tier's (1) or the remote tier's (2) */
+  int from_autosave;     /* LOAD TIER_FIRST: the copy read was the session's autosave (newer than its snapshot) */
+  int autosave_status;   /* LOAD TIER_FIRST: why its autosave was not taken when it is there but refused */
+  char autosave_err[320];
   /* Called on the loop instead of the request handlers' completion when set
    * (the disk tier's jobs); it owns the job from then on. */
   void (*finish)(void *server, struct ckv_snapio_job *j);

@@ -52,11 +52,15 @@ TestSuite(snapshot, .fini = ckv_test_leak_check);
 
 #define DEADLINE_MS 20000
 static const char *const k_daemon_args[] = {"--set", "daemon.backend=host", "--set", "daemon.detach_keep=60s", NULL};
+/* autosave_kill9_resume's daemons: the same, and a crash copy of each changed session every 200 ms */
+static const char *const k_autosave_args[] = {"--set", "daemon.backend=host", "--set", "daemon.detach_keep=60s",
+                                              "--set", "daemon.autosave=200ms", NULL};
+static const char *const *g_daemon_args = k_daemon_args;
 
 /* ---- daemons on one state directory ---- */
 
 static void daemon_start(ckv_test_daemon *d) {
-  cr_assert_eq(ckv_test_daemon_start(d, k_daemon_args), 0, "commitkvd did not start");
+  cr_assert_eq(ckv_test_daemon_start(d, g_daemon_args), 0, "commitkvd did not start");
 }
 
 static void daemon_kill9(ckv_test_daemon *d) {
@@ -71,7 +75,7 @@ static void daemon_restart(ckv_test_daemon *d, const char *log) {
   const char *argv[32] = {"commitkvd", "--socket", d->socket, "--attach-socket", d->attach, "--state-dir", d->dir,
                           "--set",     "daemon.metrics=", "--backend", "host"};
   int n = 11;
-  for (int i = 0; k_daemon_args[i]; i++) argv[n++] = k_daemon_args[i];
+  for (int i = 0; g_daemon_args[i]; i++) argv[n++] = g_daemon_args[i];
   argv[n] = NULL;
   snprintf(d->log, sizeof d->log, "%s", log);
   d->pid = ckv_test_spawn(argv, d->log);
@@ -81,6 +85,20 @@ static void daemon_restart(ckv_test_daemon *d, const char *log) {
     cr_assert_lt(ckv_test_now_ms(), end, "the new commitkvd never listened on %s", d->attach);
     usleep(10000);
   }
+}
+
+/* SIGKILL, then a new commitkvd on the same sockets and state directory (its log path into log), and c re-attached. */
+static void crash_and_restart(ckv_test_daemon *d, ckv_client *c, char *log, size_t len) {
+  daemon_kill9(d);
+  snprintf(log, len, "%s/commitkvd-2.log", d->dir);
+  daemon_restart(d, log);
+  cr_assert_eq(ckv_client_reconnect(c), CKV_OK, "reconnect: %s", ckv_client_last_error(c));
+}
+
+/* The daemon's tokens by state: draft, staged, committed, recycled. */
+static void token_states(const ckv_test_daemon *d, unsigned long long tok[4]) {
+  static const char *const f[4] = {"tokens.draft", "tokens.staged", "tokens.committed", "tokens.recycled"};
+  for (int i = 0; i < 4; i++) tok[i] = ckv_test_stat(d, f[i]);
 }
 
 static ckv_client *connect_to(const ckv_test_daemon *d, int timeout_ms) {
@@ -131,29 +149,21 @@ static int drop_raw(ckv_client *c, const char *id) {
 
 static const ckv_geometry k_geom = {LAYERS, HEADS, DIM, 0};
 
-/* Opens `id` and runs `rounds` rounds of the lifecycle test's workload (facts
- * hot, older text cold, a third of it forgotten), acking every view. */
-static ckv_session *session_with_rounds(ckv_client *c, const char *id, int rotate, uint32_t rounds, const char *model,
-                                        const char *rev) {
-  const char *names[] = {"sink_tokens", "recent_window", "persistence_rounds", "idle_rounds", "prune_keep", "rotate"};
-  const double values[] = {4, 16, 2, 6, 1, rotate};
-  ckv_session_options so = {.policy = "commitkv", .param_names = names, .param_values = values, .n_params = 6,
-                            .model_id = model, .model_revision = rev};
-  ckv_session *s = NULL;
-  int r = ckv_session_open(c, id, &k_geom, &so, &s);
-  cr_assert_eq(r, CKV_OK, "open %s: %s (%s)", id, ckv_strerror(r), ckv_client_last_error(c));
-  size_t n = 0, elems = HEADS * DIM;
-  float *attn = malloc(PER_ROUND * (rounds + 1) * sizeof(float));
+/* Rounds first..last of that workload on s (PER_ROUND tokens appended each, K/V written, every view acked). */
+static void more_rounds(ckv_client *c, ckv_session *s, uint32_t first, uint32_t last) {
+  size_t n = (size_t)(first - 1) * PER_ROUND, elems = HEADS * DIM;
+  int r;
+  float *attn = malloc(PER_ROUND * (last + 1) * sizeof(float));
   cr_assert_not_null(attn);
-  for (uint32_t round = 1; round <= rounds; round++) {
+  for (uint32_t round = first; round <= last; round++) {
     float sem[PER_ROUND];
     uint8_t roles[PER_ROUND];
     for (uint32_t i = 0; i < PER_ROUND; i++) {
       sem[i] = (n + i) % 8 == 1 ? 0.9f : (n + i) % 3 == 0 ? 0.2f : 0.5f;
       roles[i] = round == 1 && i < 6 ? CKV_ROLE_SYSTEM : CKV_ROLE_USER;
     }
-    uint64_t first = 0;
-    r = ckv_session_append(s, PER_ROUND, roles, NULL, sem, NULL, &first);
+    uint64_t at = 0;
+    r = ckv_session_append(s, PER_ROUND, roles, NULL, sem, NULL, &at);
     cr_assert_eq(r, CKV_OK, "append: %s (%s)", ckv_strerror(r), ckv_client_last_error(c));
     for (size_t pos = n; pos < n + PER_ROUND; pos++)
       for (uint32_t layer = 0; layer < LAYERS; layer++) {
@@ -173,6 +183,20 @@ static ckv_session *session_with_rounds(ckv_client *c, const char *id, int rotat
     cr_assert_eq(ckv_session_ack(s, rr.epoch, NULL), CKV_OK);
   }
   free(attn);
+}
+
+/* Opens `id` and runs `rounds` rounds of the lifecycle test's workload (facts
+ * hot, older text cold, a third of it forgotten), acking every view. */
+static ckv_session *session_with_rounds(ckv_client *c, const char *id, int rotate, uint32_t rounds, const char *model,
+                                        const char *rev) {
+  const char *names[] = {"sink_tokens", "recent_window", "persistence_rounds", "idle_rounds", "prune_keep", "rotate"};
+  const double values[] = {4, 16, 2, 6, 1, rotate};
+  ckv_session_options so = {.policy = "commitkv", .param_names = names, .param_values = values, .n_params = 6,
+                            .model_id = model, .model_revision = rev};
+  ckv_session *s = NULL;
+  int r = ckv_session_open(c, id, &k_geom, &so, &s);
+  cr_assert_eq(r, CKV_OK, "open %s: %s (%s)", id, ckv_strerror(r), ckv_client_last_error(c));
+  more_rounds(c, s, 1, rounds);
   return s;
 }
 
@@ -207,11 +231,8 @@ Test(snapshot, save_kill9_restart_restore, .timeout = 120) {
                                session_stat(&d, "", "tokens.committed"), session_stat(&d, "", "tokens.recycled")};
   cr_assert_gt(tok[3], 0, "no token was recycled: the workload did not exercise the lifecycle");
 
-  daemon_kill9(&d);
   char log2[400];
-  snprintf(log2, sizeof log2, "%s/commitkvd-2.log", d.dir);
-  daemon_restart(&d, log2);
-  cr_assert_eq(ckv_client_reconnect(c), CKV_OK, "reconnect: %s", ckv_client_last_error(c));
+  crash_and_restart(&d, c, log2, sizeof log2);
   ckv_session_close(rot); /* handles of the old daemon */
   ckv_session_close(kivi);
 
@@ -619,4 +640,108 @@ Test(snapshot, kill9_mid_compression_keeps_snapshot, .timeout = 120) {
   ckv_client_free(c);
   cr_expect_eq(ckv_test_daemon_stop(&d), 0);
   ckv_test_rmdir(holddir);
+}
+
+/* ---- autosave: crash copies without a save call ([daemon] autosave, autosave.h) ---- */
+
+/* The autosave of session id (state_dir/autosave/TENANT/id.ckvsnap) into path: true when it is there. */
+static bool autosave_file(const ckv_test_daemon *d, const char *id, char *path, size_t len) {
+  char top[600];
+  snprintf(top, sizeof top, "%s/autosave", d->dir);
+  DIR *dir = opendir(top);
+  bool found = false;
+  for (struct dirent *e; dir && !found && (e = readdir(dir));) {
+    if (e->d_name[0] == '.') continue;
+    snprintf(path, len, "%s/%s/%s.ckvsnap", top, e->d_name, id);
+    found = access(path, F_OK) == 0;
+  }
+  if (dir) closedir(dir);
+  return found;
+}
+
+/* Waits until id's autosave is there and has not changed for `quiet_ms` (the session settled and was
+ * saved as it now is): its mtime, or fails the test after DEADLINE_MS. */
+static void autosave_settled(const ckv_test_daemon *d, const char *id, int quiet_ms) {
+  char path[1024];
+  long long end = ckv_test_now_ms() + DEADLINE_MS, since = 0;
+  struct timespec last = {0, 0};
+  for (;;) {
+    struct stat st;
+    if (autosave_file(d, id, path, sizeof path) && stat(path, &st) == 0) {
+      if (st.st_mtim.tv_sec != last.tv_sec || st.st_mtim.tv_nsec != last.tv_nsec) {
+        last = st.st_mtim;
+        since = ckv_test_now_ms();
+      } else if (ckv_test_now_ms() - since >= quiet_ms) {
+        return;
+      }
+    }
+    cr_assert_lt(ckv_test_now_ms(), end, "no settled autosave of '%s' within %d ms (log %s)", id, DEADLINE_MS, d->log);
+    usleep(50000);
+  }
+}
+
+/* autosave_kill9_resume: a session saved explicitly after 6 rounds goes on to round 12; its autosave
+ * follows it.  SIGKILL, a new daemon on the same state directory: OpenSession with resume brings the
+ * session back as of round 12 (the autosave, newer than the snapshot), every block's payload byte for
+ * byte, every token's state and the round counter; the autosave is never listed as a snapshot.  A
+ * second session, autosaved and then dropped, has no autosave left and does not come back. */
+Test(snapshot, autosave_kill9_resume, .timeout = 120) {
+  g_daemon_args = k_autosave_args;
+  ckv_test_daemon d;
+  daemon_start(&d);
+  ckv_client *c = connect_to(&d, 10000);
+  ckv_session *s = session_with_rounds(c, "auto", 0, 6, "", "");
+  cr_assert_eq(ckv_session_save(s, NULL, false, NULL), CKV_OK, "save: %s", ckv_client_last_error(c));
+  more_rounds(c, s, 7, 12);
+  ckv_session *gone = session_with_rounds(c, "gone", 0, 3, "", "");
+  autosave_settled(&d, "gone", 600);
+  ckv_session_drop(gone);
+  char path[1024];
+  long long end = ckv_test_now_ms() + DEADLINE_MS;
+  while (autosave_file(&d, "gone", path, sizeof path)) {
+    cr_assert_lt(ckv_test_now_ms(), end, "the dropped session's autosave %s stayed", path);
+    usleep(50000);
+  }
+  autosave_settled(&d, "auto", 1000);
+  ckv_capture before = ckv_test_capture_view(c, "auto", &k_geom);
+  cr_assert_eq(before.n_tokens, 12u * PER_ROUND);
+  cr_assert_gt(before.per_format[CKV_FORMAT_COMMIT4], 0, "no COMMIT4 block: the lifecycle did not run");
+  unsigned long long tok[4];
+  token_states(&d, tok);
+  cr_assert_gt(tok[3], 0, "no token was recycled: the workload did not exercise the lifecycle");
+
+  char log2[400];
+  crash_and_restart(&d, c, log2, sizeof log2);
+  ckv_session_close(s); /* the old daemon's handle */
+  ckv_session_options ro = {.resume = true};
+  int r = ckv_session_open(c, "auto", NULL, &ro, &s);
+  cr_assert_eq(r, CKV_OK, "resume from the autosave: %s (%s); log %s", ckv_strerror(r), ckv_client_last_error(c), log2);
+  cr_assert_eq(ckv_session_tokens(s), before.n_tokens, "resumed with %llu tokens, autosaved %llu (the snapshot had %u)",
+               (unsigned long long)ckv_session_tokens(s), (unsigned long long)before.n_tokens, 6u * PER_ROUND);
+  ckv_capture after = ckv_test_capture_view(c, "auto", &k_geom);
+  ckv_test_expect_same_view(&before, &after, "auto");
+  unsigned long long tok2[4];
+  token_states(&d, tok2);
+  for (int i = 0; i < 4; i++) cr_assert_eq(tok2[i], tok[i], "state %d: %llu tokens, autosaved %llu", i, tok2[i], tok[i]);
+  float *attn = calloc(before.n_tokens, sizeof(float));
+  ckv_round_result rr;
+  cr_assert_eq(ckv_session_report(s, 12, 0, attn, before.n_tokens, &rr), CKV_ERR_INVALID, "round 12 again accepted");
+  cr_assert_eq(ckv_session_report(s, 13, 0, attn, before.n_tokens, &rr), CKV_OK, "%s", ckv_client_last_error(c));
+  free(attn);
+  ckv_session *g2 = NULL;
+  cr_assert_eq(ckv_session_open(c, "gone", NULL, &ro, &g2), CKV_ERR_NOT_FOUND, "a dropped session came back");
+  char *log = ckv_test_read_file(log2);
+  cr_assert(log && strstr(log, "autosave-found") && strstr(log, "its autosave, newer than its snapshot"),
+            "the restarted daemon did not say it resumed from the autosave: %s", log ? log : "");
+  free(log);
+  char *list = ckv_test_ctl(&d, (const char *const[]){"snapshots", "--json", NULL});
+  cr_assert_not_null(list);
+  cr_assert_eq(strstr(list, "gone"), NULL, "an autosave is listed: %s", list);
+  free(list);
+  ckv_test_capture_free(&before);
+  ckv_test_capture_free(&after);
+  ckv_session_drop(s);
+  ckv_client_free(c);
+  cr_expect_eq(ckv_test_daemon_stop(&d), 0);
+  g_daemon_args = k_daemon_args;
 }

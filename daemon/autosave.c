@@ -1,0 +1,172 @@
+/* autosave.c - crash copies of live sessions (see autosave.h).  Runs on the
+ * server loop; the I/O thread only ever sees the job. */
+#include "daemon/autosave.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "commitkv/status.h"
+#include "daemon/lifecycle.h"
+#include "daemon/log.h"
+#include "daemon/server.h"
+#include "daemon/session.h"
+#include "daemon/session_snap.h"
+#include "daemon/snapdir.h"
+#include "daemon/snapio.h"
+#include "daemon/strmap.h"
+#include "daemon/tenant.h"
+#include "daemon/tier.h"
+
+typedef struct autosave_job {
+  ckv_snapio_job job; /* first: snapio hands back the job */
+  ckv_tenant *tenant;
+  uint64_t charged; /* bytes of tenant->io_bytes (the copy) */
+  uint64_t tokens, copy_us;
+} autosave_job;
+
+static void job_destroy(ckv_snapio_job *j) {
+  autosave_job *q = (autosave_job *)j;
+  if (q->tenant) q->tenant->io_bytes -= q->charged;
+  ckv_snap_done(&q->job.snap);
+  free(q);
+}
+
+static autosave_job *new_job(ckv_server *s, ckv_snapio_kind kind, const ckv_tenant *tenant, const char *id) {
+  autosave_job *q = calloc(1, sizeof(*q));
+  if (!q) return NULL;
+  q->job.kind = kind;
+  q->job.area = CKV_SNAPIO_AUTOSAVE;
+  q->job.destroy = job_destroy;
+  snprintf(q->job.state_dir, sizeof q->job.state_dir, "%s", s->opt.state_dir ? s->opt.state_dir : "");
+  snprintf(q->job.tenant, sizeof q->job.tenant, "%s", tenant->name);
+  snprintf(q->job.name, sizeof q->job.name, "%s", id);
+  return q; /* job.remote stays NULL: an autosave is this node's */
+}
+
+/* What a session's autosave captures: its rounds, tokens and epoch (never 0 for a session with tokens). */
+static uint64_t mark_of(const ckv_srv_session *sess) {
+  return sess->rounds * 0x9E3779B97F4A7C15ull + (uint64_t)sess->tokens.n * 0xC2B2AE3D27D4EB4Full + sess->epoch + 1u;
+}
+
+/* Whether sess may be autosaved now: changed, due, and quiet (autosave.h). */
+static bool due(const ckv_server *s, const ckv_srv_session *sess, uint64_t now) {
+  if (!sess->tokens.n || sess->quarantined || sess->doomed || sess->jobs_inflight) return false;
+  if (ckv_tier_state_of(sess) != CKV_TIER_RESIDENT) return false;
+  if (sess->owner && sess->tokens.n != sess->reported_tokens) return false; /* K/V may be on its way */
+  if (sess->autosave_mark == mark_of(sess)) return false;
+  return !sess->autosave_ms || now - sess->autosave_ms >= s->opt.autosave_ms;
+}
+
+static void save_finished(void *server, ckv_snapio_job *j) {
+  ckv_server *s = server;
+  autosave_job *q = (autosave_job *)j;
+  s->autosave_inflight = false;
+  if (j->status < 0) {
+    s->counters.autosave_errors++;
+    ckv_log(CKV_LOG_ERROR, "autosave-failed", j->tenant, j->name, "autosave not written: %s (%s); the previous one stays",
+            j->err, ckv_status_name(j->status));
+    /* written again at the next scan that finds it due */
+    char key[256];
+    ckv_server_session_key(q->tenant, j->name, key, sizeof key);
+    ckv_srv_session *sess = ckv_strmap_get(s->sessions, key);
+    if (sess) sess->autosave_mark = 0;
+  } else {
+    s->counters.autosaves++;
+    s->counters.autosave_bytes += j->bytes;
+    ckv_log(CKV_LOG_DEBUG, "autosave", j->tenant, j->name,
+            "autosaved: %llu tokens, %llu bytes; copied in %.3f ms on the loop, written in %.3f ms",
+            (unsigned long long)q->tokens, (unsigned long long)j->bytes, (double)q->copy_us / 1e3,
+            (double)j->io_us / 1e3);
+  }
+  job_destroy(j);
+}
+
+void ckv_autosave_scan(ckv_server *s, uint64_t now) {
+  if (!s->opt.autosave_ms || !s->snapio || s->autosave_inflight || !s->opt.state_dir || !*s->opt.state_dir) return;
+  ckv_srv_session *pick = NULL, *sess;
+  size_t cur = 0;
+  while ((sess = ckv_strmap_next(s->sessions, &cur, NULL))) /* the one waiting longest first */
+    if (due(s, sess, now) && (!pick || sess->autosave_ms < pick->autosave_ms)) pick = sess;
+  if (!pick) return;
+  autosave_job *q = new_job(s, CKV_SNAPIO_SAVE, pick->tenant, pick->id);
+  if (!q) return;
+  snprintf(q->job.model_id, sizeof q->job.model_id, "%s", pick->model_id);
+  snprintf(q->job.model_revision, sizeof q->job.model_revision, "%s", pick->model_revision);
+  uint64_t t0 = ckv_now_us();
+  char err[320];
+  int r = ckv_session_snap_capture(pick, /* committed_only= */ false, &q->job.snap, &q->tokens, err, sizeof err);
+  q->copy_us = ckv_now_us() - t0;
+  pick->autosave_ms = now; /* tried now, whatever comes of it: the next try waits a period */
+  if (r < 0) {
+    s->counters.autosave_errors++;
+    ckv_log(CKV_LOG_ERROR, "autosave-failed", pick->tenant->name, pick->id, "cannot copy the session: %s", err);
+    job_destroy(&q->job);
+    return;
+  }
+  /* The copy counts against the tenant's quota while it waits for the disk, as a save's does. */
+  uint64_t bytes = q->job.snap.buf_len_;
+  if (pick->tenant->io_bytes && pick->tenant->io_bytes + bytes > pick->tenant->quota_bytes) {
+    job_destroy(&q->job); /* saves of the tenant are waiting: later */
+    return;
+  }
+  pick->tenant->io_bytes += bytes;
+  q->charged = bytes;
+  q->tenant = pick->tenant;
+  q->job.finish = save_finished;
+  if (ckv_snapio_submit(s->snapio, &q->job) < 0) { /* the queue is full: later */
+    job_destroy(&q->job);
+    return;
+  }
+  pick->autosave_mark = mark_of(pick);
+  s->autosave_inflight = true;
+}
+
+static void remove_finished(void *server, ckv_snapio_job *j) {
+  (void)server;
+  if (j->status < 0)
+    ckv_log(CKV_LOG_WARNING, "autosave-remove-failed", j->tenant, j->name, "autosave not removed: %s", j->err);
+  job_destroy(j);
+}
+
+void ckv_autosave_forget(ckv_server *s, const ckv_tenant *tenant, const char *id) {
+  if (!s->opt.autosave_ms && !s->autosave_found) return; /* none written, none left from before */
+  if (!s->opt.state_dir || !*s->opt.state_dir) return;
+  autosave_job *q = new_job(s, CKV_SNAPIO_REMOVE, tenant, id);
+  if (!q) return;
+  q->job.finish = remove_finished;
+  if (!s->snapio || ckv_snapio_submit(s->snapio, &q->job) < 0) { /* stopping, or the queue is full: here, once */
+    ckv_snapio_run(&q->job);
+    remove_finished(s, &q->job);
+  }
+}
+
+void ckv_autosave_session_new(ckv_server *s, ckv_srv_session *sess, bool from_autosave) {
+  if (!from_autosave) {
+    ckv_autosave_forget(s, sess->tenant, sess->id);
+    return;
+  }
+  s->counters.autosave_resumes++;
+  sess->autosave_mark = mark_of(sess); /* its file holds exactly this */
+  sess->autosave_ms = ckv_now_ms();
+}
+
+static void count_one(void *ctx, const char *tenant, const char *name, const char *path, uint64_t bytes) {
+  (void)tenant, (void)name, (void)path;
+  uint64_t *c = ctx;
+  c[0]++;
+  c[1] += bytes;
+}
+
+void ckv_autosave_startup(ckv_server *s) {
+  if (!s->opt.state_dir || !*s->opt.state_dir) return;
+  ckv_snapdir_clean_temps(s->opt.state_dir, CKV_SNAPDIR_AUTOSAVE);
+  uint64_t c[2] = {0, 0};
+  ckv_snapdir_area_each(s->opt.state_dir, CKV_SNAPDIR_AUTOSAVE, NULL, count_one, c);
+  s->autosave_found = c[0] > 0;
+  if (c[0])
+    ckv_log(CKV_LOG_NOTICE, "autosave-found", NULL, NULL,
+            "%llu autosaved session(s), %llu bytes: OpenSession with resume brings each back (when newer than its "
+            "snapshot)",
+            (unsigned long long)c[0], (unsigned long long)c[1]);
+}
