@@ -9,9 +9,12 @@ FUZZ_CC ?= clang-14
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS ?=
 JOBS ?= $(shell nproc)
+# Suites run in parallel (tests/CMakeLists.txt locks what they share).
+TEST_JOBS ?= 2
+FUZZ_JOBS ?= $(JOBS)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build test demo test-asan test-tsan test-valgrind test-gpu fuzz clean format package agentlm
+.PHONY: all deps build test check demo test-asan test-tsan test-valgrind test-gpu fuzz clean format package agentlm
 
 all: build
 
@@ -26,7 +29,12 @@ build: $(BUILD)/CMakeCache.txt
 
 test: deps
 	@$(MAKE) --no-print-directory build
-	cd $(BUILD) && ctest --output-on-failure -j 1
+	cd $(BUILD) && ctest --output-on-failure -j $(TEST_JOBS)
+
+# The inner loop between edits (about a minute): build, then the unit suites and
+# the protocol / bad-input suites (ctest label `check`).  No `make deps`.
+check: build
+	cd $(BUILD) && ctest --output-on-failure -j $(TEST_JOBS) -L check
 
 demo: deps
 	@$(MAKE) --no-print-directory build
@@ -36,7 +44,7 @@ demo: deps
 test-asan: deps
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DCKV_SANITIZE=ON $(CMAKE_FLAGS)
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
-	cd $(ASAN_BUILD) && ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=1 ctest --output-on-failure -j 1
+	cd $(ASAN_BUILD) && ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=1 ctest --output-on-failure -j $(TEST_JOBS)
 
 # ThreadSanitizer (run by .ci/run): commitkvd, commitkv-worker and the bench built
 # with -fsanitize=thread, then TSAN_SECONDS of commitkv-bench soak (compressor
@@ -70,20 +78,21 @@ test-valgrind: deps
 	  $(BUILD)/bin/commitkv-bench soak --workers 2 --sessions 2 --seconds 10 --kill-every-ms 1500 \
 	  --restart-every-s 0 --daemon $(CURDIR)/tests/valgrind/commitkvd.sh
 	cd $(BUILD) && CKV_TEST_DAEMON_WRAP=$(CURDIR)/tests/valgrind/commitkvd.sh \
-	  CKV_VALGRIND_LOGS=$(CURDIR)/$(BUILD)/valgrind-logs ctest --output-on-failure -j 1 \
+	  CKV_VALGRIND_LOGS=$(CURDIR)/$(BUILD)/valgrind-logs ctest --output-on-failure -j $(TEST_JOBS) \
 	  -R "^($$(echo $(VALGRIND_SUITES) | tr ' ' '|'))$$"
 	@if [ -n "$$(cat $(BUILD)/valgrind-logs/* 2>/dev/null)" ]; then \
 	  cat $(BUILD)/valgrind-logs/*; echo "valgrind reported errors or leaks of commitkvd (above)"; exit 1; fi
 	@echo "valgrind: commitkvd clean (no error, no definite or indirect leak)"
 
 # Each libFuzzer target (tests/fuzz) for FUZZ_SECONDS on a copy of its seeds,
+# FUZZ_JOBS targets at a time (default: one per core),
 # built with clang, ASan and UBSan in $(FUZZ_BUILD); fails on any finding and
 # prints the reproducer.  FUZZ_TARGETS="requests arena" runs only those.
 fuzz: deps
 	cmake -S . -B $(FUZZ_BUILD) -DCMAKE_C_COMPILER=$(FUZZ_CC) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCKV_FUZZ=ON \
 	  -DCKV_WITH_CUDA=OFF $(CMAKE_FLAGS)
 	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz_all
-	sh tests/fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_SECONDS) $(FUZZ_TARGETS)
+	FUZZ_JOBS=$(FUZZ_JOBS) sh tests/fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_SECONDS) $(FUZZ_TARGETS)
 
 # Every GPU check in one go (a machine with an NVIDIA GPU): build, CUDA kernel
 # tests against the CPU oracle, CUDA arena tests, GPU kernel benchmark.

@@ -471,6 +471,7 @@ static ckv_mhd_result reply(struct MHD_Connection *conn, unsigned code, const ch
   if (!r) return MHD_NO;
   MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
   if (code == MHD_HTTP_METHOD_NOT_ALLOWED) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
+  if (code == MHD_HTTP_SERVICE_UNAVAILABLE) MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, "1");
   ckv_mhd_result ret = MHD_queue_response(conn, code, r);
   MHD_destroy_response(r);
   return ret;
@@ -489,7 +490,15 @@ static ckv_mhd_result on_request(void *cls, struct MHD_Connection *conn, const c
     /* Copy under the lock: MHD_RESPMEM_MUST_COPY duplicates the buffer
      * before the lock is released, so a publish can swap right after. */
     pthread_mutex_lock(&m->text_lock);
-    ckv_mhd_result r = reply(conn, MHD_HTTP_OK, CONTENT_TYPE, m->front ? m->front : "", m->front_len);
+    ckv_mhd_result r;
+    if (m->front && m->front_len) {
+      r = reply(conn, MHD_HTTP_OK, CONTENT_TYPE, m->front, m->front_len);
+    } else {
+      /* Nothing published yet (the daemon is still starting): a 200 with an
+       * empty body would record a target with no series. */
+      static const char msg[] = "commitkvd is starting: no metrics published yet, retry in a second\n";
+      r = reply(conn, MHD_HTTP_SERVICE_UNAVAILABLE, k_text, msg, sizeof(msg) - 1);
+    }
     pthread_mutex_unlock(&m->text_lock);
     return r;
   }

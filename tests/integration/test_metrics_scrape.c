@@ -9,9 +9,13 @@
  * sessions, tokens per state, bytes per state, total and FP16-equivalent
  * bytes, arena size and use, rounds, and one ReportRound observation per
  * round.  The endpoint publishes once per loop tick, so the comparison polls
- * for a few seconds until both agree. */
+ * for a few seconds until both agree.  A second test scrapes from before the
+ * daemon starts, as fast as it can: the first answers are 503 with a reason or
+ * 200 with series, never an empty 200. */
 #include <criterion/criterion.h>
 #include <netinet/in.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -183,4 +187,62 @@ Test(metrics_scrape, figures_match_stats_during_multi_worker_run, .timeout = 120
   cr_expect(human && strstr(human, "\ntenant default: 6 sessions"), "commitkvctl metrics:\n%s", human ? human : "");
   free(human);
   cr_expect_eq(ckv_test_daemon_stop(&d), 0);
+}
+
+/* A scraper racing the daemon's start: connects in a loop from before the
+ * spawn until it gets a 200, and tallies what it got. */
+typedef struct race {
+  unsigned port;
+  atomic_bool stop;
+  int answers, starting_503, empty_200, bad;
+  long long first_answer_ms, first_200_ms;
+  char first_bad[512];
+} race;
+
+static void *race_scrape(void *arg) {
+  race *r = arg;
+  while (!atomic_load(&r->stop)) {
+    char *a = ckv_test_http(r->port, "GET", "/metrics", 2000);
+    if (!a) continue; /* not listening yet: try again at once */
+    if (!r->answers++) r->first_answer_ms = ckv_test_now_ms();
+    const char *body = ckv_test_http_body(a);
+    if (strstr(a, " 200 ") && (!body || !*body)) {
+      r->empty_200++;
+    } else if (strstr(a, " 503 ") && body && strstr(body, "starting")) {
+      r->starting_503++;
+    } else if (strstr(a, " 200 ") && strstr(body, "commitkv_build_info{")) {
+      r->first_200_ms = ckv_test_now_ms();
+      free(a);
+      break;
+    } else if (!r->bad++) {
+      snprintf(r->first_bad, sizeof r->first_bad, "%s", a);
+    }
+    free(a);
+  }
+  return NULL;
+}
+
+Test(metrics_scrape, first_scrape_after_start_is_never_an_empty_200, .timeout = 60) {
+  for (int attempt = 0; attempt < 5; attempt++) {
+    race r = {.port = free_port()};
+    char set[64];
+    snprintf(set, sizeof(set), "daemon.metrics=127.0.0.1:%u", r.port);
+    const char *extra[] = {"--set", set, NULL};
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, race_scrape, &r), 0);
+    ckv_test_daemon d;
+    long long t0 = ckv_test_now_ms();
+    int started = ckv_test_daemon_start(&d, extra);
+    for (long long end = ckv_test_now_ms() + 10000; ckv_test_now_ms() < end && !r.first_200_ms;) usleep(1000);
+    atomic_store(&r.stop, true);
+    pthread_join(th, NULL);
+    cr_assert_eq(started, 0, "commitkvd did not start");
+    fprintf(stderr, "metrics race %d: %d answers (%d x 503 starting, %d empty 200), first answer %lld ms after the "
+            "spawn, first 200 %lld ms\n", attempt, r.answers, r.starting_503, r.empty_200, r.first_answer_ms - t0,
+            r.first_200_ms - t0);
+    cr_expect_eq(r.empty_200, 0, "%d scrapes got 200 with an empty body", r.empty_200);
+    cr_expect_eq(r.bad, 0, "%d unexpected answers, the first:\n%s", r.bad, r.first_bad);
+    cr_expect_gt(r.first_200_ms, 0, "no 200 with series within 10 s of the start");
+    cr_expect_eq(ckv_test_daemon_stop(&d), 0);
+  }
 }

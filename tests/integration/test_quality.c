@@ -8,8 +8,9 @@
  * the synthetic workload the commitkv policy keeps every planted fact that a
  * later query needs (fact_recall == 1).  A second test feeds the real-model
  * path a stand-in commitkv-llm (a shell script printing a hand-written sample
- * of its JSON) to check the bench's parser and null handling.  Behaviour
- * only: speed is never asserted.
+ * of its JSON) to check the bench's parser and null handling, and a third
+ * that the bench names its whole-file bounds (measured only at full size).
+ * Behaviour only: speed is never asserted.
  *
  * The JSON is read with a small DOM parser below (objects, arrays, strings
  * without escapes beyond \" and \\, numbers, true/false/null). */
@@ -355,48 +356,37 @@ Test(quality, quick_json_has_every_field_and_commitkv_keeps_the_facts, .timeout 
   ckv_test_rmdir(dir);
 }
 
-/* The issue's claim at its geometry (32 layers x 8 KV heads x 128, 32 rounds, 1575 tokens): commitkv
- * at most 0.20 of FP16 with cosine >= 0.99 and every planted fact; h2o and streaming at the same
- * bytes lose facts; by attention alone not worse than kivi2.  Measured (commitkv-bench quality
- * --synthetic --policies commitkv,kivi2,h2o,streaming): commitkv 0.192 at 0.99325, facts 1.0;
- * h2o / streaming 0.203, facts 0.0; attention alone 0.194 at 0.9689 against kivi2's 0.211 at
- * 0.9527.  About 2 minutes here; skipped under the sanitizers (10x slower; the quick test above
- * runs the same code there). */
-Test(quality, agent_synthetic_full_geometry, .timeout = 900) {
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-  fprintf(stderr, "SKIPPED: agent_synthetic_full_geometry under a sanitizer (the quick test covers the code)\n");
-  cr_skip("full geometry under a sanitizer");
-#else
-  char *dir = ckv_test_tmpdir("ckv-quality-full");
+/* The claim at the full geometry (32 layers x 8 KV heads x 128, 32 rounds, 1575 tokens: commitkv at most 0.20
+ * of FP16 with cosine >= 0.99 and every planted fact; h2o and streaming at the same bytes lose facts; by attention
+ * alone not worse than kivi2) is a measurement, not a test: commitkv-bench quality --json reports it as bounds
+ * synthetic_commitkv_bytes, synthetic_commitkv_cosine, synthetic_commitkv_facts, synthetic_h2o_loses_facts,
+ * synthetic_streaming_loses_facts and attention_commitkv_cosine_vs_kivi2 (about 2 minutes here).  The quick test
+ * above runs the same code at its size; the bench's bounds themselves are checked below. */
+Test(quality, bounds_are_reported_and_not_measured_under_quick, .timeout = 300) {
+  setenv("CKV_AGENTLM_MODEL", "/agentlm-not-needed-here", 1);
+  char *dir = ckv_test_tmpdir("ckv-quality-bounds");
   char *out = NULL;
-  const char *args[] = {"quality", "--synthetic", "--policies", "commitkv,kivi2,h2o,streaming", "--json", NULL};
-  cr_assert_eq(run_bench(args, dir, &out), 0, "commitkv-bench quality --synthetic failed");
+  const char *args[] = {"quality", "--quick", "--synthetic", "--policies", "commitkv,kivi2", "--json", NULL};
+  cr_assert_eq(run_bench(args, dir, &out), 0, "commitkv-bench quality --quick --synthetic failed");
   jval *root = json_parse(out);
   cr_assert_not_null(root, "not one JSON object: %s", out);
-  const jval *syn = find_workload(root, "agent-synthetic"), *att = find_workload(root, "agent-synthetic-attention");
-  cr_assert(syn && att, "both synthetic workloads reported");
-  double ratio = policy_field(syn, "commitkv", "bytes_ratio_fp16"), cos = policy_field(syn, "commitkv", "attn_cosine"),
-         facts = policy_field(syn, "commitkv", "fact_recall");
-  fprintf(stderr, "agent-synthetic 32 x 8 x 128: commitkv %.3f of fp16, cosine %.5f, facts %.2f\n", ratio, cos, facts);
-  cr_expect_leq(ratio, 0.20, "commitkv keeps %.3f of FP16 bytes", ratio);
-  cr_expect_geq(cos, 0.990, "commitkv cosine %.5f", cos);
-  cr_expect_float_eq(facts, 1.0, 1e-9, "commitkv lost a planted fact (fact_recall %.3f)", facts);
-  for (int i = 0; i < 2; i++) {
-    const char *pol = i ? "streaming" : "h2o";
-    double b = policy_field(syn, pol, "bytes_ratio_fp16"), f = policy_field(syn, pol, "fact_recall");
-    fprintf(stderr, "  %s: %.3f of fp16, facts %.2f\n", pol, b, f);
-    cr_expect(b >= 0.8 * ratio && b <= 1.2 * ratio, "%s ran at %.3f of FP16, not commitkv's %.3f", pol, b, ratio);
-    cr_expect_lt(f, 1.0, "%s kept every fact at commitkv's bytes", pol);
+  const jval *bounds = jget(root, "bounds");
+  cr_assert(bounds && bounds->t == J_ARR && bounds->n == 9, "9 bounds expected");
+  static const char *const names[] = {"agentlm_fp16_recall", "agentlm_commitkv_recall", "agentlm_commitkv_bytes",
+                                      "synthetic_commitkv_bytes", "synthetic_commitkv_cosine",
+                                      "synthetic_commitkv_facts", "synthetic_h2o_loses_facts",
+                                      "synthetic_streaming_loses_facts", "attention_commitkv_cosine_vs_kivi2"};
+  for (size_t i = 0; i < bounds->n; i++) {
+    const jval *b = bounds->items[i], *nm = jget(b, "name"), *holds = jget(b, "holds"), *why = jget(b, "not_measured");
+    cr_assert(nm && nm->t == J_STR);
+    cr_expect_str_eq(nm->str, names[i]);
+    cr_expect(holds && holds->t == J_NULL, "%s: --quick does not judge whole-file bounds", nm->str);
+    cr_expect(why && why->t == J_STR && strstr(why->str, "--quick"), "%s: says why it is not measured", nm->str);
+    cr_expect(jget(b, "source") && jget(b, "source")->t == J_STR, "%s has a source", nm->str);
   }
-  double ca = policy_field(att, "commitkv", "attn_cosine"), k2 = policy_field(att, "kivi2", "attn_cosine");
-  fprintf(stderr, "  attention alone: commitkv %.3f of fp16 at cosine %.5f, kivi2 %.3f at %.5f\n",
-          policy_field(att, "commitkv", "bytes_ratio_fp16"), ca, policy_field(att, "kivi2", "bytes_ratio_fp16"), k2);
-  cr_expect_geq(ca, k2, "by attention alone commitkv's cosine %.5f is below kivi2's %.5f", ca, k2);
-  cr_expect(isnan(policy_field(syn, "kivi4", "attn_cosine")), "--policies ran kivi4");
   jfree(root);
   free(out);
   ckv_test_rmdir(dir);
-#endif
 }
 
 /* The real-model path with a stand-in commitkv-llm: the bench must take the

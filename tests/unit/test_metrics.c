@@ -253,11 +253,18 @@ Test(metrics, endpoint_serves_published_text) {
   unsigned port = ckv_metrics_port(m);
   cr_assert_gt(port, 0);
 
-  /* Before any publish: 200 with an empty body. */
+  /* Before any publish: never an empty 200 (a scraper would record a target
+   * with no series), but 503 with a reason and Retry-After. */
   char *a = ckv_test_http(port, "GET", "/metrics", 5000);
   cr_assert_not_null(a);
-  cr_assert(strncmp(a, "HTTP/1.", 7) == 0 && strstr(a, " 200 "), "%s", a);
-  cr_assert_str_eq(ckv_test_http_body(a), "");
+  cr_assert(strncmp(a, "HTTP/1.", 7) == 0 && strstr(a, " 503 "), "%s", a);
+  cr_assert(strstr(a, "Retry-After: 1\r\n"), "%s", a);
+  cr_assert_not_null(strstr(ckv_test_http_body(a), "starting"), "%s", a);
+  free(a);
+  /* An empty publish is no figures either. */
+  cr_assert_eq(ckv_metrics_publish(m, "", 0), CKV_OK);
+  a = ckv_test_http(port, "GET", "/metrics", 5000);
+  cr_assert(a && strstr(a, " 503 "), "%s", a ? a : "(no answer)");
   free(a);
 
   ckv_metrics_tenant t = make_tenant("alice");
