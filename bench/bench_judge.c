@@ -16,10 +16,10 @@
 /* The judge and its parameters are the lifecycle library's; what is timed is
  * the daemon's ReportRound path around it (session columns, planning moves
  * into blocks, the compressor), so those come from daemon/. */
-#include "daemon/compressor.h"
-#include "daemon/lifecycle.h"
-#include "daemon/session.h"
-#include "daemon/tenant.h"
+#include "store/compressor.h"
+#include "store/moves.h"
+#include "store/session.h"
+#include "store/tenant.h"
 #include "lifecycle/judge.h"
 #include "lifecycle/policy.h"
 #include "shm/arena.h"
@@ -118,7 +118,7 @@ int ckv_bench_judge_run_sampled(uint64_t tokens, double seconds, uint32_t judge_
     r = ckv_srv_session_report_round(s, round, 0, attn, tokens, NULL, NULL, 0);
     ckv_transition_list out = {0};
     uint64_t t1 = now_ns();
-    if (r == 0) r = ckv_lifecycle_round(s, c, round, &out);
+    if (r == 0) r = ckv_moves_round(s, c, round, &out);
     uint64_t t2 = now_ns(), c2 = cpu_ns();
     for (size_t i = 0; i < out.n; i++) transitions += out.v[i].count;
     ckv_transition_list_done(&out);
@@ -141,7 +141,7 @@ int ckv_bench_judge_run_sampled(uint64_t tokens, double seconds, uint32_t judge_
      * so later rounds see the moved tokens as a live daemon would. */
     for (ckv_job *j = ckv_compressor_collect(c), *nx; j; j = nx) {
       nx = j->next;
-      ckv_lifecycle_publish(s, c, j);
+      ckv_moves_publish(s, c, j);
     }
   }
   if (r == 0 && n_lat) {
@@ -158,7 +158,7 @@ int ckv_bench_judge_run_sampled(uint64_t tokens, double seconds, uint32_t judge_
     ckv_job *j = ckv_compressor_collect(c);
     while (j) {
       ckv_job *nx = j->next;
-      ckv_lifecycle_publish(s, c, j);
+      ckv_moves_publish(s, c, j);
       j = nx;
     }
   }

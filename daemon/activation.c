@@ -7,7 +7,7 @@
 #include <sys/socket.h>
 #include <systemd/sd-daemon.h>
 
-#include "daemon/log.h"
+#include "common/log.h"
 
 int ckv_activation_attach_fd(const char *expected_path) {
   /* unset_environment = 0: LISTEN_PID already keeps children from taking

@@ -24,11 +24,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "commitkv/status.h"
-#include "daemon/log.h"
+#include "common/log.h"
 #include "daemon/server.h"
-#include "daemon/strmap.h"
-#include "daemon/tenant.h"
+#include "common/strmap.h"
+#include "store/tenant.h"
 #include "daemon/utf8.h"
 #include "shm/arena.h"
 #include "shm/fdpass.h"

@@ -1,5 +1,6 @@
 /* autosave.c - crash copies of live sessions (see autosave.h).  Runs on the
  * server loop; the I/O thread only ever sees the job. */
+#include "common/clock.h"
 #include "daemon/autosave.h"
 
 #include <stdio.h>
@@ -7,15 +8,15 @@
 #include <string.h>
 
 #include "commitkv/status.h"
-#include "daemon/lifecycle.h"
-#include "daemon/log.h"
+#include "store/moves.h"
+#include "common/log.h"
 #include "daemon/server.h"
-#include "daemon/session.h"
+#include "store/session.h"
 #include "daemon/session_snap.h"
 #include "daemon/snapdir.h"
 #include "daemon/snapio.h"
-#include "daemon/strmap.h"
-#include "daemon/tenant.h"
+#include "common/strmap.h"
+#include "store/tenant.h"
 #include "daemon/tier.h"
 
 typedef struct autosave_job {

@@ -18,7 +18,7 @@
 
 #include "commitkv/status.h"
 #include "daemon/config_table.h"
-#include "daemon/log.h"
+#include "common/log.h"
 #include "lifecycle/judge.h"
 #include "lifecycle/policy.h"
 

@@ -18,7 +18,7 @@
 #include <string.h>
 
 #include "commitkv/status.h"
-#include "daemon/log.h"
+#include "common/log.h"
 #include "daemon/remote_store.h"
 #include "lifecycle/policy.h"
 

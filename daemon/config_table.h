@@ -15,7 +15,7 @@
 #include <stdint.h>
 
 #include "daemon/config.h"
-#include "daemon/log.h" /* CKV_PRINTF_FMT */
+#include "common/log.h" /* CKV_PRINTF_FMT */
 
 typedef enum key_type {
   T_STRING,   /* char[] field; `size` is its capacity */

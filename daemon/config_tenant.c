@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "commitkv/status.h"
-#include "daemon/tenant.h"
+#include "store/tenant.h"
 
 bool ckv_cfg_valid_tenant_name(const char *n) {
   size_t len = strlen(n);

@@ -11,7 +11,7 @@
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
-#include "daemon/log.h"
+#include "common/log.h"
 
 int ckv_fdstore_available(void) {
   const char *e = getenv("NOTIFY_SOCKET");

@@ -13,23 +13,24 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "commitkv/status.h"
 #include "daemon/autosave.h"
-#include "daemon/compressor.h"
+#include "store/compressor.h"
 #include "daemon/config.h"
-#include "daemon/lifecycle.h"
-#include "daemon/log.h"
+#include "store/moves.h"
+#include "common/log.h"
 #include "daemon/metrics.h"
 #include "daemon/remote_snap.h"
 #include "daemon/remote_store.h"
 #include "daemon/server.h"
-#include "daemon/session.h"
+#include "store/session.h"
 #include "daemon/session_snap.h"
 #include "daemon/snapdir.h"
 #include "daemon/snapio.h"
 #include "daemon/snapshot.h"
-#include "daemon/strmap.h"
-#include "daemon/tenant.h"
+#include "common/strmap.h"
+#include "store/tenant.h"
 #include "daemon/tier.h"
 #include "daemon/warm.h"
 #include "daemon/utf8.h"
@@ -399,12 +400,12 @@ static int h_append(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req
     if ((r = ckv_tier_make_room(s, c, sess, need, req)) == CKV_REPLY_DEFERRED) return r;
     ckv_server_settle_session(s, sess);
     for (int from = CKV_STATE_DRAFT; from <= CKV_STATE_STAGED && !ckv_tenant_would_fit(sess->tenant, need); from++) {
-      if (ckv_lifecycle_escalate(sess, s->compressor, from, &made_room) <= 0) continue;
+      if (ckv_moves_escalate(sess, s->compressor, from, &made_room) <= 0) continue;
       ckv_server_settle_session(s, sess);
       ckv_srv_session_release_retired(sess); /* the requester re-reads its view from this reply */
     }
     uint64_t recycled = 0;
-    r = ckv_lifecycle_reclaim(sess, s->compressor, need, &made_room, &recycled);
+    r = ckv_moves_reclaim(sess, s->compressor, need, &made_room, &recycled);
     if (recycled)
       ckv_log(CKV_LOG_NOTICE, "quota-reclaim", c->tenant->name, sess->id, "recycled %llu tokens to make room",
               (unsigned long long)recycled);
@@ -490,7 +491,7 @@ static int h_report(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req
       ckv_log(CKV_LOG_WARNING, "trace", sess->tenant->name, sess->id, "trace stopped: %s", ckv_strerror(tr));
   }
   ckv_transition_list decided = {0};
-  r = ckv_lifecycle_round(sess, s->compressor, (uint32_t)rr->round, &decided);
+  r = ckv_moves_round(sess, s->compressor, (uint32_t)rr->round, &decided);
   for (size_t i = 0; i < decided.n; i++) c->tenant->recycle_runs += decided.v[i].to == CKV_STATE_RECYCLED;
   ckv_metrics_observe_round_tenant(s->metrics, c->tenant->name, (double)(ckv_now_us() - x->t0_us) * 1e-6);
   Commitkv__V1__RoundReport *out = NEW(s, Commitkv__V1__RoundReport, COMMITKV__V1__ROUND_REPORT__INIT);
@@ -501,7 +502,7 @@ static int h_report(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req
   if (r < 0) ckv_log(CKV_LOG_ERROR, "lifecycle", sess->tenant->name, sess->id, "planning moves: %s", ckv_strerror(r));
   out->round = rr->round;
   out->epoch = sess->epoch;
-  out->pending = (uint32_t)ckv_lifecycle_pending(sess);
+  out->pending = (uint32_t)ckv_moves_pending(sess);
   x->rep->body_case = COMMITKV__V1__RESPONSE__BODY_ROUND_REPORT;
   x->rep->round_report = out;
   return CKV_OK;
@@ -868,7 +869,7 @@ static int restore_done(ckv_server *s, ckv_conn *c, io_request *q, reply_ctx *x)
     return fail(x, r, "cannot write the restored headers: %s", ckv_strerror(r));
   }
   if ((r = add_session(s, c, key, sess)) < 0) return fail(x, r, "out of memory");
-  ckv_lifecycle_plan(sess, s->compressor, /* flush= */ false); /* what waited for a move when it was saved */
+  ckv_moves_plan(sess, s->compressor, /* flush= */ false); /* what waited for a move when it was saved */
   if (j->from_tier) ckv_tier_resumed(s, sess, j->from_tier == 2); /* back in memory: its tier copy goes */
   ckv_autosave_session_new(s, sess, j->from_autosave);
   if (j->autosave_status < 0)
@@ -1182,7 +1183,7 @@ static int h_stats(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req,
     if (!(c->admin || ts->tenant == c->tenant)) continue;
     for (int i = 0; i < 4; i++)
       for (int j = 0; j < 4; j++) tr[i][j] += ts->transitions[i][j];
-    st->pending_tokens += ckv_lifecycle_pending(ts);
+    st->pending_tokens += ckv_moves_pending(ts);
     st->semantic_given_tokens += ts->semantic_given;
   }
   st->transitions_staged = tr[0][1];
@@ -1230,7 +1231,7 @@ static int h_list(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
     i->attached = sess->owner != 0;
     i->epoch = sess->epoch;
     i->rounds = sess->rounds;
-    i->pending_tokens = ckv_lifecycle_pending(sess);
+    i->pending_tokens = ckv_moves_pending(sess);
     i->tier = (char *)ckv_tier_state_name(ckv_tier_state_of(sess));
     l->sessions[l->n_sessions++] = i;
   }

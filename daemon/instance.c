@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "commitkv/status.h"
-#include "daemon/log.h"
+#include "common/log.h"
 #include "shm/fdpass.h"
 
 /* The pid the lock's owner wrote, or 0 when unreadable. */

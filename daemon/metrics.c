@@ -22,7 +22,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "daemon/log.h"
+#include "common/log.h"
 
 #if MHD_VERSION < 0x00097002
 typedef int ckv_mhd_result;

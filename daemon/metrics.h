@@ -31,6 +31,7 @@
 #ifndef CKV_DAEMON_METRICS_H
 #define CKV_DAEMON_METRICS_H
 
+#include "common/status_slots.h"
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -66,8 +67,7 @@ enum {
 /* Errors by code: one slot per ckv_status of commitkv/status.h in list
  * order.  CKV_OK is never an error, so its slot 0 counts every folded -errno
  * instead (label code="errno").  Index with ckv_metrics_error_index(). */
-#define CKV_METRICS_COUNT_ONE_(name, value, text) +1
-#define CKV_METRICS_ERRORS (0 CKV_STATUS_LIST(CKV_METRICS_COUNT_ONE_))
+#define CKV_METRICS_ERRORS CKV_STATUS_SLOTS
 
 /* The slot of a reply code in ckv_metrics_tenant.errors[]: our codes map to
  * their own slot, anything else (a folded -errno, an unknown code) to slot 0. */

@@ -1,4 +1,5 @@
 /* remote_snap.c - session snapshots in the remote store (see remote_snap.h). */
+#include "common/fail.h"
 #include "daemon/remote_snap.h"
 
 #include <errno.h>
@@ -11,31 +12,23 @@
 #include <unistd.h>
 
 #include "commitkv/status.h"
-#include "daemon/log.h"
+#include "common/log.h"
 #include "daemon/remote_store.h"
 #include "daemon/snapdir.h"
 #include "daemon/snapshot.h"
 
-__attribute__((format(printf, 4, 5))) static int fail(char *err, size_t len, int code, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, len, fmt, ap);
-  va_end(ap);
-  return code;
-}
-
 static int slurp(const char *path, uint8_t **ret, size_t *ret_len, char *err, size_t errlen) {
   int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  if (fd < 0) return fail(err, errlen, -errno, "cannot open %s: %s", path, strerror(errno));
+  if (fd < 0) return ckv_fail(err, errlen, -errno, "cannot open %s: %s", path, strerror(errno));
   struct stat st;
   if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
     close(fd);
-    return fail(err, errlen, -EINVAL, "%s is not a regular file", path);
+    return ckv_fail(err, errlen, -EINVAL, "%s is not a regular file", path);
   }
   uint8_t *buf = malloc(st.st_size ? (size_t)st.st_size : 1);
   if (!buf) {
     close(fd);
-    return fail(err, errlen, -ENOMEM, "out of memory for %s", path);
+    return ckv_fail(err, errlen, -ENOMEM, "out of memory for %s", path);
   }
   size_t got = 0;
   while (got < (size_t)st.st_size) {
@@ -45,7 +38,7 @@ static int slurp(const char *path, uint8_t **ret, size_t *ret_len, char *err, si
       int e = n < 0 ? errno : EIO;
       free(buf);
       close(fd);
-      return fail(err, errlen, -e, "reading %s: %s", path, n < 0 ? strerror(e) : "the file shrank");
+      return ckv_fail(err, errlen, -e, "reading %s: %s", path, n < 0 ? strerror(e) : "the file shrank");
     }
     got += (size_t)n;
   }
@@ -59,7 +52,7 @@ static int key_of(const char *tenant, const char *model_id, const char *model_re
                   size_t len, char *err, size_t errlen) {
   int r = ckv_remote_key(CKV_SNAP_VERSION, tenant, model_id ? model_id : "", model_revision ? model_revision : "",
                          name, key, len);
-  if (r < 0) return fail(err, errlen, CKV_ERR_INVALID, "no remote store key can be made for snapshot '%s'", name);
+  if (r < 0) return ckv_fail(err, errlen, CKV_ERR_INVALID, "no remote store key can be made for snapshot '%s'", name);
   return CKV_OK;
 }
 
@@ -69,7 +62,7 @@ int ckv_remote_snap_push(ckv_remote *r, const char *state_dir, const char *tenan
   int rc = key_of(tenant, model_id, model_revision, name, key, sizeof key, err, errlen);
   if (rc < 0) return rc;
   if ((rc = ckv_snapdir_file(state_dir, tenant, name, path, sizeof path)) < 0)
-    return fail(err, errlen, rc, "no snapshot file for '%s'", name);
+    return ckv_fail(err, errlen, rc, "no snapshot file for '%s'", name);
   uint8_t *buf = NULL;
   size_t len = 0;
   if ((rc = slurp(path, &buf, &len, err, errlen)) < 0) return rc;
@@ -110,14 +103,14 @@ int ckv_remote_snap_load(ckv_remote *r, const char *state_dir, const char *tenan
    * to the other one would hand out an older context without a word. */
   if (lr < 0 && lr != -ENOENT) {
     if (rr == CKV_OK) ckv_snap_done(&remote);
-    return fail(err, errlen, lr, "%s", lerr);
+    return ckv_fail(err, errlen, lr, "%s", lerr);
   }
   if (rr < 0 && rr != -ENOENT && rr != -EIO) {
     if (lr == CKV_OK) ckv_snap_done(&local);
-    return fail(err, errlen, rr, "%s", rerr);
+    return ckv_fail(err, errlen, rr, "%s", rerr);
   }
   if (rr == -EIO) {
-    if (lr == -ENOENT) return fail(err, errlen, -EIO, "no local snapshot, and %s", rerr);
+    if (lr == -ENOENT) return ckv_fail(err, errlen, -EIO, "no local snapshot, and %s", rerr);
     ckv_log(CKV_LOG_WARNING, "remote-unavailable", tenant, name,
             "%s; restoring the local snapshot, which may be older than the store's", rerr);
     *ret = local;
@@ -125,7 +118,7 @@ int ckv_remote_snap_load(ckv_remote *r, const char *state_dir, const char *tenan
     return CKV_OK;
   }
   if (lr == -ENOENT && rr == -ENOENT)
-    return fail(err, errlen, -ENOENT, "neither here nor in the remote store %s (key %s)", ckv_remote_url_text(r), key);
+    return ckv_fail(err, errlen, -ENOENT, "neither here nor in the remote store %s (key %s)", ckv_remote_url_text(r), key);
   bool take_remote = lr == -ENOENT || (rr == CKV_OK && remote.saved_at_ms > local.saved_at_ms);
   if (take_remote) {
     if (lr == CKV_OK) ckv_snap_done(&local);
@@ -144,7 +137,7 @@ static int tier_key_of(const char *tenant, const char *model_id, const char *mod
                        char *key, size_t len, char *err, size_t errlen) {
   if (ckv_remote_tier_key(CKV_SNAP_VERSION, tenant, model_id ? model_id : "", model_revision ? model_revision : "", id,
                           key, len) < 0)
-    return fail(err, errlen, CKV_ERR_INVALID, "no remote store key can be made for session '%s'", id);
+    return ckv_fail(err, errlen, CKV_ERR_INVALID, "no remote store key can be made for session '%s'", id);
   return CKV_OK;
 }
 
@@ -154,7 +147,7 @@ int ckv_remote_tier_push(ckv_remote *r, const char *state_dir, const char *tenan
   int rc = tier_key_of(tenant, model_id, model_revision, id, key, sizeof key, err, errlen);
   if (rc < 0) return rc;
   if ((rc = ckv_snapdir_area_file(state_dir, CKV_SNAPDIR_TIER, tenant, id, path, sizeof path)) < 0)
-    return fail(err, errlen, rc, "no tier file for session '%s'", id);
+    return ckv_fail(err, errlen, rc, "no tier file for session '%s'", id);
   uint8_t *buf = NULL;
   size_t len = 0;
   if ((rc = slurp(path, &buf, &len, err, errlen)) < 0) return rc;
@@ -175,7 +168,7 @@ int ckv_remote_tier_load(ckv_remote *r, const char *tenant, const char *model_id
   char perr[320];
   rc = ckv_snap_parse(buf, len, ret, perr, sizeof perr);
   free(buf);
-  if (rc < 0) return fail(err, errlen, rc, "the remote store's copy (%s, key %s): %s", ckv_remote_url_text(r), key, perr);
+  if (rc < 0) return ckv_fail(err, errlen, rc, "the remote store's copy (%s, key %s): %s", ckv_remote_url_text(r), key, perr);
   return CKV_OK;
 }
 

@@ -1,4 +1,5 @@
 /* remote_store.c - the Redis/Valkey remote tier over hiredis (see remote_store.h). */
+#include "common/fail.h"
 #include "daemon/remote_store.h"
 
 #include <errno.h>
@@ -32,16 +33,6 @@ struct ckv_remote {
   ckv_remote_stats stats;
 };
 
-__attribute__((format(printf, 4, 5))) static int fail(char *err, size_t len, int code, const char *fmt, ...) {
-  if (err && len) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, len, fmt, ap);
-    va_end(ap);
-  }
-  return code;
-}
-
 /* ---- URL ---- */
 
 static int parse_u32(const char *s, const char *end, uint64_t max, uint64_t *ret) {
@@ -61,14 +52,14 @@ int ckv_remote_url_parse(const char *url, ckv_remote_url *ret, char *err, size_t
   memset(&u, 0, sizeof u);
   u.port = 6379;
   if (strncmp(url, "rediss://", 9) == 0)
-    return fail(err, errlen, CKV_ERR_UNSUPPORTED,
+    return ckv_fail(err, errlen, CKV_ERR_UNSUPPORTED,
                 "'%s': TLS (rediss://) needs hiredis_ssl, which this build's hiredis (Debian bookworm, 0.14) does "
                 "not have; use redis:// over a trusted network or a TLS tunnel (stunnel, spiped) on loopback",
                 url);
   if (strncmp(url, "unix://", 7) == 0) {
     const char *p = url + 7;
     if (p[0] != '/' || strlen(p) >= sizeof u.host)
-      return fail(err, errlen, CKV_ERR_INVALID, "'%s': unix:// needs an absolute socket path (unix:///run/redis.sock)",
+      return ckv_fail(err, errlen, CKV_ERR_INVALID, "'%s': unix:// needs an absolute socket path (unix:///run/redis.sock)",
                   url);
     u.unix_socket = true;
     snprintf(u.host, sizeof u.host, "%s", p);
@@ -76,48 +67,48 @@ int ckv_remote_url_parse(const char *url, ckv_remote_url *ret, char *err, size_t
     return CKV_OK;
   }
   if (strncmp(url, "redis://", 8) != 0)
-    return fail(err, errlen, CKV_ERR_INVALID, "'%s' is not a redis:// or unix:// URL", url);
+    return ckv_fail(err, errlen, CKV_ERR_INVALID, "'%s' is not a redis:// or unix:// URL", url);
   const char *p = url + 8, *at = strchr(p, '@'), *slash = strchr(p, '/');
   if (at && (!slash || at < slash)) {
     if (memchr(p, ':', (size_t)(at - p)))
-      return fail(err, errlen, CKV_ERR_INVALID, /* not echoed: the text goes to logs */
+      return ckv_fail(err, errlen, CKV_ERR_INVALID, /* not echoed: the text goes to logs */
                   "the remote URL holds a password (USER:PASSWORD@): put it in remote_password_file (mode 0600 or "
                   "0640), never in the configuration");
     if ((size_t)(at - p) >= sizeof u.user || at == p)
-      return fail(err, errlen, CKV_ERR_INVALID, "'%s': the user name is empty or too long", url);
+      return ckv_fail(err, errlen, CKV_ERR_INVALID, "'%s': the user name is empty or too long", url);
     memcpy(u.user, p, (size_t)(at - p));
     p = at + 1;
   }
   const char *host_end, *port_from = NULL, *end = slash ? slash : p + strlen(p);
   if (*p == '[') { /* [IPv6] */
     const char *close = memchr(p, ']', (size_t)(end - p));
-    if (!close) return fail(err, errlen, CKV_ERR_INVALID, "'%s': an IPv6 address needs its closing ']'", url);
+    if (!close) return ckv_fail(err, errlen, CKV_ERR_INVALID, "'%s': an IPv6 address needs its closing ']'", url);
     if ((size_t)(close - p - 1) >= sizeof u.host || close == p + 1)
-      return fail(err, errlen, CKV_ERR_INVALID, "'%s': bad IPv6 address", url);
+      return ckv_fail(err, errlen, CKV_ERR_INVALID, "'%s': bad IPv6 address", url);
     memcpy(u.host, p + 1, (size_t)(close - p - 1));
     host_end = close + 1;
-    if (host_end < end && *host_end != ':') return fail(err, errlen, CKV_ERR_INVALID, "'%s': junk after ']'", url);
+    if (host_end < end && *host_end != ':') return ckv_fail(err, errlen, CKV_ERR_INVALID, "'%s': junk after ']'", url);
     if (host_end < end) port_from = host_end + 1;
   } else {
     const char *colon = memchr(p, ':', (size_t)(end - p));
     host_end = colon ? colon : end;
     if (host_end == p || (size_t)(host_end - p) >= sizeof u.host)
-      return fail(err, errlen, CKV_ERR_INVALID, "'%s': no host, or a host name too long", url);
+      return ckv_fail(err, errlen, CKV_ERR_INVALID, "'%s': no host, or a host name too long", url);
     memcpy(u.host, p, (size_t)(host_end - p));
     if (colon) port_from = colon + 1;
   }
   for (const char *h = u.host; *h; h++)
     if ((unsigned char)*h <= 0x20 || *h == 0x7f || *h == '@' || *h == '/' || *h == '?' || *h == '#')
-      return fail(err, errlen, CKV_ERR_INVALID, "'%s': the host holds a character no host name has", url);
+      return ckv_fail(err, errlen, CKV_ERR_INVALID, "'%s': the host holds a character no host name has", url);
   uint64_t v;
   if (port_from) {
     if (parse_u32(port_from, end, 65535, &v) < 0 || v == 0)
-      return fail(err, errlen, CKV_ERR_INVALID, "'%s': the port must be 1..65535", url);
+      return ckv_fail(err, errlen, CKV_ERR_INVALID, "'%s': the port must be 1..65535", url);
     u.port = (uint16_t)v;
   }
   if (slash && slash[1]) {
     if (parse_u32(slash + 1, slash + strlen(slash), 1u << 20, &v) < 0)
-      return fail(err, errlen, CKV_ERR_INVALID, "'%s': the database after '/' must be a number", url);
+      return ckv_fail(err, errlen, CKV_ERR_INVALID, "'%s': the database after '/' must be a number", url);
     u.db = (uint32_t)v;
   }
   *ret = u;
@@ -128,17 +119,17 @@ int ckv_remote_url_parse(const char *url, ckv_remote_url *ret, char *err, size_t
 
 int ckv_remote_read_password(const char *path, char **ret_password, char *err, size_t errlen) {
   int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  if (fd < 0) return fail(err, errlen, -errno, "remote_password_file %s: %s", path, strerror(errno));
+  if (fd < 0) return ckv_fail(err, errlen, -errno, "remote_password_file %s: %s", path, strerror(errno));
   struct stat st;
   if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
     close(fd);
-    return fail(err, errlen, CKV_ERR_INVALID, "remote_password_file %s is not a regular file", path);
+    return ckv_fail(err, errlen, CKV_ERR_INVALID, "remote_password_file %s is not a regular file", path);
   }
   /* A secret others can read is no secret; one others can write lets them
    * point the daemon at a store of their choosing under our name. */
   if (st.st_mode & (S_IROTH | S_IWOTH | S_IWGRP) || (st.st_uid != 0 && st.st_uid != geteuid())) {
     close(fd);
-    return fail(err, errlen, CKV_ERR_AUTH,
+    return ckv_fail(err, errlen, CKV_ERR_AUTH,
                 "remote_password_file %s has mode %04o, owner uid %u: it must belong to root or the daemon's user "
                 "and be neither readable nor writable by others (chmod 0600 or 0640)",
                 path, (unsigned)(st.st_mode & 07777), (unsigned)st.st_uid);
@@ -146,16 +137,16 @@ int ckv_remote_read_password(const char *path, char **ret_password, char *err, s
   char buf[CKV_REMOTE_PASSWORD_MAX + 2];
   ssize_t n = read(fd, buf, sizeof buf);
   close(fd);
-  if (n < 0) return fail(err, errlen, -errno, "reading remote_password_file %s: %s", path, strerror(errno));
+  if (n < 0) return ckv_fail(err, errlen, -errno, "reading remote_password_file %s: %s", path, strerror(errno));
   size_t len = (size_t)n;
   if (len && buf[len - 1] == '\n') len--;
   if (len && buf[len - 1] == '\r') len--;
   if (len == 0 || len > CKV_REMOTE_PASSWORD_MAX || memchr(buf, '\n', len) || memchr(buf, '\0', len))
-    return fail(err, errlen, CKV_ERR_INVALID,
+    return ckv_fail(err, errlen, CKV_ERR_INVALID,
                 "remote_password_file %s must hold one line of 1..%u bytes (the password)", path,
                 CKV_REMOTE_PASSWORD_MAX);
   char *pw = malloc(len + 1);
-  if (!pw) return fail(err, errlen, -ENOMEM, "out of memory");
+  if (!pw) return ckv_fail(err, errlen, -ENOMEM, "out of memory");
   memcpy(pw, buf, len);
   pw[len] = 0;
   memset(buf, 0, sizeof buf);
@@ -223,12 +214,12 @@ int ckv_remote_new(const char *url, const char *password, uint32_t timeout_ms, c
   int r = ckv_remote_url_parse(url, &u, err, errlen);
   if (r < 0) return r;
   ckv_remote *rs = calloc(1, sizeof(*rs));
-  if (!rs) return fail(err, errlen, -ENOMEM, "out of memory");
+  if (!rs) return ckv_fail(err, errlen, -ENOMEM, "out of memory");
   rs->url = u;
   snprintf(rs->text, sizeof rs->text, "%s", url);
   if (password && *password && !(rs->password = strdup(password))) {
     free(rs);
-    return fail(err, errlen, -ENOMEM, "out of memory");
+    return ckv_fail(err, errlen, -ENOMEM, "out of memory");
   }
   if (!timeout_ms) timeout_ms = 2000;
   rs->timeout.tv_sec = timeout_ms / 1000;
@@ -268,7 +259,7 @@ static int conn_error(ckv_remote *r, char *err, size_t errlen, const char *doing
    * than slow: worth one more try on a new connection. */
   r->stale = r->ctx && (r->ctx->err == REDIS_ERR_EOF ||
                         (r->ctx->err == REDIS_ERR_IO && (strstr(why, "reset by peer") || strstr(why, "Broken pipe"))));
-  fail(err, errlen, -EIO, "remote store %s: %s: %s", r->text, doing, why);
+  ckv_fail(err, errlen, -EIO, "remote store %s: %s: %s", r->text, doing, why);
   disconnect(r);
   return -EIO;
 }
@@ -285,7 +276,7 @@ static int command(ckv_remote *r, int argc, const char **argv, const size_t *len
     return conn_error(r, err, errlen, doing);
   }
   if (rep->type == REDIS_REPLY_ERROR) {
-    fail(err, errlen, -EIO, "remote store %s: %s answered: %s", r->text, argv[0], rep->str ? rep->str : "an error");
+    ckv_fail(err, errlen, -EIO, "remote store %s: %s answered: %s", r->text, argv[0], rep->str ? rep->str : "an error");
     freeReplyObject(rep);
     return -EIO;
   }
@@ -304,7 +295,7 @@ static int connect_store(ckv_remote *r, char *err, size_t errlen) {
   if (r->ctx) return CKV_OK;
   r->ctx = r->url.unix_socket ? redisConnectUnixWithTimeout(r->url.host, r->timeout)
                               : redisConnectWithTimeout(r->url.host, r->url.port, r->timeout);
-  if (!r->ctx) return fail(err, errlen, -ENOMEM, "remote store %s: out of memory", r->text);
+  if (!r->ctx) return ckv_fail(err, errlen, -ENOMEM, "remote store %s: out of memory", r->text);
   if (r->ctx->err) return conn_error(r, err, errlen, "connect");
   /* hiredis opens its socket without O_CLOEXEC */
   int fl = fcntl(r->ctx->fd, F_GETFD);
@@ -392,7 +383,7 @@ static int do_put(ckv_remote *r, void *vctx, char *err, size_t errlen) {
   redisReply *rep = NULL;
   if ((rc = command(r, 1, exec, elen, &rep, err, errlen)) < 0) return rc;
   if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 || rep->element[0]->type == REDIS_REPLY_ERROR)
-    rc = fail(err, errlen, -EIO, "remote store %s: RENAME of the temporary key failed: %s", r->text,
+    rc = ckv_fail(err, errlen, -EIO, "remote store %s: RENAME of the temporary key failed: %s", r->text,
               rep->type == REDIS_REPLY_ARRAY && rep->elements && rep->element[0]->str ? rep->element[0]->str
                                                                                      : "the transaction was aborted");
   freeReplyObject(rep);
@@ -429,10 +420,10 @@ static int do_get(ckv_remote *r, void *vctx, char *err, size_t errlen) {
   if (rc < 0) return rc;
   long long n = rep->type == REDIS_REPLY_INTEGER ? rep->integer : -1;
   freeReplyObject(rep);
-  if (n < 0) return fail(err, errlen, -EIO, "remote store %s: STRLEN did not answer a number", r->text);
-  if (n == 0) return fail(err, errlen, -ENOENT, "remote store %s holds no key %s", r->text, gc->key);
+  if (n < 0) return ckv_fail(err, errlen, -EIO, "remote store %s: STRLEN did not answer a number", r->text);
+  if (n == 0) return ckv_fail(err, errlen, -ENOENT, "remote store %s holds no key %s", r->text, gc->key);
   if ((uint64_t)n > gc->max)
-    return fail(err, errlen, CKV_ERR_TOO_LARGE, "remote store %s: %s holds %lld bytes, more than %llu allowed",
+    return ckv_fail(err, errlen, CKV_ERR_TOO_LARGE, "remote store %s: %s holds %lld bytes, more than %llu allowed",
                 r->text, gc->key, n, (unsigned long long)gc->max);
   /* One GET: the value is read as one version (a concurrent put renames a
    * whole new value in; reading ranges could mix two). */
@@ -441,17 +432,17 @@ static int do_get(ckv_remote *r, void *vctx, char *err, size_t errlen) {
   if ((rc = command(r, 2, get_argv, lens, &rep, err, errlen)) < 0) return rc;
   if (rep->type == REDIS_REPLY_NIL) {
     freeReplyObject(rep);
-    return fail(err, errlen, -ENOENT, "remote store %s holds no key %s", r->text, gc->key);
+    return ckv_fail(err, errlen, -ENOENT, "remote store %s holds no key %s", r->text, gc->key);
   }
   if (rep->type != REDIS_REPLY_STRING || (uint64_t)rep->len > gc->max) {
     freeReplyObject(rep);
-    return fail(err, errlen, -EIO, "remote store %s: GET %s did not answer a value of at most %llu bytes", r->text,
+    return ckv_fail(err, errlen, -EIO, "remote store %s: GET %s did not answer a value of at most %llu bytes", r->text,
                 gc->key, (unsigned long long)gc->max);
   }
   gc->buf = malloc(rep->len ? rep->len : 1);
   if (!gc->buf) {
     freeReplyObject(rep);
-    return fail(err, errlen, -ENOMEM, "out of memory for %zu bytes from the remote store", rep->len);
+    return ckv_fail(err, errlen, -ENOMEM, "out of memory for %zu bytes from the remote store", rep->len);
   }
   memcpy(gc->buf, rep->str, rep->len);
   gc->len = rep->len;

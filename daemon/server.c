@@ -6,6 +6,7 @@
  * once instead of after lease_ms).  Replies are sent with
  * ZMQ_DONTWAIT and ZMQ_ROUTER_MANDATORY, so a slow or vanished peer costs a
  * dropped reply (counted), never a stalled loop. */
+#include "common/clock.h"
 #include "daemon/server.h"
 #include "daemon/snapdir.h"
 
@@ -25,16 +26,16 @@
 
 #include "commitkv/status.h"
 #include "daemon/autosave.h"
-#include "daemon/compressor.h"
-#include "daemon/lifecycle.h"
+#include "store/compressor.h"
+#include "store/moves.h"
 #include "daemon/activation.h"
 #include "daemon/instance.h"
-#include "daemon/log.h"
+#include "common/log.h"
 #include "daemon/metrics.h"
-#include "daemon/session.h"
+#include "store/session.h"
 #include "daemon/snapio.h"
-#include "daemon/strmap.h"
-#include "daemon/tenant.h"
+#include "common/strmap.h"
+#include "store/tenant.h"
 #include "daemon/warm.h"
 #include "daemon/tier.h"
 #include "shm/arena.h"
@@ -49,18 +50,6 @@
  * (ZMQ_MAXMSGSIZE, which silently drops the peer's connection) sits at this
  * hard cap instead, so no frame above it is ever buffered. */
 static int64_t transport_cap(uint64_t max_message) { return (int64_t)(2 * max_message + (64u << 10)); }
-
-uint64_t ckv_now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
-uint64_t ckv_now_us(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
 
 void ckv_server_session_key(const ckv_tenant *t, const char *id, char *buf, size_t len) {
   snprintf(buf, len, "%s/%s", t->name, id);
@@ -241,7 +230,7 @@ void ckv_server_collect_jobs(ckv_server *s) {
     ckv_srv_session *sess = j->owner;
     ckv_metrics_observe_compress_tenant(s->metrics, sess->tenant->name,
                                         (double)(j->done_ns - j->submitted_ns) * 1e-9);
-    if (j->status < 0 && !sess->doomed && ckv_lifecycle_job_failed(sess, j->status))
+    if (j->status < 0 && !sess->doomed && ckv_moves_job_failed(sess, j->status))
       ckv_log(CKV_LOG_ERROR, "session-quarantined", sess->tenant->name, sess->id,
               "quarantined: %s (%zu tokens); its tokens stay where they are, appends and reports are refused "
               "until it is dropped",
@@ -250,7 +239,7 @@ void ckv_server_collect_jobs(ckv_server *s) {
       ckv_log(CKV_LOG_WARNING, "compress-failed", sess->tenant->name, sess->id,
               "moving %zu tokens failed (%u in a row): %s; retried", j->n_moves, sess->job_failures,
               ckv_strerror(j->status));
-    ckv_lifecycle_publish(sess, s->compressor, j);
+    ckv_moves_publish(sess, s->compressor, j);
     j = next;
   }
   for (size_t i = 0; i < s->n_doomed;) {

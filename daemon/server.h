@@ -209,8 +209,6 @@ int ckv_server_run(ckv_server *s);
 bool ckv_server_take_reload(ckv_server *s);
 
 /* Internal API shared by server.c, attach.c and handlers.c. */
-uint64_t ckv_now_ms(void);
-uint64_t ckv_now_us(void);
 /* Formats and publishes the metrics snapshot (server_metrics.c). */
 void ckv_server_publish_metrics(ckv_server *s);
 /* The run-time tenant for spec->name, created on first use with an arena cut

@@ -6,14 +6,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "daemon/compressor.h"
-#include "daemon/lifecycle.h"
+#include "common/clock.h"
+#include "store/compressor.h"
+#include "store/moves.h"
 #include "daemon/metrics.h"
 #include "daemon/remote_store.h"
 #include "daemon/server.h"
-#include "daemon/session.h"
-#include "daemon/strmap.h"
-#include "daemon/tenant.h"
+#include "store/session.h"
+#include "common/strmap.h"
+#include "store/tenant.h"
 #include "daemon/tier.h"
 #include "shm/arena.h"
 
@@ -115,7 +116,7 @@ void ckv_server_publish_metrics(ckv_server *s) {
     m->tier_bytes[0] += bytes[3];
     m->fp16_equivalent_bytes += bytes[4];
     m->detached_sessions += sess->owner == 0;
-    m->compress_pending_tokens += ckv_lifecycle_pending(sess);
+    m->compress_pending_tokens += ckv_moves_pending(sess);
     m->transitions_total[CKV_METRICS_TR_DRAFT_STAGED] += sess->transitions[0][1];
     m->transitions_total[CKV_METRICS_TR_STAGED_COMMITTED] += sess->transitions[1][2];
     m->transitions_total[CKV_METRICS_TR_ANY_RECYCLED] +=

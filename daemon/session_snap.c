@@ -1,4 +1,5 @@
 /* session_snap.c - a live session to a snapshot and back (see session_snap.h). */
+#include "common/fail.h"
 #include "daemon/session_snap.h"
 
 #include <errno.h>
@@ -9,21 +10,13 @@
 #include <time.h>
 
 #include "commitkv/status.h"
-#include "daemon/blockmem.h"
-#include "daemon/session.h"
+#include "store/blockmem.h"
+#include "store/session.h"
 #include "daemon/snapshot.h"
-#include "daemon/tenant.h"
+#include "store/tenant.h"
 #include "lifecycle/policy.h"
 #include "shm/arena.h"
 #include "shm/slab.h"
-
-__attribute__((format(printf, 4, 5))) static int fail(char *err, size_t len, int code, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, len, fmt, ap);
-  va_end(ap);
-  return code;
-}
 
 static uint64_t realtime_ms(void) {
   struct timespec ts;
@@ -42,9 +35,9 @@ static int copy_tokens(const ckv_tokens *src, ckv_tokens *dst) {
 static int capture(const ckv_srv_session *s, bool committed_only, bool refs, ckv_snap *ret, uint64_t *ret_tokens,
                    char *err, size_t errlen) {
   if (s->tenant->mem != &ckv_blockmem_host)
-    return fail(err, errlen, CKV_ERR_UNSUPPORTED, "snapshots need a host arena (this tenant's memory is %s)",
+    return ckv_fail(err, errlen, CKV_ERR_UNSUPPORTED, "snapshots need a host arena (this tenant's memory is %s)",
                 s->tenant->mem->name);
-  if (s->jobs_inflight) return fail(err, errlen, CKV_ERR_BUSY, "moves of session '%s' are in flight", s->id);
+  if (s->jobs_inflight) return ckv_fail(err, errlen, CKV_ERR_BUSY, "moves of session '%s' are in flight", s->id);
   ckv_snap snap;
   memset(&snap, 0, sizeof snap);
   snprintf(snap.tenant, sizeof snap.tenant, "%s", s->tenant->name);
@@ -74,13 +67,13 @@ static int capture(const ckv_srv_session *s, bool committed_only, bool refs, ckv
   bool *keep = calloc(s->n_blocks ? s->n_blocks : 1, sizeof(*keep));
   snap.blocks = calloc(s->n_blocks ? s->n_blocks : 1, sizeof(*snap.blocks));
   if (r < 0 || !keep || !snap.blocks) {
-    r = fail(err, errlen, -ENOMEM, "out of memory building the snapshot");
+    r = ckv_fail(err, errlen, -ENOMEM, "out of memory building the snapshot");
     goto out;
   }
   ckv_tokens *t = &snap.tokens;
   for (size_t p = 0; p < t->n; p++) {
     if (t->flags[p] & CKV_TOKEN_PENDING) {
-      r = fail(err, errlen, CKV_ERR_BUSY, "token %zu of session '%s' is being moved", p, s->id);
+      r = ckv_fail(err, errlen, CKV_ERR_BUSY, "token %zu of session '%s' is being moved", p, s->id);
       goto out;
     }
     if (committed_only && t->state[p] != CKV_STATE_COMMITTED && t->state[p] != CKV_STATE_RECYCLED) {
@@ -104,7 +97,7 @@ static int capture(const ckv_srv_session *s, bool committed_only, bool refs, ckv
     if (keep[i]) total += refs ? ckv_block_payload_offset(b->capacity) : b->bytes;
   }
   if (!(snap.buf_ = malloc(total ? total : 1))) {
-    r = fail(err, errlen, -ENOMEM, "out of memory copying %llu bytes of blocks", (unsigned long long)total);
+    r = ckv_fail(err, errlen, -ENOMEM, "out of memory copying %llu bytes of blocks", (unsigned long long)total);
     goto out;
   }
   snap.buf_len_ = total;
@@ -170,25 +163,25 @@ int ckv_session_snap_save(const ckv_srv_session *s, const char *dir, const char 
 static int restore(const ckv_snap *snap, const char *id, ckv_tenant *t, const ckv_mlp *mlp, uint64_t *next_block_id,
                    bool kept, ckv_srv_session **ret, char *err, size_t errlen) {
   if (kept != ((snap->flags & CKV_SNAP_BLOCK_REFS) != 0))
-    return fail(err, errlen, CKV_ERR_FORMAT, kept ? "a journal entry without block references"
+    return ckv_fail(err, errlen, CKV_ERR_FORMAT, kept ? "a journal entry without block references"
                                                   : "a warm-restart journal entry, not a snapshot");
   if (t->mem != &ckv_blockmem_host)
-    return fail(err, errlen, CKV_ERR_UNSUPPORTED, "snapshots need a host arena (this tenant's memory is %s)",
+    return ckv_fail(err, errlen, CKV_ERR_UNSUPPORTED, "snapshots need a host arena (this tenant's memory is %s)",
                 t->mem->name);
   if (snap->staged_tokens != snap->commit_tokens)
-    return fail(err, errlen, CKV_ERR_FORMAT, "staged blocks of %u tokens (this build makes them %u)",
+    return ckv_fail(err, errlen, CKV_ERR_FORMAT, "staged blocks of %u tokens (this build makes them %u)",
                 snap->staged_tokens, snap->commit_tokens);
   /* which blocks hold anything (or are being filled): only those come back */
   const ckv_tokens *st = &snap->tokens;
   uint16_t *refs = calloc(snap->n_table ? snap->n_table : 1, sizeof(*refs));
-  if (!refs) return fail(err, errlen, -ENOMEM, "out of memory restoring");
+  if (!refs) return ckv_fail(err, errlen, -ENOMEM, "out of memory restoring");
   for (size_t p = 0; p < st->n; p++)
     if (st->block[p] != CKV_NO_BLOCK) refs[st->block[p]]++; /* cross-checked by the reader */
   uint64_t need = 0;
   for (size_t i = 0; i < snap->n_blocks; i++) need += snap->blocks[i].bytes;
   if (!ckv_tenant_would_fit(t, need)) {
     free(refs);
-    return fail(err, errlen, CKV_ERR_QUOTA, "the snapshot needs %llu bytes; tenant '%s' has %llu of %llu in use",
+    return ckv_fail(err, errlen, CKV_ERR_QUOTA, "the snapshot needs %llu bytes; tenant '%s' has %llu of %llu in use",
                 (unsigned long long)need, t->name, (unsigned long long)t->bytes_used,
                 (unsigned long long)t->quota_bytes);
   }
@@ -199,7 +192,7 @@ static int restore(const ckv_snap *snap, const char *id, ckv_tenant *t, const ck
                               next_block_id, &s);
   if (r < 0) {
     free(refs);
-    return fail(err, errlen, r, "cannot create session: %s", ckv_strerror(r));
+    return ckv_fail(err, errlen, r, "cannot create session: %s", ckv_strerror(r));
   }
   snprintf(s->model_id, sizeof s->model_id, "%s", snap->model_id);
   snprintf(s->model_revision, sizeof s->model_revision, "%s", snap->model_revision);
@@ -212,7 +205,7 @@ static int restore(const ckv_snap *snap, const char *id, ckv_tenant *t, const ck
       const uint64_t lo = CKV_ARENA_HEADER_BYTES;
       if (sb->arena_offset < lo || sb->arena_offset > ckv_arena_size(t->arena) ||
           sb->bytes > ckv_arena_size(t->arena) - sb->arena_offset) {
-        r = fail(err, errlen, CKV_ERR_CORRUPT, "block %u at offset %llu (%llu bytes) lies outside the arena",
+        r = ckv_fail(err, errlen, CKV_ERR_CORRUPT, "block %u at offset %llu (%llu bytes) lies outside the arena",
                  sb->index, (unsigned long long)sb->arena_offset, (unsigned long long)sb->bytes);
         goto bad;
       }
@@ -224,14 +217,14 @@ static int restore(const ckv_snap *snap, const char *id, ckv_tenant *t, const ck
     t->claim.pending = false;
     if (r == CKV_OK && kept && s->blocks[sb->index].offset != sb->arena_offset) r = CKV_ERR_INTERNAL;
     if (r < 0) {
-      fail(err, errlen, r, "cannot allocate block %u (%llu bytes): %s", sb->index, (unsigned long long)sb->bytes,
+      ckv_fail(err, errlen, r, "cannot allocate block %u (%llu bytes): %s", sb->index, (unsigned long long)sb->bytes,
            ckv_strerror(r));
       goto bad;
     }
     ckv_sblock *b = &s->blocks[sb->index];
     if (b->bytes != sb->bytes || b->capacity != sb->capacity ||
         (ckv_format_is_commit(b->format) && ckv_srv_session_block_header(s, sb->index)->kept_channels != sb->kept)) {
-      r = fail(err, errlen, CKV_ERR_CORRUPT,
+      r = ckv_fail(err, errlen, CKV_ERR_CORRUPT,
                "block %u (format %u): %llu bytes, %u slots in the snapshot; the session's rules give %llu, %u",
                sb->index, sb->format, (unsigned long long)sb->bytes, sb->capacity, (unsigned long long)b->bytes,
                b->capacity);
@@ -248,7 +241,7 @@ static int restore(const ckv_snap *snap, const char *id, ckv_tenant *t, const ck
     if (kept) continue; /* the payload is where it was: the arena outlived the daemon */
     ckv_meta_write w = {.offset = b->offset + head, .src = sb->payload, .bytes = sb->bytes - head};
     if ((r = t->mem->write(ckv_tenant_ptr(t, 0), &w, 1)) < 0) {
-      fail(err, errlen, r, "writing block %u into the arena: %s", sb->index, ckv_strerror(r));
+      ckv_fail(err, errlen, r, "writing block %u into the arena: %s", sb->index, ckv_strerror(r));
       goto bad;
     }
   }
@@ -257,12 +250,12 @@ static int restore(const ckv_snap *snap, const char *id, ckv_tenant *t, const ck
   ckv_tokens *tt = &s->tokens;
   tt->n = 0; /* a new session: no rows yet */
   if ((r = ckv_tokens_append_rows(tt, st)) < 0) {
-    fail(err, errlen, r, "out of memory for %zu tokens", st->n);
+    ckv_fail(err, errlen, r, "out of memory for %zu tokens", st->n);
     goto bad;
   }
   for (size_t i = 0; i < snap->n_ids; i++)
     if ((r = ckv_srv_session_set_id_count(s, snap->ids[2 * i], snap->ids[2 * i + 1])) < 0) {
-      fail(err, errlen, r == -ENOMEM ? r : CKV_ERR_CORRUPT, "token id %u cannot be counted", snap->ids[2 * i]);
+      ckv_fail(err, errlen, r == -ENOMEM ? r : CKV_ERR_CORRUPT, "token id %u cannot be counted", snap->ids[2 * i]);
       if (r != -ENOMEM) r = CKV_ERR_CORRUPT;
       goto bad;
     }
@@ -306,7 +299,7 @@ int ckv_session_snap_capture_refs(const ckv_srv_session *s, ckv_snap *ret, char 
     b->arena_offset = sb->offset;
     if ((r = ckv_slab_block_slab(s->tenant->slab, sb->offset, &b->slab_offset)) < 0) {
       ckv_snap_done(ret);
-      return fail(err, errlen, CKV_ERR_INTERNAL, "block %u is not a live block of the allocator", b->index);
+      return ckv_fail(err, errlen, CKV_ERR_INTERNAL, "block %u is not a live block of the allocator", b->index);
     }
   }
   return CKV_OK;

@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "commitkv/status.h"
-#include "daemon/log.h"
+#include "common/log.h"
 #include "daemon/snapshot.h"
 
 static int name_ok(const char *n) { return n && *n && n[0] != '.' && !strchr(n, '/'); }

@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #include "commitkv/status.h"
-#include "daemon/log.h"
+#include "common/log.h"
 #include "daemon/remote_snap.h"
 #include "daemon/snapdir.h"
 

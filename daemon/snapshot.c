@@ -8,6 +8,7 @@
  * and their bytes, so a file cut at any section boundary is refused as
  * truncated, like one cut inside a section. */
 #define XXH_STATIC_LINKING_ONLY /* XXH64_state_t on the stack */
+#include "common/fail.h"
 #include "daemon/snapshot.h"
 
 #include <errno.h>
@@ -34,16 +35,6 @@ static const uint8_t k_magic[8] = {'C', 'K', 'V', 'S', 'N', 'A', 'P', 0};
 #define MAX_PARAMS 64u
 #define MAX_HEADER_BYTES (64u << 10)
 #define BLOCK_DESC_BYTES 32u
-
-__attribute__((format(printf, 4, 5))) static int fail(char *err, size_t len, int code, const char *fmt, ...) {
-  if (err && len) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, len, fmt, ap);
-    va_end(ap);
-  }
-  return code;
-}
 
 static const char *section_name(uint32_t type) {
   switch (type) {
@@ -271,7 +262,7 @@ int ckv_snap_write(const char *dir, const char *name, const ckv_snap *snap, uint
   if (snprintf(path, sizeof path, "%s/%s%s", dir, name, CKV_SNAP_SUFFIX) >= (int)sizeof path ||
       snprintf(tmp, sizeof tmp, "%s/.%s%s.tmp.%ld.%u", dir, name, CKV_SNAP_SUFFIX, (long)getpid(), ++counter) >=
           (int)sizeof tmp)
-    return fail(err, errlen, -ENAMETOOLONG, "snapshot path too long");
+    return ckv_fail(err, errlen, -ENAMETOOLONG, "snapshot path too long");
   uint32_t kept[CKV_FORMAT_COUNT_] = {0};
   for (size_t i = 0; i < snap->n_blocks; i++)
     if (snap->blocks[i].format < CKV_FORMAT_COUNT_) kept[snap->blocks[i].format] = snap->blocks[i].kept;
@@ -295,17 +286,17 @@ int ckv_snap_write(const char *dir, const char *name, const ckv_snap *snap, uint
   uint8_t *scratch = malloc(max_payload + 16);
   int r = CKV_OK;
   if (hb.oom || tb.oom || ib.oom || !scratch) {
-    r = fail(err, errlen, -ENOMEM, "out of memory encoding the snapshot");
+    r = ckv_fail(err, errlen, -ENOMEM, "out of memory encoding the snapshot");
     goto out;
   }
   int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) {
-    r = fail(err, errlen, -errno, "cannot create %s: %s", tmp, strerror(errno));
+    r = ckv_fail(err, errlen, -errno, "cannot create %s: %s", tmp, strerror(errno));
     goto out;
   }
   writer w = {.f = fdopen(fd, "wb")};
   if (!w.f) {
-    r = fail(err, errlen, -errno, "fdopen: %s", strerror(errno));
+    r = ckv_fail(err, errlen, -errno, "fdopen: %s", strerror(errno));
     close(fd);
     unlink(tmp);
     goto out;
@@ -349,18 +340,18 @@ int ckv_snap_write(const char *dir, const char *name, const ckv_snap *snap, uint
   ok = ok && write_section(&w, CKV_SNAP_SEC_END, end, sizeof end, NULL, 0);
   ok = ok && fflush(w.f) == 0;
   if (!ok) {
-    r = fail(err, errlen, errno ? -errno : -EIO, "writing %s: %s", tmp, strerror(errno ? errno : EIO));
+    r = ckv_fail(err, errlen, errno ? -errno : -EIO, "writing %s: %s", tmp, strerror(errno ? errno : EIO));
   } else if (fsync(fileno(w.f)) < 0) {
-    r = fail(err, errlen, -errno, "fsync %s: %s", tmp, strerror(errno));
+    r = ckv_fail(err, errlen, -errno, "fsync %s: %s", tmp, strerror(errno));
   }
-  if (fclose(w.f) != 0 && r == CKV_OK) r = fail(err, errlen, -errno, "closing %s: %s", tmp, strerror(errno));
-  if (r == CKV_OK && rename(tmp, path) < 0) r = fail(err, errlen, -errno, "rename to %s: %s", path, strerror(errno));
+  if (fclose(w.f) != 0 && r == CKV_OK) r = ckv_fail(err, errlen, -errno, "closing %s: %s", tmp, strerror(errno));
+  if (r == CKV_OK && rename(tmp, path) < 0) r = ckv_fail(err, errlen, -errno, "rename to %s: %s", path, strerror(errno));
   if (r < 0) {
     unlink(tmp);
     goto out;
   }
   if ((r = fsync_dir(dir)) < 0) {
-    fail(err, errlen, r, "fsync of directory %s: %s", dir, strerror(-r));
+    ckv_fail(err, errlen, r, "fsync of directory %s: %s", dir, strerror(-r));
     goto out;
   }
   if (ret_bytes) *ret_bytes = w.written;
@@ -377,15 +368,15 @@ out:
 /* The preamble: CKV_ERR_CORRUPT or CKV_ERR_FORMAT with a text, else CKV_OK. */
 static int check_preamble(const uint8_t *p, size_t len, char *err, size_t errlen) {
   if (len < CKV_SNAP_PREAMBLE_BYTES)
-    return fail(err, errlen, CKV_ERR_CORRUPT, "truncated: %zu bytes, shorter than the %u-byte preamble", len,
+    return ckv_fail(err, errlen, CKV_ERR_CORRUPT, "truncated: %zu bytes, shorter than the %u-byte preamble", len,
                 CKV_SNAP_PREAMBLE_BYTES);
-  if (memcmp(p, k_magic, 8) != 0) return fail(err, errlen, CKV_ERR_CORRUPT, "not a CommitKV snapshot (bad magic)");
+  if (memcmp(p, k_magic, 8) != 0) return ckv_fail(err, errlen, CKV_ERR_CORRUPT, "not a CommitKV snapshot (bad magic)");
   uint32_t ver, nver;
   memcpy(&ver, p + 8, 4);
   memcpy(&nver, p + 12, 4);
-  if (ver != ~nver) return fail(err, errlen, CKV_ERR_CORRUPT, "preamble damaged (version word %#x, check %#x)", ver, nver);
+  if (ver != ~nver) return ckv_fail(err, errlen, CKV_ERR_CORRUPT, "preamble damaged (version word %#x, check %#x)", ver, nver);
   if (ver != CKV_SNAP_VERSION)
-    return fail(err, errlen, CKV_ERR_FORMAT, "snapshot format version %u; this build reads version %u", ver,
+    return ckv_fail(err, errlen, CKV_ERR_FORMAT, "snapshot format version %u; this build reads version %u", ver,
                 CKV_SNAP_VERSION);
   return CKV_OK;
 }
@@ -402,23 +393,23 @@ static int next_section(const uint8_t *buf, size_t len, size_t *off, uint32_t no
                         char *err, size_t errlen) {
   size_t o = *off;
   if (o == len)
-    return fail(err, errlen, CKV_ERR_CORRUPT, "truncated: the file ends after %u sections, before the %s section", no,
+    return ckv_fail(err, errlen, CKV_ERR_CORRUPT, "truncated: the file ends after %u sections, before the %s section", no,
                 section_name(want));
   if (len - o < CKV_SNAP_SECTION_HEADER_BYTES)
-    return fail(err, errlen, CKV_ERR_CORRUPT, "truncated inside the header of section %u (%s)", no, section_name(want));
+    return ckv_fail(err, errlen, CKV_ERR_CORRUPT, "truncated inside the header of section %u (%s)", no, section_name(want));
   uint32_t type;
   uint64_t slen, hash;
   memcpy(&type, buf + o, 4);
   memcpy(&slen, buf + o + 8, 8);
   memcpy(&hash, buf + o + 16, 8);
   if (slen > len - o - CKV_SNAP_SECTION_HEADER_BYTES)
-    return fail(err, errlen, CKV_ERR_CORRUPT, "truncated: section %u (%s) claims %llu bytes, %zu are left", no,
+    return ckv_fail(err, errlen, CKV_ERR_CORRUPT, "truncated: section %u (%s) claims %llu bytes, %zu are left", no,
                 section_name(want), (unsigned long long)slen, len - o - CKV_SNAP_SECTION_HEADER_BYTES);
   const uint8_t *data = buf + o + CKV_SNAP_SECTION_HEADER_BYTES;
   if (section_hash(buf + o, data, slen, NULL, 0) != hash)
-    return fail(err, errlen, CKV_ERR_CORRUPT, "section %u (%s) fails its checksum (xxh64)", no, section_name(want));
+    return ckv_fail(err, errlen, CKV_ERR_CORRUPT, "section %u (%s) fails its checksum (xxh64)", no, section_name(want));
   if (type != want)
-    return fail(err, errlen, CKV_ERR_CORRUPT, "section %u is of type %#x (%s), expected %s", no, type,
+    return ckv_fail(err, errlen, CKV_ERR_CORRUPT, "section %u is of type %#x (%s), expected %s", no, type,
                 section_name(type), section_name(want));
   *ret = (section){type, data, slen};
   *off = o + CKV_SNAP_SECTION_HEADER_BYTES + slen;
@@ -440,8 +431,8 @@ static int parse_header(const section *sec, ckv_snap *s, char *err, size_t errle
   s->saved_at_ms = get_u64(&c);
   if (!get_str(&c, s->tenant, CKV_SNAP_TENANT_MAX) || !get_str(&c, s->session_id, CKV_SNAP_ID_MAX) ||
       !get_str(&c, s->model_id, CKV_SNAP_MODEL_MAX) || !get_str(&c, s->model_revision, CKV_SNAP_MODEL_MAX))
-    return fail(err, errlen, CKV_ERR_CORRUPT, "header: a name is too long, empty-terminated or cut");
-  if (!s->session_id[0]) return fail(err, errlen, CKV_ERR_CORRUPT, "header: empty session id");
+    return ckv_fail(err, errlen, CKV_ERR_CORRUPT, "header: a name is too long, empty-terminated or cut");
+  if (!s->session_id[0]) return ckv_fail(err, errlen, CKV_ERR_CORRUPT, "header: empty session id");
   s->flags = get_u32(&c);
   s->dropped_tokens = get_u64(&c);
   s->geom.n_layers = get_u32(&c);
@@ -452,52 +443,52 @@ static int parse_header(const section *sec, ckv_snap *s, char *err, size_t errle
   s->staged_tokens = get_u32(&c);
   s->commit_tokens = get_u32(&c);
   uint32_t seed = get_u32(&c);
-  if (c.bad) return fail(err, errlen, CKV_ERR_CORRUPT, "header section too short");
+  if (c.bad) return ckv_fail(err, errlen, CKV_ERR_CORRUPT, "header section too short");
   if (s->flags & ~(uint32_t)(CKV_SNAP_COMMITTED_ONLY | CKV_SNAP_BLOCK_REFS))
-    return fail(err, errlen, CKV_ERR_FORMAT, "header: unknown flags %#x", s->flags);
+    return ckv_fail(err, errlen, CKV_ERR_FORMAT, "header: unknown flags %#x", s->flags);
   if (!geometry_ok(s))
-    return fail(err, errlen, CKV_ERR_FORMAT,
+    return ckv_fail(err, errlen, CKV_ERR_FORMAT,
                 "geometry %u layers x %u kv heads x %u dims (dtype %u), blocks %u/%u/%u tokens is not one this build "
                 "accepts",
                 s->geom.n_layers, s->geom.n_kv_heads, s->geom.head_dim, s->geom.dtype, s->draft_tokens,
                 s->staged_tokens, s->commit_tokens);
   if (seed != CKV_ROT_SEED)
-    return fail(err, errlen, CKV_ERR_FORMAT, "rotation seed %#x; this build rotates with %#x", seed, CKV_ROT_SEED);
+    return ckv_fail(err, errlen, CKV_ERR_FORMAT, "rotation seed %#x; this build rotates with %#x", seed, CKV_ROT_SEED);
   uint32_t n_fmt = get_u32(&c);
-  if (n_fmt > CKV_FORMAT_COUNT_) return fail(err, errlen, CKV_ERR_FORMAT, "header lists %u block formats", n_fmt);
+  if (n_fmt > CKV_FORMAT_COUNT_) return ckv_fail(err, errlen, CKV_ERR_FORMAT, "header lists %u block formats", n_fmt);
   uint32_t seen = 0;
   for (uint32_t i = 0; i < n_fmt; i++) {
     uint32_t f = get_u32(&c), cap = get_u32(&c), kept = get_u32(&c), head = get_u32(&c);
     uint64_t bytes = get_u64(&c);
-    if (c.bad) return fail(err, errlen, CKV_ERR_CORRUPT, "header section too short (block formats)");
+    if (c.bad) return ckv_fail(err, errlen, CKV_ERR_CORRUPT, "header section too short (block formats)");
     if (f >= CKV_FORMAT_COUNT_ || (seen & (1u << f)))
-      return fail(err, errlen, CKV_ERR_FORMAT, "block format %u unknown to this build (or listed twice)", f);
+      return ckv_fail(err, errlen, CKV_ERR_FORMAT, "block format %u unknown to this build (or listed twice)", f);
     seen |= 1u << f;
     uint64_t mine = ckv_format_block_bytes(f, &s->geom, cap, kept);
     if (cap != capacity_of(s, f) || mine != bytes || head != ckv_block_payload_offset(cap))
-      return fail(err, errlen, CKV_ERR_FORMAT,
+      return ckv_fail(err, errlen, CKV_ERR_FORMAT,
                   "block format %u: the snapshot's layout (%u tokens, %u channels, %llu bytes, payload at %u) is not "
                   "this build's (%llu bytes, payload at %zu)",
                   f, cap, kept, (unsigned long long)bytes, head, (unsigned long long)mine,
                   ckv_block_payload_offset(cap));
   }
   uint32_t policy = get_u32(&c), mlp = get_u32(&c), n_params = get_u32(&c);
-  if (c.bad) return fail(err, errlen, CKV_ERR_CORRUPT, "header section too short (policy)");
+  if (c.bad) return ckv_fail(err, errlen, CKV_ERR_CORRUPT, "header section too short (policy)");
   if (policy >= CKV_POLICY_COUNT || mlp > 1 || n_params > MAX_PARAMS)
-    return fail(err, errlen, CKV_ERR_CORRUPT, "header: policy %u, mlp %u, %u parameters", policy, mlp, n_params);
+    return ckv_fail(err, errlen, CKV_ERR_CORRUPT, "header: policy %u, mlp %u, %u parameters", policy, mlp, n_params);
   ckv_judge_params_init(&s->params);
   s->params.policy = (int)policy;
   s->params_mlp = mlp;
   snprintf(s->policy, sizeof s->policy, "%s", ckv_policy_names[policy]);
   for (uint32_t i = 0; i < n_params; i++) {
     char name[64];
-    if (!get_str(&c, name, sizeof name - 1)) return fail(err, errlen, CKV_ERR_CORRUPT, "header: parameter %u cut", i);
+    if (!get_str(&c, name, sizeof name - 1)) return ckv_fail(err, errlen, CKV_ERR_CORRUPT, "header: parameter %u cut", i);
     double v = get_f64(&c);
     const ckv_judge_param *d = ckv_judge_param_find(name);
-    if (!d) return fail(err, errlen, CKV_ERR_FORMAT, "policy parameter '%s' is unknown to this build", name);
+    if (!d) return ckv_fail(err, errlen, CKV_ERR_FORMAT, "policy parameter '%s' is unknown to this build", name);
     char why[160];
     if (ckv_judge_param_set(&s->params, d, v, why, sizeof why) < 0)
-      return fail(err, errlen, CKV_ERR_CORRUPT, "header: %s", why);
+      return ckv_fail(err, errlen, CKV_ERR_CORRUPT, "header: %s", why);
   }
   s->epoch = get_u64(&c);
   s->rounds = get_u64(&c);
@@ -507,22 +498,22 @@ static int parse_header(const section *sec, ckv_snap *s, char *err, size_t errle
   for (int i = 0; i < 4; i++)
     for (int j = 0; j < 4; j++) s->transitions[i][j] = get_u64(&c);
   uint32_t n_fill = get_u32(&c);
-  if (n_fill != CKV_FORMAT_COUNT_) return fail(err, errlen, CKV_ERR_FORMAT, "header: %u fill targets", n_fill);
+  if (n_fill != CKV_FORMAT_COUNT_) return ckv_fail(err, errlen, CKV_ERR_FORMAT, "header: %u fill targets", n_fill);
   for (int f = 0; f < CKV_FORMAT_COUNT_; f++) s->fill[f] = get_u32(&c);
   uint64_t n_tokens = get_u64(&c);
   s->n_table = get_u32(&c);
   uint32_t n_blocks = get_u32(&c);
   uint64_t n_ids = get_u64(&c);
-  if (c.bad) return fail(err, errlen, CKV_ERR_CORRUPT, "header section too short");
-  if (c.off != c.n) return fail(err, errlen, CKV_ERR_CORRUPT, "header section has %zu bytes too many", c.n - c.off);
+  if (c.bad) return ckv_fail(err, errlen, CKV_ERR_CORRUPT, "header section too short");
+  if (c.off != c.n) return ckv_fail(err, errlen, CKV_ERR_CORRUPT, "header section has %zu bytes too many", c.n - c.off);
   if (n_tokens > MAX_TOKENS || s->n_table > MAX_TABLE || n_blocks > s->n_table || n_ids > n_tokens ||
       s->last_round > UINT32_MAX || s->epoch == 0)
-    return fail(err, errlen, CKV_ERR_CORRUPT, "header: %llu tokens, %u table entries, %u blocks, %llu ids, round %llu",
+    return ckv_fail(err, errlen, CKV_ERR_CORRUPT, "header: %llu tokens, %u table entries, %u blocks, %llu ids, round %llu",
                 (unsigned long long)n_tokens, s->n_table, n_blocks, (unsigned long long)n_ids,
                 (unsigned long long)s->last_round);
   for (int f = 0; f < CKV_FORMAT_COUNT_; f++)
     if (s->fill[f] != CKV_NO_BLOCK && s->fill[f] >= s->n_table)
-      return fail(err, errlen, CKV_ERR_CORRUPT, "header: fill block %u of format %d beyond the table", s->fill[f], f);
+      return ckv_fail(err, errlen, CKV_ERR_CORRUPT, "header: fill block %u of format %d beyond the table", s->fill[f], f);
   s->tokens.n = (size_t)n_tokens;
   s->n_blocks = n_blocks;
   s->n_ids = (size_t)n_ids;
@@ -532,12 +523,12 @@ static int parse_header(const section *sec, ckv_snap *s, char *err, size_t errle
 static int parse_tokens(const section *sec, ckv_snap *s, char *err, size_t errlen) {
   size_t n = s->tokens.n;
   if (sec->len != (uint64_t)n * CKV_TOKENS_BYTES_PER_TOKEN)
-    return fail(err, errlen, CKV_ERR_CORRUPT, "tokens section holds %llu bytes, %zu tokens need %llu",
+    return ckv_fail(err, errlen, CKV_ERR_CORRUPT, "tokens section holds %llu bytes, %zu tokens need %llu",
                 (unsigned long long)sec->len, n, (unsigned long long)n * CKV_TOKENS_BYTES_PER_TOKEN);
   ckv_tokens *t = &s->tokens;
   t->n = 0;
   if (n == 0) return CKV_OK; /* no columns to fill (they may not exist: memcpy to NULL) */
-  if (ckv_tokens_reserve(t, n) < 0) return fail(err, errlen, -ENOMEM, "out of memory for %zu tokens", n);
+  if (ckv_tokens_reserve(t, n) < 0) return ckv_fail(err, errlen, -ENOMEM, "out of memory for %zu tokens", n);
   t->n = n;
   rcur c = {.p = sec->data, .n = sec->len};
   memcpy(t->state, get(&c, n), n);
@@ -555,53 +546,53 @@ static int parse_tokens(const section *sec, ckv_snap *s, char *err, size_t errle
   for (size_t p = 0; p < n; p++) {
     if (t->state[p] > CKV_STATE_RECYCLED || t->role[p] > 4 || t->tags[p] > 7 ||
         (t->flags[p] & ~(uint8_t)(CKV_TOKEN_SEM_GIVEN | CKV_TOKEN_FACT | CKV_TOKEN_WARM)))
-      return fail(err, errlen, CKV_ERR_CORRUPT, "token %zu: state %u, role %u, tags %#x, flags %#x", p, t->state[p],
+      return ckv_fail(err, errlen, CKV_ERR_CORRUPT, "token %zu: state %u, role %u, tags %#x, flags %#x", p, t->state[p],
                   t->role[p], t->tags[p], t->flags[p]);
     if (t->last_attended[p] > s->last_round || t->last_transition[p] > s->last_round || !isfinite(t->cum_attn[p]) ||
         t->cum_attn[p] < 0.f)
-      return fail(err, errlen, CKV_ERR_CORRUPT, "token %zu: rounds %u/%u after the last round %llu or bad attention", p,
+      return ckv_fail(err, errlen, CKV_ERR_CORRUPT, "token %zu: rounds %u/%u after the last round %llu or bad attention", p,
                   t->last_attended[p], t->last_transition[p], (unsigned long long)s->last_round);
     if (t->state[p] != CKV_STATE_RECYCLED && t->block[p] == CKV_NO_BLOCK)
-      return fail(err, errlen, CKV_ERR_CORRUPT, "token %zu (state %u) has no block", p, t->state[p]);
+      return ckv_fail(err, errlen, CKV_ERR_CORRUPT, "token %zu (state %u) has no block", p, t->state[p]);
     counts[t->state[p]]++;
   }
   for (int i = 0; i < 4; i++)
     if (counts[i] != s->count_by_state[i])
-      return fail(err, errlen, CKV_ERR_CORRUPT, "the header counts %llu tokens of state %d, the columns %llu",
+      return ckv_fail(err, errlen, CKV_ERR_CORRUPT, "the header counts %llu tokens of state %d, the columns %llu",
                   (unsigned long long)s->count_by_state[i], i, (unsigned long long)counts[i]);
   return CKV_OK;
 }
 
 static int parse_ids(const section *sec, ckv_snap *s, char *err, size_t errlen) {
   if (sec->len != (uint64_t)s->n_ids * 8)
-    return fail(err, errlen, CKV_ERR_CORRUPT, "ids section holds %llu bytes for %zu ids", (unsigned long long)sec->len,
+    return ckv_fail(err, errlen, CKV_ERR_CORRUPT, "ids section holds %llu bytes for %zu ids", (unsigned long long)sec->len,
                 s->n_ids);
   s->ids = calloc(s->n_ids ? 2 * s->n_ids : 1, sizeof(*s->ids));
-  if (!s->ids) return fail(err, errlen, -ENOMEM, "out of memory for %zu ids", s->n_ids);
+  if (!s->ids) return ckv_fail(err, errlen, -ENOMEM, "out of memory for %zu ids", s->n_ids);
   memcpy(s->ids, sec->data, s->n_ids * 8);
   return CKV_OK;
 }
 
 static int parse_block(const section *sec, ckv_snap *s, size_t i, char *err, size_t errlen) {
-  if (sec->len < BLOCK_DESC_BYTES) return fail(err, errlen, CKV_ERR_CORRUPT, "block section %zu too short", i);
+  if (sec->len < BLOCK_DESC_BYTES) return ckv_fail(err, errlen, CKV_ERR_CORRUPT, "block section %zu too short", i);
   uint32_t d[6];
   uint64_t bytes;
   memcpy(d, sec->data, sizeof d);
   memcpy(&bytes, sec->data + 24, 8);
   ckv_snap_block *b = &s->blocks[i];
   if (d[0] >= s->n_table || (i && d[0] <= s->blocks[i - 1].index) || d[1] >= CKV_FORMAT_COUNT_ || d[5] != 0)
-    return fail(err, errlen, CKV_ERR_CORRUPT, "block %zu: index %u, format %u", i, d[0], d[1]);
+    return ckv_fail(err, errlen, CKV_ERR_CORRUPT, "block %zu: index %u, format %u", i, d[0], d[1]);
   uint32_t fmt = d[1], cap = d[2];
   uint64_t mine = ckv_format_block_bytes(fmt, &s->geom, cap, d[4]);
   if (cap != capacity_of(s, fmt) || !mine || mine != bytes || d[3] > cap ||
       (!ckv_format_is_commit(fmt) && d[4] != 0) || (ckv_format_is_commit(fmt) && d[4] == 0))
-    return fail(err, errlen, CKV_ERR_CORRUPT,
+    return ckv_fail(err, errlen, CKV_ERR_CORRUPT,
                 "block %zu (format %u): %u slots, %u used, %u channels, %llu bytes do not fit the geometry", i, fmt,
                 cap, d[3], d[4], (unsigned long long)bytes);
   bool refs = (s->flags & CKV_SNAP_BLOCK_REFS) != 0;
   uint64_t head = ckv_block_payload_offset(cap), held = refs ? head + 16 : bytes;
   if (sec->len != BLOCK_DESC_BYTES + held)
-    return fail(err, errlen, CKV_ERR_CORRUPT, "block %zu: section holds %llu bytes, the block %llu", i,
+    return ckv_fail(err, errlen, CKV_ERR_CORRUPT, "block %zu: section holds %llu bytes, the block %llu", i,
                 (unsigned long long)(sec->len - BLOCK_DESC_BYTES), (unsigned long long)held);
   *b = (ckv_snap_block){.index = d[0], .format = (uint8_t)fmt, .capacity = (uint16_t)cap, .used = (uint16_t)d[3],
                         .kept = d[4], .bytes = bytes, .meta = sec->data + BLOCK_DESC_BYTES,
@@ -615,11 +606,11 @@ static int parse_block(const section *sec, ckv_snap *s, size_t i, char *err, siz
   for (uint32_t slot = 0; slot < ckv_block_bitmap_words(cap) * 64u; slot++)
     if ((bm[slot / 8] >> (slot % 8)) & 1u) {
       if (slot >= b->used)
-        return fail(err, errlen, CKV_ERR_CORRUPT, "block %zu: slot %u valid beyond the %u used", i, slot, b->used);
+        return ckv_fail(err, errlen, CKV_ERR_CORRUPT, "block %zu: slot %u valid beyond the %u used", i, slot, b->used);
       uint32_t pos;
       memcpy(&pos, b->meta + ckv_block_positions_offset() + (size_t)slot * 4, 4);
       if (pos >= s->tokens.n)
-        return fail(err, errlen, CKV_ERR_CORRUPT, "block %zu slot %u names position %u of %zu", i, slot, pos,
+        return ckv_fail(err, errlen, CKV_ERR_CORRUPT, "block %zu slot %u names position %u of %zu", i, slot, pos,
                     s->tokens.n);
     }
   return CKV_OK;
@@ -637,14 +628,14 @@ static int cross_check(ckv_snap *s, char *err, size_t errlen) {
   uint32_t *claimed = calloc(s->n_blocks ? s->n_blocks : 1, sizeof(*claimed));
   int r = CKV_OK;
   if (!where || !claimed) {
-    r = fail(err, errlen, -ENOMEM, "out of memory checking the snapshot");
+    r = ckv_fail(err, errlen, -ENOMEM, "out of memory checking the snapshot");
     goto out;
   }
   for (uint32_t i = 0; i < s->n_table; i++) where[i] = UINT32_MAX;
   for (size_t i = 0; i < s->n_blocks; i++) where[s->blocks[i].index] = (uint32_t)i;
   for (int f = 0; f < CKV_FORMAT_COUNT_; f++)
     if (s->fill[f] != CKV_NO_BLOCK && (where[s->fill[f]] == UINT32_MAX || s->blocks[where[s->fill[f]]].format != f)) {
-      r = fail(err, errlen, CKV_ERR_CORRUPT, "fill block %u of format %d is not a block of that format", s->fill[f], f);
+      r = ckv_fail(err, errlen, CKV_ERR_CORRUPT, "fill block %u of format %d is not a block of that format", s->fill[f], f);
       goto out;
     }
   const ckv_tokens *t = &s->tokens;
@@ -656,7 +647,7 @@ static int cross_check(ckv_snap *s, char *err, size_t errlen) {
     if (b && t->slot[p] < b->capacity)
       memcpy(&pos, b->meta + ckv_block_positions_offset() + (size_t)t->slot[p] * 4, 4);
     if (!b || t->slot[p] >= b->capacity || !slot_valid(b, t->slot[p]) || pos != p) {
-      r = fail(err, errlen, CKV_ERR_CORRUPT, "token %zu: block %u slot %u does not hold it", p, t->block[p],
+      r = ckv_fail(err, errlen, CKV_ERR_CORRUPT, "token %zu: block %u slot %u does not hold it", p, t->block[p],
                t->slot[p]);
       goto out;
     }
@@ -666,7 +657,7 @@ static int cross_check(ckv_snap *s, char *err, size_t errlen) {
     uint32_t valid = 0;
     for (uint32_t slot = 0; slot < s->blocks[i].capacity; slot++) valid += slot_valid(&s->blocks[i], slot);
     if (valid != claimed[i]) {
-      r = fail(err, errlen, CKV_ERR_CORRUPT, "block %u has %u valid slots, %u tokens live there", s->blocks[i].index,
+      r = ckv_fail(err, errlen, CKV_ERR_CORRUPT, "block %u has %u valid slots, %u tokens live there", s->blocks[i].index,
                valid, claimed[i]);
       goto out;
     }
@@ -702,7 +693,7 @@ static int parse_owned(uint8_t *buf, size_t len, ckv_snap *ret, char *err, size_
   s.buf_len_ = len;
   s.blocks = calloc(n_blocks ? n_blocks : 1, sizeof(*s.blocks));
   if (!s.blocks) {
-    r = fail(err, errlen, -ENOMEM, "out of memory for %zu blocks", n_blocks);
+    r = ckv_fail(err, errlen, -ENOMEM, "out of memory for %zu blocks", n_blocks);
     goto bad;
   }
   if ((r = next_section(buf, len, &off, no++, CKV_SNAP_SEC_TOKENS, &sec, err, errlen)) < 0 ||
@@ -722,18 +713,18 @@ static int parse_owned(uint8_t *buf, size_t len, ckv_snap *ret, char *err, size_
   uint32_t nsec;
   uint64_t bytes;
   if (sec.len != 16) {
-    r = fail(err, errlen, CKV_ERR_CORRUPT, "end section of %llu bytes", (unsigned long long)sec.len);
+    r = ckv_fail(err, errlen, CKV_ERR_CORRUPT, "end section of %llu bytes", (unsigned long long)sec.len);
     goto bad;
   }
   memcpy(&nsec, sec.data, 4);
   memcpy(&bytes, sec.data + 8, 8);
   if (nsec != no || bytes != before_end) {
-    r = fail(err, errlen, CKV_ERR_CORRUPT, "the end section counts %u sections and %llu bytes, the file has %u and %zu",
+    r = ckv_fail(err, errlen, CKV_ERR_CORRUPT, "the end section counts %u sections and %llu bytes, the file has %u and %zu",
              nsec, (unsigned long long)bytes, no, before_end);
     goto bad;
   }
   if (off != len) {
-    r = fail(err, errlen, CKV_ERR_CORRUPT, "%zu bytes after the end section", len - off);
+    r = ckv_fail(err, errlen, CKV_ERR_CORRUPT, "%zu bytes after the end section", len - off);
     goto bad;
   }
   if ((r = cross_check(&s, err, errlen)) < 0) goto bad;
@@ -746,7 +737,7 @@ bad:
 
 int ckv_snap_parse(const void *buf, size_t len, ckv_snap *ret, char *err, size_t errlen) {
   uint8_t *copy = malloc(len ? len : 1);
-  if (!copy) return fail(err, errlen, -ENOMEM, "out of memory for a %zu-byte snapshot", len);
+  if (!copy) return ckv_fail(err, errlen, -ENOMEM, "out of memory for a %zu-byte snapshot", len);
   if (len) memcpy(copy, buf, len);
   return parse_owned(copy, len, ret, err, errlen);
 }
@@ -754,17 +745,17 @@ int ckv_snap_parse(const void *buf, size_t len, ckv_snap *ret, char *err, size_t
 /* Reads up to `max` bytes of path (the whole file when max is 0). */
 static int read_file(const char *path, size_t max, uint8_t **ret, size_t *ret_len, char *err, size_t errlen) {
   int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  if (fd < 0) return fail(err, errlen, -errno, "cannot open %s: %s", path, strerror(errno));
+  if (fd < 0) return ckv_fail(err, errlen, -errno, "cannot open %s: %s", path, strerror(errno));
   struct stat st;
   if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
     close(fd);
-    return fail(err, errlen, CKV_ERR_CORRUPT, "%s is not a regular file", path);
+    return ckv_fail(err, errlen, CKV_ERR_CORRUPT, "%s is not a regular file", path);
   }
   size_t want = max && (uint64_t)st.st_size > max ? max : (size_t)st.st_size;
   uint8_t *buf = malloc(want ? want : 1);
   if (!buf) {
     close(fd);
-    return fail(err, errlen, -ENOMEM, "out of memory reading %s", path);
+    return ckv_fail(err, errlen, -ENOMEM, "out of memory reading %s", path);
   }
   size_t got = 0;
   while (got < want) {
@@ -774,7 +765,7 @@ static int read_file(const char *path, size_t max, uint8_t **ret, size_t *ret_le
       int e = errno;
       free(buf);
       close(fd);
-      return fail(err, errlen, -e, "reading %s: %s", path, strerror(e));
+      return ckv_fail(err, errlen, -e, "reading %s: %s", path, strerror(e));
     }
     if (n == 0) break;
     got += (size_t)n;
@@ -825,19 +816,19 @@ void ckv_snap_done(ckv_snap *s) {
 
 int ckv_snap_check_identity(const ckv_snap *s, const ckv_snap_expect *e, char *err, size_t errlen) {
   if (e->tenant && strcmp(e->tenant, s->tenant) != 0)
-    return fail(err, errlen, CKV_ERR_AUTH, "snapshot of session '%s' belongs to tenant '%s', not '%s'", s->session_id,
+    return ckv_fail(err, errlen, CKV_ERR_AUTH, "snapshot of session '%s' belongs to tenant '%s', not '%s'", s->session_id,
                 s->tenant, e->tenant);
   if (e->model_id && strcmp(e->model_id, s->model_id) != 0)
-    return fail(err, errlen, CKV_ERR_FORMAT, "snapshot of session '%s' is of model '%s', not '%s'", s->session_id,
+    return ckv_fail(err, errlen, CKV_ERR_FORMAT, "snapshot of session '%s' is of model '%s', not '%s'", s->session_id,
                 s->model_id, e->model_id);
   if (e->model_revision && strcmp(e->model_revision, s->model_revision) != 0)
-    return fail(err, errlen, CKV_ERR_FORMAT, "snapshot of session '%s' is of model revision '%s', not '%s'",
+    return ckv_fail(err, errlen, CKV_ERR_FORMAT, "snapshot of session '%s' is of model revision '%s', not '%s'",
                 s->session_id, s->model_revision, e->model_revision);
   const ckv_geometry *g = e->geom;
   if (g && g->n_layers &&
       (g->n_layers != s->geom.n_layers || g->n_kv_heads != s->geom.n_kv_heads || g->head_dim != s->geom.head_dim ||
        g->dtype != s->geom.dtype))
-    return fail(err, errlen, CKV_ERR_FORMAT,
+    return ckv_fail(err, errlen, CKV_ERR_FORMAT,
                 "snapshot of session '%s' has geometry %u x %u x %u (dtype %u), not %u x %u x %u (dtype %u)",
                 s->session_id, s->geom.n_layers, s->geom.n_kv_heads, s->geom.head_dim, s->geom.dtype, g->n_layers,
                 g->n_kv_heads, g->head_dim, g->dtype);

@@ -2,6 +2,7 @@
  * snapshot I/O thread, the requests that wait for a session coming back, and
  * the figures.  Everything here runs on the server loop; the I/O thread only
  * ever sees a job. */
+#include "common/clock.h"
 #include "daemon/tier.h"
 
 #include <errno.h>
@@ -11,18 +12,18 @@
 #include <string.h>
 
 #include "commitkv/status.h"
-#include "daemon/blockmem.h"
-#include "daemon/lifecycle.h"
-#include "daemon/log.h"
+#include "store/blockmem.h"
+#include "store/moves.h"
+#include "common/log.h"
 #include "daemon/remote_store.h"
 #include "daemon/server.h"
-#include "daemon/session.h"
+#include "store/session.h"
 #include "daemon/session_snap.h"
 #include "daemon/snapdir.h"
 #include "daemon/snapio.h"
 #include "daemon/snapshot.h"
-#include "daemon/strmap.h"
-#include "daemon/tenant.h"
+#include "common/strmap.h"
+#include "store/tenant.h"
 #include "lifecycle/policy.h"
 
 /* A request waiting for its session to come back: its bytes as they came,
@@ -428,7 +429,7 @@ static bool may_go_down(const ckv_srv_session *sess) {
   if (ckv_tier_state_of(sess) != CKV_TIER_RESIDENT) return false;
   if (sess->quarantined || sess->doomed || sess->jobs_inflight || sess->tenant->mem != &ckv_blockmem_host) return false;
   if (sess->owner && sess->tier && sess->tier->writes_open) return false; /* its worker may be writing K/V */
-  if (ckv_lifecycle_pending(sess)) return false; /* moves decided and not done: the file gets them done */
+  if (ckv_moves_pending(sess)) return false; /* moves decided and not done: the file gets them done */
   return ckv_srv_session_bytes(sess) > 0; /* else nothing to give back */
 }
 
@@ -593,7 +594,7 @@ static int apply_restore(ckv_server *s, ckv_srv_session *sess, ckv_snapio_job *j
   slot->writes_open = false;
   memset(slot->bytes5, 0, sizeof slot->bytes5);
   ckv_srv_session_free(sess); /* the record that stood for the session while on disk (no blocks) */
-  ckv_lifecycle_plan(ns, s->compressor, /* flush= */ false);
+  ckv_moves_plan(ns, s->compressor, /* flush= */ false);
   if (remote) {
     tc->remote_restores++;
     tc->remote_restore_bytes += slot->file_bytes;
@@ -925,7 +926,7 @@ static void relieve_stalls(ckv_server *s) {
   size_t cur = 0;
   ckv_srv_session *sess;
   while ((sess = ckv_strmap_next(s->sessions, &cur, NULL))) {
-    uint64_t waiting = ckv_lifecycle_pending(sess);
+    uint64_t waiting = ckv_moves_pending(sess);
     if (sess->stalled_on != CKV_ERR_QUOTA || !waiting || sess->doomed || sess->quarantined ||
         ckv_tier_state_of(sess) != CKV_TIER_RESIDENT)
       continue;
@@ -948,7 +949,7 @@ static void replan_stalled(ckv_server *s) {
   ckv_srv_session *sess;
   while ((sess = ckv_strmap_next(s->sessions, &cur, NULL)))
     if (sess->stalled_on && !sess->doomed && ckv_tier_state_of(sess) == CKV_TIER_RESIDENT)
-      ckv_lifecycle_plan(sess, s->compressor, /* flush= */ false);
+      ckv_moves_plan(sess, s->compressor, /* flush= */ false);
 }
 
 int ckv_tier_make_room(ckv_server *s, ckv_conn *c, ckv_srv_session *sess, uint64_t need,

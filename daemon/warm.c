@@ -12,6 +12,7 @@
  * (str = u32 length + bytes.)  Session entries: STATE_DIR/warm/TENANT/ID.ckvsnap
  * snapshots with CKV_SNAP_BLOCK_REFS (docs/snapshot.md, docs/warm-restart.md),
  * each section checksummed and cross-checked by the snapshot reader. */
+#include "common/clock.h"
 #include "daemon/warm.h"
 
 #include <dirent.h>
@@ -29,16 +30,16 @@
 #include <xxhash.h>
 
 #include "commitkv/status.h"
-#include "daemon/blockmem.h"
+#include "store/blockmem.h"
 #include "daemon/fdstore.h"
-#include "daemon/log.h"
+#include "common/log.h"
 #include "daemon/server.h"
-#include "daemon/session.h"
+#include "store/session.h"
 #include "daemon/session_snap.h"
 #include "daemon/snapdir.h"
 #include "daemon/snapshot.h"
-#include "daemon/strmap.h"
-#include "daemon/tenant.h"
+#include "common/strmap.h"
+#include "store/tenant.h"
 #include "daemon/tier.h"
 #include "lifecycle/judge.h"
 #include "shm/arena.h"

@@ -9,7 +9,7 @@
  * positions, valid bitmaps, committed seals and channel masks, payload -
  * with bytes from the input, report a round with attention from the input
  * (the judge, the lifecycle's plan, the compressor's moves, publishing, each
- * failed job handed to ckv_lifecycle_job_failed as the server does), ack,
+ * failed job handed to ckv_moves_job_failed as the server does), ack,
  * escalate or reclaim under pressure.  After every operation the header
  * shadows are flushed, as after every request.
  *
@@ -28,13 +28,13 @@
 #include <string.h>
 
 #include "commitkv/status.h"
-#include "daemon/compressor.h"
+#include "store/compressor.h"
 #include "daemon/config.h"
 #include "lifecycle/judge.h"
-#include "daemon/lifecycle.h"
-#include "daemon/log.h"
-#include "daemon/session.h"
-#include "daemon/tenant.h"
+#include "store/moves.h"
+#include "common/log.h"
+#include "store/session.h"
+#include "store/tenant.h"
 #include "kernels/format.h"
 #include "kernels/quant.h"
 #include "shm/arena.h"
@@ -84,7 +84,7 @@ static int append(ckv_srv_session *s, uint32_t count, const uint8_t *roles, uint
 
 /* Collects and publishes until the session has no job in flight, exactly as
  * ckv_server_collect_jobs does (failed jobs first go to
- * ckv_lifecycle_job_failed). */
+ * ckv_moves_job_failed). */
 static void settle(ckv_srv_session *s) {
   for (;;) {
     ckv_compressor_drain_lane(g_comp, s->lane);
@@ -96,8 +96,8 @@ static void settle(ckv_srv_session *s) {
     while (j) {
       ckv_job *next = j->next;
       CKV_FUZZ_CHECK(j->owner == s, "a job of another session");
-      if (j->status < 0) (void)ckv_lifecycle_job_failed(s, j->status);
-      ckv_lifecycle_publish(s, g_comp, j);
+      if (j->status < 0) (void)ckv_moves_job_failed(s, j->status);
+      ckv_moves_publish(s, g_comp, j);
       j = next;
     }
   }
@@ -223,7 +223,7 @@ static void round_op(ckv_srv_session *s, ckv_fuzz_in *in, uint64_t *round, bool 
   free(attn);
   CKV_FUZZ_CHECK(r == CKV_OK, "report_round %d", r);
   ckv_transition_list out = {0};
-  r = ckv_lifecycle_round(s, g_comp, (uint32_t)*round, &out);
+  r = ckv_moves_round(s, g_comp, (uint32_t)*round, &out);
   CKV_FUZZ_CHECK(r == CKV_OK || r == -ENOMEM || r == CKV_ERR_QUOTA || r == CKV_ERR_NOSPACE || r == CKV_ERR_BUSY,
                  "lifecycle_round %d", r);
   for (size_t i = 0; i < out.n; i++)
@@ -279,7 +279,7 @@ int ckv_fuzz_arena(const uint8_t *data, size_t size) {
       case 5:
         if (!refused) {
           ckv_transition_list out = {0};
-          (void)ckv_lifecycle_escalate(s, g_comp, code & 0x80 ? CKV_STATE_STAGED : CKV_STATE_DRAFT, &out);
+          (void)ckv_moves_escalate(s, g_comp, code & 0x80 ? CKV_STATE_STAGED : CKV_STATE_DRAFT, &out);
           ckv_transition_list_done(&out);
           settle(s);
         }
@@ -288,7 +288,7 @@ int ckv_fuzz_arena(const uint8_t *data, size_t size) {
         if (!refused) {
           ckv_transition_list out = {0};
           uint64_t recycled = 0;
-          (void)ckv_lifecycle_reclaim(s, g_comp, (uint64_t)ckv_fuzz_u16(&in) << 6, &out, &recycled);
+          (void)ckv_moves_reclaim(s, g_comp, (uint64_t)ckv_fuzz_u16(&in) << 6, &out, &recycled);
           ckv_transition_list_done(&out);
           settle(s);
         }

@@ -28,11 +28,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "commitkv.pb-c.h"
 #include "commitkv/status.h"
 #include "daemon/server.h"
-#include "daemon/strmap.h"
-#include "daemon/tenant.h"
+#include "common/strmap.h"
+#include "store/tenant.h"
 #include "fuzz.h"
 #include "fuzz_server.h"
 

@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "daemon/config.h"
-#include "daemon/log.h"
+#include "common/log.h"
 #include "fuzz.h"
 #include "fuzz_file.h"
 

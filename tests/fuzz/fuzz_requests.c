@@ -23,11 +23,11 @@
 
 #include "commitkv/status.h"
 #include "lifecycle/judge.h"
-#include "daemon/log.h"
+#include "common/log.h"
 #include "daemon/server.h"
-#include "daemon/session.h"
-#include "daemon/strmap.h"
-#include "daemon/tenant.h"
+#include "store/session.h"
+#include "common/strmap.h"
+#include "store/tenant.h"
 #include "fuzz.h"
 #include "fuzz_server.h"
 

@@ -7,11 +7,12 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "commitkv/status.h"
 #include "daemon/config.h"
-#include "daemon/log.h"
-#include "daemon/strmap.h"
-#include "daemon/tenant.h"
+#include "common/log.h"
+#include "common/strmap.h"
+#include "store/tenant.h"
 #include "fuzz.h"
 
 void ckv_fuzz_server_start(ckv_fuzz_server *f, const char *name, ckv_tenant_resolver resolve, void *ctx) {

@@ -12,8 +12,8 @@
 
 #include "commitkv/status.h"
 #include "daemon/config.h"
-#include "daemon/log.h"
-#include "daemon/tenant.h"
+#include "common/log.h"
+#include "store/tenant.h"
 #include "lifecycle/judge.h"
 #include "lifecycle/policy.h"
 #include "testutil.h"

@@ -11,7 +11,7 @@
 #ifdef CKV_HAVE_CUDA_KERNELS
 #include <cuda_runtime_api.h>
 
-#include "daemon/compact.h"
+#include "store/compact.h"
 #include "kernels/cuda/kernels_cuda.h"
 
 static void need_gpu(void) {

@@ -14,7 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "daemon/log.h"
+#include "common/log.h"
 #include "testutil.h"
 
 static char *dir;

@@ -2,7 +2,7 @@
  * replace, delete; removal while iterating; and a table that stays small
  * under churn (every commitkvctl run is a client that comes and goes: the
  * daemon's map of clients must not grow with how many ever came). */
-#include "daemon/strmap.h"
+#include "common/strmap.h"
 
 #include <criterion/criterion.h>
 #include <stdint.h>

@@ -15,8 +15,8 @@
  * published) only after an event recorded behind its kernels has fired.
  *
  * A blockmem is a static const table, chosen once per tenant at start-up. */
-#ifndef CKV_DAEMON_BLOCKMEM_H
-#define CKV_DAEMON_BLOCKMEM_H
+#ifndef CKV_STORE_BLOCKMEM_H
+#define CKV_STORE_BLOCKMEM_H
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -11,8 +11,8 @@
  *   being filled is retired;
  * - appends fill the current draft block, then allocate a new one; moves fill
  *   the current staged / committed block in transition order. */
-#ifndef CKV_DAEMON_SESSION_H
-#define CKV_DAEMON_SESSION_H
+#ifndef CKV_STORE_SESSION_H
+#define CKV_STORE_SESSION_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -100,9 +100,9 @@ typedef struct ckv_srv_session {
   uint32_t jobs_inflight;   /* compressor jobs not yet published */
   bool doomed;              /* dropped while jobs were in flight: freed when they finish */
   bool plan_dirty;          /* the last plan stopped early (quota, full queue, bound): plan again */
-  /* Moves one plan call makes at most (lifecycle.c; 0: CKV_LIFECYCLE_PLAN_MAX_MOVES, UINT32_MAX: no bound). */
+  /* Moves one plan call makes at most (moves.c; 0: CKV_MOVES_PLAN_MAX_MOVES, UINT32_MAX: no bound). */
   uint32_t plan_max_moves;
-  /* Positions below plan_from have nothing to plan (lifecycle.c lowers it
+  /* Positions below plan_from have nothing to plan (moves.c lowers it
    * when a state changes there), so a plan made in parts does not rescan
    * them; `moving`: tokens in compressor jobs not yet published. */
   size_t plan_from;
@@ -163,7 +163,7 @@ int ckv_srv_session_append(ckv_srv_session *s, uint32_t count, const uint8_t *ro
 
 /* Record a round's attention (ckv_tokens_record_round) and semantic updates.
  * CKV_ERR_INVALID when the round does not increase, CKV_ERR_RANGE when the
- * range lies beyond the tokens. Does not run the judge (lifecycle.c does). */
+ * range lies beyond the tokens. Does not run the judge (moves.c does). */
 int ckv_srv_session_report_round(ckv_srv_session *s, uint64_t round, uint64_t first, const float *attn, size_t n,
                                  const uint32_t *sem_pos, const float *sem_scores, size_t n_sem);
 

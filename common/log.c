@@ -6,7 +6,7 @@
  * fixed stack buffer so logging never allocates, which matters on the
  * out-of-memory paths that most need a log line. */
 #define SD_JOURNAL_SUPPRESS_LOCATION /* CODE_FILE= would always say log.c */
-#include "daemon/log.h"
+#include "common/log.h"
 
 #include <errno.h>
 #include <inttypes.h>

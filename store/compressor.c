@@ -1,7 +1,7 @@
 /* compressor.c - worker threads draining per-thread FIFO queues (see
  * compressor.h).  A lane maps to one thread (lane % threads), which gives the
  * per-lane ordering without any cross-thread dependency tracking. */
-#include "daemon/compressor.h"
+#include "store/compressor.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #include "commitkv/status.h"
-#include "daemon/blockmem.h"
+#include "store/blockmem.h"
 
 typedef struct worker {
   pthread_t thread;

@@ -7,8 +7,8 @@
  * requantisation, no loss), publishes, and lets the emptied block retire.
  * Committed blocks are quantized a 32-token chunk at a time and are not
  * compacted. */
-#ifndef CKV_DAEMON_COMPACT_H
-#define CKV_DAEMON_COMPACT_H
+#ifndef CKV_STORE_COMPACT_H
+#define CKV_STORE_COMPACT_H
 
 #include <stddef.h>
 

@@ -10,8 +10,8 @@
 #include <unistd.h>
 
 #include "commitkv/status.h"
-#include "daemon/blockmem.h"
-#include "daemon/log.h"
+#include "store/blockmem.h"
+#include "common/log.h"
 #include "kernels/cuda/kernels_cuda.h"
 
 static int g_device;

@@ -1,4 +1,4 @@
-/* lifecycle.h - from decisions to bytes: after the judge changes tokens'
+/* moves.h - from decisions to bytes: after the judge changes tokens'
  * logical states, the lifecycle plans the moves (allocating destination
  * slots), hands them to the compressor, and publishes the results.
  *
@@ -16,8 +16,8 @@
  * Committed destinations are filled one 32-token key chunk at a time; tokens
  * wait (logically committed, physically staged) until a chunk is full, or
  * until a flush (pressure, save, close) closes a partial chunk. */
-#ifndef CKV_DAEMON_LIFECYCLE_H
-#define CKV_DAEMON_LIFECYCLE_H
+#ifndef CKV_STORE_MOVES_H
+#define CKV_STORE_MOVES_H
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -30,13 +30,13 @@ typedef struct ckv_job ckv_job;
 
 /* Runs the judge for `round` and plans what it decided.  Transitions are
  * appended to `out`.  Returns CKV_OK or -ENOMEM. */
-int ckv_lifecycle_round(ckv_srv_session *s, ckv_compressor *c, uint32_t round, ckv_transition_list *out);
+int ckv_moves_round(ckv_srv_session *s, ckv_compressor *c, uint32_t round, ckv_transition_list *out);
 
 /* Plans the physical moves the logical states call for (recycles at once).
  * flush: close partial committed chunks too.  Quota or queue limits stop the
  * planning early; the rest is planned on a later call.  Returns CKV_OK or a
  * negative status on allocation failure. */
-int ckv_lifecycle_plan(ckv_srv_session *s, ckv_compressor *c, bool flush);
+int ckv_moves_plan(ckv_srv_session *s, ckv_compressor *c, bool flush);
 
 /* Moves one plan call makes at most in each of its two phases (draft ->
  * staged, staged -> committed; a session may set its own,
@@ -45,9 +45,9 @@ int ckv_lifecycle_plan(ckv_srv_session *s, ckv_compressor *c, bool flush);
  * spending 100-200 ms of the server thread on one.  Publishing a job plans
  * the next part at once, so the compressor keeps working and the last tokens
  * are published when the compressor is through, as without the bound.  Past
- * the bound a call still fills the blocks it opened (see lifecycle.c), by at
+ * the bound a call still fills the blocks it opened (see moves.c), by at
  * most one block per format. */
-#define CKV_LIFECYCLE_PLAN_MAX_MOVES 32768u
+#define CKV_MOVES_PLAN_MAX_MOVES 32768u
 
 /* Consecutive failed jobs after which a session is quarantined even when the
  * failure itself looked transient (no memory, device busy). */
@@ -60,15 +60,15 @@ int ckv_lifecycle_plan(ckv_srv_session *s, ckv_compressor *c, bool flush);
  * session: no more moves are planned (never an endless retry), and
  * s->quarantine_reason says why.  Returns true when this call quarantined it
  * (the caller logs that once). */
-bool ckv_lifecycle_job_failed(ckv_srv_session *s, int status);
+bool ckv_moves_job_failed(ckv_srv_session *s, int status);
 
 /* Publishes a finished job of session s (see above) and plans what waited
  * for it.  Frees the job. */
-void ckv_lifecycle_publish(ckv_srv_session *s, ckv_compressor *c, ckv_job *j);
+void ckv_moves_publish(ckv_srv_session *s, ckv_compressor *c, ckv_job *j);
 
 /* Tokens whose bytes do not yet match their logical state (moves in flight or
  * waiting for a full committed chunk). */
-uint64_t ckv_lifecycle_pending(const ckv_srv_session *s);
+uint64_t ckv_moves_pending(const ckv_srv_session *s);
 
 /* Quota pressure, step 1 and 2: escalates every unprotected token of state
  * `from` (draft or staged; draft tokens only once reported, so a worker never
@@ -76,7 +76,7 @@ uint64_t ckv_lifecycle_pending(const ckv_srv_session *s);
  * partial committed chunks closed.  The caller then waits for the moves
  * (ckv_server_settle_session) and frees what they release.  Appends the
  * transitions to `out`; returns the number of tokens escalated or -ENOMEM. */
-long ckv_lifecycle_escalate(ckv_srv_session *s, ckv_compressor *c, int from, ckv_transition_list *out);
+long ckv_moves_escalate(ckv_srv_session *s, ckv_compressor *c, int from, ckv_transition_list *out);
 
 /* Quota pressure, last step: makes at least `need` bytes of room in s's tenant by
  * escalating s's lowest-value unprotected tokens (draft -> staged ->
@@ -85,7 +85,7 @@ long ckv_lifecycle_escalate(ckv_srv_session *s, ckv_compressor *c, int from, ckv
  * requester (the reply tells it about the new epoch) or that is detached.
  * Returns CKV_OK when the room exists, CKV_ERR_QUOTA when nothing more can
  * be reclaimed.  *ret_recycled receives the number of tokens recycled. */
-int ckv_lifecycle_reclaim(ckv_srv_session *s, ckv_compressor *c, uint64_t need, ckv_transition_list *out,
+int ckv_moves_reclaim(ckv_srv_session *s, ckv_compressor *c, uint64_t need, ckv_transition_list *out,
                           uint64_t *ret_recycled);
 
 #endif

@@ -1,6 +1,6 @@
-/* lifecycle.c - plan, execute (via the compressor) and publish token moves
- * (see lifecycle.h). */
-#include "daemon/lifecycle.h"
+/* moves.c - plan, execute (via the compressor) and publish token moves
+ * (see moves.h). */
+#include "store/moves.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -8,11 +8,10 @@
 #include <string.h>
 
 #include "commitkv/status.h"
-#include "daemon/compressor.h"
-#include "daemon/config.h"
-#include "daemon/log.h"
-#include "daemon/session.h"
-#include "daemon/tenant.h"
+#include "store/compressor.h"
+#include "common/log.h"
+#include "store/session.h"
+#include "store/tenant.h"
 #include "kernels/kernels.h"
 
 /* What publish needs to know about one move. */
@@ -141,7 +140,7 @@ static void note_stall(ckv_srv_session *s) {
             (unsigned long long)s->pending, ckv_strerror(s->stalled_on));
 }
 
-int ckv_lifecycle_plan(ckv_srv_session *s, ckv_compressor *c, bool flush) {
+int ckv_moves_plan(ckv_srv_session *s, ckv_compressor *c, bool flush) {
   if (s->quarantined) return CKV_OK; /* its blocks are not trusted: nothing moves any more */
   s->stalled_on = 0;
   bool deferred = false;
@@ -172,7 +171,7 @@ typedef struct plan_bound {
 } plan_bound;
 
 static void plan_bound_init(plan_bound *x, const ckv_srv_session *s) {
-  x->budget = s->plan_max_moves ? s->plan_max_moves : CKV_LIFECYCLE_PLAN_MAX_MOVES;
+  x->budget = s->plan_max_moves ? s->plan_max_moves : CKV_MOVES_PLAN_MAX_MOVES;
   for (int f = 0; f < CKV_FILL_COUNT; f++) x->opened[f] = CKV_NO_BLOCK;
   x->deferred = false;
 }
@@ -488,7 +487,7 @@ static int compact(ckv_srv_session *s, ckv_compressor *c) {
   int r = CKV_OK;
   /* Whole blocks up to the plan's bound per call: the rest on the next one
    * (the copies are byte for byte, so where the cut falls changes no bytes). */
-  const size_t budget = s->plan_max_moves ? s->plan_max_moves : CKV_LIFECYCLE_PLAN_MAX_MOVES;
+  const size_t budget = s->plan_max_moves ? s->plan_max_moves : CKV_MOVES_PLAN_MAX_MOVES;
   for (size_t i = 0; i < n_known && r == CKV_OK; i++) {
     if (!sparse[i]) continue;
     if (n_cand >= budget) {
@@ -557,7 +556,7 @@ static bool corrupt_status(int st) {
          st == CKV_ERR_INVALID || st == CKV_ERR_UNSUPPORTED;
 }
 
-bool ckv_lifecycle_job_failed(ckv_srv_session *s, int status) {
+bool ckv_moves_job_failed(ckv_srv_session *s, int status) {
   if (s->quarantined) return false;
   s->job_failures++;
   if (!corrupt_status(status) && s->job_failures < CKV_LIFECYCLE_MAX_JOB_FAILURES) return false;
@@ -567,7 +566,7 @@ bool ckv_lifecycle_job_failed(ckv_srv_session *s, int status) {
   return true;
 }
 
-void ckv_lifecycle_publish(ckv_srv_session *s, ckv_compressor *c, ckv_job *j) {
+void ckv_moves_publish(ckv_srv_session *s, ckv_compressor *c, ckv_job *j) {
   move_rec *recs = j->user;
   ckv_tokens *t = &s->tokens;
   s->jobs_inflight--;
@@ -601,10 +600,10 @@ void ckv_lifecycle_publish(ckv_srv_session *s, ckv_compressor *c, ckv_job *j) {
   }
   s->epoch++;
   ckv_job_free(j);
-  (void)ckv_lifecycle_plan(s, c, false);
+  (void)ckv_moves_plan(s, c, false);
 }
 
-int ckv_lifecycle_round(ckv_srv_session *s, ckv_compressor *c, uint32_t round, ckv_transition_list *out) {
+int ckv_moves_round(ckv_srv_session *s, ckv_compressor *c, uint32_t round, ckv_transition_list *out) {
   size_t before = out->n;
   int r = ckv_judge_run(&s->tokens, round, &s->params, out);
   for (size_t i = before; i < out->n; i++) {
@@ -617,10 +616,10 @@ int ckv_lifecycle_round(ckv_srv_session *s, ckv_compressor *c, uint32_t round, c
   if (r < 0) return r;
   /* Nothing decided and nothing left over: the bytes already match. */
   if (out->n == before && !s->plan_dirty) return CKV_OK;
-  return ckv_lifecycle_plan(s, c, false);
+  return ckv_moves_plan(s, c, false);
 }
 
-uint64_t ckv_lifecycle_pending(const ckv_srv_session *s) { return s->pending; }
+uint64_t ckv_moves_pending(const ckv_srv_session *s) { return s->pending; }
 
 static uint64_t count_pending(const ckv_srv_session *s) {
   const ckv_tokens *t = &s->tokens;
@@ -639,7 +638,7 @@ static uint64_t count_pending(const ckv_srv_session *s) {
   return n;
 }
 
-long ckv_lifecycle_escalate(ckv_srv_session *s, ckv_compressor *c, int from, ckv_transition_list *out) {
+long ckv_moves_escalate(ckv_srv_session *s, ckv_compressor *c, int from, ckv_transition_list *out) {
   ckv_tokens *t = &s->tokens;
   const uint8_t to = from == CKV_STATE_DRAFT ? CKV_STATE_STAGED : CKV_STATE_COMMITTED;
   const uint32_t round = (uint32_t)s->last_round;
@@ -658,7 +657,7 @@ long ckv_lifecycle_escalate(ckv_srv_session *s, ckv_compressor *c, int from, ckv
   }
   if (n) {
     s->plan_from = 0; /* states changed all over */
-    (void)ckv_lifecycle_plan(s, c, /* flush= */ true);
+    (void)ckv_moves_plan(s, c, /* flush= */ true);
   }
   return n;
 }
@@ -696,7 +695,7 @@ static int by_value(const void *a, const void *b) {
   return x->pos < y->pos ? -1 : x->pos > y->pos;
 }
 
-int ckv_lifecycle_reclaim(ckv_srv_session *s, ckv_compressor *c, uint64_t need, ckv_transition_list *out,
+int ckv_moves_reclaim(ckv_srv_session *s, ckv_compressor *c, uint64_t need, ckv_transition_list *out,
                           uint64_t *ret_recycled) {
   ckv_tokens *t = &s->tokens;
   uint64_t recycled = 0;

@@ -1,5 +1,5 @@
 /* compact.c - byte-exact copies of tokens between blocks of one format (see compact.h). */
-#include "daemon/compact.h"
+#include "store/compact.h"
 
 #include <string.h>
 

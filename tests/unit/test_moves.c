@@ -14,11 +14,11 @@
 #include <string.h>
 
 #include "commitkv/status.h"
-#include "daemon/compressor.h"
+#include "store/compressor.h"
 #include "daemon/config.h"
-#include "daemon/lifecycle.h"
-#include "daemon/session.h"
-#include "daemon/tenant.h"
+#include "store/moves.h"
+#include "store/session.h"
+#include "store/tenant.h"
 #include "kernels/format.h"
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
@@ -93,7 +93,7 @@ static void settle(fx *f) {
     while (j) {
       ckv_job *next = j->next;
       cr_assert_eq(j->status, CKV_OK, "a compressor move failed: %d", j->status);
-      ckv_lifecycle_publish(f->s, f->comp, j);
+      ckv_moves_publish(f->s, f->comp, j);
       j = next;
     }
   }
@@ -178,7 +178,7 @@ static void round_run(fx *f, uint32_t round, const float *attn, bool ack) {
   ckv_srv_session *s = f->s;
   cr_assert_eq(ckv_srv_session_report_round(s, round, 0, attn, s->tokens.n, NULL, NULL, 0), CKV_OK);
   ckv_transition_list out = {0};
-  cr_assert_eq(ckv_lifecycle_round(s, f->comp, round, &out), CKV_OK);
+  cr_assert_eq(ckv_moves_round(s, f->comp, round, &out), CKV_OK);
   track_transitions(f, &out, 0);
   ckv_transition_list_done(&out);
   settle(f);
@@ -480,7 +480,7 @@ static int append_under_quota(fx *f, uint32_t count, uint8_t role, const float *
     ckv_transition_list out = {0};
     uint8_t *before = malloc(s->tokens.n + 1);
     memcpy(before, s->tokens.state, s->tokens.n);
-    int r = ckv_lifecycle_reclaim(s, f->comp, need, &out, &recycled);
+    int r = ckv_moves_reclaim(s, f->comp, need, &out, &recycled);
     cr_assert(r == CKV_OK || r == CKV_ERR_QUOTA, "reclaim: %d", r);
     track_transitions(f, &out, 0);
     uint64_t listed = 0, changed = 0;
@@ -566,7 +566,7 @@ Test(quota, appends_past_the_quota_reclaim_then_refuse) {
   fx_done(&f);
 }
 
-/* BUG (lifecycle.c ckv_lifecycle_reclaim): when recycling every candidate
+/* BUG (lifecycle.c ckv_moves_reclaim): when recycling every candidate
  * still cannot make room (each block is pinned by a protected token), the
  * reclaim recycles them all anyway and the append is refused: tokens are
  * lost without the quota rule gaining anything.  The refusal must leave the
@@ -646,7 +646,7 @@ static void mass_settle(mass *m) {
       cr_assert_eq(j->status, CKV_OK, "a compressor move failed: %d", j->status);
       m->jobs++;
       if (j->n_moves > m->max_job) m->max_job = j->n_moves;
-      ckv_lifecycle_publish(m->s, m->comp, j);
+      ckv_moves_publish(m->s, m->comp, j);
       j = next;
     }
   }
@@ -696,14 +696,14 @@ static void mass_round(mass *m, uint32_t round) {
   cr_assert_eq(ckv_srv_session_report_round(s, round, 0, a, s->tokens.n, NULL, NULL, 0), CKV_OK);
   free(a);
   ckv_transition_list out = {0};
-  cr_assert_eq(ckv_lifecycle_round(s, m->comp, round, &out), CKV_OK);
+  cr_assert_eq(ckv_moves_round(s, m->comp, round, &out), CKV_OK);
   ckv_transition_list_done(&out);
   mass_settle(m);
 }
 
 static void mass_escalate(mass *m, int from) {
   ckv_transition_list out = {0};
-  cr_assert_geq(ckv_lifecycle_escalate(m->s, m->comp, from, &out), 0);
+  cr_assert_geq(ckv_moves_escalate(m->s, m->comp, from, &out), 0);
   ckv_transition_list_done(&out);
   mass_settle(m);
 }
@@ -730,8 +730,8 @@ static void mass_expect_settled(const mass *m, const char *what) {
     uint32_t f = blk == CKV_NO_BLOCK ? CKV_BLOCK_UNUSED : s->blocks[blk].format;
     lag += (st == S && f != CKV_FORMAT_STAGED) || (st == C && !ckv_format_is_committed_state(f));
   }
-  cr_expect_eq(ckv_lifecycle_pending(s), lag, "%s: %llu tokens pending by the plans' count, %llu by a scan", what,
-               (unsigned long long)ckv_lifecycle_pending(s), (unsigned long long)lag);
+  cr_expect_eq(ckv_moves_pending(s), lag, "%s: %llu tokens pending by the plans' count, %llu by a scan", what,
+               (unsigned long long)ckv_moves_pending(s), (unsigned long long)lag);
   cr_expect(!s->plan_dirty, "%s: a part of the plan was left unplanned", what);
 }
 
@@ -761,7 +761,7 @@ static void mass_expect_same(const mass *a, const mass *b, const char *what) {
   cr_assert_gt(moved, MASS_TOKENS / 2, "%s: only %llu tokens left FP16: no mass transition", what,
                (unsigned long long)moved);
   for (int k = 0; k < 4; k++) cr_expect_eq(b->s->count_by_state[k], a->s->count_by_state[k]);
-  cr_expect_eq(ckv_lifecycle_pending(b->s), ckv_lifecycle_pending(a->s));
+  cr_expect_eq(ckv_moves_pending(b->s), ckv_moves_pending(a->s));
 }
 
 static void mass_transition(const ckv_judge_params *p) {
@@ -783,8 +783,8 @@ static void mass_transition(const ckv_judge_params *p) {
                (unsigned long long)small.jobs, (unsigned long long)whole.jobs);
   cr_expect_leq(small.max_job, 2 * MASS_SMALL_BOUND + CKV_FILL_COUNT * 64u, "bound 1000: a job of %llu moves",
                 (unsigned long long)small.max_job);
-  cr_expect_leq(parts.max_job, 2 * CKV_LIFECYCLE_PLAN_MAX_MOVES + CKV_FILL_COUNT * 64u);
-  cr_expect_gt(whole.max_job, 2 * CKV_LIFECYCLE_PLAN_MAX_MOVES, "the unbounded plan made no large job");
+  cr_expect_leq(parts.max_job, 2 * CKV_MOVES_PLAN_MAX_MOVES + CKV_FILL_COUNT * 64u);
+  cr_expect_gt(whole.max_job, 2 * CKV_MOVES_PLAN_MAX_MOVES, "the unbounded plan made no large job");
   mass_done(&whole);
   mass_done(&parts);
   mass_done(&small);

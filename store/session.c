@@ -1,5 +1,5 @@
 /* session.c - a session's blocks, tokens and epochs (see session.h). */
-#include "daemon/session.h"
+#include "store/session.h"
 
 #include <errno.h>
 #include <math.h>
@@ -9,8 +9,8 @@
 #include <string.h>
 
 #include "commitkv/status.h"
-#include "daemon/blockmem.h"
-#include "daemon/tenant.h"
+#include "store/blockmem.h"
+#include "store/tenant.h"
 #include "kernels/kernels.h"
 
 #define DEFAULT_DRAFT_TOKENS 16u

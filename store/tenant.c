@@ -13,7 +13,7 @@
  * (a warm chunk, a freed block of its slab) is zeroed before it is handed
  * out: no block ever shows K/V it was not given (another session's, a
  * dropped one's). */
-#include "daemon/tenant.h"
+#include "store/tenant.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -21,8 +21,8 @@
 #include <string.h>
 
 #include "commitkv/status.h"
-#include "daemon/blockmem.h"
-#include "daemon/log.h"
+#include "store/blockmem.h"
+#include "common/log.h"
 #include "shm/arena.h"
 #ifdef CKV_HAVE_CUDA_ARENA
 #include "shm/arena_cuda.h"

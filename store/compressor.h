@@ -12,8 +12,8 @@
  * move of the same session wrote).  The queue is bounded: submit refuses with
  * CKV_ERR_BUSY when `depth` jobs are waiting, and the caller tries again later
  * (backpressure, visible in the stats as queue depth). */
-#ifndef CKV_DAEMON_COMPRESSOR_H
-#define CKV_DAEMON_COMPRESSOR_H
+#ifndef CKV_STORE_COMPRESSOR_H
+#define CKV_STORE_COMPRESSOR_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -1,15 +1,15 @@
 /* tenant.h - a tenant at run time: its arena, its block allocator, its quota
  * and its usage.  Each tenant's KV lives in arenas of its own (DESIGN.md §4
  * invariant 5): the only handles a client ever receives are its tenant's. */
-#ifndef CKV_DAEMON_TENANT_H
-#define CKV_DAEMON_TENANT_H
+#ifndef CKV_STORE_TENANT_H
+#define CKV_STORE_TENANT_H
 
 #include <stdbool.h>
 #include <stdint.h>
 
 #include "kernels/format.h"
 
-#include "daemon/metrics.h"
+#include "common/status_slots.h"
 
 typedef struct ckv_arena ckv_arena;
 typedef struct ckv_slab ckv_slab;
@@ -38,7 +38,7 @@ typedef struct ckv_tenant {
   uint64_t hits;                   /* Acquire/GetView of resident sessions */
   uint64_t hit_tokens;             /* the tokens those sessions held */
   uint64_t recycle_runs;           /* runs of recycled tokens reported */
-  uint64_t errors[CKV_METRICS_ERRORS];
+  uint64_t errors[CKV_STATUS_SLOTS]; /* error replies by code (status_slots.h) */
   /* Warm restart (warm.h): while claim.pending, the next block_alloc takes
    * exactly this block of the kept arena instead of a free one, bytes as
    * they are. */

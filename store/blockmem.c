@@ -8,7 +8,7 @@
  * 256 MiB in 115-147 ms instead of 178-231 ms), and a block in warm memory
  * (tenant.c) costs a page-table walk.  Contents are not touched.  Without
  * the call (older kernels) the kernels fault the pages in as before. */
-#include "daemon/blockmem.h"
+#include "store/blockmem.h"
 
 #include <errno.h>
 #include <stdatomic.h>
@@ -21,7 +21,7 @@
 #endif
 
 #include "commitkv/status.h"
-#include "daemon/compact.h"
+#include "store/compact.h"
 
 static int host_write(void *base, const ckv_meta_write *w, size_t n) {
   for (size_t i = 0; i < n; i++) {

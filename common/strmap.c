@@ -1,5 +1,5 @@
 /* strmap.c - linear-probing string map with tombstones (see strmap.h). */
-#include "daemon/strmap.h"
+#include "common/strmap.h"
 
 #include <errno.h>
 #include <stdint.h>
