@@ -69,8 +69,8 @@ static void save_finished(void *server, ckv_snapio_job *j) {
             j->err, ckv_status_name(j->status));
     /* written again at the next scan that finds it due */
     char key[256];
-    ckv_server_session_key(q->tenant, j->name, key, sizeof key);
-    ckv_srv_session *sess = ckv_strmap_get(s->sessions, key);
+    ckv_store_session_key(q->tenant, j->name, key, sizeof key);
+    ckv_srv_session *sess = ckv_strmap_get(s->store.sessions, key);
     if (sess) sess->autosave_mark = 0;
   } else {
     s->counters.autosaves++;
@@ -87,7 +87,7 @@ void ckv_autosave_scan(ckv_server *s, uint64_t now) {
   if (!s->opt.autosave_ms || !s->snapio || s->autosave_inflight || !s->opt.state_dir || !*s->opt.state_dir) return;
   ckv_srv_session *pick = NULL, *sess;
   size_t cur = 0;
-  while ((sess = ckv_strmap_next(s->sessions, &cur, NULL))) /* the one waiting longest first */
+  while ((sess = ckv_strmap_next(s->store.sessions, &cur, NULL))) /* the one waiting longest first */
     if (due(s, sess, now) && (!pick || sess->autosave_ms < pick->autosave_ms)) pick = sess;
   if (!pick) return;
   autosave_job *q = new_job(s, CKV_SNAPIO_SAVE, pick->tenant, pick->id);

@@ -118,8 +118,8 @@ static int find_session(ckv_server *s, ckv_conn *c, const char *id, bool need_ow
   if (ckv_wire_check_session_id(id) < 0)
     return fail(x, CKV_ERR_INVALID, "session id must be 1..128 characters of [A-Za-z0-9._:-]");
   char key[256];
-  ckv_server_session_key(c->tenant, id, key, sizeof(key));
-  ckv_srv_session *sess = ckv_strmap_get(s->sessions, key);
+  ckv_store_session_key(c->tenant, id, key, sizeof(key));
+  ckv_srv_session *sess = ckv_strmap_get(s->store.sessions, key);
   if (!sess) return fail(x, CKV_ERR_NOT_FOUND, "no session '%s'", id);
   if (need_owner && sess->owner != c->id) {
     if (sess->owner == 0) return fail(x, CKV_ERR_STATE, "session '%s' is detached: open it with resume", id);
@@ -203,13 +203,13 @@ static Commitkv__V1__Geometry *geometry_msg(ckv_server *s, const ckv_srv_session
 /* A new (or restored) session joins the server under `key`, owned by client
  * c, in a lane of its own.  On failure it is freed and -ENOMEM returned. */
 static int add_session(ckv_server *s, ckv_conn *c, const char *key, ckv_srv_session *sess) {
-  sess->dirty_head = &s->dirty_head;
-  if (ckv_strmap_put(s->sessions, key, sess) < 0) {
+  sess->dirty_head = &s->store.dirty_head;
+  if (ckv_strmap_put(s->store.sessions, key, sess) < 0) {
     ckv_srv_session_free(sess);
     return -ENOMEM;
   }
   sess->owner = c->id;
-  sess->lane = ++s->next_lane;
+  sess->lane = ++s->store.next_lane;
   c->tenant->n_sessions++;
   return CKV_OK;
 }
@@ -281,8 +281,8 @@ static int h_open(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
   if (pid == CKV_POLICY_KIVI2 || pid == CKV_POLICY_KIVI4) params.rotate = 0; /* the baselines stay KIVI's */
   const char *policy = ckv_policy_names[pid];
   char key[256];
-  ckv_server_session_key(c->tenant, o->session_id, key, sizeof(key));
-  ckv_srv_session *sess = ckv_strmap_get(s->sessions, key);
+  ckv_store_session_key(c->tenant, o->session_id, key, sizeof(key));
+  ckv_srv_session *sess = ckv_strmap_get(s->store.sessions, key);
   if (o->resume) {
     if (!sess) {
       /* Only a snapshot of it, if any (a daemon restart, a save game):
@@ -325,7 +325,7 @@ static int h_open(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
   if (c->tenant->n_sessions >= c->tenant->max_sessions)
     return fail(x, CKV_ERR_LIMIT, "tenant '%s' has its maximum of %u sessions", c->tenant->name,
                 c->tenant->max_sessions);
-  r = ckv_srv_session_new(o->session_id, c->tenant, &g, dt, ct, policy, &params, &s->next_block_id, &sess);
+  r = ckv_srv_session_new(o->session_id, c->tenant, &g, dt, ct, policy, &params, &s->store.next_block_id, &sess);
   if (r < 0) return fail(x, r, "cannot create session: %s", ckv_strerror(r));
   snprintf(sess->model_id, sizeof sess->model_id, "%s", model_id);
   snprintf(sess->model_revision, sizeof sess->model_revision, "%s", model_revision);
@@ -398,14 +398,14 @@ static int h_append(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req
      * loss first: compress draft -> staged, then staged -> committed, then
      * recycle the least valuable tokens (the reply reports every transition). */
     if ((r = ckv_tier_make_room(s, c, sess, need, req)) == CKV_REPLY_DEFERRED) return r;
-    ckv_server_settle_session(s, sess);
+    ckv_store_settle_session(&s->store, sess);
     for (int from = CKV_STATE_DRAFT; from <= CKV_STATE_STAGED && !ckv_tenant_would_fit(sess->tenant, need); from++) {
-      if (ckv_moves_escalate(sess, s->compressor, from, &made_room) <= 0) continue;
-      ckv_server_settle_session(s, sess);
+      if (ckv_moves_escalate(sess, s->store.compressor, from, &made_room) <= 0) continue;
+      ckv_store_settle_session(&s->store, sess);
       ckv_srv_session_release_retired(sess); /* the requester re-reads its view from this reply */
     }
     uint64_t recycled = 0;
-    r = ckv_moves_reclaim(sess, s->compressor, need, &made_room, &recycled);
+    r = ckv_moves_reclaim(sess, s->store.compressor, need, &made_room, &recycled);
     if (recycled)
       ckv_log(CKV_LOG_NOTICE, "quota-reclaim", c->tenant->name, sess->id, "recycled %llu tokens to make room",
               (unsigned long long)recycled);
@@ -491,7 +491,7 @@ static int h_report(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req
       ckv_log(CKV_LOG_WARNING, "trace", sess->tenant->name, sess->id, "trace stopped: %s", ckv_strerror(tr));
   }
   ckv_transition_list decided = {0};
-  r = ckv_moves_round(sess, s->compressor, (uint32_t)rr->round, &decided);
+  r = ckv_moves_round(sess, s->store.compressor, (uint32_t)rr->round, &decided);
   for (size_t i = 0; i < decided.n; i++) c->tenant->recycle_runs += decided.v[i].to == CKV_STATE_RECYCLED;
   ckv_metrics_observe_round_tenant(s->metrics, c->tenant->name, (double)(ckv_now_us() - x->t0_us) * 1e-6);
   Commitkv__V1__RoundReport *out = NEW(s, Commitkv__V1__RoundReport, COMMITKV__V1__ROUND_REPORT__INIT);
@@ -630,7 +630,7 @@ static int h_drop(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
     if (ckv_wire_check_session_id(d->session_id) < 0) return fail(x, CKV_ERR_INVALID, "bad session id");
     char key[256];
     snprintf(key, sizeof(key), "%.63s/%s", d->tenant, d->session_id);
-    sess = ckv_strmap_get(s->sessions, key);
+    sess = ckv_strmap_get(s->store.sessions, key);
     if (!sess) return fail(x, CKV_ERR_NOT_FOUND, "no session '%s'", d->session_id);
   } else {
     int r = find_session(s, c, d->session_id, false, &sess, x);
@@ -641,7 +641,7 @@ static int h_drop(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
   ckv_log(CKV_LOG_INFO, "session-drop", sess->tenant->name, sess->id, "dropped by client %llu",
           (unsigned long long)c->id);
   ckv_autosave_forget(s, sess->tenant, sess->id); /* dropped on purpose: never back from a crash copy */
-  ckv_server_destroy_session(s, sess);
+  ckv_store_drop_session(&s->store, sess);
   return CKV_OK;
 }
 
@@ -717,7 +717,7 @@ static int h_save(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
   if (sess->quarantined) return quarantined(sess, x);
   if (!s->opt.state_dir || !*s->opt.state_dir)
     return fail(x, CKV_ERR_INVALID, "the daemon has no state directory ([daemon] state_dir, --state-dir)");
-  ckv_server_settle_session(s, sess); /* no move in flight: every byte is where the tokens say */
+  ckv_store_settle_session(&s->store, sess); /* no move in flight: every byte is where the tokens say */
   io_request *q = calloc(1, sizeof(*q));
   if (!q) return -ENOMEM;
   q->job.kind = CKV_SNAPIO_SAVE;
@@ -793,8 +793,8 @@ static int save_done(ckv_server *s, io_request *q, reply_ctx *x) {
  * served other requests meanwhile: the id may be taken, the limit reached). */
 static int restore_allowed(ckv_server *s, ckv_conn *c, const char *id, reply_ctx *x) {
   char key[256];
-  ckv_server_session_key(c->tenant, id, key, sizeof(key));
-  if (ckv_strmap_get(s->sessions, key))
+  ckv_store_session_key(c->tenant, id, key, sizeof(key));
+  if (ckv_strmap_get(s->store.sessions, key))
     return fail(x, CKV_ERR_EXISTS, "session '%s' exists: drop it before restoring it from a snapshot", id);
   if (c->tenant->n_sessions >= c->tenant->max_sessions)
     return fail(x, CKV_ERR_LIMIT, "tenant '%s' has its maximum of %u sessions", c->tenant->name,
@@ -849,14 +849,14 @@ static int restore_done(ckv_server *s, ckv_conn *c, io_request *q, reply_ctx *x)
   int r = restore_allowed(s, c, id, x);
   if (r < 0) return r;
   char key[256], err[320];
-  ckv_server_session_key(c->tenant, id, key, sizeof(key));
+  ckv_store_session_key(c->tenant, id, key, sizeof(key));
   ckv_snap_expect e = {.tenant = c->tenant->name,
                        .model_id = q->check_id ? q->model_id : NULL,
                        .model_revision = q->check_rev ? q->model_revision : NULL,
                        .geom = q->geom.n_layers ? &q->geom : NULL};
   ckv_srv_session *sess = NULL;
   if ((r = ckv_snap_check_identity(&j->snap, &e, err, sizeof err)) == CKV_OK)
-    r = ckv_session_snap_restore(&j->snap, id, c->tenant, s->opt.policy->mlp, &s->next_block_id, &sess, err,
+    r = ckv_session_snap_restore(&j->snap, id, c->tenant, s->opt.policy->mlp, &s->store.next_block_id, &sess, err,
                                  sizeof err);
   uint64_t dropped = j->snap.dropped_tokens;
   bool mlp_lost = j->snap.params_mlp && !s->opt.policy->mlp;
@@ -869,7 +869,7 @@ static int restore_done(ckv_server *s, ckv_conn *c, io_request *q, reply_ctx *x)
     return fail(x, r, "cannot write the restored headers: %s", ckv_strerror(r));
   }
   if ((r = add_session(s, c, key, sess)) < 0) return fail(x, r, "out of memory");
-  ckv_moves_plan(sess, s->compressor, /* flush= */ false); /* what waited for a move when it was saved */
+  ckv_moves_plan(sess, s->store.compressor, /* flush= */ false); /* what waited for a move when it was saved */
   if (j->from_tier) ckv_tier_resumed(s, sess, j->from_tier == 2); /* back in memory: its tier copy goes */
   ckv_autosave_session_new(s, sess, j->from_autosave);
   if (j->autosave_status < 0)
@@ -1066,8 +1066,8 @@ static int tier_stats(ckv_server *s, const ckv_conn *c, Commitkv__V1__Stats *st)
   st->tiers = ckv_wire_alloc(&s->out, 3 * sizeof(*st->tiers));
   if (!p || !k || !st->tiers || (d.remote_on && !m)) return -ENOMEM;
   p->tier = "primary";
-  for (size_t i = 0; i < s->n_tenants; i++) {
-    const ckv_tenant *t = s->tenants[i];
+  for (size_t i = 0; i < s->store.n_tenants; i++) {
+    const ckv_tenant *t = s->store.tenants[i];
     if (!(c->admin || t == c->tenant)) continue;
     p->bytes += t->bytes_used;
     p->capacity += ckv_arena_size(t->arena);
@@ -1117,19 +1117,19 @@ static int h_stats(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req,
   Commitkv__V1__Stats *st = NEW(s, Commitkv__V1__Stats, COMMITKV__V1__STATS__INIT);
   if (!st) return -ENOMEM;
   size_t nt = 0;
-  for (size_t i = 0; i < s->n_tenants; i++)
-    if (c->admin || s->tenants[i] == c->tenant) nt++;
+  for (size_t i = 0; i < s->store.n_tenants; i++)
+    if (c->admin || s->store.tenants[i] == c->tenant) nt++;
   st->tenants = ckv_wire_alloc(&s->out, (nt + 1) * sizeof(*st->tenants));
   st->arenas = ckv_wire_alloc(&s->out, (nt + 1) * sizeof(*st->arenas));
   if (!st->tenants || !st->arenas) return -ENOMEM;
   uint64_t all_tok[4] = {0}, all_bytes[5] = {0}, detached = 0, sessions = 0, clients = 0;
-  for (size_t i = 0; i < s->n_tenants; i++) {
-    ckv_tenant *t = s->tenants[i];
+  for (size_t i = 0; i < s->store.n_tenants; i++) {
+    ckv_tenant *t = s->store.tenants[i];
     if (!(c->admin || t == c->tenant)) continue;
     uint64_t tok[4] = {0}, bytes[5] = {0};
     size_t cur = 0;
     ckv_srv_session *sess;
-    while ((sess = ckv_strmap_next(s->sessions, &cur, NULL))) {
+    while ((sess = ckv_strmap_next(s->store.sessions, &cur, NULL))) {
       if (sess->tenant != t) continue;
       ckv_srv_session_figures(sess, tok, bytes);
       if (!sess->owner) detached++;
@@ -1169,7 +1169,7 @@ static int h_stats(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req,
   st->sessions_resumed = s->counters.sessions_resumed;
   st->sessions_expired = s->counters.sessions_expired;
   ckv_compressor_stats cs;
-  ckv_compressor_get_stats(s->compressor, &cs);
+  ckv_compressor_get_stats(s->store.compressor, &cs);
   st->compress_queue = cs.queued;
   st->compress_jobs = cs.completed;
   st->compress_refused = cs.refused_busy;
@@ -1179,7 +1179,7 @@ static int h_stats(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req,
   st->semantic_given_tokens = s->counters.semantic_given; /* of gone sessions, as the transitions */
   size_t tcur = 0;
   ckv_srv_session *ts;
-  while ((ts = ckv_strmap_next(s->sessions, &tcur, NULL))) {
+  while ((ts = ckv_strmap_next(s->store.sessions, &tcur, NULL))) {
     if (!(c->admin || ts->tenant == c->tenant)) continue;
     for (int i = 0; i < 4; i++)
       for (int j = 0; j < 4; j++) tr[i][j] += ts->transitions[i][j];
@@ -1213,11 +1213,11 @@ static int h_stats(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req,
 static int h_list(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, reply_ctx *x) {
   Commitkv__V1__SessionList *l = NEW(s, Commitkv__V1__SessionList, COMMITKV__V1__SESSION_LIST__INIT);
   if (!l) return -ENOMEM;
-  size_t n = ckv_strmap_size(s->sessions), cur = 0;
+  size_t n = ckv_strmap_size(s->store.sessions), cur = 0;
   l->sessions = ckv_wire_alloc(&s->out, (n + 1) * sizeof(*l->sessions));
   if (!l->sessions) return -ENOMEM;
   ckv_srv_session *sess;
-  while ((sess = ckv_strmap_next(s->sessions, &cur, NULL))) {
+  while ((sess = ckv_strmap_next(s->store.sessions, &cur, NULL))) {
     if (!c->admin && sess->tenant != c->tenant) continue;
     Commitkv__V1__SessionInfo *i = NEW(s, Commitkv__V1__SessionInfo, COMMITKV__V1__SESSION_INFO__INIT);
     uint64_t tok[4] = {0}, bytes[5] = {0};

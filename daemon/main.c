@@ -157,8 +157,8 @@ static void reload(app *a) {
     if (policy_from_config(a, err, sizeof(err)) < 0)
       ckv_log(CKV_LOG_ERROR, "reload-failed", NULL, NULL, "policy: %s", err);
     /* Live tenants take their new quotas and limits now. */
-    for (size_t i = 0; a->server && i < a->server->n_tenants; i++) {
-      ckv_tenant *t = a->server->tenants[i];
+    for (size_t i = 0; a->server && i < a->server->store.n_tenants; i++) {
+      ckv_tenant *t = a->server->store.tenants[i];
       const ckv_tenant_config *tc = ckv_config_tenant_by_name(&a->cfg, t->name);
       if (!tc) continue;
       ckv_tenant_spec spec = {.default_policy = -1};

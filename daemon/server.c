@@ -51,9 +51,21 @@
  * hard cap instead, so no frame above it is ever buffered. */
 static int64_t transport_cap(uint64_t max_message) { return (int64_t)(2 * max_message + (64u << 10)); }
 
-void ckv_server_session_key(const ckv_tenant *t, const char *id, char *buf, size_t len) {
-  snprintf(buf, len, "%s/%s", t->name, id);
+/* Store hooks (store.h): what the rooms above learn of store events. */
+static void on_session_gone(void *ctx, ckv_srv_session *sess) {
+  ckv_server *s = ctx;
+  ckv_tier_forget(s, sess); /* its tier file, requests waiting for it */
+  s->counters.semantic_given += sess->semantic_given;
+  for (int i = 0; i < 4; i++)
+    for (int j = 0; j < 4; j++) s->counters.transitions[i][j] += sess->transitions[i][j];
 }
+
+static void on_job_done(void *ctx, ckv_srv_session *sess, const ckv_job *j) {
+  ckv_server *s = ctx;
+  ckv_metrics_observe_compress_tenant(s->metrics, sess->tenant->name, (double)(j->done_ns - j->submitted_ns) * 1e-9);
+}
+
+static const ckv_store_hooks k_store_hooks = {.session_gone = on_session_gone, .job_done = on_job_done};
 
 static int set_sockopt_int(void *sock, int opt, int v) { return zmq_setsockopt(sock, opt, &v, sizeof(v)); }
 
@@ -93,7 +105,7 @@ int ckv_server_new(const ckv_server_options *opt, ckv_server **ret, char *err, s
     r = CKV_ERR_UNSUPPORTED;
     goto fail;
   }
-  if ((r = ckv_strmap_new(&s->conns)) < 0 || (r = ckv_strmap_new(&s->sessions)) < 0) goto fail_nomem;
+  if ((r = ckv_strmap_new(&s->conns)) < 0 || (r = ckv_store_init(&s->store, &k_store_hooks, s)) < 0) goto fail_nomem;
   /* The decode cap: a request may expand when unpacked (repeated fields, maps);
    * twice its wire size plus slack bounds what protobuf-c may allocate. */
   if ((r = ckv_wire_arena_init(&s->in, (size_t)opt->max_message * 2 + 65536)) < 0) goto fail_nomem;
@@ -118,7 +130,7 @@ int ckv_server_new(const ckv_server_options *opt, ckv_server **ret, char *err, s
 
   /* Threads start after the signal mask is set, so they inherit it and only
    * the signalfd ever sees SIGTERM/SIGINT/SIGHUP. */
-  r = ckv_compressor_new(opt->compress_threads, opt->compress_queue ? opt->compress_queue : 64, &s->compressor);
+  r = ckv_store_start_compressor(&s->store, opt->compress_threads, opt->compress_queue ? opt->compress_queue : 64);
   if (r < 0) {
     snprintf(err, errlen, "cannot start the compressor: %s", ckv_strerror(r));
     goto fail;
@@ -190,75 +202,6 @@ fail:
   return r;
 }
 
-void ckv_server_destroy_session(ckv_server *s, ckv_srv_session *sess) {
-  ckv_tier_forget(s, sess); /* its tier file, requests waiting for it */
-  char key[256];
-  ckv_server_session_key(sess->tenant, sess->id, key, sizeof(key));
-  if (ckv_strmap_get(s->sessions, key) == sess) ckv_strmap_del(s->sessions, key);
-  sess->tenant->n_sessions--;
-  s->counters.semantic_given += sess->semantic_given;
-  for (int i = 0; i < 4; i++)
-    for (int j = 0; j < 4; j++) {
-      s->counters.transitions[i][j] += sess->transitions[i][j];
-      sess->tenant->transitions_gone[i][j] += sess->transitions[i][j];
-    }
-  if (sess->jobs_inflight) {
-    /* a compressor thread may be writing its blocks: free when its jobs are back */
-    if (s->n_doomed == s->cap_doomed) {
-      size_t ncap = s->cap_doomed ? s->cap_doomed * 2 : 8;
-      ckv_srv_session **nd = realloc(s->doomed, ncap * sizeof(*nd));
-      if (!nd) {
-        ckv_compressor_drain_lane(s->compressor, sess->lane);
-        ckv_server_collect_jobs(s);
-        ckv_srv_session_free(sess);
-        return;
-      }
-      s->doomed = nd;
-      s->cap_doomed = ncap;
-    }
-    sess->doomed = true;
-    s->doomed[s->n_doomed++] = sess;
-    return;
-  }
-  ckv_srv_session_free(sess);
-}
-
-void ckv_server_collect_jobs(ckv_server *s) {
-  ckv_job *j = ckv_compressor_collect(s->compressor);
-  while (j) {
-    ckv_job *next = j->next;
-    ckv_srv_session *sess = j->owner;
-    ckv_metrics_observe_compress_tenant(s->metrics, sess->tenant->name,
-                                        (double)(j->done_ns - j->submitted_ns) * 1e-9);
-    if (j->status < 0 && !sess->doomed && ckv_moves_job_failed(sess, j->status))
-      ckv_log(CKV_LOG_ERROR, "session-quarantined", sess->tenant->name, sess->id,
-              "quarantined: %s (%zu tokens); its tokens stay where they are, appends and reports are refused "
-              "until it is dropped",
-              sess->quarantine_reason, j->n_moves);
-    else if (j->status < 0 && !sess->doomed)
-      ckv_log(CKV_LOG_WARNING, "compress-failed", sess->tenant->name, sess->id,
-              "moving %zu tokens failed (%u in a row): %s; retried", j->n_moves, sess->job_failures,
-              ckv_strerror(j->status));
-    ckv_moves_publish(sess, s->compressor, j);
-    j = next;
-  }
-  for (size_t i = 0; i < s->n_doomed;) {
-    if (s->doomed[i]->jobs_inflight == 0) {
-      ckv_srv_session_free(s->doomed[i]);
-      s->doomed[i] = s->doomed[--s->n_doomed];
-    } else {
-      i++;
-    }
-  }
-}
-
-void ckv_server_settle_session(ckv_server *s, ckv_srv_session *sess) {
-  while (sess->jobs_inflight) {
-    ckv_compressor_drain_lane(s->compressor, sess->lane);
-    ckv_server_collect_jobs(s);
-  }
-}
-
 void ckv_server_detach_session(ckv_server *s, ckv_srv_session *sess) {
   sess->owner = 0;
   sess->detached_at_ms = ckv_now_ms();
@@ -269,7 +212,7 @@ void ckv_server_detach_session(ckv_server *s, ckv_srv_session *sess) {
 void ckv_server_drop_conn(ckv_server *s, ckv_conn *c, int level, const char *why) {
   size_t cur = 0, detached = 0;
   ckv_srv_session *sess;
-  while ((sess = ckv_strmap_next(s->sessions, &cur, NULL)))
+  while ((sess = ckv_strmap_next(s->store.sessions, &cur, NULL)))
     if (sess->owner == c->id) {
       ckv_server_detach_session(s, sess);
       detached++;
@@ -295,24 +238,13 @@ ckv_server *ckv_server_free(ckv_server *s) {
     while ((c = ckv_strmap_next(s->conns, &cur, NULL))) ckv_server_drop_conn(s, c, CKV_LOG_INFO, "daemon stopping");
   }
   /* Stop the compressor first: its threads may still write blocks. */
-  s->compressor = ckv_compressor_free(s->compressor);
+  ckv_store_stop_compressor(&s->store);
   /* Unanswered snapshot jobs go before the tenants they are charged to. */
   s->snapio = ckv_snapio_free(s->snapio);
-  if (s->sessions) {
-    size_t cur = 0;
-    ckv_srv_session *sess;
-    while ((sess = ckv_strmap_next(s->sessions, &cur, NULL))) {
-      sess->jobs_inflight = 0;
-      ckv_server_destroy_session(s, sess);
-    }
-  }
-  for (size_t i = 0; i < s->n_doomed; i++) ckv_srv_session_free(s->doomed[i]);
-  free(s->doomed);
+  ckv_store_drop_all(&s->store);
   s->tier = ckv_tier_free(s->tier);
-  for (size_t i = 0; i < s->n_tenants; i++) ckv_tenant_free(s->tenants[i]);
-  free(s->tenants);
+  ckv_store_done(&s->store);
   s->conns = ckv_strmap_free(s->conns);
-  s->sessions = ckv_strmap_free(s->sessions);
   if (s->router) zmq_close(s->router);
   if (s->zctx) zmq_ctx_term(s->zctx);
   ckv_attach_pending_free(s);
@@ -329,26 +261,13 @@ ckv_server *ckv_server_free(ckv_server *s) {
   return NULL;
 }
 
-/* Bytes of memory_bytes that the tenants' arenas hold now. */
-static uint64_t arenas_total(const ckv_server *s) {
-  uint64_t sum = 0;
-  for (size_t i = 0; i < s->n_tenants; i++) sum += ckv_arena_size(s->tenants[i]->arena);
-  return sum;
-}
-
-static ckv_tenant *find_tenant(const ckv_server *s, const char *name) {
-  for (size_t i = 0; i < s->n_tenants; i++)
-    if (strcmp(s->tenants[i]->name, name) == 0) return s->tenants[i];
-  return NULL;
-}
-
 ckv_tenant *ckv_server_tenant(ckv_server *s, const ckv_tenant_spec *spec, int *ret_status) {
-  ckv_tenant *t = find_tenant(s, spec->name);
+  ckv_tenant *t = ckv_store_find_tenant(&s->store, spec->name);
   if (t) return t;
   /* The budget: every arena comes out of memory_bytes, in whole chunks, so
    * that their sizes (what a GPU must really hold) never add up to more. */
   const uint64_t align = CKV_TENANT_ARENA_ALIGN;
-  uint64_t used = arenas_total(s);
+  uint64_t used = ckv_store_arenas_bytes(&s->store);
   uint64_t left = s->opt.memory_bytes > used ? (s->opt.memory_bytes - used) / align * align : 0;
   uint64_t want = spec->quota_bytes ? ckv_tenant_arena_for_quota(spec->quota_bytes)
                                     : spec->arena_bytes ? spec->arena_bytes / align * align : left;
@@ -357,7 +276,7 @@ ckv_tenant *ckv_server_tenant(ckv_server *s, const ckv_tenant_spec *spec, int *r
     ckv_log(CKV_LOG_ERROR, "tenant-refused", spec->name, NULL,
             "no memory left for an arena: the %zu tenants' arenas hold %llu of the daemon's %llu bytes "
             "([daemon] memory), %llu left, an arena needs at least %llu",
-            s->n_tenants, (unsigned long long)used, (unsigned long long)s->opt.memory_bytes,
+            s->store.n_tenants, (unsigned long long)used, (unsigned long long)s->opt.memory_bytes,
             (unsigned long long)left, (unsigned long long)CKV_TENANT_ARENA_MIN);
     *ret_status = CKV_ERR_NOSPACE;
     return NULL;
@@ -370,13 +289,13 @@ ckv_tenant *ckv_server_tenant(ckv_server *s, const ckv_tenant_spec *spec, int *r
             "are left for its arena",
             (unsigned long long)spec->quota_bytes, (unsigned long long)quota, (unsigned long long)left,
             (unsigned long long)s->opt.memory_bytes);
-  ckv_tenant **nt = realloc(s->tenants, (s->n_tenants + 1) * sizeof(*nt));
+  ckv_tenant **nt = realloc(s->store.tenants, (s->store.n_tenants + 1) * sizeof(*nt));
   if (!nt) {
     *ret_status = -ENOMEM;
     return NULL;
   }
-  s->tenants = nt;
-  int r = ckv_tenant_new(spec->name, quota, arena, (uint32_t)s->n_tenants + 1, s->backend, &t);
+  s->store.tenants = nt;
+  int r = ckv_tenant_new(spec->name, quota, arena, (uint32_t)s->store.n_tenants + 1, s->backend, &t);
   if (r < 0) {
     *ret_status = r;
     return NULL;
@@ -394,7 +313,7 @@ ckv_tenant *ckv_server_tenant(ckv_server *s, const ckv_tenant_spec *spec, int *r
   t->policies = spec->policies;
   t->default_policy = spec->default_policy;
   if (s->opt.mem) t->mem = s->opt.mem;
-  s->tenants[s->n_tenants++] = t;
+  s->store.tenants[s->store.n_tenants++] = t;
   ckv_warm_tenant_up(s, t); /* its arena to systemd's fd store: a restart keeps it */
   ckv_log(CKV_LOG_INFO, "tenant-up", t->name, NULL,
           "arena %u of %llu bytes (%s), quota %llu bytes; %llu of %llu bytes of memory left", t->arena_id,
@@ -430,7 +349,7 @@ void ckv_server_retune_tenant(ckv_server *s, ckv_tenant *t, const ckv_tenant_spe
 
 const char *ckv_server_client_limit(const ckv_server *s, const ckv_tenant_spec *spec, char *buf, size_t len) {
   if (spec && spec->name && spec->max_clients) {
-    const ckv_tenant *t = find_tenant(s, spec->name);
+    const ckv_tenant *t = ckv_store_find_tenant(&s->store, spec->name);
     uint64_t n = t ? t->n_clients : 0;
     if (n >= spec->max_clients) {
       snprintf(buf, len, "attach: tenant '%s' has %llu clients attached, its limit (tenant max_clients %u)",
@@ -489,8 +408,8 @@ void ckv_server_finish_reply(ckv_server *s, ckv_conn *c, Commitkv__V1__Response 
   rep->boot_token.len = sizeof(s->boot_token);
   s->counters.requests++;
   /* Header shadows reach the arena before any reply can send a reader to them. */
-  if (s->dirty_head) {
-    int fr = ckv_srv_session_flush_all_meta(&s->dirty_head);
+  if (s->store.dirty_head) {
+    int fr = ckv_srv_session_flush_all_meta(&s->store.dirty_head);
     if (fr < 0) {
       ckv_log(CKV_LOG_ERROR, "flush-failed", c && c->tenant ? c->tenant->name : NULL, NULL,
               "writing block headers to the arena failed: %s", ckv_strerror(fr));
@@ -635,13 +554,13 @@ static void housekeeping(ckv_server *s) {
     }
   cur = 0;
   ckv_srv_session *sess;
-  while ((sess = ckv_strmap_next(s->sessions, &cur, NULL)))
+  while ((sess = ckv_strmap_next(s->store.sessions, &cur, NULL)))
     if (sess->owner == 0 && now - sess->detached_at_ms >= s->opt.detach_keep_ms) {
       ckv_log(CKV_LOG_INFO, "session-expired", sess->tenant->name, sess->id, "detached session freed after %llu ms",
               (unsigned long long)s->opt.detach_keep_ms);
       s->counters.sessions_expired++;
       ckv_autosave_forget(s, sess->tenant, sess->id); /* ended on purpose: never back from a crash copy */
-      ckv_server_destroy_session(s, sess);
+      ckv_store_drop_session(&s->store, sess);
     }
   ckv_tier_scan(s, now); /* idle sessions move to disk */
   ckv_autosave_scan(s, now); /* and changed ones get a crash copy */
@@ -665,8 +584,8 @@ bool ckv_server_take_reload(ckv_server *s) {
 
 static void status_line(ckv_server *s, char *buf, size_t len) {
   uint64_t bytes = 0;
-  for (size_t i = 0; i < s->n_tenants; i++) bytes += s->tenants[i]->bytes_used;
-  snprintf(buf, len, "%zu sessions, %zu clients, %llu bytes of KV", ckv_strmap_size(s->sessions),
+  for (size_t i = 0; i < s->store.n_tenants; i++) bytes += s->store.tenants[i]->bytes_used;
+  snprintf(buf, len, "%zu sessions, %zu clients, %llu bytes of KV", ckv_strmap_size(s->store.sessions),
            ckv_strmap_size(s->conns), (unsigned long long)bytes);
 }
 
@@ -701,7 +620,7 @@ int ckv_server_run(ckv_server *s) {
     items[n++] = (zmq_pollitem_t){.socket = s->router, .events = ZMQ_POLLIN};
     items[n++] = (zmq_pollitem_t){.fd = s->attach_fd, .events = ZMQ_POLLIN};
     items[n++] = (zmq_pollitem_t){.fd = s->signal_fd, .events = ZMQ_POLLIN};
-    items[n++] = (zmq_pollitem_t){.fd = ckv_compressor_fd(s->compressor), .events = ZMQ_POLLIN};
+    items[n++] = (zmq_pollitem_t){.fd = ckv_compressor_fd(s->store.compressor), .events = ZMQ_POLLIN};
     items[n++] = (zmq_pollitem_t){.fd = ckv_snapio_fd(s->snapio), .events = ZMQ_POLLIN};
     const size_t first_pending = n;
     for (size_t i = 0; i < s->n_pending; i++)
@@ -723,7 +642,7 @@ int ckv_server_run(ckv_server *s) {
     }
     if (rc > 0) {
       if (items[2].revents) read_signals(s);
-      if (items[3].revents) ckv_server_collect_jobs(s);
+      if (items[3].revents) ckv_store_collect_jobs(&s->store);
       if (items[4].revents) collect_io(s);
       if (items[0].revents & ZMQ_POLLIN)
         for (int i = 0; i < MAX_BATCH && serve_one(s); i++) {
@@ -766,6 +685,6 @@ int ckv_server_run(ckv_server *s) {
   collect_io(s);
   free(items);
   free(owners);
-  ckv_log(CKV_LOG_NOTICE, "stopping", NULL, NULL, "drained; %zu sessions released", ckv_strmap_size(s->sessions));
+  ckv_log(CKV_LOG_NOTICE, "stopping", NULL, NULL, "drained; %zu sessions released", ckv_strmap_size(s->store.sessions));
   return 0;
 }

@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "store/store.h"
 #include "daemon/attach_frame.h"
 #include "daemon/wire.h"
 
@@ -158,12 +159,9 @@ typedef struct ckv_server {
   int lock_fd; /* instance lock (instance.h), held for the daemon's life */
   uint8_t boot_token[16];
   uint64_t start_ms;
-  uint64_t next_conn_id, next_block_id;
-  ckv_tenant **tenants;
-  size_t n_tenants;
-  ckv_strmap *conns;    /* keyhex -> ckv_conn */
-  ckv_strmap *sessions; /* "tenant/id" -> ckv_srv_session */
-  ckv_compressor *compressor;
+  uint64_t next_conn_id;
+  ckv_store store;   /* the KV in memory: tenants, sessions, compressor (store/store.h) */
+  ckv_strmap *conns; /* keyhex -> ckv_conn */
   struct ckv_snapio *snapio; /* the snapshot I/O thread (snapio.h) */
   bool autosave_inflight;    /* an autosave is being written (one at a time) */
   bool autosave_found;       /* state_dir/autosave held files at start (removed as their sessions end) */
@@ -174,7 +172,6 @@ typedef struct ckv_server {
    * fuzzer): then handlers do the I/O on the calling thread. */
   ckv_reply_to reply_to;
   bool reply_armed, reply_deferred;
-  ckv_srv_session *dirty_head; /* sessions whose header shadows wait for a flush */
   struct ckv_metrics *metrics;
   struct ckv_trace *trace; /* mlp-judge training traces, or NULL (owned by the caller) */
   bool attach_inherited; /* the attach socket came from systemd (socket activation) */
@@ -188,9 +185,6 @@ typedef struct ckv_server {
   size_t n_refused;
   uint64_t refusal_logged_ms; /* attach refusals are logged at most once a second ... */
   uint64_t refusals_unlogged; /* ... and counted in between */
-  ckv_srv_session **doomed; /* dropped while compressor jobs were in flight */
-  size_t n_doomed, cap_doomed;
-  uint64_t next_lane;
   ckv_wire_arena in;    /* decode arena (capped) */
   ckv_wire_arena out;   /* reply scratch */
   ckv_counters counters;
@@ -230,12 +224,6 @@ const char *ckv_server_client_limit(const ckv_server *s, const ckv_tenant_spec *
 void ckv_server_drop_conn(ckv_server *s, ckv_conn *c, int level, const char *why);
 /* Nobody reads the session any more: kept for resume until detach_keep. */
 void ckv_server_detach_session(ckv_server *s, ckv_srv_session *sess);
-void ckv_server_session_key(const ckv_tenant *t, const char *id, char *buf, size_t len);
-void ckv_server_destroy_session(ckv_server *s, ckv_srv_session *sess);
-/* Publish every finished compressor job (and free doomed sessions). */
-void ckv_server_collect_jobs(ckv_server *s);
-/* Wait for a session's jobs to finish and publish them (quota pressure). */
-void ckv_server_settle_session(ckv_server *s, ckv_srv_session *sess);
 /* A connection just accepted on the attach socket (non-blocking, attach.c);
  * takes ownership of fd.  A peer that maps to no tenant and is not admin is
  * refused at once (CKV_ERR_AUTH), before anything is read from it; a request

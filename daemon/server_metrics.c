@@ -20,7 +20,7 @@
 
 void ckv_server_publish_metrics(ckv_server *s) {
   if (!ckv_metrics_enabled(s->metrics)) return;
-  ckv_metrics_tenant *mt = calloc(s->n_tenants ? s->n_tenants : 1, sizeof(*mt));
+  ckv_metrics_tenant *mt = calloc(s->store.n_tenants ? s->store.n_tenants : 1, sizeof(*mt));
   if (!mt) return;
   ckv_metrics_snapshot snap = {
       .version = CKV_VERSION_STRING,
@@ -29,7 +29,7 @@ void ckv_server_publish_metrics(ckv_server *s) {
       .boot_token_len = sizeof(s->boot_token),
       .uptime_seconds = (double)(ckv_now_ms() - s->start_ms) / 1000.0,
       .clients = ckv_strmap_size(s->conns),
-      .sessions = ckv_strmap_size(s->sessions),
+      .sessions = ckv_strmap_size(s->store.sessions),
       .requests_total = s->counters.requests,
       .errors_total = s->counters.errors,
       .rounds_total = s->counters.rounds,
@@ -46,10 +46,10 @@ void ckv_server_publish_metrics(ckv_server *s) {
       .attaches_total = s->counters.attaches,
       .attach_refused_total = s->counters.attach_refused,
       .tenants = mt,
-      .n_tenants = s->n_tenants,
+      .n_tenants = s->store.n_tenants,
   };
   ckv_compressor_stats cs;
-  ckv_compressor_get_stats(s->compressor, &cs);
+  ckv_compressor_get_stats(s->store.compressor, &cs);
   snap.compress_queue_depth = cs.queued;
   snap.compress_jobs_total = cs.completed;
   snap.compress_refused_total = cs.refused_busy;
@@ -63,8 +63,8 @@ void ckv_server_publish_metrics(ckv_server *s) {
     snap.remote_misses_total = rs.misses;
     snap.remote_errors_total = rs.errors;
   }
-  for (size_t i = 0; i < s->n_tenants; i++) {
-    const ckv_tenant *t = s->tenants[i];
+  for (size_t i = 0; i < s->store.n_tenants; i++) {
+    const ckv_tenant *t = s->store.tenants[i];
     ckv_metrics_tenant *m = &mt[i];
     m->name = t->name;
     m->sessions = t->n_sessions;
@@ -104,10 +104,10 @@ void ckv_server_publish_metrics(ckv_server *s) {
   }
   size_t cur = 0;
   ckv_srv_session *sess;
-  while ((sess = ckv_strmap_next(s->sessions, &cur, NULL))) {
+  while ((sess = ckv_strmap_next(s->store.sessions, &cur, NULL))) {
     size_t i = 0;
-    while (i < s->n_tenants && s->tenants[i] != sess->tenant) i++;
-    if (i == s->n_tenants) continue;
+    while (i < s->store.n_tenants && s->store.tenants[i] != sess->tenant) i++;
+    if (i == s->store.n_tenants) continue;
     ckv_metrics_tenant *m = &mt[i];
     uint64_t tok[4] = {0}, bytes[5] = {0};
     ckv_srv_session_figures(sess, tok, bytes);

@@ -290,13 +290,13 @@ static void offload_landed(ckv_server *s, ckv_snapio_job *j) {
   t->inflight--;
   char key[256];
   snprintf(key, sizeof key, "%s/%s", j->tenant, j->name);
-  ckv_srv_session *sess = ckv_strmap_get(s->sessions, key);
+  ckv_srv_session *sess = ckv_strmap_get(s->store.sessions, key);
   if (!sess || !sess->tier || sess->tier->seq != q->seq || sess->tier->state != CKV_TIER_OFFLOADING) {
     /* dropped (or expired) while its copy was written: the copy goes too */
     if (j->status == CKV_OK && sess == NULL) {
       ckv_tenant *tn = NULL;
-      for (size_t i = 0; i < s->n_tenants; i++)
-        if (strcmp(s->tenants[i]->name, j->tenant) == 0) tn = s->tenants[i];
+      for (size_t i = 0; i < s->store.n_tenants; i++)
+        if (strcmp(s->store.tenants[i]->name, j->tenant) == 0) tn = s->store.tenants[i];
       if (tn) remove_file(s, tn, j->name);
     }
     job_destroy(j);
@@ -442,7 +442,7 @@ static void push_finished(void *server, ckv_snapio_job *j) {
   t->pushing--;
   char key[256];
   snprintf(key, sizeof key, "%s/%s", j->tenant, j->name);
-  ckv_srv_session *sess = ckv_strmap_get(s->sessions, key);
+  ckv_srv_session *sess = ckv_strmap_get(s->store.sessions, key);
   if (!sess || !sess->tier || sess->tier->seq != q->seq || sess->tier->state != CKV_TIER_PUSHING) {
     /* dropped, or a request brought it back from its tier file meanwhile:
      * the store's copy is nobody's */
@@ -503,7 +503,7 @@ void ckv_tier_scan(ckv_server *s, uint64_t now) {
   if (!t || !t->on || !(t->idle_ms || t->remote) || !s->snapio) return;
   size_t cur = 0;
   ckv_srv_session *sess;
-  while ((sess = ckv_strmap_next(s->sessions, &cur, NULL))) {
+  while ((sess = ckv_strmap_next(s->store.sessions, &cur, NULL))) {
     if (!sess->touched_ms) { /* new to the tier: idle from now on */
       sess->touched_ms = now;
       continue;
@@ -531,7 +531,7 @@ static int apply_restore(ckv_server *s, ckv_srv_session *sess, ckv_snapio_job *j
   ckv_tier_slot *slot = sess->tier;
   tenant_counts *tc = counts_of(t, sess->tenant);
   char err[320], key[256];
-  ckv_server_session_key(sess->tenant, sess->id, key, sizeof key);
+  ckv_store_session_key(sess->tenant, sess->id, key, sizeof key);
   bool remote = slot->remote_copy;
   slot->state = remote ? CKV_TIER_ON_REMOTE : CKV_TIER_ON_DISK; /* unless it comes back below */
   const char *where = remote ? "in the remote store" : "on disk";
@@ -551,10 +551,10 @@ static int apply_restore(ckv_server *s, ckv_srv_session *sess, ckv_snapio_job *j
   ckv_srv_session *ns = NULL;
   if (r == CKV_OK)
     r = ckv_session_snap_restore(&j->snap, sess->id, sess->tenant, s->opt.policy ? s->opt.policy->mlp : NULL,
-                                 &s->next_block_id, &ns, err, sizeof err);
+                                 &s->store.next_block_id, &ns, err, sizeof err);
   if (r == CKV_OK && (r = ckv_srv_session_flush_meta(ns)) < 0)
     snprintf(err, sizeof err, "cannot write the restored headers: %s", ckv_strerror(r));
-  if (r == CKV_OK && (r = ckv_strmap_put(s->sessions, key, ns)) < 0) snprintf(err, sizeof err, "out of memory");
+  if (r == CKV_OK && (r = ckv_strmap_put(s->store.sessions, key, ns)) < 0) snprintf(err, sizeof err, "out of memory");
   if (r < 0) {
     if (ns) {
       ns->dirty_head = NULL;
@@ -584,7 +584,7 @@ static int apply_restore(ckv_server *s, ckv_srv_session *sess, ckv_snapio_job *j
   ns->detached_at_ms = sess->detached_at_ms;
   ns->lane = sess->lane;
   ns->job_failures = sess->job_failures;
-  ns->dirty_head = &s->dirty_head;
+  ns->dirty_head = &s->store.dirty_head;
   ns->touched_ms = ckv_now_ms();
   ns->tier = slot;
   sess->tier = NULL;
@@ -594,7 +594,7 @@ static int apply_restore(ckv_server *s, ckv_srv_session *sess, ckv_snapio_job *j
   slot->writes_open = false;
   memset(slot->bytes5, 0, sizeof slot->bytes5);
   ckv_srv_session_free(sess); /* the record that stood for the session while on disk (no blocks) */
-  ckv_moves_plan(ns, s->compressor, /* flush= */ false);
+  ckv_moves_plan(ns, s->store.compressor, /* flush= */ false);
   if (remote) {
     tc->remote_restores++;
     tc->remote_restore_bytes += slot->file_bytes;
@@ -662,7 +662,7 @@ static void restore_finished(void *server, ckv_snapio_job *j) {
   tier_job *q = (tier_job *)j;
   char key[256];
   snprintf(key, sizeof key, "%s/%s", j->tenant, j->name);
-  ckv_srv_session *sess = ckv_strmap_get(s->sessions, key);
+  ckv_srv_session *sess = ckv_strmap_get(s->store.sessions, key);
   if (!sess || !sess->tier || sess->tier->seq != q->seq || sess->tier->state != CKV_TIER_RESTORING) {
     job_destroy(j); /* dropped meanwhile: its waiting requests were answered then */
     return;
@@ -810,8 +810,8 @@ int ckv_tier_gate(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
   target g;
   if (!t || !c->tenant || !target_of(req, &g) || !g.id || ckv_wire_check_session_id(g.id) < 0) return CKV_OK;
   char key[256];
-  ckv_server_session_key(c->tenant, g.id, key, sizeof key);
-  ckv_srv_session *sess = ckv_strmap_get(s->sessions, key);
+  ckv_store_session_key(c->tenant, g.id, key, sizeof key);
+  ckv_srv_session *sess = ckv_strmap_get(s->store.sessions, key);
   if (!sess) {
     if (req->body_case == COMMITKV__V1__REQUEST__BODY_OPEN_SESSION && !g.resume &&
         ckv_strmap_get(t->leftovers, key)) {
@@ -883,13 +883,13 @@ static unsigned pressure_moves(ckv_server *s, const ckv_tenant *tn, const ckv_sr
                                uint64_t *ret_freeing) {
   ckv_tier *t = s->tier;
   *ret_freeing = 0;
-  size_t n = 0, cap = ckv_strmap_size(s->sessions);
+  size_t n = 0, cap = ckv_strmap_size(s->store.sessions);
   ckv_srv_session **cand = malloc((cap ? cap : 1) * sizeof(*cand));
   if (!cand) return 0;
   size_t cur = 0;
   ckv_srv_session *o;
   uint64_t now = ckv_now_ms(), freeing = 0;
-  while ((o = ckv_strmap_next(s->sessions, &cur, NULL)) && n < cap) {
+  while ((o = ckv_strmap_next(s->store.sessions, &cur, NULL)) && n < cap) {
     if (o == except || o->tenant != tn || !may_go_down(o)) continue;
     /* An attached session's blocks are freed as soon as its file is
      * durable: its worker, between its view and its next request, may be
@@ -925,7 +925,7 @@ static void relieve_stalls(ckv_server *s) {
   if (!t->pressure || t->pressure_inflight || t->replaying) return;
   size_t cur = 0;
   ckv_srv_session *sess;
-  while ((sess = ckv_strmap_next(s->sessions, &cur, NULL))) {
+  while ((sess = ckv_strmap_next(s->store.sessions, &cur, NULL))) {
     uint64_t waiting = ckv_moves_pending(sess);
     if (sess->stalled_on != CKV_ERR_QUOTA || !waiting || sess->doomed || sess->quarantined ||
         ckv_tier_state_of(sess) != CKV_TIER_RESIDENT)
@@ -947,9 +947,9 @@ static void relieve_stalls(ckv_server *s) {
 static void replan_stalled(ckv_server *s) {
   size_t cur = 0;
   ckv_srv_session *sess;
-  while ((sess = ckv_strmap_next(s->sessions, &cur, NULL)))
+  while ((sess = ckv_strmap_next(s->store.sessions, &cur, NULL)))
     if (sess->stalled_on && !sess->doomed && ckv_tier_state_of(sess) == CKV_TIER_RESIDENT)
-      ckv_moves_plan(sess, s->compressor, /* flush= */ false);
+      ckv_moves_plan(sess, s->store.compressor, /* flush= */ false);
 }
 
 int ckv_tier_make_room(ckv_server *s, ckv_conn *c, ckv_srv_session *sess, uint64_t need,
@@ -994,7 +994,7 @@ void ckv_tier_resumed(ckv_server *s, const ckv_srv_session *sess, bool from_remo
   ckv_tier *t = s->tier;
   if (!t) return;
   char key[256];
-  ckv_server_session_key(sess->tenant, sess->id, key, sizeof key);
+  ckv_store_session_key(sess->tenant, sess->id, key, sizeof key);
   forget_leftover(t, key);
   tenant_counts *tc = counts_of(t, sess->tenant);
   if (from_remote) {
@@ -1037,7 +1037,7 @@ void ckv_tier_get_stats(const ckv_server *s, const ckv_tenant *tenant, ckv_tier_
   }
   size_t cur = 0;
   ckv_srv_session *sess;
-  while ((sess = ckv_strmap_next(s->sessions, &cur, NULL))) {
+  while ((sess = ckv_strmap_next(s->store.sessions, &cur, NULL))) {
     if ((tenant && sess->tenant != tenant) || !sess->tier) continue;
     ckv_tier_state st = sess->tier->state;
     if (st == CKV_TIER_RESIDENT || st == CKV_TIER_OFFLOADING) continue;

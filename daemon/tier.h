@@ -154,7 +154,7 @@ int ckv_tier_make_room(ckv_server *s, ckv_conn *c, ckv_srv_session *sess, uint64
  * not fit its tenant's quota has the coldest others written first, queued
  * ahead of its read.) */
 
-/* Session sess is being destroyed (ckv_server_destroy_session): requests
+/* Session sess is being destroyed (ckv_store_drop_session, the store hook): requests
  * parked for it are answered NOT_FOUND, its tier file removed (kept when
  * the daemon is stopping: s->snapio is gone then, and the file is resumable
  * after a restart) and its slot freed. */

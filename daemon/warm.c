@@ -364,7 +364,7 @@ static bool rebuild_session(ckv_server *s, ckv_tenant *t, const char *id) {
     r = CKV_ERR_CORRUPT;
   }
   if (r == CKV_OK)
-    r = ckv_session_snap_restore_kept(&snap, id, t, s->opt.policy ? s->opt.policy->mlp : NULL, &s->next_block_id,
+    r = ckv_session_snap_restore_kept(&snap, id, t, s->opt.policy ? s->opt.policy->mlp : NULL, &s->store.next_block_id,
                                       &sess, err, sizeof err);
   ckv_snap_done(&snap);
   if (r == CKV_OK && (r = ckv_srv_session_flush_meta(sess)) < 0) {
@@ -372,8 +372,8 @@ static bool rebuild_session(ckv_server *s, ckv_tenant *t, const char *id) {
     sess = ckv_srv_session_free(sess);
   }
   char key[256];
-  ckv_server_session_key(t, id, key, sizeof key);
-  if (r == CKV_OK && ckv_strmap_put(s->sessions, key, sess) < 0) {
+  ckv_store_session_key(t, id, key, sizeof key);
+  if (r == CKV_OK && ckv_strmap_put(s->store.sessions, key, sess) < 0) {
     snprintf(err, sizeof err, "out of memory");
     sess = ckv_srv_session_free(sess);
     r = -ENOMEM;
@@ -383,8 +383,8 @@ static bool rebuild_session(ckv_server *s, ckv_tenant *t, const char *id) {
     note_dropped(t->name, id, "%.190s", err);
     return false;
   }
-  sess->dirty_head = &s->dirty_head;
-  sess->lane = ++s->next_lane;
+  sess->dirty_head = &s->store.dirty_head;
+  sess->lane = ++s->store.next_lane;
   sess->owner = 0; /* detached: its worker resumes it (OpenSession resume) within detach_keep */
   sess->detached_at_ms = ckv_now_ms();
   sess->warm_unresumed = true;
@@ -460,19 +460,19 @@ void ckv_warm_start(ckv_server *s) {
       }
     }
     bool dup_name = false;
-    for (size_t k = 0; k < s->n_tenants; k++) dup_name |= strcmp(s->tenants[k]->name, j->name) == 0;
+    for (size_t k = 0; k < s->store.n_tenants; k++) dup_name |= strcmp(s->store.tenants[k]->name, j->name) == 0;
     uint64_t used = 0;
-    for (size_t k = 0; k < s->n_tenants; k++) used += ckv_arena_size(s->tenants[k]->arena);
+    for (size_t k = 0; k < s->store.n_tenants; k++) used += ckv_arena_size(s->store.tenants[k]->arena);
     if (!why && dup_name) why = "the journal names the tenant twice";
     if (!why && used + j->bytes > s->opt.memory_bytes) why = "its arena no longer fits [daemon] memory";
     ckv_tenant *t = NULL;
-    ckv_tenant **nt = why ? NULL : realloc(s->tenants, (s->n_tenants + 1) * sizeof(*nt));
+    ckv_tenant **nt = why ? NULL : realloc(s->store.tenants, (s->store.n_tenants + 1) * sizeof(*nt));
     if (!why && !nt) why = "out of memory";
-    if (nt) s->tenants = nt;
+    if (nt) s->store.tenants = nt;
     if (!why) {
       uint64_t holds = ckv_tenant_quota_for_arena(j->bytes);
       int tr = ckv_tenant_adopt(j->name, j->quota && j->quota < holds ? j->quota : holds, arena,
-                                (uint32_t)s->n_tenants + 1, &t);
+                                (uint32_t)s->store.n_tenants + 1, &t);
       arena = NULL; /* the tenant's now, also on failure */
       if (tr < 0) {
         snprintf(whybuf, sizeof whybuf, "cannot set up its tenant: %s", ckv_strerror(tr));
@@ -493,7 +493,7 @@ void ckv_warm_start(ckv_server *s) {
     t->policies = j->policies;
     t->default_policy = j->default_policy;
     if (s->opt.mem) t->mem = s->opt.mem;
-    s->tenants[s->n_tenants++] = t;
+    s->store.tenants[s->store.n_tenants++] = t;
     close(a->fd); /* the arena keeps a duplicate; the store keeps its own */
     a->fd = -1;
     /* Ours from now on: stored again under this daemon's tag, so this
@@ -544,8 +544,8 @@ size_t ckv_warm_stop(ckv_server *s) {
   if (mkdir(top, 0700) < 0 && errno != EEXIST) {
     ckv_log(CKV_LOG_ERROR, "warm-journal-failed", NULL, NULL, "cannot create %s: %s; nothing is kept", top,
             strerror(errno));
-    for (size_t i = 0; i < s->n_tenants; i++)
-      ckv_fdstore_remove_arena(ckv_arena_generation(s->tenants[i]->arena), owner_tag(s));
+    for (size_t i = 0; i < s->store.n_tenants; i++)
+      ckv_fdstore_remove_arena(ckv_arena_generation(s->store.tenants[i]->arena), owner_tag(s));
     return 0;
   }
   buf m = {0};
@@ -554,10 +554,10 @@ size_t ckv_warm_stop(ckv_server *s) {
   put_u32(&m, ~(uint32_t)CKV_WARM_VERSION);
   put_u64(&m, now_ms_real());
   put_u64(&m, owner_tag(s));
-  put_u32(&m, (uint32_t)s->n_tenants);
+  put_u32(&m, (uint32_t)s->store.n_tenants);
   size_t kept = 0, skipped = 0;
-  for (size_t i = 0; i < s->n_tenants; i++) {
-    ckv_tenant *t = s->tenants[i];
+  for (size_t i = 0; i < s->store.n_tenants; i++) {
+    ckv_tenant *t = s->store.tenants[i];
     put_str(&m, t->name);
     put_u64(&m, ckv_arena_generation(t->arena));
     put_u64(&m, ckv_arena_size(t->arena));
@@ -574,9 +574,9 @@ size_t ckv_warm_stop(ckv_server *s) {
                                          sizeof err) == CKV_OK;
     size_t cursor = 0;
     ckv_srv_session *sess;
-    while (have_dir && (sess = ckv_strmap_next(s->sessions, &cursor, NULL))) {
+    while (have_dir && (sess = ckv_strmap_next(s->store.sessions, &cursor, NULL))) {
       if (sess->tenant != t) continue;
-      ckv_server_settle_session(s, sess);
+      ckv_store_settle_session(&s->store, sess);
       ckv_snap snap;
       /* only sessions whose bytes are all in the arena (an offload in
        * flight has them there too, and its file is abandoned with it) */
@@ -628,15 +628,15 @@ size_t ckv_warm_stop(ckv_server *s) {
             "cannot write the warm-restart journal: %s; nothing is kept", ckv_strerror(r));
     remove_journal(s);
     /* the arenas are freed as usual: the store must not offer them either */
-    for (size_t i = 0; i < s->n_tenants; i++)
-      ckv_fdstore_remove_arena(ckv_arena_generation(s->tenants[i]->arena), owner_tag(s));
+    for (size_t i = 0; i < s->store.n_tenants; i++)
+      ckv_fdstore_remove_arena(ckv_arena_generation(s->store.tenants[i]->arena), owner_tag(s));
     return 0;
   }
   /* Hand the arenas on: no block goes back to an allocator (no hole is
    * punched) and no header is retired while the sessions are freed. */
-  for (size_t i = 0; i < s->n_tenants; i++) ckv_tenant_keep(s->tenants[i]);
+  for (size_t i = 0; i < s->store.n_tenants; i++) ckv_tenant_keep(s->store.tenants[i]);
   ckv_log(CKV_LOG_NOTICE, "warm-journal", NULL, NULL,
           "warm-restart journal written: %zu tenant(s), %zu session(s) kept in their arenas, %zu not journaled",
-          s->n_tenants, kept, skipped);
+          s->store.n_tenants, kept, skipped);
   return kept;
 }

@@ -83,7 +83,7 @@ static int append(ckv_srv_session *s, uint32_t count, const uint8_t *roles, uint
 }
 
 /* Collects and publishes until the session has no job in flight, exactly as
- * ckv_server_collect_jobs does (failed jobs first go to
+ * ckv_store_collect_jobs does (failed jobs first go to
  * ckv_moves_job_failed). */
 static void settle(ckv_srv_session *s) {
   for (;;) {

@@ -259,9 +259,9 @@ int ckv_fuzz_attach_frame(const uint8_t *data, size_t size) {
   CKV_FUZZ_CHECK(s->n_pending == 0, "%zu attaches still pending", s->n_pending);
   CKV_FUZZ_CHECK(s->n_refused == 0, "%zu refused connections still open", s->n_refused);
   CKV_FUZZ_CHECK(ckv_strmap_size(s->conns) == 0, "%zu clients still attached", ckv_strmap_size(s->conns));
-  for (size_t i = 0; i < s->n_tenants; i++)
-    CKV_FUZZ_CHECK(s->tenants[i]->n_clients == 0, "tenant '%s' counts %llu clients", s->tenants[i]->name,
-                   (unsigned long long)s->tenants[i]->n_clients);
+  for (size_t i = 0; i < s->store.n_tenants; i++)
+    CKV_FUZZ_CHECK(s->store.tenants[i]->n_clients == 0, "tenant '%s' counts %llu clients", s->store.tenants[i]->name,
+                   (unsigned long long)s->store.tenants[i]->n_clients);
   int fds = ckv_fuzz_open_fds();
   if (fds != base_fds) ckv_fuzz_print_fds();
   CKV_FUZZ_CHECK(fds == base_fds, "%d descriptors open after the input, %d before", fds, base_fds);

@@ -64,19 +64,19 @@ int ckv_fuzz_requests_init(void) {
 /* Drops every session (each settled first), then checks nothing is left. */
 static void reset_sessions(void) {
   ckv_server *s = g_server;
-  ckv_server_collect_jobs(s);
-  while (ckv_strmap_size(s->sessions)) {
+  ckv_store_collect_jobs(&s->store);
+  while (ckv_strmap_size(s->store.sessions)) {
     size_t cur = 0;
-    ckv_srv_session *sess = ckv_strmap_next(s->sessions, &cur, NULL);
-    ckv_server_settle_session(s, sess);
-    ckv_server_destroy_session(s, sess);
+    ckv_srv_session *sess = ckv_strmap_next(s->store.sessions, &cur, NULL);
+    ckv_store_settle_session(&s->store, sess);
+    ckv_store_drop_session(&s->store, sess);
   }
-  ckv_server_collect_jobs(s);
-  CKV_FUZZ_CHECK(s->n_doomed == 0, "%zu doomed sessions left", s->n_doomed);
+  ckv_store_collect_jobs(&s->store);
+  CKV_FUZZ_CHECK(s->store.n_doomed == 0, "%zu doomed sessions left", s->store.n_doomed);
   CKV_FUZZ_CHECK(g_tenant->n_sessions == 0, "tenant counts %llu sessions", (unsigned long long)g_tenant->n_sessions);
   CKV_FUZZ_CHECK(g_tenant->bytes_used == 0, "all sessions dropped but the tenant holds %llu bytes",
                  (unsigned long long)g_tenant->bytes_used);
-  CKV_FUZZ_CHECK(s->dirty_head == NULL, "a freed session is still on the dirty list");
+  CKV_FUZZ_CHECK(s->store.dirty_head == NULL, "a freed session is still on the dirty list");
   g_conn->hello = false;
   g_conn->version = 0;
 }
