@@ -15,6 +15,16 @@
 
 #include "testutil.h"
 
+/* Under AddressSanitizer the daemon's freed memory waits in ASan's quarantine (256 MB by
+ * default) before it is reused, so its RSS grows with the traffic, not with leaks: a CI run at
+ * -O1 verified 278 MB and grew 52 MB.  Leaks there are LeakSanitizer's to find (at the
+ * daemon's exit); the uninstrumented build keeps the 50 MB bound on its own. */
+#if defined(__SANITIZE_ADDRESS__)
+#define RSS_QUARANTINE_KB 262144.0
+#else
+#define RSS_QUARANTINE_KB 0.0
+#endif
+
 /* The number after "key": in json; NAN when absent. */
 static double num(const char *json, const char *key) {
   char pat[96];
@@ -41,7 +51,7 @@ Test(soak, kills_and_restarts_lose_no_byte, .timeout = 120) {
   cr_expect_geq(num(json, "generations_ok"), 10);
   cr_expect_gt(num(json, "requests"), 1000);
   double drift = num(json, "rss_end_kb") - num(json, "rss_start_kb");
-  cr_expect_lt(drift, 50000, "daemon RSS grew by %.0f kB", drift);
+  cr_expect_lt(drift, 50000 + RSS_QUARANTINE_KB, "daemon RSS grew by %.0f kB", drift);
   free(json);
   free(e);
   ckv_test_rmdir(dir);
