@@ -223,7 +223,8 @@ void ckv_logv(int level, const char *event, const char *tenant, const char *sess
   if (!ckv_log_enabled(level)) return;
   int saved_errno = errno; /* callers often log, then return -errno */
   char msg[LOG_MSG_MAX];
-  if (vsnprintf(msg, sizeof msg, fmt ? fmt : "", ap) < 0) msg[0] = '\0';
+  msg[0] = '\0';
+  if (fmt && vsnprintf(msg, sizeof msg, fmt, ap) < 0) msg[0] = '\0';
   unsigned suppressed;
   if (!rl_admit(level, event, tenant, session, msg, &suppressed)) {
     errno = saved_errno;

@@ -15,6 +15,8 @@
  * whole frame; meanwhile the connection waits in the server's pending set,
  * which bounds how many one uid may hold.  Later AttachRequest{refresh}
  * frames on attached connections are read the same way. */
+#include "daemon/attach.h"
+
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -24,15 +26,16 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "common/clock.h"
 #include "commitkv/status.h"
+#include "common/clock.h"
 #include "common/log.h"
-#include "daemon/server.h"
 #include "common/strmap.h"
-#include "store/tenant.h"
 #include "daemon/utf8.h"
+#include "persist/persist.h"
 #include "shm/arena.h"
 #include "shm/fdpass.h"
+#include "store/session.h"
+#include "store/tenant.h"
 
 #define ATTACH_MAX_FRAME 4096
 #define ATTACH_DEADLINE_MS 1000u /* a whole attach frame must arrive within this */
@@ -164,14 +167,14 @@ static void ckv_attach_serve(ckv_server *s, int fd, const ckv_peer *who, const u
     close(fd);
     return;
   }
-  if (ckv_server_client_limit(s, mapped ? &spec : NULL, msg, sizeof(msg))) {
+  if (ckv_attach_client_limit(s, mapped ? &spec : NULL, msg, sizeof(msg))) {
     refuse(fd, CKV_ERR_LIMIT, msg);
     close(fd);
     return;
   }
   ckv_tenant *t = NULL;
   if (mapped) {
-    t = ckv_server_tenant(s, &spec, &r);
+    t = ckv_attach_tenant(s, &spec, &r);
     if (!t) {
       snprintf(msg, sizeof(msg), "attach: cannot set up tenant '%s': %s", spec.name, ckv_strerror(r));
       ckv_log(CKV_LOG_ERROR, "tenant-failed", spec.name, NULL, "%s", msg);
@@ -231,7 +234,7 @@ static void ckv_attach_serve(ckv_server *s, int fd, const ckv_peer *who, const u
     if (r < 0) {
       snprintf(msg, sizeof(msg), "attach: cannot export the arena: %s", ckv_strerror(r));
       refuse(fd, r, msg);
-      ckv_server_drop_conn(s, c, CKV_LOG_WARNING, "arena export failed");
+      ckv_attach_drop_conn(s, c, CKV_LOG_WARNING, "arena export failed");
       return;
     }
     exported = true;
@@ -425,4 +428,81 @@ bool ckv_attach_conn_input(ckv_server *s, ckv_conn *c) {
   if (send_reply(fd, &rep, rep.n_arenas ? ex.fds : NULL, rep.n_arenas ? ex.n_fds : 0) < 0) return false;
   c->last_seen_ms = ckv_now_ms();
   return true;
+}
+
+/* ---- tenants, limits, a client's end ---- */
+
+ckv_tenant *ckv_attach_tenant(ckv_server *s, const ckv_tenant_spec *spec, int *ret_status) {
+  return ckv_store_tenant(&s->store, spec, ret_status);
+}
+
+void ckv_attach_retune_tenant(ckv_server *s, ckv_tenant *t, const ckv_tenant_spec *spec) {
+  uint64_t holds = ckv_tenant_quota_for_arena(ckv_arena_size(t->arena));
+  uint64_t quota = spec->quota_bytes && spec->quota_bytes < holds ? spec->quota_bytes : holds;
+  if (spec->quota_bytes > holds)
+    ckv_log(CKV_LOG_WARNING, "quota-cut", t->name, NULL,
+            "tenant.%s.quota of %llu bytes is more than its arena of %llu bytes holds: cut to %llu (a "
+            "bigger arena needs a restart)",
+            t->name, (unsigned long long)spec->quota_bytes, (unsigned long long)ckv_arena_size(t->arena),
+            (unsigned long long)quota);
+  uint32_t max_sessions = spec->max_sessions ? spec->max_sessions : s->opt.max_sessions;
+  if (quota != t->quota_bytes || max_sessions != t->max_sessions || spec->max_clients != t->max_clients ||
+      spec->policies != t->policies || spec->default_policy != t->default_policy)
+    ckv_log(CKV_LOG_NOTICE, "tenant-reload", t->name, NULL,
+            "quota %llu -> %llu bytes (%llu in use), max_sessions %u -> %u, max_clients %u -> %u",
+            (unsigned long long)t->quota_bytes, (unsigned long long)quota, (unsigned long long)t->bytes_used,
+            t->max_sessions, max_sessions, t->max_clients, spec->max_clients);
+  /* A quota below what is in use refuses new blocks until enough is freed:
+   * nothing held is taken away by a reload. */
+  t->quota_bytes = quota;
+  t->max_sessions = max_sessions;
+  t->max_clients = spec->max_clients;
+  t->policies = spec->policies;
+  t->default_policy = spec->default_policy;
+}
+
+const char *ckv_attach_client_limit(const ckv_server *s, const ckv_tenant_spec *spec, char *buf, size_t len) {
+  if (spec && spec->name && spec->max_clients) {
+    const ckv_tenant *t = ckv_store_find_tenant(&s->store, spec->name);
+    uint64_t n = t ? t->n_clients : 0;
+    if (n >= spec->max_clients) {
+      snprintf(buf, len, "attach: tenant '%s' has %llu clients attached, its limit (tenant max_clients %u)",
+               spec->name, (unsigned long long)n, spec->max_clients);
+      return buf;
+    }
+  }
+  if (ckv_strmap_size(s->conns) >= s->opt.max_clients) {
+    snprintf(buf, len, "attach: too many clients: %zu attached, the daemon's limit for all tenants (daemon "
+             "max_clients %u)", ckv_strmap_size(s->conns), s->opt.max_clients);
+    return buf;
+  }
+  return NULL;
+}
+
+void ckv_attach_detach_session(ckv_server *s, ckv_srv_session *sess) {
+  sess->owner = 0;
+  sess->detached_at_ms = ckv_now_ms();
+  ckv_srv_session_release_retired(sess); /* no reader is left to protect */
+  s->counters.sessions_detached++;
+}
+
+void ckv_attach_drop_conn(ckv_server *s, ckv_conn *c, int level, const char *why) {
+  size_t cur = 0, detached = 0;
+  ckv_srv_session *sess;
+  while ((sess = ckv_strmap_next(s->store.sessions, &cur, NULL)))
+    if (sess->owner == c->id) {
+      ckv_attach_detach_session(s, sess);
+      detached++;
+    }
+  char kept[96] = "";
+  if (detached)
+    snprintf(kept, sizeof(kept), "; %zu sessions detached, kept %llu ms for resume", detached,
+             (unsigned long long)s->opt.detach_keep_ms);
+  ckv_log(level, "client-gone", c->tenant ? c->tenant->name : NULL, NULL, "client %llu (pid %u, %s): %s%s",
+          (unsigned long long)c->id, c->pid, c->name, why, kept);
+  if (c->tenant) c->tenant->n_clients--;
+  if (c->attach_fd >= 0) close(c->attach_fd);
+  ckv_attach_frame_done(&c->frame);
+  ckv_strmap_del(s->conns, c->keyhex);
+  free(c);
 }

@@ -13,9 +13,10 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
-#include "daemon/config.h"
 #include "common/log.h" /* CKV_PRINTF_FMT */
+#include "daemon/config_types.h"
 
 typedef enum key_type {
   T_STRING,   /* char[] field; `size` is its capacity */

@@ -5,6 +5,8 @@
  * and ownership before it touches state, and answers a failure with a code
  * and a sentence.  Sessions are looked up within the caller's tenant only, so
  * another tenant's session id answers NOT_FOUND, exactly like an unknown id. */
+#include "daemon/handlers.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -13,30 +15,35 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "common/clock.h"
 #include "commitkv/status.h"
-#include "daemon/autosave.h"
-#include "store/compressor.h"
-#include "daemon/config.h"
-#include "store/moves.h"
+#include "common/clock.h"
 #include "common/log.h"
-#include "daemon/metrics.h"
-#include "daemon/remote_snap.h"
-#include "daemon/remote_store.h"
-#include "daemon/server.h"
-#include "store/session.h"
-#include "daemon/session_snap.h"
-#include "daemon/snapdir.h"
-#include "daemon/snapio.h"
-#include "daemon/snapshot.h"
 #include "common/strmap.h"
-#include "store/tenant.h"
-#include "daemon/tier.h"
-#include "daemon/warm.h"
+#include "daemon/attach.h"
+#include "daemon/config.h"
+#include "daemon/metrics.h"
+#include "daemon/parked.h"
+#include "daemon/reply.h"
 #include "daemon/utf8.h"
 #include "lifecycle/policy.h"
 #include "lifecycle/trace.h"
+#include "persist/autosave.h"
+#include "persist/persist.h"
+#include "persist/remote.h"
+#include "persist/remote_snap.h"
+#include "persist/savegame.h"
+#include "persist/session_snap.h"
+#include "persist/snapdir.h"
+#include "persist/snapio.h"
+#include "persist/snapshot.h"
+#include "persist/tier.h"
+#include "persist/warm.h"
 #include "shm/arena.h"
+#include "store/compressor.h"
+#include "store/moves.h"
+#include "store/session.h"
+#include "store/store.h"
+#include "store/tenant.h"
 
 typedef struct reply_ctx {
   Commitkv__V1__Response *rep;
@@ -200,20 +207,6 @@ static Commitkv__V1__Geometry *geometry_msg(ckv_server *s, const ckv_srv_session
   return g;
 }
 
-/* A new (or restored) session joins the server under `key`, owned by client
- * c, in a lane of its own.  On failure it is freed and -ENOMEM returned. */
-static int add_session(ckv_server *s, ckv_conn *c, const char *key, ckv_srv_session *sess) {
-  sess->dirty_head = &s->store.dirty_head;
-  if (ckv_strmap_put(s->store.sessions, key, sess) < 0) {
-    ckv_srv_session_free(sess);
-    return -ENOMEM;
-  }
-  sess->owner = c->id;
-  sess->lane = ++s->store.next_lane;
-  c->tenant->n_sessions++;
-  return CKV_OK;
-}
-
 static int opened_reply(ckv_server *s, ckv_srv_session *sess, bool resumed, reply_ctx *x) {
   Commitkv__V1__SessionOpened *o = NEW(s, Commitkv__V1__SessionOpened, COMMITKV__V1__SESSION_OPENED__INIT);
   if (!o || !(o->geometry = geometry_msg(s, sess))) return -ENOMEM;
@@ -231,11 +224,11 @@ static int opened_reply(ckv_server *s, ckv_srv_session *sess, bool resumed, repl
 
 /* NOT_FOUND for a resume of an id nobody holds, saying so when the warm
  * restart at start dropped it (warm.h): what could not be kept is said. */
-static int not_resumable(ckv_conn *c, const char *id, reply_ctx *x) {
-  const char *why = ckv_warm_dropped(c->tenant->name, id);
+static int not_resumable(const ckv_server *s, const ckv_conn *c, const char *id, reply_ctx *x) {
+  const char *why = ckv_warm_dropped(&s->persist, c->tenant->name, id);
   if (why)
     return fail(x, CKV_ERR_NOT_FOUND, "no session '%s' to resume: the daemon's warm restart dropped it: %s", id, why);
-  if ((why = ckv_warm_unclean())) return fail(x, CKV_ERR_NOT_FOUND, "no session '%s' to resume (%s)", id, why);
+  if ((why = ckv_warm_unclean(&s->persist))) return fail(x, CKV_ERR_NOT_FOUND, "no session '%s' to resume (%s)", id, why);
   return fail(x, CKV_ERR_NOT_FOUND, "no session '%s' to resume", id);
 }
 
@@ -329,8 +322,8 @@ static int h_open(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
   if (r < 0) return fail(x, r, "cannot create session: %s", ckv_strerror(r));
   snprintf(sess->model_id, sizeof sess->model_id, "%s", model_id);
   snprintf(sess->model_revision, sizeof sess->model_revision, "%s", model_revision);
-  if ((r = add_session(s, c, key, sess)) < 0) return fail(x, r, "out of memory");
-  ckv_autosave_session_new(s, sess, false); /* a crash copy of an earlier session of this id goes */
+  if ((r = ckv_store_add_session(&s->store, sess, c->id)) < 0) return fail(x, r, "out of memory");
+  ckv_autosave_session_new(&s->persist, sess, false); /* a crash copy of an earlier session of this id goes */
   ckv_log(CKV_LOG_INFO, "session-open", c->tenant->name, sess->id, "%u layers x %u kv heads x %u dims, policy %s",
           g.n_layers, g.n_kv_heads, g.head_dim, policy);
   return opened_reply(s, sess, false, x);
@@ -397,7 +390,9 @@ static int h_append(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req
      * room before refusing, cheapest
      * loss first: compress draft -> staged, then staged -> committed, then
      * recycle the least valuable tokens (the reply reports every transition). */
-    if ((r = ckv_tier_make_room(s, c, sess, need, req)) == CKV_REPLY_DEFERRED) return r;
+    if (ckv_tier_make_room(&s->persist, sess, need, s->reply_armed) == CKV_TIER_PARK &&
+        (r = ckv_parked_add(s, c, NULL, req)) == CKV_REPLY_DEFERRED)
+      return r; /* served again once those sessions are on disk (out of memory to park it: the old way) */
     ckv_store_settle_session(&s->store, sess);
     for (int from = CKV_STATE_DRAFT; from <= CKV_STATE_STAGED && !ckv_tenant_would_fit(sess->tenant, need); from++) {
       if (ckv_moves_escalate(sess, s->store.compressor, from, &made_room) <= 0) continue;
@@ -529,7 +524,7 @@ static int h_ack(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, r
 static int view_reply(ckv_server *s, ckv_srv_session *sess, reply_ctx *x) {
   Commitkv__V1__View *v = NEW(s, Commitkv__V1__View, COMMITKV__V1__VIEW__INIT);
   if (!v) return -ENOMEM;
-  v->resident = true; /* a view is answered only once the session is back (tier.c parks the request) */
+  v->resident = true; /* a view is answered only once the session is back (the tier parks the request, parked.h) */
   v->tier = (char *)"primary";
   size_t counts[3] = {0};
   for (size_t i = 0; i < sess->n_blocks; i++) {
@@ -616,7 +611,7 @@ static int h_close(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req,
   ckv_srv_session *sess;
   int r = find_session(s, c, req->close_session->session_id, true, &sess, x);
   if (r < 0) return r;
-  ckv_server_detach_session(s, sess);
+  ckv_attach_detach_session(s, sess);
   ckv_log(CKV_LOG_INFO, "session-close", sess->tenant->name, sess->id, "detached; kept %llu ms for resume",
           (unsigned long long)s->opt.detach_keep_ms);
   return CKV_OK;
@@ -640,7 +635,7 @@ static int h_drop(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
     return fail(x, CKV_ERR_BUSY, "session '%s' is attached to another client", d->session_id);
   ckv_log(CKV_LOG_INFO, "session-drop", sess->tenant->name, sess->id, "dropped by client %llu",
           (unsigned long long)c->id);
-  ckv_autosave_forget(s, sess->tenant, sess->id); /* dropped on purpose: never back from a crash copy */
+  ckv_autosave_forget(&s->persist, sess->tenant, sess->id); /* dropped on purpose: never back from a crash copy */
   ckv_store_drop_session(&s->store, sess);
   return CKV_OK;
 }
@@ -652,26 +647,16 @@ static int h_drop(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
  * when the file is written; a restore's file is read and validated there and
  * applied here.  Meanwhile the loop serves everyone else. */
 
-/* One save or restore waiting for the I/O thread. */
+/* One save or restore waiting for the I/O thread: persist/'s part
+ * (savegame.h) and where the reply goes. */
 typedef struct io_request {
-  ckv_snapio_job job; /* first: snapio hands back the job, the request around it */
+  ckv_savegame sg; /* first: snapio hands back the job (sg.job), the request around it */
   ckv_reply_to to;
-  ckv_tenant *tenant;
-  uint64_t charged; /* bytes of tenant->io_bytes (the save's copy) */
-  char id[CKV_SNAP_ID_MAX + 1]; /* save: the session saved; restore: the session to create */
-  /* save */
-  bool committed_only;
-  uint64_t tokens, copy_us;
-  /* restore: what the snapshot must match (empty strings / a zero geometry: not checked) */
-  bool resume, check_id, check_rev;
-  char model_id[CKV_SNAP_MODEL_MAX + 1], model_revision[CKV_SNAP_MODEL_MAX + 1];
-  ckv_geometry geom;
 } io_request;
 
 static void io_request_destroy(ckv_snapio_job *j) {
   io_request *q = (io_request *)j;
-  q->tenant->io_bytes -= q->charged;
-  ckv_snap_done(&q->job.snap);
+  ckv_savegame_done(&q->sg);
   free(q);
 }
 
@@ -681,23 +666,21 @@ static int restore_done(ckv_server *s, ckv_conn *c, io_request *q, reply_ctx *x)
 /* Hands q to the I/O thread (the reply comes later: CKV_REPLY_DEFERRED), or,
  * outside serve_one, runs it here and answers at once.  q is taken either way. */
 static int run_io(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, io_request *q, reply_ctx *x) {
-  q->job.destroy = io_request_destroy;
-  snprintf(q->job.state_dir, sizeof q->job.state_dir, "%s", s->opt.state_dir ? s->opt.state_dir : "");
-  snprintf(q->job.tenant, sizeof q->job.tenant, "%s", c->tenant->name);
-  q->job.remote = s->opt.remote;
+  q->sg.job.destroy = io_request_destroy;
   /* what the store may send: no more than the tenant's arena and token columns could hold */
-  q->job.max_bytes = ckv_arena_size(c->tenant->arena) + (uint64_t)s->opt.max_tokens_per_session * 64u + (1u << 20);
-  q->tenant = c->tenant;
+  ckv_savegame_address(&s->persist, c->tenant,
+                       ckv_arena_size(c->tenant->arena) + (uint64_t)s->opt.max_tokens_per_session * 64u + (1u << 20),
+                       &q->sg);
   if (!s->reply_armed) {
-    ckv_snapio_run(&q->job);
-    int r = q->job.kind == CKV_SNAPIO_SAVE ? save_done(s, q, x) : restore_done(s, c, q, x);
-    io_request_destroy(&q->job);
+    ckv_snapio_run(&q->sg.job);
+    int r = q->sg.job.kind == CKV_SNAPIO_SAVE ? save_done(s, q, x) : restore_done(s, c, q, x);
+    io_request_destroy(&q->sg.job);
     return r;
   }
   q->to = s->reply_to;
   q->to.request_id = req->request_id;
-  if (ckv_snapio_submit(s->snapio, &q->job) < 0) {
-    io_request_destroy(&q->job);
+  if (ckv_snapio_submit(s->persist.snapio, &q->sg.job) < 0) {
+    io_request_destroy(&q->sg.job);
     return fail(x, CKV_ERR_BUSY, "%u snapshot saves and restores are waiting for the disk; retry later",
                 CKV_SNAPIO_DEPTH);
   }
@@ -720,61 +703,39 @@ static int h_save(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
   ckv_store_settle_session(&s->store, sess); /* no move in flight: every byte is where the tokens say */
   io_request *q = calloc(1, sizeof(*q));
   if (!q) return -ENOMEM;
-  q->job.kind = CKV_SNAPIO_SAVE;
-  snprintf(q->job.name, sizeof q->job.name, "%s", name);
-  snprintf(q->job.model_id, sizeof q->job.model_id, "%s", sess->model_id);
-  snprintf(q->job.model_revision, sizeof q->job.model_revision, "%s", sess->model_revision);
-  snprintf(q->id, sizeof q->id, "%s", sess->id);
-  q->committed_only = sv->committed_only;
-  uint64_t t0 = ckv_now_us();
-  char err[320];
-  r = ckv_session_snap_capture(sess, sv->committed_only, &q->job.snap, &q->tokens, err, sizeof err);
-  q->copy_us = ckv_now_us() - t0;
+  char err[400];
+  r = ckv_savegame_capture(&s->persist, sess, name, sv->committed_only, &q->sg, err, sizeof err);
   if (r < 0) {
     free(q);
+    if (r == CKV_ERR_BUSY) return fail(x, r, "%s", err);
     ckv_log(CKV_LOG_ERROR, "session-save", c->tenant->name, sess->id, "saving snapshot '%s' failed: %s", name, err);
     return fail(x, r, "cannot save session '%s': %s", sess->id, err);
   }
-  /* Copies waiting for the disk count against the tenant's quota: a client
-   * asking for save after save cannot make the daemon hold more than one
-   * quota's worth of copies of its tenant. */
-  uint64_t bytes = q->job.snap.buf_len_;
-  if (c->tenant->io_bytes && c->tenant->io_bytes + bytes > c->tenant->quota_bytes) {
-    uint64_t waiting = c->tenant->io_bytes;
-    ckv_snap_done(&q->job.snap);
-    free(q);
-    return fail(x, CKV_ERR_BUSY,
-                "saves of tenant '%s' holding %llu bytes are waiting for the disk; this one needs %llu more (the "
-                "quota is %llu): retry when they are done",
-                c->tenant->name, (unsigned long long)waiting, (unsigned long long)bytes,
-                (unsigned long long)c->tenant->quota_bytes);
-  }
-  c->tenant->io_bytes += bytes;
-  q->charged = bytes;
   return run_io(s, c, req, q, x);
 }
 
 static int save_done(ckv_server *s, io_request *q, reply_ctx *x) {
-  const ckv_snapio_job *j = &q->job;
+  const ckv_savegame *g = &q->sg;
+  const ckv_snapio_job *j = &g->job;
   if (j->status < 0) {
-    ckv_log(CKV_LOG_ERROR, "session-save", q->tenant->name, q->id, "saving snapshot '%s' failed: %s (%s)", j->name,
+    ckv_log(CKV_LOG_ERROR, "session-save", g->tenant->name, g->id, "saving snapshot '%s' failed: %s (%s)", j->name,
             j->err, ckv_status_name(j->status));
-    return fail(x, j->status, "cannot save session '%s': %s (%s)", q->id, j->err, ckv_status_name(j->status));
+    return fail(x, j->status, "cannot save session '%s': %s (%s)", g->id, j->err, ckv_status_name(j->status));
   }
-  ckv_log(CKV_LOG_INFO, "session-save", q->tenant->name, q->id,
+  ckv_log(CKV_LOG_INFO, "session-save", g->tenant->name, g->id,
           "snapshot '%s': %llu bytes, %llu tokens kept%s%llu dropped (draft/staged); copied in %.3f ms on the loop, "
           "written in %.3f ms by the I/O thread",
-          j->name, (unsigned long long)j->bytes, (unsigned long long)q->tokens,
-          q->committed_only ? ", committed only: " : ", ", (unsigned long long)j->snap.dropped_tokens,
-          (double)q->copy_us / 1e3, (double)j->io_us / 1e3);
+          j->name, (unsigned long long)j->bytes, (unsigned long long)g->tokens,
+          g->committed_only ? ", committed only: " : ", ", (unsigned long long)j->snap.dropped_tokens,
+          (double)g->copy_us / 1e3, (double)j->io_us / 1e3);
   /* The remote copy after the local one (pushed by the I/O thread): a store
    * that fails leaves the local snapshot as written, and the reply says both. */
   if (j->remote_status < 0) {
-    ckv_log(CKV_LOG_ERROR, "remote-save", q->tenant->name, q->id,
+    ckv_log(CKV_LOG_ERROR, "remote-save", g->tenant->name, g->id,
             "snapshot '%s' is saved locally, but not in the remote store: %s", j->name, j->remote_err);
     return fail(x, j->remote_status,
                 "session '%s' is saved locally (snapshot '%s', %llu bytes, intact) but not in the remote store: %s",
-                q->id, j->name, (unsigned long long)j->bytes, j->remote_err);
+                g->id, j->name, (unsigned long long)j->bytes, j->remote_err);
   }
   Commitkv__V1__SessionSaved *o = NEW(s, Commitkv__V1__SessionSaved, COMMITKV__V1__SESSION_SAVED__INIT);
   char *nm = ckv_wire_alloc(&s->out, strlen(j->name) + 1);
@@ -782,7 +743,7 @@ static int save_done(ckv_server *s, io_request *q, reply_ctx *x) {
   memcpy(nm, j->name, strlen(j->name) + 1);
   o->name = nm;
   o->bytes = j->bytes;
-  o->tokens = q->tokens;
+  o->tokens = g->tokens;
   o->dropped_tokens = j->snap.dropped_tokens;
   x->rep->body_case = COMMITKV__V1__RESPONSE__BODY_SESSION_SAVED;
   x->rep->session_saved = o;
@@ -813,33 +774,23 @@ static int restore_session(ckv_server *s, ckv_conn *c, const Commitkv__V1__Reque
   int r = restore_allowed(s, c, id, x);
   if (r < 0) return r;
   if ((!s->opt.state_dir || !*s->opt.state_dir) && !s->opt.remote) {
-    if (resume) return not_resumable(c, id, x);
+    if (resume) return not_resumable(s, c, id, x);
     return fail(x, CKV_ERR_INVALID, "the daemon has no state directory for snapshots");
   }
   io_request *q = calloc(1, sizeof(*q));
   if (!q) return -ENOMEM;
-  q->job.kind = CKV_SNAPIO_LOAD;
-  /* a resume finds a session the disk tier held when the daemon stopped */
-  q->job.area = resume ? CKV_SNAPIO_TIER_FIRST : CKV_SNAPIO_SNAPSHOT;
-  q->job.look_remote_tier = resume && ckv_tier_remote_on(s->tier);
-  snprintf(q->job.name, sizeof q->job.name, "%s", name);
-  snprintf(q->id, sizeof q->id, "%s", id);
-  q->resume = resume;
-  q->check_id = model_id != NULL;
-  q->check_rev = model_revision != NULL;
-  snprintf(q->model_id, sizeof q->model_id, "%s", model_id ? model_id : "");
-  snprintf(q->model_revision, sizeof q->model_revision, "%s", model_revision ? model_revision : "");
-  snprintf(q->job.model_id, sizeof q->job.model_id, "%s", q->model_id); /* the store's key */
-  snprintf(q->job.model_revision, sizeof q->job.model_revision, "%s", q->model_revision);
-  if (geom) q->geom = (ckv_geometry){geom->n_layers, geom->n_kv_heads, geom->head_dim, (uint32_t)geom->dtype};
+  ckv_geometry g = {0};
+  if (geom) g = (ckv_geometry){geom->n_layers, geom->n_kv_heads, geom->head_dim, (uint32_t)geom->dtype};
+  ckv_savegame_want_restore(&s->persist, c->tenant, id, name, model_id, model_revision, geom ? &g : NULL, resume,
+                            &q->sg);
   return run_io(s, c, req, q, x);
 }
 
 static int restore_done(ckv_server *s, ckv_conn *c, io_request *q, reply_ctx *x) {
-  ckv_snapio_job *j = &q->job;
-  const char *id = q->id, *name = j->name;
+  ckv_snapio_job *j = &q->sg.job;
+  const char *id = q->sg.id, *name = j->name;
   if (j->status == -ENOENT) {
-    if (q->resume) return not_resumable(c, id, x);
+    if (q->sg.resume) return not_resumable(s, c, id, x);
     return fail(x, CKV_ERR_NOT_FOUND, "no snapshot '%s'", name);
   }
   if (j->status < 0) {
@@ -848,30 +799,14 @@ static int restore_done(ckv_server *s, ckv_conn *c, io_request *q, reply_ctx *x)
   }
   int r = restore_allowed(s, c, id, x);
   if (r < 0) return r;
-  char key[256], err[320];
-  ckv_store_session_key(c->tenant, id, key, sizeof(key));
-  ckv_snap_expect e = {.tenant = c->tenant->name,
-                       .model_id = q->check_id ? q->model_id : NULL,
-                       .model_revision = q->check_rev ? q->model_revision : NULL,
-                       .geom = q->geom.n_layers ? &q->geom : NULL};
-  ckv_srv_session *sess = NULL;
-  if ((r = ckv_snap_check_identity(&j->snap, &e, err, sizeof err)) == CKV_OK)
-    r = ckv_session_snap_restore(&j->snap, id, c->tenant, s->opt.policy->mlp, &s->store.next_block_id, &sess, err,
-                                 sizeof err);
+  char err[320];
   uint64_t dropped = j->snap.dropped_tokens;
   bool mlp_lost = j->snap.params_mlp && !s->opt.policy->mlp;
-  if (r < 0) {
+  ckv_srv_session *sess = NULL;
+  if ((r = ckv_savegame_apply_restore(&s->persist, &q->sg, c->id, &sess, err, sizeof err)) < 0) {
     ckv_log(CKV_LOG_WARNING, "snapshot-refused", c->tenant->name, id, "snapshot '%s' refused: %s", name, err);
     return fail(x, r, "snapshot '%s' refused: %s", name, err);
   }
-  if ((r = ckv_srv_session_flush_meta(sess)) < 0) { /* the rebuilt headers, before anyone reads the blocks */
-    ckv_srv_session_free(sess);
-    return fail(x, r, "cannot write the restored headers: %s", ckv_strerror(r));
-  }
-  if ((r = add_session(s, c, key, sess)) < 0) return fail(x, r, "out of memory");
-  ckv_moves_plan(sess, s->store.compressor, /* flush= */ false); /* what waited for a move when it was saved */
-  if (j->from_tier) ckv_tier_resumed(s, sess, j->from_tier == 2); /* back in memory: its tier copy goes */
-  ckv_autosave_session_new(s, sess, j->from_autosave);
   if (j->autosave_status < 0)
     ckv_log(CKV_LOG_WARNING, "autosave-refused", c->tenant->name, sess->id,
             "its autosave was refused (%s): restored from snapshot '%s' instead", j->autosave_err, name);
@@ -932,10 +867,10 @@ void ckv_handle_io_done(ckv_server *s, ckv_snapio_job *j) {
   if (!c) {
     /* the client went away while its file was read or written: a save is on
      * disk all the same; a restore is not applied (nobody would own it) */
-    ckv_log(CKV_LOG_INFO, q->job.kind == CKV_SNAPIO_SAVE ? "session-save" : "snapshot-refused", q->tenant->name,
-            q->id, "%s of snapshot '%s' finished (%s) after its client left; %s", q->job.kind == CKV_SNAPIO_SAVE ? "save" : "read",
-            q->job.name, q->job.status < 0 ? ckv_status_name(q->job.status) : "ok",
-            q->job.kind == CKV_SNAPIO_SAVE ? "nobody to answer" : "not restored");
+    bool save = j->kind == CKV_SNAPIO_SAVE;
+    ckv_log(CKV_LOG_INFO, save ? "session-save" : "snapshot-refused", q->sg.tenant->name, q->sg.id,
+            "%s of snapshot '%s' finished (%s) after its client left; %s", save ? "save" : "read", j->name,
+            j->status < 0 ? ckv_status_name(j->status) : "ok", save ? "nobody to answer" : "not restored");
     io_request_destroy(j);
     return;
   }
@@ -945,11 +880,11 @@ void ckv_handle_io_done(ckv_server *s, ckv_snapio_job *j) {
   Commitkv__V1__Response rep = COMMITKV__V1__RESPONSE__INIT;
   rep.request_id = q->to.request_id;
   reply_ctx x = {.rep = &rep, .t0_us = ckv_now_us()};
-  int r = q->job.kind == CKV_SNAPIO_SAVE ? save_done(s, q, &x) : restore_done(s, c, q, &x);
+  int r = j->kind == CKV_SNAPIO_SAVE ? save_done(s, q, &x) : restore_done(s, c, q, &x);
   answer_failure(&x, r);
   ckv_reply_to to = q->to;
-  ckv_server_finish_reply(s, c, &rep);
-  ckv_server_send_reply(s, &to, c, &rep);
+  ckv_reply_finish(s, c, &rep);
+  ckv_reply_send(s, &to, c, &rep);
   io_request_destroy(j); /* after the reply: its texts may point into the job */
 }
 
@@ -1059,7 +994,7 @@ static Commitkv__V1__ByteCounts *byte_counts(ckv_server *s, const uint64_t *b5) 
 static int tier_stats(ckv_server *s, const ckv_conn *c, Commitkv__V1__Stats *st) {
   const ckv_tenant *only = c->admin ? NULL : c->tenant;
   ckv_tier_stats d;
-  ckv_tier_get_stats(s, only, &d);
+  ckv_tier_get_stats(&s->persist, only, &d);
   Commitkv__V1__TierStats *p = NEW(s, Commitkv__V1__TierStats, COMMITKV__V1__TIER_STATS__INIT);
   Commitkv__V1__TierStats *k = NEW(s, Commitkv__V1__TierStats, COMMITKV__V1__TIER_STATS__INIT);
   Commitkv__V1__TierStats *m = d.remote_on ? NEW(s, Commitkv__V1__TierStats, COMMITKV__V1__TIER_STATS__INIT) : NULL;
@@ -1266,30 +1201,88 @@ static int h_status(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req
   return CKV_OK;
 }
 
+/* What a request type means before its handler runs (the disk tier's gate
+ * reads it): the session it names, whether it needs that session's K/V in
+ * memory, and who may ask. */
+enum {
+  H_KV = 1u << 0,         /* needs the named session's K/V resident: it comes back from a tier first */
+  H_OWNER_ONLY = 1u << 1, /* only the session's reader may ask (the handler refuses everyone else) */
+  H_OPEN = 1u << 2,       /* OpenSession: with resume it needs K/V (the reader, or nobody's), without it is new */
+  H_APPENDS = 1u << 3,    /* the worker writes K/V from now on (AppendTokens) */
+  H_REPORTS = 1u << 4,    /* the worker has written what it appended (ReportRound) */
+  H_PREFETCH = 1u << 5,   /* Acquire: with prefetch the read starts and the request is answered at once */
+};
+
 typedef struct handler_entry {
   Commitkv__V1__Request__BodyCase kind;
   const char *name;
   handler_fn fn;
+  unsigned flags;
+  /* The session the request names (NULL: none, or the session may stay where it is). */
+  const char *(*session_of)(const Commitkv__V1__Request *req);
 } handler_entry;
 
+static const char *open_session_id(const Commitkv__V1__Request *r) { return r->open_session->session_id; }
+static const char *append_session_id(const Commitkv__V1__Request *r) { return r->append_tokens->session_id; }
+static const char *report_session_id(const Commitkv__V1__Request *r) { return r->report_round->session_id; }
+static const char *ack_session_id(const Commitkv__V1__Request *r) { return r->ack_epoch->session_id; }
+static const char *acquire_session_id(const Commitkv__V1__Request *r) { return r->acquire->session_id; }
+static const char *view_session_id(const Commitkv__V1__Request *r) { return r->get_view->session_id; }
+static const char *save_session_id(const Commitkv__V1__Request *r) { return r->save_session->session_id; }
+static const char *close_session_id(const Commitkv__V1__Request *r) { return r->close_session->session_id; }
+
+/* Drop, Restore, Stats and the lists name no session the tier must bring
+ * back: a dropped session's file goes with it (ckv_tier_forget). */
 static const handler_entry k_handlers[] = {
-    {COMMITKV__V1__REQUEST__BODY_HELLO, "hello", h_hello},
-    {COMMITKV__V1__REQUEST__BODY_OPEN_SESSION, "open_session", h_open},
-    {COMMITKV__V1__REQUEST__BODY_APPEND_TOKENS, "append_tokens", h_append},
-    {COMMITKV__V1__REQUEST__BODY_REPORT_ROUND, "report_round", h_report},
-    {COMMITKV__V1__REQUEST__BODY_ACK_EPOCH, "ack_epoch", h_ack},
-    {COMMITKV__V1__REQUEST__BODY_ACQUIRE, "acquire", h_acquire},
-    {COMMITKV__V1__REQUEST__BODY_GET_VIEW, "get_view", h_view},
-    {COMMITKV__V1__REQUEST__BODY_SAVE_SESSION, "save_session", h_save},
-    {COMMITKV__V1__REQUEST__BODY_RESTORE_SESSION, "restore_session", h_restore},
-    {COMMITKV__V1__REQUEST__BODY_CLOSE_SESSION, "close_session", h_close},
-    {COMMITKV__V1__REQUEST__BODY_DROP_SESSION, "drop_session", h_drop},
-    {COMMITKV__V1__REQUEST__BODY_STATS, "stats", h_stats},
-    {COMMITKV__V1__REQUEST__BODY_LIST_SESSIONS, "list_sessions", h_list},
-    {COMMITKV__V1__REQUEST__BODY_HEARTBEAT, "heartbeat", h_heartbeat},
-    {COMMITKV__V1__REQUEST__BODY_STATUS, "status", h_status},
-    {COMMITKV__V1__REQUEST__BODY_LIST_SNAPSHOTS, "list_snapshots", h_list_snapshots},
+    {COMMITKV__V1__REQUEST__BODY_HELLO, "hello", h_hello, 0, NULL},
+    {COMMITKV__V1__REQUEST__BODY_OPEN_SESSION, "open_session", h_open, H_OPEN, open_session_id},
+    {COMMITKV__V1__REQUEST__BODY_APPEND_TOKENS, "append_tokens", h_append, H_KV | H_OWNER_ONLY | H_APPENDS,
+     append_session_id},
+    {COMMITKV__V1__REQUEST__BODY_REPORT_ROUND, "report_round", h_report, H_KV | H_OWNER_ONLY | H_REPORTS,
+     report_session_id},
+    {COMMITKV__V1__REQUEST__BODY_ACK_EPOCH, "ack_epoch", h_ack, H_OWNER_ONLY, ack_session_id},
+    {COMMITKV__V1__REQUEST__BODY_ACQUIRE, "acquire", h_acquire, H_KV | H_OWNER_ONLY | H_PREFETCH, acquire_session_id},
+    {COMMITKV__V1__REQUEST__BODY_GET_VIEW, "get_view", h_view, H_KV | H_OWNER_ONLY, view_session_id},
+    {COMMITKV__V1__REQUEST__BODY_SAVE_SESSION, "save_session", h_save, H_KV, save_session_id},
+    {COMMITKV__V1__REQUEST__BODY_RESTORE_SESSION, "restore_session", h_restore, 0, NULL},
+    {COMMITKV__V1__REQUEST__BODY_CLOSE_SESSION, "close_session", h_close, H_OWNER_ONLY, close_session_id},
+    {COMMITKV__V1__REQUEST__BODY_DROP_SESSION, "drop_session", h_drop, 0, NULL},
+    {COMMITKV__V1__REQUEST__BODY_STATS, "stats", h_stats, 0, NULL},
+    {COMMITKV__V1__REQUEST__BODY_LIST_SESSIONS, "list_sessions", h_list, 0, NULL},
+    {COMMITKV__V1__REQUEST__BODY_HEARTBEAT, "heartbeat", h_heartbeat, 0, NULL},
+    {COMMITKV__V1__REQUEST__BODY_STATUS, "status", h_status, 0, NULL},
+    {COMMITKV__V1__REQUEST__BODY_LIST_SNAPSHOTS, "list_snapshots", h_list_snapshots, 0, NULL},
 };
+
+/* The disk tier first: a session on disk (or in the remote store) comes back
+ * before its request is handled.  CKV_OK: handle it now; CKV_REPLY_DEFERRED:
+ * it waits (parked.h); < 0: refuse it with the text in x->msg. */
+static int tier_gate(ckv_server *s, ckv_conn *c, const handler_entry *h, const Commitkv__V1__Request *req,
+                     reply_ctx *x) {
+  const char *id = h->session_of ? h->session_of(req) : NULL;
+  if (!c->tenant || !id || ckv_wire_check_session_id(id) < 0) return CKV_OK; /* the handler refuses what is wrong */
+  bool resume = (h->flags & H_OPEN) && req->open_session->resume;
+  const ckv_tier_request tr = {
+      .tenant = c->tenant,
+      .id = id,
+      .client = c->id,
+      .kv = (h->flags & H_KV) || resume,
+      .owner_only = h->flags & H_OWNER_ONLY,
+      .resume = resume,
+      .open_new = (h->flags & H_OPEN) && !resume,
+      .appends = h->flags & H_APPENDS,
+      .reports = h->flags & H_REPORTS,
+      .prefetch = (h->flags & H_PREFETCH) && req->acquire->prefetch,
+      .can_wait = s->reply_armed,
+      .model_id = (h->flags & H_OPEN) ? req->open_session->model_id : NULL,
+      .model_revision = (h->flags & H_OPEN) ? req->open_session->model_revision : NULL,
+  };
+  int r = ckv_tier_gate(&s->persist, &tr, x->msg, sizeof x->msg);
+  if (r != CKV_TIER_PARK) return r;
+  char key[256];
+  ckv_store_session_key(c->tenant, id, key, sizeof key);
+  return ckv_parked_add(s, c, key, req);
+}
 
 void ckv_handle_request(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, Commitkv__V1__Response *rep) {
   reply_ctx x = {.rep = rep, .t0_us = ckv_now_us()};
@@ -1301,12 +1294,40 @@ void ckv_handle_request(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request 
     const handler_entry *h = NULL;
     for (size_t i = 0; i < sizeof(k_handlers) / sizeof(k_handlers[0]); i++)
       if (k_handlers[i].kind == req->body_case) h = &k_handlers[i];
-    /* the disk tier first: a session on disk comes back before its request */
-    r = h ? ckv_tier_gate(s, c, req, x.msg, sizeof x.msg) : CKV_OK;
+    r = h ? tier_gate(s, c, h, req, &x) : CKV_OK;
     if (r == CKV_OK)
       r = h ? h->fn(s, c, req, &x) : fail(&x, CKV_ERR_INVALID, "empty or unknown request type %d", (int)req->body_case);
     else if (r < 0)
       ckv_utf8_trim(x.msg);
   }
   answer_failure(&x, r);
+}
+
+/* The payload of one request from client c, answered into rep: the
+ * max_message cap, the capped decode into the per-request arena, the
+ * handler.  serve_one calls it once the routing id named c; the request
+ * fuzzer (tests/fuzz) calls it the same way. */
+void ckv_handle_payload(ckv_server *s, ckv_conn *c, const void *data, size_t len, Commitkv__V1__Response *rep) {
+  static char msg[256];
+  c->last_seen_ms = ckv_now_ms();
+  if (len > s->opt.max_message) {
+    rep->code = CKV_ERR_TOO_LARGE;
+    rep->request_id = ckv_wire_peek_request_id(data, len);
+    snprintf(msg, sizeof(msg),
+             "request of %zu bytes is over max_message (%llu bytes); it was dropped undecoded (above %lld bytes "
+             "the connection is closed instead)",
+             len, (unsigned long long)s->opt.max_message, (long long)ckv_transport_cap(s->opt.max_message));
+    rep->message = msg;
+    return;
+  }
+  Commitkv__V1__Request *req = NULL;
+  int r = ckv_wire_decode_request(&s->in, data, len, &req);
+  if (r < 0) {
+    rep->code = r;
+    snprintf(msg, sizeof(msg), "could not decode a commitkv.v1.Request from %zu bytes", len);
+    rep->message = msg;
+    return;
+  }
+  rep->request_id = req->request_id;
+  ckv_handle_request(s, c, req, rep);
 }

@@ -3,6 +3,8 @@
  * Runs in the foreground (systemd style).  Configuration comes from the INI
  * file (--config) with the flags applied over it; --check-config validates a
  * file and prints the effective configuration. */
+#include "daemon/server.h"
+
 #include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
@@ -12,17 +14,17 @@
 #include <unistd.h>
 
 #include "commitkv/status.h"
-#include "daemon/backend.h"
-#include "store/blockmem.h"
-#include "daemon/config.h"
 #include "common/log.h"
-#include "daemon/remote_store.h"
-#include "daemon/server.h"
-#include "daemon/warm.h"
-#include "store/tenant.h"
+#include "daemon/attach.h"
+#include "daemon/backend.h"
+#include "daemon/config.h"
 #include "lifecycle/judge.h"
 #include "lifecycle/mlp.h"
 #include "lifecycle/trace.h"
+#include "persist/remote.h"
+#include "persist/warm.h"
+#include "store/blockmem.h"
+#include "store/tenant.h"
 
 static void usage(FILE *out) {
   fprintf(out,
@@ -163,7 +165,7 @@ static void reload(app *a) {
       if (!tc) continue;
       ckv_tenant_spec spec = {.default_policy = -1};
       tenant_spec(&a->cfg, tc, &spec);
-      ckv_server_retune_tenant(a->server, t, &spec);
+      ckv_attach_retune_tenant(a->server, t, &spec);
     }
     ckv_log(CKV_LOG_NOTICE, "reload", NULL, NULL, "configuration reloaded from %s", a->config_path);
   }
@@ -180,7 +182,7 @@ static void on_tick(void *ctx, const char *status) {
   if (a->notify) sd_notifyf(0, "WATCHDOG=1\nSTATUS=%s", status);
 }
 
-/* The remote store of `remote` (remote_store.h), or *ret NULL when none is
+/* The remote store of `remote` (remote.h), or *ret NULL when none is
  * configured.  A store that does not answer yet is a warning, not a failure:
  * it is asked again on every save and restore, and KV serving must not wait
  * for it. */
@@ -420,9 +422,9 @@ int main(int argc, char **argv) {
     return 1;
   }
   a.server->trace = a.trace;
-  ckv_warm_start(a.server); /* arenas and sessions a warm restart kept (warm.h) */
+  ckv_warm_start(&a.server->persist); /* arenas and sessions a warm restart kept (warm.h) */
   r = ckv_server_run(a.server);
-  if (r == 0) ckv_warm_stop(a.server); /* a clean stop hands the arenas on */
+  if (r == 0) ckv_warm_stop(&a.server->persist); /* a clean stop hands the arenas on */
   if (a.notify) sd_notify(0, "STOPPING=1\nSTATUS=draining");
   a.server = ckv_server_free(a.server);
   remote = ckv_remote_free(remote); /* after the server: the drain may still save */

@@ -144,7 +144,7 @@ typedef struct ckv_metrics_snapshot {
   uint64_t attaches_total, attach_refused_total;
   uint64_t compress_queue_depth; /* jobs queued now (stats compress_queue) */
   uint64_t compress_jobs_total, compress_refused_total;
-  /* The remote store (remote_store.h); all 0 when none is configured. */
+  /* The remote store (remote.h); all 0 when none is configured. */
   uint64_t remote_saves_total, remote_save_bytes_total, remote_loads_total, remote_load_bytes_total;
   uint64_t remote_misses_total, remote_errors_total;
   ckv_metrics_tenant *tenants;

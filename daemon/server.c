@@ -6,9 +6,7 @@
  * once instead of after lease_ms).  Replies are sent with
  * ZMQ_DONTWAIT and ZMQ_ROUTER_MANDATORY, so a slow or vanished peer costs a
  * dropped reply (counted), never a stalled loop. */
-#include "common/clock.h"
 #include "daemon/server.h"
-#include "daemon/snapdir.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -25,36 +23,39 @@
 #include <zmq.h>
 
 #include "commitkv/status.h"
-#include "daemon/autosave.h"
-#include "store/compressor.h"
-#include "store/moves.h"
-#include "daemon/activation.h"
-#include "daemon/instance.h"
+#include "common/clock.h"
 #include "common/log.h"
-#include "daemon/metrics.h"
-#include "store/session.h"
-#include "daemon/snapio.h"
 #include "common/strmap.h"
-#include "store/tenant.h"
-#include "daemon/warm.h"
-#include "daemon/tier.h"
+#include "daemon/activation.h"
+#include "daemon/attach.h"
+#include "daemon/handlers.h"
+#include "daemon/instance.h"
+#include "daemon/metrics.h"
+#include "daemon/parked.h"
+#include "daemon/reply.h"
+#include "daemon/server_metrics.h"
+#include "persist/autosave.h"
+#include "persist/persist.h"
+#include "persist/service.h"
+#include "persist/snapdir.h"
+#include "persist/snapio.h"
+#include "persist/tier.h"
+#include "persist/warm.h"
 #include "shm/arena.h"
 #include "shm/fdpass.h"
+#include "store/compressor.h"
+#include "store/moves.h"
+#include "store/session.h"
+#include "store/tenant.h"
 
 #define HOUSEKEEPING_MS 100u
 #define MAX_BATCH 512
 #define ACCEPT_BATCH 64 /* attach connections accepted per loop turn (the listen backlog) */
 
-/* Requests over max_message are answered CKV_ERR_TOO_LARGE and dropped
- * undecoded, which needs ZeroMQ to deliver them: its own limit
- * (ZMQ_MAXMSGSIZE, which silently drops the peer's connection) sits at this
- * hard cap instead, so no frame above it is ever buffered. */
-static int64_t transport_cap(uint64_t max_message) { return (int64_t)(2 * max_message + (64u << 10)); }
-
 /* Store hooks (store.h): what the rooms above learn of store events. */
 static void on_session_gone(void *ctx, ckv_srv_session *sess) {
   ckv_server *s = ctx;
-  ckv_tier_forget(s, sess); /* its tier file, requests waiting for it */
+  ckv_tier_forget(&s->persist, sess); /* its tier file, requests waiting for it */
   s->counters.semantic_given += sess->semantic_given;
   for (int i = 0; i < 4; i++)
     for (int j = 0; j < 4; j++) s->counters.transitions[i][j] += sess->transitions[i][j];
@@ -65,7 +66,63 @@ static void on_job_done(void *ctx, ckv_srv_session *sess, const ckv_job *j) {
   ckv_metrics_observe_compress_tenant(s->metrics, sess->tenant->name, (double)(j->done_ns - j->submitted_ns) * 1e-9);
 }
 
-static const ckv_store_hooks k_store_hooks = {.session_gone = on_session_gone, .job_done = on_job_done};
+static void on_tenant_up(void *ctx, ckv_tenant *t) {
+  ckv_server *s = ctx;
+  ckv_warm_tenant_up(&s->persist, t); /* its arena to systemd's fd store: a restart keeps it */
+}
+
+static const ckv_store_hooks k_store_hooks = {
+    .session_gone = on_session_gone, .job_done = on_job_done, .tenant_up = on_tenant_up};
+
+/* A request that waited (parked.h): the error r (msg) or, when r is CKV_OK,
+ * the request served now, as serve_one serves it (it may be deferred again). */
+static void serve_parked(ckv_server *s, const ckv_parked_req *p, int r, const char *msg) {
+  ckv_conn *c = ckv_strmap_get(s->conns, p->to.keyhex);
+  if (!c || c->id != p->to.conn_id) return; /* gone meanwhile */
+  c->io_inflight--;
+  c->last_seen_ms = ckv_now_ms();
+  ckv_wire_reset(&s->out);
+  Commitkv__V1__Response rep = COMMITKV__V1__RESPONSE__INIT;
+  rep.request_id = p->to.request_id;
+  bool deferred = false;
+  if (r < 0) {
+    rep.code = r;
+    rep.message = (char *)msg;
+  } else {
+    s->reply_to = p->to;
+    s->reply_armed = true;
+    s->reply_deferred = false;
+    ckv_handle_payload(s, c, p->data, p->len, &rep);
+    deferred = s->reply_deferred;
+    s->reply_armed = s->reply_deferred = false;
+  }
+  if (!deferred) {
+    ckv_reply_finish(s, c, &rep);
+    ckv_reply_send(s, &p->to, c, &rep);
+  }
+}
+
+/* Serves (or answers) every request of list p, taken out before: serving
+ * one may park new ones. */
+static void serve_parked_list(ckv_server *s, ckv_parked_req *p, int r, const char *msg) {
+  while (p) {
+    ckv_parked_req *next = p->next;
+    if (s->conns) serve_parked(s, p, r, msg);
+    free(p);
+    p = next;
+  }
+}
+
+/* Persist hooks (persist.h): requests that waited for their session or for room go on. */
+static void on_session_ready(void *ctx, const char *key, int status, const char *msg) {
+  ckv_server *s = ctx;
+  serve_parked_list(s, ckv_parked_take(s, key), status, msg);
+}
+
+static void on_room_made(void *ctx) {
+  ckv_server *s = ctx;
+  serve_parked_list(s, ckv_parked_take(s, NULL), CKV_OK, NULL);
+}
 
 static int set_sockopt_int(void *sock, int opt, int v) { return zmq_setsockopt(sock, opt, &v, sizeof(v)); }
 
@@ -106,6 +163,8 @@ int ckv_server_new(const ckv_server_options *opt, ckv_server **ret, char *err, s
     goto fail;
   }
   if ((r = ckv_strmap_new(&s->conns)) < 0 || (r = ckv_store_init(&s->store, &k_store_hooks, s)) < 0) goto fail_nomem;
+  s->store.limits = (ckv_store_limits){
+      .memory_bytes = opt->memory_bytes, .max_sessions = opt->max_sessions, .backend = s->backend, .mem = opt->mem};
   /* The decode cap: a request may expand when unpacked (repeated fields, maps);
    * twice its wire size plus slack bounds what protobuf-c may allocate. */
   if ((r = ckv_wire_arena_init(&s->in, (size_t)opt->max_message * 2 + 65536)) < 0) goto fail_nomem;
@@ -135,20 +194,27 @@ int ckv_server_new(const ckv_server_options *opt, ckv_server **ret, char *err, s
     snprintf(err, errlen, "cannot start the compressor: %s", ckv_strerror(r));
     goto fail;
   }
-  if ((r = ckv_snapio_new(CKV_SNAPIO_DEPTH, &s->snapio)) < 0) {
-    snprintf(err, errlen, "cannot start the snapshot I/O thread: %s", ckv_strerror(r));
-    goto fail;
-  }
-  if ((r = ckv_tier_new(opt->disk_idle_ms, opt->disk_memory, opt->disk_pressure, opt->state_dir, &s->tier)) < 0)
-    goto fail_nomem;
-  ckv_tier_set_remote(s->tier, opt->remote, opt->remote_idle_ms);
+  uint64_t owner_tag;
+  memcpy(&owner_tag, s->boot_token, sizeof owner_tag);
+  const ckv_persist_options po = {.state_dir = opt->state_dir,
+                                  .disk_idle_ms = opt->disk_idle_ms,
+                                  .disk_memory = opt->disk_memory,
+                                  .disk_pressure = opt->disk_pressure,
+                                  .remote_idle_ms = opt->remote_idle_ms,
+                                  .remote = opt->remote,
+                                  .autosave_ms = opt->autosave_ms,
+                                  .policy = opt->policy,
+                                  .backend = s->backend,
+                                  .owner_tag = owner_tag};
+  const ckv_persist_hooks ph = {.session_ready = on_session_ready, .room_made = on_room_made, .ctx = s};
+  if ((r = ckv_persist_init(&s->persist, &s->store, &po, &ph, err, errlen)) < 0) goto fail;
 
   s->zctx = zmq_ctx_new();
   if (!s->zctx) goto fail_nomem;
   zmq_ctx_set(s->zctx, ZMQ_BLOCKY, 0); /* a context option: zmq_setsockopt on the context read it as a socket */
   s->router = zmq_socket(s->zctx, ZMQ_ROUTER);
   if (!s->router) goto fail_nomem;
-  int64_t maxmsg = transport_cap(opt->max_message);
+  int64_t maxmsg = ckv_transport_cap(opt->max_message);
   zmq_setsockopt(s->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
   set_sockopt_int(s->router, ZMQ_ROUTER_MANDATORY, 1);
   set_sockopt_int(s->router, ZMQ_LINGER, 0);
@@ -202,48 +268,21 @@ fail:
   return r;
 }
 
-void ckv_server_detach_session(ckv_server *s, ckv_srv_session *sess) {
-  sess->owner = 0;
-  sess->detached_at_ms = ckv_now_ms();
-  ckv_srv_session_release_retired(sess); /* no reader is left to protect */
-  s->counters.sessions_detached++;
-}
-
-void ckv_server_drop_conn(ckv_server *s, ckv_conn *c, int level, const char *why) {
-  size_t cur = 0, detached = 0;
-  ckv_srv_session *sess;
-  while ((sess = ckv_strmap_next(s->store.sessions, &cur, NULL)))
-    if (sess->owner == c->id) {
-      ckv_server_detach_session(s, sess);
-      detached++;
-    }
-  char kept[96] = "";
-  if (detached)
-    snprintf(kept, sizeof(kept), "; %zu sessions detached, kept %llu ms for resume", detached,
-             (unsigned long long)s->opt.detach_keep_ms);
-  ckv_log(level, "client-gone", c->tenant ? c->tenant->name : NULL, NULL, "client %llu (pid %u, %s): %s%s",
-          (unsigned long long)c->id, c->pid, c->name, why, kept);
-  if (c->tenant) c->tenant->n_clients--;
-  if (c->attach_fd >= 0) close(c->attach_fd);
-  ckv_attach_frame_done(&c->frame);
-  ckv_strmap_del(s->conns, c->keyhex);
-  free(c);
-}
-
 ckv_server *ckv_server_free(ckv_server *s) {
   if (!s) return NULL;
   if (s->conns) {
     size_t cur = 0;
     ckv_conn *c;
-    while ((c = ckv_strmap_next(s->conns, &cur, NULL))) ckv_server_drop_conn(s, c, CKV_LOG_INFO, "daemon stopping");
+    while ((c = ckv_strmap_next(s->conns, &cur, NULL))) ckv_attach_drop_conn(s, c, CKV_LOG_INFO, "daemon stopping");
   }
   /* Stop the compressor first: its threads may still write blocks. */
   ckv_store_stop_compressor(&s->store);
   /* Unanswered snapshot jobs go before the tenants they are charged to. */
-  s->snapio = ckv_snapio_free(s->snapio);
+  ckv_persist_stop_io(&s->persist);
   ckv_store_drop_all(&s->store);
-  s->tier = ckv_tier_free(s->tier);
+  ckv_persist_done(&s->persist);
   ckv_store_done(&s->store);
+  ckv_parked_free(s);
   s->conns = ckv_strmap_free(s->conns);
   if (s->router) zmq_close(s->router);
   if (s->zctx) zmq_ctx_term(s->zctx);
@@ -261,110 +300,6 @@ ckv_server *ckv_server_free(ckv_server *s) {
   return NULL;
 }
 
-ckv_tenant *ckv_server_tenant(ckv_server *s, const ckv_tenant_spec *spec, int *ret_status) {
-  ckv_tenant *t = ckv_store_find_tenant(&s->store, spec->name);
-  if (t) return t;
-  /* The budget: every arena comes out of memory_bytes, in whole chunks, so
-   * that their sizes (what a GPU must really hold) never add up to more. */
-  const uint64_t align = CKV_TENANT_ARENA_ALIGN;
-  uint64_t used = ckv_store_arenas_bytes(&s->store);
-  uint64_t left = s->opt.memory_bytes > used ? (s->opt.memory_bytes - used) / align * align : 0;
-  uint64_t want = spec->quota_bytes ? ckv_tenant_arena_for_quota(spec->quota_bytes)
-                                    : spec->arena_bytes ? spec->arena_bytes / align * align : left;
-  uint64_t arena = want < left ? want : left;
-  if (arena < CKV_TENANT_ARENA_MIN) {
-    ckv_log(CKV_LOG_ERROR, "tenant-refused", spec->name, NULL,
-            "no memory left for an arena: the %zu tenants' arenas hold %llu of the daemon's %llu bytes "
-            "([daemon] memory), %llu left, an arena needs at least %llu",
-            s->store.n_tenants, (unsigned long long)used, (unsigned long long)s->opt.memory_bytes,
-            (unsigned long long)left, (unsigned long long)CKV_TENANT_ARENA_MIN);
-    *ret_status = CKV_ERR_NOSPACE;
-    return NULL;
-  }
-  uint64_t holds = ckv_tenant_quota_for_arena(arena);
-  uint64_t quota = spec->quota_bytes && spec->quota_bytes < holds ? spec->quota_bytes : holds;
-  if (spec->quota_bytes && quota < spec->quota_bytes)
-    ckv_log(CKV_LOG_WARNING, "quota-cut", spec->name, NULL,
-            "quota of %llu bytes cut to %llu: only %llu bytes of the daemon's memory ([daemon] memory, %llu) "
-            "are left for its arena",
-            (unsigned long long)spec->quota_bytes, (unsigned long long)quota, (unsigned long long)left,
-            (unsigned long long)s->opt.memory_bytes);
-  ckv_tenant **nt = realloc(s->store.tenants, (s->store.n_tenants + 1) * sizeof(*nt));
-  if (!nt) {
-    *ret_status = -ENOMEM;
-    return NULL;
-  }
-  s->store.tenants = nt;
-  int r = ckv_tenant_new(spec->name, quota, arena, (uint32_t)s->store.n_tenants + 1, s->backend, &t);
-  if (r < 0) {
-    *ret_status = r;
-    return NULL;
-  }
-  if (ckv_arena_size(t->arena) > left) { /* a backend granularity above the chunk size */
-    ckv_log(CKV_LOG_ERROR, "tenant-refused", spec->name, NULL,
-            "the backend made an arena of %llu bytes where %llu were left of the daemon's memory",
-            (unsigned long long)ckv_arena_size(t->arena), (unsigned long long)left);
-    ckv_tenant_free(t);
-    *ret_status = CKV_ERR_NOSPACE;
-    return NULL;
-  }
-  t->max_sessions = spec->max_sessions ? spec->max_sessions : s->opt.max_sessions;
-  t->max_clients = spec->max_clients;
-  t->policies = spec->policies;
-  t->default_policy = spec->default_policy;
-  if (s->opt.mem) t->mem = s->opt.mem;
-  s->store.tenants[s->store.n_tenants++] = t;
-  ckv_warm_tenant_up(s, t); /* its arena to systemd's fd store: a restart keeps it */
-  ckv_log(CKV_LOG_INFO, "tenant-up", t->name, NULL,
-          "arena %u of %llu bytes (%s), quota %llu bytes; %llu of %llu bytes of memory left", t->arena_id,
-          (unsigned long long)ckv_arena_size(t->arena), ckv_arena_kind(t->arena), (unsigned long long)quota,
-          (unsigned long long)(left - ckv_arena_size(t->arena)), (unsigned long long)s->opt.memory_bytes);
-  return t;
-}
-
-void ckv_server_retune_tenant(ckv_server *s, ckv_tenant *t, const ckv_tenant_spec *spec) {
-  uint64_t holds = ckv_tenant_quota_for_arena(ckv_arena_size(t->arena));
-  uint64_t quota = spec->quota_bytes && spec->quota_bytes < holds ? spec->quota_bytes : holds;
-  if (spec->quota_bytes > holds)
-    ckv_log(CKV_LOG_WARNING, "quota-cut", t->name, NULL,
-            "tenant.%s.quota of %llu bytes is more than its arena of %llu bytes holds: cut to %llu (a "
-            "bigger arena needs a restart)",
-            t->name, (unsigned long long)spec->quota_bytes, (unsigned long long)ckv_arena_size(t->arena),
-            (unsigned long long)quota);
-  uint32_t max_sessions = spec->max_sessions ? spec->max_sessions : s->opt.max_sessions;
-  if (quota != t->quota_bytes || max_sessions != t->max_sessions || spec->max_clients != t->max_clients ||
-      spec->policies != t->policies || spec->default_policy != t->default_policy)
-    ckv_log(CKV_LOG_NOTICE, "tenant-reload", t->name, NULL,
-            "quota %llu -> %llu bytes (%llu in use), max_sessions %u -> %u, max_clients %u -> %u",
-            (unsigned long long)t->quota_bytes, (unsigned long long)quota, (unsigned long long)t->bytes_used,
-            t->max_sessions, max_sessions, t->max_clients, spec->max_clients);
-  /* A quota below what is in use refuses new blocks until enough is freed:
-   * nothing held is taken away by a reload. */
-  t->quota_bytes = quota;
-  t->max_sessions = max_sessions;
-  t->max_clients = spec->max_clients;
-  t->policies = spec->policies;
-  t->default_policy = spec->default_policy;
-}
-
-const char *ckv_server_client_limit(const ckv_server *s, const ckv_tenant_spec *spec, char *buf, size_t len) {
-  if (spec && spec->name && spec->max_clients) {
-    const ckv_tenant *t = ckv_store_find_tenant(&s->store, spec->name);
-    uint64_t n = t ? t->n_clients : 0;
-    if (n >= spec->max_clients) {
-      snprintf(buf, len, "attach: tenant '%s' has %llu clients attached, its limit (tenant max_clients %u)",
-               spec->name, (unsigned long long)n, spec->max_clients);
-      return buf;
-    }
-  }
-  if (ckv_strmap_size(s->conns) >= s->opt.max_clients) {
-    snprintf(buf, len, "attach: too many clients: %zu attached, the daemon's limit for all tenants (daemon "
-             "max_clients %u)", ckv_strmap_size(s->conns), s->opt.max_clients);
-    return buf;
-  }
-  return NULL;
-}
-
 static void hex_of(const uint8_t *b, size_t n, char *out) {
   static const char digits[] = "0123456789abcdef";
   for (size_t i = 0; i < n; i++) {
@@ -374,90 +309,13 @@ static void hex_of(const uint8_t *b, size_t n, char *out) {
   out[2 * n] = 0;
 }
 
-/* The payload of one request from client c, answered into rep: the
- * max_message cap, the capped decode into the per-request arena, the
- * handler.  serve_one calls it once the routing id named c; the request
- * fuzzer (tests/fuzz) calls it the same way. */
-void ckv_server_answer(ckv_server *s, ckv_conn *c, const void *data, size_t len, Commitkv__V1__Response *rep) {
-  static char msg[256];
-  c->last_seen_ms = ckv_now_ms();
-  if (len > s->opt.max_message) {
-    rep->code = CKV_ERR_TOO_LARGE;
-    rep->request_id = ckv_wire_peek_request_id(data, len);
-    snprintf(msg, sizeof(msg),
-             "request of %zu bytes is over max_message (%llu bytes); it was dropped undecoded (above %lld bytes "
-             "the connection is closed instead)",
-             len, (unsigned long long)s->opt.max_message, (long long)transport_cap(s->opt.max_message));
-    rep->message = msg;
-    return;
-  }
-  Commitkv__V1__Request *req = NULL;
-  int r = ckv_wire_decode_request(&s->in, data, len, &req);
-  if (r < 0) {
-    rep->code = r;
-    snprintf(msg, sizeof(msg), "could not decode a commitkv.v1.Request from %zu bytes", len);
-    rep->message = msg;
-    return;
-  }
-  rep->request_id = req->request_id;
-  ckv_handle_request(s, c, req, rep);
-}
-
-void ckv_server_finish_reply(ckv_server *s, ckv_conn *c, Commitkv__V1__Response *rep) {
-  rep->boot_token.data = s->boot_token;
-  rep->boot_token.len = sizeof(s->boot_token);
-  s->counters.requests++;
-  /* Header shadows reach the arena before any reply can send a reader to them. */
-  if (s->store.dirty_head) {
-    int fr = ckv_srv_session_flush_all_meta(&s->store.dirty_head);
-    if (fr < 0) {
-      ckv_log(CKV_LOG_ERROR, "flush-failed", c && c->tenant ? c->tenant->name : NULL, NULL,
-              "writing block headers to the arena failed: %s", ckv_strerror(fr));
-      if (rep->code == 0) {
-        rep->code = fr;
-        rep->message = "the daemon could not write block headers to KV memory (device error); retry";
-      }
-    }
-  }
-  if (rep->code != 0) {
-    s->counters.errors++;
-    if (c && c->tenant) c->tenant->errors[ckv_metrics_error_index(rep->code)]++;
-  }
-  /* Every text a reply carries is valid UTF-8, whichever handler wrote it:
-   * standard protobuf clients refuse the whole reply otherwise. */
-  ckv_wire_fix_strings(&s->out, &rep->base);
-}
-
-/* Packs rep and sends [id][empty, when delim][reply] without waiting. */
-static void send_reply(ckv_server *s, const void *id, size_t id_len, bool delim, const ckv_conn *c,
-                       Commitkv__V1__Response *rep) {
-  size_t len = commitkv__v1__response__get_packed_size(rep);
-  zmq_msg_t out;
-  if (zmq_msg_init_size(&out, len) != 0) return;
-  commitkv__v1__response__pack(rep, zmq_msg_data(&out));
-  int rc = zmq_send(s->router, id, id_len, ZMQ_SNDMORE | ZMQ_DONTWAIT);
-  if (rc >= 0 && delim) rc = zmq_send(s->router, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT);
-  if (rc >= 0) rc = zmq_msg_send(&out, s->router, ZMQ_DONTWAIT);
-  if (rc < 0) {
-    /* EHOSTUNREACH: the peer went away; EAGAIN: its queue is full. Either
-     * way the reply is dropped, never the loop stalled. */
-    ckv_log(CKV_LOG_DEBUG, "reply-dropped", c && c->tenant ? c->tenant->name : NULL, NULL, "%s",
-            zmq_strerror(zmq_errno()));
-    zmq_msg_close(&out);
-  }
-}
-
-void ckv_server_send_reply(ckv_server *s, const ckv_reply_to *to, ckv_conn *c, Commitkv__V1__Response *rep) {
-  send_reply(s, c->key, CKV_KEY_BYTES, to->delim, c, rep);
-}
-
 /* Every finished snapshot job: answered (ckv_handle_io_done). */
 static void collect_io(ckv_server *s) {
-  ckv_snapio_job *j = ckv_snapio_collect(s->snapio);
+  ckv_snapio_job *j = ckv_snapio_collect(s->persist.snapio);
   while (j) {
     ckv_snapio_job *next = j->next;
     if (j->finish)
-      j->finish(s, j); /* the disk tier's (tier.c) */
+      ckv_persist_job_done(&s->persist, j); /* persist/'s own (tiers, autosave) */
     else
       ckv_handle_io_done(s, j);
     j = next;
@@ -511,17 +369,17 @@ static int serve_one(ckv_server *s) {
     rep.message = "bad framing: expected [payload] or [empty][payload]";
   } else {
     /* A handler may hand the request to the snapshot I/O thread: it answers
-     * later, to this routing id (ckv_server_send_reply). */
+     * later, to this routing id (ckv_reply_send). */
     s->reply_to = (ckv_reply_to){.conn_id = c->id, .delim = delim};
     memcpy(s->reply_to.keyhex, key, sizeof key);
     s->reply_armed = true;
-    ckv_server_answer(s, c, zmq_msg_data(payload), zmq_msg_size(payload), &rep);
+    ckv_handle_payload(s, c, zmq_msg_data(payload), zmq_msg_size(payload), &rep);
     deferred = s->reply_deferred;
   }
   s->reply_armed = s->reply_deferred = false;
   if (!deferred) {
-    ckv_server_finish_reply(s, c, &rep);
-    send_reply(s, zmq_msg_data(id), zmq_msg_size(id), delim, c, &rep);
+    ckv_reply_finish(s, c, &rep);
+    ckv_reply_send_raw(s, zmq_msg_data(id), zmq_msg_size(id), delim, c, &rep);
   }
   for (int i = 0; i < n; i++) zmq_msg_close(&frames[i]);
   return 1;
@@ -544,13 +402,13 @@ static void housekeeping(ckv_server *s) {
   ckv_conn *c;
   while ((c = ckv_strmap_next(s->conns, &cur, NULL)))
     if (ckv_attach_conn_late(c, now)) {
-      ckv_server_drop_conn(s, c, CKV_LOG_WARNING, "half a frame on its attach socket, not completed in time");
+      ckv_attach_drop_conn(s, c, CKV_LOG_WARNING, "half a frame on its attach socket, not completed in time");
     } else if (c->io_inflight == 0 && now - c->last_seen_ms > s->opt.lease_ms) {
       char why[96];
       snprintf(why, sizeof(why), "lease expired (silent for %llu ms, lease %u ms)",
                (unsigned long long)(now - c->last_seen_ms), s->opt.lease_ms);
       s->counters.leases_expired++;
-      ckv_server_drop_conn(s, c, CKV_LOG_WARNING, why); /* alive but silent, or hung: worth a look */
+      ckv_attach_drop_conn(s, c, CKV_LOG_WARNING, why); /* alive but silent, or hung: worth a look */
     }
   cur = 0;
   ckv_srv_session *sess;
@@ -559,11 +417,10 @@ static void housekeeping(ckv_server *s) {
       ckv_log(CKV_LOG_INFO, "session-expired", sess->tenant->name, sess->id, "detached session freed after %llu ms",
               (unsigned long long)s->opt.detach_keep_ms);
       s->counters.sessions_expired++;
-      ckv_autosave_forget(s, sess->tenant, sess->id); /* ended on purpose: never back from a crash copy */
+      ckv_autosave_forget(&s->persist, sess->tenant, sess->id); /* ended on purpose: never back from a crash copy */
       ckv_store_drop_session(&s->store, sess);
     }
-  ckv_tier_scan(s, now); /* idle sessions move to disk */
-  ckv_autosave_scan(s, now); /* and changed ones get a crash copy */
+  ckv_persist_scan(&s->persist, now); /* idle sessions move to disk, changed ones get a crash copy */
 }
 
 static void read_signals(ckv_server *s) {
@@ -596,8 +453,7 @@ int ckv_server_run(ckv_server *s) {
   ckv_log(CKV_LOG_NOTICE, "ready", NULL, NULL, "serving %s (attach %s), backend %s", s->opt.socket,
           s->opt.attach_socket, s->opt.backend);
   ckv_snapdir_startup(s->opt.state_dir); /* sessions that can come back from their snapshots */
-  ckv_tier_startup(s);                    /* and from the disk tier, after a crash */
-  ckv_autosave_startup(s);                /* and from their autosaves */
+  ckv_persist_startup(&s->persist);       /* and from the disk tier and their autosaves, after a crash */
   uint64_t last_house = 0, last_tick = 0;
   size_t cap = 0;
   zmq_pollitem_t *items = NULL;
@@ -621,7 +477,7 @@ int ckv_server_run(ckv_server *s) {
     items[n++] = (zmq_pollitem_t){.fd = s->attach_fd, .events = ZMQ_POLLIN};
     items[n++] = (zmq_pollitem_t){.fd = s->signal_fd, .events = ZMQ_POLLIN};
     items[n++] = (zmq_pollitem_t){.fd = ckv_compressor_fd(s->store.compressor), .events = ZMQ_POLLIN};
-    items[n++] = (zmq_pollitem_t){.fd = ckv_snapio_fd(s->snapio), .events = ZMQ_POLLIN};
+    items[n++] = (zmq_pollitem_t){.fd = ckv_snapio_fd(s->persist.snapio), .events = ZMQ_POLLIN};
     const size_t first_pending = n;
     for (size_t i = 0; i < s->n_pending; i++)
       items[n++] = (zmq_pollitem_t){.fd = s->pending[i].fd, .events = ZMQ_POLLIN};
@@ -658,7 +514,7 @@ int ckv_server_run(ckv_server *s) {
       for (size_t i = first_conn; i < n; i++) {
         if (!items[i].revents) continue;
         if (!ckv_attach_conn_input(s, owners[i]))
-          ckv_server_drop_conn(s, owners[i], CKV_LOG_INFO, "attach socket closed (process exited)");
+          ckv_attach_drop_conn(s, owners[i], CKV_LOG_INFO, "attach socket closed (process exited)");
       }
     }
     uint64_t now = ckv_now_ms();
@@ -681,7 +537,7 @@ int ckv_server_run(ckv_server *s) {
    * in flight finish and answer them, then detach everyone. */
   for (int i = 0; i < MAX_BATCH && serve_one(s); i++) {
   }
-  ckv_snapio_wait_idle(s->snapio);
+  ckv_snapio_wait_idle(s->persist.snapio);
   collect_io(s);
   free(items);
   free(owners);

@@ -3,20 +3,21 @@
  * Called from the loop about once a second: the same numbers `commitkvctl
  * stats --json` reports (ckv_srv_session_figures), per tenant, formatted by
  * metrics.c and handed to its HTTP thread, which never touches daemon state. */
+#include "daemon/server_metrics.h"
+
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/clock.h"
+#include "common/strmap.h"
+#include "daemon/metrics.h"
+#include "persist/remote.h"
+#include "persist/tier.h"
+#include "shm/arena.h"
 #include "store/compressor.h"
 #include "store/moves.h"
-#include "daemon/metrics.h"
-#include "daemon/remote_store.h"
-#include "daemon/server.h"
 #include "store/session.h"
-#include "common/strmap.h"
 #include "store/tenant.h"
-#include "daemon/tier.h"
-#include "shm/arena.h"
 
 void ckv_server_publish_metrics(ckv_server *s) {
   if (!ckv_metrics_enabled(s->metrics)) return;
@@ -37,12 +38,12 @@ void ckv_server_publish_metrics(ckv_server *s) {
       .sessions_detached_total = s->counters.sessions_detached,
       .sessions_resumed_total = s->counters.sessions_resumed,
       .sessions_expired_total = s->counters.sessions_expired,
-      .warm_sessions_kept = s->counters.warm_kept,
-      .warm_sessions_dropped = s->counters.warm_dropped,
-      .autosaves_total = s->counters.autosaves,
-      .autosave_bytes_total = s->counters.autosave_bytes,
-      .autosave_errors_total = s->counters.autosave_errors,
-      .autosave_resumes_total = s->counters.autosave_resumes,
+      .warm_sessions_kept = s->persist.counters.warm_kept,
+      .warm_sessions_dropped = s->persist.counters.warm_dropped,
+      .autosaves_total = s->persist.counters.autosaves,
+      .autosave_bytes_total = s->persist.counters.autosave_bytes,
+      .autosave_errors_total = s->persist.counters.autosave_errors,
+      .autosave_resumes_total = s->persist.counters.autosave_resumes,
       .attaches_total = s->counters.attaches,
       .attach_refused_total = s->counters.attach_refused,
       .tenants = mt,
@@ -75,7 +76,7 @@ void ckv_server_publish_metrics(ckv_server *s) {
     m->hits_total[0] = t->hits;
     m->hit_tokens_total[0] = t->hit_tokens;
     ckv_tier_stats d;
-    ckv_tier_get_stats(s, t, &d);
+    ckv_tier_get_stats(&s->persist, t, &d);
     m->tier_bytes[CKV_METRICS_TIER_DISK] = d.disk_bytes;
     for (int k = 0; k < 3; k++) m->bytes[CKV_METRICS_TIER_DISK][k] = d.resident_bytes5[k];
     m->arena_size_bytes[CKV_METRICS_TIER_DISK] = d.capacity; /* disk_memory, shared by the tenants */

@@ -43,7 +43,7 @@
 #include <unistd.h>
 
 #include "commitkv/status.h"
-#include "lifecycle/judge.h"
+#include "lifecycle/judge_params.h"
 #include "lifecycle/tokens.h"
 
 #define NF CKV_JUDGE_FEATURES

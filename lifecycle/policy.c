@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "commitkv/status.h"
-#include "lifecycle/judge.h"
+#include "lifecycle/judge_params.h"
 
 /* The numbers are part of the contract (tenant bit sets, files): pin them. */
 _Static_assert(CKV_POLICY_FP16 == 0 && CKV_POLICY_INT8 == 1 && CKV_POLICY_KIVI4 == 2 &&

@@ -9,7 +9,7 @@
 
 #include <float.h>
 
-#include "lifecycle/tokens.h"
+#include "lifecycle/token_states.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>

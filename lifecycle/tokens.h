@@ -21,11 +21,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define CKV_ATTN_HISTORY 8u
-#define CKV_NO_BLOCK UINT32_MAX
+#include "lifecycle/token_states.h"
 
-/* Lifecycle states; the numbers match commitkv.proto TokenState. */
-enum { CKV_STATE_DRAFT = 0, CKV_STATE_STAGED = 1, CKV_STATE_COMMITTED = 2, CKV_STATE_RECYCLED = 3 };
+#define CKV_NO_BLOCK UINT32_MAX
 
 /* flags column */
 enum {
@@ -52,9 +50,6 @@ typedef struct ckv_tokens {
 } ckv_tokens;
 
 #define CKV_TOKENS_BYTES_PER_TOKEN (4u * 1u + 4u + 2u + 2u + CKV_ATTN_HISTORY + 4u + 4u + 4u)
-
-/* Relative attention at or above this counts as "attended" (for idle_rounds). */
-#define CKV_ATTENDED_FLOOR 0.1f
 
 void ckv_tokens_init(ckv_tokens *t);
 void ckv_tokens_done(ckv_tokens *t);

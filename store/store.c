@@ -67,6 +67,105 @@ uint64_t ckv_store_arenas_bytes(const ckv_store *st) {
   return sum;
 }
 
+ckv_tenant *ckv_store_tenant(ckv_store *st, const ckv_tenant_spec *spec, int *ret_status) {
+  ckv_tenant *t = ckv_store_find_tenant(st, spec->name);
+  if (t) return t;
+  /* The budget: every arena comes out of memory_bytes, in whole chunks, so
+   * that their sizes (what a GPU must really hold) never add up to more. */
+  const uint64_t align = CKV_TENANT_ARENA_ALIGN, memory = st->limits.memory_bytes;
+  uint64_t used = ckv_store_arenas_bytes(st);
+  uint64_t left = memory > used ? (memory - used) / align * align : 0;
+  uint64_t want = spec->quota_bytes ? ckv_tenant_arena_for_quota(spec->quota_bytes)
+                                    : spec->arena_bytes ? spec->arena_bytes / align * align : left;
+  uint64_t arena = want < left ? want : left;
+  if (arena < CKV_TENANT_ARENA_MIN) {
+    ckv_log(CKV_LOG_ERROR, "tenant-refused", spec->name, NULL,
+            "no memory left for an arena: the %zu tenants' arenas hold %llu of the daemon's %llu bytes "
+            "([daemon] memory), %llu left, an arena needs at least %llu",
+            st->n_tenants, (unsigned long long)used, (unsigned long long)memory, (unsigned long long)left,
+            (unsigned long long)CKV_TENANT_ARENA_MIN);
+    *ret_status = CKV_ERR_NOSPACE;
+    return NULL;
+  }
+  uint64_t holds = ckv_tenant_quota_for_arena(arena);
+  uint64_t quota = spec->quota_bytes && spec->quota_bytes < holds ? spec->quota_bytes : holds;
+  if (spec->quota_bytes && quota < spec->quota_bytes)
+    ckv_log(CKV_LOG_WARNING, "quota-cut", spec->name, NULL,
+            "quota of %llu bytes cut to %llu: only %llu bytes of the daemon's memory ([daemon] memory, %llu) "
+            "are left for its arena",
+            (unsigned long long)spec->quota_bytes, (unsigned long long)quota, (unsigned long long)left,
+            (unsigned long long)memory);
+  int r = ckv_store_reserve_tenant(st);
+  if (r == CKV_OK) r = ckv_tenant_new(spec->name, quota, arena, (uint32_t)st->n_tenants + 1, st->limits.backend, &t);
+  if (r < 0) {
+    *ret_status = r;
+    return NULL;
+  }
+  if (ckv_arena_size(t->arena) > left) { /* a backend granularity above the chunk size */
+    ckv_log(CKV_LOG_ERROR, "tenant-refused", spec->name, NULL,
+            "the backend made an arena of %llu bytes where %llu were left of the daemon's memory",
+            (unsigned long long)ckv_arena_size(t->arena), (unsigned long long)left);
+    ckv_tenant_free(t);
+    *ret_status = CKV_ERR_NOSPACE;
+    return NULL;
+  }
+  ckv_store_add_tenant(st, t, spec); /* its arena to systemd's fd store: a restart keeps it */
+  ckv_log(CKV_LOG_INFO, "tenant-up", t->name, NULL,
+          "arena %u of %llu bytes (%s), quota %llu bytes; %llu of %llu bytes of memory left", t->arena_id,
+          (unsigned long long)ckv_arena_size(t->arena), ckv_arena_kind(t->arena), (unsigned long long)quota,
+          (unsigned long long)(left - ckv_arena_size(t->arena)), (unsigned long long)memory);
+  return t;
+}
+
+int ckv_store_reserve_tenant(ckv_store *st) {
+  ckv_tenant **nt = realloc(st->tenants, (st->n_tenants + 1) * sizeof(*nt));
+  if (!nt) return -ENOMEM;
+  st->tenants = nt;
+  return CKV_OK;
+}
+
+void ckv_store_add_tenant(ckv_store *st, ckv_tenant *t, const ckv_tenant_spec *spec) {
+  t->max_sessions = spec->max_sessions ? spec->max_sessions : st->limits.max_sessions;
+  t->max_clients = spec->max_clients;
+  t->policies = spec->policies;
+  t->default_policy = spec->default_policy;
+  if (st->limits.mem) t->mem = st->limits.mem;
+  st->tenants[st->n_tenants++] = t;
+  if (st->hooks && st->hooks->tenant_up) st->hooks->tenant_up(st->hooks_ctx, t);
+}
+
+int ckv_store_add_session(ckv_store *st, ckv_srv_session *sess, uint64_t owner) {
+  char key[256];
+  ckv_store_session_key(sess->tenant, sess->id, key, sizeof(key));
+  sess->dirty_head = &st->dirty_head;
+  if (ckv_strmap_put(st->sessions, key, sess) < 0) {
+    sess->dirty_head = NULL;
+    ckv_srv_session_free(sess);
+    return -ENOMEM;
+  }
+  sess->owner = owner;
+  sess->lane = ++st->next_lane;
+  sess->tenant->n_sessions++;
+  return CKV_OK;
+}
+
+int ckv_store_replace_session(ckv_store *st, ckv_srv_session *old, ckv_srv_session *ns) {
+  char key[256];
+  ckv_store_session_key(old->tenant, old->id, key, sizeof(key));
+  if (ckv_strmap_put(st->sessions, key, ns) < 0) {
+    ns->dirty_head = NULL;
+    ckv_srv_session_free(ns);
+    return -ENOMEM;
+  }
+  ns->owner = old->owner;
+  ns->detached_at_ms = old->detached_at_ms;
+  ns->lane = old->lane;
+  ns->job_failures = old->job_failures;
+  ns->dirty_head = &st->dirty_head;
+  ckv_srv_session_free(old);
+  return CKV_OK;
+}
+
 void ckv_store_drop_session(ckv_store *st, ckv_srv_session *sess) {
   if (st->hooks && st->hooks->session_gone) st->hooks->session_gone(st->hooks_ctx, sess);
   char key[256];

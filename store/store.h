@@ -20,6 +20,19 @@ typedef struct ckv_srv_session ckv_srv_session;
 typedef struct ckv_compressor ckv_compressor;
 typedef struct ckv_job ckv_job;
 typedef struct ckv_strmap ckv_strmap;
+typedef struct ckv_arena_backend ckv_arena_backend;
+typedef struct ckv_blockmem ckv_blockmem;
+
+/* What the daemon knows of a tenant before it exists at run time. */
+typedef struct ckv_tenant_spec {
+  const char *name;
+  uint64_t quota_bytes;   /* 0 = what its arena holds */
+  uint64_t arena_bytes;   /* its share of memory_bytes; 0 = all that is left (the store cuts it to that) */
+  uint32_t max_sessions;  /* 0 = the daemon-wide limit */
+  uint32_t max_clients;   /* attached clients of this tenant; 0 = only the daemon's max_clients */
+  uint32_t policies;      /* bit per allowed ckv_policy_id; 0 = all */
+  int default_policy;     /* ckv_policy_id, or -1 = the daemon default */
+} ckv_tenant_spec;
 
 /* Every slot may be NULL. */
 typedef struct ckv_store_hooks {
@@ -28,7 +41,18 @@ typedef struct ckv_store_hooks {
   void (*session_gone)(void *ctx, ckv_srv_session *sess);
   /* A compressor job came back (before it is published). */
   void (*job_done)(void *ctx, ckv_srv_session *sess, const ckv_job *job);
+  /* A tenant joined the store (created or adopted): its arena may go to
+   * systemd's fd store. */
+  void (*tenant_up)(void *ctx, ckv_tenant *t);
 } ckv_store_hooks;
+
+/* What bounds the store, set by its owner before the first tenant. */
+typedef struct ckv_store_limits {
+  uint64_t memory_bytes;         /* all tenants' arenas together */
+  uint32_t max_sessions;         /* per tenant, unless its spec says otherwise */
+  const ckv_arena_backend *backend; /* where new arenas come from */
+  const ckv_blockmem *mem;       /* how arena memory is written (NULL: host, in place) */
+} ckv_store_limits;
 
 typedef struct ckv_store {
   ckv_tenant **tenants; /* in creation order; tenant i has arena id i + 1 */
@@ -40,6 +64,7 @@ typedef struct ckv_store {
   ckv_srv_session *dirty_head; /* sessions whose header shadows wait for a flush */
   uint64_t next_block_id;      /* block ids handed to new sessions' tables */
   uint64_t next_lane;          /* compressor lanes handed to new sessions */
+  ckv_store_limits limits;
   const ckv_store_hooks *hooks;
   void *hooks_ctx;
 } ckv_store;
@@ -65,6 +90,31 @@ ckv_srv_session *ckv_store_session(const ckv_store *st, const ckv_tenant *t, con
 ckv_tenant *ckv_store_find_tenant(const ckv_store *st, const char *name);
 /* Bytes the tenants' arenas hold now. */
 uint64_t ckv_store_arenas_bytes(const ckv_store *st);
+
+/* The run-time tenant for spec->name, created on first use with an arena cut
+ * from what is left of limits.memory_bytes: spec->arena_bytes (or, without
+ * it, all that is left), never more than is left; its quota is
+ * spec->quota_bytes cut to what the arena holds.  NULL with *ret_status =
+ * CKV_ERR_NOSPACE when less than CKV_TENANT_ARENA_MIN is left, -ENOMEM, or
+ * the arena's error. */
+ckv_tenant *ckv_store_tenant(ckv_store *st, const ckv_tenant_spec *spec, int *ret_status);
+/* Room in st->tenants for one more (a tenant adopted from elsewhere, warm
+ * restart): CKV_OK or -ENOMEM.  Its arena id is then st->n_tenants + 1. */
+int ckv_store_reserve_tenant(ckv_store *st);
+/* Tenant t (made with arena id st->n_tenants + 1, after
+ * ckv_store_reserve_tenant) joins the store with the limits of spec (its
+ * name, quota and arena are t's already); hooks->tenant_up. */
+void ckv_store_add_tenant(ckv_store *st, ckv_tenant *t, const ckv_tenant_spec *spec);
+
+/* Session sess (of sess->tenant, not in the store) joins it under its key,
+ * read by client `owner` (0: detached), in a compressor lane of its own.
+ * CKV_OK, or -ENOMEM with sess freed. */
+int ckv_store_add_session(ckv_store *st, ckv_srv_session *sess, uint64_t owner);
+/* Session ns (rebuilt from a copy of old, not in the store) takes old's
+ * place: its key, reader, lane, detach time and failure count; old (which
+ * holds no compressor job) is freed.  CKV_OK, or -ENOMEM with ns freed and
+ * old left in place. */
+int ckv_store_replace_session(ckv_store *st, ckv_srv_session *old, ckv_srv_session *ns);
 
 /* Drops sess from the store: hooks->session_gone, its key, its tenant's
  * count, its totals into the store's; freed now, or once its compressor jobs

@@ -31,6 +31,7 @@
 #include "common/clock.h"
 #include "commitkv.pb-c.h"
 #include "commitkv/status.h"
+#include "daemon/attach.h"
 #include "daemon/server.h"
 #include "common/strmap.h"
 #include "store/tenant.h"
@@ -74,7 +75,7 @@ int ckv_fuzz_attach_frame_init(void) {
   ckv_tenant_spec spec;
   resolve(NULL, 0, 0, &spec);
   int r = 0;
-  CKV_FUZZ_CHECK(ckv_server_tenant(g_server, &spec, &r), "tenant: %s", ckv_strerror(r));
+  CKV_FUZZ_CHECK(ckv_attach_tenant(g_server, &spec, &r), "tenant: %s", ckv_strerror(r));
   return 0;
 }
 
@@ -132,7 +133,7 @@ static void daemon_reads(void) {
   size_t cur = 0;
   ckv_conn *c;
   while ((c = ckv_strmap_next(s->conns, &cur, NULL)))
-    if (!ckv_attach_conn_input(s, c)) ckv_server_drop_conn(s, c, 6, "attach socket closed (process exited)");
+    if (!ckv_attach_conn_input(s, c)) ckv_attach_drop_conn(s, c, 6, "attach socket closed (process exited)");
 }
 
 /* The loop's housekeeping at `now`: deadlines of pending and half-sent frames. */
@@ -142,7 +143,7 @@ static void daemon_expire(uint64_t now) {
   size_t cur = 0;
   ckv_conn *c;
   while ((c = ckv_strmap_next(s->conns, &cur, NULL)))
-    if (ckv_attach_conn_late(c, now)) ckv_server_drop_conn(s, c, 4, "half a frame, not completed in time");
+    if (ckv_attach_conn_late(c, now)) ckv_attach_drop_conn(s, c, 4, "half a frame, not completed in time");
 }
 
 static void send_bytes(client *c, const uint8_t *p, size_t n, size_t n_fds) {

@@ -24,6 +24,9 @@
 #include "commitkv/status.h"
 #include "lifecycle/judge.h"
 #include "common/log.h"
+#include "daemon/attach.h"
+#include "daemon/handlers.h"
+#include "daemon/reply.h"
 #include "daemon/server.h"
 #include "store/session.h"
 #include "common/strmap.h"
@@ -54,7 +57,7 @@ int ckv_fuzz_requests_init(void) {
   ckv_tenant_spec spec;
   resolve(NULL, 0, 0, &spec);
   int r = 0;
-  g_tenant = ckv_server_tenant(g_server, &spec, &r);
+  g_tenant = ckv_attach_tenant(g_server, &spec, &r);
   CKV_FUZZ_CHECK(g_tenant, "tenant: %s", ckv_strerror(r));
   g_conn = ckv_fuzz_server_conn(&g_fs, g_tenant, false);
   g_verbose = getenv("CKV_FUZZ_VERBOSE") != NULL;
@@ -85,8 +88,8 @@ static void serve(const uint8_t *payload, size_t len) {
   ckv_server *s = g_server;
   Commitkv__V1__Response rep = COMMITKV__V1__RESPONSE__INIT;
   ckv_wire_reset(&s->out);
-  ckv_server_answer(s, g_conn, payload, len, &rep);
-  ckv_server_finish_reply(s, g_conn, &rep);
+  ckv_handle_payload(s, g_conn, payload, len, &rep);
+  ckv_reply_finish(s, g_conn, &rep);
   /* The reply goes on the wire: it must pack, and a client must read it back. */
   size_t n = commitkv__v1__response__get_packed_size(&rep);
   uint8_t *buf = malloc(n ? n : 1);

@@ -1,4 +1,4 @@
-/* tests/fuzz/fuzz_snapshot.c - the snapshot reader (daemon/snapshot.c): the
+/* tests/fuzz/fuzz_snapshot.c - the snapshot reader (persist/snapshot.c): the
  * input is a snapshot file's bytes, as RestoreSession or a resume reads them
  * from the state directory.  Every section's checksum, length and the
  * cross-references (token -> block slot -> position) are checked by the
@@ -15,7 +15,7 @@
 #include <xxhash.h>
 
 #include "commitkv/status.h"
-#include "daemon/snapshot.h"
+#include "persist/snapshot.h"
 #include "fuzz.h"
 
 static void fix_checksums(uint8_t *b, size_t n) {

@@ -31,7 +31,7 @@
 #include "lifecycle/mlp.h"
 #include "lifecycle/tokens.h"
 #include "lifecycle/trace.h"
-#include "daemon/snapshot.h"
+#include "persist/snapshot.h"
 #include "kernels/kernels.h"
 
 static const char *g_out;

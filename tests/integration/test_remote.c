@@ -50,7 +50,7 @@
 #include "testutil.h"
 #include "viewcapture.h"
 
-/* Keys carry the snapshot format version (daemon/snapshot.h CKV_SNAP_VERSION). */
+/* Keys carry the snapshot format version (persist/snapshot.h CKV_SNAP_VERSION). */
 #define KEY_PREFIX "ckv:v2"
 
 TestSuite(remote, .fini = ckv_test_leak_check);

@@ -28,15 +28,6 @@ SIDE = {
     "tests": None,
 }
 NEVER = {("client", "common/log.h"), ("python", "common/log.h")}
-# Module circles inside a folder that are known and scheduled, each exactly as
-# it stands (a circle that grows or a new one fails), with the step that ends it.
-KNOWN_MODULE_CIRCLES = {
-    ("daemon/autosave", "daemon/server", "daemon/tier", "daemon/warm"):
-        "issue 38 step 4: persist/ takes tier, autosave and warm off ckv_server",
-    ("daemon/config", "daemon/config_table"): "issue 38 step 3: the config table's types into config_table.h alone",
-    ("lifecycle/record_simd", "lifecycle/tokens"): "the record pass's types into a header of their own",
-    ("lifecycle/judge", "lifecycle/mlp", "lifecycle/policy"): "the judge's parameter types into a header of their own",
-}
 SOURCE_EXT = (".c", ".h", ".cu", ".cuh")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 
@@ -145,23 +136,14 @@ def main():
                     file_graph[src_mod].add(dst_mod)
     for comp in circles(folder_graph):
         bad.append("include circle between folders: " + " -> ".join(comp))
-    known = []
     for comp in circles(file_graph):
         room = room_of(comp[0])
-        text = f"{room}/: include circle of {len(comp)} modules: " + ", ".join(comp)
-        if room == "kernels":
-            continue
-        why = KNOWN_MODULE_CIRCLES.get(tuple(comp))
-        if why:
-            known.append(text + " [known: " + why + "]")
-        else:
-            bad.append(text)
+        if room != "kernels":
+            bad.append(f"{room}/: include circle of {len(comp)} modules: " + ", ".join(comp))
     for line in bad:
         print("check_includes: " + line)
-    for line in known:
-        print("check_includes: " + line)
     print("check_includes: includes by room: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
-    print(f"check_includes: {len(bad)} violations, {len(known)} known circles")
+    print(f"check_includes: {len(bad)} violations")
     return 1 if bad else 0
 
 

@@ -31,6 +31,8 @@ expect_violation() { # name, then files as path=content pairs
   fi
 }
 expect_violation store_includes_daemon 'store/a.c=#include "daemon/b.h"' 'daemon/b.h=int b;'
+expect_violation persist_includes_daemon 'persist/a.c=#include "daemon/b.h"' 'daemon/b.h=int b;'
+expect_violation store_includes_persist 'store/a.c=#include "persist/b.h"' 'persist/b.h=int b;'
 expect_violation lifecycle_includes_store 'lifecycle/a.c=#include "store/b.h"' 'store/b.h=int b;'
 expect_violation bench_includes_daemon 'bench/a.c=#include "daemon/b.h"' 'daemon/b.h=int b;'
 expect_violation client_includes_log 'client/a.c=#include "common/log.h"' 'common/log.h=int b;'
@@ -41,4 +43,4 @@ if [ "$fails" -ne 0 ]; then
   echo "FAIL: $fails hostile trees passed the checker"
   exit 1
 fi
-echo "include order: sources clean, 6 hostile trees caught"
+echo "include order: sources clean, 8 hostile trees caught"

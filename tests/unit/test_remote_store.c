@@ -1,4 +1,4 @@
-/* test_remote_store.c - remote_store.c without a store: the key scheme
+/* test_remote.c - remote.c without a store: the key scheme
  * (documented layout, percent-encoding, what is refused), the URL parser
  * (rediss:// and passwords refused) and the password file's checks. */
 #include <criterion/criterion.h>
@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "commitkv/status.h"
-#include "daemon/remote_store.h"
+#include "persist/remote.h"
 #include "testutil.h"
 
 static char key[CKV_REMOTE_KEY_MAX];

@@ -1,4 +1,4 @@
-/* test_snapshot_file.c - the snapshot reader and writer (daemon/snapshot.c) on
+/* test_snapshot_file.c - the snapshot reader and writer (persist/snapshot.c) on
  * their own: a snapshot written and read back is the same, and snapshots
  * whose checksums are right but whose tables lie (a token in a slot that is
  * not valid or names another position, a valid slot beyond those handed out,
@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "commitkv/status.h"
-#include "daemon/snapshot.h"
+#include "persist/snapshot.h"
 #include "kernels/kernels.h"
 #include "lifecycle/policy.h"
 #include "testutil.h"

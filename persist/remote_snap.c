@@ -1,6 +1,6 @@
 /* remote_snap.c - session snapshots in the remote store (see remote_snap.h). */
 #include "common/fail.h"
-#include "daemon/remote_snap.h"
+#include "persist/remote_snap.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -13,9 +13,9 @@
 
 #include "commitkv/status.h"
 #include "common/log.h"
-#include "daemon/remote_store.h"
-#include "daemon/snapdir.h"
-#include "daemon/snapshot.h"
+#include "persist/remote.h"
+#include "persist/snapdir.h"
+#include "persist/snapshot.h"
 
 static int slurp(const char *path, uint8_t **ret, size_t *ret_len, char *err, size_t errlen) {
   int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);

@@ -19,8 +19,8 @@
  * Writes are atomic: a temporary file in the same directory, fsync, rename,
  * fsync of the directory; a crash at any point leaves the previous snapshot
  * of that name intact. */
-#ifndef CKV_DAEMON_SNAPSHOT_H
-#define CKV_DAEMON_SNAPSHOT_H
+#ifndef CKV_PERSIST_SNAPSHOT_H
+#define CKV_PERSIST_SNAPSHOT_H
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -1,5 +1,5 @@
 /* snapdir.c - the snapshot directory (see snapdir.h). */
-#include "daemon/snapdir.h"
+#include "persist/snapdir.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -10,7 +10,7 @@
 
 #include "commitkv/status.h"
 #include "common/log.h"
-#include "daemon/snapshot.h"
+#include "persist/snapshot.h"
 
 static int name_ok(const char *n) { return n && *n && n[0] != '.' && !strchr(n, '/'); }
 

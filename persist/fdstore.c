@@ -1,5 +1,5 @@
 /* fdstore.c - arenas in systemd's file descriptor store (see fdstore.h). */
-#include "daemon/fdstore.h"
+#include "persist/fdstore.h"
 
 #include <ctype.h>
 #include <errno.h>

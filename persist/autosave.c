@@ -1,23 +1,24 @@
 /* autosave.c - crash copies of live sessions (see autosave.h).  Runs on the
  * server loop; the I/O thread only ever sees the job. */
-#include "common/clock.h"
-#include "daemon/autosave.h"
+#include "persist/autosave.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "commitkv/status.h"
-#include "store/moves.h"
+#include "common/clock.h"
 #include "common/log.h"
-#include "daemon/server.h"
-#include "store/session.h"
-#include "daemon/session_snap.h"
-#include "daemon/snapdir.h"
-#include "daemon/snapio.h"
 #include "common/strmap.h"
+#include "persist/persist.h"
+#include "persist/session_snap.h"
+#include "persist/snapdir.h"
+#include "persist/snapio.h"
+#include "persist/tier.h"
+#include "store/moves.h"
+#include "store/session.h"
+#include "store/store.h"
 #include "store/tenant.h"
-#include "daemon/tier.h"
 
 typedef struct autosave_job {
   ckv_snapio_job job; /* first: snapio hands back the job */
@@ -33,13 +34,13 @@ static void job_destroy(ckv_snapio_job *j) {
   free(q);
 }
 
-static autosave_job *new_job(ckv_server *s, ckv_snapio_kind kind, const ckv_tenant *tenant, const char *id) {
+static autosave_job *new_job(ckv_persist *p, ckv_snapio_kind kind, const ckv_tenant *tenant, const char *id) {
   autosave_job *q = calloc(1, sizeof(*q));
   if (!q) return NULL;
   q->job.kind = kind;
   q->job.area = CKV_SNAPIO_AUTOSAVE;
   q->job.destroy = job_destroy;
-  snprintf(q->job.state_dir, sizeof q->job.state_dir, "%s", s->opt.state_dir ? s->opt.state_dir : "");
+  snprintf(q->job.state_dir, sizeof q->job.state_dir, "%s", p->opt.state_dir ? p->opt.state_dir : "");
   snprintf(q->job.tenant, sizeof q->job.tenant, "%s", tenant->name);
   snprintf(q->job.name, sizeof q->job.name, "%s", id);
   return q; /* job.remote stays NULL: an autosave is this node's */
@@ -51,30 +52,30 @@ static uint64_t mark_of(const ckv_srv_session *sess) {
 }
 
 /* Whether sess may be autosaved now: changed, due, and quiet (autosave.h). */
-static bool due(const ckv_server *s, const ckv_srv_session *sess, uint64_t now) {
+static bool due(const ckv_persist *p, const ckv_srv_session *sess, uint64_t now) {
   if (!sess->tokens.n || sess->quarantined || sess->doomed || sess->jobs_inflight) return false;
   if (ckv_tier_state_of(sess) != CKV_TIER_RESIDENT) return false;
   if (sess->owner && sess->tokens.n != sess->reported_tokens) return false; /* K/V may be on its way */
   if (sess->autosave_mark == mark_of(sess)) return false;
-  return !sess->autosave_ms || now - sess->autosave_ms >= s->opt.autosave_ms;
+  return !sess->autosave_ms || now - sess->autosave_ms >= p->opt.autosave_ms;
 }
 
-static void save_finished(void *server, ckv_snapio_job *j) {
-  ckv_server *s = server;
+static void save_finished(void *ctx, ckv_snapio_job *j) {
+  ckv_persist *p = ctx;
   autosave_job *q = (autosave_job *)j;
-  s->autosave_inflight = false;
+  p->autosave_inflight = false;
   if (j->status < 0) {
-    s->counters.autosave_errors++;
+    p->counters.autosave_errors++;
     ckv_log(CKV_LOG_ERROR, "autosave-failed", j->tenant, j->name, "autosave not written: %s (%s); the previous one stays",
             j->err, ckv_status_name(j->status));
     /* written again at the next scan that finds it due */
     char key[256];
     ckv_store_session_key(q->tenant, j->name, key, sizeof key);
-    ckv_srv_session *sess = ckv_strmap_get(s->store.sessions, key);
+    ckv_srv_session *sess = ckv_strmap_get(p->store->sessions, key);
     if (sess) sess->autosave_mark = 0;
   } else {
-    s->counters.autosaves++;
-    s->counters.autosave_bytes += j->bytes;
+    p->counters.autosaves++;
+    p->counters.autosave_bytes += j->bytes;
     ckv_log(CKV_LOG_DEBUG, "autosave", j->tenant, j->name,
             "autosaved: %llu tokens, %llu bytes; copied in %.3f ms on the loop, written in %.3f ms",
             (unsigned long long)q->tokens, (unsigned long long)j->bytes, (double)q->copy_us / 1e3,
@@ -83,14 +84,14 @@ static void save_finished(void *server, ckv_snapio_job *j) {
   job_destroy(j);
 }
 
-void ckv_autosave_scan(ckv_server *s, uint64_t now) {
-  if (!s->opt.autosave_ms || !s->snapio || s->autosave_inflight || !s->opt.state_dir || !*s->opt.state_dir) return;
+void ckv_autosave_scan(ckv_persist *p, uint64_t now) {
+  if (!p->opt.autosave_ms || !p->snapio || p->autosave_inflight || !p->opt.state_dir || !*p->opt.state_dir) return;
   ckv_srv_session *pick = NULL, *sess;
   size_t cur = 0;
-  while ((sess = ckv_strmap_next(s->store.sessions, &cur, NULL))) /* the one waiting longest first */
-    if (due(s, sess, now) && (!pick || sess->autosave_ms < pick->autosave_ms)) pick = sess;
+  while ((sess = ckv_strmap_next(p->store->sessions, &cur, NULL))) /* the one waiting longest first */
+    if (due(p, sess, now) && (!pick || sess->autosave_ms < pick->autosave_ms)) pick = sess;
   if (!pick) return;
-  autosave_job *q = new_job(s, CKV_SNAPIO_SAVE, pick->tenant, pick->id);
+  autosave_job *q = new_job(p, CKV_SNAPIO_SAVE, pick->tenant, pick->id);
   if (!q) return;
   snprintf(q->job.model_id, sizeof q->job.model_id, "%s", pick->model_id);
   snprintf(q->job.model_revision, sizeof q->job.model_revision, "%s", pick->model_revision);
@@ -100,7 +101,7 @@ void ckv_autosave_scan(ckv_server *s, uint64_t now) {
   q->copy_us = ckv_now_us() - t0;
   pick->autosave_ms = now; /* tried now, whatever comes of it: the next try waits a period */
   if (r < 0) {
-    s->counters.autosave_errors++;
+    p->counters.autosave_errors++;
     ckv_log(CKV_LOG_ERROR, "autosave-failed", pick->tenant->name, pick->id, "cannot copy the session: %s", err);
     job_destroy(&q->job);
     return;
@@ -115,39 +116,39 @@ void ckv_autosave_scan(ckv_server *s, uint64_t now) {
   q->charged = bytes;
   q->tenant = pick->tenant;
   q->job.finish = save_finished;
-  if (ckv_snapio_submit(s->snapio, &q->job) < 0) { /* the queue is full: later */
+  if (ckv_snapio_submit(p->snapio, &q->job) < 0) { /* the queue is full: later */
     job_destroy(&q->job);
     return;
   }
   pick->autosave_mark = mark_of(pick);
-  s->autosave_inflight = true;
+  p->autosave_inflight = true;
 }
 
-static void remove_finished(void *server, ckv_snapio_job *j) {
-  (void)server;
+static void remove_finished(void *ctx, ckv_snapio_job *j) {
+  (void)ctx;
   if (j->status < 0)
     ckv_log(CKV_LOG_WARNING, "autosave-remove-failed", j->tenant, j->name, "autosave not removed: %s", j->err);
   job_destroy(j);
 }
 
-void ckv_autosave_forget(ckv_server *s, const ckv_tenant *tenant, const char *id) {
-  if (!s->opt.autosave_ms && !s->autosave_found) return; /* none written, none left from before */
-  if (!s->opt.state_dir || !*s->opt.state_dir) return;
-  autosave_job *q = new_job(s, CKV_SNAPIO_REMOVE, tenant, id);
+void ckv_autosave_forget(ckv_persist *p, const ckv_tenant *tenant, const char *id) {
+  if (!p->opt.autosave_ms && !p->autosave_found) return; /* none written, none left from before */
+  if (!p->opt.state_dir || !*p->opt.state_dir) return;
+  autosave_job *q = new_job(p, CKV_SNAPIO_REMOVE, tenant, id);
   if (!q) return;
   q->job.finish = remove_finished;
-  if (!s->snapio || ckv_snapio_submit(s->snapio, &q->job) < 0) { /* stopping, or the queue is full: here, once */
+  if (!p->snapio || ckv_snapio_submit(p->snapio, &q->job) < 0) { /* stopping, or the queue is full: here, once */
     ckv_snapio_run(&q->job);
-    remove_finished(s, &q->job);
+    remove_finished(p, &q->job);
   }
 }
 
-void ckv_autosave_session_new(ckv_server *s, ckv_srv_session *sess, bool from_autosave) {
+void ckv_autosave_session_new(ckv_persist *p, ckv_srv_session *sess, bool from_autosave) {
   if (!from_autosave) {
-    ckv_autosave_forget(s, sess->tenant, sess->id);
+    ckv_autosave_forget(p, sess->tenant, sess->id);
     return;
   }
-  s->counters.autosave_resumes++;
+  p->counters.autosave_resumes++;
   sess->autosave_mark = mark_of(sess); /* its file holds exactly this */
   sess->autosave_ms = ckv_now_ms();
 }
@@ -159,12 +160,12 @@ static void count_one(void *ctx, const char *tenant, const char *name, const cha
   c[1] += bytes;
 }
 
-void ckv_autosave_startup(ckv_server *s) {
-  if (!s->opt.state_dir || !*s->opt.state_dir) return;
-  ckv_snapdir_clean_temps(s->opt.state_dir, CKV_SNAPDIR_AUTOSAVE);
+void ckv_autosave_startup(ckv_persist *p) {
+  if (!p->opt.state_dir || !*p->opt.state_dir) return;
+  ckv_snapdir_clean_temps(p->opt.state_dir, CKV_SNAPDIR_AUTOSAVE);
   uint64_t c[2] = {0, 0};
-  ckv_snapdir_area_each(s->opt.state_dir, CKV_SNAPDIR_AUTOSAVE, NULL, count_one, c);
-  s->autosave_found = c[0] > 0;
+  ckv_snapdir_area_each(p->opt.state_dir, CKV_SNAPDIR_AUTOSAVE, NULL, count_one, c);
+  p->autosave_found = c[0] > 0;
   if (c[0])
     ckv_log(CKV_LOG_NOTICE, "autosave-found", NULL, NULL,
             "%llu autosaved session(s), %llu bytes: OpenSession with resume brings each back (when newer than its "

@@ -51,17 +51,14 @@
  * error.  A resume (OpenSession with resume) with no tier file here looks
  * for the session in the remote tier before its snapshots: another daemon
  * of the fleet may have moved it there. */
-#ifndef CKV_DAEMON_TIER_H
-#define CKV_DAEMON_TIER_H
+#ifndef CKV_PERSIST_TIER_H
+#define CKV_PERSIST_TIER_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#include "daemon/wire.h"
-
-typedef struct ckv_server ckv_server;
-typedef struct ckv_conn ckv_conn;
+typedef struct ckv_persist ckv_persist;
 typedef struct ckv_srv_session ckv_srv_session;
 typedef struct ckv_tenant ckv_tenant;
 typedef struct ckv_tier ckv_tier;
@@ -123,51 +120,71 @@ bool ckv_tier_remote_on(const ckv_tier *t);
 
 /* Start-up: removes temporary files of cut-short tier writes, counts the
  * tier files a previous run left (they stay resumable) and logs them. */
-void ckv_tier_startup(ckv_server *s);
+void ckv_tier_startup(ckv_persist *p);
 
-/* Before request req of client c is handled (handlers.c): notes the session
- * it names as used now and, when that session is on disk or coming back and
- * the request needs it, parks the request and returns CKV_REPLY_DEFERRED (the
- * reply comes once the session is resident; without a loop, s->reply_armed
- * false, the session is brought back on this thread and CKV_OK returned).  A
- * request during an offload write cancels that offload.  CKV_OK: handle it
- * now; < 0: refuse it with the text in msg. */
-int ckv_tier_gate(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, char *msg, size_t msglen);
+/* A request's answer from the tier meaning "it waits": the daemon keeps it
+ * and serves it again when ckv_persist_hooks says (session_ready for the
+ * session it names, room_made after ckv_tier_make_room). */
+#define CKV_TIER_PARK 1
+
+/* What a request means to the tier, as the daemon's request table says it
+ * (the tier never sees a request). */
+typedef struct ckv_tier_request {
+  const ckv_tenant *tenant; /* the asking client's tenant */
+  const char *id;           /* the session it names (a valid session id) */
+  uint64_t client;          /* the asking client's id */
+  bool kv;                  /* it needs the session's K/V resident */
+  bool owner_only;          /* only the session's reader may ask (anyone else: the handler refuses; the tier does nothing) */
+  bool resume;              /* OpenSession with resume: the session's reader, or nobody's */
+  bool open_new;            /* OpenSession without resume: a new conversation of this id */
+  bool appends, reports;    /* AppendTokens (its worker writes K/V from now on) / ReportRound (it has written it) */
+  bool prefetch;            /* Acquire with prefetch: the read starts, the request is answered at once */
+  bool can_wait;            /* a loop serves it again later (false: no loop, the read runs on this thread) */
+  const char *model_id, *model_revision; /* open_new: the key of a remote copy that must never come back */
+} ckv_tier_request;
+
+/* Before request r is handled: notes the session it names as used now and,
+ * when that session is on disk or coming back and the request needs it,
+ * returns CKV_TIER_PARK (the daemon parks the request until session_ready;
+ * without a loop, r->can_wait false, the session is brought back on this
+ * thread and CKV_OK returned).  A request during an offload write cancels
+ * that offload.  CKV_OK: handle it now; < 0: refuse it with the text in msg. */
+int ckv_tier_gate(ckv_persist *p, const ckv_tier_request *r, char *msg, size_t msglen);
 
 /* Housekeeping: starts the offload of every session idle for idle_ms that
  * may go (see the top of this file), within the cap and CKV_TIER_INFLIGHT. */
-void ckv_tier_scan(ckv_server *s, uint64_t now_ms);
+void ckv_tier_scan(ckv_persist *p, uint64_t now_ms);
 
-/* Memory pressure: request req (of client c, on resident session sess)
- * needs `need` more bytes than sess's tenant has left.  Starts writing the
- * tenant's coldest other sessions to disk (least recently named first; never
- * sess, one mid-move, with jobs in flight or pending moves, attached with
- * appends not yet reported, or attached and named by a request within
- * CKV_TIER_PRESSURE_QUIET_MS), as many as cover the shortfall, and parks req:
- * CKV_REPLY_DEFERRED, and req is served again, once, after those offloads
- * land (their blocks freed) or fail, with no second round of moves.
- * CKV_OK: nothing could go (pressure off, no candidate, the tier full, no
- * loop, or req is that second serving): the caller goes on the old way. */
-int ckv_tier_make_room(ckv_server *s, ckv_conn *c, ckv_srv_session *sess, uint64_t need,
-                       const Commitkv__V1__Request *req);
+/* Memory pressure: a request on resident session sess needs `need` more
+ * bytes than sess's tenant has left.  Starts writing the tenant's coldest
+ * other sessions to disk (least recently named first; never sess, one
+ * mid-move, with jobs in flight or pending moves, attached with appends not
+ * yet reported, or attached and named by a request within
+ * CKV_TIER_PRESSURE_QUIET_MS), as many as cover the shortfall: CKV_TIER_PARK,
+ * and the daemon parks the request until room_made, which comes once those
+ * offloads land (their blocks freed) or fail; served then, with no second
+ * round of moves.  CKV_OK: nothing could go (pressure off, no candidate, the
+ * tier full, can_wait false, or this is that second serving): the caller
+ * goes on the old way. */
+int ckv_tier_make_room(ckv_persist *p, ckv_srv_session *sess, uint64_t need, bool can_wait);
 /* (The way back does the same by itself: a session coming back that does
  * not fit its tenant's quota has the coldest others written first, queued
  * ahead of its read.) */
 
 /* Session sess is being destroyed (ckv_store_drop_session, the store hook): requests
- * parked for it are answered NOT_FOUND, its tier file removed (kept when
- * the daemon is stopping: s->snapio is gone then, and the file is resumable
+ * parked for it are answered NOT_FOUND (session_ready), its tier file removed (kept when
+ * the daemon is stopping: p->snapio is gone then, and the file is resumable
  * after a restart) and its slot freed. */
-void ckv_tier_forget(ckv_server *s, ckv_srv_session *sess);
+void ckv_tier_forget(ckv_persist *p, ckv_srv_session *sess);
 
 /* Session sess came back from an earlier run's tier file, or (from_remote)
- * the remote tier's copy (an OpenSession with resume, handlers.c): the file
+ * the remote tier's copy (an OpenSession with resume, savegame.c): the file
  * is removed and uncounted, the store's copy deleted, the restore counted. */
-void ckv_tier_resumed(ckv_server *s, const ckv_srv_session *sess, bool from_remote);
+void ckv_tier_resumed(ckv_persist *p, const ckv_srv_session *sess, bool from_remote);
 
 /* Where sess's K/V is now. */
 ckv_tier_state ckv_tier_state_of(const ckv_srv_session *sess);
 /* The figures of tenant (NULL: all tenants) into *ret. */
-void ckv_tier_get_stats(const ckv_server *s, const ckv_tenant *tenant, ckv_tier_stats *ret);
+void ckv_tier_get_stats(const ckv_persist *p, const ckv_tenant *tenant, ckv_tier_stats *ret);
 
 #endif

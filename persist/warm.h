@@ -22,12 +22,12 @@
  * that does not validate or whose blocks do not fit the arena) is logged and
  * dropped; the daemon serves either way.  A resume of a session the warm
  * restart dropped answers NOT_FOUND saying so (ckv_warm_dropped). */
-#ifndef CKV_DAEMON_WARM_H
-#define CKV_DAEMON_WARM_H
+#ifndef CKV_PERSIST_WARM_H
+#define CKV_PERSIST_WARM_H
 
 #include <stddef.h>
 
-typedef struct ckv_server ckv_server;
+typedef struct ckv_persist ckv_persist;
 typedef struct ckv_tenant ckv_tenant;
 
 #define CKV_WARM_AREA "warm"
@@ -38,18 +38,20 @@ typedef struct ckv_tenant ckv_tenant;
 /* At start, before serving: adopt what the fd store handed back, rebuild
  * the sessions the journal lists.  Never fails (what cannot be kept is
  * dropped and logged). */
-void ckv_warm_start(ckv_server *s);
+void ckv_warm_start(ckv_persist *p);
 /* A tenant came up: its arena goes to the fd store (host arenas, with a
  * state directory, under a service manager). */
-void ckv_warm_tenant_up(ckv_server *s, ckv_tenant *t);
-/* At a clean stop, after the drain, before ckv_server_free: writes the
+void ckv_warm_tenant_up(ckv_persist *p, ckv_tenant *t);
+/* At a clean stop, after the drain, before the store is freed: writes the
  * journal and hands the arenas on.  Returns the number of sessions kept. */
-size_t ckv_warm_stop(ckv_server *s);
+size_t ckv_warm_stop(ckv_persist *p);
 /* Why the warm restart did not keep session `id` of `tenant`, or NULL. */
-const char *ckv_warm_dropped(const char *tenant, const char *id);
+const char *ckv_warm_dropped(const ckv_persist *p, const char *tenant, const char *id);
 /* Why sessions of the previous daemon may be missing although no journal
  * named them (it was killed or crashed: the store held arenas, no journal
  * came with them), or NULL.  Says nothing about any one id. */
-const char *ckv_warm_unclean(void);
+const char *ckv_warm_unclean(const ckv_persist *p);
+/* Frees what the start remembered of its drops (ckv_persist_done). */
+void ckv_warm_forget(ckv_persist *p);
 
 #endif

@@ -1,7 +1,7 @@
 /* snapio.c - the snapshot I/O thread (see snapio.h): a FIFO of jobs under
  * one mutex, a condition variable that wakes the thread, and an eventfd
  * that wakes the server loop when a job is done. */
-#include "daemon/snapio.h"
+#include "persist/snapio.h"
 
 
 #include <errno.h>
@@ -16,8 +16,8 @@
 
 #include "commitkv/status.h"
 #include "common/log.h"
-#include "daemon/remote_snap.h"
-#include "daemon/snapdir.h"
+#include "persist/remote_snap.h"
+#include "persist/snapdir.h"
 
 struct ckv_snapio {
   pthread_t thread;

@@ -12,8 +12,7 @@
  * (str = u32 length + bytes.)  Session entries: STATE_DIR/warm/TENANT/ID.ckvsnap
  * snapshots with CKV_SNAP_BLOCK_REFS (docs/snapshot.md, docs/warm-restart.md),
  * each section checksummed and cross-checked by the snapshot reader. */
-#include "common/clock.h"
-#include "daemon/warm.h"
+#include "persist/warm.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -30,20 +29,22 @@
 #include <xxhash.h>
 
 #include "commitkv/status.h"
-#include "store/blockmem.h"
-#include "daemon/fdstore.h"
+#include "common/clock.h"
 #include "common/log.h"
-#include "daemon/server.h"
-#include "store/session.h"
-#include "daemon/session_snap.h"
-#include "daemon/snapdir.h"
-#include "daemon/snapshot.h"
 #include "common/strmap.h"
-#include "store/tenant.h"
-#include "daemon/tier.h"
 #include "lifecycle/judge.h"
+#include "persist/fdstore.h"
+#include "persist/persist.h"
+#include "persist/session_snap.h"
+#include "persist/snapdir.h"
+#include "persist/snapshot.h"
+#include "persist/tier.h"
 #include "shm/arena.h"
 #include "shm/slab.h"
+#include "store/blockmem.h"
+#include "store/session.h"
+#include "store/store.h"
+#include "store/tenant.h"
 
 #define MANIFEST_MAX (UINT64_C(64) << 20) /* far beyond any tenant count we allow */
 
@@ -55,36 +56,56 @@ typedef struct dropped {
   char why[200];
 } dropped;
 
-static dropped *g_dropped;
-/* The start found arenas in the store and no journal: the daemon before us
- * was killed or crashed.  Said on every resume that finds nothing. */
-static bool g_unclean;
+struct ckv_warm_memory {
+  dropped *dropped;
+  /* The start found arenas in the store and no journal: the daemon before us
+   * was killed or crashed.  Said on every resume that finds nothing. */
+  bool unclean;
+};
 
-__attribute__((format(printf, 3, 4))) static void note_dropped(const char *tenant, const char *id, const char *fmt,
-                                                               ...) {
-  dropped *d = calloc(1, sizeof(*d));
+/* p->warm, made on first use; NULL when out of memory (then nothing is remembered). */
+static ckv_warm_memory *memory_of(ckv_persist *p) {
+  if (!p->warm) p->warm = calloc(1, sizeof(*p->warm));
+  return p->warm;
+}
+
+__attribute__((format(printf, 4, 5))) static void note_dropped(ckv_persist *p, const char *tenant, const char *id,
+                                                               const char *fmt, ...) {
+  ckv_warm_memory *m = memory_of(p);
+  dropped *d = m ? calloc(1, sizeof(*d)) : NULL;
   if (!d) return;
   snprintf(d->key, sizeof d->key, "%s/%s", tenant, id);
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(d->why, sizeof d->why, fmt, ap);
   va_end(ap);
-  d->next = g_dropped;
-  g_dropped = d;
+  d->next = m->dropped;
+  m->dropped = d;
 }
 
-const char *ckv_warm_dropped(const char *tenant, const char *id) {
+const char *ckv_warm_dropped(const ckv_persist *p, const char *tenant, const char *id) {
   char key[256];
   snprintf(key, sizeof key, "%s/%s", tenant, id);
-  for (const dropped *d = g_dropped; d; d = d->next)
+  for (const dropped *d = p->warm ? p->warm->dropped : NULL; d; d = d->next)
     if (strcmp(d->key, key) == 0) return d->why;
   return NULL;
 }
 
-const char *ckv_warm_unclean(void) {
-  return g_unclean ? "the daemon before this one did not stop cleanly (killed or crashed): sessions that lived only "
-                     "in its memory are gone, saved ones come back from their snapshots"
-                   : NULL;
+const char *ckv_warm_unclean(const ckv_persist *p) {
+  return p->warm && p->warm->unclean
+             ? "the daemon before this one did not stop cleanly (killed or crashed): sessions that lived only "
+               "in its memory are gone, saved ones come back from their snapshots"
+             : NULL;
+}
+
+void ckv_warm_forget(ckv_persist *p) {
+  if (!p->warm) return;
+  for (dropped *d = p->warm->dropped, *next; d; d = next) {
+    next = d->next;
+    free(d);
+  }
+  free(p->warm);
+  p->warm = NULL;
 }
 
 /* ---- manifest encoding ---- */
@@ -163,48 +184,44 @@ static uint64_t now_ms_real(void) {
 }
 
 /* This daemon's tag in the fd store's names (fdstore.h): from its boot token. */
-static uint64_t owner_tag(const ckv_server *s) {
-  uint64_t t;
-  memcpy(&t, s->boot_token, sizeof t);
-  return t ? t : 1;
+static uint64_t owner_tag(const ckv_persist *p) { return p->opt.owner_tag ? p->opt.owner_tag : 1; }
+
+static bool warm_enabled(const ckv_persist *p) {
+  return p->opt.state_dir && *p->opt.state_dir && ckv_fdstore_available() &&
+         strcmp(p->opt.backend->name, ckv_arena_host_backend.name) == 0;
 }
 
-static bool warm_enabled(const ckv_server *s) {
-  return s->opt.state_dir && *s->opt.state_dir && ckv_fdstore_available() &&
-         strcmp(s->backend->name, ckv_arena_host_backend.name) == 0;
-}
-
-static int manifest_path(const ckv_server *s, char *path, size_t len) {
-  if (snprintf(path, len, "%s/%s/%s", s->opt.state_dir, CKV_WARM_AREA, CKV_WARM_MANIFEST) >= (int)len)
+static int manifest_path(const ckv_persist *p, char *path, size_t len) {
+  if (snprintf(path, len, "%s/%s/%s", p->opt.state_dir, CKV_WARM_AREA, CKV_WARM_MANIFEST) >= (int)len)
     return -ENAMETOOLONG;
   return CKV_OK;
 }
 
 /* Removes STATE_DIR/warm and everything in it (two levels: the tenants'
  * directories and their entries). */
-static void remove_journal(const ckv_server *s) {
+static void remove_journal(const ckv_persist *p) {
   char top[4096];
-  if (snprintf(top, sizeof top, "%s/%s", s->opt.state_dir, CKV_WARM_AREA) >= (int)sizeof top) return;
+  if (snprintf(top, sizeof top, "%s/%s", p->opt.state_dir, CKV_WARM_AREA) >= (int)sizeof top) return;
   DIR *d = opendir(top);
   if (!d) return;
   struct dirent *e;
   while ((e = readdir(d))) {
     if (e->d_name[0] == '.' && (!e->d_name[1] || (e->d_name[1] == '.' && !e->d_name[2]))) continue;
-    char p[4096 + 256];
-    snprintf(p, sizeof p, "%s/%s", top, e->d_name);
-    DIR *sub = opendir(p);
+    char entry[4096 + 256];
+    snprintf(entry, sizeof entry, "%s/%s", top, e->d_name);
+    DIR *sub = opendir(entry);
     if (sub) {
       struct dirent *f;
       while ((f = readdir(sub))) {
         if (f->d_name[0] == '.' && (!f->d_name[1] || (f->d_name[1] == '.' && !f->d_name[2]))) continue;
         char q[4096 + 512];
-        snprintf(q, sizeof q, "%s/%s", p, f->d_name);
+        snprintf(q, sizeof q, "%s/%s", entry, f->d_name);
         unlink(q);
       }
       closedir(sub);
-      rmdir(p);
+      rmdir(entry);
     } else {
-      unlink(p);
+      unlink(entry);
     }
   }
   closedir(d);
@@ -345,16 +362,16 @@ static void drop_arena_fd(ckv_fdstore_arena *a, const char *why) {
 }
 
 /* Rebuilds session `id` of t from its journal entry; logs and notes a drop. */
-static bool rebuild_session(ckv_server *s, ckv_tenant *t, const char *id) {
+static bool rebuild_session(ckv_persist *p, ckv_tenant *t, const char *id) {
   char path[4096], err[512] = "";
   ckv_snap snap;
-  int r = ckv_snapdir_area_file(s->opt.state_dir, CKV_WARM_AREA, t->name, id, path, sizeof path);
+  int r = ckv_snapdir_area_file(p->opt.state_dir, CKV_WARM_AREA, t->name, id, path, sizeof path);
   if (r == CKV_OK) r = ckv_snap_read(path, &snap, err, sizeof err);
   else snprintf(err, sizeof err, "no journal entry path: %s", ckv_strerror(r));
   if (r < 0) {
     ckv_log(CKV_LOG_WARNING, "warm-session-dropped", t->name, id,
             "not kept across the restart: journal entry refused: %s", err);
-    note_dropped(t->name, id, "its journal entry was refused (%.150s)", err);
+    note_dropped(p, t->name, id, "its journal entry was refused (%.150s)", err);
     return false;
   }
   ckv_srv_session *sess = NULL;
@@ -364,31 +381,25 @@ static bool rebuild_session(ckv_server *s, ckv_tenant *t, const char *id) {
     r = CKV_ERR_CORRUPT;
   }
   if (r == CKV_OK)
-    r = ckv_session_snap_restore_kept(&snap, id, t, s->opt.policy ? s->opt.policy->mlp : NULL, &s->store.next_block_id,
+    r = ckv_session_snap_restore_kept(&snap, id, t, p->opt.policy ? p->opt.policy->mlp : NULL, &p->store->next_block_id,
                                       &sess, err, sizeof err);
   ckv_snap_done(&snap);
   if (r == CKV_OK && (r = ckv_srv_session_flush_meta(sess)) < 0) {
     snprintf(err, sizeof err, "cannot write the rebuilt headers: %s", ckv_strerror(r));
     sess = ckv_srv_session_free(sess);
   }
-  char key[256];
-  ckv_store_session_key(t, id, key, sizeof key);
-  if (r == CKV_OK && ckv_strmap_put(s->store.sessions, key, sess) < 0) {
+  if (r == CKV_OK && (r = ckv_store_add_session(p->store, sess, /* owner= */ 0)) < 0) { /* sess freed */
     snprintf(err, sizeof err, "out of memory");
-    sess = ckv_srv_session_free(sess);
-    r = -ENOMEM;
+    sess = NULL;
   }
   if (r < 0) {
     ckv_log(CKV_LOG_WARNING, "warm-session-dropped", t->name, id, "not kept across the restart: %s", err);
-    note_dropped(t->name, id, "%.190s", err);
+    note_dropped(p, t->name, id, "%.190s", err);
     return false;
   }
-  sess->dirty_head = &s->store.dirty_head;
-  sess->lane = ++s->store.next_lane;
-  sess->owner = 0; /* detached: its worker resumes it (OpenSession resume) within detach_keep */
+  /* detached: its worker resumes it (OpenSession resume) within detach_keep */
   sess->detached_at_ms = ckv_now_ms();
   sess->warm_unresumed = true;
-  t->n_sessions++;
   ckv_log(CKV_LOG_INFO, "warm-session-kept", t->name, id,
           "kept across the restart on its blocks: %zu tokens (%llu draft, %llu staged, %llu committed, %llu recycled), "
           "epoch %llu",
@@ -398,7 +409,7 @@ static bool rebuild_session(ckv_server *s, ckv_tenant *t, const char *id) {
   return true;
 }
 
-void ckv_warm_start(ckv_server *s) {
+void ckv_warm_start(ckv_persist *p) {
   ckv_fdstore_arena *fds = NULL;
   size_t n_fds = 0;
   ckv_fdstore_take_arenas(&fds, &n_fds);
@@ -407,18 +418,19 @@ void ckv_warm_start(ckv_server *s) {
   uint64_t written = 0, owner = 0;
   char path[4096], err[512] = "";
   int r = -ENOENT;
-  if (s->opt.state_dir && *s->opt.state_dir && manifest_path(s, path, sizeof path) == CKV_OK)
+  if (p->opt.state_dir && *p->opt.state_dir && manifest_path(p, path, sizeof path) == CKV_OK)
     r = read_manifest(path, &jt, &n_jt, &written, &owner, err, sizeof err);
   if (r < 0 && r != -ENOENT)
     ckv_log(CKV_LOG_ERROR, "warm-journal-refused", NULL, NULL,
             "warm-restart journal refused, no session is kept from it: %s", err);
-  g_unclean = r == -ENOENT && n_fds;
-  if (g_unclean)
+  bool unclean = r == -ENOENT && n_fds;
+  if (unclean && memory_of(p)) p->warm->unclean = true;
+  if (unclean)
     ckv_log(CKV_LOG_WARNING, "warm-journal-missing", NULL, NULL,
             "the fd store holds %zu arena(s) but there is no journal: the previous daemon did not stop cleanly "
             "(killed or crashed); its sessions are not kept (saved ones come back from their snapshots)",
             n_fds);
-  if (r == CKV_OK && !warm_enabled(s)) {
+  if (r == CKV_OK && !warm_enabled(p)) {
     ckv_log(CKV_LOG_WARNING, "warm-journal-refused", NULL, NULL,
             "a warm-restart journal of %zu tenant(s) is here, but this daemon runs without systemd's fd store or "
             "on another backend: nothing kept",
@@ -459,20 +471,15 @@ void ckv_warm_start(ckv_server *s) {
         why = whybuf;
       }
     }
-    bool dup_name = false;
-    for (size_t k = 0; k < s->store.n_tenants; k++) dup_name |= strcmp(s->store.tenants[k]->name, j->name) == 0;
-    uint64_t used = 0;
-    for (size_t k = 0; k < s->store.n_tenants; k++) used += ckv_arena_size(s->store.tenants[k]->arena);
-    if (!why && dup_name) why = "the journal names the tenant twice";
-    if (!why && used + j->bytes > s->opt.memory_bytes) why = "its arena no longer fits [daemon] memory";
+    if (!why && ckv_store_find_tenant(p->store, j->name)) why = "the journal names the tenant twice";
+    if (!why && ckv_store_arenas_bytes(p->store) + j->bytes > p->store->limits.memory_bytes)
+      why = "its arena no longer fits [daemon] memory";
     ckv_tenant *t = NULL;
-    ckv_tenant **nt = why ? NULL : realloc(s->store.tenants, (s->store.n_tenants + 1) * sizeof(*nt));
-    if (!why && !nt) why = "out of memory";
-    if (nt) s->store.tenants = nt;
+    if (!why && ckv_store_reserve_tenant(p->store) < 0) why = "out of memory";
     if (!why) {
       uint64_t holds = ckv_tenant_quota_for_arena(j->bytes);
       int tr = ckv_tenant_adopt(j->name, j->quota && j->quota < holds ? j->quota : holds, arena,
-                                (uint32_t)s->store.n_tenants + 1, &t);
+                                (uint32_t)p->store->n_tenants + 1, &t);
       arena = NULL; /* the tenant's now, also on failure */
       if (tr < 0) {
         snprintf(whybuf, sizeof whybuf, "cannot set up its tenant: %s", ckv_strerror(tr));
@@ -483,25 +490,25 @@ void ckv_warm_start(ckv_server *s) {
     if (why) {
       ckv_log(CKV_LOG_WARNING, "warm-tenant-dropped", j->name, NULL, "%u session(s) not kept across the restart: %s",
               j->n_sessions, why);
-      for (uint32_t k = 0; k < j->n_sessions; k++) note_dropped(j->name, j->ids[k], "%s", why);
+      for (uint32_t k = 0; k < j->n_sessions; k++) note_dropped(p, j->name, j->ids[k], "%s", why);
       lost += j->n_sessions;
       if (a) drop_arena_fd(a, why);
       continue;
     }
-    t->max_sessions = j->max_sessions ? j->max_sessions : s->opt.max_sessions;
-    t->max_clients = j->max_clients;
-    t->policies = j->policies;
-    t->default_policy = j->default_policy;
-    if (s->opt.mem) t->mem = s->opt.mem;
-    s->store.tenants[s->store.n_tenants++] = t;
     close(a->fd); /* the arena keeps a duplicate; the store keeps its own */
     a->fd = -1;
-    /* Ours from now on: stored again under this daemon's tag, so this
-     * journal (removed below, but a copy may linger) never matches it again. */
+    /* Ours from now on: stored again under this daemon's tag (the store's
+     * tenant_up hook, ckv_warm_tenant_up), so this journal (removed below,
+     * but a copy may linger) never matches it again. */
     ckv_fdstore_remove_arena(a->generation, a->owner);
-    ckv_warm_tenant_up(s, t);
+    ckv_tenant_spec limits = {.name = j->name,
+                              .max_sessions = j->max_sessions,
+                              .max_clients = j->max_clients,
+                              .policies = j->policies,
+                              .default_policy = j->default_policy};
+    ckv_store_add_tenant(p->store, t, &limits);
     size_t tk = 0;
-    for (uint32_t k = 0; k < j->n_sessions; k++) tk += rebuild_session(s, t, j->ids[k]);
+    for (uint32_t k = 0; k < j->n_sessions; k++) tk += rebuild_session(p, t, j->ids[k]);
     /* Memory no kept block holds (dropped sessions, freed blocks, warm
      * chunks) reads zero from here on: no stale K/V shows through. */
     uint64_t failed = ckv_slab_scrub(t->slab);
@@ -518,34 +525,34 @@ void ckv_warm_start(ckv_server *s) {
     ckv_log(CKV_LOG_NOTICE, "warm-restart", NULL, NULL,
             "warm restart: %zu session(s) kept, %zu dropped (journal written %llu ms before)", kept, lost,
             (unsigned long long)(now_ms_real() > written ? now_ms_real() - written : 0));
-  s->counters.warm_kept = kept;
-  s->counters.warm_dropped = lost;
+  p->counters.warm_kept = kept;
+  p->counters.warm_dropped = lost;
   /* Consumed: a later start (after a crash of this daemon) must never read
    * a journal of arenas that have moved on since. */
-  if (s->opt.state_dir && *s->opt.state_dir) remove_journal(s);
+  if (p->opt.state_dir && *p->opt.state_dir) remove_journal(p);
   jtenants_free(jt, n_jt);
   free(fds);
 }
 
-void ckv_warm_tenant_up(ckv_server *s, ckv_tenant *t) {
-  if (!warm_enabled(s)) return;
+void ckv_warm_tenant_up(ckv_persist *p, ckv_tenant *t) {
+  if (!warm_enabled(p)) return;
   ckv_arena_desc d;
   if (ckv_arena_export(t->arena, &d) < 0 || d.n_fds != 1) return;
-  (void)ckv_fdstore_put_arena(d.fds[0], ckv_arena_generation(t->arena), owner_tag(s));
+  (void)ckv_fdstore_put_arena(d.fds[0], ckv_arena_generation(t->arena), owner_tag(p));
 }
 
 /* ---- stop ---- */
 
-size_t ckv_warm_stop(ckv_server *s) {
-  if (!warm_enabled(s)) return 0;
+size_t ckv_warm_stop(ckv_persist *p) {
+  if (!warm_enabled(p)) return 0;
   char top[4096], err[512];
-  if (snprintf(top, sizeof top, "%s/%s", s->opt.state_dir, CKV_WARM_AREA) >= (int)sizeof top) return 0;
-  remove_journal(s); /* a half-written one of an earlier stop */
+  if (snprintf(top, sizeof top, "%s/%s", p->opt.state_dir, CKV_WARM_AREA) >= (int)sizeof top) return 0;
+  remove_journal(p); /* a half-written one of an earlier stop */
   if (mkdir(top, 0700) < 0 && errno != EEXIST) {
     ckv_log(CKV_LOG_ERROR, "warm-journal-failed", NULL, NULL, "cannot create %s: %s; nothing is kept", top,
             strerror(errno));
-    for (size_t i = 0; i < s->store.n_tenants; i++)
-      ckv_fdstore_remove_arena(ckv_arena_generation(s->store.tenants[i]->arena), owner_tag(s));
+    for (size_t i = 0; i < p->store->n_tenants; i++)
+      ckv_fdstore_remove_arena(ckv_arena_generation(p->store->tenants[i]->arena), owner_tag(p));
     return 0;
   }
   buf m = {0};
@@ -553,11 +560,11 @@ size_t ckv_warm_stop(ckv_server *s) {
   put_u32(&m, CKV_WARM_VERSION);
   put_u32(&m, ~(uint32_t)CKV_WARM_VERSION);
   put_u64(&m, now_ms_real());
-  put_u64(&m, owner_tag(s));
-  put_u32(&m, (uint32_t)s->store.n_tenants);
+  put_u64(&m, owner_tag(p));
+  put_u32(&m, (uint32_t)p->store->n_tenants);
   size_t kept = 0, skipped = 0;
-  for (size_t i = 0; i < s->store.n_tenants; i++) {
-    ckv_tenant *t = s->store.tenants[i];
+  for (size_t i = 0; i < p->store->n_tenants; i++) {
+    ckv_tenant *t = p->store->tenants[i];
     put_str(&m, t->name);
     put_u64(&m, ckv_arena_generation(t->arena));
     put_u64(&m, ckv_arena_size(t->arena));
@@ -570,13 +577,13 @@ size_t ckv_warm_stop(ckv_server *s) {
     put_u32(&m, 0);
     uint32_t n = 0;
     char dir[4096];
-    bool have_dir = ckv_snapdir_area_dir(s->opt.state_dir, CKV_WARM_AREA, t->name, 1, dir, sizeof dir, err,
+    bool have_dir = ckv_snapdir_area_dir(p->opt.state_dir, CKV_WARM_AREA, t->name, 1, dir, sizeof dir, err,
                                          sizeof err) == CKV_OK;
     size_t cursor = 0;
     ckv_srv_session *sess;
-    while (have_dir && (sess = ckv_strmap_next(s->store.sessions, &cursor, NULL))) {
+    while (have_dir && (sess = ckv_strmap_next(p->store->sessions, &cursor, NULL))) {
       if (sess->tenant != t) continue;
-      ckv_store_settle_session(&s->store, sess);
+      ckv_store_settle_session(p->store, sess);
       ckv_snap snap;
       /* only sessions whose bytes are all in the arena (an offload in
        * flight has them there too, and its file is abandoned with it) */
@@ -607,7 +614,7 @@ size_t ckv_warm_stop(ckv_server *s) {
   uint64_t sum = m.oom ? 0 : XXH64(m.p, m.n, 0);
   put_u64(&m, sum);
   char path[4096], tmp[4200];
-  int r = m.oom ? -ENOMEM : manifest_path(s, path, sizeof path);
+  int r = m.oom ? -ENOMEM : manifest_path(p, path, sizeof path);
   if (r == CKV_OK) {
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
@@ -626,17 +633,17 @@ size_t ckv_warm_stop(ckv_server *s) {
   if (r < 0) {
     ckv_log(CKV_LOG_ERROR, "warm-journal-failed", NULL, NULL,
             "cannot write the warm-restart journal: %s; nothing is kept", ckv_strerror(r));
-    remove_journal(s);
+    remove_journal(p);
     /* the arenas are freed as usual: the store must not offer them either */
-    for (size_t i = 0; i < s->store.n_tenants; i++)
-      ckv_fdstore_remove_arena(ckv_arena_generation(s->store.tenants[i]->arena), owner_tag(s));
+    for (size_t i = 0; i < p->store->n_tenants; i++)
+      ckv_fdstore_remove_arena(ckv_arena_generation(p->store->tenants[i]->arena), owner_tag(p));
     return 0;
   }
   /* Hand the arenas on: no block goes back to an allocator (no hole is
    * punched) and no header is retired while the sessions are freed. */
-  for (size_t i = 0; i < s->store.n_tenants; i++) ckv_tenant_keep(s->store.tenants[i]);
+  for (size_t i = 0; i < p->store->n_tenants; i++) ckv_tenant_keep(p->store->tenants[i]);
   ckv_log(CKV_LOG_NOTICE, "warm-journal", NULL, NULL,
           "warm-restart journal written: %zu tenant(s), %zu session(s) kept in their arenas, %zu not journaled",
-          s->store.n_tenants, kept, skipped);
+          p->store->n_tenants, kept, skipped);
   return kept;
 }

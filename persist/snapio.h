@@ -13,13 +13,13 @@
  * A job is owned by the thread from submit until collect; the thread touches
  * nothing but the job.  The queue is bounded: submit refuses with
  * CKV_ERR_BUSY when `depth` jobs wait or run. */
-#ifndef CKV_DAEMON_SNAPIO_H
-#define CKV_DAEMON_SNAPIO_H
+#ifndef CKV_PERSIST_SNAPIO_H
+#define CKV_PERSIST_SNAPIO_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-#include "daemon/snapshot.h"
+#include "persist/snapshot.h"
 
 typedef struct ckv_snapio ckv_snapio;
 

@@ -1,6 +1,6 @@
-/* remote_store.c - the Redis/Valkey remote tier over hiredis (see remote_store.h). */
+/* remote.c - the Redis/Valkey remote tier over hiredis (see remote.h). */
 #include "common/fail.h"
-#include "daemon/remote_store.h"
+#include "persist/remote.h"
 
 #include <errno.h>
 #include <fcntl.h>

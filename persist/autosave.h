@@ -21,25 +21,25 @@
  * resume (a new session of that id), DropSession and the expiry of a
  * detached session remove it, so a deliberately ended session never comes
  * back from it. */
-#ifndef CKV_DAEMON_AUTOSAVE_H
-#define CKV_DAEMON_AUTOSAVE_H
+#ifndef CKV_PERSIST_AUTOSAVE_H
+#define CKV_PERSIST_AUTOSAVE_H
 
 #include <stdbool.h>
 #include <stdint.h>
 
-typedef struct ckv_server ckv_server;
+typedef struct ckv_persist ckv_persist;
 typedef struct ckv_tenant ckv_tenant;
 
 /* From the housekeeping: starts the next autosave that is due (none while one is written). */
-void ckv_autosave_scan(ckv_server *s, uint64_t now_ms);
+void ckv_autosave_scan(ckv_persist *p, uint64_t now_ms);
 /* Removes the autosave of tenant/id (on the I/O thread, behind any write of it). */
-void ckv_autosave_forget(ckv_server *s, const ckv_tenant *tenant, const char *id);
+void ckv_autosave_forget(ckv_persist *p, const ckv_tenant *tenant, const char *id);
 /* A session just created (OpenSession without resume, a restore): from its
  * autosave (a resume after a crash), that autosave is its current one;
  * otherwise an autosave of an earlier session of the id is removed. */
 typedef struct ckv_srv_session ckv_srv_session;
-void ckv_autosave_session_new(ckv_server *s, ckv_srv_session *sess, bool from_autosave);
+void ckv_autosave_session_new(ckv_persist *p, ckv_srv_session *sess, bool from_autosave);
 /* At start: leftover temporary files removed, the autosaves found logged (`autosave-found`). */
-void ckv_autosave_startup(ckv_server *s);
+void ckv_autosave_startup(ckv_persist *p);
 
 #endif

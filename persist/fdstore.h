@@ -14,8 +14,8 @@
  * that a later one changed.  The journal says which tenant it was.
  *
  * Without NOTIFY_SOCKET (not under systemd) every call is a no-op. */
-#ifndef CKV_DAEMON_FDSTORE_H
-#define CKV_DAEMON_FDSTORE_H
+#ifndef CKV_PERSIST_FDSTORE_H
+#define CKV_PERSIST_FDSTORE_H
 
 #include <stddef.h>
 #include <stdint.h>

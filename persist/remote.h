@@ -1,4 +1,4 @@
-/* remote_store.h - the remote tier: one Redis or Valkey endpoint (hiredis),
+/* remote.h - the remote tier: one Redis or Valkey endpoint (hiredis),
  * shared by every commitkvd of a fleet, holding session snapshots.
  *
  * A value is the exact bytes of a snapshot file (docs/snapshot.md), so a
@@ -26,8 +26,8 @@
  * TLS (rediss://) is refused: Debian bookworm's hiredis 0.14 has no
  * hiredis_ssl.  Passwords come from a file (remote_password_file), never
  * from the URL. */
-#ifndef CKV_DAEMON_REMOTE_STORE_H
-#define CKV_DAEMON_REMOTE_STORE_H
+#ifndef CKV_PERSIST_REMOTE_H
+#define CKV_PERSIST_REMOTE_H
 
 #include <stdbool.h>
 #include <stddef.h>

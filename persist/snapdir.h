@@ -5,8 +5,8 @@
  * the daemon lists what it finds (ckv_snapdir_startup): sessions come back
  * from their snapshots on RestoreSession or OpenSession{resume}, and what a
  * cut-short save left behind (a temporary file) is removed and said. */
-#ifndef CKV_DAEMON_SNAPDIR_H
-#define CKV_DAEMON_SNAPDIR_H
+#ifndef CKV_PERSIST_SNAPDIR_H
+#define CKV_PERSIST_SNAPDIR_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -2,8 +2,7 @@
  * snapshot I/O thread, the requests that wait for a session coming back, and
  * the figures.  Everything here runs on the server loop; the I/O thread only
  * ever sees a job. */
-#include "common/clock.h"
-#include "daemon/tier.h"
+#include "persist/tier.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -12,28 +11,21 @@
 #include <string.h>
 
 #include "commitkv/status.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/strmap.h"
+#include "lifecycle/policy.h"
+#include "persist/persist.h"
+#include "persist/remote.h"
+#include "persist/session_snap.h"
+#include "persist/snapdir.h"
+#include "persist/snapio.h"
+#include "persist/snapshot.h"
 #include "store/blockmem.h"
 #include "store/moves.h"
-#include "common/log.h"
-#include "daemon/remote_store.h"
-#include "daemon/server.h"
 #include "store/session.h"
-#include "daemon/session_snap.h"
-#include "daemon/snapdir.h"
-#include "daemon/snapio.h"
-#include "daemon/snapshot.h"
-#include "common/strmap.h"
+#include "store/store.h"
 #include "store/tenant.h"
-#include "lifecycle/policy.h"
-
-/* A request waiting for its session to come back: its bytes as they came,
- * served again (through the gate, which lets it pass then) once resident. */
-typedef struct parked {
-  struct parked *next;
-  ckv_reply_to to;
-  size_t len;
-  uint8_t data[];
-} parked;
 
 struct ckv_tier_slot {
   ckv_tier_state state;
@@ -45,7 +37,6 @@ struct ckv_tier_slot {
   uint64_t disk_since_ms; /* when it went to disk (the remote tier's idle clock starts there) */
   uint64_t file_bytes; /* the tier file's size (ON_DISK, PUSHING, RESTORING; ON_REMOTE: the store's copy) */
   uint64_t bytes5[5];  /* what the session held in memory when it went (stats bytes layout) */
-  parked *head, *tail;
 };
 
 /* One tenant's counters (since start; they never go down). */
@@ -60,8 +51,7 @@ struct ckv_tier {
   uint64_t idle_ms, cap;
   bool pressure;              /* memory pressure moves the coldest sessions down (ckv_tier_make_room) */
   unsigned pressure_inflight; /* offloads being written for memory pressure */
-  bool replaying;             /* serving the waiting requests again: no second round of moves */
-  parked *wait_head, *wait_tail; /* requests waiting for the pressure offloads to land */
+  bool replaying;             /* the daemon serves the requests parked for room again: no second round of moves */
   uint64_t disk_bytes; /* tier files of sessions on disk or coming back, and leftovers */
   uint64_t reserved;   /* estimated size of the offloads being written */
   unsigned inflight;   /* offloads being written */
@@ -111,10 +101,6 @@ ckv_tier *ckv_tier_free(ckv_tier *t) {
   size_t cur = 0;
   void *v;
   while ((v = ckv_strmap_next(t->leftovers, &cur, NULL))) free(v);
-  for (parked *p = t->wait_head, *next; p; p = next) { /* stopping: nobody to answer */
-    next = p->next;
-    free(p);
-  }
   ckv_strmap_free(t->leftovers);
   free(t->tc);
   free(t);
@@ -160,22 +146,22 @@ ckv_tier_state ckv_tier_state_of(const ckv_srv_session *sess) {
   return sess->tier ? sess->tier->state : CKV_TIER_RESIDENT;
 }
 
-static tier_job *new_job(ckv_server *s, ckv_snapio_kind kind, const ckv_tenant *tenant, const char *id) {
+static tier_job *new_job(ckv_persist *p, ckv_snapio_kind kind, const ckv_tenant *tenant, const char *id) {
   tier_job *q = calloc(1, sizeof(*q));
   if (!q) return NULL;
   q->job.kind = kind;
   q->job.area = CKV_SNAPIO_TIER;
   q->job.destroy = job_destroy;
-  snprintf(q->job.state_dir, sizeof q->job.state_dir, "%s", s->opt.state_dir ? s->opt.state_dir : "");
+  snprintf(q->job.state_dir, sizeof q->job.state_dir, "%s", p->opt.state_dir ? p->opt.state_dir : "");
   snprintf(q->job.tenant, sizeof q->job.tenant, "%s", tenant->name);
   snprintf(q->job.name, sizeof q->job.name, "%s", id);
-  q->job.remote = s->tier ? s->tier->remote : NULL;
+  q->job.remote = p->tier ? p->tier->remote : NULL;
   return q;
 }
 
 /* A job on the remote tier's copy of sess (its key names the model). */
-static tier_job *new_remote_job(ckv_server *s, ckv_snapio_kind kind, const ckv_srv_session *sess) {
-  tier_job *q = new_job(s, kind, sess->tenant, sess->id);
+static tier_job *new_remote_job(ckv_persist *p, ckv_snapio_kind kind, const ckv_srv_session *sess) {
+  tier_job *q = new_job(p, kind, sess->tenant, sess->id);
   if (!q) return NULL;
   q->job.area = CKV_SNAPIO_TIER_REMOTE;
   snprintf(q->job.model_id, sizeof q->job.model_id, "%s", sess->model_id);
@@ -183,8 +169,8 @@ static tier_job *new_remote_job(ckv_server *s, ckv_snapio_kind kind, const ckv_s
   return q;
 }
 
-static void remove_finished(void *server, ckv_snapio_job *j) {
-  (void)server;
+static void remove_finished(void *ctx, ckv_snapio_job *j) {
+  (void)ctx;
   if (j->status < 0)
     ckv_log(CKV_LOG_WARNING, "tier-remove-failed", j->tenant, j->name, "tier file not removed: %s", j->err);
   job_destroy(j);
@@ -192,19 +178,19 @@ static void remove_finished(void *server, ckv_snapio_job *j) {
 
 /* Removes the tier file of tenant/id on the I/O thread (behind every job
  * queued before it: a write of the same file lands first). */
-static void remove_file(ckv_server *s, const ckv_tenant *tenant, const char *id) {
-  if (!s->snapio) return; /* stopping: the file stays, resumable after a restart */
-  tier_job *q = new_job(s, CKV_SNAPIO_REMOVE, tenant, id);
+static void remove_file(ckv_persist *p, const ckv_tenant *tenant, const char *id) {
+  if (!p->snapio) return; /* stopping: the file stays, resumable after a restart */
+  tier_job *q = new_job(p, CKV_SNAPIO_REMOVE, tenant, id);
   if (!q) return;
   q->job.finish = remove_finished;
-  if (ckv_snapio_submit(s->snapio, &q->job) < 0) { /* the queue is full: an unlink, here, once */
+  if (ckv_snapio_submit(p->snapio, &q->job) < 0) { /* the queue is full: an unlink, here, once */
     ckv_snapio_run(&q->job);
-    remove_finished(s, &q->job);
+    remove_finished(p, &q->job);
   }
 }
 
-static void remote_removed(void *server, ckv_snapio_job *j) {
-  (void)server;
+static void remote_removed(void *ctx, ckv_snapio_job *j) {
+  (void)ctx;
   if (j->status < 0)
     ckv_log(CKV_LOG_WARNING, "tier-remove-failed", j->tenant, j->name,
             "the remote tier's copy was not deleted (the store keeps it until it is resumed or replaced): %s", j->err);
@@ -213,31 +199,31 @@ static void remote_removed(void *server, ckv_snapio_job *j) {
 
 /* Deletes the remote tier's copy of the session job j names (the job's
  * tenant, id and model), on the I/O thread behind every job before it. */
-static void remove_remote_of(ckv_server *s, const ckv_snapio_job *j) {
-  if (!s->snapio || !s->tier || !s->tier->remote) return; /* stopping: the copy stays, resumable */
+static void remove_remote_of(ckv_persist *p, const ckv_snapio_job *j) {
+  if (!p->snapio || !p->tier || !p->tier->remote) return; /* stopping: the copy stays, resumable */
   tier_job *q = calloc(1, sizeof(*q));
   if (!q) return;
   q->job.kind = CKV_SNAPIO_REMOVE;
   q->job.area = CKV_SNAPIO_TIER_REMOTE;
   q->job.destroy = job_destroy;
   q->job.finish = remote_removed;
-  q->job.remote = s->tier->remote;
+  q->job.remote = p->tier->remote;
   memcpy(q->job.state_dir, j->state_dir, sizeof q->job.state_dir);
   memcpy(q->job.tenant, j->tenant, sizeof q->job.tenant);
   memcpy(q->job.name, j->name, sizeof q->job.name);
   memcpy(q->job.model_id, j->model_id, sizeof q->job.model_id);
   memcpy(q->job.model_revision, j->model_revision, sizeof q->job.model_revision);
-  if (ckv_snapio_submit(s->snapio, &q->job) < 0) { /* the queue is full: a DEL, here, once */
+  if (ckv_snapio_submit(p->snapio, &q->job) < 0) { /* the queue is full: a DEL, here, once */
     ckv_snapio_run(&q->job);
-    remote_removed(s, &q->job);
+    remote_removed(p, &q->job);
   }
 }
 
-static void remove_remote(ckv_server *s, const ckv_srv_session *sess) {
-  if (!s->snapio || !s->tier || !s->tier->remote) return;
-  tier_job *q = new_remote_job(s, CKV_SNAPIO_REMOVE, sess);
+static void remove_remote(ckv_persist *p, const ckv_srv_session *sess) {
+  if (!p->snapio || !p->tier || !p->tier->remote) return;
+  tier_job *q = new_remote_job(p, CKV_SNAPIO_REMOVE, sess);
   if (!q) return;
-  remove_remote_of(s, &q->job);
+  remove_remote_of(p, &q->job);
   job_destroy(&q->job);
 }
 
@@ -269,35 +255,35 @@ static void count_leftover(void *ctx, const char *tenant, const char *name, cons
           (unsigned long long)bytes);
 }
 
-void ckv_tier_startup(ckv_server *s) {
-  ckv_tier *t = s->tier;
-  if (!t || !s->opt.state_dir || !*s->opt.state_dir) return;
-  ckv_snapdir_clean_temps(s->opt.state_dir, CKV_SNAPDIR_TIER);
-  ckv_snapdir_area_each(s->opt.state_dir, CKV_SNAPDIR_TIER, NULL, count_leftover, t);
+void ckv_tier_startup(ckv_persist *p) {
+  ckv_tier *t = p->tier;
+  if (!t || !p->opt.state_dir || !*p->opt.state_dir) return;
+  ckv_snapdir_clean_temps(p->opt.state_dir, CKV_SNAPDIR_TIER);
+  ckv_snapdir_area_each(p->opt.state_dir, CKV_SNAPDIR_TIER, NULL, count_leftover, t);
   if (ckv_strmap_size(t->leftovers) || t->on)
     ckv_log(CKV_LOG_NOTICE, "tier", NULL, NULL, "disk tier %s: %zu session files (%llu bytes) in %s/%s%s",
             t->on ? "on" : "off", ckv_strmap_size(t->leftovers), (unsigned long long)t->disk_bytes,
-            s->opt.state_dir, CKV_SNAPDIR_TIER,
+            p->opt.state_dir, CKV_SNAPDIR_TIER,
             t->on && t->disk_bytes > t->cap ? ", more than disk_memory: no session moves down until they go" : "");
 }
 
 /* ---- offload ------------------------------------------------------------- */
 
-static void offload_landed(ckv_server *s, ckv_snapio_job *j) {
-  ckv_tier *t = s->tier;
+static void offload_landed(ckv_persist *p, ckv_snapio_job *j) {
+  ckv_tier *t = p->tier;
   tier_job *q = (tier_job *)j;
   t->reserved -= q->reserved;
   t->inflight--;
   char key[256];
   snprintf(key, sizeof key, "%s/%s", j->tenant, j->name);
-  ckv_srv_session *sess = ckv_strmap_get(s->store.sessions, key);
+  ckv_srv_session *sess = ckv_strmap_get(p->store->sessions, key);
   if (!sess || !sess->tier || sess->tier->seq != q->seq || sess->tier->state != CKV_TIER_OFFLOADING) {
     /* dropped (or expired) while its copy was written: the copy goes too */
     if (j->status == CKV_OK && sess == NULL) {
       ckv_tenant *tn = NULL;
-      for (size_t i = 0; i < s->store.n_tenants; i++)
-        if (strcmp(s->store.tenants[i]->name, j->tenant) == 0) tn = s->store.tenants[i];
-      if (tn) remove_file(s, tn, j->name);
+      for (size_t i = 0; i < p->store->n_tenants; i++)
+        if (strcmp(p->store->tenants[i]->name, j->tenant) == 0) tn = p->store->tenants[i];
+      if (tn) remove_file(p, tn, j->name);
     }
     job_destroy(j);
     return;
@@ -321,7 +307,7 @@ static void offload_landed(ckv_server *s, ckv_snapio_job *j) {
     tc->cancelled++;
     ckv_log(CKV_LOG_INFO, "tier-offload-cancelled", j->tenant, j->name,
             "a request arrived while the session was written to disk: it stays in memory, the file is removed");
-    remove_file(s, sess->tenant, sess->id);
+    remove_file(p, sess->tenant, sess->id);
     job_destroy(j);
     return;
   }
@@ -349,17 +335,17 @@ static void offload_landed(ckv_server *s, ckv_snapio_job *j) {
  * order, now that those landed (or failed): with no second round of moves,
  * so what room they made is what the handler finds (else the old way:
  * compression, recycling, the quota error). */
-static void replay_waiting(ckv_server *s);
+static void replay_waiting(ckv_persist *p);
 
-static void replan_stalled(ckv_server *s);
+static void replan_stalled(ckv_persist *p);
 
-static void offload_finished(void *server, ckv_snapio_job *j) {
-  ckv_server *s = server;
+static void offload_finished(void *ctx, ckv_snapio_job *j) {
+  ckv_persist *p = ctx;
   bool pressure = ((tier_job *)j)->pressure;
-  offload_landed(s, j); /* destroys j */
-  if (pressure && --s->tier->pressure_inflight == 0) {
-    replay_waiting(s);
-    replan_stalled(s);
+  offload_landed(p, j); /* destroys j */
+  if (pressure && --p->tier->pressure_inflight == 0) {
+    replay_waiting(p);
+    replan_stalled(p);
   }
 }
 
@@ -371,11 +357,11 @@ static uint64_t file_estimate(const ckv_snap *snap) {
 
 /* Starts writing sess to its tier file; whether it did (else it stays in
  * memory, and the log said why when that was news). */
-static bool start_offload(ckv_server *s, ckv_srv_session *sess, uint64_t now, bool pressure) {
-  ckv_tier *t = s->tier;
+static bool start_offload(ckv_persist *p, ckv_srv_session *sess, uint64_t now, bool pressure) {
+  ckv_tier *t = p->tier;
   ckv_tier_slot *slot = slot_of(sess);
   if (!slot) return false;
-  tier_job *q = new_job(s, CKV_SNAPIO_SAVE, sess->tenant, sess->id);
+  tier_job *q = new_job(p, CKV_SNAPIO_SAVE, sess->tenant, sess->id);
   if (!q) return false;
   char err[320];
   uint64_t tokens = 0;
@@ -411,7 +397,7 @@ static bool start_offload(ckv_server *s, ckv_srv_session *sess, uint64_t now, bo
   ckv_srv_session_figures(sess, tok4, q->bytes5);
   q->pressure = pressure;
   q->job.finish = offload_finished;
-  if (ckv_snapio_submit(s->snapio, &q->job) < 0) { /* the queue is full of saves: next scan */
+  if (ckv_snapio_submit(p->snapio, &q->job) < 0) { /* the queue is full of saves: next scan */
     job_destroy(&q->job);
     return false;
   }
@@ -435,18 +421,18 @@ static bool may_go_down(const ckv_srv_session *sess) {
 
 /* ---- the remote tier: disk -> store -------------------------------------- */
 
-static void push_finished(void *server, ckv_snapio_job *j) {
-  ckv_server *s = server;
-  ckv_tier *t = s->tier;
+static void push_finished(void *ctx, ckv_snapio_job *j) {
+  ckv_persist *p = ctx;
+  ckv_tier *t = p->tier;
   tier_job *q = (tier_job *)j;
   t->pushing--;
   char key[256];
   snprintf(key, sizeof key, "%s/%s", j->tenant, j->name);
-  ckv_srv_session *sess = ckv_strmap_get(s->store.sessions, key);
+  ckv_srv_session *sess = ckv_strmap_get(p->store->sessions, key);
   if (!sess || !sess->tier || sess->tier->seq != q->seq || sess->tier->state != CKV_TIER_PUSHING) {
     /* dropped, or a request brought it back from its tier file meanwhile:
      * the store's copy is nobody's */
-    if (j->status == CKV_OK) remove_remote_of(s, j);
+    if (j->status == CKV_OK) remove_remote_of(p, j);
     job_destroy(j);
     return;
   }
@@ -473,20 +459,20 @@ static void push_finished(void *server, ckv_snapio_job *j) {
           "its tier file is removed",
           (double)(now - q->since_ms) / 1e3, ckv_remote_url_text(t->remote), (unsigned long long)j->bytes,
           (double)j->io_us / 1e3);
-  remove_file(s, sess->tenant, sess->id);
+  remove_file(p, sess->tenant, sess->id);
   job_destroy(j);
 }
 
 /* Starts pushing the tier file of sess (on disk) to the store. */
-static void start_push(ckv_server *s, ckv_srv_session *sess, uint64_t since) {
-  ckv_tier *t = s->tier;
-  tier_job *q = new_remote_job(s, CKV_SNAPIO_PUSH, sess);
+static void start_push(ckv_persist *p, ckv_srv_session *sess, uint64_t since) {
+  ckv_tier *t = p->tier;
+  tier_job *q = new_remote_job(p, CKV_SNAPIO_PUSH, sess);
   if (!q) return;
   q->job.area = CKV_SNAPIO_TIER;
   q->seq = ++t->seq;
   q->since_ms = since;
   q->job.finish = push_finished;
-  if (ckv_snapio_submit(s->snapio, &q->job) < 0) { /* the queue is full: next scan */
+  if (ckv_snapio_submit(p->snapio, &q->job) < 0) { /* the queue is full: next scan */
     job_destroy(&q->job);
     return;
   }
@@ -495,15 +481,15 @@ static void start_push(ckv_server *s, ckv_srv_session *sess, uint64_t since) {
   sess->tier->seq = q->seq;
 }
 
-static void relieve_stalls(ckv_server *s);
+static void relieve_stalls(ckv_persist *p);
 
-void ckv_tier_scan(ckv_server *s, uint64_t now) {
-  ckv_tier *t = s->tier;
-  if (t && t->on && s->snapio) relieve_stalls(s);
-  if (!t || !t->on || !(t->idle_ms || t->remote) || !s->snapio) return;
+void ckv_tier_scan(ckv_persist *p, uint64_t now) {
+  ckv_tier *t = p->tier;
+  if (t && t->on && p->snapio) relieve_stalls(p);
+  if (!t || !t->on || !(t->idle_ms || t->remote) || !p->snapio) return;
   size_t cur = 0;
   ckv_srv_session *sess;
-  while ((sess = ckv_strmap_next(s->store.sessions, &cur, NULL))) {
+  while ((sess = ckv_strmap_next(p->store->sessions, &cur, NULL))) {
     if (!sess->touched_ms) { /* new to the tier: idle from now on */
       sess->touched_ms = now;
       continue;
@@ -511,13 +497,13 @@ void ckv_tier_scan(ckv_server *s, uint64_t now) {
     ckv_tier_state st = ckv_tier_state_of(sess);
     if (st == CKV_TIER_ON_DISK && t->remote && !sess->doomed) {
       uint64_t since = sess->touched_ms > sess->tier->disk_since_ms ? sess->touched_ms : sess->tier->disk_since_ms;
-      if (now - since >= t->remote_idle_ms && t->pushing < CKV_TIER_INFLIGHT) start_push(s, sess, since);
+      if (now - since >= t->remote_idle_ms && t->pushing < CKV_TIER_INFLIGHT) start_push(p, sess, since);
       continue;
     }
     if (!t->idle_ms || now - sess->touched_ms < t->idle_ms || st != CKV_TIER_RESIDENT) continue;
     if (!may_go_down(sess)) continue;
     if (t->inflight >= CKV_TIER_INFLIGHT) continue;
-    start_offload(s, sess, now, /* pressure= */ false);
+    start_offload(p, sess, now, /* pressure= */ false);
   }
 }
 
@@ -526,12 +512,11 @@ void ckv_tier_scan(ckv_server *s, uint64_t now) {
 /* Rebuilds session sess from the tier file job j read: a new session in
  * fresh blocks takes its place (same key, owner, lane), sess is freed.
  * CKV_OK, or the failure with its text in msg (the session stays on disk). */
-static int apply_restore(ckv_server *s, ckv_srv_session *sess, ckv_snapio_job *j, char *msg, size_t msglen) {
-  ckv_tier *t = s->tier;
+static int apply_restore(ckv_persist *p, ckv_srv_session *sess, ckv_snapio_job *j, char *msg, size_t msglen) {
+  ckv_tier *t = p->tier;
   ckv_tier_slot *slot = sess->tier;
   tenant_counts *tc = counts_of(t, sess->tenant);
-  char err[320], key[256];
-  ckv_store_session_key(sess->tenant, sess->id, key, sizeof key);
+  char err[320];
   bool remote = slot->remote_copy;
   slot->state = remote ? CKV_TIER_ON_REMOTE : CKV_TIER_ON_DISK; /* unless it comes back below */
   const char *where = remote ? "in the remote store" : "on disk";
@@ -550,11 +535,19 @@ static int apply_restore(ckv_server *s, ckv_srv_session *sess, ckv_snapio_job *j
   }
   ckv_srv_session *ns = NULL;
   if (r == CKV_OK)
-    r = ckv_session_snap_restore(&j->snap, sess->id, sess->tenant, s->opt.policy ? s->opt.policy->mlp : NULL,
-                                 &s->store.next_block_id, &ns, err, sizeof err);
+    r = ckv_session_snap_restore(&j->snap, sess->id, sess->tenant, p->opt.policy ? p->opt.policy->mlp : NULL,
+                                 &p->store->next_block_id, &ns, err, sizeof err);
   if (r == CKV_OK && (r = ckv_srv_session_flush_meta(ns)) < 0)
     snprintf(err, sizeof err, "cannot write the restored headers: %s", ckv_strerror(r));
-  if (r == CKV_OK && (r = ckv_strmap_put(s->store.sessions, key, ns)) < 0) snprintf(err, sizeof err, "out of memory");
+  if (r == CKV_OK) { /* ns takes the place of sess, which stood for the session while away (no blocks) */
+    ns->tier = slot;
+    sess->tier = NULL;
+    if ((r = ckv_store_replace_session(p->store, sess, ns)) < 0) { /* ns freed, sess kept */
+      sess->tier = slot;
+      ns = NULL;
+      snprintf(err, sizeof err, "out of memory");
+    }
+  }
   if (r < 0) {
     if (ns) {
       ns->dirty_head = NULL;
@@ -579,22 +572,13 @@ static int apply_restore(ckv_server *s, ckv_srv_session *sess, ckv_snapio_job *j
       snprintf(msg, msglen, "session '%s' is %s and cannot be read back: %s; %s", sess->id, where, err, kept);
     return r;
   }
-  /* What the file does not hold: who reads it, its lane, its history here. */
-  ns->owner = sess->owner;
-  ns->detached_at_ms = sess->detached_at_ms;
-  ns->lane = sess->lane;
-  ns->job_failures = sess->job_failures;
-  ns->dirty_head = &s->store.dirty_head;
   ns->touched_ms = ckv_now_ms();
-  ns->tier = slot;
-  sess->tier = NULL;
   slot->state = CKV_TIER_RESIDENT;
   slot->remote_copy = false;
   slot->full_logged = false;
   slot->writes_open = false;
   memset(slot->bytes5, 0, sizeof slot->bytes5);
-  ckv_srv_session_free(sess); /* the record that stood for the session while on disk (no blocks) */
-  ckv_moves_plan(ns, s->store.compressor, /* flush= */ false);
+  ckv_moves_plan(ns, p->store->compressor, /* flush= */ false);
   if (remote) {
     tc->remote_restores++;
     tc->remote_restore_bytes += slot->file_bytes;
@@ -612,118 +596,62 @@ static int apply_restore(ckv_server *s, ckv_srv_session *sess, ckv_snapio_job *j
           (unsigned long long)ns->epoch, (double)j->io_us / 1e3);
   slot->file_bytes = 0;
   if (remote)
-    remove_remote(s, ns);
+    remove_remote(p, ns);
   else
-    remove_file(s, ns->tenant, ns->id);
+    remove_file(p, ns->tenant, ns->id);
   return CKV_OK;
 }
 
-/* Answers parked request p: the error r (msg) or, when r is CKV_OK, the
- * request served now, as the loop would (it may be deferred again). */
-static void answer_parked(ckv_server *s, parked *p, int r, const char *msg) {
-  ckv_conn *c = ckv_strmap_get(s->conns, p->to.keyhex);
-  if (!c || c->id != p->to.conn_id) return; /* gone meanwhile */
-  c->io_inflight--;
-  c->last_seen_ms = ckv_now_ms();
-  ckv_wire_reset(&s->out);
-  Commitkv__V1__Response rep = COMMITKV__V1__RESPONSE__INIT;
-  rep.request_id = p->to.request_id;
-  bool deferred = false;
-  if (r < 0) {
-    rep.code = r;
-    rep.message = (char *)msg;
-  } else {
-    s->reply_to = p->to;
-    s->reply_armed = true;
-    s->reply_deferred = false;
-    ckv_server_answer(s, c, p->data, p->len, &rep);
-    deferred = s->reply_deferred;
-    s->reply_armed = s->reply_deferred = false;
-  }
-  if (!deferred) {
-    ckv_server_finish_reply(s, c, &rep);
-    ckv_server_send_reply(s, &p->to, c, &rep);
-  }
+/* The requests parked for session tenant/id go on: r CKV_OK, the session is
+ * resident; else the error to answer them with (msg). */
+static void session_ready(ckv_persist *p, const ckv_tenant *tenant, const char *id, int r, const char *msg) {
+  if (!p->hooks.session_ready) return;
+  char key[256];
+  ckv_store_session_key(tenant, id, key, sizeof key);
+  p->hooks.session_ready(p->hooks.ctx, key, r, msg);
 }
 
-static void answer_all(ckv_server *s, ckv_tier_slot *slot, int r, const char *msg) {
-  parked *p = slot->head;
-  slot->head = slot->tail = NULL;
-  while (p) {
-    parked *next = p->next;
-    if (s->conns) answer_parked(s, p, r, msg);
-    free(p);
-    p = next;
-  }
-}
-
-static void restore_finished(void *server, ckv_snapio_job *j) {
-  ckv_server *s = server;
+static void restore_finished(void *ctx, ckv_snapio_job *j) {
+  ckv_persist *p = ctx;
   tier_job *q = (tier_job *)j;
   char key[256];
   snprintf(key, sizeof key, "%s/%s", j->tenant, j->name);
-  ckv_srv_session *sess = ckv_strmap_get(s->store.sessions, key);
+  ckv_srv_session *sess = ckv_strmap_get(p->store->sessions, key);
   if (!sess || !sess->tier || sess->tier->seq != q->seq || sess->tier->state != CKV_TIER_RESTORING) {
     job_destroy(j); /* dropped meanwhile: its waiting requests were answered then */
     return;
   }
-  ckv_tier_slot *slot = sess->tier;
+  const ckv_tenant *tenant = sess->tenant;
   char msg[768];
-  int r = apply_restore(s, sess, j, msg, sizeof msg); /* frees sess on success */
-  answer_all(s, slot, r, msg);
+  int r = apply_restore(p, sess, j, msg, sizeof msg); /* frees sess on success */
+  session_ready(p, tenant, j->name, r, msg);
   job_destroy(j);
 }
 
-/* Keeps request req for later (its reply goes to s->reply_to). */
-static int park(ckv_server *s, ckv_conn *c, parked **head, parked **tail, const Commitkv__V1__Request *req) {
-  size_t len = commitkv__v1__request__get_packed_size(req);
-  parked *p = malloc(sizeof(*p) + len);
-  if (!p) return -ENOMEM;
-  commitkv__v1__request__pack(req, p->data);
-  p->len = len;
-  p->next = NULL;
-  p->to = s->reply_to;
-  p->to.request_id = req->request_id;
-  if (*tail)
-    (*tail)->next = p;
-  else
-    *head = p;
-  *tail = p;
-  c->io_inflight++; /* waiting on the disk, not silent: the lease holds */
-  s->reply_deferred = true;
-  return CKV_REPLY_DEFERRED;
-}
-
-static unsigned pressure_moves(ckv_server *s, const ckv_tenant *tn, const ckv_srv_session *except, uint64_t short_by,
+static unsigned pressure_moves(ckv_persist *p, const ckv_tenant *tn, const ckv_srv_session *except, uint64_t short_by,
                                uint64_t *ret_freeing);
 
 /* Starts reading sess back (CKV_OK; without a loop it is back when this
  * returns) or fails with msg; the caller parks its request, or (a prefetch)
  * answers at once.  *ret_sync: the read ran here and r is its outcome. */
-static int start_restore(ckv_server *s, ckv_srv_session *sess, char *msg, size_t msglen, bool *ret_sync);
+static int start_restore(ckv_persist *p, ckv_srv_session *sess, bool can_wait, char *msg, size_t msglen,
+                         bool *ret_sync);
 
-static int bring_back(ckv_server *s, ckv_conn *c, ckv_srv_session *sess, const Commitkv__V1__Request *req,
-                      char *msg, size_t msglen) {
-  bool sync = false;
-  int r = start_restore(s, sess, msg, msglen, &sync);
-  if (sync || r < 0) return r;
-  return park(s, c, &sess->tier->head, &sess->tier->tail, req);
-}
-
-static int start_restore(ckv_server *s, ckv_srv_session *sess, char *msg, size_t msglen, bool *ret_sync) {
-  ckv_tier *t = s->tier;
+static int start_restore(ckv_persist *p, ckv_srv_session *sess, bool can_wait, char *msg, size_t msglen,
+                         bool *ret_sync) {
+  ckv_tier *t = p->tier;
   ckv_tier_slot *slot = sess->tier;
   bool remote = slot->state == CKV_TIER_ON_REMOTE; /* PUSHING: the tier file is still there */
-  tier_job *q = remote ? new_remote_job(s, CKV_SNAPIO_LOAD, sess) : new_job(s, CKV_SNAPIO_LOAD, sess->tenant, sess->id);
+  tier_job *q = remote ? new_remote_job(p, CKV_SNAPIO_LOAD, sess) : new_job(p, CKV_SNAPIO_LOAD, sess->tenant, sess->id);
   if (!q) return -ENOMEM;
   q->job.max_bytes = slot->file_bytes; /* what the push stored: the store may send no more */
   q->seq = ++t->seq;
   slot->remote_copy = remote;
   slot->state = CKV_TIER_RESTORING;
   slot->seq = q->seq;
-  if (!s->reply_armed) { /* no loop to come back to: read it here */
+  if (!can_wait) { /* no loop to come back to: read it here */
     ckv_snapio_run(&q->job);
-    int r = apply_restore(s, sess, &q->job, msg, msglen);
+    int r = apply_restore(p, sess, &q->job, msg, msglen);
     job_destroy(&q->job);
     *ret_sync = true;
     return r;
@@ -736,7 +664,7 @@ static int start_restore(ckv_server *s, ckv_srv_session *sess, char *msg, size_t
   if (t->pressure && !ckv_tenant_would_fit(sess->tenant, need)) {
     const ckv_tenant *tn = sess->tenant;
     uint64_t short_by = tn->bytes_used + need - tn->quota_bytes;
-    unsigned started = pressure_moves(s, tn, sess, short_by, &freeing);
+    unsigned started = pressure_moves(p, tn, sess, short_by, &freeing);
     if (started)
       ckv_log(CKV_LOG_NOTICE, "tier-pressure", tn->name, sess->id,
               "coming back from disk needs %llu bytes and the tenant quota is short by %llu: moving its %u coldest "
@@ -744,7 +672,7 @@ static int start_restore(ckv_server *s, ckv_srv_session *sess, char *msg, size_t
               (unsigned long long)need, (unsigned long long)short_by, started, started == 1 ? "" : "s",
               (unsigned long long)freeing);
   }
-  if (ckv_snapio_submit(s->snapio, &q->job) < 0) {
+  if (ckv_snapio_submit(p->snapio, &q->job) < 0) {
     slot->state = remote ? CKV_TIER_ON_REMOTE : CKV_TIER_ON_DISK;
     job_destroy(&q->job);
     snprintf(msg, msglen, "session '%s' is %s and the I/O queue is full (%u jobs); retry", sess->id,
@@ -754,120 +682,73 @@ static int start_restore(ckv_server *s, ckv_srv_session *sess, char *msg, size_t
   return CKV_OK;
 }
 
-/* What a request means to the tier: the session it names, whether it needs
- * the K/V resident, and who may ask (the handler refuses everyone else). */
-typedef struct target {
-  const char *id;
-  bool kv, owner_only, resume;
-} target;
-
-static bool target_of(const Commitkv__V1__Request *req, target *ret) {
-  *ret = (target){0};
-  switch (req->body_case) {
-    case COMMITKV__V1__REQUEST__BODY_APPEND_TOKENS:
-      *ret = (target){req->append_tokens->session_id, true, true, false};
-      return true;
-    case COMMITKV__V1__REQUEST__BODY_REPORT_ROUND:
-      *ret = (target){req->report_round->session_id, true, true, false};
-      return true;
-    case COMMITKV__V1__REQUEST__BODY_ACQUIRE: *ret = (target){req->acquire->session_id, true, true, false}; return true;
-    case COMMITKV__V1__REQUEST__BODY_GET_VIEW: *ret = (target){req->get_view->session_id, true, true, false}; return true;
-    case COMMITKV__V1__REQUEST__BODY_SAVE_SESSION:
-      *ret = (target){req->save_session->session_id, true, false, false};
-      return true;
-    case COMMITKV__V1__REQUEST__BODY_OPEN_SESSION:
-      *ret = (target){req->open_session->session_id, req->open_session->resume, false, req->open_session->resume};
-      return true;
-    case COMMITKV__V1__REQUEST__BODY_ACK_EPOCH:
-      *ret = (target){req->ack_epoch->session_id, false, true, false};
-      return true;
-    case COMMITKV__V1__REQUEST__BODY_CLOSE_SESSION:
-      *ret = (target){req->close_session->session_id, false, true, false};
-      return true;
-    default: return false; /* Drop, Restore, Stats, lists: the session may stay where it is */
-  }
-}
-
 /* A new session of this id (OpenSession without resume, no session of the
  * id here): a remote tier copy an earlier run (or another daemon) left of
  * it must never come back in its place, so it is deleted.  Names the key
  * cannot hold are left to the handler to refuse. */
-static void remove_stale_remote(ckv_server *s, const ckv_tenant *tenant, const Commitkv__V1__OpenSession *o) {
-  if ((o->model_id && strlen(o->model_id) > CKV_SNAP_MODEL_MAX) ||
-      (o->model_revision && strlen(o->model_revision) > CKV_SNAP_MODEL_MAX))
+static void remove_stale_remote(ckv_persist *p, const ckv_tier_request *r) {
+  if ((r->model_id && strlen(r->model_id) > CKV_SNAP_MODEL_MAX) ||
+      (r->model_revision && strlen(r->model_revision) > CKV_SNAP_MODEL_MAX))
     return;
-  tier_job *q = new_job(s, CKV_SNAPIO_REMOVE, tenant, o->session_id);
+  tier_job *q = new_job(p, CKV_SNAPIO_REMOVE, r->tenant, r->id);
   if (!q) return;
   q->job.area = CKV_SNAPIO_TIER_REMOTE;
-  snprintf(q->job.model_id, sizeof q->job.model_id, "%s", o->model_id ? o->model_id : "");
-  snprintf(q->job.model_revision, sizeof q->job.model_revision, "%s", o->model_revision ? o->model_revision : "");
-  remove_remote_of(s, &q->job);
+  snprintf(q->job.model_id, sizeof q->job.model_id, "%s", r->model_id ? r->model_id : "");
+  snprintf(q->job.model_revision, sizeof q->job.model_revision, "%s", r->model_revision ? r->model_revision : "");
+  remove_remote_of(p, &q->job);
   job_destroy(&q->job);
 }
 
-int ckv_tier_gate(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, char *msg, size_t msglen) {
-  ckv_tier *t = s->tier;
-  target g;
-  if (!t || !c->tenant || !target_of(req, &g) || !g.id || ckv_wire_check_session_id(g.id) < 0) return CKV_OK;
+int ckv_tier_gate(ckv_persist *p, const ckv_tier_request *r, char *msg, size_t msglen) {
+  ckv_tier *t = p->tier;
+  if (!t || !r->tenant || !r->id) return CKV_OK;
   char key[256];
-  ckv_store_session_key(c->tenant, g.id, key, sizeof key);
-  ckv_srv_session *sess = ckv_strmap_get(s->store.sessions, key);
+  ckv_store_session_key(r->tenant, r->id, key, sizeof key);
+  ckv_srv_session *sess = ckv_strmap_get(p->store->sessions, key);
   if (!sess) {
-    if (req->body_case == COMMITKV__V1__REQUEST__BODY_OPEN_SESSION && !g.resume &&
-        ckv_strmap_get(t->leftovers, key)) {
+    if (r->open_new && ckv_strmap_get(t->leftovers, key)) {
       /* a new session of this id: an earlier run's file of it must never
        * come back in its place */
       forget_leftover(t, key);
-      remove_file(s, c->tenant, g.id);
+      remove_file(p, r->tenant, r->id);
     }
-    if (req->body_case == COMMITKV__V1__REQUEST__BODY_OPEN_SESSION && !g.resume && t->remote)
-      remove_stale_remote(s, c->tenant, req->open_session);
+    if (r->open_new && t->remote) remove_stale_remote(p, r);
     return CKV_OK;
   }
-  if (req->body_case == COMMITKV__V1__REQUEST__BODY_OPEN_SESSION && !g.resume) return CKV_OK; /* EXISTS */
-  if (g.owner_only ? sess->owner != c->id : (g.resume && sess->owner && sess->owner != c->id))
+  if (r->open_new) return CKV_OK; /* EXISTS */
+  if (r->owner_only ? sess->owner != r->client : (r->resume && sess->owner && sess->owner != r->client))
     return CKV_OK; /* the handler refuses it */
   sess->touched_ms = ckv_now_ms();
   ckv_tier_slot *slot = sess->tier;
-  if (!slot && t->on && req->body_case == COMMITKV__V1__REQUEST__BODY_APPEND_TOKENS) slot = slot_of(sess);
+  if (!slot && t->on && r->appends) slot = slot_of(sess);
   if (!slot) return CKV_OK;
   slot->full_logged = false;
-  if (req->body_case == COMMITKV__V1__REQUEST__BODY_APPEND_TOKENS) slot->writes_open = true;
-  if (req->body_case == COMMITKV__V1__REQUEST__BODY_REPORT_ROUND) slot->writes_open = false;
-  /* Acquire with prefetch: the read starts (or is under way) and the handler answers now */
-  bool prefetch = req->body_case == COMMITKV__V1__REQUEST__BODY_ACQUIRE && req->acquire->prefetch;
+  if (r->appends) slot->writes_open = true;
+  if (r->reports) slot->writes_open = false;
+  bool sync = false;
+  int rc;
   switch (slot->state) {
     case CKV_TIER_RESIDENT: return CKV_OK;
     case CKV_TIER_OFFLOADING: slot->cancel = true; return CKV_OK;
     case CKV_TIER_ON_DISK:
     case CKV_TIER_PUSHING: /* read back from its tier file, still there; the pushed copy goes */
     case CKV_TIER_ON_REMOTE:
-      if (!g.kv) return CKV_OK;
-      if (prefetch) {
-        bool sync = false;
-        return start_restore(s, sess, msg, msglen, &sync);
-      }
-      return bring_back(s, c, sess, req, msg, msglen);
+      if (!r->kv) return CKV_OK;
+      /* a prefetch: the read starts, the handler answers now */
+      rc = start_restore(p, sess, r->can_wait, msg, msglen, &sync);
+      return sync || rc < 0 || r->prefetch ? rc : CKV_TIER_PARK;
     case CKV_TIER_RESTORING:
-      if (prefetch) return CKV_OK;
-      return park(s, c, &slot->head, &slot->tail, req); /* behind the request that asked first */
+      return r->prefetch ? CKV_OK : CKV_TIER_PARK; /* behind the request that asked first */
   }
   return CKV_OK;
 }
 
 /* ---- memory pressure ----------------------------------------------------- */
 
-static void replay_waiting(ckv_server *s) {
-  ckv_tier *t = s->tier;
-  parked *p = t->wait_head;
-  t->wait_head = t->wait_tail = NULL;
+static void replay_waiting(ckv_persist *p) {
+  ckv_tier *t = p->tier;
   t->replaying = true;
-  while (p) {
-    parked *next = p->next;
-    if (s->conns) answer_parked(s, p, CKV_OK, NULL);
-    free(p);
-    p = next;
-  }
+  if (p->hooks.room_made) p->hooks.room_made(p->hooks.ctx);
   t->replaying = false;
 }
 
@@ -879,17 +760,17 @@ static int colder_first(const void *a, const void *b) {
 /* Starts the offload of tenant tn's coldest sessions that may go (never
  * `except`), until they hold short_by bytes or CKV_TIER_INFLIGHT offloads
  * are written; how many started (their bytes in *ret_freeing). */
-static unsigned pressure_moves(ckv_server *s, const ckv_tenant *tn, const ckv_srv_session *except, uint64_t short_by,
+static unsigned pressure_moves(ckv_persist *p, const ckv_tenant *tn, const ckv_srv_session *except, uint64_t short_by,
                                uint64_t *ret_freeing) {
-  ckv_tier *t = s->tier;
+  ckv_tier *t = p->tier;
   *ret_freeing = 0;
-  size_t n = 0, cap = ckv_strmap_size(s->store.sessions);
+  size_t n = 0, cap = ckv_strmap_size(p->store->sessions);
   ckv_srv_session **cand = malloc((cap ? cap : 1) * sizeof(*cand));
   if (!cand) return 0;
   size_t cur = 0;
   ckv_srv_session *o;
   uint64_t now = ckv_now_ms(), freeing = 0;
-  while ((o = ckv_strmap_next(s->store.sessions, &cur, NULL)) && n < cap) {
+  while ((o = ckv_strmap_next(p->store->sessions, &cur, NULL)) && n < cap) {
     if (o == except || o->tenant != tn || !may_go_down(o)) continue;
     /* An attached session's blocks are freed as soon as its file is
      * durable: its worker, between its view and its next request, may be
@@ -904,7 +785,7 @@ static unsigned pressure_moves(ckv_server *s, const ckv_tenant *tn, const ckv_sr
   unsigned started = 0;
   for (size_t i = 0; i < n && freeing < short_by && t->inflight < CKV_TIER_INFLIGHT; i++) {
     uint64_t held = ckv_srv_session_bytes(cand[i]);
-    if (start_offload(s, cand[i], now, /* pressure= */ true)) {
+    if (start_offload(p, cand[i], now, /* pressure= */ true)) {
       freeing += held;
       started++;
     }
@@ -920,19 +801,19 @@ static unsigned pressure_moves(ckv_server *s, const ckv_tenant *tn, const ckv_sr
  * leaving the moves to wait for a drop.  One move at a time for the whole
  * daemon: once it has landed, every stalled session plans again, and a
  * session still stalled asks for the next at the next scan. */
-static void relieve_stalls(ckv_server *s) {
-  ckv_tier *t = s->tier;
+static void relieve_stalls(ckv_persist *p) {
+  ckv_tier *t = p->tier;
   if (!t->pressure || t->pressure_inflight || t->replaying) return;
   size_t cur = 0;
   ckv_srv_session *sess;
-  while ((sess = ckv_strmap_next(s->store.sessions, &cur, NULL))) {
+  while ((sess = ckv_strmap_next(p->store->sessions, &cur, NULL))) {
     uint64_t waiting = ckv_moves_pending(sess);
     if (sess->stalled_on != CKV_ERR_QUOTA || !waiting || sess->doomed || sess->quarantined ||
         ckv_tier_state_of(sess) != CKV_TIER_RESIDENT)
       continue;
     const ckv_tenant *tn = sess->tenant;
     uint64_t freeing;
-    unsigned started = pressure_moves(s, tn, sess, /* short_by= */ 1, &freeing); /* the coldest one */
+    unsigned started = pressure_moves(p, tn, sess, /* short_by= */ 1, &freeing); /* the coldest one */
     if (!started) continue;
     ckv_log(CKV_LOG_NOTICE, "tier-pressure", tn->name, sess->id,
             "compression stalled on the tenant quota (%llu tokens wait for their moves; %llu of %llu bytes used): "
@@ -944,22 +825,20 @@ static void relieve_stalls(ckv_server *s) {
 }
 
 /* After pressure moves landed: sessions whose moves waited for memory try again. */
-static void replan_stalled(ckv_server *s) {
+static void replan_stalled(ckv_persist *p) {
   size_t cur = 0;
   ckv_srv_session *sess;
-  while ((sess = ckv_strmap_next(s->store.sessions, &cur, NULL)))
+  while ((sess = ckv_strmap_next(p->store->sessions, &cur, NULL)))
     if (sess->stalled_on && !sess->doomed && ckv_tier_state_of(sess) == CKV_TIER_RESIDENT)
-      ckv_moves_plan(sess, s->store.compressor, /* flush= */ false);
+      ckv_moves_plan(sess, p->store->compressor, /* flush= */ false);
 }
 
-int ckv_tier_make_room(ckv_server *s, ckv_conn *c, ckv_srv_session *sess, uint64_t need,
-                       const Commitkv__V1__Request *req) {
-  ckv_tier *t = s->tier;
+int ckv_tier_make_room(ckv_persist *p, ckv_srv_session *sess, uint64_t need, bool can_wait) {
+  ckv_tier *t = p->tier;
   ckv_tenant *tn = sess->tenant;
-  if (!t || !t->pressure || t->replaying || !s->snapio || !s->reply_armed || ckv_tenant_would_fit(tn, need))
-    return CKV_OK;
+  if (!t || !t->pressure || t->replaying || !p->snapio || !can_wait || ckv_tenant_would_fit(tn, need)) return CKV_OK;
   uint64_t short_by = tn->bytes_used + need - tn->quota_bytes, freeing;
-  unsigned started = pressure_moves(s, tn, sess, short_by, &freeing);
+  unsigned started = pressure_moves(p, tn, sess, short_by, &freeing);
   if (!started && !t->pressure_inflight) return CKV_OK; /* nothing can go: the old way */
   if (started)
     ckv_log(CKV_LOG_NOTICE, "tier-pressure", tn->name, sess->id,
@@ -967,31 +846,30 @@ int ckv_tier_make_room(ckv_server *s, ckv_conn *c, ckv_srv_session *sess, uint64
             "session%s (%llu bytes) to disk before anything is recycled; the request waits for them",
             (unsigned long long)short_by, (unsigned long long)tn->bytes_used, (unsigned long long)tn->quota_bytes,
             (unsigned long long)need, started, started == 1 ? "" : "s", (unsigned long long)freeing);
-  int r = park(s, c, &t->wait_head, &t->wait_tail, req);
-  return r == -ENOMEM ? CKV_OK : r;
+  return CKV_TIER_PARK;
 }
 
-void ckv_tier_forget(ckv_server *s, ckv_srv_session *sess) {
+void ckv_tier_forget(ckv_persist *p, ckv_srv_session *sess) {
   ckv_tier_slot *slot = sess->tier;
   if (!slot) return;
   sess->tier = NULL;
   char msg[256];
   snprintf(msg, sizeof msg, "session '%s' was dropped while it was brought back from disk", sess->id);
-  answer_all(s, slot, CKV_ERR_NOT_FOUND, msg);
-  ckv_tier *t = s->tier;
+  session_ready(p, sess->tenant, sess->id, CKV_ERR_NOT_FOUND, msg);
+  ckv_tier *t = p->tier;
   bool on_disk = slot->state == CKV_TIER_ON_DISK || slot->state == CKV_TIER_PUSHING ||
                  (slot->state == CKV_TIER_RESTORING && !slot->remote_copy);
   if (t && on_disk) {
     t->disk_bytes -= slot->file_bytes < t->disk_bytes ? slot->file_bytes : t->disk_bytes;
-    remove_file(s, sess->tenant, sess->id); /* behind a read in flight: that one finds no session */
+    remove_file(p, sess->tenant, sess->id); /* behind a read in flight: that one finds no session */
   } else if (t && slot->remote_copy) {
-    remove_remote(s, sess); /* a push in flight deletes its own copy when it finds no session */
+    remove_remote(p, sess); /* a push in flight deletes its own copy when it finds no session */
   }
   free(slot);
 }
 
-void ckv_tier_resumed(ckv_server *s, const ckv_srv_session *sess, bool from_remote) {
-  ckv_tier *t = s->tier;
+void ckv_tier_resumed(ckv_persist *p, const ckv_srv_session *sess, bool from_remote) {
+  ckv_tier *t = p->tier;
   if (!t) return;
   char key[256];
   ckv_store_session_key(sess->tenant, sess->id, key, sizeof key);
@@ -1004,15 +882,15 @@ void ckv_tier_resumed(ckv_server *s, const ckv_srv_session *sess, bool from_remo
     tc->restores++;
     tc->restore_tokens += sess->tokens.n;
   }
-  remove_file(s, sess->tenant, sess->id);
-  remove_remote(s, sess); /* also a copy a push cut short by a stop left in the store */
+  remove_file(p, sess->tenant, sess->id);
+  remove_remote(p, sess); /* also a copy a push cut short by a stop left in the store */
 }
 
 /* ---- figures ------------------------------------------------------------- */
 
-void ckv_tier_get_stats(const ckv_server *s, const ckv_tenant *tenant, ckv_tier_stats *ret) {
+void ckv_tier_get_stats(const ckv_persist *p, const ckv_tenant *tenant, ckv_tier_stats *ret) {
   memset(ret, 0, sizeof(*ret));
-  const ckv_tier *t = s->tier;
+  const ckv_tier *t = p->tier;
   if (!t) return;
   ret->capacity = t->on ? t->cap : 0;
   ret->remote_on = t->remote != NULL;
@@ -1037,7 +915,7 @@ void ckv_tier_get_stats(const ckv_server *s, const ckv_tenant *tenant, ckv_tier_
   }
   size_t cur = 0;
   ckv_srv_session *sess;
-  while ((sess = ckv_strmap_next(s->store.sessions, &cur, NULL))) {
+  while ((sess = ckv_strmap_next(p->store->sessions, &cur, NULL))) {
     if ((tenant && sess->tenant != tenant) || !sess->tier) continue;
     ckv_tier_state st = sess->tier->state;
     if (st == CKV_TIER_RESIDENT || st == CKV_TIER_OFFLOADING) continue;

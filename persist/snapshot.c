@@ -9,7 +9,7 @@
  * truncated, like one cut inside a section. */
 #define XXH_STATIC_LINKING_ONLY /* XXH64_state_t on the stack */
 #include "common/fail.h"
-#include "daemon/snapshot.h"
+#include "persist/snapshot.h"
 
 #include <errno.h>
 #include <fcntl.h>

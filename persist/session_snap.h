@@ -5,8 +5,8 @@
  * Snapshots read block bytes through the daemon's own mapping of the
  * tenant's arena: host arenas only (a CUDA arena would need device copies;
  * CKV_ERR_UNSUPPORTED there). */
-#ifndef CKV_DAEMON_SESSION_SNAP_H
-#define CKV_DAEMON_SESSION_SNAP_H
+#ifndef CKV_PERSIST_SESSION_SNAP_H
+#define CKV_PERSIST_SESSION_SNAP_H
 
 #include <stdbool.h>
 #include <stddef.h>

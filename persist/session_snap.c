@@ -1,6 +1,6 @@
 /* session_snap.c - a live session to a snapshot and back (see session_snap.h). */
 #include "common/fail.h"
-#include "daemon/session_snap.h"
+#include "persist/session_snap.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -12,7 +12,7 @@
 #include "commitkv/status.h"
 #include "store/blockmem.h"
 #include "store/session.h"
-#include "daemon/snapshot.h"
+#include "persist/snapshot.h"
 #include "store/tenant.h"
 #include "lifecycle/policy.h"
 #include "shm/arena.h"

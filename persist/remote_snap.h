@@ -1,4 +1,4 @@
-/* remote_snap.h - session snapshots in the remote store (remote_store.h):
+/* remote_snap.h - session snapshots in the remote store (remote.h):
  * which copy a restore reads, and the push after a save.
  *
  * A save writes the local file first (snapshot.c, unchanged) and then pushes
@@ -10,8 +10,8 @@
  * validation refuses the restore (never the older copy in its stead: that
  * would be the silent restore of a stale context).  A store that cannot be
  * reached is logged and the local copy, when there is one, restored. */
-#ifndef CKV_DAEMON_REMOTE_SNAP_H
-#define CKV_DAEMON_REMOTE_SNAP_H
+#ifndef CKV_PERSIST_REMOTE_SNAP_H
+#define CKV_PERSIST_REMOTE_SNAP_H
 
 #include <stddef.h>
 #include <stdint.h>

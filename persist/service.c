@@ -1,0 +1,47 @@
+/* service.c - see service.h. */
+#include "persist/service.h"
+
+#include <stdio.h>
+
+#include "commitkv/status.h"
+#include "persist/autosave.h"
+#include "persist/snapio.h"
+#include "persist/tier.h"
+#include "persist/warm.h"
+
+int ckv_persist_init(ckv_persist *p, ckv_store *st, const ckv_persist_options *opt, const ckv_persist_hooks *hooks,
+                     char *err, size_t errlen) {
+  *p = (ckv_persist){.opt = *opt, .store = st};
+  if (hooks) p->hooks = *hooks;
+  int r = ckv_snapio_new(CKV_SNAPIO_DEPTH, &p->snapio);
+  if (r < 0) {
+    snprintf(err, errlen, "cannot start the snapshot I/O thread: %s", ckv_strerror(r));
+    return r;
+  }
+  if ((r = ckv_tier_new(opt->disk_idle_ms, opt->disk_memory, opt->disk_pressure, opt->state_dir, &p->tier)) < 0) {
+    snprintf(err, errlen, "out of memory");
+    return r;
+  }
+  ckv_tier_set_remote(p->tier, opt->remote, opt->remote_idle_ms);
+  return CKV_OK;
+}
+
+void ckv_persist_startup(ckv_persist *p) {
+  ckv_tier_startup(p);     /* sessions on disk a previous run left */
+  ckv_autosave_startup(p); /* and crash copies */
+}
+
+void ckv_persist_scan(ckv_persist *p, uint64_t now_ms) {
+  ckv_tier_scan(p, now_ms);     /* idle sessions move to disk */
+  ckv_autosave_scan(p, now_ms); /* and changed ones get a crash copy */
+}
+
+void ckv_persist_job_done(ckv_persist *p, ckv_snapio_job *j) { j->finish(p, j); }
+
+void ckv_persist_stop_io(ckv_persist *p) { p->snapio = ckv_snapio_free(p->snapio); }
+
+void ckv_persist_done(ckv_persist *p) {
+  ckv_persist_stop_io(p);
+  p->tier = ckv_tier_free(p->tier);
+  ckv_warm_forget(p);
+}
