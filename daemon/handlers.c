@@ -1329,5 +1329,12 @@ void ckv_handle_payload(ckv_server *s, ckv_conn *c, const void *data, size_t len
     return;
   }
   rep->request_id = req->request_id;
+  char bad[160];
+  if ((r = ckv_wire_check_strings(data, len, bad, sizeof bad)) < 0) {
+    rep->code = r;
+    snprintf(msg, sizeof(msg), "request refused: %s (a name or id is taken exactly as sent or not at all)", bad);
+    rep->message = msg;
+    return;
+  }
   ckv_handle_request(s, c, req, rep);
 }

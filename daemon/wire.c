@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -171,3 +172,54 @@ static size_t fix_message(ckv_wire_arena *scratch, ProtobufCMessage *m, int dept
 }
 
 size_t ckv_wire_fix_strings(ckv_wire_arena *scratch, ProtobufCMessage *m) { return fix_message(scratch, m, 0); }
+
+/* One message's bytes (descriptor d), nested at most CHECK_DEPTH deep; a
+ * string's problem goes into bad ("field.field: why"). */
+#define CHECK_DEPTH 8
+static int check_strings(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t len, int depth, char *bad,
+                         size_t badlen) {
+  size_t at = 0;
+  while (at < len) {
+    uint64_t key, v;
+    if (!read_varint(p, len, &at, &key)) return CKV_OK; /* the decoder took it: nothing of ours to check */
+    switch (key & 7) {
+    case 0:
+      if (!read_varint(p, len, &at, &v)) return CKV_OK;
+      continue;
+    case 1: at += 8; continue;
+    case 5: at += 4; continue;
+    case 2: break;
+    default: return CKV_OK; /* groups: never in our schema, skipped by the decoder as unknown */
+    }
+    if (!read_varint(p, len, &at, &v) || v > len - at) return CKV_OK;
+    const uint8_t *field = p + at;
+    size_t n = (size_t)v;
+    at += n;
+    const ProtobufCFieldDescriptor *f = protobuf_c_message_descriptor_get_field(d, (unsigned)(key >> 3));
+    if (!f) continue; /* unknown: kept, never read */
+    if (f->type == PROTOBUF_C_TYPE_STRING) {
+      const char *why = memchr(field, 0, n) ? "holds a NUL byte" : !ckv_utf8_valid((const char *)field, n)
+                                                                      ? "is not valid UTF-8"
+                                                                      : NULL;
+      if (why) {
+        snprintf(bad, badlen, "%s %s", f->name, why);
+        return CKV_ERR_INVALID;
+      }
+    } else if (f->type == PROTOBUF_C_TYPE_MESSAGE && depth < CHECK_DEPTH) {
+      int r = check_strings(f->descriptor, field, n, depth + 1, bad, badlen);
+      if (r < 0) {
+        size_t used = strlen(bad);
+        char inner[256];
+        snprintf(inner, sizeof inner, "%.*s", (int)(used < sizeof inner ? used : sizeof inner - 1), bad);
+        snprintf(bad, badlen, "%s.%s", f->name, inner);
+        return r;
+      }
+    }
+  }
+  return CKV_OK;
+}
+
+int ckv_wire_check_strings(const void *data, size_t len, char *bad, size_t badlen) {
+  return check_strings(&commitkv__v1__request__descriptor, data, len, 0, bad, badlen);
+}
+

@@ -45,6 +45,14 @@ uint64_t ckv_wire_peek_request_id(const void *data, size_t len);
  * can forget it.  Returns the number of fields repaired. */
 size_t ckv_wire_fix_strings(ckv_wire_arena *scratch, ProtobufCMessage *m);
 
+/* Every `string` field of the Request in data (decoded already), at any
+ * depth, read off the wire as sent: one that holds a NUL byte (which the
+ * decoder would silently cut it at) or is not valid UTF-8 (a proto3 string
+ * must be) answers CKV_ERR_INVALID, naming the field and why in bad
+ * ("open_session.model_id is not valid UTF-8").  Names and ids are never
+ * changed behind a client's back. */
+int ckv_wire_check_strings(const void *data, size_t len, char *bad, size_t badlen);
+
 /* Session ids: 1..128 bytes of [A-Za-z0-9._:-].  Returns CKV_OK or CKV_ERR_INVALID. */
 int ckv_wire_check_session_id(const char *id);
 

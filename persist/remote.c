@@ -118,7 +118,7 @@ int ckv_remote_url_parse(const char *url, ckv_remote_url *ret, char *err, size_t
 /* ---- password file ---- */
 
 int ckv_remote_read_password(const char *path, char **ret_password, char *err, size_t errlen) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK); /* a FIFO: refused below, never waited on */
   if (fd < 0) return ckv_fail(err, errlen, -errno, "remote_password_file %s: %s", path, strerror(errno));
   struct stat st;
   if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {

@@ -16,9 +16,12 @@
 #include "persist/remote.h"
 #include "persist/snapdir.h"
 #include "persist/snapshot.h"
+#include "persist/statefile.h"
 
 static int slurp(const char *path, uint8_t **ret, size_t *ret_len, char *err, size_t errlen) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  int r = ckv_statefile_check_file(path, 2, err, errlen); /* the daemon's own file, or nothing goes to the store */
+  if (r < 0) return r;
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK); /* a FIFO: refused below, never waited on */
   if (fd < 0) return ckv_fail(err, errlen, -errno, "cannot open %s: %s", path, strerror(errno));
   struct stat st;
   if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
@@ -78,7 +81,7 @@ int ckv_remote_snap_load(ckv_remote *r, const char *state_dir, const char *tenan
   ckv_snap local, remote;
   int lr = -ENOENT, rr = -ENOENT;
   if (ckv_snapdir_file(state_dir, tenant, name, path, sizeof path) == CKV_OK)
-    lr = ckv_snap_read(path, &local, lerr, sizeof lerr);
+    lr = ckv_snapdir_read(path, &local, lerr, sizeof lerr);
   if (!r) {
     if (lr == CKV_OK) {
       *ret = local;

@@ -85,7 +85,12 @@ void ckv_savegame_want_restore(ckv_persist *p, ckv_tenant *t, const char *id, co
 int ckv_savegame_apply_restore(ckv_persist *p, ckv_savegame *g, uint64_t owner, ckv_srv_session **ret, char *err,
                                size_t errlen) {
   ckv_snapio_job *j = &g->job;
+  /* A resume brings back session g->id, whichever copy holds it (the disk or
+   * remote tier's, its autosave, its snapshot): a copy of another session
+   * stored under its name is refused, never served as this conversation.
+   * RestoreSession restores a named snapshot as any id it is asked to. */
   ckv_snap_expect e = {.tenant = g->tenant->name,
+                       .session_id = g->resume ? g->id : NULL,
                        .model_id = g->check_id ? g->model_id : NULL,
                        .model_revision = g->check_rev ? g->model_revision : NULL,
                        .geom = g->geom.n_layers ? &g->geom : NULL};

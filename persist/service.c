@@ -6,6 +6,7 @@
 #include "commitkv/status.h"
 #include "persist/autosave.h"
 #include "persist/snapio.h"
+#include "persist/statefile.h"
 #include "persist/tier.h"
 #include "persist/warm.h"
 
@@ -13,7 +14,10 @@ int ckv_persist_init(ckv_persist *p, ckv_store *st, const ckv_persist_options *o
                      char *err, size_t errlen) {
   *p = (ckv_persist){.opt = *opt, .store = st};
   if (hooks) p->hooks = *hooks;
-  int r = ckv_snapio_new(CKV_SNAPIO_DEPTH, &p->snapio);
+  /* a state directory others can write is refused: they could plant a session for any tenant to resume */
+  int r = ckv_statefile_check_root(opt->state_dir, err, errlen);
+  if (r < 0) return r;
+  r = ckv_snapio_new(CKV_SNAPIO_DEPTH, &p->snapio);
   if (r < 0) {
     snprintf(err, errlen, "cannot start the snapshot I/O thread: %s", ckv_strerror(r));
     return r;

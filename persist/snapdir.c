@@ -3,6 +3,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -11,6 +12,7 @@
 #include "commitkv/status.h"
 #include "common/log.h"
 #include "persist/snapshot.h"
+#include "persist/statefile.h"
 
 static int name_ok(const char *n) { return n && *n && n[0] != '.' && !strchr(n, '/'); }
 
@@ -42,8 +44,18 @@ int ckv_snapdir_area_dir(const char *state_dir, const char *area, const char *te
     r = mkdir_one(parent);
   }
   if (r == CKV_OK) r = mkdir_one(dir);
-  if (r < 0) snprintf(err, errlen, "cannot create %s: %s", dir, strerror(-r));
-  return r;
+  if (r < 0) {
+    snprintf(err, errlen, "cannot create %s: %s", dir, strerror(-r));
+    return r;
+  }
+  /* the area and the tenant's directory: the daemon's, never a symlink to somewhere else */
+  if ((r = ckv_statefile_check_dir(parent, err, errlen)) < 0 || (r = ckv_statefile_check_dir(dir, err, errlen)) < 0) return r;
+  return CKV_OK;
+}
+
+int ckv_snapdir_read(const char *path, ckv_snap *ret, char *err, size_t errlen) {
+  int r = ckv_statefile_check_file(path, 2, err, errlen);
+  return r < 0 ? r : ckv_snap_read(path, ret, err, errlen);
 }
 
 int ckv_snapdir_dir(const char *state_dir, const char *tenant, int create, char *dir, size_t len, char *err,
@@ -109,7 +121,17 @@ void ckv_snapdir_each(const char *state_dir, const char *tenant, ckv_snapdir_fn 
   ckv_snapdir_area_each(state_dir, CKV_SNAPDIR_SNAPSHOTS, tenant, fn, ctx);
 }
 
-/* Removes .NAME.ckvsnap.tmp.* files of one tenant directory. */
+/* Whether directory entry n is a save cut short: NAME.ckvsnap~tmp~PID~N,
+ * or the older .NAME.ckvsnap.tmp.PID.N.  Never a name ending in .ckvsnap:
+ * that is a session's file, whatever its id looks like (".x.ckvsnap.tmp.1"
+ * is a legal id). */
+static bool is_temp(const char *n) {
+  size_t len = strlen(n), sl = strlen(CKV_SNAP_SUFFIX);
+  if (len >= sl && strcmp(n + len - sl, CKV_SNAP_SUFFIX) == 0) return false;
+  return strstr(n, CKV_SNAP_SUFFIX CKV_SNAP_TEMP_MARK) || (n[0] == '.' && strstr(n, CKV_SNAP_SUFFIX ".tmp."));
+}
+
+/* Removes the temporary files of saves cut short in one tenant directory. */
 static void clean_temps(const char *state_dir, const char *area, const char *tenant) {
   char dir[4096];
   if (snprintf(dir, sizeof dir, "%s/%s/%s", state_dir, area, tenant) >= (int)sizeof dir) return;
@@ -117,7 +139,7 @@ static void clean_temps(const char *state_dir, const char *area, const char *ten
   if (!d) return;
   struct dirent *e;
   while ((e = readdir(d))) {
-    if (e->d_name[0] != '.' || !strstr(e->d_name, CKV_SNAP_SUFFIX ".tmp.")) continue;
+    if (!is_temp(e->d_name)) continue;
     char path[4096 + 256];
     snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
     if (unlink(path) == 0)
@@ -137,7 +159,8 @@ static void log_one(void *ctx, const char *tenant, const char *name, const char 
   startup_ctx *c = ctx;
   ckv_snap h;
   char err[256];
-  int r = ckv_snap_read_header(path, &h, err, sizeof err);
+  int r = ckv_statefile_check_file(path, 2, err, sizeof err);
+  if (r == CKV_OK) r = ckv_snap_read_header(path, &h, err, sizeof err);
   if (r < 0) {
     c->bad++;
     ckv_log(CKV_LOG_WARNING, "snapshot-unreadable", tenant, name, "%s: %s (%s); it will not be restored", path, err,

@@ -42,6 +42,13 @@ void ckv_snapdir_area_each(const char *state_dir, const char *area, const char *
  * directory of `area` (and says so). */
 void ckv_snapdir_clean_temps(const char *state_dir, const char *area);
 
+/* Reads and validates the snapshot file at path, a file of the state
+ * directory (state_dir/AREA/TENANT/NAME.ckvsnap): trusted only when it and
+ * its directories are the daemon's alone (statefile.h), then
+ * ckv_snap_read. */
+typedef struct ckv_snap ckv_snap;
+int ckv_snapdir_read(const char *path, ckv_snap *ret, char *err, size_t errlen);
+
 /* Start-up: removes temporary files of saves a crash cut short, logs one
  * line per snapshot found (tenant, session, tokens, model) or why it cannot
  * be read, and returns the number of readable snapshots. */

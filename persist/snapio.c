@@ -97,7 +97,7 @@ static void prefer_autosave(ckv_snapio_job *j) {
   if (ckv_snapdir_area_file(j->state_dir, CKV_SNAPDIR_AUTOSAVE, j->tenant, j->name, path, sizeof path) != CKV_OK) return;
   ckv_snap a;
   char err[sizeof j->err];
-  int r = ckv_snap_read(path, &a, err, sizeof err);
+  int r = ckv_snapdir_read(path, &a, err, sizeof err);
   if (r == -ENOENT) return;
   if (r < 0) {
     j->autosave_status = r;
@@ -155,7 +155,7 @@ void ckv_snapio_run(ckv_snapio_job *j) {
     if (j->status < 0)
       snprintf(j->err, sizeof j->err, "the daemon has no state directory for the disk tier");
     else
-      j->status = ckv_snap_read(path, &j->snap, j->err, sizeof j->err);
+      j->status = ckv_snapdir_read(path, &j->snap, j->err, sizeof j->err);
     j->from_tier = j->status != -ENOENT;
     if (j->area == CKV_SNAPIO_TIER_FIRST && j->status == -ENOENT && j->remote && j->look_remote_tier &&
         resume_from_remote_tier(j)) {
@@ -190,7 +190,7 @@ void ckv_snapio_run(ckv_snapio_job *j) {
     if (j->status < 0)
       snprintf(j->err, sizeof j->err, "the daemon has no state directory for snapshots");
     else
-      j->status = ckv_snap_read(path, &j->snap, j->err, sizeof j->err);
+      j->status = ckv_snapdir_read(path, &j->snap, j->err, sizeof j->err);
   }
   if (j->kind == CKV_SNAPIO_LOAD && j->area == CKV_SNAPIO_TIER_FIRST) prefer_autosave(j);
   j->io_us = now_us() - t0;

@@ -260,7 +260,8 @@ int ckv_snap_write(const char *dir, const char *name, const ckv_snap *snap, uint
   char path[4096], tmp[4096];
   static _Atomic unsigned counter; /* the I/O thread and a caller on another thread may both write */
   if (snprintf(path, sizeof path, "%s/%s%s", dir, name, CKV_SNAP_SUFFIX) >= (int)sizeof path ||
-      snprintf(tmp, sizeof tmp, "%s/.%s%s.tmp.%ld.%u", dir, name, CKV_SNAP_SUFFIX, (long)getpid(), ++counter) >=
+      snprintf(tmp, sizeof tmp, "%s/%s%s" CKV_SNAP_TEMP_MARK "%ld~%u", dir, name, CKV_SNAP_SUFFIX, (long)getpid(),
+               ++counter) >=
           (int)sizeof tmp)
     return ckv_fail(err, errlen, -ENAMETOOLONG, "snapshot path too long");
   uint32_t kept[CKV_FORMAT_COUNT_] = {0};
@@ -744,7 +745,7 @@ int ckv_snap_parse(const void *buf, size_t len, ckv_snap *ret, char *err, size_t
 
 /* Reads up to `max` bytes of path (the whole file when max is 0). */
 static int read_file(const char *path, size_t max, uint8_t **ret, size_t *ret_len, char *err, size_t errlen) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK); /* a FIFO: refused below, never waited on */
   if (fd < 0) return ckv_fail(err, errlen, -errno, "cannot open %s: %s", path, strerror(errno));
   struct stat st;
   if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
@@ -818,6 +819,11 @@ int ckv_snap_check_identity(const ckv_snap *s, const ckv_snap_expect *e, char *e
   if (e->tenant && strcmp(e->tenant, s->tenant) != 0)
     return ckv_fail(err, errlen, CKV_ERR_AUTH, "snapshot of session '%s' belongs to tenant '%s', not '%s'", s->session_id,
                 s->tenant, e->tenant);
+  if (e->session_id && strcmp(e->session_id, s->session_id) != 0)
+    return ckv_fail(err, errlen, CKV_ERR_CORRUPT,
+                    "the copy stored for session '%s' holds session '%s' (swapped or forged): refused, it is not "
+                    "this conversation",
+                    e->session_id, s->session_id);
   if (e->model_id && strcmp(e->model_id, s->model_id) != 0)
     return ckv_fail(err, errlen, CKV_ERR_FORMAT, "snapshot of session '%s' is of model '%s', not '%s'", s->session_id,
                 s->model_id, e->model_id);

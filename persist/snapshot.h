@@ -33,6 +33,10 @@
 /* 2: the rotated formats' scales are one byte (kernels/format.h); 1 had FP16 scales. */
 #define CKV_SNAP_VERSION 2u
 #define CKV_SNAP_SUFFIX ".ckvsnap"
+/* A file being written is NAME.ckvsnap~tmp~PID~N until it is renamed into
+ * place: '~' is in no legal id or snapshot name, so the sweep at start
+ * (snapdir.h) can never take a session's file for a temporary one. */
+#define CKV_SNAP_TEMP_MARK "~tmp~"
 #define CKV_SNAP_TENANT_MAX 63u
 #define CKV_SNAP_ID_MAX 128u
 #define CKV_SNAP_MODEL_MAX 128u
@@ -119,6 +123,7 @@ void ckv_snap_done(ckv_snap *s);
 /* What a restore expects; NULL strings / a zero geometry are not checked. */
 typedef struct ckv_snap_expect {
   const char *tenant;
+  const char *session_id; /* a resume: the copy must be this session's (never one stored under its name by mistake or forgery) */
   const char *model_id, *model_revision;
   const ckv_geometry *geom;
 } ckv_snap_expect;

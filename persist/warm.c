@@ -38,6 +38,7 @@
 #include "persist/session_snap.h"
 #include "persist/snapdir.h"
 #include "persist/snapshot.h"
+#include "persist/statefile.h"
 #include "persist/tier.h"
 #include "shm/arena.h"
 #include "shm/slab.h"
@@ -247,7 +248,10 @@ static void jtenants_free(jtenant *t, size_t n) {
  * there is none, else a code and err. */
 static int read_manifest(const char *path, jtenant **ret, size_t *ret_n, uint64_t *ret_written, uint64_t *ret_owner,
                          char *err, size_t errlen) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  int cr = ckv_statefile_check_file(path, 1, err, errlen); /* the daemon's own journal, in its own directory */
+  if (cr == -ENOENT) return -ENOENT;
+  if (cr < 0) return cr;
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK); /* a FIFO: refused below, never waited on */
   if (fd < 0) {
     if (errno == ENOENT) return -ENOENT;
     snprintf(err, errlen, "cannot open %.300s: %s", path, strerror(errno));
@@ -366,7 +370,7 @@ static bool rebuild_session(ckv_persist *p, ckv_tenant *t, const char *id) {
   char path[4096], err[512] = "";
   ckv_snap snap;
   int r = ckv_snapdir_area_file(p->opt.state_dir, CKV_WARM_AREA, t->name, id, path, sizeof path);
-  if (r == CKV_OK) r = ckv_snap_read(path, &snap, err, sizeof err);
+  if (r == CKV_OK) r = ckv_snapdir_read(path, &snap, err, sizeof err);
   else snprintf(err, sizeof err, "no journal entry path: %s", ckv_strerror(r));
   if (r < 0) {
     ckv_log(CKV_LOG_WARNING, "warm-session-dropped", t->name, id,

@@ -464,3 +464,61 @@ Test(protocol_misuse, older_and_newer_protocol_versions, .timeout = 60) {
   raw_done(&r);
   ckv_test_stop_clean(&d);
 }
+
+/* p with the first byte `mark` of its payload replaced by `with` (a byte no C string can carry). */
+static void patch(packed *p, char mark, uint8_t with) {
+  uint8_t *at = memchr(p->buf, mark, p->len);
+  cr_assert_not_null(at, "no '%c' in the packed request", mark);
+  *at = with;
+}
+
+/* names_are_taken_as_sent_or_refused (issue 40 N10): a save name with a NUL byte inside was saved cut
+ * short at the NUL with code 0, and a model id that is not UTF-8 was stored raw but echoed repaired
+ * (U+FFFD), so a resume with the echoed value was refused.  Both are refused with INVALID naming the
+ * field; nothing is saved or opened under a name the client did not send. */
+Test(protocol_misuse, names_are_taken_as_sent_or_refused, .timeout = 60) {
+  ckv_test_daemon d;
+  ckv_test_start_host(&d, "256M", NULL);
+  raw r;
+  raw_connect(&r, &d);
+  packed o = p_open("named");
+  expect_code(send_packed(&r, &o, NULL), CKV_OK);
+  /* SaveSession{name = "ab\0cd"} */
+  Commitkv__V1__Request q = COMMITKV__V1__REQUEST__INIT;
+  Commitkv__V1__SaveSession sv = COMMITKV__V1__SAVE_SESSION__INIT;
+  sv.session_id = "named";
+  sv.name = "ab#cd";
+  q.body_case = COMMITKV__V1__REQUEST__BODY_SAVE_SESSION;
+  q.save_session = &sv;
+  packed s = pack(&q);
+  patch(&s, '#', 0);
+  expect_code(send_packed(&r, &s, NULL), CKV_ERR_INVALID);
+  expect_text("save_session.name holds a NUL byte");
+  char path[600];
+  snprintf(path, sizeof path, "%s/snapshots/default/ab.ckvsnap", d.dir);
+  cr_assert_neq(access(path, F_OK), 0, "a snapshot was saved under the cut name %s", path);
+  sv.name = "ab"; /* the check above looks where a save of that name lands */
+  packed good = pack(&q);
+  expect_code(send_packed(&r, &good, NULL), CKV_OK);
+  cr_assert_eq(access(path, F_OK), 0, "the save of 'ab' is not at %s", path);
+  /* OpenSession{model_id = "m\xff"} */
+  Commitkv__V1__Request q2 = COMMITKV__V1__REQUEST__INIT;
+  Commitkv__V1__OpenSession op = COMMITKV__V1__OPEN_SESSION__INIT;
+  Commitkv__V1__Geometry gm = COMMITKV__V1__GEOMETRY__INIT;
+  gm.n_layers = 2, gm.n_kv_heads = 2, gm.head_dim = 64;
+  op.session_id = "utf";
+  op.geometry = &gm;
+  op.model_id = "m#";
+  q2.body_case = COMMITKV__V1__REQUEST__BODY_OPEN_SESSION;
+  q2.open_session = &op;
+  packed m = pack(&q2);
+  patch(&m, '#', 0xff);
+  expect_code(send_packed(&r, &m, NULL), CKV_ERR_INVALID);
+  expect_text("open_session.model_id is not valid UTF-8");
+  /* the same with valid bytes is served */
+  op.model_id = "m\xc3\xa9";
+  packed ok = pack(&q2);
+  expect_code(send_packed(&r, &ok, NULL), CKV_OK);
+  raw_done(&r);
+  ckv_test_stop_clean(&d);
+}

@@ -483,7 +483,7 @@ static bool temp_exists(const char *dir) {
   struct dirent *e;
   bool found = false;
   while ((e = readdir(d)))
-    if (strstr(e->d_name, ".ckvsnap.tmp.")) found = true;
+    if (strstr(e->d_name, ".ckvsnap~tmp~")) found = true;
   closedir(d);
   return found;
 }
@@ -744,4 +744,72 @@ Test(snapshot, autosave_kill9_resume, .timeout = 120) {
   ckv_client_free(c);
   cr_expect_eq(ckv_test_daemon_stop(&d), 0);
   g_daemon_args = k_daemon_args;
+}
+
+/* resume_refuses_a_swapped_copy (issue 40 N3): two sessions' autosaves swapped on disk while the
+ * daemon is down (a mistake or a forger with the state dir): each resume finds the other
+ * conversation under its name and must refuse it with CKV_ERR_CORRUPT, never serve it with code 0.
+ * A RestoreSession of a named snapshot as another id stays allowed (not a resume). */
+Test(snapshot, resume_refuses_a_swapped_copy, .timeout = 120) {
+  g_daemon_args = k_autosave_args;
+  ckv_test_daemon d;
+  daemon_start(&d);
+  ckv_client *c = connect_to(&d, 10000);
+  ckv_session *left = session_with_rounds(c, "left", 0, 3, "", "");
+  ckv_session *right = session_with_rounds(c, "right", 0, 5, "", "");
+  autosave_settled(&d, "left", 600);
+  autosave_settled(&d, "right", 600);
+  char pl[1024], pr[1024], tmp[1100];
+  cr_assert(autosave_file(&d, "left", pl, sizeof pl) && autosave_file(&d, "right", pr, sizeof pr));
+  char log2[400];
+  daemon_kill9(&d);
+  snprintf(tmp, sizeof tmp, "%s.swap", pl);
+  cr_assert_eq(rename(pl, tmp), 0);
+  cr_assert_eq(rename(pr, pl), 0);
+  cr_assert_eq(rename(tmp, pr), 0);
+  snprintf(log2, sizeof log2, "%s/commitkvd-2.log", d.dir);
+  daemon_restart(&d, log2);
+  cr_assert_eq(ckv_client_reconnect(c), CKV_OK, "reconnect: %s", ckv_client_last_error(c));
+  ckv_session_close(left);
+  ckv_session_close(right);
+  ckv_session_options ro = {.resume = true};
+  ckv_session *s = NULL;
+  int r = ckv_session_open(c, "left", NULL, &ro, &s);
+  cr_assert_eq(r, CKV_ERR_CORRUPT, "resume of 'left' from the swapped autosave: %s (%s), %llu tokens", ckv_strerror(r),
+               ckv_client_last_error(c), s ? (unsigned long long)ckv_session_tokens(s) : 0ull);
+  cr_assert(strstr(ckv_client_last_error(c), "holds session 'right'"), "the refusal does not say why: %s",
+            ckv_client_last_error(c));
+  r = ckv_session_open(c, "right", NULL, &ro, &s);
+  cr_assert_eq(r, CKV_ERR_CORRUPT, "resume of 'right' from the swapped autosave: %s (%s)", ckv_strerror(r),
+               ckv_client_last_error(c));
+  ckv_client_free(c);
+  cr_expect_eq(ckv_test_daemon_stop(&d), 0);
+  g_daemon_args = k_daemon_args;
+}
+
+/* an_id_that_looks_like_a_temp_file_survives_a_restart (issue 40 N9): ".x.ckvsnap.tmp.1" is a legal
+ * id; its snapshot must not be swept at start as a save cut short (it was, with "the previous
+ * snapshot is intact" in the log), and it restores after the restart. */
+Test(snapshot, an_id_that_looks_like_a_temp_file_survives_a_restart, .timeout = 120) {
+  ckv_test_daemon d;
+  daemon_start(&d);
+  ckv_client *c = connect_to(&d, 10000);
+  const char *id = ".x.ckvsnap.tmp.1";
+  ckv_session *s = session_with_rounds(c, id, 0, 2, "", "");
+  cr_assert_eq(ckv_session_save(s, NULL, false, NULL), CKV_OK, "save: %s", ckv_client_last_error(c));
+  uint64_t n = ckv_session_tokens(s);
+  char log2[400];
+  crash_and_restart(&d, c, log2, sizeof log2);
+  ckv_session_close(s);
+  char msg[512];
+  int r = restore_raw(c, id, id, NULL, NULL, msg, sizeof msg);
+  cr_assert_eq(r, CKV_OK, "restore of '%s' after the restart: %s (%s); log %s", id, ckv_strerror(r), msg, log2);
+  char *log = ckv_test_read_file(log2);
+  cr_assert(log && !strstr(log, "snapshot-temp-removed"), "the start swept a session's snapshot: %s", log ? log : "");
+  free(log);
+  ckv_session_options ro = {.resume = true};
+  cr_assert_eq(ckv_session_open(c, id, NULL, &ro, &s), CKV_OK, "%s", ckv_client_last_error(c));
+  cr_assert_eq(ckv_session_tokens(s), n);
+  ckv_client_free(c);
+  cr_expect_eq(ckv_test_daemon_stop(&d), 0);
 }

@@ -121,7 +121,7 @@ static bool temp_exists(const char *dir) {
   struct dirent *e;
   bool found = false;
   while ((e = readdir(d)))
-    if (strstr(e->d_name, ".ckvsnap.tmp.")) found = true;
+    if (strstr(e->d_name, ".ckvsnap~tmp~")) found = true;
   closedir(d);
   return found;
 }
@@ -421,4 +421,107 @@ Test(snapshot_faults, state_dir_errors_are_answered, .timeout = 120) {
   ckv_client_free(c);
   if (tmpfs) umount2(snapdir, MNT_DETACH); /* before the directory is removed */
   ckv_test_stop_clean(&d);
+}
+
+/* ---- the state directory is the daemon's alone (issue 40 N5, N7) ---- */
+
+/* commitkvd on state dir sd must refuse to start, its log saying `why`. */
+static void expect_refused_start(const char *sd, const char *why) {
+  ckv_test_daemon d;
+  const char *const extra[] = {"--state-dir", sd, NULL};
+  cr_assert_eq(ckv_test_daemon_start(&d, extra), -1, "commitkvd started on state dir %s", sd);
+  d.pid = 0; /* exited (reaped by the start's check) */
+  char *log = ckv_test_read_file(d.log);
+  cr_assert(log && strstr(log, "state_dir") && strstr(log, why), "the refusal does not say '%s': %s", why,
+            log ? log : "(no log)");
+  free(log);
+  ckv_test_daemon_stop(&d);
+}
+
+/* state_dir_not_the_daemons_alone_is_refused: a state directory its group can write, and one of
+ * another user: anyone who can write there could plant a session for a tenant to resume, so the
+ * daemon refuses to start and says why. */
+Test(snapshot_faults, state_dir_not_the_daemons_alone_is_refused, .timeout = 60) {
+  char *sd = ckv_test_tmpdir("ckv-statedir");
+  cr_assert_eq(chmod(sd, 0770), 0);
+  expect_refused_start(sd, "not the daemon's alone");
+  cr_assert_eq(chmod(sd, 0700), 0);
+  if (geteuid() == 0) {
+    cr_assert_eq(chown(sd, NOBODY_UID, NOBODY_UID), 0, "%s", strerror(errno));
+    expect_refused_start(sd, "owner uid 65534");
+  } else {
+    cr_log_warn("not root: the other user's state directory case is skipped (the group-writable one ran)");
+  }
+  ckv_test_rmdir(sd);
+}
+
+static int restore_as(ckv_client *c, const char *id, const char *name) {
+  ckv_session *s = NULL;
+  int r = ckv_session_restore(c, id, name, NULL, &s);
+  if (r == CKV_OK) ckv_session_drop(s);
+  return r;
+}
+
+/* planted_files_are_refused: in the daemon's own state directory, a snapshot file others may write,
+ * one of another user, a tenant directory that is a symlink, and a FIFO at a snapshot's path are each
+ * refused with a clear code and text (before: read and served, or the I/O thread blocked on the FIFO
+ * for good, every later save waiting and SIGTERM no longer ending the daemon).  After the FIFO the
+ * daemon still saves, and SIGTERM ends it within a second. */
+Test(snapshot_faults, planted_files_are_refused, .timeout = 120) {
+  ckv_test_daemon d;
+  ckv_test_start_host(&d, "256M", NULL);
+  ckv_client *c = connect_to(&d);
+  char dir[480], real[500], file[600], fifo[600];
+  snprintf(dir, sizeof dir, "%s/snapshots/%s", d.dir, ckv_client_tenant(c));
+  snprintf(file, sizeof file, "%s/mine.ckvsnap", dir);
+  ckv_session *s = NULL;
+  cr_assert_eq(ckv_session_open(c, "mine", &k_small, NULL, &s), CKV_OK, "%s", ckv_client_last_error(c));
+  append_kv(s, &k_small, 0, SMALL_TOKENS);
+  cr_assert_eq(ckv_session_save(s, NULL, false, NULL), CKV_OK, "%s", ckv_client_last_error(c));
+  cr_assert_eq(restore_as(c, "copy", "mine"), CKV_OK, "the daemon's own file: %s", ckv_client_last_error(c));
+  /* writable by others */
+  cr_assert_eq(chmod(file, 0666), 0);
+  int r = restore_as(c, "copy", "mine");
+  cr_assert_eq(r, CKV_ERR_AUTH, "a 0666 snapshot restored: %d (%s)", r, ckv_client_last_error(c));
+  cr_assert(strstr(ckv_client_last_error(c), "mode 0666"), "%s", ckv_client_last_error(c));
+  cr_assert_eq(chmod(file, 0600), 0);
+  /* another user's */
+  if (geteuid() == 0) {
+    cr_assert_eq(chown(file, NOBODY_UID, NOBODY_UID), 0);
+    r = restore_as(c, "copy", "mine");
+    cr_assert_eq(r, CKV_ERR_AUTH, "another user's snapshot restored: %d (%s)", r, ckv_client_last_error(c));
+    cr_assert(strstr(ckv_client_last_error(c), "owner uid 65534"), "%s", ckv_client_last_error(c));
+    cr_assert_eq(chown(file, 0, 0), 0);
+  } else {
+    cr_log_warn("not root: the other user's file case is skipped");
+  }
+  /* the tenant's directory a symlink to a directory of the same files */
+  snprintf(real, sizeof real, "%s.real", dir);
+  cr_assert_eq(rename(dir, real), 0);
+  cr_assert_eq(symlink(real, dir), 0);
+  r = restore_as(c, "copy", "mine");
+  cr_assert_eq(r, CKV_ERR_AUTH, "a snapshot behind a symlinked tenant directory restored: %d (%s)", r,
+               ckv_client_last_error(c));
+  cr_assert(strstr(ckv_client_last_error(c), "symlink"), "%s", ckv_client_last_error(c));
+  cr_assert_eq(unlink(dir), 0);
+  cr_assert_eq(rename(real, dir), 0);
+  /* a FIFO where a snapshot would be */
+  snprintf(fifo, sizeof fifo, "%s/fifo.ckvsnap", dir);
+  cr_assert_eq(mkfifo(fifo, 0600), 0, "%s", strerror(errno));
+  long long t0 = ckv_test_now_ms();
+  r = restore_as(c, "copy", "fifo");
+  cr_assert_eq(r, CKV_ERR_CORRUPT, "a FIFO restored: %d (%s)", r, ckv_client_last_error(c));
+  cr_assert(strstr(ckv_client_last_error(c), "not a regular file"), "%s", ckv_client_last_error(c));
+  cr_assert_lt(ckv_test_now_ms() - t0, 5000, "the FIFO held the restore %lld ms", ckv_test_now_ms() - t0);
+  cr_assert_eq(ckv_session_save(s, "after", false, NULL), CKV_OK, "a save after the FIFO: %s", ckv_client_last_error(c));
+  ckv_session_drop(s);
+  ckv_client_free(c);
+  t0 = ckv_test_now_ms();
+  cr_assert_eq(kill(d.pid, SIGTERM), 0);
+  int st = ckv_test_wait(d.pid, 5000);
+  long long took = ckv_test_now_ms() - t0;
+  d.pid = 0;
+  cr_assert_eq(st, 0, "commitkvd ended with %d after SIGTERM", st);
+  cr_assert_lt(took, 1000, "SIGTERM took %lld ms to end the daemon", took);
+  ckv_test_daemon_stop(&d);
 }
