@@ -421,8 +421,9 @@ static int run_disk(const char *daemon_path, const char *dir, const char *memory
   r = ckv_session_save(s, SESSION_ID, false, &tf->bytes);
   tf->offload_us = now_us() - t0;
   if (r < 0) FAIL("save: %s: %s\n", ckv_strerror(r), ckv_client_last_error(c));
-  if ((r = ckv_session_drop(s)) < 0) FAIL("drop: %s\n", ckv_strerror(r));
-  s = NULL;
+  r = ckv_session_drop(s);
+  s = NULL; /* freed whatever the answer (commitkv.h) */
+  if (r < 0) FAIL("drop: %s\n", ckv_strerror(r));
   t0 = now_us();
   r = ckv_session_restore(c, SESSION_ID, SESSION_ID, NULL, &s);
   tf->restore_us = now_us() - t0;
@@ -441,8 +442,9 @@ static int run_disk(const char *daemon_path, const char *dir, const char *memory
    * disk (the tier may have taken it during the baseline already: an
    * attached session that stays quiet counts as idle), resume. */
   uint64_t on_disk = 0;
-  if ((r = ckv_session_close(s)) < 0) FAIL("close: %s\n", ckv_strerror(r));
-  s = NULL;
+  r = ckv_session_close(s);
+  s = NULL; /* freed whatever the answer (commitkv.h) */
+  if (r < 0) FAIL("close: %s\n", ckv_strerror(r));
   for (double end = now_us() + TIER_WAIT_MS * 1e3; on_disk < 1; usleep(20000)) {
     if (tier_stats(c, &on_disk, NULL) < 0) FAIL("stats\n");
     if (now_us() > end) FAIL("the disk tier did not take the idle session within %d ms\n", TIER_WAIT_MS);
@@ -479,8 +481,9 @@ static int run_remote(const char *daemon_path, const char *redis_server, const c
   r = ckv_session_save(s, SESSION_ID, false, &tf->bytes);
   tf->offload_us = now_us() - t0;
   if (r < 0) FAIL("save with remote: %s: %s\n", ckv_strerror(r), ckv_client_last_error(c));
-  if ((r = ckv_session_drop(s)) < 0) FAIL("drop: %s\n", ckv_strerror(r));
-  s = NULL;
+  r = ckv_session_drop(s);
+  s = NULL; /* freed whatever the answer (commitkv.h) */
+  if (r < 0) FAIL("drop: %s\n", ckv_strerror(r));
   char snap[PATH_MAX];
   snapshot_path(snap, sizeof snap, dir, c, SESSION_ID);
   if (unlink(snap) != 0) FAIL("cannot remove the local snapshot %s: %s\n", snap, strerror(errno));
@@ -506,8 +509,9 @@ static int run_remote(const char *daemon_path, const char *redis_server, const c
   tf->done = true;
   /* Resume from the store: drop, the local file gone (a restore from the
    * store does not write one), OpenSession with resume. */
-  if ((r = ckv_session_drop(s)) < 0) FAIL("drop: %s\n", ckv_strerror(r));
-  s = NULL;
+  r = ckv_session_drop(s);
+  s = NULL; /* freed whatever the answer (commitkv.h) */
+  if (r < 0) FAIL("drop: %s\n", ckv_strerror(r));
   unlink(snap);
   if (timed_resume(c, tokens, "the store", rf, &s) < 0) FAIL("resume from the store failed\n");
 out:

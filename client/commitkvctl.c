@@ -107,11 +107,12 @@ static int cmd_stats(ckv_client *c, bool json) {
            ", \"errors\": %" PRIu64 ", \"rounds\": %" PRIu64 ", \"uptime_ms\": %" PRIu64
            ", \"semantic_given_tokens\": %" PRIu64 ", \"pending_tokens\": %" PRIu64 ", \"compress_queue\": %" PRIu64
            ", \"compress_jobs\": %" PRIu64 ", \"compress_refused\": %" PRIu64 ", \"transitions_staged\": %" PRIu64
-           ", \"transitions_committed\": %" PRIu64 ", \"transitions_recycled\": %" PRIu64 ", \"backend\": ",
+           ", \"transitions_committed\": %" PRIu64 ", \"transitions_recycled\": %" PRIu64
+           ", \"autosave_lag_ms\": %" PRIu64 ", \"backend\": ",
            s->detached_sessions, s->leases_expired, s->sessions_detached, s->sessions_resumed, s->sessions_expired,
            s->requests, s->errors, s->rounds, s->uptime_ms, s->semantic_given_tokens, s->pending_tokens,
            s->compress_queue, s->compress_jobs, s->compress_refused, s->transitions_staged, s->transitions_committed,
-           s->transitions_recycled);
+           s->transitions_recycled, s->autosave_lag_ms);
     json_str(s->backend);
     printf(", \"remote\": ");
     if (s->remote) {

@@ -32,6 +32,7 @@
 #include "persist/remote.h"
 #include "persist/remote_snap.h"
 #include "persist/savegame.h"
+#include "persist/service.h"
 #include "persist/session_snap.h"
 #include "persist/snapdir.h"
 #include "persist/snapio.h"
@@ -323,6 +324,11 @@ static int h_open(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
   snprintf(sess->model_id, sizeof sess->model_id, "%s", model_id);
   snprintf(sess->model_revision, sizeof sess->model_revision, "%s", model_revision);
   if ((r = ckv_store_add_session(&s->store, sess, c->id)) < 0) return fail(x, r, "out of memory");
+  char err[320];
+  if ((r = ckv_persist_begin_conversation(&s->persist, sess, err, sizeof err)) < 0) {
+    ckv_store_drop_session(&s->store, sess);
+    return fail(x, r, "cannot open session '%s': %s", o->session_id, err);
+  }
   ckv_autosave_session_new(&s->persist, sess, false); /* a crash copy of an earlier session of this id goes */
   ckv_log(CKV_LOG_INFO, "session-open", c->tenant->name, sess->id, "%u layers x %u kv heads x %u dims, policy %s",
           g.n_layers, g.n_kv_heads, g.head_dim, policy);
@@ -635,6 +641,9 @@ static int h_drop(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
     return fail(x, CKV_ERR_BUSY, "session '%s' is attached to another client", d->session_id);
   ckv_log(CKV_LOG_INFO, "session-drop", sess->tenant->name, sess->id, "dropped by client %llu",
           (unsigned long long)c->id);
+  char err[320];
+  int r = ckv_persist_end_conversation(&s->persist, sess->tenant, sess->id, err, sizeof err);
+  if (r < 0) return fail(x, r, "session '%s' is not dropped: %s; retry", sess->id, err);
   ckv_autosave_forget(&s->persist, sess->tenant, sess->id); /* dropped on purpose: never back from a crash copy */
   ckv_store_drop_session(&s->store, sess);
   return CKV_OK;
@@ -1109,6 +1118,7 @@ static int h_stats(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req,
   st->compress_jobs = cs.completed;
   st->compress_refused = cs.refused_busy;
   st->compress_busy_us = cs.busy_ns / 1000u;
+  st->autosave_lag_ms = s->persist.counters.autosave_lag_ms;
   uint64_t tr[4][4];
   memcpy(tr, s->counters.transitions, sizeof(tr));
   st->semantic_given_tokens = s->counters.semantic_given; /* of gone sessions, as the transitions */

@@ -283,6 +283,12 @@ int ckv_metrics_format(const ckv_metrics_snapshot *snap, char **ret_text, size_t
   fputs("commitkv_uptime_seconds ", f);
   put_double(f, snap->uptime_seconds);
   fputc('\n', f);
+  family(f, "commitkv_autosave_lag_seconds", "gauge",
+         "Age of the oldest change of a live session that no autosave copy holds yet ([daemon] autosave; 0 when "
+         "off or caught up): what a kill -9 now would lose at most.");
+  fputs("commitkv_autosave_lag_seconds ", f);
+  put_double(f, snap->autosave_lag_seconds);
+  fputc('\n', f);
 
   /* Daemon-wide. */
   static const struct {

@@ -141,6 +141,7 @@ typedef struct ckv_metrics_snapshot {
   uint64_t sessions_detached_total, sessions_resumed_total, sessions_expired_total;
   uint64_t warm_sessions_kept, warm_sessions_dropped; /* by the warm restart at start (warm.h) */
   uint64_t autosaves_total, autosave_bytes_total, autosave_errors_total, autosave_resumes_total; /* autosave.h */
+  double autosave_lag_seconds; /* the oldest change of a live session no autosave copy holds yet */
   uint64_t attaches_total, attach_refused_total;
   uint64_t compress_queue_depth; /* jobs queued now (stats compress_queue) */
   uint64_t compress_jobs_total, compress_refused_total;

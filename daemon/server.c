@@ -417,6 +417,12 @@ static void housekeeping(ckv_server *s) {
       ckv_log(CKV_LOG_INFO, "session-expired", sess->tenant->name, sess->id, "detached session freed after %llu ms",
               (unsigned long long)s->opt.detach_keep_ms);
       s->counters.sessions_expired++;
+      char err[320];
+      if (ckv_persist_end_conversation(&s->persist, sess->tenant, sess->id, err, sizeof err) < 0)
+        ckv_log(CKV_LOG_ERROR, "session-expired", sess->tenant->name, sess->id,
+                "the end of the conversation could not be recorded: %s; a copy of it left on disk could come back on "
+                "a resume",
+                err);
       ckv_autosave_forget(&s->persist, sess->tenant, sess->id); /* ended on purpose: never back from a crash copy */
       ckv_store_drop_session(&s->store, sess);
     }

@@ -44,6 +44,7 @@ void ckv_server_publish_metrics(ckv_server *s) {
       .autosave_bytes_total = s->persist.counters.autosave_bytes,
       .autosave_errors_total = s->persist.counters.autosave_errors,
       .autosave_resumes_total = s->persist.counters.autosave_resumes,
+      .autosave_lag_seconds = (double)s->persist.counters.autosave_lag_ms / 1e3,
       .attaches_total = s->counters.attaches,
       .attach_refused_total = s->counters.attach_refused,
       .tenants = mt,

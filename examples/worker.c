@@ -13,7 +13,8 @@
  * to --reconnect-timeout-ms (0: fail at once, as before), reopens every
  * session, writes the K/V of every token a new session lost again (the
  * pattern is a function of the position, so the worker knows them all), says
- * so in one line on stderr, and goes on with the round it was on.  Each step
+ * so in one line on stderr, and goes on with the round it was on.  A daemon
+ * not there yet when the worker starts is waited for the same way.  Each step
  * of a round is recorded once it took effect, so a round is never appended or
  * reported twice.
  *
@@ -270,7 +271,8 @@ int main(int argc, char **argv) {
   }
   w.o = o;
   ckv_client_options co = {.socket = o.socket, .attach_socket = o.attach, .name = o.prefix, .heartbeat = true};
-  int r = ckv_client_connect(&co, &w.c);
+  /* a daemon starting (or restarting) as the worker starts is waited for, as on a reconnect */
+  int r = reconnect_first_connect(&co, &w.c, reconnect_now_ms() + o.reconnect_ms);
   if (r < 0) {
     fprintf(stderr, "commitkv-worker: connect: %s: %s\n", ckv_strerror(r), ckv_client_connect_error());
     return 1;

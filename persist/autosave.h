@@ -2,7 +2,7 @@
  *
  * A kill -9 or a crash loses every session that lived only in memory (a warm
  * restart keeps them only across a clean stop, warm.h).  With autosave on,
- * the loop's housekeeping saves, one session at a time, each live session
+ * the loop's housekeeping saves, up to CKV_AUTOSAVE_INFLIGHT at a time, each live session
  * that changed since its last autosave (a round, tokens, a published move)
  * and whose last autosave is at least autosave_ms old, as a full snapshot in
  * state_dir/autosave/TENANT/ID.ckvsnap (written by the snapshot I/O thread:
@@ -30,7 +30,13 @@
 typedef struct ckv_persist ckv_persist;
 typedef struct ckv_tenant ckv_tenant;
 
-/* From the housekeeping: starts the next autosave that is due (none while one is written). */
+/* Autosaves copied and waiting for the I/O thread at most (each copy is
+ * charged to its tenant's quota until it is written). */
+#define CKV_AUTOSAVE_INFLIGHT 16u
+
+/* From the housekeeping: starts the autosaves that are due, longest waiting
+ * first, up to CKV_AUTOSAVE_INFLIGHT in flight, and measures the lag
+ * (ckv_persist_counters.autosave_lag_ms). */
 void ckv_autosave_scan(ckv_persist *p, uint64_t now_ms);
 /* Removes the autosave of tenant/id (on the I/O thread, behind any write of it). */
 void ckv_autosave_forget(ckv_persist *p, const ckv_tenant *tenant, const char *id);

@@ -27,6 +27,7 @@ typedef struct ckv_remote ckv_remote;
 typedef struct ckv_judge_params ckv_judge_params;
 typedef struct ckv_arena_backend ckv_arena_backend;
 typedef struct ckv_warm_memory ckv_warm_memory;
+typedef struct ckv_incarnations ckv_incarnations;
 
 typedef struct ckv_persist_options {
   const char *state_dir; /* NULL or "": no files at all */
@@ -61,6 +62,7 @@ typedef struct ckv_persist_counters {
   uint64_t warm_kept, warm_dropped; /* sessions the warm restart at start kept / dropped (warm.h) */
   uint64_t autosaves, autosave_bytes, autosave_errors; /* autosave.h */
   uint64_t autosave_resumes; /* sessions a resume brought back from their autosave */
+  uint64_t autosave_lag_ms;  /* gauge: the oldest change of a live session that no autosave copy holds yet */
 } ckv_persist_counters;
 
 typedef struct ckv_persist {
@@ -68,9 +70,10 @@ typedef struct ckv_persist {
   ckv_store *store;
   ckv_snapio *snapio; /* the snapshot I/O thread (snapio.h); NULL once stopped */
   ckv_tier *tier;     /* the disk and remote tiers' policy and bookkeeping (tier.h) */
-  bool autosave_inflight; /* an autosave is being written (one at a time) */
+  unsigned autosave_inflight; /* autosaves copied and waiting for the I/O thread (at most CKV_AUTOSAVE_INFLIGHT) */
   bool autosave_found;    /* state_dir/autosave held files at start (removed as their sessions end) */
   ckv_warm_memory *warm;  /* what the warm restart at start dropped, and why (warm.h) */
+  ckv_incarnations *incarnations; /* each id's current conversation, durable (incarnations.h) */
   ckv_persist_counters counters;
   ckv_persist_hooks hooks;
 } ckv_persist;

@@ -9,6 +9,7 @@
 #include "common/clock.h"
 #include "lifecycle/judge.h"
 #include "persist/autosave.h"
+#include "persist/incarnations.h"
 #include "persist/session_snap.h"
 #include "persist/snapshot.h"
 #include "persist/tier.h"
@@ -80,6 +81,12 @@ void ckv_savegame_want_restore(ckv_persist *p, ckv_tenant *t, const char *id, co
   snprintf(g->job.model_id, sizeof g->job.model_id, "%s", g->model_id); /* the store's key */
   snprintf(g->job.model_revision, sizeof g->job.model_revision, "%s", g->model_revision);
   if (geom) g->geom = *geom;
+  /* a resume takes only a crash copy of the conversation recorded as current (none when it was ended) */
+  uint64_t want = 0;
+  if (resume && ckv_incarnations_get(p->incarnations, t->name, id, &want) == CKV_OK) {
+    g->job.fence_crash_copies = 1;
+    g->job.want_incarnation = want;
+  }
 }
 
 int ckv_savegame_apply_restore(ckv_persist *p, ckv_savegame *g, uint64_t owner, ckv_srv_session **ret, char *err,
@@ -99,11 +106,40 @@ int ckv_savegame_apply_restore(ckv_persist *p, ckv_savegame *g, uint64_t owner, 
   if (r == CKV_OK)
     r = ckv_session_snap_restore(&j->snap, g->id, g->tenant, p->opt.policy ? p->opt.policy->mlp : NULL,
                                  &p->store->next_block_id, &sess, err, errlen);
+  bool crash_copy = j->from_tier || j->from_autosave;
+  if (r == CKV_OK && crash_copy && j->fence_crash_copies &&
+      (!j->want_incarnation || sess->incarnation != j->want_incarnation)) { /* snapio passes these over */
+    snprintf(err, errlen, "the crash copy holds incarnation %016llx of session '%s', not its current conversation: "
+             "fenced", (unsigned long long)sess->incarnation, g->id);
+    ckv_srv_session_free(sess);
+    return CKV_ERR_NOT_FOUND;
+  }
   if (r < 0) return r;
   if ((r = ckv_srv_session_flush_meta(sess)) < 0) { /* the rebuilt headers, before anyone reads the blocks */
     ckv_srv_session_free(sess);
     snprintf(err, errlen, "cannot write the restored headers: %s", ckv_strerror(r));
     return r;
+  }
+  /* A restore of a named snapshot is a new conversation of the id; so is a
+   * resume from a save game of an earlier (ended or replaced) conversation,
+   * or from a copy that carried no incarnation (written before they
+   * existed).  Recorded before anything is answered: no copy of another
+   * conversation comes back for it.  A resume of the current conversation,
+   * or of one never recorded (then recorded as it is), keeps its own. */
+  uint64_t current = 0;
+  bool recorded = ckv_incarnations_get(p->incarnations, g->tenant->name, g->id, &current) == CKV_OK;
+  if (g->resume && sess->incarnation && !recorded &&
+      (r = ckv_incarnations_set(p->incarnations, g->tenant->name, g->id, sess->incarnation, err, errlen)) < 0) {
+    ckv_srv_session_free(sess);
+    return r;
+  }
+  if (!g->resume || !sess->incarnation || (recorded && current != sess->incarnation)) {
+    uint64_t inc = ckv_incarnations_new_id();
+    if ((r = ckv_incarnations_set(p->incarnations, g->tenant->name, g->id, inc, err, errlen)) < 0) {
+      ckv_srv_session_free(sess);
+      return r;
+    }
+    sess->incarnation = inc;
   }
   if ((r = ckv_store_add_session(p->store, sess, owner)) < 0) {
     snprintf(err, errlen, "out of memory");

@@ -51,7 +51,10 @@ int ckv_savegame_capture(ckv_persist *p, ckv_srv_session *sess, const char *name
 /* The restore's request: snapshot `name` of tenant t as session `id`;
  * model_id / model_revision (NULL: not checked) and geom (NULL: not checked)
  * must match it.  resume: an OpenSession with resume (the disk tier's file,
- * the remote tier's copy and the autosave are looked at too). */
+ * the remote tier's copy and the autosave are looked at too), which takes
+ * only a crash copy of the conversation recorded as current
+ * (incarnations.h): none at all when it was ended; its save game stays
+ * resumable, as a new conversation. */
 void ckv_savegame_want_restore(ckv_persist *p, ckv_tenant *t, const char *id, const char *name, const char *model_id,
                                const char *model_revision, const ckv_geometry *geom, bool resume, ckv_savegame *g);
 
@@ -60,8 +63,10 @@ void ckv_savegame_want_restore(ckv_persist *p, ckv_tenant *t, const char *id, co
 void ckv_savegame_address(ckv_persist *p, ckv_tenant *t, uint64_t max_bytes, ckv_savegame *g);
 
 /* The restore's half on the loop, once g's file was read and validated:
- * checks it is the snapshot asked for (tenant, model, geometry), rebuilds
- * the session in fresh blocks as session g->id read by client `owner`,
+ * checks it is the snapshot asked for (tenant, model, geometry; a resume:
+ * this session and its current conversation), rebuilds the session in
+ * fresh blocks as session g->id read by client `owner` (a restore of a
+ * named snapshot begins a new conversation, recorded durably first),
  * plans the moves it waited for when it was saved, and tells the disk tier
  * (its copy goes) and autosave.  CKV_OK with *ret; or the failure, err
  * saying why (nothing joined the store). */

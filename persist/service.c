@@ -5,10 +5,13 @@
 
 #include "commitkv/status.h"
 #include "persist/autosave.h"
+#include "persist/incarnations.h"
 #include "persist/snapio.h"
 #include "persist/statefile.h"
 #include "persist/tier.h"
 #include "persist/warm.h"
+#include "store/session.h"
+#include "store/tenant.h"
 
 int ckv_persist_init(ckv_persist *p, ckv_store *st, const ckv_persist_options *opt, const ckv_persist_hooks *hooks,
                      char *err, size_t errlen) {
@@ -17,6 +20,7 @@ int ckv_persist_init(ckv_persist *p, ckv_store *st, const ckv_persist_options *o
   /* a state directory others can write is refused: they could plant a session for any tenant to resume */
   int r = ckv_statefile_check_root(opt->state_dir, err, errlen);
   if (r < 0) return r;
+  if ((r = ckv_incarnations_open(opt->state_dir, &p->incarnations, err, errlen)) < 0) return r;
   r = ckv_snapio_new(CKV_SNAPIO_DEPTH, &p->snapio);
   if (r < 0) {
     snprintf(err, errlen, "cannot start the snapshot I/O thread: %s", ckv_strerror(r));
@@ -47,5 +51,21 @@ void ckv_persist_stop_io(ckv_persist *p) { p->snapio = ckv_snapio_free(p->snapio
 void ckv_persist_done(ckv_persist *p) {
   ckv_persist_stop_io(p);
   p->tier = ckv_tier_free(p->tier);
+  p->incarnations = ckv_incarnations_free(p->incarnations);
   ckv_warm_forget(p);
+}
+
+int ckv_persist_begin_conversation(ckv_persist *p, ckv_srv_session *sess, char *err, size_t errlen) {
+  uint64_t inc = ckv_incarnations_new_id();
+  int r = ckv_incarnations_set(p->incarnations, sess->tenant->name, sess->id, inc, err, errlen);
+  if (r == CKV_OK) sess->incarnation = inc;
+  return r;
+}
+
+int ckv_persist_end_conversation(ckv_persist *p, const ckv_tenant *t, const char *id, char *err, size_t errlen) {
+  return ckv_incarnations_set(p->incarnations, t->name, id, 0, err, errlen);
+}
+
+int ckv_persist_current_conversation(const ckv_persist *p, const ckv_tenant *t, const char *id, uint64_t *ret) {
+  return ckv_incarnations_get(p->incarnations, t->name, id, ret);
 }

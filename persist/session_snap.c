@@ -55,6 +55,7 @@ static int capture(const ckv_srv_session *s, bool committed_only, bool refs, ckv
   snap.params.mlp = NULL;
   snap.params_mlp = s->params.mlp != NULL;
   snap.epoch = s->epoch;
+  snap.incarnation = s->incarnation;
   snap.rounds = s->rounds;
   snap.last_round = s->last_round;
   snap.semantic_given = s->semantic_given;
@@ -262,6 +263,7 @@ static int restore(const ckv_snap *snap, const char *id, ckv_tenant *t, const ck
   /* epochs go on from the saved one: a reader of the old daemon never sees one again */
   if (snap->epoch + 1 > s->epoch) s->epoch = snap->epoch + 1;
   s->rounds = snap->rounds;
+  s->incarnation = snap->incarnation;
   s->last_round = snap->last_round;
   s->semantic_given = snap->semantic_given;
   memcpy(s->count_by_state, snap->count_by_state, sizeof s->count_by_state);

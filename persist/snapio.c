@@ -37,6 +37,21 @@ static uint64_t now_us(void) {
   return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
+/* A resume's copy of another conversation of the id (an ended or replaced
+ * one whose removal a crash or an unreachable store cut short): passed over,
+ * as if it were not there.  True when snap was such a copy (then freed). */
+static bool fenced(ckv_snapio_job *j, ckv_snap *snap) {
+  if (!j->fence_crash_copies || (j->want_incarnation && snap->incarnation == j->want_incarnation)) return false;
+  ckv_log(CKV_LOG_WARNING, "copy-fenced", j->tenant, j->name,
+          "a crash copy of session '%s' holds incarnation %016llx, %s (a conversation whose copies' removal was "
+          "cut short): never served",
+          j->name, (unsigned long long)snap->incarnation,
+          j->want_incarnation ? "not the current one" : "and the id's conversation was ended");
+  ckv_snap_done(snap);
+  j->fenced++;
+  return true;
+}
+
 /* PUSH, and LOAD / REMOVE of the remote tier's copy (remote_snap.h). */
 static void run_remote_tier(ckv_snapio_job *j) {
   if (!j->remote) {
@@ -75,6 +90,7 @@ static bool resume_from_remote_tier(ckv_snapio_job *j) {
   int r = ckv_remote_tier_load(j->remote, j->tenant, j->model_id, j->model_revision, j->name, j->max_bytes, &j->snap,
                                err, sizeof err);
   if (r == -ENOENT) return false;
+  if (r == CKV_OK && fenced(j, &j->snap)) return false;
   if (r == -EIO) {
     ckv_log(CKV_LOG_WARNING, "remote-unavailable", j->tenant, j->name,
             "%s; a resume cannot see the remote tier, so the session's snapshot is read instead, if there is one",
@@ -98,7 +114,7 @@ static void prefer_autosave(ckv_snapio_job *j) {
   ckv_snap a;
   char err[sizeof j->err];
   int r = ckv_snapdir_read(path, &a, err, sizeof err);
-  if (r == -ENOENT) return;
+  if (r == -ENOENT || (r == CKV_OK && fenced(j, &a))) return;
   if (r < 0) {
     j->autosave_status = r;
     snprintf(j->autosave_err, sizeof j->autosave_err, "%s", err);
@@ -129,6 +145,7 @@ void ckv_snapio_run(ckv_snapio_job *j) {
                      : j->area == CKV_SNAPIO_AUTOSAVE ? CKV_SNAPDIR_AUTOSAVE
                                                       : CKV_SNAPDIR_TIER;
   j->from_autosave = 0;
+  j->fenced = 0;
   j->autosave_status = CKV_OK;
   j->autosave_err[0] = 0;
   if (j->kind == CKV_SNAPIO_PUSH || j->area == CKV_SNAPIO_TIER_REMOTE) {
@@ -156,6 +173,7 @@ void ckv_snapio_run(ckv_snapio_job *j) {
       snprintf(j->err, sizeof j->err, "the daemon has no state directory for the disk tier");
     else
       j->status = ckv_snapdir_read(path, &j->snap, j->err, sizeof j->err);
+    if (j->status == CKV_OK && j->area == CKV_SNAPIO_TIER_FIRST && fenced(j, &j->snap)) j->status = -ENOENT;
     j->from_tier = j->status != -ENOENT;
     if (j->area == CKV_SNAPIO_TIER_FIRST && j->status == -ENOENT && j->remote && j->look_remote_tier &&
         resume_from_remote_tier(j)) {
@@ -192,7 +210,9 @@ void ckv_snapio_run(ckv_snapio_job *j) {
     else
       j->status = ckv_snapdir_read(path, &j->snap, j->err, sizeof j->err);
   }
-  if (j->kind == CKV_SNAPIO_LOAD && j->area == CKV_SNAPIO_TIER_FIRST) prefer_autosave(j);
+  if (j->kind == CKV_SNAPIO_LOAD && j->area == CKV_SNAPIO_TIER_FIRST) {
+    prefer_autosave(j);
+  }
   j->io_us = now_us() - t0;
 }
 

@@ -60,6 +60,14 @@ typedef struct ckv_snapio_job {
   char model_id[CKV_SNAP_MODEL_MAX + 1], model_revision[CKV_SNAP_MODEL_MAX + 1]; /* the store's key */
   uint64_t max_bytes; /* LOAD: the most the store may send */
   int look_remote_tier; /* LOAD TIER_FIRST: the remote tier is on, look there after the tier file */
+  /* LOAD TIER_FIRST (a resume), when fence_crash_copies: the only
+   * conversation a crash copy (the disk or remote tier's, the autosave) may
+   * hold (incarnations.h; 0: none, the id was ended); one of another is
+   * passed over as if it were not there (counted in fenced).  Save games
+   * (the snapshot named after the session) are the user's and never fenced. */
+  int fence_crash_copies;
+  uint64_t want_incarnation;
+  unsigned fenced;
   /* what came of it (the thread's until collected) */
   int status;     /* CKV_OK, a ckv_status or -errno (ckv_snap_write / ckv_snap_read / ckv_snapdir_dir) */
   char err[320];  /* why, when status < 0 */

@@ -193,6 +193,7 @@ static void header_payload(wbuf *b, const ckv_snap *s, const uint32_t kept[CKV_F
   put_u32(b, s->n_table);
   put_u32(b, (uint32_t)s->n_blocks);
   put_u64(b, s->n_ids);
+  put_u64(b, s->incarnation); /* version 3 */
 }
 
 static void tokens_payload(wbuf *b, const ckv_tokens *t) {
@@ -367,7 +368,7 @@ out:
 /* ---- reader ---- */
 
 /* The preamble: CKV_ERR_CORRUPT or CKV_ERR_FORMAT with a text, else CKV_OK. */
-static int check_preamble(const uint8_t *p, size_t len, char *err, size_t errlen) {
+static int check_preamble(const uint8_t *p, size_t len, uint32_t *ret_version, char *err, size_t errlen) {
   if (len < CKV_SNAP_PREAMBLE_BYTES)
     return ckv_fail(err, errlen, CKV_ERR_CORRUPT, "truncated: %zu bytes, shorter than the %u-byte preamble", len,
                 CKV_SNAP_PREAMBLE_BYTES);
@@ -376,9 +377,10 @@ static int check_preamble(const uint8_t *p, size_t len, char *err, size_t errlen
   memcpy(&ver, p + 8, 4);
   memcpy(&nver, p + 12, 4);
   if (ver != ~nver) return ckv_fail(err, errlen, CKV_ERR_CORRUPT, "preamble damaged (version word %#x, check %#x)", ver, nver);
-  if (ver != CKV_SNAP_VERSION)
-    return ckv_fail(err, errlen, CKV_ERR_FORMAT, "snapshot format version %u; this build reads version %u", ver,
-                CKV_SNAP_VERSION);
+  if (ver < CKV_SNAP_VERSION_MIN || ver > CKV_SNAP_VERSION)
+    return ckv_fail(err, errlen, CKV_ERR_FORMAT, "snapshot format version %u; this build reads versions %u to %u",
+                    ver, CKV_SNAP_VERSION_MIN, CKV_SNAP_VERSION);
+  *ret_version = ver;
   return CKV_OK;
 }
 
@@ -426,7 +428,7 @@ static bool geometry_ok(const ckv_snap *s) {
   return g->head_dim % 2 == 0;
 }
 
-static int parse_header(const section *sec, ckv_snap *s, char *err, size_t errlen) {
+static int parse_header(const section *sec, uint32_t version, ckv_snap *s, char *err, size_t errlen) {
   rcur c = {.p = sec->data, .n = sec->len};
   memset(s, 0, sizeof(*s));
   s->saved_at_ms = get_u64(&c);
@@ -505,6 +507,7 @@ static int parse_header(const section *sec, ckv_snap *s, char *err, size_t errle
   s->n_table = get_u32(&c);
   uint32_t n_blocks = get_u32(&c);
   uint64_t n_ids = get_u64(&c);
+  if (version >= 3) s->incarnation = get_u64(&c);
   if (c.bad) return ckv_fail(err, errlen, CKV_ERR_CORRUPT, "header section too short");
   if (c.off != c.n) return ckv_fail(err, errlen, CKV_ERR_CORRUPT, "header section has %zu bytes too many", c.n - c.off);
   if (n_tokens > MAX_TOKENS || s->n_table > MAX_TABLE || n_blocks > s->n_table || n_ids > n_tokens ||
@@ -672,7 +675,8 @@ out:
 static int parse_owned(uint8_t *buf, size_t len, ckv_snap *ret, char *err, size_t errlen) {
   ckv_snap s;
   memset(&s, 0, sizeof s);
-  int r = check_preamble(buf, len, err, errlen);
+  uint32_t version = 0;
+  int r = check_preamble(buf, len, &version, err, errlen);
   if (r < 0) {
     free(buf);
     return r;
@@ -681,7 +685,7 @@ static int parse_owned(uint8_t *buf, size_t len, ckv_snap *ret, char *err, size_
   uint32_t no = 0;
   section sec;
   if ((r = next_section(buf, len, &off, no++, CKV_SNAP_SEC_HEADER, &sec, err, errlen)) < 0 ||
-      (r = parse_header(&sec, &s, err, errlen)) < 0) {
+      (r = parse_header(&sec, version, &s, err, errlen)) < 0) {
     free(buf);
     return r;
   }
@@ -793,9 +797,10 @@ int ckv_snap_read_header(const char *path, ckv_snap *ret, char *err, size_t errl
   size_t off = CKV_SNAP_PREAMBLE_BYTES;
   section sec;
   ckv_snap s;
-  if ((r = check_preamble(buf, len, err, errlen)) == CKV_OK &&
+  uint32_t version = 0;
+  if ((r = check_preamble(buf, len, &version, err, errlen)) == CKV_OK &&
       (r = next_section(buf, len, &off, 0, CKV_SNAP_SEC_HEADER, &sec, err, errlen)) == CKV_OK &&
-      (r = parse_header(&sec, &s, err, errlen)) == CKV_OK) {
+      (r = parse_header(&sec, version, &s, err, errlen)) == CKV_OK) {
     size_t n = s.tokens.n;
     ckv_tokens_init(&s.tokens);
     s.tokens.n = n; /* a count only: no columns */

@@ -30,8 +30,12 @@
 #include "lifecycle/judge.h"
 #include "lifecycle/tokens.h"
 
-/* 2: the rotated formats' scales are one byte (kernels/format.h); 1 had FP16 scales. */
-#define CKV_SNAP_VERSION 2u
+/* 3: the header ends with the session's incarnation (which conversation of
+ * its id the copy holds); version 2 files are read with incarnation 0
+ * (unknown).  2: the rotated formats' scales are one byte
+ * (kernels/format.h); 1 had FP16 scales. */
+#define CKV_SNAP_VERSION 3u
+#define CKV_SNAP_VERSION_MIN 2u
 #define CKV_SNAP_SUFFIX ".ckvsnap"
 /* A file being written is NAME.ckvsnap~tmp~PID~N until it is renamed into
  * place: '~' is in no legal id or snapshot name, so the sweep at start
@@ -77,6 +81,7 @@ typedef struct ckv_snap {
   char model_id[CKV_SNAP_MODEL_MAX + 1];
   char model_revision[CKV_SNAP_MODEL_MAX + 1];
   uint64_t saved_at_ms; /* CLOCK_REALTIME */
+  uint64_t incarnation; /* the session's (store/session.h); 0: unknown (a version 2 file) */
   uint32_t flags;       /* CKV_SNAP_* */
   uint64_t dropped_tokens; /* committed_only: draft/staged tokens not kept (recycled in the snapshot) */
   /* geometry and block capacities */

@@ -532,6 +532,9 @@ static int apply_restore(ckv_persist *p, ckv_srv_session *sess, ckv_snapio_job *
     r = ckv_snap_check_identity(&j->snap, &e, err, sizeof err);
     if (r == CKV_OK && strcmp(j->snap.session_id, sess->id) != 0)
       r = CKV_ERR_CORRUPT, snprintf(err, sizeof err, "the tier file holds session '%s'", j->snap.session_id);
+    if (r == CKV_OK && sess->incarnation && j->snap.incarnation != sess->incarnation)
+      r = CKV_ERR_CORRUPT, snprintf(err, sizeof err, "the tier copy holds incarnation %016llx, not the session's %016llx",
+                                    (unsigned long long)j->snap.incarnation, (unsigned long long)sess->incarnation);
   }
   ckv_srv_session *ns = NULL;
   if (r == CKV_OK)

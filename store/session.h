@@ -82,6 +82,12 @@ typedef struct ckv_srv_session {
   uint32_t *free_idx;       /* unused block-table entries (a stack) */
   size_t n_free_idx;
   uint32_t fill[CKV_FILL_COUNT]; /* block being filled per format, CKV_NO_BLOCK when none */
+  /* Which conversation of this id it is: random and never 0, new at each
+   * OpenSession without resume and each RestoreSession, carried by every
+   * copy (snapshot, autosave, tier file, remote value, warm journal); a
+   * resume takes only a copy of the incarnation persist/ last recorded for
+   * the id (persist/incarnations.h). */
+  uint64_t incarnation;
   uint64_t epoch;       /* current view epoch */
   uint64_t acked_epoch; /* highest epoch the reader acknowledged */
   ckv_retired *retired;
@@ -138,6 +144,7 @@ typedef struct ckv_srv_session {
    * (rounds + tokens + epoch; 0: none yet) and when. */
   size_t reported_tokens;
   uint64_t autosave_mark, autosave_ms;
+  uint64_t autosave_dirty_ms; /* when it first differed from its last autosave copy (0: it does not) */
 } ckv_srv_session;
 
 /* Validate a geometry against the format limits; fills default block sizes.

@@ -34,6 +34,19 @@ int reconnect_client(ckv_client *c, long long deadline_ms) {
   }
 }
 
+int reconnect_first_connect(const ckv_client_options *o, ckv_client **ret, long long deadline_ms) {
+  long long pause = RECONNECT_FIRST_MS;
+  for (;;) {
+    int r = ckv_client_connect(o, ret);
+    if (r == CKV_OK) return CKV_OK;
+    if (r == CKV_ERR_AUTH || r == CKV_ERR_LIMIT || r == CKV_ERR_VERSION || r == CKV_ERR_INVALID) return r;
+    long long left = deadline_ms - reconnect_now_ms();
+    if (left <= 0) return r;
+    sleep_ms(pause < left ? pause : left);
+    pause = pause * 2 < RECONNECT_MAX_MS ? pause * 2 : RECONNECT_MAX_MS;
+  }
+}
+
 int reconnect_session(ckv_client *c, ckv_session **s, const char *id, const ckv_geometry *g,
                       const ckv_session_options *opt, uint64_t tokens, bool may_keep, bool *ret_fresh,
                       bool *ret_restarted) {

@@ -40,6 +40,14 @@ bool reconnect_daemon_gone(ckv_client *c, ckv_session *s, int status);
  * status (ckv_client_last_error() says why). */
 int reconnect_client(ckv_client *c, long long deadline_ms);
 
+/* The first connect, waiting for a daemon that is not there yet (a worker
+ * started while commitkvd starts or restarts): ckv_client_connect with the
+ * same backoff as reconnect_client until deadline_ms.  A daemon that
+ * answers and refuses (CKV_ERR_AUTH, CKV_ERR_LIMIT, CKV_ERR_VERSION,
+ * CKV_ERR_INVALID) is not waited for.  Returns CKV_OK with *ret, or the last
+ * try's status (ckv_client_connect_error() says why). */
+int reconnect_first_connect(const ckv_client_options *o, ckv_client **ret, long long deadline_ms);
+
 /* Reopens session `id` after reconnect_client.  *s is the old handle (or
  * NULL) and is freed here.  The session is resumed when the daemon still has
  * it with exactly `tokens` tokens and may_keep is true (false when a request

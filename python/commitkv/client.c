@@ -184,7 +184,7 @@ static PyObject *stats_dict(const Commitkv__V1__Stats *s) {
   } compress[] = {{"pending_tokens", s->pending_tokens},         {"compress_queue", s->compress_queue},
                   {"compress_jobs", s->compress_jobs},           {"compress_refused", s->compress_refused},
                   {"transitions_staged", s->transitions_staged}, {"transitions_committed", s->transitions_committed},
-                  {"transitions_recycled", s->transitions_recycled}};
+                  {"transitions_recycled", s->transitions_recycled}, {"autosave_lag_ms", s->autosave_lag_ms}};
   for (size_t i = 0; i < sizeof(compress) / sizeof(compress[0]); i++) {
     PyObject *v = PyLong_FromUnsignedLongLong((unsigned long long)compress[i].v);
     if (!v || PyDict_SetItemString(d, compress[i].key, v) < 0) {

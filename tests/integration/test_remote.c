@@ -51,7 +51,7 @@
 #include "viewcapture.h"
 
 /* Keys carry the snapshot format version (persist/snapshot.h CKV_SNAP_VERSION). */
-#define KEY_PREFIX "ckv:v2"
+#define KEY_PREFIX "ckv:v3"
 
 TestSuite(remote, .fini = ckv_test_leak_check);
 

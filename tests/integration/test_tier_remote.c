@@ -49,8 +49,8 @@ TestSuite(tier_remote, .fini = ckv_test_leak_check);
 #define DEADLINE_MS 20000
 #define MODEL "stories260K"
 #define REV "r1"
-/* the key remote.h documents (CKV_SNAP_VERSION is 2) */
-#define TIER_KEY(id) "ckv:tier:v2:default:" MODEL ":" REV ":" id
+/* the key remote.h documents (CKV_SNAP_VERSION is 3) */
+#define TIER_KEY(id) "ckv:tier:v3:default:" MODEL ":" REV ":" id
 
 static void daemon_start(ckv_test_daemon *d, const ckv_test_store *st) {
   char remote[96];

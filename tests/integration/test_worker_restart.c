@@ -168,3 +168,28 @@ Test(worker_restart, workers_finish_their_rounds_across_a_sigkill, .timeout = 40
   }
   cr_expect_eq(ckv_test_daemon_stop(&d), 0, "the new commitkvd did not exit cleanly on SIGTERM");
 }
+
+/* a_worker_waits_for_a_daemon_still_starting (issue 40 N11): a worker started while commitkvd is not
+ * there yet (a restart, a unit ordering) waited for nobody and exited at once on the failed
+ * connect; now it waits as it does on a reconnect.  The daemon comes up 1.5 s after the worker on
+ * the paths it was given; the worker then runs every round and exits 0. */
+Test(worker_restart, a_worker_waits_for_a_daemon_still_starting, .timeout = 120) {
+  ckv_test_daemon d;
+  cr_assert_eq(ckv_test_daemon_start(&d, k_daemon_args), 0, "commitkvd did not start");
+  cr_assert_eq(kill(d.pid, SIGTERM), 0);
+  cr_assert_eq(ckv_test_wait(d.pid, DEADLINE_MS), 0, "commitkvd did not stop cleanly");
+  d.pid = 0; /* its directory and paths stay; nobody listens there now */
+  proc w = {.name = "early"};
+  snprintf(w.out, sizeof(w.out), "%s/early.out", d.dir);
+  const char *argv[] = {"commitkv-worker", "--socket", d.socket, "--attach-socket", d.attach, "--prefix", "early",
+                        "--sessions", "1", "--rounds", "20", "--tokens", "8", "--layers", "2", "--kv-heads", "2",
+                        "--head-dim", "32", NULL};
+  w.pid = ckv_test_spawn(argv, w.out);
+  usleep(1500000);
+  int st;
+  cr_assert_eq(waitpid(w.pid, &st, WNOHANG), 0, "the worker gave up before the daemon came:\n%s",
+               ckv_test_file_tail(w.out, 2000));
+  daemon_restart(&d);
+  expect_finished(&w, (const char *const[]){"early: OK: 20/20 rounds", NULL});
+  cr_expect_eq(ckv_test_daemon_stop(&d), 0);
+}

@@ -166,9 +166,13 @@ int ckv_session_save(ckv_session *s, const char *name, bool committed_only, uint
 int ckv_session_restore(ckv_client *c, const char *id, const char *name, const ckv_session_options *opt,
                         ckv_session **ret);
 /* Detaches the session (the daemon keeps it for resume) and frees the handle.
- * Returns the daemon's status; the handle is freed in every case. */
+ * Returns the daemon's status; the handle is freed in every case, an error
+ * included: never use s after the call, whatever it returned. */
 int ckv_session_close(ckv_session *s);
-/* Drops the session in the daemon (its memory is freed) and frees the handle. */
+/* Drops the session in the daemon (its memory is freed) and frees the
+ * handle.  Returns the daemon's status; the handle is freed in every case,
+ * an error included (CKV_ERR_DAEMON_RESTARTED, a refused drop): never use s
+ * after the call, whatever it returned. */
 int ckv_session_drop(ckv_session *s);
 
 const char *ckv_session_id(const ckv_session *s);
