@@ -4,7 +4,7 @@
 # Quick and silent when everything is present.
 set -eu
 PKGS="cmake make gcc pkg-config libzmq3-dev libprotobuf-c-dev protobuf-c-compiler libcriterion-dev
-python3 python3-dev python3-numpy python3-pytest ccache libsystemd-dev libinih-dev libjansson-dev libmicrohttpd-dev libxxhash-dev libhiredis-dev redis-server gnuplot-nox valgrind systemd dpkg-dev
+python3 python3-dev python3-numpy python3-pytest ccache libsystemd-dev libinih-dev libjansson-dev libmicrohttpd-dev libxxhash-dev libhiredis-dev libsodium-dev redis-server gnuplot-nox valgrind systemd dpkg-dev
 clang-14 libclang-rt-14-dev"
 missing=""
 for p in $PKGS; do

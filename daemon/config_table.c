@@ -172,6 +172,15 @@ const config_key ckv_cfg_keys[] = {
      .def = "",
      .doc = "File holding the remote store's AUTH password (one line; owner root or the daemon's user, "
             "mode 0600 or 0640): never the password itself in this file; empty = no AUTH."},
+    {SEC_DAEMON, "remote_key_file", T_STRING, DMN(remote_key_file), .check = check_abs_path, .def = "",
+     .doc = "File of 32 random bytes (the daemon's user's, mode 0600) that every value put in the remote store "
+            "is sealed with, per tenant (encrypted and authenticated; a forged or foreign value is refused); set "
+            "the same file on every daemon of a fleet sharing a store; empty = STATE_DIR/remote.key, created at "
+            "the first start."},
+    {SEC_DAEMON, "remote_allow_no_auth", T_BOOL, DMN(remote_allow_no_auth), .def = "no",
+     .doc = "Run on a remote store with no AUTH password (remote_password_file empty). Its values stay sealed, "
+            "but any local user can delete them or put back older ones: the daemon refuses to start on such a "
+            "store unless this says yes."},
     {SEC_DAEMON, "remote_timeout", T_DURATION, DMN(remote_timeout_ms), .imin = 10, .imax = 60 * SEC,
      .def = "2s",
      .doc = "Longest wait for the remote store per connect and per command; a save or restore that "

@@ -119,6 +119,8 @@ typedef struct ckv_config {
   char remote[CKV_CONFIG_ENDPOINT_MAX];        /* remote store URL; "" = off */
   char remote_password_file[CKV_CONFIG_PATH_MAX]; /* AUTH password of the store, in a file; "" = none */
   uint64_t remote_timeout_ms;                  /* per connect and per command to the store */
+  char remote_key_file[CKV_CONFIG_PATH_MAX];   /* the secret values are sealed with (persist/seal.h); "" = STATE_DIR/remote.key */
+  bool remote_allow_no_auth;                   /* run on a store without AUTH (anyone local may delete or roll back values) */
   char remote_tcp[CKV_CONFIG_ENDPOINT_MAX];    /* CURVE tcp:// control endpoint; "" = off */
   char curve_secret_key[CKV_CONFIG_KEY_MAX];   /* Z85 */
   char curve_public_key[CKV_CONFIG_KEY_MAX];   /* Z85 */

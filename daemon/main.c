@@ -22,6 +22,7 @@
 #include "lifecycle/mlp.h"
 #include "lifecycle/trace.h"
 #include "persist/remote.h"
+#include "persist/seal.h"
 #include "persist/warm.h"
 #include "store/blockmem.h"
 #include "store/tenant.h"
@@ -194,12 +195,32 @@ static int open_remote(const ckv_config *cfg, ckv_remote **ret, char *err, size_
   if (cfg->remote_password_file[0] &&
       (r = ckv_remote_read_password(cfg->remote_password_file, &password, err, errlen)) < 0)
     return r;
+  bool with_auth = password != NULL;
+  if (!with_auth && !cfg->remote_allow_no_auth) {
+    snprintf(err, errlen,
+             "remote store %s: no AUTH password (remote_password_file): any local user could delete the sessions "
+             "stored there or put back older ones; set remote_password_file, or remote_allow_no_auth = yes to run "
+             "so anyway",
+             cfg->remote);
+    return CKV_ERR_AUTH;
+  }
   r = ckv_remote_new(cfg->remote, password, (uint32_t)cfg->remote_timeout_ms, ret, err, errlen);
   if (password) {
     memset(password, 0, strlen(password));
     free(password);
   }
   if (r < 0) return r;
+  ckv_seal *seal = NULL;
+  if ((r = ckv_seal_open(cfg->remote_key_file, cfg->state_dir, &seal, err, errlen)) < 0) {
+    *ret = ckv_remote_free(*ret);
+    return r;
+  }
+  ckv_remote_set_seal(*ret, seal);
+  if (!with_auth)
+    ckv_log(CKV_LOG_WARNING, "remote-no-auth", NULL, NULL,
+            "remote store %s has no AUTH password (remote_allow_no_auth = yes): its values are sealed (nobody can "
+            "read or forge them), but any local user can delete them or put back older ones",
+            cfg->remote);
   char why[512];
   if (ckv_remote_ping(*ret, why, sizeof why) < 0)
     ckv_log(CKV_LOG_WARNING, "remote-unavailable", NULL, NULL,

@@ -1,5 +1,4 @@
 /* remote.c - the Redis/Valkey remote tier over hiredis (see remote.h). */
-#include "common/fail.h"
 #include "persist/remote.h"
 
 #include <errno.h>
@@ -14,6 +13,8 @@
 #include <unistd.h>
 
 #include "commitkv/status.h"
+#include "common/fail.h"
+#include "persist/seal.h"
 
 /* Bytes per SET/APPEND of a put: bounded so hiredis' copy of a command stays
  * small and no value meets the server's proto-max-bulk-len (512 MB). */
@@ -31,6 +32,7 @@ struct ckv_remote {
   uint64_t tmp_seq;
   bool stale; /* the last failure found the kept connection dead */
   ckv_remote_stats stats;
+  ckv_seal *seal; /* seals what is stored (seal.h); owned */
 };
 
 /* ---- URL ---- */
@@ -236,6 +238,7 @@ static void disconnect(ckv_remote *r) {
 
 ckv_remote *ckv_remote_free(ckv_remote *r) {
   if (!r) return NULL;
+  r->seal = ckv_seal_free(r->seal);
   disconnect(r);
   if (r->password) {
     memset(r->password, 0, strlen(r->password));
@@ -493,3 +496,13 @@ void ckv_remote_get_stats(const ckv_remote *r, ckv_remote_stats *ret) {
   ret->errors = __atomic_load_n(&r->stats.errors, __ATOMIC_RELAXED);
   ret->connected = __atomic_load_n(&r->stats.connected, __ATOMIC_RELAXED);
 }
+
+void ckv_remote_set_seal(ckv_remote *r, ckv_seal *seal) {
+  ckv_seal_free(r->seal);
+  r->seal = seal;
+}
+
+const ckv_seal *ckv_remote_seal(const ckv_remote *r) { return r->seal; }
+
+bool ckv_remote_has_password(const ckv_remote *r) { return r->password != NULL; }
+

@@ -87,6 +87,13 @@ int ckv_remote_tier_key(uint32_t format_version, const char *tenant, const char 
 int ckv_remote_new(const char *url, const char *password, uint32_t timeout_ms, ckv_remote **ret, char *err,
                    size_t errlen);
 ckv_remote *ckv_remote_free(ckv_remote *r);
+/* What seals the values stored (seal.h): the store owns it from here on.
+ * Without one nothing is stored or read (remote_snap.h refuses). */
+typedef struct ckv_seal ckv_seal;
+void ckv_remote_set_seal(ckv_remote *r, ckv_seal *seal);
+const ckv_seal *ckv_remote_seal(const ckv_remote *r);
+/* Whether an AUTH password was given for the store. */
+bool ckv_remote_has_password(const ckv_remote *r);
 /* The URL as configured (it never holds a secret), for logs and stats. */
 const char *ckv_remote_url_text(const ckv_remote *r);
 

@@ -14,6 +14,7 @@
 #include "commitkv/status.h"
 #include "common/log.h"
 #include "persist/remote.h"
+#include "persist/seal.h"
 #include "persist/snapdir.h"
 #include "persist/snapshot.h"
 #include "persist/statefile.h"
@@ -51,6 +52,37 @@ static int slurp(const char *path, uint8_t **ret, size_t *ret_len, char *err, si
   return CKV_OK;
 }
 
+/* Seals buf for tenant under key and stores it. */
+static int put_sealed(ckv_remote *r, const char *tenant, const char *key, const uint8_t *buf, size_t len,
+                      uint64_t *ret_stored, char *err, size_t errlen) {
+  const ckv_seal *seal = ckv_remote_seal(r);
+  if (!seal) return ckv_fail(err, errlen, CKV_ERR_INVALID, "the remote store has no key to seal values with");
+  uint8_t *sealed = NULL;
+  size_t sealed_len = 0;
+  if (ckv_seal_wrap(seal, tenant, key, buf, len, &sealed, &sealed_len) < 0)
+    return ckv_fail(err, errlen, -ENOMEM, "out of memory sealing %zu bytes", len);
+  int rc = ckv_remote_put(r, key, sealed, sealed_len, err, errlen);
+  free(sealed);
+  if (rc == CKV_OK && ret_stored) *ret_stored = sealed_len; /* what the store holds */
+  return rc;
+}
+
+/* Reads the value under key (at most max_bytes of snapshot) and opens its seal for tenant. */
+static int get_sealed(ckv_remote *r, const char *tenant, const char *key, uint64_t max_bytes, uint8_t **ret,
+                      size_t *ret_len, char *err, size_t errlen) {
+  const ckv_seal *seal = ckv_remote_seal(r);
+  if (!seal) return ckv_fail(err, errlen, CKV_ERR_INVALID, "the remote store has no key to open values with");
+  uint8_t *sealed = NULL;
+  size_t sealed_len = 0;
+  int rc = ckv_remote_get(r, key, max_bytes ? max_bytes + CKV_SEAL_OVERHEAD : 0, &sealed, &sealed_len, err, errlen);
+  if (rc < 0) return rc;
+  char serr[512];
+  rc = ckv_seal_unwrap(seal, tenant, key, sealed, sealed_len, ret, ret_len, serr, sizeof serr);
+  free(sealed);
+  if (rc < 0) return ckv_fail(err, errlen, rc, "the remote store %s: %s", ckv_remote_url_text(r), serr);
+  return CKV_OK;
+}
+
 static int key_of(const char *tenant, const char *model_id, const char *model_revision, const char *name, char *key,
                   size_t len, char *err, size_t errlen) {
   int r = ckv_remote_key(CKV_SNAP_VERSION, tenant, model_id ? model_id : "", model_revision ? model_revision : "",
@@ -69,7 +101,7 @@ int ckv_remote_snap_push(ckv_remote *r, const char *state_dir, const char *tenan
   uint8_t *buf = NULL;
   size_t len = 0;
   if ((rc = slurp(path, &buf, &len, err, errlen)) < 0) return rc;
-  rc = ckv_remote_put(r, key, buf, len, err, errlen);
+  rc = put_sealed(r, tenant, key, buf, len, NULL, err, errlen);
   free(buf);
   return rc;
 }
@@ -95,7 +127,7 @@ int ckv_remote_snap_load(ckv_remote *r, const char *state_dir, const char *tenan
   uint8_t *buf = NULL;
   size_t len = 0;
   rr = key_of(tenant, model_id, model_revision, name, key, sizeof key, rerr, sizeof rerr);
-  if (rr == CKV_OK) rr = ckv_remote_get(r, key, max_bytes, &buf, &len, rerr, sizeof rerr);
+  if (rr == CKV_OK) rr = get_sealed(r, tenant, key, max_bytes, &buf, &len, rerr, sizeof rerr);
   if (rr == CKV_OK) {
     char perr[320];
     rr = ckv_snap_parse(buf, len, &remote, perr, sizeof perr);
@@ -154,9 +186,8 @@ int ckv_remote_tier_push(ckv_remote *r, const char *state_dir, const char *tenan
   uint8_t *buf = NULL;
   size_t len = 0;
   if ((rc = slurp(path, &buf, &len, err, errlen)) < 0) return rc;
-  rc = ckv_remote_put(r, key, buf, len, err, errlen);
+  rc = put_sealed(r, tenant, key, buf, len, ret_bytes, err, errlen);
   free(buf);
-  if (rc == CKV_OK) *ret_bytes = len;
   return rc;
 }
 
@@ -167,7 +198,7 @@ int ckv_remote_tier_load(ckv_remote *r, const char *tenant, const char *model_id
   if (rc < 0) return rc;
   uint8_t *buf = NULL;
   size_t len = 0;
-  if ((rc = ckv_remote_get(r, key, max_bytes, &buf, &len, err, errlen)) < 0) return rc;
+  if ((rc = get_sealed(r, tenant, key, max_bytes, &buf, &len, err, errlen)) < 0) return rc;
   char perr[320];
   rc = ckv_snap_parse(buf, len, ret, perr, sizeof perr);
   free(buf);

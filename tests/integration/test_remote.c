@@ -56,16 +56,23 @@
 TestSuite(remote, .fini = ckv_test_leak_check);
 
 #define DEADLINE_MS 20000
+#define SEAL_OVERHEAD 48u /* persist/seal.h CKV_SEAL_OVERHEAD: magic, nonce, tag */
 /* ---- daemons ---- */
 
-static void daemon_start(ckv_test_daemon *d, const ckv_test_store *st, const char *timeout) {
-  char remote[96], to[64];
+/* A daemon on store st whose values are sealed with `key` (ckv_test_store_key_file). */
+static void daemon_start_keyed(ckv_test_daemon *d, const ckv_test_store *st, const char *timeout, const char *key) {
+  char remote[96], to[64], keyset[700];
   snprintf(remote, sizeof remote, "daemon.remote=%s", st->url);
   snprintf(to, sizeof to, "daemon.remote_timeout=%s", timeout);
+  snprintf(keyset, sizeof keyset, "daemon.remote_key_file=%s", key);
   const char *const args[] = {"--set", "daemon.backend=host", "--set", "daemon.detach_keep=60s", "--set", remote,
-                              "--set", to, NULL};
+                              "--set", to, "--set", keyset, "--set", "daemon.remote_allow_no_auth=yes", NULL};
   cr_assert_eq(ckv_test_daemon_start(d, args), 0, "commitkvd with %s did not start: %s", remote,
                ckv_test_file_tail(d->log, 2000));
+}
+
+static void daemon_start(ckv_test_daemon *d, const ckv_test_store *st, const char *timeout) {
+  daemon_start_keyed(d, st, timeout, ckv_test_store_key_file(st, "fleet"));
 }
 
 static ckv_client *connect_to(const ckv_test_daemon *d) {
@@ -191,14 +198,16 @@ Test(remote, saved_on_one_resumes_on_other, .timeout = 120) {
   cr_assert_gt(before_a.per_format[CKV_FORMAT_STAGED] + before_b.per_format[CKV_FORMAT_STAGED], 0, "no staged block");
   cr_assert_gt(before_a.per_format[CKV_FORMAT_ROT4], 0, "no committed (ROT4) block");
 
-  /* the documented key holds the local file's bytes ("fleet:2": ':' encoded) */
+  /* the documented key holds the local file sealed ("fleet:2": ':' encoded): none of its bytes in the clear */
   size_t local_len, remote_len;
   uint8_t *local = read_local(&d1, "fleet-1", &local_len);
   uint8_t *remote = ckv_test_store_get(&st, KEY_PREFIX ":default:" MODEL ":" REV ":fleet-1", &remote_len);
-  cr_assert_not_null(remote, "nothing under ckv:v1:default:" MODEL ":" REV ":fleet-1");
-  cr_assert_eq(remote_len, bytes);
-  cr_assert(local && local_len == remote_len && memcmp(local, remote, local_len) == 0,
-            "the store's value is not the snapshot file");
+  cr_assert_not_null(remote, "nothing under " KEY_PREFIX ":default:" MODEL ":" REV ":fleet-1");
+  cr_assert(local && local_len == bytes, "the local snapshot is not what the save reported");
+  cr_assert_eq(remote_len, local_len + SEAL_OVERHEAD, "the store's value is not the snapshot file sealed");
+  cr_assert_eq(memcmp(remote, "CKVSEAL1", 8), 0, "the store's value is not sealed");
+  cr_assert_null(memmem(remote, remote_len, local + local_len / 2, 64), "the store holds the snapshot in the clear");
+  cr_assert_null(memmem(remote, remote_len, "CKVSNAP", 7), "the store holds the snapshot's magic in the clear");
   free(local);
   free(remote);
   remote = ckv_test_store_get(&st, KEY_PREFIX ":default:" MODEL ":" REV ":fleet%3A2", &remote_len);
@@ -207,7 +216,7 @@ Test(remote, saved_on_one_resumes_on_other, .timeout = 120) {
   cr_assert_eq(ckv_test_stat(&d1, "remote.saves"), 2);
   size_t b_len;
   free(read_local(&d1, "fleet:2", &b_len));
-  cr_assert_eq(ckv_test_stat(&d1, "remote.save_bytes"), bytes + b_len);
+  cr_assert_eq(ckv_test_stat(&d1, "remote.save_bytes"), bytes + b_len + 2 * SEAL_OVERHEAD);
 
   /* daemon 2 never saw them: OpenSession{resume} and RestoreSession find them in the store */
   ckv_session *a2 = NULL, *b2 = NULL;
@@ -226,7 +235,7 @@ Test(remote, saved_on_one_resumes_on_other, .timeout = 120) {
     cr_assert_eq(ckv_test_stat(&d2, states[i]), ckv_test_stat(&d1, states[i]), "%s differs between the daemons",
                  states[i]);
   cr_assert_eq(ckv_test_stat(&d2, "remote.loads"), 2);
-  cr_assert_eq(ckv_test_stat(&d2, "remote.load_bytes"), bytes + b_len);
+  cr_assert_eq(ckv_test_stat(&d2, "remote.load_bytes"), bytes + b_len + 2 * SEAL_OVERHEAD);
   /* the round counter came along: round 12 again is refused, 13 accepted */
   float *attn = calloc(before_a.n_tokens, sizeof(float));
   ckv_round_result rr;
@@ -375,3 +384,66 @@ Test(remote, store_gone_mid_save, .timeout = 120) {
   cr_expect_eq(ckv_test_daemon_stop(&d), 0);
   ckv_test_store_stop(&st);
 }
+
+/* forged_or_foreign_values_refused (issue 40 N4): a value in the store that this daemon did not seal
+ * for that tenant and key never restores: the snapshot file written straight into the store (what a
+ * local user without the key can forge: a valid file, checksums and all), a value moved to another
+ * key, and a value sealed by a daemon with another remote key are each refused with CKV_ERR_CORRUPT
+ * saying why, and the daemon keeps serving; the genuine value still restores.  A store without AUTH
+ * is refused at start unless remote_allow_no_auth says yes. */
+Test(remote, forged_or_foreign_values_refused, .timeout = 120) {
+  ckv_test_store st;
+  ckv_test_store_start(&st);
+  ckv_test_daemon d1, d2, other;
+  daemon_start(&d1, &st, "2s");
+  daemon_start(&d2, &st, "2s");
+  daemon_start_keyed(&other, &st, "2s", ckv_test_store_key_file(&st, "other-fleet"));
+  ckv_client *c1 = connect_to(&d1), *c2 = connect_to(&d2), *co = connect_to(&other);
+  workload w = open_workload(c1, "f-1", 6);
+  cr_assert_eq(ckv_session_save(w.s, NULL, false, NULL), CKV_OK, "save: %s", ckv_client_last_error(c1));
+  const char *key = KEY_PREFIX ":default:" MODEL ":" REV ":f-1", *key2 = KEY_PREFIX ":default:" MODEL ":" REV ":f-2";
+  size_t len, flen;
+  uint8_t *sealed = ckv_test_store_get(&st, key, &len), *file = read_local(&d1, "f-1", &flen);
+  cr_assert(sealed && file);
+  char msg[700];
+  /* another remote key: sealed by a daemon that is not of this fleet */
+  int r = restore_raw(co, "f-1", msg, sizeof msg);
+  cr_assert_eq(r, CKV_ERR_CORRUPT, "another fleet's daemon restored the value: %s (%s)", ckv_status_name(r), msg);
+  cr_assert(strstr(msg, "does not open"), "%s", msg);
+  /* the value moved to another name's key */
+  ckv_test_store_cmd(&st, "SET %s %b", key2, sealed, len);
+  r = restore_raw(c2, "f-2", msg, sizeof msg);
+  cr_assert_eq(r, CKV_ERR_CORRUPT, "a value moved to another key restored: %s (%s)", ckv_status_name(r), msg);
+  /* a forged value: a whole, valid snapshot file, written straight into the store */
+  ckv_test_store_cmd(&st, "SET %s %b", key, file, flen);
+  r = restore_raw(c2, "f-1", msg, sizeof msg);
+  cr_assert_eq(r, CKV_ERR_CORRUPT, "an unsealed snapshot file in the store restored: %s (%s)", ckv_status_name(r),
+               msg);
+  cr_assert(strstr(msg, "not sealed"), "%s", msg);
+  ckv_test_expect_serving(c2);
+  /* the genuine value, put back, restores on the fleet's other daemon */
+  ckv_test_store_cmd(&st, "SET %s %b", key, sealed, len);
+  cr_assert_eq(restore_raw(c2, "f-1", msg, sizeof msg), CKV_OK, "the genuine value: %s", msg);
+  free(sealed);
+  free(file);
+  ckv_session_drop(w.s);
+  ckv_client_free(c1);
+  ckv_client_free(c2);
+  ckv_client_free(co);
+  cr_expect_eq(ckv_test_daemon_stop(&d1), 0);
+  cr_expect_eq(ckv_test_daemon_stop(&d2), 0);
+  cr_expect_eq(ckv_test_daemon_stop(&other), 0);
+  /* no AUTH, not allowed: the daemon refuses to start and says why */
+  ckv_test_daemon bare;
+  char remote[96];
+  snprintf(remote, sizeof remote, "daemon.remote=%s", st.url);
+  const char *const args[] = {"--set", remote, NULL};
+  cr_assert_eq(ckv_test_daemon_start(&bare, args), -1, "commitkvd started on a store without AUTH");
+  bare.pid = 0;
+  char *log = ckv_test_read_file(bare.log);
+  cr_assert(log && strstr(log, "no AUTH password") && strstr(log, "remote_allow_no_auth"), "%s", log ? log : "");
+  free(log);
+  ckv_test_daemon_stop(&bare);
+  ckv_test_store_stop(&st);
+}
+

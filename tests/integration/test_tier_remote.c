@@ -53,11 +53,13 @@ TestSuite(tier_remote, .fini = ckv_test_leak_check);
 #define TIER_KEY(id) "ckv:tier:v3:default:" MODEL ":" REV ":" id
 
 static void daemon_start(ckv_test_daemon *d, const ckv_test_store *st) {
-  char remote[96];
+  char remote[96], keyset[700];
   snprintf(remote, sizeof remote, "daemon.remote=%s", st->url);
+  snprintf(keyset, sizeof keyset, "daemon.remote_key_file=%s", ckv_test_store_key_file(st, "fleet"));
   const char *args[] = {"--set", "daemon.disk_idle=1s",    "--set", "daemon.remote_idle=1s", "--set",
                         "daemon.disk_memory=64M", "--set", "daemon.detach_keep=60s", "--set", "daemon.lease=30s",
-                        "--set", remote,          "--set", "daemon.remote_timeout=1s", NULL};
+                        "--set", remote,          "--set", "daemon.remote_timeout=1s", "--set",
+                        "daemon.remote_allow_no_auth=yes", "--set", keyset, NULL};
   cr_assert_eq(ckv_test_daemon_start(d, args), 0, "commitkvd with %s did not start: %s", remote,
                ckv_test_file_tail(d->log, 2000));
 }
@@ -216,7 +218,7 @@ Test(tier_remote, idle_session_goes_disk_then_remote_and_back, .timeout = 120) {
   size_t len_a = 0, len_b = 0;
   uint8_t *va = ckv_test_store_get(&st, TIER_KEY("rt-a"), &len_a), *vb = ckv_test_store_get(&st, TIER_KEY("rt-b"), &len_b);
   cr_assert(va && vb, "the store holds no %s / rt-b", TIER_KEY("rt-a"));
-  cr_assert_eq(memcmp(va, "CKVSNAP", 7), 0, "the value is not a snapshot file");
+  cr_assert_eq(memcmp(va, "CKVSEAL1", 8), 0, "the value is not a sealed snapshot (persist/seal.h)");
   cr_assert_eq(ckv_test_stat(&d, "tiers.2.bytes"), len_a + len_b, "stats and the store disagree on the bytes");
   cr_assert_eq(ckv_test_stat(&d, "tiers.2.offload_bytes"), len_a + len_b);
   free(va);

@@ -141,3 +141,21 @@ size_t ckv_test_store_count(const ckv_test_store *st, const char *pattern) {
   redisFree(c);
   return n;
 }
+
+const char *ckv_test_store_key_file(const ckv_test_store *st, const char *name) {
+  static char path[4][600];
+  static int next;
+  char *p = path[next++ % 4];
+  snprintf(p, sizeof path[0], "%s/%s.key", st->dir, name);
+  if (access(p, F_OK) == 0) return p;
+  uint8_t secret[32];
+  FILE *rnd = fopen("/dev/urandom", "rb");
+  cr_assert(rnd && fread(secret, 1, sizeof secret, rnd) == sizeof secret, "no random bytes for %s", p);
+  fclose(rnd);
+  int fd = open(p, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  cr_assert_geq(fd, 0, "%s: %s", p, strerror(errno));
+  cr_assert_eq(write(fd, secret, sizeof secret), (ssize_t)sizeof secret);
+  close(fd);
+  return p;
+}
+

@@ -16,6 +16,11 @@ typedef struct ckv_test_store {
   char url[64]; /* redis://127.0.0.1:PORT */
 } ckv_test_store;
 
+/* A remote key file (persist/seal.h: 32 random bytes, mode 0600) named
+ * `name` in st's directory, made on first use: daemons given the same one
+ * are one fleet (they open each other's values). */
+const char *ckv_test_store_key_file(const ckv_test_store *st, const char *name);
+
 /* Starts a store in a fresh temporary directory, on a free port. */
 void ckv_test_store_start(ckv_test_store *st);
 /* Starts it (again) on `port` (st->dir set). */
