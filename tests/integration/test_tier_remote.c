@@ -344,3 +344,40 @@ Test(tier_remote, kill9_on_one_resumes_on_another, .timeout = 120) {
   ckv_test_rmdir(d1.dir);
   ckv_test_store_stop(&st);
 }
+
+/* a_dropped_session_never_comes_back_from_the_store (issue 40 N1): a session in the remote tier is
+ * dropped while the store is down (killed after a SAVE), so the delete fails and, once the store is
+ * back on its port with its data, it still holds the copy (checked); a resume of the id must not
+ * restore the ended conversation (before: it came back with every token and code 0).  The end of
+ * the conversation was recorded before the drop was answered, and the store's copy is fenced. */
+Test(tier_remote, a_dropped_session_never_comes_back_from_the_store, .timeout = 180) {
+  ckv_test_store st;
+  ckv_test_store_start(&st);
+  ckv_test_daemon d;
+  daemon_start(&d, &st);
+  ckv_client *c = connect_to(&d);
+  ckv_session *s = session_with_rounds(c, "rt-n1", 6);
+  wait_settled(c);
+  wait_tier(&d, c, "rt-n1", "remote");
+  ckv_test_store_cmd(&st, "SAVE"); /* what the store holds now comes back with it */
+  int port = st.port;
+  ckv_test_store_kill(&st);
+  cr_assert_eq(ckv_session_drop(s), CKV_OK, "drop: %s", ckv_client_last_error(c));
+  usleep(1500000); /* the I/O thread's delete meets no store */
+  ckv_test_store_start_on(&st, port);
+  size_t len = 0;
+  uint8_t *left = ckv_test_store_get(&st, TIER_KEY("rt-n1"), &len);
+  cr_assert_not_null(left, "the store came back without the copy: the window this test needs was missed");
+  free(left);
+  ckv_session_options ro = {.resume = true, .model_id = MODEL, .model_revision = REV};
+  ckv_session *back = NULL;
+  int r = ckv_session_open(c, "rt-n1", NULL, &ro, &back);
+  cr_assert_eq(r, CKV_ERR_NOT_FOUND, "the dropped conversation came back from the store: %s (%s), %llu tokens",
+               ckv_strerror(r), ckv_client_last_error(c), back ? (unsigned long long)ckv_session_tokens(back) : 0ull);
+  char *log = ckv_test_read_file(d.log);
+  cr_assert(log && strstr(log, "copy-fenced"), "the daemon did not say it fenced the store's copy");
+  free(log);
+  ckv_client_free(c);
+  cr_assert_eq(ckv_test_daemon_stop(&d), 0);
+  ckv_test_store_stop(&st);
+}
