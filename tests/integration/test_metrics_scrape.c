@@ -130,7 +130,7 @@ Test(metrics_scrape, figures_match_stats_during_multi_worker_run, .timeout = 120
   free(text);
 
   pid_t w[3];
-  char name[3][8];
+  char name[3][16];
   for (int i = 0; i < 3; i++) {
     snprintf(name[i], sizeof(name[i]), "m%d", i);
     w[i] = spawn_worker(&d, name[i]);

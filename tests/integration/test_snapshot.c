@@ -839,6 +839,7 @@ Test(snapshot, dropped_session_never_comes_back_from_a_crash_copy, .timeout = 12
   /* a new conversation of the id is served, and is the new one */
   ckv_session *fresh = session_with_rounds(c, "ended", 0, 1, "", "");
   cr_assert_eq(ckv_session_tokens(fresh), PER_ROUND);
+  ckv_session_close(fresh);
   ckv_client_free(c);
   cr_expect_eq(ckv_test_daemon_stop(&d), 0);
   g_daemon_args = k_daemon_args;
@@ -867,6 +868,7 @@ Test(snapshot, an_id_that_looks_like_a_temp_file_survives_a_restart, .timeout = 
   ckv_session_options ro = {.resume = true};
   cr_assert_eq(ckv_session_open(c, id, NULL, &ro, &s), CKV_OK, "%s", ckv_client_last_error(c));
   cr_assert_eq(ckv_session_tokens(s), n);
+  ckv_session_close(s);
   ckv_client_free(c);
   cr_expect_eq(ckv_test_daemon_stop(&d), 0);
 }
