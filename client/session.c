@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "client/cold_select.h"
 #include "client/rpc.h"
 #include "kernels/format.h"
 #ifdef CKV_HAVE_CUDA_ARENA
@@ -53,6 +54,9 @@ struct ckv_session {
    * since the last report: synchronised before the next report. */
   void **streams;
   size_t n_streams, cap_streams;
+  /* cold blocks: their key summaries, and how many the next report says were read */
+  ckv_cold_cache *cold;
+  uint64_t recalled;
 };
 
 /* A handle from before a reconnect names a session the new daemon never had. */
@@ -66,6 +70,7 @@ static ckv_session *session_free(ckv_session *s) {
   free(s->sem_scores);
   free(s->transitions);
   free(s->streams);
+  ckv_cold_cache_free(s->cold);
   free(s);
   return NULL;
 }
@@ -415,7 +420,7 @@ int ckv_session_view(ckv_session *s, const ckv_view **ret) {
     *ret = &s->view;
     return CKV_OK;
   }
-  size_t total = v->n_draft + v->n_staged + v->n_committed;
+  size_t total = v->n_draft + v->n_staged + v->n_committed + v->n_cold;
   if (total > s->cap_blocks) {
     ckv_block_view *nb = realloc(s->blocks, total * sizeof(*nb));
     if (!nb) {
@@ -425,17 +430,18 @@ int ckv_session_view(ckv_session *s, const ckv_view **ret) {
     s->blocks = nb;
     s->cap_blocks = total;
   }
-  size_t nd, ns, nc;
+  size_t nd, ns, nc, nk;
   if ((r = fill_blocks(s, v->draft, v->n_draft, 0, &nd)) < 0 ||
       (r = fill_blocks(s, v->staged, v->n_staged, nd, &ns)) < 0 ||
-      (r = fill_blocks(s, v->committed, v->n_committed, nd + ns, &nc)) < 0) {
+      (r = fill_blocks(s, v->committed, v->n_committed, nd + ns, &nc)) < 0 ||
+      (r = fill_blocks(s, v->cold, v->n_cold, nd + ns + nc, &nk)) < 0) {
     ckv_rpc_free(rep);
     s->view_epoch = 0;
     return r;
   }
   s->view = (ckv_view){.epoch = v->epoch, .n_tokens = v->n_tokens, .draft = s->blocks, .n_draft = nd,
                        .staged = s->blocks + nd, .n_staged = ns, .committed = s->blocks + nd + ns,
-                       .n_committed = nc};
+                       .n_committed = nc, .cold = s->blocks + nd + ns + nc, .n_cold = nk};
   s->view_epoch = v->epoch;
   if (v->epoch > s->epoch) s->epoch = v->epoch;
   ckv_rpc_free(rep);
@@ -473,11 +479,13 @@ int ckv_session_report(ckv_session *s, uint64_t round, uint64_t first_position, 
   rr.attention = (ProtobufCBinaryData){n * 4u, (uint8_t *)attn};
   rr.semantic_positions = (ProtobufCBinaryData){s->n_sem * 4u, (uint8_t *)s->sem_pos};
   rr.semantic_scores = (ProtobufCBinaryData){s->n_sem * 4u, (uint8_t *)s->sem_scores};
+  rr.recalled_blocks = s->recalled;
   req.body_case = COMMITKV__V1__REQUEST__BODY_REPORT_ROUND;
   req.report_round = &rr;
   Commitkv__V1__Response *rep;
   r = ckv_rpc(s->c, &req, &rep);
   s->n_sem = 0;
+  s->recalled = 0;
   if (r < 0) return r;
   const Commitkv__V1__RoundReport *out = rep->round_report;
   if (rep->body_case != COMMITKV__V1__RESPONSE__BODY_ROUND_REPORT) {
@@ -564,4 +572,18 @@ int ckv_session_ack_after_stream(ckv_session *s, uint64_t epoch, void *stream, u
   }
 #endif
   return ckv_session_ack(s, epoch, ret_reclaimed);
+}
+
+int ckv_session_cold_select(ckv_session *s, uint32_t layer, const float *q, uint32_t n_q_heads, float scale,
+                            float min_weight, uint32_t *ret_idx, size_t *ret_n) {
+  if (!s || !ret_n) return CKV_ERR_INVALID;
+  if (!s->view_epoch) return CKV_ERR_STATE;
+  if (s->view.n_cold && strcmp(ckv_client_memory_kind(s->c), "host") != 0) return CKV_ERR_UNSUPPORTED;
+  return ckv_cold_select(&s->cold, &s->geom, &s->view, layer, q, n_q_heads, scale, min_weight, ret_idx, ret_n);
+}
+
+int ckv_session_note_recalled(ckv_session *s, uint64_t n) {
+  if (!s) return CKV_ERR_INVALID;
+  s->recalled += n;
+  return CKV_OK;
 }

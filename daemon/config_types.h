@@ -68,6 +68,8 @@ typedef struct ckv_policy_params {
   double prune_keep;           /* committed key channels kept (fraction); 1.0 = no pruning */
   uint32_t filler_recycle_rounds; /* worker-scored empty tokens recycled after commit; 0 = off */
   uint32_t scored_persistence_rounds; /* staged rounds before worker-scored facts and filler commit */
+  bool demote;                 /* recycled tokens keep their bytes in cold blocks (dropped only by quota) */
+  double recall_attn;          /* relative attention that recalls a demoted token */
   bool semantic_estimate;      /* estimate a semantic score when the worker sends none */
 } ckv_policy_params;
 

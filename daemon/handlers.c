@@ -40,6 +40,7 @@
 #include "persist/tier.h"
 #include "persist/warm.h"
 #include "shm/arena.h"
+#include "store/cold.h"
 #include "store/compressor.h"
 #include "store/moves.h"
 #include "store/session.h"
@@ -479,12 +480,15 @@ static int h_report(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req
       return fail(x, CKV_ERR_RANGE, "semantic_positions[%zu] = %u is beyond the session's %zu tokens", i, pos[i],
                   sess->tokens.n);
   if (rr->round == 0) return fail(x, CKV_ERR_INVALID, "rounds start at 1");
+  /* before the round is recorded: which demoted tokens it found attended (store/cold.h) */
+  if (rr->round > sess->last_round && (r = ckv_cold_note_report(sess, rr->first_position, attn, n)) < 0) return r;
   r = ckv_srv_session_report_round(sess, rr->round, rr->first_position, attn, n, pos, scores, m);
   if (r == CKV_ERR_INVALID)
     return fail(x, r, "round %llu does not follow round %llu", (unsigned long long)rr->round,
                 (unsigned long long)sess->last_round);
   if (r < 0) return fail(x, r, "bad round report: %s", ckv_strerror(r));
   s->counters.rounds++;
+  sess->recalled_blocks += rr->recalled_blocks < sess->n_blocks ? rr->recalled_blocks : sess->n_blocks;
   if (s->trace) {
     /* returns an error once, when it stops recording (limit or I/O) */
     int tr = ckv_trace_round(s->trace, sess->lane, (uint32_t)rr->round, &sess->tokens, &sess->params);
@@ -532,22 +536,26 @@ static int view_reply(ckv_server *s, ckv_srv_session *sess, reply_ctx *x) {
   if (!v) return -ENOMEM;
   v->resident = true; /* a view is answered only once the session is back (the tier parks the request, parked.h) */
   v->tier = (char *)"primary";
-  size_t counts[3] = {0};
+  /* lists: draft, staged, committed, cold (store/cold.h) */
+  size_t counts[4] = {0};
+  uint8_t *list_of = sess->n_blocks ? ckv_wire_alloc(&s->out, sess->n_blocks) : NULL;
+  if (sess->n_blocks && !list_of) return -ENOMEM;
   for (size_t i = 0; i < sess->n_blocks; i++) {
     uint8_t f = sess->blocks[i].format;
     if (f == CKV_BLOCK_UNUSED) continue;
-    counts[f == CKV_FORMAT_DRAFT ? 0 : f == CKV_FORMAT_STAGED ? 1 : 2]++;
+    list_of[i] = f == CKV_FORMAT_DRAFT ? 0 : f == CKV_FORMAT_STAGED ? 1 : ckv_cold_block(sess, (uint32_t)i) ? 3 : 2;
+    counts[list_of[i]]++;
   }
-  Commitkv__V1__BlockRef **lists[3];
-  for (int k = 0; k < 3; k++) {
+  Commitkv__V1__BlockRef **lists[4];
+  for (int k = 0; k < 4; k++) {
     lists[k] = counts[k] ? ckv_wire_alloc(&s->out, counts[k] * sizeof(*lists[k])) : NULL;
     if (counts[k] && !lists[k]) return -ENOMEM;
   }
-  size_t fill[3] = {0};
+  size_t fill[4] = {0};
   for (size_t i = 0; i < sess->n_blocks; i++) {
     const ckv_sblock *b = &sess->blocks[i];
     if (b->format == CKV_BLOCK_UNUSED) continue;
-    int k = b->format == CKV_FORMAT_DRAFT ? 0 : b->format == CKV_FORMAT_STAGED ? 1 : 2;
+    int k = list_of[i];
     Commitkv__V1__BlockRef *ref = NEW(s, Commitkv__V1__BlockRef, COMMITKV__V1__BLOCK_REF__INIT);
     if (!ref) return -ENOMEM;
     ref->block_id = b->id;
@@ -566,6 +574,8 @@ static int view_reply(ckv_server *s, ckv_srv_session *sess, reply_ctx *x) {
   v->n_staged = counts[1];
   v->committed = lists[2];
   v->n_committed = counts[2];
+  v->cold = lists[3];
+  v->n_cold = counts[3];
   x->rep->body_case = COMMITKV__V1__RESPONSE__BODY_VIEW;
   x->rep->view = v;
   return CKV_OK;
@@ -976,18 +986,21 @@ static int h_list_snapshots(ckv_server *s, ckv_conn *c, const Commitkv__V1__Requ
   return CKV_OK;
 }
 
-static Commitkv__V1__TokenCounts *token_counts(ckv_server *s, const uint64_t *c4) {
+static Commitkv__V1__TokenCounts *token_counts(ckv_server *s, const uint64_t *c4, const ckv_cold_figures *cold) {
   Commitkv__V1__TokenCounts *t = NEW(s, Commitkv__V1__TokenCounts, COMMITKV__V1__TOKEN_COUNTS__INIT);
   if (!t) return NULL;
   t->draft = c4[0];
   t->staged = c4[1];
   t->committed = c4[2];
   t->recycled = c4[3];
+  t->cold = cold->cold_tokens;
+  t->dropped = cold->dropped_tokens;
   return t;
 }
 
-/* bytes: draft, staged, committed (all committed formats), total, fp16 */
-static Commitkv__V1__ByteCounts *byte_counts(ckv_server *s, const uint64_t *b5) {
+/* bytes: draft, staged, committed (all committed formats), total, fp16; cold
+ * and primary from the cold tier's figures */
+static Commitkv__V1__ByteCounts *byte_counts(ckv_server *s, const uint64_t *b5, const ckv_cold_figures *cold) {
   Commitkv__V1__ByteCounts *b = NEW(s, Commitkv__V1__ByteCounts, COMMITKV__V1__BYTE_COUNTS__INIT);
   if (!b) return NULL;
   b->draft = b5[0];
@@ -995,6 +1008,8 @@ static Commitkv__V1__ByteCounts *byte_counts(ckv_server *s, const uint64_t *b5) 
   b->committed = b5[2];
   b->total = b5[3];
   b->fp16_equivalent = b5[4];
+  b->cold = cold->cold_bytes;
+  b->primary = b5[3] > cold->cold_bytes ? b5[3] - cold->cold_bytes : 0;
   return b;
 }
 
@@ -1067,20 +1082,24 @@ static int h_stats(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req,
   st->arenas = ckv_wire_alloc(&s->out, (nt + 1) * sizeof(*st->arenas));
   if (!st->tenants || !st->arenas) return -ENOMEM;
   uint64_t all_tok[4] = {0}, all_bytes[5] = {0}, detached = 0, sessions = 0, clients = 0;
+  ckv_cold_figures all_cold = {0};
   for (size_t i = 0; i < s->store.n_tenants; i++) {
     ckv_tenant *t = s->store.tenants[i];
     if (!(c->admin || t == c->tenant)) continue;
     uint64_t tok[4] = {0}, bytes[5] = {0};
+    ckv_cold_figures cold = {0};
     size_t cur = 0;
     ckv_srv_session *sess;
     while ((sess = ckv_strmap_next(s->store.sessions, &cur, NULL))) {
       if (sess->tenant != t) continue;
       ckv_srv_session_figures(sess, tok, bytes);
+      ckv_cold_figures_add(sess, &cold);
       if (!sess->owner) detached++;
     }
     Commitkv__V1__TenantStats *ts = NEW(s, Commitkv__V1__TenantStats, COMMITKV__V1__TENANT_STATS__INIT);
     Commitkv__V1__ArenaStats *as = NEW(s, Commitkv__V1__ArenaStats, COMMITKV__V1__ARENA_STATS__INIT);
-    if (!ts || !as || !(ts->tokens = token_counts(s, tok)) || !(ts->bytes = byte_counts(s, bytes))) return -ENOMEM;
+    if (!ts || !as || !(ts->tokens = token_counts(s, tok, &cold)) || !(ts->bytes = byte_counts(s, bytes, &cold)))
+      return -ENOMEM;
     ts->name = t->name;
     ts->sessions = t->n_sessions;
     ts->clients = t->n_clients;
@@ -1095,11 +1114,15 @@ static int h_stats(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req,
     st->arenas[st->n_arenas++] = as;
     for (int k = 0; k < 4; k++) all_tok[k] += tok[k];
     for (int k = 0; k < 5; k++) all_bytes[k] += bytes[k];
+    all_cold.cold_tokens += cold.cold_tokens;
+    all_cold.cold_bytes += cold.cold_bytes;
+    all_cold.dropped_tokens += cold.dropped_tokens;
     sessions += t->n_sessions;
     clients += t->n_clients;
   }
   if (c->admin) clients = ckv_strmap_size(s->conns);
-  if (!(st->tokens = token_counts(s, all_tok)) || !(st->bytes = byte_counts(s, all_bytes))) return -ENOMEM;
+  if (!(st->tokens = token_counts(s, all_tok, &all_cold)) || !(st->bytes = byte_counts(s, all_bytes, &all_cold)))
+    return -ENOMEM;
   st->sessions = sessions;
   st->clients = clients;
   st->requests = s->counters.requests;
@@ -1166,11 +1189,15 @@ static int h_list(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
     if (!c->admin && sess->tenant != c->tenant) continue;
     Commitkv__V1__SessionInfo *i = NEW(s, Commitkv__V1__SessionInfo, COMMITKV__V1__SESSION_INFO__INIT);
     uint64_t tok[4] = {0}, bytes[5] = {0};
+    ckv_cold_figures cold = {0};
     ckv_srv_session_figures(sess, tok, bytes);
-    if (!i || !(i->tokens = token_counts(s, tok)) || !(i->bytes = byte_counts(s, bytes)) ||
+    ckv_cold_figures_add(sess, &cold);
+    if (!i || !(i->tokens = token_counts(s, tok, &cold)) || !(i->bytes = byte_counts(s, bytes, &cold)) ||
         !(i->geometry = geometry_msg(s, sess)))
       return -ENOMEM;
     i->session_id = sess->id;
+    i->recalled_blocks = cold.recalled_blocks;
+    i->recalled_tokens = cold.recalled_tokens;
     i->tenant = sess->tenant->name;
     i->policy = sess->policy;
     i->attached = sess->owner != 0;

@@ -42,6 +42,8 @@ typedef struct ckv_judge_params {
   float prune_keep;          /* committed key channels kept (fraction) */
   uint32_t filler_recycle_rounds; /* worker-scored empty tokens recycled this many rounds after commit; 0 = off */
   uint32_t scored_persistence_rounds; /* staged rounds before a worker-scored fact or filler commits; 0 = persistence_rounds */
+  int demote;                /* recycled tokens keep their bytes in cold blocks (dropped only by quota) */
+  float recall_attn;         /* relative attention that recalls a demoted token */
   int semantic_estimate_enabled; /* estimate semantic scores when the worker sends none */
   const ckv_mlp *mlp;        /* non-NULL: the mlp judge replaces the rules (commitkv policy) */
 } ckv_judge_params;

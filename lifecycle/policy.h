@@ -138,6 +138,15 @@ int ckv_policy_from_name(const char *name);
     "0 = persistence_rounds like any other. For workers whose scores label whole turns (the "     \
     "agent dialogue worker sends 1: FP16's recall at 0.19 of its bytes); off by default, since "  \
     "agent-synthetic's token-level filler draws real attention (1: cosine 0.957, not 0.993).")   \
+  X(demote, demote, BOOL, 1, 0, 1, 1,                                                             \
+    "Recycled tokens are demoted, never dropped: their bytes stay, in their committed format "    \
+    "(draft and staged ones are committed in cold_bits first), in cold blocks that attention "     \
+    "skips unless the worker's query could need them (ckv_session_cold_select); only a quota "     \
+    "rule drops a token for good, and drops are counted. no: recycling frees (the h2o and "        \
+    "streaming baselines always free).")                                                          \
+  X(recall_attn, recall_attn, FLOAT, 1, 0, 1e6, 1,                                                \
+    "A demoted token whose reported relative attention reaches this (1.0 = an average live "      \
+    "token's share) is recalled: back to committed, its block primary again.")                   \
   X(semantic_estimate, semantic_estimate_enabled, BOOL, 1, 0, 1, 0,                               \
     "When the worker sends no semantic score, estimate one from token-id rarity in the "          \
     "session (1 at an id's first occurrence, 1/(1 + k/8) after k earlier ones), so repeated "    \

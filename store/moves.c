@@ -13,6 +13,7 @@
 #include "store/session.h"
 #include "store/tenant.h"
 #include "kernels/kernels.h"
+#include "lifecycle/policy.h"
 
 /* What publish needs to know about one move. */
 typedef struct move_rec {
@@ -99,8 +100,23 @@ static int reserve(ckv_srv_session *s, uint32_t format, uint32_t count, uint32_t
   return CKV_OK;
 }
 
+/* Whether this session's recycled tokens are demoted (kept in cold blocks)
+ * rather than freed: the demote parameter, never for the eviction baselines
+ * (h2o and streaming measure what dropping costs). */
+static bool demotes(const ckv_srv_session *s) {
+  return s->params.demote && s->params.policy != CKV_POLICY_H2O && s->params.policy != CKV_POLICY_STREAMING;
+}
+
+/* A recycled token that still has its bytes: demoted, in the cold tier. */
+static bool is_cold(const ckv_srv_session *s, size_t p) {
+  return s->tokens.state[p] == CKV_STATE_RECYCLED && s->tokens.block[p] != CKV_NO_BLOCK;
+}
+
+/* Frees a token's slot for good: a drop, counted (only a quota rule or a
+ * session without demotion drops). */
 static void recycle_now(ckv_srv_session *s, size_t pos) {
   uint32_t blk = s->tokens.block[pos];
+  s->tokens_dropped++;
   ckv_block_set_valid(ckv_srv_session_block_meta(s, blk), s->tokens.slot[pos], false);
   s->tokens.block[pos] = CKV_NO_BLOCK;
   ckv_srv_session_release_slot(s, blk);
@@ -210,16 +226,22 @@ static int take(ckv_srv_session *s, plan_bound *x, uint32_t format, uint32_t cou
   return r;
 }
 
+/* A demoted token that is not in a committed format yet goes the committing
+ * path (staged, then committed in cold_bits) like a committed one. */
+static bool commits(const ckv_srv_session *s, size_t p) {
+  uint8_t st = s->tokens.state[p];
+  return st == CKV_STATE_COMMITTED || (st == CKV_STATE_RECYCLED && demotes(s) && s->tokens.block[p] != CKV_NO_BLOCK);
+}
+
 static bool wants_staged(const ckv_srv_session *s, size_t p) {
   const ckv_tokens *t = &s->tokens;
-  return !(t->flags[p] & CKV_TOKEN_PENDING) && t->state[p] != CKV_STATE_DRAFT && t->state[p] != CKV_STATE_RECYCLED &&
-         physical_format(s, p) == CKV_FORMAT_DRAFT;
+  return !(t->flags[p] & CKV_TOKEN_PENDING) && t->state[p] != CKV_STATE_DRAFT &&
+         (t->state[p] != CKV_STATE_RECYCLED || commits(s, p)) && physical_format(s, p) == CKV_FORMAT_DRAFT;
 }
 
 static bool wants_commit(const ckv_srv_session *s, size_t p) {
   const ckv_tokens *t = &s->tokens;
-  return t->state[p] == CKV_STATE_COMMITTED && !(t->flags[p] & CKV_TOKEN_PENDING) &&
-         physical_format(s, p) == CKV_FORMAT_STAGED;
+  return commits(s, p) && !(t->flags[p] & CKV_TOKEN_PENDING) && physical_format(s, p) == CKV_FORMAT_STAGED;
 }
 
 /* Room for `n` moves, so planning never reallocates. */
@@ -239,8 +261,7 @@ static int plan_reserve(plan_buf *b, size_t n) {
 static bool lags(const ckv_srv_session *s, size_t p) {
   uint8_t st = s->tokens.state[p];
   uint32_t f = physical_format(s, p);
-  return (st == CKV_STATE_STAGED && f != CKV_FORMAT_STAGED) ||
-         (st == CKV_STATE_COMMITTED && !ckv_format_is_committed_state(f));
+  return (st == CKV_STATE_STAGED && f != CKV_FORMAT_STAGED) || (commits(s, p) && !ckv_format_is_committed_state(f));
 }
 
 static int plan(ckv_srv_session *s, ckv_compressor *c, bool flush, bool *ret_deferred) {
@@ -252,14 +273,14 @@ static int plan(ckv_srv_session *s, ckv_compressor *c, bool flush, bool *ret_def
   size_t to_staged = 0, ready = 0;
   uint64_t lagging = 0;
   for (size_t p = from; p < t->n; p++) {
-    if (t->state[p] == CKV_STATE_RECYCLED) {
+    if (t->state[p] == CKV_STATE_RECYCLED && !demotes(s)) {
       if (t->block[p] != CKV_NO_BLOCK && !(t->flags[p] & CKV_TOKEN_PENDING)) recycle_now(s, p);
       continue;
     }
-    if (t->state[p] == CKV_STATE_DRAFT || (t->flags[p] & CKV_TOKEN_PENDING)) continue;
-    /* staged or committed, not moving: wants_staged, wants_commit and the lag at one look */
+    if (t->state[p] == CKV_STATE_DRAFT || (t->flags[p] & CKV_TOKEN_PENDING) || t->block[p] == CKV_NO_BLOCK) continue;
+    /* staged, committed or demoted, not moving: wants_staged, wants_commit and the lag at one look */
     uint32_t f = physical_format(s, p);
-    bool committed = t->state[p] == CKV_STATE_COMMITTED;
+    bool committed = t->state[p] != CKV_STATE_STAGED;
     to_staged += f == CKV_FORMAT_DRAFT;
     ready += committed && f == CKV_FORMAT_STAGED;
     lagging += committed ? !ckv_format_is_committed_state(f) : f != CKV_FORMAT_STAGED;
@@ -516,7 +537,7 @@ static int compact(ckv_srv_session *s, ckv_compressor *c) {
         cand = nc;
         cap_cand = ncap;
       }
-      if (t->state[p] != CKV_STATE_RECYCLED) cand[n_cand++] = p;
+      if (t->state[p] != CKV_STATE_RECYCLED || demotes(s)) cand[n_cand++] = p;
     }
     if (!sparse[i]) n_cand = mark;
   }
@@ -585,7 +606,7 @@ void ckv_moves_publish(ckv_srv_session *s, ckv_compressor *c, ckv_job *j) {
       continue;
     }
     void *dst = ckv_srv_session_block_meta(s, m->dst_block), *src = ckv_srv_session_block_meta(s, m->src_block);
-    bool live = t->state[m->pos] != CKV_STATE_RECYCLED;
+    bool live = t->state[m->pos] != CKV_STATE_RECYCLED || demotes(s);
     /* The kernel wrote the position too; a shadow needs it, or its next flush would undo it. */
     ckv_block_positions(dst)[m->dst_slot] = (uint32_t)m->pos;
     if (live) ckv_block_set_valid(dst, m->dst_slot, true); /* publish the copy before hiding the original */
@@ -603,16 +624,40 @@ void ckv_moves_publish(ckv_srv_session *s, ckv_compressor *c, ckv_job *j) {
   (void)ckv_moves_plan(s, c, false);
 }
 
+/* Demoted tokens the last report found attended (ckv_srv_session_report_round
+ * noted them): back to committed, their blocks primary again. */
+static int recall(ckv_srv_session *s, uint32_t round, ckv_transition_list *out) {
+  ckv_tokens *t = &s->tokens;
+  int r = CKV_OK;
+  for (size_t i = 0; i < s->n_recall && r == CKV_OK; i++) {
+    uint32_t p = s->recall[i];
+    if (p >= t->n || !is_cold(s, p)) continue;
+    if ((r = ckv_transition_list_add(out, p, CKV_STATE_RECYCLED, CKV_STATE_COMMITTED)) < 0) break;
+    t->state[p] = CKV_STATE_COMMITTED;
+    t->last_transition[p] = round;
+    t->last_attended[p] = round;
+    s->tokens_recalled++;
+  }
+  s->n_recall = 0;
+  return r;
+}
+
 int ckv_moves_round(ckv_srv_session *s, ckv_compressor *c, uint32_t round, ckv_transition_list *out) {
   size_t before = out->n;
-  int r = ckv_judge_run(&s->tokens, round, &s->params, out);
+  int r = recall(s, round, out);
+  if (r == CKV_OK) r = ckv_judge_run(&s->tokens, round, &s->params, out);
+  bool cold_changed = false;
   for (size_t i = before; i < out->n; i++) {
     const ckv_transition_range *tr = &out->v[i];
     s->count_by_state[tr->from] -= tr->count;
     s->count_by_state[tr->to] += tr->count;
     s->transitions[tr->from][tr->to] += tr->count;
     if (tr->first < s->plan_from) s->plan_from = (size_t)tr->first;
+    cold_changed |= tr->from == CKV_STATE_RECYCLED || tr->to == CKV_STATE_RECYCLED;
   }
+  /* A block that went cold (or warm again) moves between the view's lists:
+   * a new epoch makes the worker fetch it. */
+  if (cold_changed && demotes(s)) s->epoch++;
   if (r < 0) return r;
   /* Nothing decided and nothing left over: the bytes already match. */
   if (out->n == before && !s->plan_dirty) return CKV_OK;
@@ -629,11 +674,7 @@ static uint64_t count_pending(const ckv_srv_session *s) {
       n++;
       continue;
     }
-    uint32_t f = physical_format(s, p);
-    uint8_t st = t->state[p];
-    if ((st == CKV_STATE_STAGED && f != CKV_FORMAT_STAGED) ||
-        (st == CKV_STATE_COMMITTED && !ckv_format_is_committed_state(f)))
-      n++;
+    if (lags(s, p)) n++;
   }
   return n;
 }
@@ -724,9 +765,12 @@ int ckv_moves_reclaim(ckv_srv_session *s, ckv_compressor *c, uint64_t need, ckv_
   size_t nc = 0;
   uint32_t round = (uint32_t)s->last_round;
   for (size_t p = 0; p < end; p++) {
-    if (t->state[p] == CKV_STATE_RECYCLED || ckv_judge_protected(t, p, &s->params) ||
-        (t->flags[p] & CKV_TOKEN_PENDING))
+    if (t->flags[p] & CKV_TOKEN_PENDING) continue;
+    if (is_cold(s, p)) { /* demoted tokens go first, oldest first: the quota rule drops them */
+      cand[nc++] = (valued){-1.f, (uint32_t)p};
       continue;
+    }
+    if (t->state[p] == CKV_STATE_RECYCLED || ckv_judge_protected(t, p, &s->params)) continue;
     float v = ckv_tokens_attn_mean(t, p, round, s->params.history_rounds) + ckv_q16_to_unit(t->semantic[p]);
     cand[nc++] = (valued){v, (uint32_t)p};
   }
@@ -737,6 +781,12 @@ int ckv_moves_reclaim(ckv_srv_session *s, ckv_compressor *c, uint64_t need, ckv_
   for (size_t i = 0; i < nc && !ckv_tenant_would_fit(s->tenant, need); i++) {
     uint32_t p = cand[i].pos;
     uint8_t from = t->state[p];
+    if (from == CKV_STATE_RECYCLED) { /* demoted: its bytes go for good (recycle_now counts the drop) */
+      recycle_now(s, p);
+      recycled++;
+      ckv_srv_session_release_retired(s);
+      continue;
+    }
     if (ckv_transition_list_add(out, p, from, CKV_STATE_RECYCLED) < 0) break;
     t->state[p] = CKV_STATE_RECYCLED;
     t->last_transition[p] = round;

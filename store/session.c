@@ -140,6 +140,7 @@ ckv_srv_session *ckv_srv_session_free(ckv_srv_session *s) {
   free(s->blocks);
   free(s->free_idx);
   free(s->retired);
+  free(s->recall);
   free(s);
   return NULL;
 }

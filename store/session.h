@@ -102,6 +102,11 @@ typedef struct ckv_srv_session {
   uint64_t count_by_state[4]; /* logical states */
   uint64_t transitions[4][4]; /* counts by (from, to) */
   uint64_t semantic_given;   /* tokens whose semantic score came from the worker (else estimated) */
+  /* The cold tier (cold.h): drops, recalls, the cold blocks the worker read,
+   * and the demoted positions the last report found attended. */
+  uint64_t tokens_dropped, tokens_recalled, recalled_blocks;
+  uint32_t *recall;
+  size_t n_recall, cap_recall;
   uint64_t lane;            /* compressor lane: this session's moves run in order */
   uint32_t jobs_inflight;   /* compressor jobs not yet published */
   bool doomed;              /* dropped while jobs were in flight: freed when they finish */

@@ -303,7 +303,7 @@ static int run_dialogue(const opts *o, const ckv_model *m, ckv_client *c, const 
     if (e == CKV_OK) e = llm_worker_end_round(&w, (int)t + 1);
     if (e == CKV_OK && (e = llm_worker_read_bytes(&w)) < 0) what = "list sessions";
     if (e == CKV_OK) {
-      res->bytes_by_round[t] = res->st.bytes_total;
+      res->bytes_by_round[t] = res->st.bytes_total - res->st.bytes_cold; /* primary */
       res->tokens_by_round[t] = res->st.tokens;
       res->rounds = t + 1;
     }
@@ -337,7 +337,7 @@ typedef struct summary {
   tally kinds[32];
   size_t n_kinds;
   tally buckets[DIALOGUE_N_BUCKETS];
-  uint64_t steps, counted, agree, bytes_total, bytes_fp16;
+  uint64_t steps, counted, agree, bytes_total, bytes_cold, bytes_fp16, recalled_blocks, dropped_tokens;
   double kl_sum, kl_max;
   size_t max_rounds;
   double *ratio_by_round; /* mean over the dialogues that have the round */
@@ -371,7 +371,8 @@ static int summarise(const dlg_result *res, size_t n_res, const item *items, siz
     const llm_worker_stats *x = &res[i].st;
     s->steps += x->steps, s->counted += x->top1_counted, s->agree += x->top1_agree, s->kl_sum += x->kl_sum;
     if (x->kl_max > s->kl_max || isnan(x->kl_max)) s->kl_max = x->kl_max;
-    s->bytes_total += x->bytes_total, s->bytes_fp16 += x->bytes_fp16;
+    s->bytes_total += x->bytes_total, s->bytes_fp16 += x->bytes_fp16, s->bytes_cold += x->bytes_cold;
+    s->recalled_blocks += x->recalled_blocks, s->dropped_tokens += x->dropped_tokens;
     if (res[i].rounds > s->max_rounds) s->max_rounds = res[i].rounds;
   }
   s->ratio_by_round = calloc(s->max_rounds + 1, sizeof(double));
@@ -461,7 +462,14 @@ static int print_json(const opts *o, const char *path, const dialogue_set *ds, i
   json_object_set_new(root, "top1_counted", json_integer((json_int_t)s->counted));
   json_object_set_new(root, "bytes_total", json_integer((json_int_t)s->bytes_total));
   json_object_set_new(root, "bytes_fp16", json_integer((json_int_t)s->bytes_fp16));
-  json_object_set_new(root, "bytes_ratio_fp16", json_real(ratio((double)s->bytes_total, (double)s->bytes_fp16)));
+  /* primary: what attention reads every round (cold blocks left out); total: every tier */
+  json_object_set_new(root, "bytes_primary", json_integer((json_int_t)(s->bytes_total - s->bytes_cold)));
+  json_object_set_new(root, "bytes_cold", json_integer((json_int_t)s->bytes_cold));
+  json_object_set_new(root, "bytes_ratio_fp16",
+                      json_real(ratio((double)(s->bytes_total - s->bytes_cold), (double)s->bytes_fp16)));
+  json_object_set_new(root, "total_bytes_ratio_fp16", json_real(ratio((double)s->bytes_total, (double)s->bytes_fp16)));
+  json_object_set_new(root, "recalled_blocks", json_integer((json_int_t)s->recalled_blocks));
+  json_object_set_new(root, "dropped_tokens", json_integer((json_int_t)s->dropped_tokens));
   for (size_t r = 0; r < s->max_rounds; r++) json_array_append_new(rounds, json_real(s->ratio_by_round[r]));
   json_object_set_new(root, "bytes_ratio_fp16_by_round", rounds);
   for (size_t i = 0; i < n_items; i++) {
@@ -504,8 +512,14 @@ static int print_json(const opts *o, const char *path, const dialogue_set *ds, i
                           num_or_null(ratio((double)st->top1_agree, (double)st->top1_counted), sh && st->top1_counted),
                           "bytes_total", (json_int_t)st->bytes_total, "bytes_fp16", (json_int_t)st->bytes_fp16,
                           "bytes_fp16_live", (json_int_t)st->bytes_fp16_live, "bytes_ratio_fp16",
-                          ratio((double)st->bytes_total, (double)st->bytes_fp16), "bytes_by_round", by,
+                          ratio((double)(st->bytes_total - st->bytes_cold), (double)st->bytes_fp16), "bytes_by_round", by,
                           "tokens_by_round", tok, "seconds", st->seconds, "reconnects", st->reconnects);
+    if (j) {
+      json_object_set_new(j, "bytes_cold", json_integer((json_int_t)st->bytes_cold));
+      json_object_set_new(j, "total_bytes_ratio_fp16", json_real(ratio((double)st->bytes_total, (double)st->bytes_fp16)));
+      json_object_set_new(j, "recalled_blocks", json_integer((json_int_t)st->recalled_blocks));
+      json_object_set_new(j, "dropped_tokens", json_integer((json_int_t)st->dropped_tokens));
+    }
     json_array_append_new(sessions, j);
   }
   json_object_set_new(root, "sessions", sessions);
@@ -540,9 +554,12 @@ static void print_table(const opts *o, const char *path, size_t skipped, const d
     printf("vs shadow: KL mean %.3g max %.3g, top1 %.4f (%" PRIu64 "/%" PRIu64 ") over %" PRIu64 " steps\n",
            ratio(s->kl_sum, (double)s->steps), s->kl_max, ratio((double)s->agree, (double)s->counted), s->agree,
            s->counted, s->steps);
-  printf("bytes / FP16 at the end: %.3f (%" PRIu64 " / %" PRIu64 ")\n", ratio((double)s->bytes_total, (double)s->bytes_fp16),
-         s->bytes_total, s->bytes_fp16);
-  printf("bytes / FP16 per round (mean over dialogues):");
+  printf("bytes / FP16 at the end: primary %.3f, total %.3f (%" PRIu64 " / %" PRIu64 " / %" PRIu64
+         "); cold blocks read %" PRIu64 ", tokens dropped %" PRIu64 "\n",
+         ratio((double)(s->bytes_total - s->bytes_cold), (double)s->bytes_fp16),
+         ratio((double)s->bytes_total, (double)s->bytes_fp16), s->bytes_total - s->bytes_cold, s->bytes_total,
+         s->bytes_fp16, s->recalled_blocks, s->dropped_tokens);
+  printf("primary bytes / FP16 per round (mean over dialogues):");
   for (size_t r = 0; r < s->max_rounds; r++) printf("%s %zu:%.3f", r % 8 ? "" : "\n ", r + 1, s->ratio_by_round[r]);
   printf("\n");
 }

@@ -24,6 +24,9 @@
 #define LLM_SETTLE_POLL_MS 10
 #define LLM_SYNC_POLL_MS 1    /* options.sync: poll period while a round's moves finish */
 #define LLM_SETTLE_QUIET 5    /* polls without change: the rest waits for more tokens */
+/* A cold block is read when it could take this share of a head's attention
+ * (ckv_session_cold_select). */
+#define LLM_RECALL_MIN_WEIGHT 0.01f
 
 /* What FP16 K/V of n tokens take: the baseline every policy is compared to. */
 static uint64_t llm_fp16_bytes(const llm_worker *r, uint64_t n) {
@@ -39,12 +42,23 @@ static int refresh_view(llm_worker *r) {
   int e = ckv_session_view(r->s, &v);
   if (e < 0) return e;
   size_t n = v->n_draft + v->n_staged + v->n_committed;
-  if (n + 1 > r->cap_blocks) { /* + 1: the aside block goes after the view's */
-    const void **nb = realloc(r->blocks, (n + 1) * sizeof(*nb));
+  if (n + v->n_cold + 1 > r->cap_blocks) { /* the chosen cold blocks, then the aside block, go after the view's */
+    const void **nb = realloc(r->blocks, (n + v->n_cold + 1) * sizeof(*nb));
     if (!nb) return -ENOMEM;
     r->blocks = nb;
-    r->cap_blocks = n + 1;
+    r->cap_blocks = n + v->n_cold + 1;
   }
+  if (v->n_cold > r->cap_cold) {
+    uint32_t *ni = realloc(r->cold_idx, v->n_cold * sizeof(*ni));
+    if (!ni) return -ENOMEM;
+    r->cold_idx = ni;
+    uint8_t *nr = realloc(r->cold_read, v->n_cold);
+    if (!nr) return -ENOMEM;
+    r->cold_read = nr;
+    r->cap_cold = v->n_cold;
+  }
+  if (v->n_cold && v->epoch != r->acked) memset(r->cold_read, 0, v->n_cold); /* a new view: its own count */
+  r->view = v;
   size_t k = 0;
   for (size_t i = 0; i < v->n_draft; i++) r->blocks[k++] = v->draft[i].data;
   for (size_t i = 0; i < v->n_staged; i++) r->blocks[k++] = v->staged[i].data;
@@ -58,10 +72,11 @@ static int refresh_view(llm_worker *r) {
   return CKV_OK;
 }
 
-/* Adds the kernel's per-(block, slot) mass to the per-position mass. */
-static void add_mass(llm_worker *r, uint64_t n_pos) {
+/* Adds the kernel's per-(block, slot) mass of the first n_blocks blocks to
+ * the per-position mass. */
+static void add_mass(llm_worker *r, uint32_t n_blocks, uint64_t n_pos) {
   size_t base = 0;
-  for (uint32_t b = 0; b < r->n_blocks; b++) {
+  for (uint32_t b = 0; b < n_blocks; b++) {
     const void *blk = r->blocks[b];
     const uint32_t *positions = ckv_block_positions_const(blk);
     uint32_t cap = ((const ckv_block_header *)blk)->capacity;
@@ -73,12 +88,39 @@ static void add_mass(llm_worker *r, uint64_t n_pos) {
   }
 }
 
-/* Fused attention of the current layer's query over every block of the view
- * and, with aside, the aside block after them (whose mass is not counted:
- * its tokens are not the session's). */
+/* The view's cold blocks this layer's query could need
+ * (ckv_session_cold_select), after the view's others in r->blocks: how many. */
+static int choose_cold(llm_worker *r, uint32_t layer, uint32_t *ret_n) {
+  *ret_n = 0;
+  const ckv_view *v = r->view;
+  if (!v || !v->n_cold) return CKV_OK;
+  size_t n = 0;
+  int e = ckv_session_cold_select(r->s, layer, ckv_model_state_q(r->st), (uint32_t)r->mc->n_heads, 0.f,
+                                  LLM_RECALL_MIN_WEIGHT, r->cold_idx, &n);
+  if (e == CKV_ERR_UNSUPPORTED) { /* device memory: no summaries here, read them all */
+    for (n = 0; n < v->n_cold; n++) r->cold_idx[n] = (uint32_t)n;
+  } else if (e < 0) {
+    return e;
+  }
+  for (size_t i = 0; i < n; i++) {
+    uint32_t k = r->cold_idx[i];
+    r->blocks[r->n_blocks + i] = v->cold[k].data;
+    r->cold_read_round += !r->cold_read[k];
+    r->cold_read[k] = 1;
+  }
+  *ret_n = (uint32_t)n;
+  return CKV_OK;
+}
+
+/* Fused attention of the current layer's query over every block of the view,
+ * the cold blocks it could need and, with aside, the aside block after them
+ * (whose mass is not counted: its tokens are not the session's). */
 static int attend_view(llm_worker *r, uint32_t layer, uint64_t n_pos, bool aside) {
-  uint32_t n_blocks = r->n_blocks + (aside ? 1u : 0u);
-  if (aside) r->blocks[r->n_blocks] = r->aside;
+  uint32_t n_cold;
+  int e = choose_cold(r, layer, &n_cold);
+  if (e < 0) return e;
+  uint32_t n_session = r->n_blocks + n_cold, n_blocks = n_session + (aside ? 1u : 0u);
+  if (aside) r->blocks[n_session] = r->aside;
   ckv_attn_args a = {.geom = &r->geom, .layer = layer, .n_rows = 1,
                      .n_q_heads = (uint32_t)r->mc->n_heads, .q = ckv_model_state_q(r->st),
                      .blocks = r->blocks, .n_blocks = n_blocks, .out = ckv_model_state_attn_buf(r->st)};
@@ -99,9 +141,9 @@ static int attend_view(llm_worker *r, uint32_t layer, uint64_t n_pos, bool aside
   }
   a.workspace = r->ws;
   a.workspace_bytes = r->ws_bytes;
-  int e = ckv_kernels_attention(&a);
+  e = ckv_kernels_attention(&a);
   if (e < 0) return e;
-  add_mass(r, n_pos); /* add_mass walks the view's blocks only */
+  add_mass(r, n_session, n_pos); /* the session's blocks only */
   return CKV_OK;
 }
 
@@ -257,6 +299,7 @@ static int reprefill(llm_worker *r) {
  * t0: when the failed step began, so the line printed says how long the
  * worker was held up.  Says why when it gives up. */
 static int recover(llm_worker *r, int status, const char *what, long long t0) {
+  r->view = NULL; /* the session's view goes with it */
   const llm_worker_options *o = r->o;
   long long deadline = reconnect_now_ms() + o->reconnect_ms;
   bool restarted = false, fresh = false;
@@ -338,6 +381,8 @@ static int session_info(llm_worker *r, uint64_t *ret_epoch, uint64_t *ret_pendin
     if (strcmp(si->session_id, ckv_session_id(r->s)) || !si->bytes || !si->tokens) continue;
     snprintf(r->res->policy, sizeof(r->res->policy), "%s", si->policy ? si->policy : "");
     r->res->bytes_total = si->bytes->total;
+    r->res->bytes_cold = si->bytes->cold;
+    r->res->dropped_tokens = si->tokens->dropped;
     r->res->bytes_fp16_live = si->bytes->fp16_equivalent;
     uint64_t by[3] = {si->bytes->draft, si->bytes->staged, si->bytes->committed};
     memcpy(r->res->bytes_state, by, sizeof(by));
@@ -418,6 +463,10 @@ static int finish_turn(llm_worker *r, int round) {
   if (r->reported < (uint64_t)round) {
     ckv_round_result rr;
     if (r->sem && (e = queue_semantic(r)) < 0) return e;
+    if ((e = ckv_session_note_recalled(r->s, r->cold_read_round)) < 0) return e;
+    r->res->recalled_blocks += r->cold_read_round;
+    r->cold_read_round = 0;
+    if (r->view && r->view->n_cold) memset(r->cold_read, 0, r->view->n_cold);
     e = ckv_session_report(r->s, (uint64_t)round, 0, r->mass, ckv_session_tokens(r->s), &rr);
     if (e < 0) {
       r->report_lost = e == CKV_ERR_TIMEOUT; /* sent; whether the daemon took it is unknown */
@@ -521,6 +570,8 @@ void llm_worker_done(llm_worker *r) {
   free(r->tags);
   free(r->slot_mass);
   free((void *)r->blocks);
+  free(r->cold_idx);
+  free(r->cold_read);
   free(r->ws);
   free(r->aside);
   ckv_semantic_turns_free(r->sem);
@@ -532,6 +583,7 @@ void llm_worker_done(llm_worker *r) {
 
 int llm_worker_open(llm_worker *r, const char *id) {
   snprintf(r->res->id, sizeof(r->res->id), "%s", id);
+  r->view = NULL;
   for (;;) {
     long long t0 = reconnect_now_ms();
     int e = ckv_session_open(r->c, r->res->id, &r->geom, &r->sopts, &r->s);
@@ -592,6 +644,7 @@ int llm_worker_end(llm_worker *r, bool recover) {
     long long t0 = reconnect_now_ms();
     int e = r->o->keep ? ckv_session_close(r->s) : ckv_session_drop(r->s);
     r->s = NULL; /* freed in every case */
+    r->view = NULL;
     if (!recover || e == CKV_OK || (!r->o->keep && e == CKV_ERR_DAEMON_RESTARTED)) return recover ? CKV_OK : e;
     if ((e = recover_or_fail(r, e, what, t0)) < 0) return e;
   }

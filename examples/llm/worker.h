@@ -99,6 +99,9 @@ typedef struct llm_worker_stats {
   double kl_sum, kl_max;
   uint64_t bytes_total, bytes_fp16, bytes_fp16_live; /* bytes_fp16: every appended token in FP16 */
   uint64_t bytes_state[3]; /* daemon's block bytes: draft, staged, committed */
+  uint64_t bytes_cold;     /* of those, in cold blocks (ByteCounts.cold): bytes_total - bytes_cold is primary */
+  uint64_t recalled_blocks; /* cold blocks attention read, per round (each counted once a round) */
+  uint64_t dropped_tokens;  /* tokens the daemon dropped for good (TokenCounts.dropped) */
   uint64_t states[4];      /* tokens per CKV_TOKEN_* */
   double seconds;
   int reconnects;
@@ -119,7 +122,7 @@ typedef struct llm_worker {
   float *mass;              /* this round's attention mass per position */
   float *slot_mass;         /* kernel output: per (block, slot) */
   size_t cap_slot_mass;
-  const void **blocks;      /* the view's blocks, all formats (one spare entry for the aside block) */
+  const void **blocks;      /* the view's blocks, all formats, then the cold ones a query selects, then the aside block */
   size_t cap_blocks;
   uint32_t n_blocks;
   void *ws;
@@ -127,6 +130,11 @@ typedef struct llm_worker {
   void *aside;              /* private draft block of llm_worker_decode_aside */
   uint32_t aside_cap;
   uint64_t acked;           /* newest epoch acknowledged */
+  const ckv_view *view;     /* the current view (its cold blocks are chosen per query) */
+  uint32_t *cold_idx;       /* ckv_session_cold_select's answer */
+  uint8_t *cold_read;       /* per cold block of the view: read this round */
+  size_t cap_cold;
+  uint64_t cold_read_round; /* cold blocks read this round (distinct per view) */
   /* The token stream so far (positions 0..n_done-1, each one's K/V written):
    * what a session reopened empty after a daemon restart is rebuilt from. */
   uint32_t *ids;

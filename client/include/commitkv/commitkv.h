@@ -236,12 +236,37 @@ typedef struct ckv_view {
   size_t n_staged;
   const ckv_block_view *committed;
   size_t n_committed;
+  /* Cold blocks: every token in them was demoted (recycled with its bytes
+   * kept, DESIGN.md's "recycled to a colder tier").  Attention reads them
+   * only when the query could need them: ckv_session_cold_select. */
+  const ckv_block_view *cold;
+  size_t n_cold;
 } ckv_view;
 
 /* The session's current view (fetched from the daemon when the epoch moved).
  * Valid until the next call on this session.  Reading it is safe until this
  * client acknowledges a newer epoch. */
 int ckv_session_view(ckv_session *s, const ckv_view **ret);
+
+/* The cold blocks of the current view (the last ckv_session_view) that the
+ * attention of query q at `layer` could need: ret_idx[0..*ret_n) index
+ * view->cold.  q is [n_q_heads][head_dim], as ckv_kernels_attention takes it
+ * (one query row); scale 0 means 1/sqrt(head_dim).  A block is left out only
+ * when none of its keys can take `min_weight` (e.g. 0.01) of any query head's
+ * softmax weight: its per-channel key bounds (computed once per block, from
+ * its bytes) against the best exact score over the view's draft blocks,
+ * which attention always reads.  A block whose bytes cannot be read back is
+ * always selected.  Pass the selected blocks to attention with the view's
+ * others, and say how many were read with ckv_session_note_recalled.
+ * ret_idx needs room for view->n_cold entries.  Host arenas only.
+ * Returns CKV_OK, CKV_ERR_INVALID, CKV_ERR_STATE (no view fetched yet),
+ * CKV_ERR_UNSUPPORTED (a CUDA arena: read every cold block), -ENOMEM. */
+int ckv_session_cold_select(ckv_session *s, uint32_t layer, const float *q, uint32_t n_q_heads, float scale,
+                            float min_weight, uint32_t *ret_idx, size_t *ret_n);
+/* Adds n to the cold blocks the next ckv_session_report says this round's
+ * attention read (ReportRound.recalled_blocks: counted by the daemon per
+ * session, stats and ListSessions). */
+int ckv_session_note_recalled(ckv_session *s, uint64_t n);
 
 typedef struct ckv_transition {
   uint64_t first_position;

@@ -1,0 +1,195 @@
+/* cold_select.c - which cold blocks of a view a query could need (see
+ * cold_select.h). */
+#include "client/cold_select.h"
+
+#include <errno.h>
+#include <float.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "commitkv/status.h"
+#include "kernels/kernels.h"
+
+typedef struct summary {
+  uint64_t id;
+  uint32_t n_valid;
+  bool unknown; /* the block could not be read back: always selected */
+  float *lo, *hi; /* [n_layers][n_kv_heads][head_dim] */
+} summary;
+
+struct ckv_cold_cache {
+  summary *v; /* sorted by id */
+  size_t n, cap;
+  float *row; /* scratch: one slot's keys, all heads */
+  size_t row_len;
+};
+
+void ckv_cold_cache_free(ckv_cold_cache *c) {
+  if (!c) return;
+  for (size_t i = 0; i < c->n; i++) {
+    free(c->v[i].lo);
+    free(c->v[i].hi);
+  }
+  free(c->v);
+  free(c->row);
+  free(c);
+}
+
+static size_t find(const ckv_cold_cache *c, uint64_t id) {
+  size_t lo = 0, hi = c->n;
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    if (c->v[mid].id < id) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+/* Reads block b's keys once: the per-channel bounds of every (layer, head). */
+static int summarise(ckv_cold_cache *c, const ckv_geometry *g, const ckv_block_view *b, summary *s) {
+  const size_t per_layer = (size_t)g->n_kv_heads * g->head_dim, all = per_layer * g->n_layers;
+  *s = (summary){.id = b->id};
+  s->lo = malloc(all * sizeof(float));
+  s->hi = malloc(all * sizeof(float));
+  if (!s->lo || !s->hi) {
+    free(s->lo);
+    free(s->hi);
+    return -ENOMEM;
+  }
+  for (size_t i = 0; i < all; i++) {
+    s->lo[i] = FLT_MAX;
+    s->hi[i] = -FLT_MAX;
+  }
+  const ckv_block_header *h = b->data;
+  uint32_t cap = b->capacity < h->capacity ? b->capacity : h->capacity;
+  for (uint32_t slot = 0; slot < cap && !s->unknown; slot++) {
+    if (!ckv_block_slot_valid(b->data, slot)) continue;
+    s->n_valid++;
+    for (uint32_t l = 0; l < g->n_layers; l++) {
+      if (ckv_kernels_dequantize(g, b->data, l, 0, slot, c->row) != CKV_OK) {
+        s->unknown = true; /* a header the worker's bytes broke, or an unsealed chunk: read it */
+        break;
+      }
+      float *lo = s->lo + l * per_layer, *hi = s->hi + l * per_layer;
+      for (size_t i = 0; i < per_layer; i++) {
+        float x = c->row[i];
+        if (!isfinite(x)) {
+          s->unknown = true;
+          break;
+        }
+        lo[i] = x < lo[i] ? x : lo[i];
+        hi[i] = x > hi[i] ? x : hi[i];
+      }
+    }
+  }
+  return CKV_OK;
+}
+
+static int lookup(ckv_cold_cache *c, const ckv_geometry *g, const ckv_block_view *b, summary **ret) {
+  size_t at = find(c, b->id);
+  if (at < c->n && c->v[at].id == b->id) {
+    *ret = &c->v[at];
+    return CKV_OK;
+  }
+  if (c->n == c->cap) {
+    size_t ncap = c->cap ? 2 * c->cap : 64;
+    summary *nv = realloc(c->v, ncap * sizeof(*nv));
+    if (!nv) return -ENOMEM;
+    c->v = nv;
+    c->cap = ncap;
+  }
+  summary s;
+  int r = summarise(c, g, b, &s);
+  if (r < 0) return r;
+  memmove(c->v + at + 1, c->v + at, (c->n - at) * sizeof(*c->v));
+  c->v[at] = s;
+  c->n++;
+  *ret = &c->v[at];
+  return CKV_OK;
+}
+
+/* Forgets the summaries of blocks no longer cold in v (recalled or freed). */
+static void prune(ckv_cold_cache *c, const ckv_view *v) {
+  if (c->n <= 2 * v->n_cold + 64) return;
+  size_t keep = 0;
+  for (size_t i = 0; i < c->n; i++) {
+    bool live = false;
+    for (size_t k = 0; k < v->n_cold && !live; k++) live = v->cold[k].id == c->v[i].id;
+    if (live) c->v[keep++] = c->v[i];
+    else {
+      free(c->v[i].lo);
+      free(c->v[i].hi);
+    }
+  }
+  c->n = keep;
+}
+
+/* The best exact score per query head over the view's draft blocks (FP16:
+ * the sinks and the recent window, which attention always reads). */
+static void draft_scores(ckv_cold_cache *c, const ckv_geometry *g, const ckv_view *v, uint32_t layer, const float *q,
+                         uint32_t n_q_heads, float scale, float *best) {
+  const uint32_t group = n_q_heads / g->n_kv_heads, d = g->head_dim;
+  for (uint32_t h = 0; h < n_q_heads; h++) best[h] = -INFINITY;
+  for (size_t i = 0; i < v->n_draft; i++) {
+    const ckv_block_view *b = &v->draft[i];
+    const ckv_block_header *hdr = b->data;
+    uint32_t cap = b->capacity < hdr->capacity ? b->capacity : hdr->capacity;
+    for (uint32_t slot = 0; slot < cap; slot++) {
+      if (!ckv_block_slot_valid(b->data, slot) || ckv_kernels_dequantize(g, b->data, layer, 0, slot, c->row) != CKV_OK)
+        continue;
+      for (uint32_t h = 0; h < n_q_heads; h++) {
+        const float *k = c->row + (size_t)(h / group) * d, *qh = q + (size_t)h * d;
+        float dot = 0.f;
+        for (uint32_t x = 0; x < d; x++) dot += qh[x] * k[x];
+        dot *= scale;
+        if (isfinite(dot) && dot > best[h]) best[h] = dot;
+      }
+    }
+  }
+}
+
+int ckv_cold_select(ckv_cold_cache **cache, const ckv_geometry *g, const ckv_view *v, uint32_t layer, const float *q,
+                    uint32_t n_q_heads, float scale, float min_weight, uint32_t *ret_idx, size_t *ret_n) {
+  if (!cache || !g || !v || !q || !ret_n || (v->n_cold && !ret_idx) || layer >= g->n_layers || !g->n_kv_heads ||
+      !n_q_heads || n_q_heads % g->n_kv_heads || !(min_weight > 0.f))
+    return CKV_ERR_INVALID;
+  *ret_n = 0;
+  if (!v->n_cold) return CKV_OK;
+  if (!*cache && !(*cache = calloc(1, sizeof(**cache)))) return -ENOMEM;
+  ckv_cold_cache *c = *cache;
+  const size_t per_layer = (size_t)g->n_kv_heads * g->head_dim;
+  if (c->row_len < per_layer) {
+    float *nr = realloc(c->row, per_layer * sizeof(float));
+    if (!nr) return -ENOMEM;
+    c->row = nr;
+    c->row_len = per_layer;
+  }
+  if (!(scale > 0.f)) scale = 1.f / sqrtf((float)g->head_dim);
+  float *best = malloc(n_q_heads * sizeof(float));
+  if (!best) return -ENOMEM;
+  draft_scores(c, g, v, layer, q, n_q_heads, scale, best);
+  prune(c, v);
+  const uint32_t group = n_q_heads / g->n_kv_heads, d = g->head_dim;
+  const float log_w = logf(min_weight);
+  int r = CKV_OK;
+  for (size_t i = 0; i < v->n_cold && r == CKV_OK; i++) {
+    summary *s;
+    if ((r = lookup(c, g, &v->cold[i], &s)) < 0) break;
+    if (!s->n_valid) continue;
+    bool need = s->unknown;
+    for (uint32_t h = 0; h < n_q_heads && !need; h++) {
+      const float *lo = s->lo + layer * per_layer + (size_t)(h / group) * d,
+                  *hi = s->hi + layer * per_layer + (size_t)(h / group) * d, *qh = q + (size_t)h * d;
+      float ub = 0.f;
+      for (uint32_t x = 0; x < d; x++) ub += qh[x] >= 0.f ? qh[x] * hi[x] : qh[x] * lo[x];
+      ub = ub * scale + logf((float)s->n_valid);
+      /* no exact score to compare with (no draft block): read it */
+      need = !isfinite(best[h]) || !isfinite(ub) || ub >= best[h] + log_w;
+    }
+    if (need) ret_idx[(*ret_n)++] = (uint32_t)i;
+  }
+  free(best);
+  return r;
+}
