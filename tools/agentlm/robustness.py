@@ -170,9 +170,11 @@ def main():
     if bad:
         ap.error("unknown sets %s (known: %s)" % (bad, ",".join(SETS)))
     paths, described = make_sets(a.outdir, a.seed, a.count, a.max_bytes, names)
-    if not a.json or not a.run:
-        for name in names:
-            print("%-4s %s  %s" % (name, json.dumps(described[name]), paths[name]), file=sys.stderr if a.json else sys.stdout)
+    if a.json and not a.run:
+        print(json.dumps({name: dict(described[name], path=paths[name]) for name in names}))
+        return 0
+    for name in names:
+        print("%-4s %s  %s" % (name, json.dumps(described[name]), paths[name]), file=sys.stderr if a.json else sys.stdout)
     if not a.run:
         return 0
     d = Daemon(a.bin, a.memory)
