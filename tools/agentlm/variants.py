@@ -51,9 +51,14 @@ is demoted to filler.  The variants:
 
 A variant that does not fit in --max-bytes bytes (BOS included; default 1024,
 the model's window) loses, in this order: turns after its last answer,
-chit-chat pairs from the end backwards, then its last question.  The counts go
+chit-chat pairs from the end backwards, E's later restatements, then its last
+question.  The counts go
 to stderr.  Each dialogue draws from random.Random("<seed>:<variant>:<id>"),
 so the output depends only on the input, the variant and --seed.
+
+Meant for gen.py's output: chit-chat and filler are recognised by gen.py's
+own phrases (FILLER_U, FILLER_A, CHAT), and elsewhere they are taken for task
+turns (A rewrites them too, B and D leave them in place).
 """
 import argparse
 import json
@@ -96,8 +101,8 @@ def entity_words(text):
 
 class Block:
     """Consecutive turns of one kind: sys, task, qa (question + answer),
-    shift, talk (a chit-chat or filler pair), said (a read-back or
-    restatement pair that E inserts)."""
+    shift, talk (a chit-chat or filler pair), said (a read-back pair that E
+    inserts), restate (E's later restatement of one fact)."""
 
     def __init__(self, kind, turns):
         self.kind = kind
@@ -159,6 +164,11 @@ def fit(blocks, max_bytes, stats):
         if talk:
             del blocks[talk[-1]]
             stats["talk_pairs_cut"] = stats.get("talk_pairs_cut", 0) + 1
+            continue
+        restated = [i for i, b in enumerate(blocks) if b.kind == "restate"]
+        if restated:
+            del blocks[restated[-1]]
+            stats["restatements_cut"] = stats.get("restatements_cut", 0) + 1
             continue
         del blocks[last_qa]
         stats["questions_cut"] = stats.get("questions_cut", 0) + 1
@@ -371,7 +381,7 @@ def variant_e(blocks, r):
             end = next((j for j in range(i + 1, len(blocks)) if blocks[j].kind == "shift"), len(blocks))
             kind = r.choice(sorted(facts))
             before.setdefault(r.randint(i + 1, end), []).append(
-                Block("said", [("U", RESTATE[kind].format(v=facts[kind])), ("A", r.choice(YES))]))
+                Block("restate", [("U", RESTATE[kind].format(v=facts[kind])), ("A", r.choice(YES))]))
     out = []
     for i in range(len(blocks) + 1):
         out += before.get(i, [])
