@@ -37,23 +37,23 @@ is demoted to filler.  The variants:
      (seq_len of agentlm.bin) and gen.py's dialogues already use up to 1000
      bytes (median about 966), so a dialogue cannot get longer in bytes: D
      spends the same window on more rounds.  Within each topic (between two
-     shifts) the tasks come first, then short filler rounds ("ok" / "Okay.")
-     in place of the chit-chat (the generator's shortest), padded up to --max-bytes, then the questions
-     in their original order: every fact is asked after all of its topic's
-     filler.
-  E  read-backs and restatements.  After each confirmation the user reads the
-     booking back ("Just to check: noor moreau, Cairo, 3 nights, code
-     KX4821?" - the code in half of them, so half restate every entity of the
-     confirmation) and the assistant says "Yes, that is right." (or a
-     paraphrase); for half the tasks one more restatement of a single fact
-     ("So the hotel is in Cairo?" / "Yes, that is right.") comes later in the
-     same topic.  None of these turns is asked about.
+     shifts) the tasks come first, then short filler rounds ("ok" / "Okay.",
+     the generator's shortest) in place of the chit-chat, padded up to
+     --max-bytes, then the questions in their original order: every fact is
+     asked after all of its topic's filler.
+  E  read-backs and restatements.  After the confirmation of each task that
+     is asked about later the user reads the booking back ("Just to check:
+     Noor Moreau, Cairo, 3 nights, code KX4821?" - the code in half of them,
+     so half repeat every entity word of the confirmation) and the assistant
+     says "Yes, that is right." (or "Yes, correct.", "Yes."); for half the
+     tasks one more restatement of a single fact ("So the hotel is in
+     Cairo?" / "Yes.") comes later in the same topic.  None of these turns is
+     asked about.
 
 A variant that does not fit in --max-bytes bytes (BOS included; default 1024,
 the model's window) loses, in this order: turns after its last answer,
 chit-chat pairs from the end backwards, E's later restatements, then its last
-question.  The counts go
-to stderr.  Each dialogue draws from random.Random("<seed>:<variant>:<id>"),
+question; the counts go to stderr.  Each dialogue draws from random.Random("<seed>:<variant>:<id>"),
 so the output depends only on the input, the variant and --seed.
 
 Meant for gen.py's output: chit-chat and filler are recognised by gen.py's
