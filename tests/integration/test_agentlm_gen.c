@@ -10,7 +10,10 @@
  * dialogue, confirming turn or tool turn of ../shared/models/agent-dialogues.jsonl
  * is produced (the public file is the evaluation set; when it is absent that
  * last part is skipped, and the test says so).  A second case checks that the
- * checker itself fails on a dialogue that breaks the rules. */
+ * checker itself fails on a dialogue that breaks the rules.  Two more do the
+ * same for tools/agentlm/variants.py (issue 39's robustness sets A-E):
+ * check_variants.py, and that its variant-A check tells a base dialogue from
+ * its variant. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -106,5 +109,40 @@ Test(agentlm_gen, checker_reports_broken_dialogues, .timeout = 60) {
   cr_assert(strstr(out, "after-shift 1\n") && strstr(out, "too-long 1\n") && strstr(out, "wrong 1\n") &&
                 strstr(out, "ok 0\n"),
             "the checker missed a broken dialogue (or flagged a good one):\n%s", out);
+  free(out);
+}
+
+/* tools/agentlm/variants.py (issue 39's robustness sets A-E) keeps the same
+ * rules, is deterministic, and variant A hides every asked value from the
+ * worker's text heuristic: check_variants.py on 60 generated dialogues. */
+Test(agentlm_gen, variants_keep_the_rules_and_a_hides_the_facts, .timeout = 120) {
+  python_or_skip();
+  char cmd[4096];
+  snprintf(cmd, sizeof cmd, PYTHON " %s/tools/agentlm/check_variants.py --count 60 --seed 7", source_dir());
+  char *out;
+  int rc = run(cmd, &out);
+  cr_assert_eq(rc, 0, "check_variants.py failed (exit %d):\n%s", rc, out);
+  cr_assert(strstr(out, "check_variants: ok: 60 dialogues") != NULL, "unexpected output:\n%s", out);
+  free(out);
+}
+
+/* The A check must be able to fail: a base dialogue (digits and capitalised
+ * names in its facts) is reported, its variant A is not. */
+Test(agentlm_gen, variant_check_reports_visible_facts, .timeout = 60) {
+  python_or_skip();
+  char cmd[4096];
+  snprintf(cmd, sizeof cmd,
+           PYTHON " -c '"
+           "import sys; sys.path.insert(0, \"%s/tools/agentlm\")\n"
+           "import gen, variants, check_variants as c\n"
+           "d = gen.sample(7, \"dialogue\", 0)\n"
+           "print(\"base\", len(c.check_hidden(d, True)) > 0)\n"
+           "print(\"A\", len(c.check_hidden(variants.transform(d, \"A\"), True)) > 0)\n"
+           "'",
+           source_dir());
+  char *out;
+  int rc = run(cmd, &out);
+  cr_assert_eq(rc, 0, "python failed (exit %d):\n%s", rc, out);
+  cr_assert(strstr(out, "base True\n") && strstr(out, "A False\n"), "the A check does not tell:\n%s", out);
   free(out);
 }
