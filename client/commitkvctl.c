@@ -95,8 +95,10 @@ static int cmd_stats(ckv_client *c, bool json) {
       const Commitkv__V1__TenantStats *t = s->tenants[i];
       printf("%s{\"name\": ", i ? ", " : "");
       json_str(t->name);
-      printf(", \"sessions\": %" PRIu64 ", \"clients\": %" PRIu64 ", \"quota_bytes\": %" PRIu64 ", \"tokens\": ",
-             t->sessions, t->clients, t->quota_bytes);
+      printf(", \"sessions\": %" PRIu64 ", \"clients\": %" PRIu64 ", \"quota_bytes\": %" PRIu64
+             ", \"disk_bytes\": %" PRIu64 ", \"snapshots\": %" PRIu64 ", \"quota_disk\": %" PRIu64
+             ", \"max_snapshots\": %" PRIu32 ", \"tokens\": ",
+             t->sessions, t->clients, t->quota_bytes, t->disk_bytes, t->snapshots, t->quota_disk, t->max_snapshots);
       json_tokens(t->tokens);
       printf(", \"bytes\": ");
       json_bytes(t->bytes);
@@ -108,11 +110,13 @@ static int cmd_stats(ckv_client *c, bool json) {
            ", \"semantic_given_tokens\": %" PRIu64 ", \"pending_tokens\": %" PRIu64 ", \"compress_queue\": %" PRIu64
            ", \"compress_jobs\": %" PRIu64 ", \"compress_refused\": %" PRIu64 ", \"transitions_staged\": %" PRIu64
            ", \"transitions_committed\": %" PRIu64 ", \"transitions_recycled\": %" PRIu64
-           ", \"autosave_lag_ms\": %" PRIu64 ", \"backend\": ",
+           ", \"autosave_lag_ms\": %" PRIu64 ", \"disk_refused_saves\": %" PRIu64
+           ", \"disk_refused_autosaves\": %" PRIu64 ", \"disk_refused_offloads\": %" PRIu64 ", \"backend\": ",
            s->detached_sessions, s->leases_expired, s->sessions_detached, s->sessions_resumed, s->sessions_expired,
            s->requests, s->errors, s->rounds, s->uptime_ms, s->semantic_given_tokens, s->pending_tokens,
            s->compress_queue, s->compress_jobs, s->compress_refused, s->transitions_staged, s->transitions_committed,
-           s->transitions_recycled, s->autosave_lag_ms);
+           s->transitions_recycled, s->autosave_lag_ms, s->disk_refused_saves, s->disk_refused_autosaves,
+           s->disk_refused_offloads);
     json_str(s->backend);
     printf(", \"remote\": ");
     if (s->remote) {

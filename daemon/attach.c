@@ -447,16 +447,21 @@ void ckv_attach_retune_tenant(ckv_server *s, ckv_tenant *t, const ckv_tenant_spe
             (unsigned long long)quota);
   uint32_t max_sessions = spec->max_sessions ? spec->max_sessions : s->opt.max_sessions;
   if (quota != t->quota_bytes || max_sessions != t->max_sessions || spec->max_clients != t->max_clients ||
-      spec->policies != t->policies || spec->default_policy != t->default_policy)
+      spec->policies != t->policies || spec->default_policy != t->default_policy ||
+      spec->quota_disk != t->quota_disk || spec->max_snapshots != t->max_snapshots)
     ckv_log(CKV_LOG_NOTICE, "tenant-reload", t->name, NULL,
-            "quota %llu -> %llu bytes (%llu in use), max_sessions %u -> %u, max_clients %u -> %u",
+            "quota %llu -> %llu bytes (%llu in use), max_sessions %u -> %u, max_clients %u -> %u, quota_disk %llu -> "
+            "%llu bytes, max_snapshots %u -> %u",
             (unsigned long long)t->quota_bytes, (unsigned long long)quota, (unsigned long long)t->bytes_used,
-            t->max_sessions, max_sessions, t->max_clients, spec->max_clients);
+            t->max_sessions, max_sessions, t->max_clients, spec->max_clients, (unsigned long long)t->quota_disk,
+            (unsigned long long)spec->quota_disk, t->max_snapshots, spec->max_snapshots);
   /* A quota below what is in use refuses new blocks until enough is freed:
    * nothing held is taken away by a reload. */
   t->quota_bytes = quota;
   t->max_sessions = max_sessions;
   t->max_clients = spec->max_clients;
+  t->quota_disk = spec->quota_disk; /* files over a lowered quota stay; new writes wait until they go */
+  t->max_snapshots = spec->max_snapshots;
   t->policies = spec->policies;
   t->default_policy = spec->default_policy;
 }

@@ -237,7 +237,17 @@ const config_key ckv_cfg_keys[] = {
     {SEC_TENANT, "quota_host", T_SIZE, TEN(quota_host), .imin = 0, .imax = PIB, .reload = true,
      .def = "0", .doc = "Bytes in the host-memory tier; 0 = no cap of its own."},
     {SEC_TENANT, "quota_disk", T_SIZE, TEN(quota_disk), .imin = 0, .imax = PIB, .reload = true,
-     .def = "0", .doc = "Bytes in the disk tier; 0 = no cap of its own."},
+     .def = "0",
+     .doc = "Bytes of this tenant's files in the state directory: its snapshots, autosaves and "
+            "disk-tier files together. A save, autosave or move to disk that would pass it is "
+            "refused before any byte is written (SaveSession answers CKV_ERR_QUOTA with the "
+            "numbers; the others stay in memory, logged and counted); a file that replaces an "
+            "older copy counts its growth only. 0 = no cap."},
+    {SEC_TENANT, "max_snapshots", T_U32, TEN(max_snapshots), .imin = 0, .imax = 100000000,
+     .reload = true, .def = "10000",
+     .doc = "Snapshots this tenant may keep in the state directory; a save under a new name "
+            "beyond it is refused with CKV_ERR_QUOTA (saving over an existing name is not). "
+            "0 = no limit."},
     {SEC_TENANT, "policies", T_POLICIES, TEN(policies), .reload = true, .def = "all",
      .doc = "Policies this tenant's sessions may choose (names or all)."},
     {SEC_TENANT, "default_policy", T_ENUM, TEN(default_policy), .enums = tenant_policy_enum,

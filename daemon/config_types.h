@@ -83,7 +83,8 @@ typedef struct ckv_tenant_config {
   size_t n_gids;
   uint64_t quota;      /* bytes across all tiers */
   uint64_t quota_host; /* bytes in host memory (offload tier) */
-  uint64_t quota_disk; /* bytes on disk (offload tier) */
+  uint64_t quota_disk; /* bytes of its files in the state dir: snapshots, autosaves, disk-tier files; 0 = no cap */
+  uint32_t max_snapshots; /* snapshot files; 0 = no limit */
   uint32_t policies;   /* bit (1u << ckv_policy_id) per allowed policy */
   int default_policy;  /* ckv_policy_id, or -1 = inherit [policy] default */
   uint32_t max_sessions; /* 0 = the [daemon] max_sessions */

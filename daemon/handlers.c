@@ -28,6 +28,8 @@
 #include "lifecycle/policy.h"
 #include "lifecycle/trace.h"
 #include "persist/autosave.h"
+#include "persist/diskjob.h"
+#include "persist/diskuse.h"
 #include "persist/persist.h"
 #include "persist/remote.h"
 #include "persist/remote_snap.h"
@@ -692,6 +694,7 @@ static int run_io(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
                        &q->sg);
   if (!s->reply_armed) {
     ckv_snapio_run(&q->sg.job);
+    ckv_persist_job_landed(&s->persist, &q->sg.job);
     int r = q->sg.job.kind == CKV_SNAPIO_SAVE ? save_done(s, q, x) : restore_done(s, c, q, x);
     io_request_destroy(&q->sg.job);
     return r;
@@ -727,6 +730,10 @@ static int h_save(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
   if (r < 0) {
     free(q);
     if (r == CKV_ERR_BUSY) return fail(x, r, "%s", err);
+    if (r == CKV_ERR_QUOTA) { /* the tenant's own limit: its reply says so; the log only in debug */
+      ckv_log(CKV_LOG_DEBUG, "session-save", c->tenant->name, sess->id, "snapshot '%s' refused: %s", name, err);
+      return fail(x, r, "snapshot '%s' of session '%s' not saved: %s", name, sess->id, err);
+    }
     ckv_log(CKV_LOG_ERROR, "session-save", c->tenant->name, sess->id, "saving snapshot '%s' failed: %s", name, err);
     return fail(x, r, "cannot save session '%s': %s", sess->id, err);
   }
@@ -920,7 +927,9 @@ static char *out_str(ckv_server *s, const char *v) {
   return p;
 }
 
-static void list_one(void *ctx, const char *tenant, const char *name, const char *path, uint64_t bytes) {
+/* One snapshot of the disk index (persist/diskuse.h): what its header said
+ * when it was written or found at start-up; no file is read here. */
+static void list_one(void *ctx, const char *tenant, const char *name, uint64_t bytes, const ckv_diskuse_snapinfo *h) {
   snap_list_ctx *lc = ctx;
   ckv_server *s = lc->s;
   if (lc->oom) return;
@@ -936,38 +945,34 @@ static void list_one(void *ctx, const char *tenant, const char *name, const char
     lc->cap = ncap;
   }
   Commitkv__V1__SnapshotInfo *i = NEW(s, Commitkv__V1__SnapshotInfo, COMMITKV__V1__SNAPSHOT_INFO__INIT);
-  ckv_snap h;
-  char err[320];
-  int r = ckv_snap_read_header(path, &h, err, sizeof err);
   if (!i || !(i->name = out_str(s, name)) || !(i->tenant = out_str(s, tenant))) {
-    if (r == CKV_OK) ckv_snap_done(&h);
     lc->oom = true;
     return;
   }
   i->bytes = bytes;
-  if (r < 0) {
+  if (h->error) {
     char why[400];
-    snprintf(why, sizeof why, "%s (%s)", err, ckv_status_name(r));
+    snprintf(why, sizeof why, "%s", h->error);
     ckv_utf8_trim(why);
     i->error = out_str(s, why);
+    if (!i->error) lc->oom = true;
   } else {
-    i->session_id = out_str(s, h.session_id);
-    i->model_id = out_str(s, h.model_id);
-    i->model_revision = out_str(s, h.model_revision);
-    i->tokens = h.tokens.n;
-    i->saved_at_ms = h.saved_at_ms;
-    i->committed_only = (h.flags & CKV_SNAP_COMMITTED_ONLY) != 0;
+    i->session_id = out_str(s, h->session_id);
+    i->model_id = out_str(s, h->model_id);
+    i->model_revision = out_str(s, h->model_revision);
+    i->tokens = h->tokens;
+    i->saved_at_ms = h->saved_at_ms;
+    i->committed_only = h->committed_only;
     Commitkv__V1__Geometry *g = NEW(s, Commitkv__V1__Geometry, COMMITKV__V1__GEOMETRY__INIT);
     if (g) {
-      g->n_layers = h.geom.n_layers;
-      g->n_kv_heads = h.geom.n_kv_heads;
-      g->head_dim = h.geom.head_dim;
-      g->dtype = (Commitkv__V1__Dtype)h.geom.dtype;
-      g->draft_block_tokens = h.draft_tokens;
-      g->commit_block_tokens = h.commit_tokens;
+      g->n_layers = h->geom.n_layers;
+      g->n_kv_heads = h->geom.n_kv_heads;
+      g->head_dim = h->geom.head_dim;
+      g->dtype = (Commitkv__V1__Dtype)h->geom.dtype;
+      g->draft_block_tokens = h->draft_tokens;
+      g->commit_block_tokens = h->commit_tokens;
     }
     i->geometry = g;
-    ckv_snap_done(&h);
     if (!i->session_id || !i->model_id || !i->model_revision || !g) lc->oom = true;
   }
   if (!lc->oom) lc->l->snapshots[lc->l->n_snapshots++] = i;
@@ -979,8 +984,8 @@ static int h_list_snapshots(ckv_server *s, ckv_conn *c, const Commitkv__V1__Requ
   Commitkv__V1__SnapshotList *l = NEW(s, Commitkv__V1__SnapshotList, COMMITKV__V1__SNAPSHOT_LIST__INIT);
   if (!l) return -ENOMEM;
   snap_list_ctx lc = {.s = s, .l = l};
-  ckv_snapdir_each(s->opt.state_dir, c->admin ? NULL : c->tenant->name, list_one, &lc);
-  if (lc.oom) return -ENOMEM;
+  int r = ckv_diskuse_each_snapshot(s->persist.diskuse, c->admin ? NULL : c->tenant->name, list_one, &lc);
+  if (r < 0 || lc.oom) return -ENOMEM;
   x->rep->body_case = COMMITKV__V1__RESPONSE__BODY_SNAPSHOT_LIST;
   x->rep->snapshot_list = l;
   return CKV_OK;
@@ -1104,6 +1109,12 @@ static int h_stats(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req,
     ts->sessions = t->n_sessions;
     ts->clients = t->n_clients;
     ts->quota_bytes = t->quota_bytes;
+    ckv_diskuse_usage du;
+    ckv_diskuse_usage_of(s->persist.diskuse, t->name, &du);
+    ts->disk_bytes = du.bytes;
+    ts->snapshots = du.files[CKV_DISKUSE_SNAPSHOT];
+    ts->quota_disk = t->quota_disk;
+    ts->max_snapshots = t->max_snapshots;
     as->kind = (char *)ckv_arena_kind(t->arena);
     as->bytes_total = ckv_arena_size(t->arena);
     as->bytes_committed = ckv_arena_committed(t->arena);
@@ -1142,6 +1153,9 @@ static int h_stats(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req,
   st->compress_refused = cs.refused_busy;
   st->compress_busy_us = cs.busy_ns / 1000u;
   st->autosave_lag_ms = s->persist.counters.autosave_lag_ms;
+  st->disk_refused_saves = s->persist.counters.disk_refused_saves;
+  st->disk_refused_autosaves = s->persist.counters.disk_refused_autosaves;
+  st->disk_refused_offloads = s->persist.counters.disk_refused_offloads;
   uint64_t tr[4][4];
   memcpy(tr, s->counters.transitions, sizeof(tr));
   st->semantic_given_tokens = s->counters.semantic_given; /* of gone sessions, as the transitions */

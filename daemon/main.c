@@ -72,6 +72,8 @@ static void tenant_spec(const ckv_config *cfg, const ckv_tenant_config *t, ckv_t
   ret->arena_bytes = ckv_tenant_memory_share(cfg, t);
   ret->max_sessions = t->max_sessions;
   ret->max_clients = ckv_tenant_max_clients(cfg, t);
+  ret->quota_disk = t->quota_disk;
+  ret->max_snapshots = t->max_snapshots;
   ret->policies = t->policies;
   ret->default_policy = t->default_policy;
 }

@@ -110,6 +110,7 @@ typedef struct ckv_metrics_tenant {
   uint64_t arena_size_bytes[CKV_METRICS_TIERS];                  /* stats arenas[].bytes_total */
   uint64_t arena_used_bytes[CKV_METRICS_TIERS];                  /* stats arenas[].bytes_used */
   uint64_t quota_bytes;                                          /* 0 = none of its own */
+  uint64_t disk_bytes, disk_snapshots, quota_disk_bytes; /* its files in the state dir (persist/diskuse.h) */
   uint64_t transitions_total[CKV_METRICS_TRANSITIONS];           /* tokens moved, by kind */
   uint64_t recycles_total; /* recycle decisions: runs of tokens recycled in one round count once */
   /* Tier hits and misses.  The primary tier counts one hit for every
@@ -141,6 +142,8 @@ typedef struct ckv_metrics_snapshot {
   uint64_t sessions_detached_total, sessions_resumed_total, sessions_expired_total;
   uint64_t warm_sessions_kept, warm_sessions_dropped; /* by the warm restart at start (warm.h) */
   uint64_t autosaves_total, autosave_bytes_total, autosave_errors_total, autosave_resumes_total; /* autosave.h */
+  /* writes refused by a tenant's quota_disk / max_snapshots (persist/diskuse.h) */
+  uint64_t disk_refused_saves_total, disk_refused_autosaves_total, disk_refused_offloads_total;
   double autosave_lag_seconds; /* the oldest change of a live session no autosave copy holds yet */
   uint64_t attaches_total, attach_refused_total;
   uint64_t compress_queue_depth; /* jobs queued now (stats compress_queue) */

@@ -35,6 +35,7 @@
 #include "daemon/reply.h"
 #include "daemon/server_metrics.h"
 #include "persist/autosave.h"
+#include "persist/diskjob.h"
 #include "persist/persist.h"
 #include "persist/service.h"
 #include "persist/snapdir.h"
@@ -314,6 +315,7 @@ static void collect_io(ckv_server *s) {
   ckv_snapio_job *j = ckv_snapio_collect(s->persist.snapio);
   while (j) {
     ckv_snapio_job *next = j->next;
+    ckv_persist_job_landed(&s->persist, j); /* the disk index first: what the job wrote or removed */
     if (j->finish)
       ckv_persist_job_done(&s->persist, j); /* persist/'s own (tiers, autosave) */
     else
@@ -458,8 +460,8 @@ int ckv_server_run(ckv_server *s) {
   if (s->opt.on_ready) s->opt.on_ready(s->opt.notify_ctx);
   ckv_log(CKV_LOG_NOTICE, "ready", NULL, NULL, "serving %s (attach %s), backend %s", s->opt.socket,
           s->opt.attach_socket, s->opt.backend);
-  ckv_snapdir_startup(s->opt.state_dir); /* sessions that can come back from their snapshots */
-  ckv_persist_startup(&s->persist);       /* and from the disk tier and their autosaves, after a crash */
+  ckv_snapdir_startup(s->opt.state_dir); /* saves a crash cut short */
+  ckv_persist_startup(&s->persist);       /* the disk tier's and autosave's, then every tenant's files indexed */
   uint64_t last_house = 0, last_tick = 0;
   size_t cap = 0;
   zmq_pollitem_t *items = NULL;

@@ -11,6 +11,7 @@
 #include "common/clock.h"
 #include "common/strmap.h"
 #include "daemon/metrics.h"
+#include "persist/diskuse.h"
 #include "persist/remote.h"
 #include "persist/tier.h"
 #include "shm/arena.h"
@@ -43,6 +44,9 @@ void ckv_server_publish_metrics(ckv_server *s) {
       .autosaves_total = s->persist.counters.autosaves,
       .autosave_bytes_total = s->persist.counters.autosave_bytes,
       .autosave_errors_total = s->persist.counters.autosave_errors,
+      .disk_refused_saves_total = s->persist.counters.disk_refused_saves,
+      .disk_refused_autosaves_total = s->persist.counters.disk_refused_autosaves,
+      .disk_refused_offloads_total = s->persist.counters.disk_refused_offloads,
       .autosave_resumes_total = s->persist.counters.autosave_resumes,
       .autosave_lag_seconds = (double)s->persist.counters.autosave_lag_ms / 1e3,
       .attaches_total = s->counters.attaches,
@@ -72,6 +76,11 @@ void ckv_server_publish_metrics(ckv_server *s) {
     m->sessions = t->n_sessions;
     m->clients = t->n_clients;
     m->quota_bytes = t->quota_bytes;
+    ckv_diskuse_usage du;
+    ckv_diskuse_usage_of(s->persist.diskuse, t->name, &du);
+    m->disk_bytes = du.bytes;
+    m->disk_snapshots = du.files[CKV_DISKUSE_SNAPSHOT];
+    m->quota_disk_bytes = t->quota_disk;
     m->arena_size_bytes[0] = ckv_arena_size(t->arena);
     m->arena_used_bytes[0] = t->bytes_used;
     m->hits_total[0] = t->hits;

@@ -10,6 +10,8 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/strmap.h"
+#include "persist/diskjob.h"
+#include "persist/diskuse.h"
 #include "persist/persist.h"
 #include "persist/session_snap.h"
 #include "persist/snapdir.h"
@@ -23,6 +25,7 @@
 typedef struct autosave_job {
   ckv_snapio_job job; /* first: snapio hands back the job */
   ckv_tenant *tenant;
+  ckv_persist *persist; /* whose disk index holds job.disk_claim */
   uint64_t charged; /* bytes of tenant->io_bytes (the copy) */
   uint64_t tokens, copy_us;
 } autosave_job;
@@ -30,6 +33,7 @@ typedef struct autosave_job {
 static void job_destroy(ckv_snapio_job *j) {
   autosave_job *q = (autosave_job *)j;
   if (q->tenant) q->tenant->io_bytes -= q->charged;
+  if (q->persist) ckv_diskuse_release(q->persist->diskuse, q->job.tenant, &q->job.disk_claim); /* never landed */
   ckv_snap_done(&q->job.snap);
   free(q);
 }
@@ -40,6 +44,7 @@ static autosave_job *new_job(ckv_persist *p, ckv_snapio_kind kind, const ckv_ten
   q->job.kind = kind;
   q->job.area = CKV_SNAPIO_AUTOSAVE;
   q->job.destroy = job_destroy;
+  q->persist = p;
   snprintf(q->job.state_dir, sizeof q->job.state_dir, "%s", p->opt.state_dir ? p->opt.state_dir : "");
   snprintf(q->job.tenant, sizeof q->job.tenant, "%s", tenant->name);
   snprintf(q->job.name, sizeof q->job.name, "%s", id);
@@ -107,6 +112,22 @@ static bool start_one(ckv_persist *p, ckv_srv_session *pick, uint64_t now) {
     job_destroy(&q->job); /* saves of the tenant are waiting: later */
     return false;
   }
+  /* Its file within the tenant's quota_disk (net of the autosave it
+   * replaces), or not written at all: the session stays in memory, its
+   * previous autosave stays, and the next period tries again. */
+  char qerr[400];
+  if (ckv_persist_disk_admit(p, pick->tenant, CKV_DISKUSE_AUTOSAVE, pick->id, ckv_snap_file_size(&q->job.snap),
+                             &q->job, qerr, sizeof qerr) < 0) {
+    p->counters.disk_refused_autosaves++;
+    /* one text per tenant: the log's limiter holds back the repeats */
+    ckv_log(CKV_LOG_WARNING, "autosave-quota", pick->tenant->name, NULL,
+            "autosaves refused by the tenant's quota_disk of %llu bytes: its sessions stay in memory and their "
+            "previous autosaves stay (commitkv_disk_refused_autosaves_total counts them)",
+            (unsigned long long)pick->tenant->quota_disk);
+    ckv_log(CKV_LOG_DEBUG, "autosave-quota", pick->tenant->name, pick->id, "%s", qerr);
+    job_destroy(&q->job);
+    return false;
+  }
   pick->tenant->io_bytes += bytes;
   q->charged = bytes;
   q->tenant = pick->tenant;
@@ -165,6 +186,7 @@ void ckv_autosave_forget(ckv_persist *p, const ckv_tenant *tenant, const char *i
   q->job.finish = remove_finished;
   if (!p->snapio || ckv_snapio_submit(p->snapio, &q->job) < 0) { /* stopping, or the queue is full: here, once */
     ckv_snapio_run(&q->job);
+    ckv_persist_job_landed(p, &q->job);
     remove_finished(p, &q->job);
   }
 }

@@ -28,6 +28,7 @@ typedef struct ckv_judge_params ckv_judge_params;
 typedef struct ckv_arena_backend ckv_arena_backend;
 typedef struct ckv_warm_memory ckv_warm_memory;
 typedef struct ckv_incarnations ckv_incarnations;
+typedef struct ckv_diskuse ckv_diskuse;
 
 typedef struct ckv_persist_options {
   const char *state_dir; /* NULL or "": no files at all */
@@ -63,6 +64,8 @@ typedef struct ckv_persist_counters {
   uint64_t autosaves, autosave_bytes, autosave_errors; /* autosave.h */
   uint64_t autosave_resumes; /* sessions a resume brought back from their autosave */
   uint64_t autosave_lag_ms;  /* gauge: the oldest change of a live session that no autosave copy holds yet */
+  /* writes refused by a tenant's quota_disk or max_snapshots (diskuse.h), before any byte was written */
+  uint64_t disk_refused_saves, disk_refused_autosaves, disk_refused_offloads;
 } ckv_persist_counters;
 
 typedef struct ckv_persist {
@@ -74,6 +77,7 @@ typedef struct ckv_persist {
   bool autosave_found;    /* state_dir/autosave held files at start (removed as their sessions end) */
   ckv_warm_memory *warm;  /* what the warm restart at start dropped, and why (warm.h) */
   ckv_incarnations *incarnations; /* each id's current conversation, durable (incarnations.h) */
+  ckv_diskuse *diskuse;           /* each tenant's files in state_dir and their sizes (diskuse.h) */
   ckv_persist_counters counters;
   ckv_persist_hooks hooks;
 } ckv_persist;

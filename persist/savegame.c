@@ -9,6 +9,8 @@
 #include "common/clock.h"
 #include "lifecycle/judge.h"
 #include "persist/autosave.h"
+#include "persist/diskjob.h"
+#include "persist/diskuse.h"
 #include "persist/incarnations.h"
 #include "persist/session_snap.h"
 #include "persist/snapshot.h"
@@ -19,6 +21,7 @@
 #include "store/tenant.h"
 
 void ckv_savegame_done(ckv_savegame *g) {
+  if (g->persist) ckv_diskuse_release(g->persist->diskuse, g->job.tenant, &g->job.disk_claim); /* never landed */
   if (g->tenant) g->tenant->io_bytes -= g->charged;
   g->charged = 0;
   ckv_snap_done(&g->job.snap);
@@ -30,12 +33,14 @@ void ckv_savegame_address(ckv_persist *p, ckv_tenant *t, uint64_t max_bytes, ckv
   g->job.remote = p->opt.remote;
   g->job.max_bytes = max_bytes;
   g->tenant = t;
+  g->persist = p;
 }
 
 int ckv_savegame_capture(ckv_persist *p, ckv_srv_session *sess, const char *name, bool committed_only,
                          ckv_savegame *g, char *err, size_t errlen) {
-  (void)p;
   g->job.kind = CKV_SNAPIO_SAVE;
+  g->persist = p;
+  snprintf(g->job.tenant, sizeof g->job.tenant, "%s", sess->tenant->name); /* the reservation's (address() sets it again) */
   snprintf(g->job.name, sizeof g->job.name, "%s", name);
   snprintf(g->job.model_id, sizeof g->job.model_id, "%s", sess->model_id);
   snprintf(g->job.model_revision, sizeof g->job.model_revision, "%s", sess->model_revision);
@@ -57,6 +62,16 @@ int ckv_savegame_capture(ckv_persist *p, ckv_srv_session *sess, const char *name
              t->name, (unsigned long long)t->io_bytes, (unsigned long long)bytes, (unsigned long long)t->quota_bytes);
     ckv_snap_done(&g->job.snap);
     return CKV_ERR_BUSY;
+  }
+  /* The tenant's disk: the file's exact size, net of the snapshot of that
+   * name it replaces, within quota_disk and max_snapshots, refused before
+   * any byte is written. */
+  int q = ckv_persist_disk_admit(p, t, CKV_DISKUSE_SNAPSHOT, name, ckv_snap_file_size(&g->job.snap), &g->job, err,
+                                 errlen);
+  if (q < 0) {
+    p->counters.disk_refused_saves++;
+    ckv_snap_done(&g->job.snap);
+    return q;
   }
   t->io_bytes += bytes;
   g->charged = bytes;

@@ -24,6 +24,7 @@ typedef struct ckv_srv_session ckv_srv_session;
 typedef struct ckv_savegame {
   ckv_snapio_job job; /* first: snapio hands back the job */
   ckv_tenant *tenant;
+  ckv_persist *persist;            /* whose disk index holds the job's reservation (job.disk_claim) */
   uint64_t charged;                /* bytes of tenant->io_bytes (a save's copy) */
   char id[CKV_SNAP_ID_MAX + 1];    /* save: the session saved; restore: the session to create */
   /* save */
@@ -35,15 +36,17 @@ typedef struct ckv_savegame {
   ckv_geometry geom;
 } ckv_savegame;
 
-/* Gives back what g holds (its copy, its quota charge); the caller frees
- * the record around it. */
+/* Gives back what g holds (its copy, its quota charge, a disk reservation
+ * of a job that never landed); the caller frees the record around it. */
 void ckv_savegame_done(ckv_savegame *g);
 
 /* The save's half on the loop: session sess (settled: no move in flight) is
  * copied into g as snapshot `name` (committed_only: its committed tokens
  * only), and the copy is charged to its tenant's quota while it waits for
  * the disk.  CKV_OK; CKV_ERR_BUSY when the tenant's copies waiting for the
- * disk would pass its quota; or the capture's error; err says why.  g (zeroed
+ * disk would pass its quota; CKV_ERR_QUOTA when the file would take the
+ * tenant past its quota_disk or max_snapshots (diskuse.h: err names the
+ * numbers; nothing is written); or the capture's error; err says why.  g (zeroed
  * by the caller) is ready for ckv_savegame_submit. */
 int ckv_savegame_capture(ckv_persist *p, ckv_srv_session *sess, const char *name, bool committed_only,
                          ckv_savegame *g, char *err, size_t errlen);

@@ -5,6 +5,7 @@
 
 #include "commitkv/status.h"
 #include "persist/autosave.h"
+#include "persist/diskuse.h"
 #include "persist/incarnations.h"
 #include "persist/snapio.h"
 #include "persist/statefile.h"
@@ -21,6 +22,10 @@ int ckv_persist_init(ckv_persist *p, ckv_store *st, const ckv_persist_options *o
   int r = ckv_statefile_check_root(opt->state_dir, err, errlen);
   if (r < 0) return r;
   if ((r = ckv_incarnations_open(opt->state_dir, &p->incarnations, err, errlen)) < 0) return r;
+  if ((r = ckv_diskuse_new(&p->diskuse)) < 0) {
+    snprintf(err, errlen, "out of memory");
+    return r;
+  }
   r = ckv_snapio_new(CKV_SNAPIO_DEPTH, &p->snapio);
   if (r < 0) {
     snprintf(err, errlen, "cannot start the snapshot I/O thread: %s", ckv_strerror(r));
@@ -37,6 +42,7 @@ int ckv_persist_init(ckv_persist *p, ckv_store *st, const ckv_persist_options *o
 void ckv_persist_startup(ckv_persist *p) {
   ckv_tier_startup(p);     /* sessions on disk a previous run left */
   ckv_autosave_startup(p); /* and crash copies */
+  ckv_diskuse_scan(p->diskuse, p->opt.state_dir); /* what each tenant holds there: its quota starts from it */
 }
 
 void ckv_persist_scan(ckv_persist *p, uint64_t now_ms) {
@@ -52,6 +58,7 @@ void ckv_persist_done(ckv_persist *p) {
   ckv_persist_stop_io(p);
   p->tier = ckv_tier_free(p->tier);
   p->incarnations = ckv_incarnations_free(p->incarnations);
+  p->diskuse = ckv_diskuse_free(p->diskuse);
   ckv_warm_forget(p);
 }
 

@@ -151,31 +151,6 @@ static void clean_temps(const char *state_dir, const char *area, const char *ten
   closedir(d);
 }
 
-typedef struct startup_ctx {
-  size_t ok, bad;
-} startup_ctx;
-
-static void log_one(void *ctx, const char *tenant, const char *name, const char *path, uint64_t bytes) {
-  startup_ctx *c = ctx;
-  ckv_snap h;
-  char err[256];
-  int r = ckv_statefile_check_file(path, 2, err, sizeof err);
-  if (r == CKV_OK) r = ckv_snap_read_header(path, &h, err, sizeof err);
-  if (r < 0) {
-    c->bad++;
-    ckv_log(CKV_LOG_WARNING, "snapshot-unreadable", tenant, name, "%s: %s (%s); it will not be restored", path, err,
-            ckv_status_name(r));
-    return;
-  }
-  c->ok++;
-  ckv_log(CKV_LOG_INFO, "snapshot-found", tenant, h.session_id,
-          "snapshot '%s': %zu tokens, %llu bytes, model '%s' revision '%s'%s; restore with RestoreSession or "
-          "OpenSession{resume}",
-          name, h.tokens.n, (unsigned long long)bytes, h.model_id, h.model_revision,
-          h.flags & CKV_SNAP_COMMITTED_ONLY ? ", committed tokens only" : "");
-  ckv_snap_done(&h);
-}
-
 void ckv_snapdir_clean_temps(const char *state_dir, const char *area) {
   if (!state_dir || !*state_dir) return;
   char top[4096];
@@ -188,14 +163,7 @@ void ckv_snapdir_clean_temps(const char *state_dir, const char *area) {
   closedir(d);
 }
 
-size_t ckv_snapdir_startup(const char *state_dir) {
-  if (!state_dir || !*state_dir) return 0;
-  char top[4096];
-  if (snprintf(top, sizeof top, "%s/snapshots", state_dir) >= (int)sizeof top) return 0;
+void ckv_snapdir_startup(const char *state_dir) {
+  if (!state_dir || !*state_dir) return;
   ckv_snapdir_clean_temps(state_dir, CKV_SNAPDIR_SNAPSHOTS);
-  startup_ctx c = {0};
-  ckv_snapdir_each(state_dir, NULL, log_one, &c);
-  ckv_log(CKV_LOG_NOTICE, "snapshots", NULL, NULL, "%zu session snapshots in %s%s", c.ok, top,
-          c.bad ? " (and some that cannot be read: see above)" : "");
-  return c.ok;
 }

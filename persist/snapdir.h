@@ -2,7 +2,7 @@
  *
  * One directory per tenant (mode 0700, like the state directory), so a
  * tenant's snapshots are found without reading anyone else's.  At start-up
- * the daemon lists what it finds (ckv_snapdir_startup): sessions come back
+ * the daemon indexes what it finds (diskuse.h): sessions come back
  * from their snapshots on RestoreSession or OpenSession{resume}, and what a
  * cut-short save left behind (a temporary file) is removed and said. */
 #ifndef CKV_PERSIST_SNAPDIR_H
@@ -49,9 +49,8 @@ void ckv_snapdir_clean_temps(const char *state_dir, const char *area);
 typedef struct ckv_snap ckv_snap;
 int ckv_snapdir_read(const char *path, ckv_snap *ret, char *err, size_t errlen);
 
-/* Start-up: removes temporary files of saves a crash cut short, logs one
- * line per snapshot found (tenant, session, tokens, model) or why it cannot
- * be read, and returns the number of readable snapshots. */
-size_t ckv_snapdir_startup(const char *state_dir);
+/* Start-up: removes temporary files of saves a crash cut short.  What is
+ * there is indexed (and said, one line per tenant) by diskuse.h's scan. */
+void ckv_snapdir_startup(const char *state_dir);
 
 #endif

@@ -19,6 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "persist/diskuse.h"
 #include "persist/snapshot.h"
 
 typedef struct ckv_snapio ckv_snapio;
@@ -80,6 +81,10 @@ typedef struct ckv_snapio_job {
   int from_autosave;     /* LOAD TIER_FIRST: the copy read was the session's autosave (newer than its snapshot) */
   int autosave_status;   /* LOAD TIER_FIRST: why its autosave was not taken when it is there but refused */
   char autosave_err[320];
+  /* SAVE: what diskuse.h reserved for the file against its tenant's
+   * quota_disk / max_snapshots; given back when the job lands
+   * (ckv_persist_job_landed), the loop's alone. */
+  ckv_diskuse_claim disk_claim;
   /* Called on the loop instead of the request handlers' completion when set
    * (the disk tier's jobs); it owns the job from then on. */
   void (*finish)(void *server, struct ckv_snapio_job *j);

@@ -53,10 +53,15 @@ typedef struct wbuf {
   uint8_t *p;
   size_t n, cap;
   bool oom;
+  bool count_only; /* ckv_snap_file_size: n grows, nothing is stored */
 } wbuf;
 
 static void put(wbuf *b, const void *src, size_t n) {
   if (b->oom) return;
+  if (b->count_only) {
+    b->n += n;
+    return;
+  }
   if (b->n + n > b->cap) {
     size_t ncap = b->cap ? b->cap : 4096;
     while (ncap < b->n + n) ncap *= 2;
@@ -256,6 +261,37 @@ static void test_write_delay(void) {
   }
 }
 
+/* The dimensions each committed format keeps: the blocks' own, else what
+ * the session would allocate. */
+static void kept_of(const ckv_snap *snap, uint32_t kept[CKV_FORMAT_COUNT_]) {
+  memset(kept, 0, CKV_FORMAT_COUNT_ * sizeof(*kept));
+  for (size_t i = 0; i < snap->n_blocks; i++)
+    if (snap->blocks[i].format < CKV_FORMAT_COUNT_) kept[snap->blocks[i].format] = snap->blocks[i].kept;
+  for (uint32_t f = 0; f < CKV_FORMAT_COUNT_; f++)
+    if (ckv_format_is_commit(f) && !kept[f]) {
+      double keep = snap->params.prune_keep > 0.f && snap->params.prune_keep < 1.f ? snap->params.prune_keep : 1.0;
+      long k = lround(keep * snap->geom.head_dim);
+      kept[f] = (uint32_t)(k < 1 ? 1 : k > (long)snap->geom.head_dim ? (long)snap->geom.head_dim : k);
+    }
+}
+
+/* The same sections ckv_snap_write writes, counted instead of written. */
+uint64_t ckv_snap_file_size(const ckv_snap *snap) {
+  uint32_t kept[CKV_FORMAT_COUNT_];
+  kept_of(snap, kept);
+  wbuf hb = {.count_only = true}, tb = {.count_only = true};
+  header_payload(&hb, snap, kept);
+  tokens_payload(&tb, &snap->tokens);
+  uint64_t sh = CKV_SNAP_SECTION_HEADER_BYTES;
+  uint64_t n = CKV_SNAP_PREAMBLE_BYTES + (sh + hb.n) + (sh + tb.n) + (sh + (uint64_t)snap->n_ids * 8u);
+  for (size_t i = 0; i < snap->n_blocks; i++) {
+    const ckv_snap_block *bl = &snap->blocks[i];
+    uint64_t body = snap->flags & CKV_SNAP_BLOCK_REFS ? ckv_block_payload_offset(bl->capacity) + 16u : bl->bytes;
+    n += sh + BLOCK_DESC_BYTES + body;
+  }
+  return n + sh + 16u; /* the end section */
+}
+
 int ckv_snap_write(const char *dir, const char *name, const ckv_snap *snap, uint64_t *ret_bytes, char *err,
                    size_t errlen) {
   char path[4096], tmp[4096];
@@ -265,16 +301,8 @@ int ckv_snap_write(const char *dir, const char *name, const ckv_snap *snap, uint
                ++counter) >=
           (int)sizeof tmp)
     return ckv_fail(err, errlen, -ENAMETOOLONG, "snapshot path too long");
-  uint32_t kept[CKV_FORMAT_COUNT_] = {0};
-  for (size_t i = 0; i < snap->n_blocks; i++)
-    if (snap->blocks[i].format < CKV_FORMAT_COUNT_) kept[snap->blocks[i].format] = snap->blocks[i].kept;
-  /* committed formats without a block: what the session would allocate */
-  for (uint32_t f = 0; f < CKV_FORMAT_COUNT_; f++)
-    if (ckv_format_is_commit(f) && !kept[f]) {
-      double keep = snap->params.prune_keep > 0.f && snap->params.prune_keep < 1.f ? snap->params.prune_keep : 1.0;
-      long k = lround(keep * snap->geom.head_dim);
-      kept[f] = (uint32_t)(k < 1 ? 1 : k > (long)snap->geom.head_dim ? (long)snap->geom.head_dim : k);
-    }
+  uint32_t kept[CKV_FORMAT_COUNT_];
+  kept_of(snap, kept);
   wbuf hb = {0}, tb = {0}, ib = {0};
   header_payload(&hb, snap, kept);
   tokens_payload(&tb, &snap->tokens);

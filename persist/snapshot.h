@@ -114,6 +114,10 @@ typedef struct ckv_snap {
 int ckv_snap_write(const char *dir, const char *name, const ckv_snap *snap, uint64_t *ret_bytes, char *err,
                    size_t errlen);
 
+/* The size in bytes of the file ckv_snap_write would write for `snap`
+ * (exactly: the disk quota charges a save before it is written). */
+uint64_t ckv_snap_file_size(const ckv_snap *snap);
+
 /* Reads and validates a whole snapshot from memory (buf is copied).  On
  * success *ret is filled (free with ckv_snap_done); on failure nothing is
  * allocated and err says what is wrong (codes above). */

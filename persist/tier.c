@@ -16,6 +16,8 @@
 #include "common/strmap.h"
 #include "lifecycle/policy.h"
 #include "persist/persist.h"
+#include "persist/diskjob.h"
+#include "persist/diskuse.h"
 #include "persist/remote.h"
 #include "persist/session_snap.h"
 #include "persist/snapdir.h"
@@ -67,6 +69,7 @@ struct ckv_tier {
 /* A tier job: the I/O thread's part first (snapio hands it back). */
 typedef struct tier_job {
   ckv_snapio_job job;
+  ckv_persist *persist;       /* whose disk index holds job.disk_claim (NULL: none) */
   uint64_t seq;
   uint64_t reserved;          /* SAVE: counted in tier->reserved */
   uint64_t epoch, n_tokens;   /* SAVE: the session as captured */
@@ -77,6 +80,8 @@ typedef struct tier_job {
 } tier_job;
 
 static void job_destroy(ckv_snapio_job *j) {
+  tier_job *q = (tier_job *)j;
+  if (q->persist) ckv_diskuse_release(q->persist->diskuse, j->tenant, &j->disk_claim); /* never landed */
   ckv_snap_done(&j->snap);
   free(j);
 }
@@ -152,6 +157,7 @@ static tier_job *new_job(ckv_persist *p, ckv_snapio_kind kind, const ckv_tenant 
   q->job.kind = kind;
   q->job.area = CKV_SNAPIO_TIER;
   q->job.destroy = job_destroy;
+  q->persist = p;
   snprintf(q->job.state_dir, sizeof q->job.state_dir, "%s", p->opt.state_dir ? p->opt.state_dir : "");
   snprintf(q->job.tenant, sizeof q->job.tenant, "%s", tenant->name);
   snprintf(q->job.name, sizeof q->job.name, "%s", id);
@@ -185,6 +191,7 @@ static void remove_file(ckv_persist *p, const ckv_tenant *tenant, const char *id
   q->job.finish = remove_finished;
   if (ckv_snapio_submit(p->snapio, &q->job) < 0) { /* the queue is full: an unlink, here, once */
     ckv_snapio_run(&q->job);
+    ckv_persist_job_landed(p, &q->job);
     remove_finished(p, &q->job);
   }
 }
@@ -249,10 +256,7 @@ static void count_leftover(void *ctx, const char *tenant, const char *name, cons
     free(b);
     return;
   }
-  t->disk_bytes += bytes;
-  ckv_log(CKV_LOG_INFO, "tier-found", tenant, name,
-          "tier file of %llu bytes from an earlier run: OpenSession with resume brings the session back",
-          (unsigned long long)bytes);
+  t->disk_bytes += bytes; /* said per tenant by the disk index's start-up (diskuse.h), not per file */
 }
 
 void ckv_tier_startup(ckv_persist *p) {
@@ -383,6 +387,23 @@ static bool start_offload(ckv_persist *p, ckv_srv_session *sess, uint64_t now, b
               "session needs up to %llu; it stays in memory",
               (unsigned long long)t->disk_bytes, (unsigned long long)t->cap, (unsigned long long)t->reserved,
               (unsigned long long)need);
+    slot->full_logged = true;
+    sess->touched_ms = now; /* asked again after another idle spell */
+    job_destroy(&q->job);
+    return false;
+  }
+  /* The tenant's disk: the file within its quota_disk, or the session stays in memory. */
+  char qerr[400];
+  if (ckv_persist_disk_admit(p, sess->tenant, CKV_DISKUSE_TIER, sess->id, ckv_snap_file_size(&q->job.snap), &q->job,
+                             qerr, sizeof qerr) < 0) {
+    counts_of(t, sess->tenant)->refused++;
+    p->counters.disk_refused_offloads++;
+    if (!slot->full_logged) /* and one text per tenant: the log's limiter holds back the repeats */
+      ckv_log(CKV_LOG_NOTICE, "tier-quota", sess->tenant->name, NULL,
+              "idle sessions stay in memory: the tenant's quota_disk of %llu bytes has no room for their disk-tier "
+              "files (commitkv_disk_refused_offloads_total counts them)",
+              (unsigned long long)sess->tenant->quota_disk);
+    ckv_log(CKV_LOG_DEBUG, "tier-quota", sess->tenant->name, sess->id, "%s", qerr);
     slot->full_logged = true;
     sess->touched_ms = now; /* asked again after another idle spell */
     job_destroy(&q->job);

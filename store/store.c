@@ -127,6 +127,8 @@ int ckv_store_reserve_tenant(ckv_store *st) {
 void ckv_store_add_tenant(ckv_store *st, ckv_tenant *t, const ckv_tenant_spec *spec) {
   t->max_sessions = spec->max_sessions ? spec->max_sessions : st->limits.max_sessions;
   t->max_clients = spec->max_clients;
+  t->quota_disk = spec->quota_disk;
+  t->max_snapshots = spec->max_snapshots;
   t->policies = spec->policies;
   t->default_policy = spec->default_policy;
   if (st->limits.mem) t->mem = st->limits.mem;

@@ -30,6 +30,8 @@ typedef struct ckv_tenant_spec {
   uint64_t arena_bytes;   /* its share of memory_bytes; 0 = all that is left (the store cuts it to that) */
   uint32_t max_sessions;  /* 0 = the daemon-wide limit */
   uint32_t max_clients;   /* attached clients of this tenant; 0 = only the daemon's max_clients */
+  uint64_t quota_disk;    /* bytes of its files in the state directory; 0 = no cap */
+  uint32_t max_snapshots; /* snapshot files it may keep; 0 = no limit */
   uint32_t policies;      /* bit per allowed ckv_policy_id; 0 = all */
   int default_policy;     /* ckv_policy_id, or -1 = the daemon default */
 } ckv_tenant_spec;

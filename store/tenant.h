@@ -21,6 +21,8 @@ typedef struct ckv_tenant {
   uint32_t arena_id;
   uint64_t quota_bytes;  /* bytes of blocks this tenant may hold (all formats) */
   uint32_t max_sessions;
+  uint64_t quota_disk;    /* bytes of its files in the state directory (persist/diskuse.h); 0 = no cap */
+  uint32_t max_snapshots; /* snapshot files it may keep; 0 = no limit */
   uint32_t max_clients; /* attached clients of this tenant; 0 = only the daemon's ceiling */
   uint32_t policies;    /* bit per allowed ckv_policy_id; 0 = all */
   int default_policy;   /* ckv_policy_id or -1 */

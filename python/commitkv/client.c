@@ -159,10 +159,12 @@ static PyObject *stats_dict(const Commitkv__V1__Stats *s) {
   }
   for (size_t i = 0; i < s->n_tenants; i++) {
     const Commitkv__V1__TenantStats *t = s->tenants[i];
-    PyObject *d = Py_BuildValue("{szsKsKsKsNsN}", "name", t->name, "sessions", (unsigned long long)t->sessions,
+    PyObject *d = Py_BuildValue("{szsKsKsKsKsKsKsKsNsN}", "name", t->name, "sessions", (unsigned long long)t->sessions,
                                 "clients", (unsigned long long)t->clients, "quota_bytes",
-                                (unsigned long long)t->quota_bytes, "tokens", token_counts(t->tokens), "bytes",
-                                byte_counts(t->bytes));
+                                (unsigned long long)t->quota_bytes, "disk_bytes", (unsigned long long)t->disk_bytes,
+                                "snapshots", (unsigned long long)t->snapshots, "quota_disk",
+                                (unsigned long long)t->quota_disk, "max_snapshots", (unsigned long long)t->max_snapshots,
+                                "tokens", token_counts(t->tokens), "bytes", byte_counts(t->bytes));
     if (!d) goto fail;
     PyList_SET_ITEM(tenants, (Py_ssize_t)i, d);
   }
@@ -184,7 +186,10 @@ static PyObject *stats_dict(const Commitkv__V1__Stats *s) {
   } compress[] = {{"pending_tokens", s->pending_tokens},         {"compress_queue", s->compress_queue},
                   {"compress_jobs", s->compress_jobs},           {"compress_refused", s->compress_refused},
                   {"transitions_staged", s->transitions_staged}, {"transitions_committed", s->transitions_committed},
-                  {"transitions_recycled", s->transitions_recycled}, {"autosave_lag_ms", s->autosave_lag_ms}};
+                  {"transitions_recycled", s->transitions_recycled}, {"autosave_lag_ms", s->autosave_lag_ms},
+                  {"disk_refused_saves", s->disk_refused_saves},
+                  {"disk_refused_autosaves", s->disk_refused_autosaves},
+                  {"disk_refused_offloads", s->disk_refused_offloads}};
   for (size_t i = 0; i < sizeof(compress) / sizeof(compress[0]); i++) {
     PyObject *v = PyLong_FromUnsignedLongLong((unsigned long long)compress[i].v);
     if (!v || PyDict_SetItemString(d, compress[i].key, v) < 0) {

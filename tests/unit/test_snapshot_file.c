@@ -76,6 +76,9 @@ static int roundtrip(fixture *f, ckv_snap *out, char *err, size_t len) {
   char werr[256];
   cr_assert_eq(ckv_snap_write(f->dir, "unit", &f->snap, &bytes, werr, sizeof werr), CKV_OK, "%s", werr);
   cr_assert_gt(bytes, 0);
+  /* the disk quota charges a save this figure before it is written (persist/diskuse.h) */
+  cr_assert_eq(ckv_snap_file_size(&f->snap), bytes, "file_size %llu, written %llu",
+               (unsigned long long)ckv_snap_file_size(&f->snap), (unsigned long long)bytes);
   char path[512];
   snprintf(path, sizeof path, "%s/unit%s", f->dir, CKV_SNAP_SUFFIX);
   return ckv_snap_read(path, out, err, len);
