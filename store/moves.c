@@ -617,7 +617,10 @@ void ckv_moves_publish(ckv_srv_session *s, ckv_compressor *c, ckv_job *j) {
      * to staged first) still lags: the next plan must look at it again. */
     if (live && m->pos < s->plan_from && lags(s, m->pos)) s->plan_from = m->pos;
     ckv_srv_session_release_slot(s, m->src_block);
-    if (!live) ckv_srv_session_release_slot(s, m->dst_block);
+    if (!live) { /* recycled while it moved, without demotion: its bytes go, counted as recycle_now does */
+      ckv_srv_session_release_slot(s, m->dst_block);
+      s->tokens_dropped++;
+    }
   }
   s->epoch++;
   ckv_job_free(j);

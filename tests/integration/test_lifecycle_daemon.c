@@ -507,3 +507,125 @@ Test(lifecycle_daemon, moves_stalled_on_quota_are_said_once, .timeout = 60) {
   cr_assert_eq(ckv_test_daemon_stop(&d), 0);
   ckv_test_rmdir(dir);
 }
+
+/* ---- the cold tier (issue 39: demote, never drop; recall by the query) ---- */
+
+#define COLD_ROUNDS 12u
+#define NEEDLE_FIRST 60u /* positions NEEDLE_FIRST..+7 hold keys a query along channel 0 of head 0 reads */
+
+/* Channel 0 of every head's key: -2 for old text, +4 for the needles, +2 for
+ * the last round (the recent window); every other element 0. */
+static float cold_key(size_t pos, size_t last_round_first, uint32_t e) {
+  if (e % DIM != 0) return 0.f;
+  if (pos >= NEEDLE_FIRST && pos < NEEDLE_FIRST + 8) return 4.f;
+  return pos >= last_round_first ? 2.f : -2.f;
+}
+
+/* Demoted tokens of a session opened with demote = yes keep their bytes:
+ * none is dropped, blocks of them are listed in View.cold, and
+ * ckv_session_cold_select picks exactly the cold blocks a query could need
+ * (the one holding keys it scores high), not the others.  With demote = no
+ * the same workload drops tokens and counts the drops. */
+static uint64_t cold_workload(int demote, ckv_client *c, ckv_session **ret) {
+  ckv_geometry g = {LAYERS, HEADS, DIM, 0};
+  const char *names[] = {"sink_tokens", "recent_window", "persistence_rounds", "idle_rounds", "demote", "rotate"};
+  const double values[] = {4, 16, 2, 2, demote, 1};
+  ckv_session_options so = {.policy = "commitkv", .param_names = names, .param_values = values, .n_params = 6};
+  ckv_session *s = NULL;
+  int r = ckv_session_open(c, demote ? "cold" : "dropping", &g, &so, &s);
+  cr_assert_eq(r, CKV_OK, "open: %s (%s)", ckv_strerror(r), ckv_client_last_error(c));
+  size_t n = 0, last_first = (COLD_ROUNDS - 1) * PER_ROUND;
+  float *attn = calloc(COLD_ROUNDS * PER_ROUND, sizeof(float));
+  cr_assert(attn);
+  for (uint32_t round = 1; round <= COLD_ROUNDS; round++) {
+    float sem[PER_ROUND];
+    for (uint32_t i = 0; i < PER_ROUND; i++) sem[i] = 0.5f;
+    uint64_t first = 0;
+    cr_assert_eq(ckv_session_append(s, PER_ROUND, NULL, NULL, sem, NULL, &first), CKV_OK);
+    for (size_t pos = n; pos < n + PER_ROUND; pos++)
+      for (uint32_t layer = 0; layer < LAYERS; layer++) {
+        uint16_t k[HEADS * DIM], v[HEADS * DIM];
+        for (uint32_t e = 0; e < HEADS * DIM; e++) {
+          k[e] = ckv_f32_to_f16(cold_key(pos, last_first, e));
+          v[e] = ckv_f32_to_f16(ckv_test_kv_value(pos, layer, 1, e));
+        }
+        cr_assert_eq(ckv_session_write_kv(s, pos, layer, k, v), CKV_OK);
+      }
+    n += PER_ROUND;
+    /* the sinks and the newest turn draw attention; everything else goes idle */
+    for (size_t pos = 0; pos < n; pos++) attn[pos] = pos < 4 || pos + PER_ROUND >= n ? 1.f : 0.f;
+    cr_assert_eq(ckv_session_report(s, round, 0, attn, n, NULL), CKV_OK, "report: %s", ckv_client_last_error(c));
+  }
+  free(attn);
+  *ret = s;
+  /* the session's dropped tokens, from ListSessions */
+  Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
+  Commitkv__V1__ListSessions ls = COMMITKV__V1__LIST_SESSIONS__INIT;
+  req.body_case = COMMITKV__V1__REQUEST__BODY_LIST_SESSIONS;
+  req.list_sessions = &ls;
+  uint64_t dropped = UINT64_MAX;
+  for (int tries = 0; tries < 100; tries++) { /* the moves finish on compressor threads */
+    Commitkv__V1__Response *rep;
+    cr_assert_eq(ckv_rpc(c, &req, &rep), CKV_OK);
+    const Commitkv__V1__SessionList *l = rep->session_list;
+    uint64_t pending = 1;
+    for (size_t i = 0; l && i < l->n_sessions; i++)
+      if (!strcmp(l->sessions[i]->session_id, ckv_session_id(s))) {
+        dropped = l->sessions[i]->tokens->dropped;
+        pending = l->sessions[i]->pending_tokens;
+        if (demote) cr_expect_gt(l->sessions[i]->tokens->cold, 0, "no token was demoted");
+      }
+    ckv_rpc_free(rep);
+    if (!pending) break;
+    usleep(20000);
+  }
+  return dropped;
+}
+
+Test(lifecycle_daemon, demoted_tokens_stay_cold_and_come_back_for_the_query_that_needs_them, .timeout = 60) {
+  ckv_test_daemon d;
+  cr_assert_eq(ckv_test_daemon_start(&d, k_daemon_args), 0, "commitkvd did not start");
+  ckv_client *c = connect_to(&d);
+  ckv_session *s;
+  uint64_t dropped = cold_workload(1, c, &s);
+  cr_expect_eq(dropped, 0, "demote = yes dropped %llu tokens without a quota rule", (unsigned long long)dropped);
+  const ckv_view *v;
+  cr_assert_eq(ckv_session_view(s, &v), CKV_OK);
+  cr_assert_geq(v->n_cold, 2, "cold blocks in the view: %zu", v->n_cold);
+  /* the needles' block, and only it, for a query along channel 0 of each head */
+  float q[HEADS * DIM] = {0};
+  for (uint32_t h = 0; h < HEADS; h++) q[h * DIM] = 20.f;
+  uint32_t idx[256];
+  size_t n_sel = 0;
+  cr_assert_leq(v->n_cold, 256);
+  cr_assert_eq(ckv_session_cold_select(s, 0, q, HEADS, 0.f, 0.01f, idx, &n_sel), CKV_OK);
+  size_t with_needle = 0, selected_with_needle = 0;
+  for (size_t i = 0; i < v->n_cold; i++) {
+    const ckv_block_view *b = &v->cold[i];
+    const uint32_t *pos = ckv_block_positions_const(b->data);
+    bool needle = false;
+    for (uint32_t slot = 0; slot < b->capacity; slot++)
+      needle |= ckv_block_slot_valid(b->data, slot) && pos[slot] >= NEEDLE_FIRST && pos[slot] < NEEDLE_FIRST + 8;
+    bool sel = false;
+    for (size_t k = 0; k < n_sel; k++) sel |= idx[k] == i;
+    with_needle += needle;
+    selected_with_needle += needle && sel;
+    cr_expect(!sel || needle, "cold block %zu (no needle) selected for the needle query", i);
+  }
+  fprintf(stderr, "test_lifecycle_daemon: %zu cold blocks, %zu hold needles, %zu selected\n", v->n_cold, with_needle,
+          n_sel);
+  cr_expect_geq(with_needle, 1, "the needles were not demoted");
+  cr_expect_eq(selected_with_needle, with_needle, "a cold block with needles was left out");
+  /* a query orthogonal to every key attends uniformly: every cold block could take weight, all are read */
+  for (uint32_t h = 0; h < HEADS; h++) q[h * DIM] = 0.f;
+  q[1] = 20.f;
+  cr_assert_eq(ckv_session_cold_select(s, 0, q, HEADS, 0.f, 0.01f, idx, &n_sel), CKV_OK);
+  cr_expect_eq(n_sel, v->n_cold, "a uniform query: every cold block could matter");
+  cr_assert_eq(ckv_session_drop(s), CKV_OK);
+  /* without demotion the same workload drops, and says so */
+  dropped = cold_workload(0, c, &s);
+  cr_expect_gt(dropped, 0, "demote = no dropped nothing");
+  cr_assert_eq(ckv_session_drop(s), CKV_OK);
+  ckv_client_free(c);
+  cr_assert_eq(ckv_test_daemon_stop(&d), 0);
+}
