@@ -662,9 +662,10 @@ static int h_drop(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
 }
 
 /* Snapshots (session_snap.c, snapshot.c, snapio.c, docs/snapshot.md).  The
- * disk is the I/O thread's (snapio.h): a save copies the session here, on the
- * loop (the snapshot is the session as of this request; the requests after
- * it are served at once and are not in the file), and the reply goes out
+ * disk is the I/O thread's (snapio.h): a save captures the session here, on
+ * the loop (the snapshot is the session as of this request; the requests
+ * after it are served at once and are not in the file; its full blocks are
+ * read in place by the I/O thread, the tenant pinned: savegame.h), and the reply goes out
  * when the file is written; a restore's file is read and validated there and
  * applied here.  Meanwhile the loop serves everyone else. */
 

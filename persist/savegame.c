@@ -24,6 +24,8 @@ void ckv_savegame_done(ckv_savegame *g) {
   if (g->persist) ckv_diskuse_release(g->persist->diskuse, g->job.tenant, &g->job.disk_claim); /* never landed */
   if (g->tenant) g->tenant->io_bytes -= g->charged;
   g->charged = 0;
+  if (g->pinned) ckv_tenant_unpin(g->tenant);
+  g->pinned = false;
   ckv_snap_done(&g->job.snap);
 }
 
@@ -47,9 +49,11 @@ int ckv_savegame_capture(ckv_persist *p, ckv_srv_session *sess, const char *name
   snprintf(g->id, sizeof g->id, "%s", sess->id);
   g->committed_only = committed_only;
   uint64_t t0 = ckv_now_us();
-  int r = ckv_session_snap_capture(sess, committed_only, &g->job.snap, &g->tokens, err, errlen);
+  int r = ckv_session_snap_capture_pinned(sess, committed_only, &g->job.snap, &g->tokens, err, errlen);
   g->copy_us = ckv_now_us() - t0;
   if (r < 0) return r;
+  g->tenant = sess->tenant;
+  g->pinned = true; /* from here on, ckv_savegame_done unpins */
   /* Copies waiting for the disk count against the tenant's quota: a client
    * asking for save after save cannot make the daemon hold more than one
    * quota's worth of copies of its tenant. */
@@ -60,7 +64,7 @@ int ckv_savegame_capture(ckv_persist *p, ckv_srv_session *sess, const char *name
              "saves of tenant '%s' holding %llu bytes are waiting for the disk; this one needs %llu more (the quota "
              "is %llu): retry when they are done",
              t->name, (unsigned long long)t->io_bytes, (unsigned long long)bytes, (unsigned long long)t->quota_bytes);
-    ckv_snap_done(&g->job.snap);
+    ckv_savegame_done(g);
     return CKV_ERR_BUSY;
   }
   /* The tenant's disk: the file's exact size, net of the snapshot of that
@@ -70,7 +74,7 @@ int ckv_savegame_capture(ckv_persist *p, ckv_srv_session *sess, const char *name
                                  errlen);
   if (q < 0) {
     p->counters.disk_refused_saves++;
-    ckv_snap_done(&g->job.snap);
+    ckv_savegame_done(g);
     return q;
   }
   t->io_bytes += bytes;

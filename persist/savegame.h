@@ -1,6 +1,6 @@
 /* savegame.h - a session saved to a snapshot and one restored from it
  * (SaveSession, RestoreSession, OpenSession with resume), the halves that
- * touch the store: the copy of a session on the loop, charged to its
+ * touch the store: the capture of a session on the loop, charged to its
  * tenant's quota while it waits for the disk, and a snapshot read back
  * rebuilt into a live session with everything that follows (its moves
  * planned, its tier copy and its autosave told).  The I/O between the
@@ -26,6 +26,7 @@ typedef struct ckv_savegame {
   ckv_tenant *tenant;
   ckv_persist *persist;            /* whose disk index holds the job's reservation (job.disk_claim) */
   uint64_t charged;                /* bytes of tenant->io_bytes (a save's copy) */
+  bool pinned;                     /* a save reading its blocks in place: the tenant's pin is ours */
   char id[CKV_SNAP_ID_MAX + 1];    /* save: the session saved; restore: the session to create */
   /* save */
   bool committed_only;
@@ -41,9 +42,12 @@ typedef struct ckv_savegame {
 void ckv_savegame_done(ckv_savegame *g);
 
 /* The save's half on the loop: session sess (settled: no move in flight) is
- * copied into g as snapshot `name` (committed_only: its committed tokens
- * only), and the copy is charged to its tenant's quota while it waits for
- * the disk.  CKV_OK; CKV_ERR_BUSY when the tenant's copies waiting for the
+ * captured into g as snapshot `name` (committed_only: its committed tokens
+ * only): its columns, header regions and the blocks still being filled are
+ * copied, every other block is read in place by the I/O thread while the
+ * tenant stays pinned (session_snap.h), so a save of any size costs the
+ * loop about the same; the copy is charged to its tenant's quota while it
+ * waits for the disk.  CKV_OK; CKV_ERR_BUSY when the tenant's copies waiting for the
  * disk would pass its quota; CKV_ERR_QUOTA when the file would take the
  * tenant past its quota_disk or max_snapshots (diskuse.h: err names the
  * numbers; nothing is written); or the capture's error; err says why.  g (zeroed

@@ -30,10 +30,31 @@ static int copy_tokens(const ckv_tokens *src, ckv_tokens *dst) {
   return ckv_tokens_append_rows(dst, src);
 }
 
-/* refs: a warm-restart journal entry: only the header regions are copied
- * (the payload stays in the kept arena), blocks get their offsets later. */
-static int capture(const ckv_srv_session *s, bool committed_only, bool refs, ckv_snap *ret, uint64_t *ret_tokens,
-                   char *err, size_t errlen) {
+/* How a capture holds each block's payload. */
+typedef enum {
+  CAPTURE_COPY,   /* copied into the snapshot's buffer */
+  CAPTURE_REFS,   /* not at all: a warm-restart journal entry (the payload stays in the kept arena) */
+  CAPTURE_PINNED, /* read in place from the arena (the tenant pinned), fill blocks copied */
+} capture_mode;
+
+/* Whether block i is one the session still writes into (a fill block). */
+static bool filling(const ckv_srv_session *s, size_t i) {
+  for (int f = 0; f < CKV_FILL_COUNT; f++)
+    if (s->fill[f] == i) return true;
+  return false;
+}
+
+/* Whether a capture copies block i's payload: always for a copy; pinned,
+ * only for the blocks still being filled (by the worker or the compressor:
+ * every other block's payload is fixed until it is freed, and a pinned
+ * tenant frees nothing). */
+static bool copies_payload(const ckv_srv_session *s, capture_mode mode, size_t i) {
+  return mode == CAPTURE_COPY || (mode == CAPTURE_PINNED && filling(s, i));
+}
+
+static int capture(const ckv_srv_session *s, bool committed_only, capture_mode mode, ckv_snap *ret,
+                   uint64_t *ret_tokens, char *err, size_t errlen) {
+  const bool refs = mode == CAPTURE_REFS;
   if (s->tenant->mem != &ckv_blockmem_host)
     return ckv_fail(err, errlen, CKV_ERR_UNSUPPORTED, "snapshots need a host arena (this tenant's memory is %s)",
                 s->tenant->mem->name);
@@ -95,7 +116,7 @@ static int capture(const ckv_srv_session *s, bool committed_only, bool refs, ckv
     const ckv_sblock *b = &s->blocks[i];
     if (b->format == CKV_BLOCK_UNUSED) continue;
     if (!committed_only) keep[i] = true;
-    if (keep[i]) total += refs ? ckv_block_payload_offset(b->capacity) : b->bytes;
+    if (keep[i]) total += copies_payload(s, mode, i) ? b->bytes : ckv_block_payload_offset(b->capacity);
   }
   if (!(snap.buf_ = malloc(total ? total : 1))) {
     r = ckv_fail(err, errlen, -ENOMEM, "out of memory copying %llu bytes of blocks", (unsigned long long)total);
@@ -114,7 +135,9 @@ static int capture(const ckv_srv_session *s, bool committed_only, bool refs, ckv
     size_t head = ckv_block_payload_offset(b->capacity);
     /* the header region from the daemon's private shadow, the payload from the arena */
     memcpy(at, b->meta, head);
-    if (!refs) memcpy(at + head, (const uint8_t *)ckv_tenant_ptr(s->tenant, b->offset) + head, b->bytes - head);
+    const uint8_t *arena_payload = (const uint8_t *)ckv_tenant_ptr(s->tenant, b->offset) + head;
+    bool copied = copies_payload(s, mode, i);
+    if (copied) memcpy(at + head, arena_payload, b->bytes - head);
     if (committed_only) { /* the valid bits of the tokens not kept are cleared in the copy */
       const uint32_t *pos = ckv_block_positions_const(at);
       for (uint32_t slot = 0; slot < b->capacity; slot++)
@@ -126,8 +149,8 @@ static int capture(const ckv_srv_session *s, bool committed_only, bool refs, ckv
     snap.blocks[snap.n_blocks++] = (ckv_snap_block){
         .index = (uint32_t)i, .format = b->format, .capacity = b->capacity, .used = b->used,
         .kept = ckv_format_is_commit(b->format) ? h->kept_channels : 0, .bytes = b->bytes, .meta = at,
-        .payload = refs ? NULL : at + head};
-    at += refs ? head : b->bytes;
+        .payload = copied ? at + head : refs ? NULL : arena_payload};
+    at += copied ? b->bytes : head;
   }
   uint64_t live = 0;
   for (size_t p = 0; p < t->n; p++) live += t->state[p] != CKV_STATE_RECYCLED;
@@ -143,7 +166,14 @@ out:
 
 int ckv_session_snap_capture(const ckv_srv_session *s, bool committed_only, ckv_snap *ret, uint64_t *ret_tokens,
                              char *err, size_t errlen) {
-  return capture(s, committed_only, /* refs= */ false, ret, ret_tokens, err, errlen);
+  return capture(s, committed_only, CAPTURE_COPY, ret, ret_tokens, err, errlen);
+}
+
+int ckv_session_snap_capture_pinned(const ckv_srv_session *s, bool committed_only, ckv_snap *ret,
+                                    uint64_t *ret_tokens, char *err, size_t errlen) {
+  int r = capture(s, committed_only, CAPTURE_PINNED, ret, ret_tokens, err, errlen);
+  if (r == CKV_OK) ckv_tenant_pin(s->tenant);
+  return r;
 }
 
 int ckv_session_snap_save(const ckv_srv_session *s, const char *dir, const char *name, bool committed_only,
@@ -291,7 +321,7 @@ int ckv_session_snap_restore_kept(const ckv_snap *snap, const char *id, ckv_tena
 
 int ckv_session_snap_capture_refs(const ckv_srv_session *s, ckv_snap *ret, char *err, size_t errlen) {
   uint64_t tokens = 0;
-  int r = capture(s, /* committed_only= */ false, /* refs= */ true, ret, &tokens, err, errlen);
+  int r = capture(s, /* committed_only= */ false, CAPTURE_REFS, ret, &tokens, err, errlen);
   if (r < 0) return r;
   /* the same description, each block by its place instead of its bytes */
   ret->flags |= CKV_SNAP_BLOCK_REFS;

@@ -30,6 +30,17 @@ typedef struct ckv_mlp ckv_mlp;
 int ckv_session_snap_capture(const ckv_srv_session *s, bool committed_only, ckv_snap *ret, uint64_t *ret_tokens,
                              char *err, size_t errlen);
 
+/* ckv_session_snap_capture without copying the payload of blocks that no
+ * longer change: each full block's payload pointer is its place in the
+ * tenant's arena (blocks still being filled are copied), and the tenant is
+ * pinned (tenant.h) so none of them is freed and reused while another
+ * thread writes the snapshot.  A save of a large session costs the loop a
+ * copy of its header regions and token columns, not of its K/V.  On
+ * CKV_OK the caller owes one ckv_tenant_unpin(s->tenant), after the last
+ * read of ret's payloads. */
+int ckv_session_snap_capture_pinned(const ckv_srv_session *s, bool committed_only, ckv_snap *ret,
+                                    uint64_t *ret_tokens, char *err, size_t errlen);
+
 /* ckv_session_snap_capture and ckv_snap_write in one call, on the calling
  * thread (the server loop hands the write to snapio.h instead): writes
  * session s (no compressor job may be in flight: settle it first) to

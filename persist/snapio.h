@@ -1,8 +1,9 @@
 /* snapio.h - snapshot file I/O off the server loop: one I/O thread.
  *
- * The server loop never waits for a disk.  A SaveSession copies the session
- * on the loop (ckv_session_snap_capture: a memcpy of its blocks and columns)
- * and hands the copy to this thread, which creates the tenant's snapshot
+ * The server loop never waits for a disk.  A SaveSession captures the
+ * session on the loop (ckv_session_snap_capture_pinned: its columns and
+ * header regions; the full blocks are read in place by this thread, the
+ * tenant pinned) and hands the capture to this thread, which creates the tenant's snapshot
  * directory and writes the file (temporary file, fsync, rename, directory
  * fsync: ckv_snap_write).  A RestoreSession (or an OpenSession with resume
  * of a snapshot-only id) has the thread read and validate the file

@@ -105,6 +105,7 @@ void ckv_tenant_keep(ckv_tenant *t) {
 
 ckv_tenant *ckv_tenant_free(ckv_tenant *t) {
   if (!t) return NULL;
+  free(t->deferred);
   ckv_slab_free(t->slab);
   ckv_arena_free(t->arena);
   free(t);
@@ -164,11 +165,45 @@ int ckv_tenant_block_alloc(ckv_tenant *t, uint64_t bytes, uint32_t format, uint6
   return CKV_OK;
 }
 
-void ckv_tenant_block_free(ckv_tenant *t, uint64_t offset, uint64_t bytes, uint32_t format) {
+struct ckv_deferred_free {
+  uint64_t offset, bytes;
+  uint32_t format;
+};
+
+static void release(ckv_tenant *t, uint64_t offset, uint64_t bytes, uint32_t format) {
   if (!t->slab) return; /* handed on: the next daemon's blocks now */
   if (ckv_slab_dealloc(t->slab, offset) < 0) return; /* not ours: never corrupt the accounting */
   t->bytes_used -= bytes;
   if (format < CKV_FORMAT_COUNT_) t->bytes_by_format[format] -= bytes;
+}
+
+void ckv_tenant_pin(ckv_tenant *t) { t->pins++; }
+
+void ckv_tenant_unpin(ckv_tenant *t) {
+  if (!t->pins || --t->pins) return;
+  for (size_t i = 0; i < t->n_deferred; i++)
+    release(t, t->deferred[i].offset, t->deferred[i].bytes, t->deferred[i].format);
+  t->n_deferred = 0;
+}
+
+void ckv_tenant_block_free(ckv_tenant *t, uint64_t offset, uint64_t bytes, uint32_t format) {
+  if (t->pins && t->slab) {
+    if (t->n_deferred == t->cap_deferred) {
+      size_t cap = t->cap_deferred ? 2 * t->cap_deferred : 64;
+      struct ckv_deferred_free *d = realloc(t->deferred, cap * sizeof *d);
+      if (!d) { /* cannot wait: the block stays allocated (leaked to this tenant) rather than reused under a reader */
+        ckv_log(CKV_LOG_ERROR, "block-free", t->name, NULL,
+                "out of memory deferring a block free during a save: %llu bytes stay allocated",
+                (unsigned long long)bytes);
+        return;
+      }
+      t->deferred = d;
+      t->cap_deferred = cap;
+    }
+    t->deferred[t->n_deferred++] = (struct ckv_deferred_free){offset, bytes, format};
+    return;
+  }
+  release(t, offset, bytes, format);
 }
 
 void *ckv_tenant_ptr(const ckv_tenant *t, uint64_t offset) { return (uint8_t *)ckv_arena_base(t->arena) + offset; }

@@ -35,6 +35,12 @@ typedef struct ckv_tenant {
   uint64_t n_sessions;
   uint64_t n_clients;
   uint64_t io_bytes;   /* session copies waiting for the snapshot I/O thread (bounded by quota_bytes) */
+  /* Saves whose I/O thread reads blocks straight from the arena
+   * (ckv_tenant_pin): while any is running, freed blocks wait here, still
+   * charged, so no block a save reads is handed out again underneath it. */
+  uint32_t pins;
+  struct ckv_deferred_free *deferred;
+  size_t n_deferred, cap_deferred;
   /* counters for the metrics endpoint */
   uint64_t transitions_gone[4][4]; /* transitions of sessions already freed */
   uint64_t hits;                   /* Acquire/GetView of resident sessions */
@@ -87,6 +93,14 @@ void ckv_tenant_keep(ckv_tenant *t);
 int ckv_tenant_block_alloc(ckv_tenant *t, uint64_t bytes, uint32_t format, uint64_t *ret_offset);
 /* Return a block allocated by ckv_tenant_block_alloc. */
 void ckv_tenant_block_free(ckv_tenant *t, uint64_t offset, uint64_t bytes, uint32_t format);
+/* Pinning: between ckv_tenant_pin and the matching ckv_tenant_unpin, blocks
+ * given to ckv_tenant_block_free are not reused: they stay allocated and
+ * charged to the quota until the last pin goes, so another thread may read
+ * any block allocated at pin time without a lock (the snapshot I/O thread
+ * writing a save straight from the arena, savegame.h).  Blocks are never
+ * freed in place of one another: the order of frees is kept. */
+void ckv_tenant_pin(ckv_tenant *t);
+void ckv_tenant_unpin(ckv_tenant *t);
 /* Daemon-side address of an arena offset. */
 void *ckv_tenant_ptr(const ckv_tenant *t, uint64_t offset);
 /* Whether `bytes` more would fit within quota and arena. */
