@@ -209,7 +209,8 @@ Test(save_stall, a_large_save_does_not_hold_up_another_tenant, .timeout = 300) {
   snprintf(b->socket, sizeof b->socket, "%s", d.socket);
   snprintf(b->attach, sizeof b->attach, "%s", d.attach);
   int fd = -1;
-  pid_t pid = ckv_test_begin_as(OTHER_UID, OTHER_UID, heartbeat_loop, b, 0, &fd);
+  int done = 0; /* the child's report: unused (it writes into b) */
+  pid_t pid = ckv_test_begin_as(OTHER_UID, OTHER_UID, heartbeat_loop, b, sizeof done, &fd);
   while (!atomic_load(&b->ready)) usleep(1000);
   cr_assert_eq(b->code, CKV_OK, "%s", b->msg);
   usleep(200000);
@@ -221,7 +222,7 @@ Test(save_stall, a_large_save_does_not_hold_up_another_tenant, .timeout = 300) {
   cr_assert_eq(r, CKV_OK, "save: %s (%s)", ckv_strerror(r), ckv_client_last_error(c));
   usleep(100000);
   atomic_store(&b->stop, 1);
-  ckv_test_end_as(pid, fd, NULL, 0, 30000);
+  ckv_test_end_as(pid, fd, &done, sizeof done, 30000);
   cr_assert_eq(b->code, CKV_OK, "the other tenant: %s", b->msg);
 
   /* the heartbeats that overlapped the save */
