@@ -687,7 +687,7 @@ static int h_drop(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
           (unsigned long long)c->id);
   /* With the remote tier on, the reply waits for the store: its fence
    * written and the remote copy deleted, or the text says they are not
-   * (fencejob.h; at most about twice the store's timeout).  Code 0 either
+   * (fencejob.h; at most twice the store's timeout + 0.5 s, never over 4 s).  Code 0 either
    * way: the conversation is ended and this daemon's record fences it. */
   drop_wait *w = s->reply_armed ? calloc(1, sizeof(*w)) : NULL;
   if (w) {

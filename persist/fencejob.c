@@ -21,6 +21,8 @@
 
 #define RETRY_FIRST_MS 1000u
 #define RETRY_MAX_MS 32000u
+/* The longest a drop waits for its write: within a client's default timeout (5 s), whatever remote_timeout is. */
+#define WAIT_MAX_MS 4000u
 
 /* One decision of an id whose write has not landed. */
 typedef struct pending {
@@ -208,8 +210,9 @@ int ckv_fence_publish(ckv_persist *p, const ckv_tenant *t, const char *id, const
   waiter *w = NULL;
   uint64_t now = ckv_now_ms();
   if (done && (w = calloc(1, sizeof(*w)))) {
-    uint32_t timeout = ckv_remote_timeout_ms(p->opt.remote);
-    *w = (waiter){.done = done, .ctx = ctx, .deadline_ms = now + 2ull * timeout + 500u, .next = f->waiters};
+    uint64_t wait = 2ull * ckv_remote_timeout_ms(p->opt.remote) + 500u;
+    *w = (waiter){
+        .done = done, .ctx = ctx, .deadline_ms = now + (wait < WAIT_MAX_MS ? wait : WAIT_MAX_MS), .next = f->waiters};
     if (f->waiters) f->waiters->prev = w;
     f->waiters = w;
   }

@@ -43,7 +43,8 @@ ckv_fences *ckv_fences_free(ckv_fences *f);
 /* tenant t's id now holds conversation `incarnation` (0: ended), decided
  * now: the write is queued (an ended one deletes the tier key of model_id /
  * model_revision with it).  With done, the caller waits: CKV_FENCE_WAIT,
- * and done comes within about twice the store's timeout.  CKV_OK: nothing
+ * and done comes within twice the store's timeout and half a second, and
+ * never later than 4 s (a client's default timeout is 5 s).  CKV_OK: nothing
  * to wait for (no remote tier, or done NULL); done is never called then.
  * A queue that is full counts as a failed try (retried). */
 int ckv_fence_publish(ckv_persist *p, const ckv_tenant *t, const char *id, const char *model_id,

@@ -441,6 +441,7 @@ Test(tier_remote, a_second_daemon_never_takes_a_copy_the_store_fence_ended, .tim
   long long t0 = ckv_test_now_ms();
   cr_assert_eq(ckv_session_drop(s), CKV_OK, "drop: %s", ckv_client_last_error(ca));
   long long waited = ckv_test_now_ms() - t0;
+  cr_log_info("drop with the store down answered in %lld ms", waited);
   char note[512];
   snprintf(note, sizeof note, "%s", ckv_client_last_note(ca));
   ckv_test_store_start_on(&st, port);
@@ -484,7 +485,9 @@ Test(tier_remote, a_forged_or_moved_store_fence_never_lets_an_old_value_through,
   size_t old_len = 0, gen_len = 0, live_len = 0;
   uint8_t *old = ckv_test_store_get(&st, TIER_KEY("rt-forge"), &old_len);
   cr_assert_not_null(old);
+  long long t0 = ckv_test_now_ms();
   cr_assert_eq(ckv_session_drop(s), CKV_OK, "drop: %s", ckv_client_last_error(ca));
+  cr_log_info("drop with the store up answered in %lld ms", ckv_test_now_ms() - t0);
   cr_assert_str_empty(ckv_client_last_note(ca), "a drop with the store up says: %s", ckv_client_last_note(ca));
   uint8_t *genuine = ckv_test_store_get(&st, FENCE_KEY("rt-forge"), &gen_len);
   cr_assert_not_null(genuine, "the drop's reply came before the store fence was written");
@@ -519,5 +522,39 @@ Test(tier_remote, a_forged_or_moved_store_fence_never_lets_an_old_value_through,
   ckv_client_free(ca);
   cr_assert_eq(ckv_test_daemon_stop(&b), 0);
   cr_assert_eq(ckv_test_daemon_stop(&a), 0);
+  ckv_test_store_stop(&st);
+}
+
+/* a_drop_with_the_store_hung_is_answered_within_its_timeout (issue 40): the store stopped
+ * (SIGSTOP: it takes the connection and never answers), a drop of a session in the remote tier is
+ * answered 0 after the store's timeout (1 s here), not at once and not after the client's, with a
+ * text naming the failed delete; the store back, the retry writes the fence and deletes the copy. */
+Test(tier_remote, a_drop_with_the_store_hung_is_answered_within_its_timeout, .timeout = 120) {
+  ckv_test_store st;
+  ckv_test_store_start(&st);
+  ckv_test_daemon d;
+  daemon_start(&d, &st);
+  ckv_client *c = connect_to(&d);
+  ckv_session *s = session_with_rounds(c, "rt-hung", 4);
+  wait_settled(c);
+  wait_tier(&d, c, "rt-hung", "remote");
+  size_t open_len = 0;
+  uint8_t *open_rec = ckv_test_store_get(&st, FENCE_KEY("rt-hung"), &open_len);
+  cr_assert_eq(kill(st.pid, SIGSTOP), 0);
+  long long t0 = ckv_test_now_ms();
+  int r = ckv_session_drop(s);
+  long long waited = ckv_test_now_ms() - t0;
+  char note[512];
+  snprintf(note, sizeof note, "%s", ckv_client_last_note(c));
+  cr_assert_eq(kill(st.pid, SIGCONT), 0);
+  cr_log_info("drop with the store hung answered in %lld ms: %s", waited, note);
+  cr_assert_eq(r, CKV_OK, "drop: %s (%s)", ckv_strerror(r), ckv_client_last_error(c));
+  cr_assert(strstr(note, "remote copy") && strstr(note, "fenced"), "the drop's text: '%s'", note);
+  cr_assert(waited >= 900 && waited < 3000, "the drop was answered after %lld ms (timeout 1 s)", waited);
+  cr_assert(store_changes_soon(&st, FENCE_KEY("rt-hung"), open_rec, open_len), "the fence's retry never landed");
+  wait_store_keys(&st, TIER_KEY("rt-hung"), 0);
+  free(open_rec);
+  ckv_client_free(c);
+  cr_assert_eq(ckv_test_daemon_stop(&d), 0);
   ckv_test_store_stop(&st);
 }
