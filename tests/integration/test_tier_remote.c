@@ -22,7 +22,11 @@
  * - kill9_on_one_resumes_on_another: a session moved to the store by daemon
  *   1, daemon 1 killed with SIGKILL, and daemon 2 (its own socket and state
  *   directory, the same store) resumes it with OpenSession{resume},
- *   identical, and deletes the store's copy. */
+ *   identical, and deletes the store's copy.
+ * - The store fence (issue 40, persist/fence.h): a second daemon of the fleet
+ *   never takes a copy the fence ended, a forged or moved fence record never
+ *   lets an old value through, and a drop's reply says (code 0, its text)
+ *   when the store did not take the delete, within the store's timeout. */
 #include <criterion/criterion.h>
 #include <signal.h>
 #include <stdbool.h>
