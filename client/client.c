@@ -509,6 +509,7 @@ void ckv_rpc_set_error(ckv_client *c, const char *fmt, ...) {
   va_end(ap);
 }
 const char *ckv_client_last_error(const ckv_client *c) { return c->last_error; }
+const char *ckv_client_last_note(const ckv_client *c) { return c->last_note; }
 uint32_t ckv_client_lease_ms(const ckv_client *c) { return c->lease_ms; }
 
 int ckv_client_heartbeat(ckv_client *c) {
@@ -660,6 +661,7 @@ int ckv_rpc(ckv_client *c, Commitkv__V1__Request *req, Commitkv__V1__Response **
     snprintf(c->last_error, sizeof(c->last_error), "%s", rep->message ? rep->message : "");
     goto out;
   }
+  snprintf(c->last_note, sizeof(c->last_note), "%s", rep->message ? rep->message : "");
   *ret = rep;
   rep = NULL;
   r = CKV_OK;

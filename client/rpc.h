@@ -34,6 +34,7 @@ struct ckv_client {
   int timeout_ms;
   uint32_t lease_ms, heartbeat_ms;
   char last_error[512];
+  char last_note[512]; /* the text of the last successful reply (ckv_client_last_note) */
   bool restarted; /* the daemon's boot token changed: every call fails until reconnect */
   uint64_t generation; /* bumped by each reconnect: sessions opened before are stale */
   pthread_mutex_t reconnect_lock;

@@ -30,6 +30,7 @@
 #include "persist/autosave.h"
 #include "persist/diskjob.h"
 #include "persist/diskuse.h"
+#include "persist/fencejob.h"
 #include "persist/persist.h"
 #include "persist/remote.h"
 #include "persist/remote_snap.h"
@@ -635,6 +636,37 @@ static int h_close(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req,
   return CKV_OK;
 }
 
+/* A drop whose reply waits for the store fence (fencejob.h). */
+typedef struct drop_wait {
+  ckv_server *s;
+  ckv_reply_to to;
+  char id[CKV_SNAP_ID_MAX + 1];
+} drop_wait;
+
+/* The drop's reply: code 0 (the conversation is ended), with a text when
+ * the store did not take the fence or the delete. */
+static void drop_answered(void *ctx, int status, const char *text) {
+  drop_wait *w = ctx;
+  ckv_server *s = w->s;
+  ckv_conn *c = status == -ECANCELED ? NULL : ckv_strmap_get(s->conns, w->to.keyhex);
+  if (c && c->id == w->to.conn_id) {
+    c->io_inflight--;
+    c->last_seen_ms = ckv_now_ms();
+    ckv_wire_reset(&s->out);
+    Commitkv__V1__Response rep = COMMITKV__V1__RESPONSE__INIT;
+    rep.request_id = w->to.request_id;
+    char msg[512] = "";
+    if (status < 0) {
+      snprintf(msg, sizeof msg, "session '%s' is dropped, but %s", w->id, text);
+      ckv_utf8_trim(msg);
+      rep.message = msg;
+    }
+    ckv_reply_finish(s, c, &rep);
+    ckv_reply_send(s, &w->to, c, &rep);
+  }
+  free(w);
+}
+
 static int h_drop(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, reply_ctx *x) {
   const Commitkv__V1__DropSession *d = req->drop_session;
   ckv_srv_session *sess = NULL;
@@ -653,12 +685,32 @@ static int h_drop(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
     return fail(x, CKV_ERR_BUSY, "session '%s' is attached to another client", d->session_id);
   ckv_log(CKV_LOG_INFO, "session-drop", sess->tenant->name, sess->id, "dropped by client %llu",
           (unsigned long long)c->id);
+  /* With the remote tier on, the reply waits for the store: its fence
+   * written and the remote copy deleted, or the text says they are not
+   * (fencejob.h; at most twice the store's timeout + 0.5 s, never over 4 s).  Code 0 either
+   * way: the conversation is ended and this daemon's record fences it. */
+  drop_wait *w = s->reply_armed ? calloc(1, sizeof(*w)) : NULL;
+  if (w) {
+    w->s = s;
+    w->to = s->reply_to;
+    w->to.request_id = req->request_id;
+    snprintf(w->id, sizeof w->id, "%s", sess->id);
+  }
   char err[320];
-  int r = ckv_persist_end_conversation(&s->persist, sess->tenant, sess->id, err, sizeof err);
-  if (r < 0) return fail(x, r, "session '%s' is not dropped: %s; retry", sess->id, err);
+  int r = ckv_persist_end_conversation(&s->persist, sess, w ? drop_answered : NULL, w, err, sizeof err);
+  if (r < 0) {
+    free(w);
+    return fail(x, r, "session '%s' is not dropped: %s; retry", sess->id, err);
+  }
   ckv_autosave_forget(&s->persist, sess->tenant, sess->id); /* dropped on purpose: never back from a crash copy */
   ckv_store_drop_session(&s->store, sess);
-  return CKV_OK;
+  if (r != CKV_FENCE_WAIT) {
+    free(w);
+    return CKV_OK;
+  }
+  c->io_inflight++; /* waiting on the store, not silent: the lease holds */
+  s->reply_deferred = true;
+  return CKV_REPLY_DEFERRED;
 }
 
 /* Snapshots (session_snap.c, snapshot.c, snapio.c, docs/snapshot.md).  The
@@ -827,13 +879,16 @@ static int restore_done(ckv_server *s, ckv_conn *c, io_request *q, reply_ctx *x)
   int r = restore_allowed(s, c, id, x);
   if (r < 0) return r;
   char err[320];
-  uint64_t dropped = j->snap.dropped_tokens;
+  uint64_t dropped = j->snap.dropped_tokens, copy_incarnation = j->snap.incarnation;
   bool mlp_lost = j->snap.params_mlp && !s->opt.policy->mlp;
   ckv_srv_session *sess = NULL;
   if ((r = ckv_savegame_apply_restore(&s->persist, &q->sg, c->id, &sess, err, sizeof err)) < 0) {
     ckv_log(CKV_LOG_WARNING, "snapshot-refused", c->tenant->name, id, "snapshot '%s' refused: %s", name, err);
     return fail(x, r, "snapshot '%s' refused: %s", name, err);
   }
+  if (sess->incarnation != copy_incarnation) /* a new conversation of the id (savegame.h): the store fence says so */
+    ckv_fence_publish(&s->persist, sess->tenant, sess->id, sess->model_id, sess->model_revision, sess->incarnation,
+                      /* done= */ NULL, NULL);
   if (j->autosave_status < 0)
     ckv_log(CKV_LOG_WARNING, "autosave-refused", c->tenant->name, sess->id,
             "its autosave was refused (%s): restored from snapshot '%s' instead", j->autosave_err, name);

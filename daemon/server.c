@@ -420,7 +420,7 @@ static void housekeeping(ckv_server *s) {
               (unsigned long long)s->opt.detach_keep_ms);
       s->counters.sessions_expired++;
       char err[320];
-      if (ckv_persist_end_conversation(&s->persist, sess->tenant, sess->id, err, sizeof err) < 0)
+      if (ckv_persist_end_conversation(&s->persist, sess, /* done= */ NULL, NULL, err, sizeof err) < 0)
         ckv_log(CKV_LOG_ERROR, "session-expired", sess->tenant->name, sess->id,
                 "the end of the conversation could not be recorded: %s; a copy of it left on disk could come back on "
                 "a resume",

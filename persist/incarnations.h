@@ -11,8 +11,10 @@
  * takes only a copy of the recorded incarnation: a copy of an ended or
  * replaced conversation (an autosave or tier file whose removal a kill -9
  * cut short, a remote value the store kept because it did not answer the
- * delete) is fenced, never served.  An id never recorded (copies older than
- * the registry, or another daemon's in a shared store) is taken as before.
+ * delete) is fenced, never served.  An id never recorded here (copies older
+ * than the registry, or another daemon's in a shared store) is judged by the
+ * store fence when the copy is a remote tier value (fence.h: the rule that
+ * combines the two), and taken as before otherwise.
  *
  * The log: records of `u32 magic "CKVI"` · `u32 length` of what follows up
  * to the checksum · `u64 incarnation` (0: ended) · `str tenant` · `str id` ·

@@ -29,6 +29,7 @@ typedef struct ckv_arena_backend ckv_arena_backend;
 typedef struct ckv_warm_memory ckv_warm_memory;
 typedef struct ckv_incarnations ckv_incarnations;
 typedef struct ckv_diskuse ckv_diskuse;
+typedef struct ckv_fences ckv_fences;
 
 typedef struct ckv_persist_options {
   const char *state_dir; /* NULL or "": no files at all */
@@ -78,6 +79,7 @@ typedef struct ckv_persist {
   ckv_warm_memory *warm;  /* what the warm restart at start dropped, and why (warm.h) */
   ckv_incarnations *incarnations; /* each id's current conversation, durable (incarnations.h) */
   ckv_diskuse *diskuse;           /* each tenant's files in state_dir and their sizes (diskuse.h) */
+  ckv_fences *fences;             /* store fence writes not landed yet, drops waiting for theirs (fencejob.h) */
   ckv_persist_counters counters;
   ckv_persist_hooks hooks;
 } ckv_persist;

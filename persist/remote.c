@@ -203,6 +203,20 @@ int ckv_remote_key(uint32_t format_version, const char *tenant, const char *mode
   return make_key("ckv:", format_version, tenant, model_id, model_revision, name, buf, len);
 }
 
+int ckv_remote_fence_key(const char *tenant, const char *session_id, char *buf, size_t len) {
+  if (!tenant || !session_id) return CKV_ERR_INVALID;
+  int n = snprintf(buf, len, "ckv:fence:");
+  if (n < 0 || (size_t)n >= len) return CKV_ERR_LIMIT;
+  char *p = buf + n, *end = buf + len;
+  int r = put_component(tenant, /* may_be_empty= */ false, &p, end);
+  if (r < 0) return r;
+  if (end - p < 2) return CKV_ERR_LIMIT;
+  *p++ = ':';
+  if ((r = put_component(session_id, /* may_be_empty= */ false, &p, end)) < 0) return r;
+  *p = 0;
+  return CKV_OK;
+}
+
 int ckv_remote_tier_key(uint32_t format_version, const char *tenant, const char *model_id,
                         const char *model_revision, const char *session_id, char *buf, size_t len) {
   return make_key("ckv:tier:", format_version, tenant, model_id, model_revision, session_id, buf, len);
@@ -407,22 +421,48 @@ int ckv_remote_put(ckv_remote *r, const char *key, const void *buf, size_t len, 
 
 /* ---- get ---- */
 
+/* n commands sent at once (hiredis' pipeline), their n replies read in
+ * order into rep[] (the caller frees each).  A broken connection is -EIO
+ * (dropped); an error reply is kept in rep[] for the caller to judge. */
+static int pipeline(ckv_remote *r, int n, const int *argc, const char *const *const *argv, const size_t *const *lens,
+                    redisReply **rep, char *err, size_t errlen) {
+  for (int i = 0; i < n; i++) rep[i] = NULL;
+  for (int i = 0; i < n; i++)
+    if (redisAppendCommandArgv(r->ctx, argc[i], (const char **)argv[i], lens[i]) != REDIS_OK)
+      return conn_error(r, err, errlen, argv[i][0]);
+  for (int i = 0; i < n; i++) {
+    void *v = NULL;
+    if (redisGetReply(r->ctx, &v) != REDIS_OK || !v) {
+      for (int k = 0; k < i; k++) freeReplyObject(rep[k]), rep[k] = NULL;
+      return conn_error(r, err, errlen, argv[i][0]);
+    }
+    rep[i] = v;
+  }
+  return CKV_OK;
+}
+
+static void free_replies(redisReply **rep, int n) {
+  for (int i = 0; i < n; i++)
+    if (rep[i]) freeReplyObject(rep[i]), rep[i] = NULL;
+}
+
+static int reply_error(ckv_remote *r, const redisReply *rep, const char *cmd, char *err, size_t errlen) {
+  return ckv_fail(err, errlen, -EIO, "remote store %s: %s answered: %s", r->text, cmd, rep->str ? rep->str : "an error");
+}
+
 typedef struct get_ctx {
   const char *key;
   uint64_t max;
   uint8_t *buf;
   size_t len;
+  const char *side_key; /* get_with_side: read with the STRLEN */
+  size_t side_max;
+  uint8_t *side;
+  size_t side_len;
 } get_ctx;
 
-static int do_get(ckv_remote *r, void *vctx, char *err, size_t errlen) {
-  get_ctx *gc = vctx;
-  const char *strlen_argv[2] = {"STRLEN", gc->key};
-  size_t lens[2] = {6, strlen(gc->key)};
-  redisReply *rep = NULL;
-  int rc = command(r, 2, strlen_argv, lens, &rep, err, errlen);
-  if (rc < 0) return rc;
-  long long n = rep->type == REDIS_REPLY_INTEGER ? rep->integer : -1;
-  freeReplyObject(rep);
+/* The value under gc->key, whose STRLEN was n. */
+static int fetch_value(ckv_remote *r, get_ctx *gc, long long n, char *err, size_t errlen) {
   if (n < 0) return ckv_fail(err, errlen, -EIO, "remote store %s: STRLEN did not answer a number", r->text);
   if (n == 0) return ckv_fail(err, errlen, -ENOENT, "remote store %s holds no key %s", r->text, gc->key);
   if ((uint64_t)n > gc->max)
@@ -431,8 +471,10 @@ static int do_get(ckv_remote *r, void *vctx, char *err, size_t errlen) {
   /* One GET: the value is read as one version (a concurrent put renames a
    * whole new value in; reading ranges could mix two). */
   const char *get_argv[2] = {"GET", gc->key};
-  lens[0] = 3;
-  if ((rc = command(r, 2, get_argv, lens, &rep, err, errlen)) < 0) return rc;
+  size_t lens[2] = {3, strlen(gc->key)};
+  redisReply *rep = NULL;
+  int rc = command(r, 2, get_argv, lens, &rep, err, errlen);
+  if (rc < 0) return rc;
   if (rep->type == REDIS_REPLY_NIL) {
     freeReplyObject(rep);
     return ckv_fail(err, errlen, -ENOENT, "remote store %s holds no key %s", r->text, gc->key);
@@ -453,21 +495,162 @@ static int do_get(ckv_remote *r, void *vctx, char *err, size_t errlen) {
   return CKV_OK;
 }
 
-int ckv_remote_get(ckv_remote *r, const char *key, uint64_t max_bytes, uint8_t **ret_buf, size_t *ret_len, char *err,
-                   size_t errlen) {
-  get_ctx gc = {.key = key, .max = max_bytes};
-  int rc = with_retry(r, do_get, &gc, err, errlen);
+static int do_get(ckv_remote *r, void *vctx, char *err, size_t errlen) {
+  get_ctx *gc = vctx;
+  const char *strlen_argv[2] = {"STRLEN", gc->key};
+  size_t lens[2] = {6, strlen(gc->key)};
+  redisReply *rep = NULL;
+  int rc = command(r, 2, strlen_argv, lens, &rep, err, errlen);
+  if (rc < 0) return rc;
+  long long n = rep->type == REDIS_REPLY_INTEGER ? rep->integer : -1;
+  freeReplyObject(rep);
+  return fetch_value(r, gc, n, err, errlen);
+}
+
+/* GET side and STRLEN key in one round trip, then the value. */
+static int do_get_side(ckv_remote *r, void *vctx, char *err, size_t errlen) {
+  get_ctx *gc = vctx;
+  const char *side_argv[2] = {"GET", gc->side_key}, *strlen_argv[2] = {"STRLEN", gc->key};
+  size_t side_lens[2] = {3, strlen(gc->side_key)}, strlen_lens[2] = {6, strlen(gc->key)};
+  const int argc[2] = {2, 2};
+  const char *const *argv[2] = {side_argv, strlen_argv};
+  const size_t *const lens[2] = {side_lens, strlen_lens};
+  redisReply *rep[2];
+  int rc = pipeline(r, 2, argc, argv, lens, rep, err, errlen);
+  if (rc < 0) return rc;
+  for (int i = 0; i < 2; i++)
+    if (rep[i]->type == REDIS_REPLY_ERROR) {
+      rc = reply_error(r, rep[i], argv[i][0], err, errlen);
+      free_replies(rep, 2);
+      return rc;
+    }
+  free(gc->side);
+  gc->side = NULL;
+  gc->side_len = 0;
+  if (rep[0]->type == REDIS_REPLY_STRING) {
+    gc->side_len = rep[0]->len;
+    if (rep[0]->len <= gc->side_max && (gc->side = malloc(rep[0]->len ? rep[0]->len : 1)))
+      memcpy(gc->side, rep[0]->str, rep[0]->len);
+    else if (rep[0]->len <= gc->side_max)
+      rc = ckv_fail(err, errlen, -ENOMEM, "out of memory for %zu bytes from the remote store", rep[0]->len);
+  }
+  long long n = rep[1]->type == REDIS_REPLY_INTEGER ? rep[1]->integer : -1;
+  free_replies(rep, 2);
+  if (rc < 0) return rc;
+  return fetch_value(r, gc, n, err, errlen);
+}
+
+static int finish_get(ckv_remote *r, get_ctx *gc, int rc, uint8_t **ret_buf, size_t *ret_len) {
   if (rc == CKV_OK) {
     __atomic_fetch_add(&r->stats.loads, 1, __ATOMIC_RELAXED);
-    __atomic_fetch_add(&r->stats.load_bytes, gc.len, __ATOMIC_RELAXED);
-    *ret_buf = gc.buf;
-    *ret_len = gc.len;
+    __atomic_fetch_add(&r->stats.load_bytes, gc->len, __ATOMIC_RELAXED);
+    *ret_buf = gc->buf;
+    *ret_len = gc->len;
   } else if (rc == -ENOENT) {
     __atomic_fetch_add(&r->stats.misses, 1, __ATOMIC_RELAXED);
   } else {
     __atomic_fetch_add(&r->stats.errors, 1, __ATOMIC_RELAXED);
   }
   return rc;
+}
+
+int ckv_remote_get_with_side(ckv_remote *r, const char *key, uint64_t max_bytes, const char *side_key,
+                             size_t side_max, uint8_t **ret_buf, size_t *ret_len, uint8_t **ret_side,
+                             size_t *ret_side_len, char *err, size_t errlen) {
+  get_ctx gc = {.key = key, .max = max_bytes, .side_key = side_key, .side_max = side_max};
+  int rc = finish_get(r, &gc, with_retry(r, do_get_side, &gc, err, errlen), ret_buf, ret_len);
+  if (rc == CKV_OK || rc == -ENOENT) {
+    *ret_side = gc.side;
+    *ret_side_len = gc.side_len;
+  } else {
+    free(gc.side);
+  }
+  return rc;
+}
+
+int ckv_remote_get(ckv_remote *r, const char *key, uint64_t max_bytes, uint8_t **ret_buf, size_t *ret_len, char *err,
+                   size_t errlen) {
+  get_ctx gc = {.key = key, .max = max_bytes};
+  return finish_get(r, &gc, with_retry(r, do_get, &gc, err, errlen), ret_buf, ret_len);
+}
+
+/* ---- conditional put ---- */
+
+typedef struct put_if_ctx {
+  const char *key, *del_key;
+  const uint8_t *buf;
+  size_t len;
+  ckv_remote_replace_fn replace;
+  void *ctx;
+} put_if_ctx;
+
+static int do_put_if(ckv_remote *r, void *vctx, char *err, size_t errlen) {
+  put_if_ctx *pc = vctx;
+  size_t klen = strlen(pc->key);
+  const char *watch[2] = {"WATCH", pc->key}, *get[2] = {"GET", pc->key};
+  size_t wlen[2] = {5, klen}, glen[2] = {3, klen};
+  const int argc1[2] = {2, 2};
+  const char *const *argv1[2] = {watch, get};
+  const size_t *const lens1[2] = {wlen, glen};
+  redisReply *rep[5];
+  int rc = pipeline(r, 2, argc1, argv1, lens1, rep, err, errlen);
+  if (rc < 0) return rc;
+  bool replace = false;
+  if (rep[0]->type == REDIS_REPLY_ERROR || rep[1]->type == REDIS_REPLY_ERROR)
+    rc = reply_error(r, rep[0]->type == REDIS_REPLY_ERROR ? rep[0] : rep[1], "WATCH/GET", err, errlen);
+  else if (rep[1]->type == REDIS_REPLY_STRING)
+    replace = pc->replace(pc->ctx, (const uint8_t *)rep[1]->str, rep[1]->len);
+  else
+    replace = pc->replace(pc->ctx, NULL, 0);
+  free_replies(rep, 2);
+  if (rc == CKV_OK && !replace) rc = CKV_ERR_EXISTS;
+  if (rc < 0) { /* leave the WATCH, or it would stay on the connection */
+    const char *unwatch[1] = {"UNWATCH"};
+    size_t ulen[1] = {7};
+    if (r->ctx) simple(r, 1, unwatch, ulen, NULL, 0);
+    return rc;
+  }
+  const char *multi[1] = {"MULTI"}, *set[3] = {"SET", pc->key, (const char *)pc->buf}, *del[2] = {"DEL", pc->del_key},
+             *exec[1] = {"EXEC"};
+  size_t mlen[1] = {5}, slen[3] = {3, klen, pc->len}, dlen[2] = {3, pc->del_key ? strlen(pc->del_key) : 0},
+         elen[1] = {4};
+  int n = pc->del_key ? 4 : 3;
+  const int argc2[4] = {1, 3, pc->del_key ? 2 : 1, 1};
+  const char *const *argv2[4] = {multi, set, pc->del_key ? del : exec, exec};
+  const size_t *const lens2[4] = {mlen, slen, pc->del_key ? dlen : elen, elen};
+  if ((rc = pipeline(r, n, argc2, argv2, lens2, rep, err, errlen)) < 0) return rc;
+  const redisReply *ex = rep[n - 1];
+  for (int i = 0; i < n - 1 && rc == CKV_OK; i++)
+    if (rep[i]->type == REDIS_REPLY_ERROR) rc = reply_error(r, rep[i], argv2[i][0], err, errlen);
+  if (rc == CKV_OK) {
+    if (ex->type == REDIS_REPLY_NIL)
+      rc = ckv_fail(err, errlen, -EAGAIN, "remote store %s: %s was written by another daemon meanwhile", r->text,
+                    pc->key);
+    else if (ex->type != REDIS_REPLY_ARRAY || ex->elements != (size_t)(n - 2))
+      rc = ckv_fail(err, errlen, -EIO, "remote store %s: the transaction on %s was aborted", r->text, pc->key);
+    else
+      for (size_t i = 0; i < ex->elements && rc == CKV_OK; i++)
+        if (ex->element[i]->type == REDIS_REPLY_ERROR) rc = reply_error(r, ex->element[i], "EXEC", err, errlen);
+  }
+  free_replies(rep, n);
+  return rc;
+}
+
+int ckv_remote_put_if(ckv_remote *r, const char *key, const void *buf, size_t len, ckv_remote_replace_fn replace,
+                      void *ctx, const char *del_key, char *err, size_t errlen) {
+  put_if_ctx pc = {.key = key, .del_key = del_key, .buf = buf, .len = len, .replace = replace, .ctx = ctx};
+  int rc = with_retry(r, do_put_if, &pc, err, errlen);
+  if (rc == CKV_OK) {
+    __atomic_fetch_add(&r->stats.saves, 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&r->stats.save_bytes, len, __ATOMIC_RELAXED);
+  } else if (rc != CKV_ERR_EXISTS && rc != -EAGAIN) {
+    __atomic_fetch_add(&r->stats.errors, 1, __ATOMIC_RELAXED);
+  }
+  return rc;
+}
+
+uint32_t ckv_remote_timeout_ms(const ckv_remote *r) {
+  return (uint32_t)(r->timeout.tv_sec * 1000 + r->timeout.tv_usec / 1000);
 }
 
 /* ---- del ---- */

@@ -80,6 +80,13 @@ int ckv_remote_key(uint32_t format_version, const char *tenant, const char *mode
 int ckv_remote_tier_key(uint32_t format_version, const char *tenant, const char *model_id,
                         const char *model_revision, const char *session_id, char *buf, size_t len);
 
+/* The key of the store fence of session `session_id` of tenant (fence.h):
+ *     ckv:fence:<tenant>:<session id>
+ * encoded as above.  One per id, whatever the model: a conversation
+ * replaced under another model fences the old model's copy too.  The same
+ * returns as ckv_remote_key. */
+int ckv_remote_fence_key(const char *tenant, const char *session_id, char *buf, size_t len);
+
 /* A handle on the store at url (password: NULL or "" = no AUTH;
  * timeout_ms: per connect and per command).  Nothing is connected yet:
  * ckv_remote_ping connects and says whether the store answers.  Returns
@@ -107,6 +114,32 @@ int ckv_remote_put(ckv_remote *r, const char *key, const void *buf, size_t len, 
  * is read); -EIO; -ENOMEM. */
 int ckv_remote_get(ckv_remote *r, const char *key, uint64_t max_bytes, uint8_t **ret_buf, size_t *ret_len, char *err,
                    size_t errlen);
+
+/* ckv_remote_get of key, and with it, in the same round trip (STRLEN key
+ * and GET side_key pipelined), the small value under side_key: *ret_side
+ * (malloc'd, *ret_side_len bytes) or NULL when the store holds none (or one
+ * longer than side_max: NULL, and *ret_side_len says its length).  The side
+ * value is read before the main one.  Returns what ckv_remote_get returns;
+ * *ret_side is set only when the side value was read (CKV_OK and -ENOENT
+ * of the main key). */
+int ckv_remote_get_with_side(ckv_remote *r, const char *key, uint64_t max_bytes, const char *side_key,
+                             size_t side_max, uint8_t **ret_buf, size_t *ret_len, uint8_t **ret_side,
+                             size_t *ret_side_len, char *err, size_t errlen);
+
+/* A conditional small put: decides whether `buf` replaces the value under
+ * key, given what key holds now (cur NULL: nothing); true to replace. */
+typedef bool (*ckv_remote_replace_fn)(void *ctx, const uint8_t *cur, size_t cur_len);
+/* Stores len bytes (a small value: one SET) under key when `replace` says
+ * so of its current value, and deletes del_key (NULL: none) in the same
+ * transaction: WATCH key, GET key, then MULTI / SET / DEL / EXEC, so a
+ * write of key by another daemon in between aborts it.  CKV_OK (stored),
+ * CKV_ERR_EXISTS (replace said no: nothing written, nothing deleted),
+ * -EAGAIN (key changed meanwhile: nothing written), -EIO. */
+int ckv_remote_put_if(ckv_remote *r, const char *key, const void *buf, size_t len, ckv_remote_replace_fn replace,
+                      void *ctx, const char *del_key, char *err, size_t errlen);
+
+/* The timeout per connect and per command, in milliseconds. */
+uint32_t ckv_remote_timeout_ms(const ckv_remote *r);
 
 /* Deletes key (CKV_OK whether or not the store held it), -EIO. */
 int ckv_remote_del(ckv_remote *r, const char *key, char *err, size_t errlen);

@@ -13,6 +13,7 @@
 
 #include "commitkv/status.h"
 #include "common/log.h"
+#include "persist/fence.h"
 #include "persist/remote.h"
 #include "persist/seal.h"
 #include "persist/snapdir.h"
@@ -192,13 +193,37 @@ int ckv_remote_tier_push(ckv_remote *r, const char *state_dir, const char *tenan
 }
 
 int ckv_remote_tier_load(ckv_remote *r, const char *tenant, const char *model_id, const char *model_revision,
-                         const char *id, uint64_t max_bytes, ckv_snap *ret, char *err, size_t errlen) {
-  char key[CKV_REMOTE_KEY_MAX];
+                         const char *id, uint64_t max_bytes, ckv_snap *ret, ckv_store_fence *ret_fence, char *err,
+                         size_t errlen) {
+  char key[CKV_REMOTE_KEY_MAX], fkey[CKV_REMOTE_KEY_MAX];
   int rc = tier_key_of(tenant, model_id, model_revision, id, key, sizeof key, err, errlen);
   if (rc < 0) return rc;
   uint8_t *buf = NULL;
   size_t len = 0;
-  if ((rc = get_sealed(r, tenant, key, max_bytes, &buf, &len, err, errlen)) < 0) return rc;
+  if (!ret_fence) {
+    if ((rc = get_sealed(r, tenant, key, max_bytes, &buf, &len, err, errlen)) < 0) return rc;
+  } else {
+    if (ckv_remote_fence_key(tenant, id, fkey, sizeof fkey) < 0)
+      return ckv_fail(err, errlen, CKV_ERR_INVALID, "no remote store key can be made for the fence of '%s'", id);
+    const ckv_seal *seal = ckv_remote_seal(r);
+    if (!seal) return ckv_fail(err, errlen, CKV_ERR_INVALID, "the remote store has no key to open values with");
+    uint8_t *sealed = NULL, *rec = NULL;
+    size_t sealed_len = 0, rec_len = 0;
+    rc = ckv_remote_get_with_side(r, key, max_bytes ? max_bytes + CKV_SEAL_OVERHEAD : 0, fkey, CKV_FENCE_RECORD_MAX,
+                                  &sealed, &sealed_len, &rec, &rec_len, err, errlen);
+    if (rc == CKV_OK || rc == -ENOENT) {
+      /* a record too long to be one was not read: refused all the same */
+      static const uint8_t too_long[CKV_FENCE_RECORD_MAX + 1];
+      ckv_fence_open(r, tenant, fkey, rec ? rec : rec_len ? too_long : NULL, rec ? rec_len : sizeof too_long,
+                     ret_fence);
+      free(rec);
+    }
+    if (rc < 0) return rc;
+    char serr[512];
+    rc = ckv_seal_unwrap(seal, tenant, key, sealed, sealed_len, &buf, &len, serr, sizeof serr);
+    free(sealed);
+    if (rc < 0) return ckv_fail(err, errlen, rc, "the remote store %s: %s", ckv_remote_url_text(r), serr);
+  }
   char perr[320];
   rc = ckv_snap_parse(buf, len, ret, perr, sizeof perr);
   free(buf);

@@ -48,11 +48,16 @@ int ckv_remote_snap_load(ckv_remote *r, const char *state_dir, const char *tenan
  * ckv_remote_tier_load reads that value back and validates it as a local
  * file (ckv_snap_parse) into *ret.  -ENOENT: the store does not hold it;
  * CKV_ERR_CORRUPT / CKV_ERR_FORMAT: refused; -EIO; CKV_ERR_TOO_LARGE.
+ * With ret_fence (a resume), the id's store fence (fence.h) is read in the
+ * same round trip and opened into *ret_fence (CKV_OK and -ENOENT); the
+ * caller applies the rule.
  * ckv_remote_tier_drop deletes it (CKV_OK when it was not there). */
 int ckv_remote_tier_push(ckv_remote *r, const char *state_dir, const char *tenant, const char *model_id,
                          const char *model_revision, const char *id, uint64_t *ret_bytes, char *err, size_t errlen);
+typedef struct ckv_store_fence ckv_store_fence;
 int ckv_remote_tier_load(ckv_remote *r, const char *tenant, const char *model_id, const char *model_revision,
-                         const char *id, uint64_t max_bytes, ckv_snap *ret, char *err, size_t errlen);
+                         const char *id, uint64_t max_bytes, ckv_snap *ret, ckv_store_fence *ret_fence, char *err,
+                         size_t errlen);
 int ckv_remote_tier_drop(ckv_remote *r, const char *tenant, const char *model_id, const char *model_revision,
                          const char *id, char *err, size_t errlen);
 

@@ -6,6 +6,7 @@
 #include "commitkv/status.h"
 #include "persist/autosave.h"
 #include "persist/diskuse.h"
+#include "persist/fencejob.h"
 #include "persist/incarnations.h"
 #include "persist/snapio.h"
 #include "persist/statefile.h"
@@ -22,7 +23,7 @@ int ckv_persist_init(ckv_persist *p, ckv_store *st, const ckv_persist_options *o
   int r = ckv_statefile_check_root(opt->state_dir, err, errlen);
   if (r < 0) return r;
   if ((r = ckv_incarnations_open(opt->state_dir, &p->incarnations, err, errlen)) < 0) return r;
-  if ((r = ckv_diskuse_new(&p->diskuse)) < 0) {
+  if ((r = ckv_diskuse_new(&p->diskuse)) < 0 || (r = ckv_fences_new(&p->fences)) < 0) {
     snprintf(err, errlen, "out of memory");
     return r;
   }
@@ -48,6 +49,7 @@ void ckv_persist_startup(ckv_persist *p) {
 void ckv_persist_scan(ckv_persist *p, uint64_t now_ms) {
   ckv_tier_scan(p, now_ms);     /* idle sessions move to disk */
   ckv_autosave_scan(p, now_ms); /* and changed ones get a crash copy */
+  ckv_fence_scan(p, now_ms);    /* store fences not written yet are tried again */
 }
 
 void ckv_persist_job_done(ckv_persist *p, ckv_snapio_job *j) { j->finish(p, j); }
@@ -56,6 +58,7 @@ void ckv_persist_stop_io(ckv_persist *p) { p->snapio = ckv_snapio_free(p->snapio
 
 void ckv_persist_done(ckv_persist *p) {
   ckv_persist_stop_io(p);
+  p->fences = ckv_fences_free(p->fences); /* after the I/O thread: its jobs' waiters are in it */
   p->tier = ckv_tier_free(p->tier);
   p->incarnations = ckv_incarnations_free(p->incarnations);
   p->diskuse = ckv_diskuse_free(p->diskuse);
@@ -65,12 +68,17 @@ void ckv_persist_done(ckv_persist *p) {
 int ckv_persist_begin_conversation(ckv_persist *p, ckv_srv_session *sess, char *err, size_t errlen) {
   uint64_t inc = ckv_incarnations_new_id();
   int r = ckv_incarnations_set(p->incarnations, sess->tenant->name, sess->id, inc, err, errlen);
-  if (r == CKV_OK) sess->incarnation = inc;
-  return r;
+  if (r < 0) return r;
+  sess->incarnation = inc;
+  ckv_fence_publish(p, sess->tenant, sess->id, sess->model_id, sess->model_revision, inc, /* done= */ NULL, NULL);
+  return CKV_OK;
 }
 
-int ckv_persist_end_conversation(ckv_persist *p, const ckv_tenant *t, const char *id, char *err, size_t errlen) {
-  return ckv_incarnations_set(p->incarnations, t->name, id, 0, err, errlen);
+int ckv_persist_end_conversation(ckv_persist *p, const ckv_srv_session *sess, ckv_fence_done_fn done, void *ctx,
+                                 char *err, size_t errlen) {
+  int r = ckv_incarnations_set(p->incarnations, sess->tenant->name, sess->id, 0, err, errlen);
+  if (r < 0) return r;
+  return ckv_fence_publish(p, sess->tenant, sess->id, sess->model_id, sess->model_revision, 0, done, ctx);
 }
 
 int ckv_persist_current_conversation(const ckv_persist *p, const ckv_tenant *t, const char *id, uint64_t *ret) {

@@ -29,15 +29,21 @@ void ckv_persist_stop_io(ckv_persist *p);
 /* A new conversation of sess's id begins (OpenSession without resume,
  * RestoreSession; a resumed copy that carried none): sess gets a new
  * incarnation, recorded durably before this returns, so no copy of an
- * earlier conversation of the id is ever served for it.  CKV_OK, or the
+ * earlier conversation of the id is ever served for it (and, with the
+ * remote tier on, written to the store fence in the background).  CKV_OK, or the
  * error with err (the caller must not answer the open as done). */
 typedef struct ckv_srv_session ckv_srv_session;
 typedef struct ckv_tenant ckv_tenant;
 int ckv_persist_begin_conversation(ckv_persist *p, ckv_srv_session *sess, char *err, size_t errlen);
-/* Conversation `id` of tenant t ends (DropSession, expiry): recorded
- * durably before this returns; its copies are fenced from then on, whether
- * or not their removal succeeds.  CKV_OK, or the error with err. */
-int ckv_persist_end_conversation(ckv_persist *p, const ckv_tenant *t, const char *id, char *err, size_t errlen);
+/* The conversation of sess ends (DropSession, expiry; before the store
+ * drops sess): recorded durably before this returns; its copies are fenced
+ * from then on, whether or not their removal succeeds.  With the remote
+ * tier on, the store fence is written too (fencejob.h): with done, the
+ * caller may wait for it, CKV_FENCE_WAIT (done comes later, once), else
+ * CKV_OK.  < 0: not recorded, the error with err (done never called). */
+typedef void (*ckv_fence_done_fn)(void *ctx, int status, const char *text);
+int ckv_persist_end_conversation(ckv_persist *p, const ckv_srv_session *sess, ckv_fence_done_fn done, void *ctx,
+                                 char *err, size_t errlen);
 /* What a resume of `id` may take: CKV_OK with *ret the incarnation its copy
  * must hold (0: the conversation was ended: nothing to resume), or -ENOENT
  * when the id was never recorded (any copy, as before the registry). */

@@ -16,6 +16,8 @@
 
 #include "commitkv/status.h"
 #include "common/log.h"
+#include "persist/fence.h"
+#include "persist/remote.h"
 #include "persist/remote_snap.h"
 #include "persist/snapdir.h"
 
@@ -52,6 +54,35 @@ static bool fenced(ckv_snapio_job *j, ckv_snap *snap) {
   return true;
 }
 
+/* FENCE: the id's store fence, and an ended conversation's tier key with it. */
+static void run_fence(ckv_snapio_job *j) {
+  char key[CKV_REMOTE_KEY_MAX];
+  bool superseded = false;
+  j->status = CKV_OK;
+  if (j->fence_delete && ckv_remote_tier_key(CKV_SNAP_VERSION, j->tenant, j->model_id, j->model_revision, j->name, key,
+                                             sizeof key) < 0)
+    j->fence_delete = 0; /* names no key holds: nothing to delete */
+  j->status = ckv_fence_write(j->remote, j->tenant, j->name, j->fence_incarnation, j->fence_decided_ms,
+                              j->fence_delete ? key : NULL, &superseded, j->err, sizeof j->err);
+  j->fence_superseded = superseded;
+}
+
+/* The store's half of the rule (fence.h): a remote tier value the id's
+ * store fence does not admit is passed over like one the local record
+ * fences.  True when snap was such a copy (then freed). */
+static bool store_fenced(ckv_snapio_job *j, const ckv_store_fence *sf, ckv_snap *snap) {
+  const char *why = NULL;
+  if (ckv_fence_admits(sf, snap->incarnation, &why)) return false;
+  ckv_log(CKV_LOG_WARNING, "copy-fenced", j->tenant, j->name,
+          "the remote tier's copy of session '%s' holds incarnation %016llx and %s%s%s (store fence %016llx): never "
+          "served",
+          j->name, (unsigned long long)snap->incarnation, why, sf->state == CKV_FENCE_REFUSED ? ": " : "",
+          sf->state == CKV_FENCE_REFUSED ? sf->why : "", (unsigned long long)sf->incarnation);
+  ckv_snap_done(snap);
+  j->fenced++;
+  return true;
+}
+
 /* PUSH, and LOAD / REMOVE of the remote tier's copy (remote_snap.h). */
 static void run_remote_tier(ckv_snapio_job *j) {
   if (!j->remote) {
@@ -68,8 +99,9 @@ static void run_remote_tier(ckv_snapio_job *j) {
       j->origin = CKV_SNAP_FROM_REMOTE;
       j->from_tier = 2;
       j->status = ckv_remote_tier_load(j->remote, j->tenant, j->model_id, j->model_revision, j->name, j->max_bytes,
-                                       &j->snap, j->err, sizeof j->err);
+                                       &j->snap, /* ret_fence= */ NULL, j->err, sizeof j->err);
       return;
+    case CKV_SNAPIO_FENCE: run_fence(j); return;
     case CKV_SNAPIO_REMOVE:
       j->status = ckv_remote_tier_drop(j->remote, j->tenant, j->model_id, j->model_revision, j->name, j->err,
                                        sizeof j->err);
@@ -87,10 +119,11 @@ static void run_remote_tier(ckv_snapio_job *j) {
  * snapshot is read as for any resume. */
 static bool resume_from_remote_tier(ckv_snapio_job *j) {
   char err[sizeof j->err];
+  ckv_store_fence sf;
   int r = ckv_remote_tier_load(j->remote, j->tenant, j->model_id, j->model_revision, j->name, j->max_bytes, &j->snap,
-                               err, sizeof err);
+                               &sf, err, sizeof err);
   if (r == -ENOENT) return false;
-  if (r == CKV_OK && fenced(j, &j->snap)) return false;
+  if (r == CKV_OK && (fenced(j, &j->snap) || store_fenced(j, &sf, &j->snap))) return false;
   if (r == -EIO) {
     ckv_log(CKV_LOG_WARNING, "remote-unavailable", j->tenant, j->name,
             "%s; a resume cannot see the remote tier, so the session's snapshot is read instead, if there is one",

@@ -33,6 +33,8 @@ typedef enum ckv_snapio_kind {
   CKV_SNAPIO_LOAD, /* read and validate that file into `snap` */
   CKV_SNAPIO_REMOVE, /* unlink that file (the disk tier's files, once their session is back or gone) */
   CKV_SNAPIO_PUSH,   /* the remote tier: store the tier file's bytes under the session's tier key (the file stays) */
+  CKV_SNAPIO_FENCE,  /* the remote tier: write the id's store fence (fence.h), and with fence_incarnation 0 delete
+                        the session's tier key in the same transaction (fencejob.h) */
 } ckv_snapio_kind;
 
 /* ckv_snapio_job.area: which file of the name the job means. */
@@ -70,6 +72,10 @@ typedef struct ckv_snapio_job {
   int fence_crash_copies;
   uint64_t want_incarnation;
   unsigned fenced;
+  /* FENCE: the record to write (fence.h); fence_delete: delete the tier key
+   * with it; fence_superseded: the store held a newer decision */
+  uint64_t fence_incarnation, fence_decided_ms;
+  int fence_delete, fence_superseded;
   /* what came of it (the thread's until collected) */
   int status;     /* CKV_OK, a ckv_status or -errno (ckv_snap_write / ckv_snap_read / ckv_snapdir_dir) */
   char err[320];  /* why, when status < 0 */

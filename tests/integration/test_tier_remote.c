@@ -22,7 +22,11 @@
  * - kill9_on_one_resumes_on_another: a session moved to the store by daemon
  *   1, daemon 1 killed with SIGKILL, and daemon 2 (its own socket and state
  *   directory, the same store) resumes it with OpenSession{resume},
- *   identical, and deletes the store's copy. */
+ *   identical, and deletes the store's copy.
+ * - The store fence (issue 40, persist/fence.h): a second daemon of the fleet
+ *   never takes a copy the fence ended, a forged or moved fence record never
+ *   lets an old value through, and a drop's reply says (code 0, its text)
+ *   when the store did not take the delete, within the store's timeout. */
 #include <criterion/criterion.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -377,6 +381,183 @@ Test(tier_remote, a_dropped_session_never_comes_back_from_the_store, .timeout = 
   char *log = ckv_test_read_file(d.log);
   cr_assert(log && strstr(log, "copy-fenced"), "the daemon did not say it fenced the store's copy");
   free(log);
+  ckv_client_free(c);
+  cr_assert_eq(ckv_test_daemon_stop(&d), 0);
+  ckv_test_store_stop(&st);
+}
+
+/* ---- the store fence (issue 40: "with a store shared by several daemons
+ * the fence lives in the store too"; "a drop whose remote delete failed
+ * says so in its reply text") ---- */
+
+#define FENCE_KEY(id) "ckv:fence:default:" id
+
+/* Until the store holds a value under key other than `was` (NULL: any), or
+ * DEADLINE_MS ran out: whether it does (no assertion: on a daemon without
+ * the store fence it never comes). */
+static bool store_changes_soon(const ckv_test_store *st, const char *key, const uint8_t *was, size_t was_len) {
+  long long end = ckv_test_now_ms() + DEADLINE_MS;
+  while (ckv_test_now_ms() < end) {
+    size_t len = 0;
+    uint8_t *v = ckv_test_store_get(st, key, &len);
+    bool changed = v && (!was || len != was_len || memcmp(v, was, len) != 0);
+    free(v);
+    if (changed) return true;
+    usleep(50000);
+  }
+  return false;
+}
+
+/* Resumes `id` on daemon c; asserts the old conversation did not come back. */
+static void resume_refused(ckv_client *c, const char *id, const char *what) {
+  ckv_session_options ro = {.resume = true, .model_id = MODEL, .model_revision = REV};
+  ckv_session *back = NULL;
+  int r = ckv_session_open(c, id, NULL, &ro, &back);
+  cr_assert_eq(r, CKV_ERR_NOT_FOUND, "%s: the ended conversation came back from the store: %s (%s), %llu tokens", what,
+               ckv_strerror(r), ckv_client_last_error(c), back ? (unsigned long long)ckv_session_tokens(back) : 0ull);
+}
+
+/* a_second_daemon_never_takes_a_copy_the_store_fence_ended (issue 40): daemons A and B, each with
+ * its own state directory, share one store and one key file (one fleet).  A session of A goes to
+ * the remote tier; the store is killed (its data saved) and A drops the session: code 0, and the
+ * reply's text says the remote copy could not be deleted and is fenced.  The store comes back (with
+ * the record of the conversation's open); A's retry writes the ended record over it.  The old value is then put back under its key (a delete that
+ * failed, a late push: the same bytes, sealed with the fleet's key), and B, which never recorded
+ * the id, resumes it: NOT_FOUND, never the old bytes.  (Before the store fence B restored every
+ * token with code 0.) */
+Test(tier_remote, a_second_daemon_never_takes_a_copy_the_store_fence_ended, .timeout = 180) {
+  ckv_test_store st;
+  ckv_test_store_start(&st);
+  ckv_test_daemon a, b;
+  daemon_start(&a, &st);
+  ckv_client *ca = connect_to(&a);
+  ckv_session *s = session_with_rounds(ca, "rt-fleet", 6);
+  wait_settled(ca);
+  wait_tier(&a, ca, "rt-fleet", "remote");
+  size_t old_len = 0;
+  uint8_t *old = ckv_test_store_get(&st, TIER_KEY("rt-fleet"), &old_len);
+  cr_assert_not_null(old, "the remote tier's value is not under its key");
+  size_t open_len = 0;
+  uint8_t *open_rec = ckv_test_store_get(&st, FENCE_KEY("rt-fleet"), &open_len); /* the open's record, if any */
+  ckv_test_store_cmd(&st, "SAVE");
+  int port = st.port;
+  ckv_test_store_kill(&st);
+  long long t0 = ckv_test_now_ms();
+  cr_assert_eq(ckv_session_drop(s), CKV_OK, "drop: %s", ckv_client_last_error(ca));
+  long long waited = ckv_test_now_ms() - t0;
+  cr_log_info("drop with the store down answered in %lld ms", waited);
+  char note[512];
+  snprintf(note, sizeof note, "%s", ckv_client_last_note(ca));
+  ckv_test_store_start_on(&st, port);
+  bool fenced = store_changes_soon(&st, FENCE_KEY("rt-fleet"), open_rec, open_len); /* the drop's record */
+  free(open_rec);
+  ckv_test_store_cmd(&st, "SET %s %b", TIER_KEY("rt-fleet"), old, old_len); /* the copy a failed delete leaves */
+  free(old);
+  daemon_start(&b, &st);
+  ckv_client *cb = connect_to(&b);
+  resume_refused(cb, "rt-fleet", "daemon B");
+  cr_assert(fenced, "daemon A never wrote the store fence after the store came back");
+  cr_assert(strstr(note, "remote copy could not be deleted") && strstr(note, "fenced"),
+            "the drop's reply does not say its remote delete failed: '%s'", note);
+  cr_assert_lt(waited, 3000, "the drop's reply took %lld ms with the store down (its timeout is 1 s)", waited);
+  char *log = ckv_test_read_file(b.log);
+  cr_assert(log && strstr(log, "copy-fenced") && strstr(log, "ended"), "daemon B did not say it fenced the copy");
+  free(log);
+  ckv_client_free(cb);
+  ckv_client_free(ca);
+  cr_assert_eq(ckv_test_daemon_stop(&b), 0);
+  cr_assert_eq(ckv_test_daemon_stop(&a), 0);
+  ckv_test_store_stop(&st);
+}
+
+/* a_forged_or_moved_store_fence_never_lets_an_old_value_through (issue 40): daemon A drops a session
+ * of the remote tier with the store up (the reply's text is empty; the store then holds the fence
+ * and no value).  The old value is put back, and the fence record is replaced by (1) bytes written
+ * without the key (a forger's "sealed" record), (2) the genuine, sealed record of another id
+ * (rt-live, a live conversation) moved under this id's key, as another tenant's record would be:
+ * neither opens, and daemon B (which never recorded the id) refuses the value each time, saying why;
+ * with the genuine record back it refuses it too. */
+Test(tier_remote, a_forged_or_moved_store_fence_never_lets_an_old_value_through, .timeout = 180) {
+  ckv_test_store st;
+  ckv_test_store_start(&st);
+  ckv_test_daemon a, b;
+  daemon_start(&a, &st);
+  ckv_client *ca = connect_to(&a);
+  ckv_session *s = session_with_rounds(ca, "rt-forge", 6);
+  wait_settled(ca);
+  wait_tier(&a, ca, "rt-forge", "remote");
+  size_t old_len = 0, gen_len = 0, live_len = 0;
+  uint8_t *old = ckv_test_store_get(&st, TIER_KEY("rt-forge"), &old_len);
+  cr_assert_not_null(old);
+  long long t0 = ckv_test_now_ms();
+  cr_assert_eq(ckv_session_drop(s), CKV_OK, "drop: %s", ckv_client_last_error(ca));
+  cr_log_info("drop with the store up answered in %lld ms", ckv_test_now_ms() - t0);
+  cr_assert_str_empty(ckv_client_last_note(ca), "a drop with the store up says: %s", ckv_client_last_note(ca));
+  uint8_t *genuine = ckv_test_store_get(&st, FENCE_KEY("rt-forge"), &gen_len);
+  cr_assert_not_null(genuine, "the drop's reply came before the store fence was written");
+  size_t left = 0;
+  free(ckv_test_store_get(&st, TIER_KEY("rt-forge"), &left));
+  cr_assert_eq(left, 0, "the drop did not delete the remote copy");
+  ckv_session *live = session_with_rounds(ca, "rt-live", 1);
+  cr_assert(store_changes_soon(&st, FENCE_KEY("rt-live"), NULL, 0), "a new conversation wrote no store fence");
+  uint8_t *live_rec = ckv_test_store_get(&st, FENCE_KEY("rt-live"), &live_len);
+  ckv_test_store_cmd(&st, "SET %s %b", TIER_KEY("rt-forge"), old, old_len);
+  daemon_start(&b, &st);
+  ckv_client *cb = connect_to(&b);
+  /* (1) forged: the seal's header and random bytes */
+  uint8_t forged[64] = "CKVSEAL1";
+  for (size_t i = 8; i < sizeof forged; i++) forged[i] = (uint8_t)(i * 37u + 11u);
+  ckv_test_store_cmd(&st, "SET %s %b", FENCE_KEY("rt-forge"), forged, sizeof forged);
+  resume_refused(cb, "rt-forge", "a forged fence");
+  /* (2) another id's genuine record, moved */
+  ckv_test_store_cmd(&st, "SET %s %b", FENCE_KEY("rt-forge"), live_rec, live_len);
+  resume_refused(cb, "rt-forge", "a moved fence");
+  /* the genuine record of the drop */
+  ckv_test_store_cmd(&st, "SET %s %b", FENCE_KEY("rt-forge"), genuine, gen_len);
+  resume_refused(cb, "rt-forge", "the genuine fence");
+  char *log = ckv_test_read_file(b.log);
+  cr_assert(log && strstr(log, "does not open"), "daemon B did not say the fence record does not open");
+  free(log);
+  free(old);
+  free(genuine);
+  free(live_rec);
+  ckv_session_close(live);
+  ckv_client_free(cb);
+  ckv_client_free(ca);
+  cr_assert_eq(ckv_test_daemon_stop(&b), 0);
+  cr_assert_eq(ckv_test_daemon_stop(&a), 0);
+  ckv_test_store_stop(&st);
+}
+
+/* a_drop_with_the_store_hung_is_answered_within_its_timeout (issue 40): the store stopped
+ * (SIGSTOP: it takes the connection and never answers), a drop of a session in the remote tier is
+ * answered 0 after the store's timeout (1 s here), not at once and not after the client's, with a
+ * text naming the failed delete; the store back, the retry writes the fence and deletes the copy. */
+Test(tier_remote, a_drop_with_the_store_hung_is_answered_within_its_timeout, .timeout = 120) {
+  ckv_test_store st;
+  ckv_test_store_start(&st);
+  ckv_test_daemon d;
+  daemon_start(&d, &st);
+  ckv_client *c = connect_to(&d);
+  ckv_session *s = session_with_rounds(c, "rt-hung", 4);
+  wait_settled(c);
+  wait_tier(&d, c, "rt-hung", "remote");
+  size_t open_len = 0;
+  uint8_t *open_rec = ckv_test_store_get(&st, FENCE_KEY("rt-hung"), &open_len);
+  cr_assert_eq(kill(st.pid, SIGSTOP), 0);
+  long long t0 = ckv_test_now_ms();
+  int r = ckv_session_drop(s);
+  long long waited = ckv_test_now_ms() - t0;
+  char note[512];
+  snprintf(note, sizeof note, "%s", ckv_client_last_note(c));
+  cr_assert_eq(kill(st.pid, SIGCONT), 0);
+  cr_log_info("drop with the store hung answered in %lld ms: %s", waited, note);
+  cr_assert_eq(r, CKV_OK, "drop: %s (%s)", ckv_strerror(r), ckv_client_last_error(c));
+  cr_assert(strstr(note, "remote copy") && strstr(note, "fenced"), "the drop's text: '%s'", note);
+  cr_assert(waited >= 900 && waited < 3000, "the drop was answered after %lld ms (timeout 1 s)", waited);
+  cr_assert(store_changes_soon(&st, FENCE_KEY("rt-hung"), open_rec, open_len), "the fence's retry never landed");
+  wait_store_keys(&st, TIER_KEY("rt-hung"), 0);
+  free(open_rec);
   ckv_client_free(c);
   cr_assert_eq(ckv_test_daemon_stop(&d), 0);
   ckv_test_store_stop(&st);

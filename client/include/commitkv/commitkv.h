@@ -94,6 +94,12 @@ ckv_client *ckv_client_free(ckv_client *c);
 const char *ckv_client_tenant(const ckv_client *c);
 /* The daemon's explanation of the last failed request (empty when none). */
 const char *ckv_client_last_error(const ckv_client *c);
+/* The text the daemon put on the last request that succeeded, empty when
+ * it put none: a success with something to say, e.g. a ckv_session_drop
+ * whose remote copy could not be deleted ("session 'x' is dropped, but the
+ * remote copy could not be deleted: ...; it is fenced ..."): the
+ * conversation is ended all the same.  Valid until the next request on c. */
+const char *ckv_client_last_note(const ckv_client *c);
 /* After CKV_ERR_DAEMON_RESTARTED: drops the mappings of the old daemon's
  * memory (a host arena stays mapped until the next reconnect, so a thread
  * still reading a view of it cannot fault; device memory is dropped at once),
