@@ -320,6 +320,9 @@ static void account(soak *s, soak_worker *w, int status) {
   } else {
     s->generations_failed++;
     count_error(s, fail[0] ? fail : "worker failed without a status");
+    if (s->generations_failed <= 5) /* say how, once in a while: the directory goes at the end */
+      fprintf(stderr, "commitkv-bench soak: %s failed (%s %d): %s", w->out, WIFEXITED(status) ? "exit" : "signal",
+              WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status), last[0] ? last : "(no output)\n");
   }
 }
 
