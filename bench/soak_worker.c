@@ -20,6 +20,8 @@
  * the others); NOT_FOUND of a current one is a legitimate loss (a kill -9
  * before its first autosave, tokens_lost).  Then a new conversation is opened
  * with a new random seed (the K/V of position p is a function of seed and p).
+ * A detached id is sometimes replaced instead, without a look (OpenSession
+ * without resume): the conversation it had is ended, wherever its copies are.
  * An id with a handle takes a round: append, write K/V, report, acknowledge,
  * read everything back; then now and then it is dropped (ended: its next
  * resume must find nothing) or detached for a few seconds (long enough for
@@ -321,6 +323,20 @@ static int resume_id(sw *w, int k) {
   return drop_id(w, k); /* ended, being dropped, or holding bytes nobody can vouch for */
 }
 
+/* A detached id replaced without a look at it: OpenSession without resume,
+ * which must fence every copy of the conversation it replaces (issue 40 N1,
+ * N2).  EXISTS while the daemon still holds it live: the next step resumes. */
+static int replace_id(sw *w, int k) {
+  ckv_soak_id *I = &w->st.ids[k];
+  I->old = I->cur;
+  I->cur = (ckv_soak_conv){.seed = new_seed(w)};
+  I->phase = CKV_SOAK_OPENING;
+  save(w);
+  int r = open_new(w, k);
+  if (r == CKV_OK) w->st.c.replaces++;
+  return r;
+}
+
 /* One round of id k (it has a handle), then maybe a drop or a detach. */
 static int round_id(sw *w, int k) {
   ckv_soak_id *I = &w->st.ids[k];
@@ -396,7 +412,8 @@ static int step(sw *w) {
     return CKV_OK;
   }
   bool held = w->h[k] != NULL;
-  int r = held ? round_id(w, k) : resume_id(w, k);
+  bool replace = !held && w->st.ids[k].phase == CKV_SOAK_LIVE && next_rand(w) % 4 == 0;
+  int r = held ? round_id(w, k) : replace ? replace_id(w, k) : resume_id(w, k);
   if (r == CKV_OK) return CKV_OK;
   if (reconnect_daemon_gone(w->c, w->h[k], r)) return recover(w); /* a dropped or closed handle is NULL */
   /* A session still attached to a killed worker, a store that is away: later. */

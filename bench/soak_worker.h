@@ -30,6 +30,7 @@
   X(tokens_lost, "written tokens a resume no longer had (a kill -9 before the autosave)")     \
   X(ids_reused, "new conversations opened on an id that had one before")                     \
   X(drops, "sessions dropped (DropSession answered 0)")                                       \
+  X(replaces, "detached conversations replaced by a new open without a resume")              \
   X(closes, "sessions detached, to be resumed later")                                         \
   X(resumes_ok, "resumes that served the current conversation, verified")                    \
   X(resumes_after_restart, "of those, with tokens, after a daemon kill -9 since they were written") \
