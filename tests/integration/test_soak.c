@@ -8,12 +8,12 @@
  *
  * ended_conversations_never_come_back (issue 40): the soak's verifying
  * workers (bench/soak_worker.c) on 4 ids each drop conversations, open new
- * ones on the same ids (also over detached ones, without a resume), detach and
- * resume them, while workers and commitkvd
- * are SIGKILLed and the remote tier's redis-server is SIGKILLed and started
- * again on its port; every byte served must be what the current
- * conversation wrote (wrong_bytes 0), none of an ended one (stale_served 0,
- * ended_served 0), and the checks must have happened. */
+ * ones on the same ids (also over detached ones, without a resume), detach
+ * and resume them, while workers and commitkvd are SIGKILLed and the remote
+ * tier's redis-server is SIGKILLed and started again on its port; every byte
+ * served must be what the current conversation wrote (wrong_bytes 0), none
+ * of an ended one (stale_served 0, ended_served 0), and the checks must have
+ * happened. */
 #include <criterion/criterion.h>
 #include <fcntl.h>
 #include <math.h>
