@@ -11,6 +11,8 @@ int ckv_bench_quality(int argc, char **argv);
 int ckv_bench_epoch(int argc, char **argv);
 int ckv_bench_formats(int argc, char **argv);
 int ckv_bench_soak(int argc, char **argv);
+/* One verifying worker of soak --verify-workers (bench/soak_worker.c). */
+int ckv_bench_soak_worker(int argc, char **argv);
 int ckv_bench_tiers(int argc, char **argv);
 
 #endif

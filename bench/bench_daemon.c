@@ -102,7 +102,7 @@ int ckv_bench_daemon_start(ckv_bench_daemon *d, const char *path, const char *di
       dup2(log, 2);
     }
     unsetenv("JOURNAL_STREAM"); /* log into the file, not the journal */
-    char *argv[32] = {(char *)path, "--backend", (char *)(d->backend ? d->backend : "host"),  "--socket",    d->socket,          "--attach-socket",
+    char *argv[48] = {(char *)path, "--backend", (char *)(d->backend ? d->backend : "host"),  "--socket",    d->socket,          "--attach-socket",
                     d->attach,    "--memory",  (char *)memory, "--state-dir", state, "--set", "daemon.metrics=",
                     NULL};
     int argc = 13;

@@ -18,7 +18,7 @@ typedef struct ckv_bench_daemon {
   pid_t pid;
   bool log_shown; /* its log's tail went to stderr already */
   const char *backend; /* --backend for start; NULL: host */
-  const char *sets[8]; /* extra "--set KEY=VALUE" for start (e.g. "daemon.disk_idle=1s"); NULL ends */
+  const char *sets[16]; /* extra "--set KEY=VALUE" for start (e.g. "daemon.disk_idle=1s"); NULL ends */
   char socket[PATH_MAX], attach[PATH_MAX], log[PATH_MAX];
 } ckv_bench_daemon;
 

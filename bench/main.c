@@ -17,6 +17,7 @@ __attribute__((weak)) int ckv_bench_quality(int argc, char **argv);
 __attribute__((weak)) int ckv_bench_epoch(int argc, char **argv);
 __attribute__((weak)) int ckv_bench_formats(int argc, char **argv);
 __attribute__((weak)) int ckv_bench_soak(int argc, char **argv);
+__attribute__((weak)) int ckv_bench_soak_worker(int argc, char **argv);
 __attribute__((weak)) int ckv_bench_tiers(int argc, char **argv);
 
 int main(int argc, char **argv) {
@@ -27,6 +28,7 @@ int main(int argc, char **argv) {
       {"formats", ckv_bench_formats, "bits per element and K/V error of every format on a real model's K/V [--json]"},
       {"tiers", ckv_bench_tiers, "offload/restore GB/s per tier vs plain I/O; resume of a 32K-token session vs its prefill [--json]"},
       {"soak", ckv_bench_soak, "workers appending, reporting and reading with kills and daemon restarts [--json]"},
+      {"soak-worker", ckv_bench_soak_worker, "(run by soak --verify-workers) drops, reuses ids, checks every byte"},
       {"quality", ckv_bench_quality, "every policy vs FP16 on agent and real-model workloads [--json] [--plot F.png] [--quick]"},
   };
   const size_t n = sizeof(cmds) / sizeof(cmds[0]);
