@@ -277,7 +277,7 @@ static int restore(const ckv_snap *snap, const char *id, ckv_tenant *t, const ck
     }
   }
   ckv_srv_session_restore_free_list(s);
-  for (int f = 0; f < CKV_FILL_COUNT; f++) s->fill[f] = snap->fill[f];
+  for (int f = 0; f < CKV_FILL_COUNT; f++) s->fill[f] = f < CKV_FORMAT_COUNT_ ? snap->fill[f] : CKV_NO_BLOCK;
   ckv_tokens *tt = &s->tokens;
   tt->n = 0; /* a new session: no rows yet */
   if ((r = ckv_tokens_append_rows(tt, st)) < 0) {

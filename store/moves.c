@@ -67,14 +67,16 @@ static uint32_t token_commit_format(const ckv_srv_session *s, uint32_t cf, size_
   return bits ? ckv_format_rot_of_bits(bits) : cf;
 }
 
-static int fill_index(uint32_t format) { return (int)format; }
+/* The fill block index (session.h) of `format`, for demoted tokens or live ones. */
+static uint32_t fill_index(uint32_t format, bool cold) { return cold ? CKV_FILL_COLD + format : format; }
+static uint32_t fill_format(uint32_t fi) { return fi % CKV_FILL_COLD; }
 
-/* Reserves `count` consecutive slots of the current fill block of `format`
- * (a new block when the current one lacks room).  `align`: the run must start
- * at a multiple of it (committed chunks). */
-static int reserve(ckv_srv_session *s, uint32_t format, uint32_t count, uint32_t align, uint32_t *ret_block,
+/* Reserves `count` consecutive slots of fill block fi (fill_index: a new
+ * block of its format when the current one lacks room).  `align`: the run
+ * must start at a multiple of it (committed chunks). */
+static int reserve(ckv_srv_session *s, uint32_t fi, uint32_t count, uint32_t align, uint32_t *ret_block,
                    uint16_t *ret_first) {
-  int fi = fill_index(format);
+  uint32_t format = fill_format(fi);
   uint32_t cur = s->fill[fi];
   if (cur != CKV_NO_BLOCK) {
     ckv_sblock *b = &s->blocks[cur];
@@ -133,6 +135,7 @@ static int submit(ckv_srv_session *s, ckv_compressor *c, plan_buf *b, int copy);
 static int plan(ckv_srv_session *s, ckv_compressor *c, bool flush, bool *ret_deferred);
 
 static int compact(ckv_srv_session *s, ckv_compressor *c);
+static int separate_cold(ckv_srv_session *s, ckv_compressor *c);
 
 /* Tokens that wait because no destination block could be had are said once
  * per stall (with what is missing), never per round. */
@@ -168,6 +171,7 @@ int ckv_moves_plan(ckv_srv_session *s, ckv_compressor *c, bool flush) {
   /* While a plan made in parts goes on, most blocks are in flux: compaction
    * waits for its last part (each part would rescan every token). */
   if (r == CKV_OK && !deferred) r = compact(s, c);
+  if (r == CKV_OK && !deferred && s->cold_dirty) r = separate_cold(s, c);
   if (r < 0) s->pending = count_pending(s); /* plan's own count may be short */
   note_stall(s);
   return r;
@@ -192,37 +196,37 @@ static void plan_bound_init(plan_bound *x, const ckv_srv_session *s) {
   x->deferred = false;
 }
 
-/* Free slots of the fill block of `format` from its next `align`ed slot on
- * (0 without a fill block). */
-static uint32_t fill_room(const ckv_srv_session *s, uint32_t format, uint32_t align) {
-  uint32_t cur = s->fill[fill_index(format)];
+/* Free slots of fill block fi from its next `align`ed slot on (0 without a
+ * fill block). */
+static uint32_t fill_room(const ckv_srv_session *s, uint32_t fi, uint32_t align) {
+  uint32_t cur = s->fill[fi];
   if (cur == CKV_NO_BLOCK) return 0;
   const ckv_sblock *b = &s->blocks[cur];
   uint32_t start = (b->used + align - 1) / align * align;
   return start < b->capacity ? b->capacity - start : 0;
 }
 
-/* Past the budget: room (0 = none) that `format` may still use in a block
- * this call opened. */
-static uint32_t bound_room(const ckv_srv_session *s, const plan_bound *x, uint32_t format, uint32_t align) {
-  uint32_t cur = s->fill[fill_index(format)];
-  return cur != CKV_NO_BLOCK && cur == x->opened[fill_index(format)] ? fill_room(s, format, align) : 0;
+/* Past the budget: room (0 = none) that fill block fi may still use in a
+ * block this call opened. */
+static uint32_t bound_room(const ckv_srv_session *s, const plan_bound *x, uint32_t fi, uint32_t align) {
+  uint32_t cur = s->fill[fi];
+  return cur != CKV_NO_BLOCK && cur == x->opened[fi] ? fill_room(s, fi, align) : 0;
 }
 
 /* Whether any committed format may still fill a block this call opened. */
 static bool bound_open(const ckv_srv_session *s, const plan_bound *x) {
-  for (int f = 0; f < CKV_FILL_COUNT; f++)
-    if (ckv_format_is_committed_state((uint32_t)f) && x->opened[f] != CKV_NO_BLOCK && bound_room(s, x, (uint32_t)f, 1))
+  for (uint32_t f = 0; f < CKV_FILL_COUNT; f++)
+    if (ckv_format_is_committed_state(fill_format(f)) && x->opened[f] != CKV_NO_BLOCK && bound_room(s, x, f, 1))
       return true;
   return false;
 }
 
 /* reserve(), noting the blocks this call opens (a new block starts at slot 0;
  * a fill block already has a slot in use). */
-static int take(ckv_srv_session *s, plan_bound *x, uint32_t format, uint32_t count, uint32_t align,
+static int take(ckv_srv_session *s, plan_bound *x, uint32_t fi, uint32_t count, uint32_t align,
                 uint32_t *ret_block, uint16_t *ret_first) {
-  int r = reserve(s, format, count, align, ret_block, ret_first);
-  if (r == CKV_OK && *ret_first == 0) x->opened[fill_index(format)] = *ret_block;
+  int r = reserve(s, fi, count, align, ret_block, ret_first);
+  if (r == CKV_OK && *ret_first == 0) x->opened[fi] = *ret_block;
   return r;
 }
 
@@ -310,8 +314,8 @@ static int plan(ckv_srv_session *s, ckv_compressor *c, bool flush, bool *ret_def
   /* draft -> staged, in position order, a run of slots per staged block */
   size_t p = from;
   for (; to_staged && r == CKV_OK;) {
-    uint32_t room = fill_room(s, CKV_FORMAT_STAGED, 1);
-    if (b.n >= x.budget) room = bound_room(s, &x, CKV_FORMAT_STAGED, 1);
+    uint32_t room = fill_room(s, CKV_FILL_STAGED, 1);
+    if (b.n >= x.budget) room = bound_room(s, &x, CKV_FILL_STAGED, 1);
     if (b.n >= x.budget && !room) {
       x.deferred = true;
       break;
@@ -320,7 +324,7 @@ static int plan(ckv_srv_session *s, ckv_compressor *c, bool flush, bool *ret_def
     if (k > to_staged) k = (uint32_t)to_staged;
     uint32_t blk;
     uint16_t first;
-    r = take(s, &x, CKV_FORMAT_STAGED, k, 1, &blk, &first);
+    r = take(s, &x, CKV_FILL_STAGED, k, 1, &blk, &first);
     for (uint32_t i = 0; r == CKV_OK && i < k; p++) {
       if (!wants_staged(s, p)) continue;
       r = plan_push(&b, s, (uint32_t)p, blk, (uint16_t)(first + i));
@@ -334,8 +338,9 @@ static int plan(ckv_srv_session *s, ckv_compressor *c, bool flush, bool *ret_def
   if (ckv_format_is_rot(cf)) { /* every token on its own: no chunk to wait for */
     for (p = from; p < t->n && r == CKV_OK && ready; p++) {
       if (!wants_commit(s, p)) continue;
-      uint32_t fmt = token_commit_format(s, cf, p);
-      if (b.n - staged_n >= x.budget && !bound_room(s, &x, fmt, 1)) {
+      /* a demoted token goes to a block of demoted tokens only (cold) */
+      uint32_t fi = fill_index(token_commit_format(s, cf, p), is_cold(s, p));
+      if (b.n - staged_n >= x.budget && !bound_room(s, &x, fi, 1)) {
         x.deferred = true;
         if (p < rest) rest = p;
         if (!bound_open(s, &x)) break; /* no block of this call has room left: the rest waits */
@@ -344,7 +349,7 @@ static int plan(ckv_srv_session *s, ckv_compressor *c, bool flush, bool *ret_def
       }
       uint32_t blk;
       uint16_t slot;
-      r = take(s, &x, fmt, 1, 1, &blk, &slot);
+      r = take(s, &x, fi, 1, 1, &blk, &slot);
       if (r == CKV_OK) r = plan_push(&b, s, (uint32_t)p, blk, slot);
       if (r == CKV_OK) ready--;
     }
@@ -354,13 +359,14 @@ static int plan(ckv_srv_session *s, ckv_compressor *c, bool flush, bool *ret_def
   p = from;
   for (size_t done = 0; p < t->n && done < take_n && r == CKV_OK;) {
     uint32_t chunk_n = take_n - done < CKV_COMMIT_CHUNK_TOKENS ? (uint32_t)(take_n - done) : CKV_COMMIT_CHUNK_TOKENS;
-    if (b.n - staged_n >= x.budget && bound_room(s, &x, cf, CKV_COMMIT_CHUNK_TOKENS) < CKV_COMMIT_CHUNK_TOKENS) {
+    if (b.n - staged_n >= x.budget &&
+        bound_room(s, &x, fill_index(cf, false), CKV_COMMIT_CHUNK_TOKENS) < CKV_COMMIT_CHUNK_TOKENS) {
       x.deferred = true;
       break;
     }
     uint32_t blk;
     uint16_t first;
-    r = take(s, &x, cf, chunk_n, CKV_COMMIT_CHUNK_TOKENS, &blk, &first);
+    r = take(s, &x, fill_index(cf, false), chunk_n, CKV_COMMIT_CHUNK_TOKENS, &blk, &first);
     if (r < 0) break;
     /* a partial chunk is sealed by its move: the rest of it stays empty */
     s->blocks[blk].used = (uint16_t)(first + CKV_COMMIT_CHUNK_TOKENS);
@@ -554,7 +560,7 @@ static int compact(ckv_srv_session *s, ckv_compressor *c) {
     uint32_t p = cand[i], blk = t->block[p];
     uint32_t dst;
     uint16_t slot;
-    r = reserve(s, s->blocks[blk].format, 1, 1, &dst, &slot);
+    r = reserve(s, fill_index(s->blocks[blk].format, false), 1, 1, &dst, &slot);
     if (r == CKV_OK && dst < n_known && sparse[dst]) r = CKV_ERR_STATE; /* cannot happen: fill blocks are never sparse */
     if (r == CKV_OK) r = plan_push(&b, s, p, dst, slot);
   }
@@ -568,6 +574,83 @@ static int compact(ckv_srv_session *s, ckv_compressor *c) {
     if (sr < 0) return sr;
   }
   return r == CKV_ERR_QUOTA || r == CKV_ERR_NOSPACE ? CKV_OK : r;
+}
+
+/* A rotated block that holds live and demoted tokens costs primary memory
+ * for both: a block counts as cold (store/cold.h, View.cold, ByteCounts.cold)
+ * only when every token in it is demoted.  Demoted tokens that reach a
+ * committed format go to blocks of their own (fill_index(.., cold)); a
+ * token demoted after it was committed, or recalled out of a cold block,
+ * leaves such a mixed block here: whichever side of the block is smaller
+ * moves (a rotated-to-rotated move: its rows are read back and quantized
+ * again against the destination block's key means, in the format its state
+ * asks for), so the block ends up all live or all cold.  Runs when the
+ * last round demoted or recalled something (s->cold_dirty), bounded like a
+ * plan; a block with a token in flight waits for a later call. */
+static int separate_cold(ckv_srv_session *s, ckv_compressor *c) {
+  if (!demotes(s) || ckv_compressor_room(c) == 0) return CKV_OK;
+  uint32_t cf = commit_format(s);
+  if (!ckv_format_is_rot(cf)) {
+    s->cold_dirty = false; /* KIVI blocks are chunk-sealed: their tokens do not move one by one */
+    return CKV_OK;
+  }
+  ckv_tokens *t = &s->tokens;
+  const size_t n_known = s->n_blocks, budget = s->plan_max_moves ? s->plan_max_moves : CKV_MOVES_PLAN_MAX_MOVES;
+  plan_buf b = {0};
+  bool all_seen = true;
+  int r = CKV_OK;
+  for (size_t i = 0; i < n_known && r == CKV_OK; i++) {
+    const ckv_sblock *k = &s->blocks[i];
+    if (!ckv_format_is_rot(k->format) || k->refs == 0) continue;
+    bool filling = false;
+    for (int f = 0; f < CKV_FILL_COUNT; f++) filling |= s->fill[f] == i;
+    if (filling) continue;
+    /* reserve() below may grow the block table: k is not used after it, the shadow (meta) stays */
+    const uint8_t *meta = k->meta;
+    const uint32_t *positions = ckv_block_positions_const(meta);
+    const uint32_t capacity = k->capacity;
+    uint32_t live = 0, cold = 0;
+    bool settled = true;
+    for (uint32_t slot = 0; slot < capacity && settled; slot++) {
+      if (!ckv_block_slot_valid(meta, slot)) continue;
+      uint32_t p = positions[slot];
+      /* a slot that is not its token's place would be a broken record: leave the block alone */
+      settled = p < t->n && t->block[p] == i && t->slot[p] == slot && !(t->flags[p] & CKV_TOKEN_PENDING);
+      if (settled) *(is_cold(s, p) ? &cold : &live) += 1;
+    }
+    if (!settled) {
+      all_seen = false;
+      continue;
+    }
+    if (!live || !cold) continue;
+    bool move_cold = cold <= live;
+    if (b.n + (move_cold ? cold : live) > budget) {
+      all_seen = false;
+      break;
+    }
+    if ((r = plan_reserve(&b, b.n + (move_cold ? cold : live))) < 0) break;
+    for (uint32_t slot = 0; slot < capacity && r == CKV_OK; slot++) {
+      if (!ckv_block_slot_valid(meta, slot)) continue;
+      uint32_t p = positions[slot];
+      if (is_cold(s, p) != move_cold) continue;
+      uint32_t dst;
+      uint16_t dst_slot;
+      r = reserve(s, fill_index(token_commit_format(s, cf, p), move_cold), 1, 1, &dst, &dst_slot);
+      if (r == CKV_OK) r = plan_push(&b, s, p, dst, dst_slot);
+    }
+  }
+  if (r == CKV_OK && all_seen) s->cold_dirty = false;
+  if (r == CKV_ERR_QUOTA || r == CKV_ERR_NOSPACE) { /* no destination block: the tokens stay, mixed, for now */
+    s->stalled_on = r;
+    r = CKV_OK;
+  }
+  if (b.n == 0) {
+    free(b.moves);
+    free(b.recs);
+    return r;
+  }
+  int sr = submit(s, c, &b, 0);
+  return sr < 0 ? sr : r;
 }
 
 /* Failures that say a block's bytes are not what the daemon wrote there (a
@@ -660,7 +743,10 @@ int ckv_moves_round(ckv_srv_session *s, ckv_compressor *c, uint32_t round, ckv_t
   }
   /* A block that went cold (or warm again) moves between the view's lists:
    * a new epoch makes the worker fetch it. */
-  if (cold_changed && demotes(s)) s->epoch++;
+  if (cold_changed && demotes(s)) {
+    s->epoch++;
+    s->cold_dirty = true; /* blocks may now hold live and demoted tokens: separate_cold */
+  }
   if (r < 0) return r;
   /* Nothing decided and nothing left over: the bytes already match. */
   if (out->n == before && !s->plan_dirty) return CKV_OK;

@@ -59,9 +59,16 @@ typedef struct ckv_slot_run {
   uint64_t first_position;
 } ckv_slot_run;
 
-/* Fill targets, one per format. */
-/* Fill blocks are kept per format: the index is the ckv_format. */
-enum { CKV_FILL_DRAFT = CKV_FORMAT_DRAFT, CKV_FILL_STAGED = CKV_FORMAT_STAGED, CKV_FILL_COUNT = CKV_FORMAT_COUNT_ };
+/* Fill blocks, two per format: fill[f] takes the tokens of format f,
+ * fill[CKV_FILL_COLD + f] only demoted ones (rotated formats: moves.c keeps
+ * demoted tokens out of the blocks live tokens use, so a block is either
+ * primary or cold, store/cold.h).  Snapshots keep the first CKV_FORMAT_COUNT_. */
+enum {
+  CKV_FILL_DRAFT = CKV_FORMAT_DRAFT,
+  CKV_FILL_STAGED = CKV_FORMAT_STAGED,
+  CKV_FILL_COLD = CKV_FORMAT_COUNT_,
+  CKV_FILL_COUNT = 2 * CKV_FORMAT_COUNT_
+};
 
 typedef struct ckv_srv_session {
   char id[CKV_SESSION_ID_MAX + 1];
@@ -111,6 +118,7 @@ typedef struct ckv_srv_session {
   uint32_t jobs_inflight;   /* compressor jobs not yet published */
   bool doomed;              /* dropped while jobs were in flight: freed when they finish */
   bool plan_dirty;          /* the last plan stopped early (quota, full queue, bound): plan again */
+  bool cold_dirty;          /* tokens were demoted or recalled: blocks may mix live and demoted ones (moves.c) */
   /* Moves one plan call makes at most (moves.c; 0: CKV_MOVES_PLAN_MAX_MOVES, UINT32_MAX: no bound). */
   uint32_t plan_max_moves;
   /* Positions below plan_from have nothing to plan (moves.c lowers it

@@ -526,7 +526,7 @@ static float cold_key(size_t pos, size_t last_round_first, uint32_t e) {
  * ckv_session_cold_select picks exactly the cold blocks a query could need
  * (the one holding keys it scores high), not the others.  With demote = no
  * the same workload drops tokens and counts the drops. */
-static uint64_t cold_workload(int demote, ckv_client *c, ckv_session **ret) {
+static uint64_t cold_workload(int demote, ckv_client *c, ckv_session **ret, uint64_t *ret_cold) {
   ckv_geometry g = {LAYERS, HEADS, DIM, 0};
   const char *names[] = {"sink_tokens", "recent_window", "persistence_rounds", "idle_rounds", "demote", "rotate"};
   const double values[] = {4, 16, 2, 2, demote, 1};
@@ -574,6 +574,7 @@ static uint64_t cold_workload(int demote, ckv_client *c, ckv_session **ret) {
         dropped = l->sessions[i]->tokens->dropped;
         pending = l->sessions[i]->pending_tokens;
         if (demote) cr_expect_gt(l->sessions[i]->tokens->cold, 0, "no token was demoted");
+        *ret_cold = l->sessions[i]->tokens->cold;
       }
     ckv_rpc_free(rep);
     if (!pending) break;
@@ -582,16 +583,109 @@ static uint64_t cold_workload(int demote, ckv_client *c, ckv_session **ret) {
   return dropped;
 }
 
+/* Filler (every other token, scored 0) is recycled two rounds after it
+ * commits, the rest stays committed (idle_rounds far away): with demotion
+ * the filler's bytes stay, and they must not stay in the committed blocks
+ * the live half uses.  Returns the demoted tokens outside cold blocks
+ * (*ret_demoted: all demoted), once the moves settled. */
+static uint64_t demoted_outside_cold(ckv_client *c, uint64_t *ret_demoted) {
+  ckv_geometry g = {LAYERS, HEADS, DIM, 0};
+  const char *names[] = {"sink_tokens", "recent_window", "persistence_rounds", "idle_rounds", "demote", "rotate",
+                         "filler_recycle_rounds"};
+  const double values[] = {4, 16, 2, 1000, 1, 1, 2};
+  ckv_session_options so = {.policy = "commitkv", .param_names = names, .param_values = values, .n_params = 7};
+  ckv_session *s = NULL;
+  int r = ckv_session_open(c, "half-filler", &g, &so, &s);
+  cr_assert_eq(r, CKV_OK, "open: %s (%s)", ckv_strerror(r), ckv_client_last_error(c));
+  size_t n = 0;
+  float *attn = calloc(COLD_ROUNDS * PER_ROUND, sizeof(float));
+  cr_assert(attn);
+  for (uint32_t round = 1; round <= COLD_ROUNDS; round++) {
+    float sem[PER_ROUND];
+    for (uint32_t i = 0; i < PER_ROUND; i++) sem[i] = (n + i) % 2 ? 0.5f : 0.f;
+    cr_assert_eq(ckv_session_append(s, PER_ROUND, NULL, NULL, sem, NULL, NULL), CKV_OK);
+    for (size_t pos = n; pos < n + PER_ROUND; pos++)
+      for (uint32_t layer = 0; layer < LAYERS; layer++) {
+        uint16_t k[HEADS * DIM], v[HEADS * DIM];
+        for (uint32_t e = 0; e < HEADS * DIM; e++) {
+          k[e] = ckv_f32_to_f16(ckv_test_kv_value(pos, layer, 0, e));
+          v[e] = ckv_f32_to_f16(ckv_test_kv_value(pos, layer, 1, e));
+        }
+        cr_assert_eq(ckv_session_write_kv(s, pos, layer, k, v), CKV_OK);
+      }
+    n += PER_ROUND;
+    for (size_t pos = 0; pos < n; pos++) attn[pos] = pos < 4 || pos + PER_ROUND >= n ? 1.f : 0.f;
+    cr_assert_eq(ckv_session_report(s, round, 0, attn, n, NULL), CKV_OK, "report: %s", ckv_client_last_error(c));
+  }
+  free(attn);
+  Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
+  Commitkv__V1__ListSessions ls = COMMITKV__V1__LIST_SESSIONS__INIT;
+  req.body_case = COMMITKV__V1__REQUEST__BODY_LIST_SESSIONS;
+  req.list_sessions = &ls;
+  uint64_t pending = 1;
+  for (int tries = 0; tries < 100 && pending; tries++) { /* the moves finish on compressor threads */
+    Commitkv__V1__Response *rep;
+    cr_assert_eq(ckv_rpc(c, &req, &rep), CKV_OK);
+    const Commitkv__V1__SessionList *l = rep->session_list;
+    for (size_t i = 0; l && i < l->n_sessions; i++)
+      if (!strcmp(l->sessions[i]->session_id, ckv_session_id(s))) {
+        *ret_demoted = l->sessions[i]->tokens->cold;
+        pending = l->sessions[i]->pending_tokens;
+      }
+    ckv_rpc_free(rep);
+    if (pending) usleep(20000);
+  }
+  cr_assert_eq(pending, 0, "the moves never settled");
+  const ckv_view *v;
+  cr_assert_eq(ckv_session_view(s, &v), CKV_OK);
+  uint64_t in_cold = 0;
+  for (size_t i = 0; i < v->n_cold; i++)
+    for (uint32_t slot = 0; slot < v->cold[i].capacity; slot++) in_cold += ckv_block_slot_valid(v->cold[i].data, slot);
+  cr_assert_eq(ckv_session_drop(s), CKV_OK);
+  return *ret_demoted - in_cold;
+}
+
+/* Demoted tokens leave the blocks live tokens use (primary memory): once the
+ * moves settle, each is in a cold block but for those in the cold fill
+ * block of its format (partly filled: not listed cold until full, its key
+ * bounds would change).  Measured: 22 of 86 demoted tokens outside cold
+ * blocks; before the separation (issue 39), 86 of 86: the filler shared
+ * every committed block with the live half. */
+Test(lifecycle_daemon, demoted_tokens_leave_the_blocks_of_live_ones, .timeout = 60) {
+  ckv_test_daemon d;
+  cr_assert_eq(ckv_test_daemon_start(&d, k_daemon_args), 0, "commitkvd did not start");
+  ckv_client *c = connect_to(&d);
+  uint64_t demoted = 0, outside = demoted_outside_cold(c, &demoted);
+  fprintf(stderr, "test_lifecycle_daemon: %llu of %llu demoted tokens outside cold blocks\n",
+          (unsigned long long)outside, (unsigned long long)demoted);
+  cr_expect_geq(demoted, COLD_ROUNDS * PER_ROUND / 6, "only %llu tokens were demoted", (unsigned long long)demoted);
+  cr_expect_leq(outside * 2, demoted, "%llu of %llu demoted tokens share blocks with live ones (primary memory)",
+                (unsigned long long)outside, (unsigned long long)demoted);
+  ckv_client_free(c);
+  cr_assert_eq(ckv_test_daemon_stop(&d), 0);
+}
+
 Test(lifecycle_daemon, demoted_tokens_stay_cold_and_come_back_for_the_query_that_needs_them, .timeout = 60) {
   ckv_test_daemon d;
   cr_assert_eq(ckv_test_daemon_start(&d, k_daemon_args), 0, "commitkvd did not start");
   ckv_client *c = connect_to(&d);
   ckv_session *s;
-  uint64_t dropped = cold_workload(1, c, &s);
+  uint64_t demoted = 0, dropped = cold_workload(1, c, &s, &demoted);
   cr_expect_eq(dropped, 0, "demote = yes dropped %llu tokens without a quota rule", (unsigned long long)dropped);
   const ckv_view *v;
   cr_assert_eq(ckv_session_view(s, &v), CKV_OK);
   cr_assert_geq(v->n_cold, 2, "cold blocks in the view: %zu", v->n_cold);
+  /* Every demoted token is in a cold block but for those in the cold fill
+   * block of each format (partly filled: not listed cold until full).
+   * Measured: 224 of 236 (this workload demotes whole blocks at once: see
+   * demoted_tokens_leave_the_blocks_of_live_ones for the mixed case). */
+  uint64_t in_cold = 0;
+  for (size_t i = 0; i < v->n_cold; i++)
+    for (uint32_t slot = 0; slot < v->cold[i].capacity; slot++) in_cold += ckv_block_slot_valid(v->cold[i].data, slot);
+  fprintf(stderr, "test_lifecycle_daemon: %llu of %llu demoted tokens in cold blocks\n", (unsigned long long)in_cold,
+          (unsigned long long)demoted);
+  cr_expect_leq(demoted - in_cold, 2u * 64u, "%llu demoted tokens share blocks with live ones (primary memory)",
+                (unsigned long long)(demoted - in_cold));
   /* the needles' block, and only it, for a query along channel 0 of each head */
   float q[HEADS * DIM] = {0};
   for (uint32_t h = 0; h < HEADS; h++) q[h * DIM] = 20.f;
@@ -623,7 +717,7 @@ Test(lifecycle_daemon, demoted_tokens_stay_cold_and_come_back_for_the_query_that
   cr_expect_eq(n_sel, v->n_cold, "a uniform query: every cold block could matter");
   cr_assert_eq(ckv_session_drop(s), CKV_OK);
   /* without demotion the same workload drops, and says so */
-  dropped = cold_workload(0, c, &s);
+  dropped = cold_workload(0, c, &s, &demoted);
   cr_expect_gt(dropped, 0, "demote = no dropped nothing");
   cr_assert_eq(ckv_session_drop(s), CKV_OK);
   ckv_client_free(c);
