@@ -3,7 +3,7 @@
  *
  *   commitkv-bench quality [--json] [--plot FILE.png] [--quick] [--rounds R]
  *                          [--model PATH] [--param NAME=VALUE]... [--daemon PATH] [--llm PATH]
- *                          [--policies LIST] [--synthetic]
+ *                          [--policies LIST] [--synthetic] [--dialogues FILE]
  *
  * The bench starts a real commitkvd (beside this binary, or --daemon) on the
  * host backend in a temporary directory and runs two workloads:
@@ -15,7 +15,7 @@
  * session's whole view, report the attention mass per position (summed over
  * layers, query rows and heads), acknowledge the epoch, wait until the
  * compressor has published the round's transitions, and read the session's
- * bytes (ListSessions: bytes.total against fp16_equivalent).  Before the
+ * bytes (ListSessions: bytes.primary and bytes.total).  Before the
  * policies, a reference pass runs the same queries over a private FP16 copy
  * of every token (the same kernel over private draft blocks) and keeps its
  * outputs.  Figures per policy:
@@ -27,12 +27,15 @@
  *                 (b) those tokens get at least FACT_SHARE_KEPT (half) of the
  *                 share of the row's attention that FP16 gives them (share
  *                 averaged over layers and query heads);
- *   bytes_ratio_fp16   bytes.total (every byte the daemon holds for the
- *                 session: blocks of every format, partly filled ones
- *                 included) over the FP16 bytes of every token appended so
- *                 far (the full cache; the daemon's fp16_equivalent counts
+ *   bytes_ratio_fp16   bytes.primary (every byte the daemon holds for the
+ *                 session in blocks attention reads every round: blocks of
+ *                 every format, partly filled ones included, not the cold
+ *                 blocks of demoted tokens, which this workload's attention
+ *                 does not read) over the FP16 bytes of every token appended
+ *                 so far (the full cache; the daemon's fp16_equivalent counts
  *                 live tokens only and is reported beside it), after the last
  *                 round, with the curve per round in "memory_per_round";
+ *   total_bytes_ratio_fp16   the same with bytes.total (every tier);
  *   transitions_per_round   tokens that changed state, from the ReportRound
  *                 replies, divided by the rounds.
  * h2o and streaming run "at equal memory": their budget is commitkv's final
@@ -46,6 +49,14 @@
  * (--model, $CKV_MODEL, $CKV_MODEL_DIR/stories260K.bin,
  * ../shared/models/stories260K.bin) the workload is reported as skipped, with
  * the reason, and its figures are null.
+ *
+ * agentlm: for each policy, commitkv-dialogue runs the project's agent model
+ * (tools/agentlm) over the public dialogues, or over --dialogues FILE (any
+ * file of that schema: tools/agentlm/robustness.py makes held-out and
+ * variant sets), with --shadow --sync; the bench takes recall,
+ * shadow_recall, kl_mean, top1_agreement, bytes_ratio_fp16 (the primary
+ * tier), total_bytes_ratio_fp16 (every tier: demoted tokens' cold blocks
+ * too) and recalled_blocks (cold blocks attention read) from it.
  *
  * A benchmark never asserts quality: it exits 1 only when something broke.
  * Figures go to stdout (a table, or one JSON object with --json); progress
@@ -91,6 +102,7 @@ typedef struct options {
   bool json, quick, synthetic_only;
   unsigned policy_mask; /* bit p: run policy p; 0: all (commitkv always runs: the others' budgets) */
   const char *plot, *model, *daemon, *llm, *agentlm, *dialogue;
+  const char *dialogues; /* --dialogues: agentlm's dialogue file (default: the public one) */
   const char *semantic; /* --semantic: commitkv-dialogue's, for the agentlm commitkv sessions (NULL: its default) */
   uint32_t rounds; /* 0: the preset's */
   const char *param_names[MAX_PARAMS];
@@ -108,11 +120,13 @@ typedef struct session_figs {
   uint64_t total, fp16, pending, epoch;
   uint64_t tokens[4]; /* draft, staged, committed, recycled */
   uint64_t bytes[3];  /* draft, staged, committed */
+  uint64_t primary;   /* bytes attention reads every round (total less the cold blocks of demoted tokens) */
 } session_figs;
 
 typedef struct policy_result {
   fig bytes_ratio, top1, kl, cosine, cosine_min, recall, transitions;
   fig answer_recall, shadow_recall; /* agentlm: exact-match recall of the greedy answers, and the FP16 shadow's */
+  fig total_ratio, recalled_blocks;  /* bytes in every tier over FP16's; cold blocks attention read (agentlm) */
   double budget;       /* h2o/streaming: the budget given; 0 otherwise */
   uint32_t fact_queries, facts_kept;
   double *ratio_round; /* [rounds] bytes ratio after each round (synthetic) */
@@ -190,7 +204,7 @@ static int session_figures(ckv_client *c, const char *id, session_figs *ret) {
       const Commitkv__V1__TokenCounts *t = s->tokens;
       *ret = (session_figs){s->bytes->total, s->bytes->fp16_equivalent, s->pending_tokens, s->epoch,
                             {t->draft, t->staged, t->committed, t->recycled},
-                            {s->bytes->draft, s->bytes->staged, s->bytes->committed}};
+                            {s->bytes->draft, s->bytes->staged, s->bytes->committed}, s->bytes->primary};
       r = 0;
     }
   ckv_rpc_free(rep);
@@ -516,7 +530,8 @@ static int policy_run(ckv_client *c, const ckv_workload_params *wp, const refere
     /* against the FP16 bytes of every token appended (the full cache), not the daemon's
      * fp16_equivalent, which counts live tokens only and so flatters evicting policies */
     double full = (double)n * wp->n_layers * 2.0 * (double)tl;
-    res->ratio_round[rd.round - 1] = (double)f.total / full;
+    res->ratio_round[rd.round - 1] = (double)f.primary / full;
+    res->total_ratio = (fig){true, (double)f.total / full};
   }
   if (r == -ENOENT) r = 0;
   if (r == 0) {
@@ -826,21 +841,26 @@ static bool find_file(const char *path, const char *env, const char *name, const
   return false;
 }
 
-/* Exposed for the tests of the parser: commitkv-dialogue's JSON -> figures
- * (recall, shadow recall, KL, top-1 against the shadow, bytes ratio). */
-int ckv_bench_quality_parse_dialogue(const char *json, double *ret_recall, double *ret_shadow_recall, double *ret_kl,
-                                     double *ret_top1, double *ret_ratio);
-int ckv_bench_quality_parse_dialogue(const char *json, double *ret_recall, double *ret_shadow_recall, double *ret_kl,
-                                     double *ret_top1, double *ret_ratio) {
-  double r, sr, k, t, b;
-  if (!json_number(json, "recall", &r) || !json_number(json, "bytes_ratio_fp16", &b)) return -EPROTO;
-  *ret_recall = r;
-  *ret_ratio = b;
-  *ret_shadow_recall = json_number(json, "shadow_recall", &sr) ? sr : NAN;
-  *ret_kl = json_number(json, "kl_mean", &k) ? k : NAN;
-  *ret_top1 = json_number(json, "top1_agreement", &t) ? t : NAN;
+/* commitkv-dialogue's JSON -> figures.  bytes_ratio is the primary tier's
+ * (its bytes_ratio_fp16), total every tier's; a field it lacks is NAN. */
+typedef struct dialogue_figs {
+  double recall, shadow_recall, kl, top1, bytes_ratio, total_ratio, recalled_blocks;
+} dialogue_figs;
+
+static int parse_dialogue(const char *json, dialogue_figs *f) {
+  if (!json_number(json, "recall", &f->recall) || !json_number(json, "bytes_ratio_fp16", &f->bytes_ratio))
+    return -EPROTO;
+  const struct {
+    const char *name;
+    double *to;
+  } optional[] = {{"shadow_recall", &f->shadow_recall}, {"kl_mean", &f->kl}, {"top1_agreement", &f->top1},
+                  {"total_bytes_ratio_fp16", &f->total_ratio}, {"recalled_blocks", &f->recalled_blocks}};
+  for (size_t i = 0; i < sizeof optional / sizeof optional[0]; i++)
+    if (!json_number(json, optional[i].name, optional[i].to)) *optional[i].to = NAN;
   return 0;
 }
+
+static fig maybe(double v) { return (fig){!isnan(v), isnan(v) ? 0 : v}; }
 
 static void run_agentlm(const options *o, const ckv_bench_daemon *d, workload_result *wr) {
   char bin[PATH_MAX], model[PATH_MAX], data[PATH_MAX];
@@ -853,10 +873,13 @@ static void run_agentlm(const options *o, const ckv_bench_daemon *d, workload_re
   else if (!find_file(o->agentlm, "CKV_AGENTLM_MODEL", NULL, "../../tools/agentlm/agentlm.bin", model, sizeof(model)))
     snprintf(wr->skipped, sizeof(wr->skipped),
              "agent model not found (--agentlm, $CKV_AGENTLM_MODEL, tools/agentlm/agentlm.bin)");
-  else if (!find_file(NULL, "CKV_AGENT_DIALOGUES", "agent-dialogues.jsonl", "../../../shared/models/agent-dialogues.jsonl",
-                      data, sizeof(data)))
-    snprintf(wr->skipped, sizeof(wr->skipped),
-             "public dialogues not found ($CKV_AGENT_DIALOGUES, $CKV_MODEL_DIR/agent-dialogues.jsonl, ../shared/models)");
+  else if (o->dialogues ? !find_file(o->dialogues, NULL, NULL, NULL, data, sizeof(data))
+                        : !find_file(NULL, "CKV_AGENT_DIALOGUES", "agent-dialogues.jsonl",
+                                     "../../../shared/models/agent-dialogues.jsonl", data, sizeof(data)))
+    snprintf(wr->skipped, sizeof(wr->skipped), "%s",
+             o->dialogues ? "--dialogues: no such file"
+                          : "public dialogues not found ($CKV_AGENT_DIALOGUES, $CKV_MODEL_DIR/agent-dialogues.jsonl, "
+                            "../shared/models)");
   if (wr->skipped[0]) {
     fprintf(stderr, "commitkv-bench: agentlm skipped: %s\n", wr->skipped);
     return;
@@ -918,16 +941,21 @@ static void run_agentlm(const options *o, const ckv_bench_daemon *d, workload_re
     char *out = NULL;
     int64_t t0 = now_ns();
     int st = run_child(argv, &out);
-    double rc, sr, kl, t1, br;
-    if (st == 0 && out && ckv_bench_quality_parse_dialogue(out, &rc, &sr, &kl, &t1, &br) == 0) {
+    dialogue_figs f;
+    if (st == 0 && out && parse_dialogue(out, &f) == 0) {
       policy_result *res = &wr->pol[p];
-      res->answer_recall = (fig){true, rc};
-      res->shadow_recall = (fig){!isnan(sr), isnan(sr) ? 0 : sr};
-      res->kl = (fig){!isnan(kl), isnan(kl) ? 0 : kl};
-      res->top1 = (fig){!isnan(t1), isnan(t1) ? 0 : t1};
-      res->bytes_ratio = (fig){true, br};
-      fprintf(stderr, "commitkv-bench:   %-9s bytes %.3f of fp16, recall %.3f (fp16 shadow %.3f), top-1 %.4f, KL %.5f (%.1f s)\n",
-              k_policy[p], br, rc, sr, t1, kl, (double)(now_ns() - t0) / 1e9);
+      res->answer_recall = (fig){true, f.recall};
+      res->shadow_recall = maybe(f.shadow_recall);
+      res->kl = maybe(f.kl);
+      res->top1 = maybe(f.top1);
+      res->bytes_ratio = (fig){true, f.bytes_ratio};
+      res->total_ratio = maybe(f.total_ratio);
+      res->recalled_blocks = maybe(f.recalled_blocks);
+      fprintf(stderr,
+              "commitkv-bench:   %-9s bytes %.3f of fp16 (%.3f in all tiers), recall %.3f (fp16 shadow %.3f), top-1 "
+              "%.4f, KL %.5f, %.0f cold blocks read (%.1f s)\n",
+              k_policy[p], f.bytes_ratio, f.total_ratio, f.recall, f.shadow_recall, f.top1, f.kl, f.recalled_blocks,
+              (double)(now_ns() - t0) / 1e9);
     } else {
       fprintf(stderr, "commitkv-bench:   %-9s commitkv-dialogue failed (status %d)\n", k_policy[p], st);
     }
@@ -1080,6 +1108,8 @@ static void print_json(const options *o, const workload_result *wr, size_t n) {
       const policy_result *r = &w->pol[p];
       printf("%s{\"policy\": \"%s\", ", p ? ", " : "", k_policy[p]);
       json_fig("bytes_ratio_fp16", r->bytes_ratio, ", ");
+      json_fig("total_bytes_ratio_fp16", r->total_ratio, ", ");
+      json_fig("recalled_blocks", r->recalled_blocks, ", ");
       json_fig("top1_agreement", r->top1, ", ");
       json_fig("kl_mean", r->kl, ", ");
       json_fig("attn_cosine", r->cosine, ", ");
@@ -1272,6 +1302,8 @@ static void usage(FILE *f) {
              "  --llm PATH      commitkv-llm to run for stories260K (default: beside this binary)\n"
              "  --agentlm PATH  the agent model (default $CKV_AGENTLM_MODEL, tools/agentlm/agentlm.bin)\n"
              "  --dialogue PATH commitkv-dialogue to run for agentlm (default: beside this binary)\n"
+             "  --dialogues FILE agentlm's dialogues (JSON lines, agent-dialogues.jsonl's schema; default the\n"
+             "                  public file): e.g. tools/agentlm/robustness.py's sets\n"
              "  --semantic M    agentlm's commitkv sessions score turns by M: entities (commitkv-dialogue's\n"
              "                  default), embed, none or oracle (labels read off the answers)\n");
 }
@@ -1285,7 +1317,7 @@ static int parse_options(int argc, char **argv, options *o) {
                                      {"llm", required_argument, 0, 'l'}, {"agentlm", required_argument, 0, 'a'},
                                      {"dialogue", required_argument, 0, 'D'}, {"policies", required_argument, 0, 'L'},
                                      {"synthetic", no_argument, 0, 'S'}, {"semantic", required_argument, 0, 'E'},
-                                     {0, 0, 0, 0}};
+                                     {"dialogues", required_argument, 0, 'F'}, {0, 0, 0, 0}};
   optind = 1;
   int ch;
   while ((ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -1321,6 +1353,7 @@ static int parse_options(int argc, char **argv, options *o) {
       case 'l': o->llm = optarg; break;
       case 'a': o->agentlm = optarg; break;
       case 'D': o->dialogue = optarg; break;
+      case 'F': o->dialogues = optarg; break;
       case 'S': o->synthetic_only = true; break;
       case 'E':
         if (strcmp(optarg, "embed") && strcmp(optarg, "none") && strcmp(optarg, "entities") && strcmp(optarg, "oracle")) {

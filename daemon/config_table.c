@@ -235,7 +235,9 @@ const config_key ckv_cfg_keys[] = {
             "the tenants with a quota. Its arena (the quota plus headroom) comes out of [daemon] "
             "memory; a quota larger than what is left is cut to fit."},
     {SEC_TENANT, "quota_host", T_SIZE, TEN(quota_host), .imin = 0, .imax = PIB, .reload = true,
-     .def = "0", .doc = "Bytes in the host-memory tier; 0 = no cap of its own."},
+     .def = "0",
+     .doc = "Bytes in the host-memory tier; 0 = no cap of its own. The host tier is not implemented "
+            "yet: the daemon warns at start when this is set, and it limits nothing."},
     {SEC_TENANT, "quota_disk", T_SIZE, TEN(quota_disk), .imin = 0, .imax = PIB, .reload = true,
      .def = "0",
      .doc = "Bytes of this tenant's files in the state directory: its snapshots, autosaves and "

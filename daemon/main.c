@@ -348,6 +348,11 @@ int main(int argc, char **argv) {
     ckv_log(CKV_LOG_WARNING, "tiers", NULL, NULL,
             "host_memory is set, but the host tier is not implemented yet (on the host backend the primary tier is "
             "host memory already); the disk tier is disk_memory and disk_idle");
+  for (size_t i = 0; i < a.cfg.n_tenants; i++)
+    if (a.cfg.tenants[i].quota_host)
+      ckv_log(CKV_LOG_WARNING, "tiers", a.cfg.tenants[i].name, NULL,
+              "quota_host is set, but the host tier it caps is not implemented yet: it limits nothing (quota "
+              "caps the tenant's memory, quota_disk its files)");
   if (a.cfg.disk_idle_ms && !a.cfg.disk_memory)
     ckv_log(CKV_LOG_WARNING, "tiers", NULL, NULL, "disk_idle is set but disk_memory is 0: the disk tier is off");
   else if (a.cfg.disk_memory && !a.cfg.disk_idle_ms && !a.cfg.disk_pressure)

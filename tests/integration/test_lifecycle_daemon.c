@@ -193,9 +193,11 @@ static void twenty_rounds(int rotate, uint32_t committed_format, uint32_t cold_f
   cr_assert_eq(ckv_test_daemon_start(&d, k_daemon_args), 0, "commitkvd did not start");
   ckv_client *c = connect_to(&d);
   ckv_geometry g = {LAYERS, HEADS, DIM, 0};
-  const char *names[] = {"sink_tokens", "recent_window", "persistence_rounds", "idle_rounds", "prune_keep", "rotate"};
-  const double values[] = {4, 16, 2, 6, 1, rotate};
-  ckv_session_options so = {.policy = "commitkv", .param_names = names, .param_values = values, .n_params = 6};
+  /* demote = no: recycled tokens leave the view (demotion keeps them, in View.cold: tested below) */
+  const char *names[] = {"sink_tokens", "recent_window", "persistence_rounds", "idle_rounds",
+                         "prune_keep",  "rotate",        "demote"};
+  const double values[] = {4, 16, 2, 6, 1, rotate, 0};
+  ckv_session_options so = {.policy = "commitkv", .param_names = names, .param_values = values, .n_params = 7};
   ckv_session *s = NULL;
   int r = ckv_session_open(c, "life", &g, &so, &s);
   cr_assert_eq(r, CKV_OK, "open: %s (%s)", ckv_strerror(r), ckv_client_last_error(c));

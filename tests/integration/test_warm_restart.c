@@ -439,9 +439,10 @@ static void map_blocks(ckv_client *c, ckv_session *s, mapped *m) {
   int r = ckv_session_view(s, &v);
   cr_assert_eq(r, CKV_OK, "view: %s (%s)", ckv_strerror(r), ckv_client_last_error(c));
   memset(m, 0, sizeof *m);
-  const ckv_block_view *lists[3] = {v->draft, v->staged, v->committed};
-  size_t counts[3] = {v->n_draft, v->n_staged, v->n_committed};
-  for (int k = 0; k < 3; k++)
+  /* cold blocks too: a block of demoted tokens is listed cold once it is no longer being filled */
+  const ckv_block_view *lists[4] = {v->draft, v->staged, v->committed, v->cold};
+  size_t counts[4] = {v->n_draft, v->n_staged, v->n_committed, v->n_cold};
+  for (int k = 0; k < 4; k++)
     for (size_t i = 0; i < counts[k]; i++) {
       cr_assert_lt(m->n, 512);
       size_t head = ckv_block_payload_offset(lists[k][i].capacity);

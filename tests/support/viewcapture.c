@@ -22,14 +22,16 @@ ckv_capture ckv_test_capture_view(ckv_client *c, const char *sid, const ckv_geom
   cr_assert(rep->body_case == COMMITKV__V1__RESPONSE__BODY_VIEW && rep->view, "GetView %s answered no view", sid);
   const Commitkv__V1__View *v = rep->view;
   ckv_capture cap = {.epoch = v->epoch, .n_tokens = v->n_tokens};
-  size_t total = v->n_draft + v->n_staged + v->n_committed;
+  /* cold blocks too: demoted tokens are the session's K/V as much as any (a
+   * block may go cold, or stop being a fill block, across a restore) */
+  size_t total = v->n_draft + v->n_staged + v->n_committed + v->n_cold;
   cap.blocks = calloc(total + 1, sizeof(*cap.blocks));
   cap.format_of = malloc(v->n_tokens + 1);
   cr_assert(cap.blocks && cap.format_of);
   memset(cap.format_of, CKV_FORMAT_COUNT_, v->n_tokens + 1);
-  Commitkv__V1__BlockRef **lists[3] = {v->draft, v->staged, v->committed};
-  size_t counts[3] = {v->n_draft, v->n_staged, v->n_committed};
-  for (int k = 0; k < 3; k++)
+  Commitkv__V1__BlockRef **lists[4] = {v->draft, v->staged, v->committed, v->cold};
+  size_t counts[4] = {v->n_draft, v->n_staged, v->n_committed, v->n_cold};
+  for (int k = 0; k < 4; k++)
     for (size_t i = 0; i < counts[k]; i++) {
       const Commitkv__V1__BlockRef *b = lists[k][i];
       const uint8_t *base = ckv_rpc_arena_ptr(c, b->arena_id, b->offset, b->bytes);
