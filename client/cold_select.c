@@ -16,12 +16,14 @@ typedef struct summary {
   uint64_t id;
   uint32_t n_valid;
   bool unknown; /* the block could not be read back: always selected */
+  uint64_t seen; /* the last prune() that found it in the view */
   float *lo, *hi; /* [n_layers][n_kv_heads][head_dim] */
 } summary;
 
 struct ckv_cold_cache {
   summary *v; /* sorted by id */
   size_t n, cap;
+  uint64_t prunes; /* prune() calls that looked at the view */
   float *row; /* scratch: one slot's keys, all heads */
   size_t row_len;
 };
@@ -113,11 +115,14 @@ static int lookup(ckv_cold_cache *c, const ckv_geometry *g, const ckv_block_view
 /* Forgets the summaries of blocks no longer cold in v (recalled or freed). */
 static void prune(ckv_cold_cache *c, const ckv_view *v) {
   if (c->n <= 2 * v->n_cold + 64) return;
+  c->prunes++; /* each cold block of the view marks its summary: n_cold binary searches */
+  for (size_t k = 0; k < v->n_cold; k++) {
+    size_t at = find(c, v->cold[k].id);
+    if (at < c->n && c->v[at].id == v->cold[k].id) c->v[at].seen = c->prunes;
+  }
   size_t keep = 0;
   for (size_t i = 0; i < c->n; i++) {
-    bool live = false;
-    for (size_t k = 0; k < v->n_cold && !live; k++) live = v->cold[k].id == c->v[i].id;
-    if (live) c->v[keep++] = c->v[i];
+    if (c->v[i].seen == c->prunes) c->v[keep++] = c->v[i];
     else {
       free(c->v[i].lo);
       free(c->v[i].hi);
@@ -150,8 +155,25 @@ static void draft_scores(ckv_cold_cache *c, const ckv_geometry *g, const ckv_vie
   }
 }
 
+typedef struct ranked {
+  float margin; /* how far the block's bound passes the bar, the most over the query heads */
+  uint32_t idx;
+} ranked;
+
+static int by_margin_desc(const void *a, const void *b) {
+  const ranked *x = a, *y = b;
+  if (x->margin != y->margin) return x->margin > y->margin ? -1 : 1;
+  return x->idx < y->idx ? -1 : x->idx > y->idx;
+}
+
+static int by_idx(const void *a, const void *b) {
+  uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+  return x < y ? -1 : x > y;
+}
+
 int ckv_cold_select(ckv_cold_cache **cache, const ckv_geometry *g, const ckv_view *v, uint32_t layer, const float *q,
-                    uint32_t n_q_heads, float scale, float min_weight, uint32_t *ret_idx, size_t *ret_n) {
+                    uint32_t n_q_heads, float scale, float min_weight, size_t max_blocks, uint32_t *ret_idx,
+                    size_t *ret_n) {
   if (!cache || !g || !v || !q || !ret_n || (v->n_cold && !ret_idx) || layer >= g->n_layers || !g->n_kv_heads ||
       !n_q_heads || n_q_heads % g->n_kv_heads || !(min_weight > 0.f))
     return CKV_ERR_INVALID;
@@ -168,7 +190,12 @@ int ckv_cold_select(ckv_cold_cache **cache, const ckv_geometry *g, const ckv_vie
   }
   if (!(scale > 0.f)) scale = 1.f / sqrtf((float)g->head_dim);
   float *best = malloc(n_q_heads * sizeof(float));
-  if (!best) return -ENOMEM;
+  ranked *rank = max_blocks ? malloc(v->n_cold * sizeof(*rank)) : NULL;
+  if (!best || (max_blocks && !rank)) {
+    free(best);
+    free(rank);
+    return -ENOMEM;
+  }
   draft_scores(c, g, v, layer, q, n_q_heads, scale, best);
   prune(c, v);
   const uint32_t group = n_q_heads / g->n_kv_heads, d = g->head_dim;
@@ -179,17 +206,32 @@ int ckv_cold_select(ckv_cold_cache **cache, const ckv_geometry *g, const ckv_vie
     if ((r = lookup(c, g, &v->cold[i], &s)) < 0) break;
     if (!s->n_valid) continue;
     bool need = s->unknown;
-    for (uint32_t h = 0; h < n_q_heads && !need; h++) {
+    float margin = need ? INFINITY : -INFINITY;
+    for (uint32_t h = 0; h < n_q_heads && (!need || rank); h++) {
       const float *lo = s->lo + layer * per_layer + (size_t)(h / group) * d,
                   *hi = s->hi + layer * per_layer + (size_t)(h / group) * d, *qh = q + (size_t)h * d;
       float ub = 0.f;
       for (uint32_t x = 0; x < d; x++) ub += qh[x] >= 0.f ? qh[x] * hi[x] : qh[x] * lo[x];
       ub = ub * scale + logf((float)s->n_valid);
       /* no exact score to compare with (no draft block): read it */
-      need = !isfinite(best[h]) || !isfinite(ub) || ub >= best[h] + log_w;
+      bool head_needs = !isfinite(best[h]) || !isfinite(ub) || ub >= best[h] + log_w;
+      need |= head_needs;
+      if (head_needs) {
+        float m = isfinite(best[h]) && isfinite(ub) ? ub - best[h] : isfinite(ub) ? ub : INFINITY;
+        if (m > margin) margin = m;
+      }
     }
-    if (need) ret_idx[(*ret_n)++] = (uint32_t)i;
+    if (!need) continue;
+    if (rank) rank[*ret_n] = (ranked){margin, (uint32_t)i};
+    ret_idx[(*ret_n)++] = (uint32_t)i;
   }
+  if (r == CKV_OK && rank && *ret_n > max_blocks) { /* the blocks whose bounds pass the bar the most */
+    qsort(rank, *ret_n, sizeof(*rank), by_margin_desc);
+    *ret_n = max_blocks;
+    for (size_t k = 0; k < max_blocks; k++) ret_idx[k] = rank[k].idx;
+    qsort(ret_idx, max_blocks, sizeof(*ret_idx), by_idx);
+  }
+  free(rank);
   free(best);
   return r;
 }

@@ -23,9 +23,11 @@ typedef struct ckv_cold_cache ckv_cold_cache;
 
 void ckv_cold_cache_free(ckv_cold_cache *c);
 
-/* ckv_session_cold_select's work on a host-memory view; *cache is created on
- * first use.  Returns CKV_OK, CKV_ERR_INVALID, -ENOMEM. */
+/* ckv_session_cold_select_top's work on a host-memory view (max_blocks 0:
+ * no cap); *cache is created on first use.  Returns CKV_OK,
+ * CKV_ERR_INVALID, -ENOMEM. */
 int ckv_cold_select(ckv_cold_cache **cache, const ckv_geometry *g, const ckv_view *v, uint32_t layer, const float *q,
-                    uint32_t n_q_heads, float scale, float min_weight, uint32_t *ret_idx, size_t *ret_n);
+                    uint32_t n_q_heads, float scale, float min_weight, size_t max_blocks, uint32_t *ret_idx,
+                    size_t *ret_n);
 
 #endif

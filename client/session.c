@@ -574,12 +574,18 @@ int ckv_session_ack_after_stream(ckv_session *s, uint64_t epoch, void *stream, u
   return ckv_session_ack(s, epoch, ret_reclaimed);
 }
 
-int ckv_session_cold_select(ckv_session *s, uint32_t layer, const float *q, uint32_t n_q_heads, float scale,
-                            float min_weight, uint32_t *ret_idx, size_t *ret_n) {
+int ckv_session_cold_select_top(ckv_session *s, uint32_t layer, const float *q, uint32_t n_q_heads, float scale,
+                                float min_weight, size_t max_blocks, uint32_t *ret_idx, size_t *ret_n) {
   if (!s || !ret_n) return CKV_ERR_INVALID;
   if (!s->view_epoch) return CKV_ERR_STATE;
   if (s->view.n_cold && strcmp(ckv_client_memory_kind(s->c), "host") != 0) return CKV_ERR_UNSUPPORTED;
-  return ckv_cold_select(&s->cold, &s->geom, &s->view, layer, q, n_q_heads, scale, min_weight, ret_idx, ret_n);
+  return ckv_cold_select(&s->cold, &s->geom, &s->view, layer, q, n_q_heads, scale, min_weight, max_blocks, ret_idx,
+                         ret_n);
+}
+
+int ckv_session_cold_select(ckv_session *s, uint32_t layer, const float *q, uint32_t n_q_heads, float scale,
+                            float min_weight, uint32_t *ret_idx, size_t *ret_n) {
+  return ckv_session_cold_select_top(s, layer, q, n_q_heads, scale, min_weight, 0, ret_idx, ret_n);
 }
 
 int ckv_session_note_recalled(ckv_session *s, uint64_t n) {

@@ -219,11 +219,13 @@ static int recover(worker *w, int failed, bool report_lost, int status, const ch
     if (r == CKV_OK) break;
     ckv_session *probe = NULL;
     for (int i = 0; i < o->sessions && !probe; i++) probe = w->ss[i].s;
-    if (!reconnect_daemon_gone(w->c, probe, r) || reconnect_now_ms() >= deadline) {
+    bool transient = reconnect_transient(r);
+    if (!(transient || reconnect_daemon_gone(w->c, probe, r)) || reconnect_now_ms() >= deadline) {
       fprintf(stderr, "%s: after the daemon came back: %s: %s: %s\n", o->prefix, step, ckv_strerror(r),
               ckv_client_last_error(w->c));
       return r;
     }
+    if (transient) reconnect_pause(deadline);
   }
   w->reconnects++;
   fprintf(stderr,

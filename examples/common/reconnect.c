@@ -1,6 +1,7 @@
 /* reconnect.c - re-attach with backoff and reopen sessions (see reconnect.h). */
 #include "examples/common/reconnect.h"
 
+#include <errno.h>
 #include <time.h>
 
 long long reconnect_now_ms(void) {
@@ -20,6 +21,13 @@ bool reconnect_daemon_gone(ckv_client *c, ckv_session *s, int status) {
   /* A stale handle answers at once, without asking any daemon. */
   const ckv_view *v;
   return s && ckv_session_view(s, &v) == CKV_ERR_DAEMON_RESTARTED;
+}
+
+bool reconnect_transient(int status) { return status == -EIO || status == CKV_ERR_BUSY; }
+
+void reconnect_pause(long long deadline_ms) {
+  long long left = deadline_ms - reconnect_now_ms(), pause = RECONNECT_MAX_MS / 4;
+  if (left > 0) sleep_ms(pause < left ? pause : left);
 }
 
 int reconnect_client(ckv_client *c, long long deadline_ms) {

@@ -34,6 +34,16 @@ long long reconnect_now_ms(void);
  * CKV_ERR_NOT_FOUND for the old session's id; ckv_session_view tells). */
 bool reconnect_daemon_gone(ckv_client *c, ckv_session *s, int status);
 
+/* True when the daemon answered but refused for a while, not for good: a
+ * resume that needs the remote store while it is unreachable (-EIO), or a
+ * busy daemon (CKV_ERR_BUSY).  The reference workers pause
+ * (reconnect_pause) and try again until their deadline, as for a daemon
+ * that went away. */
+bool reconnect_transient(int status);
+/* Sleeps before the next try after a transient refusal: RECONNECT_MAX_MS / 4,
+ * or what is left to deadline_ms. */
+void reconnect_pause(long long deadline_ms);
+
 /* Calls ckv_client_reconnect until it succeeds, pausing RECONNECT_FIRST_MS,
  * doubling to RECONNECT_MAX_MS, between tries, and gives up once the
  * monotonic clock passes deadline_ms.  Returns CKV_OK or the last try's

@@ -717,6 +717,23 @@ Test(lifecycle_daemon, demoted_tokens_stay_cold_and_come_back_for_the_query_that
   q[1] = 20.f;
   cr_assert_eq(ckv_session_cold_select(s, 0, q, HEADS, 0.f, 0.01f, idx, &n_sel), CKV_OK);
   cr_expect_eq(n_sel, v->n_cold, "a uniform query: every cold block could matter");
+  /* capped (Quest's top-k): at most max_blocks of them, in ascending order */
+  size_t n_top = 0;
+  cr_assert_eq(ckv_session_cold_select_top(s, 0, q, HEADS, 0.f, 0.01f, 2, idx, &n_top), CKV_OK);
+  cr_expect_eq(n_top, 2, "a cap of 2 gave %zu blocks", n_top);
+  cr_expect(n_top < 2 || idx[0] < idx[1], "the capped selection is not in view order");
+  /* the needle query, capped at one block: the needles' block */
+  for (uint32_t h = 0; h < HEADS; h++) q[h * DIM] = 20.f;
+  q[1] = 0.f;
+  cr_assert_eq(ckv_session_cold_select_top(s, 0, q, HEADS, 0.f, 0.01f, 1, idx, &n_top), CKV_OK);
+  cr_assert_eq(n_top, 1);
+  const ckv_block_view *top = &v->cold[idx[0]];
+  bool top_needle = false;
+  for (uint32_t slot = 0; slot < top->capacity; slot++) {
+    uint32_t p = ckv_block_positions_const(top->data)[slot];
+    top_needle |= ckv_block_slot_valid(top->data, slot) && p >= NEEDLE_FIRST && p < NEEDLE_FIRST + 8;
+  }
+  cr_expect(top_needle, "the one block kept for the needle query holds no needle");
   cr_assert_eq(ckv_session_drop(s), CKV_OK);
   /* without demotion the same workload drops, and says so */
   dropped = cold_workload(0, c, &s, &demoted);

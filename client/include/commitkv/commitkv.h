@@ -269,6 +269,11 @@ int ckv_session_view(ckv_session *s, const ckv_view **ret);
  * CKV_ERR_UNSUPPORTED (a CUDA arena: read every cold block), -ENOMEM. */
 int ckv_session_cold_select(ckv_session *s, uint32_t layer, const float *q, uint32_t n_q_heads, float scale,
                             float min_weight, uint32_t *ret_idx, size_t *ret_n);
+/* ckv_session_cold_select, at most max_blocks of them (0: no cap): when more
+ * pass the bar, those whose bound passes it the most, over the query heads
+ * (Quest's top-k pages).  ret_idx ascending, as ckv_session_cold_select's. */
+int ckv_session_cold_select_top(ckv_session *s, uint32_t layer, const float *q, uint32_t n_q_heads, float scale,
+                                float min_weight, size_t max_blocks, uint32_t *ret_idx, size_t *ret_n);
 /* Adds n to the cold blocks the next ckv_session_report says this round's
  * attention read (ReportRound.recalled_blocks: counted by the daemon per
  * session, stats and ListSessions). */
