@@ -138,15 +138,16 @@ int ckv_policy_from_name(const char *name);
     "0 = persistence_rounds like any other. For workers whose scores label whole turns (the "     \
     "agent dialogue worker sends 1: FP16's recall at 0.19 of its bytes); off by default, since "  \
     "agent-synthetic's token-level filler draws real attention (1: cosine 0.957, not 0.993).")   \
-  X(demote, demote, BOOL, 0, 0, 1, 1,                                                             \
+  X(demote, demote, BOOL, 1, 0, 1, 1,                                                             \
     "yes: recycled tokens are demoted, never dropped: their bytes stay, in their committed "      \
-    "format (draft and staged ones are committed in cold_bits first), in cold blocks that "        \
-    "attention skips unless the worker's query could need them (ckv_session_cold_select); only "   \
-    "a quota rule drops a token for good, and drops are counted. Off by default: on the agent "   \
-    "model's held-out tune sets (24 dialogues each) it answered as often at fewer primary bytes " \
-    "(base 0.922 at 0.191 of FP16, no: 0.922 at 0.195) and more often on read-backs (0.869, no: " \
-    "0.787), but less often on dialogues 3x longer (0.828, no: 0.922; FP16 0.922). The h2o and "   \
-    "streaming baselines always free.")                                                           \
+    "format (draft and staged ones are committed in cold_bits first), in cold blocks of their "   \
+    "own that attention skips unless the worker's query could need them "                         \
+    "(ckv_session_cold_select_top); only a quota rule drops a token for good, and drops are "     \
+    "counted. On the agent model's tune sets (24 dialogues each, the reference worker reading at " \
+    "most 4 cold blocks per layer) recall 0.906 / 0.906 / 0.869 on base, 3x longer and "          \
+    "read-back dialogues at 0.190 / 0.177 / 0.183 of FP16 in primary memory; no: 0.922 / 0.922 / " \
+    "0.787 at 0.195 / 0.181 / 0.185 (FP16 0.906 / 0.922 / 0.918). The h2o and streaming "           \
+    "baselines always free.")                                                                     \
   X(recall_attn, recall_attn, FLOAT, 1, 0, 1e6, 1,                                                \
     "A demoted token whose reported relative attention reaches this (1.0 = an average live "      \
     "token's share) is recalled: back to committed, its block primary again.")                   \
