@@ -57,8 +57,10 @@ static void json_str(const char *s) {
 }
 
 static void json_tokens(const Commitkv__V1__TokenCounts *t) {
-  printf("{\"draft\": %" PRIu64 ", \"staged\": %" PRIu64 ", \"committed\": %" PRIu64 ", \"recycled\": %" PRIu64 "}",
-         t ? t->draft : 0, t ? t->staged : 0, t ? t->committed : 0, t ? t->recycled : 0);
+  printf("{\"draft\": %" PRIu64 ", \"staged\": %" PRIu64 ", \"committed\": %" PRIu64 ", \"recycled\": %" PRIu64
+         ", \"cold\": %" PRIu64 ", \"dropped\": %" PRIu64 "}",
+         t ? t->draft : 0, t ? t->staged : 0, t ? t->committed : 0, t ? t->recycled : 0, t ? t->cold : 0,
+         t ? t->dropped : 0);
 }
 
 static void json_bytes(const Commitkv__V1__ByteCounts *b) {
@@ -152,7 +154,9 @@ static int cmd_stats(ckv_client *c, bool json) {
     printf("%-10s %14" PRIu64 " %16" PRIu64 "\n", "draft", t->draft, b->draft);
     printf("%-10s %14" PRIu64 " %16" PRIu64 "\n", "staged", t->staged, b->staged);
     printf("%-10s %14" PRIu64 " %16" PRIu64 "\n", "committed", t->committed, b->committed);
-    printf("%-10s %14" PRIu64 " %16s\n", "recycled", t->recycled, "-");
+    printf("%-10s %14" PRIu64 " %16s  (%" PRIu64 " demoted, bytes kept in cold blocks; %" PRIu64
+           " dropped for good)\n",
+           "recycled", t->recycled, "-", t->cold, t->dropped);
     printf("%-10s %14s %16" PRIu64 "  (FP16 equivalent %" PRIu64 ", ratio %.3f)\n", "total", "", b->total,
            b->fp16_equivalent, b->fp16_equivalent ? (double)b->total / (double)b->fp16_equivalent : 0.0);
     for (size_t i = 0; i < s->n_arenas; i++)

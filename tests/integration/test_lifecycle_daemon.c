@@ -464,6 +464,12 @@ Test(lifecycle_daemon, quota_recycles_then_refuses_and_usage_stays_within, .time
   cr_expect_eq(dr + st + co + re, n, "state counts must add up to the %zu tokens appended", n);
   cr_expect_leq(used_max, QUOTA);
   cr_expect_eq(ckv_test_stat(&d, "tenants.0.quota_bytes"), QUOTA);
+  /* demotion is the default: recycled tokens keep their bytes until the quota
+   * rule needs them, and every byte it drops for good is counted */
+  unsigned long long dropped = ckv_test_stat(&d, "tokens.dropped");
+  fprintf(stderr, "test_lifecycle_daemon: under the quota %llu recycled, %llu of them dropped for good\n", re, dropped);
+  cr_expect_gt(dropped, 0, "the quota rule dropped nothing (or did not say so)");
+  cr_expect_leq(dropped, re, "more tokens dropped (%llu) than recycled (%llu)", dropped, re);
 
   cr_expect_eq(ckv_session_drop(s), CKV_OK);
   ckv_client_free(c);
