@@ -143,11 +143,11 @@ int ckv_policy_from_name(const char *name);
     "format (draft and staged ones are committed in cold_bits first), in cold blocks of their "   \
     "own that attention skips unless the worker's query could need them "                         \
     "(ckv_session_cold_select_top); only a quota rule drops a token for good, and drops are "     \
-    "counted. On the agent model's tune sets (24 dialogues each, the reference worker reading at " \
-    "most 4 cold blocks per layer) recall 0.906 / 0.906 / 0.869 on base, 3x longer and "          \
-    "read-back dialogues at 0.190 / 0.177 / 0.183 of FP16 in primary memory; no: 0.922 / 0.922 / " \
-    "0.787 at 0.195 / 0.181 / 0.185 (FP16 0.906 / 0.922 / 0.918). The h2o and streaming "           \
-    "baselines always free.")                                                                     \
+    "counted. On the agent model's held-out sets (24 dialogues each, the reference worker "       \
+    "reading at most 4 cold blocks per layer) recall 0.924 / 0.848 / 0.683 on base, 3x longer "   \
+    "and read-back dialogues at 0.190 / 0.181 / 0.185 of FP16 in primary memory, KL to FP16 about " \
+    "half; no: 0.955 / 0.864 / 0.667 at 0.192 / 0.184 / 0.185. The h2o and streaming baselines "  \
+    "always free.")                                                                               \
   X(recall_attn, recall_attn, FLOAT, 1, 0, 1e6, 1,                                                \
     "A demoted token whose reported relative attention reaches this (1.0 = an average live "      \
     "token's share) is recalled: back to committed, its block primary again.")                   \
