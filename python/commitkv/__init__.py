@@ -239,6 +239,8 @@ class View:
         self.draft = [b for b in blocks if b.category == "draft"]
         self.staged = [b for b in blocks if b.category == "staged"]
         self.committed = [b for b in blocks if b.category == "committed"]
+        #: blocks whose every token was demoted (kept, not read every round: see Session.attention)
+        self.cold = [b for b in blocks if b.category == "cold"]
 
     def locate(self, position: int) -> Optional[tuple]:
         """(block, slot) of the token at `position`, or None (recycled, or not in this view)."""
@@ -265,7 +267,7 @@ class View:
 
     def __repr__(self) -> str:
         return (f"<commitkv.View epoch={self.epoch} tokens={self.n_tokens} draft={len(self.draft)} "
-                f"staged={len(self.staged)} committed={len(self.committed)}>")
+                f"staged={len(self.staged)} committed={len(self.committed)} cold={len(self.cold)}>")
 
 
 class Session:
@@ -336,12 +338,16 @@ class Session:
         return View(epoch, n_tokens, [Block(d, self.geometry) for d in blocks])
 
     def attention(self, layer: int, q: Any, scale: Optional[float] = None, *, threads: int = 0,
-                  extra_k: Any = None, extra_v: Any = None) -> tuple:
+                  extra_k: Any = None, extra_v: Any = None, cold_max_blocks: int = 4,
+                  cold_min_weight: float = 0.01) -> tuple:
         """Fused decode attention of `q` over every block of the current view.
 
         q: (n_q_heads, head_dim) or (n_rows, n_q_heads, head_dim), n_q_heads a
         multiple of n_kv_heads (converted to float32 if it is not).  The kernel
-        reads draft, staged and committed blocks in place.  scale defaults to
+        reads draft, staged and committed blocks in place, and the cold blocks
+        (demoted tokens) a query row could need: those whose key bounds could
+        take cold_min_weight of a head's attention, at most cold_max_blocks
+        per row (0: no cap), as the C workers do (ckv_session_cold_select_top).  scale defaults to
         1/sqrt(head_dim); threads 0 lets the kernel choose.  extra_k, extra_v:
         optional K/V of this layer for tokens the session does not hold,
         (n, n_kv_heads, head_dim) (converted to float16, 1 <= n <= 4096),
@@ -358,7 +364,7 @@ class Session:
             ek = np.ascontiguousarray(np.asarray(extra_k), dtype=np.float16)
             ev = np.ascontiguousarray(np.asarray(extra_v), dtype=np.float16)
         out, mass, _epoch, _n = self._s.attention(int(layer), qa, 0.0 if scale is None else float(scale),
-                                                  int(threads), ek, ev)
+                                                  int(threads), ek, ev, int(cold_max_blocks), float(cold_min_weight))
         return np.frombuffer(out, dtype=np.float32).reshape(qa.shape), np.frombuffer(mass, dtype=np.float32)
 
     def report(self, round: int, attention_mass: Any, semantic: Any = None, *, first_position: int = 0) -> RoundResult:

@@ -134,9 +134,10 @@ static PyObject *client_open_session(ckvpy_client *self, PyObject *args, PyObjec
 /* ---- stats: the object of `commitkvctl stats --json`, key for key ---------- */
 
 static PyObject *token_counts(const Commitkv__V1__TokenCounts *t) {
-  return Py_BuildValue("{sKsKsKsK}", "draft", (unsigned long long)(t ? t->draft : 0), "staged",
+  return Py_BuildValue("{sKsKsKsKsKsK}", "draft", (unsigned long long)(t ? t->draft : 0), "staged",
                        (unsigned long long)(t ? t->staged : 0), "committed", (unsigned long long)(t ? t->committed : 0),
-                       "recycled", (unsigned long long)(t ? t->recycled : 0));
+                       "recycled", (unsigned long long)(t ? t->recycled : 0), "cold",
+                       (unsigned long long)(t ? t->cold : 0), "dropped", (unsigned long long)(t ? t->dropped : 0));
 }
 
 static PyObject *byte_counts(const Commitkv__V1__ByteCounts *b) {

@@ -232,14 +232,45 @@ out:
 /* ---- view ---------------------------------------------------------------------- */
 
 /* The current view's blocks copied out of the session (draft, staged,
- * committed in that order); call with self->lock held. */
+ * committed, cold in that order); call with self->lock held. */
 typedef struct view_copy {
   uint64_t epoch, n_tokens, tokens;
   ckv_block_view *blocks;
-  size_t n, n_draft, n_staged;
+  size_t n, n_draft, n_staged, n_committed; /* the rest are cold */
 } view_copy;
 
-static int copy_view(ckvpy_session *self, view_copy *ret, char *err, size_t errlen) {
+/* Which cold blocks an attention call reads: those query rows q
+ * ([rows][qheads][head_dim]) could need at `layer`, at most max_blocks per
+ * row (ckv_session_cold_select_top, min_weight), their union. */
+typedef struct cold_query {
+  uint32_t layer, rows, qheads, max_blocks;
+  float scale, min_weight;
+  const float *q;
+} cold_query;
+
+/* Marks in `pick` (one byte per cold block of v) the blocks cq selects. */
+static int pick_cold(ckvpy_session *self, const ckv_view *v, const cold_query *cq, uint8_t *pick, char *err,
+                     size_t errlen) {
+  uint32_t *idx = malloc(v->n_cold * sizeof(*idx));
+  if (!idx) {
+    snprintf(err, errlen, "out of memory");
+    return -ENOMEM;
+  }
+  const size_t row = (size_t)cq->qheads * self->geom.head_dim;
+  int r = CKV_OK;
+  for (uint32_t i = 0; i < cq->rows && r == CKV_OK; i++) {
+    size_t n = 0;
+    r = ckv_session_cold_select_top(self->s, cq->layer, cq->q + i * row, cq->qheads, cq->scale, cq->min_weight,
+                                    cq->max_blocks, idx, &n);
+    for (size_t k = 0; r == CKV_OK && k < n; k++) pick[idx[k]] = 1;
+  }
+  if (r < 0) ckvpy_copy_error(self->client->c, r, err, errlen);
+  free(idx);
+  return r;
+}
+
+/* cq NULL: every cold block (a view); else the cold blocks cq selects. */
+static int copy_view(ckvpy_session *self, view_copy *ret, const cold_query *cq, char *err, size_t errlen) {
   if (!self->s) {
     snprintf(err, errlen, NOT_OPEN_TEXT);
     return CKV_ERR_STATE;
@@ -257,16 +288,28 @@ static int copy_view(ckvpy_session *self, view_copy *ret, char *err, size_t errl
     return r;
   }
   size_t n = v->n_draft + v->n_staged + v->n_committed;
-  ckv_block_view *b = malloc((n ? n : 1) * sizeof(*b));
-  if (!b) {
+  ckv_block_view *b = malloc((n + v->n_cold ? n + v->n_cold : 1) * sizeof(*b));
+  uint8_t *pick = cq && v->n_cold ? calloc(v->n_cold, 1) : NULL;
+  if (!b || (cq && v->n_cold && !pick)) {
+    free(b);
     snprintf(err, errlen, "out of memory");
     return -ENOMEM;
   }
   if (v->n_draft) memcpy(b, v->draft, v->n_draft * sizeof(*b));
   if (v->n_staged) memcpy(b + v->n_draft, v->staged, v->n_staged * sizeof(*b));
   if (v->n_committed) memcpy(b + v->n_draft + v->n_staged, v->committed, v->n_committed * sizeof(*b));
+  size_t primary = n;
+  if (pick && (r = pick_cold(self, v, cq, pick, err, errlen)) < 0) {
+    free(pick);
+    free(b);
+    return r;
+  }
+  for (size_t i = 0; i < v->n_cold; i++)
+    if (!cq || pick[i]) b[n++] = v->cold[i];
+  free(pick);
   *ret = (view_copy){.epoch = v->epoch, .n_tokens = v->n_tokens, .tokens = ckv_session_tokens(self->s),
-                     .blocks = b, .n = n, .n_draft = v->n_draft, .n_staged = v->n_staged};
+                     .blocks = b, .n = n, .n_draft = v->n_draft, .n_staged = v->n_staged,
+                     .n_committed = primary - v->n_draft - v->n_staged};
   return CKV_OK;
 }
 
@@ -304,14 +347,17 @@ static PyObject *session_view(ckvpy_session *self, PyObject *unused) {
   char err[512];
   Py_BEGIN_ALLOW_THREADS
   pthread_mutex_lock(&self->lock);
-  r = copy_view(self, &vc, err, sizeof(err));
+  r = copy_view(self, &vc, NULL, err, sizeof(err));
   pthread_mutex_unlock(&self->lock);
   Py_END_ALLOW_THREADS
   if (r < 0) return ckvpy_raise(r, err);
   PyObject *list = PyList_New((Py_ssize_t)vc.n), *result = NULL;
   if (!list) goto out;
   for (size_t i = 0; i < vc.n; i++) {
-    const char *cat = i < vc.n_draft ? "draft" : i < vc.n_draft + vc.n_staged ? "staged" : "committed";
+    const char *cat = i < vc.n_draft                                ? "draft"
+                      : i < vc.n_draft + vc.n_staged                ? "staged"
+                      : i < vc.n_draft + vc.n_staged + vc.n_committed ? "committed"
+                                                                      : "cold";
     PyObject *d = block_dict(self, &vc.blocks[i], cat);
     if (!d) goto out;
     PyList_SET_ITEM(list, (Py_ssize_t)i, d);
@@ -393,12 +439,18 @@ static int attend(const ckvpy_session *self, const view_copy *vc, uint32_t layer
 }
 
 static PyObject *session_attention(ckvpy_session *self, PyObject *args, PyObject *kw) {
-  static char *kwlist[] = {"layer", "q", "scale", "threads", "extra_k", "extra_v", NULL};
-  unsigned int layer, threads = 0;
+  static char *kwlist[] = {"layer", "q", "scale", "threads", "extra_k", "extra_v", "cold_max_blocks",
+                           "cold_min_weight", NULL};
+  unsigned int layer, threads = 0, cold_max = 4;
   PyObject *oq, *oek = NULL, *oev = NULL;
-  double scale = 0.0;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "IO|dIOO", kwlist, &layer, &oq, &scale, &threads, &oek, &oev))
+  double scale = 0.0, cold_min_weight = 0.01;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "IO|dIOOId", kwlist, &layer, &oq, &scale, &threads, &oek, &oev, &cold_max,
+                                   &cold_min_weight))
     return NULL;
+  if (!(cold_min_weight > 0.0 && cold_min_weight <= 1.0)) {
+    PyErr_SetString(PyExc_ValueError, "cold_min_weight: a share of attention in (0, 1]");
+    return NULL;
+  }
   if ((oek && oek != Py_None) != (oev && oev != Py_None)) {
     PyErr_SetString(PyExc_ValueError, "extra_k and extra_v go together");
     return NULL;
@@ -449,7 +501,9 @@ static PyObject *session_attention(ckvpy_session *self, PyObject *args, PyObject
   char err[512];
   Py_BEGIN_ALLOW_THREADS
   pthread_mutex_lock(&self->lock);
-  r = copy_view(self, &vc, err, sizeof(err));
+  cold_query cq = {.layer = layer, .rows = (uint32_t)rows, .qheads = (uint32_t)qh, .max_blocks = cold_max,
+                   .scale = (float)scale, .min_weight = (float)cold_min_weight, .q = qb.buf};
+  r = copy_view(self, &vc, &cq, err, sizeof(err));
   bool reading = r == CKV_OK;
   if (reading) pthread_rwlock_rdlock(&self->readers); /* before the lock goes: no ack in between */
   pthread_mutex_unlock(&self->lock);

@@ -236,10 +236,22 @@ def test_rounds_move_tokens_and_views_follow(client, sid):
         assert view.epoch == s.epoch >= epoch > 1
         assert seen, "24 rounds published no transition"
         assert view.staged or view.committed, f"nothing left draft: {seen}"
-        for b in view.staged + view.committed:
+        for b in view.staged + view.committed + view.cold:
             assert b.k is None and b.format != "draft" and b.data.size == b.nbytes
         out, mass = s.attention(0, q)
         assert np.isfinite(out).all()
+        # demotion is the default: the filler's bytes stay, in cold blocks the view lists apart
+        assert view.cold, f"nothing demoted to a cold block: {view}"
+        cold_positions = {int(p) for b in view.cold for p in b.positions[b.valid]}
+        # a uniform query (all zeros) could need every cold block: uncapped (0), attention
+        # reads them all and gives their tokens mass; capped at 1, one block
+        zq = np.zeros((H, D), dtype=np.float32)
+        _, mass_all = s.attention(0, zq, cold_max_blocks=0)
+        _, mass_one = s.attention(0, zq, cold_max_blocks=1)
+        read_all = {p for p in cold_positions if mass_all[p] > 0}
+        read_one = {p for p in cold_positions if mass_one[p] > 0}
+        assert read_all == cold_positions, f"{len(cold_positions - read_all)} cold tokens unread uncapped"
+        assert read_one and len(read_one) < len(read_all) or len(view.cold) == 1
 
 
 def test_session_close_keep_detaches_and_resume_finds_it(client, sid):
