@@ -287,12 +287,25 @@ int main(int argc, char **argv) {
     return 1;
   }
   w.g = (ckv_geometry){o.layers, o.heads, o.dim, CKV_DTYPE_FP16};
+  /* A daemon that restarts (or refuses for a while) between the connect and
+   * these opens is waited for as on any later request (issue 40 N11). */
+  long long open_deadline = reconnect_now_ms() + o.reconnect_ms;
   for (int i = 0; i < o.sessions; i++) {
     snprintf(w.ss[i].id, sizeof(w.ss[i].id), "%s-%d", o.prefix, i);
     r = ckv_session_open(w.c, w.ss[i].id, &w.g, NULL, &w.ss[i].s);
-    if (r < 0) {
-      fprintf(stderr, "commitkv-worker: open %s: %s: %s\n", w.ss[i].id, ckv_strerror(r), ckv_client_last_error(w.c));
-      return 1;
+    while (r < 0) {
+      w.ss[i].s = NULL;
+      bool transient = reconnect_transient(r);
+      if (!(transient || reconnect_daemon_gone(w.c, NULL, r)) || reconnect_now_ms() >= open_deadline) {
+        fprintf(stderr, "commitkv-worker: open %s: %s: %s\n", w.ss[i].id, ckv_strerror(r), ckv_client_last_error(w.c));
+        return 1;
+      }
+      if (transient) reconnect_pause(open_deadline);
+      else if ((r = reconnect_client(w.c, open_deadline)) < 0)
+        continue; /* the deadline passed: said above on the next turn */
+      /* the open may have taken effect before the daemon went: resumed when empty, else opened afresh */
+      bool fresh = false, stale = false;
+      r = reconnect_session(w.c, &w.ss[i].s, w.ss[i].id, &w.g, NULL, 0, true, &fresh, &stale);
     }
   }
   size_t elems = (size_t)o.heads * o.dim;
