@@ -4,8 +4,8 @@
  * of a head, its quantization, and a head read back and rotated back.  Each
  * computes what kernels/quant.h's rules compute, operation for operation:
  * the butterflies are the same additions and subtractions, element-wise
- * products are the same products, and the sums run in the 8 lanes the rules
- * prescribe (ckv_lanes8_total), so the bytes equal the scalar path's and
+ * products are the same products, and the sums run in the 16 lanes the rules
+ * prescribe (ckv_lanes16_total: two vectors), so the bytes equal the scalar path's and
  * CUDA's (test_kernels_rot checks every path).  Where a step is written
  * differently it is exact either way, and the comment there says why. */
 #include <immintrin.h>
@@ -93,83 +93,52 @@ static inline __m256 q8(__m256 v, __m256 inv, __m256 lo, __m256 hi) {
   return _mm256_min_ps(_mm256_max_ps(_mm256_floor_ps(_mm256_mul_ps(v, inv)), lo), hi);
 }
 
-static float lanes_total(__m256 acc) {
-  float l[8];
-  _mm256_storeu_ps(l, acc);
-  return ckv_lanes8_total(l);
+/* ckv_lanes16_total of 16 lanes held as two vectors (lanes 0-7, 8-15): the pairs added lane by lane, then the
+ * rules' tree over the 8 sums. */
+static float lanes16_total(__m256 lo, __m256 hi) {
+  float l[16];
+  _mm256_storeu_ps(l, lo);
+  _mm256_storeu_ps(l + 8, hi);
+  return ckv_lanes16_total(l);
 }
 
-/* Squared errors of the first NU scales in one pass over y: independent accumulators, so their chains
- * overlap.  (c - offset) * scale with c = q + 2^(b-1) is (q + 0.5) * scale: q + 0.5 is exact, as c - offset is. */
-static inline __attribute__((always_inline)) void sq_errors_n(const float *y, uint32_t n, int NU, const float *sc,
-                                                               const float *inv, __m256 lo, __m256 hi, float *err) {
-  __m256 e[CKV_ROT_CANDIDATES], vs[CKV_ROT_CANDIDATES], vi[CKV_ROT_CANDIDATES];
-  const __m256 h = _mm256_set1_ps(0.5f);
-  for (int k = 0; k < NU; k++) {
-    e[k] = _mm256_setzero_ps();
-    vs[k] = _mm256_set1_ps(sc[k]);
-    vi[k] = _mm256_set1_ps(inv[k]);
-  }
-  for (uint32_t i = 0; i < n; i += 8) {
-    __m256 v = _mm256_loadu_ps(y + i);
-    for (int k = 0; k < NU; k++) {
-      __m256 d = _mm256_sub_ps(v, _mm256_mul_ps(_mm256_add_ps(q8(v, vi[k], lo, hi), h), vs[k]));
-      e[k] = _mm256_add_ps(_mm256_mul_ps(d, d), e[k]);
-    }
-  }
-  for (int k = 0; k < NU; k++) err[k] = lanes_total(e[k]);
-}
-
-/* The candidates without repeats: u[0..return) and, for each candidate, its index in u. */
-static int unique_candidates(const uint8_t cand[CKV_ROT_CANDIDATES], uint8_t u[CKV_ROT_CANDIDATES],
-                             int at[CKV_ROT_CANDIDATES]) {
-  int nu = 0;
-  for (int k = 0; k < CKV_ROT_CANDIDATES; k++) {
-    int j = 0;
-    while (j < nu && u[j] != cand[k]) j++;
-    if (j == nu) u[nu++] = cand[k];
-    at[k] = j;
-  }
-  return nu;
-}
-
-/* The squared error of each candidate (a repeated code has the same error: the same operations). */
-void ckv_rot_errors_avx2(const float *y, uint32_t n, uint32_t bits, const uint8_t cand[CKV_ROT_CANDIDATES],
-                         float err[CKV_ROT_CANDIDATES]) {
-  uint8_t u[CKV_ROT_CANDIDATES];
-  int at[CKV_ROT_CANDIDATES];
-  int nu = unique_candidates(cand, u, at);
-  float sc[CKV_ROT_CANDIDATES], inv[CKV_ROT_CANDIDATES], ue[CKV_ROT_CANDIDATES];
-  for (int k = 0; k < nu; k++) {
-    sc[k] = ckv_rot_scale_value(u[k]);
-    inv[k] = ckv_rot_scale_inv(u[k]);
-  }
+/* The squared errors of the two candidate scales in one pass over y (ckv_rot_sq_errors: in units of the scale,
+ * t - ckv_rot_mid(t) with t = y * inv), each in the rules' 16 lanes (two vectors: elements i mod 16 < 8 and
+ * >= 8), four independent accumulators. */
+static void sq_errors2(const float *y, uint32_t n, uint32_t bits, const uint8_t cand[CKV_ROT_CANDIDATES],
+                       float err[CKV_ROT_CANDIDATES]) {
   float half = (float)(1u << (bits - 1u));
-  const __m256 lo = _mm256_set1_ps(-half), hi = _mm256_set1_ps(half - 1.0f);
-  switch (nu) { /* a constant count each: the accumulators stay in registers */
-    case 1: sq_errors_n(y, n, 1, sc, inv, lo, hi, ue); break;
-    case 2: sq_errors_n(y, n, 2, sc, inv, lo, hi, ue); break;
-    case 3: sq_errors_n(y, n, 3, sc, inv, lo, hi, ue); break;
-    case 4: sq_errors_n(y, n, 4, sc, inv, lo, hi, ue); break;
-    case 5: sq_errors_n(y, n, 5, sc, inv, lo, hi, ue); break;
-    default: sq_errors_n(y, n, 6, sc, inv, lo, hi, ue); break;
+  const __m256 lo = _mm256_set1_ps(0.5f - half), hi = _mm256_set1_ps(half - 0.5f), h = _mm256_set1_ps(0.5f);
+  const __m256 i0 = _mm256_set1_ps(ckv_rot_scale_inv(cand[0])), i1 = _mm256_set1_ps(ckv_rot_scale_inv(cand[1]));
+  __m256 e0[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, e1[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  for (uint32_t i = 0; i < n; i += 8) {
+    int k = (i >> 3) & 1;
+    __m256 v = _mm256_loadu_ps(y + i);
+    __m256 t0 = _mm256_mul_ps(v, i0), t1 = _mm256_mul_ps(v, i1);
+    __m256 d0 = _mm256_sub_ps(t0, _mm256_min_ps(_mm256_max_ps(_mm256_add_ps(_mm256_floor_ps(t0), h), lo), hi));
+    __m256 d1 = _mm256_sub_ps(t1, _mm256_min_ps(_mm256_max_ps(_mm256_add_ps(_mm256_floor_ps(t1), h), lo), hi));
+    e0[k] = _mm256_add_ps(_mm256_mul_ps(d0, d0), e0[k]);
+    e1[k] = _mm256_add_ps(_mm256_mul_ps(d1, d1), e1[k]);
   }
-  for (int k = 0; k < CKV_ROT_CANDIDATES; k++) err[k] = ue[at[k]];
+  float s0 = ckv_rot_scale_value(cand[0]), s1 = ckv_rot_scale_value(cand[1]);
+  err[0] = (s0 * s0) * lanes16_total(e0[0], e0[1]);
+  err[1] = (s1 * s1) * lanes16_total(e1[0], e1[1]);
 }
 
-/* Sum of squares (in the rules' 8 lanes) and absmax of a head. */
+/* Sum of squares (in the rules' 16 lanes) and absmax of a head. */
 void ckv_rot_stats_avx2(const float *y, uint32_t n, float *ret_ss, float *ret_am) {
   const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  __m256 ss = _mm256_setzero_ps(), am = _mm256_setzero_ps();
+  __m256 ss[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, am = _mm256_setzero_ps();
   for (uint32_t i = 0; i < n; i += 8) {
+    int k = (i >> 3) & 1;
     __m256 v = _mm256_loadu_ps(y + i);
-    ss = _mm256_add_ps(_mm256_mul_ps(v, v), ss);
+    ss[k] = _mm256_add_ps(_mm256_mul_ps(v, v), ss[k]);
     am = _mm256_max_ps(am, _mm256_and_ps(v, absmask));
   }
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(am), _mm256_extractf128_ps(am, 1));
   m = _mm_max_ps(m, _mm_movehl_ps(m, m));
   m = _mm_max_ss(m, _mm_movehdup_ps(m));
-  *ret_ss = lanes_total(ss);
+  *ret_ss = lanes16_total(ss[0], ss[1]);
   *ret_am = _mm_cvtss_f32(m); /* finite inputs: no NaN in any lane */
 }
 
@@ -211,10 +180,15 @@ void ckv_rot_quant_head_avx2(const float *y, uint32_t n, uint32_t bits, uint8_t 
   uint8_t cand[CKV_ROT_CANDIDATES];
   float err[CKV_ROT_CANDIDATES];
   ckv_rot_candidates(ss, am, n, bits, cand);
-  ckv_rot_errors_avx2(y, n, bits, cand, err);
+  sq_errors2(y, n, bits, cand, err);
   uint8_t s8 = ckv_rot_best(cand, err);
   ckv_rot_pack_avx2(y, n, bits, ckv_rot_scale_inv(s8), row);
   *ret_scale = s8;
+}
+
+void ckv_rot_quant_heads_avx2(const float *y, uint32_t nh, uint32_t n, uint32_t bits, uint8_t *ret_scales, uint8_t *rows) {
+  size_t rb = (size_t)n * bits / 8u;
+  for (uint32_t hd = 0; hd < nh; hd++) ckv_rot_quant_head_avx2(y + (size_t)hd * n, n, bits, &ret_scales[hd], rows + hd * rb);
 }
 
 /* 8 codes of a packed row from element i (i a multiple of 8), as floats: `bits` bytes shifted apart. */
