@@ -98,8 +98,14 @@ static void prefetch_source(const ckv_geometry *g, const ckv_move *m, uint32_t l
   for (size_t o = 0; o < ckv_draft_token_elems(g) * 2u; o += 64) __builtin_prefetch(p + o, 0, 3);
 }
 
+/* How many moves ahead a source row is prefetched: a row takes about as long to rotate and quantize as one
+ * DRAM latency, and the rows of a pass sit in different pages (which the hardware prefetchers do not cross). */
+#ifndef PREFETCH_AHEAD
+#define PREFETCH_AHEAD 1
+#endif
+
 /* Every head of K or V of one source slot, in the rotated basis, into row[H*D]; next (or NULL): the move read
- * after this one, whose source row is prefetched. */
+ * PREFETCH_AHEAD after this one, whose source row is prefetched. */
 static void read_rotated_row(const ckv_rowops *ops, const rot_steps *rs, const ckv_geometry *g, const float *signs,
                              const ckv_move *m, const ckv_move *next, uint32_t l, uint32_t kv, float *row) {
   const ckv_block_header *sh = ckv_move_src_hdr(m);
@@ -137,7 +143,7 @@ static void layer_means(const ckv_rowops *ops, const rot_steps *rs, const ckv_ge
   memset(sum, 0, te * sizeof(float));
   for (size_t i = 0; i < n; i++) {
     float *row = keys + i * te;
-    read_rotated_row(ops, rs, g, signs, &moves[order[i]], i + 1 < n ? &moves[order[i + 1]] : NULL, l, 0, row);
+    read_rotated_row(ops, rs, g, signs, &moves[order[i]], i + PREFETCH_AHEAD < n ? &moves[order[i + PREFETCH_AHEAD]] : NULL, l, 0, row);
     ops->axpy(1.0f, row, sum, te); /* sum + 1 * row: one rounding, the sum's */
   }
   for (uint32_t hd = 0; hd < H; hd++) {
@@ -185,13 +191,13 @@ int ckv_rot_to(const ckv_rowops *ops, const ckv_geometry *g, const float *signs,
       } else {
         for (uint32_t hd = 0; hd < H; hd++) key_mean(g, dst, cap, l, hd, sum + (size_t)hd * D);
         for (size_t k = i; k < j; k++) {
-          read_rotated_row(ops, &rs, g, signs, &moves[order[k]], k + 1 < j ? &moves[order[k + 1]] : NULL, l, 0, row);
+          read_rotated_row(ops, &rs, g, signs, &moves[order[k]], k + PREFETCH_AHEAD < j ? &moves[order[k + PREFETCH_AHEAD]] : NULL, l, 0, row);
           ops->axpy(-1.0f, sum, row, te); /* keys less the block's mean: row - sum, one rounding */
           quant_row(&rs, g, dst, fmt, cap, l, 0, moves[order[k]].dst_slot, row);
         }
       }
       for (size_t k = i; k < j; k++) {
-        read_rotated_row(ops, &rs, g, signs, &moves[order[k]], k + 1 < j ? &moves[order[k + 1]] : NULL, l, 1, row);
+        read_rotated_row(ops, &rs, g, signs, &moves[order[k]], k + PREFETCH_AHEAD < j ? &moves[order[k + PREFETCH_AHEAD]] : NULL, l, 1, row);
         quant_row(&rs, g, dst, fmt, cap, l, 1, moves[order[k]].dst_slot, row);
       }
     }

@@ -187,6 +187,42 @@ static inline __m512 unpack16(const uint8_t *row, uint32_t i, uint32_t bits, __m
   return _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srlv_epi32(v, sh), mask));
 }
 
+/* One head of a rotated row read back (ckv_rot_read_rotated then ckv_rot_inverse), NV vectors in registers
+ * (NV a power of two, 1..8, a constant at each call): codes unpacked, times the scale, plus the key mean
+ * (keys: ckv_rot_finite, by magnitude), stages 1..8 per vector, the later stages across them, the norm and the
+ * signs (x * r * sign flips the sign bit of x * r where the sign is -1: the same float), one store. */
+static inline __attribute__((always_inline)) void dequant_head_regs(int NV, const uint8_t *row, uint32_t bits, __m512 s,
+                                                                   const uint16_t *mean, uint32_t key0, float *x) {
+  const __m512i sh = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7),
+                                        _mm512_set1_epi32((int)bits));
+  const __m512i mask = _mm512_set1_epi32((int)ckv_qa_levels(bits));
+  const __m512 off = _mm512_set1_ps(ckv_rot_offset(bits)), r = _mm512_set1_ps(ckv_rot_norm(16u * (uint32_t)NV));
+  const __m512 hi = _mm512_set1_ps(CKV_F16_MAX);
+  __m512 v[8];
+#pragma GCC unroll 8
+  for (int k = 0; k < NV; k++) {
+    __m512 t = _mm512_mul_ps(_mm512_sub_ps(unpack16(row, 16u * (uint32_t)k, bits, sh, mask), off), s);
+    if (mean) {
+      __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(mean + 16 * k)));
+      t = _mm512_add_ps(t, _mm512_maskz_range_ps(_mm512_cmp_ps_mask(mv, mv, _CMP_ORD_Q), mv, hi, 0x02));
+    }
+    v[k] = fwht16(t);
+  }
+#pragma GCC unroll 4
+  for (int len = 1; len < 8; len <<= 1)
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++)
+      if (len < NV && j < NV && !(j & len) && j + len < 8) {
+        __m512 a = v[j], b = v[j + len];
+        v[j] = _mm512_add_ps(a, b);
+        v[j + len] = _mm512_sub_ps(a, b);
+      }
+#pragma GCC unroll 8
+  for (int k = 0; k < NV; k++)
+    _mm512_storeu_ps(x + 16 * k, _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(_mm512_mul_ps(v[k], r)),
+                                                                      signs16(key0, 16u * (uint32_t)k))));
+}
+
 void ckv_rot_dequant_row_avx512(const ckv_geometry *g, const void *blk, const ckv_block_header *h, uint32_t layer,
                                 uint32_t kv, uint32_t slot, float *dst) {
   uint32_t fmt = h->format, bits = ckv_format_code_bits(fmt), D = g->head_dim, H = g->n_kv_heads;
@@ -203,6 +239,14 @@ void ckv_rot_dequant_row_avx512(const ckv_geometry *g, const void *blk, const ck
     const uint8_t *row = codes + (size_t)hd * rb;
     const __m512 s = _mm512_set1_ps(ckv_rot_scale_value(sc[hd]));
     const uint16_t *m = (const uint16_t *)((const uint8_t *)blk + ckv_rot_mean_offset(g, h->capacity, layer, hd));
+    uint32_t key0 = ((layer * 2u + kv) * CKV_MAX_KV_HEADS + hd) * CKV_MAX_HEAD_DIM;
+    switch (D) { /* in registers */
+      case 16: dequant_head_regs(1, row, bits, s, kv == 0 ? m : NULL, key0, x); continue;
+      case 32: dequant_head_regs(2, row, bits, s, kv == 0 ? m : NULL, key0, x); continue;
+      case 64: dequant_head_regs(4, row, bits, s, kv == 0 ? m : NULL, key0, x); continue;
+      case 128: dequant_head_regs(8, row, bits, s, kv == 0 ? m : NULL, key0, x); continue;
+      default: break;
+    }
     for (uint32_t i = 0; i < D; i += 16) {
       __m512 v = _mm512_mul_ps(_mm512_sub_ps(unpack16(row, i, bits, sh, mask), off), s);
       if (kv == 0) { /* + ckv_rot_finite(mean): NaN -> 0, then clamped (F16C widening: exact) */
@@ -213,7 +257,6 @@ void ckv_rot_dequant_row_avx512(const ckv_geometry *g, const void *blk, const ck
       _mm512_storeu_ps(x + i, fwht16(v));
     }
     fwht_from16(x, D);
-    uint32_t key0 = ((layer * 2u + kv) * CKV_MAX_KV_HEADS + hd) * CKV_MAX_HEAD_DIM;
     for (uint32_t i = 0; i < D; i += 16) { /* x * r, then the sign bit flipped where the sign is -1 */
       __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x + i), r);
       _mm512_storeu_ps(x + i, _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(v), signs16(key0, i))));
