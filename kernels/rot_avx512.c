@@ -55,6 +55,17 @@ static void pack16_mids(const float *m, uint32_t n, uint32_t bits, uint8_t *row)
   }
 }
 
+/* Every scale code's value, inverse and square (ckv_rot_scale_value, ckv_rot_scale_inv, value * value: the same
+ * floats, computed once when the library is loaded), so a head's candidates cost no division. */
+static float scale_value_tab[256], scale_inv_tab[256], scale_sq_tab[256];
+__attribute__((constructor)) static void scale_tabs_init(void) {
+  for (uint32_t c = 0; c < 256; c++) {
+    scale_value_tab[c] = ckv_rot_scale_value(c);
+    scale_inv_tab[c] = ckv_rot_scale_inv(c);
+    scale_sq_tab[c] = scale_value_tab[c] * scale_value_tab[c];
+  }
+}
+
 /* The heads of a row are quantized GROUP at a time: each step for every head of the group before the next. */
 #define GROUP 4
 
@@ -82,7 +93,7 @@ static void quant_group(const float *y, uint32_t g, uint32_t n, uint32_t bits, u
   const __m512 h = _mm512_set1_ps(0.5f), bound = _mm512_set1_ps(half - 0.5f);
   for (uint32_t hd = 0; hd < g; hd++) {
     const float *x = y + (size_t)hd * n;
-    const __m512 i0 = _mm512_set1_ps(ckv_rot_scale_inv(cand[hd][0])), i1 = _mm512_set1_ps(ckv_rot_scale_inv(cand[hd][1]));
+    const __m512 i0 = _mm512_set1_ps(scale_inv_tab[cand[hd][0]]), i1 = _mm512_set1_ps(scale_inv_tab[cand[hd][1]]);
     __m512 e0 = _mm512_setzero_ps(), e1 = _mm512_setzero_ps();
     for (uint32_t i = 0; i < n; i += 16) { /* t - mid(t), squared, summed: two roundings each */
       __m512 v = _mm512_loadu_ps(x + i), t0 = _mm512_mul_ps(v, i0), t1 = _mm512_mul_ps(v, i1);
@@ -93,14 +104,13 @@ static void quant_group(const float *y, uint32_t g, uint32_t n, uint32_t bits, u
       e0 = _mm512_add_ps(_mm512_mul_ps(d0, d0), e0);
       e1 = _mm512_add_ps(_mm512_mul_ps(d1, d1), e1);
     }
-    float s0 = ckv_rot_scale_value(cand[hd][0]), s1 = ckv_rot_scale_value(cand[hd][1]);
-    err[hd][0] = (s0 * s0) * lanes16_total(e0);
-    err[hd][1] = (s1 * s1) * lanes16_total(e1);
+    err[hd][0] = scale_sq_tab[cand[hd][0]] * lanes16_total(e0);
+    err[hd][1] = scale_sq_tab[cand[hd][1]] * lanes16_total(e1);
   }
   for (uint32_t hd = 0; hd < g; hd++) {
     uint8_t s8 = ckv_rot_best(cand[hd], err[hd]);
     if (bits == 3u)
-      ckv_rot_pack_avx2(y + (size_t)hd * n, n, bits, ckv_rot_scale_inv(s8), rows + hd * rb);
+      ckv_rot_pack_avx2(y + (size_t)hd * n, n, bits, scale_inv_tab[s8], rows + hd * rb);
     else
       pack16_mids(mids[hd][s8 == cand[hd][0] ? 0 : 1], n, bits, rows + hd * rb);
     ret_scales[hd] = s8;
