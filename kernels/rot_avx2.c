@@ -74,7 +74,64 @@ static void fwht_from8(float *x, uint32_t n) {
       }
 }
 
+/* fwht8 with each stage as fma(v, +-1, s) (v * +-1 is exact: one rounding, the addition's; the same float as
+ * the add / sub blend of STAGE_IN, in 2 instructions instead of 3). */
+static inline __m256 fwht8_fma(__m256 v) {
+  v = _mm256_fmadd_ps(v, _mm256_setr_ps(1, -1, 1, -1, 1, -1, 1, -1), _mm256_permute_ps(v, 0xB1));
+  v = _mm256_fmadd_ps(v, _mm256_setr_ps(1, 1, -1, -1, 1, 1, -1, -1), _mm256_permute_ps(v, 0x4E));
+  return _mm256_fmadd_ps(v, _mm256_setr_ps(1, 1, 1, 1, -1, -1, -1, -1), _mm256_permute2f128_ps(v, v, 0x01));
+}
+
+/* The forward rotation of NV vectors (NV a power of two, 1..8, a constant at each call) in registers, before
+ * the norm: finite times the sign, stages 1, 2, 4 per vector, the later ones across vectors. */
+static inline __attribute__((always_inline)) void forward_regs8(const float *x, int NV, const float *signs, __m256 *v) {
+  const __m256 lo = _mm256_set1_ps(-CKV_F16_MAX), hi = _mm256_set1_ps(CKV_F16_MAX);
+#pragma GCC unroll 8
+  for (int k = 0; k < NV; k++) {
+    __m256 t = _mm256_loadu_ps(x + 8 * k);
+    t = _mm256_blendv_ps(t, _mm256_setzero_ps(), _mm256_cmp_ps(t, t, _CMP_UNORD_Q));
+    v[k] = fwht8_fma(_mm256_mul_ps(_mm256_min_ps(_mm256_max_ps(t, lo), hi), _mm256_loadu_ps(signs + 8 * k)));
+  }
+#pragma GCC unroll 4
+  for (int len = 1; len < 8; len <<= 1)
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++)
+      if (len < NV && j < NV && !(j & len) && j + len < 8) {
+        __m256 a = v[j], b = v[j + len];
+        v[j] = _mm256_add_ps(a, b);
+        v[j + len] = _mm256_sub_ps(a, b);
+      }
+}
+
+/* n = 8 * NV <= 64 in registers, the norm, one store. */
+static inline __attribute__((always_inline)) void forward_small(float *x, int NV, const float *signs, __m256 r) {
+  __m256 v[8];
+  forward_regs8(x, NV, signs, v);
+#pragma GCC unroll 8
+  for (int k = 0; k < NV; k++) _mm256_storeu_ps(x + 8 * k, _mm256_mul_ps(v[k], r));
+}
+
+/* n = 128: each half of 64 in registers, then the last stage (len 64) with the norm, as the halves are stored. */
+static void forward_128(float *x, const float *signs, __m256 r) {
+  __m256 a[8], b[8];
+  forward_regs8(x, 8, signs, a);
+  forward_regs8(x + 64, 8, signs + 64, b);
+  for (int k = 0; k < 8; k++) {
+    _mm256_storeu_ps(x + 8 * k, _mm256_mul_ps(_mm256_add_ps(a[k], b[k]), r));
+    _mm256_storeu_ps(x + 64 + 8 * k, _mm256_mul_ps(_mm256_sub_ps(a[k], b[k]), r));
+  }
+}
+
 void ckv_rot_forward_avx2(float *x, uint32_t n, const float *signs) {
+  const __m256 rn = _mm256_set1_ps(ckv_rot_norm(n));
+  switch (n) {
+    case 8: forward_small(x, 1, signs, rn); return;
+    case 16: forward_small(x, 2, signs, rn); return;
+    case 32: forward_small(x, 4, signs, rn); return;
+    case 64: forward_small(x, 8, signs, rn); return;
+    case 128: forward_128(x, signs, rn); return;
+    default: break;
+  }
   const __m256 lo = _mm256_set1_ps(-CKV_F16_MAX), hi = _mm256_set1_ps(CKV_F16_MAX);
   for (uint32_t i = 0; i < n; i += 8) { /* ckv_rot_finite (NaN -> 0, clamp) times the sign, then stages 1, 2, 4 */
     __m256 v = _mm256_loadu_ps(x + i);
@@ -186,9 +243,25 @@ void ckv_rot_quant_head_avx2(const float *y, uint32_t n, uint32_t bits, uint8_t 
   *ret_scale = s8;
 }
 
+/* ckv_rot_quant_head_avx2 for the nh heads of a row, 4 at a time and each step for the 4 before the next (as
+ * rot_avx512.c does): one head's chain of sums, square root and divisions overlaps the others'. */
 void ckv_rot_quant_heads_avx2(const float *y, uint32_t nh, uint32_t n, uint32_t bits, uint8_t *ret_scales, uint8_t *rows) {
+  enum { GROUP = 4 };
   size_t rb = (size_t)n * bits / 8u;
-  for (uint32_t hd = 0; hd < nh; hd++) ckv_rot_quant_head_avx2(y + (size_t)hd * n, n, bits, &ret_scales[hd], rows + hd * rb);
+  for (uint32_t h0 = 0; h0 < nh; h0 += GROUP) {
+    uint32_t g = nh - h0 < GROUP ? nh - h0 : GROUP;
+    const float *x = y + (size_t)h0 * n;
+    float ss[GROUP], am[GROUP], err[GROUP][CKV_ROT_CANDIDATES];
+    uint8_t cand[GROUP][CKV_ROT_CANDIDATES];
+    for (uint32_t k = 0; k < g; k++) ckv_rot_stats_avx2(x + (size_t)k * n, n, &ss[k], &am[k]);
+    for (uint32_t k = 0; k < g; k++) ckv_rot_candidates(ss[k], am[k], n, bits, cand[k]);
+    for (uint32_t k = 0; k < g; k++) sq_errors2(x + (size_t)k * n, n, bits, cand[k], err[k]);
+    for (uint32_t k = 0; k < g; k++) {
+      uint8_t s8 = ckv_rot_best(cand[k], err[k]);
+      ckv_rot_pack_avx2(x + (size_t)k * n, n, bits, ckv_rot_scale_inv(s8), rows + (h0 + k) * rb);
+      ret_scales[h0 + k] = s8;
+    }
+  }
 }
 
 /* 8 codes of a packed row from element i (i a multiple of 8), as floats: `bits` bytes shifted apart. */
