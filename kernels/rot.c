@@ -29,16 +29,19 @@ float *ckv_rot_signs_new(const ckv_geometry *g) {
  * path. */
 typedef struct rot_steps {
   void (*forward)(float *x, uint32_t n, const float *signs);
+  /* the forward rotation straight from an FP16 head (NULL: widen the row, then forward) */
+  void (*forward_f16)(const uint16_t *h, float *x, uint32_t n, const float *signs);
   void (*quant_heads)(const float *y, uint32_t nh, uint32_t n, uint32_t bits, uint8_t *ret_scales, uint8_t *rows);
 } rot_steps;
 
 static rot_steps steps_for(uint32_t head_dim) {
   ckv_cpu_path p = ckv_kernels_path();
   if (p == CKV_PATH_AVX512 && head_dim % 16u == 0)
-    return (rot_steps){ckv_rot_forward_avx512, ckv_rot_quant_heads_avx512};
+    return (rot_steps){ckv_rot_forward_avx512, head_dim <= 128u ? ckv_rot_forward_f16_avx512 : NULL,
+                       ckv_rot_quant_heads_avx512};
   if ((p == CKV_PATH_AVX512 || p == CKV_PATH_AVX2) && head_dim % 8u == 0)
-    return (rot_steps){ckv_rot_forward_avx2, ckv_rot_quant_heads_avx2};
-  return (rot_steps){ckv_rot_forward_with, ckv_rot_quant_heads};
+    return (rot_steps){ckv_rot_forward_avx2, NULL, ckv_rot_quant_heads_avx2};
+  return (rot_steps){ckv_rot_forward_with, NULL, ckv_rot_quant_heads};
 }
 
 void ckv_rot_quant_heads(const float *y, uint32_t nh, uint32_t n, uint32_t bits, uint8_t *ret_scales, uint8_t *rows) {
@@ -112,6 +115,13 @@ static void read_rotated_row(const ckv_rowops *ops, const rot_steps *rs, const c
   uint32_t D = g->head_dim, H = g->n_kv_heads;
   if (ckv_format_is_rot(sh->format)) { /* already rotated */
     for (uint32_t hd = 0; hd < H; hd++) ckv_rot_read_rotated(ops, g, m->src, sh, l, kv, m->src_slot, hd, row + (size_t)hd * D);
+    return;
+  }
+  if (sh->format == CKV_FORMAT_DRAFT && g->dtype == CKV_DTYPE_FP16 && rs->forward_f16) {
+    const uint16_t *h = (const uint16_t *)ckv_cb(m->src, ckv_draft_kv_offset(g, sh->capacity, l, kv, m->src_slot));
+    if (next) prefetch_source(g, next, l, kv);
+    for (uint32_t hd = 0; hd < H; hd++)
+      rs->forward_f16(h + (size_t)hd * D, row + (size_t)hd * D, D, signs + ckv_rot_signs_index(g, l, kv, hd));
     return;
   }
   ckv_read_row(ops, g, m->src, sh, l, kv, m->src_slot, row);

@@ -31,6 +31,9 @@ void ckv_rot_quant_heads(const float *y, uint32_t nh, uint32_t n, uint32_t bits,
  * multiple of 8, the block and slot checked by the caller. */
 void ckv_rot_dequant_row_avx2(const ckv_geometry *g, const void *blk, const ckv_block_header *h, uint32_t layer,
                               uint32_t kv, uint32_t slot, float *dst);
+/* ckv_rot_forward_avx512 of FP16 input h[n] (a draft row's head, widened exactly) into x[n]: n 16, 32, 64 or
+ * 128, the AVX-512 path only (one pass instead of widening the row first). */
+void ckv_rot_forward_f16_avx512(const uint16_t *h, float *x, uint32_t n, const float *signs);
 /* The same 16 lanes at a time (rot_avx512.c): head_dim a multiple of 16, the AVX-512 path only; and the
  * forward rotation likewise. */
 void ckv_rot_forward_avx512(float *x, uint32_t n, const float *signs);

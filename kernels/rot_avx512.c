@@ -277,12 +277,14 @@ void ckv_rot_dequant_row_avx512(const ckv_geometry *g, const void *blk, const ck
 /* ckv_rot_forward_with of a head of NV vectors (NV a power of two, 1..8, a constant at each call) held in
  * registers: finite (NaN -> 0, clamped) times the sign, the transform (stages 1..8 inside each vector, then
  * across them: each stage the same additions and subtractions as ckv_fwht's), the norm, one store. */
-static inline __attribute__((always_inline)) void forward_regs(float *x, int NV, const float *signs, __m512 r) {
+static inline __attribute__((always_inline)) void forward_regs(const uint16_t *h, float *x, int NV, const float *signs,
+                                                               __m512 r) {
   const __m512 hi = _mm512_set1_ps(CKV_F16_MAX);
   __m512 v[8];
 #pragma GCC unroll 8
-  for (int k = 0; k < NV; k++) {
-    __m512 t = _mm512_loadu_ps(x + 16 * k); /* ckv_rot_finite: NaN lanes zeroed, the rest clamped by magnitude */
+  for (int k = 0; k < NV; k++) { /* from FP16 (h, widened exactly) or from x */
+    __m512 t = h ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + 16 * k))) : _mm512_loadu_ps(x + 16 * k);
+    /* ckv_rot_finite: NaN lanes zeroed, the rest clamped by magnitude */
     t = _mm512_maskz_range_ps(_mm512_cmp_ps_mask(t, t, _CMP_ORD_Q), t, hi, 0x02);
     v[k] = fwht16(_mm512_mul_ps(t, _mm512_loadu_ps(signs + 16 * k)));
   }
@@ -299,15 +301,25 @@ static inline __attribute__((always_inline)) void forward_regs(float *x, int NV,
   for (int k = 0; k < NV; k++) _mm512_storeu_ps(x + 16 * k, _mm512_mul_ps(v[k], r));
 }
 
+void ckv_rot_forward_f16_avx512(const uint16_t *h, float *x, uint32_t n, const float *signs) {
+  const __m512 r = _mm512_set1_ps(ckv_rot_norm(n));
+  switch (n) {
+    case 16: forward_regs(h, x, 1, signs, r); return;
+    case 32: forward_regs(h, x, 2, signs, r); return;
+    case 64: forward_regs(h, x, 4, signs, r); return;
+    default: forward_regs(h, x, 8, signs, r); return;
+  }
+}
+
 /* ckv_rot_forward_with 16 lanes at a time (n a multiple of 16): in registers up to 128 elements, else
  * finite times the sign, stages 1..8 per vector, the later stages through memory, the norm. */
 void ckv_rot_forward_avx512(float *x, uint32_t n, const float *signs) {
   const __m512 r = _mm512_set1_ps(ckv_rot_norm(n));
   switch (n) {
-    case 16: forward_regs(x, 1, signs, r); return;
-    case 32: forward_regs(x, 2, signs, r); return;
-    case 64: forward_regs(x, 4, signs, r); return;
-    case 128: forward_regs(x, 8, signs, r); return;
+    case 16: forward_regs(NULL, x, 1, signs, r); return;
+    case 32: forward_regs(NULL, x, 2, signs, r); return;
+    case 64: forward_regs(NULL, x, 4, signs, r); return;
+    case 128: forward_regs(NULL, x, 8, signs, r); return;
     default: break;
   }
   const __m512 lo = _mm512_set1_ps(-CKV_F16_MAX), hi = _mm512_set1_ps(CKV_F16_MAX);
