@@ -13,6 +13,10 @@
  * writes the same bytes (quant_plain.c, where the CPU has AVX2/F16C; checked,
  * a mismatch printed loudly): GB/s, x memcpy (of as many threads) and x
  * plain C, "ops" in JSON.
+ * Every ops and attention row in JSON carries ratio_bound: the time its
+ * bytes (ops: read + written; attention: the blocks read) take at the
+ * memcpy bandwidth of all threads measured in this run (memcpy_threads_gbps,
+ * or memcpy_gbps on one CPU), over its own time; 1 is the memory bound.
  * The formats with integer scores (int8, int4, rot4) are also timed with
  * them (ckv_attn_args.scores, the query quantized to INT8) beside the float
  * scores of the same blocks, on all threads and on one: "attention_int" in
@@ -377,16 +381,22 @@ static int run_ops(const ckv_geometry *g, blockset *dr, size_t tokens, int reps,
 static double op_memcpy(const op_row *o, double memcpy_gbps) {
   return o->threads > 1 && g_memcpy_threads_gbps > 0 ? g_memcpy_threads_gbps : memcpy_gbps;
 }
+/* The byte bound of a row moving (or reading) bytes at gbps: its time at the memory bandwidth of all threads
+ * (memcpy on every thread, bytes read plus written, this run), over its own time. */
+static double ratio_bound(double gbps, double memcpy_gbps) {
+  double bw = g_memcpy_threads_gbps > 0 ? g_memcpy_threads_gbps : memcpy_gbps;
+  return bw > 0 ? gbps / bw : 0.0;
+}
 static void print_ops_json(double memcpy_gbps) {
   printf("\"memcpy_threads_gbps\": %.3f, \"ops_threads\": %d, \"ops\": [", g_memcpy_threads_gbps, g_op_threads);
   for (int i = 0; i < g_nops; i++) {
     const op_row *o = &g_ops[i];
     double mc = op_memcpy(o, memcpy_gbps);
     printf("%s{\"name\": \"%s_%s\", \"op\": \"%s\", \"format\": \"%s\", \"threads\": %d, \"gbps\": %.3f, "
-           "\"ratio_to_memcpy\": %.3f, \"ratio_memcpy\": %.3f, \"plain_gbps\": %.3f, \"ratio_plain\": %.3f, "
-           "\"same_bytes\": %s}",
+           "\"ratio_to_memcpy\": %.3f, \"ratio_memcpy\": %.3f, \"ratio_bound\": %.3f, \"plain_gbps\": %.3f, "
+           "\"ratio_plain\": %.3f, \"same_bytes\": %s}",
            i ? ", " : "", o->op, o->format, o->op, o->format, o->threads, o->gbps, o->gbps / mc, o->gbps / mc,
-           o->plain_gbps, o->plain_gbps > 0 ? o->gbps / o->plain_gbps : 0.0,
+           ratio_bound(o->gbps, memcpy_gbps), o->plain_gbps, o->plain_gbps > 0 ? o->gbps / o->plain_gbps : 0.0,
            o->same < 0 ? "null" : o->same ? "true" : "false");
   }
   printf("], \"quant_baselines\": [");
@@ -678,9 +688,11 @@ int ckv_bench_kernels(int argc, char **argv) {
     for (int i = 0; i < nar; i++) {
       double fp16 = ar[i - i % N_ATTN_FORMATS].us, plain = base[i / N_ATTN_FORMATS].plain_us;
       printf("%s{\"tokens\": %u, \"format\": \"%s\", \"threads\": %ld, \"ms\": %.4f, \"us_per_query\": %.1f, "
-             "\"speedup_vs_fp16\": %.3f, \"ratio_plain\": %.3f, \"gbps\": %.3f, \"bits_per_element\": %.3f}",
+             "\"speedup_vs_fp16\": %.3f, \"ratio_plain\": %.3f, \"gbps\": %.3f, \"ratio_bound\": %.3f, "
+             "\"bits_per_element\": %.3f}",
              i ? ", " : "", ar[i].tokens, ar[i].format, threads ? (long)threads : sysconf(_SC_NPROCESSORS_ONLN),
-             ar[i].us / 1e3, ar[i].us, fp16 / ar[i].us, plain > 0 ? plain / ar[i].us : 0.0, ar[i].gbps, ar[i].bits);
+             ar[i].us / 1e3, ar[i].us, fp16 / ar[i].us, plain > 0 ? plain / ar[i].us : 0.0, ar[i].gbps,
+             ratio_bound(ar[i].gbps, memcpy_gbps), ar[i].bits);
     }
     printf("], \"attention_baselines\": [");
     for (size_t si = 0; si < nsizes; si++)

@@ -171,17 +171,17 @@ static void rotate_row(const ckv_geometry *g, const float *signs, float *x) {
     for (uint32_t i = 0; i < D; i++) v[i] = v[i] * r;
   }
 }
-/* ckv_rot_quant_head: sum of squares in 8 lanes and absmax, the rules' candidates and errors, the codes. */
+/* ckv_rot_quant_head: sum of squares in 16 lanes and absmax, the rules' candidates and errors, the codes. */
 static void rot_head(const float *y, uint32_t n, uint32_t bits, uint8_t *ret_scale, uint8_t *row) {
-  float ss[8] = {0}, am = 0.0f;
+  float ss[16] = {0}, am = 0.0f;
   for (uint32_t i = 0; i < n; i += 8)
     for (uint32_t j = 0; j < 8; j++) {
-      ss[j] = y[i + j] * y[i + j] + ss[j];
+      ss[(i + j) & 15u] = y[i + j] * y[i + j] + ss[(i + j) & 15u];
       am = fabsf(y[i + j]) > am ? fabsf(y[i + j]) : am;
     }
   uint8_t cand[CKV_ROT_CANDIDATES];
   float err[CKV_ROT_CANDIDATES];
-  ckv_rot_candidates(ckv_lanes8_total(ss), am, n, bits, cand);
+  ckv_rot_candidates(ckv_lanes16_total(ss), am, n, bits, cand);
   ckv_rot_sq_errors(y, n, bits, cand, err);
   uint8_t sc = ckv_rot_best(cand, err);
   float inv = ckv_rot_scale_inv(sc), half = (float)(1u << (bits - 1u)), top = (float)ckv_qa_levels(bits);

@@ -46,7 +46,7 @@ bool ckv_kernels_path_supported(ckv_cpu_path path) {
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
   case CKV_PATH_AVX512:
     return ckv_kernels_path_supported(CKV_PATH_AVX2) && __builtin_cpu_supports("avx512f") &&
-           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
 #endif
   default: return false;
   }

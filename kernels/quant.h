@@ -152,9 +152,10 @@ CKV_HD void ckv_pack_code(uint8_t *row, size_t e, uint32_t bits, uint32_t code) 
  * sum p v = R^T sum p (R v), which is how attention reads these formats
  * without un-rotating a single key.
  * Quantization of y (b bits, symmetric, mid-rise): rms = sqrt(sum y^2 / D)
- * (summed in 8 lanes, see ckv_lanes8_total); the scale is one byte, a power
- * of 2^(1/8) (ckv_rot_scale_value), the best of six codes: the two either
- * side of each of three candidates (ckv_rot_quant_head); code =
+ * (summed in 16 lanes, see ckv_lanes16_total); the scale is one byte, a power
+ * of 2^(1/8) (ckv_rot_scale_value), the better of two codes: the two either
+ * side of a closed-form estimate from the head's rms and absmax
+ * (ckv_rot_scale_estimate, ckv_rot_quant_head); code =
  * clamp(floor(y * inv) + 2^(b-1), 0, 2^b - 1) with inv = 1 / scale (0 for a
  * zero scale); value = (code - (2^b - 1) / 2) * scale.  The steps are the MSE-optimal uniform
  * quantizer steps of a unit Gaussian (what a rotated head looks like), in
@@ -214,14 +215,19 @@ CKV_HD float ckv_rot_offset(uint32_t bits) { return (float)ckv_qa_levels(bits) *
 CKV_HD float ckv_rot_code(float y, float inv, float half, float top) {
   return ckv_clampf(floorf(y * inv) + half, 0.0f, top);
 }
-/* The sums of the rotated rules (sum of squares, squared errors) run in 8
- * lanes: lane j takes the terms i = j mod 8 in index order (a * b then + , two
- * roundings), then ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)).  That is
- * the order of an 8-wide SIMD accumulation, so the scalar rule, the AVX2 path
- * (rot_avx2.c) and CUDA choose the same scale bit for bit (a scale chosen by
- * a sum in another order may differ in its last bit, and the codes with it). */
-CKV_HD float ckv_lanes8_total(const float l[8]) {
-  return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+/* The sums of the rotated rules (sum of squares, squared errors) run in 16
+ * lanes: lane j takes the terms i = j mod 16 in index order (a * b then + ,
+ * two roundings); the total adds lane j + 8 to lane j (j < 8), then
+ * ((m0 + m1) + (m2 + m3)) + ((m4 + m5) + (m6 + m7)).  That is the order of a
+ * 16-wide SIMD accumulation (one AVX-512 register, two AVX2 ones), so the
+ * scalar rule, the AVX2 and AVX-512 paths (rot_avx2.c, rot_avx512.c) and CUDA
+ * choose the same scale bit for bit (a scale chosen by a sum in another order
+ * may differ in its last bit, and the codes with it).  16 lanes, not 8: the
+ * chain of dependent additions per head is half as long. */
+CKV_HD float ckv_lanes16_total(const float l[16]) {
+  float m[8];
+  for (int j = 0; j < 8; j++) m[j] = l[j] + l[j + 8];
+  return ((m[0] + m[1]) + (m[2] + m[3])) + ((m[4] + m[5]) + (m[6] + m[7]));
 }
 /* The rotated formats' scale, one byte per token and head (0.125 bit per
  * element at head_dim 64, against 0.25 for FP16): code c = 1..255 is
@@ -257,42 +263,61 @@ CKV_HD float ckv_rot_scale_inv(uint32_t c) {
   float s = ckv_rot_scale_value(c);
   return s > 0.0f ? 1.0f / s : 0.0f;
 }
-#define CKV_ROT_CANDIDATES 6
+#define CKV_ROT_CANDIDATES 2
+/* (code - offset) of element y for inverse scale inv, from t = y * inv:
+ * clamp(floor(t) + 1/2, 1/2 - 2^(b-1), 2^(b-1) - 1/2), which is ckv_rot_code
+ * less the offset, exactly (a symmetric clamp: one instruction on AVX-512). */
+CKV_HD float ckv_rot_mid(float t, float half) { return ckv_clampf(floorf(t) + 0.5f, 0.5f - half, half - 0.5f); }
 /* Squared error of quantizing y[0..n) with each candidate scale code in one
- * pass: err[k] for cand[k] (codes as below, sums as above). */
+ * pass, measured in units of the scale: err[k] = (s * s) * sum (t - m)^2
+ * with t = y * inv, m = ckv_rot_mid(t) (the sum in 16 lanes as above; the
+ * same quantity as sum (y - m s)^2, with one multiplication less per
+ * element). */
 CKV_HD void ckv_rot_sq_errors(const float *y, uint32_t n, uint32_t bits, const uint8_t cand[CKV_ROT_CANDIDATES],
                               float err[CKV_ROT_CANDIDATES]) {
-  float half = (float)(1u << (bits - 1u)), top = (float)ckv_qa_levels(bits), off = ckv_rot_offset(bits);
-  float sc[CKV_ROT_CANDIDATES], inv[CKV_ROT_CANDIDATES], e[CKV_ROT_CANDIDATES][8];
+  float half = (float)(1u << (bits - 1u));
+  float inv[CKV_ROT_CANDIDATES], e[CKV_ROT_CANDIDATES][16];
   for (int k = 0; k < CKV_ROT_CANDIDATES; k++) {
-    sc[k] = ckv_rot_scale_value(cand[k]);
     inv[k] = ckv_rot_scale_inv(cand[k]);
-    for (int j = 0; j < 8; j++) e[k][j] = 0.0f;
+    for (int j = 0; j < 16; j++) e[k][j] = 0.0f;
   }
   for (uint32_t i = 0; i < n; i++)
     for (int k = 0; k < CKV_ROT_CANDIDATES; k++) {
-      float d = y[i] - (ckv_rot_code(y[i], inv[k], half, top) - off) * sc[k];
-      e[k][i & 7u] = ckv_mul_add(d, d, e[k][i & 7u]);
+      float t = y[i] * inv[k], d = t - ckv_rot_mid(t, half);
+      e[k][i & 15u] = ckv_mul_add(d, d, e[k][i & 15u]);
     }
-  for (int k = 0; k < CKV_ROT_CANDIDATES; k++) err[k] = ckv_lanes8_total(e[k]);
-}
-/* The scale codes worth trying for a rotated head, from its sum of squares
- * and absmax: the codes either side of step * rms (the Gaussian optimum), of
- * absmax / (2^(b-1) - 1/2) (nothing clipped: a head with an outlier left
- * after the rotation) and of their mean.  A head of zeros gets code 0 six
- * times (scale 0: every value decodes to 0 exactly). */
-CKV_HD void ckv_rot_candidates(float ss, float am, uint32_t n, uint32_t bits, uint8_t cand[CKV_ROT_CANDIDATES]) {
-  float rms = sqrtf(ss / (float)n), half = (float)(1u << (bits - 1u));
-  float g = ckv_rot_step(bits) * rms, a = am / (half - 0.5f), base[3] = {g, a, (g + a) * 0.5f};
-  for (int k = 0; k < 3; k++) {
-    if (!(am > 0.0f)) {
-      cand[2 * k] = cand[2 * k + 1] = 0;
-      continue;
-    }
-    uint32_t c = ckv_rot_scale_floor(base[k]);
-    cand[2 * k] = (uint8_t)c;
-    cand[2 * k + 1] = (uint8_t)(c < CKV_ROT_SCALE_CODES ? c + 1u : c);
+  for (int k = 0; k < CKV_ROT_CANDIDATES; k++) {
+    float sc = ckv_rot_scale_value(cand[k]);
+    err[k] = (sc * sc) * ckv_lanes16_total(e[k]);
   }
+}
+/* The closed-form scale of a rotated head from its sum of squares ss and
+ * absmax am: g = step * rms is the MSE-optimal step of a Gaussian, a = am /
+ * (2^(b-1) - 1/2) the step that clips nothing.  A head lighter-tailed than a
+ * Gaussian (a <= g) takes a; a heavier-tailed one a point between, nearer g
+ * the fewer the bits: sqrt(g a) at 4 bits, g (a/g)^(1/4) at 3, g at 2 and 1
+ * (at 1 bit g = 2 E|y| of a Gaussian).  Fitted on the agent model's K/V
+ * against the best of many codes (docs/formats-v2.md); sqrtf and the four
+ * basic operations only, correctly rounded on every path. */
+CKV_HD float ckv_rot_scale_estimate(float ss, float am, uint32_t n, uint32_t bits) {
+  float rms = sqrtf(ss / (float)n), half = (float)(1u << (bits - 1u));
+  float g = ckv_rot_step(bits) * rms, a = am / (half - 0.5f);
+  if (a <= g || !(g > 0.0f)) return a;
+  if (bits <= 2u) return g;
+  return bits >= 4u ? sqrtf(g * a) : g * sqrtf(sqrtf(a / g));
+}
+/* The two scale codes worth trying for a rotated head: either side of
+ * ckv_rot_scale_estimate (the one refinement: the pass that measures both).
+ * A head of zeros gets code 0 twice (scale 0: every value decodes to 0
+ * exactly). */
+CKV_HD void ckv_rot_candidates(float ss, float am, uint32_t n, uint32_t bits, uint8_t cand[CKV_ROT_CANDIDATES]) {
+  if (!(am > 0.0f)) {
+    cand[0] = cand[1] = 0;
+    return;
+  }
+  uint32_t c = ckv_rot_scale_floor(ckv_rot_scale_estimate(ss, am, n, bits));
+  cand[0] = (uint8_t)c;
+  cand[1] = (uint8_t)(c < CKV_ROT_SCALE_CODES ? c + 1u : c);
 }
 /* The candidate with the least squared error (ties: the earlier). */
 CKV_HD uint8_t ckv_rot_best(const uint8_t cand[CKV_ROT_CANDIDATES], const float err[CKV_ROT_CANDIDATES]) {
@@ -306,18 +331,19 @@ CKV_HD uint8_t ckv_rot_best(const uint8_t cand[CKV_ROT_CANDIDATES], const float 
   return c;
 }
 /* Quantizes a rotated head y[0..n) (finite values) into *ret_scale (a scale
- * code) and the packed row (n*bits/8 bytes, written whole): the best of the
- * candidates. */
+ * code) and the packed row (n*bits/8 bytes, written whole): the better of the
+ * two candidates. */
 CKV_HD void ckv_rot_quant_head(const float *y, uint32_t n, uint32_t bits, uint8_t *ret_scale, uint8_t *row) {
-  float ss[8] = {0, 0, 0, 0, 0, 0, 0, 0}, am = 0.0f;
+  float ss[16], am = 0.0f;
+  for (int j = 0; j < 16; j++) ss[j] = 0.0f;
   for (uint32_t i = 0; i < n; i++) {
     float a = fabsf(y[i]);
-    ss[i & 7u] = ckv_mul_add(y[i], y[i], ss[i & 7u]);
+    ss[i & 15u] = ckv_mul_add(y[i], y[i], ss[i & 15u]);
     am = a > am ? a : am;
   }
   uint8_t cand[CKV_ROT_CANDIDATES];
   float err[CKV_ROT_CANDIDATES];
-  ckv_rot_candidates(ckv_lanes8_total(ss), am, n, bits, cand);
+  ckv_rot_candidates(ckv_lanes16_total(ss), am, n, bits, cand);
   ckv_rot_sq_errors(y, n, bits, cand, err);
   uint8_t sc = ckv_rot_best(cand, err);
   float inv = ckv_rot_scale_inv(sc), half = (float)(1u << (bits - 1u)), top = (float)ckv_qa_levels(bits);

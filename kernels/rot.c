@@ -29,15 +29,24 @@ float *ckv_rot_signs_new(const ckv_geometry *g) {
  * path. */
 typedef struct rot_steps {
   void (*forward)(float *x, uint32_t n, const float *signs);
-  void (*quant_head)(const float *y, uint32_t n, uint32_t bits, uint8_t *ret_scale, uint8_t *row);
+  /* the forward rotation straight from an FP16 head (NULL: widen the row, then forward) */
+  void (*forward_f16)(const uint16_t *h, float *x, uint32_t n, const float *signs);
+  void (*quant_heads)(const float *y, uint32_t nh, uint32_t n, uint32_t bits, uint8_t *ret_scales, uint8_t *rows);
 } rot_steps;
 
 static rot_steps steps_for(uint32_t head_dim) {
   ckv_cpu_path p = ckv_kernels_path();
-  if (p == CKV_PATH_AVX512 && head_dim % 16u == 0) return (rot_steps){ckv_rot_forward_avx512, ckv_rot_quant_head_avx512};
-  if (p == CKV_PATH_AVX512 && head_dim % 8u == 0) return (rot_steps){ckv_rot_forward_avx2, ckv_rot_quant_head_avx512};
-  if (p == CKV_PATH_AVX2 && head_dim % 8u == 0) return (rot_steps){ckv_rot_forward_avx2, ckv_rot_quant_head_avx2};
-  return (rot_steps){ckv_rot_forward_with, ckv_rot_quant_head};
+  if (p == CKV_PATH_AVX512 && head_dim % 16u == 0)
+    return (rot_steps){ckv_rot_forward_avx512, head_dim <= 128u ? ckv_rot_forward_f16_avx512 : NULL,
+                       ckv_rot_quant_heads_avx512};
+  if ((p == CKV_PATH_AVX512 || p == CKV_PATH_AVX2) && head_dim % 8u == 0)
+    return (rot_steps){ckv_rot_forward_avx2, NULL, ckv_rot_quant_heads_avx2};
+  return (rot_steps){ckv_rot_forward_with, NULL, ckv_rot_quant_heads};
+}
+
+void ckv_rot_quant_heads(const float *y, uint32_t nh, uint32_t n, uint32_t bits, uint8_t *ret_scales, uint8_t *rows) {
+  size_t rb = (size_t)n * bits / 8u;
+  for (uint32_t hd = 0; hd < nh; hd++) ckv_rot_quant_head(y + (size_t)hd * n, n, bits, &ret_scales[hd], rows + hd * rb);
 }
 
 void ckv_rot_forward_with(float *x, uint32_t n, const float *signs) {
@@ -83,16 +92,40 @@ void ckv_rot_read_rotated(const ckv_rowops *ops, const ckv_geometry *g, const vo
   }
 }
 
-/* Every head of K or V of one source slot, in the rotated basis, into row[H*D]. */
+/* Asks for the draft row of (l, kv) of move m (into L2) while the row before it is rotated and quantized: the
+ * rows of one pass are not adjacent in memory (one per token, a block's capacity of rows apart). */
+static void prefetch_source(const ckv_geometry *g, const ckv_move *m, uint32_t l, uint32_t kv) {
+  const ckv_block_header *sh = ckv_move_src_hdr(m);
+  if (sh->format != CKV_FORMAT_DRAFT) return;
+  const uint8_t *p = ckv_cb(m->src, ckv_draft_kv_offset(g, sh->capacity, l, kv, m->src_slot));
+  for (size_t o = 0; o < ckv_draft_token_elems(g) * 2u; o += 64) __builtin_prefetch(p + o, 0, 3);
+}
+
+/* How many moves ahead a source row is prefetched: a row takes about as long to rotate and quantize as one
+ * DRAM latency, and the rows of a pass sit in different pages (which the hardware prefetchers do not cross). */
+#ifndef PREFETCH_AHEAD
+#define PREFETCH_AHEAD 1
+#endif
+
+/* Every head of K or V of one source slot, in the rotated basis, into row[H*D]; next (or NULL): the move read
+ * PREFETCH_AHEAD after this one, whose source row is prefetched. */
 static void read_rotated_row(const ckv_rowops *ops, const rot_steps *rs, const ckv_geometry *g, const float *signs,
-                             const ckv_move *m, uint32_t l, uint32_t kv, float *row) {
+                             const ckv_move *m, const ckv_move *next, uint32_t l, uint32_t kv, float *row) {
   const ckv_block_header *sh = ckv_move_src_hdr(m);
   uint32_t D = g->head_dim, H = g->n_kv_heads;
   if (ckv_format_is_rot(sh->format)) { /* already rotated */
     for (uint32_t hd = 0; hd < H; hd++) ckv_rot_read_rotated(ops, g, m->src, sh, l, kv, m->src_slot, hd, row + (size_t)hd * D);
     return;
   }
+  if (sh->format == CKV_FORMAT_DRAFT && g->dtype == CKV_DTYPE_FP16 && rs->forward_f16) {
+    const uint16_t *h = (const uint16_t *)ckv_cb(m->src, ckv_draft_kv_offset(g, sh->capacity, l, kv, m->src_slot));
+    if (next) prefetch_source(g, next, l, kv);
+    for (uint32_t hd = 0; hd < H; hd++)
+      rs->forward_f16(h + (size_t)hd * D, row + (size_t)hd * D, D, signs + ckv_rot_signs_index(g, l, kv, hd));
+    return;
+  }
   ckv_read_row(ops, g, m->src, sh, l, kv, m->src_slot, row);
+  if (next) prefetch_source(g, next, l, kv);
   for (uint32_t hd = 0; hd < H; hd++) rs->forward(row + (size_t)hd * D, D, signs + ckv_rot_signs_index(g, l, kv, hd));
 }
 
@@ -104,10 +137,7 @@ static void quant_row(const rot_steps *rs, const ckv_geometry *g, void *dst, uin
   size_t rb = ckv_rot_row_bytes(fmt, g);
   uint8_t *sc = ckv_b(dst, ckv_rot_scales_offset(fmt, g, cap, l, kv));
   uint8_t *codes = ckv_b(dst, ckv_rot_codes_offset(fmt, g, cap, l, kv));
-  for (uint32_t hd = 0; hd < H; hd++) {
-    size_t at = (size_t)slot * H + hd;
-    rs->quant_head(row + (size_t)hd * D, D, bits, &sc[at], codes + at * rb);
-  }
+  rs->quant_heads(row, H, D, bits, &sc[(size_t)slot * H], codes + (size_t)slot * H * rb);
 }
 
 /* The keys of layer l of the n moves bound for block dst, whose means are not
@@ -123,7 +153,7 @@ static void layer_means(const ckv_rowops *ops, const rot_steps *rs, const ckv_ge
   memset(sum, 0, te * sizeof(float));
   for (size_t i = 0; i < n; i++) {
     float *row = keys + i * te;
-    read_rotated_row(ops, rs, g, signs, &moves[order[i]], l, 0, row);
+    read_rotated_row(ops, rs, g, signs, &moves[order[i]], i + PREFETCH_AHEAD < n ? &moves[order[i + PREFETCH_AHEAD]] : NULL, l, 0, row);
     ops->axpy(1.0f, row, sum, te); /* sum + 1 * row: one rounding, the sum's */
   }
   for (uint32_t hd = 0; hd < H; hd++) {
@@ -171,13 +201,13 @@ int ckv_rot_to(const ckv_rowops *ops, const ckv_geometry *g, const float *signs,
       } else {
         for (uint32_t hd = 0; hd < H; hd++) key_mean(g, dst, cap, l, hd, sum + (size_t)hd * D);
         for (size_t k = i; k < j; k++) {
-          read_rotated_row(ops, &rs, g, signs, &moves[order[k]], l, 0, row);
+          read_rotated_row(ops, &rs, g, signs, &moves[order[k]], k + PREFETCH_AHEAD < j ? &moves[order[k + PREFETCH_AHEAD]] : NULL, l, 0, row);
           ops->axpy(-1.0f, sum, row, te); /* keys less the block's mean: row - sum, one rounding */
           quant_row(&rs, g, dst, fmt, cap, l, 0, moves[order[k]].dst_slot, row);
         }
       }
       for (size_t k = i; k < j; k++) {
-        read_rotated_row(ops, &rs, g, signs, &moves[order[k]], l, 1, row);
+        read_rotated_row(ops, &rs, g, signs, &moves[order[k]], k + PREFETCH_AHEAD < j ? &moves[order[k + PREFETCH_AHEAD]] : NULL, l, 1, row);
         quant_row(&rs, g, dst, fmt, cap, l, 1, moves[order[k]].dst_slot, row);
       }
     }

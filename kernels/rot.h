@@ -16,17 +16,24 @@ float *ckv_rot_signs_new(const ckv_geometry *g);
  * the same bytes; n a multiple of 8; only on CPUs with AVX2, FMA and F16C. */
 void ckv_rot_forward_avx2(float *x, uint32_t n, const float *signs);
 void ckv_rot_quant_head_avx2(const float *y, uint32_t n, uint32_t bits, uint8_t *ret_scale, uint8_t *row);
-/* Its parts, shared with rot_avx512.c: the sum of squares (in the rules' 8 lanes) and absmax of a head, and the
+/* Its parts, shared with rot_avx512.c: the sum of squares (in the rules' 16 lanes) and absmax of a head, and the
  * packed codes of a head for inverse scale inv (every byte of the row written). */
 void ckv_rot_stats_avx2(const float *y, uint32_t n, float *ret_ss, float *ret_am);
 void ckv_rot_pack_avx2(const float *y, uint32_t n, uint32_t bits, float inv, uint8_t *row);
-/* ckv_rot_quant_head_avx2 with the scale search two candidates per AVX-512 step (rot_avx512.c); only on CPUs
- * of the AVX-512 path. */
-void ckv_rot_quant_head_avx512(const float *y, uint32_t n, uint32_t bits, uint8_t *ret_scale, uint8_t *row);
+/* ckv_rot_quant_head of the nh heads of a row, y[nh][n], into ret_scales[nh] and rows[nh][n*bits/8] (rot_avx512.c):
+ * n a multiple of 16, nh <= CKV_MAX_KV_HEADS, only on CPUs of the AVX-512 path. */
+void ckv_rot_quant_heads_avx512(const float *y, uint32_t nh, uint32_t n, uint32_t bits, uint8_t *ret_scales,
+                                uint8_t *rows);
+/* The same with ckv_rot_quant_head_avx2 per head, and with the scalar rule (rot.c). */
+void ckv_rot_quant_heads_avx2(const float *y, uint32_t nh, uint32_t n, uint32_t bits, uint8_t *ret_scales, uint8_t *rows);
+void ckv_rot_quant_heads(const float *y, uint32_t nh, uint32_t n, uint32_t bits, uint8_t *ret_scales, uint8_t *rows);
 /* ckv_kernels_dequantize of a rotated block's row (un-rotated, every head) with AVX2 (rot_avx2.c); head_dim a
  * multiple of 8, the block and slot checked by the caller. */
 void ckv_rot_dequant_row_avx2(const ckv_geometry *g, const void *blk, const ckv_block_header *h, uint32_t layer,
                               uint32_t kv, uint32_t slot, float *dst);
+/* ckv_rot_forward_avx512 of FP16 input h[n] (a draft row's head, widened exactly) into x[n]: n 16, 32, 64 or
+ * 128, the AVX-512 path only (one pass instead of widening the row first). */
+void ckv_rot_forward_f16_avx512(const uint16_t *h, float *x, uint32_t n, const float *signs);
 /* The same 16 lanes at a time (rot_avx512.c): head_dim a multiple of 16, the AVX-512 path only; and the
  * forward rotation likewise. */
 void ckv_rot_forward_avx512(float *x, uint32_t n, const float *signs);

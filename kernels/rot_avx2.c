@@ -4,8 +4,8 @@
  * of a head, its quantization, and a head read back and rotated back.  Each
  * computes what kernels/quant.h's rules compute, operation for operation:
  * the butterflies are the same additions and subtractions, element-wise
- * products are the same products, and the sums run in the 8 lanes the rules
- * prescribe (ckv_lanes8_total), so the bytes equal the scalar path's and
+ * products are the same products, and the sums run in the 16 lanes the rules
+ * prescribe (ckv_lanes16_total: two vectors), so the bytes equal the scalar path's and
  * CUDA's (test_kernels_rot checks every path).  Where a step is written
  * differently it is exact either way, and the comment there says why. */
 #include <immintrin.h>
@@ -74,7 +74,64 @@ static void fwht_from8(float *x, uint32_t n) {
       }
 }
 
+/* fwht8 with each stage as fma(v, +-1, s) (v * +-1 is exact: one rounding, the addition's; the same float as
+ * the add / sub blend of STAGE_IN, in 2 instructions instead of 3). */
+static inline __m256 fwht8_fma(__m256 v) {
+  v = _mm256_fmadd_ps(v, _mm256_setr_ps(1, -1, 1, -1, 1, -1, 1, -1), _mm256_permute_ps(v, 0xB1));
+  v = _mm256_fmadd_ps(v, _mm256_setr_ps(1, 1, -1, -1, 1, 1, -1, -1), _mm256_permute_ps(v, 0x4E));
+  return _mm256_fmadd_ps(v, _mm256_setr_ps(1, 1, 1, 1, -1, -1, -1, -1), _mm256_permute2f128_ps(v, v, 0x01));
+}
+
+/* The forward rotation of NV vectors (NV a power of two, 1..8, a constant at each call) in registers, before
+ * the norm: finite times the sign, stages 1, 2, 4 per vector, the later ones across vectors. */
+static inline __attribute__((always_inline)) void forward_regs8(const float *x, int NV, const float *signs, __m256 *v) {
+  const __m256 lo = _mm256_set1_ps(-CKV_F16_MAX), hi = _mm256_set1_ps(CKV_F16_MAX);
+#pragma GCC unroll 8
+  for (int k = 0; k < NV; k++) {
+    __m256 t = _mm256_loadu_ps(x + 8 * k);
+    t = _mm256_blendv_ps(t, _mm256_setzero_ps(), _mm256_cmp_ps(t, t, _CMP_UNORD_Q));
+    v[k] = fwht8_fma(_mm256_mul_ps(_mm256_min_ps(_mm256_max_ps(t, lo), hi), _mm256_loadu_ps(signs + 8 * k)));
+  }
+#pragma GCC unroll 4
+  for (int len = 1; len < 8; len <<= 1)
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++)
+      if (len < NV && j < NV && !(j & len) && j + len < 8) {
+        __m256 a = v[j], b = v[j + len];
+        v[j] = _mm256_add_ps(a, b);
+        v[j + len] = _mm256_sub_ps(a, b);
+      }
+}
+
+/* n = 8 * NV <= 64 in registers, the norm, one store. */
+static inline __attribute__((always_inline)) void forward_small(float *x, int NV, const float *signs, __m256 r) {
+  __m256 v[8];
+  forward_regs8(x, NV, signs, v);
+#pragma GCC unroll 8
+  for (int k = 0; k < NV; k++) _mm256_storeu_ps(x + 8 * k, _mm256_mul_ps(v[k], r));
+}
+
+/* n = 128: each half of 64 in registers, then the last stage (len 64) with the norm, as the halves are stored. */
+static void forward_128(float *x, const float *signs, __m256 r) {
+  __m256 a[8], b[8];
+  forward_regs8(x, 8, signs, a);
+  forward_regs8(x + 64, 8, signs + 64, b);
+  for (int k = 0; k < 8; k++) {
+    _mm256_storeu_ps(x + 8 * k, _mm256_mul_ps(_mm256_add_ps(a[k], b[k]), r));
+    _mm256_storeu_ps(x + 64 + 8 * k, _mm256_mul_ps(_mm256_sub_ps(a[k], b[k]), r));
+  }
+}
+
 void ckv_rot_forward_avx2(float *x, uint32_t n, const float *signs) {
+  const __m256 rn = _mm256_set1_ps(ckv_rot_norm(n));
+  switch (n) {
+    case 8: forward_small(x, 1, signs, rn); return;
+    case 16: forward_small(x, 2, signs, rn); return;
+    case 32: forward_small(x, 4, signs, rn); return;
+    case 64: forward_small(x, 8, signs, rn); return;
+    case 128: forward_128(x, signs, rn); return;
+    default: break;
+  }
   const __m256 lo = _mm256_set1_ps(-CKV_F16_MAX), hi = _mm256_set1_ps(CKV_F16_MAX);
   for (uint32_t i = 0; i < n; i += 8) { /* ckv_rot_finite (NaN -> 0, clamp) times the sign, then stages 1, 2, 4 */
     __m256 v = _mm256_loadu_ps(x + i);
@@ -93,83 +150,52 @@ static inline __m256 q8(__m256 v, __m256 inv, __m256 lo, __m256 hi) {
   return _mm256_min_ps(_mm256_max_ps(_mm256_floor_ps(_mm256_mul_ps(v, inv)), lo), hi);
 }
 
-static float lanes_total(__m256 acc) {
-  float l[8];
-  _mm256_storeu_ps(l, acc);
-  return ckv_lanes8_total(l);
+/* ckv_lanes16_total of 16 lanes held as two vectors (lanes 0-7, 8-15): the pairs added lane by lane, then the
+ * rules' tree over the 8 sums. */
+static float lanes16_total(__m256 lo, __m256 hi) {
+  float l[16];
+  _mm256_storeu_ps(l, lo);
+  _mm256_storeu_ps(l + 8, hi);
+  return ckv_lanes16_total(l);
 }
 
-/* Squared errors of the first NU scales in one pass over y: independent accumulators, so their chains
- * overlap.  (c - offset) * scale with c = q + 2^(b-1) is (q + 0.5) * scale: q + 0.5 is exact, as c - offset is. */
-static inline __attribute__((always_inline)) void sq_errors_n(const float *y, uint32_t n, int NU, const float *sc,
-                                                               const float *inv, __m256 lo, __m256 hi, float *err) {
-  __m256 e[CKV_ROT_CANDIDATES], vs[CKV_ROT_CANDIDATES], vi[CKV_ROT_CANDIDATES];
-  const __m256 h = _mm256_set1_ps(0.5f);
-  for (int k = 0; k < NU; k++) {
-    e[k] = _mm256_setzero_ps();
-    vs[k] = _mm256_set1_ps(sc[k]);
-    vi[k] = _mm256_set1_ps(inv[k]);
-  }
-  for (uint32_t i = 0; i < n; i += 8) {
-    __m256 v = _mm256_loadu_ps(y + i);
-    for (int k = 0; k < NU; k++) {
-      __m256 d = _mm256_sub_ps(v, _mm256_mul_ps(_mm256_add_ps(q8(v, vi[k], lo, hi), h), vs[k]));
-      e[k] = _mm256_add_ps(_mm256_mul_ps(d, d), e[k]);
-    }
-  }
-  for (int k = 0; k < NU; k++) err[k] = lanes_total(e[k]);
-}
-
-/* The candidates without repeats: u[0..return) and, for each candidate, its index in u. */
-static int unique_candidates(const uint8_t cand[CKV_ROT_CANDIDATES], uint8_t u[CKV_ROT_CANDIDATES],
-                             int at[CKV_ROT_CANDIDATES]) {
-  int nu = 0;
-  for (int k = 0; k < CKV_ROT_CANDIDATES; k++) {
-    int j = 0;
-    while (j < nu && u[j] != cand[k]) j++;
-    if (j == nu) u[nu++] = cand[k];
-    at[k] = j;
-  }
-  return nu;
-}
-
-/* The squared error of each candidate (a repeated code has the same error: the same operations). */
-void ckv_rot_errors_avx2(const float *y, uint32_t n, uint32_t bits, const uint8_t cand[CKV_ROT_CANDIDATES],
-                         float err[CKV_ROT_CANDIDATES]) {
-  uint8_t u[CKV_ROT_CANDIDATES];
-  int at[CKV_ROT_CANDIDATES];
-  int nu = unique_candidates(cand, u, at);
-  float sc[CKV_ROT_CANDIDATES], inv[CKV_ROT_CANDIDATES], ue[CKV_ROT_CANDIDATES];
-  for (int k = 0; k < nu; k++) {
-    sc[k] = ckv_rot_scale_value(u[k]);
-    inv[k] = ckv_rot_scale_inv(u[k]);
-  }
+/* The squared errors of the two candidate scales in one pass over y (ckv_rot_sq_errors: in units of the scale,
+ * t - ckv_rot_mid(t) with t = y * inv), each in the rules' 16 lanes (two vectors: elements i mod 16 < 8 and
+ * >= 8), four independent accumulators. */
+static void sq_errors2(const float *y, uint32_t n, uint32_t bits, const uint8_t cand[CKV_ROT_CANDIDATES],
+                       float err[CKV_ROT_CANDIDATES]) {
   float half = (float)(1u << (bits - 1u));
-  const __m256 lo = _mm256_set1_ps(-half), hi = _mm256_set1_ps(half - 1.0f);
-  switch (nu) { /* a constant count each: the accumulators stay in registers */
-    case 1: sq_errors_n(y, n, 1, sc, inv, lo, hi, ue); break;
-    case 2: sq_errors_n(y, n, 2, sc, inv, lo, hi, ue); break;
-    case 3: sq_errors_n(y, n, 3, sc, inv, lo, hi, ue); break;
-    case 4: sq_errors_n(y, n, 4, sc, inv, lo, hi, ue); break;
-    case 5: sq_errors_n(y, n, 5, sc, inv, lo, hi, ue); break;
-    default: sq_errors_n(y, n, 6, sc, inv, lo, hi, ue); break;
+  const __m256 lo = _mm256_set1_ps(0.5f - half), hi = _mm256_set1_ps(half - 0.5f), h = _mm256_set1_ps(0.5f);
+  const __m256 i0 = _mm256_set1_ps(ckv_rot_scale_inv(cand[0])), i1 = _mm256_set1_ps(ckv_rot_scale_inv(cand[1]));
+  __m256 e0[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, e1[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  for (uint32_t i = 0; i < n; i += 8) {
+    int k = (i >> 3) & 1;
+    __m256 v = _mm256_loadu_ps(y + i);
+    __m256 t0 = _mm256_mul_ps(v, i0), t1 = _mm256_mul_ps(v, i1);
+    __m256 d0 = _mm256_sub_ps(t0, _mm256_min_ps(_mm256_max_ps(_mm256_add_ps(_mm256_floor_ps(t0), h), lo), hi));
+    __m256 d1 = _mm256_sub_ps(t1, _mm256_min_ps(_mm256_max_ps(_mm256_add_ps(_mm256_floor_ps(t1), h), lo), hi));
+    e0[k] = _mm256_add_ps(_mm256_mul_ps(d0, d0), e0[k]);
+    e1[k] = _mm256_add_ps(_mm256_mul_ps(d1, d1), e1[k]);
   }
-  for (int k = 0; k < CKV_ROT_CANDIDATES; k++) err[k] = ue[at[k]];
+  float s0 = ckv_rot_scale_value(cand[0]), s1 = ckv_rot_scale_value(cand[1]);
+  err[0] = (s0 * s0) * lanes16_total(e0[0], e0[1]);
+  err[1] = (s1 * s1) * lanes16_total(e1[0], e1[1]);
 }
 
-/* Sum of squares (in the rules' 8 lanes) and absmax of a head. */
+/* Sum of squares (in the rules' 16 lanes) and absmax of a head. */
 void ckv_rot_stats_avx2(const float *y, uint32_t n, float *ret_ss, float *ret_am) {
   const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  __m256 ss = _mm256_setzero_ps(), am = _mm256_setzero_ps();
+  __m256 ss[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, am = _mm256_setzero_ps();
   for (uint32_t i = 0; i < n; i += 8) {
+    int k = (i >> 3) & 1;
     __m256 v = _mm256_loadu_ps(y + i);
-    ss = _mm256_add_ps(_mm256_mul_ps(v, v), ss);
+    ss[k] = _mm256_add_ps(_mm256_mul_ps(v, v), ss[k]);
     am = _mm256_max_ps(am, _mm256_and_ps(v, absmask));
   }
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(am), _mm256_extractf128_ps(am, 1));
   m = _mm_max_ps(m, _mm_movehl_ps(m, m));
   m = _mm_max_ss(m, _mm_movehdup_ps(m));
-  *ret_ss = lanes_total(ss);
+  *ret_ss = lanes16_total(ss[0], ss[1]);
   *ret_am = _mm_cvtss_f32(m); /* finite inputs: no NaN in any lane */
 }
 
@@ -211,10 +237,31 @@ void ckv_rot_quant_head_avx2(const float *y, uint32_t n, uint32_t bits, uint8_t 
   uint8_t cand[CKV_ROT_CANDIDATES];
   float err[CKV_ROT_CANDIDATES];
   ckv_rot_candidates(ss, am, n, bits, cand);
-  ckv_rot_errors_avx2(y, n, bits, cand, err);
+  sq_errors2(y, n, bits, cand, err);
   uint8_t s8 = ckv_rot_best(cand, err);
   ckv_rot_pack_avx2(y, n, bits, ckv_rot_scale_inv(s8), row);
   *ret_scale = s8;
+}
+
+/* ckv_rot_quant_head_avx2 for the nh heads of a row, 4 at a time and each step for the 4 before the next (as
+ * rot_avx512.c does): one head's chain of sums, square root and divisions overlaps the others'. */
+void ckv_rot_quant_heads_avx2(const float *y, uint32_t nh, uint32_t n, uint32_t bits, uint8_t *ret_scales, uint8_t *rows) {
+  enum { GROUP = 4 };
+  size_t rb = (size_t)n * bits / 8u;
+  for (uint32_t h0 = 0; h0 < nh; h0 += GROUP) {
+    uint32_t g = nh - h0 < GROUP ? nh - h0 : GROUP;
+    const float *x = y + (size_t)h0 * n;
+    float ss[GROUP], am[GROUP], err[GROUP][CKV_ROT_CANDIDATES];
+    uint8_t cand[GROUP][CKV_ROT_CANDIDATES];
+    for (uint32_t k = 0; k < g; k++) ckv_rot_stats_avx2(x + (size_t)k * n, n, &ss[k], &am[k]);
+    for (uint32_t k = 0; k < g; k++) ckv_rot_candidates(ss[k], am[k], n, bits, cand[k]);
+    for (uint32_t k = 0; k < g; k++) sq_errors2(x + (size_t)k * n, n, bits, cand[k], err[k]);
+    for (uint32_t k = 0; k < g; k++) {
+      uint8_t s8 = ckv_rot_best(cand[k], err[k]);
+      ckv_rot_pack_avx2(x + (size_t)k * n, n, bits, ckv_rot_scale_inv(s8), rows + (h0 + k) * rb);
+      ret_scales[h0 + k] = s8;
+    }
+  }
 }
 
 /* 8 codes of a packed row from element i (i a multiple of 8), as floats: `bits` bytes shifted apart. */

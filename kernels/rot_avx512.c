@@ -1,92 +1,146 @@
-/* rot_avx512.c - the rotated formats' quantization of a head, and a row
- * read back, with AVX-512 F (compiled with -mavx512f -mavx512bw -mavx512vl
- * -mavx2 -mfma -mf16c; rot.c and dequant.c call them only on the AVX-512
- * path, head_dim a multiple of 8, of 16 for the reading).  The rules sum every squared
- * error in 8 lanes in index order (ckv_lanes8_total), so 16 lanes cannot
- * take 16 elements of one candidate scale without changing the sums; they
- * take 8 elements of two candidates instead (one in each half), which halves
- * the instructions of the search, the costliest step.  The sum of squares,
- * the candidates and the packing are rot_avx2.c's; the bytes are the scalar
- * path's (test_kernels_rot compares them, and the floats read back). */
+/* rot_avx512.c - the rotated formats' forward rotation and quantization of
+ * a row's heads, and a row read back, with AVX-512 F (compiled with
+ * -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mfma -mf16c; rot.c and dequant.c
+ * call them only on the AVX-512 path, head_dim a multiple of 16).  The
+ * rules sum in 16 lanes in index order (ckv_lanes16_total): one register per
+ * sum here.  A row's heads go through each step together (statistics of
+ * every head, then their candidates, errors, codes), so the dependent chain
+ * of one head (sums, square root, division, sums again) overlaps the
+ * others' instead of stalling the core.  The bytes are the scalar path's
+ * (test_kernels_rot and test_kernels_simd compare them, and the floats read
+ * back). */
 #include <immintrin.h>
 #include <string.h>
 
 #include "kernels/quant.h"
 #include "kernels/rot.h"
 
-static float lanes_total(__m256 acc) {
-  float l[8];
-  _mm256_storeu_ps(l, acc);
-  return ckv_lanes8_total(l);
+/* ckv_lanes16_total of one 16-lane accumulator in registers: the halves added lane by lane, then the rules'
+ * tree over the 8 sums, ((m0 + m1) + (m2 + m3)) + ((m4 + m5) + (m6 + m7)), each level one vector addition of
+ * partners (a + b = b + a exactly). */
+static inline float lanes16_total(__m512 acc) {
+  __m256 m = _mm256_add_ps(_mm512_castps512_ps256(acc), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));
+  m = _mm256_add_ps(m, _mm256_permute_ps(m, 0xB1)); /* lanes 0, 2, 4, 6: m0 + m1, m2 + m3, ... */
+  m = _mm256_add_ps(m, _mm256_permute_ps(m, 0x4E)); /* lanes 0, 4: (m0 + m1) + (m2 + m3), (m4 + m5) + (m6 + m7) */
+  __m128 t = _mm_add_ss(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  return _mm_cvtss_f32(t);
 }
 
-/* NP pairs of scales (lanes 0-7 one, 8-15 the other) over y; as rot_avx2.c's sq_errors_n, two at a time. */
-static inline __attribute__((always_inline)) void sq_errors_pairs(const float *y, uint32_t n, int NP, const float *sc,
-                                                                   const float *inv, float half, float *err) {
-  __m512 e[3], vs[3], vi[3];
-  const __m512 h = _mm512_set1_ps(0.5f), lo = _mm512_set1_ps(-half), hi = _mm512_set1_ps(half - 1.0f);
-  for (int p = 0; p < NP; p++) {
-    e[p] = _mm512_setzero_ps();
-    vs[p] = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(sc[2 * p]), _mm512_set1_ps(sc[2 * p + 1]));
-    vi[p] = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(inv[2 * p]), _mm512_set1_ps(inv[2 * p + 1]));
-  }
-  for (uint32_t i = 0; i < n; i += 8) {
-    __m512 v = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(y + i))));
-    for (int p = 0; p < NP; p++) {
-      __m512 q = _mm512_roundscale_ps(_mm512_mul_ps(v, vi[p]), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-      q = _mm512_min_ps(_mm512_max_ps(q, lo), hi);
-      __m512 d = _mm512_sub_ps(v, _mm512_mul_ps(_mm512_add_ps(q, h), vs[p]));
-      e[p] = _mm512_add_ps(_mm512_mul_ps(d, d), e[p]);
+/* (code - offset) of 16 elements from t = y * inv: ckv_rot_mid, the symmetric clamp as one range instruction
+ * (the smaller magnitude of the two, with the sign of the first). */
+static inline __m512 mid16(__m512 t, __m512 h, __m512 bound) {
+  __m512 q = _mm512_add_ps(_mm512_roundscale_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC), h);
+  return _mm512_range_ps(q, bound, 0x02);
+}
+
+/* Packs the codes m + offset (m from mid16, exact small integers) of 16 elements per step into row
+ * (ckv_pack_code's layout, every byte written), for 1, 2 and 4 bits. */
+static void pack16_mids(const float *m, uint32_t n, uint32_t bits, uint8_t *row) {
+  const __m512 off = _mm512_set1_ps(ckv_rot_offset(bits));
+  for (uint32_t i = 0; i < n; i += 16) {
+    __m128i c = _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(_mm512_add_ps(_mm512_loadu_ps(m + i), off)));
+    uint8_t *p = row + (size_t)i * bits / 8u;
+    if (bits == 4u) { /* byte pairs c0 | c1 << 4 */
+      __m128i w = _mm_maddubs_epi16(c, _mm_set1_epi16(0x1001));
+      _mm_storel_epi64((__m128i *)p, _mm_packus_epi16(w, w));
+    } else if (bits == 2u) { /* c0 + 4 c1 per 16 bits, then + 16 (c2 + 4 c3) per 32 bits: one byte per 4 codes */
+      __m128i w = _mm_madd_epi16(_mm_maddubs_epi16(c, _mm_set1_epi16(0x0401)), _mm_set1_epi32(0x00100001));
+      w = _mm_packus_epi32(w, w);
+      uint32_t v = (uint32_t)_mm_cvtsi128_si32(_mm_packus_epi16(w, w));
+      memcpy(p, &v, 4);
+    } else { /* 1 bit: code i is bit i of the nonzero mask */
+      uint16_t k = (uint16_t)_mm_test_epi8_mask(c, c);
+      memcpy(p, &k, 2);
     }
   }
-  for (int p = 0; p < NP; p++) {
-    err[2 * p] = lanes_total(_mm512_castps512_ps256(e[p]));
-    err[2 * p + 1] = lanes_total(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e[p]), 1)));
+}
+
+/* Every scale code's value, inverse and square (ckv_rot_scale_value, ckv_rot_scale_inv, value * value: the same
+ * floats, computed once when the library is loaded), so a head's candidates cost no division. */
+static float scale_value_tab[256], scale_inv_tab[256], scale_sq_tab[256];
+__attribute__((constructor)) static void scale_tabs_init(void) {
+  for (uint32_t c = 0; c < 256; c++) {
+    scale_value_tab[c] = ckv_rot_scale_value(c);
+    scale_inv_tab[c] = ckv_rot_scale_inv(c);
+    scale_sq_tab[c] = scale_value_tab[c] * scale_value_tab[c];
   }
 }
 
-void ckv_rot_quant_head_avx512(const float *y, uint32_t n, uint32_t bits, uint8_t *ret_scale, uint8_t *row) {
-  float ss, am;
-  ckv_rot_stats_avx2(y, n, &ss, &am);
-  uint8_t cand[CKV_ROT_CANDIDATES], u[CKV_ROT_CANDIDATES];
-  int at[CKV_ROT_CANDIDATES], nu = 0;
-  ckv_rot_candidates(ss, am, n, bits, cand);
-  for (int k = 0; k < CKV_ROT_CANDIDATES; k++) { /* each code once: a repeated code has the same error */
-    int j = 0;
-    while (j < nu && u[j] != cand[k]) j++;
-    if (j == nu) u[nu++] = cand[k];
-    at[k] = j;
+/* The heads of a row are quantized GROUP at a time: each step for every head of the group before the next. */
+#define GROUP 4
+
+/* ckv_rot_quant_head for g <= GROUP heads y[g][n] (n a multiple of 16): the sum of squares and each candidate's
+ * squared errors in one 16-lane register (the rules' lane order); the candidates' (code - offset) kept from the
+ * error pass, so the codes are the better one's, converted and packed (3 bits: rot_avx2.c's packing). */
+static void quant_group(const float *y, uint32_t g, uint32_t n, uint32_t bits, uint8_t *ret_scales, uint8_t *rows) {
+  float ss[GROUP], am[GROUP], err[GROUP][CKV_ROT_CANDIDATES];
+  uint8_t cand[GROUP][CKV_ROT_CANDIDATES];
+  float mids[GROUP][CKV_ROT_CANDIDATES][CKV_MAX_HEAD_DIM] __attribute__((aligned(64)));
+  size_t rb = (size_t)n * bits / 8u;
+  for (uint32_t hd = 0; hd < g; hd++) {
+    const float *x = y + (size_t)hd * n;
+    __m512 s2 = _mm512_setzero_ps(), m = _mm512_setzero_ps();
+    for (uint32_t i = 0; i < n; i += 16) {
+      __m512 v = _mm512_loadu_ps(x + i);
+      s2 = _mm512_add_ps(_mm512_mul_ps(v, v), s2);
+      m = _mm512_range_ps(m, v, 0x0B); /* the larger magnitude, sign cleared */
+    }
+    ss[hd] = lanes16_total(s2);
+    am[hd] = _mm512_reduce_max_ps(m); /* finite inputs: no NaN in any lane */
   }
-  float sc[CKV_ROT_CANDIDATES], inv[CKV_ROT_CANDIDATES], ue[CKV_ROT_CANDIDATES], err[CKV_ROT_CANDIDATES];
-  for (int k = 0; k < CKV_ROT_CANDIDATES; k++) { /* an odd count: the last pair's second half repeats a code */
-    uint8_t c = u[k < nu ? k : nu - 1];
-    sc[k] = ckv_rot_scale_value(c);
-    inv[k] = ckv_rot_scale_inv(c);
-  }
+  for (uint32_t hd = 0; hd < g; hd++) ckv_rot_candidates(ss[hd], am[hd], n, bits, cand[hd]);
   float half = (float)(1u << (bits - 1u));
-  if (nu <= 2)
-    sq_errors_pairs(y, n, 1, sc, inv, half, ue);
-  else if (nu <= 4)
-    sq_errors_pairs(y, n, 2, sc, inv, half, ue);
-  else
-    sq_errors_pairs(y, n, 3, sc, inv, half, ue);
-  for (int k = 0; k < CKV_ROT_CANDIDATES; k++) err[k] = ue[at[k]];
-  uint8_t s8 = ckv_rot_best(cand, err);
-  ckv_rot_pack_avx2(y, n, bits, ckv_rot_scale_inv(s8), row);
-  *ret_scale = s8;
+  const __m512 h = _mm512_set1_ps(0.5f), bound = _mm512_set1_ps(half - 0.5f);
+  for (uint32_t hd = 0; hd < g; hd++) {
+    const float *x = y + (size_t)hd * n;
+    const __m512 i0 = _mm512_set1_ps(scale_inv_tab[cand[hd][0]]), i1 = _mm512_set1_ps(scale_inv_tab[cand[hd][1]]);
+    __m512 e0 = _mm512_setzero_ps(), e1 = _mm512_setzero_ps();
+    for (uint32_t i = 0; i < n; i += 16) { /* t - mid(t), squared, summed: two roundings each */
+      __m512 v = _mm512_loadu_ps(x + i), t0 = _mm512_mul_ps(v, i0), t1 = _mm512_mul_ps(v, i1);
+      __m512 m0 = mid16(t0, h, bound), m1 = mid16(t1, h, bound);
+      _mm512_store_ps(&mids[hd][0][i], m0);
+      _mm512_store_ps(&mids[hd][1][i], m1);
+      __m512 d0 = _mm512_sub_ps(t0, m0), d1 = _mm512_sub_ps(t1, m1);
+      e0 = _mm512_add_ps(_mm512_mul_ps(d0, d0), e0);
+      e1 = _mm512_add_ps(_mm512_mul_ps(d1, d1), e1);
+    }
+    err[hd][0] = scale_sq_tab[cand[hd][0]] * lanes16_total(e0);
+    err[hd][1] = scale_sq_tab[cand[hd][1]] * lanes16_total(e1);
+  }
+  for (uint32_t hd = 0; hd < g; hd++) {
+    uint8_t s8 = ckv_rot_best(cand[hd], err[hd]);
+    if (bits == 3u)
+      ckv_rot_pack_avx2(y + (size_t)hd * n, n, bits, scale_inv_tab[s8], rows + hd * rb);
+    else
+      pack16_mids(mids[hd][s8 == cand[hd][0] ? 0 : 1], n, bits, rows + hd * rb);
+    ret_scales[hd] = s8;
+  }
+}
+
+void ckv_rot_quant_heads_avx512(const float *y, uint32_t nh, uint32_t n, uint32_t bits, uint8_t *ret_scales,
+                                uint8_t *rows) {
+  size_t rb = (size_t)n * bits / 8u;
+  for (uint32_t h0 = 0; h0 < nh; h0 += GROUP)
+    quant_group(y + (size_t)h0 * n, nh - h0 < GROUP ? nh - h0 : GROUP, n, bits, ret_scales + h0, rows + h0 * rb);
 }
 
 /* ---- a rotated row read back (ckv_kernels_dequantize), 16 lanes: rot_avx2.c's ckv_rot_dequant_row_avx2
  * with twice the width (head_dim a multiple of 16); the same operations in the same order per element. */
 
-/* One butterfly stage inside each 16-float vector: lanes of mask take s - v (a - b), the others v + s. */
-#define STAGE16(v, s, mask) _mm512_mask_blend_ps((mask), _mm512_add_ps((v), (s)), _mm512_sub_ps((s), (v)))
+/* One butterfly stage inside each 16-float vector: s is v with the partners swapped; the lanes of the second
+ * partner take s - v (a - b), the others v + s (a + b), both as fma(v, +-1, s): v * +-1 is exact, so the one
+ * rounding is the addition's, the same float as _mm512_add_ps / _mm512_sub_ps, in 2 instructions instead of 4. */
+static inline __m512 stage16(__m512 v, __m512 s, __m512 pm) { return _mm512_fmadd_ps(v, pm, s); }
 
 static inline __m512 fwht16(__m512 v) { /* stages 1, 2, 4, 8: inside a vector */
-  v = STAGE16(v, _mm512_permute_ps(v, 0xB1), 0xAAAA);
-  v = STAGE16(v, _mm512_permute_ps(v, 0x4E), 0xCCCC);
-  v = STAGE16(v, _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(2, 3, 0, 1)), 0xF0F0);
-  return STAGE16(v, _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(1, 0, 3, 2)), 0xFF00);
+  const __m512 p1 = _mm512_setr_ps(1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1);
+  const __m512 p2 = _mm512_setr_ps(1, 1, -1, -1, 1, 1, -1, -1, 1, 1, -1, -1, 1, 1, -1, -1);
+  const __m512 p4 = _mm512_setr_ps(1, 1, 1, 1, -1, -1, -1, -1, 1, 1, 1, 1, -1, -1, -1, -1);
+  const __m512 p8 = _mm512_setr_ps(1, 1, 1, 1, 1, 1, 1, 1, -1, -1, -1, -1, -1, -1, -1, -1);
+  v = stage16(v, _mm512_permute_ps(v, 0xB1), p1);
+  v = stage16(v, _mm512_permute_ps(v, 0x4E), p2);
+  v = stage16(v, _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(2, 3, 0, 1)), p4);
+  return stage16(v, _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(1, 0, 3, 2)), p8);
 }
 
 /* The stages of ckv_fwht from len 16 on (n a multiple of 16), two per pass where they pair up. */
@@ -143,6 +197,42 @@ static inline __m512 unpack16(const uint8_t *row, uint32_t i, uint32_t bits, __m
   return _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srlv_epi32(v, sh), mask));
 }
 
+/* One head of a rotated row read back (ckv_rot_read_rotated then ckv_rot_inverse), NV vectors in registers
+ * (NV a power of two, 1..8, a constant at each call): codes unpacked, times the scale, plus the key mean
+ * (keys: ckv_rot_finite, by magnitude), stages 1..8 per vector, the later stages across them, the norm and the
+ * signs (x * r * sign flips the sign bit of x * r where the sign is -1: the same float), one store. */
+static inline __attribute__((always_inline)) void dequant_head_regs(int NV, const uint8_t *row, uint32_t bits, __m512 s,
+                                                                   const uint16_t *mean, uint32_t key0, float *x) {
+  const __m512i sh = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7),
+                                        _mm512_set1_epi32((int)bits));
+  const __m512i mask = _mm512_set1_epi32((int)ckv_qa_levels(bits));
+  const __m512 off = _mm512_set1_ps(ckv_rot_offset(bits)), r = _mm512_set1_ps(ckv_rot_norm(16u * (uint32_t)NV));
+  const __m512 hi = _mm512_set1_ps(CKV_F16_MAX);
+  __m512 v[8];
+#pragma GCC unroll 8
+  for (int k = 0; k < NV; k++) {
+    __m512 t = _mm512_mul_ps(_mm512_sub_ps(unpack16(row, 16u * (uint32_t)k, bits, sh, mask), off), s);
+    if (mean) {
+      __m512 mv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(mean + 16 * k)));
+      t = _mm512_add_ps(t, _mm512_maskz_range_ps(_mm512_cmp_ps_mask(mv, mv, _CMP_ORD_Q), mv, hi, 0x02));
+    }
+    v[k] = fwht16(t);
+  }
+#pragma GCC unroll 4
+  for (int len = 1; len < 8; len <<= 1)
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++)
+      if (len < NV && j < NV && !(j & len) && j + len < 8) {
+        __m512 a = v[j], b = v[j + len];
+        v[j] = _mm512_add_ps(a, b);
+        v[j + len] = _mm512_sub_ps(a, b);
+      }
+#pragma GCC unroll 8
+  for (int k = 0; k < NV; k++)
+    _mm512_storeu_ps(x + 16 * k, _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(_mm512_mul_ps(v[k], r)),
+                                                                      signs16(key0, 16u * (uint32_t)k))));
+}
+
 void ckv_rot_dequant_row_avx512(const ckv_geometry *g, const void *blk, const ckv_block_header *h, uint32_t layer,
                                 uint32_t kv, uint32_t slot, float *dst) {
   uint32_t fmt = h->format, bits = ckv_format_code_bits(fmt), D = g->head_dim, H = g->n_kv_heads;
@@ -159,6 +249,14 @@ void ckv_rot_dequant_row_avx512(const ckv_geometry *g, const void *blk, const ck
     const uint8_t *row = codes + (size_t)hd * rb;
     const __m512 s = _mm512_set1_ps(ckv_rot_scale_value(sc[hd]));
     const uint16_t *m = (const uint16_t *)((const uint8_t *)blk + ckv_rot_mean_offset(g, h->capacity, layer, hd));
+    uint32_t key0 = ((layer * 2u + kv) * CKV_MAX_KV_HEADS + hd) * CKV_MAX_HEAD_DIM;
+    switch (D) { /* in registers */
+      case 16: dequant_head_regs(1, row, bits, s, kv == 0 ? m : NULL, key0, x); continue;
+      case 32: dequant_head_regs(2, row, bits, s, kv == 0 ? m : NULL, key0, x); continue;
+      case 64: dequant_head_regs(4, row, bits, s, kv == 0 ? m : NULL, key0, x); continue;
+      case 128: dequant_head_regs(8, row, bits, s, kv == 0 ? m : NULL, key0, x); continue;
+      default: break;
+    }
     for (uint32_t i = 0; i < D; i += 16) {
       __m512 v = _mm512_mul_ps(_mm512_sub_ps(unpack16(row, i, bits, sh, mask), off), s);
       if (kv == 0) { /* + ckv_rot_finite(mean): NaN -> 0, then clamped (F16C widening: exact) */
@@ -169,7 +267,6 @@ void ckv_rot_dequant_row_avx512(const ckv_geometry *g, const void *blk, const ck
       _mm512_storeu_ps(x + i, fwht16(v));
     }
     fwht_from16(x, D);
-    uint32_t key0 = ((layer * 2u + kv) * CKV_MAX_KV_HEADS + hd) * CKV_MAX_HEAD_DIM;
     for (uint32_t i = 0; i < D; i += 16) { /* x * r, then the sign bit flipped where the sign is -1 */
       __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x + i), r);
       _mm512_storeu_ps(x + i, _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(v), signs16(key0, i))));
@@ -177,9 +274,54 @@ void ckv_rot_dequant_row_avx512(const ckv_geometry *g, const void *blk, const ck
   }
 }
 
-/* ckv_rot_forward_with 16 lanes at a time (n a multiple of 16): finite (NaN -> 0, clamped) times the sign,
- * the transform, the norm; rot_avx2.c's ckv_rot_forward_avx2 at twice the width. */
+/* ckv_rot_forward_with of a head of NV vectors (NV a power of two, 1..8, a constant at each call) held in
+ * registers: finite (NaN -> 0, clamped) times the sign, the transform (stages 1..8 inside each vector, then
+ * across them: each stage the same additions and subtractions as ckv_fwht's), the norm, one store. */
+static inline __attribute__((always_inline)) void forward_regs(const uint16_t *h, float *x, int NV, const float *signs,
+                                                               __m512 r) {
+  const __m512 hi = _mm512_set1_ps(CKV_F16_MAX);
+  __m512 v[8];
+#pragma GCC unroll 8
+  for (int k = 0; k < NV; k++) { /* from FP16 (h, widened exactly) or from x */
+    __m512 t = h ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + 16 * k))) : _mm512_loadu_ps(x + 16 * k);
+    /* ckv_rot_finite: NaN lanes zeroed, the rest clamped by magnitude */
+    t = _mm512_maskz_range_ps(_mm512_cmp_ps_mask(t, t, _CMP_ORD_Q), t, hi, 0x02);
+    v[k] = fwht16(_mm512_mul_ps(t, _mm512_loadu_ps(signs + 16 * k)));
+  }
+#pragma GCC unroll 4
+  for (int len = 1; len < 8; len <<= 1)
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++)
+      if (len < NV && j < NV && !(j & len) && j + len < 8) {
+        __m512 a = v[j], b = v[j + len];
+        v[j] = _mm512_add_ps(a, b);
+        v[j + len] = _mm512_sub_ps(a, b);
+      }
+#pragma GCC unroll 8
+  for (int k = 0; k < NV; k++) _mm512_storeu_ps(x + 16 * k, _mm512_mul_ps(v[k], r));
+}
+
+void ckv_rot_forward_f16_avx512(const uint16_t *h, float *x, uint32_t n, const float *signs) {
+  const __m512 r = _mm512_set1_ps(ckv_rot_norm(n));
+  switch (n) {
+    case 16: forward_regs(h, x, 1, signs, r); return;
+    case 32: forward_regs(h, x, 2, signs, r); return;
+    case 64: forward_regs(h, x, 4, signs, r); return;
+    default: forward_regs(h, x, 8, signs, r); return;
+  }
+}
+
+/* ckv_rot_forward_with 16 lanes at a time (n a multiple of 16): in registers up to 128 elements, else
+ * finite times the sign, stages 1..8 per vector, the later stages through memory, the norm. */
 void ckv_rot_forward_avx512(float *x, uint32_t n, const float *signs) {
+  const __m512 r = _mm512_set1_ps(ckv_rot_norm(n));
+  switch (n) {
+    case 16: forward_regs(NULL, x, 1, signs, r); return;
+    case 32: forward_regs(NULL, x, 2, signs, r); return;
+    case 64: forward_regs(NULL, x, 4, signs, r); return;
+    case 128: forward_regs(NULL, x, 8, signs, r); return;
+    default: break;
+  }
   const __m512 lo = _mm512_set1_ps(-CKV_F16_MAX), hi = _mm512_set1_ps(CKV_F16_MAX);
   for (uint32_t i = 0; i < n; i += 16) {
     __m512 v = _mm512_loadu_ps(x + i);
@@ -188,6 +330,5 @@ void ckv_rot_forward_avx512(float *x, uint32_t n, const float *signs) {
     _mm512_storeu_ps(x + i, fwht16(_mm512_mul_ps(v, _mm512_loadu_ps(signs + i))));
   }
   fwht_from16(x, n);
-  const __m512 r = _mm512_set1_ps(ckv_rot_norm(n));
   for (uint32_t i = 0; i < n; i += 16) _mm512_storeu_ps(x + i, _mm512_mul_ps(_mm512_loadu_ps(x + i), r));
 }
