@@ -139,15 +139,15 @@ int ckv_policy_from_name(const char *name);
     "agent dialogue worker sends 1: FP16's recall at 0.19 of its bytes); off by default, since "  \
     "agent-synthetic's token-level filler draws real attention (1: cosine 0.957, not 0.993).")   \
   X(demote, demote, BOOL, 1, 0, 1, 1,                                                             \
-    "yes: recycled tokens are demoted, never dropped: their bytes stay, in their committed "      \
-    "format (draft and staged ones are committed in cold_bits first), in cold blocks of their "   \
-    "own that attention skips unless the worker's query could need them "                         \
+    "yes: recycled tokens of sessions with rotated committed formats are demoted, never "        \
+    "dropped: their bytes stay, in their committed format (draft and staged ones are committed "  \
+    "in cold_bits first), in cold blocks of their own that attention skips unless the worker's query could need them "                         \
     "(ckv_session_cold_select_top); only a quota rule drops a token for good, and drops are "     \
     "counted. On the agent model's held-out sets (24 dialogues each, the reference worker "       \
     "reading at most 4 cold blocks per layer) recall 0.924 / 0.848 / 0.683 on base, 3x longer "   \
     "and read-back dialogues at 0.190 / 0.181 / 0.185 of FP16 in primary memory, KL to FP16 about " \
-    "half; no: 0.955 / 0.864 / 0.667 at 0.192 / 0.184 / 0.185. The h2o and streaming baselines "  \
-    "always free.")                                                                               \
+    "half; no: 0.955 / 0.864 / 0.667 at 0.192 / 0.184 / 0.185. KIVI sessions (head_dim below 32) " \
+    "and the h2o and streaming baselines always free.")                                           \
   X(recall_attn, recall_attn, FLOAT, 1, 0, 1e6, 1,                                                \
     "A demoted token whose reported relative attention reaches this (1.0 = an average live "      \
     "token's share) is recalled: back to committed, its block primary again.")                   \

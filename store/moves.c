@@ -103,10 +103,15 @@ static int reserve(ckv_srv_session *s, uint32_t fi, uint32_t count, uint32_t ali
 }
 
 /* Whether this session's recycled tokens are demoted (kept in cold blocks)
- * rather than freed: the demote parameter, never for the eviction baselines
- * (h2o and streaming measure what dropping costs). */
+ * rather than freed: the demote parameter, in sessions whose committed
+ * format is rotated (their tokens move one by one, so demoted ones get blocks
+ * of their own: separate_cold; KIVI blocks are sealed a 32-token chunk at a
+ * time and would keep demoted tokens in primary memory beside live ones),
+ * never for the eviction baselines (h2o and streaming measure what dropping
+ * costs). */
 static bool demotes(const ckv_srv_session *s) {
-  return s->params.demote && s->params.policy != CKV_POLICY_H2O && s->params.policy != CKV_POLICY_STREAMING;
+  return s->params.demote && s->params.policy != CKV_POLICY_H2O && s->params.policy != CKV_POLICY_STREAMING &&
+         ckv_format_is_rot(commit_format(s));
 }
 
 /* A recycled token that still has its bytes: demoted, in the cold tier. */
