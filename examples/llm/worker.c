@@ -249,6 +249,15 @@ static int embed_token(llm_worker *r, uint8_t role, uint8_t tag) {
   return flags ? ckv_semantic_turns_mark(r->sem, flags) : CKV_OK;
 }
 
+/* -ln p(token) under logits: how much the model did not expect it. */
+static float surprisal(const float *logits, int n, int token) {
+  float mx = logits[0];
+  for (int i = 1; i < n; i++) mx = logits[i] > mx ? logits[i] : mx;
+  double sum = 0;
+  for (int i = 0; i < n; i++) sum += exp((double)logits[i] - mx);
+  return (float)((double)mx + log(sum) - (double)logits[token]);
+}
+
 /* Appends one token, runs it through both paths, compares.  The token joins
  * the stream a rebuilt session is re-prefilled from once its K/V is in the
  * daemon's slots. */
@@ -259,7 +268,10 @@ static int step(llm_worker *r, int token, uint8_t role, uint8_t tag) {
   if (e < 0) return e;
   if (pos != r->n_done) return CKV_ERR_PROTO; /* the daemon's stream is not ours */
   if ((e = refresh_view(r)) < 0) return e;
+  float surprise = r->have_logits && token < r->mc->vocab_size ? surprisal(r->logits, r->mc->vocab_size, token) : 0.f;
   if ((e = step_commitkv(r, token, pos, -1)) < 0) return e;
+  r->have_logits = true;
+  if (r->copy) r->res->surprise_turns += llm_copy_signal_add(r->copy, pos, id, surprise, tag & CKV_TAG_TURN_START, r->surprise_off);
   r->ids[pos] = id;
   r->roles[pos] = role;
   r->tags[pos] = tag;
@@ -461,6 +473,9 @@ static int queue_semantic(llm_worker *r) {
   int e = n ? ckv_semantic_turns_scores(r->sem, /* weights= */ NULL, r->sem_scores) : CKV_OK;
   for (size_t i = 0; e == CKV_OK && i < n; i++)
     if (!isnan(r->sem_fixed[i])) r->sem_scores[i] = r->sem_fixed[i];
+  const uint8_t *raised = r->copy ? llm_copy_signal_raised(r->copy) : NULL;
+  for (size_t i = 0; e == CKV_OK && raised && i < n; i++)
+    if (raised[i] && !(r->sem_scores[i] >= LLM_SURPRISE_SCORE)) r->sem_scores[i] = LLM_SURPRISE_SCORE;
   return e < 0 || !n ? e : ckv_session_set_semantic(r->s, r->sem_pos, r->sem_scores, n);
 }
 
@@ -535,6 +550,9 @@ int llm_worker_init(llm_worker *r, const llm_worker_options *o, const ckv_model 
     r->sem_pos = malloc((size_t)mc->seq_len * sizeof(uint32_t));
     r->sem_fixed = malloc((size_t)mc->seq_len * sizeof(float));
     if (!r->sem_scores || !r->sem_pos || !r->sem_fixed) return -ENOMEM;
+    if (o->surprise_nats > 0.f &&
+        (e = llm_copy_signal_new((size_t)mc->seq_len, o->surprise_nats, LLM_COPY_NATS, &r->copy)) < 0)
+      return e;
     for (int i = 0; i < mc->seq_len; i++) {
       r->sem_pos[i] = (uint32_t)i;
       r->sem_fixed[i] = NAN;
@@ -585,6 +603,7 @@ void llm_worker_done(llm_worker *r) {
   free(r->sem_scores);
   free(r->sem_pos);
   free(r->sem_fixed);
+  llm_copy_signal_free(r->copy);
   *r = (llm_worker){0};
 }
 
@@ -606,6 +625,8 @@ int llm_worker_token(llm_worker *r, int token, uint8_t role, uint8_t tag) { retu
 void llm_worker_topic_shift(llm_worker *r) { r->shift_next = true; }
 
 void llm_worker_fix_score(llm_worker *r, float score) { r->fixed_score = score; }
+
+void llm_worker_surprise_turn(llm_worker *r, bool on) { r->surprise_off = !on; }
 
 void llm_worker_fix_scores(llm_worker *r, uint64_t from, uint64_t to, float score) {
   for (uint64_t p = from; r->sem && p < to && p < r->n_done; p++) r->sem_fixed[p] = score;

@@ -58,9 +58,12 @@
 
 #include "commitkv/commitkv.h"
 #include "commitkv/semantic.h"
+#include "examples/llm/copy_signal.h"
 #include "examples/llm/model.h"
 
 #define LLM_WORKER_TOP1_MARGIN 0.05f /* near-ties (FP16 rounding flips them) do not count */
+#define LLM_SURPRISE_SCORE 0.9f /* a turn raised by the copy signal: >= CKV_FACT_SEMANTIC, a lasting fact */
+#define LLM_COPY_NATS 1.0f      /* a token predicted this well may be a copy (copy_signal.h) */
 
 typedef struct llm_worker_options {
   const char *prog;               /* program name for messages */
@@ -72,6 +75,13 @@ typedef struct llm_worker_options {
   bool sync; /* after each report, wait until the round's moves are published */
   bool keep; /* llm_worker_end() closes (the daemon keeps it) instead of dropping */
   bool semantic_off; /* --semantic none: no scores from embeddings, the daemon estimates them */
+  /* The model's own signal (with scores, not semantic_off): both turns of a
+   * copy (copy_signal.h: a token the worker's logits predicted, under
+   * LLM_COPY_NATS, whose n-gram was surprising, at least surprise_nats, in
+   * an earlier turn) are raised to a lasting fact's score
+   * (LLM_SURPRISE_SCORE), whatever their other score says; a raise is never
+   * taken back.  0: off. */
+  float surprise_nats;
   int reconnect_ms;
 } llm_worker_options;
 
@@ -102,6 +112,7 @@ typedef struct llm_worker_stats {
   uint64_t bytes_cold;     /* of those, in cold blocks (ByteCounts.cold): bytes_total - bytes_cold is primary */
   uint64_t recalled_blocks; /* cold blocks attention read, per round (each counted once a round) */
   uint64_t dropped_tokens;  /* tokens the daemon dropped for good (TokenCounts.dropped) */
+  uint64_t surprise_turns;  /* turns raised by the copy signal (options.surprise_nats) */
   uint64_t states[4];      /* tokens per CKV_TOKEN_* */
   double seconds;
   int reconnects;
@@ -149,6 +160,9 @@ typedef struct llm_worker {
   uint32_t *sem_pos;        /* 0, 1, 2, ...: every position is scored */
   float *sem_fixed;         /* per position: a score set by llm_worker_fix_score (NaN: none) */
   float fixed_score;        /* what the next tokens get (NaN: their embedding's) */
+  llm_copy_signal *copy;    /* the turns the model copies from (options.surprise_nats; NULL: off) */
+  bool have_logits;         /* logits hold a prediction of the next token */
+  bool surprise_off;        /* llm_worker_surprise_turn(false): the current turn is not raised */
   bool shift_next;          /* llm_worker_topic_shift(): the next turn abandons the topic */
   bool topic_has_task;      /* the current topic's user request was seen */
   ckv_geometry geom;        /* what the session is opened with, again after a restart */
@@ -180,6 +194,11 @@ void llm_worker_topic_shift(llm_worker *w);
  * diagnostics that label turns themselves (commitkv-dialogue --semantic
  * oracle); without embeddings (options.semantic_off) nothing is sent. */
 void llm_worker_fix_score(llm_worker *w, float score);
+
+/* Whether the tokens appended from now on may be raised by surprisal
+ * (options.surprise_nats): a front end whose own scorer already judged the
+ * turn (the text named an entity) turns it off for that turn.  On by default. */
+void llm_worker_surprise_turn(llm_worker *w, bool on);
 
 /* Positions [from, to) already appended carry `score` from the next report
  * on (a later turn superseded them); NaN: their embedding's again. */

@@ -28,6 +28,14 @@
  *    (filler_recycle_rounds): on the sample, recall within four answers of
  *    its FP16 shadow's at under 0.19 of FP16's bytes, reported per fact kind
  *    and per distance.
+ *  - facts the text heuristic cannot see (issue 39's variant A: names and
+ *    cities lowercased, numbers spelled, codes in letters; generated here by
+ *    tools/agentlm/robustness.py from a seed no tuning used): the defaults,
+ *    whose worker raises both turns of a copy the model made (an n-gram it
+ *    predicted that had surprised it in an earlier turn: commitkv-dialogue
+ *    --surprise) to lasting facts, answer what their FP16
+ *    shadow answers, while the text heuristic alone (--surprise 0, the
+ *    defaults before) commits those facts to ROT1 and loses most answers.
  * The sample is the first 12 public dialogues (42 questions; 2 under a
  * sanitizer, without the recall bounds).  The bounds over the whole file
  * (issue 12's fp16 >= 0.90, issue 13's defaults >= FP16 - 0.02 at <= 0.20)
@@ -40,6 +48,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "dialoguerun.h"
 #include "testcheck.h"
@@ -77,7 +86,19 @@
 #define SAMPLE_QUESTIONS 42
 #define MIN_DEFAULT_RECALL (34.0 / 42.0 - 1e-9)
 #define MAX_DEFAULT_RECALL_LOSS (4.0 / 42.0 + 1e-9)
-#define MAX_DEFAULT_BYTES 0.186
+/* The worker's copy signal (commitkv-dialogue --surprise, issue 39) raises a few more turns on this sample (0.1759 ->
+ * 0.1919 of FP16, 36/42): the bound leaves 0.008. */
+#define MAX_DEFAULT_BYTES 0.20
+/* Issue 39's variant A from seed 7301 (10 dialogues, 32 questions), --sync, measured: the defaults 14/32 = 0.438 at
+ * 0.222 of FP16 in primary memory (0.273 in all tiers), the FP16 shadow 13/32 = 0.406 (the model is off its
+ * training text: lowercase names, spelled numbers), the text heuristic alone (--surprise 0) 1/32 = 0.031 at 0.087.
+ * The bounds: the defaults within two answers of FP16, the heuristic alone at least 0.2 below it. */
+#define VARIANT_A_SEED 7301
+#define VARIANT_A_DIALOGUES 10
+#define VARIANT_A_LIMIT "10"
+#define VARIANT_A_QUESTIONS 32
+#define MAX_VARIANT_A_LOSS (2.0 / 32.0 + 1e-9)
+#define MIN_TEXT_ONLY_LOSS 0.2
 /* Bits by value alone: every token past the last round staged, then committed the round after: lasting facts in
  * commit_bits (ROT4), the rest in cold_bits (ROT1); no attention rule, no recycling (for silence or as filler). */
 #define BITS_BY_VALUE_PARAMS                                                                                 \
@@ -320,4 +341,48 @@ Test(agentlm_model, default_configuration_keeps_fp16_recall_in_a_fifth_of_the_by
   }
   json_decref(r);
   cr_expect_eq(ckv_test_daemon_stop(&d), 0);
+}
+
+/* Issue 39's variant A, generated from seed VARIANT_A_SEED (never tuned on): VARIANT_A_DIALOGUES dialogues into a
+ * fresh directory; its path in buf.  Skips visibly without /usr/bin/python3. */
+static void make_variant_a(char *dir, size_t dsize, char *buf, size_t size) {
+  if (access("/usr/bin/python3", X_OK) != 0) cr_skip_test("/usr/bin/python3 not found: variant A NOT generated");
+  snprintf(dir, dsize, "/tmp/ckv-variant-a-XXXXXX");
+  cr_assert_not_null(mkdtemp(dir), "mkdtemp");
+  char script[512], cmd[2048];
+  source_path(script, sizeof(script), "tools/agentlm/robustness.py");
+  snprintf(cmd, sizeof(cmd), "/usr/bin/python3 %s %s --count %d --seed %d --sets A >/dev/null 2>&1", script, dir,
+           VARIANT_A_DIALOGUES, VARIANT_A_SEED);
+  cr_assert_eq(system(cmd), 0, "%s failed", cmd);
+  snprintf(buf, size, "%s/A.jsonl", dir);
+}
+
+Test(agentlm_model, facts_the_text_heuristic_cannot_see_keep_fp16_answers, .timeout = 600) {
+  skip_under_sanitizer("variant A");
+  char model[512], data[512], dir[64], pub[512];
+  ckv_test_daemon d;
+  start_with_model(&d, model, pub, sizeof(model));
+  make_variant_a(dir, sizeof(dir), data, sizeof(data));
+  const char *const defaults[] = {"--sync", NULL};
+  const char *const text_only[] = {"--sync", "--surprise", "0", NULL};
+  json_t *r = run_dialogue(&d, model, data, "commitkv", VARIANT_A_LIMIT, defaults);
+  json_t *t = run_dialogue(&d, model, data, "commitkv", VARIANT_A_LIMIT, text_only);
+  const double rec = num(r, "recall"), r16 = num(r, "shadow_recall"), rt = num(t, "recall");
+  const int questions = (int)num(r, "questions");
+  fprintf(stderr, "test_agentlm_model: variant A, %s dialogues of seed %d (%d questions): defaults recall %.3f at %.4f "
+          "of FP16 (total %.4f, %d turns raised by surprisal), FP16 shadow %.3f; text heuristic alone %.3f at %.4f\n",
+          VARIANT_A_LIMIT, VARIANT_A_SEED, questions, rec, num(r, "bytes_ratio_fp16"),
+          num(r, "total_bytes_ratio_fp16"), (int)num(r, "surprise_turns"), r16, rt, num(t, "bytes_ratio_fp16"));
+  cr_expect_eq(questions, VARIANT_A_QUESTIONS, "the generated set's questions changed");
+  cr_expect_gt(num(r, "surprise_turns"), 0, "no turn was raised by surprisal");
+  cr_expect_eq(num(t, "surprise_turns"), 0, "--surprise 0 still raised turns");
+  cr_expect_geq(rec, r16 - MAX_VARIANT_A_LOSS, "recall %.3f with the defaults, FP16 %.3f", rec, r16);
+  cr_expect_leq(rt, r16 - MIN_TEXT_ONLY_LOSS, "the text heuristic alone answered %.3f, FP16 %.3f: the set no longer "
+                "hides its facts", rt, r16);
+  json_decref(r);
+  json_decref(t);
+  cr_expect_eq(ckv_test_daemon_stop(&d), 0);
+  char cmd[128];
+  snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+  cr_expect_eq(system(cmd), 0);
 }
