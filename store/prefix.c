@@ -70,9 +70,11 @@ static ckv_pkey link_key(ckv_pkey prev, const uint32_t *ids, uint32_t d) {
 }
 
 static ckv_prefix_chain *chain_of(ckv_srv_session *s) {
-  if (!s->chain) s->chain = calloc(1, sizeof(*s->chain));
+  if (!s->chain)
+    s->chain = calloc(1, sizeof(*s->chain));
   ckv_prefix_chain *ch = s->chain;
-  if (ch && !ch->root_set) { /* lazily: the model names are set after the session is made */
+  if (ch && !ch->root_set) { /* lazily: the model names are set after the
+                                session is made */
     ch->root = root_of(s);
     ch->root_set = true;
   }
@@ -86,13 +88,15 @@ static void chain_break(ckv_prefix_chain *ch) {
   ch->n_ids = ch->cap_ids = 0;
 }
 
-
-static int chain_add_ids(ckv_prefix_chain *ch, const uint32_t *ids, size_t n, uint32_t d) {
+static int chain_add_ids(ckv_prefix_chain *ch, const uint32_t *ids, size_t n,
+                         uint32_t d) {
   if (ch->n_ids + n > ch->cap_ids) {
     size_t ncap = ch->cap_ids ? ch->cap_ids : 256;
-    while (ncap < ch->n_ids + n) ncap *= 2;
+    while (ncap < ch->n_ids + n)
+      ncap *= 2;
     uint32_t *ni = realloc(ch->ids, ncap * sizeof(*ni));
-    if (!ni) return -ENOMEM;
+    if (!ni)
+      return -ENOMEM;
     ch->ids = ni;
     ch->cap_ids = ncap;
   }
@@ -101,9 +105,11 @@ static int chain_add_ids(ckv_prefix_chain *ch, const uint32_t *ids, size_t n, ui
   size_t want = ch->n_ids / d;
   if (want > ch->cap_keys) {
     size_t ncap = ch->cap_keys ? ch->cap_keys : 16;
-    while (ncap < want) ncap *= 2;
+    while (ncap < want)
+      ncap *= 2;
     ckv_pkey *nk = realloc(ch->keys, ncap * sizeof(*nk));
-    if (!nk) return -ENOMEM;
+    if (!nk)
+      return -ENOMEM;
     ch->keys = nk;
     ch->cap_keys = ncap;
   }
@@ -114,11 +120,15 @@ static int chain_add_ids(ckv_prefix_chain *ch, const uint32_t *ids, size_t n, ui
   return CKV_OK;
 }
 
-void ckv_prefix_note_append(ckv_srv_session *s, uint64_t first, uint32_t count, const uint32_t *ids) {
+void ckv_prefix_note_append(ckv_srv_session *s, uint64_t first, uint32_t count,
+                            const uint32_t *ids) {
   ckv_prefix_chain *ch = chain_of(s);
-  if (!ch || ch->broken) return;
+  if (!ch || ch->broken)
+    return;
   /* Only a chain from position 0 holds keys (a restored session has none). */
-  if (!ids || first != ch->n_ids || chain_add_ids(ch, ids, count, s->draft_tokens) < 0) chain_break(ch);
+  if (!ids || first != ch->n_ids ||
+      chain_add_ids(ch, ids, count, s->draft_tokens) < 0)
+    chain_break(ch);
 }
 
 /* ---- publish ---- */
@@ -130,14 +140,19 @@ static uint32_t whole_block(const ckv_srv_session *s, size_t k) {
   const ckv_tokens *t = &s->tokens;
   const uint32_t d = s->draft_tokens;
   size_t first = k * d;
-  if (first + d > t->n) return CKV_NO_BLOCK;
+  if (first + d > t->n)
+    return CKV_NO_BLOCK;
   uint32_t idx = t->block[first];
-  if (idx == CKV_NO_BLOCK || idx >= s->n_blocks) return CKV_NO_BLOCK;
+  if (idx == CKV_NO_BLOCK || idx >= s->n_blocks)
+    return CKV_NO_BLOCK;
   const ckv_sblock *b = &s->blocks[idx];
-  if (b->format != CKV_FORMAT_DRAFT || b->capacity != d || b->used != d || b->refs != d) return CKV_NO_BLOCK;
+  if (b->format != CKV_FORMAT_DRAFT || b->capacity != d || b->used != d ||
+      b->refs != d)
+    return CKV_NO_BLOCK;
   for (uint32_t i = 0; i < d; i++) {
     size_t p = first + i;
-    if (t->block[p] != idx || t->slot[p] != i || (t->flags[p] & CKV_TOKEN_PENDING) || t->state[p] == CKV_STATE_RECYCLED)
+    if (t->block[p] != idx || t->slot[p] != i ||
+        (t->flags[p] & CKV_TOKEN_PENDING) || t->state[p] == CKV_STATE_RECYCLED)
       return CKV_NO_BLOCK;
   }
   return idx;
@@ -152,14 +167,17 @@ static void note_root(ckv_prefix *p, const ckv_srv_session *s, ckv_pkey root) {
 
 /* Makes block idx of s (whole, private) a shared block with s as its one
  * holder; keyed with `key` when key is not NULL.  NULL on -ENOMEM. */
-static ckv_pblock *make_shared(ckv_srv_session *s, uint32_t idx, const ckv_pkey *key) {
+static ckv_pblock *make_shared(ckv_srv_session *s, uint32_t idx,
+                               const ckv_pkey *key) {
   ckv_prefix *p = registry(s->tenant);
-  if (!p) return NULL;
+  if (!p)
+    return NULL;
   ckv_sblock *b = &s->blocks[idx];
   const uint32_t d = b->capacity;
   size_t head = ckv_block_payload_offset(d);
   ckv_pblock *pb = calloc(1, sizeof(*pb));
-  if (!pb || !(pb->meta = malloc(head)) || !(pb->roles = malloc(d)) || !(pb->tags = malloc(d)) ||
+  if (!pb || !(pb->meta = malloc(head)) || !(pb->roles = malloc(d)) ||
+      !(pb->tags = malloc(d)) ||
       !(pb->semantic = malloc(d * sizeof(*pb->semantic)))) {
     ckv_pblock_free(pb);
     return NULL;
@@ -181,7 +199,10 @@ static ckv_pblock *make_shared(ckv_srv_session *s, uint32_t idx, const ckv_pkey 
     ckv_pblock_free(pb);
     return NULL;
   }
-  if (key) (void)ckv_shared_index(p, pb, *key); /* another block with these bytes is indexed: this one is not */
+  if (key)
+    (void)ckv_shared_index(
+        p, pb,
+        *key); /* another block with these bytes is indexed: this one is not */
   pb->holders = 1;
   b->shared = pb;
   return pb;
@@ -189,24 +210,33 @@ static ckv_pblock *make_shared(ckv_srv_session *s, uint32_t idx, const ckv_pkey 
 
 size_t ckv_prefix_publish(ckv_srv_session *s) {
   ckv_prefix_chain *ch = s->chain;
-  if (!ch || !ch->n_keys || s->quarantined) return 0;
+  if (!ch || !ch->n_keys || s->quarantined)
+    return 0;
   ckv_prefix *p = registry(s->tenant);
-  if (!p) return 0;
+  if (!p)
+    return 0;
   const uint32_t d = s->draft_tokens;
   size_t published = 0;
-  for (; ch->next_publish < ch->n_keys && (ch->next_publish + 1) * d <= s->reported_tokens; ch->next_publish++) {
+  for (; ch->next_publish < ch->n_keys &&
+         (ch->next_publish + 1) * d <= s->reported_tokens;
+       ch->next_publish++) {
     size_t k = ch->next_publish;
     uint32_t idx = whole_block(s, k);
-    if (idx == CKV_NO_BLOCK) continue;
+    if (idx == CKV_NO_BLOCK)
+      continue;
     ckv_sblock *b = &s->blocks[idx];
-    if (b->shared || ckv_shared_by_key(p, ch->keys[k])) continue; /* linked already, or the same bytes are indexed */
+    if (b->shared || ckv_shared_by_key(p, ch->keys[k]))
+      continue; /* linked already, or the same bytes are indexed */
     /* The header region must be in the arena before another session's view
      * can name the block: a linking session never writes it. */
-    if (b->meta_state != CKV_META_CLEAN && ckv_srv_session_flush_meta(s) < 0) break;
-    if (!make_shared(s, idx, &ch->keys[k])) break;
+    if (b->meta_state != CKV_META_CLEAN && ckv_srv_session_flush_meta(s) < 0)
+      break;
+    if (!make_shared(s, idx, &ch->keys[k]))
+      break;
     published++;
   }
-  if (published) note_root(p, s, ch->root);
+  if (published)
+    note_root(p, s, ch->root);
   return published;
 }
 
@@ -217,13 +247,17 @@ size_t ckv_prefix_publish(ckv_srv_session *s) {
 static int link_tokens(ckv_srv_session *s, ckv_pblock *pb) {
   const uint32_t d = pb->capacity;
   int r = ckv_tokens_reserve(&s->tokens, d);
-  if (r < 0) return r;
+  if (r < 0)
+    return r;
   uint32_t idx;
-  if ((r = ckv_srv_session_link_block(s, pb, CKV_NO_BLOCK, &idx)) < 0) return r;
+  if ((r = ckv_srv_session_link_block(s, pb, CKV_NO_BLOCK, &idx)) < 0)
+    return r;
   for (uint32_t i = 0; i < d; i++) {
-    size_t pos = ckv_tokens_push(&s->tokens, pb->roles ? pb->roles[i] : 0, pb->tags ? pb->tags[i] : 0, -1.f,
+    size_t pos = ckv_tokens_push(&s->tokens, pb->roles ? pb->roles[i] : 0,
+                                 pb->tags ? pb->tags[i] : 0, -1.f,
                                  (uint32_t)s->last_round, idx, (uint16_t)i);
-    s->tokens.semantic[pos] = pb->semantic ? pb->semantic[i] : ckv_q16_from_unit(0.5f);
+    s->tokens.semantic[pos] =
+        pb->semantic ? pb->semantic[i] : ckv_q16_from_unit(0.5f);
     s->tokens.flags[pos] &= (uint8_t)~CKV_TOKEN_SEM_GIVEN;
   }
   s->count_by_state[CKV_STATE_DRAFT] += d;
@@ -232,32 +266,40 @@ static int link_tokens(ckv_srv_session *s, ckv_pblock *pb) {
 
 /* Leading blocks of ids[0..n) indexed under `root`, each into out[] when out
  * is not NULL (room for n / d).  Returns how many. */
-static size_t match(const ckv_prefix *p, ckv_pkey root, uint32_t d, const uint32_t *ids, size_t n, ckv_pblock **out) {
+static size_t match(const ckv_prefix *p, ckv_pkey root, uint32_t d,
+                    const uint32_t *ids, size_t n, ckv_pblock **out) {
   size_t k = 0;
   for (ckv_pkey prev = root; (k + 1) * d <= n; k++) {
     ckv_pkey key = link_key(prev, ids + k * d, d);
     ckv_pblock *pb = ckv_shared_by_key(p, key);
-    if (!pb || pb->capacity != d) break;
-    if (out) out[k] = pb;
+    if (!pb || pb->capacity != d)
+      break;
+    if (out)
+      out[k] = pb;
     prev = key;
   }
   return k;
 }
 
-int ckv_prefix_attach(ckv_srv_session *s, const uint32_t *ids, size_t n, size_t *ret_matched) {
+int ckv_prefix_attach(ckv_srv_session *s, const uint32_t *ids, size_t n,
+                      size_t *ret_matched) {
   *ret_matched = 0;
   ckv_prefix *p = registry(s->tenant);
   ckv_prefix_chain *ch = chain_of(s);
-  if (!p || !ch) return -ENOMEM;
-  if (s->tokens.n) return CKV_ERR_STATE;
+  if (!p || !ch)
+    return -ENOMEM;
+  if (s->tokens.n)
+    return CKV_ERR_STATE;
   const uint32_t d = s->draft_tokens;
   ckv_pblock **hit = malloc((n / d + 1) * sizeof(*hit));
-  if (!hit) return -ENOMEM;
+  if (!hit)
+    return -ENOMEM;
   size_t k = match(p, ch->root, d, ids, n, hit);
   ckv_shared_figures(p)->lookup_tokens += n;
   int r = CKV_OK;
   size_t linked = 0;
-  for (; linked < k && (r = link_tokens(s, hit[linked])) == CKV_OK; linked++) {}
+  for (; linked < k && (r = link_tokens(s, hit[linked])) == CKV_OK; linked++) {
+  }
   free(hit);
   if (linked) {
     ckv_prefix_note_append(s, 0, (uint32_t)(linked * d), ids);
@@ -269,73 +311,94 @@ int ckv_prefix_attach(ckv_srv_session *s, const uint32_t *ids, size_t n, size_t 
   return linked ? CKV_OK : r;
 }
 
-size_t ckv_prefix_lookup(ckv_tenant *t, const char *model_id, const char *model_revision, const uint32_t *ids,
+size_t ckv_prefix_lookup(ckv_tenant *t, const char *model_id,
+                         const char *model_revision, const uint32_t *ids,
                          size_t n) {
   ckv_prefix *p = registry(t);
-  if (!p) return 0;
+  if (!p)
+    return 0;
   size_t best = 0;
   const ckv_prefix_root *roots;
   size_t n_roots = ckv_shared_roots(p, &roots);
   for (size_t i = 0; i < n_roots; i++) {
     const ckv_prefix_root *r = &roots[i];
-    if (strcmp(r->model_id, model_id) != 0 || strcmp(r->model_revision, model_revision) != 0) continue;
-    size_t m = match(p, r->root, r->block_tokens, ids, n, NULL) * r->block_tokens;
-    if (m > best) best = m;
+    if (strcmp(r->model_id, model_id) != 0 ||
+        strcmp(r->model_revision, model_revision) != 0)
+      continue;
+    size_t m =
+        match(p, r->root, r->block_tokens, ids, n, NULL) * r->block_tokens;
+    if (m > best)
+      best = m;
   }
   ckv_shared_figures(p)->lookup_tokens += n;
   ckv_shared_figures(p)->hit_tokens += best;
   return best;
 }
 
-static int why_fail(char *why, size_t len, int code, const char *fmt, unsigned long long a) {
-  if (why && len) snprintf(why, len, fmt, a);
+static int why_fail(char *why, size_t len, int code, const char *fmt,
+                    unsigned long long a) {
+  if (why && len)
+    snprintf(why, len, fmt, a);
   return code;
 }
 
-int ckv_prefix_fork(ckv_srv_session *parent, ckv_srv_session *child, size_t at, size_t *ret_shared, char *why,
-                    size_t whylen) {
+int ckv_prefix_fork(ckv_srv_session *parent, ckv_srv_session *child, size_t at,
+                    size_t *ret_shared, char *why, size_t whylen) {
   *ret_shared = 0;
   const ckv_tokens *pt = &parent->tokens;
   const uint32_t d = parent->draft_tokens;
-  if (child->tokens.n || child->draft_tokens != d) return CKV_ERR_STATE;
+  if (child->tokens.n || child->draft_tokens != d)
+    return CKV_ERR_STATE;
   if (at > parent->reported_tokens)
-    return why_fail(why, whylen, CKV_ERR_STATE, "at_position %llu is past the tokens the parent reported a round over",
-                    (unsigned long long)at);
+    return why_fail(
+        why, whylen, CKV_ERR_STATE,
+        "at_position %llu is past the tokens the parent reported a round over",
+        (unsigned long long)at);
   /* Check every token first: a refusal changes nothing. */
   size_t whole = at / d;
   for (size_t k = 0; k < whole; k++) {
     uint32_t idx = whole_block(parent, k);
     if (idx == CKV_NO_BLOCK)
       return why_fail(why, whylen, CKV_ERR_STATE,
-                      "tokens of block %llu were compressed, recycled or are moving (forks share whole draft blocks)",
+                      "tokens of block %llu were compressed, recycled or are "
+                      "moving (forks share whole draft blocks)",
                       (unsigned long long)k);
   }
   for (size_t pos = whole * d; pos < at; pos++) {
     uint32_t idx = pt->block[pos];
-    if (idx == CKV_NO_BLOCK || parent->blocks[idx].format != CKV_FORMAT_DRAFT || (pt->flags[pos] & CKV_TOKEN_PENDING) ||
+    if (idx == CKV_NO_BLOCK || parent->blocks[idx].format != CKV_FORMAT_DRAFT ||
+        (pt->flags[pos] & CKV_TOKEN_PENDING) ||
         pt->state[pos] == CKV_STATE_RECYCLED)
-      return why_fail(why, whylen, CKV_ERR_STATE, "token %llu was compressed, recycled or is moving",
+      return why_fail(why, whylen, CKV_ERR_STATE,
+                      "token %llu was compressed, recycled or is moving",
                       (unsigned long long)pos);
   }
   const ckv_tenant *t = parent->tenant;
   if (at % d && t->mem != &ckv_blockmem_host)
     return why_fail(why, whylen, CKV_ERR_UNSUPPORTED,
-                    "at_position %llu is not a multiple of the draft block size, and a device arena's tail cannot be "
+                    "at_position %llu is not a multiple of the draft block "
+                    "size, and a device arena's tail cannot be "
                     "copied yet",
                     (unsigned long long)at);
   ckv_prefix_chain *pch = chain_of(parent), *cch = chain_of(child);
-  if (!pch || !cch || !registry(parent->tenant)) return -ENOMEM;
+  if (!pch || !cch || !registry(parent->tenant))
+    return -ENOMEM;
   int r = CKV_OK;
   for (size_t k = 0; k < whole && r == CKV_OK; k++) {
     uint32_t idx = whole_block(parent, k);
     ckv_pblock *pb = parent->blocks[idx].shared;
     if (!pb) {
-      const ckv_pkey *key = !pch->broken && k < pch->n_keys ? &pch->keys[k] : NULL;
+      const ckv_pkey *key =
+          !pch->broken && k < pch->n_keys ? &pch->keys[k] : NULL;
       ckv_sblock *b = &parent->blocks[idx];
-      if (b->meta_state != CKV_META_CLEAN && (r = ckv_srv_session_flush_meta(parent)) < 0) break;
-      if (!(pb = make_shared(parent, idx, key))) r = -ENOMEM;
+      if (b->meta_state != CKV_META_CLEAN &&
+          (r = ckv_srv_session_flush_meta(parent)) < 0)
+        break;
+      if (!(pb = make_shared(parent, idx, key)))
+        r = -ENOMEM;
     }
-    if (r == CKV_OK) r = link_tokens(child, pb);
+    if (r == CKV_OK)
+      r = link_tokens(child, pb);
   }
   if (r == CKV_OK && at % d) { /* the tail: a private copy */
     uint32_t m = (uint32_t)(at - whole * d);
@@ -345,37 +408,50 @@ int ckv_prefix_fork(ckv_srv_session *parent, ckv_srv_session *child, size_t at, 
     ckv_slot_run runs[4];
     size_t n_runs = 0;
     uint64_t pos0 = 0;
-    if (!roles || !tags || !sem) r = -ENOMEM;
+    if (!roles || !tags || !sem)
+      r = -ENOMEM;
     for (uint32_t i = 0; r == CKV_OK && i < m; i++) {
       roles[i] = pt->role[first + i];
       tags[i] = pt->tags[first + i];
       sem[i] = ckv_q16_to_unit(pt->semantic[first + i]);
     }
-    if (r == CKV_OK) r = ckv_srv_session_append(child, m, roles, tags, sem, NULL, runs, &n_runs, &pos0);
+    if (r == CKV_OK)
+      r = ckv_srv_session_append(child, m, roles, tags, sem, NULL, runs,
+                                 &n_runs, &pos0);
     free(roles);
     free(tags);
     free(sem);
-    if (r == CKV_OK && (n_runs != 1 || pos0 != first)) r = CKV_ERR_INTERNAL; /* m < d: one fresh block */
+    if (r == CKV_OK && (n_runs != 1 || pos0 != first))
+      r = CKV_ERR_INTERNAL; /* m < d: one fresh block */
     if (r == CKV_OK) {
-      child->semantic_given -= m; /* append counted them all as the worker's: the parent's flags say */
+      child->semantic_given -= m; /* append counted them all as the worker's:
+                                     the parent's flags say */
       for (uint32_t i = 0; i < m; i++) {
-        child->tokens.flags[first + i] = pt->flags[first + i] & CKV_TOKEN_SEM_GIVEN;
-        child->semantic_given += (pt->flags[first + i] & CKV_TOKEN_SEM_GIVEN) != 0;
+        child->tokens.flags[first + i] =
+            pt->flags[first + i] & CKV_TOKEN_SEM_GIVEN;
+        child->semantic_given +=
+            (pt->flags[first + i] & CKV_TOKEN_SEM_GIVEN) != 0;
       }
       const ckv_geometry *g = &parent->geom;
       const size_t tok = ckv_draft_token_elems(g) * 2u;
       const uint32_t dst = runs[0].block;
-      /* the child's block is fresh: its header shadow goes out with the payload */
+      /* the child's block is fresh: its header shadow goes out with the payload
+       */
       for (uint32_t layer = 0; layer < g->n_layers && r == CKV_OK; layer++)
         for (uint32_t kv = 0; kv < 2 && r == CKV_OK; kv++)
           for (uint32_t i = 0; i < m && r == CKV_OK; i++) {
             uint32_t sblk = pt->block[first + i], sslot = pt->slot[first + i];
-            const uint8_t *src = (const uint8_t *)ckv_srv_session_block_ptr(parent, sblk) +
-                                 ckv_draft_kv_offset(g, parent->blocks[sblk].capacity, layer, kv, sslot);
-            ckv_meta_write w = {.offset = child->blocks[dst].offset +
-                                          ckv_draft_kv_offset(g, child->blocks[dst].capacity, layer, kv, runs[0].first_slot + i),
-                                .src = src,
-                                .bytes = tok};
+            const uint8_t *src =
+                (const uint8_t *)ckv_srv_session_block_ptr(parent, sblk) +
+                ckv_draft_kv_offset(g, parent->blocks[sblk].capacity, layer, kv,
+                                    sslot);
+            ckv_meta_write w = {
+                .offset =
+                    child->blocks[dst].offset +
+                    ckv_draft_kv_offset(g, child->blocks[dst].capacity, layer,
+                                        kv, runs[0].first_slot + i),
+                .src = src,
+                .bytes = tok};
             r = t->mem->write(ckv_tenant_ptr(t, 0), &w, 1);
           }
     }
@@ -395,17 +471,21 @@ int ckv_prefix_fork(ckv_srv_session *parent, ckv_srv_session *child, size_t at, 
 /* ---- the lifecycle's question ---- */
 
 bool ckv_prefix_is_frozen(const ckv_srv_session *s, uint32_t idx) {
-  if (idx == CKV_NO_BLOCK || idx >= s->n_blocks) return false;
+  if (idx == CKV_NO_BLOCK || idx >= s->n_blocks)
+    return false;
   const ckv_pblock *pb = s->blocks[idx].shared;
   return pb && pb->holders > 1;
 }
 
 bool ckv_prefix_frozen(ckv_srv_session *s, uint32_t idx) {
-  if (idx == CKV_NO_BLOCK || idx >= s->n_blocks) return false;
+  if (idx == CKV_NO_BLOCK || idx >= s->n_blocks)
+    return false;
   ckv_sblock *b = &s->blocks[idx];
   ckv_pblock *pb = b->shared;
-  if (!pb) return false;
-  if (pb->holders > 1) return true;
+  if (!pb)
+    return false;
+  if (pb->holders > 1)
+    return true;
   /* Ours alone (no retired entry of ours holds it either): private again. */
   b->shared = NULL;
   ckv_shared_forget(s->tenant->prefix, pb);
@@ -416,9 +496,11 @@ bool ckv_prefix_frozen(ckv_srv_session *s, uint32_t idx) {
 
 int ckv_prefix_note_claim(ckv_srv_session *s, uint32_t idx) {
   ckv_sblock *b = &s->blocks[idx];
-  if (b->format != CKV_FORMAT_DRAFT || b->shared) return CKV_OK;
+  if (b->format != CKV_FORMAT_DRAFT || b->shared)
+    return CKV_OK;
   ckv_prefix *p = registry(s->tenant);
-  if (!p) return -ENOMEM;
+  if (!p)
+    return -ENOMEM;
   ckv_pblock *pb = calloc(1, sizeof(*pb));
   size_t head = ckv_block_payload_offset(b->capacity);
   if (!pb || !(pb->meta = malloc(head))) {
@@ -444,14 +526,17 @@ int ckv_prefix_note_claim(ckv_srv_session *s, uint32_t idx) {
 uint64_t ckv_prefix_session_shared_tokens(const ckv_srv_session *s) {
   uint64_t n = 0;
   for (size_t i = 0; i < s->n_blocks; i++)
-    if (s->blocks[i].format != CKV_BLOCK_UNUSED && ckv_prefix_is_frozen(s, (uint32_t)i)) n += s->blocks[i].refs;
+    if (s->blocks[i].format != CKV_BLOCK_UNUSED &&
+        ckv_prefix_is_frozen(s, (uint32_t)i))
+      n += s->blocks[i].refs;
   return n;
 }
 
 uint64_t ckv_prefix_session_shared_bytes(const ckv_srv_session *s) {
   uint64_t n = 0;
   for (size_t i = 0; i < s->n_blocks; i++)
-    if (s->blocks[i].format != CKV_BLOCK_UNUSED && ckv_prefix_is_frozen(s, (uint32_t)i)) n += s->blocks[i].bytes;
+    if (s->blocks[i].format != CKV_BLOCK_UNUSED &&
+        ckv_prefix_is_frozen(s, (uint32_t)i))
+      n += s->blocks[i].bytes;
   return n;
 }
-

@@ -50,7 +50,8 @@ typedef struct ckv_pblock ckv_pblock;
 /* Appends of `count` tokens at `first` with `ids` (NULL: none given, the
  * chain stops): extends the chain's ids and keys.  Never fails (out of
  * memory stops the chain). */
-void ckv_prefix_note_append(ckv_srv_session *s, uint64_t first, uint32_t count, const uint32_t *ids);
+void ckv_prefix_note_append(ckv_srv_session *s, uint64_t first, uint32_t count,
+                            const uint32_t *ids);
 /* After a ReportRound: publishes the sealed blocks (see above).  Returns the
  * number of blocks published. */
 size_t ckv_prefix_publish(ckv_srv_session *s);
@@ -59,11 +60,13 @@ size_t ckv_prefix_publish(ckv_srv_session *s);
  * appends their tokens.  *ret_matched: tokens it starts with (a multiple of
  * the draft block size, <= n).  Counts the lookup in the tenant's figures.
  * CKV_OK or -ENOMEM (nothing linked). */
-int ckv_prefix_attach(ckv_srv_session *s, const uint32_t *ids, size_t n, size_t *ret_matched);
+int ckv_prefix_attach(ckv_srv_session *s, const uint32_t *ids, size_t n,
+                      size_t *ret_matched);
 /* How many leading tokens of ids[0..n) a new session of model
  * (model_id, model_revision) of tenant t could reuse: the best over the
  * geometries the tenant's sessions published.  Counts the lookup. */
-size_t ckv_prefix_lookup(ckv_tenant *t, const char *model_id, const char *model_revision, const uint32_t *ids,
+size_t ckv_prefix_lookup(ckv_tenant *t, const char *model_id,
+                         const char *model_revision, const uint32_t *ids,
                          size_t n);
 /* Child (new, same tenant, geometry and block sizes as parent, no tokens)
  * starts with parent's first `at` tokens: whole draft blocks are shared
@@ -74,8 +77,8 @@ size_t ckv_prefix_lookup(ckv_tenant *t, const char *model_id, const char *model_
  * token before `at` was moved, recycled or is moving: the message says
  * which, in why), CKV_ERR_UNSUPPORTED (a tail copy on a device arena),
  * CKV_ERR_QUOTA / CKV_ERR_NOSPACE (the tail block), -ENOMEM. */
-int ckv_prefix_fork(ckv_srv_session *parent, ckv_srv_session *child, size_t at, size_t *ret_shared, char *why,
-                    size_t whylen);
+int ckv_prefix_fork(ckv_srv_session *parent, ckv_srv_session *child, size_t at,
+                    size_t *ret_shared, char *why, size_t whylen);
 /* Whether block `idx` of s is frozen (shared with another session): no
  * move may touch it.  A shared block with s as its only holder is taken
  * back (out of the index, private again) and false is returned. */

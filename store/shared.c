@@ -19,14 +19,21 @@ typedef struct ptab {
   size_t cap, n;
 } ptab;
 
-static size_t ptab_home(const ptab *m, ckv_pkey k) { return (size_t)(k.lo ^ (k.hi * 0x9e3779b97f4a7c15ull)) & (m->cap - 1); }
-static bool key_eq(ckv_pkey a, ckv_pkey b) { return a.lo == b.lo && a.hi == b.hi; }
+static size_t ptab_home(const ptab *m, ckv_pkey k) {
+  return (size_t)(k.lo ^ (k.hi * 0x9e3779b97f4a7c15ull)) & (m->cap - 1);
+}
+static bool key_eq(ckv_pkey a, ckv_pkey b) {
+  return a.lo == b.lo && a.hi == b.hi;
+}
 
 static ckv_pblock *ptab_get(const ptab *m, ckv_pkey k) {
-  if (!m->cap) return NULL;
+  if (!m->cap)
+    return NULL;
   for (size_t i = ptab_home(m, k);; i = (i + 1) & (m->cap - 1)) {
-    if (!m->vals[i]) return NULL;
-    if (key_eq(m->keys[i], k)) return m->vals[i];
+    if (!m->vals[i])
+      return NULL;
+    if (key_eq(m->keys[i], k))
+      return m->vals[i];
   }
 }
 
@@ -43,13 +50,16 @@ static int ptab_put(ptab *m, ckv_pkey k, ckv_pblock *v) {
     }
     *m = (ptab){nk, nv, ncap, 0};
     for (size_t i = 0; i < old.cap; i++)
-      if (old.vals[i]) (void)ptab_put(m, old.keys[i], old.vals[i]);
+      if (old.vals[i])
+        (void)ptab_put(m, old.keys[i], old.vals[i]);
     free(old.keys);
     free(old.vals);
   }
   size_t i = ptab_home(m, k);
-  while (m->vals[i] && !key_eq(m->keys[i], k)) i = (i + 1) & (m->cap - 1);
-  if (!m->vals[i]) m->n++;
+  while (m->vals[i] && !key_eq(m->keys[i], k))
+    i = (i + 1) & (m->cap - 1);
+  if (!m->vals[i])
+    m->n++;
   m->keys[i] = k;
   m->vals[i] = v;
   return CKV_OK;
@@ -57,10 +67,13 @@ static int ptab_put(ptab *m, ckv_pkey k, ckv_pblock *v) {
 
 /* Removes k (backward-shift deletion: no tombstones). */
 static void ptab_del(ptab *m, ckv_pkey k) {
-  if (!m->cap) return;
+  if (!m->cap)
+    return;
   size_t mask = m->cap - 1, i = ptab_home(m, k);
-  while (m->vals[i] && !key_eq(m->keys[i], k)) i = (i + 1) & mask;
-  if (!m->vals[i]) return;
+  while (m->vals[i] && !key_eq(m->keys[i], k))
+    i = (i + 1) & mask;
+  if (!m->vals[i])
+    return;
   m->vals[i] = NULL;
   m->n--;
   for (size_t j = (i + 1) & mask; m->vals[j]; j = (j + 1) & mask) {
@@ -94,7 +107,8 @@ struct ckv_prefix {
 static ckv_pkey off_key(uint64_t offset) { return (ckv_pkey){offset, 0}; }
 
 void ckv_pblock_free(ckv_pblock *pb) {
-  if (!pb) return;
+  if (!pb)
+    return;
   free(pb->meta);
   free(pb->roles);
   free(pb->tags);
@@ -103,30 +117,39 @@ void ckv_pblock_free(ckv_pblock *pb) {
 }
 
 static void registry_free(ckv_prefix *p) {
-  if (!p) return;
+  if (!p)
+    return;
   /* Records still held (a tenant freed with sessions left): the arena goes
    * with the tenant; only the records are ours. */
-  for (size_t i = 0; i < p->by_off.cap; i++) ckv_pblock_free(p->by_off.vals[i]);
+  for (size_t i = 0; i < p->by_off.cap; i++)
+    ckv_pblock_free(p->by_off.vals[i]);
   ptab_done(&p->by_key);
   ptab_done(&p->by_off);
   free(p);
 }
 
 ckv_prefix *ckv_shared_registry(ckv_tenant *t) {
-  if (!t->prefix && (t->prefix = calloc(1, sizeof(*t->prefix)))) t->prefix_free = registry_free;
+  if (!t->prefix && (t->prefix = calloc(1, sizeof(*t->prefix))))
+    t->prefix_free = registry_free;
   return t->prefix;
 }
 
-ckv_pblock *ckv_shared_by_key(const ckv_prefix *p, ckv_pkey k) { return ptab_get(&p->by_key, k); }
+ckv_pblock *ckv_shared_by_key(const ckv_prefix *p, ckv_pkey k) {
+  return ptab_get(&p->by_key, k);
+}
 
-int ckv_shared_add(ckv_prefix *p, ckv_pblock *pb) { return ptab_put(&p->by_off, off_key(pb->offset), pb); }
+int ckv_shared_add(ckv_prefix *p, ckv_pblock *pb) {
+  return ptab_put(&p->by_off, off_key(pb->offset), pb);
+}
 
 int ckv_shared_index(ckv_prefix *p, ckv_pblock *pb, ckv_pkey k) {
   pb->key = k;
   pb->keyed = true;
-  if (ptab_get(&p->by_key, k)) return CKV_ERR_EXISTS;
+  if (ptab_get(&p->by_key, k))
+    return CKV_ERR_EXISTS;
   int r = ptab_put(&p->by_key, k, pb);
-  if (r < 0) return r;
+  if (r < 0)
+    return r;
   pb->indexed = true;
   p->fig.indexed_blocks++;
   return CKV_OK;
@@ -145,8 +168,10 @@ ckv_prefix_figures *ckv_shared_figures(ckv_prefix *p) { return &p->fig; }
 
 void ckv_shared_note_root(ckv_prefix *p, const ckv_prefix_root *r) {
   for (size_t i = 0; i < p->n_roots; i++)
-    if (key_eq(p->roots[i].root, r->root)) return;
-  if (p->n_roots < PREFIX_MAX_ROOTS) p->roots[p->n_roots++] = *r;
+    if (key_eq(p->roots[i].root, r->root))
+      return;
+  if (p->n_roots < PREFIX_MAX_ROOTS)
+    p->roots[p->n_roots++] = *r;
 }
 
 size_t ckv_shared_roots(const ckv_prefix *p, const ckv_prefix_root **ret) {
@@ -175,7 +200,8 @@ void ckv_prefix_unref(ckv_tenant *t, ckv_pblock *pb) {
       p->fig.shared_blocks--;
     }
   }
-  if (--pb->holders) return;
+  if (--pb->holders)
+    return;
   uint64_t off = pb->offset, bytes = pb->bytes;
   ckv_shared_forget(p, pb);
   ckv_tenant_block_free(t, off, bytes, CKV_FORMAT_DRAFT);
@@ -193,7 +219,8 @@ void ckv_prefix_tenant_figures(const ckv_tenant *t, ckv_prefix_figures *ret) {
 }
 
 void ckv_prefix_chain_free(ckv_prefix_chain *ch) {
-  if (!ch) return;
+  if (!ch)
+    return;
   free(ch->ids);
   free(ch->keys);
   free(ch);

@@ -21,33 +21,39 @@ typedef struct ckv_pkey {
 
 /* One arena block that sessions' tables share. */
 typedef struct ckv_pblock {
-  ckv_pkey key;      /* content key (when keyed) */
-  uint64_t offset;   /* in the tenant's arena */
+  ckv_pkey key;    /* content key (when keyed) */
+  uint64_t offset; /* in the tenant's arena */
   uint64_t bytes;
   uint64_t id;       /* the block id every holder's table shows */
   uint16_t capacity; /* token slots (all valid) */
   bool keyed;        /* key is set */
-  bool indexed;      /* in the tenant's index: LookupPrefix and reuse_prefix find it */
-  uint32_t holders;  /* table entries plus retired entries of sessions pointing at it */
-  uint8_t *meta;     /* the daemon's record of the header region (copied into each holder's shadow) */
-  uint8_t *roles, *tags; /* per slot, as the first holder had them (NULL: unknown, warm restart) */
+  bool indexed; /* in the tenant's index: LookupPrefix and reuse_prefix find it
+                 */
+  uint32_t holders; /* table entries plus retired entries of sessions pointing
+                       at it */
+  uint8_t *meta; /* the daemon's record of the header region (copied into each
+                    holder's shadow) */
+  uint8_t *roles, *tags; /* per slot, as the first holder had them (NULL:
+                            unknown, warm restart) */
   uint16_t *semantic;
 } ckv_pblock;
 
 /* Frozen: held by more than one session; nothing may write or move it. */
-static inline bool ckv_pblock_frozen(const ckv_pblock *pb) { return pb && pb->holders > 1; }
+static inline bool ckv_pblock_frozen(const ckv_pblock *pb) {
+  return pb && pb->holders > 1;
+}
 
 /* A session's content keys (prefix.h): token ids from position 0 while all
  * are known, and the key of each whole block of them. */
 typedef struct ckv_prefix_chain {
   bool root_set;
-  bool broken;          /* a token came without its id: no key from there on */
+  bool broken; /* a token came without its id: no key from there on */
   ckv_pkey root;
-  uint32_t *ids;        /* token id by position, while not broken */
+  uint32_t *ids; /* token id by position, while not broken */
   size_t n_ids, cap_ids;
-  ckv_pkey *keys;       /* key of block k, k < n_keys */
+  ckv_pkey *keys; /* key of block k, k < n_keys */
   size_t n_keys, cap_keys;
-  size_t next_publish;  /* first block not yet looked at for publishing */
+  size_t next_publish; /* first block not yet looked at for publishing */
 } ckv_prefix_chain;
 void ckv_prefix_chain_free(ckv_prefix_chain *ch);
 
@@ -61,12 +67,15 @@ typedef struct ckv_prefix_root {
 } ckv_prefix_root;
 
 typedef struct ckv_prefix_figures {
-  uint64_t shared_bytes;   /* bytes of blocks with more than one holder, each once */
+  uint64_t
+      shared_bytes; /* bytes of blocks with more than one holder, each once */
   uint64_t shared_blocks;
-  uint64_t excess_bytes;   /* what the sessions' own byte counts count more than once: sum (holders-1)*bytes */
+  uint64_t excess_bytes; /* what the sessions' own byte counts count more than
+                            once: sum (holders-1)*bytes */
   uint64_t indexed_blocks;
-  uint64_t lookup_tokens;  /* tokens asked for (LookupPrefix, OpenSession reuse_prefix), since start */
-  uint64_t hit_tokens;     /* of those, matched */
+  uint64_t lookup_tokens; /* tokens asked for (LookupPrefix, OpenSession
+                             reuse_prefix), since start */
+  uint64_t hit_tokens;    /* of those, matched */
 } ckv_prefix_figures;
 
 /* The tenant's registry, made on first use (freed with the tenant); NULL

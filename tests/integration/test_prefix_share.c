@@ -54,51 +54,66 @@ static const ckv_geometry k_geom = {2, 2, 32, CKV_DTYPE_FP16};
  * child's failed assert waits for a runner that is not its own): NEED
  * fails them with exit status 3 and the reason on stderr. */
 static bool g_child;
-#define NEED(cond, ...)                                                                                                \
-  do {                                                                                                                 \
-    if (!(cond)) {                                                                                                     \
-      if (g_child) {                                                                                                   \
-        fprintf(stderr, "%s:%d: ", __FILE__, __LINE__);                                                                \
-        fprintf(stderr, __VA_ARGS__);                                                                                  \
-        fputc('\n', stderr);                                                                                           \
-        _exit(3);                                                                                                      \
-      }                                                                                                                \
-      cr_assert_fail(__VA_ARGS__);                                                                                     \
-    }                                                                                                                  \
+#define NEED(cond, ...)                                                        \
+  do {                                                                         \
+    if (!(cond)) {                                                             \
+      if (g_child) {                                                           \
+        fprintf(stderr, "%s:%d: ", __FILE__, __LINE__);                        \
+        fprintf(stderr, __VA_ARGS__);                                          \
+        fputc('\n', stderr);                                                   \
+        _exit(3);                                                              \
+      }                                                                        \
+      cr_assert_fail(__VA_ARGS__);                                             \
+    }                                                                          \
   } while (0)
 
 /* The value a writer of `variant` puts at (pos, layer, kv, e): the prefix
  * is variant 0 for everyone, each writer's own tokens its own variant. */
-static uint16_t kv_at(size_t pos, uint32_t layer, uint32_t kv, uint32_t e, unsigned variant) {
-  return ckv_f32_to_f16(ckv_test_kv_value(pos + (size_t)variant * 100003u, layer, kv, e));
+static uint16_t kv_at(size_t pos, uint32_t layer, uint32_t kv, uint32_t e,
+                      unsigned variant) {
+  return ckv_f32_to_f16(
+      ckv_test_kv_value(pos + (size_t)variant * 100003u, layer, kv, e));
 }
 
-static uint32_t token_id(size_t pos, unsigned variant) { return (uint32_t)(1000u + pos * 7u + variant * 1000000u); }
+static uint32_t token_id(size_t pos, unsigned variant) {
+  return (uint32_t)(1000u + pos * 7u + variant * 1000000u);
+}
 
 static ckv_client *connect_to(const ckv_test_daemon *d) {
-  ckv_client_options o = {.socket = d->socket, .attach_socket = d->attach, .name = "test_prefix_share",
+  ckv_client_options o = {.socket = d->socket,
+                          .attach_socket = d->attach,
+                          .name = "test_prefix_share",
                           .timeout_ms = DEADLINE_MS};
   ckv_client *c = NULL;
   int r = ckv_client_connect(&o, &c);
-  NEED(r == CKV_OK, "connect: %s (%s)", ckv_strerror(r), ckv_client_connect_error());
+  NEED(r == CKV_OK, "connect: %s (%s)", ckv_strerror(r),
+       ckv_client_connect_error());
   return c;
 }
 
-static ckv_session *open_s(ckv_client *c, const char *id, const char *policy, const uint32_t *ids, size_t n) {
-  ckv_session_options o = {.policy = policy, .model_id = "m", .model_revision = "r1", .token_ids = ids,
-                           .n_token_ids = n, .reuse_prefix = ids != NULL};
+static ckv_session *open_s(ckv_client *c, const char *id, const char *policy,
+                           const uint32_t *ids, size_t n) {
+  ckv_session_options o = {.policy = policy,
+                           .model_id = "m",
+                           .model_revision = "r1",
+                           .token_ids = ids,
+                           .n_token_ids = n,
+                           .reuse_prefix = ids != NULL};
   ckv_session *s = NULL;
   int r = ckv_session_open(c, id, &k_geom, &o, &s);
-  NEED(r == CKV_OK, "open %s: %s (%s)", id, ckv_strerror(r), ckv_client_last_error(c));
+  NEED(r == CKV_OK, "open %s: %s (%s)", id, ckv_strerror(r),
+       ckv_client_last_error(c));
   return s;
 }
 
 /* Appends positions [from, to) with ids and K/V of `variant` (positions
  * below PREFIX are variant 0), then reports a round over them. */
-static void write_tokens(ckv_session *s, size_t from, size_t to, unsigned variant, uint64_t round) {
+static void write_tokens(ckv_session *s, size_t from, size_t to,
+                         unsigned variant, uint64_t round) {
   uint32_t n = (uint32_t)(to - from);
   uint32_t *ids = malloc(n * sizeof(*ids));
-  for (size_t p = from; p < to; p++) ids[p - from] = token_id(p, p < PREFIX ? 0 : variant);
+  for (size_t p = from; p < to; p++)
+    ids[p - from] = token_id(p, p < PREFIX ? 0 : variant);
   uint64_t first;
   int r = ckv_session_append(s, n, NULL, NULL, NULL, ids, &first);
   NEED(r == CKV_OK && first == from, "append: %s", ckv_strerror(r));
@@ -115,7 +130,8 @@ static void write_tokens(ckv_session *s, size_t from, size_t to, unsigned varian
       NEED(ckv_session_write_kv(s, p, l, k, v) == CKV_OK, "write_kv %zu", p);
     }
   float *attn = calloc(to, sizeof(float));
-  for (size_t p = 0; p < to; p++) attn[p] = 1.f / (float)to;
+  for (size_t p = 0; p < to; p++)
+    attn[p] = 1.f / (float)to;
   r = ckv_session_report(s, round, 0, attn, to, NULL);
   NEED(r == CKV_OK, "report: %s", ckv_strerror(r));
   free(attn);
@@ -125,7 +141,8 @@ static void write_tokens(ckv_session *s, size_t from, size_t to, unsigned varian
  * what `want(pos)` wrote: returns the positions that differ or are missing;
  * *ret_seen: positions found. */
 typedef unsigned (*variant_fn)(size_t pos, const void *ctx);
-static size_t check_view(ckv_session *s, size_t n, variant_fn want, const void *ctx, size_t *ret_seen) {
+static size_t check_view(ckv_session *s, size_t n, variant_fn want,
+                         const void *ctx, size_t *ret_seen) {
   const ckv_view *v = NULL;
   int r = ckv_session_view(s, &v);
   NEED(r == CKV_OK, "view: %s", ckv_strerror(r));
@@ -137,7 +154,8 @@ static size_t check_view(ckv_session *s, size_t n, variant_fn want, const void *
     uint32_t cap = v->draft[i].capacity;
     const uint32_t *positions = ckv_block_positions_const(base);
     for (uint32_t slot = 0; slot < cap; slot++) {
-      if (!ckv_block_slot_valid(base, slot)) continue;
+      if (!ckv_block_slot_valid(base, slot))
+        continue;
       uint32_t pos = positions[slot];
       if (pos >= n || seen[pos]) {
         bad++;
@@ -148,7 +166,9 @@ static size_t check_view(ckv_session *s, size_t n, variant_fn want, const void *
       unsigned var = want(pos, ctx);
       for (uint32_t l = 0; l < k_geom.n_layers; l++)
         for (uint32_t kv = 0; kv < 2; kv++) {
-          const uint16_t *x = (const uint16_t *)(base + ckv_draft_kv_offset(&k_geom, cap, l, kv, slot));
+          const uint16_t *x =
+              (const uint16_t *)(base + ckv_draft_kv_offset(&k_geom, cap, l, kv,
+                                                            slot));
           for (uint32_t e = 0; e < te; e++)
             if (x[e] != kv_at(pos, l, kv, e, var)) {
               bad++;
@@ -163,7 +183,9 @@ static size_t check_view(ckv_session *s, size_t n, variant_fn want, const void *
   return bad + (n - found);
 }
 
-static unsigned own_after_prefix(size_t pos, const void *ctx) { return pos < PREFIX ? 0 : *(const unsigned *)ctx; }
+static unsigned own_after_prefix(size_t pos, const void *ctx) {
+  return pos < PREFIX ? 0 : *(const unsigned *)ctx;
+}
 
 static void wait_file(const char *dir, const char *name) {
   char path[400];
@@ -179,7 +201,8 @@ static void touch(const char *dir, const char *name) {
   char path[400];
   snprintf(path, sizeof path, "%s/%s", dir, name);
   FILE *f = fopen(path, "w");
-  if (f) fclose(f);
+  if (f)
+    fclose(f);
 }
 
 typedef struct share_ctx {
@@ -188,15 +211,18 @@ typedef struct share_ctx {
 
 typedef struct share_report {
   uint64_t matched, n_tokens;
-  size_t bad_own, seen_own;            /* the writer's check of its own view after the other wrote */
-  size_t bad_before, bad_after, seen_after; /* B: before and after A's kill -9 */
-  uint64_t lookup_other, matched_other;     /* the other tenant */
-  int write_shared;                         /* B: ckv_session_write_kv into a shared position */
+  size_t bad_own,
+      seen_own; /* the writer's check of its own view after the other wrote */
+  size_t bad_before, bad_after,
+      seen_after;                       /* B: before and after A's kill -9 */
+  uint64_t lookup_other, matched_other; /* the other tenant */
+  int write_shared; /* B: ckv_session_write_kv into a shared position */
 } share_report;
 
 static uint32_t *prefix_ids(void) {
   uint32_t *ids = malloc((PREFIX + 8) * sizeof(*ids));
-  for (size_t p = 0; p < PREFIX + 8; p++) ids[p] = token_id(p, 0);
+  for (size_t p = 0; p < PREFIX + 8; p++)
+    ids[p] = token_id(p, 0);
   return ids;
 }
 
@@ -214,13 +240,15 @@ static void proc_a(const void *vctx, void *vrep) {
   touch(x->d->dir, "a.ready");
   wait_file(x->d->dir, "b.ready");
   unsigned var = 1;
-  rep->bad_own = check_view(s, PREFIX + OWN, own_after_prefix, &var, &rep->seen_own);
+  rep->bad_own =
+      check_view(s, PREFIX + OWN, own_after_prefix, &var, &rep->seen_own);
   FILE *f = fopen(strcat(strcpy((char[400]){0}, x->d->dir), "/a.result"), "w");
   if (f) {
     fprintf(f, "%zu %zu\n", rep->bad_own, rep->seen_own);
     fclose(f);
   }
-  for (int i = 0; i < 60; i++) sleep(1); /* until kill -9 (or the test gives up) */
+  for (int i = 0; i < 60; i++)
+    sleep(1); /* until kill -9 (or the test gives up) */
   _exit(4);
 }
 
@@ -245,11 +273,14 @@ static void proc_b(const void *vctx, void *vrep) {
   rep->bad_before = check_view(s, PREFIX + OWN, own_after_prefix, &var, &seen);
   touch(x->d->dir, "b.ready");
   wait_file(x->d->dir, "a.killed");
-  rep->bad_after = check_view(s, PREFIX + OWN, own_after_prefix, &var, &rep->seen_after);
+  rep->bad_after =
+      check_view(s, PREFIX + OWN, own_after_prefix, &var, &rep->seen_after);
   /* one more round after A is gone: the daemon still serves B's blocks */
   float attn[PREFIX + OWN];
-  for (size_t p = 0; p < PREFIX + OWN; p++) attn[p] = 1.f;
-  if (ckv_session_report(s, 2, 0, attn, PREFIX + OWN, NULL) != CKV_OK) rep->bad_after += 1000000;
+  for (size_t p = 0; p < PREFIX + OWN; p++)
+    attn[p] = 1.f;
+  if (ckv_session_report(s, 2, 0, attn, PREFIX + OWN, NULL) != CKV_OK)
+    rep->bad_after += 1000000;
   ckv_session_close(s);
   ckv_client_free(c);
 }
@@ -262,7 +293,8 @@ static void proc_other(const void *vctx, void *vrep) {
   ckv_client *c = connect_to(x->d);
   uint32_t *ids = prefix_ids();
   uint64_t m = 99;
-  if (ckv_client_lookup_prefix(c, ids, PREFIX, "m", "r1", &m) != CKV_OK) m = 98;
+  if (ckv_client_lookup_prefix(c, ids, PREFIX, "m", "r1", &m) != CKV_OK)
+    m = 98;
   rep->lookup_other = m;
   ckv_session *s = open_s(c, "agent-b", "fp16", ids, PREFIX);
   rep->matched_other = ckv_session_matched_tokens(s);
@@ -271,17 +303,24 @@ static void proc_other(const void *vctx, void *vrep) {
   ckv_client_free(c);
 }
 
-static unsigned long long draft_block_bytes(void) { return ckv_draft_block_bytes(&k_geom, 16); }
-static unsigned long long blocks_of(unsigned long long tokens) { return (tokens + 15) / 16; }
+static unsigned long long draft_block_bytes(void) {
+  return ckv_draft_block_bytes(&k_geom, 16);
+}
+static unsigned long long blocks_of(unsigned long long tokens) {
+  return (tokens + 15) / 16;
+}
 
 Test(prefix_share, two_processes_share_prefix_once, .timeout = 60) {
   char text[256], cfg[400];
   /* with tenants configured, root needs one of its own */
-  snprintf(text, sizeof text, "[tenant.main]\nuids = 0\n[tenant.other]\nuids = %u\n", OTHER_UID);
+  snprintf(text, sizeof text,
+           "[tenant.main]\nuids = 0\n[tenant.other]\nuids = %u\n", OTHER_UID);
   char *cfgdir = ckv_test_write_config(text, cfg, sizeof cfg);
   ckv_test_daemon d;
   ckv_test_start_host(&d, "256M", (const char *const[]){"--config", cfg, NULL});
-  cr_assert_eq(chmod(d.dir, 0777), 0); /* the other tenant's uid must reach the sockets and the files */
+  cr_assert_eq(
+      chmod(d.dir, 0777),
+      0); /* the other tenant's uid must reach the sockets and the files */
   share_ctx x = {.d = &d};
   int fa, fb;
   share_report ra = {0}, rb = {0}, ro = {0};
@@ -291,37 +330,47 @@ Test(prefix_share, two_processes_share_prefix_once, .timeout = 60) {
   wait_file(d.dir, "a.result");
 
   /* the prefix's bytes are held once */
-  const unsigned long long db = draft_block_bytes(), shared_blocks = PREFIX / 16;
-  cr_assert_eq(ckv_test_stat(&d, "tenants.0.bytes.shared"), shared_blocks * db, "bytes.shared");
-  cr_assert_eq(ckv_test_stat(&d, "tenants.0.tokens.shared"), 2ull * PREFIX, "tokens.shared (each session's)");
+  const unsigned long long db = draft_block_bytes(),
+                           shared_blocks = PREFIX / 16;
+  cr_assert_eq(ckv_test_stat(&d, "tenants.0.bytes.shared"), shared_blocks * db,
+               "bytes.shared");
+  cr_assert_eq(ckv_test_stat(&d, "tenants.0.tokens.shared"), 2ull * PREFIX,
+               "tokens.shared (each session's)");
   unsigned long long held = (shared_blocks + 2 * blocks_of(OWN)) * db;
-  cr_assert_eq(ckv_test_stat(&d, "arenas.0.bytes_used"), held, "the arena holds the prefix once");
+  cr_assert_eq(ckv_test_stat(&d, "arenas.0.bytes_used"), held,
+               "the arena holds the prefix once");
   cr_assert_eq(ckv_test_stat(&d, "tenants.0.bytes.total"), held);
   char *json = ckv_test_ctl(&d, (const char *const[]){"stats", "--json", NULL});
   cr_assert_not_null(strstr(json, "\"dedup_ratio\": "), "%s", json);
   double ratio = atof(strstr(json, "\"dedup_ratio\": ") + 15);
-  double fp16 = 2.0 * (PREFIX + OWN) * k_geom.n_layers * k_geom.n_kv_heads * k_geom.head_dim * 2 * 2;
+  double fp16 = 2.0 * (PREFIX + OWN) * k_geom.n_layers * k_geom.n_kv_heads *
+                k_geom.head_dim * 2 * 2;
   cr_assert_float_eq(ratio, fp16 / (double)held, 1e-3, "dedup_ratio %f", ratio);
   free(json);
 
   /* A's own check, made after B wrote its tokens */
-  char *res = ckv_test_read_file(strcat(strcpy((char[400]){0}, d.dir), "/a.result"));
+  char *res =
+      ckv_test_read_file(strcat(strcpy((char[400]){0}, d.dir), "/a.result"));
   size_t a_bad = 99, a_seen = 0;
   cr_assert_eq(sscanf(res, "%zu %zu", &a_bad, &a_seen), 2);
   free(res);
-  cr_assert_eq(a_bad, 0, "A reads %zu positions that are not its own values", a_bad);
+  cr_assert_eq(a_bad, 0, "A reads %zu positions that are not its own values",
+               a_bad);
   cr_assert_eq(a_seen, PREFIX + OWN);
 
   /* another tenant, the same tokens: nothing */
-  ckv_test_run_as(OTHER_UID, OTHER_UID, proc_other, &x, &ro, sizeof ro, DEADLINE_MS);
-  cr_assert_eq(ro.lookup_other, 0, "another tenant's lookup matched %llu", (unsigned long long)ro.lookup_other);
+  ckv_test_run_as(OTHER_UID, OTHER_UID, proc_other, &x, &ro, sizeof ro,
+                  DEADLINE_MS);
+  cr_assert_eq(ro.lookup_other, 0, "another tenant's lookup matched %llu",
+               (unsigned long long)ro.lookup_other);
   cr_assert_eq(ro.matched_other, 0);
 
   /* this tenant's lookup finds the whole blocks only */
   ckv_client *c = connect_to(&d);
   uint32_t *ids = prefix_ids();
   uint64_t m = 0;
-  cr_assert_eq(ckv_client_lookup_prefix(c, ids, PREFIX + 8, "m", "r1", &m), CKV_OK);
+  cr_assert_eq(ckv_client_lookup_prefix(c, ids, PREFIX + 8, "m", "r1", &m),
+               CKV_OK);
   cr_assert_eq(m, PREFIX);
   cr_assert_eq(ckv_client_lookup_prefix(c, ids, PREFIX, "m", "r2", &m), CKV_OK);
   cr_assert_eq(m, 0, "another revision matched %llu", (unsigned long long)m);
@@ -338,15 +387,20 @@ Test(prefix_share, two_processes_share_prefix_once, .timeout = 60) {
   free(ckv_test_ctl(&d, drop)); /* what the lease expiry would do, now */
   touch(d.dir, "a.killed");
   ckv_test_end_as(pb, fb, &rb, sizeof rb, DEADLINE_MS);
-  cr_assert_eq(rb.matched, PREFIX, "B matched %llu", (unsigned long long)rb.matched);
+  cr_assert_eq(rb.matched, PREFIX, "B matched %llu",
+               (unsigned long long)rb.matched);
   cr_assert_eq(rb.n_tokens, PREFIX);
-  cr_assert_eq(rb.write_shared, CKV_ERR_RANGE, "a shared token's slot was writable (%d)", rb.write_shared);
-  cr_assert_eq(rb.bad_before, 0, "B read %zu wrong positions before the kill", rb.bad_before);
-  cr_assert_eq(rb.bad_after, 0, "B read %zu wrong positions after A's kill -9", rb.bad_after);
+  cr_assert_eq(rb.write_shared, CKV_ERR_RANGE,
+               "a shared token's slot was writable (%d)", rb.write_shared);
+  cr_assert_eq(rb.bad_before, 0, "B read %zu wrong positions before the kill",
+               rb.bad_before);
+  cr_assert_eq(rb.bad_after, 0, "B read %zu wrong positions after A's kill -9",
+               rb.bad_after);
   cr_assert_eq(rb.seen_after, PREFIX + OWN);
   /* B closed (detached, kept): its blocks alone now, nothing shared */
   cr_assert_eq(ckv_test_stat(&d, "tenants.0.bytes.shared"), 0);
-  cr_assert_eq(ckv_test_stat(&d, "arenas.0.bytes_used"), (shared_blocks + blocks_of(OWN)) * db);
+  cr_assert_eq(ckv_test_stat(&d, "arenas.0.bytes_used"),
+               (shared_blocks + blocks_of(OWN)) * db);
   unsigned long long hits = 0, looked = 0;
   cr_assert_eq(ckv_test_stat(&d, "sessions"), 1);
   (void)hits;
@@ -376,19 +430,22 @@ Test(prefix_share, fork_reads_parent_prefix_then_diverges, .timeout = 60) {
   write_tokens(p, 0, 100, 0, 1);
   ckv_session *f = NULL;
   int r = ckv_session_fork(p, "child", 37, &f);
-  cr_assert_eq(r, CKV_OK, "fork: %s (%s)", ckv_strerror(r), ckv_client_last_error(c));
+  cr_assert_eq(r, CKV_OK, "fork: %s (%s)", ckv_strerror(r),
+               ckv_client_last_error(c));
   cr_assert_eq(ckv_session_matched_tokens(f), 32, "whole blocks shared");
   cr_assert_eq(ckv_session_tokens(f), 37);
   /* both go on, differently: positions >= PREFIX are each writer's variant */
   ckv_session_close(f);
   f = NULL;
-  ckv_session_options ro = {.resume = true, .model_id = "m", .model_revision = "r1"};
+  ckv_session_options ro = {
+      .resume = true, .model_id = "m", .model_revision = "r1"};
   cr_assert_eq(ckv_session_open(c, "child", NULL, &ro, &f), CKV_OK);
   /* the child's own tokens: ids and K/V of variant 5 at 37.. (write_tokens
    * keys variants by PREFIX; use the real positions here) */
   uint32_t n = 20;
   uint64_t first;
-  cr_assert_eq(ckv_session_append(f, n, NULL, NULL, NULL, NULL, &first), CKV_OK);
+  cr_assert_eq(ckv_session_append(f, n, NULL, NULL, NULL, NULL, &first),
+               CKV_OK);
   cr_assert_eq(first, 37);
   const uint32_t te = k_geom.n_kv_heads * k_geom.head_dim;
   uint16_t k[256], v[256];
@@ -400,28 +457,36 @@ Test(prefix_share, fork_reads_parent_prefix_then_diverges, .timeout = 60) {
       }
       cr_assert_eq(ckv_session_write_kv(f, pos, l, k, v), CKV_OK);
     }
-  write_tokens(p, 100, 120, 0, 2); /* the parent's later tokens (variant 0 too, positions its own) */
+  write_tokens(
+      p, 100, 120, 0,
+      2); /* the parent's later tokens (variant 0 too, positions its own) */
   size_t seen;
   fork_want wc = {.at = 37, .tail = 5};
-  cr_assert_eq(check_view(f, 57, fork_variant, &wc, &seen), 0, "the fork does not read parent[0,37) + its own");
+  cr_assert_eq(check_view(f, 57, fork_variant, &wc, &seen), 0,
+               "the fork does not read parent[0,37) + its own");
   cr_assert_eq(seen, 57);
   fork_want wp = {.at = 1000, .tail = 0};
-  cr_assert_eq(check_view(p, 120, fork_variant, &wp, &seen), 0, "the parent's bytes changed");
+  cr_assert_eq(check_view(p, 120, fork_variant, &wp, &seen), 0,
+               "the parent's bytes changed");
   cr_assert_eq(seen, 120);
   /* shared: the two whole blocks, in both sessions' counts */
   const unsigned long long db = draft_block_bytes();
   cr_assert_eq(ckv_test_stat(&d, "tokens.shared"), 64);
   cr_assert_eq(ckv_test_stat(&d, "bytes.shared"), 2 * db);
-  /* the fork's tail block is its own: parent 8 blocks (120 tokens), child 2 shared + 2 own */
+  /* the fork's tail block is its own: parent 8 blocks (120 tokens), child 2
+   * shared + 2 own */
   cr_assert_eq(ckv_test_stat(&d, "arenas.0.bytes_used"), (8ull + 2) * db);
-  /* refusals: an existing id, a position past what the parent reported, no parent */
+  /* refusals: an existing id, a position past what the parent reported, no
+   * parent */
   ckv_session *g = NULL;
   cr_assert_eq(ckv_session_fork(p, "child", 10, &g), CKV_ERR_EXISTS);
   cr_assert_eq(ckv_session_fork(p, "child2", 121, &g), CKV_ERR_RANGE);
-  cr_assert_eq(ckv_session_fork(f, "child3", 57, &g), CKV_ERR_STATE, "unreported tokens forked");
+  cr_assert_eq(ckv_session_fork(f, "child3", 57, &g), CKV_ERR_STATE,
+               "unreported tokens forked");
   ckv_session_drop(f);
   ckv_session_drop(p);
-  cr_assert_eq(ckv_test_wait_stat(&d, "arenas.0.bytes_used", 0, 5000), 0, "blocks left after both drops");
+  cr_assert_eq(ckv_test_wait_stat(&d, "arenas.0.bytes_used", 0, 5000), 0,
+               "blocks left after both drops");
   ckv_client_free(c);
   ckv_test_stop_clean(&d);
 }
@@ -433,7 +498,8 @@ Test(prefix_share, forked_snapshot_restores_alone, .timeout = 60) {
   ckv_session *p = open_s(c, "parent", "fp16", NULL, 0);
   write_tokens(p, 0, 64, 0, 1);
   ckv_session *f = NULL;
-  cr_assert_eq(ckv_session_fork(p, "child", 40, &f), CKV_OK, "%s", ckv_client_last_error(c));
+  cr_assert_eq(ckv_session_fork(p, "child", 40, &f), CKV_OK, "%s",
+               ckv_client_last_error(c));
   cr_assert_eq(ckv_session_matched_tokens(f), 32);
   /* the fork's bytes as they are */
   const ckv_view *v = NULL;
@@ -442,18 +508,23 @@ Test(prefix_share, forked_snapshot_restores_alone, .timeout = 60) {
   fork_want w = {.at = 40, .tail = 0};
   cr_assert_eq(check_view(f, 40, fork_variant, &w, &seen), 0);
   uint64_t bytes = 0;
-  cr_assert_eq(ckv_session_save(f, "forked", false, &bytes), CKV_OK, "save: %s", ckv_client_last_error(c));
+  cr_assert_eq(ckv_session_save(f, "forked", false, &bytes), CKV_OK, "save: %s",
+               ckv_client_last_error(c));
   cr_assert_gt(bytes, 0);
   ckv_session_drop(f);
   ckv_session_drop(p);
-  cr_assert_eq(ckv_test_wait_stat(&d, "arenas.0.bytes_used", 0, 5000), 0, "shared blocks outlived every holder");
+  cr_assert_eq(ckv_test_wait_stat(&d, "arenas.0.bytes_used", 0, 5000), 0,
+               "shared blocks outlived every holder");
   ckv_session *back = NULL;
   int r = ckv_session_restore(c, "back", "forked", NULL, &back);
-  cr_assert_eq(r, CKV_OK, "restore: %s (%s)", ckv_strerror(r), ckv_client_last_error(c));
+  cr_assert_eq(r, CKV_OK, "restore: %s (%s)", ckv_strerror(r),
+               ckv_client_last_error(c));
   cr_assert_eq(ckv_session_tokens(back), 40);
-  cr_assert_eq(check_view(back, 40, fork_variant, &w, &seen), 0, "the restored fork differs from what was saved");
+  cr_assert_eq(check_view(back, 40, fork_variant, &w, &seen), 0,
+               "the restored fork differs from what was saved");
   cr_assert_eq(seen, 40);
-  cr_assert_eq(ckv_test_stat(&d, "bytes.shared"), 0, "a restored session shares nothing");
+  cr_assert_eq(ckv_test_stat(&d, "bytes.shared"), 0,
+               "a restored session shares nothing");
   ckv_session_drop(back);
   ckv_client_free(c);
   ckv_test_stop_clean(&d);
@@ -474,7 +545,8 @@ Test(prefix_share, no_protocol_write_into_shared_block, .timeout = 60) {
   ckv_session *a = open_s(c, "a", "fp16", NULL, 0);
   write_tokens(a, 0, 64, 0, 1);
   uint32_t ids[64];
-  for (size_t p = 0; p < 64; p++) ids[p] = token_id(p, 0);
+  for (size_t p = 0; p < 64; p++)
+    ids[p] = token_id(p, 0);
   /* int8: the judge stages every token it may */
   ckv_session *b = open_s(c, "b", "int8", ids, 64);
   cr_assert_eq(ckv_session_matched_tokens(b), 64);
@@ -483,7 +555,8 @@ Test(prefix_share, no_protocol_write_into_shared_block, .timeout = 60) {
   cr_assert_eq(ckv_session_view(b, &v), CKV_OK);
   cr_assert_eq(v->n_draft, 4);
   uint64_t shared_ids[4];
-  for (int i = 0; i < 4; i++) shared_ids[i] = v->draft[i].id;
+  for (int i = 0; i < 4; i++)
+    shared_ids[i] = v->draft[i].id;
   /* b's appends land in a new block of its own */
   Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
   Commitkv__V1__AppendTokens at = COMMITKV__V1__APPEND_TOKENS__INIT;
@@ -496,20 +569,24 @@ Test(prefix_share, no_protocol_write_into_shared_block, .timeout = 60) {
   cr_assert_eq(rep->tokens_appended->first_position, 64);
   for (size_t i = 0; i < rep->tokens_appended->n_slots; i++)
     for (int j = 0; j < 4; j++)
-      cr_assert_neq(rep->tokens_appended->slots[i]->block_id, shared_ids[j], "an append got a slot in a shared block");
+      cr_assert_neq(rep->tokens_appended->slots[i]->block_id, shared_ids[j],
+                    "an append got a slot in a shared block");
   ckv_rpc_free(rep);
   /* rounds: b's judge wants every token staged; the shared ones stay */
   float attn[84];
-  for (int i = 0; i < 84; i++) attn[i] = 0.f;
+  for (int i = 0; i < 84; i++)
+    attn[i] = 0.f;
   for (uint64_t round = 1; round <= 6; round++)
     cr_assert_eq(ckv_session_report(b, round, 0, attn, 84, NULL), CKV_OK);
   cr_assert_eq(ckv_session_view(b, &v), CKV_OK);
   int still = 0;
   for (size_t i = 0; i < v->n_draft; i++)
-    for (int j = 0; j < 4; j++) still += v->draft[i].id == shared_ids[j];
+    for (int j = 0; j < 4; j++)
+      still += v->draft[i].id == shared_ids[j];
   cr_assert_eq(still, 4, "a shared block left b's view (moved or written)");
   size_t seen;
-  cr_assert_eq(check_view(a, 64, zero_variant, NULL, &seen), 0, "a's bytes changed under b's lifecycle");
+  cr_assert_eq(check_view(a, 64, zero_variant, NULL, &seen), 0,
+               "a's bytes changed under b's lifecycle");
   cr_assert_eq(seen, 64);
   cr_assert_eq(ckv_test_stat(&d, "tokens.shared"), 128);
   /* malformed lookups are refused with a code */
@@ -521,7 +598,8 @@ Test(prefix_share, no_protocol_write_into_shared_block, .timeout = 60) {
   lreq.body_case = COMMITKV__V1__REQUEST__BODY_LOOKUP_PREFIX;
   lreq.lookup_prefix = &lp;
   cr_assert_eq(ckv_rpc(c, &lreq, &rep), CKV_ERR_INVALID);
-  cr_assert_not_null(strstr(ckv_client_last_error(c), "uint32"), "%s", ckv_client_last_error(c));
+  cr_assert_not_null(strstr(ckv_client_last_error(c), "uint32"), "%s",
+                     ckv_client_last_error(c));
   ckv_session_drop(b);
   ckv_session_drop(a);
   cr_assert_eq(ckv_test_wait_stat(&d, "arenas.0.bytes_used", 0, 5000), 0);
