@@ -58,15 +58,16 @@ static void json_str(const char *s) {
 
 static void json_tokens(const Commitkv__V1__TokenCounts *t) {
   printf("{\"draft\": %" PRIu64 ", \"staged\": %" PRIu64 ", \"committed\": %" PRIu64 ", \"recycled\": %" PRIu64
-         ", \"cold\": %" PRIu64 ", \"dropped\": %" PRIu64 "}",
+         ", \"cold\": %" PRIu64 ", \"dropped\": %" PRIu64 ", \"shared\": %" PRIu64 "}",
          t ? t->draft : 0, t ? t->staged : 0, t ? t->committed : 0, t ? t->recycled : 0, t ? t->cold : 0,
-         t ? t->dropped : 0);
+         t ? t->dropped : 0, t ? t->shared : 0);
 }
 
 static void json_bytes(const Commitkv__V1__ByteCounts *b) {
   printf("{\"draft\": %" PRIu64 ", \"staged\": %" PRIu64 ", \"committed\": %" PRIu64 ", \"total\": %" PRIu64
-         ", \"fp16_equivalent\": %" PRIu64 "}",
-         b ? b->draft : 0, b ? b->staged : 0, b ? b->committed : 0, b ? b->total : 0, b ? b->fp16_equivalent : 0);
+         ", \"fp16_equivalent\": %" PRIu64 ", \"shared\": %" PRIu64 "}",
+         b ? b->draft : 0, b ? b->staged : 0, b ? b->committed : 0, b ? b->total : 0, b ? b->fp16_equivalent : 0,
+         b ? b->shared : 0);
 }
 
 static int cmd_stats(ckv_client *c, bool json) {
@@ -104,7 +105,7 @@ static int cmd_stats(ckv_client *c, bool json) {
       json_tokens(t->tokens);
       printf(", \"bytes\": ");
       json_bytes(t->bytes);
-      printf("}");
+      printf(", \"dedup_ratio\": %.4f}", t->dedup_ratio);
     }
     printf("], \"detached_sessions\": %" PRIu64 ", \"leases_expired\": %" PRIu64 ", \"sessions_detached\": %" PRIu64
            ", \"sessions_resumed\": %" PRIu64 ", \"sessions_expired\": %" PRIu64 ", \"requests\": %" PRIu64
@@ -210,14 +211,15 @@ static int cmd_sessions(ckv_client *c) {
   Commitkv__V1__Response *rep;
   if (request(c, &req, &rep, "sessions")) return 1;
   const Commitkv__V1__SessionList *l = rep->session_list;
-  printf("%-24s %-10s %-9s %-8s %8s %8s %8s %8s %12s %7s %s\n", "session", "tenant", "policy", "attached", "draft",
-         "staged", "commit", "recycled", "bytes", "vs_fp16", "tier");
+  printf("%-24s %-10s %-9s %-8s %8s %8s %8s %8s %8s %12s %7s %s\n", "session", "tenant", "policy", "attached", "draft",
+         "staged", "commit", "recycled", "shared", "bytes", "vs_fp16", "tier");
   for (size_t i = 0; i < l->n_sessions; i++) {
     const Commitkv__V1__SessionInfo *s = l->sessions[i];
     double ratio = s->bytes->fp16_equivalent ? (double)s->bytes->total / (double)s->bytes->fp16_equivalent : 0.0;
-    printf("%-24s %-10s %-9s %-8s %8" PRIu64 " %8" PRIu64 " %8" PRIu64 " %8" PRIu64 " %12" PRIu64 " %7.3f %s\n",
+    printf("%-24s %-10s %-9s %-8s %8" PRIu64 " %8" PRIu64 " %8" PRIu64 " %8" PRIu64 " %8" PRIu64 " %12" PRIu64
+           " %7.3f %s\n",
            s->session_id, s->tenant, s->policy, s->attached ? "yes" : "no", s->tokens->draft, s->tokens->staged,
-           s->tokens->committed, s->tokens->recycled, s->bytes->total, ratio,
+           s->tokens->committed, s->tokens->recycled, s->tokens->shared, s->bytes->total, ratio,
            s->tier && *s->tier ? s->tier : "primary");
   }
   ckv_rpc_free(rep);

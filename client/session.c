@@ -40,6 +40,7 @@ struct ckv_session {
    * daemon, so they have no writable slot. */
   slot_ref *slots;
   uint64_t n_tokens, first_writable, cap_slots;
+  uint64_t matched_tokens; /* started with these from shared blocks (SessionOpened.matched_tokens) */
   /* the last fetched view */
   ckv_view view;
   ckv_block_view *blocks;
@@ -138,6 +139,12 @@ int ckv_session_open(ckv_client *c, const char *id, const ckv_geometry *g, const
     o.model_revision = (char *)(opt->model_revision ? opt->model_revision : "");
     pg.draft_block_tokens = opt->draft_block_tokens;
     pg.commit_block_tokens = opt->commit_block_tokens;
+    if (opt->reuse_prefix && opt->n_token_ids) {
+      if (!opt->token_ids || opt->n_token_ids > SIZE_MAX / 4) return CKV_ERR_INVALID;
+      o.reuse_prefix = true;
+      o.token_ids.data = (uint8_t *)opt->token_ids; /* little-endian hosts: the wire's byte order */
+      o.token_ids.len = opt->n_token_ids * 4;
+    }
     if (opt->n_params) {
       entries = calloc(opt->n_params, sizeof(*entries));
       eptr = calloc(opt->n_params, sizeof(*eptr));
@@ -184,10 +191,51 @@ static int session_from_reply(ckv_client *c, const char *id, Commitkv__V1__Respo
   s->commit_tokens = so->geometry->commit_block_tokens;
   s->epoch = so->epoch;
   s->n_tokens = so->n_tokens;
+  s->matched_tokens = so->matched_tokens;
   ckv_rpc_free(rep);
   s->first_writable = s->n_tokens; /* a resumed session's tokens are written already */
   *ret = s;
   return CKV_OK;
+}
+
+int ckv_session_fork(ckv_session *parent, const char *new_id, uint64_t at_position, ckv_session **ret) {
+  if (!parent || !new_id || !ret) return CKV_ERR_INVALID;
+  if (stale(parent)) return CKV_ERR_DAEMON_RESTARTED;
+  Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
+  Commitkv__V1__ForkSession f = COMMITKV__V1__FORK_SESSION__INIT;
+  f.parent_id = parent->id;
+  f.new_id = (char *)new_id;
+  f.at_position = at_position;
+  req.body_case = COMMITKV__V1__REQUEST__BODY_FORK_SESSION;
+  req.fork_session = &f;
+  Commitkv__V1__Response *rep;
+  int r = ckv_rpc(parent->c, &req, &rep);
+  if (r < 0) return r;
+  return session_from_reply(parent->c, new_id, rep, ret);
+}
+
+uint64_t ckv_session_matched_tokens(const ckv_session *s) { return s ? s->matched_tokens : 0; }
+
+int ckv_client_lookup_prefix(ckv_client *c, const uint32_t *token_ids, size_t n, const char *model_id,
+                             const char *model_revision, uint64_t *ret_matched) {
+  if (!c || !ret_matched || (n && !token_ids) || n > SIZE_MAX / 4) return CKV_ERR_INVALID;
+  Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
+  Commitkv__V1__LookupPrefix l = COMMITKV__V1__LOOKUP_PREFIX__INIT;
+  l.token_ids.data = (uint8_t *)token_ids;
+  l.token_ids.len = n * 4;
+  l.model_id = (char *)(model_id ? model_id : "");
+  l.model_revision = (char *)(model_revision ? model_revision : "");
+  req.body_case = COMMITKV__V1__REQUEST__BODY_LOOKUP_PREFIX;
+  req.lookup_prefix = &l;
+  Commitkv__V1__Response *rep;
+  int r = ckv_rpc(c, &req, &rep);
+  if (r < 0) return r;
+  if (rep->body_case != COMMITKV__V1__RESPONSE__BODY_PREFIX_MATCH)
+    r = CKV_ERR_PROTO;
+  else
+    *ret_matched = rep->prefix_match->matched_tokens;
+  ckv_rpc_free(rep);
+  return r;
 }
 
 int ckv_session_restore(ckv_client *c, const char *id, const char *name, const ckv_session_options *opt,

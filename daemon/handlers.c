@@ -46,6 +46,8 @@
 #include "store/cold.h"
 #include "store/compressor.h"
 #include "store/moves.h"
+#include "store/prefix.h"
+#include "store/shared.h"
 #include "store/session.h"
 #include "store/store.h"
 #include "store/tenant.h"
@@ -253,6 +255,10 @@ static int restore_session(ckv_server *s, ckv_conn *c, const Commitkv__V1__Reque
                            const char *name, const char *model_id, const char *model_revision,
                            const Commitkv__V1__Geometry *geom, bool resume, reply_ctx *x);
 
+static int prefix_ids(ckv_server *s, const ProtobufCBinaryData *b, const char *what, const uint32_t **ret,
+                      size_t *ret_n, reply_ctx *x);
+static void *column(ckv_server *s, const ProtobufCBinaryData *b);
+
 static int h_open(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, reply_ctx *x) {
   const Commitkv__V1__OpenSession *o = req->open_session;
   if (!c->tenant) return fail(x, CKV_ERR_AUTH, "this client is attached without a tenant (admin only)");
@@ -278,6 +284,7 @@ static int h_open(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
   if (pr < 0) return pr;
   if (pid == CKV_POLICY_KIVI2 || pid == CKV_POLICY_KIVI4) params.rotate = 0; /* the baselines stay KIVI's */
   const char *policy = ckv_policy_names[pid];
+  int r0;
   char key[256];
   ckv_store_session_key(c->tenant, o->session_id, key, sizeof(key));
   ckv_srv_session *sess = ckv_strmap_get(s->store.sessions, key);
@@ -307,6 +314,10 @@ static int h_open(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
   }
   if (sess) return fail(x, CKV_ERR_EXISTS, "session '%s' exists (use resume to attach to it)", o->session_id);
   if (!o->geometry) return fail(x, CKV_ERR_INVALID, "OpenSession needs a geometry");
+  const uint32_t *reuse_ids = NULL;
+  size_t n_reuse = 0;
+  if (o->reuse_prefix && (r0 = prefix_ids(s, &o->token_ids, "open_session.token_ids", &reuse_ids, &n_reuse, x)) < 0)
+    return r0;
   ckv_geometry g = {o->geometry->n_layers, o->geometry->n_kv_heads, o->geometry->head_dim,
                     (uint32_t)o->geometry->dtype};
   uint32_t dt = o->geometry->draft_block_tokens ? o->geometry->draft_block_tokens : s->opt.draft_block_tokens;
@@ -334,9 +345,97 @@ static int h_open(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
     return fail(x, r, "cannot open session '%s': %s", o->session_id, err);
   }
   ckv_autosave_session_new(&s->persist, sess, false); /* a crash copy of an earlier session of this id goes */
-  ckv_log(CKV_LOG_INFO, "session-open", c->tenant->name, sess->id, "%u layers x %u kv heads x %u dims, policy %s",
-          g.n_layers, g.n_kv_heads, g.head_dim, policy);
-  return opened_reply(s, sess, false, x);
+  size_t matched = 0;
+  if (n_reuse && (r = ckv_prefix_attach(sess, reuse_ids, n_reuse, &matched)) < 0) {
+    ckv_store_drop_session(&s->store, sess);
+    return fail(x, r, "cannot open session '%s' on a shared prefix: %s", o->session_id, ckv_strerror(r));
+  }
+  ckv_log(CKV_LOG_INFO, "session-open", c->tenant->name, sess->id,
+          "%u layers x %u kv heads x %u dims, policy %s%s%zu of %zu prefix tokens shared", g.n_layers, g.n_kv_heads,
+          g.head_dim, policy, o->reuse_prefix ? ", " : "", matched, n_reuse);
+  if ((r = opened_reply(s, sess, false, x)) < 0) return r;
+  x->rep->session_opened->matched_tokens = matched;
+  return CKV_OK;
+}
+
+/* A token_ids column of a prefix request: n x uint32, n <= the per-session
+ * token cap; copied out of the (possibly unaligned) message. */
+static int prefix_ids(ckv_server *s, const ProtobufCBinaryData *b, const char *what, const uint32_t **ret,
+                      size_t *ret_n, reply_ctx *x) {
+  if (b->len % 4) return fail(x, CKV_ERR_INVALID, "%s must hold uint32 values (%zu bytes)", what, b->len);
+  size_t n = b->len / 4;
+  if (n > s->opt.max_tokens_per_session)
+    return fail(x, CKV_ERR_LIMIT, "%s holds %zu tokens, more than max_tokens_per_session (%llu)", what, n,
+                (unsigned long long)s->opt.max_tokens_per_session);
+  const uint32_t *ids = column(s, b);
+  if (n && !ids) return -ENOMEM;
+  *ret = ids;
+  *ret_n = n;
+  return CKV_OK;
+}
+
+static int h_lookup_prefix(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, reply_ctx *x) {
+  const Commitkv__V1__LookupPrefix *l = req->lookup_prefix;
+  if (!c->tenant) return fail(x, CKV_ERR_AUTH, "this client is attached without a tenant (admin only)");
+  int r = check_model_name("model_id", l->model_id, x);
+  if (r == CKV_OK) r = check_model_name("model_revision", l->model_revision, x);
+  const uint32_t *ids = NULL;
+  size_t n = 0;
+  if (r == CKV_OK) r = prefix_ids(s, &l->token_ids, "lookup_prefix.token_ids", &ids, &n, x);
+  if (r < 0) return r;
+  Commitkv__V1__PrefixMatch *m = NEW(s, Commitkv__V1__PrefixMatch, COMMITKV__V1__PREFIX_MATCH__INIT);
+  if (!m) return -ENOMEM;
+  m->matched_tokens = n ? ckv_prefix_lookup(c->tenant, str_or_empty(l->model_id), str_or_empty(l->model_revision), ids, n)
+                        : 0;
+  x->rep->body_case = COMMITKV__V1__RESPONSE__BODY_PREFIX_MATCH;
+  x->rep->prefix_match = m;
+  return CKV_OK;
+}
+
+static int h_fork(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, reply_ctx *x) {
+  const Commitkv__V1__ForkSession *f = req->fork_session;
+  ckv_srv_session *parent, *child = NULL;
+  /* any client of the tenant may fork (a sub-agent may run in another process) */
+  int r = find_session(s, c, f->parent_id, /* need_owner= */ false, &parent, x);
+  if (r < 0) return r;
+  if (parent->quarantined) return quarantined(parent, x);
+  if (ckv_wire_check_session_id(f->new_id) < 0)
+    return fail(x, CKV_ERR_INVALID, "new_id must be 1..128 characters of [A-Za-z0-9._:-]");
+  if (ckv_store_session(&s->store, c->tenant, f->new_id))
+    return fail(x, CKV_ERR_EXISTS, "session '%s' exists", f->new_id);
+  if (c->tenant->n_sessions >= c->tenant->max_sessions)
+    return fail(x, CKV_ERR_LIMIT, "tenant '%s' has its maximum of %u sessions", c->tenant->name,
+                c->tenant->max_sessions);
+  uint64_t at = f->at_position ? f->at_position : parent->reported_tokens;
+  if (at == 0) return fail(x, CKV_ERR_INVALID, "session '%s' has no reported tokens to fork from", parent->id);
+  if (at > parent->tokens.n)
+    return fail(x, CKV_ERR_RANGE, "at_position %llu is beyond the parent's %zu tokens", (unsigned long long)at,
+                parent->tokens.n);
+  ckv_store_settle_session(&s->store, parent); /* moves in flight land first: their tokens' blocks are known */
+  r = ckv_srv_session_new(f->new_id, c->tenant, &parent->geom, parent->draft_tokens, parent->commit_tokens,
+                          parent->policy, &parent->params, &s->store.next_block_id, &child);
+  if (r < 0) return fail(x, r, "cannot create session: %s", ckv_strerror(r));
+  snprintf(child->model_id, sizeof child->model_id, "%s", parent->model_id);
+  snprintf(child->model_revision, sizeof child->model_revision, "%s", parent->model_revision);
+  if ((r = ckv_store_add_session(&s->store, child, c->id)) < 0) return fail(x, r, "out of memory");
+  char err[320];
+  if ((r = ckv_persist_begin_conversation(&s->persist, child, err, sizeof err)) < 0) {
+    ckv_store_drop_session(&s->store, child);
+    return fail(x, r, "cannot open session '%s': %s", f->new_id, err);
+  }
+  ckv_autosave_session_new(&s->persist, child, false);
+  size_t shared = 0;
+  if ((r = ckv_prefix_fork(parent, child, (size_t)at, &shared, err, sizeof err)) < 0) {
+    ckv_store_drop_session(&s->store, child);
+    if (r == CKV_ERR_STATE || r == CKV_ERR_UNSUPPORTED)
+      return fail(x, r, "cannot fork session '%s' at %llu: %s", parent->id, (unsigned long long)at, err);
+    return fail(x, r, "cannot fork session '%s': %s", parent->id, ckv_strerror(r));
+  }
+  ckv_log(CKV_LOG_INFO, "session-fork", c->tenant->name, child->id, "forked from '%s' at %llu (%zu tokens shared)",
+          parent->id, (unsigned long long)at, shared);
+  if ((r = opened_reply(s, child, false, x)) < 0) return r;
+  x->rep->session_opened->matched_tokens = shared;
+  return CKV_OK;
 }
 
 /* Copy a packed little-endian column out of a (possibly unaligned) bytes field. */
@@ -429,6 +528,7 @@ static int h_append(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req
     return fail(x, r, "tenant '%s' quota of %llu bytes reached (%llu used)", c->tenant->name,
                 (unsigned long long)c->tenant->quota_bytes, (unsigned long long)c->tenant->bytes_used);
   if (r < 0) return fail(x, r, "append failed: %s", ckv_strerror(r));
+  ckv_prefix_note_append(sess, first, n, ids); /* content keys of its blocks (store/prefix.h) */
   t->first_position = first;
   t->count = n;
   t->epoch = sess->epoch;
@@ -498,6 +598,10 @@ static int h_report(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req
     if (tr < 0)
       ckv_log(CKV_LOG_WARNING, "trace", sess->tenant->name, sess->id, "trace stopped: %s", ckv_strerror(tr));
   }
+  /* Blocks the worker is now past can be matched by other sessions (before
+   * the judge: a block published now is planned as shared only when another
+   * session holds it too). */
+  ckv_prefix_publish(sess);
   ckv_transition_list decided = {0};
   r = ckv_moves_round(sess, s->store.compressor, (uint32_t)rr->round, &decided);
   for (size_t i = 0; i < decided.n; i++) c->tenant->recycle_runs += decided.v[i].to == CKV_STATE_RECYCLED;
@@ -1143,11 +1247,12 @@ static int h_stats(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req,
   st->arenas = ckv_wire_alloc(&s->out, (nt + 1) * sizeof(*st->arenas));
   if (!st->tenants || !st->arenas) return -ENOMEM;
   uint64_t all_tok[4] = {0}, all_bytes[5] = {0}, detached = 0, sessions = 0, clients = 0;
+  uint64_t all_shared_tok = 0, all_shared_bytes = 0;
   ckv_cold_figures all_cold = {0};
   for (size_t i = 0; i < s->store.n_tenants; i++) {
     ckv_tenant *t = s->store.tenants[i];
     if (!(c->admin || t == c->tenant)) continue;
-    uint64_t tok[4] = {0}, bytes[5] = {0};
+    uint64_t tok[4] = {0}, bytes[5] = {0}, shared_tok = 0;
     ckv_cold_figures cold = {0};
     size_t cur = 0;
     ckv_srv_session *sess;
@@ -1155,12 +1260,23 @@ static int h_stats(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req,
       if (sess->tenant != t) continue;
       ckv_srv_session_figures(sess, tok, bytes);
       ckv_cold_figures_add(sess, &cold);
+      shared_tok += ckv_prefix_session_shared_tokens(sess);
       if (!sess->owner) detached++;
     }
     Commitkv__V1__TenantStats *ts = NEW(s, Commitkv__V1__TenantStats, COMMITKV__V1__TENANT_STATS__INIT);
     Commitkv__V1__ArenaStats *as = NEW(s, Commitkv__V1__ArenaStats, COMMITKV__V1__ARENA_STATS__INIT);
+    /* shared blocks are in every holder's figures: the tenant holds them once */
+    ckv_prefix_figures pf;
+    ckv_prefix_tenant_figures(t, &pf);
+    bytes[0] -= pf.excess_bytes < bytes[0] ? pf.excess_bytes : bytes[0];
+    bytes[3] -= pf.excess_bytes < bytes[3] ? pf.excess_bytes : bytes[3];
     if (!ts || !as || !(ts->tokens = token_counts(s, tok, &cold)) || !(ts->bytes = byte_counts(s, bytes, &cold)))
       return -ENOMEM;
+    ts->bytes->shared = pf.shared_bytes;
+    ts->tokens->shared = shared_tok;
+    ts->dedup_ratio = bytes[3] ? (double)bytes[4] / (double)bytes[3] : 0.0;
+    all_shared_tok += shared_tok;
+    all_shared_bytes += pf.shared_bytes;
     ts->name = t->name;
     ts->sessions = t->n_sessions;
     ts->clients = t->n_clients;
@@ -1190,6 +1306,8 @@ static int h_stats(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req,
   if (c->admin) clients = ckv_strmap_size(s->conns);
   if (!(st->tokens = token_counts(s, all_tok, &all_cold)) || !(st->bytes = byte_counts(s, all_bytes, &all_cold)))
     return -ENOMEM;
+  st->tokens->shared = all_shared_tok;
+  st->bytes->shared = all_shared_bytes;
   st->sessions = sessions;
   st->clients = clients;
   st->requests = s->counters.requests;
@@ -1265,6 +1383,8 @@ static int h_list(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
     if (!i || !(i->tokens = token_counts(s, tok, &cold)) || !(i->bytes = byte_counts(s, bytes, &cold)) ||
         !(i->geometry = geometry_msg(s, sess)))
       return -ENOMEM;
+    i->tokens->shared = ckv_prefix_session_shared_tokens(sess);
+    i->bytes->shared = ckv_prefix_session_shared_bytes(sess);
     i->session_id = sess->id;
     i->recalled_blocks = cold.recalled_blocks;
     i->recalled_tokens = cold.recalled_tokens;
@@ -1337,6 +1457,7 @@ static const char *acquire_session_id(const Commitkv__V1__Request *r) { return r
 static const char *view_session_id(const Commitkv__V1__Request *r) { return r->get_view->session_id; }
 static const char *save_session_id(const Commitkv__V1__Request *r) { return r->save_session->session_id; }
 static const char *close_session_id(const Commitkv__V1__Request *r) { return r->close_session->session_id; }
+static const char *fork_parent_id(const Commitkv__V1__Request *r) { return r->fork_session->parent_id; }
 
 /* Drop, Restore, Stats and the lists name no session the tier must bring
  * back: a dropped session's file goes with it (ckv_tier_forget). */
@@ -1359,6 +1480,9 @@ static const handler_entry k_handlers[] = {
     {COMMITKV__V1__REQUEST__BODY_HEARTBEAT, "heartbeat", h_heartbeat, 0, NULL},
     {COMMITKV__V1__REQUEST__BODY_STATUS, "status", h_status, 0, NULL},
     {COMMITKV__V1__REQUEST__BODY_LIST_SNAPSHOTS, "list_snapshots", h_list_snapshots, 0, NULL},
+    {COMMITKV__V1__REQUEST__BODY_LOOKUP_PREFIX, "lookup_prefix", h_lookup_prefix, 0, NULL},
+    /* the parent's K/V must be resident: it comes back from a tier first */
+    {COMMITKV__V1__REQUEST__BODY_FORK_SESSION, "fork_session", h_fork, H_KV, fork_parent_id},
 };
 
 /* The disk tier first: a session on disk (or in the remote store) comes back

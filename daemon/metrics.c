@@ -435,6 +435,19 @@ int ckv_metrics_format(const ckv_metrics_snapshot *snap, char **ret_text, size_t
     for (int t = 0; t < CKV_METRICS_TIERS; t++)
       sample_u64(f, "commitkv_tier_miss_tokens_total",
                  (const char *const[]){"tenant", ts[i].name, "tier", k_tier_names[t], NULL}, ts[i].miss_tokens_total[t]);
+  family(f, "commitkv_prefix_lookup_tokens_total", "counter",
+         "Tokens whose shared prefix was looked up (LookupPrefix, OpenSession with reuse_prefix).");
+  for (size_t i = 0; i < nt; i++)
+    sample_u64(f, "commitkv_prefix_lookup_tokens_total", (const char *const[]){"tenant", ts[i].name, NULL},
+               ts[i].prefix_lookup_tokens_total);
+  family(f, "commitkv_prefix_hit_tokens_total", "counter",
+         "Of the tokens looked up, those matched by shared blocks (no prefill needed).");
+  for (size_t i = 0; i < nt; i++)
+    sample_u64(f, "commitkv_prefix_hit_tokens_total", (const char *const[]){"tenant", ts[i].name, NULL},
+               ts[i].prefix_hit_tokens_total);
+  family(f, "commitkv_shared_bytes", "gauge", "Bytes of blocks shared by more than one session, each counted once.");
+  for (size_t i = 0; i < nt; i++)
+    sample_u64(f, "commitkv_shared_bytes", (const char *const[]){"tenant", ts[i].name, NULL}, ts[i].shared_bytes);
   family(f, "commitkv_tier_offloads_total", "counter", "Sessions moved down into a tier (idle past disk_idle).");
   for (size_t i = 0; i < nt; i++)
     for (int t = 1; t < CKV_METRICS_TIERS; t++)

@@ -123,6 +123,11 @@ typedef struct ckv_metrics_tenant {
   /* Sessions moved down into a tier and brought back out of it (tier.h). */
   uint64_t offloads_total[CKV_METRICS_TIERS], restores_total[CKV_METRICS_TIERS];
   uint64_t pressure_moves_total[CKV_METRICS_TIERS]; /* of the offloads, those for a short quota */
+  /* Shared prefixes (store/prefix.h): tokens asked for by LookupPrefix and
+   * OpenSession reuse_prefix, the tokens of them matched, and the bytes of
+   * blocks shared by more than one session now (each once). */
+  uint64_t prefix_lookup_tokens_total, prefix_hit_tokens_total;
+  uint64_t shared_bytes;
   uint64_t compress_pending_tokens;          /* transitions decided but not yet compressed */
   uint64_t errors_total[CKV_METRICS_ERRORS]; /* error replies by code (ckv_metrics_error_index) */
   ckv_metrics_histogram round_latency;       /* filled by ckv_metrics_fill_histograms */

@@ -18,6 +18,7 @@
 #include "store/compressor.h"
 #include "store/moves.h"
 #include "store/session.h"
+#include "store/shared.h"
 #include "store/tenant.h"
 
 void ckv_server_publish_metrics(ckv_server *s) {
@@ -106,6 +107,11 @@ void ckv_server_publish_metrics(ckv_server *s) {
     m->restores_total[CKV_METRICS_TIER_REMOTE] = d.remote_restores;
     m->pressure_moves_total[CKV_METRICS_TIER_DISK] = d.pressure_moves;
     m->recycles_total = t->recycle_runs;
+    ckv_prefix_figures pf;
+    ckv_prefix_tenant_figures(t, &pf);
+    m->prefix_lookup_tokens_total = pf.lookup_tokens;
+    m->prefix_hit_tokens_total = pf.hit_tokens;
+    m->shared_bytes = pf.shared_bytes;
     memcpy(m->errors_total, t->errors, sizeof(m->errors_total));
     uint64_t gone[4][4];
     memcpy(gone, t->transitions_gone, sizeof(gone));

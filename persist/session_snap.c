@@ -12,6 +12,8 @@
 #include "commitkv/status.h"
 #include "store/blockmem.h"
 #include "store/session.h"
+#include "store/prefix.h"
+#include "store/shared.h"
 #include "persist/snapshot.h"
 #include "store/tenant.h"
 #include "lifecycle/policy.h"
@@ -240,6 +242,24 @@ static int restore(const ckv_snap *snap, const char *id, ckv_tenant *t, const ck
                  sb->index, (unsigned long long)sb->arena_offset, (unsigned long long)sb->bytes);
         goto bad;
       }
+      /* A block two sessions shared (store/prefix.h): the first one put it
+       * back, the others point at it. */
+      ckv_pblock *pb = ckv_prefix_at_offset(t, sb->arena_offset);
+      if (pb) {
+        uint32_t got;
+        if (sb->format != CKV_FORMAT_DRAFT || sb->bytes != pb->bytes || sb->capacity != pb->capacity) {
+          r = ckv_fail(err, errlen, CKV_ERR_CORRUPT, "block %u at offset %llu is another session's block of another shape",
+                       sb->index, (unsigned long long)sb->arena_offset);
+          goto bad;
+        }
+        if ((r = ckv_srv_session_link_block(s, pb, sb->index, &got)) < 0) {
+          ckv_fail(err, errlen, r, "cannot share block %u: %s", sb->index, ckv_strerror(r));
+          goto bad;
+        }
+        s->blocks[sb->index].used = sb->used;
+        s->blocks[sb->index].refs = refs[sb->index];
+        continue;
+      }
       t->claim.pending = true;
       t->claim.offset = sb->arena_offset;
       t->claim.slab_offset = sb->slab_offset;
@@ -269,7 +289,13 @@ static int restore(const ckv_snap *snap, const char *id, ckv_tenant *t, const ck
     ((ckv_block_header *)meta)->n_valid = refs[sb->index];
     b->used = sb->used;
     b->refs = refs[sb->index];
-    if (kept) continue; /* the payload is where it was: the arena outlived the daemon */
+    if (kept) { /* the payload is where it was: the arena outlived the daemon */
+      if ((r = ckv_prefix_note_claim(s, sb->index)) < 0) {
+        ckv_fail(err, errlen, r, "out of memory noting block %u", sb->index);
+        goto bad;
+      }
+      continue;
+    }
     ckv_meta_write w = {.offset = b->offset + head, .src = sb->payload, .bytes = sb->bytes - head};
     if ((r = t->mem->write(ckv_tenant_ptr(t, 0), &w, 1)) < 0) {
       ckv_fail(err, errlen, r, "writing block %u into the arena: %s", sb->index, ckv_strerror(r));

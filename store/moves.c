@@ -9,6 +9,7 @@
 
 #include "commitkv/status.h"
 #include "store/compressor.h"
+#include "store/prefix.h"
 #include "common/log.h"
 #include "store/session.h"
 #include "store/tenant.h"
@@ -245,7 +246,8 @@ static bool commits(const ckv_srv_session *s, size_t p) {
 static bool wants_staged(const ckv_srv_session *s, size_t p) {
   const ckv_tokens *t = &s->tokens;
   return !(t->flags[p] & CKV_TOKEN_PENDING) && t->state[p] != CKV_STATE_DRAFT &&
-         (t->state[p] != CKV_STATE_RECYCLED || commits(s, p)) && physical_format(s, p) == CKV_FORMAT_DRAFT;
+         (t->state[p] != CKV_STATE_RECYCLED || commits(s, p)) && physical_format(s, p) == CKV_FORMAT_DRAFT &&
+         !ckv_prefix_is_frozen(s, t->block[p]);
 }
 
 static bool wants_commit(const ckv_srv_session *s, size_t p) {
@@ -283,12 +285,17 @@ static int plan(ckv_srv_session *s, ckv_compressor *c, bool flush, bool *ret_def
   uint64_t lagging = 0;
   for (size_t p = from; p < t->n; p++) {
     if (t->state[p] == CKV_STATE_RECYCLED && !demotes(s)) {
-      if (t->block[p] != CKV_NO_BLOCK && !(t->flags[p] & CKV_TOKEN_PENDING)) recycle_now(s, p);
+      if (t->block[p] != CKV_NO_BLOCK && !(t->flags[p] & CKV_TOKEN_PENDING) && !ckv_prefix_frozen(s, t->block[p]))
+        recycle_now(s, p);
       continue;
     }
     if (t->state[p] == CKV_STATE_DRAFT || (t->flags[p] & CKV_TOKEN_PENDING) || t->block[p] == CKV_NO_BLOCK) continue;
     /* staged, committed or demoted, not moving: wants_staged, wants_commit and the lag at one look */
     uint32_t f = physical_format(s, p);
+    if (ckv_prefix_frozen(s, t->block[p])) { /* in a shared block: its bytes stay as they are (prefix.h) */
+      lagging++;
+      continue;
+    }
     bool committed = t->state[p] != CKV_STATE_STAGED;
     to_staged += f == CKV_FORMAT_DRAFT;
     ready += committed && f == CKV_FORMAT_STAGED;
@@ -859,7 +866,7 @@ int ckv_moves_reclaim(ckv_srv_session *s, ckv_compressor *c, uint64_t need, ckv_
   size_t nc = 0;
   uint32_t round = (uint32_t)s->last_round;
   for (size_t p = 0; p < end; p++) {
-    if (t->flags[p] & CKV_TOKEN_PENDING) continue;
+    if ((t->flags[p] & CKV_TOKEN_PENDING) || ckv_prefix_frozen(s, t->block[p])) continue; /* shared: not ours to drop */
     if (is_cold(s, p)) { /* demoted tokens go first, oldest first: the quota rule drops them */
       cand[nc++] = (valued){-1.f, (uint32_t)p};
       continue;

@@ -10,6 +10,7 @@
 
 #include "commitkv/status.h"
 #include "store/blockmem.h"
+#include "store/shared.h"
 #include "store/tenant.h"
 #include "kernels/kernels.h"
 
@@ -121,16 +122,26 @@ static void drop_meta(ckv_sblock *b) {
   b->meta = NULL;
 }
 
+/* A block leaves this session for good: back to the allocator, or, when it
+ * is shared (prefix.h), one holder fewer. */
+static void give_back(ckv_srv_session *s, uint64_t offset, uint64_t bytes, uint32_t format, ckv_pblock *pb) {
+  if (pb)
+    ckv_prefix_unref(s->tenant, pb);
+  else
+    ckv_tenant_block_free(s->tenant, offset, bytes, format);
+}
+
 ckv_srv_session *ckv_srv_session_free(ckv_srv_session *s) {
   if (!s) return NULL;
   for (size_t i = 0; i < s->n_blocks; i++) {
     if (s->blocks[i].format != CKV_BLOCK_UNUSED)
-      ckv_tenant_block_free(s->tenant, s->blocks[i].offset, s->blocks[i].bytes, s->blocks[i].format);
+      give_back(s, s->blocks[i].offset, s->blocks[i].bytes, s->blocks[i].format, s->blocks[i].shared);
     drop_meta(&s->blocks[i]);
   }
   dirty_unlist(s);
   free(s->dirty);
   ckv_srv_session_release_retired(s);
+  ckv_prefix_chain_free(s->chain);
   ckv_tokens_done(&s->tokens);
   if (s->ids) {
     free(s->ids->keys);
@@ -149,10 +160,12 @@ uint64_t ckv_srv_session_evict_blocks(ckv_srv_session *s) {
   uint64_t freed = ckv_srv_session_release_retired(s);
   for (size_t i = 0; i < s->n_blocks; i++) {
     if (s->blocks[i].format != CKV_BLOCK_UNUSED) {
-      ckv_tenant_block_free(s->tenant, s->blocks[i].offset, s->blocks[i].bytes, s->blocks[i].format);
-      freed += s->blocks[i].bytes;
+      /* a shared block stays for its other holders: it frees nothing here */
+      if (!s->blocks[i].shared || s->blocks[i].shared->holders == 1) freed += s->blocks[i].bytes;
+      give_back(s, s->blocks[i].offset, s->blocks[i].bytes, s->blocks[i].format, s->blocks[i].shared);
     }
     drop_meta(&s->blocks[i]);
+    s->blocks[i].shared = NULL;
     s->blocks[i].format = CKV_BLOCK_UNUSED;
   }
   dirty_unlist(s);
@@ -201,6 +214,7 @@ int ckv_srv_session_flush_meta(ckv_srv_session *s) {
   for (size_t i = 0; i < s->n_dirty; i++) {
     const ckv_sblock *b = &s->blocks[s->dirty[i]];
     if (b->format == CKV_BLOCK_UNUSED || !b->meta) continue; /* retired since: nothing to write */
+    if (ckv_pblock_frozen(b->shared)) continue; /* shared: read-only to every session (never dirtied) */
     uint64_t head = ckv_block_payload_offset(b->capacity);
     /* A new committed block's payload starts with its seal word and channel
      * masks, which must read zero (ckv_block_init); draft and staged payloads
@@ -346,6 +360,37 @@ int ckv_srv_session_restore_block(ckv_srv_session *s, uint32_t index, uint32_t f
   return CKV_OK;
 }
 
+int ckv_srv_session_link_block(ckv_srv_session *s, ckv_pblock *pb, uint32_t index, uint32_t *ret_index) {
+  uint32_t idx = index;
+  int r;
+  if (index == CKV_NO_BLOCK) {
+    if ((r = table_slot(s, &idx)) < 0) return r;
+  } else {
+    while (s->n_blocks <= index) { /* restore: grow the table with unused entries */
+      s->n_free_idx = 0; /* rebuilt by ckv_srv_session_restore_free_list */
+      if ((r = table_slot(s, &idx)) < 0) return r;
+    }
+    idx = index;
+    if (s->blocks[idx].format != CKV_BLOCK_UNUSED) return CKV_ERR_INVALID;
+  }
+  size_t head = ckv_block_payload_offset(pb->capacity);
+  uint8_t *meta = malloc(head);
+  if (!meta) {
+    if (index == CKV_NO_BLOCK) s->free_idx[s->n_free_idx++] = idx;
+    return -ENOMEM;
+  }
+  memcpy(meta, pb->meta, head);
+  ckv_sblock *b = &s->blocks[idx];
+  uint8_t meta_state = b->meta_state; /* a retired entry may still sit on the dirty list */
+  *b = (ckv_sblock){.id = pb->id, .offset = pb->offset, .bytes = pb->bytes, .format = CKV_FORMAT_DRAFT,
+                    .capacity = pb->capacity, .used = pb->capacity, .refs = pb->capacity,
+                    .meta_state = meta_state, .meta = meta, .shared = pb};
+  ckv_prefix_hold(s->tenant, pb);
+  s->epoch++; /* the block set changed */
+  *ret_index = idx;
+  return CKV_OK;
+}
+
 void ckv_srv_session_restore_free_list(ckv_srv_session *s) {
   s->n_free_idx = 0;
   for (size_t i = s->n_blocks; i-- > 0;)
@@ -381,7 +426,7 @@ size_t ckv_srv_session_max_runs(const ckv_srv_session *s, uint32_t count) { retu
 
 uint64_t ckv_srv_session_append_bytes(const ckv_srv_session *s, uint32_t count) {
   uint32_t cur = s->fill[CKV_FILL_DRAFT];
-  uint32_t room = cur == CKV_NO_BLOCK ? 0 : s->blocks[cur].capacity - s->blocks[cur].used;
+  uint32_t room = cur == CKV_NO_BLOCK || s->blocks[cur].shared ? 0 : s->blocks[cur].capacity - s->blocks[cur].used;
   uint64_t new_blocks = count > room ? (count - room + s->draft_tokens - 1) / s->draft_tokens : 0;
   return new_blocks * block_bytes(s, CKV_FORMAT_DRAFT);
 }
@@ -409,7 +454,8 @@ int ckv_srv_session_append(ckv_srv_session *s, uint32_t count, const uint8_t *ro
   size_t n_runs = 0;
   for (uint32_t done = 0; done < count;) {
     uint32_t cur = s->fill[CKV_FILL_DRAFT];
-    if (cur == CKV_NO_BLOCK || s->blocks[cur].used == s->blocks[cur].capacity) {
+    /* a shared block is never written: appends go to a block of our own */
+    if (cur == CKV_NO_BLOCK || s->blocks[cur].used == s->blocks[cur].capacity || s->blocks[cur].shared) {
       uint32_t idx;
       r = ckv_srv_session_new_block(s, CKV_FORMAT_DRAFT, &idx);
       if (r < 0) return r; /* only on arena exhaustion, which would_fit rules out */
@@ -481,12 +527,13 @@ void ckv_srv_session_retire_block(ckv_srv_session *s, uint32_t idx) {
   s->epoch++;
   for (int i = 0; i < CKV_FILL_COUNT; i++)
     if (s->fill[i] == idx) s->fill[i] = CKV_NO_BLOCK;
-  ckv_retired rt = {.offset = b->offset, .bytes = b->bytes, .format = b->format, .epoch = s->epoch};
+  ckv_retired rt = {.offset = b->offset, .bytes = b->bytes, .format = b->format, .epoch = s->epoch, .shared = b->shared};
   if (s->n_free_idx < s->cap_blocks) s->free_idx[s->n_free_idx++] = idx;
   if (s->owner == 0) { /* nobody can be reading: free now */
     drop_meta(b);
     b->format = CKV_BLOCK_UNUSED;
-    ckv_tenant_block_free(s->tenant, rt.offset, rt.bytes, rt.format);
+    b->shared = NULL;
+    give_back(s, rt.offset, rt.bytes, rt.format, rt.shared);
     return;
   }
   if (s->n_retired == s->cap_retired) {
@@ -501,6 +548,7 @@ void ckv_srv_session_retire_block(ckv_srv_session *s, uint32_t idx) {
   }
   drop_meta(b); /* the daemon writes a retired block no more */
   b->format = CKV_BLOCK_UNUSED;
+  b->shared = NULL; /* the retired entry holds it now */
   s->retired[s->n_retired++] = rt;
 }
 
@@ -512,8 +560,8 @@ int ckv_srv_session_ack(ckv_srv_session *s, uint64_t epoch, uint64_t *ret_reclai
   for (size_t i = 0; i < s->n_retired; i++) {
     ckv_retired *rt = &s->retired[i];
     if (rt->epoch <= s->acked_epoch) {
-      ckv_tenant_block_free(s->tenant, rt->offset, rt->bytes, rt->format);
-      reclaimed += rt->bytes;
+      if (!rt->shared || rt->shared->holders == 1) reclaimed += rt->bytes;
+      give_back(s, rt->offset, rt->bytes, rt->format, rt->shared);
     } else {
       s->retired[keep++] = *rt;
     }
@@ -526,8 +574,9 @@ int ckv_srv_session_ack(ckv_srv_session *s, uint64_t epoch, uint64_t *ret_reclai
 uint64_t ckv_srv_session_release_retired(ckv_srv_session *s) {
   uint64_t reclaimed = 0;
   for (size_t i = 0; i < s->n_retired; i++) {
-    ckv_tenant_block_free(s->tenant, s->retired[i].offset, s->retired[i].bytes, s->retired[i].format);
-    reclaimed += s->retired[i].bytes;
+    const ckv_retired *rt = &s->retired[i];
+    if (!rt->shared || rt->shared->holders == 1) reclaimed += rt->bytes;
+    give_back(s, rt->offset, rt->bytes, rt->format, rt->shared);
   }
   s->n_retired = 0;
   return reclaimed;

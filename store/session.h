@@ -23,6 +23,8 @@
 #include "lifecycle/tokens.h"
 
 typedef struct ckv_tenant ckv_tenant;
+typedef struct ckv_pblock ckv_pblock;
+typedef struct ckv_prefix_chain ckv_prefix_chain;
 
 #define CKV_SESSION_ID_MAX 128
 #define CKV_SESSION_MODEL_MAX 128 /* model id and revision (OpenSession.model_id / model_revision) */
@@ -38,6 +40,10 @@ typedef struct ckv_sblock {
   uint16_t refs;    /* slots valid or reserved */
   uint8_t meta_state; /* CKV_META_*: state of the private shadow of the header region */
   uint8_t *meta;    /* private shadow of the header region: the daemon never reads the arena's */
+  /* Not NULL: the arena block is a shared one (store/prefix.h) that other
+   * sessions' tables may point at too; it goes back to the allocator only
+   * when its last holder lets go.  The daemon never writes it while shared. */
+  ckv_pblock *shared;
 } ckv_sblock;
 
 /* ckv_sblock.meta_state: the shadow matches the arena, differs from it, or
@@ -49,6 +55,7 @@ typedef struct ckv_retired {
   uint64_t offset, bytes;
   uint8_t format;
   uint64_t epoch; /* freed once the reader acked this epoch */
+  ckv_pblock *shared; /* a shared block: one holder fewer then (prefix.h), not a free */
 } ckv_retired;
 
 /* A run of consecutive slots handed out by ckv_srv_session_append. */
@@ -158,6 +165,8 @@ typedef struct ckv_srv_session {
   size_t reported_tokens;
   uint64_t autosave_mark, autosave_ms;
   uint64_t autosave_dirty_ms; /* when it first differed from its last autosave copy (0: it does not) */
+  /* Content keys of its draft blocks (store/prefix.h); NULL until first needed. */
+  ckv_prefix_chain *chain;
 } ckv_srv_session;
 
 /* Validate a geometry against the format limits; fills default block sizes.
@@ -232,6 +241,11 @@ int ckv_srv_session_flush_meta(ckv_srv_session *s);
  * The entry must be unused.  CKV_ERR_QUOTA / CKV_ERR_NOSPACE / -ENOMEM /
  * CKV_ERR_INVALID. */
 int ckv_srv_session_restore_block(ckv_srv_session *s, uint32_t index, uint32_t format);
+/* Points table entry `index` (CKV_NO_BLOCK: any free one) at shared block
+ * pb: one more holder, the same offset and id, a clean copy of pb's header
+ * shadow, every slot in use.  The caller adds the tokens.  CKV_OK, -ENOMEM
+ * or CKV_ERR_INVALID (the entry is in use). */
+int ckv_srv_session_link_block(ckv_srv_session *s, ckv_pblock *pb, uint32_t index, uint32_t *ret_index);
 /* After the restored blocks are placed: every unused table entry becomes free. */
 void ckv_srv_session_restore_free_list(ckv_srv_session *s);
 /* The token-id counts of the semantic estimate as n (id, count) pairs

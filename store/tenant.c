@@ -105,6 +105,7 @@ void ckv_tenant_keep(ckv_tenant *t) {
 
 ckv_tenant *ckv_tenant_free(ckv_tenant *t) {
   if (!t) return NULL;
+  if (t->prefix_free) t->prefix_free(t->prefix);
   free(t->deferred);
   ckv_slab_free(t->slab);
   ckv_arena_free(t->arena);

@@ -15,6 +15,7 @@ typedef struct ckv_arena ckv_arena;
 typedef struct ckv_slab ckv_slab;
 typedef struct ckv_arena_backend ckv_arena_backend;
 typedef struct ckv_blockmem ckv_blockmem;
+typedef struct ckv_prefix ckv_prefix;
 
 typedef struct ckv_tenant {
   char name[64];
@@ -47,6 +48,10 @@ typedef struct ckv_tenant {
   uint64_t hit_tokens;             /* the tokens those sessions held */
   uint64_t recycle_runs;           /* runs of recycled tokens reported */
   uint64_t errors[CKV_STATUS_SLOTS]; /* error replies by code (status_slots.h) */
+  /* Shared prefix blocks (store/prefix.h): the index of content keys and
+   * the shared blocks' records; NULL until first used. */
+  ckv_prefix *prefix;
+  void (*prefix_free)(ckv_prefix *); /* set with it: tenant.c knows nothing of it */
   /* Warm restart (warm.h): while claim.pending, the next block_alloc takes
    * exactly this block of the kept arena instead of a free one, bytes as
    * they are. */

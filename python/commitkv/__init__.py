@@ -299,6 +299,20 @@ class Session:
         return self._s.epoch
 
     @property
+    def matched_tokens(self) -> int:
+        """Tokens the session started with from shared blocks (reuse_prefix or a fork; 0 otherwise)."""
+        return self._s.matched_tokens
+
+    def fork(self, new_id: str, at: Optional[int] = None, *, keep: bool = False) -> "Session":
+        """A sub-agent: session `new_id` on this client that starts with this
+        session's first `at` tokens (None: all it reported a round over) and
+        diverges after.  Whole draft blocks are shared with this session
+        (read-only to both), a partial tail is copied.  Raises StateError when
+        a token before `at` was compressed, recycled or not reported yet,
+        AlreadyExists, OutOfRange."""
+        return Session(self._client, self._s.fork(str(new_id), int(at or 0)), keep)
+
+    @property
     def closed(self) -> bool:
         return self._s.closed
 
@@ -438,6 +452,16 @@ class Session:
         return f"<commitkv.Session {self.id!r} {state}>"
 
 
+def _u32_bytes(ids: Any) -> bytes:
+    """token ids as packed native uint32 (numpy arrays, array('I'), lists, bytes)."""
+    if isinstance(ids, (bytes, bytearray)):
+        return bytes(ids)
+    a = np.ascontiguousarray(np.asarray(ids), dtype=np.uint32)
+    if a.ndim != 1:
+        raise ValueError(f"token_ids: a 1-d sequence of uint32, got shape {a.shape}")
+    return a.tobytes()
+
+
 class Client:
     """A connection to commitkvd (see :func:`connect`); a context manager that closes it."""
 
@@ -447,15 +471,22 @@ class Client:
     def open_session(self, id: str, layers: Optional[int], kv_heads: Optional[int], head_dim: Optional[int],
                      dtype: Union[str, int] = "fp16", policy: Optional[str] = None,
                      params: Optional[Mapping[str, float]] = None, resume: bool = False, *, keep: bool = False,
-                     draft_block_tokens: int = 0, commit_block_tokens: int = 0) -> Session:
+                     draft_block_tokens: int = 0, commit_block_tokens: int = 0, token_ids: Any = None,
+                     reuse_prefix: bool = False, model_id: Optional[str] = None,
+                     model_revision: Optional[str] = None) -> Session:
         """Opens session `id` (1..128 of [A-Za-z0-9._:-]), or resumes a detached one.
 
         layers, kv_heads, head_dim, dtype ("fp16" or "bf16"): the model's KV
         geometry (None when resuming).  policy: a policy name (None: the
         daemon's default); params: per-session policy overrides ([policy]
         keys -> numbers).  keep: what leaving the ``with`` block does
-        (detach instead of drop).  Raises AlreadyExists, NotFound (resume),
-        LimitExceeded, InvalidArgument, QuotaExceeded..."""
+        (detach instead of drop).  token_ids (a sequence or buffer of uint32)
+        with reuse_prefix=True: the session starts on the tenant's shared
+        blocks matching the leading whole blocks of token_ids
+        (``session.matched_tokens`` says how many; append from there).
+        model_id / model_revision: what computes the K/V (part of the
+        session's identity and of the prefix keys).  Raises AlreadyExists,
+        NotFound (resume), LimitExceeded, InvalidArgument, QuotaExceeded..."""
         if isinstance(dtype, str):
             if dtype.lower() not in _DTYPES:
                 raise ValueError(f"dtype: {dtype!r}; wanted 'fp16' or 'bf16'")
@@ -464,9 +495,18 @@ class Client:
             dt = int(dtype)
         names = tuple(params.keys()) if params else ()
         values = tuple(float(params[k]) for k in names) if params else ()
+        ids = _u32_bytes(token_ids) if token_ids is not None else None
         h = self._c.open_session(str(id), int(layers or 0), int(kv_heads or 0), int(head_dim or 0), dt, policy,
-                                 names, values, bool(resume), int(draft_block_tokens), int(commit_block_tokens))
+                                 names, values, bool(resume), int(draft_block_tokens), int(commit_block_tokens),
+                                 ids, bool(reuse_prefix), model_id, model_revision)
         return Session(self, h, keep)
+
+    def lookup_prefix(self, token_ids: Any, model_id: Optional[str] = None,
+                      model_revision: Optional[str] = None) -> int:
+        """How many leading tokens of token_ids (uint32) this tenant's shared
+        blocks of that model hold: a session opened with reuse_prefix on them
+        needs no prefill for that many (a multiple of the draft block size)."""
+        return self._c.lookup_prefix(_u32_bytes(token_ids), model_id, model_revision)
 
     def stats(self) -> dict:
         """The daemon's figures: the object ``commitkvctl stats --json`` prints, as a dict."""

@@ -67,14 +67,19 @@ static PyObject *client_close(ckvpy_client *self, PyObject *unused) {
 
 static PyObject *client_open_session(ckvpy_client *self, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"id",     "n_layers", "n_kv_heads", "head_dim", "dtype", "policy", "names", "values",
-                           "resume", "draft_block_tokens", "commit_block_tokens", NULL};
-  const char *id, *policy = NULL;
+                           "resume", "draft_block_tokens", "commit_block_tokens", "token_ids", "reuse_prefix",
+                           "model_id", "model_revision", NULL};
+  const char *id, *policy = NULL, *model_id = NULL, *model_revision = NULL;
   unsigned int layers = 0, heads = 0, dim = 0, dtype = 0, draft = 0, commit = 0;
   PyObject *names = NULL, *values = NULL;
-  int resume = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "s|IIIIzOOpII", kwlist, &id, &layers, &heads, &dim, &dtype, &policy,
-                                   &names, &values, &resume, &draft, &commit))
+  int resume = 0, reuse = 0;
+  const char *ids = NULL;
+  Py_ssize_t ids_len = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "s|IIIIzOOpIIz#pzz", kwlist, &id, &layers, &heads, &dim, &dtype, &policy,
+                                   &names, &values, &resume, &draft, &commit, &ids, &ids_len, &reuse, &model_id,
+                                   &model_revision))
     return NULL;
+  if (ids_len % 4) return PyErr_Format(PyExc_ValueError, "token_ids must be packed uint32 values");
   if (self->closed) return closed_error();
   Py_ssize_t n = 0;
   if (names && names != Py_None) {
@@ -99,14 +104,25 @@ static PyObject *client_open_session(ckvpy_client *self, PyObject *args, PyObjec
     }
   }
   ckv_geometry g = {layers, heads, dim, dtype};
+  /* token_ids: a copy, aligned (the bytes object's buffer need not be) */
+  uint32_t *tids = ids_len ? PyMem_Malloc((size_t)ids_len) : NULL;
+  if (ids_len && !tids) {
+    PyMem_Free(pn);
+    PyMem_Free(pv);
+    return PyErr_NoMemory();
+  }
+  if (ids_len) memcpy(tids, ids, (size_t)ids_len);
   ckv_session_options o = {.policy = policy, .resume = resume != 0, .draft_block_tokens = draft,
-                           .commit_block_tokens = commit, .param_names = pn, .param_values = pv, .n_params = (size_t)n};
+                           .commit_block_tokens = commit, .param_names = pn, .param_values = pv, .n_params = (size_t)n,
+                           .model_id = model_id, .model_revision = model_revision, .token_ids = tids,
+                           .n_token_ids = (size_t)ids_len / 4, .reuse_prefix = reuse != 0};
   ckv_session *s = NULL;
   int r;
   char err[512];
   if (!enter(self)) {
     PyMem_Free(pn);
     PyMem_Free(pv);
+    PyMem_Free(tids);
     return NULL;
   }
   ckv_client *c = self->c;
@@ -116,6 +132,7 @@ static PyObject *client_open_session(ckvpy_client *self, PyObject *args, PyObjec
   Py_END_ALLOW_THREADS
   PyMem_Free(pn);
   PyMem_Free(pv);
+  PyMem_Free(tids);
   PyObject *ret;
   if (r < 0) {
     ret = ckvpy_raise(r, err);
@@ -134,17 +151,19 @@ static PyObject *client_open_session(ckvpy_client *self, PyObject *args, PyObjec
 /* ---- stats: the object of `commitkvctl stats --json`, key for key ---------- */
 
 static PyObject *token_counts(const Commitkv__V1__TokenCounts *t) {
-  return Py_BuildValue("{sKsKsKsKsKsK}", "draft", (unsigned long long)(t ? t->draft : 0), "staged",
+  return Py_BuildValue("{sKsKsKsKsKsKsK}", "draft", (unsigned long long)(t ? t->draft : 0), "staged",
                        (unsigned long long)(t ? t->staged : 0), "committed", (unsigned long long)(t ? t->committed : 0),
                        "recycled", (unsigned long long)(t ? t->recycled : 0), "cold",
-                       (unsigned long long)(t ? t->cold : 0), "dropped", (unsigned long long)(t ? t->dropped : 0));
+                       (unsigned long long)(t ? t->cold : 0), "dropped", (unsigned long long)(t ? t->dropped : 0),
+                       "shared", (unsigned long long)(t ? t->shared : 0));
 }
 
 static PyObject *byte_counts(const Commitkv__V1__ByteCounts *b) {
-  return Py_BuildValue("{sKsKsKsKsK}", "draft", (unsigned long long)(b ? b->draft : 0), "staged",
+  return Py_BuildValue("{sKsKsKsKsKsK}", "draft", (unsigned long long)(b ? b->draft : 0), "staged",
                        (unsigned long long)(b ? b->staged : 0), "committed", (unsigned long long)(b ? b->committed : 0),
                        "total", (unsigned long long)(b ? b->total : 0), "fp16_equivalent",
-                       (unsigned long long)(b ? b->fp16_equivalent : 0));
+                       (unsigned long long)(b ? b->fp16_equivalent : 0), "shared",
+                       (unsigned long long)(b ? b->shared : 0));
 }
 
 static PyObject *stats_dict(const Commitkv__V1__Stats *s) {
@@ -160,12 +179,13 @@ static PyObject *stats_dict(const Commitkv__V1__Stats *s) {
   }
   for (size_t i = 0; i < s->n_tenants; i++) {
     const Commitkv__V1__TenantStats *t = s->tenants[i];
-    PyObject *d = Py_BuildValue("{szsKsKsKsKsKsKsKsNsN}", "name", t->name, "sessions", (unsigned long long)t->sessions,
+    PyObject *d = Py_BuildValue("{szsKsKsKsKsKsKsKsNsNsd}", "name", t->name, "sessions", (unsigned long long)t->sessions,
                                 "clients", (unsigned long long)t->clients, "quota_bytes",
                                 (unsigned long long)t->quota_bytes, "disk_bytes", (unsigned long long)t->disk_bytes,
                                 "snapshots", (unsigned long long)t->snapshots, "quota_disk",
                                 (unsigned long long)t->quota_disk, "max_snapshots", (unsigned long long)t->max_snapshots,
-                                "tokens", token_counts(t->tokens), "bytes", byte_counts(t->bytes));
+                                "tokens", token_counts(t->tokens), "bytes", byte_counts(t->bytes), "dedup_ratio",
+                                t->dedup_ratio);
     if (!d) goto fail;
     PyList_SET_ITEM(tenants, (Py_ssize_t)i, d);
   }
@@ -331,12 +351,41 @@ static PyObject *client_get_restarted(ckvpy_client *self, void *unused) {
 
 static PyObject *client_get_closed(ckvpy_client *self, void *unused) { return PyBool_FromLong(self->closed); }
 
+static PyObject *client_lookup_prefix(ckvpy_client *self, PyObject *args) {
+  const char *ids, *model_id = NULL, *model_revision = NULL;
+  Py_ssize_t len;
+  if (!PyArg_ParseTuple(args, "y#|zz", &ids, &len, &model_id, &model_revision)) return NULL;
+  if (len % 4) return PyErr_Format(PyExc_ValueError, "token_ids must be packed uint32 values");
+  if (self->closed) return closed_error();
+  uint32_t *tids = len ? PyMem_Malloc((size_t)len) : NULL;
+  if (len && !tids) return PyErr_NoMemory();
+  if (len) memcpy(tids, ids, (size_t)len);
+  if (!enter(self)) {
+    PyMem_Free(tids);
+    return NULL;
+  }
+  ckv_client *c = self->c;
+  uint64_t matched = 0;
+  char err[512];
+  int r;
+  Py_BEGIN_ALLOW_THREADS
+  r = ckv_client_lookup_prefix(c, tids, (size_t)len / 4, model_id, model_revision, &matched);
+  if (r < 0) ckvpy_copy_error(c, r, err, sizeof(err));
+  Py_END_ALLOW_THREADS
+  PyMem_Free(tids);
+  leave(self);
+  if (r < 0) return ckvpy_raise(r, err);
+  return PyLong_FromUnsignedLongLong(matched);
+}
+
 static PyMethodDef client_methods[] = {
     {"close", (PyCFunction)client_close, METH_NOARGS, "Detaches open sessions and disconnects."},
     {"open_session", (PyCFunction)(void (*)(void))client_open_session, METH_VARARGS | METH_KEYWORDS,
      "open_session(id, n_layers, n_kv_heads, head_dim, dtype, policy, names, values, resume, draft_block_tokens, "
      "commit_block_tokens) -> _Session"},
     {"stats", (PyCFunction)client_stats, METH_NOARGS, "The daemon's figures as a dict."},
+    {"lookup_prefix", (PyCFunction)client_lookup_prefix, METH_VARARGS,
+     "lookup_prefix(token_ids_bytes, model_id=None, model_revision=None) -> matched tokens"},
     {"heartbeat", (PyCFunction)client_heartbeat, METH_NOARGS, "One heartbeat now."},
     {"reconnect", (PyCFunction)client_reconnect, METH_NOARGS, "Re-attaches after a daemon restart."},
     {NULL}};

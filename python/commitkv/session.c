@@ -689,6 +689,31 @@ static PyObject *session_prefetch(ckvpy_session *self, PyObject *unused) {
   return PyBool_FromLong(resident);
 }
 
+static PyObject *locked_u64(ckvpy_session *self, uint64_t (*fn)(const ckv_session *));
+
+static PyObject *session_fork(ckvpy_session *self, PyObject *args) {
+  const char *new_id;
+  unsigned long long at = 0;
+  if (!PyArg_ParseTuple(args, "sK", &new_id, &at)) return NULL;
+  if (self->client->closed) return ckvpy_raise(CKV_ERR_DISCONNECTED, "this commitkv client is closed");
+  int r;
+  ckv_session *child = NULL;
+  char err[512];
+  ckv_client *c = self->client->c;
+  Py_BEGIN_ALLOW_THREADS
+  pthread_mutex_lock(&self->lock);
+  r = self->s ? ckv_session_fork(self->s, new_id, at, &child) : CKV_ERR_STATE;
+  if (r < 0) ckvpy_copy_error(self->s ? c : NULL, r, err, sizeof(err));
+  pthread_mutex_unlock(&self->lock);
+  Py_END_ALLOW_THREADS
+  if (r < 0) return ckvpy_raise(r, r == CKV_ERR_STATE && !self->s ? NOT_OPEN_TEXT : err);
+  return ckvpy_session_new(self->client, child, new_id);
+}
+
+static PyObject *session_get_matched(ckvpy_session *self, void *unused) {
+  return locked_u64(self, ckv_session_matched_tokens);
+}
+
 /* ---- attributes ----------------------------------------------------------------------- */
 
 static PyObject *locked_u64(ckvpy_session *self, uint64_t (*fn)(const ckv_session *)) {
@@ -713,6 +738,8 @@ static PyObject *session_get_geometry(ckvpy_session *self, void *unused) {
 }
 
 static PyMethodDef session_methods[] = {
+    {"fork", (PyCFunction)session_fork, METH_VARARGS,
+     "fork(new_id, at_position) -> _Session: a new session on the first at_position tokens (0: all reported)."},
     {"close", (PyCFunction)(void (*)(void))session_close, METH_VARARGS | METH_KEYWORDS,
      "close(keep=False): drops the session, or detaches it (kept for resume) with keep."},
     {"append", (PyCFunction)(void (*)(void))session_append, METH_VARARGS | METH_KEYWORDS,
@@ -734,6 +761,8 @@ static PyMethodDef session_methods[] = {
 static PyGetSetDef session_getset[] = {{"id", (getter)session_get_id, NULL, "Session id.", NULL},
                                        {"tokens", (getter)session_get_tokens, NULL, "Tokens appended.", NULL},
                                        {"epoch", (getter)session_get_epoch, NULL, "Newest epoch heard of.", NULL},
+                                       {"matched_tokens", (getter)session_get_matched, NULL,
+                                        "Tokens it started with from shared blocks.", NULL},
                                        {"geometry", (getter)session_get_geometry, NULL, "(layers, heads, dim, dtype)",
                                         NULL},
                                        {"closed", (getter)session_get_closed, NULL, "Closed or dropped.", NULL},

@@ -146,6 +146,16 @@ typedef struct ckv_session_options {
    * revision is refused with CKV_ERR_FORMAT. */
   const char *model_id;
   const char *model_revision;
+  /* Shared prefixes (new sessions only; ignored on resume): with
+   * reuse_prefix, the session starts on the tenant's shared blocks whose
+   * content matches the leading whole draft blocks of token_ids[0..n_token_ids)
+   * (same model, revision and geometry); ckv_session_matched_tokens() says
+   * how many tokens it holds already, and the worker appends (and prefills)
+   * from there.  Blocks become matchable once their writer reported a round
+   * past them. */
+  const uint32_t *token_ids;
+  size_t n_token_ids;
+  bool reuse_prefix;
 } ckv_session_options;
 
 /* Opens (or, with opt->resume, resumes) session `id` (1..128 of
@@ -154,6 +164,26 @@ typedef struct ckv_session_options {
  * session count), CKV_ERR_INVALID, CKV_ERR_BUSY, CKV_ERR_FORMAT. */
 int ckv_session_open(ckv_client *c, const char *id, const ckv_geometry *g, const ckv_session_options *opt,
                      ckv_session **ret);
+/* Leading tokens of token_ids[0..n) that the tenant's shared blocks of
+ * model (model_id, model_revision; NULL = "") hold: a session opened with
+ * reuse_prefix on them needs no prefill for that many.  *ret_matched is a
+ * multiple of the draft block size.  Returns CKV_OK, CKV_ERR_INVALID,
+ * CKV_ERR_LIMIT (more ids than a session may hold). */
+int ckv_client_lookup_prefix(ckv_client *c, const uint32_t *token_ids, size_t n, const char *model_id,
+                             const char *model_revision, uint64_t *ret_matched);
+/* Opens session `new_id` (attached to this client) as a fork of `parent`:
+ * it starts with parent's first at_position tokens (0: all the parent
+ * reported a round over) and diverges after.  Whole draft blocks are shared
+ * with the parent (read-only to both), a partial tail is copied.  Every
+ * token before at_position must still be in draft format: CKV_ERR_STATE
+ * otherwise (the daemon's message says which).  Returns CKV_OK,
+ * CKV_ERR_EXISTS, CKV_ERR_NOT_FOUND, CKV_ERR_RANGE, CKV_ERR_STATE,
+ * CKV_ERR_LIMIT, CKV_ERR_QUOTA. */
+int ckv_session_fork(ckv_session *parent, const char *new_id, uint64_t at_position, ckv_session **ret);
+/* Tokens the session started with from shared blocks (reuse_prefix or a
+ * fork; 0 otherwise). */
+uint64_t ckv_session_matched_tokens(const ckv_session *s);
+
 /* Writes the session to the daemon's state directory as snapshot `name`
  * (NULL or "": the session id), atomically; committed_only keeps only the
  * committed tokens (the save game: draft and staged ones are not kept).

@@ -1,0 +1,227 @@
+/* shared.c - the records of shared blocks and their holders (see shared.h). */
+#include "store/shared.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "commitkv/status.h"
+#include "kernels/format.h"
+#include "store/tenant.h"
+
+#define PREFIX_MAX_ROOTS 32u
+
+/* ---- a map from 128-bit keys to shared blocks (linear probing) ---- */
+
+typedef struct ptab {
+  ckv_pkey *keys;
+  ckv_pblock **vals; /* NULL: empty */
+  size_t cap, n;
+} ptab;
+
+static size_t ptab_home(const ptab *m, ckv_pkey k) {
+  return (size_t)(k.lo ^ (k.hi * 0x9e3779b97f4a7c15ull)) & (m->cap - 1);
+}
+static bool key_eq(ckv_pkey a, ckv_pkey b) {
+  return a.lo == b.lo && a.hi == b.hi;
+}
+
+static ckv_pblock *ptab_get(const ptab *m, ckv_pkey k) {
+  if (!m->cap)
+    return NULL;
+  for (size_t i = ptab_home(m, k);; i = (i + 1) & (m->cap - 1)) {
+    if (!m->vals[i])
+      return NULL;
+    if (key_eq(m->keys[i], k))
+      return m->vals[i];
+  }
+}
+
+static int ptab_put(ptab *m, ckv_pkey k, ckv_pblock *v) {
+  if ((m->n + 1) * 2 > m->cap) {
+    ptab old = *m;
+    size_t ncap = old.cap ? old.cap * 2 : 64;
+    ckv_pkey *nk = calloc(ncap, sizeof(*nk));
+    ckv_pblock **nv = calloc(ncap, sizeof(*nv));
+    if (!nk || !nv) {
+      free(nk);
+      free(nv);
+      return -ENOMEM;
+    }
+    *m = (ptab){nk, nv, ncap, 0};
+    for (size_t i = 0; i < old.cap; i++)
+      if (old.vals[i])
+        (void)ptab_put(m, old.keys[i], old.vals[i]);
+    free(old.keys);
+    free(old.vals);
+  }
+  size_t i = ptab_home(m, k);
+  while (m->vals[i] && !key_eq(m->keys[i], k))
+    i = (i + 1) & (m->cap - 1);
+  if (!m->vals[i])
+    m->n++;
+  m->keys[i] = k;
+  m->vals[i] = v;
+  return CKV_OK;
+}
+
+/* Removes k (backward-shift deletion: no tombstones). */
+static void ptab_del(ptab *m, ckv_pkey k) {
+  if (!m->cap)
+    return;
+  size_t mask = m->cap - 1, i = ptab_home(m, k);
+  while (m->vals[i] && !key_eq(m->keys[i], k))
+    i = (i + 1) & mask;
+  if (!m->vals[i])
+    return;
+  m->vals[i] = NULL;
+  m->n--;
+  for (size_t j = (i + 1) & mask; m->vals[j]; j = (j + 1) & mask) {
+    size_t h = ptab_home(m, m->keys[j]);
+    /* can the entry at j move to the hole at i? (its home is not in (i, j]) */
+    if ((j > i && (h <= i || h > j)) || (j < i && (h <= i && h > j))) {
+      m->keys[i] = m->keys[j];
+      m->vals[i] = m->vals[j];
+      m->vals[j] = NULL;
+      i = j;
+    }
+  }
+}
+
+static void ptab_done(ptab *m) {
+  free(m->keys);
+  free(m->vals);
+  *m = (ptab){0};
+}
+
+/* ---- the tenant's registry ---- */
+
+struct ckv_prefix {
+  ptab by_key; /* indexed blocks */
+  ptab by_off; /* every shared block, by arena offset ({offset, 0}) */
+  ckv_prefix_root roots[PREFIX_MAX_ROOTS];
+  size_t n_roots;
+  ckv_prefix_figures fig;
+};
+
+static ckv_pkey off_key(uint64_t offset) { return (ckv_pkey){offset, 0}; }
+
+void ckv_pblock_free(ckv_pblock *pb) {
+  if (!pb)
+    return;
+  free(pb->meta);
+  free(pb->roles);
+  free(pb->tags);
+  free(pb->semantic);
+  free(pb);
+}
+
+static void registry_free(ckv_prefix *p) {
+  if (!p)
+    return;
+  /* Records still held (a tenant freed with sessions left): the arena goes
+   * with the tenant; only the records are ours. */
+  for (size_t i = 0; i < p->by_off.cap; i++)
+    ckv_pblock_free(p->by_off.vals[i]);
+  ptab_done(&p->by_key);
+  ptab_done(&p->by_off);
+  free(p);
+}
+
+ckv_prefix *ckv_shared_registry(ckv_tenant *t) {
+  if (!t->prefix && (t->prefix = calloc(1, sizeof(*t->prefix))))
+    t->prefix_free = registry_free;
+  return t->prefix;
+}
+
+ckv_pblock *ckv_shared_by_key(const ckv_prefix *p, ckv_pkey k) {
+  return ptab_get(&p->by_key, k);
+}
+
+int ckv_shared_add(ckv_prefix *p, ckv_pblock *pb) {
+  return ptab_put(&p->by_off, off_key(pb->offset), pb);
+}
+
+int ckv_shared_index(ckv_prefix *p, ckv_pblock *pb, ckv_pkey k) {
+  pb->key = k;
+  pb->keyed = true;
+  if (ptab_get(&p->by_key, k))
+    return CKV_ERR_EXISTS;
+  int r = ptab_put(&p->by_key, k, pb);
+  if (r < 0)
+    return r;
+  pb->indexed = true;
+  p->fig.indexed_blocks++;
+  return CKV_OK;
+}
+
+void ckv_shared_forget(ckv_prefix *p, ckv_pblock *pb) {
+  if (pb->indexed) {
+    ptab_del(&p->by_key, pb->key);
+    p->fig.indexed_blocks--;
+  }
+  ptab_del(&p->by_off, off_key(pb->offset));
+  ckv_pblock_free(pb);
+}
+
+ckv_prefix_figures *ckv_shared_figures(ckv_prefix *p) { return &p->fig; }
+
+void ckv_shared_note_root(ckv_prefix *p, const ckv_prefix_root *r) {
+  for (size_t i = 0; i < p->n_roots; i++)
+    if (key_eq(p->roots[i].root, r->root))
+      return;
+  if (p->n_roots < PREFIX_MAX_ROOTS)
+    p->roots[p->n_roots++] = *r;
+}
+
+size_t ckv_shared_roots(const ckv_prefix *p, const ckv_prefix_root **ret) {
+  *ret = p->roots;
+  return p->n_roots;
+}
+
+void ckv_prefix_hold(ckv_tenant *t, ckv_pblock *pb) {
+  ckv_prefix *p = t->prefix;
+  if (pb->holders >= 1) {
+    p->fig.excess_bytes += pb->bytes;
+    if (pb->holders == 1) {
+      p->fig.shared_bytes += pb->bytes;
+      p->fig.shared_blocks++;
+    }
+  }
+  pb->holders++;
+}
+
+void ckv_prefix_unref(ckv_tenant *t, ckv_pblock *pb) {
+  ckv_prefix *p = t->prefix;
+  if (pb->holders > 1) {
+    p->fig.excess_bytes -= pb->bytes;
+    if (pb->holders == 2) {
+      p->fig.shared_bytes -= pb->bytes;
+      p->fig.shared_blocks--;
+    }
+  }
+  if (--pb->holders)
+    return;
+  uint64_t off = pb->offset, bytes = pb->bytes;
+  ckv_shared_forget(p, pb);
+  ckv_tenant_block_free(t, off, bytes, CKV_FORMAT_DRAFT);
+}
+
+ckv_pblock *ckv_prefix_at_offset(ckv_tenant *t, uint64_t offset) {
+  return t->prefix ? ptab_get(&t->prefix->by_off, off_key(offset)) : NULL;
+}
+
+void ckv_prefix_tenant_figures(const ckv_tenant *t, ckv_prefix_figures *ret) {
+  if (t->prefix)
+    *ret = t->prefix->fig;
+  else
+    *ret = (ckv_prefix_figures){0};
+}
+
+void ckv_prefix_chain_free(ckv_prefix_chain *ch) {
+  if (!ch)
+    return;
+  free(ch->ids);
+  free(ch->keys);
+  free(ch);
+}

@@ -1,0 +1,608 @@
+/* test_prefix_share.c - shared prefix blocks (issue 41): a real commitkvd
+ * and real worker processes.
+ *
+ * - two_processes_share_prefix_once: process A writes a 2048-token prefix and
+ *   40 tokens of its own; process B opens on the same token ids with
+ *   reuse_prefix and matches all 2048, writes 40 other tokens.  The prefix's
+ *   bytes are held once (tenant bytes.shared, arena bytes_used exact), each
+ *   one's own tokens read back as its own (not the other's), kill -9 of A
+ *   leaves B's reads identical byte for byte (against the values B computed
+ *   privately), and after A is gone the blocks are B's alone.  A process of
+ *   another tenant sending the same ids matches 0 (LookupPrefix and
+ *   OpenSession).
+ * - fork_reads_parent_prefix_then_diverges: a fork at 37 (two whole blocks
+ *   shared, a 5-token tail copied) reads the parent's first 37 tokens
+ *   exactly, then its own; the parent's later tokens stay its own.
+ * - forked_snapshot_restores_alone: a fork saved, then fork and parent
+ *   dropped (the arena then holds nothing), restores alone bit for bit.
+ * - no_protocol_write_into_shared_block: appends after a reuse get slots in
+ *   new private blocks only, no draft slot of a shared token is writable,
+ *   and a session whose policy compresses at once (int8) leaves the shared
+ *   blocks in draft, untouched, while its other tokens move; LookupPrefix
+ *   refuses malformed input with a code. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "client/rpc.h"
+#include "commitkv.pb-c.h"
+#include "commitkv/commitkv.h"
+#include "commitkv/status.h"
+#include "kernels/format.h"
+#include "kernels/kernels.h"
+#include "kernels/quant.h"
+#include "testcheck.h"
+#include "testutil.h"
+
+TestSuite(prefix_share, .fini = ckv_test_leak_check);
+
+#define PREFIX 2048u
+#define OWN 40u
+#define DEADLINE_MS 20000
+#define OTHER_UID 5141u
+static const ckv_geometry k_geom = {2, 2, 32, CKV_DTYPE_FP16};
+
+/* Worker processes forked by the test must not use Criterion's asserts (a
+ * child's failed assert waits for a runner that is not its own): NEED
+ * fails them with exit status 3 and the reason on stderr. */
+static bool g_child;
+#define NEED(cond, ...)                                                        \
+  do {                                                                         \
+    if (!(cond)) {                                                             \
+      if (g_child) {                                                           \
+        fprintf(stderr, "%s:%d: ", __FILE__, __LINE__);                        \
+        fprintf(stderr, __VA_ARGS__);                                          \
+        fputc('\n', stderr);                                                   \
+        _exit(3);                                                              \
+      }                                                                        \
+      cr_assert_fail(__VA_ARGS__);                                             \
+    }                                                                          \
+  } while (0)
+
+/* The value a writer of `variant` puts at (pos, layer, kv, e): the prefix
+ * is variant 0 for everyone, each writer's own tokens its own variant. */
+static uint16_t kv_at(size_t pos, uint32_t layer, uint32_t kv, uint32_t e,
+                      unsigned variant) {
+  return ckv_f32_to_f16(
+      ckv_test_kv_value(pos + (size_t)variant * 100003u, layer, kv, e));
+}
+
+static uint32_t token_id(size_t pos, unsigned variant) {
+  return (uint32_t)(1000u + pos * 7u + variant * 1000000u);
+}
+
+static ckv_client *connect_to(const ckv_test_daemon *d) {
+  ckv_client_options o = {.socket = d->socket,
+                          .attach_socket = d->attach,
+                          .name = "test_prefix_share",
+                          .timeout_ms = DEADLINE_MS};
+  ckv_client *c = NULL;
+  int r = ckv_client_connect(&o, &c);
+  NEED(r == CKV_OK, "connect: %s (%s)", ckv_strerror(r),
+       ckv_client_connect_error());
+  return c;
+}
+
+static ckv_session *open_s(ckv_client *c, const char *id, const char *policy,
+                           const uint32_t *ids, size_t n) {
+  ckv_session_options o = {.policy = policy,
+                           .model_id = "m",
+                           .model_revision = "r1",
+                           .token_ids = ids,
+                           .n_token_ids = n,
+                           .reuse_prefix = ids != NULL};
+  ckv_session *s = NULL;
+  int r = ckv_session_open(c, id, &k_geom, &o, &s);
+  NEED(r == CKV_OK, "open %s: %s (%s)", id, ckv_strerror(r),
+       ckv_client_last_error(c));
+  return s;
+}
+
+/* Appends positions [from, to) with ids and K/V of `variant` (positions
+ * below PREFIX are variant 0), then reports a round over them. */
+static void write_tokens(ckv_session *s, size_t from, size_t to,
+                         unsigned variant, uint64_t round) {
+  uint32_t n = (uint32_t)(to - from);
+  uint32_t *ids = malloc(n * sizeof(*ids));
+  for (size_t p = from; p < to; p++)
+    ids[p - from] = token_id(p, p < PREFIX ? 0 : variant);
+  uint64_t first;
+  int r = ckv_session_append(s, n, NULL, NULL, NULL, ids, &first);
+  NEED(r == CKV_OK && first == from, "append: %s", ckv_strerror(r));
+  free(ids);
+  const uint32_t te = k_geom.n_kv_heads * k_geom.head_dim;
+  uint16_t k[256], v[256];
+  for (size_t p = from; p < to; p++)
+    for (uint32_t l = 0; l < k_geom.n_layers; l++) {
+      unsigned var = p < PREFIX ? 0 : variant;
+      for (uint32_t e = 0; e < te; e++) {
+        k[e] = kv_at(p, l, 0, e, var);
+        v[e] = kv_at(p, l, 1, e, var);
+      }
+      NEED(ckv_session_write_kv(s, p, l, k, v) == CKV_OK, "write_kv %zu", p);
+    }
+  float *attn = calloc(to, sizeof(float));
+  for (size_t p = 0; p < to; p++)
+    attn[p] = 1.f / (float)to;
+  r = ckv_session_report(s, round, 0, attn, to, NULL);
+  NEED(r == CKV_OK, "report: %s", ckv_strerror(r));
+  free(attn);
+}
+
+/* Reads every position of s's view (draft blocks) and compares it with
+ * what `want(pos)` wrote: returns the positions that differ or are missing;
+ * *ret_seen: positions found. */
+typedef unsigned (*variant_fn)(size_t pos, const void *ctx);
+static size_t check_view(ckv_session *s, size_t n, variant_fn want,
+                         const void *ctx, size_t *ret_seen) {
+  const ckv_view *v = NULL;
+  int r = ckv_session_view(s, &v);
+  NEED(r == CKV_OK, "view: %s", ckv_strerror(r));
+  uint8_t *seen = calloc(n ? n : 1, 1);
+  size_t bad = 0, found = 0;
+  const uint32_t te = k_geom.n_kv_heads * k_geom.head_dim;
+  for (size_t i = 0; i < v->n_draft; i++) {
+    const uint8_t *base = v->draft[i].data;
+    uint32_t cap = v->draft[i].capacity;
+    const uint32_t *positions = ckv_block_positions_const(base);
+    for (uint32_t slot = 0; slot < cap; slot++) {
+      if (!ckv_block_slot_valid(base, slot))
+        continue;
+      uint32_t pos = positions[slot];
+      if (pos >= n || seen[pos]) {
+        bad++;
+        continue;
+      }
+      seen[pos] = 1;
+      found++;
+      unsigned var = want(pos, ctx);
+      for (uint32_t l = 0; l < k_geom.n_layers; l++)
+        for (uint32_t kv = 0; kv < 2; kv++) {
+          const uint16_t *x =
+              (const uint16_t *)(base + ckv_draft_kv_offset(&k_geom, cap, l, kv,
+                                                            slot));
+          for (uint32_t e = 0; e < te; e++)
+            if (x[e] != kv_at(pos, l, kv, e, var)) {
+              bad++;
+              goto next_slot;
+            }
+        }
+    next_slot:;
+    }
+  }
+  free(seen);
+  *ret_seen = found;
+  return bad + (n - found);
+}
+
+static unsigned own_after_prefix(size_t pos, const void *ctx) {
+  return pos < PREFIX ? 0 : *(const unsigned *)ctx;
+}
+
+static void wait_file(const char *dir, const char *name) {
+  char path[400];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  long long end = ckv_test_now_ms() + DEADLINE_MS;
+  while (access(path, F_OK) != 0) {
+    NEED(ckv_test_now_ms() <= end, "%s never appeared", path);
+    usleep(5000);
+  }
+}
+
+static void touch(const char *dir, const char *name) {
+  char path[400];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  FILE *f = fopen(path, "w");
+  if (f)
+    fclose(f);
+}
+
+typedef struct share_ctx {
+  const ckv_test_daemon *d;
+} share_ctx;
+
+typedef struct share_report {
+  uint64_t matched, n_tokens;
+  size_t bad_own,
+      seen_own; /* the writer's check of its own view after the other wrote */
+  size_t bad_before, bad_after,
+      seen_after;                       /* B: before and after A's kill -9 */
+  uint64_t lookup_other, matched_other; /* the other tenant */
+  int write_shared; /* B: ckv_session_write_kv into a shared position */
+} share_report;
+
+static uint32_t *prefix_ids(void) {
+  uint32_t *ids = malloc((PREFIX + 8) * sizeof(*ids));
+  for (size_t p = 0; p < PREFIX + 8; p++)
+    ids[p] = token_id(p, 0);
+  return ids;
+}
+
+/* Process A: the prefix and 40 of its own (variant 1); waits for B, checks
+ * its view, then lives until killed. */
+static void proc_a(const void *vctx, void *vrep) {
+  g_child = true;
+  prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlives a failed test */
+  const share_ctx *x = vctx;
+  share_report *rep = vrep;
+  ckv_client *c = connect_to(x->d);
+  ckv_session *s = open_s(c, "agent-a", "fp16", NULL, 0);
+  write_tokens(s, 0, PREFIX, 1, 1);
+  write_tokens(s, PREFIX, PREFIX + OWN, 1, 2);
+  touch(x->d->dir, "a.ready");
+  wait_file(x->d->dir, "b.ready");
+  unsigned var = 1;
+  rep->bad_own =
+      check_view(s, PREFIX + OWN, own_after_prefix, &var, &rep->seen_own);
+  FILE *f = fopen(strcat(strcpy((char[400]){0}, x->d->dir), "/a.result"), "w");
+  if (f) {
+    fprintf(f, "%zu %zu\n", rep->bad_own, rep->seen_own);
+    fclose(f);
+  }
+  for (int i = 0; i < 60; i++)
+    sleep(1); /* until kill -9 (or the test gives up) */
+  _exit(4);
+}
+
+/* Process B: reuses A's prefix (sending 8 ids more than the prefix: a
+ * partial block is never matched), writes 40 of its own (variant 2). */
+static void proc_b(const void *vctx, void *vrep) {
+  g_child = true;
+  const share_ctx *x = vctx;
+  share_report *rep = vrep;
+  wait_file(x->d->dir, "a.ready");
+  ckv_client *c = connect_to(x->d);
+  uint32_t *ids = prefix_ids();
+  ckv_session *s = open_s(c, "agent-b", "fp16", ids, PREFIX + 8);
+  free(ids);
+  rep->matched = ckv_session_matched_tokens(s);
+  rep->n_tokens = ckv_session_tokens(s);
+  uint16_t k[256] = {0};
+  rep->write_shared = ckv_session_write_kv(s, 5, 0, k, k);
+  write_tokens(s, PREFIX, PREFIX + OWN, 2, 1);
+  unsigned var = 2;
+  size_t seen;
+  rep->bad_before = check_view(s, PREFIX + OWN, own_after_prefix, &var, &seen);
+  touch(x->d->dir, "b.ready");
+  wait_file(x->d->dir, "a.killed");
+  rep->bad_after =
+      check_view(s, PREFIX + OWN, own_after_prefix, &var, &rep->seen_after);
+  /* one more round after A is gone: the daemon still serves B's blocks */
+  float attn[PREFIX + OWN];
+  for (size_t p = 0; p < PREFIX + OWN; p++)
+    attn[p] = 1.f;
+  if (ckv_session_report(s, 2, 0, attn, PREFIX + OWN, NULL) != CKV_OK)
+    rep->bad_after += 1000000;
+  ckv_session_close(s);
+  ckv_client_free(c);
+}
+
+/* Another tenant, the same ids. */
+static void proc_other(const void *vctx, void *vrep) {
+  g_child = true;
+  const share_ctx *x = vctx;
+  share_report *rep = vrep;
+  ckv_client *c = connect_to(x->d);
+  uint32_t *ids = prefix_ids();
+  uint64_t m = 99;
+  if (ckv_client_lookup_prefix(c, ids, PREFIX, "m", "r1", &m) != CKV_OK)
+    m = 98;
+  rep->lookup_other = m;
+  ckv_session *s = open_s(c, "agent-b", "fp16", ids, PREFIX);
+  rep->matched_other = ckv_session_matched_tokens(s);
+  free(ids);
+  ckv_session_drop(s);
+  ckv_client_free(c);
+}
+
+static unsigned long long draft_block_bytes(void) {
+  return ckv_draft_block_bytes(&k_geom, 16);
+}
+static unsigned long long blocks_of(unsigned long long tokens) {
+  return (tokens + 15) / 16;
+}
+
+Test(prefix_share, two_processes_share_prefix_once, .timeout = 60) {
+  char text[256], cfg[400];
+  /* with tenants configured, root needs one of its own */
+  snprintf(text, sizeof text,
+           "[tenant.main]\nuids = 0\n[tenant.other]\nuids = %u\n", OTHER_UID);
+  char *cfgdir = ckv_test_write_config(text, cfg, sizeof cfg);
+  ckv_test_daemon d;
+  ckv_test_start_host(&d, "256M", (const char *const[]){"--config", cfg, NULL});
+  cr_assert_eq(
+      chmod(d.dir, 0777),
+      0); /* the other tenant's uid must reach the sockets and the files */
+  share_ctx x = {.d = &d};
+  int fa, fb;
+  share_report ra = {0}, rb = {0}, ro = {0};
+  pid_t pa = ckv_test_begin_as(0, 0, proc_a, &x, sizeof ra, &fa);
+  pid_t pb = ckv_test_begin_as(0, 0, proc_b, &x, sizeof rb, &fb);
+  wait_file(d.dir, "b.ready");
+  wait_file(d.dir, "a.result");
+
+  /* the prefix's bytes are held once */
+  const unsigned long long db = draft_block_bytes(),
+                           shared_blocks = PREFIX / 16;
+  cr_assert_eq(ckv_test_stat(&d, "tenants.0.bytes.shared"), shared_blocks * db,
+               "bytes.shared");
+  cr_assert_eq(ckv_test_stat(&d, "tenants.0.tokens.shared"), 2ull * PREFIX,
+               "tokens.shared (each session's)");
+  unsigned long long held = (shared_blocks + 2 * blocks_of(OWN)) * db;
+  cr_assert_eq(ckv_test_stat(&d, "arenas.0.bytes_used"), held,
+               "the arena holds the prefix once");
+  cr_assert_eq(ckv_test_stat(&d, "tenants.0.bytes.total"), held);
+  char *json = ckv_test_ctl(&d, (const char *const[]){"stats", "--json", NULL});
+  cr_assert_not_null(strstr(json, "\"dedup_ratio\": "), "%s", json);
+  double ratio = atof(strstr(json, "\"dedup_ratio\": ") + 15);
+  double fp16 = 2.0 * (PREFIX + OWN) * k_geom.n_layers * k_geom.n_kv_heads *
+                k_geom.head_dim * 2 * 2;
+  cr_assert_float_eq(ratio, fp16 / (double)held, 1e-3, "dedup_ratio %f", ratio);
+  free(json);
+
+  /* A's own check, made after B wrote its tokens */
+  char *res =
+      ckv_test_read_file(strcat(strcpy((char[400]){0}, d.dir), "/a.result"));
+  size_t a_bad = 99, a_seen = 0;
+  cr_assert_eq(sscanf(res, "%zu %zu", &a_bad, &a_seen), 2);
+  free(res);
+  cr_assert_eq(a_bad, 0, "A reads %zu positions that are not its own values",
+               a_bad);
+  cr_assert_eq(a_seen, PREFIX + OWN);
+
+  /* another tenant, the same tokens: nothing */
+  ckv_test_run_as(OTHER_UID, OTHER_UID, proc_other, &x, &ro, sizeof ro,
+                  DEADLINE_MS);
+  cr_assert_eq(ro.lookup_other, 0, "another tenant's lookup matched %llu",
+               (unsigned long long)ro.lookup_other);
+  cr_assert_eq(ro.matched_other, 0);
+
+  /* this tenant's lookup finds the whole blocks only */
+  ckv_client *c = connect_to(&d);
+  uint32_t *ids = prefix_ids();
+  uint64_t m = 0;
+  cr_assert_eq(ckv_client_lookup_prefix(c, ids, PREFIX + 8, "m", "r1", &m),
+               CKV_OK);
+  cr_assert_eq(m, PREFIX);
+  cr_assert_eq(ckv_client_lookup_prefix(c, ids, PREFIX, "m", "r2", &m), CKV_OK);
+  cr_assert_eq(m, 0, "another revision matched %llu", (unsigned long long)m);
+  ids[100] ^= 1; /* a different token in block 6: blocks 0..5 match */
+  cr_assert_eq(ckv_client_lookup_prefix(c, ids, PREFIX, "m", "r1", &m), CKV_OK);
+  cr_assert_eq(m, 96);
+  free(ids);
+
+  /* kill -9 of A: B reads the same bytes; A's session goes, the blocks stay */
+  cr_assert_eq(kill(pa, SIGKILL), 0);
+  ckv_test_child ca = ckv_test_collect(pa, fa, &ra, sizeof ra, DEADLINE_MS);
+  cr_assert_eq(ca.status, 128 + SIGKILL);
+  const char *drop[] = {"drop", "agent-a", NULL};
+  free(ckv_test_ctl(&d, drop)); /* what the lease expiry would do, now */
+  touch(d.dir, "a.killed");
+  ckv_test_end_as(pb, fb, &rb, sizeof rb, DEADLINE_MS);
+  cr_assert_eq(rb.matched, PREFIX, "B matched %llu",
+               (unsigned long long)rb.matched);
+  cr_assert_eq(rb.n_tokens, PREFIX);
+  cr_assert_eq(rb.write_shared, CKV_ERR_RANGE,
+               "a shared token's slot was writable (%d)", rb.write_shared);
+  cr_assert_eq(rb.bad_before, 0, "B read %zu wrong positions before the kill",
+               rb.bad_before);
+  cr_assert_eq(rb.bad_after, 0, "B read %zu wrong positions after A's kill -9",
+               rb.bad_after);
+  cr_assert_eq(rb.seen_after, PREFIX + OWN);
+  /* B closed (detached, kept): its blocks alone now, nothing shared */
+  cr_assert_eq(ckv_test_stat(&d, "tenants.0.bytes.shared"), 0);
+  cr_assert_eq(ckv_test_stat(&d, "arenas.0.bytes_used"),
+               (shared_blocks + blocks_of(OWN)) * db);
+  unsigned long long hits = 0, looked = 0;
+  cr_assert_eq(ckv_test_stat(&d, "sessions"), 1);
+  (void)hits;
+  (void)looked;
+  ckv_client_free(c);
+  ckv_test_stop_clean(&d);
+  ckv_test_rmdir(cfgdir);
+}
+
+/* ---- forks ---- */
+
+typedef struct fork_want {
+  size_t at;
+  unsigned tail;
+} fork_want;
+static unsigned fork_variant(size_t pos, const void *ctx) {
+  const fork_want *w = ctx;
+  return pos < w->at ? 0 : w->tail;
+}
+
+Test(prefix_share, fork_reads_parent_prefix_then_diverges, .timeout = 60) {
+  ckv_test_daemon d;
+  ckv_test_start_host(&d, "256M", NULL);
+  ckv_client *c = connect_to(&d);
+  ckv_session *p = open_s(c, "parent", "fp16", NULL, 0);
+  /* the parent: 100 tokens of variant 0 (below PREFIX) */
+  write_tokens(p, 0, 100, 0, 1);
+  ckv_session *f = NULL;
+  int r = ckv_session_fork(p, "child", 37, &f);
+  cr_assert_eq(r, CKV_OK, "fork: %s (%s)", ckv_strerror(r),
+               ckv_client_last_error(c));
+  cr_assert_eq(ckv_session_matched_tokens(f), 32, "whole blocks shared");
+  cr_assert_eq(ckv_session_tokens(f), 37);
+  /* both go on, differently: positions >= PREFIX are each writer's variant */
+  ckv_session_close(f);
+  f = NULL;
+  ckv_session_options ro = {
+      .resume = true, .model_id = "m", .model_revision = "r1"};
+  cr_assert_eq(ckv_session_open(c, "child", NULL, &ro, &f), CKV_OK);
+  /* the child's own tokens: ids and K/V of variant 5 at 37.. (write_tokens
+   * keys variants by PREFIX; use the real positions here) */
+  uint32_t n = 20;
+  uint64_t first;
+  cr_assert_eq(ckv_session_append(f, n, NULL, NULL, NULL, NULL, &first),
+               CKV_OK);
+  cr_assert_eq(first, 37);
+  const uint32_t te = k_geom.n_kv_heads * k_geom.head_dim;
+  uint16_t k[256], v[256];
+  for (size_t pos = 37; pos < 57; pos++)
+    for (uint32_t l = 0; l < k_geom.n_layers; l++) {
+      for (uint32_t e = 0; e < te; e++) {
+        k[e] = kv_at(pos, l, 0, e, 5);
+        v[e] = kv_at(pos, l, 1, e, 5);
+      }
+      cr_assert_eq(ckv_session_write_kv(f, pos, l, k, v), CKV_OK);
+    }
+  write_tokens(
+      p, 100, 120, 0,
+      2); /* the parent's later tokens (variant 0 too, positions its own) */
+  size_t seen;
+  fork_want wc = {.at = 37, .tail = 5};
+  cr_assert_eq(check_view(f, 57, fork_variant, &wc, &seen), 0,
+               "the fork does not read parent[0,37) + its own");
+  cr_assert_eq(seen, 57);
+  fork_want wp = {.at = 1000, .tail = 0};
+  cr_assert_eq(check_view(p, 120, fork_variant, &wp, &seen), 0,
+               "the parent's bytes changed");
+  cr_assert_eq(seen, 120);
+  /* shared: the two whole blocks, in both sessions' counts */
+  const unsigned long long db = draft_block_bytes();
+  cr_assert_eq(ckv_test_stat(&d, "tokens.shared"), 64);
+  cr_assert_eq(ckv_test_stat(&d, "bytes.shared"), 2 * db);
+  /* the fork's tail block is its own: parent 8 blocks (120 tokens), child 2
+   * shared + 2 own */
+  cr_assert_eq(ckv_test_stat(&d, "arenas.0.bytes_used"), (8ull + 2) * db);
+  /* refusals: an existing id, a position past what the parent reported, no
+   * parent */
+  ckv_session *g = NULL;
+  cr_assert_eq(ckv_session_fork(p, "child", 10, &g), CKV_ERR_EXISTS);
+  cr_assert_eq(ckv_session_fork(p, "child2", 121, &g), CKV_ERR_RANGE);
+  cr_assert_eq(ckv_session_fork(f, "child3", 57, &g), CKV_ERR_STATE,
+               "unreported tokens forked");
+  ckv_session_drop(f);
+  ckv_session_drop(p);
+  cr_assert_eq(ckv_test_wait_stat(&d, "arenas.0.bytes_used", 0, 5000), 0,
+               "blocks left after both drops");
+  ckv_client_free(c);
+  ckv_test_stop_clean(&d);
+}
+
+Test(prefix_share, forked_snapshot_restores_alone, .timeout = 60) {
+  ckv_test_daemon d;
+  ckv_test_start_host(&d, "256M", NULL);
+  ckv_client *c = connect_to(&d);
+  ckv_session *p = open_s(c, "parent", "fp16", NULL, 0);
+  write_tokens(p, 0, 64, 0, 1);
+  ckv_session *f = NULL;
+  cr_assert_eq(ckv_session_fork(p, "child", 40, &f), CKV_OK, "%s",
+               ckv_client_last_error(c));
+  cr_assert_eq(ckv_session_matched_tokens(f), 32);
+  /* the fork's bytes as they are */
+  const ckv_view *v = NULL;
+  cr_assert_eq(ckv_session_view(f, &v), CKV_OK);
+  size_t seen;
+  fork_want w = {.at = 40, .tail = 0};
+  cr_assert_eq(check_view(f, 40, fork_variant, &w, &seen), 0);
+  uint64_t bytes = 0;
+  cr_assert_eq(ckv_session_save(f, "forked", false, &bytes), CKV_OK, "save: %s",
+               ckv_client_last_error(c));
+  cr_assert_gt(bytes, 0);
+  ckv_session_drop(f);
+  ckv_session_drop(p);
+  cr_assert_eq(ckv_test_wait_stat(&d, "arenas.0.bytes_used", 0, 5000), 0,
+               "shared blocks outlived every holder");
+  ckv_session *back = NULL;
+  int r = ckv_session_restore(c, "back", "forked", NULL, &back);
+  cr_assert_eq(r, CKV_OK, "restore: %s (%s)", ckv_strerror(r),
+               ckv_client_last_error(c));
+  cr_assert_eq(ckv_session_tokens(back), 40);
+  cr_assert_eq(check_view(back, 40, fork_variant, &w, &seen), 0,
+               "the restored fork differs from what was saved");
+  cr_assert_eq(seen, 40);
+  cr_assert_eq(ckv_test_stat(&d, "bytes.shared"), 0,
+               "a restored session shares nothing");
+  ckv_session_drop(back);
+  ckv_client_free(c);
+  ckv_test_stop_clean(&d);
+}
+
+/* ---- nothing writes a shared block ---- */
+
+static unsigned zero_variant(size_t pos, const void *ctx) {
+  (void)pos;
+  (void)ctx;
+  return 0;
+}
+
+Test(prefix_share, no_protocol_write_into_shared_block, .timeout = 60) {
+  ckv_test_daemon d;
+  ckv_test_start_host(&d, "256M", NULL);
+  ckv_client *c = connect_to(&d);
+  ckv_session *a = open_s(c, "a", "fp16", NULL, 0);
+  write_tokens(a, 0, 64, 0, 1);
+  uint32_t ids[64];
+  for (size_t p = 0; p < 64; p++)
+    ids[p] = token_id(p, 0);
+  /* int8: the judge stages every token it may */
+  ckv_session *b = open_s(c, "b", "int8", ids, 64);
+  cr_assert_eq(ckv_session_matched_tokens(b), 64);
+  /* the shared blocks' ids, from b's first view */
+  const ckv_view *v = NULL;
+  cr_assert_eq(ckv_session_view(b, &v), CKV_OK);
+  cr_assert_eq(v->n_draft, 4);
+  uint64_t shared_ids[4];
+  for (int i = 0; i < 4; i++)
+    shared_ids[i] = v->draft[i].id;
+  /* b's appends land in a new block of its own */
+  Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
+  Commitkv__V1__AppendTokens at = COMMITKV__V1__APPEND_TOKENS__INIT;
+  at.session_id = "b";
+  at.count = 20;
+  req.body_case = COMMITKV__V1__REQUEST__BODY_APPEND_TOKENS;
+  req.append_tokens = &at;
+  Commitkv__V1__Response *rep = NULL;
+  cr_assert_eq(ckv_rpc(c, &req, &rep), CKV_OK);
+  cr_assert_eq(rep->tokens_appended->first_position, 64);
+  for (size_t i = 0; i < rep->tokens_appended->n_slots; i++)
+    for (int j = 0; j < 4; j++)
+      cr_assert_neq(rep->tokens_appended->slots[i]->block_id, shared_ids[j],
+                    "an append got a slot in a shared block");
+  ckv_rpc_free(rep);
+  /* rounds: b's judge wants every token staged; the shared ones stay */
+  float attn[84];
+  for (int i = 0; i < 84; i++)
+    attn[i] = 0.f;
+  for (uint64_t round = 1; round <= 6; round++)
+    cr_assert_eq(ckv_session_report(b, round, 0, attn, 84, NULL), CKV_OK);
+  cr_assert_eq(ckv_session_view(b, &v), CKV_OK);
+  int still = 0;
+  for (size_t i = 0; i < v->n_draft; i++)
+    for (int j = 0; j < 4; j++)
+      still += v->draft[i].id == shared_ids[j];
+  cr_assert_eq(still, 4, "a shared block left b's view (moved or written)");
+  size_t seen;
+  cr_assert_eq(check_view(a, 64, zero_variant, NULL, &seen), 0,
+               "a's bytes changed under b's lifecycle");
+  cr_assert_eq(seen, 64);
+  cr_assert_eq(ckv_test_stat(&d, "tokens.shared"), 128);
+  /* malformed lookups are refused with a code */
+  Commitkv__V1__LookupPrefix lp = COMMITKV__V1__LOOKUP_PREFIX__INIT;
+  uint8_t three[3] = {1, 2, 3};
+  lp.token_ids.data = three;
+  lp.token_ids.len = 3;
+  Commitkv__V1__Request lreq = COMMITKV__V1__REQUEST__INIT;
+  lreq.body_case = COMMITKV__V1__REQUEST__BODY_LOOKUP_PREFIX;
+  lreq.lookup_prefix = &lp;
+  cr_assert_eq(ckv_rpc(c, &lreq, &rep), CKV_ERR_INVALID);
+  cr_assert_not_null(strstr(ckv_client_last_error(c), "uint32"), "%s",
+                     ckv_client_last_error(c));
+  ckv_session_drop(b);
+  ckv_session_drop(a);
+  cr_assert_eq(ckv_test_wait_stat(&d, "arenas.0.bytes_used", 0, 5000), 0);
+  ckv_client_free(c);
+  ckv_test_stop_clean(&d);
+}
