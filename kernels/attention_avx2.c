@@ -90,11 +90,20 @@ AI __m128 red4(__m256 a, __m256 b, __m256 c, __m256 d) {
   return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
 }
 
+/* Prefetching along the rows (ckv_arows.pf): `per` lines a step from *pf while *left lasts. */
+AI void pf_step(const uint8_t **pf, uint32_t *left, uint32_t per) {
+  for (uint32_t z = 0; z < per && *left; z++, (*left)--, *pf += 64) __builtin_prefetch(*pf, 0, 2);
+}
+AI uint32_t pf_per(uint32_t lines, size_t steps) { return steps ? (uint32_t)((lines + steps - 1) / steps) : lines; }
+
 AI void score_tile(const float *q, size_t ldq, const ckv_arows *k, const uint16_t *idx, size_t ni, uint32_t n,
-                   float *out, size_t ldo, const int NR, const int enc, __m256 lo, __m256 hi, const unpack8 *u) {
+                   float *out, size_t ldo, const int NR, const int enc, __m256 lo, __m256 hi, const unpack8 *u,
+                   const uint8_t *pf, uint32_t pfl) {
+  const uint32_t per = pf_per(pfl, ni);
   for (size_t i = 0; i < ni; i++) {
     uint32_t t = idx[i];
     const uint8_t *row = k->base + t * k->stride;
+    pf_step(&pf, &pfl, per);
     __m256 s[4][2];
     UNROLL
     for (int r = 0; r < 4; r++) s[r][0] = s[r][1] = _mm256_setzero_ps();
@@ -129,11 +138,13 @@ AI void scores_enc(const float *q, size_t nq, size_t ldq, const ckv_arows *k, co
   for (size_t r0 = 0; r0 < nq; r0 += 4) {
     const float *qr = q + r0 * ldq;
     float *o = out + r0 * ldo;
+    const uint8_t *pf = r0 ? NULL : k->pf; /* the lines asked for along the first tile's rows */
+    uint32_t pfl = r0 || !k->pf ? 0 : k->pf_lines;
     switch (nq - r0 >= 4 ? 4 : nq - r0) {
-    case 4: score_tile(qr, ldq, k, idx, ni, n, o, ldo, 4, enc, lo, hi, &u); break;
-    case 3: score_tile(qr, ldq, k, idx, ni, n, o, ldo, 3, enc, lo, hi, &u); break;
-    case 2: score_tile(qr, ldq, k, idx, ni, n, o, ldo, 2, enc, lo, hi, &u); break;
-    default: score_tile(qr, ldq, k, idx, ni, n, o, ldo, 1, enc, lo, hi, &u); break;
+    case 4: score_tile(qr, ldq, k, idx, ni, n, o, ldo, 4, enc, lo, hi, &u, pf, pfl); break;
+    case 3: score_tile(qr, ldq, k, idx, ni, n, o, ldo, 3, enc, lo, hi, &u, pf, pfl); break;
+    case 2: score_tile(qr, ldq, k, idx, ni, n, o, ldo, 2, enc, lo, hi, &u, pf, pfl); break;
+    default: score_tile(qr, ldq, k, idx, ni, n, o, ldo, 1, enc, lo, hi, &u, pf, pfl); break;
     }
   }
 }
@@ -151,8 +162,9 @@ static void a_scores(const float *q, size_t nq, size_t ldq, const ckv_arows *k, 
 /* NR (1..4) accumulator rows by elements [d0, d0+16) (d0 + 8 <= n: one or two steps). */
 AI void value_tile(const float *w, size_t ldw, const ckv_arows *v, const uint16_t *idx, size_t ni, uint32_t d0,
                    uint32_t n, float *acc, size_t lda, const int NR, const int enc, __m256 lo, __m256 hi,
-                   const unpack8 *u) {
+                   const unpack8 *u, const uint8_t *pf, uint32_t pfl) {
   const int two = d0 + 16u <= n;
+  const uint32_t per = pf_per(pfl, ni);
   __m256 a[4][2];
   UNROLL
   for (int r = 0; r < NR; r++) {
@@ -164,6 +176,7 @@ AI void value_tile(const float *w, size_t ldw, const ckv_arows *v, const uint16_
     uint32_t t = idx[i];
     const uint8_t *row = v->base + t * v->stride;
     __m256 x0, x1 = _mm256_setzero_ps();
+    pf_step(&pf, &pfl, per);
     if (enc == CKV_AENC_AFFINE) { /* d0 % 16 == 0, n % 32 == 0: both steps in group d0/32 */
       const float *p = v->par + t * v->ldpar + 2u * (d0 / 32u);
       __m256 s = _mm256_set1_ps(p[0]), z = _mm256_set1_ps(p[1]);
@@ -198,11 +211,13 @@ AI void values_enc(const float *w, size_t nq, size_t ldw, const ckv_arows *v, co
     const float *wr = w + r0 * ldw;
     float *ar = acc + r0 * lda;
     for (uint32_t d0 = 0; d0 < n; d0 += 16) {
+      const uint8_t *pf = r0 || d0 ? NULL : v->pf; /* the lines asked for along the first tile's rows */
+      uint32_t pfl = r0 || d0 || !v->pf ? 0 : v->pf_lines;
       switch (nq - r0 >= 4 ? 4 : nq - r0) {
-      case 4: value_tile(wr, ldw, v, idx, ni, d0, n, ar, lda, 4, enc, lo, hi, &u); break;
-      case 3: value_tile(wr, ldw, v, idx, ni, d0, n, ar, lda, 3, enc, lo, hi, &u); break;
-      case 2: value_tile(wr, ldw, v, idx, ni, d0, n, ar, lda, 2, enc, lo, hi, &u); break;
-      default: value_tile(wr, ldw, v, idx, ni, d0, n, ar, lda, 1, enc, lo, hi, &u); break;
+      case 4: value_tile(wr, ldw, v, idx, ni, d0, n, ar, lda, 4, enc, lo, hi, &u, pf, pfl); break;
+      case 3: value_tile(wr, ldw, v, idx, ni, d0, n, ar, lda, 3, enc, lo, hi, &u, pf, pfl); break;
+      case 2: value_tile(wr, ldw, v, idx, ni, d0, n, ar, lda, 2, enc, lo, hi, &u, pf, pfl); break;
+      default: value_tile(wr, ldw, v, idx, ni, d0, n, ar, lda, 1, enc, lo, hi, &u, pf, pfl); break;
       }
     }
   }
@@ -260,6 +275,7 @@ static void a_scale_add(float *x, const float *s, float b, size_t n) {
 const ckv_attnops ckv_attnops_avx2 = {.name = "avx2",
                                       .n_multiple = 8,
                                       .packp = false,
+                                      .spread_prefetch = true,
                                       .scores = a_scores,
                                       .values = a_values,
                                       .nonzero = a_nonzero,
