@@ -13,9 +13,11 @@
  * into the per-(block, slot) attention mass.
  *
  * Threads: the block list is cut into partitions of ATTN_PART_BLOCKS blocks,
- * each with its own running max, sum and accumulator; threads take
- * partitions in turn, and the partials are combined in partition order
- * afterwards.  Partitions depend on the block list only, so the result has
+ * each with its own running max, sum and accumulator; each thread takes
+ * the next partition nobody has taken (an atomic counter, so on a shared
+ * machine a thread the scheduler holds back takes fewer, instead of the
+ * others waiting for its fixed share), and the partials are combined in
+ * partition order afterwards.  Partitions depend on the block list only, so the result has
  * the same bits whatever the number of threads.
  *
  * Rotated blocks (formats v2) are read in their rotated basis: the query is
@@ -37,6 +39,7 @@
  * bit-identical on every CPU path; other formats keep the float path. */
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -362,6 +365,7 @@ typedef struct attn_job {
   const ckv_rowops *ops;
   attn_layout *L;
   size_t RG, HR;
+  atomic_uint next_part; /* the first partition no thread has taken */
 } attn_job;
 
 /* The values of a rotated block into P->racc: sum_t (p_t s_t) (c_t - off),
@@ -486,16 +490,16 @@ static void run_blocks(const attn_job *j, attn_ws *w, attn_part *P, uint32_t b0,
 }
 
 typedef struct attn_thread {
-  const attn_job *j;
+  attn_job *j;
   uint32_t index;
   pthread_t tid;
 } attn_thread;
 
-/* Thread `index` takes partitions index, index + T, ... */
+/* Thread `index` takes the next untaken partition until none is left (its scratch: ws[index]). */
 static void *attn_thread_main(void *arg) {
   attn_thread *t = arg;
   const attn_layout *L = t->j->L;
-  for (uint32_t p = t->index; p < L->n_parts; p += L->n_threads) {
+  for (uint32_t p; (p = atomic_fetch_add_explicit(&t->j->next_part, 1u, memory_order_relaxed)) < L->n_parts;) {
     uint32_t b0 = p * ATTN_PART_BLOCKS, b1 = b0 + ATTN_PART_BLOCKS;
     if (b1 > t->j->a->n_blocks) b1 = t->j->a->n_blocks;
     run_blocks(t->j, &L->ws[t->index], &L->parts[p], b0, b1);
@@ -595,6 +599,7 @@ ckv_status ckv_kernels_attention(const ckv_attn_args *a) {
   L.slot_base[0] = 0;
   for (uint32_t b = 0; b < a->n_blocks; b++) L.slot_base[b + 1] = L.slot_base[b] + ckv_hdr(a->blocks[b])->capacity;
   attn_job job = {.a = a, .ops = ops, .L = &L, .RG = RG, .HR = HR};
+  atomic_init(&job.next_part, 0u);
   attn_thread th[ATTN_MAX_THREADS];
   uint32_t started = 1;
   for (uint32_t t = 0; t < L.n_threads; t++) th[t] = (attn_thread){.j = &job, .index = t};
