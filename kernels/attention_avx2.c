@@ -8,8 +8,9 @@
  * a byte shuffle puts the two bytes that hold code i into 16-bit lane i, the
  * lanes are widened and shifted so the code sits in the low bits, and two
  * 8-entry permutes (one for b < 4) look the float up in the 16-entry table.
- * The value tile is 4 rows by 16 elements: 8 accumulators, within the 16
- * registers AVX2 has. */
+ * The score tile is 4 query rows by two keys (8 accumulators, each query
+ * step loaded once for both), the value tile 4 rows by 16 elements: 8
+ * accumulators, within the 16 registers AVX2 has. */
 #include <immintrin.h>
 #include <stdbool.h>
 #include <string.h>
@@ -99,11 +100,36 @@ AI uint32_t pf_per(uint32_t lines, size_t steps) { return steps ? (uint32_t)((li
 AI void score_tile(const float *q, size_t ldq, const ckv_arows *k, const uint16_t *idx, size_t ni, uint32_t n,
                    float *out, size_t ldo, const int NR, const int enc, __m256 lo, __m256 hi, const unpack8 *u,
                    const uint8_t *pf, uint32_t pfl) {
-  const uint32_t per = pf_per(pfl, ni);
-  for (size_t i = 0; i < ni; i++) {
+  const uint32_t per = pf_per(pfl, (ni + 1) / 2);
+  size_t i = 0;
+  for (; i + 2 <= ni; i += 2) { /* two rows at a time: each query step loaded once for both (8 accumulators) */
+    const uint8_t *r0 = k->base + idx[i] * k->stride, *r1 = k->base + idx[i + 1] * k->stride;
+    pf_step(&pf, &pfl, per);
+    __m256 s[2][4];
+    UNROLL
+    for (int r = 0; r < 4; r++) s[0][r] = s[1][r] = _mm256_setzero_ps();
+    for (uint32_t d = 0; d < n; d += 8) {
+      __m256 x0 = dec8(r0, d, enc, k->bits, lo, hi, u), x1 = dec8(r1, d, enc, k->bits, lo, hi, u);
+      UNROLL
+      for (int r = 0; r < NR; r++) {
+        __m256 qv = _mm256_loadu_ps(q + r * ldq + d);
+        s[0][r] = _mm256_fmadd_ps(qv, x0, s[0][r]);
+        s[1][r] = _mm256_fmadd_ps(qv, x1, s[1][r]);
+      }
+    }
+    float v[8];
+    _mm_storeu_ps(v, red4(s[0][0], s[0][1], s[0][2], s[0][3]));
+    _mm_storeu_ps(v + 4, red4(s[1][0], s[1][1], s[1][2], s[1][3]));
+    UNROLL
+    for (int r = 0; r < NR; r++) {
+      out[r * ldo + idx[i]] = v[r];
+      out[r * ldo + idx[i + 1]] = v[4 + r];
+    }
+  }
+  pf_step(&pf, &pfl, pfl);
+  for (; i < ni; i++) {
     uint32_t t = idx[i];
     const uint8_t *row = k->base + t * k->stride;
-    pf_step(&pf, &pfl, per);
     __m256 s[4][2];
     UNROLL
     for (int r = 0; r < 4; r++) s[r][0] = s[r][1] = _mm256_setzero_ps();
