@@ -115,7 +115,7 @@ PEER_ARGS ?= --tokens 32768 --json
 PEER_RUN ?= 1
 bench-peer: build
 	@JOBS=$(JOBS) sh bench/peer/build.sh $(BUILD) || echo "bench-peer: the ggml peer was not built; its rows say skipped"
-	@if [ "$(PEER_RUN)" != 0 ]; then uptime; $(BUILD)/bin/commitkv-bench kernels --peer $(BUILD)/peer/bin/ckv-ggml-peer $(PEER_ARGS); fi
+	@if [ "$(PEER_RUN)" != 0 ]; then uptime >&2; $(BUILD)/bin/commitkv-bench kernels --peer $(BUILD)/peer/bin/ckv-ggml-peer $(PEER_ARGS); fi
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h' '*.cu')
