@@ -8,8 +8,10 @@
  * --quick: CI-sized (32 MiB, 1K/4K tokens, few iterations); --mib N: op
  * buffer size; --tokens N,...: the attention sizes instead (multiples of 512, e.g. 32768);
  * --cpu-time: time with the thread CPU clock instead of wall.
- * --peer PATH: after ours, runs the outside peer PATH (bench/peer/ggml_peer.c, built by
- * `make bench-peer`: ggml's CPU kernels) on the same sizes and thread count; each ops and
+ * --peer PATH: before ours and again after, runs the outside peer PATH (bench/peer/ggml_peer.c,
+ * built by `make bench-peer`: ggml's CPU kernels) on the same sizes and thread count, each peer
+ * figure the better of its two runs (a load change between the phases favours neither side, or
+ * the peer); each ops and
  * attention row with a peer format at equal or more bits gains ratio_peer (peer time / ours;
  * attention also ratio_peer_llama, the peer reading llama.cpp's cache layout); where the
  * peer is missing or failed the rows say "peer": "skipped: why".
@@ -664,6 +666,16 @@ int ckv_bench_kernels(int argc, char **argv) {
   c.ring = (float *)c.b; /* the memcpy target doubles as the FP32 output ring (as large as the source) */
   memset(c.b, 1, draft_bytes);
   double memcpy_gbps = 2.0 * draft_bytes / best_of(reps, run_memcpy, &c) / 1e9;
+  /* attention sizes (here: the peer runs before our figures too) */
+  size_t sizes_full[] = {4096, 32768, 131072}, sizes_quick[] = {1024, 4096};
+  size_t *sizes = nsizes_arg ? sizes_arg : quick ? sizes_quick : sizes_full;
+  size_t nsizes = nsizes_arg ? nsizes_arg : quick ? 2 : 3;
+  long online = sysconf(_SC_NPROCESSORS_ONLN);
+  int peer_threads = online < 1 ? 1 : online > 64 ? 64 : (int)online; /* as run_ops' g_op_threads */
+  if (g_peer_path) { /* before ours, and again after: each peer row keeps the better of its two runs */
+    fprintf(log, "kernels: running the peer %s (before)\n", g_peer_path);
+    ckv_peer_run(&g_peer, g_peer_path, mib, sizes, nsizes, peer_threads, quick);
+  }
   if (run_ops(&g, &dr, tokens, reps, &c)) {
     fprintf(stderr, "kernels: out of memory\n");
     return 1;
@@ -674,9 +686,6 @@ int ckv_bench_kernels(int argc, char **argv) {
   /* attention: one layer */
   const ckv_geometry ga = {.n_layers = 1, .n_kv_heads = 8, .head_dim = 128, .dtype = CKV_DTYPE_FP16};
   const uint32_t QH = 32;
-  size_t sizes_full[] = {4096, 32768, 131072}, sizes_quick[] = {1024, 4096};
-  size_t *sizes = nsizes_arg ? sizes_arg : quick ? sizes_quick : sizes_full;
-  size_t nsizes = nsizes_arg ? nsizes_arg : quick ? 2 : 3;
   attn_result ar[3 * N_ATTN_FORMATS];
   attn_baseline base[3];
   attn_int_result air[3 * 3];
@@ -760,9 +769,9 @@ int ckv_bench_kernels(int argc, char **argv) {
     blockset_free(&drafts);
   }
 
-  if (g_peer_path) { /* after ours, on the same sizes and thread count (a separate process: nothing shared) */
-    fprintf(log, "kernels: running the peer %s\n", g_peer_path);
-    ckv_peer_run(&g_peer, g_peer_path, mib, sizes, nsizes, g_op_threads, quick);
+  if (g_peer_path) { /* and after ours: a separate process, nothing shared */
+    fprintf(log, "kernels: running the peer %s (after)\n", g_peer_path);
+    ckv_peer_run(&g_peer, g_peer_path, mib, sizes, nsizes, peer_threads, quick);
     if (!g_peer.n) fprintf(log, "kernels: peer %s\n", g_peer.skipped);
   }
   if (json) {
@@ -802,7 +811,8 @@ int ckv_bench_kernels(int argc, char **argv) {
     }
     printf("], \"attention_threads\": %ld, ", threads ? (long)threads : sysconf(_SC_NPROCESSORS_ONLN));
     if (g_peer_path)
-      printf("\"peer_path\": \"%s\", \"peer_rows\": %zu, \"peer_skipped\": %s%s%s, ", g_peer_path, g_peer.n,
+      printf("\"peer_path\": \"%s\", \"peer_runs\": %d, \"peer_rows\": %zu, \"peer_skipped\": %s%s%s, ", g_peer_path,
+             g_peer.runs, g_peer.n,
              g_peer.n ? "" : "\"", g_peer.n ? "null" : g_peer.skipped, g_peer.n ? "" : "\"");
     printf("\"gpu\": ");
     gpu_section(1);

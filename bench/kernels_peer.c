@@ -48,7 +48,7 @@ static double get_num(const char *line, const char *key) {
 
 void ckv_peer_run(ckv_peer *p, const char *path, size_t mib, const size_t *tokens, size_t n_tokens, int threads,
                   int quick) {
-  memset(p, 0, sizeof *p);
+  p->skipped[0] = 0;
   if (access(path, X_OK) != 0) {
     snprintf(p->skipped, sizeof p->skipped, "skipped: no peer program at %s (make bench-peer builds it)", path);
     return;
@@ -64,27 +64,37 @@ void ckv_peer_run(ckv_peer *p, const char *path, size_t mib, const size_t *token
     return;
   }
   char line[1024];
-  size_t cap = 0;
+  int got = 0;
   while (fgets(line, sizeof line, f)) {
     if (!strstr(line, "\"peer\"")) continue;
-    if (p->n == cap) {
-      cap = cap ? 2 * cap : 64;
+    ckv_peer_row x = {0};
+    get_str(line, "op", x.op, sizeof x.op);
+    get_str(line, "format", x.format, sizeof x.format);
+    get_str(line, "layout", x.layout, sizeof x.layout);
+    x.bits = get_num(line, "bits");
+    x.threads = (int)get_num(line, "threads");
+    x.tokens = (size_t)get_num(line, "tokens");
+    x.ns_per_elem = get_num(line, "ns_per_elem");
+    x.ms = get_num(line, "ms");
+    x.ms_median = get_num(line, "ms_median");
+    ckv_peer_row *old = (ckv_peer_row *)ckv_peer_find(p, x.op, x.format, x.threads, x.tokens, x.layout);
+    if (old) { /* the same row from an earlier run: the better of the two */
+      if (x.ns_per_elem > 0 && x.ns_per_elem < old->ns_per_elem) old->ns_per_elem = x.ns_per_elem;
+      if (x.ms > 0 && x.ms < old->ms) old->ms = x.ms;
+      if (x.ms_median > 0 && x.ms_median < old->ms_median) old->ms_median = x.ms_median;
+      got = 1;
+      continue;
+    }
+    if (p->n == p->cap) {
+      size_t cap = p->cap ? 2 * p->cap : 64;
       ckv_peer_row *r = realloc(p->rows, cap * sizeof *r);
       if (!r) break;
-      p->rows = r;
+      p->rows = r, p->cap = cap;
     }
-    ckv_peer_row *r = &p->rows[p->n++];
-    memset(r, 0, sizeof *r);
-    get_str(line, "op", r->op, sizeof r->op);
-    get_str(line, "format", r->format, sizeof r->format);
-    get_str(line, "layout", r->layout, sizeof r->layout);
-    r->bits = get_num(line, "bits");
-    r->threads = (int)get_num(line, "threads");
-    r->tokens = (size_t)get_num(line, "tokens");
-    r->ns_per_elem = get_num(line, "ns_per_elem");
-    r->ms = get_num(line, "ms");
-    r->ms_median = get_num(line, "ms_median");
+    p->rows[p->n++] = x;
+    got = 1;
   }
+  p->runs += got;
   int rc = pclose(f);
   if (!p->n) snprintf(p->skipped, sizeof p->skipped, "skipped: %s printed no rows (exit status %d)", path, rc);
 }

@@ -18,12 +18,16 @@ typedef struct ckv_peer_row {
 
 typedef struct ckv_peer {
   ckv_peer_row *rows;
-  size_t n;
+  size_t n, cap;
+  int runs; /* how many runs of the peer printed rows */
   char skipped[256]; /* non-empty: why there are no rows */
 } ckv_peer;
 
-/* Runs `path --mib MIB --tokens T1,T2.. --threads THREADS [--quick]` and keeps its rows.
- * Never fails: a missing program, a failed run or no rows leave p->n == 0 and say why
+/* Runs `path --mib MIB --tokens T1,T2.. --threads THREADS [--quick]` and keeps its rows
+ * (p zeroed before the first call).  A second call merges: a row already there keeps the
+ * better (lower) of its two times, so a peer run before ours and one after it leave no
+ * advantage to either side from the load changing in between.  Never fails: a missing
+ * program, a failed run or no rows leave p->n as it was and, with no rows at all, say why
  * in p->skipped. */
 void ckv_peer_run(ckv_peer *p, const char *path, size_t mib, const size_t *tokens, size_t n_tokens, int threads,
                   int quick);
