@@ -14,7 +14,7 @@ TEST_JOBS ?= 2
 FUZZ_JOBS ?= $(JOBS)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build test check demo test-asan test-tsan test-valgrind test-gpu fuzz clean format package agentlm
+.PHONY: all deps build test check demo test-asan test-tsan test-valgrind test-gpu fuzz clean format package agentlm bench-peer
 
 all: build
 
@@ -105,6 +105,17 @@ package: deps
 	cmake --build $(PKG_BUILD) -j $(JOBS)
 	cd $(PKG_BUILD) && cpack -G DEB
 	@ls -1 $(PKG_BUILD)/commitkv_*.deb
+
+# The honest peer (issue 42): ggml's CPU kernels from the llama.cpp source in the npm
+# package node-llama-cpp, built into $(BUILD)/peer by bench/peer/build.sh (never part of
+# the CMake build or CI), then `commitkv-bench kernels --peer` with PEER_ARGS: each row
+# gains ratio_peer (peer time / ours), or says "skipped" where the peer could not be
+# built (no npm registry).  PEER_RUN=0: build the peer only.
+PEER_ARGS ?= --tokens 32768 --json
+PEER_RUN ?= 1
+bench-peer: build
+	@JOBS=$(JOBS) sh bench/peer/build.sh $(BUILD) || echo "bench-peer: the ggml peer was not built; its rows say skipped"
+	@if [ "$(PEER_RUN)" != 0 ]; then uptime >&2; $(BUILD)/bin/commitkv-bench kernels --peer $(BUILD)/peer/bin/ckv-ggml-peer $(PEER_ARGS); fi
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h' '*.cu')

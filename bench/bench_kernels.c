@@ -8,6 +8,13 @@
  * --quick: CI-sized (32 MiB, 1K/4K tokens, few iterations); --mib N: op
  * buffer size; --tokens N,...: the attention sizes instead (multiples of 512, e.g. 32768);
  * --cpu-time: time with the thread CPU clock instead of wall.
+ * --peer PATH: before ours and again after, runs the outside peer PATH (bench/peer/ggml_peer.c,
+ * built by `make bench-peer`: ggml's CPU kernels) on the same sizes and thread count, each peer
+ * figure the better of its two runs (a load change between the phases favours neither side, or
+ * the peer); each ops and
+ * attention row with a peer format at equal or more bits gains ratio_peer (peer time / ours;
+ * attention also ratio_peer_llama, the peer reading llama.cpp's cache layout); where the
+ * peer is missing or failed the rows say "peer": "skipped: why".
  * Every quantize / dequantize (int8, int4, int2, rot4, rot3, rot2, rot1) and
  * prune_keys runs on one thread and on all, beside a plain-C baseline that
  * writes the same bytes (quant_plain.c, where the CPU has AVX2/F16C; checked,
@@ -36,6 +43,7 @@
 #include "bench/attention_plain.h"
 #include "bench/bench.h"
 #include "bench/bench_daemon.h"
+#include "bench/kernels_peer.h"
 #include "bench/quant_plain.h"
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
@@ -187,12 +195,16 @@ typedef struct op_row {
   const char *op, *format;
   int threads;
   double gbps, plain_gbps; /* plain_gbps < 0: not run (CPU without AVX2/F16C) */
+  double ns_per_elem;      /* our time per element of K/V (for the peer's ratio) */
   int same;                /* 1 same bytes, 0 differs (printed loudly), -1 not compared */
 } op_row;
 static op_row g_ops[MAX_OPS];
 static int g_nops;
 static double g_memcpy_threads_gbps;
 static int g_op_threads;
+/* --peer PATH: the outside peer's rows (kernels_peer.c); g_peer_path NULL: no --peer */
+static const char *g_peer_path;
+static ckv_peer g_peer;
 
 /* One op's work for one thread's share of the blocks. */
 typedef struct op_job {
@@ -352,7 +364,9 @@ static int run_ops(const ckv_geometry *g, blockset *dr, size_t tokens, int reps,
         op_run r = {.job = {.kind = kind, .fmt = fmt, .g = g, .src = dr, .dst = &ours, .moves = moves, .cap = 64, .ring = mc->ring,
                             .ring_floats = mc->ring_floats},
                     .threads = threads, .fmt = fmt, .kept = kept};
-        row->gbps = bytes / best_of(reps, op_once, &r) / 1e9;
+        double secs = best_of(reps, op_once, &r);
+        row->gbps = bytes / secs / 1e9;
+        row->ns_per_elem = secs * 1e9 / ((double)tokens * ckv_token_elems(g));
         row->plain_gbps = -1;
         row->same = -1;
         if (!plain_ok) continue;
@@ -387,6 +401,72 @@ static double ratio_bound(double gbps, double memcpy_gbps) {
   double bw = g_memcpy_threads_gbps > 0 ? g_memcpy_threads_gbps : memcpy_gbps;
   return bw > 0 ? gbps / bw : 0.0;
 }
+/* ---- the peer (--peer PATH, kernels_peer.c): ratio_peer = peer time / ours, peer at >= our bits ---- */
+/* Why a row has no ratio_peer, or NULL when it has one (*ret the peer's row). */
+static const char *peer_lookup(const char *op, const char *format, int threads, size_t tokens, const char *layout,
+                               const char **ret_fmt, const ckv_peer_row **ret) {
+  *ret = NULL;
+  *ret_fmt = ckv_peer_format_for(op, format);
+  if (!strcmp(op, "prune_keys") || !*ret_fmt) return "none: no peer format at or above these bits";
+  if (!g_peer.n) return g_peer.skipped;
+  *ret = ckv_peer_find(&g_peer, op, *ret_fmt, threads, tokens, layout);
+  return *ret ? NULL : "skipped: the peer printed no such row";
+}
+static void print_peer_op_json(const op_row *o) {
+  if (!g_peer_path) return;
+  const char *pf;
+  const ckv_peer_row *r;
+  const char *why = peer_lookup(o->op, o->format, o->threads, 0, "", &pf, &r);
+  if (why) {
+    printf(", \"peer\": \"%s\", \"ratio_peer\": null", why);
+    return;
+  }
+  printf(", \"peer\": \"ggml\", \"peer_format\": \"%s\", \"peer_bits\": %.4f, \"ns_per_elem\": %.5f, "
+         "\"peer_ns_per_elem\": %.5f, \"ratio_peer\": %.3f",
+         pf, r->bits, o->ns_per_elem, r->ns_per_elem, r->ns_per_elem / o->ns_per_elem);
+}
+static void print_peer_attn_json(const char *format, size_t tokens, double us) {
+  if (!g_peer_path) return;
+  const char *pf;
+  const ckv_peer_row *r, *rl;
+  const char *why = peer_lookup("attention", format, g_op_threads, tokens, "contiguous", &pf, &r);
+  if (why) {
+    printf(", \"peer\": \"%s\", \"ratio_peer\": null", why);
+    return;
+  }
+  rl = ckv_peer_find(&g_peer, "attention", pf, g_op_threads, tokens, "llama");
+  printf(", \"peer\": \"ggml\", \"peer_format\": \"%s\", \"peer_bits\": %.4f, \"peer_ms\": %.4f, "
+         "\"peer_ms_median\": %.4f, \"ratio_peer\": %.3f",
+         pf, r->bits, r->ms, r->ms_median, r->ms * 1e3 / us);
+  if (rl) printf(", \"peer_llama_ms\": %.4f, \"ratio_peer_llama\": %.3f", rl->ms, rl->ms * 1e3 / us);
+}
+
+static void print_peer_text(const attn_result *ar, int nar) {
+  printf("\npeer %s: time per element (ops) or per call (attention), ours and the peer's at equal or more bits\n",
+         g_peer_path);
+  if (!g_peer.n) {
+    printf("  %s\n", g_peer.skipped);
+    return;
+  }
+  printf("%-11s %-6s %7s %8s %12s %-7s %6s %12s %9s\n", "op", "format", "threads", "tokens", "ours", "peer", "bits",
+         "peer's", "peer/ours");
+  for (int i = 0; i < g_nops; i++) {
+    const char *pf;
+    const ckv_peer_row *r;
+    if (peer_lookup(g_ops[i].op, g_ops[i].format, g_ops[i].threads, 0, "", &pf, &r)) continue;
+    printf("%-11s %-6s %7d %8s %9.3f ns %-7s %6.2f %9.3f ns %9.2f\n", g_ops[i].op, g_ops[i].format, g_ops[i].threads, "-",
+           g_ops[i].ns_per_elem, pf, r->bits, r->ns_per_elem, r->ns_per_elem / g_ops[i].ns_per_elem);
+  }
+  for (int i = 0; i < nar; i++)
+    for (int lay = 0; lay < 2; lay++) {
+      const char *pf;
+      const ckv_peer_row *r;
+      if (peer_lookup("attention", ar[i].format, g_op_threads, ar[i].tokens, lay ? "llama" : "contiguous", &pf, &r)) continue;
+      printf("%-11s %-6s %7d %8u %9.3f ms %-7s %6.2f %9.3f ms %9.2f%s\n", "attention", ar[i].format, g_op_threads,
+             ar[i].tokens, ar[i].us / 1e3, pf, r->bits, r->ms, r->ms * 1e3 / ar[i].us, lay ? " (llama.cpp's layout)" : "");
+    }
+}
+
 static void print_ops_json(double memcpy_gbps) {
   printf("\"memcpy_threads_gbps\": %.3f, \"ops_threads\": %d, \"ops\": [", g_memcpy_threads_gbps, g_op_threads);
   for (int i = 0; i < g_nops; i++) {
@@ -394,10 +474,12 @@ static void print_ops_json(double memcpy_gbps) {
     double mc = op_memcpy(o, memcpy_gbps);
     printf("%s{\"name\": \"%s_%s\", \"op\": \"%s\", \"format\": \"%s\", \"threads\": %d, \"gbps\": %.3f, "
            "\"ratio_to_memcpy\": %.3f, \"ratio_memcpy\": %.3f, \"ratio_bound\": %.3f, \"plain_gbps\": %.3f, "
-           "\"ratio_plain\": %.3f, \"same_bytes\": %s}",
+           "\"ratio_plain\": %.3f, \"same_bytes\": %s",
            i ? ", " : "", o->op, o->format, o->op, o->format, o->threads, o->gbps, o->gbps / mc, o->gbps / mc,
            ratio_bound(o->gbps, memcpy_gbps), o->plain_gbps, o->plain_gbps > 0 ? o->gbps / o->plain_gbps : 0.0,
            o->same < 0 ? "null" : o->same ? "true" : "false");
+    print_peer_op_json(o);
+    printf("}");
   }
   printf("], \"quant_baselines\": [");
   for (int i = 0, n = 0; i < g_nops; i++) /* the earlier key: the one-thread rows against plain C */
@@ -543,6 +625,7 @@ int ckv_bench_kernels(int argc, char **argv) {
     else if (!strcmp(argv[i], "--quick")) quick = 1;
     else if (!strcmp(argv[i], "--cpu-time")) g_clock = CLOCK_THREAD_CPUTIME_ID;
     else if (!strcmp(argv[i], "--mib") && i + 1 < argc) mib = strtoul(argv[++i], NULL, 10);
+    else if (!strcmp(argv[i], "--peer") && i + 1 < argc) g_peer_path = argv[++i];
     else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) {
       for (char *e = argv[++i]; *e && nsizes_arg < 3; e += *e == ',') {
         size_t n = strtoul(e, &e, 10) / 512 * 512; /* the mixes' shares in whole 64-token blocks */
@@ -555,7 +638,7 @@ int ckv_bench_kernels(int argc, char **argv) {
       }
     }
     else {
-      fprintf(stderr, "usage: commitkv-bench kernels [--json] [--quick] [--mib N] [--tokens N[,N...]] [--cpu-time]\n");
+      fprintf(stderr, "usage: commitkv-bench kernels [--json] [--quick] [--mib N] [--tokens N[,N...]] [--cpu-time] [--peer PATH]\n");
       return 2;
     }
   }
@@ -583,6 +666,16 @@ int ckv_bench_kernels(int argc, char **argv) {
   c.ring = (float *)c.b; /* the memcpy target doubles as the FP32 output ring (as large as the source) */
   memset(c.b, 1, draft_bytes);
   double memcpy_gbps = 2.0 * draft_bytes / best_of(reps, run_memcpy, &c) / 1e9;
+  /* attention sizes (here: the peer runs before our figures too) */
+  size_t sizes_full[] = {4096, 32768, 131072}, sizes_quick[] = {1024, 4096};
+  size_t *sizes = nsizes_arg ? sizes_arg : quick ? sizes_quick : sizes_full;
+  size_t nsizes = nsizes_arg ? nsizes_arg : quick ? 2 : 3;
+  long online = sysconf(_SC_NPROCESSORS_ONLN);
+  int peer_threads = online < 1 ? 1 : online > 64 ? 64 : (int)online; /* as run_ops' g_op_threads */
+  if (g_peer_path) { /* before ours, and again after: each peer row keeps the better of its two runs */
+    fprintf(log, "kernels: running the peer %s (before)\n", g_peer_path);
+    ckv_peer_run(&g_peer, g_peer_path, mib, sizes, nsizes, peer_threads, quick);
+  }
   if (run_ops(&g, &dr, tokens, reps, &c)) {
     fprintf(stderr, "kernels: out of memory\n");
     return 1;
@@ -593,9 +686,6 @@ int ckv_bench_kernels(int argc, char **argv) {
   /* attention: one layer */
   const ckv_geometry ga = {.n_layers = 1, .n_kv_heads = 8, .head_dim = 128, .dtype = CKV_DTYPE_FP16};
   const uint32_t QH = 32;
-  size_t sizes_full[] = {4096, 32768, 131072}, sizes_quick[] = {1024, 4096};
-  size_t *sizes = nsizes_arg ? sizes_arg : quick ? sizes_quick : sizes_full;
-  size_t nsizes = nsizes_arg ? nsizes_arg : quick ? 2 : 3;
   attn_result ar[3 * N_ATTN_FORMATS];
   attn_baseline base[3];
   attn_int_result air[3 * 3];
@@ -679,6 +769,11 @@ int ckv_bench_kernels(int argc, char **argv) {
     blockset_free(&drafts);
   }
 
+  if (g_peer_path) { /* and after ours: a separate process, nothing shared */
+    fprintf(log, "kernels: running the peer %s (after)\n", g_peer_path);
+    ckv_peer_run(&g_peer, g_peer_path, mib, sizes, nsizes, peer_threads, quick);
+    if (!g_peer.n) fprintf(log, "kernels: peer %s\n", g_peer.skipped);
+  }
   if (json) {
     printf("{\"path\": \"%s\", \"clock\": \"%s\", \"tokens_ops\": %zu, \"llc_bytes\": %zu, \"memcpy_gbps\": %.3f, ",
            ckv_kernels_path_name(ckv_kernels_path()), g_clock == CLOCK_MONOTONIC ? "wall" : "thread_cpu", tokens, llc_bytes(),
@@ -689,10 +784,12 @@ int ckv_bench_kernels(int argc, char **argv) {
       double fp16 = ar[i - i % N_ATTN_FORMATS].us, plain = base[i / N_ATTN_FORMATS].plain_us;
       printf("%s{\"tokens\": %u, \"format\": \"%s\", \"threads\": %ld, \"ms\": %.4f, \"us_per_query\": %.1f, "
              "\"speedup_vs_fp16\": %.3f, \"ratio_plain\": %.3f, \"gbps\": %.3f, \"ratio_bound\": %.3f, "
-             "\"bits_per_element\": %.3f}",
+             "\"bits_per_element\": %.3f",
              i ? ", " : "", ar[i].tokens, ar[i].format, threads ? (long)threads : sysconf(_SC_NPROCESSORS_ONLN),
              ar[i].us / 1e3, ar[i].us, fp16 / ar[i].us, plain > 0 ? plain / ar[i].us : 0.0, ar[i].gbps,
              ratio_bound(ar[i].gbps, memcpy_gbps), ar[i].bits);
+      print_peer_attn_json(ar[i].format, ar[i].tokens, ar[i].us);
+      printf("}");
     }
     printf("], \"attention_baselines\": [");
     for (size_t si = 0; si < nsizes; si++)
@@ -712,7 +809,12 @@ int ckv_bench_kernels(int argc, char **argv) {
              air[i].float_us / air[i].int_us, fp16 / air[i].int_us, air[i].float_1t_us, air[i].int_1t_us,
              air[i].float_1t_us / air[i].int_1t_us, air[i].cosine_min);
     }
-    printf("], \"attention_threads\": %ld, \"gpu\": ", threads ? (long)threads : sysconf(_SC_NPROCESSORS_ONLN));
+    printf("], \"attention_threads\": %ld, ", threads ? (long)threads : sysconf(_SC_NPROCESSORS_ONLN));
+    if (g_peer_path)
+      printf("\"peer_path\": \"%s\", \"peer_runs\": %d, \"peer_rows\": %zu, \"peer_skipped\": %s%s%s, ", g_peer_path,
+             g_peer.runs, g_peer.n,
+             g_peer.n ? "" : "\"", g_peer.n ? "null" : g_peer.skipped, g_peer.n ? "" : "\"");
+    printf("\"gpu\": ");
     gpu_section(1);
     printf("}\n");
   } else {
@@ -750,7 +852,9 @@ int ckv_bench_kernels(int argc, char **argv) {
              air[i].float_us, air[i].int_us, air[i].float_us / air[i].int_us, fp16 / air[i].int_us, air[i].float_1t_us,
              air[i].int_1t_us, air[i].float_1t_us / air[i].int_1t_us, air[i].cosine_min);
     }
+    if (g_peer_path) print_peer_text(ar, nar);
     gpu_section(0);
   }
+  ckv_peer_free(&g_peer);
   return 0;
 }

@@ -13,9 +13,11 @@
  * into the per-(block, slot) attention mass.
  *
  * Threads: the block list is cut into partitions of ATTN_PART_BLOCKS blocks,
- * each with its own running max, sum and accumulator; threads take
- * partitions in turn, and the partials are combined in partition order
- * afterwards.  Partitions depend on the block list only, so the result has
+ * each with its own running max, sum and accumulator; each thread takes
+ * the next partition nobody has taken (an atomic counter, so on a shared
+ * machine a thread the scheduler holds back takes fewer, instead of the
+ * others waiting for its fixed share), and the partials are combined in
+ * partition order afterwards.  Partitions depend on the block list only, so the result has
  * the same bits whatever the number of threads.
  *
  * Rotated blocks (formats v2) are read in their rotated basis: the query is
@@ -37,6 +39,7 @@
  * bit-identical on every CPU path; other formats keep the float path. */
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -87,6 +90,7 @@ typedef struct attn_layout {
   const ckv_attnops *A;  /* the SIMD loops of the path; NULL: the portable loops only */
   ckv_ablock_luts luts;
   uint32_t n_parts, n_threads;
+  uint32_t n_acc, n_racc; /* accumulators the call's blocks use: acc[0..n_acc), racc[0..n_racc) */
 } attn_layout;
 
 static size_t up64(size_t n) { return (n + 63u) & ~(size_t)63u; }
@@ -361,6 +365,7 @@ typedef struct attn_job {
   const ckv_rowops *ops;
   attn_layout *L;
   size_t RG, HR;
+  atomic_uint next_part; /* the first partition no thread has taken */
 } attn_job;
 
 /* The values of a rotated block into P->racc: sum_t (p_t s_t) (c_t - off),
@@ -422,8 +427,13 @@ static void run_blocks(const attn_job *j, attn_ws *w, attn_part *P, uint32_t b0,
     const void *next = A && b + 1 < b1 ? a->blocks[b + 1] : NULL; /* prefetched over this block's heads */
     for (uint32_t h = 0; h < H; h++) {
       float *S = SB + (size_t)h * RG * cap;
-      if (next) ckv_ablock_prefetch(g, a->layer, next, h, 2u * H);
-      if (fast && !(j->L->io && ckv_iscore_format(fmt)))
+      bool simd = fast && !(j->L->io && ckv_iscore_format(fmt));
+      x.pf = NULL;
+      if (next && simd) /* the loops ask for it along their rows */
+        ckv_ablock_prefetch_range(g, a->layer, next, h, 2u * H, &x.pf, &x.pf_lines);
+      else if (next)
+        ckv_ablock_prefetch(g, a->layer, next, h, 2u * H);
+      if (simd)
         ckv_ablock_scores(&x, h, j->L->qs + (size_t)h * RG * D, j->L->qsp ? j->L->qsp + (size_t)h * RG * D : NULL,
                           j->L->qr + (size_t)h * RG * D, j->L->qrp + (size_t)h * RG * D, HR * D, &w->ab, S);
       else
@@ -441,20 +451,21 @@ static void run_blocks(const attn_job *j, attn_ws *w, attn_part *P, uint32_t b0,
         memset(s, 0, cap * sizeof(float));
         continue;
       }
-      if (nm > P->m[hr]) {
-        float alpha = P->m[hr] == -INFINITY ? 0.0f : expf(P->m[hr] - nm);
-        for (uint32_t k = 0; k < 2; k++)
-          for (uint32_t d = 0; d < D; d++) P->acc[k * HR * D + hr * D + d] *= alpha;
-        for (uint32_t k = 0; k < 3; k++)
-          for (uint32_t d = 0; d < D; d++) P->racc[k * HR * D + hr * D + d] *= alpha;
-        P->l[hr] *= alpha;
+      if (nm > P->m[hr]) { /* only the accumulators this call's formats use (the rest stay 0) */
+        if (P->m[hr] != -INFINITY) { /* else every accumulator is still 0 */
+          float alpha = expf(P->m[hr] - nm);
+          for (uint32_t k = 0; k < j->L->n_acc; k++) ops->affine(P->acc + k * HR * D + hr * D, alpha, 0.0f, D);
+          for (uint32_t k = 0; k < j->L->n_racc; k++) ops->affine(P->racc + k * HR * D + hr * D, alpha, 0.0f, D);
+          P->l[hr] *= alpha;
+        }
         P->m[hr] = nm;
       }
       P->l[hr] += ops->exp_sub(s, nm, cap);
     }
     if (fast) {
       for (uint32_t h = 0; h < H; h++) {
-        if (next) ckv_ablock_prefetch(g, a->layer, next, H + h, 2u * H);
+        x.pf = NULL;
+        if (next) ckv_ablock_prefetch_range(g, a->layer, next, H + h, 2u * H, &x.pf, &x.pf_lines);
         ckv_ablock_values(&x, h, SB + (size_t)h * RG * cap, &w->ab, P->acc, P->racc, HR * D);
       }
       continue;
@@ -479,16 +490,16 @@ static void run_blocks(const attn_job *j, attn_ws *w, attn_part *P, uint32_t b0,
 }
 
 typedef struct attn_thread {
-  const attn_job *j;
+  attn_job *j;
   uint32_t index;
   pthread_t tid;
 } attn_thread;
 
-/* Thread `index` takes partitions index, index + T, ... */
+/* Thread `index` takes the next untaken partition until none is left (its scratch: ws[index]). */
 static void *attn_thread_main(void *arg) {
   attn_thread *t = arg;
   const attn_layout *L = t->j->L;
-  for (uint32_t p = t->index; p < L->n_parts; p += L->n_threads) {
+  for (uint32_t p; (p = atomic_fetch_add_explicit(&t->j->next_part, 1u, memory_order_relaxed)) < L->n_parts;) {
     uint32_t b0 = p * ATTN_PART_BLOCKS, b1 = b0 + ATTN_PART_BLOCKS;
     if (b1 > t->j->a->n_blocks) b1 = t->j->a->n_blocks;
     run_blocks(t->j, &L->ws[t->index], &L->parts[p], b0, b1);
@@ -496,19 +507,19 @@ static void *attn_thread_main(void *arg) {
   return NULL;
 }
 
-/* Folds partition q into p (p's blocks come first). */
-static void combine(attn_part *p, const attn_part *q, size_t HR, uint32_t D) {
+/* Folds partition q into p (p's blocks come first): n_acc and n_racc accumulators of each. */
+static void combine(attn_part *p, const attn_part *q, size_t HR, uint32_t D, uint32_t n_acc, uint32_t n_racc) {
   for (size_t hr = 0; hr < HR; hr++) {
     float M = q->m[hr] > p->m[hr] ? q->m[hr] : p->m[hr];
     if (M == -INFINITY) continue;
     float ap = p->m[hr] == -INFINITY ? 0.0f : expf(p->m[hr] - M);
     float aq = q->m[hr] == -INFINITY ? 0.0f : expf(q->m[hr] - M);
-    for (uint32_t k = 0; k < 2; k++)
+    for (uint32_t k = 0; k < n_acc; k++)
       for (uint32_t d = 0; d < D; d++) {
         size_t i = k * HR * D + hr * D + d;
         p->acc[i] = p->acc[i] * ap + q->acc[i] * aq;
       }
-    for (uint32_t k = 0; k < 3; k++)
+    for (uint32_t k = 0; k < n_racc; k++)
       for (uint32_t d = 0; d < D; d++) {
         size_t i = k * HR * D + hr * D + d;
         p->racc[i] = p->racc[i] * ap + q->racc[i] * aq;
@@ -553,6 +564,8 @@ ckv_status ckv_kernels_attention(const ckv_attn_args *a) {
     has_rot4 |= fmt == CKV_FORMAT_ROT4;
   }
   const ckv_rowops *ops = ckv_rowops_get();
+  L.n_acc = has_c4 && D % 32u == 0 ? 2u : 1u; /* acc[1]: committed INT4 values in PACKP's order */
+  L.n_racc = has_rot ? 3u : 0u;
   if (has_rot) { /* the query in each KV head's key basis */
     for (size_t hr = 0; hr < HR; hr++) {
       float *qr = L.qr + hr * D, sum = 0.0f;
@@ -586,6 +599,7 @@ ckv_status ckv_kernels_attention(const ckv_attn_args *a) {
   L.slot_base[0] = 0;
   for (uint32_t b = 0; b < a->n_blocks; b++) L.slot_base[b + 1] = L.slot_base[b] + ckv_hdr(a->blocks[b])->capacity;
   attn_job job = {.a = a, .ops = ops, .L = &L, .RG = RG, .HR = HR};
+  atomic_init(&job.next_part, 0u);
   attn_thread th[ATTN_MAX_THREADS];
   uint32_t started = 1;
   for (uint32_t t = 0; t < L.n_threads; t++) th[t] = (attn_thread){.j = &job, .index = t};
@@ -597,7 +611,7 @@ ckv_status ckv_kernels_attention(const ckv_attn_args *a) {
   attn_thread_main(&th[0]);
   for (uint32_t t = 1; t < started; t++) pthread_join(th[t].tid, NULL);
   attn_part *R = &L.parts[0];
-  for (uint32_t p = 1; p < L.n_parts; p++) combine(R, &L.parts[p], HR, D);
+  for (uint32_t p = 1; p < L.n_parts; p++) combine(R, &L.parts[p], HR, D, L.n_acc, L.n_racc);
   for (size_t hr = 0; hr < HR; hr++) {
     size_t h = hr / RG, rg = hr % RG;
     float *o = a->out + ((rg / G) * a->n_q_heads + h * G + rg % G) * D;

@@ -8,8 +8,9 @@
  * a byte shuffle puts the two bytes that hold code i into 16-bit lane i, the
  * lanes are widened and shifted so the code sits in the low bits, and two
  * 8-entry permutes (one for b < 4) look the float up in the 16-entry table.
- * The value tile is 4 rows by 16 elements: 8 accumulators, within the 16
- * registers AVX2 has. */
+ * The score tile is 4 query rows by two keys (8 accumulators, each query
+ * step loaded once for both), the value tile 4 rows by 16 elements: 8
+ * accumulators, within the 16 registers AVX2 has. */
 #include <immintrin.h>
 #include <stdbool.h>
 #include <string.h>
@@ -90,9 +91,43 @@ AI __m128 red4(__m256 a, __m256 b, __m256 c, __m256 d) {
   return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
 }
 
+/* Prefetching along the rows (ckv_arows.pf): `per` lines a step from *pf while *left lasts. */
+AI void pf_step(const uint8_t **pf, uint32_t *left, uint32_t per) {
+  for (uint32_t z = 0; z < per && *left; z++, (*left)--, *pf += 64) __builtin_prefetch(*pf, 0, 2);
+}
+AI uint32_t pf_per(uint32_t lines, size_t steps) { return steps ? (uint32_t)((lines + steps - 1) / steps) : lines; }
+
 AI void score_tile(const float *q, size_t ldq, const ckv_arows *k, const uint16_t *idx, size_t ni, uint32_t n,
-                   float *out, size_t ldo, const int NR, const int enc, __m256 lo, __m256 hi, const unpack8 *u) {
-  for (size_t i = 0; i < ni; i++) {
+                   float *out, size_t ldo, const int NR, const int enc, __m256 lo, __m256 hi, const unpack8 *u,
+                   const uint8_t *pf, uint32_t pfl) {
+  const uint32_t per = pf_per(pfl, (ni + 1) / 2);
+  size_t i = 0;
+  for (; i + 2 <= ni; i += 2) { /* two rows at a time: each query step loaded once for both (8 accumulators) */
+    const uint8_t *r0 = k->base + idx[i] * k->stride, *r1 = k->base + idx[i + 1] * k->stride;
+    pf_step(&pf, &pfl, per);
+    __m256 s[2][4];
+    UNROLL
+    for (int r = 0; r < 4; r++) s[0][r] = s[1][r] = _mm256_setzero_ps();
+    for (uint32_t d = 0; d < n; d += 8) {
+      __m256 x0 = dec8(r0, d, enc, k->bits, lo, hi, u), x1 = dec8(r1, d, enc, k->bits, lo, hi, u);
+      UNROLL
+      for (int r = 0; r < NR; r++) {
+        __m256 qv = _mm256_loadu_ps(q + r * ldq + d);
+        s[0][r] = _mm256_fmadd_ps(qv, x0, s[0][r]);
+        s[1][r] = _mm256_fmadd_ps(qv, x1, s[1][r]);
+      }
+    }
+    float v[8];
+    _mm_storeu_ps(v, red4(s[0][0], s[0][1], s[0][2], s[0][3]));
+    _mm_storeu_ps(v + 4, red4(s[1][0], s[1][1], s[1][2], s[1][3]));
+    UNROLL
+    for (int r = 0; r < NR; r++) {
+      out[r * ldo + idx[i]] = v[r];
+      out[r * ldo + idx[i + 1]] = v[4 + r];
+    }
+  }
+  pf_step(&pf, &pfl, pfl);
+  for (; i < ni; i++) {
     uint32_t t = idx[i];
     const uint8_t *row = k->base + t * k->stride;
     __m256 s[4][2];
@@ -129,11 +164,13 @@ AI void scores_enc(const float *q, size_t nq, size_t ldq, const ckv_arows *k, co
   for (size_t r0 = 0; r0 < nq; r0 += 4) {
     const float *qr = q + r0 * ldq;
     float *o = out + r0 * ldo;
+    const uint8_t *pf = r0 ? NULL : k->pf; /* the lines asked for along the first tile's rows */
+    uint32_t pfl = r0 || !k->pf ? 0 : k->pf_lines;
     switch (nq - r0 >= 4 ? 4 : nq - r0) {
-    case 4: score_tile(qr, ldq, k, idx, ni, n, o, ldo, 4, enc, lo, hi, &u); break;
-    case 3: score_tile(qr, ldq, k, idx, ni, n, o, ldo, 3, enc, lo, hi, &u); break;
-    case 2: score_tile(qr, ldq, k, idx, ni, n, o, ldo, 2, enc, lo, hi, &u); break;
-    default: score_tile(qr, ldq, k, idx, ni, n, o, ldo, 1, enc, lo, hi, &u); break;
+    case 4: score_tile(qr, ldq, k, idx, ni, n, o, ldo, 4, enc, lo, hi, &u, pf, pfl); break;
+    case 3: score_tile(qr, ldq, k, idx, ni, n, o, ldo, 3, enc, lo, hi, &u, pf, pfl); break;
+    case 2: score_tile(qr, ldq, k, idx, ni, n, o, ldo, 2, enc, lo, hi, &u, pf, pfl); break;
+    default: score_tile(qr, ldq, k, idx, ni, n, o, ldo, 1, enc, lo, hi, &u, pf, pfl); break;
     }
   }
 }
@@ -151,8 +188,9 @@ static void a_scores(const float *q, size_t nq, size_t ldq, const ckv_arows *k, 
 /* NR (1..4) accumulator rows by elements [d0, d0+16) (d0 + 8 <= n: one or two steps). */
 AI void value_tile(const float *w, size_t ldw, const ckv_arows *v, const uint16_t *idx, size_t ni, uint32_t d0,
                    uint32_t n, float *acc, size_t lda, const int NR, const int enc, __m256 lo, __m256 hi,
-                   const unpack8 *u) {
+                   const unpack8 *u, const uint8_t *pf, uint32_t pfl) {
   const int two = d0 + 16u <= n;
+  const uint32_t per = pf_per(pfl, ni);
   __m256 a[4][2];
   UNROLL
   for (int r = 0; r < NR; r++) {
@@ -164,6 +202,7 @@ AI void value_tile(const float *w, size_t ldw, const ckv_arows *v, const uint16_
     uint32_t t = idx[i];
     const uint8_t *row = v->base + t * v->stride;
     __m256 x0, x1 = _mm256_setzero_ps();
+    pf_step(&pf, &pfl, per);
     if (enc == CKV_AENC_AFFINE) { /* d0 % 16 == 0, n % 32 == 0: both steps in group d0/32 */
       const float *p = v->par + t * v->ldpar + 2u * (d0 / 32u);
       __m256 s = _mm256_set1_ps(p[0]), z = _mm256_set1_ps(p[1]);
@@ -198,11 +237,13 @@ AI void values_enc(const float *w, size_t nq, size_t ldw, const ckv_arows *v, co
     const float *wr = w + r0 * ldw;
     float *ar = acc + r0 * lda;
     for (uint32_t d0 = 0; d0 < n; d0 += 16) {
+      const uint8_t *pf = r0 || d0 ? NULL : v->pf; /* the lines asked for along the first tile's rows */
+      uint32_t pfl = r0 || d0 || !v->pf ? 0 : v->pf_lines;
       switch (nq - r0 >= 4 ? 4 : nq - r0) {
-      case 4: value_tile(wr, ldw, v, idx, ni, d0, n, ar, lda, 4, enc, lo, hi, &u); break;
-      case 3: value_tile(wr, ldw, v, idx, ni, d0, n, ar, lda, 3, enc, lo, hi, &u); break;
-      case 2: value_tile(wr, ldw, v, idx, ni, d0, n, ar, lda, 2, enc, lo, hi, &u); break;
-      default: value_tile(wr, ldw, v, idx, ni, d0, n, ar, lda, 1, enc, lo, hi, &u); break;
+      case 4: value_tile(wr, ldw, v, idx, ni, d0, n, ar, lda, 4, enc, lo, hi, &u, pf, pfl); break;
+      case 3: value_tile(wr, ldw, v, idx, ni, d0, n, ar, lda, 3, enc, lo, hi, &u, pf, pfl); break;
+      case 2: value_tile(wr, ldw, v, idx, ni, d0, n, ar, lda, 2, enc, lo, hi, &u, pf, pfl); break;
+      default: value_tile(wr, ldw, v, idx, ni, d0, n, ar, lda, 1, enc, lo, hi, &u, pf, pfl); break;
       }
     }
   }
@@ -260,6 +301,7 @@ static void a_scale_add(float *x, const float *s, float b, size_t n) {
 const ckv_attnops ckv_attnops_avx2 = {.name = "avx2",
                                       .n_multiple = 8,
                                       .packp = false,
+                                      .spread_prefetch = true,
                                       .scores = a_scores,
                                       .values = a_values,
                                       .nonzero = a_nonzero,

@@ -151,15 +151,24 @@ AI __m512 fold4(__m512 u0, __m512 u1) {
     (ret) = _mm512_add_ps(_mm512_shuffle_ps(a_, b_, 0x44), _mm512_shuffle_ps(a_, b_, 0xee));       \
   } while (0)
 
+/* Prefetching along the rows (ckv_arows.pf): `per` lines a step from *pf while *left lasts. */
+AI void pf_step(const uint8_t **pf, uint32_t *left, uint32_t per) {
+  for (uint32_t z = 0; z < per && *left; z++, (*left)--, *pf += 64) __builtin_prefetch(*pf, 0, 2);
+}
+AI uint32_t pf_per(uint32_t lines, size_t steps) { return steps ? (uint32_t)((lines + steps - 1) / steps) : lines; }
+
 /* NR (1..4) query rows against every listed row: four rows at a time (16 accumulators, each query
  * step loaded once for four tokens, one reduction for 16 sums), then the rest one at a time with
  * two partial sums per query row (even and odd steps).  Sums in a fixed order either way. */
 AI void score_tile(const float *q, size_t ldq, const ckv_arows *k, const uint16_t *idx, size_t ni, uint32_t n,
-                   float *out, size_t ldo, const int NR, const int enc, __m512 lut, const unpack16 *u) {
+                   float *out, size_t ldo, const int NR, const int enc, __m512 lut, const unpack16 *u, const uint8_t *pf,
+                   uint32_t pfl) {
   uint32_t full = n & ~15u;
   __mmask16 mt = lanes(full, n);
   size_t i = 0;
+  const uint32_t per = pf_per(pfl, (ni + 3) / 4);
   for (; i + 4 <= ni; i += 4) {
+    pf_step(&pf, &pfl, per);
     const uint8_t *row[4];
     UNROLL
     for (int j = 0; j < 4; j++) row[j] = k->base + idx[i + j] * k->stride;
@@ -191,6 +200,7 @@ AI void score_tile(const float *q, size_t ldq, const ckv_arows *k, const uint16_
       for (int j = 0; j < 4; j++) out[r * ldo + idx[i + j]] = v[4 * r + j];
     }
   }
+  pf_step(&pf, &pfl, pfl);
   for (; i < ni; i++) {
     uint32_t t = idx[i];
     const uint8_t *row = k->base + t * k->stride;
@@ -234,11 +244,13 @@ AI void scores_enc(const float *q, size_t nq, size_t ldq, const ckv_arows *k, co
   for (size_t r0 = 0; r0 < nq; r0 += 4) {
     const float *qr = q + r0 * ldq;
     float *o = out + r0 * ldo;
+    const uint8_t *pf = r0 ? NULL : k->pf; /* the lines asked for along the first tile's rows */
+    uint32_t pfl = r0 || !k->pf ? 0 : k->pf_lines;
     switch (nq - r0 >= 4 ? 4 : nq - r0) {
-    case 4: score_tile(qr, ldq, k, idx, ni, n, o, ldo, 4, enc, lut, &u); break;
-    case 3: score_tile(qr, ldq, k, idx, ni, n, o, ldo, 3, enc, lut, &u); break;
-    case 2: score_tile(qr, ldq, k, idx, ni, n, o, ldo, 2, enc, lut, &u); break;
-    default: score_tile(qr, ldq, k, idx, ni, n, o, ldo, 1, enc, lut, &u); break;
+    case 4: score_tile(qr, ldq, k, idx, ni, n, o, ldo, 4, enc, lut, &u, pf, pfl); break;
+    case 3: score_tile(qr, ldq, k, idx, ni, n, o, ldo, 3, enc, lut, &u, pf, pfl); break;
+    case 2: score_tile(qr, ldq, k, idx, ni, n, o, ldo, 2, enc, lut, &u, pf, pfl); break;
+    default: score_tile(qr, ldq, k, idx, ni, n, o, ldo, 1, enc, lut, &u, pf, pfl); break;
     }
   }
 }
@@ -262,7 +274,9 @@ AI __m512 affine_lut(const ckv_arows *v, uint32_t t, uint32_t g, __m512 iota) {
 
 /* NR (1..4) accumulator rows by elements [d0, d0+64): 16 registers across every listed token. */
 AI void value_tile(const float *w, size_t ldw, const ckv_arows *v, const uint16_t *idx, size_t ni, uint32_t d0,
-                   uint32_t n, float *acc, size_t lda, const int NR, const int enc, __m512 lut, const unpack16 *u) {
+                   uint32_t n, float *acc, size_t lda, const int NR, const int enc, __m512 lut, const unpack16 *u,
+                   const uint8_t *pf, uint32_t pfl) {
+  const uint32_t per = pf_per(pfl, ni);
   __mmask16 m[4];
   UNROLL
   for (int j = 0; j < 4; j++) m[j] = d0 + 16u * j < n ? lanes(d0 + 16u * j, n) : 0;
@@ -277,6 +291,7 @@ AI void value_tile(const float *w, size_t ldw, const ckv_arows *v, const uint16_
     uint32_t t = idx[i];
     const uint8_t *row = v->base + t * v->stride;
     __m512 x[4];
+    pf_step(&pf, &pfl, per);
     if (enc == CKV_AENC_AFFINE || enc == CKV_AENC_AFFINEP) {
       /* d0 % 64 == 0 and n % 32 == 0: steps 0, 1 in group d0/32, 2, 3 in the next (AFFINEP: the
        * permutation keeps each group's elements in the group) */
@@ -319,11 +334,13 @@ AI void values_enc(const float *w, size_t nq, size_t ldw, const ckv_arows *v, co
     const float *wr = w + r0 * ldw;
     float *ar = acc + r0 * lda;
     for (uint32_t d0 = 0; d0 < n; d0 += 64) {
+      const uint8_t *pf = r0 || d0 ? NULL : v->pf; /* the lines asked for along the first tile's rows */
+      uint32_t pfl = r0 || d0 || !v->pf ? 0 : v->pf_lines;
       switch (nq - r0 >= 4 ? 4 : nq - r0) {
-      case 4: value_tile(wr, ldw, v, idx, ni, d0, n, ar, lda, 4, enc, lut, &u); break;
-      case 3: value_tile(wr, ldw, v, idx, ni, d0, n, ar, lda, 3, enc, lut, &u); break;
-      case 2: value_tile(wr, ldw, v, idx, ni, d0, n, ar, lda, 2, enc, lut, &u); break;
-      default: value_tile(wr, ldw, v, idx, ni, d0, n, ar, lda, 1, enc, lut, &u); break;
+      case 4: value_tile(wr, ldw, v, idx, ni, d0, n, ar, lda, 4, enc, lut, &u, pf, pfl); break;
+      case 3: value_tile(wr, ldw, v, idx, ni, d0, n, ar, lda, 3, enc, lut, &u, pf, pfl); break;
+      case 2: value_tile(wr, ldw, v, idx, ni, d0, n, ar, lda, 2, enc, lut, &u, pf, pfl); break;
+      default: value_tile(wr, ldw, v, idx, ni, d0, n, ar, lda, 1, enc, lut, &u, pf, pfl); break;
       }
     }
   }
@@ -386,6 +403,7 @@ static void z_permute32(const float *x, const uint8_t *perm, float *y, size_t n)
 const ckv_attnops ckv_attnops_avx512 = {.name = "avx512",
                                         .n_multiple = 1,
                                         .packp = true,
+                                        .spread_prefetch = true,
                                         .scores = z_scores,
                                         .values = z_values,
                                         .nonzero = z_nonzero,

@@ -58,6 +58,14 @@ uint32_t ckv_ablock_live(const void *blk, uint16_t *idx) {
 }
 
 void ckv_ablock_prefetch(const ckv_geometry *g, uint32_t L, const void *blk, uint32_t part, uint32_t n_parts) {
+  const uint8_t *p;
+  uint32_t n;
+  ckv_ablock_prefetch_range(g, L, blk, part, n_parts, &p, &n);
+  for (uint32_t l = 0; l < n; l++) __builtin_prefetch(p + (size_t)l * 64u, 0, 2);
+}
+
+void ckv_ablock_prefetch_range(const ckv_geometry *g, uint32_t L, const void *blk, uint32_t part, uint32_t n_parts,
+                               const uint8_t **ret_p, uint32_t *ret_lines) {
   const ckv_block_header *h = ckv_hdr(blk);
   uint32_t cap = h->capacity, fmt = h->format;
   size_t lo, hi; /* the bytes of layer L's K and V (and their scales) */
@@ -72,7 +80,8 @@ void ckv_ablock_prefetch(const ckv_geometry *g, uint32_t L, const void *blk, uin
     hi = lo + ckv_commit_layer_bytes(fmt, g, cap, h->kept_channels);
   }
   size_t lines = (hi - lo + 63u) / 64u, l0 = lines * part / n_parts, l1 = lines * (part + 1u) / n_parts;
-  for (size_t l = l0; l < l1; l++) __builtin_prefetch(ckv_cb(blk, lo + l * 64u), 0, 2);
+  *ret_p = ckv_cb(blk, lo + l0 * 64u);
+  *ret_lines = (uint32_t)(l1 - l0);
 }
 
 bool ckv_ablock_takes(const ckv_attnops *A, const ckv_geometry *g, const void *blk) {
@@ -112,6 +121,10 @@ void ckv_ablock_prepare(const ckv_rowops *ops, const ckv_ablock_luts *luts, cons
   }
 }
 
+static void pf_burst(const uint8_t *p, uint32_t lines) {
+  for (uint32_t l = 0; l < lines; l++) __builtin_prefetch(p + (size_t)l * 64u, 0, 2);
+}
+
 /* ckv_mask_channels (access.h) a word at a time: the set bits of mask[0..head_dim) into idx, in order. */
 static uint32_t mask_channels(const uint64_t *mask, uint32_t head_dim, uint32_t *idx) {
   uint32_t n = 0;
@@ -124,6 +137,16 @@ static uint32_t mask_channels(const uint64_t *mask, uint32_t head_dim, uint32_t 
     }
   }
   return n;
+}
+
+/* The next block's lines of x (ckv_ablock_args.pf) for the loops to ask for along their rows, or at once
+ * here where the loops do not (a table without spread_prefetch, or no loop call). */
+static void pf_give(const ckv_ablock_args *x, ckv_arows *r) {
+  if (x->A->spread_prefetch) {
+    r->pf = x->pf, r->pf_lines = x->pf ? x->pf_lines : 0;
+    return;
+  }
+  pf_burst(x->pf, x->pf ? x->pf_lines : 0);
 }
 
 /* S[rg*cap + t] = S[rg*cap + t] * sc[t] (+ bias[rg]) for the listed slots. */
@@ -151,12 +174,14 @@ void ckv_ablock_scores(const ckv_ablock_args *x, uint32_t h, const float *qs, co
   if (fmt == CKV_FORMAT_DRAFT) {
     k = (ckv_arows){.base = ckv_cb(blk, ckv_draft_kv_offset(g, cap, L, 0, 0)) + (size_t)h * D * 2u, .stride = te * 2u,
                     .enc = g->dtype == CKV_DTYPE_BF16 ? CKV_AENC_BF16 : CKV_AENC_F16};
+    pf_give(x, &k);
     x->A->scores(qs, RG, D, &k, w->live, w->n_live, D, S, cap);
     return;
   }
   if (fmt == CKV_FORMAT_STAGED) {
     k = (ckv_arows){.base = ckv_cb(blk, ckv_staged_codes_offset(g, cap, L, 0)) + (size_t)h * D, .stride = te,
                     .enc = CKV_AENC_I8};
+    pf_give(x, &k);
     x->A->scores(qs, RG, D, &k, w->live, w->n_live, D, S, cap);
     scale_scores(x->A, S, RG, cap, w->live, w->n_live, w->ksc + (size_t)(h / ckv_staged_group_heads(g)) * cap, NULL);
     return;
@@ -178,6 +203,7 @@ void ckv_ablock_scores(const ckv_ablock_args *x, uint32_t h, const float *qs, co
       for (uint32_t i = 0; i < D; i++) w->row[i] = ckv_rot_finite(w->row[i]);
       x->ops->dotn(qr, RG, D, w->row, D, w->bias, 1);
     }
+    pf_give(x, &k);
     x->A->scores(qk, RG, D, &k, w->live, w->n_live, D, S, cap);
     scale_scores(x->A, S, RG, cap, w->live, w->n_live, w->ksc + (size_t)h * cap, w->bias);
     return;
@@ -187,8 +213,11 @@ void ckv_ablock_scores(const ckv_ablock_args *x, uint32_t h, const float *qs, co
   size_t krow = ckv_commit_key_row_bytes(fmt, kept);
   if (mask_channels(ckv_commit_mask(g, hd, blk, L, h), D, w->chan) != kept) { /* as the portable loops */
     for (size_t i = 0; i < RG * cap; i++) S[i] = -INFINITY;
+    pf_burst(x->pf, x->pf ? x->pf_lines : 0);
     return;
   }
+  const uint8_t *pf = x->pf; /* the next block's lines: all along the first chunk's rows */
+  uint32_t pf_lines = pf ? x->pf_lines : 0;
   /* INT4 rows of whole 32-channel groups are read in PACKP's order: the query on the kept channels
    * in that order (the call's permuted query when nothing is pruned), each chunk's scales and zero
    * points as they are widened */
@@ -223,6 +252,11 @@ void ckv_ablock_scores(const ckv_ablock_args *x, uint32_t h, const float *qs, co
       k = (ckv_arows){.base = ch + (size_t)kept * 4u, .stride = krow, .enc = perm ? CKV_AENC_PACKP : CKV_AENC_PACK,
                       .bits = bits, .lut = x->luts->codes[bits]};
       float *Sc = S + (size_t)c * CKV_COMMIT_CHUNK_TOKENS;
+      if (x->A->spread_prefetch)
+        k.pf = pf, k.pf_lines = pf_lines;
+      else
+        pf_burst(pf, pf_lines);
+      pf_lines = 0;
       x->A->scores(w->qk, RG, D, &k, w->sub, n, kept, Sc, cap);
       for (size_t rg = 0; rg < RG; rg++)
         if (n == CKV_COMMIT_CHUNK_TOKENS) /* a whole chunk: x * 1 + bias, exact as the sum */
@@ -234,6 +268,7 @@ void ckv_ablock_scores(const ckv_ablock_args *x, uint32_t h, const float *qs, co
     n = 0;
     if (i < w->n_live) w->sub[n++] = (uint16_t)(w->live[i] % CKV_COMMIT_CHUNK_TOKENS);
   }
+  pf_burst(pf, pf_lines); /* no chunk listed */
 }
 
 void ckv_ablock_values(const ckv_ablock_args *x, uint32_t h, const float *E, ckv_ablock_ws *w, float *acc,
@@ -256,7 +291,10 @@ void ckv_ablock_values(const ckv_ablock_args *x, uint32_t h, const float *E, ckv
       if (any) w->sub[n++] = (uint16_t)t;
     }
   }
-  if (!n) return;
+  if (!n) {
+    pf_burst(x->pf, x->pf ? x->pf_lines : 0);
+    return;
+  }
   ckv_arows v = {0};
   const float *wt = E;
   const float *sc = NULL; /* the token's scale, sc[t] */
@@ -296,5 +334,6 @@ void ckv_ablock_values(const ckv_ablock_args *x, uint32_t h, const float *E, ckv
     }
     wt = w->wt;
   }
+  pf_give(x, &v);
   x->A->values(wt, RG, cap, &v, w->sub, n, D, out + (size_t)h * RG * D, D);
 }

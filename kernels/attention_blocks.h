@@ -53,6 +53,8 @@ typedef struct ckv_ablock_args {
   const void *blk;
   uint32_t layer;
   size_t RG; /* query rows per KV head */
+  const uint8_t *pf; /* lines the loops of the next call ask for along their work (ckv_arows.pf), or NULL */
+  uint32_t pf_lines;
 } ckv_ablock_args;
 
 /* Lists the slots of blk that count (valid; committed: in a sealed chunk) in increasing order; returns how many. */
@@ -61,6 +63,10 @@ uint32_t ckv_ablock_live(const void *blk, uint16_t *idx);
  * use (a KV head's rows are a stride apart, one line or less each, too far apart for the hardware
  * prefetchers to follow); in parts, so the requests spread over the work of the block before. */
 void ckv_ablock_prefetch(const ckv_geometry *g, uint32_t L, const void *blk, uint32_t part, uint32_t n_parts);
+/* The cache lines ckv_ablock_prefetch(g, L, blk, part, n_parts) asks for: *ret_lines lines from *ret_p, for
+ * loops that spread the requests over their own work (ckv_arows.pf) instead of asking for them at once. */
+void ckv_ablock_prefetch_range(const ckv_geometry *g, uint32_t L, const void *blk, uint32_t part, uint32_t n_parts,
+                               const uint8_t **ret_p, uint32_t *ret_lines);
 /* Whether the SIMD loops of A take this block (else the portable loops do). */
 bool ckv_ablock_takes(const ckv_attnops *A, const ckv_geometry *g, const void *blk);
 /* Per block, before its heads: the live list and the widened scales of layer L. */

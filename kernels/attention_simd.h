@@ -47,12 +47,18 @@ typedef struct ckv_arows {
   const float *par;    /* CKV_AENC_AFFINE: slot t's pairs at par + t * ldpar: (scale, zero) of each
                           32-element group of the row, in order */
   size_t ldpar;
+  /* Optional (tables with spread_prefetch): pf_lines cache lines from pf (the next block's bytes) asked
+   * for in the caches a few at a time along the call's rows, so memory works while the core computes
+   * (a burst of requests before the work stalls on the core's few miss buffers, then leaves memory idle). */
+  const uint8_t *pf;
+  uint32_t pf_lines;
 } ckv_arows;
 
 typedef struct ckv_attnops {
   const char *name;
   uint32_t n_multiple; /* the row lengths n this table takes are multiples of this */
   bool packp;          /* takes CKV_AENC_PACKP */
+  bool spread_prefetch; /* scores and values ask for ckv_arows.pf along their rows */
   /* out[r*ldo + idx[i]] = sum_{d<n} q[r*ldq + d] * row(idx[i])[d] for r < nq, i < ni
    * (CKV_AENC_AFFINE is not accepted here). */
   void (*scores)(const float *q, size_t nq, size_t ldq, const ckv_arows *k, const uint16_t *idx, size_t ni,
