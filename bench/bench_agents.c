@@ -203,9 +203,12 @@ static int append_tokens(agent_run *ar, ckv_session *s, unsigned agent, uint64_t
 static int report(agent_run *ar, ckv_session *s, uint64_t round) {
   size_t n = (size_t)ckv_session_tokens(s);
   for (size_t p = 0; p < n; p++) ar->attn[p] = attn_at(p, n);
-  int r = ckv_session_report(s, round, 0, ar->attn, n, NULL);
+  ckv_round_result rr;
+  int r = ckv_session_report(s, round, 0, ar->attn, n, &rr);
+  /* what the round retired is freed once this reader acknowledges it */
+  if (r == 0) r = ckv_session_ack(s, rr.epoch, NULL);
   if (r < 0)
-    fprintf(stderr, "commitkv-bench agents: %s: report round %llu: %s: %s\n", ckv_session_id(s),
+    fprintf(stderr, "commitkv-bench agents: %s: report/ack round %llu: %s: %s\n", ckv_session_id(s),
             (unsigned long long)round, ckv_strerror(r), ckv_client_last_error(ar->c));
   return r;
 }
@@ -238,6 +241,18 @@ static int settle(ckv_client *c, bool quiet, double *ret_ms) {
   }
 }
 
+/* Acknowledges s's newest view epoch (moves the compressor published since
+ * the last report retired blocks that are freed only then). */
+static int ack_newest(ckv_client *c, ckv_session *s) {
+  const ckv_view *v = NULL;
+  int r = ckv_session_view(s, &v);
+  if (r == 0) r = ckv_session_ack(s, v->epoch, NULL);
+  if (r < 0)
+    fprintf(stderr, "commitkv-bench agents: %s: view/ack: %s: %s\n", ckv_session_id(s), ckv_strerror(r),
+            ckv_client_last_error(c));
+  return r;
+}
+
 /* The turns and the settling rounds of one agent whose session holds the
  * prefix already; with prefix_round, a round over the prefix first.  Round
  * numbers from *round. */
@@ -251,9 +266,11 @@ static int run_turns(agent_run *ar, ckv_session *s, unsigned agent, bool prefix_
     at = end;
   }
   for (unsigned i = 0; r == 0 && i < o->settle_rounds; i++) r = report(ar, s, (*round)++);
-  /* the compressor catches up before the next agent: memory stays near what
-   * the agents hold, not every agent's draft at once */
+  /* the compressor catches up before the next agent and the blocks its moves
+   * retired are given back (acknowledged): memory stays near what the agents
+   * hold, not every agent's draft at once */
   if (r == 0 && (r = settle(ar->c, /* quiet= */ false, NULL)) > 0) r = 0;
+  if (r == 0) r = ack_newest(ar->c, s);
   return r;
 }
 
@@ -309,15 +326,8 @@ static int final_figures(ckv_client *c, ckv_session **ss, size_t n, policy_fig *
   int r = settle(c, /* quiet= */ true, &pf->settle_ms);
   if (r < 0) return r;
   pf->settled = r > 0;
-  for (size_t i = 0; i < n; i++) {
-    const ckv_view *v = NULL;
-    if (!ss[i]) continue;
-    if ((r = ckv_session_view(ss[i], &v)) < 0 || (r = ckv_session_ack(ss[i], v->epoch, NULL)) < 0) {
-      fprintf(stderr, "commitkv-bench agents: %s: view/ack: %s: %s\n", ckv_session_id(ss[i]), ckv_strerror(r),
-              ckv_client_last_error(c));
-      return r;
-    }
-  }
+  for (size_t i = 0; i < n; i++)
+    if (ss[i] && (r = ack_newest(c, ss[i])) < 0) return r;
   double more = 0;
   if ((r = settle(c, /* quiet= */ false, &more)) < 0) return r;
   pf->settle_ms += more;
@@ -347,6 +357,7 @@ typedef struct run_ctx {
   ckv_client *c;
   ckv_session **ss; /* [agents] */
   agent_run ar;
+  char max_sessions[64];
 } run_ctx;
 
 static int run_begin(run_ctx *x, const agents_opts *o, const kv_table *kv, const char *daemon_path, const char *dir,
@@ -355,6 +366,9 @@ static int run_begin(run_ctx *x, const agents_opts *o, const kv_table *kv, const
   x->ss = calloc(o->agents, sizeof(*x->ss));
   x->ar = (agent_run){.o = o, .kv = kv, .attn = malloc(((size_t)o->prefix + o->priv) * sizeof(float))};
   if (!x->ss || !x->ar.attn) return -ENOMEM;
+  /* every agent, the prefix session and the probe open at once */
+  snprintf(x->max_sessions, sizeof x->max_sessions, "daemon.max_sessions=%u", o->agents + 2);
+  x->d.sets[0] = x->max_sessions;
   if (ckv_bench_daemon_start(&x->d, daemon_path, dir, memory) < 0) return -ECHILD;
   ckv_client_options co = {.socket = x->d.socket, .attach_socket = x->d.attach, .name = "bench-agents",
                            .timeout_ms = 120000};
@@ -601,13 +615,14 @@ int ckv_bench_agents(int argc, char **argv) {
   if (subagents > o.agents - 1) subagents = o.agents - 1;
   const uint64_t per_token = (uint64_t)o.g.n_layers * o.g.n_kv_heads * o.g.head_dim * 2u * 2u;
   const uint64_t fp16_bytes = (uint64_t)o.agents * ((uint64_t)o.prefix + o.priv) * per_token;
-  /* The arena is a cap (it is backed as sessions take memory): half the FP16
-   * figure plus room for one agent in draft. */
+  /* The arena is a cap (it is backed as sessions take memory): a quarter of
+   * the FP16 figure (commitkv-private holds about 0.16 of it) plus room for
+   * two agents in draft. */
   char memory[32];
   if (o.memory) snprintf(memory, sizeof memory, "%s", o.memory);
   else
     snprintf(memory, sizeof memory, "%lluM",
-             (unsigned long long)((fp16_bytes / 2 + 2 * ((uint64_t)o.prefix + o.priv) * per_token) / (1u << 20) + 256));
+             (unsigned long long)((fp16_bytes / 4 + 2 * ((uint64_t)o.prefix + o.priv) * per_token) / (1u << 20) + 256));
   const char *tmp = getenv("TMPDIR");
   char daemon_path[4096], dir[256], sub[2][300];
   snprintf(dir, sizeof dir, "%.200s/ckv-bench-agents-XXXXXX", tmp && *tmp ? tmp : "/tmp");
