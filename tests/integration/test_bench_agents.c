@@ -44,11 +44,11 @@ static char *row_of(const char *json, const char *name) {
   return strndup(row, (size_t)(end - row + 1));
 }
 
-Test(bench_agents, quick_json_relations, .timeout = 120) {
+Test(bench_agents, quick_json_relations, .timeout = 60) {
   char *dir = ckv_test_tmpdir("ckv-bench-agents-test");
   char *json = NULL, *e = NULL;
   const char *const args[] = {"agents", "--quick", "--json", NULL};
-  int st = ckv_test_run_bench(args, dir, 100000, &json, &e);
+  int st = ckv_test_run_bench(args, dir, 50000, &json, &e);
   fprintf(stderr, "bench agents: %s", json ? json : "(no output)\n");
   cr_assert_eq(st, 0, "commitkv-bench agents exited %d: %s", st, e ? e : "");
   cr_assert_not_null(json);
