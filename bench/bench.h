@@ -14,5 +14,7 @@ int ckv_bench_soak(int argc, char **argv);
 /* One verifying worker of soak --verify-workers (bench/soak_worker.c). */
 int ckv_bench_soak_worker(int argc, char **argv);
 int ckv_bench_tiers(int argc, char **argv);
+/* N agents of one tenant on a shared prefix (issue 41). */
+int ckv_bench_agents(int argc, char **argv);
 
 #endif
