@@ -598,7 +598,18 @@ static int compact(ckv_srv_session *s, ckv_compressor *c) {
  * again against the destination block's key means, in the format its state
  * asks for), so the block ends up all live or all cold.  Runs when the
  * last round demoted or recalled something (s->cold_dirty), bounded like a
- * plan; a block with a token in flight waits for a later call. */
+ * plan; a block with a token in flight waits for a later call.
+ * And a full cold block at most half of whose slots still hold a token (the
+ * rest were recalled, or left as the smaller side) moves them all to the cold
+ * fill block of their format, and retires.  Moving requantizes each token
+ * against its new block's key mean: on the agent model (tune seed 9103, 24
+ * dialogues) total bytes 0.280 -> 0.253 of FP16 with recall and KL as before.
+ * Primary blocks are left alone: compacting them too (half full or less)
+ * saved 0.002 of primary bytes and cost agent-synthetic's cosine 0.9912 ->
+ * 0.9900; at three quarters 0.006, KL 0.0088 -> 0.0095 and one public answer. */
+#define CKV_ROT_SPARSE_NUM 1
+#define CKV_ROT_SPARSE_DEN 2
+
 static int separate_cold(ckv_srv_session *s, ckv_compressor *c) {
   if (!demotes(s) || ckv_compressor_room(c) == 0) return CKV_OK;
   uint32_t cf = commit_format(s);
@@ -634,17 +645,21 @@ static int separate_cold(ckv_srv_session *s, ckv_compressor *c) {
       all_seen = false;
       continue;
     }
-    if (!live || !cold) continue;
+    /* sparse: at most CKV_ROT_SPARSE_NUM / CKV_ROT_SPARSE_DEN of its slots hold a token: all of them move */
+    bool sparse = !live && k->used == capacity && cold * CKV_ROT_SPARSE_DEN <= capacity * CKV_ROT_SPARSE_NUM;
+    if ((!live || !cold) && !sparse) continue;
     bool move_cold = cold <= live;
-    if (b.n + (move_cold ? cold : live) > budget) {
+    uint32_t n_move = sparse ? live + cold : move_cold ? cold : live;
+    if (b.n + n_move > budget) {
       all_seen = false;
       break;
     }
-    if ((r = plan_reserve(&b, b.n + (move_cold ? cold : live))) < 0) break;
+    if ((r = plan_reserve(&b, b.n + n_move)) < 0) break;
     for (uint32_t slot = 0; slot < capacity && r == CKV_OK; slot++) {
       if (!ckv_block_slot_valid(meta, slot)) continue;
       uint32_t p = positions[slot];
-      if (is_cold(s, p) != move_cold) continue;
+      if (!sparse && is_cold(s, p) != move_cold) continue;
+      move_cold = is_cold(s, p);
       uint32_t dst;
       uint16_t dst_slot;
       r = reserve(s, fill_index(token_commit_format(s, cf, p), move_cold), 1, 1, &dst, &dst_slot);
