@@ -333,6 +333,11 @@ static void sd_stop(sdenv *e) {
     char *log = ckv_test_read_file(e->d.log);
     fprintf(stderr, "---- %s ----\n%s\n", e->d.log, log ? log : "(none)");
     free(log);
+    char p[400];
+    snprintf(p, sizeof p, "%s/systemctl.log", e->dir);
+    log = ckv_test_read_file(p);
+    fprintf(stderr, "---- %s ----\n%s\n", p, log ? log : "(none)");
+    free(log);
   }
   if (e->dir) {
     char p[400];
