@@ -646,9 +646,10 @@ static int separate_cold(ckv_srv_session *s, ckv_compressor *c) {
       continue;
     }
     /* sparse: at most CKV_ROT_SPARSE_NUM / CKV_ROT_SPARSE_DEN of its slots hold a token: all of them move */
-    bool sparse = !live && k->used == capacity && cold * CKV_ROT_SPARSE_DEN <= capacity * CKV_ROT_SPARSE_NUM;
-    if ((!live || !cold) && !sparse) continue;
     bool move_cold = cold <= live;
+    /* a cold block (or one left cold once its live side moves out) at most half full: all of it moves */
+    bool sparse = (!live || !move_cold) && k->used == capacity && cold * CKV_ROT_SPARSE_DEN <= capacity * CKV_ROT_SPARSE_NUM;
+    if ((!live || !cold) && !sparse) continue;
     uint32_t n_move = sparse ? live + cold : move_cold ? cold : live;
     if (b.n + n_move > budget) {
       all_seen = false;
