@@ -51,6 +51,16 @@ void ckv_persist_startup(ckv_persist *p) {
   ckv_diskuse_scan(p->diskuse, p->opt.state_dir); /* what each tenant holds there: its quota starts from it */
 }
 
+void ckv_persist_warm_start(ckv_persist *p) {
+  ckv_warm_start(p);
+  if (p->journal && !ckv_warm_journal_first(p)) ckv_warm_discard(p);
+}
+
+size_t ckv_persist_warm_stop(ckv_persist *p) {
+  ckv_warm_journal_stop(p);
+  return ckv_warm_stop(p);
+}
+
 void ckv_persist_scan(ckv_persist *p, uint64_t now_ms) {
   ckv_tier_scan(p, now_ms);     /* idle sessions move to disk */
   ckv_autosave_scan(p, now_ms); /* and changed ones get a crash copy */

@@ -39,9 +39,8 @@
 #include "persist/snapdir.h"
 #include "persist/snapshot.h"
 #include "kernels/format.h"
-#include "persist/service.h"
+#include "persist/incarnations.h"
 #include "persist/statefile.h"
-#include "persist/warmjournal.h"
 #include "persist/tier.h"
 #include "shm/arena.h"
 #include "shm/slab.h"
@@ -519,7 +518,7 @@ static bool load_entry(ckv_persist *p, ckv_tenant *t, const char *id, ckv_snap *
    * a DropSession (or a new open of the id) recorded after the entry was
    * written must not be undone by a crash (DESIGN.md invariant 10). */
   uint64_t current = 0;
-  if (ckv_persist_current_conversation(p, t, id, &current) == CKV_OK && current != snap->incarnation) {
+  if (ckv_incarnations_get(p->incarnations, t->name, id, &current) == CKV_OK && current != snap->incarnation) {
     snprintf(why, sizeof why,
              current ? "the id's conversation was replaced after its journal entry was written (incarnation "
                        "%016llx, the entry holds %016llx)"
@@ -742,10 +741,15 @@ void ckv_warm_start(ckv_persist *p) {
   /* Consumed: a later start (after a crash of this daemon) must never read
    * a journal of arenas that have moved on since.  With the continuous
    * journal (warmjournal.h) this daemon's first checkpoint replaces it at
-   * once (the kept sessions under this daemon's tag, the rest removed). */
-  if (p->opt.state_dir && *p->opt.state_dir && !(p->journal && ckv_warm_journal_first(p))) remove_journal(p);
+   * once (the kept sessions under this daemon's tag, the rest removed), or
+   * ckv_warm_discard removes it when that cannot be written. */
+  if (p->opt.state_dir && *p->opt.state_dir && !p->journal) remove_journal(p);
   jtenants_free(jt, n_jt);
   free(fds);
+}
+
+void ckv_warm_discard(ckv_persist *p) {
+  if (p->opt.state_dir && *p->opt.state_dir) remove_journal(p);
 }
 
 void ckv_warm_tenant_up(ckv_persist *p, ckv_tenant *t) {
@@ -773,8 +777,7 @@ size_t ckv_warm_stop(ckv_persist *p) {
   /* The continuous journal's last checkpoint stays until this one's
    * manifest replaces it (a kill during the stop finds it); without it, a
    * half-written journal of an earlier stop goes first. */
-  bool continuous = p->journal != NULL;
-  ckv_warm_journal_stop(p);
+  bool continuous = p->journal != NULL; /* its writer stopped by the caller (ckv_persist_warm_stop) */
   if (!continuous) remove_journal(p);
   if (mkdir(top, 0700) < 0 && errno != EEXIST) {
     ckv_log(CKV_LOG_ERROR, "warm-journal-failed", NULL, NULL, "cannot create %s: %s; nothing is kept", top,

@@ -42,6 +42,10 @@ typedef struct ckv_tenant ckv_tenant;
  * the sessions the journal lists.  Never fails (what cannot be kept is
  * dropped and logged). */
 void ckv_warm_start(ckv_persist *p);
+/* Removes the journal under STATE_DIR/warm (what ckv_warm_start does itself
+ * when the continuous journal is off; with it, when its first checkpoint
+ * could not be written). */
+void ckv_warm_discard(ckv_persist *p);
 /* A tenant came up: its arena goes to the fd store (host arenas, with a
  * state directory, under a service manager). */
 void ckv_warm_tenant_up(ckv_persist *p, ckv_tenant *t);
