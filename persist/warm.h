@@ -13,11 +13,13 @@
  * (so the workers' mappings and every byte in them stay valid), scrubs what
  * no kept block holds, and keeps the sessions detached for resume.
  *
- * The journal is consumed when read (removed at start), so it only ever
- * describes the arenas of the daemon that wrote it at its stop: after a
- * crash (kill -9) there is none and the arenas in the store are dropped,
- * which the log says; sessions saved with SaveSession come back from their
- * snapshots.  Anything refused (a journal truncated, corrupt, of another
+ * The journal is consumed when read (replaced by the new daemon's first
+ * checkpoint, or removed), so it only ever describes the arenas of the
+ * daemon that wrote it.  While serving, warmjournal.h keeps it current
+ * ([daemon] warm_journal), so after a crash (kill -9) the sessions come
+ * back as of their last checkpoint; with it off there is no journal after a
+ * crash and the arenas in the store are dropped, which the log says (saved
+ * sessions come back from their snapshots).  Anything refused (a journal truncated, corrupt, of another
  * version; an arena missing, of another size or generation; a session entry
  * that does not validate or whose blocks do not fit the arena) is logged and
  * dropped; the daemon serves either way.  A resume of a session the warm
