@@ -75,11 +75,9 @@ struct ckv_warm_journal {
 
 static uint64_t mark_of(const ckv_srv_session *s) {
   XXH64_state_t *h = XXH64_createState();
-  if (!h)
-    return 0;
+  if (!h) return 0;
   XXH64_reset(h, 0);
-  uint64_t head[5] = {s->rounds, (uint64_t)s->tokens.n, s->epoch,
-                      s->incarnation, (uint64_t)s->n_blocks};
+  uint64_t head[5] = {s->rounds, (uint64_t)s->tokens.n, s->epoch, s->incarnation, (uint64_t)s->n_blocks};
   XXH64_update(h, head, sizeof head);
   XXH64_update(h, s->count_by_state, sizeof s->count_by_state);
   for (size_t i = 0; i < s->n_blocks; i++) {
@@ -93,10 +91,8 @@ static uint64_t mark_of(const ckv_srv_session *s) {
 }
 
 static void batch_free(jbatch *b) {
-  if (!b)
-    return;
-  for (size_t i = 0; i < b->n_w; i++)
-    ckv_snap_done(&b->w[i].snap);
+  if (!b) return;
+  for (size_t i = 0; i < b->n_w; i++) ckv_snap_done(&b->w[i].snap);
   free(b->w);
   free(b->rm);
   free(b->manifest);
@@ -104,8 +100,7 @@ static void batch_free(jbatch *b) {
 }
 
 static jentry *jentry_free(jentry *e) {
-  if (e)
-    free(e->off);
+  if (e) free(e->off);
   free(e);
   return NULL;
 }
@@ -119,8 +114,7 @@ typedef struct sweep_ctx {
 static bool written_in(void *ctx, const char *tenant, const char *id) {
   const jbatch *b = ((sweep_ctx *)ctx)->b;
   for (size_t i = 0; i < b->n_w; i++)
-    if (strcmp(b->w[i].tenant, tenant) == 0 && strcmp(b->w[i].id, id) == 0)
-      return true;
+    if (strcmp(b->w[i].tenant, tenant) == 0 && strcmp(b->w[i].id, id) == 0) return true;
   return false;
 }
 
@@ -132,25 +126,20 @@ static void write_batch(jbatch *b) {
   b->status = CKV_OK;
   for (size_t i = 0; i < b->n_w && b->status == CKV_OK; i++) {
     char dir[4096], err[320];
-    int r =
-        ckv_snapdir_area_dir(b->state_dir, CKV_WARM_AREA, b->w[i].tenant,
-                             /* create= */ 1, dir, sizeof dir, err, sizeof err);
-    if (r == CKV_OK)
-      r = ckv_snap_write(dir, b->w[i].id, &b->w[i].snap, NULL, err, sizeof err);
+    int r = ckv_snapdir_area_dir(b->state_dir, CKV_WARM_AREA, b->w[i].tenant,
+                                 /* create= */ 1, dir, sizeof dir, err, sizeof err);
+    if (r == CKV_OK) r = ckv_snap_write(dir, b->w[i].id, &b->w[i].snap, NULL, err, sizeof err);
     if (r < 0) {
       b->status = r;
-      snprintf(b->err, sizeof b->err, "entry of %.63s/%.64s: %.200s",
-               b->w[i].tenant, b->w[i].id, err);
+      snprintf(b->err, sizeof b->err, "entry of %.63s/%.64s: %.200s", b->w[i].tenant, b->w[i].id, err);
     }
   }
   if (b->status == CKV_OK)
-    b->status = ckv_warm_manifest_write(b->state_dir, b->manifest,
-                                        b->manifest_len, b->err, sizeof b->err);
+    b->status = ckv_warm_manifest_write(b->state_dir, b->manifest, b->manifest_len, b->err, sizeof b->err);
   if (b->status == CKV_OK) {
     for (size_t i = 0; i < b->n_rm; i++) {
       char path[4096];
-      if (ckv_snapdir_area_file(b->state_dir, CKV_WARM_AREA, b->rm[i].tenant,
-                                b->rm[i].id, path, sizeof path) == CKV_OK)
+      if (ckv_snapdir_area_file(b->state_dir, CKV_WARM_AREA, b->rm[i].tenant, b->rm[i].id, path, sizeof path) == CKV_OK)
         unlink(path);
     }
     if (b->sweep) {
@@ -166,10 +155,8 @@ static void *writer_main(void *arg) {
   ckv_warm_journal *j = arg;
   pthread_mutex_lock(&j->lock);
   for (;;) {
-    while (!j->todo && !j->stop)
-      pthread_cond_wait(&j->wake, &j->lock);
-    if (!j->todo)
-      break;
+    while (!j->todo && !j->stop) pthread_cond_wait(&j->wake, &j->lock);
+    if (!j->todo) break;
     jbatch *b = j->todo;
     j->todo = NULL;
     pthread_mutex_unlock(&j->lock);
@@ -184,26 +171,22 @@ static void *writer_main(void *arg) {
 
 /* ---- the loop's books ---- */
 
-static int entry_note(ckv_warm_journal *j, const char *key, const ckv_tenant *t,
-                      const ckv_snap *snap, bool merge) {
+static int entry_note(ckv_warm_journal *j, const char *key, const ckv_tenant *t, const ckv_snap *snap, bool merge) {
   jentry *e = ckv_strmap_get(j->entries, key);
   if (!e) {
-    if (!(e = calloc(1, sizeof(*e))))
-      return -ENOMEM;
+    if (!(e = calloc(1, sizeof(*e)))) return -ENOMEM;
     e->tenant = t;
     if (ckv_strmap_put(j->entries, key, e) < 0) {
       jentry_free(e);
       return -ENOMEM;
     }
   }
-  if (!merge)
-    e->n = 0;
+  if (!merge) e->n = 0;
   for (size_t i = 0; i < snap->n_blocks; i++) {
     if (e->n == e->cap) {
       size_t cap = e->cap ? 2 * e->cap : 16;
       uint64_t *o = realloc(e->off, cap * sizeof(*o));
-      if (!o)
-        return -ENOMEM;
+      if (!o) return -ENOMEM;
       e->off = o;
       e->cap = cap;
     }
@@ -212,9 +195,7 @@ static int entry_note(ckv_warm_journal *j, const char *key, const ckv_tenant *t,
   return CKV_OK;
 }
 
-static ckv_srv_session *session_of(ckv_persist *p, const char *key) {
-  return ckv_strmap_get(p->store->sessions, key);
-}
+static ckv_srv_session *session_of(ckv_persist *p, const char *key) { return ckv_strmap_get(p->store->sessions, key); }
 
 /* The batch came back: what is on disk now. */
 static void land(ckv_persist *p, jbatch *b) {
@@ -233,8 +214,7 @@ static void land(ckv_persist *p, jbatch *b) {
               "stay held");
       ((ckv_tenant *)t)->journal_hold = true;
     }
-    if (!ok && s)
-      s->warm_mark = 0; /* written again by the next batch */
+    if (!ok && s) s->warm_mark = 0; /* written again by the next batch */
   }
   if (ok) {
     for (size_t i = 0; i < b->n_rm; i++) {
@@ -279,15 +259,13 @@ static void release_held(ckv_persist *p) {
   ckv_warm_journal *j = p->journal;
   for (size_t i = 0; i < p->store->n_tenants; i++) {
     ckv_tenant *t = p->store->tenants[i];
-    if (!t->n_held)
-      continue;
+    if (!t->n_held) continue;
     named_ctx c = {0};
     size_t cap = 0, cursor = 0;
     jentry *e;
     bool oom = false;
     while ((e = ckv_strmap_next(j->entries, &cursor, NULL))) {
-      if (e->tenant != t)
-        continue;
+      if (e->tenant != t || !e->n) continue;
       if (c.n + e->n > cap) {
         size_t ncap = (c.n + e->n) * 2;
         uint64_t *o = realloc(c.off, ncap * sizeof(*o));
@@ -302,8 +280,8 @@ static void release_held(ckv_persist *p) {
       c.n += e->n;
     }
     if (!oom) {
-      qsort(c.off, c.n, sizeof(*c.off), cmp_u64);
-      ckv_tenant_release_held(t, named, &c);
+      if (c.n) qsort(c.off, c.n, sizeof(*c.off), cmp_u64);
+      ckv_tenant_release_held(t, c.n ? named : NULL, &c); /* NULL: no entry names anything of t */
     }
     free(c.off);
   }
@@ -311,16 +289,14 @@ static void release_held(ckv_persist *p) {
 
 /* Whether sess may be listed with a new entry captured now. */
 static bool capturable(const ckv_srv_session *s) {
-  return !s->quarantined && !s->doomed && !s->jobs_inflight &&
-         ckv_tier_state_of(s) == CKV_TIER_RESIDENT;
+  return !s->quarantined && !s->doomed && !s->jobs_inflight && ckv_tier_state_of(s) == CKV_TIER_RESIDENT;
 }
 
 /* Whether sess's previous entry may stay listed: its blocks are still in the
  * arena. */
 static bool may_stay(const ckv_srv_session *s) {
   ckv_tier_state ts = ckv_tier_state_of(s);
-  return !s->quarantined && !s->doomed &&
-         (ts == CKV_TIER_RESIDENT || ts == CKV_TIER_OFFLOADING);
+  return !s->quarantined && !s->doomed && (ts == CKV_TIER_RESIDENT || ts == CKV_TIER_OFFLOADING);
 }
 
 typedef struct listing {
@@ -340,8 +316,7 @@ static jbatch *build_batch(ckv_persist *p, bool first) {
   jbatch *b = calloc(1, sizeof(*b));
   listing l = {0};
   size_t cap_w = 0;
-  if (!b || ckv_strmap_new(&l.keys) < 0)
-    goto oom;
+  if (!b || ckv_strmap_new(&l.keys) < 0) goto oom;
   snprintf(b->state_dir, sizeof b->state_dir, "%s", p->opt.state_dir);
   b->sweep = first;
   size_t cursor = 0;
@@ -352,24 +327,19 @@ static jbatch *build_batch(ckv_persist *p, bool first) {
     uint64_t mark = 0;
     bool changed = !has_entry || first || s->warm_mark != (mark = mark_of(s));
     if (!changed) {
-      if (ckv_strmap_put(l.keys, key, (void *)1) < 0)
-        goto oom;
+      if (ckv_strmap_put(l.keys, key, (void *)1) < 0) goto oom;
       continue;
     }
     char err[320] = "";
     int r = capturable(s) ? ckv_srv_session_flush_meta(s) : CKV_ERR_BUSY;
     ckv_snap snap;
-    if (r == CKV_OK)
-      r = ckv_session_snap_capture_refs(s, &snap, err, sizeof err);
+    if (r == CKV_OK) r = ckv_session_snap_capture_refs(s, &snap, err, sizeof err);
     if (r < 0) {
       /* not now (moves in flight, away on disk): its previous entry stays while
        * its blocks do */
-      if (has_entry && may_stay(s) &&
-          ckv_strmap_put(l.keys, key, (void *)1) < 0)
-        goto oom;
+      if (has_entry && may_stay(s) && ckv_strmap_put(l.keys, key, (void *)1) < 0) goto oom;
       if (r != CKV_ERR_BUSY)
-        ckv_log(CKV_LOG_DEBUG, "warm-journal", s->tenant->name, s->id,
-                "not journaled now: %s", err);
+        ckv_log(CKV_LOG_DEBUG, "warm-journal", s->tenant->name, s->id, "not journaled now: %s", err);
       continue;
     }
     if (b->n_w == cap_w) {
@@ -390,8 +360,7 @@ static jbatch *build_batch(ckv_persist *p, bool first) {
     w->t = s->tenant;
     w->snap = snap;
     s->warm_mark = mark ? mark : mark_of(s);
-    if (ckv_strmap_put(l.keys, key, (void *)1) < 0)
-      goto oom;
+    if (ckv_strmap_put(l.keys, key, (void *)1) < 0) goto oom;
   }
   /* entries of sessions no longer listed (dropped, closed for good, moved to
    * disk) */
@@ -399,20 +368,17 @@ static jbatch *build_batch(ckv_persist *p, bool first) {
   cursor = 0;
   jentry *e;
   while ((e = ckv_strmap_next(j->entries, &cursor, &key))) {
-    if (ckv_strmap_get(l.keys, key))
-      continue;
+    if (ckv_strmap_get(l.keys, key)) continue;
     if (b->n_rm == cap_rm) {
       size_t ncap = cap_rm ? 2 * cap_rm : 16;
       jkey *k = realloc(b->rm, ncap * sizeof(*k));
-      if (!k)
-        goto oom;
+      if (!k) goto oom;
       b->rm = k;
       cap_rm = ncap;
     }
     jkey *k = &b->rm[b->n_rm++];
     const char *slash = strchr(key, '/');
-    snprintf(k->tenant, sizeof k->tenant, "%.*s",
-             slash ? (int)(slash - key) : 0, key);
+    snprintf(k->tenant, sizeof k->tenant, "%.*s", slash ? (int)(slash - key) : 0, key);
     snprintf(k->id, sizeof k->id, "%s", slash ? slash + 1 : key);
   }
   if (!first && !b->n_w && !b->n_rm) {
@@ -420,19 +386,15 @@ static jbatch *build_batch(ckv_persist *p, bool first) {
     batch_free(b);
     return NULL;
   }
-  if (ckv_warm_manifest_encode(p, is_listed, &l, &b->manifest,
-                               &b->manifest_len) < 0)
-    goto oom;
+  if (ckv_warm_manifest_encode(p, is_listed, &l, &b->manifest, &b->manifest_len) < 0) goto oom;
   ckv_strmap_free(l.keys);
   return b;
 oom:
-  ckv_log(CKV_LOG_ERROR, "warm-journal-failed", NULL, NULL,
-          "out of memory building a warm journal checkpoint");
+  ckv_log(CKV_LOG_ERROR, "warm-journal-failed", NULL, NULL, "out of memory building a warm journal checkpoint");
   if (b)
     for (size_t i = 0; i < b->n_w; i++) { /* written again next time */
       ckv_srv_session *ws = session_of(p, b->w[i].key);
-      if (ws)
-        ws->warm_mark = 0;
+      if (ws) ws->warm_mark = 0;
     }
   ckv_strmap_free(l.keys);
   batch_free(b);
@@ -442,11 +404,9 @@ oom:
 /* ---- the module's face ---- */
 
 int ckv_warm_journal_new(ckv_persist *p) {
-  if (!p->opt.warm_journal_ms || !ckv_warm_enabled(p))
-    return CKV_OK;
+  if (!p->opt.warm_journal_ms || !ckv_warm_enabled(p)) return CKV_OK;
   ckv_warm_journal *j = calloc(1, sizeof(*j));
-  if (!j)
-    return -ENOMEM;
+  if (!j) return -ENOMEM;
   if (ckv_strmap_new(&j->entries) < 0) {
     free(j);
     return -ENOMEM;
@@ -467,14 +427,11 @@ int ckv_warm_journal_new(ckv_persist *p) {
 
 bool ckv_warm_journal_first(ckv_persist *p) {
   ckv_warm_journal *j = p->journal;
-  if (!j || j->inflight)
-    return false;
+  if (!j || j->inflight) return false;
   ckv_snapdir_clean_temps(p->opt.state_dir, CKV_WARM_AREA);
-  for (size_t i = 0; i < p->store->n_tenants; i++)
-    p->store->tenants[i]->journal_hold = true;
+  for (size_t i = 0; i < p->store->n_tenants; i++) p->store->tenants[i]->journal_hold = true;
   jbatch *b = build_batch(p, /* first= */ true);
-  if (!b)
-    return false;
+  if (!b) return false;
   write_batch(b); /* here: before the first request, a kill finds this daemon's
                      journal */
   bool ok = b->status == CKV_OK;
@@ -493,8 +450,7 @@ bool ckv_warm_journal_first(ckv_persist *p) {
 /* The finished batch, if any (the loop's, after this). */
 static jbatch *take_done(ckv_warm_journal *j, bool wait) {
   pthread_mutex_lock(&j->lock);
-  while (wait && !j->done && (j->todo || j->inflight))
-    pthread_cond_wait(&j->done_cv, &j->lock);
+  while (wait && !j->done && (j->todo || j->inflight)) pthread_cond_wait(&j->done_cv, &j->lock);
   jbatch *b = j->done;
   j->done = NULL;
   pthread_mutex_unlock(&j->lock);
@@ -503,22 +459,18 @@ static jbatch *take_done(ckv_warm_journal *j, bool wait) {
 
 void ckv_warm_journal_scan(ckv_persist *p, uint64_t now_ms) {
   ckv_warm_journal *j = p->journal;
-  if (!j || !j->thread_up)
-    return;
+  if (!j || !j->thread_up) return;
   if (j->inflight) {
     jbatch *b = take_done(j, /* wait= */ false);
-    if (!b)
-      return; /* nothing is given back while a batch is on its way */
+    if (!b) return; /* nothing is given back while a batch is on its way */
     j->inflight = NULL;
     land(p, b);
   }
   release_held(p);
-  if (now_ms - j->last_ms < p->opt.warm_journal_ms)
-    return;
+  if (now_ms - j->last_ms < p->opt.warm_journal_ms) return;
   j->last_ms = now_ms;
   jbatch *b = build_batch(p, /* first= */ false);
-  if (!b)
-    return;
+  if (!b) return;
   pthread_mutex_lock(&j->lock);
   j->todo = b;
   pthread_cond_signal(&j->wake);
@@ -528,13 +480,11 @@ void ckv_warm_journal_scan(ckv_persist *p, uint64_t now_ms) {
 
 void ckv_warm_journal_stop(ckv_persist *p) {
   ckv_warm_journal *j = p->journal;
-  if (!j || !j->thread_up)
-    return;
+  if (!j || !j->thread_up) return;
   if (j->inflight) {
     jbatch *b = take_done(j, /* wait= */ true);
     j->inflight = NULL;
-    if (b)
-      land(p, b);
+    if (b) land(p, b);
   }
   pthread_mutex_lock(&j->lock);
   j->stop = true;
@@ -546,15 +496,13 @@ void ckv_warm_journal_stop(ckv_persist *p) {
 
 void ckv_warm_journal_free(ckv_persist *p) {
   ckv_warm_journal *j = p->journal;
-  if (!j)
-    return;
+  if (!j) return;
   ckv_warm_journal_stop(p);
   batch_free(j->done);
   batch_free(j->todo);
   size_t cursor = 0;
   jentry *e;
-  while ((e = ckv_strmap_next(j->entries, &cursor, NULL)))
-    jentry_free(e);
+  while ((e = ckv_strmap_next(j->entries, &cursor, NULL))) jentry_free(e);
   ckv_strmap_free(j->entries);
   pthread_mutex_destroy(&j->lock);
   pthread_cond_destroy(&j->wake);
