@@ -787,25 +787,12 @@ size_t ckv_warm_stop(ckv_persist *p) {
     return 0;
   }
   buf m = {0};
-  put(&m, CKV_WARM_MAGIC, 8);
-  put_u32(&m, CKV_WARM_VERSION);
-  put_u32(&m, ~(uint32_t)CKV_WARM_VERSION);
-  put_u64(&m, now_ms_real());
-  put_u64(&m, owner_tag(p));
-  put_u32(&m, (uint32_t)p->store->n_tenants);
+  put_head(&m, p);
   size_t kept = 0, skipped = 0;
   for (size_t i = 0; i < p->store->n_tenants; i++) {
     ckv_tenant *t = p->store->tenants[i];
-    put_str(&m, t->name);
-    put_u64(&m, ckv_arena_generation(t->arena));
-    put_u64(&m, ckv_arena_size(t->arena));
-    put_u64(&m, t->quota_bytes);
-    put_u32(&m, t->max_sessions);
-    put_u32(&m, t->max_clients);
-    put_u32(&m, t->policies);
-    put_u32(&m, (uint32_t)t->default_policy);
-    size_t count_at = m.n;
-    put_u32(&m, 0);
+    size_t count_at;
+    put_tenant(&m, t, &count_at);
     uint32_t n = 0;
     char dir[4096];
     bool have_dir = ckv_snapdir_area_dir(p->opt.state_dir, CKV_WARM_AREA, t->name, 1, dir, sizeof dir, err,
@@ -844,22 +831,8 @@ size_t ckv_warm_stop(ckv_persist *p) {
   }
   uint64_t sum = m.oom ? 0 : XXH64(m.p, m.n, 0);
   put_u64(&m, sum);
-  char path[4096], tmp[4200];
-  int r = m.oom ? -ENOMEM : manifest_path(p, path, sizeof path);
-  if (r == CKV_OK) {
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    size_t done = 0;
-    while (fd >= 0 && done < m.n) {
-      ssize_t w = write(fd, m.p + done, m.n - done);
-      if (w <= 0) break;
-      done += (size_t)w;
-    }
-    r = fd < 0 || done != m.n || fsync(fd) < 0 ? -errno : CKV_OK;
-    if (fd >= 0) close(fd);
-    if (r == CKV_OK && rename(tmp, path) < 0) r = -errno;
-    if (r < 0) unlink(tmp);
-  }
+  /* temporary file, fsync, rename, directory fsync: the same writer as the continuous journal's */
+  int r = m.oom ? -ENOMEM : ckv_warm_manifest_write(p->opt.state_dir, m.p, m.n, err, sizeof err);
   free(m.p);
   if (r < 0) {
     ckv_log(CKV_LOG_ERROR, "warm-journal-failed", NULL, NULL,
