@@ -98,7 +98,15 @@
 #include "viewcapture.h"
 
 #define DEADLINE_MS 30000
-#define UNIT "ckvwarm.service"
+/* The unit's name, one per test process: private managers of the same uid
+ * started from one cgroup put their units' cgroups side by side, so two
+ * test runs at once (another worktree's, say) that both named it
+ * ckvwarm.service stopped and killed each other's daemons. */
+static const char *unit_name(void) {
+  static char name[64];
+  snprintf(name, sizeof name, "ckvwarm-%ld.service", (long)getpid());
+  return name;
+}
 #define LAYERS 2u
 #define HEADS 2u
 #define DIM 32u
@@ -143,9 +151,17 @@ static int ctl(const sdenv *e, const char *args) {
   return r == -1 || !WIFEXITED(r) ? -1 : WEXITSTATUS(r);
 }
 
+/* `systemctl --user VERB <this test's unit>`; its exit status. */
+static int ctl_unit(const sdenv *e, const char *verb) {
+  char args[200];
+  snprintf(args, sizeof args, "%s %s", verb, unit_name());
+  return ctl(e, args);
+}
+
 static long main_pid(const sdenv *e) {
   char cmd[900];
-  snprintf(cmd, sizeof cmd, "XDG_RUNTIME_DIR=%s %s --user show -p MainPID --value " UNIT, e->xdg, systemctl_bin());
+  snprintf(cmd, sizeof cmd, "XDG_RUNTIME_DIR=%s %s --user show -p MainPID --value %s", e->xdg, systemctl_bin(),
+           unit_name());
   FILE *p = popen(cmd, "r");
   if (!p) return 0;
   long pid = 0;
@@ -252,7 +268,7 @@ static void write_unit(const sdenv *e) {
            "StandardOutput=append:%s\n"
            "StandardError=append:%s\n",
            asan, e->dir, ckv_test_bin_dir(), e->d.socket, e->d.attach, e->state, e->extra, e->d.log, e->d.log);
-  snprintf(path, sizeof path, "%s/systemd/user/" UNIT, e->cfg);
+  snprintf(path, sizeof path, "%s/systemd/user/%s", e->cfg, unit_name());
   write_file(path, unit);
 }
 
@@ -323,7 +339,7 @@ static bool sd_start_with(sdenv *e, const char *config, char *why, size_t whylen
     char *tail = ckv_test_file_tail(p, 600);
     cr_assert_fail("systemctl --user daemon-reload failed until the deadline: %s", tail ? tail : "(no log)");
   }
-  cr_assert_eq(ctl(e, "start " UNIT), 0, "systemctl --user start failed; daemon log %s", e->d.log);
+  cr_assert_eq(ctl_unit(e, "start"), 0, "systemctl --user start failed; daemon log %s", e->d.log);
   e->d.pid = (pid_t)main_pid(e);
   cr_assert_gt(e->d.pid, 0, "the unit has no main pid");
   return true;
@@ -334,7 +350,7 @@ static void sd_stop(sdenv *e) {
   if (g_env == e) g_env = NULL;
   pid_t daemon = e->manager ? (pid_t)main_pid(e) : 0;
   if (e->manager) {
-    ctl(e, "stop " UNIT);
+    ctl_unit(e, "stop");
     ctl(e, "exit");
     long long end = ckv_test_now_ms() + 10000;
     int st;
@@ -389,7 +405,7 @@ static void wait_restarted(sdenv *e, long old_pid) {
   long long end = ckv_test_now_ms() + DEADLINE_MS;
   for (;;) {
     long pid = main_pid(e);
-    if (pid > 0 && pid != old_pid && ctl(e, "is-active --quiet " UNIT) == 0 && ckv_test_attach_accepts(e->d.attach)) {
+    if (pid > 0 && pid != old_pid && ctl_unit(e, "is-active --quiet") == 0 && ckv_test_attach_accepts(e->d.attach)) {
       e->d.pid = (pid_t)pid;
       return;
     }
@@ -542,7 +558,7 @@ Test(warm, restart_keeps_mapping_and_kv, .timeout = 180) {
   ckv_arena *mapping = c->arena;
   long old_pid = e->d.pid;
 
-  cr_assert_eq(ctl(e, "restart " UNIT), 0, "systemctl --user restart failed; daemon log %s", e->d.log);
+  cr_assert_eq(ctl_unit(e, "restart"), 0, "systemctl --user restart failed; daemon log %s", e->d.log);
   wait_restarted(e, old_pid);
   /* before the worker reconnects: its mapping is whole and live */
   expect_mapping_intact(&ma, "a, after the restart");
@@ -653,7 +669,7 @@ Test(warm, corrupt_journal_refused, .timeout = 240) {
   /* 1: b's journal entry damaged: b is dropped and says so, a is kept */
   request_damage(e, "entry");
   long old_pid = e->d.pid;
-  cr_assert_eq(ctl(e, "restart " UNIT), 0, "systemctl --user restart failed; daemon log %s", e->d.log);
+  cr_assert_eq(ctl_unit(e, "restart"), 0, "systemctl --user restart failed; daemon log %s", e->d.log);
   wait_restarted(e, old_pid);
   cr_assert(log_has(e->d.log, "warm-session-dropped"), "the damaged entry was not refused (log %s)", e->d.log);
   int r = ckv_client_reconnect(c);
@@ -676,7 +692,7 @@ Test(warm, corrupt_journal_refused, .timeout = 240) {
   /* 2: the manifest damaged: refused with a log line, nothing kept, serving */
   request_damage(e, "manifest");
   old_pid = e->d.pid;
-  cr_assert_eq(ctl(e, "restart " UNIT), 0, "systemctl --user restart failed; daemon log %s", e->d.log);
+  cr_assert_eq(ctl_unit(e, "restart"), 0, "systemctl --user restart failed; daemon log %s", e->d.log);
   wait_restarted(e, old_pid);
   cr_assert(log_has(e->d.log, "warm-journal-refused"), "the damaged manifest was not refused (log %s)", e->d.log);
   r = ckv_client_reconnect(c);
@@ -696,7 +712,7 @@ Test(warm, corrupt_journal_refused, .timeout = 240) {
   for (int k = 0; k < 2; k++) {
     request_damage(e, kinds[k]);
     old_pid = e->d.pid;
-    cr_assert_eq(ctl(e, "restart " UNIT), 0, "systemctl --user restart failed; daemon log %s", e->d.log);
+    cr_assert_eq(ctl_unit(e, "restart"), 0, "systemctl --user restart failed; daemon log %s", e->d.log);
     wait_restarted(e, old_pid);
     cr_assert(log_has(e->d.log, says[k]), "a %s journal was not refused with '%s' (log %s)", kinds[k], says[k],
               e->d.log);
@@ -1128,7 +1144,7 @@ Test(warm, stale_journal_never_applied, .timeout = 180) {
   /* a clean restart whose journal is copied aside before the new daemon consumes it */
   request_damage(e, "stash");
   long old_pid = e->d.pid;
-  cr_assert_eq(ctl(e, "restart " UNIT), 0, "systemctl --user restart failed; daemon log %s", e->d.log);
+  cr_assert_eq(ctl_unit(e, "restart"), 0, "systemctl --user restart failed; daemon log %s", e->d.log);
   wait_restarted(e, old_pid);
   int r = ckv_client_reconnect(c);
   cr_assert_eq(r, CKV_OK, "reconnect: %s (%s)", ckv_strerror(r), ckv_client_last_error(c));
@@ -1293,7 +1309,7 @@ Test(warm, two_tenants_keep_their_own_arenas, .timeout = 180) {
     if (!wait_file(ready, DEADLINE_MS)) break; /* the report says why */
   }
   long old_pid = e->d.pid;
-  cr_assert_eq(ctl(e, "restart " UNIT), 0, "systemctl --user restart failed; daemon log %s", e->d.log);
+  cr_assert_eq(ctl_unit(e, "restart"), 0, "systemctl --user restart failed; daemon log %s", e->d.log);
   wait_restarted(e, old_pid);
   char restarted[460];
   snprintf(restarted, sizeof restarted, "%s/restarted", flags);
@@ -1330,7 +1346,7 @@ Test(warm, pressure_spares_sessions_not_resumed, .timeout = 180) {
   mapped ma;
   map_blocks(c, a, &ma);
   long old_pid = e->d.pid;
-  cr_assert_eq(ctl(e, "restart " UNIT), 0, "systemctl --user restart failed; daemon log %s", e->d.log);
+  cr_assert_eq(ctl_unit(e, "restart"), 0, "systemctl --user restart failed; daemon log %s", e->d.log);
   wait_restarted(e, old_pid);
   int r = ckv_client_reconnect(c);
   cr_assert_eq(r, CKV_OK, "reconnect: %s (%s)", ckv_strerror(r), ckv_client_last_error(c));
