@@ -126,6 +126,12 @@ const config_key ckv_cfg_keys[] = {
             "is lost and the reply's token count says where it stands. Dropping or expiring a session "
             "removes its autosave. The copy is made on the loop (about the session's bytes), so size "
             "the period to the sessions: 30s or more. 0 = off (the default)."},
+    {SEC_DAEMON, "warm_journal", T_DURATION, DMN(warm_journal_ms), .imin = 0, .imax = 60000, .def = "100ms",
+     .doc = "Under systemd with a state directory (a warm restart, docs/warm-restart.md): sessions that "
+            "changed are journaled this often, off the loop, so that after a kill -9 the next daemon "
+            "keeps them on their blocks as of their last journal entry (a batched checkpoint per "
+            "changed session, then the manifest). Freed blocks a journal entry names stay allocated "
+            "until a newer journal no longer names them. 0 = only at a clean stop."},
     {SEC_DAEMON, "max_clients", T_U32, DMN(max_clients), .imin = 1, .imax = 65536, .def = "256",
      .doc = "Connected clients, all tenants together: every resource a peer can claim has a limit. "
             "The ceiling over each tenant's own max_clients."},

@@ -72,6 +72,9 @@ typedef struct ckv_server_options {
   /* Autosave (autosave.h): each live session that changed is saved to
    * state_dir/autosave at most every autosave_ms (0 = off). */
   uint64_t autosave_ms;
+  /* The continuous warm journal (persist/warmjournal.h): changed sessions
+   * journaled this often; 0 = only at a clean stop. */
+  uint64_t warm_journal_ms;
   uint32_t max_clients;  /* attached clients, all tenants together */
   uint32_t max_sessions; /* per tenant */
   uint64_t max_message;  /* larger requests are answered CKV_ERR_TOO_LARGE; ZMQ_MAXMSGSIZE is 2x + 64K */

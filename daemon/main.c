@@ -23,6 +23,7 @@
 #include "lifecycle/trace.h"
 #include "persist/remote.h"
 #include "persist/seal.h"
+#include "persist/service.h"
 #include "persist/warm.h"
 #include "store/blockmem.h"
 #include "store/tenant.h"
@@ -417,6 +418,7 @@ int main(int argc, char **argv) {
       .heartbeat_ms = (uint32_t)a.cfg.heartbeat_ms,
       .detach_keep_ms = a.cfg.detach_keep_ms,
       .autosave_ms = a.cfg.autosave_ms,
+      .warm_journal_ms = a.cfg.warm_journal_ms,
       .max_clients = a.cfg.max_clients,
       .max_sessions = a.cfg.max_sessions,
       .max_message = a.cfg.max_message,
@@ -450,9 +452,9 @@ int main(int argc, char **argv) {
     return 1;
   }
   a.server->trace = a.trace;
-  ckv_warm_start(&a.server->persist); /* arenas and sessions a warm restart kept (warm.h) */
+  ckv_persist_warm_start(&a.server->persist); /* arenas and sessions a warm restart kept (warm.h), journaled anew */
   r = ckv_server_run(a.server);
-  if (r == 0) ckv_warm_stop(&a.server->persist); /* a clean stop hands the arenas on */
+  if (r == 0) ckv_persist_warm_stop(&a.server->persist); /* a clean stop hands the arenas on */
   if (a.notify) sd_notify(0, "STOPPING=1\nSTATUS=draining");
   a.server = ckv_server_free(a.server);
   remote = ckv_remote_free(remote); /* after the server: the drain may still save */

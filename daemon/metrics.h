@@ -146,6 +146,8 @@ typedef struct ckv_metrics_snapshot {
   uint64_t requests_total, errors_total, rounds_total, leases_expired_total;
   uint64_t sessions_detached_total, sessions_resumed_total, sessions_expired_total;
   uint64_t warm_sessions_kept, warm_sessions_dropped; /* by the warm restart at start (warm.h) */
+  /* the continuous warm journal (persist/warmjournal.h) */
+  uint64_t warm_checkpoints_total, warm_entries_total, warm_journal_errors_total, warm_held_bytes;
   uint64_t autosaves_total, autosave_bytes_total, autosave_errors_total, autosave_resumes_total; /* autosave.h */
   /* writes refused by a tenant's quota_disk / max_snapshots (persist/diskuse.h) */
   uint64_t disk_refused_saves_total, disk_refused_autosaves_total, disk_refused_offloads_total;

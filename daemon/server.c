@@ -204,6 +204,7 @@ int ckv_server_new(const ckv_server_options *opt, ckv_server **ret, char *err, s
                                   .remote_idle_ms = opt->remote_idle_ms,
                                   .remote = opt->remote,
                                   .autosave_ms = opt->autosave_ms,
+                                  .warm_journal_ms = opt->warm_journal_ms,
                                   .policy = opt->policy,
                                   .backend = s->backend,
                                   .owner_tag = owner_tag};

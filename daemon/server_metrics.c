@@ -42,6 +42,9 @@ void ckv_server_publish_metrics(ckv_server *s) {
       .sessions_expired_total = s->counters.sessions_expired,
       .warm_sessions_kept = s->persist.counters.warm_kept,
       .warm_sessions_dropped = s->persist.counters.warm_dropped,
+      .warm_checkpoints_total = s->persist.counters.warm_checkpoints,
+      .warm_entries_total = s->persist.counters.warm_entries,
+      .warm_journal_errors_total = s->persist.counters.warm_journal_errors,
       .autosaves_total = s->persist.counters.autosaves,
       .autosave_bytes_total = s->persist.counters.autosave_bytes,
       .autosave_errors_total = s->persist.counters.autosave_errors,
@@ -55,6 +58,7 @@ void ckv_server_publish_metrics(ckv_server *s) {
       .tenants = mt,
       .n_tenants = s->store.n_tenants,
   };
+  for (size_t i = 0; i < s->store.n_tenants; i++) snap.warm_held_bytes += s->store.tenants[i]->held_bytes;
   ckv_compressor_stats cs;
   ckv_compressor_get_stats(s->store.compressor, &cs);
   snap.compress_queue_depth = cs.queued;

@@ -30,6 +30,7 @@ typedef struct ckv_warm_memory ckv_warm_memory;
 typedef struct ckv_incarnations ckv_incarnations;
 typedef struct ckv_diskuse ckv_diskuse;
 typedef struct ckv_fences ckv_fences;
+typedef struct ckv_warm_journal ckv_warm_journal;
 
 typedef struct ckv_persist_options {
   const char *state_dir; /* NULL or "": no files at all */
@@ -45,6 +46,7 @@ typedef struct ckv_persist_options {
   const ckv_judge_params *policy; /* what restored sessions rebuild their judge from (the caller's); may be NULL */
   const ckv_arena_backend *backend; /* warm.h: only host arenas outlive the process */
   uint64_t owner_tag;               /* warm.h: this daemon's tag on the arenas it hands to the fd store */
+  uint64_t warm_journal_ms;         /* warmjournal.h: changed sessions journaled this often; 0 = at a clean stop only */
 } ckv_persist_options;
 
 /* What the daemon must hear from persist/; every slot may be NULL. */
@@ -62,6 +64,7 @@ typedef struct ckv_persist_hooks {
 
 typedef struct ckv_persist_counters {
   uint64_t warm_kept, warm_dropped; /* sessions the warm restart at start kept / dropped (warm.h) */
+  uint64_t warm_checkpoints, warm_entries, warm_journal_errors; /* warmjournal.h: checkpoints durable, entries written */
   uint64_t autosaves, autosave_bytes, autosave_errors; /* autosave.h */
   uint64_t autosave_resumes; /* sessions a resume brought back from their autosave */
   uint64_t autosave_lag_ms;  /* gauge: the oldest change of a live session that no autosave copy holds yet */
@@ -77,6 +80,7 @@ typedef struct ckv_persist {
   unsigned autosave_inflight; /* autosaves copied and waiting for the I/O thread (at most CKV_AUTOSAVE_INFLIGHT) */
   bool autosave_found;    /* state_dir/autosave held files at start (removed as their sessions end) */
   ckv_warm_memory *warm;  /* what the warm restart at start dropped, and why (warm.h) */
+  ckv_warm_journal *journal; /* the continuous warm journal and its writer thread (warmjournal.h); NULL: off */
   ckv_incarnations *incarnations; /* each id's current conversation, durable (incarnations.h) */
   ckv_diskuse *diskuse;           /* each tenant's files in state_dir and their sizes (diskuse.h) */
   ckv_fences *fences;             /* store fence writes not landed yet, drops waiting for theirs (fencejob.h) */

@@ -12,6 +12,7 @@
 #include "persist/statefile.h"
 #include "persist/tier.h"
 #include "persist/warm.h"
+#include "persist/warmjournal.h"
 #include "store/session.h"
 #include "store/tenant.h"
 
@@ -37,6 +38,10 @@ int ckv_persist_init(ckv_persist *p, ckv_store *st, const ckv_persist_options *o
     return r;
   }
   ckv_tier_set_remote(p->tier, opt->remote, opt->remote_idle_ms);
+  if ((r = ckv_warm_journal_new(p)) < 0) {
+    snprintf(err, errlen, "cannot start the warm journal's writer thread: %s", ckv_strerror(r));
+    return r;
+  }
   return CKV_OK;
 }
 
@@ -46,10 +51,21 @@ void ckv_persist_startup(ckv_persist *p) {
   ckv_diskuse_scan(p->diskuse, p->opt.state_dir); /* what each tenant holds there: its quota starts from it */
 }
 
+void ckv_persist_warm_start(ckv_persist *p) {
+  ckv_warm_start(p);
+  if (p->journal && !ckv_warm_journal_first(p)) ckv_warm_discard(p);
+}
+
+size_t ckv_persist_warm_stop(ckv_persist *p) {
+  ckv_warm_journal_stop(p);
+  return ckv_warm_stop(p);
+}
+
 void ckv_persist_scan(ckv_persist *p, uint64_t now_ms) {
   ckv_tier_scan(p, now_ms);     /* idle sessions move to disk */
   ckv_autosave_scan(p, now_ms); /* and changed ones get a crash copy */
   ckv_fence_scan(p, now_ms);    /* store fences not written yet are tried again */
+  ckv_warm_journal_scan(p, now_ms); /* and the warm journal follows what changed */
 }
 
 void ckv_persist_job_done(ckv_persist *p, ckv_snapio_job *j) { j->finish(p, j); }
@@ -57,6 +73,7 @@ void ckv_persist_job_done(ckv_persist *p, ckv_snapio_job *j) { j->finish(p, j); 
 void ckv_persist_stop_io(ckv_persist *p) { p->snapio = ckv_snapio_free(p->snapio); }
 
 void ckv_persist_done(ckv_persist *p) {
+  ckv_warm_journal_free(p);
   ckv_persist_stop_io(p);
   p->fences = ckv_fences_free(p->fences); /* after the I/O thread: its jobs' waiters are in it */
   p->tier = ckv_tier_free(p->tier);

@@ -17,6 +17,14 @@ int ckv_persist_init(ckv_persist *p, ckv_store *st, const ckv_persist_options *o
 /* Start-up, before serving: leftovers of a crash (the tiers' files, the
  * autosaves) counted and logged; they stay resumable. */
 void ckv_persist_startup(ckv_persist *p);
+/* At start, before serving: the warm restart (warm.h ckv_warm_start), then
+ * the continuous journal's first checkpoint (warmjournal.h), which replaces
+ * the journal just read. */
+void ckv_persist_warm_start(ckv_persist *p);
+/* At a clean stop, after the drain: the continuous journal's writer
+ * stopped (its batch in flight landed), then the journal written for the
+ * next daemon (ckv_warm_stop).  Returns the sessions kept. */
+size_t ckv_persist_warm_stop(ckv_persist *p);
 /* The loop's housekeeping: idle sessions move down, changed ones are autosaved. */
 void ckv_persist_scan(ckv_persist *p, uint64_t now_ms);
 /* Finished job j of the I/O thread that persist/ made (j->finish set): its

@@ -687,7 +687,7 @@ static int start_restore(ckv_persist *p, ckv_srv_session *sess, bool can_wait, c
   uint64_t need = slot->bytes5[3], freeing;
   if (t->pressure && !ckv_tenant_would_fit(sess->tenant, need)) {
     const ckv_tenant *tn = sess->tenant;
-    uint64_t short_by = tn->bytes_used + need - tn->quota_bytes;
+    uint64_t short_by = tn->bytes_used - tn->held_bytes + need - tn->quota_bytes;
     unsigned started = pressure_moves(p, tn, sess, short_by, &freeing);
     if (started)
       ckv_log(CKV_LOG_NOTICE, "tier-pressure", tn->name, sess->id,
@@ -861,7 +861,7 @@ int ckv_tier_make_room(ckv_persist *p, ckv_srv_session *sess, uint64_t need, boo
   ckv_tier *t = p->tier;
   ckv_tenant *tn = sess->tenant;
   if (!t || !t->pressure || t->replaying || !p->snapio || !can_wait || ckv_tenant_would_fit(tn, need)) return CKV_OK;
-  uint64_t short_by = tn->bytes_used + need - tn->quota_bytes, freeing;
+  uint64_t short_by = tn->bytes_used - tn->held_bytes + need - tn->quota_bytes, freeing;
   unsigned started = pressure_moves(p, tn, sess, short_by, &freeing);
   if (!started && !t->pressure_inflight) return CKV_OK; /* nothing can go: the old way */
   if (started)

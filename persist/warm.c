@@ -38,6 +38,8 @@
 #include "persist/session_snap.h"
 #include "persist/snapdir.h"
 #include "persist/snapshot.h"
+#include "kernels/format.h"
+#include "persist/incarnations.h"
 #include "persist/statefile.h"
 #include "persist/tier.h"
 #include "shm/arena.h"
@@ -62,6 +64,10 @@ struct ckv_warm_memory {
   /* The start found arenas in the store and no journal: the daemon before us
    * was killed or crashed.  Said on every resume that finds nothing. */
   bool unclean;
+  /* It found a journal that a clean stop did not write (no STATE_DIR/warm/
+   * stopped beside it): the continuous journal of a daemon that was killed
+   * or crashed; sessions came back as of its last checkpoint. */
+  bool killed_with_journal;
 };
 
 /* p->warm, made on first use; NULL when out of memory (then nothing is remembered). */
@@ -93,6 +99,9 @@ const char *ckv_warm_dropped(const ckv_persist *p, const char *tenant, const cha
 }
 
 const char *ckv_warm_unclean(const ckv_persist *p) {
+  if (p->warm && p->warm->killed_with_journal)
+    return "the daemon before this one was killed or crashed: sessions came back as of its last warm-journal "
+           "checkpoint, and this one was in none (opened, or ended and reopened, too shortly before the kill)";
   return p->warm && p->warm->unclean
              ? "the daemon before this one did not stop cleanly (killed or crashed): sessions that lived only "
                "in its memory are gone, saved ones come back from their snapshots"
@@ -188,8 +197,94 @@ static uint64_t now_ms_real(void) {
 static uint64_t owner_tag(const ckv_persist *p) { return p->opt.owner_tag ? p->opt.owner_tag : 1; }
 
 static bool warm_enabled(const ckv_persist *p) {
-  return p->opt.state_dir && *p->opt.state_dir && ckv_fdstore_available() &&
+  return p->opt.state_dir && *p->opt.state_dir && ckv_fdstore_available() && p->opt.backend &&
          strcmp(p->opt.backend->name, ckv_arena_host_backend.name) == 0;
+}
+
+bool ckv_warm_enabled(const ckv_persist *p) { return warm_enabled(p); }
+
+/* The tenant's part of the manifest; the session ids follow (their count at *ret_count_at). */
+static void put_tenant(buf *m, const ckv_tenant *t, size_t *ret_count_at) {
+  put_str(m, t->name);
+  put_u64(m, ckv_arena_generation(t->arena));
+  put_u64(m, ckv_arena_size(t->arena));
+  put_u64(m, t->quota_bytes);
+  put_u32(m, t->max_sessions);
+  put_u32(m, t->max_clients);
+  put_u32(m, t->policies);
+  put_u32(m, (uint32_t)t->default_policy);
+  *ret_count_at = m->n;
+  put_u32(m, 0);
+}
+
+static void put_head(buf *m, const ckv_persist *p) {
+  put(m, CKV_WARM_MAGIC, 8);
+  put_u32(m, CKV_WARM_VERSION);
+  put_u32(m, ~(uint32_t)CKV_WARM_VERSION);
+  put_u64(m, now_ms_real());
+  put_u64(m, owner_tag(p));
+  put_u32(m, (uint32_t)p->store->n_tenants);
+}
+
+int ckv_warm_manifest_encode(ckv_persist *p, bool (*listed)(void *ctx, const ckv_srv_session *s), void *ctx,
+                             uint8_t **ret, size_t *ret_len) {
+  buf m = {0};
+  put_head(&m, p);
+  for (size_t i = 0; i < p->store->n_tenants; i++) {
+    ckv_tenant *t = p->store->tenants[i];
+    size_t count_at;
+    put_tenant(&m, t, &count_at);
+    uint32_t n = 0;
+    size_t cursor = 0;
+    ckv_srv_session *sess;
+    while ((sess = ckv_strmap_next(p->store->sessions, &cursor, NULL)))
+      if (sess->tenant == t && listed(ctx, sess)) {
+        put_str(&m, sess->id);
+        n++;
+      }
+    if (!m.oom) memcpy(m.p + count_at, &n, 4);
+  }
+  uint64_t sum = m.oom ? 0 : XXH64(m.p, m.n, 0);
+  put_u64(&m, sum);
+  if (m.oom) {
+    free(m.p);
+    return -ENOMEM;
+  }
+  *ret = m.p;
+  *ret_len = m.n;
+  return CKV_OK;
+}
+
+int ckv_warm_manifest_write(const char *state_dir, const uint8_t *m, size_t n, char *err, size_t errlen) {
+  char top[4096], path[4200], tmp[4300];
+  if (snprintf(top, sizeof top, "%s/%s", state_dir, CKV_WARM_AREA) >= (int)sizeof top) return -ENAMETOOLONG;
+  snprintf(path, sizeof path, "%s/%s", top, CKV_WARM_MANIFEST);
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  if (mkdir(top, 0700) < 0 && errno != EEXIST) {
+    int r = -errno;
+    snprintf(err, errlen, "cannot create %.300s: %s", top, strerror(errno));
+    return r;
+  }
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  size_t done = 0;
+  while (fd >= 0 && done < n) {
+    ssize_t w = write(fd, m + done, n - done);
+    if (w <= 0) break;
+    done += (size_t)w;
+  }
+  int r = fd < 0 || done != n || fsync(fd) < 0 ? (errno ? -errno : -EIO) : CKV_OK;
+  if (fd >= 0) close(fd);
+  if (r == CKV_OK && rename(tmp, path) < 0) r = -errno;
+  if (r == CKV_OK) { /* the rename itself durable */
+    int dfd = open(top, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0 || fsync(dfd) < 0) r = -errno;
+    if (dfd >= 0) close(dfd);
+  }
+  if (r < 0) {
+    snprintf(err, errlen, "cannot write %.300s: %s", path, strerror(-r));
+    unlink(tmp);
+  }
+  return r;
 }
 
 static int manifest_path(const ckv_persist *p, char *path, size_t len) {
@@ -227,6 +322,40 @@ static void remove_journal(const ckv_persist *p) {
   }
   closedir(d);
   rmdir(top);
+}
+
+/* Removes every entry file (and temporary file) under STATE_DIR/warm whose
+ * tenant/id keep() does not want. */
+void ckv_warm_sweep(const ckv_persist *p, bool (*keep)(void *ctx, const char *tenant, const char *id), void *ctx) {
+  char top[4096];
+  if (snprintf(top, sizeof top, "%s/%s", p->opt.state_dir, CKV_WARM_AREA) >= (int)sizeof top) return;
+  DIR *d = opendir(top);
+  if (!d) return;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    if (e->d_name[0] == '.') continue;
+    char entry[4096 + 256];
+    snprintf(entry, sizeof entry, "%s/%s", top, e->d_name);
+    DIR *sub = opendir(entry);
+    if (!sub) continue; /* the manifest */
+    struct dirent *f;
+    while ((f = readdir(sub))) {
+      if (f->d_name[0] == '.') continue;
+      char id[300];
+      size_t len = strlen(f->d_name), ext = strlen(".ckvsnap");
+      bool entry_file = len > ext && len - ext < sizeof id && strcmp(f->d_name + len - ext, ".ckvsnap") == 0;
+      if (entry_file) {
+        memcpy(id, f->d_name, len - ext);
+        id[len - ext] = 0;
+        if (keep(ctx, e->d_name, id)) continue;
+      }
+      char q[4096 + 512];
+      snprintf(q, sizeof q, "%s/%s", entry, f->d_name);
+      unlink(q);
+    }
+    closedir(sub);
+  }
+  closedir(d);
 }
 
 /* ---- start ---- */
@@ -365,19 +494,75 @@ static void drop_arena_fd(ckv_fdstore_arena *a, const char *why) {
   ckv_fdstore_remove_arena(a->generation, a->owner);
 }
 
-/* Rebuilds session `id` of t from its journal entry; logs and notes a drop. */
-static bool rebuild_session(ckv_persist *p, ckv_tenant *t, const char *id) {
-  char path[4096], err[512] = "";
-  ckv_snap snap;
+static void session_dropped(ckv_persist *p, const ckv_tenant *t, const char *id, const char *err) {
+  ckv_log(CKV_LOG_WARNING, "warm-session-dropped", t->name, id, "not kept across the restart: %s", err);
+  note_dropped(p, t->name, id, "%.190s", err);
+}
+
+/* Reads session `id`'s journal entry into *snap and checks it against what
+ * outlived the daemon that wrote it; false (logged, noted) when it is not
+ * to be kept.  Runs for every session of the tenant before any is rebuilt:
+ * the checks read the arena's block headers as the killed daemon left them. */
+static bool load_entry(ckv_persist *p, ckv_tenant *t, const char *id, ckv_snap *snap) {
+  char path[4096], err[512] = "", why[512];
   int r = ckv_snapdir_area_file(p->opt.state_dir, CKV_WARM_AREA, t->name, id, path, sizeof path);
-  if (r == CKV_OK) r = ckv_snapdir_read(path, &snap, err, sizeof err);
+  if (r == CKV_OK) r = ckv_snapdir_read(path, snap, err, sizeof err);
   else snprintf(err, sizeof err, "no journal entry path: %s", ckv_strerror(r));
   if (r < 0) {
-    ckv_log(CKV_LOG_WARNING, "warm-session-dropped", t->name, id,
-            "not kept across the restart: journal entry refused: %s", err);
-    note_dropped(p, t->name, id, "its journal entry was refused (%.150s)", err);
+    snprintf(why, sizeof why, "its journal entry was refused (%.300s)", err);
+    session_dropped(p, t, id, why);
     return false;
   }
+  const char *bad = NULL;
+  /* The conversation the entry holds must still be the id's current one:
+   * a DropSession (or a new open of the id) recorded after the entry was
+   * written must not be undone by a crash (DESIGN.md invariant 10). */
+  uint64_t current = 0;
+  if (ckv_incarnations_get(p->incarnations, t->name, id, &current) == CKV_OK && current != snap->incarnation) {
+    snprintf(why, sizeof why,
+             current ? "the id's conversation was replaced after its journal entry was written (incarnation "
+                       "%016llx, the entry holds %016llx)"
+                     : "the conversation was ended (dropped or expired) after its journal entry was written",
+             (unsigned long long)current, (unsigned long long)snap->incarnation);
+    bad = why;
+  }
+  /* Every block the entry names must still be that block: the arena's
+   * header at its offset (as the daemon that wrote the entry left it) has
+   * the same magic, format, capacity and generation (the block's id, new at
+   * every allocation).  A block freed and handed out again since fails
+   * here, whatever the holds did or did not prevent. */
+  for (size_t i = 0; !bad && i < snap->n_blocks; i++) {
+    const ckv_snap_block *sb = &snap->blocks[i];
+    const uint64_t size = ckv_arena_size(t->arena);
+    if (sb->arena_offset < CKV_ARENA_HEADER_BYTES || sb->arena_offset > size ||
+        sizeof(ckv_block_header) > size - sb->arena_offset)
+      continue; /* refused with its reason by the restore */
+    ckv_block_header now, then;
+    memcpy(&now, ckv_tenant_ptr(t, sb->arena_offset), sizeof now);
+    memcpy(&then, sb->meta, sizeof then);
+    if (now.magic != then.magic || now.format != then.format || now.capacity != then.capacity ||
+        now.generation != then.generation) {
+      snprintf(why, sizeof why,
+               "block %u at offset %llu is no longer the block its journal entry names (arena header: format %u, "
+               "%u slots, generation %llu; the entry: format %u, %u slots, generation %llu)",
+               sb->index, (unsigned long long)sb->arena_offset, now.format, now.capacity,
+               (unsigned long long)now.generation, then.format, then.capacity, (unsigned long long)then.generation);
+      bad = why;
+    }
+  }
+  if (bad) {
+    session_dropped(p, t, id, bad);
+    ckv_snap_done(snap);
+    return false;
+  }
+  return true;
+}
+
+/* Rebuilds session `id` of t from its checked journal entry (consumed); logs and notes a drop. */
+static bool rebuild_session(ckv_persist *p, ckv_tenant *t, const char *id, ckv_snap *snapp) {
+  char err[512] = "";
+  int r;
+  ckv_snap snap = *snapp;
   ckv_srv_session *sess = NULL;
   ckv_snap_expect e = {.tenant = t->name};
   if ((r = ckv_snap_check_identity(&snap, &e, err, sizeof err)) == CKV_OK && strcmp(snap.session_id, id) != 0) {
@@ -397,8 +582,7 @@ static bool rebuild_session(ckv_persist *p, ckv_tenant *t, const char *id) {
     sess = NULL;
   }
   if (r < 0) {
-    ckv_log(CKV_LOG_WARNING, "warm-session-dropped", t->name, id, "not kept across the restart: %s", err);
-    note_dropped(p, t->name, id, "%.190s", err);
+    session_dropped(p, t, id, err);
     return false;
   }
   /* detached: its worker resumes it (OpenSession resume) within detach_keep */
@@ -424,6 +608,17 @@ void ckv_warm_start(ckv_persist *p) {
   int r = -ENOENT;
   if (p->opt.state_dir && *p->opt.state_dir && manifest_path(p, path, sizeof path) == CKV_OK)
     r = read_manifest(path, &jt, &n_jt, &written, &owner, err, sizeof err);
+  if (r == CKV_OK) {
+    char marker[4200];
+    snprintf(marker, sizeof marker, "%s/%s/%s", p->opt.state_dir, CKV_WARM_AREA, CKV_WARM_STOPPED);
+    bool clean = access(marker, F_OK) == 0;
+    unlink(marker); /* this daemon's checkpoints are no clean stop's */
+    if (!clean && memory_of(p)) p->warm->killed_with_journal = true;
+    if (!clean)
+      ckv_log(CKV_LOG_WARNING, "warm-journal-killed", NULL, NULL,
+              "the daemon before this one did not stop cleanly: its sessions come back as of its last warm-journal "
+              "checkpoint (what changed after it is not kept)");
+  }
   if (r < 0 && r != -ENOENT)
     ckv_log(CKV_LOG_ERROR, "warm-journal-refused", NULL, NULL,
             "warm-restart journal refused, no session is kept from it: %s", err);
@@ -502,8 +697,9 @@ void ckv_warm_start(ckv_persist *p) {
     close(a->fd); /* the arena keeps a duplicate; the store keeps its own */
     a->fd = -1;
     /* Ours from now on: stored again under this daemon's tag (the store's
-     * tenant_up hook, ckv_warm_tenant_up), so this journal (removed below,
-     * but a copy may linger) never matches it again. */
+     * tenant_up hook, ckv_warm_tenant_up), so this journal (replaced below,
+     * but a copy may linger) never matches it again.  Removed first: the
+     * store keeps one entry per open file and ignores a second name for it. */
     ckv_fdstore_remove_arena(a->generation, a->owner);
     ckv_tenant_spec limits = {.name = j->name,
                               .max_sessions = j->max_sessions,
@@ -512,7 +708,18 @@ void ckv_warm_start(ckv_persist *p) {
                               .default_policy = j->default_policy};
     ckv_store_add_tenant(p->store, t, &limits);
     size_t tk = 0;
-    for (uint32_t k = 0; k < j->n_sessions; k++) tk += rebuild_session(p, t, j->ids[k]);
+    ckv_snap *snaps = calloc(j->n_sessions ? j->n_sessions : 1, sizeof(*snaps));
+    bool *ok = calloc(j->n_sessions ? j->n_sessions : 1, sizeof(*ok));
+    for (uint32_t k = 0; snaps && ok && k < j->n_sessions; k++) ok[k] = load_entry(p, t, j->ids[k], &snaps[k]);
+    for (uint32_t k = 0; k < j->n_sessions; k++) {
+      if (snaps && ok) {
+        if (ok[k]) tk += rebuild_session(p, t, j->ids[k], &snaps[k]);
+      } else {
+        session_dropped(p, t, j->ids[k], "out of memory");
+      }
+    }
+    free(snaps);
+    free(ok);
     /* Memory no kept block holds (dropped sessions, freed blocks, warm
      * chunks) reads zero from here on: no stale K/V shows through. */
     uint64_t failed = ckv_slab_scrub(t->slab);
@@ -532,14 +739,22 @@ void ckv_warm_start(ckv_persist *p) {
   p->counters.warm_kept = kept;
   p->counters.warm_dropped = lost;
   /* Consumed: a later start (after a crash of this daemon) must never read
-   * a journal of arenas that have moved on since. */
-  if (p->opt.state_dir && *p->opt.state_dir) remove_journal(p);
+   * a journal of arenas that have moved on since.  With the continuous
+   * journal (warmjournal.h) this daemon's first checkpoint replaces it at
+   * once (the kept sessions under this daemon's tag, the rest removed), or
+   * ckv_warm_discard removes it when that cannot be written. */
+  if (p->opt.state_dir && *p->opt.state_dir && !p->journal) remove_journal(p);
   jtenants_free(jt, n_jt);
   free(fds);
 }
 
+void ckv_warm_discard(ckv_persist *p) {
+  if (p->opt.state_dir && *p->opt.state_dir) remove_journal(p);
+}
+
 void ckv_warm_tenant_up(ckv_persist *p, ckv_tenant *t) {
   if (!warm_enabled(p)) return;
+  if (p->journal) t->journal_hold = true; /* its frees wait for the journal (warmjournal.h) */
   ckv_arena_desc d;
   if (ckv_arena_export(t->arena, &d) < 0 || d.n_fds != 1) return;
   (void)ckv_fdstore_put_arena(d.fds[0], ckv_arena_generation(t->arena), owner_tag(p));
@@ -547,11 +762,23 @@ void ckv_warm_tenant_up(ckv_persist *p, ckv_tenant *t) {
 
 /* ---- stop ---- */
 
+/* ckv_warm_sweep's keep at the stop: entries of sessions the store still holds. */
+static bool in_store(void *ctx, const char *tenant, const char *id) {
+  const ckv_persist *p = ctx;
+  char key[400];
+  snprintf(key, sizeof key, "%s/%s", tenant, id);
+  return ckv_strmap_get(p->store->sessions, key) != NULL;
+}
+
 size_t ckv_warm_stop(ckv_persist *p) {
   if (!warm_enabled(p)) return 0;
   char top[4096], err[512];
   if (snprintf(top, sizeof top, "%s/%s", p->opt.state_dir, CKV_WARM_AREA) >= (int)sizeof top) return 0;
-  remove_journal(p); /* a half-written one of an earlier stop */
+  /* The continuous journal's last checkpoint stays until this one's
+   * manifest replaces it (a kill during the stop finds it); without it, a
+   * half-written journal of an earlier stop goes first. */
+  bool continuous = p->journal != NULL; /* its writer stopped by the caller (ckv_persist_warm_stop) */
+  if (!continuous) remove_journal(p);
   if (mkdir(top, 0700) < 0 && errno != EEXIST) {
     ckv_log(CKV_LOG_ERROR, "warm-journal-failed", NULL, NULL, "cannot create %s: %s; nothing is kept", top,
             strerror(errno));
@@ -560,25 +787,12 @@ size_t ckv_warm_stop(ckv_persist *p) {
     return 0;
   }
   buf m = {0};
-  put(&m, CKV_WARM_MAGIC, 8);
-  put_u32(&m, CKV_WARM_VERSION);
-  put_u32(&m, ~(uint32_t)CKV_WARM_VERSION);
-  put_u64(&m, now_ms_real());
-  put_u64(&m, owner_tag(p));
-  put_u32(&m, (uint32_t)p->store->n_tenants);
+  put_head(&m, p);
   size_t kept = 0, skipped = 0;
   for (size_t i = 0; i < p->store->n_tenants; i++) {
     ckv_tenant *t = p->store->tenants[i];
-    put_str(&m, t->name);
-    put_u64(&m, ckv_arena_generation(t->arena));
-    put_u64(&m, ckv_arena_size(t->arena));
-    put_u64(&m, t->quota_bytes);
-    put_u32(&m, t->max_sessions);
-    put_u32(&m, t->max_clients);
-    put_u32(&m, t->policies);
-    put_u32(&m, (uint32_t)t->default_policy);
-    size_t count_at = m.n;
-    put_u32(&m, 0);
+    size_t count_at;
+    put_tenant(&m, t, &count_at);
     uint32_t n = 0;
     char dir[4096];
     bool have_dir = ckv_snapdir_area_dir(p->opt.state_dir, CKV_WARM_AREA, t->name, 1, dir, sizeof dir, err,
@@ -617,22 +831,8 @@ size_t ckv_warm_stop(ckv_persist *p) {
   }
   uint64_t sum = m.oom ? 0 : XXH64(m.p, m.n, 0);
   put_u64(&m, sum);
-  char path[4096], tmp[4200];
-  int r = m.oom ? -ENOMEM : manifest_path(p, path, sizeof path);
-  if (r == CKV_OK) {
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    size_t done = 0;
-    while (fd >= 0 && done < m.n) {
-      ssize_t w = write(fd, m.p + done, m.n - done);
-      if (w <= 0) break;
-      done += (size_t)w;
-    }
-    r = fd < 0 || done != m.n || fsync(fd) < 0 ? -errno : CKV_OK;
-    if (fd >= 0) close(fd);
-    if (r == CKV_OK && rename(tmp, path) < 0) r = -errno;
-    if (r < 0) unlink(tmp);
-  }
+  /* temporary file, fsync, rename, directory fsync: the same writer as the continuous journal's */
+  int r = m.oom ? -ENOMEM : ckv_warm_manifest_write(p->opt.state_dir, m.p, m.n, err, sizeof err);
   free(m.p);
   if (r < 0) {
     ckv_log(CKV_LOG_ERROR, "warm-journal-failed", NULL, NULL,
@@ -642,6 +842,13 @@ size_t ckv_warm_stop(ckv_persist *p) {
     for (size_t i = 0; i < p->store->n_tenants; i++)
       ckv_fdstore_remove_arena(ckv_arena_generation(p->store->tenants[i]->arena), owner_tag(p));
     return 0;
+  }
+  if (continuous) ckv_warm_sweep(p, in_store, p); /* entries of sessions gone since the last checkpoint */
+  { /* this journal is a clean stop's (said at the next start; a checkpoint's is a killed daemon's) */
+    char marker[4200];
+    snprintf(marker, sizeof marker, "%s/%s", top, CKV_WARM_STOPPED);
+    int mfd = open(marker, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (mfd >= 0) close(mfd);
   }
   /* Hand the arenas on: no block goes back to an allocator (no hole is
    * punched) and no header is retired while the sessions are freed. */

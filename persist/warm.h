@@ -13,11 +13,13 @@
  * (so the workers' mappings and every byte in them stay valid), scrubs what
  * no kept block holds, and keeps the sessions detached for resume.
  *
- * The journal is consumed when read (removed at start), so it only ever
- * describes the arenas of the daemon that wrote it at its stop: after a
- * crash (kill -9) there is none and the arenas in the store are dropped,
- * which the log says; sessions saved with SaveSession come back from their
- * snapshots.  Anything refused (a journal truncated, corrupt, of another
+ * The journal is consumed when read (replaced by the new daemon's first
+ * checkpoint, or removed), so it only ever describes the arenas of the
+ * daemon that wrote it.  While serving, warmjournal.h keeps it current
+ * ([daemon] warm_journal), so after a crash (kill -9) the sessions come
+ * back as of their last checkpoint; with it off there is no journal after a
+ * crash and the arenas in the store are dropped, which the log says (saved
+ * sessions come back from their snapshots).  Anything refused (a journal truncated, corrupt, of another
  * version; an arena missing, of another size or generation; a session entry
  * that does not validate or whose blocks do not fit the arena) is logged and
  * dropped; the daemon serves either way.  A resume of a session the warm
@@ -25,13 +27,16 @@
 #ifndef CKV_PERSIST_WARM_H
 #define CKV_PERSIST_WARM_H
 
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 typedef struct ckv_persist ckv_persist;
 typedef struct ckv_tenant ckv_tenant;
 
 #define CKV_WARM_AREA "warm"
 #define CKV_WARM_MANIFEST "journal"
+#define CKV_WARM_STOPPED "stopped" /* beside the manifest when a clean stop wrote it */
 #define CKV_WARM_MAGIC "CKVWARM"
 #define CKV_WARM_VERSION 1u
 
@@ -39,6 +44,10 @@ typedef struct ckv_tenant ckv_tenant;
  * the sessions the journal lists.  Never fails (what cannot be kept is
  * dropped and logged). */
 void ckv_warm_start(ckv_persist *p);
+/* Removes the journal under STATE_DIR/warm (what ckv_warm_start does itself
+ * when the continuous journal is off; with it, when its first checkpoint
+ * could not be written). */
+void ckv_warm_discard(ckv_persist *p);
 /* A tenant came up: its arena goes to the fd store (host arenas, with a
  * state directory, under a service manager). */
 void ckv_warm_tenant_up(ckv_persist *p, ckv_tenant *t);
@@ -53,5 +62,22 @@ const char *ckv_warm_dropped(const ckv_persist *p, const char *tenant, const cha
 const char *ckv_warm_unclean(const ckv_persist *p);
 /* Frees what the start remembered of its drops (ckv_persist_done). */
 void ckv_warm_forget(ckv_persist *p);
+
+/* For the continuous journal (warmjournal.h).  manifest_encode: the
+ * manifest (format in warm.c) of every tenant of p's store under this
+ * daemon's tag, with those of its sessions for which listed() is true;
+ * CKV_OK with *ret (malloc'd) and *ret_len, or -ENOMEM.  manifest_write:
+ * STATE_DIR/warm/journal replaced by those bytes (temporary file, fsync,
+ * rename, directory fsync); CKV_OK or -errno with err.  entry_dir: the
+ * directory of tenant's entries (made when create). */
+typedef struct ckv_srv_session ckv_srv_session;
+int ckv_warm_manifest_encode(ckv_persist *p, bool (*listed)(void *ctx, const ckv_srv_session *s), void *ctx,
+                             uint8_t **ret, size_t *ret_len);
+int ckv_warm_manifest_write(const char *state_dir, const uint8_t *m, size_t n, char *err, size_t errlen);
+/* Removes the entry files (and leftover temporary files) under STATE_DIR/warm
+ * of every tenant/id that keep() does not want. */
+void ckv_warm_sweep(const ckv_persist *p, bool (*keep)(void *ctx, const char *tenant, const char *id), void *ctx);
+/* Whether the warm restart is on for p (a state directory, the fd store, host arenas). */
+bool ckv_warm_enabled(const ckv_persist *p);
 
 #endif

@@ -894,7 +894,7 @@ int ckv_moves_reclaim(ckv_srv_session *s, ckv_compressor *c, uint64_t need, ckv_
   qsort(cand, nc, sizeof(*cand), by_value);
   /* Refuse before recycling anything when even recycling every candidate
    * could not make the room: a refused append must lose nothing. */
-  if (reclaimable_bytes(s, cand, nc) < s->tenant->bytes_used + need - s->tenant->quota_bytes) nc = 0;
+  if (reclaimable_bytes(s, cand, nc) < s->tenant->bytes_used - s->tenant->held_bytes + need - s->tenant->quota_bytes) nc = 0;
   for (size_t i = 0; i < nc && !ckv_tenant_would_fit(s->tenant, need); i++) {
     uint32_t p = cand[i].pos;
     uint8_t from = t->state[p];

@@ -165,6 +165,10 @@ typedef struct ckv_srv_session {
   size_t reported_tokens;
   uint64_t autosave_mark, autosave_ms;
   uint64_t autosave_dirty_ms; /* when it first differed from its last autosave copy (0: it does not) */
+  /* The continuous warm journal (persist/warmjournal.h): what its last
+   * journal entry captured (a hash of rounds, tokens, epoch and the block
+   * table; 0: no entry yet, or it must be written again). */
+  uint64_t warm_mark;
   /* Content keys of its draft blocks (store/prefix.h); NULL until first needed. */
   ckv_prefix_chain *chain;
 } ckv_srv_session;

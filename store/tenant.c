@@ -107,6 +107,7 @@ ckv_tenant *ckv_tenant_free(ckv_tenant *t) {
   if (!t) return NULL;
   if (t->prefix_free) t->prefix_free(t->prefix);
   free(t->deferred);
+  free(t->held);
   ckv_slab_free(t->slab);
   ckv_arena_free(t->arena);
   free(t);
@@ -114,7 +115,10 @@ ckv_tenant *ckv_tenant_free(ckv_tenant *t) {
 }
 
 bool ckv_tenant_would_fit(const ckv_tenant *t, uint64_t bytes) {
-  return t->bytes_used + bytes <= t->quota_bytes;
+  /* Blocks held for the warm journal are freed as far as the tenant is
+   * concerned (given back within a journal period or two): they take arena
+   * headroom, not quota, or reclaiming under quota pressure would not help. */
+  return t->bytes_used - t->held_bytes + bytes <= t->quota_bytes;
 }
 
 int ckv_tenant_block_alloc(ckv_tenant *t, uint64_t bytes, uint32_t format, uint64_t *ret_offset) {
@@ -187,7 +191,54 @@ void ckv_tenant_unpin(ckv_tenant *t) {
   t->n_deferred = 0;
 }
 
+/* Appends a free to one of the tenant's waiting lists; false when out of memory. */
+static bool defer(struct ckv_deferred_free **list, size_t *n, size_t *cap, uint64_t offset, uint64_t bytes,
+                  uint32_t format) {
+  if (*n == *cap) {
+    size_t ncap = *cap ? 2 * *cap : 64;
+    struct ckv_deferred_free *d = realloc(*list, ncap * sizeof *d);
+    if (!d) return false;
+    *list = d;
+    *cap = ncap;
+  }
+  (*list)[(*n)++] = (struct ckv_deferred_free){offset, bytes, format};
+  return true;
+}
+
+static void free_unheld(ckv_tenant *t, uint64_t offset, uint64_t bytes, uint32_t format);
+
 void ckv_tenant_block_free(ckv_tenant *t, uint64_t offset, uint64_t bytes, uint32_t format) {
+  if (t->journal_hold && t->slab) {
+    if (!defer(&t->held, &t->n_held, &t->cap_held, offset, bytes, format)) {
+      /* cannot wait: the block stays allocated (leaked to this tenant) rather than reused under a journal entry */
+      ckv_log(CKV_LOG_ERROR, "block-free", t->name, NULL,
+              "out of memory holding a freed block for the warm journal: %llu bytes stay allocated",
+              (unsigned long long)bytes);
+      return;
+    }
+    t->held_bytes += bytes;
+    return;
+  }
+  free_unheld(t, offset, bytes, format);
+}
+
+size_t ckv_tenant_release_held(ckv_tenant *t, bool (*named)(void *ctx, uint64_t offset), void *ctx) {
+  size_t kept = 0, given = 0;
+  for (size_t i = 0; i < t->n_held; i++) {
+    struct ckv_deferred_free d = t->held[i];
+    if (named && named(ctx, d.offset)) {
+      t->held[kept++] = d; /* the order of frees is kept */
+      continue;
+    }
+    t->held_bytes -= d.bytes;
+    free_unheld(t, d.offset, d.bytes, d.format);
+    given++;
+  }
+  t->n_held = kept;
+  return given;
+}
+
+static void free_unheld(ckv_tenant *t, uint64_t offset, uint64_t bytes, uint32_t format) {
   if (t->pins && t->slab) {
     if (t->n_deferred == t->cap_deferred) {
       size_t cap = t->cap_deferred ? 2 * t->cap_deferred : 64;

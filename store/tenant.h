@@ -42,6 +42,15 @@ typedef struct ckv_tenant {
   uint32_t pins;
   struct ckv_deferred_free *deferred;
   size_t n_deferred, cap_deferred;
+  /* The continuous warm journal (persist/warmjournal.h): while journal_hold
+   * is set, every freed block waits in `held`, still charged, until no
+   * journal entry that may be on disk names it (ckv_tenant_release_held):
+   * after a kill -9 the next daemon claims what the journal names, so a
+   * named block must keep its bytes. */
+  bool journal_hold;
+  struct ckv_deferred_free *held;
+  size_t n_held, cap_held;
+  uint64_t held_bytes;
   /* counters for the metrics endpoint */
   uint64_t transitions_gone[4][4]; /* transitions of sessions already freed */
   uint64_t hits;                   /* Acquire/GetView of resident sessions */
@@ -106,6 +115,11 @@ void ckv_tenant_block_free(ckv_tenant *t, uint64_t offset, uint64_t bytes, uint3
  * freed in place of one another: the order of frees is kept. */
 void ckv_tenant_pin(ckv_tenant *t);
 void ckv_tenant_unpin(ckv_tenant *t);
+/* The journal hold (see journal_hold): gives back every held block for
+ * which named(ctx, offset) is false (through the pins' deferral when the
+ * tenant is pinned); the others stay held.  named NULL: all of them (the
+ * hold was turned off).  Returns the number of blocks given back. */
+size_t ckv_tenant_release_held(ckv_tenant *t, bool (*named)(void *ctx, uint64_t offset), void *ctx);
 /* Daemon-side address of an arena offset. */
 void *ckv_tenant_ptr(const ckv_tenant *t, uint64_t offset);
 /* Whether `bytes` more would fit within quota and arena. */

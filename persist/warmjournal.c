@@ -1,0 +1,512 @@
+/* warmjournal.c - the warm journal kept current while serving (see
+ * warmjournal.h).  The loop captures and keeps the books; one writer thread
+ * of its own writes the files (a batch in flight at most), and the loop
+ * picks its result up at the next housekeeping. */
+#include "persist/warmjournal.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "commitkv/status.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/strmap.h"
+#include "persist/persist.h"
+#include "persist/session_snap.h"
+#include "persist/snapdir.h"
+#include "persist/snapshot.h"
+#include "persist/tier.h"
+#include "persist/warm.h"
+#include "store/session.h"
+#include "store/store.h"
+#include "store/tenant.h"
+
+/* What a journal entry that may be on disk names: the blocks the next
+ * daemon would claim for the session. */
+typedef struct jentry {
+  const ckv_tenant *tenant;
+  uint64_t *off;
+  size_t n, cap;
+} jentry;
+
+typedef struct jwrite {
+  char key[CKV_SNAP_TENANT_MAX + CKV_SNAP_ID_MAX + 2];
+  char tenant[CKV_SNAP_TENANT_MAX + 1];
+  char id[CKV_SNAP_ID_MAX + 1];
+  const ckv_tenant *t; /* the loop's: tenants live as long as the store */
+  ckv_snap snap;
+} jwrite;
+
+typedef struct jkey {
+  char tenant[CKV_SNAP_TENANT_MAX + 1];
+  char id[CKV_SNAP_ID_MAX + 1];
+} jkey;
+
+/* One batch: the writer thread's between submit and done. */
+typedef struct jbatch {
+  char state_dir[4096];
+  jwrite *w;
+  size_t n_w;
+  jkey *rm; /* entries of sessions the manifest no longer lists */
+  size_t n_rm;
+  uint8_t *manifest;
+  size_t manifest_len;
+  bool sweep; /* the first batch: every other file under warm/ goes */
+  int status;
+  char err[400];
+  uint64_t io_us;
+} jbatch;
+
+struct ckv_warm_journal {
+  pthread_t thread;
+  pthread_mutex_t lock;
+  pthread_cond_t wake, done_cv;
+  jbatch *todo, *done; /* the thread's input and output; both NULL while idle */
+  bool stop, thread_up;
+  jbatch *inflight; /* the loop's: submitted, not landed */
+  uint64_t last_ms;
+  ckv_strmap *entries; /* "tenant/id" -> jentry */
+};
+
+static uint64_t mark_of(const ckv_srv_session *s) {
+  XXH64_state_t *h = XXH64_createState();
+  if (!h) return 0;
+  XXH64_reset(h, 0);
+  uint64_t head[5] = {s->rounds, (uint64_t)s->tokens.n, s->epoch, s->incarnation, (uint64_t)s->n_blocks};
+  XXH64_update(h, head, sizeof head);
+  XXH64_update(h, s->count_by_state, sizeof s->count_by_state);
+  for (size_t i = 0; i < s->n_blocks; i++) {
+    const ckv_sblock *b = &s->blocks[i];
+    uint64_t row[3] = {b->offset, b->format, b->used};
+    XXH64_update(h, row, sizeof row);
+  }
+  uint64_t m = XXH64_digest(h) | 1u; /* never 0: 0 means "no entry" */
+  XXH64_freeState(h);
+  return m;
+}
+
+static void batch_free(jbatch *b) {
+  if (!b) return;
+  for (size_t i = 0; i < b->n_w; i++) ckv_snap_done(&b->w[i].snap);
+  free(b->w);
+  free(b->rm);
+  free(b->manifest);
+  free(b);
+}
+
+static jentry *jentry_free(jentry *e) {
+  if (e) free(e->off);
+  free(e);
+  return NULL;
+}
+
+/* ---- the writer thread ---- */
+
+typedef struct sweep_ctx {
+  const jbatch *b;
+} sweep_ctx;
+
+static bool written_in(void *ctx, const char *tenant, const char *id) {
+  const jbatch *b = ((sweep_ctx *)ctx)->b;
+  for (size_t i = 0; i < b->n_w; i++)
+    if (strcmp(b->w[i].tenant, tenant) == 0 && strcmp(b->w[i].id, id) == 0) return true;
+  return false;
+}
+
+/* Entries first (each atomically replaced), then the manifest, then what
+ * it no longer names: a kill at any point leaves a manifest whose every
+ * entry on disk names only blocks that are still held. */
+static void write_batch(jbatch *b) {
+  uint64_t t0 = ckv_now_us();
+  b->status = CKV_OK;
+  for (size_t i = 0; i < b->n_w && b->status == CKV_OK; i++) {
+    char dir[4096], err[320];
+    int r = ckv_snapdir_area_dir(b->state_dir, CKV_WARM_AREA, b->w[i].tenant,
+                                 /* create= */ 1, dir, sizeof dir, err, sizeof err);
+    if (r == CKV_OK) r = ckv_snap_write(dir, b->w[i].id, &b->w[i].snap, NULL, err, sizeof err);
+    if (r < 0) {
+      b->status = r;
+      snprintf(b->err, sizeof b->err, "entry of %.63s/%.64s: %.200s", b->w[i].tenant, b->w[i].id, err);
+    }
+  }
+  if (b->status == CKV_OK)
+    b->status = ckv_warm_manifest_write(b->state_dir, b->manifest, b->manifest_len, b->err, sizeof b->err);
+  if (b->status == CKV_OK) {
+    for (size_t i = 0; i < b->n_rm; i++) {
+      char path[4096];
+      if (ckv_snapdir_area_file(b->state_dir, CKV_WARM_AREA, b->rm[i].tenant, b->rm[i].id, path, sizeof path) == CKV_OK)
+        unlink(path);
+    }
+    if (b->sweep) {
+      ckv_persist fake = {.opt = {.state_dir = b->state_dir}};
+      sweep_ctx c = {b};
+      ckv_warm_sweep(&fake, written_in, &c);
+    }
+  }
+  b->io_us = ckv_now_us() - t0;
+}
+
+static void *writer_main(void *arg) {
+  ckv_warm_journal *j = arg;
+  pthread_mutex_lock(&j->lock);
+  for (;;) {
+    while (!j->todo && !j->stop) pthread_cond_wait(&j->wake, &j->lock);
+    if (!j->todo) break;
+    jbatch *b = j->todo;
+    j->todo = NULL;
+    pthread_mutex_unlock(&j->lock);
+    write_batch(b);
+    pthread_mutex_lock(&j->lock);
+    j->done = b;
+    pthread_cond_broadcast(&j->done_cv);
+  }
+  pthread_mutex_unlock(&j->lock);
+  return NULL;
+}
+
+/* ---- the loop's books ---- */
+
+static int entry_note(ckv_warm_journal *j, const char *key, const ckv_tenant *t, const ckv_snap *snap, bool merge) {
+  jentry *e = ckv_strmap_get(j->entries, key);
+  if (!e) {
+    if (!(e = calloc(1, sizeof(*e)))) return -ENOMEM;
+    e->tenant = t;
+    if (ckv_strmap_put(j->entries, key, e) < 0) {
+      jentry_free(e);
+      return -ENOMEM;
+    }
+  }
+  if (!merge) e->n = 0;
+  for (size_t i = 0; i < snap->n_blocks; i++) {
+    if (e->n == e->cap) {
+      size_t cap = e->cap ? 2 * e->cap : 16;
+      uint64_t *o = realloc(e->off, cap * sizeof(*o));
+      if (!o) return -ENOMEM;
+      e->off = o;
+      e->cap = cap;
+    }
+    e->off[e->n++] = snap->blocks[i].arena_offset;
+  }
+  return CKV_OK;
+}
+
+static ckv_srv_session *session_of(ckv_persist *p, const char *key) { return ckv_strmap_get(p->store->sessions, key); }
+
+/* The batch came back: what is on disk now. */
+static void land(ckv_persist *p, jbatch *b) {
+  ckv_warm_journal *j = p->journal;
+  bool ok = b->status == CKV_OK;
+  for (size_t i = 0; i < b->n_w; i++) {
+    const ckv_tenant *t = b->w[i].t;
+    ckv_srv_session *s = session_of(p, b->w[i].key);
+    /* On failure the new entry may be on disk all the same (its rename
+     * happened, the manifest's did not): both are named from now on. */
+    if (entry_note(j, b->w[i].key, t, &b->w[i].snap, /* merge= */ !ok) < 0) {
+      /* cannot keep the books: hold every freed block of the tenant from now on
+       * (never released) */
+      ckv_log(CKV_LOG_ERROR, "warm-journal-failed", t->name, b->w[i].id,
+              "out of memory noting a journal entry: its tenant's freed blocks "
+              "stay held");
+      ((ckv_tenant *)t)->journal_hold = true;
+    }
+    if (!ok && s) s->warm_mark = 0; /* written again by the next batch */
+  }
+  if (ok) {
+    for (size_t i = 0; i < b->n_rm; i++) {
+      char key[sizeof b->w[0].key];
+      snprintf(key, sizeof key, "%s/%s", b->rm[i].tenant, b->rm[i].id);
+      jentry_free(ckv_strmap_del(j->entries, key));
+    }
+    p->counters.warm_checkpoints++;
+    p->counters.warm_entries += b->n_w;
+    ckv_log(CKV_LOG_DEBUG, "warm-checkpoint", NULL, NULL,
+            "warm journal checkpoint durable: %zu entries written, %zu "
+            "removed, in %.3f ms",
+            b->n_w, b->n_rm, (double)b->io_us / 1e3);
+  } else {
+    p->counters.warm_journal_errors++;
+    ckv_log(CKV_LOG_ERROR, "warm-journal-failed", NULL, NULL,
+            "warm journal checkpoint not written: %s (%s); the previous one "
+            "stays, and what it names stays held",
+            b->err, ckv_strerror(b->status));
+  }
+  batch_free(b);
+}
+
+typedef struct named_ctx {
+  uint64_t *off;
+  size_t n;
+} named_ctx;
+
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+static bool named(void *ctx, uint64_t offset) {
+  const named_ctx *c = ctx;
+  return bsearch(&offset, c->off, c->n, sizeof(*c->off), cmp_u64) != NULL;
+}
+
+/* Gives back the held blocks no entry that may be on disk names (no batch in
+ * flight). */
+static void release_held(ckv_persist *p) {
+  ckv_warm_journal *j = p->journal;
+  for (size_t i = 0; i < p->store->n_tenants; i++) {
+    ckv_tenant *t = p->store->tenants[i];
+    if (!t->n_held) continue;
+    named_ctx c = {0};
+    size_t cap = 0, cursor = 0;
+    jentry *e;
+    bool oom = false;
+    while ((e = ckv_strmap_next(j->entries, &cursor, NULL))) {
+      if (e->tenant != t || !e->n) continue;
+      if (c.n + e->n > cap) {
+        size_t ncap = (c.n + e->n) * 2;
+        uint64_t *o = realloc(c.off, ncap * sizeof(*o));
+        if (!o) {
+          oom = true;
+          break;
+        }
+        c.off = o;
+        cap = ncap;
+      }
+      memcpy(c.off + c.n, e->off, e->n * sizeof(*e->off));
+      c.n += e->n;
+    }
+    if (!oom) {
+      if (c.n) qsort(c.off, c.n, sizeof(*c.off), cmp_u64);
+      ckv_tenant_release_held(t, c.n ? named : NULL, &c); /* NULL: no entry names anything of t */
+    }
+    free(c.off);
+  }
+}
+
+/* Whether sess may be listed with a new entry captured now. */
+static bool capturable(const ckv_srv_session *s) {
+  return !s->quarantined && !s->doomed && !s->jobs_inflight && ckv_tier_state_of(s) == CKV_TIER_RESIDENT;
+}
+
+/* Whether sess's previous entry may stay listed: its blocks are still in the
+ * arena. */
+static bool may_stay(const ckv_srv_session *s) {
+  ckv_tier_state ts = ckv_tier_state_of(s);
+  return !s->quarantined && !s->doomed && (ts == CKV_TIER_RESIDENT || ts == CKV_TIER_OFFLOADING);
+}
+
+typedef struct listing {
+  ckv_strmap *keys; /* listed "tenant/id" -> (void *)1 */
+} listing;
+
+static bool is_listed(void *ctx, const ckv_srv_session *s) {
+  char key[400];
+  ckv_store_session_key(s->tenant, s->id, key, sizeof key);
+  return ckv_strmap_get(((listing *)ctx)->keys, key) != NULL;
+}
+
+/* Captures what changed into a batch; NULL when nothing changed (or out of
+ * memory, logged). */
+static jbatch *build_batch(ckv_persist *p, bool first) {
+  ckv_warm_journal *j = p->journal;
+  jbatch *b = calloc(1, sizeof(*b));
+  listing l = {0};
+  size_t cap_w = 0;
+  if (!b || ckv_strmap_new(&l.keys) < 0) goto oom;
+  snprintf(b->state_dir, sizeof b->state_dir, "%s", p->opt.state_dir);
+  b->sweep = first;
+  size_t cursor = 0;
+  const char *key;
+  ckv_srv_session *s;
+  while ((s = ckv_strmap_next(p->store->sessions, &cursor, &key))) {
+    bool has_entry = ckv_strmap_get(j->entries, key) != NULL;
+    uint64_t mark = 0;
+    bool changed = !has_entry || first || s->warm_mark != (mark = mark_of(s));
+    if (!changed) {
+      if (ckv_strmap_put(l.keys, key, (void *)1) < 0) goto oom;
+      continue;
+    }
+    char err[320] = "";
+    int r = capturable(s) ? ckv_srv_session_flush_meta(s) : CKV_ERR_BUSY;
+    ckv_snap snap;
+    if (r == CKV_OK) r = ckv_session_snap_capture_refs(s, &snap, err, sizeof err);
+    if (r < 0) {
+      /* not now (moves in flight, away on disk): its previous entry stays while
+       * its blocks do */
+      if (has_entry && may_stay(s) && ckv_strmap_put(l.keys, key, (void *)1) < 0) goto oom;
+      if (r != CKV_ERR_BUSY)
+        ckv_log(CKV_LOG_DEBUG, "warm-journal", s->tenant->name, s->id, "not journaled now: %s", err);
+      continue;
+    }
+    if (b->n_w == cap_w) {
+      size_t ncap = cap_w ? 2 * cap_w : 16;
+      jwrite *w = realloc(b->w, ncap * sizeof(*w));
+      if (!w) {
+        ckv_snap_done(&snap);
+        goto oom;
+      }
+      b->w = w;
+      cap_w = ncap;
+    }
+    jwrite *w = &b->w[b->n_w++];
+    memset(w, 0, sizeof *w);
+    snprintf(w->key, sizeof w->key, "%s", key);
+    snprintf(w->tenant, sizeof w->tenant, "%s", s->tenant->name);
+    snprintf(w->id, sizeof w->id, "%s", s->id);
+    w->t = s->tenant;
+    w->snap = snap;
+    s->warm_mark = mark ? mark : mark_of(s);
+    if (ckv_strmap_put(l.keys, key, (void *)1) < 0) goto oom;
+  }
+  /* entries of sessions no longer listed (dropped, closed for good, moved to
+   * disk) */
+  size_t cap_rm = 0;
+  cursor = 0;
+  jentry *e;
+  while ((e = ckv_strmap_next(j->entries, &cursor, &key))) {
+    if (ckv_strmap_get(l.keys, key)) continue;
+    if (b->n_rm == cap_rm) {
+      size_t ncap = cap_rm ? 2 * cap_rm : 16;
+      jkey *k = realloc(b->rm, ncap * sizeof(*k));
+      if (!k) goto oom;
+      b->rm = k;
+      cap_rm = ncap;
+    }
+    jkey *k = &b->rm[b->n_rm++];
+    const char *slash = strchr(key, '/');
+    snprintf(k->tenant, sizeof k->tenant, "%.*s", slash ? (int)(slash - key) : 0, key);
+    snprintf(k->id, sizeof k->id, "%s", slash ? slash + 1 : key);
+  }
+  if (!first && !b->n_w && !b->n_rm) {
+    ckv_strmap_free(l.keys);
+    batch_free(b);
+    return NULL;
+  }
+  if (ckv_warm_manifest_encode(p, is_listed, &l, &b->manifest, &b->manifest_len) < 0) goto oom;
+  ckv_strmap_free(l.keys);
+  return b;
+oom:
+  ckv_log(CKV_LOG_ERROR, "warm-journal-failed", NULL, NULL, "out of memory building a warm journal checkpoint");
+  if (b)
+    for (size_t i = 0; i < b->n_w; i++) { /* written again next time */
+      ckv_srv_session *ws = session_of(p, b->w[i].key);
+      if (ws) ws->warm_mark = 0;
+    }
+  ckv_strmap_free(l.keys);
+  batch_free(b);
+  return NULL;
+}
+
+/* ---- the module's face ---- */
+
+int ckv_warm_journal_new(ckv_persist *p) {
+  if (!p->opt.warm_journal_ms || !ckv_warm_enabled(p)) return CKV_OK;
+  ckv_warm_journal *j = calloc(1, sizeof(*j));
+  if (!j) return -ENOMEM;
+  if (ckv_strmap_new(&j->entries) < 0) {
+    free(j);
+    return -ENOMEM;
+  }
+  pthread_mutex_init(&j->lock, NULL);
+  pthread_cond_init(&j->wake, NULL);
+  pthread_cond_init(&j->done_cv, NULL);
+  int r = pthread_create(&j->thread, NULL, writer_main, j);
+  if (r != 0) {
+    ckv_strmap_free(j->entries);
+    free(j);
+    return -r;
+  }
+  j->thread_up = true;
+  p->journal = j;
+  return CKV_OK;
+}
+
+bool ckv_warm_journal_first(ckv_persist *p) {
+  ckv_warm_journal *j = p->journal;
+  if (!j || j->inflight) return false;
+  ckv_snapdir_clean_temps(p->opt.state_dir, CKV_WARM_AREA);
+  for (size_t i = 0; i < p->store->n_tenants; i++) p->store->tenants[i]->journal_hold = true;
+  jbatch *b = build_batch(p, /* first= */ true);
+  if (!b) return false;
+  write_batch(b); /* here: before the first request, a kill finds this daemon's
+                     journal */
+  bool ok = b->status == CKV_OK;
+  size_t n = b->n_w;
+  uint64_t us = b->io_us;
+  land(p, b);
+  j->last_ms = ckv_now_ms();
+  if (ok)
+    ckv_log(CKV_LOG_INFO, "warm-journal", NULL, NULL,
+            "warm journal current from the start: %zu session(s) journaled in "
+            "%.3f ms",
+            n, (double)us / 1e3);
+  return ok;
+}
+
+/* The finished batch, if any (the loop's, after this). */
+static jbatch *take_done(ckv_warm_journal *j, bool wait) {
+  pthread_mutex_lock(&j->lock);
+  while (wait && !j->done && (j->todo || j->inflight)) pthread_cond_wait(&j->done_cv, &j->lock);
+  jbatch *b = j->done;
+  j->done = NULL;
+  pthread_mutex_unlock(&j->lock);
+  return b;
+}
+
+void ckv_warm_journal_scan(ckv_persist *p, uint64_t now_ms) {
+  ckv_warm_journal *j = p->journal;
+  if (!j || !j->thread_up) return;
+  if (j->inflight) {
+    jbatch *b = take_done(j, /* wait= */ false);
+    if (!b) return; /* nothing is given back while a batch is on its way */
+    j->inflight = NULL;
+    land(p, b);
+  }
+  release_held(p);
+  if (now_ms - j->last_ms < p->opt.warm_journal_ms) return;
+  j->last_ms = now_ms;
+  jbatch *b = build_batch(p, /* first= */ false);
+  if (!b) return;
+  pthread_mutex_lock(&j->lock);
+  j->todo = b;
+  pthread_cond_signal(&j->wake);
+  pthread_mutex_unlock(&j->lock);
+  j->inflight = b;
+}
+
+void ckv_warm_journal_stop(ckv_persist *p) {
+  ckv_warm_journal *j = p->journal;
+  if (!j || !j->thread_up) return;
+  if (j->inflight) {
+    jbatch *b = take_done(j, /* wait= */ true);
+    j->inflight = NULL;
+    if (b) land(p, b);
+  }
+  pthread_mutex_lock(&j->lock);
+  j->stop = true;
+  pthread_cond_signal(&j->wake);
+  pthread_mutex_unlock(&j->lock);
+  pthread_join(j->thread, NULL);
+  j->thread_up = false;
+}
+
+void ckv_warm_journal_free(ckv_persist *p) {
+  ckv_warm_journal *j = p->journal;
+  if (!j) return;
+  ckv_warm_journal_stop(p);
+  batch_free(j->done);
+  batch_free(j->todo);
+  size_t cursor = 0;
+  jentry *e;
+  while ((e = ckv_strmap_next(j->entries, &cursor, NULL))) jentry_free(e);
+  ckv_strmap_free(j->entries);
+  pthread_mutex_destroy(&j->lock);
+  pthread_cond_destroy(&j->wake);
+  pthread_cond_destroy(&j->done_cv);
+  free(j);
+  p->journal = NULL;
+}

@@ -1,0 +1,56 @@
+/* warmjournal.h - the warm journal kept current while serving
+ * ([daemon] warm_journal; docs/warm-restart.md, issue 43).
+ *
+ * warm.h writes the journal (manifest + one CKV_SNAP_BLOCK_REFS entry per
+ * session under STATE_DIR/warm) at a clean stop.  This module keeps it
+ * current in between, so that after a kill -9 the next daemon adopts the
+ * arenas from systemd's fd store and the sessions on their blocks, each as
+ * of its last entry.  It is a batched checkpoint, not a write-ahead log:
+ * every warm_journal ms the loop's housekeeping captures each session that
+ * changed since its entry (rounds, tokens, epoch, block table; opens, drops,
+ * tier moves), header regions and token columns only, and hands the batch
+ * to the journal's own writer thread, which writes each entry (temporary
+ * file, fsync, rename, directory fsync), then the manifest naming every
+ * journaled session (the same, last), then removes the entries of sessions
+ * no longer listed.  One batch is in flight at a time.
+ *
+ * The rule that makes an entry safe to adopt: a block a journal entry on
+ * disk may name keeps its bytes.  While the journal is on, every block a
+ * tenant frees is held (store/tenant.h journal_hold: still allocated and
+ * charged) and given back only when no batch is in flight and no entry of
+ * the last durable batch (or an earlier entry a failed batch may have left
+ * on disk) names its offset.  A session that cannot be captured now
+ * (compressor jobs in flight, a move's tokens pending) keeps its previous
+ * entry, and the blocks that entry names stay held until one replaces it.
+ *
+ * Not done (see docs/warm-restart.md): a reply is not held until its change
+ * is durable, so a kill loses up to one period (plus the write) of changes
+ * per session: the session comes back as of its last entry, never with
+ * another's bytes. */
+#ifndef CKV_PERSIST_WARMJOURNAL_H
+#define CKV_PERSIST_WARMJOURNAL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct ckv_persist ckv_persist;
+
+/* From ckv_persist_init: sets up p->journal when the warm restart is on
+ * (warm.h) and warm_journal_ms is not 0; starts the writer thread.
+ * CKV_OK (also when off) or -errno / -ENOMEM. */
+int ckv_warm_journal_new(ckv_persist *p);
+/* From ckv_warm_start, after the rebuild: the first checkpoint of this
+ * daemon, written on the calling thread (every kept session, the manifest
+ * under this daemon's tag, leftover files removed).  false when it could
+ * not be written (logged; the caller removes the old journal). */
+bool ckv_warm_journal_first(ckv_persist *p);
+/* The loop's housekeeping: lands a finished batch, gives back the held
+ * blocks no entry names, and starts the next batch when one is due. */
+void ckv_warm_journal_scan(ckv_persist *p, uint64_t now_ms);
+/* Before the clean stop writes its own journal (warm.h): waits for the
+ * batch in flight, stops the writer thread.  Held blocks stay held. */
+void ckv_warm_journal_stop(ckv_persist *p);
+/* Frees p->journal (ckv_persist_done). */
+void ckv_warm_journal_free(ckv_persist *p);
+
+#endif
