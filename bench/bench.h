@@ -16,5 +16,7 @@ int ckv_bench_soak_worker(int argc, char **argv);
 int ckv_bench_tiers(int argc, char **argv);
 /* N agents of one tenant on a shared prefix (issue 41). */
 int ckv_bench_agents(int argc, char **argv);
+/* kill -9 of commitkvd under a private systemd --user while workers write rounds (issue 43). */
+int ckv_bench_failover(int argc, char **argv);
 
 #endif

@@ -20,6 +20,7 @@ __attribute__((weak)) int ckv_bench_soak(int argc, char **argv);
 __attribute__((weak)) int ckv_bench_soak_worker(int argc, char **argv);
 __attribute__((weak)) int ckv_bench_tiers(int argc, char **argv);
 __attribute__((weak)) int ckv_bench_agents(int argc, char **argv);
+__attribute__((weak)) int ckv_bench_failover(int argc, char **argv);
 
 int main(int argc, char **argv) {
   const bench_cmd cmds[] = {
@@ -29,6 +30,7 @@ int main(int argc, char **argv) {
       {"formats", ckv_bench_formats, "bits per element and K/V error of every format on a real model's K/V [--json]"},
       {"tiers", ckv_bench_tiers, "offload/restore GB/s per tier vs plain I/O; resume of a 32K-token session vs its prefill [--json]"},
       {"soak", ckv_bench_soak, "workers appending, reporting and reading with kills and daemon restarts [--json]"},
+      {"failover", ckv_bench_failover, "kill -9 of commitkvd under systemd --user mid-round: time to the first round, tokens kept, bytes verified [--json] [--quick]"},
       {"soak-worker", ckv_bench_soak_worker, "(run by soak --verify-workers) drops, reuses ids, checks every byte"},
       {"agents", ckv_bench_agents, "N agents on one shared prefix: bytes vs FP16 private, prefill saved, lookup p99 [--json] [--quick]"},
       {"quality", ckv_bench_quality, "every policy vs FP16 on agent and real-model workloads [--json] [--plot F.png] [--quick]"},

@@ -1,0 +1,698 @@
+/* bench_failover.c - commitkv-bench failover: kill -9 of commitkvd under a
+ * real systemd (Restart=on-failure, the fd store) while workers write rounds
+ * (issue 43, docs/warm-restart.md).
+ *
+ *   commitkv-bench failover [--workers W] [--kills K] [--min-ms A] [--max-ms B]
+ *                           [--round-ms R] [--seed S] [--daemon PATH] [--quick] [--json]
+ *
+ * A private `systemd --user` (in a mount namespace of its own, where
+ * /run/systemd/system exists, as tests/integration/test_warm_restart.c
+ * starts one) runs commitkvd as the unit ckvfail-<pid>.service: Type=notify,
+ * FileDescriptorStoreMax=, Restart=on-failure, RestartSec=100ms, the warm
+ * journal at its default period.  W worker sessions (fp16, one client in this
+ * process, driven in turn) write rounds: append PER_ROUND tokens, write
+ * their K/V (a pattern per session, position and write, kept in a private
+ * copy), report, ack; R ms between cycles.  K times, after a random A..B ms
+ * of rounds, commitkvd is killed with SIGKILL at a random point of a random
+ * worker's round: between rounds, after the append and the writes (before
+ * the report), or after the report (before the ack).  Then the worker
+ * reconnects (retrying until the new daemon answers) onto the mapping it
+ * kept, resumes every session, compares every token the session came back
+ * with, byte for byte, with its private copy, and runs one more round of
+ * every session.
+ *
+ * Per kill: acked tokens (the tokens whose append the daemon had answered:
+ * what the worker was told the session holds), kept tokens (what the resume
+ * came back with), sessions kept / lost (NOT_FOUND: reopened under a new id),
+ * restart_ms (kill to the reconnect) and first_round_ms (kill to the first
+ * round of every session served again).  bytes_verified: the K/V bytes of
+ * the kept tokens found identical; wrong_bytes: those that differ, plus a
+ * whole token's bytes for a kept position that no draft slot holds.  Exact:
+ * wrong_bytes = 0 and kept <= acked per session (more would be tokens the
+ * daemon never answered).  Aims (printed, not enforced): kept_ratio >= 0.99,
+ * first_round_ms_max <= 1000.
+ *
+ * Without a private systemd (not root, no systemd or systemctl, no mount
+ * namespace) it prints the reason and, with --json,
+ * {"skipped": true, "reason": "..."}, and exits 0. */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <limits.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bench/bench.h"
+#include "bench/bench_daemon.h"
+#include "commitkv/commitkv.h"
+#include "kernels/format.h"
+#include "kernels/kernels.h"
+
+#define FO_LAYERS 2u
+#define FO_HEADS 2u
+#define FO_DIM 32u
+#define FO_ELEMS (FO_HEADS * FO_DIM)
+#define FO_PER_ROUND 16u
+#define FO_MAX_TOKENS 2048u /* a session this full is dropped and a new one opened */
+#define FO_MAX_WORKERS 64
+#define FO_MAX_KILLS 1000
+#define FO_DEADLINE_MS 30000
+#define FO_TOKEN_BYTES ((uint64_t)FO_LAYERS * 2u * FO_ELEMS * sizeof(uint16_t))
+
+static const ckv_geometry fo_geom = {FO_LAYERS, FO_HEADS, FO_DIM, 0};
+
+/* ---- a private systemd user manager ------------------------------------ */
+
+typedef struct fo_sd {
+  char dir[128], xdg[160], cfg[160], state[160];
+  char socket[192], attach[192], log[192];
+  char unit[64];
+  char daemon[PATH_MAX];
+  pid_t manager;
+} fo_sd;
+
+static long long now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static double now_msf(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static const char *find_exe(const char *const *candidates) {
+  for (int i = 0; candidates[i]; i++)
+    if (access(candidates[i], X_OK) == 0) return candidates[i];
+  return NULL;
+}
+
+static const char *systemd_bin(void) {
+  return find_exe((const char *const[]){"/lib/systemd/systemd", "/usr/lib/systemd/systemd", NULL});
+}
+
+static const char *systemctl_bin(void) {
+  return find_exe((const char *const[]){"/usr/bin/systemctl", "/bin/systemctl", NULL});
+}
+
+/* `systemctl --user ARGS` against the private manager; its exit status (-1: did not run). */
+static int ctl(const fo_sd *e, const char *args) {
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "XDG_RUNTIME_DIR=%s %s --user %s >>%s/systemctl.log 2>&1", e->xdg, systemctl_bin(), args,
+           e->dir);
+  int r = system(cmd);
+  return r == -1 || !WIFEXITED(r) ? -1 : WEXITSTATUS(r);
+}
+
+static int ctl_unit(const fo_sd *e, const char *verb) {
+  char args[200];
+  snprintf(args, sizeof args, "%s %s", verb, e->unit);
+  return ctl(e, args);
+}
+
+static pid_t main_pid(const fo_sd *e) {
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "XDG_RUNTIME_DIR=%s %s --user show -p MainPID --value %s 2>/dev/null", e->xdg,
+           systemctl_bin(), e->unit);
+  FILE *p = popen(cmd, "r");
+  if (!p) return 0;
+  long pid = 0;
+  if (fscanf(p, "%ld", &pid) != 1) pid = 0;
+  pclose(p);
+  return (pid_t)pid;
+}
+
+/* The manager's child: a mount namespace where /run/systemd/system exists
+ * (our own directory bound over /run/systemd), then systemd --user. */
+static void manager_child(const fo_sd *e) {
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  char fakerun[PATH_MAX + 16], log[PATH_MAX + 16];
+  snprintf(fakerun, sizeof fakerun, "%s/fakerun", e->dir);
+  snprintf(log, sizeof log, "%s/manager.log", e->dir);
+  int fd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+  if (fd >= 0) {
+    dup2(fd, 1);
+    dup2(fd, 2);
+  }
+  if (unshare(CLONE_NEWNS) < 0) {
+    fprintf(stderr, "unshare(CLONE_NEWNS): %s\n", strerror(errno));
+    _exit(97);
+  }
+  if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) {
+    fprintf(stderr, "mount --make-rprivate /: %s\n", strerror(errno));
+    _exit(97);
+  }
+  mkdir("/run/systemd", 0755);
+  if (mount(fakerun, "/run/systemd", NULL, MS_BIND, NULL) < 0) {
+    fprintf(stderr, "mount --bind %s /run/systemd: %s\n", fakerun, strerror(errno));
+    _exit(97);
+  }
+  mkdir("/run/systemd/system", 0755);
+  setenv("XDG_RUNTIME_DIR", e->xdg, 1);
+  setenv("XDG_CONFIG_HOME", e->cfg, 1);
+  execl(systemd_bin(), "systemd", "--user", (char *)NULL);
+  fprintf(stderr, "exec %s: %s\n", systemd_bin(), strerror(errno));
+  _exit(97);
+}
+
+static int write_text(const char *path, const char *text) {
+  FILE *f = fopen(path, "w");
+  if (!f) return -errno;
+  fputs(text, f);
+  return fclose(f) == 0 ? 0 : -errno;
+}
+
+/* The last `max` bytes of a file, for a reason (static buffer). */
+static const char *file_tail(const char *path, size_t max) {
+  static char buf[1024];
+  buf[0] = 0;
+  FILE *f = fopen(path, "r");
+  if (!f) return "(no log)";
+  if (max >= sizeof buf) max = sizeof buf - 1;
+  fseek(f, 0, SEEK_END);
+  long len = ftell(f);
+  fseek(f, len > (long)max ? len - (long)max : 0, SEEK_SET);
+  size_t n = fread(buf, 1, max, f);
+  buf[n] = 0;
+  fclose(f);
+  for (char *p = buf; *p; p++)
+    if (*p == '\n' || *p == '"' || *p == '\\') *p = ' ';
+  return buf;
+}
+
+static void sd_stop(fo_sd *e) {
+  pid_t daemon = e->manager ? main_pid(e) : 0;
+  if (e->manager) {
+    ctl_unit(e, "stop");
+    ctl(e, "exit");
+    long long end = now_ms() + 10000;
+    int st;
+    while (waitpid(e->manager, &st, WNOHANG) != e->manager) {
+      if (now_ms() > end) {
+        kill(e->manager, SIGKILL);
+        waitpid(e->manager, &st, 0);
+        break;
+      }
+      usleep(20000);
+    }
+    e->manager = 0;
+  }
+  if (daemon > 0 && kill(daemon, 0) == 0) {
+    fprintf(stderr, "commitkv-bench failover: commitkvd %d outlived its unit; killed\n", (int)daemon);
+    kill(daemon, SIGKILL);
+  }
+}
+
+/* Starts the manager and the unit.  0; 1 with `why` when no private systemd
+ * can run here (a skip); -1 with `why` on a failure of a manager that did run. */
+static int sd_start(fo_sd *e, char *why, size_t whylen) {
+  if (geteuid() != 0) {
+    snprintf(why, whylen, "not root: a private systemd --user needs a mount namespace of its own");
+    return 1;
+  }
+  if (!systemd_bin() || !systemctl_bin()) {
+    snprintf(why, whylen, "no systemd or systemctl binary");
+    return 1;
+  }
+  char p[PATH_MAX + 64];
+  snprintf(e->xdg, sizeof e->xdg, "%s/xdg", e->dir);
+  snprintf(e->cfg, sizeof e->cfg, "%s/cfg", e->dir);
+  snprintf(e->state, sizeof e->state, "%s/state", e->dir);
+  snprintf(e->socket, sizeof e->socket, "ipc://%s/commitkvd.sock", e->dir);
+  snprintf(e->attach, sizeof e->attach, "%s/commitkvd.attach", e->dir);
+  snprintf(e->log, sizeof e->log, "%s/commitkvd.log", e->dir);
+  snprintf(e->unit, sizeof e->unit, "ckvfail-%ld.service", (long)getpid());
+  mkdir(e->xdg, 0700);
+  mkdir(e->cfg, 0700);
+  mkdir(e->state, 0700);
+  snprintf(p, sizeof p, "%s/systemd", e->cfg);
+  mkdir(p, 0700);
+  snprintf(p, sizeof p, "%s/systemd/user", e->cfg);
+  mkdir(p, 0700);
+  snprintf(p, sizeof p, "%s/fakerun", e->dir);
+  mkdir(p, 0755);
+  char asan[600] = "", unit[8192];
+  const char *ao = getenv("ASAN_OPTIONS");
+  if (ao && *ao && strlen(ao) < 500) snprintf(asan, sizeof asan, "Environment=\"ASAN_OPTIONS=%s\"\n", ao);
+  snprintf(unit, sizeof unit,
+           "[Unit]\n"
+           "StartLimitIntervalSec=0\n" /* K kills restart it more often than the default burst allows */
+           "[Service]\n"
+           "Type=notify\n"
+           "NotifyAccess=main\n"
+           "FileDescriptorStoreMax=64\n"
+           "Restart=on-failure\n"
+           "RestartSec=100ms\n"
+           "TimeoutStartSec=60s\n"
+           "TimeoutStopSec=60s\n"
+           "%s"
+           "ExecStart=%s --socket %s --attach-socket %s --state-dir %s --backend host --set daemon.metrics= "
+           "--set daemon.detach_keep=120s\n"
+           "StandardOutput=append:%s\n"
+           "StandardError=append:%s\n",
+           asan, e->daemon, e->socket, e->attach, e->state, e->log, e->log);
+  snprintf(p, sizeof p, "%s/systemd/user/%s", e->cfg, e->unit);
+  if (write_text(p, unit) < 0) {
+    snprintf(why, whylen, "cannot write the unit %.200s: %s", p, strerror(errno));
+    return -1;
+  }
+  e->manager = fork();
+  if (e->manager < 0) {
+    snprintf(why, whylen, "fork: %s", strerror(errno));
+    e->manager = 0;
+    return -1;
+  }
+  if (e->manager == 0) manager_child(e);
+  snprintf(p, sizeof p, "%s/systemd/private", e->xdg);
+  long long end = now_ms() + FO_DEADLINE_MS;
+  while (access(p, F_OK) != 0) {
+    int st;
+    if (waitpid(e->manager, &st, WNOHANG) == e->manager) {
+      e->manager = 0;
+      snprintf(p, sizeof p, "%s/manager.log", e->dir);
+      snprintf(why, whylen, "the private systemd --user did not start: %s", file_tail(p, 300));
+      return 1;
+    }
+    if (now_ms() > end) {
+      snprintf(why, whylen, "the private systemd --user never made its socket %.200s", p);
+      sd_stop(e);
+      return -1;
+    }
+    usleep(20000);
+  }
+  /* the socket exists before the manager answers on it */
+  int reload;
+  while ((reload = ctl(e, "daemon-reload")) != 0 && now_ms() < end) usleep(100000);
+  if (reload != 0) {
+    snprintf(p, sizeof p, "%s/systemctl.log", e->dir);
+    snprintf(why, whylen, "systemctl --user daemon-reload failed: %s", file_tail(p, 300));
+    sd_stop(e);
+    return -1;
+  }
+  if (ctl_unit(e, "start") != 0) {
+    snprintf(why, whylen, "systemctl --user start %s failed: %s", e->unit, file_tail(e->log, 300));
+    sd_stop(e);
+    return -1;
+  }
+  return 0;
+}
+
+/* ---- workers ------------------------------------------------------------ */
+
+typedef struct fo_worker {
+  char id[48];
+  int gen;           /* bumped when the session is replaced (full, or lost) */
+  ckv_session *s;
+  uint64_t n;        /* tokens whose append the daemon answered */
+  uint64_t round;    /* the last round reported */
+  uint32_t salt;     /* bumped at every write: a rewritten position gets new bytes */
+  uint16_t *copy;    /* [pos][layer][kv][FO_ELEMS] */
+} fo_worker;
+
+typedef struct fo_kill {
+  int worker, point;  /* whose round, and where in it (0 between rounds, 1 after the writes, 2 after the report) */
+  uint64_t acked, kept;
+  int sessions_kept, sessions_lost;
+  double restart_ms, first_round_ms;
+  uint64_t bytes_verified, wrong_bytes;
+} fo_kill;
+
+typedef struct fo_run {
+  int workers, kills, min_ms, max_ms, round_ms;
+  unsigned seed;
+  bool json, quick;
+  fo_sd sd;
+  ckv_client *c;
+  const void *mapping_probe; /* a pointer into the arena the worker maps: must stay valid */
+  fo_worker w[FO_MAX_WORKERS];
+  fo_kill k[FO_MAX_KILLS];
+  uint64_t rounds, arena_remapped, errors;
+  char error[512];
+} fo_run;
+
+static uint64_t fo_rand(uint64_t *x) {
+  uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+static uint16_t *w_at(fo_worker *w, uint64_t pos, uint32_t layer, uint32_t kv) {
+  return w->copy + (((pos * FO_LAYERS + layer) * 2u + kv) * FO_ELEMS);
+}
+
+static int fail(fo_run *r, const char *what, int code) {
+  snprintf(r->error, sizeof r->error, "%s: %s (%s)", what, ckv_strerror(code), r->c ? ckv_client_last_error(r->c) : "");
+  return code ? code : -1;
+}
+
+static int w_open(fo_run *r, fo_worker *w, int index) {
+  if (w->s) ckv_session_close(w->s);
+  w->s = NULL;
+  snprintf(w->id, sizeof w->id, "fo%d-%d", index, w->gen++);
+  w->n = 0;
+  w->round = 0;
+  ckv_session_options so = {.policy = "fp16", .model_id = "stories260K", .model_revision = "r1"};
+  int rc = ckv_session_open(r->c, w->id, &fo_geom, &so, &w->s);
+  return rc == CKV_OK ? 0 : fail(r, "open", rc);
+}
+
+/* One round of worker w, stopping before `stop_at` (1: after the append and
+ * the writes, 2: after the report; 0 or 3: the whole round). */
+static int w_round(fo_run *r, fo_worker *w, int index, int stop_at) {
+  if (w->n + FO_PER_ROUND > FO_MAX_TOKENS) {
+    int rc = ckv_session_drop(w->s);
+    w->s = NULL;
+    if (rc != CKV_OK) return fail(r, "drop of a full session", rc);
+    if ((rc = w_open(r, w, index)) != 0) return rc;
+  }
+  uint64_t first = 0;
+  int rc = ckv_session_append(w->s, FO_PER_ROUND, NULL, NULL, NULL, NULL, &first);
+  if (rc != CKV_OK) return fail(r, "append", rc);
+  if (first != w->n) {
+    snprintf(r->error, sizeof r->error, "append of %s: first position %llu, the worker has %llu", w->id,
+             (unsigned long long)first, (unsigned long long)w->n);
+    return -1;
+  }
+  w->n += FO_PER_ROUND;
+  w->salt++;
+  uint64_t x = ((uint64_t)index << 40) ^ ((uint64_t)w->gen << 32) ^ w->salt;
+  for (uint64_t pos = first; pos < w->n; pos++)
+    for (uint32_t l = 0; l < FO_LAYERS; l++) {
+      uint16_t *k = w_at(w, pos, l, 0), *v = w_at(w, pos, l, 1);
+      for (uint32_t e = 0; e < FO_ELEMS; e++) {
+        uint64_t z = fo_rand(&x);
+        k[e] = (uint16_t)(z & 0x3bffu); /* finite halves, |x| < 1 */
+        v[e] = (uint16_t)((z >> 16) & 0x3bffu);
+      }
+      if ((rc = ckv_session_write_kv(w->s, pos, l, k, v)) != CKV_OK) return fail(r, "write_kv", rc);
+    }
+  if (stop_at == 1) return 0;
+  float attn[FO_MAX_TOKENS];
+  for (uint64_t i = 0; i < w->n; i++) attn[i] = 1.f;
+  ckv_round_result rr;
+  if ((rc = ckv_session_report(w->s, ++w->round, 0, attn, (size_t)w->n, &rr)) != CKV_OK) return fail(r, "report", rc);
+  if (stop_at == 2) return 0;
+  if ((rc = ckv_session_ack(w->s, rr.epoch, NULL)) != CKV_OK) return fail(r, "ack", rc);
+  r->rounds++;
+  return 0;
+}
+
+/* Compares the kept tokens of w's resumed session with its private copy. */
+static int w_verify(fo_run *r, fo_worker *w, uint64_t kept, fo_kill *k) {
+  const ckv_view *v = NULL;
+  int rc = ckv_session_view(w->s, &v);
+  if (rc != CKV_OK) return fail(r, "view after the resume", rc);
+  uint8_t *seen = calloc(kept ? kept : 1, 1);
+  if (!seen) return -ENOMEM;
+  for (size_t i = 0; i < v->n_draft; i++) {
+    const ckv_block_view *b = &v->draft[i];
+    const uint32_t *pos = ckv_block_positions_const(b->data);
+    for (uint32_t slot = 0; slot < b->capacity; slot++) {
+      if (!ckv_block_slot_valid(b->data, slot)) continue;
+      uint32_t p = pos[slot];
+      if (p >= kept || seen[p]) { /* a position the session does not hold, or twice */
+        k->wrong_bytes += FO_TOKEN_BYTES;
+        continue;
+      }
+      seen[p] = 1;
+      for (uint32_t l = 0; l < FO_LAYERS; l++)
+        for (uint32_t kv = 0; kv < 2; kv++) {
+          const uint8_t *at = (const uint8_t *)b->data + ckv_draft_kv_offset(&fo_geom, b->capacity, l, kv, slot);
+          const uint8_t *want = (const uint8_t *)w_at(w, p, l, kv);
+          for (size_t j = 0; j < FO_ELEMS * sizeof(uint16_t); j++)
+            if (at[j] == want[j])
+              k->bytes_verified++;
+            else
+              k->wrong_bytes++;
+        }
+    }
+  }
+  for (uint64_t p = 0; p < kept; p++)
+    if (!seen[p]) k->wrong_bytes += FO_TOKEN_BYTES; /* kept, but in no draft slot (fp16 keeps all in draft) */
+  free(seen);
+  return 0;
+}
+
+/* After the kill: reconnect until the new daemon answers. */
+static int reconnect(fo_run *r, pid_t old) {
+  long long end = now_ms() + FO_DEADLINE_MS;
+  while (kill(old, 0) == 0 && now_ms() < end) usleep(1000); /* systemd reaps it */
+  int rc;
+  while ((rc = ckv_client_reconnect(r->c)) != CKV_OK) {
+    if (now_ms() > end) return fail(r, "reconnect to the restarted daemon", rc);
+    usleep(2000);
+  }
+  if (!ckv_client_arena_kept(r->c)) r->arena_remapped++;
+  return 0;
+}
+
+static int one_kill(fo_run *r, int ki, uint64_t *rng) {
+  fo_kill *k = &r->k[ki];
+  int span = r->max_ms > r->min_ms ? r->max_ms - r->min_ms : 0;
+  long long until = now_ms() + r->min_ms + (span ? (long long)(fo_rand(rng) % (uint64_t)(span + 1)) : 0);
+  int rc;
+  while (now_ms() < until) {
+    for (int i = 0; i < r->workers; i++)
+      if ((rc = w_round(r, &r->w[i], i, 0)) != 0) return rc;
+    if (r->round_ms) usleep((useconds_t)r->round_ms * 1000u);
+  }
+  k->worker = (int)(fo_rand(rng) % (uint64_t)r->workers);
+  k->point = (int)(fo_rand(rng) % 3);
+  /* the workers before k->worker finish this cycle's round; k->worker stops at the point */
+  for (int i = 0; i < k->worker; i++)
+    if ((rc = w_round(r, &r->w[i], i, 0)) != 0) return rc;
+  if (k->point && (rc = w_round(r, &r->w[k->worker], k->worker, k->point)) != 0) return rc;
+  pid_t pid = main_pid(&r->sd);
+  if (pid <= 0) {
+    snprintf(r->error, sizeof r->error, "the unit has no main pid before kill %d", ki + 1);
+    return -1;
+  }
+  for (int i = 0; i < r->workers; i++) k->acked += r->w[i].n;
+  double t0 = now_msf();
+  if (kill(pid, SIGKILL) != 0) {
+    snprintf(r->error, sizeof r->error, "kill %d: %s", (int)pid, strerror(errno));
+    return -1;
+  }
+  if ((rc = reconnect(r, pid)) != 0) return rc;
+  k->restart_ms = now_msf() - t0;
+  for (int i = 0; i < r->workers; i++) {
+    fo_worker *w = &r->w[i];
+    ckv_session_close(w->s);
+    w->s = NULL;
+    ckv_session_options ro = {.resume = true, .model_id = "stories260K", .model_revision = "r1"};
+    rc = ckv_session_open(r->c, w->id, NULL, &ro, &w->s);
+    if (rc == CKV_ERR_NOT_FOUND) {
+      k->sessions_lost++;
+      fprintf(stderr, "commitkv-bench failover: kill %d: %s lost (%llu tokens acked): %s\n", ki + 1, w->id,
+              (unsigned long long)w->n, ckv_client_last_error(r->c));
+      if ((rc = w_open(r, w, i)) != 0) return rc;
+      continue;
+    }
+    if (rc != CKV_OK) return fail(r, "resume", rc);
+    uint64_t t = ckv_session_tokens(w->s);
+    if (t > w->n) { /* the daemon holds tokens it never answered: never */
+      snprintf(r->error, sizeof r->error, "kill %d: %s came back with %llu tokens, only %llu were acked", ki + 1,
+               w->id, (unsigned long long)t, (unsigned long long)w->n);
+      return -1;
+    }
+    if ((rc = w_verify(r, w, t, k)) != 0) return rc;
+    k->sessions_kept++;
+    k->kept += t;
+    w->n = t;
+    /* rounds go on from the count the resume says; the round number must only grow */
+  }
+  for (int i = 0; i < r->workers; i++)
+    if ((rc = w_round(r, &r->w[i], i, 0)) != 0) return rc;
+  k->first_round_ms = now_msf() - t0;
+  return 0;
+}
+
+static int cmp_d(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static void report(fo_run *r, int done) {
+  uint64_t acked = 0, kept = 0, verified = 0, wrong = 0, skept = 0, slost = 0;
+  double fr[FO_MAX_KILLS], rs[FO_MAX_KILLS];
+  for (int i = 0; i < done; i++) {
+    acked += r->k[i].acked;
+    kept += r->k[i].kept;
+    verified += r->k[i].bytes_verified;
+    wrong += r->k[i].wrong_bytes;
+    skept += (uint64_t)r->k[i].sessions_kept;
+    slost += (uint64_t)r->k[i].sessions_lost;
+    fr[i] = r->k[i].first_round_ms;
+    rs[i] = r->k[i].restart_ms;
+  }
+  qsort(fr, (size_t)done, sizeof fr[0], cmp_d);
+  qsort(rs, (size_t)done, sizeof rs[0], cmp_d);
+  double p50 = done ? fr[done / 2] : 0, mx = done ? fr[done - 1] : 0, rp50 = done ? rs[done / 2] : 0;
+  double ratio = acked ? (double)kept / (double)acked : 0;
+  static const char *const points[] = {"between rounds", "before report", "before ack"};
+  if (r->json) {
+    printf("{\"skipped\": false, \"workers\": %d, \"kills\": %d, \"per_round_tokens\": %u, \"round_ms\": %d, "
+           "\"seed\": %u, \"first_round_ms_p50\": %.1f, \"first_round_ms_max\": %.1f, \"restart_ms_p50\": %.1f, "
+           "\"acked_tokens\": %llu, \"kept_tokens\": %llu, \"kept_ratio\": %.6f, \"sessions_kept\": %llu, "
+           "\"sessions_lost\": %llu, \"bytes_verified\": %llu, \"wrong_bytes\": %llu, \"rounds\": %llu, "
+           "\"arena_remapped\": %llu, \"aim_kept_ratio\": 0.99, \"aim_first_round_ms\": 1000, \"per_kill\": [",
+           r->workers, done, FO_PER_ROUND, r->round_ms, r->seed, p50, mx, rp50, (unsigned long long)acked,
+           (unsigned long long)kept, ratio, (unsigned long long)skept, (unsigned long long)slost,
+           (unsigned long long)verified, (unsigned long long)wrong, (unsigned long long)r->rounds,
+           (unsigned long long)r->arena_remapped);
+    for (int i = 0; i < done; i++) {
+      const fo_kill *k = &r->k[i];
+      printf("%s{\"worker\": %d, \"point\": \"%s\", \"acked_tokens\": %llu, \"kept_tokens\": %llu, "
+             "\"sessions_kept\": %d, \"sessions_lost\": %d, \"restart_ms\": %.1f, \"first_round_ms\": %.1f, "
+             "\"bytes_verified\": %llu, \"wrong_bytes\": %llu}",
+             i ? ", " : "", k->worker, points[k->point], (unsigned long long)k->acked, (unsigned long long)k->kept,
+             k->sessions_kept, k->sessions_lost, k->restart_ms, k->first_round_ms,
+             (unsigned long long)k->bytes_verified, (unsigned long long)k->wrong_bytes);
+    }
+    printf("]}\n");
+    return;
+  }
+  printf("failover: %d workers (fp16, %u tokens a round), commitkvd killed -9 %d times under systemd --user "
+         "(Restart=on-failure, RestartSec=100ms, fd store)\n",
+         r->workers, FO_PER_ROUND, done);
+  printf("%4s %6s %-15s %9s %9s %6s %6s %10s %14s %12s %6s\n", "kill", "worker", "point", "acked", "kept", "s.kept",
+         "s.lost", "restart ms", "first round ms", "bytes ok", "wrong");
+  for (int i = 0; i < done; i++) {
+    const fo_kill *k = &r->k[i];
+    printf("%4d %6d %-15s %9llu %9llu %6d %6d %10.1f %14.1f %12llu %6llu\n", i + 1, k->worker, points[k->point],
+           (unsigned long long)k->acked, (unsigned long long)k->kept, k->sessions_kept, k->sessions_lost,
+           k->restart_ms, k->first_round_ms, (unsigned long long)k->bytes_verified,
+           (unsigned long long)k->wrong_bytes);
+  }
+  printf("kept %llu of %llu acked tokens (%.4f; aim >= 0.99), first round again p50 %.1f ms, max %.1f ms (aim <= "
+         "1000), bytes verified %llu, wrong %llu\n",
+         (unsigned long long)kept, (unsigned long long)acked, ratio, p50, mx, (unsigned long long)verified,
+         (unsigned long long)wrong);
+}
+
+int ckv_bench_failover(int argc, char **argv) {
+  static fo_run run; /* the private copies' pointers and the per-kill rows: not on the stack */
+  fo_run *r = &run;
+  memset(r, 0, sizeof *r);
+  r->workers = 4;
+  r->kills = 5;
+  r->min_ms = 200;
+  r->max_ms = 800;
+  r->round_ms = 10;
+  r->seed = (unsigned)time(NULL);
+  const char *daemon = NULL;
+  static const struct option opts[] = {{"workers", required_argument, 0, 'w'}, {"kills", required_argument, 0, 'k'},
+                                       {"min-ms", required_argument, 0, 'a'},  {"max-ms", required_argument, 0, 'b'},
+                                       {"round-ms", required_argument, 0, 'r'}, {"seed", required_argument, 0, 's'},
+                                       {"daemon", required_argument, 0, 'd'},  {"quick", no_argument, 0, 'q'},
+                                       {"json", no_argument, 0, 'j'},          {"help", no_argument, 0, 'h'},
+                                       {0, 0, 0, 0}};
+  bool kills_set = false;
+  optind = 1;
+  int ch;
+  while ((ch = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    switch (ch) {
+      case 'w': r->workers = atoi(optarg); break;
+      case 'k': r->kills = atoi(optarg); kills_set = true; break;
+      case 'a': r->min_ms = atoi(optarg); break;
+      case 'b': r->max_ms = atoi(optarg); break;
+      case 'r': r->round_ms = atoi(optarg); break;
+      case 's': r->seed = (unsigned)strtoul(optarg, NULL, 10); break;
+      case 'd': daemon = optarg; break;
+      case 'q': r->quick = true; break;
+      case 'j': r->json = true; break;
+      default:
+        fprintf(ch == 'h' ? stdout : stderr,
+                "usage: commitkv-bench failover [--workers W] [--kills K] [--min-ms A] [--max-ms B] [--round-ms R]\n"
+                "                               [--seed S] [--daemon PATH] [--quick] [--json]\n");
+        return ch == 'h' ? 0 : 2;
+    }
+  }
+  if (r->quick) {
+    if (!kills_set) r->kills = 3;
+    r->workers = r->workers > 2 ? 2 : r->workers;
+    r->min_ms = 100;
+    r->max_ms = 300;
+  }
+  if (r->workers < 1 || r->workers > FO_MAX_WORKERS || r->kills < 1 || r->kills > FO_MAX_KILLS || r->min_ms < 0 ||
+      r->max_ms < 0 || r->round_ms < 0) {
+    fprintf(stderr, "commitkv-bench failover: --workers 1..%d, --kills 1..%d, times >= 0\n", FO_MAX_WORKERS,
+            FO_MAX_KILLS);
+    return 2;
+  }
+  if (ckv_bench_find_daemon(daemon, r->sd.daemon, sizeof r->sd.daemon) < 0) {
+    fprintf(stderr, "commitkv-bench failover: no commitkvd (beside this binary, or --daemon)\n");
+    return 2;
+  }
+  const char *tmp = getenv("TMPDIR");
+  snprintf(r->sd.dir, sizeof r->sd.dir, "%.60s/ckv-failover-XXXXXX", tmp && *tmp && strlen(tmp) < 60 ? tmp : "/tmp");
+  if (!mkdtemp(r->sd.dir)) {
+    fprintf(stderr, "commitkv-bench failover: mkdtemp: %s\n", strerror(errno));
+    return 1;
+  }
+  chmod(r->sd.dir, 0755);
+  char why[1024];
+  int st = sd_start(&r->sd, why, sizeof why);
+  if (st != 0) {
+    if (r->json) {
+      for (char *p = why; *p; p++)
+        if (*p == '"' || *p == '\\' || (unsigned char)*p < 0x20) *p = ' ';
+      printf("{\"skipped\": %s, \"reason\": \"%s\"}\n", st > 0 ? "true" : "false", why);
+    } else {
+      printf("failover: %s: %s\n", st > 0 ? "SKIPPED" : "FAILED", why);
+    }
+    fprintf(stderr, "commitkv-bench failover: %s: %s\n", st > 0 ? "SKIPPED" : "failed", why);
+    ckv_bench_rm_tree(r->sd.dir);
+    return st > 0 ? 0 : 1;
+  }
+  int rc = 0, done = 0;
+  uint64_t rng = r->seed;
+  ckv_client_options o = {.socket = r->sd.socket, .attach_socket = r->sd.attach, .name = "commitkv-bench-failover",
+                          .timeout_ms = 10000};
+  long long end = now_ms() + FO_DEADLINE_MS;
+  while ((rc = ckv_client_connect(&o, &r->c)) != CKV_OK && now_ms() < end) usleep(20000);
+  if (rc != CKV_OK) {
+    snprintf(r->error, sizeof r->error, "connect: %s (%s)", ckv_strerror(rc), ckv_client_connect_error());
+    goto out;
+  }
+  for (int i = 0; i < r->workers; i++) {
+    r->w[i].copy = calloc((size_t)FO_MAX_TOKENS * FO_LAYERS * 2u * FO_ELEMS, sizeof(uint16_t));
+    if (!r->w[i].copy) {
+      rc = -ENOMEM;
+      snprintf(r->error, sizeof r->error, "out of memory");
+      goto out;
+    }
+    if ((rc = w_open(r, &r->w[i], i)) != 0) goto out;
+  }
+  for (; done < r->kills; done++)
+    if ((rc = one_kill(r, done, &rng)) != 0) break;
+out:
+  for (int i = 0; i < r->workers; i++) {
+    if (r->w[i].s) ckv_session_close(r->w[i].s);
+    free(r->w[i].copy);
+    r->w[i].copy = NULL;
+  }
+  r->c = ckv_client_free(r->c);
+  if (rc != 0) {
+    fprintf(stderr, "commitkv-bench failover: %s; daemon log %s:\n%s\n", r->error, r->sd.log,
+            file_tail(r->sd.log, 800));
+  }
+  report(r, done);
+  sd_stop(&r->sd);
+  if (rc == 0 || !getenv("CKV_BENCH_KEEP")) ckv_bench_rm_tree(r->sd.dir);
+  return rc == 0 ? 0 : 1;
+}
