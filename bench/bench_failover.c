@@ -3,13 +3,14 @@
  * (issue 43, docs/warm-restart.md).
  *
  *   commitkv-bench failover [--workers W] [--kills K] [--min-ms A] [--max-ms B]
- *                           [--round-ms R] [--seed S] [--daemon PATH] [--quick] [--json]
+ *                           [--round-ms R] [--seed S] [--journal PERIOD] [--daemon PATH]
+ *                           [--quick] [--json]
  *
  * A private `systemd --user` (in a mount namespace of its own, where
  * /run/systemd/system exists, as tests/integration/test_warm_restart.c
  * starts one) runs commitkvd as the unit ckvfail-<pid>.service: Type=notify,
  * FileDescriptorStoreMax=, Restart=on-failure, RestartSec=100ms, the warm
- * journal at its default period.  W worker sessions (fp16, one client in this
+ * journal at its default period (--journal sets [daemon] warm_journal).  W worker sessions (fp16, one client in this
  * process, driven in turn) write rounds: append PER_ROUND tokens, write
  * their K/V (a pattern per session, position and write, kept in a private
  * copy), report, ack; R ms between cycles.  K times, after a random A..B ms
@@ -79,6 +80,7 @@ typedef struct fo_sd {
   char socket[192], attach[192], log[192];
   char unit[64];
   char daemon[PATH_MAX];
+  const char *journal; /* [daemon] warm_journal for the unit, NULL: its default */
   pid_t manager;
 } fo_sd;
 
@@ -244,7 +246,8 @@ static int sd_start(fo_sd *e, char *why, size_t whylen) {
   mkdir(p, 0700);
   snprintf(p, sizeof p, "%s/fakerun", e->dir);
   mkdir(p, 0755);
-  char asan[600] = "", unit[8192];
+  char asan[600] = "", unit[8192], journal[96] = "";
+  if (e->journal) snprintf(journal, sizeof journal, " --set daemon.warm_journal=%.60s", e->journal);
   const char *ao = getenv("ASAN_OPTIONS");
   if (ao && *ao && strlen(ao) < 500) snprintf(asan, sizeof asan, "Environment=\"ASAN_OPTIONS=%s\"\n", ao);
   snprintf(unit, sizeof unit,
@@ -260,10 +263,10 @@ static int sd_start(fo_sd *e, char *why, size_t whylen) {
            "TimeoutStopSec=60s\n"
            "%s"
            "ExecStart=%s --socket %s --attach-socket %s --state-dir %s --backend host --set daemon.metrics= "
-           "--set daemon.detach_keep=120s\n"
+           "--set daemon.detach_keep=120s%s\n"
            "StandardOutput=append:%s\n"
            "StandardError=append:%s\n",
-           asan, e->daemon, e->socket, e->attach, e->state, e->log, e->log);
+           asan, e->daemon, e->socket, e->attach, e->state, journal, e->log, e->log);
   snprintf(p, sizeof p, "%s/systemd/user/%s", e->cfg, e->unit);
   if (write_text(p, unit) < 0) {
     snprintf(why, whylen, "cannot write the unit %.200s: %s", p, strerror(errno));
@@ -336,7 +339,6 @@ typedef struct fo_run {
   bool json, quick;
   fo_sd sd;
   ckv_client *c;
-  const void *mapping_probe; /* a pointer into the arena the worker maps: must stay valid */
   fo_worker w[FO_MAX_WORKERS];
   fo_kill k[FO_MAX_KILLS];
   uint64_t rounds, arena_remapped, errors;
@@ -545,13 +547,15 @@ static void report(fo_run *r, int done) {
   double ratio = acked ? (double)kept / (double)acked : 0;
   static const char *const points[] = {"between rounds", "before report", "before ack"};
   if (r->json) {
-    printf("{\"skipped\": false, \"workers\": %d, \"kills\": %d, \"per_round_tokens\": %u, \"round_ms\": %d, "
+    printf("{\"skipped\": false, \"workers\": %d, \"kills\": %d, \"per_round_tokens\": %u, \"token_bytes\": %u, \"round_ms\": %d, "
            "\"seed\": %u, \"first_round_ms_p50\": %.1f, \"first_round_ms_max\": %.1f, \"restart_ms_p50\": %.1f, "
-           "\"acked_tokens\": %llu, \"kept_tokens\": %llu, \"kept_ratio\": %.6f, \"sessions_kept\": %llu, "
+           "\"acked_tokens\": %llu, \"kept_tokens\": %llu, \"lost_tokens\": %llu, \"kept_ratio\": %.6f, "
+           "\"warm_journal\": \"%s\", \"sessions_kept\": %llu, "
            "\"sessions_lost\": %llu, \"bytes_verified\": %llu, \"wrong_bytes\": %llu, \"rounds\": %llu, "
            "\"arena_remapped\": %llu, \"aim_kept_ratio\": 0.99, \"aim_first_round_ms\": 1000, \"per_kill\": [",
-           r->workers, done, FO_PER_ROUND, r->round_ms, r->seed, p50, mx, rp50, (unsigned long long)acked,
-           (unsigned long long)kept, ratio, (unsigned long long)skept, (unsigned long long)slost,
+           r->workers, done, FO_PER_ROUND, (unsigned)FO_TOKEN_BYTES, r->round_ms, r->seed, p50, mx, rp50, (unsigned long long)acked,
+           (unsigned long long)kept, (unsigned long long)(acked - kept), ratio,
+           r->sd.journal ? r->sd.journal : "default", (unsigned long long)skept, (unsigned long long)slost,
            (unsigned long long)verified, (unsigned long long)wrong, (unsigned long long)r->rounds,
            (unsigned long long)r->arena_remapped);
     for (int i = 0; i < done; i++) {
@@ -598,7 +602,8 @@ int ckv_bench_failover(int argc, char **argv) {
   static const struct option opts[] = {{"workers", required_argument, 0, 'w'}, {"kills", required_argument, 0, 'k'},
                                        {"min-ms", required_argument, 0, 'a'},  {"max-ms", required_argument, 0, 'b'},
                                        {"round-ms", required_argument, 0, 'r'}, {"seed", required_argument, 0, 's'},
-                                       {"daemon", required_argument, 0, 'd'},  {"quick", no_argument, 0, 'q'},
+                                       {"daemon", required_argument, 0, 'd'},  {"journal", required_argument, 0, 'J'},
+                                       {"quick", no_argument, 0, 'q'},
                                        {"json", no_argument, 0, 'j'},          {"help", no_argument, 0, 'h'},
                                        {0, 0, 0, 0}};
   bool kills_set = false;
@@ -613,12 +618,14 @@ int ckv_bench_failover(int argc, char **argv) {
       case 'r': r->round_ms = atoi(optarg); break;
       case 's': r->seed = (unsigned)strtoul(optarg, NULL, 10); break;
       case 'd': daemon = optarg; break;
+      case 'J': r->sd.journal = optarg; break;
       case 'q': r->quick = true; break;
       case 'j': r->json = true; break;
       default:
         fprintf(ch == 'h' ? stdout : stderr,
                 "usage: commitkv-bench failover [--workers W] [--kills K] [--min-ms A] [--max-ms B] [--round-ms R]\n"
-                "                               [--seed S] [--daemon PATH] [--quick] [--json]\n");
+                "                               [--seed S] [--journal PERIOD] [--daemon PATH]\n"
+                "                               [--quick] [--json]\n");
         return ch == 'h' ? 0 : 2;
     }
   }

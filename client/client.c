@@ -357,14 +357,21 @@ static void teardown(ckv_client *c) {
   c->attach_fd = -1;
   /* A host mapping of the dead daemon's memfd stays one reconnect longer:
    * unmapping it under a reader would crash the reader.  Device memory goes
-   * at once (a dead exporter's memory must not be kept alive: DESIGN.md §10). */
-  ckv_arena_free(c->previous_arena);
-  c->previous_arena = NULL;
-  if (c->arena && strcmp(ckv_arena_kind(c->arena), "cuda") != 0)
-    c->previous_arena = c->arena;
-  else
-    ckv_arena_free(c->arena);
-  c->arena = NULL;
+   * at once (a dead exporter's memory must not be kept alive: DESIGN.md §10).
+   * After a failed reconnect there is no current arena: the mapping kept
+   * from before stays, so that a worker retrying while systemd restarts the
+   * daemon still gets it back (ckv_client_arena_kept) at the attempt that
+   * succeeds; dropping it there made the kept mapping stale at the second try
+   * (commitkv-bench failover: arena_remapped at every kill). */
+  if (c->arena) {
+    ckv_arena_free(c->previous_arena);
+    c->previous_arena = NULL;
+    if (strcmp(ckv_arena_kind(c->arena), "cuda") != 0)
+      c->previous_arena = c->arena;
+    else
+      ckv_arena_free(c->arena);
+    c->arena = NULL;
+  }
   c->restarted = true;
   /* Every session handle of the old daemon is stale from here on, in the same
    * step as its memory goes: a session opened on the next connection (by
