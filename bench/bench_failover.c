@@ -56,6 +56,7 @@
 
 #include "bench/bench.h"
 #include "bench/bench_daemon.h"
+#include "bench/bench_systemd.h"
 #include "commitkv/commitkv.h"
 #include "kernels/format.h"
 #include "kernels/kernels.h"
@@ -73,16 +74,6 @@
 
 static const ckv_geometry fo_geom = {FO_LAYERS, FO_HEADS, FO_DIM, 0};
 
-/* ---- a private systemd user manager ------------------------------------ */
-
-typedef struct fo_sd {
-  char dir[128], xdg[160], cfg[160], state[160];
-  char socket[192], attach[192], log[192];
-  char unit[64];
-  char daemon[PATH_MAX];
-  const char *journal; /* [daemon] warm_journal for the unit, NULL: its default */
-  pid_t manager;
-} fo_sd;
 
 static long long now_ms(void) {
   struct timespec ts;
@@ -94,223 +85,6 @@ static double now_msf(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-static const char *find_exe(const char *const *candidates) {
-  for (int i = 0; candidates[i]; i++)
-    if (access(candidates[i], X_OK) == 0) return candidates[i];
-  return NULL;
-}
-
-static const char *systemd_bin(void) {
-  return find_exe((const char *const[]){"/lib/systemd/systemd", "/usr/lib/systemd/systemd", NULL});
-}
-
-static const char *systemctl_bin(void) {
-  return find_exe((const char *const[]){"/usr/bin/systemctl", "/bin/systemctl", NULL});
-}
-
-/* `systemctl --user ARGS` against the private manager; its exit status (-1: did not run). */
-static int ctl(const fo_sd *e, const char *args) {
-  char cmd[1024];
-  snprintf(cmd, sizeof cmd, "XDG_RUNTIME_DIR=%s %s --user %s >>%s/systemctl.log 2>&1", e->xdg, systemctl_bin(), args,
-           e->dir);
-  int r = system(cmd);
-  return r == -1 || !WIFEXITED(r) ? -1 : WEXITSTATUS(r);
-}
-
-static int ctl_unit(const fo_sd *e, const char *verb) {
-  char args[200];
-  snprintf(args, sizeof args, "%s %s", verb, e->unit);
-  return ctl(e, args);
-}
-
-static pid_t main_pid(const fo_sd *e) {
-  char cmd[1024];
-  snprintf(cmd, sizeof cmd, "XDG_RUNTIME_DIR=%s %s --user show -p MainPID --value %s 2>/dev/null", e->xdg,
-           systemctl_bin(), e->unit);
-  FILE *p = popen(cmd, "r");
-  if (!p) return 0;
-  long pid = 0;
-  if (fscanf(p, "%ld", &pid) != 1) pid = 0;
-  pclose(p);
-  return (pid_t)pid;
-}
-
-/* The manager's child: a mount namespace where /run/systemd/system exists
- * (our own directory bound over /run/systemd), then systemd --user. */
-static void manager_child(const fo_sd *e) {
-  prctl(PR_SET_PDEATHSIG, SIGKILL);
-  char fakerun[PATH_MAX + 16], log[PATH_MAX + 16];
-  snprintf(fakerun, sizeof fakerun, "%s/fakerun", e->dir);
-  snprintf(log, sizeof log, "%s/manager.log", e->dir);
-  int fd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-  if (fd >= 0) {
-    dup2(fd, 1);
-    dup2(fd, 2);
-  }
-  if (unshare(CLONE_NEWNS) < 0) {
-    fprintf(stderr, "unshare(CLONE_NEWNS): %s\n", strerror(errno));
-    _exit(97);
-  }
-  if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) {
-    fprintf(stderr, "mount --make-rprivate /: %s\n", strerror(errno));
-    _exit(97);
-  }
-  mkdir("/run/systemd", 0755);
-  if (mount(fakerun, "/run/systemd", NULL, MS_BIND, NULL) < 0) {
-    fprintf(stderr, "mount --bind %s /run/systemd: %s\n", fakerun, strerror(errno));
-    _exit(97);
-  }
-  mkdir("/run/systemd/system", 0755);
-  setenv("XDG_RUNTIME_DIR", e->xdg, 1);
-  setenv("XDG_CONFIG_HOME", e->cfg, 1);
-  execl(systemd_bin(), "systemd", "--user", (char *)NULL);
-  fprintf(stderr, "exec %s: %s\n", systemd_bin(), strerror(errno));
-  _exit(97);
-}
-
-static int write_text(const char *path, const char *text) {
-  FILE *f = fopen(path, "w");
-  if (!f) return -errno;
-  fputs(text, f);
-  return fclose(f) == 0 ? 0 : -errno;
-}
-
-/* The last `max` bytes of a file, for a reason (static buffer). */
-static const char *file_tail(const char *path, size_t max) {
-  static char buf[1024];
-  buf[0] = 0;
-  FILE *f = fopen(path, "r");
-  if (!f) return "(no log)";
-  if (max >= sizeof buf) max = sizeof buf - 1;
-  fseek(f, 0, SEEK_END);
-  long len = ftell(f);
-  fseek(f, len > (long)max ? len - (long)max : 0, SEEK_SET);
-  size_t n = fread(buf, 1, max, f);
-  buf[n] = 0;
-  fclose(f);
-  for (char *p = buf; *p; p++)
-    if (*p == '\n' || *p == '"' || *p == '\\') *p = ' ';
-  return buf;
-}
-
-static void sd_stop(fo_sd *e) {
-  pid_t daemon = e->manager ? main_pid(e) : 0;
-  if (e->manager) {
-    ctl_unit(e, "stop");
-    ctl(e, "exit");
-    long long end = now_ms() + 10000;
-    int st;
-    while (waitpid(e->manager, &st, WNOHANG) != e->manager) {
-      if (now_ms() > end) {
-        kill(e->manager, SIGKILL);
-        waitpid(e->manager, &st, 0);
-        break;
-      }
-      usleep(20000);
-    }
-    e->manager = 0;
-  }
-  if (daemon > 0 && kill(daemon, 0) == 0) {
-    fprintf(stderr, "commitkv-bench failover: commitkvd %d outlived its unit; killed\n", (int)daemon);
-    kill(daemon, SIGKILL);
-  }
-}
-
-/* Starts the manager and the unit.  0; 1 with `why` when no private systemd
- * can run here (a skip); -1 with `why` on a failure of a manager that did run. */
-static int sd_start(fo_sd *e, char *why, size_t whylen) {
-  if (geteuid() != 0) {
-    snprintf(why, whylen, "not root: a private systemd --user needs a mount namespace of its own");
-    return 1;
-  }
-  if (!systemd_bin() || !systemctl_bin()) {
-    snprintf(why, whylen, "no systemd or systemctl binary");
-    return 1;
-  }
-  char p[PATH_MAX + 64];
-  snprintf(e->xdg, sizeof e->xdg, "%s/xdg", e->dir);
-  snprintf(e->cfg, sizeof e->cfg, "%s/cfg", e->dir);
-  snprintf(e->state, sizeof e->state, "%s/state", e->dir);
-  snprintf(e->socket, sizeof e->socket, "ipc://%s/commitkvd.sock", e->dir);
-  snprintf(e->attach, sizeof e->attach, "%s/commitkvd.attach", e->dir);
-  snprintf(e->log, sizeof e->log, "%s/commitkvd.log", e->dir);
-  snprintf(e->unit, sizeof e->unit, "ckvfail-%ld.service", (long)getpid());
-  mkdir(e->xdg, 0700);
-  mkdir(e->cfg, 0700);
-  mkdir(e->state, 0700);
-  snprintf(p, sizeof p, "%s/systemd", e->cfg);
-  mkdir(p, 0700);
-  snprintf(p, sizeof p, "%s/systemd/user", e->cfg);
-  mkdir(p, 0700);
-  snprintf(p, sizeof p, "%s/fakerun", e->dir);
-  mkdir(p, 0755);
-  char asan[600] = "", unit[8192], journal[96] = "";
-  if (e->journal) snprintf(journal, sizeof journal, " --set daemon.warm_journal=%.60s", e->journal);
-  const char *ao = getenv("ASAN_OPTIONS");
-  if (ao && *ao && strlen(ao) < 500) snprintf(asan, sizeof asan, "Environment=\"ASAN_OPTIONS=%s\"\n", ao);
-  snprintf(unit, sizeof unit,
-           "[Unit]\n"
-           "StartLimitIntervalSec=0\n" /* K kills restart it more often than the default burst allows */
-           "[Service]\n"
-           "Type=notify\n"
-           "NotifyAccess=main\n"
-           "FileDescriptorStoreMax=64\n"
-           "Restart=on-failure\n"
-           "RestartSec=100ms\n"
-           "TimeoutStartSec=60s\n"
-           "TimeoutStopSec=60s\n"
-           "%s"
-           "ExecStart=%s --socket %s --attach-socket %s --state-dir %s --backend host --set daemon.metrics= "
-           "--set daemon.detach_keep=120s%s\n"
-           "StandardOutput=append:%s\n"
-           "StandardError=append:%s\n",
-           asan, e->daemon, e->socket, e->attach, e->state, journal, e->log, e->log);
-  snprintf(p, sizeof p, "%s/systemd/user/%s", e->cfg, e->unit);
-  if (write_text(p, unit) < 0) {
-    snprintf(why, whylen, "cannot write the unit %.200s: %s", p, strerror(errno));
-    return -1;
-  }
-  e->manager = fork();
-  if (e->manager < 0) {
-    snprintf(why, whylen, "fork: %s", strerror(errno));
-    e->manager = 0;
-    return -1;
-  }
-  if (e->manager == 0) manager_child(e);
-  snprintf(p, sizeof p, "%s/systemd/private", e->xdg);
-  long long end = now_ms() + FO_DEADLINE_MS;
-  while (access(p, F_OK) != 0) {
-    int st;
-    if (waitpid(e->manager, &st, WNOHANG) == e->manager) {
-      e->manager = 0;
-      snprintf(p, sizeof p, "%s/manager.log", e->dir);
-      snprintf(why, whylen, "the private systemd --user did not start: %s", file_tail(p, 300));
-      return 1;
-    }
-    if (now_ms() > end) {
-      snprintf(why, whylen, "the private systemd --user never made its socket %.200s", p);
-      sd_stop(e);
-      return -1;
-    }
-    usleep(20000);
-  }
-  /* the socket exists before the manager answers on it */
-  int reload;
-  while ((reload = ctl(e, "daemon-reload")) != 0 && now_ms() < end) usleep(100000);
-  if (reload != 0) {
-    snprintf(p, sizeof p, "%s/systemctl.log", e->dir);
-    snprintf(why, whylen, "systemctl --user daemon-reload failed: %s", file_tail(p, 300));
-    sd_stop(e);
-    return -1;
-  }
-  if (ctl_unit(e, "start") != 0) {
-    snprintf(why, whylen, "systemctl --user start %s failed: %s", e->unit, file_tail(e->log, 300));
-    sd_stop(e);
-    return -1;
-  }
-  return 0;
 }
 
 /* ---- workers ------------------------------------------------------------ */
@@ -337,7 +111,7 @@ typedef struct fo_run {
   int workers, kills, min_ms, max_ms, round_ms;
   unsigned seed;
   bool json, quick;
-  fo_sd sd;
+  ckv_bench_sd sd;
   ckv_client *c;
   fo_worker w[FO_MAX_WORKERS];
   fo_kill k[FO_MAX_KILLS];
@@ -478,7 +252,7 @@ static int one_kill(fo_run *r, int ki, uint64_t *rng) {
   for (int i = 0; i < k->worker; i++)
     if ((rc = w_round(r, &r->w[i], i, 0)) != 0) return rc;
   if (k->point && (rc = w_round(r, &r->w[k->worker], k->worker, k->point)) != 0) return rc;
-  pid_t pid = main_pid(&r->sd);
+  pid_t pid = ckv_bench_sd_main_pid(&r->sd);
   if (pid <= 0) {
     snprintf(r->error, sizeof r->error, "the unit has no main pid before kill %d", ki + 1);
     return -1;
@@ -653,7 +427,7 @@ int ckv_bench_failover(int argc, char **argv) {
   }
   chmod(r->sd.dir, 0755);
   char why[1024];
-  int st = sd_start(&r->sd, why, sizeof why);
+  int st = ckv_bench_sd_start(&r->sd, "ckvfail", why, sizeof why);
   if (st != 0) {
     if (r->json) {
       for (char *p = why; *p; p++)
@@ -696,10 +470,10 @@ out:
   r->c = ckv_client_free(r->c);
   if (rc != 0) {
     fprintf(stderr, "commitkv-bench failover: %s; daemon log %s:\n%s\n", r->error, r->sd.log,
-            file_tail(r->sd.log, 800));
+            ckv_bench_file_tail(r->sd.log, 800));
   }
   report(r, done);
-  sd_stop(&r->sd);
+  ckv_bench_sd_stop(&r->sd);
   if (rc == 0 || !getenv("CKV_BENCH_KEEP")) ckv_bench_rm_tree(r->sd.dir);
   return rc == 0 ? 0 : 1;
 }

@@ -57,6 +57,7 @@
 
 #include "bench/bench.h"
 #include "bench/bench_daemon.h"
+#include "bench/bench_systemd.h"
 #include "bench/soak_worker.h"
 #include "client/rpc.h"
 #include "commitkv/commitkv.h"
@@ -68,6 +69,7 @@
 #define SOAK_VERIFY_STEPS "150"   /* steps of one verifying worker generation */
 #define SOAK_REDIS "/usr/bin/redis-server"
 #define SOAK_OUTAGE_MAX_MS 3000
+#define SOAK_MAX_DAEMON_KILLS 256 /* --kill-daemon-every-s: per-kill rows kept */
 #define SOAK_ANOMALY_LINES 20     /* lines of each verifying worker's log shown at the end */
 
 typedef struct soak_worker {
@@ -103,6 +105,15 @@ typedef struct soak {
   char err_name[SOAK_MAX_ERROR_KINDS][64];
   uint64_t err_count[SOAK_MAX_ERROR_KINDS];
   int n_err;
+  /* --kill-daemon-every-s: commitkvd under a private systemd --user (bench_systemd.h), SIGKILLed, restarted by
+   * systemd with its arenas from the fd store; per kill what the new daemon's warm restart kept and dropped */
+  double kill_daemon_every_s;
+  ckv_bench_sd sd;
+  int n_dkills;
+  struct {
+    long kept, dropped;   /* the new daemon's "warm restart: N session(s) kept, M dropped"; -1: it said none */
+    double restart_ms;    /* SIGKILL to a new main pid whose attach socket accepts */
+  } dk[SOAK_MAX_DAEMON_KILLS];
 } soak;
 
 static uint64_t now_ms(void) {
@@ -384,6 +395,7 @@ static int parse(int argc, char **argv, soak *s) {
                                      {"verify-workers", required_argument, 0, 'v'}, {"ids", required_argument, 0, 'i'},
                                      {"remote", no_argument, 0, 'R'},
                                      {"store-outage-every-s", required_argument, 0, 'o'},
+                                     {"kill-daemon-every-s", required_argument, 0, 'K'},
                                      {0, 0, 0, 0}};
   s->workers = 4, s->sessions = 2, s->seconds = 10, s->kill_every_ms = 700, s->restart_every_s = 4, s->ids = 4;
   optind = 1;
@@ -401,26 +413,81 @@ static int parse(int argc, char **argv, soak *s) {
       case 'i': s->ids = atoi(optarg); break;
       case 'R': s->remote = true; break;
       case 'o': s->outage_every_s = atof(optarg); break;
+      case 'K': s->kill_daemon_every_s = atof(optarg); break;
       default:
         fprintf(ch == 'h' ? stdout : stderr,
                 "usage: commitkv-bench soak [--workers N] [--sessions M] [--seconds T] [--kill-every-ms K]\n"
                 "                           [--restart-every-s R] [--daemon PATH] [--json]\n"
                 "                           [--verify-workers V] [--ids P] [--remote] [--store-outage-every-s S]\n"
+                "                           [--kill-daemon-every-s N]\n"
                 "  K = 0: no worker kills; R = 0: no daemon restarts; V verifying workers on P ids each;\n"
-                "  --remote: a redis-server of its own as the remote tier, killed every S seconds\n");
+                "  --remote: a redis-server of its own as the remote tier, killed every S seconds;\n"
+                "  N: commitkvd under a private systemd --user (fd store, Restart=on-failure), SIGKILLed every N\n"
+                "     seconds instead of R (sessions kept / dropped per kill; skipped without systemd --user)\n");
         return ch == 'h' ? 1 : -1;
     }
   }
   if (s->workers < 0 || s->verify_workers < 0 || s->workers + s->verify_workers < 1 ||
       s->workers + s->verify_workers > SOAK_MAX_WORKERS || s->sessions < 1 || s->sessions > 64 ||
       s->ids < 1 || s->ids > CKV_SOAK_MAX_IDS || !(s->seconds > 0) || s->kill_every_ms < 0 ||
-      s->restart_every_s < 0 || s->outage_every_s < 0 || (s->outage_every_s > 0 && !s->remote)) {
+      s->restart_every_s < 0 || s->outage_every_s < 0 || (s->outage_every_s > 0 && !s->remote) ||
+      s->kill_daemon_every_s < 0) {
     fprintf(stderr,
             "commitkv-bench soak: --workers + --verify-workers 1..%d, --sessions 1..64, --ids 1..%d, --seconds > 0, "
             "--store-outage-every-s with --remote\n",
             SOAK_MAX_WORKERS, CKV_SOAK_MAX_IDS);
     return -1;
   }
+  if (s->kill_daemon_every_s > 0) s->restart_every_s = 0; /* systemd restarts it, not the bench */
+  return 0;
+}
+
+/* Occurrences of the warm restart's outcome line in the daemon's log so far;
+ * the last one's counts go to *kept / *dropped. */
+static int warm_lines(const char *log, long *kept, long *dropped) {
+  FILE *f = fopen(log, "r");
+  if (!f) return 0;
+  char line[2048];
+  int n = 0;
+  while (fgets(line, sizeof line, f)) {
+    const char *p = strstr(line, "warm restart: ");
+    long k, d;
+    if (p && sscanf(p, "warm restart: %ld session(s) kept, %ld dropped", &k, &d) == 2) n++, *kept = k, *dropped = d;
+  }
+  fclose(f);
+  return n;
+}
+
+/* SIGKILL of the unit's daemon; systemd restarts it from its fd store.  0, or -1 when it did not come back. */
+static int kill_daemon_sd(soak *s) {
+  long k = -1, d = -1;
+  int before = warm_lines(s->sd.log, &k, &d);
+  pid_t old = ckv_bench_sd_main_pid(&s->sd);
+  if (old <= 0) return -1;
+  uint64_t t0 = now_us();
+  kill(old, SIGKILL);
+  pid_t pid = ckv_bench_sd_wait_restart(&s->sd, old, 30000);
+  if (pid <= 0) {
+    fprintf(stderr, "commitkv-bench soak: systemd did not restart commitkvd after kill -9 (log %s)\n", s->sd.log);
+    return -1;
+  }
+  double ms = (double)(now_us() - t0) / 1000.0;
+  s->d.pid = pid;
+  /* the outcome is logged while the daemon starts; give the log a moment (the journal's outcome line is absent when
+   * the new daemon found no journal: then the row says -1) */
+  k = d = -1;
+  int after;
+  uint64_t until = now_ms() + 3000;
+  while ((after = warm_lines(s->sd.log, &k, &d)) <= before && now_ms() < until) usleep(20000);
+  if (after <= before)
+    fprintf(stderr, "commitkv-bench soak: the daemon restarted after kill %d logged no warm-restart outcome (log %s)\n",
+            s->n_dkills + 1, s->sd.log);
+  if (s->n_dkills < SOAK_MAX_DAEMON_KILLS) {
+    s->dk[s->n_dkills].kept = after > before ? k : -1;
+    s->dk[s->n_dkills].dropped = after > before ? d : -1;
+    s->dk[s->n_dkills].restart_ms = ms;
+  }
+  s->n_dkills++;
   return 0;
 }
 
@@ -448,9 +515,24 @@ static void report(const soak *s, double p99) {
     CKV_SOAK_COUNTERS(CKV_SOAK_JSON_)
 #undef CKV_SOAK_JSON_
     printf(", \"store_outages\": %llu, \"remote_offloads\": %llu, \"remote_restores\": %llu, "
-           "\"remote_errors\": %llu}\n",
+           "\"remote_errors\": %llu",
            (unsigned long long)s->store_outages, (unsigned long long)s->remote_offloads,
            (unsigned long long)s->remote_restores, (unsigned long long)s->remote_errors);
+    if (s->kill_daemon_every_s > 0) {
+      long kept = 0, dropped = 0, unknown = 0;
+      int rows = s->n_dkills < SOAK_MAX_DAEMON_KILLS ? s->n_dkills : SOAK_MAX_DAEMON_KILLS;
+      for (int i = 0; i < rows; i++)
+        if (s->dk[i].kept < 0) unknown++;
+        else kept += s->dk[i].kept, dropped += s->dk[i].dropped;
+      printf(", \"kill_daemon_every_s\": %.1f, \"daemon_kills\": %d, \"sessions_kept\": %ld, "
+             "\"sessions_dropped\": %ld, \"kills_without_outcome\": %ld, \"per_daemon_kill\": [",
+             s->kill_daemon_every_s, s->n_dkills, kept, dropped, unknown);
+      for (int i = 0; i < rows; i++)
+        printf("%s{\"sessions_kept\": %ld, \"sessions_dropped\": %ld, \"restart_ms\": %.1f}", i ? ", " : "",
+               s->dk[i].kept, s->dk[i].dropped, s->dk[i].restart_ms);
+      printf("]");
+    }
+    printf("}\n");
     return;
   }
   printf("soak: %d workers x %d sessions for %.1f s, a worker killed every %ld ms, commitkvd killed every %.1f s\n",
@@ -470,6 +552,17 @@ static void report(const soak *s, double p99) {
 #define CKV_SOAK_ROW_(name, doc) printf("  %-22s %14llu  %s\n", #name, (unsigned long long)s->vc.name, doc);
     CKV_SOAK_COUNTERS(CKV_SOAK_ROW_)
 #undef CKV_SOAK_ROW_
+  }
+  if (s->kill_daemon_every_s > 0) {
+    printf("commitkvd under systemd --user, SIGKILLed every %.1f s: %d kills; per kill, the new daemon's warm "
+           "restart kept / dropped sessions (restart ms):",
+           s->kill_daemon_every_s, s->n_dkills);
+    for (int i = 0; i < s->n_dkills && i < SOAK_MAX_DAEMON_KILLS; i++)
+      if (s->dk[i].kept < 0)
+        printf(" ?/? (%.0f)", s->dk[i].restart_ms);
+      else
+        printf(" %ld/%ld (%.0f)", s->dk[i].kept, s->dk[i].dropped, s->dk[i].restart_ms);
+    printf("\n");
   }
   printf("daemon RSS %ld kB at start, %ld kB at the end; arena bytes in use at the end %llu\n", s->rss_start_kb,
          s->rss_end_kb, (unsigned long long)s->arena_used_end);
@@ -505,7 +598,31 @@ int ckv_bench_soak(int argc, char **argv) {
     return 1;
   }
   daemon_sets(&s);
-  if (ckv_bench_daemon_start(&s.d, s.daemon, s.dir, "2G") < 0) {
+  if (s.kill_daemon_every_s > 0) { /* the same daemon arguments, as a unit of a private systemd --user */
+    snprintf(s.sd.dir, sizeof s.sd.dir, "%.100s/sd", s.dir);
+    mkdir(s.sd.dir, 0755);
+    snprintf(s.sd.daemon, sizeof s.sd.daemon, "%s", s.daemon);
+    size_t at = (size_t)snprintf(s.sd.extra, sizeof s.sd.extra, "--memory 2G");
+    for (int i = 0; s.d.sets[i] && at < sizeof s.sd.extra; i++)
+      at += (size_t)snprintf(s.sd.extra + at, sizeof s.sd.extra - at, " --set %s", s.d.sets[i]);
+    char why[1024];
+    int st = ckv_bench_sd_start(&s.sd, "ckvsoak", why, sizeof why);
+    if (st != 0) {
+      for (char *c = why; *c; c++)
+        if (*c == '"' || *c == '\\') *c = ' ';
+      if (s.json)
+        printf("{\"skipped\": %s, \"reason\": \"%s\"}\n", st > 0 ? "true" : "false", why);
+      else
+        printf("soak --kill-daemon-every-s: %s: %s\n", st > 0 ? "SKIPPED" : "FAILED", why);
+      store_kill(&s);
+      ckv_bench_rm_tree(s.dir);
+      return st > 0 ? 0 : 1;
+    }
+    snprintf(s.d.socket, sizeof s.d.socket, "%s", s.sd.socket);
+    snprintf(s.d.attach, sizeof s.d.attach, "%s", s.sd.attach);
+    snprintf(s.d.log, sizeof s.d.log, "%s", s.sd.log);
+    s.d.pid = ckv_bench_sd_main_pid(&s.sd);
+  } else if (ckv_bench_daemon_start(&s.d, s.daemon, s.dir, "2G") < 0) {
     store_kill(&s);
     ckv_bench_rm_tree(s.dir);
     return 1;
@@ -517,7 +634,8 @@ int ckv_bench_soak(int argc, char **argv) {
   ckv_client *pc = NULL;
   uint64_t start = now_ms(), end = start + (uint64_t)(s.seconds * 1000), next_kill = start + (uint64_t)s.kill_every_ms,
            next_restart = start + (uint64_t)(s.restart_every_s * 1000),
-           next_outage = start + (uint64_t)(s.outage_every_s * 1000), store_back = 0;
+           next_outage = start + (uint64_t)(s.outage_every_s * 1000), store_back = 0,
+           next_dkill = start + (uint64_t)(s.kill_daemon_every_s * 1000);
   uint64_t outage_ms = (uint64_t)(s.outage_every_s * 1000 / 3);
   if (outage_ms > SOAK_OUTAGE_MAX_MS) outage_ms = SOAK_OUTAGE_MAX_MS;
   uint64_t requests_before = 0, errors_before = 0;
@@ -562,6 +680,21 @@ int ckv_bench_soak(int argc, char **argv) {
       write_life(&s);
       next_restart = now_ms() + (uint64_t)(s.restart_every_s * 1000);
     }
+    if (s.kill_daemon_every_s > 0 && t >= next_dkill) {
+      requests_before += s.requests, errors_before += s.daemon_errors;
+      s.requests = s.daemon_errors = 0;
+      s.remote_before[0] += s.remote_offloads, s.remote_before[1] += s.remote_restores,
+          s.remote_before[2] += s.remote_errors;
+      s.remote_offloads = s.remote_restores = s.remote_errors = 0;
+      if (pc) ckv_client_free(pc), pc = NULL;
+      if (kill_daemon_sd(&s) < 0) {
+        rc = 1;
+        break;
+      }
+      s.restarts++;
+      write_life(&s);
+      next_dkill = now_ms() + (uint64_t)(s.kill_daemon_every_s * 1000);
+    }
     if (s.outage_every_s > 0 && t >= next_outage && !store_back) { /* the store goes away, its data kept */
       store_kill(&s);
       s.store_outages++;
@@ -599,7 +732,7 @@ int ckv_bench_soak(int argc, char **argv) {
   s.rss_end_kb = rss_kb(s.d.pid);
   s.requests += requests_before, s.daemon_errors += errors_before;
   if (pc) ckv_client_free(pc);
-  if (ckv_bench_daemon_stop(&s.d) < 0) rc = 1;
+  if (s.kill_daemon_every_s > 0 ? ckv_bench_sd_stop(&s.sd) < 0 : ckv_bench_daemon_stop(&s.d) < 0) rc = 1;
   store_kill(&s);
   s.remote_offloads += s.remote_before[0], s.remote_restores += s.remote_before[1],
       s.remote_errors += s.remote_before[2];
