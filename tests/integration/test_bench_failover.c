@@ -16,8 +16,14 @@
  *   - arena_remapped = 0: the worker kept its mapping at every restart.
  * The aims (kept_ratio >= 0.99, first round within 1 s) are printed, not
  * asserted: they depend on the machine's load and the rounds' pace.
- * Without a private systemd --user the bench answers {"skipped": true,
- * "reason": ...}: the test prints SKIPPED with it and skips. */
+ * soak_kill_daemon: `commitkv-bench soak --kill-daemon-every-s 2` for 6 s
+ * with verifying workers: daemon_kills >= 2 (and = daemon_restarts), every
+ * restart logged its warm-restart outcome (kills_without_outcome = 0), one
+ * per_daemon_kill row per kill summing to sessions_kept / _dropped, and the
+ * verifying workers' exact counters: wrong_bytes, stale_served,
+ * ended_served, bytes_lost all 0.
+ * Without a private systemd --user the benches answer {"skipped": true,
+ * "reason": ...}: the tests print SKIPPED with it and skip. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -115,6 +121,52 @@ Test(bench_failover, quick_json_invariants, .timeout = 90) {
   cr_assert_float_eq(row_max, mx, 0.051);
   cr_log_info("failover --quick: kept %g of %g acked tokens (%.4f), first round p50 %.1f ms max %.1f ms", kept, acked,
               kept / acked, p50, mx);
+  free(json);
+  free(e);
+  ckv_test_rmdir(dir);
+}
+
+Test(bench_failover, soak_kill_daemon, .timeout = 90) {
+  char *dir = ckv_test_tmpdir("ckv-bench-soak-kd-test");
+  char *json = NULL, *e = NULL;
+  const char *const args[] = {"soak", "--workers", "1", "--verify-workers", "2", "--seconds", "6",
+                              "--kill-daemon-every-s", "2", "--json", NULL};
+  long long t0 = ckv_test_now_ms();
+  int st = ckv_test_run_bench(args, dir, 80000, &json, &e);
+  fprintf(stderr, "bench soak --kill-daemon-every-s (%lld ms): %s", ckv_test_now_ms() - t0,
+          json ? json : "(no output)\n");
+  cr_assert_not_null(json, "no output; stderr: %s", e ? e : "");
+  if (strstr(json, "\"skipped\": true")) {
+    printf("SKIPPED: %s", json);
+    fflush(stdout);
+    free(json);
+    free(e);
+    ckv_test_rmdir(dir);
+    cr_skip("commitkv-bench soak --kill-daemon-every-s skipped: no private systemd --user here");
+  }
+  cr_assert_eq(st, 0, "commitkv-bench soak exited %d: %s", st, e ? e : "");
+  const double kills = num_after(json, "daemon_kills");
+  cr_assert(kills >= 2, "daemon_kills %g in 6 s at one every 2 s", kills);
+  cr_assert_eq(num_after(json, "daemon_restarts"), kills);
+  cr_assert_eq(num_after(json, "kills_without_outcome"), 0, "a restart logged no warm-restart outcome: %s", e);
+  const char *zero[] = {"wrong_bytes", "stale_served", "ended_served", "bytes_lost"};
+  for (size_t i = 0; i < sizeof zero / sizeof zero[0]; i++)
+    cr_assert_eq(num_after(json, zero[i]), 0, "%s: %g", zero[i], num_after(json, zero[i]));
+  cr_assert_gt(num_after(json, "reuse_bytes_verified"), 0);
+  const char *row = strstr(json, "\"per_daemon_kill\": [");
+  cr_assert_not_null(row);
+  double kept = 0, dropped = 0;
+  int rows = 0;
+  while ((row = strstr(row, "{\"sessions_kept\":"))) {
+    kept += num_after(row, "sessions_kept");
+    dropped += num_after(row, "sessions_dropped");
+    cr_assert_gt(num_after(row, "restart_ms"), 0);
+    rows++;
+    row++;
+  }
+  cr_assert_eq(rows, kills);
+  cr_assert_eq(kept, num_after(json, "sessions_kept"));
+  cr_assert_eq(dropped, num_after(json, "sessions_dropped"));
   free(json);
   free(e);
   ckv_test_rmdir(dir);
