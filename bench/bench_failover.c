@@ -116,6 +116,7 @@ typedef struct fo_run {
   fo_worker w[FO_MAX_WORKERS];
   fo_kill k[FO_MAX_KILLS];
   uint64_t rounds, arena_remapped, errors;
+  int sanitizer_reports; /* lines of the daemon's log a sanitizer wrote: must be 0 */
   char error[512];
 } fo_run;
 
@@ -326,12 +327,12 @@ static void report(fo_run *r, int done) {
            "\"acked_tokens\": %llu, \"kept_tokens\": %llu, \"lost_tokens\": %llu, \"kept_ratio\": %.6f, "
            "\"warm_journal\": \"%s\", \"sessions_kept\": %llu, "
            "\"sessions_lost\": %llu, \"bytes_verified\": %llu, \"wrong_bytes\": %llu, \"rounds\": %llu, "
-           "\"arena_remapped\": %llu, \"aim_kept_ratio\": 0.99, \"aim_first_round_ms\": 1000, \"per_kill\": [",
+           "\"arena_remapped\": %llu, \"sanitizer_reports\": %d, \"aim_kept_ratio\": 0.99, \"aim_first_round_ms\": 1000, \"per_kill\": [",
            r->workers, done, FO_PER_ROUND, (unsigned)FO_TOKEN_BYTES, r->round_ms, r->seed, p50, mx, rp50, (unsigned long long)acked,
            (unsigned long long)kept, (unsigned long long)(acked - kept), ratio,
            r->sd.journal ? r->sd.journal : "default", (unsigned long long)skept, (unsigned long long)slost,
            (unsigned long long)verified, (unsigned long long)wrong, (unsigned long long)r->rounds,
-           (unsigned long long)r->arena_remapped);
+           (unsigned long long)r->arena_remapped, r->sanitizer_reports);
     for (int i = 0; i < done; i++) {
       const fo_kill *k = &r->k[i];
       printf("%s{\"worker\": %d, \"point\": \"%s\", \"acked_tokens\": %llu, \"kept_tokens\": %llu, "
@@ -472,8 +473,17 @@ out:
     fprintf(stderr, "commitkv-bench failover: %s; daemon log %s:\n%s\n", r->error, r->sd.log,
             ckv_bench_file_tail(r->sd.log, 800));
   }
+  if (ckv_bench_sd_stop(&r->sd) < 0 && rc == 0) {
+    snprintf(r->error, sizeof r->error, "the clean stop of the unit failed or left a daemon");
+    rc = -1;
+  }
+  r->sanitizer_reports = ckv_bench_sd_sanitizer_reports(&r->sd);
+  if (r->sanitizer_reports && rc == 0) {
+    fprintf(stderr, "commitkv-bench failover: %d sanitizer report(s) in the daemon log %s:\n%s\n",
+            r->sanitizer_reports, r->sd.log, ckv_bench_file_tail(r->sd.log, 1000));
+    rc = -1;
+  }
   report(r, done);
-  ckv_bench_sd_stop(&r->sd);
   if (rc == 0 || !getenv("CKV_BENCH_KEEP")) ckv_bench_rm_tree(r->sd.dir);
   return rc == 0 ? 0 : 1;
 }

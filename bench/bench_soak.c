@@ -733,6 +733,10 @@ int ckv_bench_soak(int argc, char **argv) {
   s.requests += requests_before, s.daemon_errors += errors_before;
   if (pc) ckv_client_free(pc);
   if (s.kill_daemon_every_s > 0 ? ckv_bench_sd_stop(&s.sd) < 0 : ckv_bench_daemon_stop(&s.d) < 0) rc = 1;
+  if (s.kill_daemon_every_s > 0 && ckv_bench_sd_sanitizer_reports(&s.sd) > 0) {
+    fprintf(stderr, "commitkv-bench soak: sanitizer reports in the daemon log:\n%s\n", ckv_bench_file_tail(s.sd.log, 1000));
+    rc = 1;
+  }
   store_kill(&s);
   s.remote_offloads += s.remote_before[0], s.remote_restores += s.remote_before[1],
       s.remote_errors += s.remote_before[2];

@@ -271,3 +271,15 @@ pid_t ckv_bench_sd_wait_restart(const ckv_bench_sd *e, pid_t old, int timeout_ms
     usleep(10000);
   }
 }
+
+int ckv_bench_sd_sanitizer_reports(const ckv_bench_sd *e) {
+  FILE *f = fopen(e->log, "r");
+  if (!f) return 0;
+  char line[4096];
+  int n = 0;
+  while (fgets(line, sizeof line, f))
+    n += strstr(line, "ERROR: AddressSanitizer") || strstr(line, "ERROR: LeakSanitizer") ||
+         strstr(line, "runtime error:");
+  fclose(f);
+  return n;
+}

@@ -35,6 +35,10 @@ pid_t ckv_bench_sd_wait_restart(const ckv_bench_sd *e, pid_t old, int timeout_ms
  * outlives them is killed.  0, or -1 when the stop failed or a daemon was
  * left.  Accepts an e that never started. */
 int ckv_bench_sd_stop(ckv_bench_sd *e);
+/* Lines of the daemon's log (every life) that a sanitizer wrote ("ERROR: AddressSanitizer", "LeakSanitizer",
+ * "runtime error:"): a daemon that aborted on one is restarted by systemd like a killed one, so the bench must
+ * look.  Call after ckv_bench_sd_stop (leaks are reported at the clean exit). */
+int ckv_bench_sd_sanitizer_reports(const ckv_bench_sd *e);
 /* The last `max` (< 1024) bytes of a file, newlines and quotes blanked (for a
  * JSON reason), in a static buffer. */
 const char *ckv_bench_file_tail(const char *path, size_t max);

@@ -69,7 +69,7 @@ Test(bench_failover, quick_json_invariants, .timeout = 90) {
   cr_assert_gt(token_bytes, 0);
   const char *keys[] = {"first_round_ms_p50", "first_round_ms_max", "acked_tokens", "kept_tokens", "kept_ratio",
                         "bytes_verified", "wrong_bytes", "sessions_kept", "sessions_lost", "restart_ms_p50",
-                        "arena_remapped", "rounds"};
+                        "arena_remapped", "rounds", "sanitizer_reports"};
   for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
     cr_assert(isfinite(num_after(json, keys[i])), "no number for %s in %s", keys[i], json);
 
@@ -81,6 +81,7 @@ Test(bench_failover, quick_json_invariants, .timeout = 90) {
   cr_assert_eq(num_after(json, "bytes_verified"), kept * token_bytes, "bytes_verified %g, kept %g x %g",
                num_after(json, "bytes_verified"), kept, token_bytes);
   cr_assert_eq(num_after(json, "arena_remapped"), 0, "a restart did not hand back the arena the worker maps");
+  cr_assert_eq(num_after(json, "sanitizer_reports"), 0);
   const double p50 = num_after(json, "first_round_ms_p50"), mx = num_after(json, "first_round_ms_max");
   cr_assert(p50 > 0 && p50 <= mx, "first round p50 %g max %g", p50, mx);
 
