@@ -50,6 +50,10 @@
  *   (NOT_FOUND, saying why); one opened just before comes back exactly or
  *   answers NOT_FOUND saying the daemon was killed.  Prints the time from
  *   the kill to the first round served again.
+ * - kill9_reconnect_retries_keep_mapping: the worker retries
+ *   ckv_client_reconnect from the moment of the kill (failing attempts while
+ *   systemd restarts the unit): the attempt that succeeds still gets the
+ *   mapping it kept.
  * - kill9_damaged_entry_drops_only_it: after a kill, one entry damaged (a
  *   flipped byte; cut short) before the next start: that session answers
  *   NOT_FOUND saying the entry was refused, the other comes back whole.
@@ -1038,6 +1042,45 @@ Test(warm, kill9_damaged_entry_drops_only_it, .timeout = 240) {
   }
   kw_free(&a);
   kw_free(&b);
+  ckv_client_free(c);
+  sd_stop(e);
+}
+
+/* A worker that retries ckv_client_reconnect while systemd restarts the
+ * daemon (as commitkv-bench failover and the heartbeat thread do) gets the
+ * mapping it kept at the attempt that succeeds.  Before the fix, a failed
+ * attempt freed the kept mapping: the next success mapped the arena anew
+ * (ckv_client_arena_kept false, every pointer into the old mapping stale). */
+Test(warm, kill9_reconnect_retries_keep_mapping, .timeout = 120) {
+  sdenv *e = &g_sd;
+  SKIP_WITHOUT_SYSTEMD(e);
+  ckv_client *c = connect_to(&e->d);
+  kworker a;
+  kw_open(c, &a, "a", "fp16");
+  for (int i = 0; i < 3; i++) kw_round(c, &a, false);
+  usleep(KW_SETTLE_US);
+  const ckv_arena *mapping = c->arena;
+  long old = e->d.pid;
+  cr_assert_eq(kill((pid_t)old, SIGKILL), 0);
+  int failed = 0, r;
+  long long end = ckv_test_now_ms() + DEADLINE_MS;
+  while ((r = ckv_client_reconnect(c)) != CKV_OK) { /* no wait for the restart: the attempts fail until it is up */
+    failed++;
+    cr_assert_lt(ckv_test_now_ms(), end, "no reconnect: %s (daemon log %s)", ckv_strerror(r), e->d.log);
+    usleep(2000);
+  }
+  cr_assert_gt(failed, 1, "the reconnect never failed: the test did not retry through the restart");
+  cr_assert(ckv_client_arena_kept(c), "after %d failed attempts the mapping was not kept (daemon log %s)", failed,
+            e->d.log);
+  cr_assert_eq(c->arena, mapping, "the client swapped its mapping");
+  e->d.pid = (pid_t)main_pid(e);
+  char msg[512];
+  size_t t = 0;
+  r = kw_resume(c, &a, msg, sizeof msg, &t, "retried reconnect");
+  cr_assert_eq(r, CKV_OK, "resume: %s (%s)", ckv_strerror(r), msg);
+  cr_assert_eq(t, a.n);
+  kw_round(c, &a, false);
+  kw_free(&a);
   ckv_client_free(c);
   sd_stop(e);
 }
