@@ -461,6 +461,7 @@ void ckv_attach_retune_tenant(ckv_server *s, ckv_tenant *t, const ckv_tenant_spe
   t->max_sessions = max_sessions;
   t->max_clients = spec->max_clients;
   t->quota_disk = spec->quota_disk; /* files over a lowered quota stay; new writes wait until they go */
+  t->high_water = spec->high_water;
   t->max_snapshots = spec->max_snapshots;
   t->policies = spec->policies;
   t->default_policy = spec->default_policy;

@@ -240,6 +240,12 @@ const config_key ckv_cfg_keys[] = {
             "and recycles before refusing. 0 = an equal share of what [daemon] memory leaves after "
             "the tenants with a quota. Its arena (the quota plus headroom) comes out of [daemon] "
             "memory; a quota larger than what is left is cut to fit."},
+    {SEC_TENANT, "high_water", T_DOUBLE, TEN(high_water), .dmin = 0, .dmax = 1, .reload = true, .def = "0",
+     .doc = "Fraction of quota (e.g. 0.9) above which the disk tier moves this tenant's coldest "
+            "sessions to disk in the background, before an append needs the room, so appends "
+            "rarely wait for a move. Needs the disk tier ([daemon] disk_memory); the sessions that "
+            "may go are those memory pressure may move (docs/tiers.md). 0 = off: moves start only "
+            "when the quota is short."},
     {SEC_TENANT, "quota_host", T_SIZE, TEN(quota_host), .imin = 0, .imax = PIB, .reload = true,
      .def = "0",
      .doc = "Bytes in the host-memory tier; 0 = no cap of its own. The host tier is not implemented "

@@ -89,6 +89,7 @@ typedef struct ckv_tenant_config {
   int default_policy;  /* ckv_policy_id, or -1 = inherit [policy] default */
   uint32_t max_sessions; /* 0 = the [daemon] max_sessions */
   uint32_t max_clients;  /* 0 = an equal share of the [daemon] max_clients */
+  double high_water;     /* fraction of quota at which the coldest sessions start moving to disk; 0 = off */
 } ckv_tenant_config;
 
 typedef struct ckv_config {

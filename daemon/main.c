@@ -74,6 +74,7 @@ static void tenant_spec(const ckv_config *cfg, const ckv_tenant_config *t, ckv_t
   ret->max_sessions = t->max_sessions;
   ret->max_clients = ckv_tenant_max_clients(cfg, t);
   ret->quota_disk = t->quota_disk;
+  ret->high_water = t->high_water;
   ret->max_snapshots = t->max_snapshots;
   ret->policies = t->policies;
   ret->default_policy = t->default_policy;

@@ -504,9 +504,14 @@ static void start_push(ckv_persist *p, ckv_srv_session *sess, uint64_t since) {
 
 static void relieve_stalls(ckv_persist *p);
 
+static void high_water_moves(ckv_persist *p);
+
 void ckv_tier_scan(ckv_persist *p, uint64_t now) {
   ckv_tier *t = p->tier;
-  if (t && t->on && p->snapio) relieve_stalls(p);
+  if (t && t->on && p->snapio) {
+    relieve_stalls(p);
+    high_water_moves(p);
+  }
   if (!t || !t->on || !(t->idle_ms || t->remote) || !p->snapio) return;
   size_t cur = 0;
   ckv_srv_session *sess;
@@ -817,6 +822,51 @@ static unsigned pressure_moves(ckv_persist *p, const ckv_tenant *tn, const ckv_s
   free(cand);
   *ret_freeing = freeing;
   return started;
+}
+
+/* The high-water mark ([tenant.NAME] high_water, issue 43): a tenant
+ * holding more than high_water x its quota, not counting blocks already on
+ * their way down (sessions offloading), has its coldest sessions written to
+ * disk now, in the background, by the rules of memory pressure (who may go,
+ * coldest first, CKV_TIER_INFLIGHT at once), as many as bring it back under
+ * the mark.  Nothing is parked: appends go on being served from the room
+ * left between the mark and the quota while the moves are written, so one
+ * rarely waits for a move (ckv_tier_make_room parks only when the quota
+ * itself is short). */
+static void high_water_moves(ckv_persist *p) {
+  ckv_tier *t = p->tier;
+  if (t->replaying) return;
+  enum { MAX_TENANTS = 64 };
+  const ckv_tenant *tns[MAX_TENANTS];
+  uint64_t going[MAX_TENANTS];
+  size_t n = 0, cur = 0;
+  ckv_srv_session *sess;
+  while ((sess = ckv_strmap_next(p->store->sessions, &cur, NULL))) {
+    const ckv_tenant *tn = sess->tenant;
+    if (!tn || !(tn->high_water > 0) || !tn->quota_bytes) continue;
+    size_t i = 0;
+    while (i < n && tns[i] != tn) i++;
+    if (i == n) {
+      if (n == MAX_TENANTS) continue;
+      tns[n] = tn;
+      going[n++] = 0;
+    }
+    if (ckv_tier_state_of(sess) == CKV_TIER_OFFLOADING) going[i] += ckv_srv_session_bytes(sess);
+  }
+  for (size_t i = 0; i < n && t->inflight < CKV_TIER_INFLIGHT; i++) {
+    const ckv_tenant *tn = tns[i];
+    uint64_t used = tn->bytes_used > tn->held_bytes ? tn->bytes_used - tn->held_bytes : 0;
+    uint64_t mark = (uint64_t)(tn->high_water * (double)tn->quota_bytes);
+    if (used <= mark + going[i]) continue;
+    uint64_t over = used - going[i] - mark, freeing;
+    unsigned started = pressure_moves(p, tn, NULL, over, &freeing);
+    if (started)
+      ckv_log(CKV_LOG_NOTICE, "tier-high-water", tn->name, NULL,
+              "%llu of %llu quota bytes used, over the high-water mark (%.2f) by %llu: moving its %u coldest "
+              "session%s (%llu bytes) to disk in the background",
+              (unsigned long long)used, (unsigned long long)tn->quota_bytes, tn->high_water,
+              (unsigned long long)over, started, started == 1 ? "" : "s", (unsigned long long)freeing);
+  }
 }
 
 /* Compression stalled on the quota (moves-stalled: a session's decided

@@ -128,6 +128,7 @@ void ckv_store_add_tenant(ckv_store *st, ckv_tenant *t, const ckv_tenant_spec *s
   t->max_sessions = spec->max_sessions ? spec->max_sessions : st->limits.max_sessions;
   t->max_clients = spec->max_clients;
   t->quota_disk = spec->quota_disk;
+  t->high_water = spec->high_water;
   t->max_snapshots = spec->max_snapshots;
   t->policies = spec->policies;
   t->default_policy = spec->default_policy;

@@ -34,6 +34,7 @@ typedef struct ckv_tenant_spec {
   uint32_t max_snapshots; /* snapshot files it may keep; 0 = no limit */
   uint32_t policies;      /* bit per allowed ckv_policy_id; 0 = all */
   int default_policy;     /* ckv_policy_id, or -1 = the daemon default */
+  double high_water;      /* fraction of quota_bytes above which the coldest sessions move down early; 0 = off */
 } ckv_tenant_spec;
 
 /* Every slot may be NULL. */

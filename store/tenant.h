@@ -23,6 +23,10 @@ typedef struct ckv_tenant {
   uint64_t quota_bytes;  /* bytes of blocks this tenant may hold (all formats) */
   uint32_t max_sessions;
   uint64_t quota_disk;    /* bytes of its files in the state directory (persist/diskuse.h); 0 = no cap */
+  /* Fraction of quota_bytes above which the disk tier starts moving the
+   * coldest sessions down in the background (persist/tier.c,
+   * ckv_tier_scan), so an append rarely waits for a move; 0 = off. */
+  double high_water;
   uint32_t max_snapshots; /* snapshot files it may keep; 0 = no limit */
   uint32_t max_clients; /* attached clients of this tenant; 0 = only the daemon's ceiling */
   uint32_t policies;    /* bit per allowed ckv_policy_id; 0 = all */
