@@ -938,7 +938,7 @@ Test(config, template_loads_and_uncommented_equals_defaults, .init = setup, .fin
   fclose(f);
   cr_expect_eq(nd, 35); /* + warm_journal (issue 43) */
   cr_expect_eq(np, 29);
-  cr_expect_eq(nt, 10);
+  cr_expect_eq(nt, 11); /* + high_water (issue 43) */
   /* uids appears twice now: drop the empty one. */
   char *dup = strstr(text, "uids = \"\"\n");
   cr_assert_not_null(dup);
@@ -981,7 +981,7 @@ Test(config, packaging_file_matches_table) {
   char *tmpl = capture(do_template, NULL);
   /* Every key of the table, with its current default. */
   size_t keys = for_each_template_key(tmpl, expect_line_in, text);
-  cr_expect_eq(keys, 74);
+  cr_expect_eq(keys, 75); /* + [tenant.NAME] high_water */
   cr_expect_str_eq(text + 1, tmpl,
                    "packaging/commitkvd.conf is stale: regenerate it with "
                    "ckv_config_write_template (commitkvd --print-default-config)");
