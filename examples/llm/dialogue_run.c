@@ -626,6 +626,7 @@ static int print_json(const opts *o, const char *path, const dialogue_set *ds, i
       json_object_set_new(j, "recalled_blocks", json_integer((json_int_t)st->recalled_blocks));
       json_object_set_new(j, "dropped_tokens", json_integer((json_int_t)st->dropped_tokens));
       json_object_set_new(j, "matched_tokens", json_integer((json_int_t)x->matched));
+      json_object_set_new(j, "stream_nats", json_real(st->stream_nats));
     }
     json_array_append_new(sessions, j);
   }

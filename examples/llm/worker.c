@@ -293,6 +293,7 @@ static int step(llm_worker *r, int token, uint8_t role, uint8_t tag) {
   float surprise = r->have_logits && token < r->mc->vocab_size ? surprisal(r->logits, r->mc->vocab_size, token) : 0.f;
   if ((e = step_commitkv(r, token, pos, -1)) < 0) return e;
   r->have_logits = true;
+  r->res->stream_nats += surprise;
   if (r->copy) r->res->surprise_turns += llm_copy_signal_add(r->copy, pos, id, surprise, tag & CKV_TAG_TURN_START, r->surprise_off);
   r->ids[pos] = id;
   r->roles[pos] = role;
@@ -722,6 +723,7 @@ int llm_worker_adopt(llm_worker *r, const llm_worker_prefix *p) {
     r->ids[pos] = p->ids[pos];
     r->roles[pos] = p->roles[pos];
     r->tags[pos] = p->tags[pos];
+    r->res->stream_nats += p->surprise[pos];
     if (r->copy)
       r->res->surprise_turns += llm_copy_signal_add(r->copy, pos, p->ids[pos], p->surprise[pos],
                                                     p->tags[pos] & CKV_TAG_TURN_START, r->surprise_off);

@@ -134,6 +134,8 @@ typedef struct llm_worker_stats {
   uint64_t recalled_blocks; /* cold blocks attention read, per round (each counted once a round) */
   uint64_t dropped_tokens;  /* tokens the daemon dropped for good (TokenCounts.dropped) */
   uint64_t surprise_turns;  /* turns raised by the copy signal (options.surprise_nats) */
+  double stream_nats;       /* sum of -ln p of every appended token under the logits before it (position 0: none);
+                             * an adopted prefix counts its recorded ones: a fingerprint of what the model read */
   uint64_t states[4];      /* tokens per CKV_TOKEN_* */
   double seconds;
   int reconnects;
