@@ -7,7 +7,7 @@
  *                     [--json] [--limit N] [--bos ID] [--socket EP]
  *                     [--attach-socket PATH] [--prefix ID] [--sync] [--keep]
  *                     [--quiet] [--reconnect-timeout-ms MS] [--semantic entities|embed|none|oracle]
- *                     [--surprise NATS]
+ *                     [--surprise NATS] [--share-prefix]
  *
  * A byte-level model (ids 0..255 are bytes; BOS --bos, by default 256 when
  * the vocabulary is 257, else 1).  Each dialogue is one session, each turn
@@ -66,6 +66,33 @@
  * DLG_ORACLE_FACT, a lasting fact's score, every other turn
  * DLG_ORACLE_OTHER, below the semantic filter: what bits by value keeps
  * when exactly the turns that hold an asked value are known.
+ *
+ * --share-prefix (issue 41's shared prefixes; docs/prefix-sharing.md): before
+ * the dialogues, a keeper session (policy fp16, none of the --param
+ * overrides: its blocks stay draft, hence published, where the lifecycle
+ * would compress a lone holder's and take them out of the index) runs BOS
+ * and the first dialogue's first turn through the model as usual and reports
+ * round 1, which publishes its whole 16-token draft blocks; the worker keeps
+ * what those tokens left behind (worker.h, llm_worker_prefix: ids, roles,
+ * tags, hidden states, surprisals, shadow rows, the last logits, the round's
+ * attention mass).  Each dialogue whose stream starts with those tokens (the
+ * dialogue files' common system turn) opens its session with them as
+ * token_ids + reuse_prefix; the session starts on the keeper's blocks
+ * (matched_tokens), the worker adopts the kept bookkeeping for those
+ * positions (turn embeddings, copy signal and semantic scores fed as if run,
+ * with this dialogue's own labels; no K/V written: the model reads theirs
+ * from the shared blocks through the view) and runs only the tokens past
+ * them.  A session that matched another count is dropped and reopened
+ * without reuse (said on stderr).  The keeper is dropped after the last
+ * dialogue.  The JSON gains "share_prefix", "matched_tokens" (all sessions),
+ * "keeper_tokens" (run once by the keeper) and "prefill_tokens_saved"
+ * (matched_tokens - keeper_tokens), and per session "matched_tokens"; every
+ * session reports "stream_nats", the -ln p of its tokens summed (a fingerprint
+ * of what the model read, equal with and without sharing under fp16).  On the
+ * first 12 public dialogues (test_agentlm_model): fp16 answers and stream_nats
+ * identical, 80 tokens matched per session; the defaults 37/42 shared against
+ * 35/42 private, since shared blocks stay FP16 (--param sink_tokens=80 without
+ * sharing gives the shared answers byte for byte).
  *
  * A dialogue longer than the model's positions is cut after its last
  * answer turn; one whose answers do not fit is skipped (and counted).
