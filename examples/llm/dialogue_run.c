@@ -7,7 +7,7 @@
  *                     [--json] [--limit N] [--bos ID] [--socket EP]
  *                     [--attach-socket PATH] [--prefix ID] [--sync] [--keep]
  *                     [--quiet] [--reconnect-timeout-ms MS] [--semantic entities|embed|none|oracle]
- *                     [--surprise NATS]
+ *                     [--surprise NATS] [--share-prefix]
  *
  * A byte-level model (ids 0..255 are bytes; BOS --bos, by default 256 when
  * the vocabulary is 257, else 1).  Each dialogue is one session, each turn
@@ -67,6 +67,33 @@
  * DLG_ORACLE_OTHER, below the semantic filter: what bits by value keeps
  * when exactly the turns that hold an asked value are known.
  *
+ * --share-prefix (issue 41's shared prefixes; docs/prefix-sharing.md): before
+ * the dialogues, a keeper session (policy fp16, none of the --param
+ * overrides: its blocks stay draft, hence published, where the lifecycle
+ * would compress a lone holder's and take them out of the index) runs BOS
+ * and the first dialogue's first turn through the model as usual and reports
+ * round 1, which publishes its whole 16-token draft blocks; the worker keeps
+ * what those tokens left behind (worker.h, llm_worker_prefix: ids, roles,
+ * tags, hidden states, surprisals, shadow rows, the last logits, the round's
+ * attention mass).  Each dialogue whose stream starts with those tokens (the
+ * dialogue files' common system turn) opens its session with them as
+ * token_ids + reuse_prefix; the session starts on the keeper's blocks
+ * (matched_tokens), the worker adopts the kept bookkeeping for those
+ * positions (turn embeddings, copy signal and semantic scores fed as if run,
+ * with this dialogue's own labels; no K/V written: the model reads theirs
+ * from the shared blocks through the view) and runs only the tokens past
+ * them.  A session that matched another count is dropped and reopened
+ * without reuse (said on stderr).  The keeper is dropped after the last
+ * dialogue.  The JSON gains "share_prefix", "matched_tokens" (all sessions),
+ * "keeper_tokens" (run once by the keeper) and "prefill_tokens_saved"
+ * (matched_tokens - keeper_tokens), and per session "matched_tokens"; every
+ * session reports "stream_nats", the -ln p of its tokens summed (a fingerprint
+ * of what the model read, equal with and without sharing under fp16).  On the
+ * first 12 public dialogues (test_agentlm_model): fp16 answers and stream_nats
+ * identical, 80 tokens matched per session; the defaults 37/42 shared against
+ * 35/42 private, since shared blocks stay FP16 (--param sink_tokens=80 without
+ * sharing gives the shared answers byte for byte).
+ *
  * A dialogue longer than the model's positions is cut after its last
  * answer turn; one whose answers do not fit is skipped (and counted).
  * Exit 0 on success, 1 on a runtime failure, 2 on bad arguments or a
@@ -93,6 +120,11 @@
 #define DLG_MAX_ANSWER 200 /* bytes decoded at most per answer */
 #define DLG_BOS_BYTE_MODEL 256
 #define DLG_BOS_DEFAULT 1
+/* The daemon's default draft block (docs/prefix-sharing.md): only whole ones
+ * are shared, so --share-prefix records and matches that many tokens of the
+ * first turn, rounded down.  A daemon configured otherwise matches another
+ * count, and the dialogues run unshared (said on stderr). */
+#define DLG_DRAFT_BLOCK_TOKENS 16
 #define DLG_FALLBACK_MODEL "../shared/models/" CKV_MODEL_DEFAULT_FILE
 #define DLG_ORACLE_FACT 0.9f  /* --semantic oracle: >= CKV_FACT_SEMANTIC, a lasting fact */
 #define DLG_ORACLE_OTHER 0.1f /* below the semantic filter (semantic_threshold 0.3) */
@@ -119,6 +151,7 @@ typedef struct opts {
   bool json, quiet;
   bool oracle;   /* --semantic oracle */
   bool entities; /* --semantic entities */
+  bool share;    /* --share-prefix */
   llm_worker_options w;
   llm_worker_params params; /* --param overrides */
 } opts;
@@ -138,6 +171,7 @@ typedef struct item {
 /* One dialogue's session. */
 typedef struct dlg_result {
   llm_worker_stats st;
+  uint64_t matched; /* tokens the session started with from shared blocks (--share-prefix) */
   size_t dialogue;
   size_t turns_run;
   uint64_t *bytes_by_round, *tokens_by_round; /* after each round's report */
@@ -162,7 +196,7 @@ static void usage(void) {
           "                         [--shadow] [--shadow-fp32] [--json] [--limit N] [--bos ID] [--socket EP]\n"
           "                         [--attach-socket PATH] [--prefix ID] [--sync] [--keep] [--quiet]\n"
           "                         [--reconnect-timeout-ms MS] [--semantic entities|embed|none|oracle]\n"
-          "                         [--surprise NATS]\n");
+          "                         [--surprise NATS] [--share-prefix]\n");
 }
 
 static int parse_args(int argc, char **argv, opts *o) {
@@ -176,7 +210,7 @@ static int parse_args(int argc, char **argv, opts *o) {
       {"sync", no_argument, 0, 'y'},            {"keep", no_argument, 0, 'k'},
       {"quiet", no_argument, 0, 'q'},           {"help", no_argument, 0, 'h'},
       {"reconnect-timeout-ms", required_argument, 0, 'R'}, {"semantic", required_argument, 0, 'E'},
-      {"surprise", required_argument, 0, 'S'},
+      {"surprise", required_argument, 0, 'S'}, {"share-prefix", no_argument, 0, 'X'},
       {0, 0, 0, 0}};
   int ch, bad = 0;
   long v = 0;
@@ -201,6 +235,7 @@ static int parse_args(int argc, char **argv, opts *o) {
       case 'y': o->w.sync = true; break;
       case 'k': o->w.keep = true; break;
       case 'q': o->quiet = true; break;
+      case 'X': o->share = true; break;
       case 'R':
         if (!(bad = llm_worker_parse_long(optarg, 0, 24L * 3600 * 1000, &v))) o->w.reconnect_ms = (int)v;
         break;
@@ -254,12 +289,16 @@ static size_t turns_that_fit(const dialogue *d, int seq_len) {
   return 0;
 }
 
-/* Bytes [from, to) of turn t's rendering "R: text\n", one token each. */
+/* Byte i of turn t's rendering "R: text\n". */
+static int turn_byte(const dialogue_turn *t, size_t i) {
+  return i == 0 ? t->role : i == 1 ? ':' : i == 2 ? ' ' : i < 3 + t->len ? (uint8_t)t->text[i - 3] : '\n';
+}
+
+/* Bytes [from, to) of turn t's rendering, one token each. */
 static int feed(llm_worker *w, const dialogue_turn *t, size_t from, size_t to) {
   uint8_t role = role_of(t->role);
   for (size_t i = from; i < to; i++) {
-    int byte = i == 0 ? t->role : i == 1 ? ':' : i == 2 ? ' ' : i < 3 + t->len ? (uint8_t)t->text[i - 3] : '\n';
-    int e = llm_worker_token(w, byte, role, i == 0 ? CKV_TAG_TURN_START : 0);
+    int e = llm_worker_token(w, turn_byte(t, i), role, i == 0 ? CKV_TAG_TURN_START : 0);
     if (e < 0) return e;
   }
   return CKV_OK;
@@ -281,8 +320,50 @@ static int answer(llm_worker *w, bool shadow, int bos, const dialogue_recall *r,
   return CKV_OK;
 }
 
+/* Token i of d's stream from its start: BOS, then turn 0's bytes. */
+static void stream_token(const dialogue *d, int bos, size_t i, uint32_t *id, uint8_t *role, uint8_t *tag) {
+  const dialogue_turn *t0 = &d->turns[0];
+  *id = i == 0 ? (uint32_t)bos : (uint32_t)turn_byte(t0, i - 1);
+  *role = i == 0 ? CKV_ROLE_SYSTEM : role_of(t0->role);
+  *tag = i <= 1 ? CKV_TAG_TURN_START : 0;
+}
+
+/* Whether d's stream starts with the recorded prefix p (ids, roles, tags)
+ * inside its first turn, which asks nothing (a recall turn starts with the
+ * decode's "A: ", which the adoption would skip). */
+static bool starts_with_prefix(const dialogue *d, int bos, const llm_worker_prefix *p) {
+  if (!d->n_turns || dialogue_recall_at(d, 0) || 1 + dialogue_turn_bytes(&d->turns[0]) < p->n) return false;
+  for (size_t i = 0; i < p->n; i++) {
+    uint32_t id;
+    uint8_t role, tag;
+    stream_token(d, bos, i, &id, &role, &tag);
+    if (id != p->ids[i] || role != p->roles[i] || tag != p->tags[i]) return false;
+  }
+  return true;
+}
+
+/* --share-prefix: runs BOS and d's first turn in keeper session `id` (policy
+ * fp16: its blocks stay draft, hence published, whatever the lifecycle does
+ * to the dialogues' sessions), recording its first whole draft blocks'
+ * worth of bookkeeping, and reports the round that publishes those blocks.
+ * The keeper stays open (k initialised) until the caller ends it. */
+static int run_keeper(const llm_worker_options *ko, const ckv_model *m, ckv_client *c, const dialogue *d, int bos,
+                      const char *id, llm_worker *k, llm_worker_stats *st) {
+  const dialogue_turn *t0 = &d->turns[0];
+  uint64_t n = (1 + dialogue_turn_bytes(t0)) / DLG_DRAFT_BLOCK_TOKENS * DLG_DRAFT_BLOCK_TOKENS;
+  int e = llm_worker_init(k, ko, m, c, st);
+  if (e == CKV_OK && !n) return CKV_ERR_RANGE; /* shorter than one block: nothing to share */
+  if (e == CKV_OK) e = llm_worker_record(k, n);
+  if (e == CKV_OK) e = llm_worker_open(k, id);
+  if (e == CKV_OK) e = llm_worker_token(k, bos, CKV_ROLE_SYSTEM, CKV_TAG_TURN_START);
+  if (e == CKV_OK) e = feed(k, t0, 0, dialogue_turn_bytes(t0));
+  if (e == CKV_OK) e = llm_worker_end_round(k, /* round= */ 1);
+  if (e == CKV_OK && !llm_worker_recorded(k)) e = CKV_ERR_STATE;
+  return e;
+}
+
 static int run_dialogue(const opts *o, const ckv_model *m, ckv_client *c, const dialogue *d, size_t idx, int bos,
-                        dlg_result *res, item *items, size_t *n_items) {
+                        const llm_worker_prefix *pre, dlg_result *res, item *items, size_t *n_items) {
   llm_worker w;
   char id[160];
   struct timespec t0, t1;
@@ -295,7 +376,11 @@ static int run_dialogue(const opts *o, const ckv_model *m, ckv_client *c, const 
   int e = llm_worker_init(&w, &o->w, m, c, &res->st);
   const char *what = "setup";
   snprintf(id, sizeof(id), "%s-%zu", o->prefix, idx);
-  if (e == CKV_OK && (e = llm_worker_open(&w, id)) < 0) what = "open session";
+  if (e == CKV_OK && pre && starts_with_prefix(d, bos, pre))
+    e = llm_worker_open_shared(&w, id, pre->ids, pre->n, /* want= */ pre->n, &res->matched);
+  else if (e == CKV_OK)
+    e = llm_worker_open(&w, id);
+  if (e < 0) what = "open session";
   for (size_t t = 0; e == CKV_OK && t < res->turns_run; t++) {
     const dialogue_turn *turn = &d->turns[t];
     const dialogue_recall *r = dialogue_recall_at(d, t);
@@ -313,7 +398,11 @@ static int run_dialogue(const opts *o, const ckv_model *m, ckv_client *c, const 
     /* the model's signal judges what the text scorer could not: a turn naming an entity is the entity rule's
      * (restated or not), the oracle's labels are exact */
     llm_worker_surprise_turn(&w, !o->oracle && !(o->entities && dialogue_turn_names_entity(turn)));
-    if (t == 0) e = llm_worker_token(&w, bos, CKV_ROLE_SYSTEM, CKV_TAG_TURN_START);
+    /* with a shared prefix, the session holds the stream's first res->matched tokens (BOS and the first turn's
+     * bytes before res->matched - 1): their bookkeeping is adopted, the rest of the turn fed */
+    size_t from = t == 0 && res->matched ? res->matched - 1 : 0;
+    if (t == 0 && res->matched && (e = llm_worker_adopt(&w, pre)) < 0) what = "adopt the shared prefix";
+    else if (t == 0 && !res->matched) e = llm_worker_token(&w, bos, CKV_ROLE_SYSTEM, CKV_TAG_TURN_START);
     if (e == CKV_OK && r) {
       item *it = &items[(*n_items)];
       *it = (item){.dialogue = idx, .r = r, .kind = dialogue_fact_kind(r->answer)};
@@ -329,7 +418,7 @@ static int run_dialogue(const opts *o, const ckv_model *m, ckv_client *c, const 
       what = "round";
       e = feed(&w, turn, 3, dialogue_turn_bytes(turn)); /* the reference answer */
     } else if (e == CKV_OK) {
-      e = feed(&w, turn, 0, dialogue_turn_bytes(turn));
+      e = feed(&w, turn, from, dialogue_turn_bytes(turn));
     }
     if (e == CKV_OK) e = llm_worker_end_round(&w, (int)t + 1);
     if (e == CKV_OK && (e = llm_worker_read_bytes(&w)) < 0) what = "list sessions";
@@ -369,6 +458,8 @@ typedef struct summary {
   size_t n_kinds;
   tally buckets[DIALOGUE_N_BUCKETS];
   uint64_t steps, counted, agree, bytes_total, bytes_cold, bytes_fp16, recalled_blocks, dropped_tokens, surprise_turns;
+  uint64_t matched_tokens; /* --share-prefix: tokens the sessions started with from shared blocks */
+  uint64_t keeper_tokens;  /* --share-prefix: tokens the keeper session ran (once) */
   double kl_sum, kl_max;
   size_t max_rounds;
   double *ratio_by_round; /* mean over the dialogues that have the round */
@@ -405,6 +496,7 @@ static int summarise(const dlg_result *res, size_t n_res, const item *items, siz
     s->bytes_total += x->bytes_total, s->bytes_fp16 += x->bytes_fp16, s->bytes_cold += x->bytes_cold;
     s->recalled_blocks += x->recalled_blocks, s->dropped_tokens += x->dropped_tokens;
     s->surprise_turns += x->surprise_turns;
+    s->matched_tokens += res[i].matched;
     if (res[i].rounds > s->max_rounds) s->max_rounds = res[i].rounds;
   }
   s->ratio_by_round = calloc(s->max_rounds + 1, sizeof(double));
@@ -477,6 +569,13 @@ static int print_json(const opts *o, const char *path, const dialogue_set *ds, i
   json_object_set_new(root, "params", params ? params : json_null());
   json_object_set_new(root, "surprise_nats", json_real(o->w.surprise_nats));
   json_object_set_new(root, "surprise_turns", json_integer((json_int_t)s->surprise_turns));
+  json_object_set_new(root, "share_prefix", json_boolean(o->share));
+  if (o->share) { /* saved: what the dialogues did not run through the model, less what the keeper ran once */
+    json_object_set_new(root, "matched_tokens", json_integer((json_int_t)s->matched_tokens));
+    json_object_set_new(root, "keeper_tokens", json_integer((json_int_t)s->keeper_tokens));
+    json_object_set_new(root, "prefill_tokens_saved",
+                        json_integer((json_int_t)s->matched_tokens - (json_int_t)s->keeper_tokens));
+  }
   json_object_set_new(root, "dialogues", json_integer((json_int_t)n_res));
   json_object_set_new(root, "skipped", json_integer((json_int_t)skipped));
   json_object_set_new(root, "questions", json_integer((json_int_t)s->questions));
@@ -553,6 +652,8 @@ static int print_json(const opts *o, const char *path, const dialogue_set *ds, i
       json_object_set_new(j, "total_bytes_ratio_fp16", json_real(ratio((double)st->bytes_total, (double)st->bytes_fp16)));
       json_object_set_new(j, "recalled_blocks", json_integer((json_int_t)st->recalled_blocks));
       json_object_set_new(j, "dropped_tokens", json_integer((json_int_t)st->dropped_tokens));
+      json_object_set_new(j, "matched_tokens", json_integer((json_int_t)x->matched));
+      json_object_set_new(j, "stream_nats", json_real(st->stream_nats));
     }
     json_array_append_new(sessions, j);
   }
@@ -593,6 +694,10 @@ static void print_table(const opts *o, const char *path, size_t skipped, const d
          ratio((double)(s->bytes_total - s->bytes_cold), (double)s->bytes_fp16),
          ratio((double)s->bytes_total, (double)s->bytes_fp16), s->bytes_total - s->bytes_cold, s->bytes_total,
          s->bytes_fp16, s->recalled_blocks, s->dropped_tokens);
+  if (o->share)
+    printf("shared prefix: %" PRIu64 " tokens matched, %" PRIu64 " run once by the keeper: %" PRId64
+           " prefill tokens saved\n", s->matched_tokens, s->keeper_tokens,
+           (int64_t)s->matched_tokens - (int64_t)s->keeper_tokens);
   printf("primary bytes / FP16 per round (mean over dialogues):");
   for (size_t r = 0; r < s->max_rounds; r++) printf("%s %zu:%.3f", r % 8 ? "" : "\n ", r + 1, s->ratio_by_round[r]);
   printf("\n");
@@ -652,6 +757,12 @@ int ckv_dialogue_main(int argc, char **argv) {
   for (size_t i = 0; i < ds.n; i++) n_questions += ds.d[i].n_recall;
   item *items = calloc(n_questions ? n_questions : 1, sizeof(*items));
   summary s = {0};
+  llm_worker keeper;
+  llm_worker_options keeper_opts;
+  llm_worker_stats keeper_st = {0};
+  const llm_worker_prefix *prefix = NULL;
+  char keeper_id[160];
+  bool have_keeper = false;
   if (!res || !items) {
     fprintf(stderr, "commitkv-dialogue: out of memory\n");
     goto done;
@@ -673,26 +784,55 @@ int ckv_dialogue_main(int argc, char **argv) {
     goto done;
   }
   e = CKV_OK;
+  if (o.share && ds.n) {
+    /* the keeper takes the daemon's own [policy] section's fp16, none of the dialogues' overrides */
+    keeper_opts = o.w;
+    keeper_opts.policy = "fp16";
+    keeper_opts.param_names = NULL;
+    keeper_opts.param_values = NULL;
+    keeper_opts.n_params = 0;
+    keeper_opts.keep = keeper_opts.sync = false;
+    snprintf(keeper_id, sizeof(keeper_id), "%s-keeper", o.prefix);
+    have_keeper = true;
+    if ((e = run_keeper(&keeper_opts, m, c, &ds.d[0], bos, keeper_id, &keeper, &keeper_st)) < 0) {
+      fprintf(stderr, "commitkv-dialogue: %s: the shared prefix (dialogue %s's first turn): %s%s%s\n", keeper_id,
+              ds.d[0].id, ckv_strerror(e), *ckv_client_last_error(c) ? ": " : "", ckv_client_last_error(c));
+      goto done;
+    }
+    prefix = llm_worker_recorded(&keeper);
+    note("%s: %" PRIu64 " tokens, the first %" PRIu64 " shared\n", keeper_id, keeper_st.tokens, prefix->n);
+  }
   for (size_t i = 0; e == CKV_OK && i < ds.n; i++) {
     if (!turns_that_fit(&ds.d[i], mc->seq_len)) {
       note("commitkv-dialogue: %s: its answers do not fit in %d positions: skipped\n", ds.d[i].id, mc->seq_len);
       skipped++;
       continue;
     }
-    e = run_dialogue(&o, m, c, &ds.d[i], i, bos, &res[n_res], items, &n_items);
+    e = run_dialogue(&o, m, c, &ds.d[i], i, bos, prefix, &res[n_res], items, &n_items);
     n_res++;
     note("%s: %" PRIu64 " tokens, %" PRIu64 " rounds, %.2fs\n", ds.d[i].id, res[n_res - 1].st.tokens,
          res[n_res - 1].st.rounds, res[n_res - 1].st.seconds);
   }
+  if (have_keeper) { /* dropped before the figures: every dialogue's settled bytes were read with it held */
+    have_keeper = false;
+    e = llm_worker_end(&keeper, /* recover= */ true);
+    llm_worker_done(&keeper);
+    if (e < 0) fprintf(stderr, "commitkv-dialogue: %s: drop: %s\n", keeper_id, ckv_strerror(e));
+  }
   if (e < 0) goto done;
   uint64_t fp16_per_token = 2u * (uint64_t)mc->n_layers * (uint64_t)mc->kv_dim * 2u;
   if ((e = summarise(res, n_res, items, n_items, fp16_per_token, &s)) < 0) goto done;
+  s.keeper_tokens = keeper_st.tokens;
   if (o.json)
     e = print_json(&o, path, &ds, bos, skipped, res, n_res, items, n_items, &s);
   else
     print_table(&o, path, skipped, res, n_res, &s);
   rc = e == CKV_OK ? 0 : 1;
 done:
+  if (have_keeper) {
+    (void)llm_worker_end(&keeper, /* recover= */ false);
+    llm_worker_done(&keeper);
+  }
   for (size_t i = 0; res && i < n_res; i++) {
     free(res[i].bytes_by_round);
     free(res[i].tokens_by_round);

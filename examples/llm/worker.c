@@ -234,9 +234,9 @@ static void compare(llm_worker *r) {
 /* Adds the token just run (the commitkv path's final hidden state) to its
  * turn's embedding; a new turn states the task when it is a system turn or
  * the topic's first user turn, unless it is the one that shifts the topic. */
-static int embed_token(llm_worker *r, uint8_t role, uint8_t tag) {
+static int embed_token(llm_worker *r, const float *hidden, uint8_t role, uint8_t tag) {
   bool new_turn = (tag & CKV_TAG_TURN_START) || !ckv_semantic_turns_tokens(r->sem);
-  int e = ckv_semantic_turns_add(r->sem, ckv_model_state_hidden(r->st), new_turn);
+  int e = ckv_semantic_turns_add(r->sem, hidden, new_turn);
   if (e < 0 || !new_turn) return e;
   uint8_t flags = 0;
   if (r->shift_next) {
@@ -258,6 +258,28 @@ static float surprisal(const float *logits, int n, int token) {
   return (float)((double)mx + log(sum) - (double)logits[token]);
 }
 
+/* llm_worker_record: keeps token `pos` (just run) and, at the prefix's end,
+ * the logits, the round's mass and the shadow's rows. */
+static void record_token(llm_worker *r, uint64_t pos, float surprise) {
+  llm_worker_prefix *p = r->rec;
+  if (!p || p->n || pos >= p->cap) return;
+  const ckv_model_config *c = r->mc;
+  p->ids[pos] = r->ids[pos];
+  p->roles[pos] = r->roles[pos];
+  p->tags[pos] = r->tags[pos];
+  p->surprise[pos] = surprise;
+  if (p->hidden) memcpy(p->hidden + pos * (size_t)c->dim, ckv_model_state_hidden(r->st), (size_t)c->dim * sizeof(float));
+  if (pos + 1 < p->cap) return;
+  memcpy(p->logits, r->logits, (size_t)c->vocab_size * sizeof(float));
+  memcpy(p->mass, r->mass, (size_t)c->seq_len * sizeof(float));
+  size_t row = (size_t)c->kv_dim, layer_floats = (size_t)c->seq_len * row;
+  for (int l = 0; p->sh_k && l < c->n_layers; l++) {
+    memcpy(p->sh_k + (size_t)l * p->cap * row, r->sh_k + (size_t)l * layer_floats, p->cap * row * sizeof(float));
+    memcpy(p->sh_v + (size_t)l * p->cap * row, r->sh_v + (size_t)l * layer_floats, p->cap * row * sizeof(float));
+  }
+  p->n = p->cap;
+}
+
 /* Appends one token, runs it through both paths, compares.  The token joins
  * the stream a rebuilt session is re-prefilled from once its K/V is in the
  * daemon's slots. */
@@ -271,17 +293,19 @@ static int step(llm_worker *r, int token, uint8_t role, uint8_t tag) {
   float surprise = r->have_logits && token < r->mc->vocab_size ? surprisal(r->logits, r->mc->vocab_size, token) : 0.f;
   if ((e = step_commitkv(r, token, pos, -1)) < 0) return e;
   r->have_logits = true;
+  r->res->stream_nats += surprise;
   if (r->copy) r->res->surprise_turns += llm_copy_signal_add(r->copy, pos, id, surprise, tag & CKV_TAG_TURN_START, r->surprise_off);
   r->ids[pos] = id;
   r->roles[pos] = role;
   r->tags[pos] = tag;
   r->n_done = pos + 1;
-  if (r->sem && (e = embed_token(r, role, tag)) < 0) return e;
+  if (r->sem && (e = embed_token(r, ckv_model_state_hidden(r->st), role, tag)) < 0) return e;
   if (r->sem) r->sem_fixed[pos] = r->fixed_score;
   if (r->sh) {
     if ((e = step_shadow(r, token, pos)) < 0) return e;
     compare(r);
   }
+  record_token(r, pos, surprise);
   r->res->steps++;
   r->res->tokens = pos + 1;
   return CKV_OK;
@@ -578,6 +602,20 @@ int llm_worker_init(llm_worker *r, const llm_worker_options *o, const ckv_model 
   return CKV_OK;
 }
 
+static void prefix_free(llm_worker_prefix *p) {
+  if (!p) return;
+  free(p->ids);
+  free(p->roles);
+  free(p->tags);
+  free(p->surprise);
+  free(p->hidden);
+  free(p->sh_k);
+  free(p->sh_v);
+  free(p->logits);
+  free(p->mass);
+  free(p);
+}
+
 void llm_worker_done(llm_worker *r) {
   ckv_model_state_free(r->st);
   ckv_model_state_free(r->sh);
@@ -604,6 +642,7 @@ void llm_worker_done(llm_worker *r) {
   free(r->sem_pos);
   free(r->sem_fixed);
   llm_copy_signal_free(r->copy);
+  prefix_free(r->rec);
   *r = (llm_worker){0};
 }
 
@@ -621,6 +660,90 @@ int llm_worker_open(llm_worker *r, const char *id) {
 }
 
 int llm_worker_token(llm_worker *r, int token, uint8_t role, uint8_t tag) { return step_retry(r, token, role, tag); }
+
+/* ---- shared prefixes -------------------------------------------------------- */
+
+int llm_worker_record(llm_worker *r, uint64_t n) {
+  const ckv_model_config *c = r->mc;
+  if (r->rec || r->n_done || !n || n > (uint64_t)c->seq_len) return CKV_ERR_INVALID;
+  llm_worker_prefix *p = calloc(1, sizeof(*p));
+  if (!p) return -ENOMEM;
+  r->rec = p;
+  p->cap = n;
+  size_t rows = (size_t)c->n_layers * n * (size_t)c->kv_dim;
+  p->ids = calloc(n, sizeof(*p->ids));
+  p->roles = calloc(n, 1);
+  p->tags = calloc(n, 1);
+  p->surprise = calloc(n, sizeof(float));
+  p->logits = calloc((size_t)c->vocab_size, sizeof(float));
+  p->mass = calloc((size_t)c->seq_len, sizeof(float));
+  if (r->sem) p->hidden = calloc(n * (size_t)c->dim, sizeof(float));
+  if (r->sh) {
+    p->sh_k = calloc(rows, sizeof(float));
+    p->sh_v = calloc(rows, sizeof(float));
+  }
+  if (!p->ids || !p->roles || !p->tags || !p->surprise || !p->logits || !p->mass || (r->sem && !p->hidden) ||
+      (r->sh && (!p->sh_k || !p->sh_v)))
+    return -ENOMEM; /* freed by llm_worker_done */
+  return CKV_OK;
+}
+
+const llm_worker_prefix *llm_worker_recorded(const llm_worker *r) { return r->rec && r->rec->n ? r->rec : NULL; }
+
+int llm_worker_open_shared(llm_worker *r, const char *id, const uint32_t *ids, size_t n, uint64_t want,
+                           uint64_t *ret_matched) {
+  r->sopts.token_ids = ids;
+  r->sopts.n_token_ids = n;
+  r->sopts.reuse_prefix = true;
+  int e = llm_worker_open(r, id);
+  r->sopts.token_ids = NULL; /* a session reopened after a restart is re-prefilled from position 0 */
+  r->sopts.n_token_ids = 0;
+  r->sopts.reuse_prefix = false;
+  if (e < 0) return e;
+  uint64_t matched = ckv_session_matched_tokens(r->s);
+  if (matched && matched != want) { /* not what the recorded prefix covers: start over without it */
+    fprintf(stderr, "%s: %s: matched %" PRIu64 " tokens of a %" PRIu64 "-token prefix: reopened without reuse\n",
+            r->o->prog, id, matched, want);
+    e = ckv_session_drop(r->s);
+    r->s = NULL;
+    if (e < 0 || (e = llm_worker_open(r, id)) < 0) return e;
+    matched = 0;
+  }
+  *ret_matched = matched;
+  return CKV_OK;
+}
+
+int llm_worker_adopt(llm_worker *r, const llm_worker_prefix *p) {
+  const ckv_model_config *c = r->mc;
+  if (r->n_done || !p->n || (r->sem && !p->hidden) || (r->sh && !p->sh_k) || !r->s ||
+      ckv_session_tokens(r->s) != p->n)
+    return CKV_ERR_INVALID;
+  size_t row = (size_t)c->kv_dim, layer_floats = (size_t)c->seq_len * row;
+  for (uint64_t pos = 0; pos < p->n; pos++) {
+    r->ids[pos] = p->ids[pos];
+    r->roles[pos] = p->roles[pos];
+    r->tags[pos] = p->tags[pos];
+    r->res->stream_nats += p->surprise[pos];
+    if (r->copy)
+      r->res->surprise_turns += llm_copy_signal_add(r->copy, pos, p->ids[pos], p->surprise[pos],
+                                                    p->tags[pos] & CKV_TAG_TURN_START, r->surprise_off);
+    if (r->sem) {
+      int e = embed_token(r, p->hidden + pos * (size_t)c->dim, p->roles[pos], p->tags[pos]);
+      if (e < 0) return e;
+      r->sem_fixed[pos] = r->fixed_score;
+    }
+  }
+  for (int l = 0; r->sh && l < c->n_layers; l++) {
+    memcpy(r->sh_k + (size_t)l * layer_floats, p->sh_k + (size_t)l * p->n * row, p->n * row * sizeof(float));
+    memcpy(r->sh_v + (size_t)l * layer_floats, p->sh_v + (size_t)l * p->n * row, p->n * row * sizeof(float));
+  }
+  memcpy(r->logits, p->logits, (size_t)c->vocab_size * sizeof(float));
+  memcpy(r->mass, p->mass, (size_t)c->seq_len * sizeof(float));
+  r->have_logits = true;
+  r->n_done = p->n;
+  r->res->tokens = p->n;
+  return CKV_OK;
+}
 
 void llm_worker_topic_shift(llm_worker *r) { r->shift_next = true; }
 

@@ -100,6 +100,27 @@ int llm_worker_params_add(llm_worker_params *p, char *kv);
 /* `--semantic embed|none` into o->semantic_off.  0, or -1 for another word. */
 int llm_worker_parse_semantic(const char *s, llm_worker_options *o);
 
+/* What a worker keeps of a prefix it ran (llm_worker_record), so that a
+ * worker whose session starts on the same tokens in shared blocks (opened
+ * with reuse_prefix: llm_worker_open_shared) takes it (llm_worker_adopt)
+ * instead of running them through the model again: per position the token,
+ * its role and tag, the model's final hidden state (the turn embeddings of
+ * the semantic scores) and its surprisal (the copy signal), with the shadow
+ * the FP16 shadow's K/V rows; at its end the next-token logits and the
+ * round's attention mass so far.  The K/V of the commitkv path are not kept
+ * here: they are the shared blocks, read through the view. */
+typedef struct llm_worker_prefix {
+  uint64_t n;          /* positions kept: 0 until the recording worker ran cap tokens */
+  uint64_t cap;        /* positions to keep */
+  uint32_t *ids;
+  uint8_t *roles, *tags;
+  float *surprise;     /* -ln p of each token under the logits before it (0 at position 0) */
+  float *hidden;       /* [cap][dim]; NULL without semantic scores */
+  float *sh_k, *sh_v;  /* [layer][cap][kv_dim]; NULL without the shadow */
+  float *logits;       /* [vocab] after position cap - 1 */
+  float *mass;         /* [seq_len]: the round's mass after cap tokens */
+} llm_worker_prefix;
+
 /* What one session measured. */
 typedef struct llm_worker_stats {
   char id[160];
@@ -113,6 +134,8 @@ typedef struct llm_worker_stats {
   uint64_t recalled_blocks; /* cold blocks attention read, per round (each counted once a round) */
   uint64_t dropped_tokens;  /* tokens the daemon dropped for good (TokenCounts.dropped) */
   uint64_t surprise_turns;  /* turns raised by the copy signal (options.surprise_nats) */
+  double stream_nats;       /* sum of -ln p of every appended token under the logits before it (position 0: none);
+                             * an adopted prefix counts its recorded ones: a fingerprint of what the model read */
   uint64_t states[4];      /* tokens per CKV_TOKEN_* */
   double seconds;
   int reconnects;
@@ -165,6 +188,7 @@ typedef struct llm_worker {
   bool surprise_off;        /* llm_worker_surprise_turn(false): the current turn is not raised */
   bool shift_next;          /* llm_worker_topic_shift(): the next turn abandons the topic */
   bool topic_has_task;      /* the current topic's user request was seen */
+  llm_worker_prefix *rec;   /* llm_worker_record's (owned; NULL: none) */
   ckv_geometry geom;        /* what the session is opened with, again after a restart */
   ckv_session_options sopts;
 } llm_worker;
@@ -178,6 +202,36 @@ void llm_worker_done(llm_worker *w);
 /* Opens session `id` (copied into res->id); a daemon that went away
  * meanwhile is waited for. */
 int llm_worker_open(llm_worker *w, const char *id);
+
+/* Keeps what the first n tokens leave behind (llm_worker_prefix) as they
+ * are run; call before the first token.  Returns CKV_OK, CKV_ERR_INVALID (a
+ * token already run, n 0 or past the model's positions, called twice),
+ * -ENOMEM. */
+int llm_worker_record(llm_worker *w, uint64_t n);
+/* The prefix kept by llm_worker_record once its n tokens ran, else NULL.
+ * Owned by w, valid until llm_worker_done(w). */
+const llm_worker_prefix *llm_worker_recorded(const llm_worker *w);
+
+/* Opens session `id` as llm_worker_open does, asking the daemon to start it
+ * on the tenant's shared blocks that hold ids[0..n) (reuse_prefix; only whole
+ * draft blocks match).  *ret_matched: the tokens the session holds already,
+ * either `want` or 0: a session that matched some other count is dropped and
+ * opened afresh without reuse (its bookkeeping could not be adopted).  With
+ * *ret_matched > 0 call llm_worker_adopt before the next token.  A reopen
+ * after a daemon restart never asks for reuse. */
+int llm_worker_open_shared(llm_worker *w, const char *id, const uint32_t *ids, size_t n, uint64_t want,
+                           uint64_t *ret_matched);
+
+/* Takes p's n positions (p->n; the session opened by llm_worker_open_shared
+ * holds them in shared blocks) as if they had been run: the stream's ids,
+ * roles and tags, the turn embeddings and the copy signal fed from p's hidden
+ * states and surprisals (with this worker's current fixed score and surprise
+ * switch, as llm_worker_token would use them), the shadow's K/V rows, the
+ * logits of the last one and the round's attention mass.  No K/V is
+ * written and no model step is run.  Returns CKV_OK, or CKV_ERR_INVALID (a
+ * token already run, p not complete or recorded without what this worker
+ * needs: the semantic scores, the shadow). */
+int llm_worker_adopt(llm_worker *w, const llm_worker_prefix *p);
 
 /* Appends one token with its role and tag and runs it through both paths
  * (then w->logits, w->sh_logits predict the next one), as often as a daemon
