@@ -66,7 +66,7 @@ struct ckv_warm_journal {
   pthread_t thread;
   pthread_mutex_t lock;
   pthread_cond_t wake, done_cv;
-  jbatch *todo, *done; /* the thread's input and output; both NULL while idle */
+  jbatch *queued, *written; /* the batch waiting for the thread, the one it wrote; both NULL while idle */
   bool stop, thread_up;
   jbatch *inflight; /* the loop's: submitted, not landed */
   uint64_t last_ms;
@@ -155,14 +155,14 @@ static void *writer_main(void *arg) {
   ckv_warm_journal *j = arg;
   pthread_mutex_lock(&j->lock);
   for (;;) {
-    while (!j->todo && !j->stop) pthread_cond_wait(&j->wake, &j->lock);
-    if (!j->todo) break;
-    jbatch *b = j->todo;
-    j->todo = NULL;
+    while (!j->queued && !j->stop) pthread_cond_wait(&j->wake, &j->lock);
+    if (!j->queued) break;
+    jbatch *b = j->queued;
+    j->queued = NULL;
     pthread_mutex_unlock(&j->lock);
     write_batch(b);
     pthread_mutex_lock(&j->lock);
-    j->done = b;
+    j->written = b;
     pthread_cond_broadcast(&j->done_cv);
   }
   pthread_mutex_unlock(&j->lock);
@@ -450,9 +450,9 @@ bool ckv_warm_journal_first(ckv_persist *p) {
 /* The finished batch, if any (the loop's, after this). */
 static jbatch *take_done(ckv_warm_journal *j, bool wait) {
   pthread_mutex_lock(&j->lock);
-  while (wait && !j->done && (j->todo || j->inflight)) pthread_cond_wait(&j->done_cv, &j->lock);
-  jbatch *b = j->done;
-  j->done = NULL;
+  while (wait && !j->written && (j->queued || j->inflight)) pthread_cond_wait(&j->done_cv, &j->lock);
+  jbatch *b = j->written;
+  j->written = NULL;
   pthread_mutex_unlock(&j->lock);
   return b;
 }
@@ -472,7 +472,7 @@ void ckv_warm_journal_scan(ckv_persist *p, uint64_t now_ms) {
   jbatch *b = build_batch(p, /* first= */ false);
   if (!b) return;
   pthread_mutex_lock(&j->lock);
-  j->todo = b;
+  j->queued = b;
   pthread_cond_signal(&j->wake);
   pthread_mutex_unlock(&j->lock);
   j->inflight = b;
@@ -498,8 +498,8 @@ void ckv_warm_journal_free(ckv_persist *p) {
   ckv_warm_journal *j = p->journal;
   if (!j) return;
   ckv_warm_journal_stop(p);
-  batch_free(j->done);
-  batch_free(j->todo);
+  batch_free(j->written);
+  batch_free(j->queued);
   size_t cursor = 0;
   jentry *e;
   while ((e = ckv_strmap_next(j->entries, &cursor, NULL))) jentry_free(e);
