@@ -30,8 +30,10 @@
  *    copied: it is still draft, inside the parent's recent window; were it
  *    not, the fork is made at m and the child prefills the rest, counted in
  *    forks_at_block).  Then the parent's turns, then each child's.  The
- *    prefix session is dropped once every agent ran: the bytes are the
- *    agents' alone.  Why a prefix session and not agent 0 itself: under the
+ *    prefix session is dropped once two agents hold the prefix (an fp16
+ *    holder would keep the shared blocks FP16 for good): from then on the
+ *    agents' own states decide its format, and agents opened later link
+ *    the compressed blocks.  Why a prefix session and not agent 0 itself: under the
  *    commitkv policy a writer's first judged round stages its prefix tokens
  *    past the recent window, and a block published in that round that no
  *    other session holds yet is taken back at once (store/prefix.c: publish
@@ -45,8 +47,9 @@
  * every agent also acknowledges each round's epoch as it goes), and the
  * tenant's figures are read from Stats: bytes = bytes.total (every byte its
  * blocks hold, shared blocks once, cold blocks of demoted tokens too).
- * Shared blocks stay in draft (FP16) while shared (docs/prefix-sharing.md,
- * the first-step freeze rule): the prefix counts once, at FP16.  Then
+ * The prefix counts once, compressed once as the agents' states allow
+ * (store/shared_moves.h; the first block, with the sink tokens, stays
+ * draft).  Then
  * --lookups L (1000) more lookups of the prefix with every agent's session
  * live: lookup_us_p99 is over every lookup (the top-level agents' and
  * these), client-side round trips.
@@ -504,6 +507,14 @@ static int run_shared(const agents_opts *o, const kv_table *kv, const char *daem
     }
     sx->matched = have;
     sx->reuses++;
+    /* Two agents hold the prefix: the prefix session goes, so the agents'
+     * own states decide its format (a shared block follows the most
+     * protective holder: an fp16 session would keep it FP16 for good). */
+    if (a == 1 && writer) {
+      r = ckv_session_drop(writer);
+      writer = NULL;
+      if (r < 0) break;
+    }
     start_tokens += have;
     r = append_tokens(&x.ar, x.ss[a], a, have, o->prefix); /* the unmatched rest of the prefix */
     if (r == 0) r = report(&x.ar, x.ss[a], round++);

@@ -247,7 +247,7 @@ static int restore(const ckv_snap *snap, const char *id, ckv_tenant *t, const ck
       ckv_pblock *pb = ckv_prefix_at_offset(t, sb->arena_offset);
       if (pb) {
         uint32_t got;
-        if (sb->format != CKV_FORMAT_DRAFT || sb->bytes != pb->bytes || sb->capacity != pb->capacity) {
+        if (sb->format != pb->format || sb->bytes != pb->bytes || sb->capacity != pb->capacity) {
           r = ckv_fail(err, errlen, CKV_ERR_CORRUPT, "block %u at offset %llu is another session's block of another shape",
                        sb->index, (unsigned long long)sb->arena_offset);
           goto bad;

@@ -10,6 +10,7 @@
 #include "commitkv/status.h"
 #include "store/compressor.h"
 #include "store/prefix.h"
+#include "store/shared_moves.h"
 #include "common/log.h"
 #include "store/session.h"
 #include "store/tenant.h"
@@ -138,11 +139,12 @@ static uint32_t physical_format(const ckv_srv_session *s, size_t pos) {
 }
 
 static uint64_t count_pending(const ckv_srv_session *s);
-static int submit(ckv_srv_session *s, ckv_compressor *c, plan_buf *b, int copy);
+static int submit(ckv_srv_session *s, ckv_compressor *c, plan_buf *b, int copy, ckv_job **ret_job);
 
 static int plan(ckv_srv_session *s, ckv_compressor *c, bool flush, bool *ret_deferred);
 
 static int compact(ckv_srv_session *s, ckv_compressor *c);
+static const ckv_shared_moves_ops k_shared_ops;
 static int separate_cold(ckv_srv_session *s, ckv_compressor *c);
 
 /* Tokens that wait because no destination block could be had are said once
@@ -172,7 +174,8 @@ int ckv_moves_plan(ckv_srv_session *s, ckv_compressor *c, bool flush) {
   s->stalled_on = 0;
   bool deferred = false;
   flush = flush || s->plan_flush;
-  int r = plan(s, c, flush, &deferred);
+  int r = ckv_shared_moves_plan(s, c, &k_shared_ops);
+  if (r == CKV_OK) r = plan(s, c, flush, &deferred);
   /* A flush made in parts closes the partial chunks in its last part, as one
    * plan would have. */
   if (!s->plan_dirty || deferred) s->plan_flush = flush && deferred; /* a full queue keeps it for later */
@@ -254,7 +257,8 @@ static bool wants_staged(const ckv_srv_session *s, size_t p) {
 
 static bool wants_commit(const ckv_srv_session *s, size_t p) {
   const ckv_tokens *t = &s->tokens;
-  return commits(s, p) && !(t->flags[p] & CKV_TOKEN_PENDING) && physical_format(s, p) == CKV_FORMAT_STAGED;
+  return commits(s, p) && !(t->flags[p] & CKV_TOKEN_PENDING) && physical_format(s, p) == CKV_FORMAT_STAGED &&
+         !ckv_prefix_is_frozen(s, t->block[p]);
 }
 
 /* Room for `n` moves, so planning never reallocates. */
@@ -408,7 +412,7 @@ static int plan(ckv_srv_session *s, ckv_compressor *c, bool flush, bool *ret_def
     free(b.recs);
     return r == CKV_ERR_QUOTA || r == CKV_ERR_NOSPACE ? CKV_OK : r;
   }
-  int sr = submit(s, c, &b, 0);
+  int sr = submit(s, c, &b, 0, NULL);
   if (sr < 0) {
     s->plan_from = from;
     return sr;
@@ -450,7 +454,7 @@ static ckv_block_header *trusted_headers(const ckv_srv_session *s, plan_buf *b) 
   return h;
 }
 
-static int submit(ckv_srv_session *s, ckv_compressor *c, plan_buf *b, int copy) {
+static int submit(ckv_srv_session *s, ckv_compressor *c, plan_buf *b, int copy, ckv_job **ret_job) {
   ckv_tokens *t = &s->tokens;
   ckv_job *j = calloc(1, sizeof(*j));
   ckv_block_header *headers = j ? trusted_headers(s, b) : NULL;
@@ -483,8 +487,31 @@ static int submit(ckv_srv_session *s, ckv_compressor *c, plan_buf *b, int copy) 
   }
   s->moving += b->n;
   s->pending += b->n;
+  if (ret_job) *ret_job = j;
   return CKV_OK;
 }
+
+/* What store/shared_moves.c borrows (ckv_shared_moves_ops). */
+static int submit_group(ckv_srv_session *s, ckv_compressor *c, const uint32_t *pos, const uint16_t *dst_slot, size_t n,
+                        uint32_t dst, ckv_job **ret_job) {
+  plan_buf b = {0};
+  int r = plan_reserve(&b, n);
+  for (size_t i = 0; i < n && r == CKV_OK; i++) r = plan_push(&b, s, pos[i], dst, dst_slot[i]);
+  if (r < 0) {
+    for (size_t i = 0; i < n; i++) ckv_srv_session_release_slot(s, dst);
+    free(b.moves);
+    free(b.recs);
+    return r;
+  }
+  return submit(s, c, &b, 0, ret_job);
+}
+
+static uint32_t rot_format(const ckv_srv_session *s, size_t pos) {
+  uint32_t cf = commit_format(s);
+  return ckv_format_is_rot(cf) ? token_commit_format(s, cf, pos) : CKV_FORMAT_COUNT_;
+}
+
+static const ckv_shared_moves_ops k_shared_ops = {.submit = submit_group, .rot_format = rot_format};
 
 static int by_pos(const void *a, const void *b) {
   uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
@@ -507,6 +534,7 @@ static int compact(ckv_srv_session *s, ckv_compressor *c) {
   for (size_t i = 0; i < s->n_blocks; i++) {
     const ckv_sblock *b = &s->blocks[i];
     if (b->format != CKV_FORMAT_DRAFT && b->format != CKV_FORMAT_STAGED) continue;
+    if (ckv_prefix_frozen(s, (uint32_t)i)) continue; /* a shared block moves only as a whole (shared_moves.h) */
     bool filling = false;
     for (int f = 0; f < CKV_FILL_COUNT; f++) filling |= s->fill[f] == i;
     if (filling || b->used < b->capacity || b->refs == 0 || b->refs * 8u > b->capacity * 7u) continue;
@@ -584,7 +612,7 @@ static int compact(ckv_srv_session *s, ckv_compressor *c) {
     free(b.moves);
     free(b.recs);
   } else {
-    int sr = submit(s, c, &b, 1);
+    int sr = submit(s, c, &b, 1, NULL);
     if (sr < 0) return sr;
   }
   return r == CKV_ERR_QUOTA || r == CKV_ERR_NOSPACE ? CKV_OK : r;
@@ -626,7 +654,7 @@ static int separate_cold(ckv_srv_session *s, ckv_compressor *c) {
   int r = CKV_OK;
   for (size_t i = 0; i < n_known && r == CKV_OK; i++) {
     const ckv_sblock *k = &s->blocks[i];
-    if (!ckv_format_is_rot(k->format) || k->refs == 0) continue;
+    if (!ckv_format_is_rot(k->format) || k->refs == 0 || ckv_prefix_frozen(s, (uint32_t)i)) continue; /* shared: never demoted */
     bool filling = false;
     for (int f = 0; f < CKV_FILL_COUNT; f++) filling |= s->fill[f] == i;
     if (filling) continue;
@@ -679,7 +707,7 @@ static int separate_cold(ckv_srv_session *s, ckv_compressor *c) {
     free(b.recs);
     return r;
   }
-  int sr = submit(s, c, &b, 0);
+  int sr = submit(s, c, &b, 0, NULL);
   return sr < 0 ? sr : r;
 }
 
@@ -705,8 +733,16 @@ void ckv_moves_publish(ckv_srv_session *s, ckv_compressor *c, ckv_job *j) {
   ckv_tokens *t = &s->tokens;
   s->jobs_inflight--;
   s->moving -= j->n_moves;
+  const bool shared = ckv_shared_moves_owns(s, j);
   if (s->doomed) {
+    if (shared) ckv_shared_moves_abandon(s);
     ckv_job_free(j);
+    return;
+  }
+  if (shared) { /* a shared run compressed once (shared_moves.h) */
+    if (j->status >= 0) s->job_failures = 0;
+    ckv_shared_moves_publish(s, j, &k_shared_ops);
+    (void)ckv_moves_plan(s, c, false);
     return;
   }
   if (j->status >= 0) s->job_failures = 0;
@@ -789,7 +825,7 @@ int ckv_moves_round(ckv_srv_session *s, ckv_compressor *c, uint32_t round, ckv_t
   }
   if (r < 0) return r;
   /* Nothing decided and nothing left over: the bytes already match. */
-  if (out->n == before && !s->plan_dirty) return CKV_OK;
+  if (out->n == before && !s->plan_dirty && !s->shared_waiting) return CKV_OK;
   return ckv_moves_plan(s, c, false);
 }
 

@@ -158,6 +158,31 @@ static uint32_t whole_block(const ckv_srv_session *s, size_t k) {
   return idx;
 }
 
+/* Whether the parent's tokens [k*D, (k+1)*D) lie in consecutive slots of
+ * one shared block (held by another session too, or compressed once:
+ * shared_moves.h): a fork links that block.  A compression of it in flight
+ * does not matter (its tokens move only in the tables of sessions whose
+ * states all agree, and a new holder's do not yet). */
+static bool compressed_shared(const ckv_srv_session *s, size_t k) {
+  const ckv_tokens *t = &s->tokens;
+  const uint32_t d = s->draft_tokens;
+  size_t first = k * d;
+  if (first + d > t->n)
+    return false;
+  uint32_t idx = t->block[first];
+  if (idx == CKV_NO_BLOCK || idx >= s->n_blocks)
+    return false;
+  const ckv_pblock *pb = s->blocks[idx].shared;
+  if (!pb || (pb->format == CKV_FORMAT_DRAFT && pb->holders < 2 && !pb->swapping))
+    return false;
+  for (uint32_t i = 0; i < d; i++) {
+    size_t p = first + i;
+    if (t->block[p] != idx || t->slot[p] != t->slot[first] + i)
+      return false;
+  }
+  return true;
+}
+
 static void note_root(ckv_prefix *p, const ckv_srv_session *s, ckv_pkey root) {
   ckv_prefix_root pr = {.root = root, .block_tokens = s->draft_tokens};
   memcpy(pr.model_id, s->model_id, sizeof pr.model_id);
@@ -195,8 +220,13 @@ static ckv_pblock *make_shared(ckv_srv_session *s, uint32_t idx,
   pb->bytes = b->bytes;
   pb->id = b->id;
   pb->capacity = (uint16_t)d;
+  pb->format = b->format;
   if (ckv_shared_add(p, pb) < 0) {
     ckv_pblock_free(pb);
+    return NULL;
+  }
+  if (ckv_shared_user_add(pb, s, idx) < 0) {
+    ckv_shared_forget(p, pb);
     return NULL;
   }
   if (key)
@@ -242,40 +272,67 @@ size_t ckv_prefix_publish(ckv_srv_session *s) {
 
 /* ---- attach, lookup, fork ---- */
 
-/* Puts pb in s's table and appends its tokens (at s's next positions, which
- * are pb's).  CKV_OK or -ENOMEM. */
-static int link_tokens(ckv_srv_session *s, ckv_pblock *pb) {
-  const uint32_t d = pb->capacity;
-  int r = ckv_tokens_reserve(&s->tokens, d);
+/* The logical state a linked token starts in: the one its block's format
+ * stores (a compressed shared block holds staged or committed tokens). */
+static uint8_t state_of_format(uint32_t format) {
+  return format == CKV_FORMAT_DRAFT    ? CKV_STATE_DRAFT
+         : format == CKV_FORMAT_STAGED ? CKV_STATE_STAGED
+                                       : CKV_STATE_COMMITTED;
+}
+
+/* Appends the tokens of slots [first, first+count) of pb (consecutive
+ * positions: a draft block's tokens, or sub-blocks of a compressed one) at
+ * s's next positions, which are theirs; pb enters s's table when *idx is
+ * CKV_NO_BLOCK (then set).  CKV_OK or -ENOMEM. */
+static int link_tokens(ckv_srv_session *s, ckv_pblock *pb, uint32_t first, uint32_t count, uint32_t *idx) {
+  int r = ckv_tokens_reserve(&s->tokens, count);
   if (r < 0)
     return r;
-  uint32_t idx;
-  if ((r = ckv_srv_session_link_block(s, pb, CKV_NO_BLOCK, &idx)) < 0)
-    return r;
-  for (uint32_t i = 0; i < d; i++) {
-    size_t pos = ckv_tokens_push(&s->tokens, pb->roles ? pb->roles[i] : 0,
-                                 pb->tags ? pb->tags[i] : 0, -1.f,
-                                 (uint32_t)s->last_round, idx, (uint16_t)i);
-    s->tokens.semantic[pos] =
-        pb->semantic ? pb->semantic[i] : ckv_q16_from_unit(0.5f);
-    s->tokens.flags[pos] &= (uint8_t)~CKV_TOKEN_SEM_GIVEN;
+  if (*idx == CKV_NO_BLOCK) {
+    if ((r = ckv_srv_session_link_block(s, pb, CKV_NO_BLOCK, idx)) < 0)
+      return r;
+    s->blocks[*idx].refs = 0;
   }
-  s->count_by_state[CKV_STATE_DRAFT] += d;
+  const uint8_t st = state_of_format(pb->format);
+  for (uint32_t slot = first; slot < first + count; slot++) {
+    size_t pos = ckv_tokens_push(&s->tokens, pb->roles ? pb->roles[slot] : 0,
+                                 pb->tags ? pb->tags[slot] : 0, -1.f,
+                                 (uint32_t)s->last_round, *idx, (uint16_t)slot);
+    s->tokens.semantic[pos] =
+        pb->semantic ? pb->semantic[slot] : ckv_q16_from_unit(0.5f);
+    s->tokens.flags[pos] &= (uint8_t)~CKV_TOKEN_SEM_GIVEN;
+    s->tokens.state[pos] = st;
+  }
+  s->blocks[*idx].refs = (uint16_t)(s->blocks[*idx].refs + count);
+  s->count_by_state[st] += count;
   return CKV_OK;
 }
 
-/* Leading blocks of ids[0..n) indexed under `root`, each into out[] when out
- * is not NULL (room for n / d).  Returns how many. */
+/* Leading draft blocks of ids[0..n) indexed under `root`: each one's shared
+ * block into out[] and its sub-block into sub[] when out is not NULL (room
+ * for n / d).  Returns how many. */
 static size_t match(const ckv_prefix *p, ckv_pkey root, uint32_t d,
-                    const uint32_t *ids, size_t n, ckv_pblock **out) {
+                    const uint32_t *ids, size_t n, ckv_pblock **out,
+                    uint32_t *sub) {
   size_t k = 0;
+  ckv_pblock *last = NULL;
+  int last_sub = -1;
   for (ckv_pkey prev = root; (k + 1) * d <= n; k++) {
     ckv_pkey key = link_key(prev, ids + k * d, d);
     ckv_pblock *pb = ckv_shared_by_key(p, key);
-    if (!pb || pb->capacity != d)
+    if (!pb)
       break;
-    if (out)
+    int j = ckv_shared_sub_of(pb, key);
+    uint32_t bd = pb->n_subkeys ? pb->sub_tokens : pb->capacity;
+    /* a compressed block is read in slot order: its next sub-block, or the first of another */
+    if (j < 0 || bd != d || (pb == last ? j != last_sub + 1 : j != 0))
+      break;
+    if (out) {
       out[k] = pb;
+      sub[k] = (uint32_t)j;
+    }
+    last = pb;
+    last_sub = j;
     prev = key;
   }
   return k;
@@ -292,15 +349,25 @@ int ckv_prefix_attach(ckv_srv_session *s, const uint32_t *ids, size_t n,
     return CKV_ERR_STATE;
   const uint32_t d = s->draft_tokens;
   ckv_pblock **hit = malloc((n / d + 1) * sizeof(*hit));
-  if (!hit)
+  uint32_t *sub = malloc((n / d + 1) * sizeof(*sub));
+  if (!hit || !sub) {
+    free(hit);
+    free(sub);
     return -ENOMEM;
-  size_t k = match(p, ch->root, d, ids, n, hit);
+  }
+  size_t k = match(p, ch->root, d, ids, n, hit, sub);
   ckv_shared_figures(p)->lookup_tokens += n;
   int r = CKV_OK;
   size_t linked = 0;
-  for (; linked < k && (r = link_tokens(s, hit[linked])) == CKV_OK; linked++) {
+  uint32_t idx = CKV_NO_BLOCK;
+  for (; linked < k; linked++) {
+    if (linked && hit[linked] != hit[linked - 1])
+      idx = CKV_NO_BLOCK;
+    if ((r = link_tokens(s, hit[linked], sub[linked] * d, d, &idx)) != CKV_OK)
+      break;
   }
   free(hit);
+  free(sub);
   if (linked) {
     ckv_prefix_note_append(s, 0, (uint32_t)(linked * d), ids);
     ch->next_publish = linked; /* those are shared already */
@@ -326,7 +393,7 @@ size_t ckv_prefix_lookup(ckv_tenant *t, const char *model_id,
         strcmp(r->model_revision, model_revision) != 0)
       continue;
     size_t m =
-        match(p, r->root, r->block_tokens, ids, n, NULL) * r->block_tokens;
+        match(p, r->root, r->block_tokens, ids, n, NULL, NULL) * r->block_tokens;
     if (m > best)
       best = m;
   }
@@ -358,10 +425,11 @@ int ckv_prefix_fork(ckv_srv_session *parent, ckv_srv_session *child, size_t at,
   size_t whole = at / d;
   for (size_t k = 0; k < whole; k++) {
     uint32_t idx = whole_block(parent, k);
-    if (idx == CKV_NO_BLOCK)
+    if (idx == CKV_NO_BLOCK && !compressed_shared(parent, k))
       return why_fail(why, whylen, CKV_ERR_STATE,
                       "tokens of block %llu were compressed, recycled or are "
-                      "moving (forks share whole draft blocks)",
+                      "moving (forks share whole draft blocks and shared "
+                      "blocks compressed once)",
                       (unsigned long long)k);
   }
   for (size_t pos = whole * d; pos < at; pos++) {
@@ -384,7 +452,19 @@ int ckv_prefix_fork(ckv_srv_session *parent, ckv_srv_session *child, size_t at,
   if (!pch || !cch || !registry(parent->tenant))
     return -ENOMEM;
   int r = CKV_OK;
+  uint32_t cidx = CKV_NO_BLOCK;
+  const ckv_pblock *last = NULL;
   for (size_t k = 0; k < whole && r == CKV_OK; k++) {
+    if (compressed_shared(parent, k)) { /* the child links the same block, these slots */
+      uint32_t pidx = pt->block[k * d];
+      ckv_pblock *cpb = parent->blocks[pidx].shared;
+      if (cpb != last)
+        cidx = CKV_NO_BLOCK;
+      last = cpb;
+      r = link_tokens(child, cpb, pt->slot[k * d], d, &cidx);
+      continue;
+    }
+    last = NULL;
     uint32_t idx = whole_block(parent, k);
     ckv_pblock *pb = parent->blocks[idx].shared;
     if (!pb) {
@@ -397,8 +477,9 @@ int ckv_prefix_fork(ckv_srv_session *parent, ckv_srv_session *child, size_t at,
       if (!(pb = make_shared(parent, idx, key)))
         r = -ENOMEM;
     }
+    cidx = CKV_NO_BLOCK;
     if (r == CKV_OK)
-      r = link_tokens(child, pb);
+      r = link_tokens(child, pb, 0, d, &cidx);
   }
   if (r == CKV_OK && at % d) { /* the tail: a private copy */
     uint32_t m = (uint32_t)(at - whole * d);
@@ -484,7 +565,7 @@ bool ckv_prefix_frozen(ckv_srv_session *s, uint32_t idx) {
   ckv_pblock *pb = b->shared;
   if (!pb)
     return false;
-  if (pb->holders > 1)
+  if (pb->holders > 1 || pb->swapping) /* a compression in flight names it */
     return true;
   /* Ours alone (no retired entry of ours holds it either): private again. */
   b->shared = NULL;
@@ -496,7 +577,7 @@ bool ckv_prefix_frozen(ckv_srv_session *s, uint32_t idx) {
 
 int ckv_prefix_note_claim(ckv_srv_session *s, uint32_t idx) {
   ckv_sblock *b = &s->blocks[idx];
-  if (b->format != CKV_FORMAT_DRAFT || b->shared)
+  if (b->shared)
     return CKV_OK;
   ckv_prefix *p = registry(s->tenant);
   if (!p)
@@ -512,8 +593,13 @@ int ckv_prefix_note_claim(ckv_srv_session *s, uint32_t idx) {
   pb->bytes = b->bytes;
   pb->id = b->id;
   pb->capacity = b->capacity;
+  pb->format = b->format;
   if (ckv_shared_add(p, pb) < 0) {
     ckv_pblock_free(pb);
+    return -ENOMEM;
+  }
+  if (ckv_shared_user_add(pb, s, idx) < 0) {
+    ckv_shared_forget(p, pb);
     return -ENOMEM;
   }
   pb->holders = 1;

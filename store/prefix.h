@@ -26,12 +26,14 @@
  * allocated once).  Sharing never crosses tenants: the index lives in the
  * tenant, and the tenant's name is in every key.
  *
- * The lifecycle on shared blocks (the first, simple rule): while a block has
- * more than one holder it is frozen.  No move, recycle or quota reclaim takes
- * a token out of it (the judge's decision is kept and counted as pending), so
- * its bytes stay in their draft format and the daemon never writes it.  A
- * block with a single holder is that session's again: the first move that
- * touches it takes it out of the index first (ckv_prefix_frozen). */
+ * The lifecycle on shared blocks: while a block has more than one holder
+ * it is frozen to every session's own moves: no move, recycle, demotion or
+ * quota reclaim of one session takes a token out of it (the judge's decision
+ * is kept and counted as pending).  It is compressed once, for every holder,
+ * when all of them agree (store/shared_moves.h), and the compressed block
+ * takes the draft blocks' places in the index.  A block with a single holder
+ * is that session's again: the first move that touches it takes it out of
+ * the index first (ckv_prefix_frozen). */
 #ifndef CKV_STORE_PREFIX_H
 #define CKV_STORE_PREFIX_H
 

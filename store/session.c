@@ -133,9 +133,12 @@ static void give_back(ckv_srv_session *s, uint64_t offset, uint64_t bytes, uint3
 
 ckv_srv_session *ckv_srv_session_free(ckv_srv_session *s) {
   if (!s) return NULL;
+  if (s->swap && s->swap_abandon) s->swap_abandon(s); /* a compression never published (the daemon stops) */
   for (size_t i = 0; i < s->n_blocks; i++) {
-    if (s->blocks[i].format != CKV_BLOCK_UNUSED)
+    if (s->blocks[i].format != CKV_BLOCK_UNUSED) {
+      if (s->blocks[i].shared) ckv_shared_user_del(s->blocks[i].shared, s, (uint32_t)i);
       give_back(s, s->blocks[i].offset, s->blocks[i].bytes, s->blocks[i].format, s->blocks[i].shared);
+    }
     drop_meta(&s->blocks[i]);
   }
   dirty_unlist(s);
@@ -162,6 +165,7 @@ uint64_t ckv_srv_session_evict_blocks(ckv_srv_session *s) {
     if (s->blocks[i].format != CKV_BLOCK_UNUSED) {
       /* a shared block stays for its other holders: it frees nothing here */
       if (!s->blocks[i].shared || s->blocks[i].shared->holders == 1) freed += s->blocks[i].bytes;
+      if (s->blocks[i].shared) ckv_shared_user_del(s->blocks[i].shared, s, (uint32_t)i);
       give_back(s, s->blocks[i].offset, s->blocks[i].bytes, s->blocks[i].format, s->blocks[i].shared);
     }
     drop_meta(&s->blocks[i]);
@@ -382,7 +386,12 @@ int ckv_srv_session_link_block(ckv_srv_session *s, ckv_pblock *pb, uint32_t inde
   memcpy(meta, pb->meta, head);
   ckv_sblock *b = &s->blocks[idx];
   uint8_t meta_state = b->meta_state; /* a retired entry may still sit on the dirty list */
-  *b = (ckv_sblock){.id = pb->id, .offset = pb->offset, .bytes = pb->bytes, .format = CKV_FORMAT_DRAFT,
+  if (ckv_shared_user_add(pb, s, idx) < 0) {
+    free(meta);
+    if (index == CKV_NO_BLOCK) s->free_idx[s->n_free_idx++] = idx;
+    return -ENOMEM;
+  }
+  *b = (ckv_sblock){.id = pb->id, .offset = pb->offset, .bytes = pb->bytes, .format = pb->format,
                     .capacity = pb->capacity, .used = pb->capacity, .refs = pb->capacity,
                     .meta_state = meta_state, .meta = meta, .shared = pb};
   ckv_prefix_hold(s->tenant, pb);
@@ -528,6 +537,7 @@ void ckv_srv_session_retire_block(ckv_srv_session *s, uint32_t idx) {
   for (int i = 0; i < CKV_FILL_COUNT; i++)
     if (s->fill[i] == idx) s->fill[i] = CKV_NO_BLOCK;
   ckv_retired rt = {.offset = b->offset, .bytes = b->bytes, .format = b->format, .epoch = s->epoch, .shared = b->shared};
+  if (b->shared) ckv_shared_user_del(b->shared, s, idx); /* a retired entry holds it from here on */
   if (s->n_free_idx < s->cap_blocks) s->free_idx[s->n_free_idx++] = idx;
   if (s->owner == 0) { /* nobody can be reading: free now */
     drop_meta(b);
@@ -541,6 +551,7 @@ void ckv_srv_session_retire_block(ckv_srv_session *s, uint32_t idx) {
     ckv_retired *nr = realloc(s->retired, ncap * sizeof(*nr));
     if (!nr) { /* cannot defer: keep the block (until the session ends) rather than free under a reader */
       s->n_free_idx--;
+      if (rt.shared) (void)ckv_shared_user_add(rt.shared, s, idx);
       return;
     }
     s->retired = nr;

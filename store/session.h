@@ -125,6 +125,7 @@ typedef struct ckv_srv_session {
   uint32_t jobs_inflight;   /* compressor jobs not yet published */
   bool doomed;              /* dropped while jobs were in flight: freed when they finish */
   bool plan_dirty;          /* the last plan stopped early (quota, full queue, bound): plan again */
+  bool shared_waiting;      /* it holds shared blocks not yet compressed as far as they may go (shared_moves.h) */
   bool cold_dirty;          /* tokens were demoted or recalled: blocks may mix live and demoted ones (moves.c) */
   /* Moves one plan call makes at most (moves.c; 0: CKV_MOVES_PLAN_MAX_MOVES, UINT32_MAX: no bound). */
   uint32_t plan_max_moves;
@@ -171,6 +172,10 @@ typedef struct ckv_srv_session {
   uint64_t warm_mark;
   /* Content keys of its draft blocks (store/prefix.h); NULL until first needed. */
   ckv_prefix_chain *chain;
+  /* Its compression of shared blocks in flight, as their leader
+   * (store/shared_moves.h), and how ckv_srv_session_free lets go of it. */
+  struct ckv_shared_swap *swap;
+  void (*swap_abandon)(struct ckv_srv_session *s);
 } ckv_srv_session;
 
 /* Validate a geometry against the format limits; fills default block sizes.

@@ -110,6 +110,8 @@ void ckv_pblock_free(ckv_pblock *pb) {
   if (!pb)
     return;
   free(pb->meta);
+  free(pb->subkeys);
+  free(pb->users);
   free(pb->roles);
   free(pb->tags);
   free(pb->semantic);
@@ -155,11 +157,81 @@ int ckv_shared_index(ckv_prefix *p, ckv_pblock *pb, ckv_pkey k) {
   return CKV_OK;
 }
 
-void ckv_shared_forget(ckv_prefix *p, ckv_pblock *pb) {
-  if (pb->indexed) {
+void ckv_shared_unindex(ckv_prefix *p, ckv_pblock *pb) {
+  if (!pb->indexed)
+    return;
+  if (pb->n_subkeys) {
+    for (uint32_t j = 0; j < pb->n_subkeys; j++)
+      if (ptab_get(&p->by_key, pb->subkeys[j]) == pb)
+        ptab_del(&p->by_key, pb->subkeys[j]);
+  } else if (ptab_get(&p->by_key, pb->key) == pb) {
     ptab_del(&p->by_key, pb->key);
-    p->fig.indexed_blocks--;
   }
+  pb->indexed = false;
+  p->fig.indexed_blocks--;
+}
+
+int ckv_shared_index_group(ckv_prefix *p, ckv_pblock *pb, const ckv_pkey *keys, uint32_t n, uint16_t sub_tokens) {
+  ckv_pkey *copy = malloc((n ? n : 1) * sizeof(*copy));
+  if (!copy)
+    return -ENOMEM;
+  memcpy(copy, keys, n * sizeof(*copy));
+  free(pb->subkeys);
+  pb->subkeys = copy;
+  pb->n_subkeys = n;
+  pb->sub_tokens = sub_tokens;
+  pb->keyed = n > 0;
+  if (n)
+    pb->key = keys[0];
+  bool any = false;
+  for (uint32_t j = 0; j < n; j++) {
+    if (ptab_get(&p->by_key, keys[j]))
+      continue;
+    int r = ptab_put(&p->by_key, keys[j], pb);
+    if (r < 0) {
+      ckv_shared_unindex(p, pb);
+      return r;
+    }
+    if (!any)
+      p->fig.indexed_blocks++;
+    any = true;
+    pb->indexed = true;
+  }
+  return CKV_OK;
+}
+
+int ckv_shared_sub_of(const ckv_pblock *pb, ckv_pkey k) {
+  if (!pb->n_subkeys)
+    return pb->keyed && key_eq(pb->key, k) ? 0 : -1;
+  for (uint32_t j = 0; j < pb->n_subkeys; j++)
+    if (key_eq(pb->subkeys[j], k))
+      return (int)j;
+  return -1;
+}
+
+int ckv_shared_user_add(ckv_pblock *pb, ckv_srv_session *s, uint32_t idx) {
+  if (pb->n_users == pb->cap_users) {
+    uint32_t ncap = pb->cap_users ? pb->cap_users * 2 : 4;
+    ckv_pblock_user *nu = realloc(pb->users, ncap * sizeof(*nu));
+    if (!nu)
+      return -ENOMEM;
+    pb->users = nu;
+    pb->cap_users = ncap;
+  }
+  pb->users[pb->n_users++] = (ckv_pblock_user){s, idx};
+  return CKV_OK;
+}
+
+void ckv_shared_user_del(ckv_pblock *pb, const ckv_srv_session *s, uint32_t idx) {
+  for (uint32_t i = 0; i < pb->n_users; i++)
+    if (pb->users[i].s == s && pb->users[i].idx == idx) {
+      pb->users[i] = pb->users[--pb->n_users];
+      return;
+    }
+}
+
+void ckv_shared_forget(ckv_prefix *p, ckv_pblock *pb) {
+  ckv_shared_unindex(p, pb);
   ptab_del(&p->by_off, off_key(pb->offset));
   ckv_pblock_free(pb);
 }
@@ -203,8 +275,9 @@ void ckv_prefix_unref(ckv_tenant *t, ckv_pblock *pb) {
   if (--pb->holders)
     return;
   uint64_t off = pb->offset, bytes = pb->bytes;
+  uint32_t format = pb->format;
   ckv_shared_forget(p, pb);
-  ckv_tenant_block_free(t, off, bytes, CKV_FORMAT_DRAFT);
+  ckv_tenant_block_free(t, off, bytes, format);
 }
 
 ckv_pblock *ckv_prefix_at_offset(ckv_tenant *t, uint64_t offset) {

@@ -19,9 +19,30 @@ typedef struct ckv_pkey {
   uint64_t lo, hi;
 } ckv_pkey;
 
+typedef struct ckv_srv_session ckv_srv_session;
+
+/* A table entry that points at a shared block: session and block index. */
+typedef struct ckv_pblock_user {
+  ckv_srv_session *s;
+  uint32_t idx;
+} ckv_pblock_user;
+
 /* One arena block that sessions' tables share. */
 typedef struct ckv_pblock {
   ckv_pkey key;    /* content key (when keyed) */
+  /* A compressed block (store/shared_moves.h) holds the tokens of several
+   * consecutive draft blocks: the content keys of those, in slot order
+   * (sub-block j holds slots [j*sub_tokens, (j+1)*sub_tokens)).  0 subkeys:
+   * the block is one draft block, keyed by `key`. */
+  ckv_pkey *subkeys;
+  uint32_t n_subkeys;
+  uint16_t sub_tokens;
+  uint8_t format;  /* the block's format (draft until compressed once) */
+  bool swapping;   /* a compression of it is in flight (shared_moves.c) */
+  /* The table entries pointing at it (holders counts these and the retired
+   * entries still waiting for their reader). */
+  ckv_pblock_user *users;
+  uint32_t n_users, cap_users;
   uint64_t offset; /* in the tenant's arena */
   uint64_t bytes;
   uint64_t id;       /* the block id every holder's table shows */
@@ -91,6 +112,18 @@ int ckv_shared_add(ckv_prefix *p, ckv_pblock *pb);
 int ckv_shared_index(ckv_prefix *p, ckv_pblock *pb, ckv_pkey k);
 /* Removes pb's record from the registry and frees it (not the block). */
 void ckv_shared_forget(ckv_prefix *p, ckv_pblock *pb);
+/* pb leaves the index (LookupPrefix and reuse_prefix no longer find it);
+ * the record stays. */
+void ckv_shared_unindex(ckv_prefix *p, ckv_pblock *pb);
+/* pb (in the registry, a compressed block) enters the index under the n
+ * draft-block keys it holds, in slot order (pb keeps a copy).  Keys another
+ * block has are skipped.  CKV_OK or -ENOMEM. */
+int ckv_shared_index_group(ckv_prefix *p, ckv_pblock *pb, const ckv_pkey *keys, uint32_t n, uint16_t sub_tokens);
+/* Which sub-block of pb key k is (0 for a plain block), or -1. */
+int ckv_shared_sub_of(const ckv_pblock *pb, ckv_pkey k);
+/* Table entry (s, idx) points at pb now / no more.  add: CKV_OK or -ENOMEM. */
+int ckv_shared_user_add(ckv_pblock *pb, ckv_srv_session *s, uint32_t idx);
+void ckv_shared_user_del(ckv_pblock *pb, const ckv_srv_session *s, uint32_t idx);
 void ckv_pblock_free(ckv_pblock *pb);
 ckv_prefix_figures *ckv_shared_figures(ckv_prefix *p);
 void ckv_shared_note_root(ckv_prefix *p, const ckv_prefix_root *r);

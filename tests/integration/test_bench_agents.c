@@ -83,9 +83,13 @@ Test(bench_agents, quick_json_relations, .timeout = 60) {
   cr_assert(bs > 0 && bs < bp && bp < fp16_bytes, "shared %g < private %g < fp16 %g", bs, bp, fp16_bytes);
   cr_assert_float_eq(num_after(shared, "bytes_ratio_fp16_private"), bs / fp16_bytes, 1e-5);
   cr_assert_float_eq(num_after(priv_row, "bytes_ratio_fp16_private"), bp / fp16_bytes, 1e-5);
-  /* the prefix's whole blocks, held once */
+  /* the prefix's whole blocks, held once and compressed once (store/shared_moves.h): measured 0.31 of their
+   * FP16 bytes (staged, then rotated at the bits the most protective agent asks for); 1.0 under the old
+   * freeze rule */
   ckv_geometry g = {layers, heads, dim, CKV_DTYPE_FP16};
-  cr_assert_eq(num_after(shared, "shared_bytes"), matched / 16 * (double)ckv_draft_block_bytes(&g, 16));
+  const double prefix_fp16 = matched / 16 * (double)ckv_draft_block_bytes(&g, 16), sb = num_after(shared, "shared_bytes");
+  cr_assert(sb > 0.05 * prefix_fp16 && sb <= 0.5 * prefix_fp16, "shared bytes %g: %.3f of the prefix's FP16 %g", sb,
+            sb / prefix_fp16, prefix_fp16);
 
   const double saved = num_after(shared, "prefill_tokens_saved");
   cr_assert_eq(saved, (agents - 1) * matched + subs * (prefix - matched), "prefill_tokens_saved %g", saved);
