@@ -17,8 +17,8 @@
  *   dropped (the arena then holds nothing), restores alone bit for bit.
  * - a_shared_prefix_is_compressed_once: two commitkv sessions on one
  *   prefix get it compressed once for both (same block ids, shared bytes a
- *   fraction of FP16), and a session opened later links the compressed
- *   blocks.
+ *   fraction of FP16), a session opened later links the compressed
+ *   blocks, and a holder's snapshot restores alone, bit for bit.
  * - no_protocol_write_into_shared_block: appends after a reuse get slots in
  *   new private blocks only, no draft slot of a shared token is writable,
  *   and a session whose policy compresses at once (int8) leaves the shared
@@ -568,6 +568,51 @@ static size_t prefix_block_ids(ckv_session *s, size_t n, uint64_t *ids, size_t *
   return found;
 }
 
+/* The payload bytes of s's view blocks that hold positions below n, as one
+ * string per block keyed by the block's first position and format, sorted
+ * (what a bit-for-bit comparison of two sessions' prefixes needs; block ids
+ * and headers differ between copies).  Returns a malloc'd buffer. */
+typedef struct block_bytes {
+  uint32_t first, format;
+  size_t len;
+  uint8_t *data;
+} block_bytes;
+
+static int by_first(const void *x, const void *y) {
+  const block_bytes *a = x, *b = y;
+  return a->first < b->first ? -1 : a->first > b->first;
+}
+
+static block_bytes *prefix_payloads(ckv_session *s, size_t n, size_t *ret_n) {
+  const ckv_view *v = NULL;
+  NEED(ckv_session_view(s, &v) == CKV_OK, "view");
+  const ckv_block_view *lists[4] = {v->draft, v->staged, v->committed, v->cold};
+  const size_t counts[4] = {v->n_draft, v->n_staged, v->n_committed, v->n_cold};
+  block_bytes *out = calloc(v->n_draft + v->n_staged + v->n_committed + v->n_cold + 1, sizeof(*out));
+  size_t k = 0;
+  for (int l = 0; l < 4; l++)
+    for (size_t i = 0; i < counts[l]; i++) {
+      const ckv_block_view *b = &lists[l][i];
+      const uint32_t *positions = ckv_block_positions_const(b->data);
+      uint32_t first = UINT32_MAX;
+      for (uint32_t slot = 0; slot < b->capacity; slot++)
+        if (ckv_block_slot_valid(b->data, slot) && positions[slot] < first) first = positions[slot];
+      if (first >= n) continue;
+      size_t head = ckv_block_payload_offset(b->capacity);
+      out[k] = (block_bytes){first, b->format, b->bytes - head, malloc(b->bytes - head)};
+      memcpy(out[k].data, (const uint8_t *)b->data + head, b->bytes - head);
+      k++;
+    }
+  qsort(out, k, sizeof(*out), by_first);
+  *ret_n = k;
+  return out;
+}
+
+static void payloads_free(block_bytes *b, size_t n) {
+  for (size_t i = 0; i < n; i++) free(b[i].data);
+  free(b);
+}
+
 /* Reports a round over s's n tokens, attention spread evenly. */
 static void report_even(ckv_session *s, size_t n, uint64_t round) {
   float *attn = malloc(n * sizeof(float));
@@ -638,10 +683,41 @@ Test(prefix_share, a_shared_prefix_is_compressed_once, .timeout = 60) {
   cr_assert_eq(nl, na);
   cr_assert_arr_eq(il, ia, na * sizeof(*ia), "the late session reads other blocks");
   cr_assert_eq(ckv_test_stat(&d, "bytes.shared"), shared, "linking copied bytes");
+  /* a snapshot of a holder restores alone, its compressed prefix bit for bit */
+  size_t n_before;
+  block_bytes *before = prefix_payloads(a, CPREFIX, &n_before);
+  uint64_t saved = 0;
+  cr_assert_eq(ckv_session_save(a, "compressed", false, &saved), CKV_OK, "save: %s", ckv_client_last_error(c));
   ckv_session_drop(late);
   ckv_session_drop(a);
   ckv_session_drop(b);
   cr_assert_eq(ckv_test_wait_stat(&d, "arenas.0.bytes_used", 0, 5000), 0, "blocks left after every drop");
+  ckv_session *back = NULL;
+  int r = ckv_session_restore(c, "back", "compressed", NULL, &back);
+  cr_assert_eq(r, CKV_OK, "restore: %s (%s)", ckv_strerror(r), ckv_client_last_error(c));
+  size_t n_after;
+  block_bytes *after = prefix_payloads(back, CPREFIX, &n_after);
+  /* every compressed block comes back with its bytes (the restored session is private: it moves the
+   * tokens the shared draft blocks held for it, the sinks' block and the last one, on its own) */
+  size_t compressed = 0;
+  for (size_t i = 0; i < n_before; i++) {
+    if (before[i].format == CKV_FORMAT_DRAFT) continue;
+    compressed++;
+    const block_bytes *m = NULL;
+    for (size_t j = 0; j < n_after && !m; j++)
+      if (after[j].first == before[i].first) m = &after[j];
+    cr_assert_not_null(m, "the block from position %u did not come back", before[i].first);
+    cr_assert_eq(m->format, before[i].format);
+    cr_assert(m->len == before[i].len && memcmp(m->data, before[i].data, before[i].len) == 0,
+              "the block from position %u restored other bytes", before[i].first);
+  }
+  cr_assert_gt(compressed, 0);
+  cr_assert_eq(ckv_session_tokens(back), CPREFIX);
+  cr_assert_eq(ckv_test_stat(&d, "bytes.shared"), 0, "a restored session shares nothing");
+  payloads_free(before, n_before);
+  payloads_free(after, n_after);
+  ckv_session_drop(back);
+  cr_assert_eq(ckv_test_wait_stat(&d, "arenas.0.bytes_used", 0, 5000), 0, "blocks left after the restore's drop");
   free(ids);
   ckv_client_free(c);
   ckv_test_stop_clean(&d);
