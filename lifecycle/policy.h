@@ -110,8 +110,7 @@ int ckv_policy_from_name(const char *name);
     "Staged tokens still drawing attention (mean above attn_threshold) commit after "             \
     "persistence_rounds in the facts' format (commit_bits), recyclable; no: they stay INT8 "      \
     "until they cool (the seed's rule). Rotated formats only (the warm bits are warm_bits): a "   \
-    "KIVI session keeps warm tokens INT8, as KIVI4 on them cost stories260K KL 0.08-0.11 per "     \
-    "session against 0.04-0.07.")                                                                 \
+    "KIVI session commits only cold tokens, after 3 x persistence_rounds (store/moves.c).")       \
   X(warm_bits, warm_bits, U32, 2, 0, 4, 1,                                                        \
     "Bits by value (rotated formats only): the warm tokens of warm_commit (and filler still "     \
     "drawing attention) take this many bits, 1-4; 0 = commit_bits. 2: ROT2 between facts (4) "    \
@@ -150,9 +149,9 @@ int ckv_policy_from_name(const char *name);
     "On the agent model's held-out sets (24 dialogues each, the reference worker reading at "     \
     "most 4 cold blocks per layer) recall 0.924 / 0.848 / 0.683 on base, 3x longer and "          \
     "read-back dialogues at 0.190 / 0.181 / 0.185 of FP16 in primary memory, KL to FP16 about "   \
-    "half; no: 0.955 / 0.864 / 0.667 at 0.192 / 0.184 / 0.185. On stories260K (KIVI) next-token " \
-    "KL 0.057-0.074 per session, dropping: 0.44-0.53, at 0.44-0.46 of FP16 either way. The h2o "  \
-    "and streaming baselines always free.")                                                       \
+    "half; no: 0.955 / 0.864 / 0.667 at 0.192 / 0.184 / 0.185. On stories260K (KIVI, 20 "        \
+    "rounds) dropping cost next-token KL 0.44-0.53 per session at 0.44 of FP16. The h2o and "      \
+    "streaming baselines always free.")                                                           \
   X(recall_attn, recall_attn, FLOAT, 1, 0, 1e6, 1,                                                \
     "A demoted token whose reported relative attention reaches this (1.0 = an average live "      \
     "token's share) is recalled: back to committed, its block primary again.")                   \

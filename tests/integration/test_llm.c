@@ -5,7 +5,7 @@
  * worker's shadow holds, so the two next-token distributions must agree at
  * every step (top-1 agreement 1, KL at rounding level).  With the commitkv
  * policy a 20-round session runs to the end with KL to FP16 within a bound
- * taken from measurement, at fewer bytes than int8, its recycled tokens
+ * taken from measurement (issue 39's aim: 0.05), at fewer bytes than int8, its recycled tokens
  * demoted rather than dropped, and what the daemon reports is consistent with
  * DESIGN.md §4: every appended token is accounted for in exactly one state, the sessions' bytes fit in what the arena has handed
  * out, no request was refused, and the daemon still exits 0 on SIGTERM.
@@ -124,12 +124,14 @@ static double json_max_double(const char *json, const char *key) {
 }
 
 /* stories260K (head_dim 8: KIVI committed formats) with the commitkv
- * defaults: recycled tokens are demoted, never dropped, and warm tokens stay
- * INT8.  Measured (commitkv-llm --shadow, 20 rounds of 16 + 16 tokens,
- * seeds 1-4, 8 sessions): KL 0.057-0.074 per session at 0.44-0.46 of FP16,
- * int8 0.59; dropping the recycled tokens (the old rule) gave KL 0.44-0.53
- * at the same bytes, so KL_BOUND fails it. */
-#define KL_BOUND 0.12
+ * defaults: recycled tokens are demoted, never dropped, and only tokens
+ * that went cold commit, after three times persistence_rounds (store/moves.c
+ * ckv_moves_round).  Measured (commitkv-llm --shadow, 20 rounds of 16 + 16
+ * tokens, seeds 1-4 and held-out 11-16, 20 sessions): KL at most 0.013 per
+ * session at 0.545 of FP16, int8 0.589; committing warm tokens after
+ * persistence_rounds gave 0.057-0.074 at 0.46, dropping the recycled tokens
+ * (the rule before) 0.44-0.53 at 0.44: KL_BOUND fails both. */
+#define KL_BOUND 0.03
 
 Test(llm, commitkv_policy_twenty_rounds_keep_the_invariants, .timeout = 180) {
   char model[4096];
@@ -146,7 +148,7 @@ Test(llm, commitkv_policy_twenty_rounds_keep_the_invariants, .timeout = 180) {
   cr_expect_eq(json_last_double(out, "bytes_ratio_fp16", &ratio), 0, "no bytes_ratio_fp16 in %s", out);
   double kl = json_max_double(out, "kl_mean");
   cr_expect(kl >= 0 && kl <= KL_BOUND, "a session's KL to FP16 is %g, above %g: %s", kl, KL_BOUND, out);
-  cr_expect(top1 >= 0.85 && top1 <= 1, "top-1 agreement %g (measured 0.91-0.95): %s", top1, out);
+  cr_expect(top1 >= 0.9 && top1 <= 1, "top-1 agreement %g: %s", top1, out);
   unsigned long long total = ckv_test_stat(&d, "tokens.draft") + ckv_test_stat(&d, "tokens.staged") +
                              ckv_test_stat(&d, "tokens.committed") + ckv_test_stat(&d, "tokens.recycled");
   cr_expect_eq(total, 2 * TOKENS_PER_SESSION, "state counts (%llu) must add up to the tokens appended", total);
