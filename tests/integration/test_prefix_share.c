@@ -538,42 +538,14 @@ Test(prefix_share, forked_snapshot_restores_alone, .timeout = 60) {
 
 #define CPREFIX 512u /* 32 draft blocks */
 
-/* The block ids that hold positions [0, n) in s's view (any format),
- * sorted into ids[] (room for n); returns how many positions were found. */
-static size_t prefix_block_ids(ckv_session *s, size_t n, uint64_t *ids, size_t *ret_n_ids) {
-  const ckv_view *v = NULL;
-  NEED(ckv_session_view(s, &v) == CKV_OK, "view");
-  const ckv_block_view *lists[4] = {v->draft, v->staged, v->committed, v->cold};
-  const size_t counts[4] = {v->n_draft, v->n_staged, v->n_committed, v->n_cold};
-  size_t found = 0, k = 0;
-  for (int l = 0; l < 4; l++)
-    for (size_t i = 0; i < counts[l]; i++) {
-      const ckv_block_view *b = &lists[l][i];
-      const uint32_t *positions = ckv_block_positions_const(b->data);
-      bool any = false;
-      for (uint32_t slot = 0; slot < b->capacity; slot++)
-        if (ckv_block_slot_valid(b->data, slot) && positions[slot] < n) {
-          found++;
-          any = true;
-        }
-      if (any) ids[k++] = b->id;
-    }
-  for (size_t i = 1; i < k; i++) /* insertion sort: a few dozen ids */
-    for (size_t j = i; j > 0 && ids[j - 1] > ids[j]; j--) {
-      uint64_t t = ids[j];
-      ids[j] = ids[j - 1];
-      ids[j - 1] = t;
-    }
-  *ret_n_ids = k;
-  return found;
-}
-
 /* The payload bytes of s's view blocks that hold positions below n, as one
  * string per block keyed by the block's first position and format, sorted
  * (what a bit-for-bit comparison of two sessions' prefixes needs; block ids
  * and headers differ between copies).  Returns a malloc'd buffer. */
 typedef struct block_bytes {
   uint32_t first, format;
+  uint64_t id;
+  size_t held; /* positions below n it holds */
   size_t len;
   uint8_t *data;
 } block_bytes;
@@ -595,11 +567,15 @@ static block_bytes *prefix_payloads(ckv_session *s, size_t n, size_t *ret_n) {
       const ckv_block_view *b = &lists[l][i];
       const uint32_t *positions = ckv_block_positions_const(b->data);
       uint32_t first = UINT32_MAX;
+      size_t held = 0;
       for (uint32_t slot = 0; slot < b->capacity; slot++)
-        if (ckv_block_slot_valid(b->data, slot) && positions[slot] < first) first = positions[slot];
-      if (first >= n) continue;
+        if (ckv_block_slot_valid(b->data, slot) && positions[slot] < n) {
+          held++;
+          if (positions[slot] < first) first = positions[slot];
+        }
+      if (!held) continue;
       size_t head = ckv_block_payload_offset(b->capacity);
-      out[k] = (block_bytes){first, b->format, b->bytes - head, malloc(b->bytes - head)};
+      out[k] = (block_bytes){first, b->format, b->id, held, b->bytes - head, malloc(b->bytes - head)};
       memcpy(out[k].data, (const uint8_t *)b->data + head, b->bytes - head);
       k++;
     }
@@ -611,6 +587,21 @@ static block_bytes *prefix_payloads(ckv_session *s, size_t n, size_t *ret_n) {
 static void payloads_free(block_bytes *b, size_t n) {
   for (size_t i = 0; i < n; i++) free(b[i].data);
   free(b);
+}
+
+/* The ids of the blocks that hold positions [0, n) in s's view, in
+ * position order, into ids[] (room for n); returns how many positions they
+ * hold. */
+static size_t prefix_block_ids(ckv_session *s, size_t n, uint64_t *ids, size_t *ret_n_ids) {
+  size_t nb, found = 0;
+  block_bytes *b = prefix_payloads(s, n, &nb);
+  for (size_t i = 0; i < nb; i++) {
+    ids[i] = b[i].id;
+    found += b[i].held;
+  }
+  payloads_free(b, nb);
+  *ret_n_ids = nb;
+  return found;
 }
 
 /* Reports a round over s's n tokens, attention spread evenly. */
