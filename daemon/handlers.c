@@ -350,9 +350,10 @@ static int h_open(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
     ckv_store_drop_session(&s->store, sess);
     return fail(x, r, "cannot open session '%s' on a shared prefix: %s", o->session_id, ckv_strerror(r));
   }
-  ckv_log(CKV_LOG_INFO, "session-open", c->tenant->name, sess->id,
-          "%u layers x %u kv heads x %u dims, policy %s%s%zu of %zu prefix tokens shared", g.n_layers, g.n_kv_heads,
-          g.head_dim, policy, o->reuse_prefix ? ", " : "", matched, n_reuse);
+  char shared[64] = "";
+  if (o->reuse_prefix) snprintf(shared, sizeof shared, ", %zu of %zu prefix tokens shared", matched, n_reuse);
+  ckv_log(CKV_LOG_INFO, "session-open", c->tenant->name, sess->id, "%u layers x %u kv heads x %u dims, policy %s%s",
+          g.n_layers, g.n_kv_heads, g.head_dim, policy, shared);
   if ((r = opened_reply(s, sess, false, x)) < 0) return r;
   x->rep->session_opened->matched_tokens = matched;
   return CKV_OK;

@@ -869,10 +869,13 @@ static void high_water_moves(ckv_persist *p) {
   }
 }
 
-/* Compression stalled on the quota (moves-stalled: a session's decided
- * moves found no room for a destination block) moves the tenant's coldest
- * other session to disk, as an append short of quota does, instead of
- * leaving the moves to wait for a drop.  One move at a time for the whole
+/* Compression stalled on the quota or on the arena (moves-stalled: a
+ * session's decided moves found no room for a destination block, the
+ * tenant's quota full, or CKV_ERR_NOSPACE: no free range in the arena for
+ * the destination's block size while the quota still has room) moves the
+ * tenant's coldest other session to disk, as an append short of quota does,
+ * instead of leaving the moves to wait for a drop: its blocks' memory goes
+ * back to the arena's free ranges.  One move at a time for the whole
  * daemon: once it has landed, every stalled session plans again, and a
  * session still stalled asks for the next at the next scan. */
 static void relieve_stalls(ckv_persist *p) {
@@ -882,16 +885,17 @@ static void relieve_stalls(ckv_persist *p) {
   ckv_srv_session *sess;
   while ((sess = ckv_strmap_next(p->store->sessions, &cur, NULL))) {
     uint64_t waiting = ckv_moves_pending(sess);
-    if (sess->stalled_on != CKV_ERR_QUOTA || !waiting || sess->doomed || sess->quarantined ||
-        ckv_tier_state_of(sess) != CKV_TIER_RESIDENT)
+    if ((sess->stalled_on != CKV_ERR_QUOTA && sess->stalled_on != CKV_ERR_NOSPACE) || !waiting || sess->doomed ||
+        sess->quarantined || ckv_tier_state_of(sess) != CKV_TIER_RESIDENT)
       continue;
     const ckv_tenant *tn = sess->tenant;
     uint64_t freeing;
     unsigned started = pressure_moves(p, tn, sess, /* short_by= */ 1, &freeing); /* the coldest one */
     if (!started) continue;
     ckv_log(CKV_LOG_NOTICE, "tier-pressure", tn->name, sess->id,
-            "compression stalled on the tenant quota (%llu tokens wait for their moves; %llu of %llu bytes used): "
+            "compression stalled on the tenant %s (%llu tokens wait for their moves; %llu of %llu bytes used): "
             "moving its coldest other session (%llu bytes) to disk before anything is recycled",
+            sess->stalled_on == CKV_ERR_QUOTA ? "quota" : "arena (no free range for a destination block)",
             (unsigned long long)waiting, (unsigned long long)tn->bytes_used, (unsigned long long)tn->quota_bytes,
             (unsigned long long)freeing);
     return;

@@ -30,7 +30,10 @@
  *   the append is refused the old way.
  * - stalled_compression_moves_the_coldest_session /
  *   stalled_compression_waits_with_pressure_off: B's staged moves find no
- *   room (see "compression stalled on the quota" below). */
+ *   room (see "compression stalled on the quota" below).
+ * - compression_stalled_on_the_arena_moves_the_coldest_session: the same
+ *   when the destination finds no free range in the arena (NOSPACE) while
+ *   the quota has room (see "compression stalled on the arena"). */
 #include <criterion/criterion.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -62,11 +65,12 @@ TestSuite(tier_pressure, .fini = ckv_test_leak_check);
 
 static const ckv_geometry k_geom = {2, 2, 32, 0}; /* 512 bytes of K/V per token */
 
-static void write_tokens(ckv_session *s, size_t from, size_t n) {
-  size_t elems = (size_t)k_geom.n_kv_heads * k_geom.head_dim;
-  uint16_t k[64], v[64];
+static void write_tokens_of(ckv_session *s, const ckv_geometry *g, size_t from, size_t n) {
+  size_t elems = (size_t)g->n_kv_heads * g->head_dim;
+  uint16_t k[256], v[256];
+  cr_assert_leq(elems, 256);
   for (size_t pos = from; pos < from + n; pos++)
-    for (uint32_t layer = 0; layer < k_geom.n_layers; layer++) {
+    for (uint32_t layer = 0; layer < g->n_layers; layer++) {
       for (size_t e = 0; e < elems; e++) {
         k[e] = ckv_f32_to_f16(ckv_test_kv_value(pos, layer, 0, (uint32_t)e));
         v[e] = ckv_f32_to_f16(ckv_test_kv_value(pos, layer, 1, (uint32_t)e));
@@ -75,17 +79,20 @@ static void write_tokens(ckv_session *s, size_t from, size_t n) {
     }
 }
 
+static void write_tokens(ckv_session *s, size_t from, size_t n) { write_tokens_of(s, &k_geom, from, n); }
+
 /* A session of n tokens with K/V written and one round reported (so the
  * daemon knows its worker is done writing), its epoch acked; NULL and the
  * failure in *ret_code / msg when a step failed (the child reports it). */
-static ckv_session *written_session(ckv_client *c, const char *id, uint32_t n, int *ret_code, char *msg, size_t len) {
+static ckv_session *written_session_of(ckv_client *c, const char *id, const ckv_geometry *g, uint32_t n, int *ret_code,
+                                       char *msg, size_t len) {
   ckv_session_options so = {.policy = "fp16"};
   ckv_session *s = NULL;
   uint64_t first;
-  int r = ckv_session_open(c, id, &k_geom, &so, &s);
+  int r = ckv_session_open(c, id, g, &so, &s);
   if (r == CKV_OK) r = ckv_session_append(s, n, NULL, NULL, NULL, NULL, &first);
   if (r == CKV_OK) {
-    write_tokens(s, 0, n);
+    write_tokens_of(s, g, 0, n);
     float *attn = calloc(n, sizeof(float));
     ckv_round_result rr;
     r = attn ? ckv_session_report(s, 1, 0, attn, n, &rr) : -ENOMEM;
@@ -99,6 +106,10 @@ static ckv_session *written_session(ckv_client *c, const char *id, uint32_t n, i
     return NULL;
   }
   return s;
+}
+
+static ckv_session *written_session(ckv_client *c, const char *id, uint32_t n, int *ret_code, char *msg, size_t len) {
+  return written_session_of(c, id, &k_geom, n, ret_code, msg, len);
 }
 
 static ckv_client *connect_to(const ckv_test_daemon *d) {
@@ -549,4 +560,78 @@ Test(tier_pressure, stalled_compression_waits_with_pressure_off, .timeout = 120)
   cr_assert(log && strstr(log, "moves-stalled"), "the stall was not logged");
   free(log);
   stall_end(&st);
+}
+
+/* ---- compression stalled on the arena ----
+ * The slab allocator (shm/slab.h) gives each block size a class and each
+ * class whole 2 MiB chunks of the arena.  B (int8) writes 64 tokens; then
+ * fp16 sessions of other geometries (a draft class each) take the rest of
+ * the chunks, until one is refused for lack of a free range.  B's first
+ * staged block then finds no free range either (CKV_ERR_NOSPACE) while the
+ * quota is nearly empty.  With pressure on, the daemon moves the coldest
+ * other session to disk by itself, its chunk goes back, and B's moves run. */
+Test(tier_pressure, compression_stalled_on_the_arena_moves_the_coldest_session, .timeout = 120) {
+  char cfg[400];
+  char *cfgdir = ckv_test_write_config("[daemon]\ndetach_keep = 60s\nlease = 30s\n[tenant.p]\nuids = 0\nquota = 3M\n",
+                                       cfg, sizeof cfg);
+  const char *args[] = {"--config", cfg, "--set", "daemon.disk_memory=256M", "--set", "daemon.disk_pressure=yes", NULL};
+  ckv_test_daemon d;
+  ckv_test_start_host(&d, "64M", args);
+  ckv_client *c = connect_to(&d);
+  static const ckv_geometry gb = {1, 1, 8, 0};
+  ckv_session *b = NULL;
+  ckv_session_options so = {.policy = "int8"};
+  cr_assert_eq(ckv_session_open(c, "stalled-b", &gb, &so, &b), CKV_OK, "%s", ckv_client_last_error(c));
+  const uint32_t n = 64;
+  uint64_t first;
+  cr_assert_eq(ckv_session_append(b, n, NULL, NULL, NULL, NULL, &first), CKV_OK, "%s", ckv_client_last_error(c));
+  write_tokens_of(b, &gb, first, n);
+  /* every other chunk to a class of its own: layers x head_dim products that no other session has */
+  static const uint32_t dims[] = {16, 32, 64, 128}, layers[] = {1, 3, 5, 7};
+  ckv_session *cold[16];
+  int n_cold = 0, code = CKV_OK;
+  char msg[512] = "";
+  for (int i = 0; i < 16 && code == CKV_OK; i++) {
+    const ckv_geometry g = {layers[i % 4], 1, dims[i / 4], 0};
+    char id[32];
+    snprintf(id, sizeof id, "cold-%d", i);
+    ckv_session *x = written_session_of(c, id, &g, 16, &code, msg, sizeof msg);
+    if (x) cold[n_cold++] = x;
+  }
+  cr_assert_eq(code, CKV_ERR_NOSPACE, "the premise: the arena's chunks run out (%d sessions): %s", n_cold, msg);
+  cr_assert_geq(n_cold, 2);
+  long long quiet_since = ckv_test_now_ms();
+  unsigned long long used = arena_used(c, "p");
+  cr_assert_lt(used, 2 * 1024 * 1024, "the premise: the quota is far from full (%llu bytes used)", used);
+  while (ckv_test_now_ms() < quiet_since + 1300) usleep(20000); /* quiet past CKV_TIER_PRESSURE_QUIET_MS */
+  float attn[64] = {0};
+  ckv_round_result rr;
+  uint64_t round = 1;
+  cr_assert_eq(ckv_session_report(b, round, 0, attn, n, &rr), CKV_OK, "%s", ckv_client_last_error(c));
+  cr_assert_eq(ckv_session_ack(b, rr.epoch, NULL), CKV_OK);
+  cr_assert_gt(rr.pending, 0, "B's round decided no moves");
+  /* no request names the cold sessions: the daemon moves one of them for B's stalled moves */
+  long long deadline = ckv_test_now_ms() + DEADLINE_MS;
+  while (ckv_test_now_ms() < deadline && ckv_test_stat(&d, "tiers.1.pressure_moves") == 0) usleep(50000);
+  char *log = ckv_test_read_file(d.log);
+  cr_assert(log && strstr(log, "compression stalled on the tenant arena"), "no session moved for the arena stall; log: %s",
+            ckv_test_file_tail(d.log, 3000));
+  free(log);
+  /* B's moves run to the end once a chunk is back */
+  uint32_t pending = rr.pending;
+  deadline = ckv_test_now_ms() + DEADLINE_MS;
+  while (pending && ckv_test_now_ms() < deadline) {
+    usleep(50000);
+    cr_assert_eq(ckv_session_report(b, ++round, 0, attn, n, &rr), CKV_OK, "%s", ckv_client_last_error(c));
+    cr_assert_eq(ckv_session_ack(b, rr.epoch, NULL), CKV_OK);
+    pending = rr.pending;
+  }
+  cr_assert_eq(pending, 0, "B still has %u moves pending; log: %s", pending, ckv_test_file_tail(d.log, 2000));
+  cr_log_info("arena stall: %d sessions of other geometries took the chunks; %llu pressure move(s)", n_cold,
+              ckv_test_stat(&d, "tiers.1.pressure_moves"));
+  ckv_session_close(b);
+  for (int i = 0; i < n_cold; i++) ckv_session_close(cold[i]);
+  ckv_client_free(c);
+  ckv_test_stop_clean(&d);
+  ckv_test_rmdir(cfgdir);
 }
