@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -32,6 +33,11 @@ typedef struct jentry {
   const ckv_tenant *tenant;
   uint64_t *off;
   size_t n, cap;
+  /* The entry known durable: the session's mark when it was captured and
+   * the batch that made it durable (0: none is known durable yet).  A reply
+   * held for the session goes once one of a batch built after its change
+   * is (ckv_warm_journal_covers). */
+  uint64_t mark, durable_seq;
 } jentry;
 
 typedef struct jwrite {
@@ -39,6 +45,7 @@ typedef struct jwrite {
   char tenant[CKV_SNAP_TENANT_MAX + 1];
   char id[CKV_SNAP_ID_MAX + 1];
   const ckv_tenant *t; /* the loop's: tenants live as long as the store */
+  uint64_t mark;       /* the session's mark_of when captured */
   ckv_snap snap;
 } jwrite;
 
@@ -49,6 +56,7 @@ typedef struct jkey {
 
 /* One batch: the writer thread's between submit and done. */
 typedef struct jbatch {
+  uint64_t seq; /* 1, 2, ... in the order the loop built them */
   char state_dir[4096];
   jwrite *w;
   size_t n_w;
@@ -70,6 +78,9 @@ struct ckv_warm_journal {
   bool stop, thread_up;
   jbatch *inflight; /* the loop's: submitted, not landed */
   uint64_t last_ms;
+  uint64_t seq;            /* the last batch built */
+  uint64_t retry_after_ms; /* after a failed batch, the next one waits until then */
+  int efd;                 /* eventfd: the writer thread says a batch is written */
   ckv_strmap *entries; /* "tenant/id" -> jentry */
 };
 
@@ -164,6 +175,9 @@ static void *writer_main(void *arg) {
     pthread_mutex_lock(&j->lock);
     j->written = b;
     pthread_cond_broadcast(&j->done_cv);
+    uint64_t one = 1;
+    if (write(j->efd, &one, sizeof one) < 0) { /* full (never: 2^64 - 2) or closed; the loop looks anyway */
+    }
   }
   pthread_mutex_unlock(&j->lock);
   return NULL;
@@ -215,6 +229,11 @@ static void land(ckv_persist *p, jbatch *b) {
       ((ckv_tenant *)t)->journal_hold = true;
     }
     if (!ok && s) s->warm_mark = 0; /* written again by the next batch */
+    jentry *e = ok ? ckv_strmap_get(j->entries, b->w[i].key) : NULL;
+    if (e) {
+      e->mark = b->w[i].mark;
+      e->durable_seq = b->seq;
+    }
   }
   if (ok) {
     for (size_t i = 0; i < b->n_rm; i++) {
@@ -360,6 +379,7 @@ static jbatch *build_batch(ckv_persist *p, bool first) {
     w->t = s->tenant;
     w->snap = snap;
     s->warm_mark = mark ? mark : mark_of(s);
+    w->mark = s->warm_mark;
     if (ckv_strmap_put(l.keys, key, (void *)1) < 0) goto oom;
   }
   /* entries of sessions no longer listed (dropped, closed for good, moved to
@@ -388,6 +408,7 @@ static jbatch *build_batch(ckv_persist *p, bool first) {
   }
   if (ckv_warm_manifest_encode(p, is_listed, &l, &b->manifest, &b->manifest_len) < 0) goto oom;
   ckv_strmap_free(l.keys);
+  b->seq = ++j->seq;
   return b;
 oom:
   ckv_log(CKV_LOG_ERROR, "warm-journal-failed", NULL, NULL, "out of memory building a warm journal checkpoint");
@@ -411,11 +432,19 @@ int ckv_warm_journal_new(ckv_persist *p) {
     free(j);
     return -ENOMEM;
   }
+  j->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (j->efd < 0) {
+    int r = -errno;
+    ckv_strmap_free(j->entries);
+    free(j);
+    return r;
+  }
   pthread_mutex_init(&j->lock, NULL);
   pthread_cond_init(&j->wake, NULL);
   pthread_cond_init(&j->done_cv, NULL);
   int r = pthread_create(&j->thread, NULL, writer_main, j);
   if (r != 0) {
+    close(j->efd);
     ckv_strmap_free(j->entries);
     free(j);
     return -r;
@@ -457,17 +486,28 @@ static jbatch *take_done(ckv_warm_journal *j, bool wait) {
   return b;
 }
 
-void ckv_warm_journal_scan(ckv_persist *p, uint64_t now_ms) {
+/* Lands the batch the writer thread finished, if any: 1 when one landed, 0
+ * when none was in flight, -1 while one is still on its way. */
+static int land_done(ckv_persist *p) {
   ckv_warm_journal *j = p->journal;
-  if (!j || !j->thread_up) return;
-  if (j->inflight) {
-    jbatch *b = take_done(j, /* wait= */ false);
-    if (!b) return; /* nothing is given back while a batch is on its way */
-    j->inflight = NULL;
-    land(p, b);
+  if (!j->inflight) return 0;
+  uint64_t n;
+  while (read(j->efd, &n, sizeof n) == sizeof n) {
   }
-  release_held(p);
-  if (now_ms - j->last_ms < p->opt.warm_journal_ms) return;
+  jbatch *b = take_done(j, /* wait= */ false);
+  if (!b) return -1;
+  j->inflight = NULL;
+  if (b->status != CKV_OK) {
+    uint64_t pause = p->opt.warm_journal_ms < 1000 ? p->opt.warm_journal_ms : 1000;
+    j->retry_after_ms = ckv_now_ms() + pause; /* a failing disk is not hammered */
+  }
+  land(p, b);
+  return 1;
+}
+
+/* Builds the next batch and hands it to the writer thread (none in flight). */
+static void submit(ckv_persist *p, uint64_t now_ms) {
+  ckv_warm_journal *j = p->journal;
   j->last_ms = now_ms;
   jbatch *b = build_batch(p, /* first= */ false);
   if (!b) return;
@@ -476,6 +516,62 @@ void ckv_warm_journal_scan(ckv_persist *p, uint64_t now_ms) {
   pthread_cond_signal(&j->wake);
   pthread_mutex_unlock(&j->lock);
   j->inflight = b;
+}
+
+void ckv_warm_journal_scan(ckv_persist *p, uint64_t now_ms) {
+  ckv_warm_journal *j = p->journal;
+  if (!j || !j->thread_up) return;
+  if (land_done(p) < 0) return; /* nothing is given back while a batch is on its way */
+  release_held(p);
+  if (now_ms - j->last_ms < p->opt.warm_journal_ms || now_ms < j->retry_after_ms) return;
+  submit(p, now_ms);
+}
+
+int ckv_warm_journal_fd(const ckv_persist *p) { return p->journal && p->journal->thread_up ? p->journal->efd : -1; }
+
+void ckv_warm_journal_pump(ckv_persist *p, bool wanted, uint64_t now_ms) {
+  ckv_warm_journal *j = p->journal;
+  if (!j || !j->thread_up) return;
+  int landed = land_done(p);
+  if (landed < 0) return;
+  if (landed) release_held(p); /* blocks no entry on disk names any more (none in flight now) */
+  if (wanted && now_ms >= j->retry_after_ms) submit(p, now_ms);
+}
+
+uint64_t ckv_warm_journal_need(ckv_persist *p, const ckv_srv_session *s) {
+  ckv_warm_journal *j = p->journal;
+  if (!j || !j->thread_up || !s || !may_stay(s)) return 0;
+  char key[400];
+  ckv_store_session_key(s->tenant, s->id, key, sizeof key);
+  const jentry *e = ckv_strmap_get(j->entries, key);
+  if (e && e->durable_seq && e->mark == mark_of(s)) return 0; /* no change since its durable entry */
+  return j->seq + 1;                                          /* the next batch built */
+}
+
+bool ckv_warm_journal_covers(ckv_persist *p, const char *key, uint64_t need) {
+  ckv_warm_journal *j = p->journal;
+  if (!j || !j->thread_up) return true;
+  const ckv_srv_session *s = session_of(p, key);
+  if (!s || !may_stay(s)) return true; /* gone (its end is in incarnations.log), or in no journal entry */
+  const jentry *e = ckv_strmap_get(j->entries, key);
+  if (!e || !e->durable_seq) return false;
+  return e->durable_seq >= need || e->mark == mark_of(s);
+}
+
+bool ckv_warm_journal_flush(ckv_persist *p) {
+  ckv_warm_journal *j = p->journal;
+  if (!j || !j->thread_up) return true;
+  if (j->inflight) {
+    jbatch *b = take_done(j, /* wait= */ true);
+    j->inflight = NULL;
+    if (b) land(p, b);
+  }
+  jbatch *b = build_batch(p, /* first= */ false);
+  if (!b) return true;
+  write_batch(b); /* here: the loop has stopped serving */
+  bool ok = b->status == CKV_OK;
+  land(p, b);
+  return ok;
 }
 
 void ckv_warm_journal_stop(ckv_persist *p) {
@@ -504,6 +600,7 @@ void ckv_warm_journal_free(ckv_persist *p) {
   jentry *e;
   while ((e = ckv_strmap_next(j->entries, &cursor, NULL))) jentry_free(e);
   ckv_strmap_free(j->entries);
+  close(j->efd);
   pthread_mutex_destroy(&j->lock);
   pthread_cond_destroy(&j->wake);
   pthread_cond_destroy(&j->done_cv);

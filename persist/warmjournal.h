@@ -23,10 +23,14 @@
  * (compressor jobs in flight, a move's tokens pending) keeps its previous
  * entry, and the blocks that entry names stay held until one replaces it.
  *
- * Not done (see docs/warm-restart.md): a reply is not held until its change
- * is durable, so a kill loses up to one period (plus the write) of changes
- * per session: the session comes back as of its last entry, never with
- * another's bytes. */
+ * Durable before acknowledged: the daemon holds the reply to a request that
+ * changed a session (daemon/held.h) until an entry of that session captured
+ * after the change is durable (ckv_warm_journal_need / _covers).  Such a
+ * reply does not wait for the period: while one waits and no batch is in
+ * flight, the loop starts the next batch at once (ckv_warm_journal_pump),
+ * and the writer thread wakes the loop through an eventfd when it is
+ * written (group commit: every change made while a batch is written goes
+ * in the next one).  Reads are never held. */
 #ifndef CKV_PERSIST_WARMJOURNAL_H
 #define CKV_PERSIST_WARMJOURNAL_H
 
@@ -34,6 +38,7 @@
 #include <stdint.h>
 
 typedef struct ckv_persist ckv_persist;
+typedef struct ckv_srv_session ckv_srv_session;
 
 /* From ckv_persist_init: sets up p->journal when the warm restart is on
  * (warm.h) and warm_journal_ms is not 0; starts the writer thread.
@@ -47,6 +52,27 @@ bool ckv_warm_journal_first(ckv_persist *p);
 /* The loop's housekeeping: lands a finished batch, gives back the held
  * blocks no entry names, and starts the next batch when one is due. */
 void ckv_warm_journal_scan(ckv_persist *p, uint64_t now_ms);
+/* The eventfd the loop polls: readable when the writer thread finished a
+ * batch (ckv_warm_journal_pump drains it).  -1 when the journal is off. */
+int ckv_warm_journal_fd(const ckv_persist *p);
+/* After every turn of the loop: lands a batch the writer finished (as the
+ * housekeeping does) and, when `wanted` (a reply waits for the journal) and
+ * none is in flight, builds and submits the next one at once. */
+void ckv_warm_journal_pump(ckv_persist *p, bool wanted, uint64_t now_ms);
+/* Right after a request changed session s (the loop): 0 when its reply
+ * need not wait (the journal is off; s is in no journal entry, being
+ * quarantined or on the disk tier; its durable entry already holds its
+ * state), else the batch whose landing may cover it, for _covers. */
+uint64_t ckv_warm_journal_need(ckv_persist *p, const ckv_srv_session *s);
+/* Whether the change a reply waits for ("tenant/id", the `need` above) is
+ * durable: an entry of the session from batch `need` or later is on disk,
+ * or its durable entry holds its state now, or the session is gone or in
+ * no entry any more (a drop is durable in incarnations.log first). */
+bool ckv_warm_journal_covers(ckv_persist *p, const char *key, uint64_t need);
+/* At a clean stop, after the drain: waits for the batch in flight and
+ * writes one more on the calling thread, so the replies still held can go.
+ * false when that batch failed (logged). */
+bool ckv_warm_journal_flush(ckv_persist *p);
 /* Before the clean stop writes its own journal (warm.h): waits for the
  * batch in flight, stops the writer thread.  Held blocks stay held. */
 void ckv_warm_journal_stop(ckv_persist *p);
