@@ -73,6 +73,9 @@ void ckv_warm_forget(ckv_persist *p);
 typedef struct ckv_srv_session ckv_srv_session;
 int ckv_warm_manifest_encode(ckv_persist *p, bool (*listed)(void *ctx, const ckv_srv_session *s), void *ctx,
                              uint8_t **ret, size_t *ret_len);
+/* A hash of the tenants' part of the manifest (names, arenas, limits): the
+ * continuous journal writes a checkpoint when it changes (0: out of memory). */
+uint64_t ckv_warm_tenants_sig(const ckv_persist *p);
 int ckv_warm_manifest_write(const char *state_dir, const uint8_t *m, size_t n, char *err, size_t errlen);
 /* Removes the entry files (and leftover temporary files) under STATE_DIR/warm
  * of every tenant/id that keep() does not want. */

@@ -23,6 +23,7 @@
 #include "persist/snapshot.h"
 #include "persist/tier.h"
 #include "persist/warm.h"
+#include "persist/warmlog.h"
 #include "store/session.h"
 #include "store/store.h"
 #include "store/tenant.h"
@@ -65,6 +66,11 @@ typedef struct jbatch {
   uint8_t *manifest;
   size_t manifest_len;
   bool sweep; /* the first batch: every other file under warm/ goes */
+  /* A checkpoint (every listed session's entry file, the manifest, a new
+   * empty log) or, when false, records appended to the log (warmlog.h). */
+  bool checkpoint;
+  uint64_t log_bytes; /* the log's size after this batch (the writer's) */
+  uint64_t tenants_sig; /* a checkpoint's: ckv_warm_tenants_sig when built */
   int status;
   char err[400];
   uint64_t io_us;
@@ -81,6 +87,16 @@ struct ckv_warm_journal {
   uint64_t seq;            /* the last batch built */
   uint64_t retry_after_ms; /* after a failed batch, the next one waits until then */
   int efd;                 /* eventfd: the writer thread says a batch is written */
+  /* The writer's (and the loop's while no batch is in flight): the log the
+   * last checkpoint began, open for appending (-1: none, the next batch is
+   * a checkpoint), and its records so far. */
+  int log_fd;
+  uint64_t log_seq, log_bytes_w;
+  /* The loop's: the log's size after the last batch, the tenants' part of
+   * the last checkpoint's manifest (ckv_warm_tenants_sig). */
+  uint64_t log_bytes, tenants_sig;
+  bool want_checkpoint; /* a failed batch: the next one is a checkpoint */
+  uint64_t compact_bytes; /* the log is compacted into a checkpoint past this size */
   ckv_strmap *entries; /* "tenant/id" -> jentry */
 };
 
@@ -129,12 +145,12 @@ static bool written_in(void *ctx, const char *tenant, const char *id) {
   return false;
 }
 
-/* Entries first (each atomically replaced), then the manifest, then what
- * it no longer names: a kill at any point leaves a manifest whose every
- * entry on disk names only blocks that are still held. */
-static void write_batch(jbatch *b) {
-  uint64_t t0 = ckv_now_us();
-  b->status = CKV_OK;
+/* A checkpoint: entries first (each atomically replaced), then the
+ * manifest, then a new empty log naming it, then what it no longer names:
+ * a kill at any point leaves a manifest whose every entry on disk names only
+ * blocks that are still held, and a log that is either the old manifest's
+ * (the old one still in place) or the new one's. */
+static void write_checkpoint(ckv_warm_journal *j, jbatch *b) {
   for (size_t i = 0; i < b->n_w && b->status == CKV_OK; i++) {
     char dir[4096], err[320];
     int r = ckv_snapdir_area_dir(b->state_dir, CKV_WARM_AREA, b->w[i].tenant,
@@ -148,6 +164,15 @@ static void write_batch(jbatch *b) {
   if (b->status == CKV_OK)
     b->status = ckv_warm_manifest_write(b->state_dir, b->manifest, b->manifest_len, b->err, sizeof b->err);
   if (b->status == CKV_OK) {
+    if (j->log_fd >= 0) close(j->log_fd);
+    j->log_fd = -1;
+    uint64_t msum;
+    memcpy(&msum, b->manifest + b->manifest_len - 8, 8);
+    b->status = ckv_warmlog_create(b->state_dir, msum, &j->log_fd, b->err, sizeof b->err);
+    j->log_seq = 0;
+    b->log_bytes = CKV_WARMLOG_HEADER_BYTES;
+  }
+  if (b->status == CKV_OK) {
     for (size_t i = 0; i < b->n_rm; i++) {
       char path[4096];
       if (ckv_snapdir_area_file(b->state_dir, CKV_WARM_AREA, b->rm[i].tenant, b->rm[i].id, path, sizeof path) == CKV_OK)
@@ -159,6 +184,57 @@ static void write_batch(jbatch *b) {
       ckv_warm_sweep(&fake, written_in, &c);
     }
   }
+}
+
+/* Records appended to the log: a PUT per session written, a DEL per session
+ * no longer listed, one write and one fdatasync.  A failed append may leave
+ * part of them in the file: the log is closed and the next batch is a
+ * checkpoint (the reader cuts such a tail at the last good record). */
+static void write_records(ckv_warm_journal *j, jbatch *b) {
+  ckv_warmlog_buf rb = {0};
+  uint64_t seq = j->log_seq;
+  for (size_t i = 0; i < b->n_w && !rb.oom; i++) {
+    uint8_t *entry = NULL;
+    size_t n = 0;
+    if (ckv_snap_encode(&b->w[i].snap, &entry, &n) < 0) {
+      rb.oom = true;
+      break;
+    }
+    ckv_warmlog_encode(&rb, ++seq, CKV_WARMLOG_PUT, b->w[i].tenant, b->w[i].id, entry, n);
+    free(entry);
+  }
+  for (size_t i = 0; i < b->n_rm && !rb.oom; i++)
+    ckv_warmlog_encode(&rb, ++seq, CKV_WARMLOG_DEL, b->rm[i].tenant, b->rm[i].id, NULL, 0);
+  if (rb.oom) {
+    b->status = -ENOMEM;
+    snprintf(b->err, sizeof b->err, "out of memory encoding the journal's records");
+  } else {
+    b->status = ckv_warmlog_append(j->log_fd, rb.p, rb.n, b->err, sizeof b->err);
+  }
+  if (b->status == CKV_OK) {
+    j->log_seq = seq;
+    b->log_bytes += rb.n;
+  } else if (!rb.oom) {
+    close(j->log_fd);
+    j->log_fd = -1;
+  }
+  ckv_warmlog_buf_done(&rb);
+}
+
+static void write_batch(ckv_warm_journal *j, jbatch *b) {
+  uint64_t t0 = ckv_now_us();
+  b->status = CKV_OK;
+  if (b->checkpoint) {
+    write_checkpoint(j, b);
+  } else if (j->log_fd < 0) { /* never: the loop asks for a checkpoint then */
+    b->status = CKV_ERR_INTERNAL;
+    snprintf(b->err, sizeof b->err, "no log to append to");
+  } else {
+    b->log_bytes = j->log_bytes_w;
+    write_records(j, b);
+    j->log_bytes_w = b->log_bytes;
+  }
+  if (b->checkpoint && b->status == CKV_OK) j->log_bytes_w = b->log_bytes;
   b->io_us = ckv_now_us() - t0;
 }
 
@@ -171,7 +247,7 @@ static void *writer_main(void *arg) {
     jbatch *b = j->queued;
     j->queued = NULL;
     pthread_mutex_unlock(&j->lock);
-    write_batch(b);
+    write_batch(j, b);
     pthread_mutex_lock(&j->lock);
     j->written = b;
     pthread_cond_broadcast(&j->done_cv);
@@ -236,6 +312,11 @@ static void land(ckv_persist *p, jbatch *b) {
     }
   }
   if (ok) {
+    j->log_bytes = b->log_bytes;
+    if (b->checkpoint) {
+      j->tenants_sig = b->tenants_sig;
+      j->want_checkpoint = false;
+    }
     for (size_t i = 0; i < b->n_rm; i++) {
       char key[sizeof b->w[0].key];
       snprintf(key, sizeof key, "%s/%s", b->rm[i].tenant, b->rm[i].id);
@@ -243,11 +324,16 @@ static void land(ckv_persist *p, jbatch *b) {
     }
     p->counters.warm_checkpoints++;
     p->counters.warm_entries += b->n_w;
-    ckv_log(CKV_LOG_DEBUG, "warm-checkpoint", NULL, NULL,
-            "warm journal checkpoint durable: %zu entries written, %zu "
-            "removed, in %.3f ms",
-            b->n_w, b->n_rm, (double)b->io_us / 1e3);
+    if (b->checkpoint)
+      ckv_log(CKV_LOG_DEBUG, "warm-checkpoint", NULL, NULL,
+              "warm journal checkpoint durable: %zu entries written, %zu removed, in %.3f ms", b->n_w, b->n_rm,
+              (double)b->io_us / 1e3);
+    else
+      ckv_log(CKV_LOG_DEBUG, "warm-log", NULL, NULL,
+              "warm journal records durable: %zu session(s) written, %zu removed, log at %llu bytes, in %.3f ms",
+              b->n_w, b->n_rm, (unsigned long long)b->log_bytes, (double)b->io_us / 1e3);
   } else {
+    j->want_checkpoint = true; /* what the log holds may end in a torn record */
     p->counters.warm_journal_errors++;
     ckv_log(CKV_LOG_ERROR, "warm-journal-failed", NULL, NULL,
             "warm journal checkpoint not written: %s (%s); the previous one "
@@ -328,16 +414,20 @@ static bool is_listed(void *ctx, const ckv_srv_session *s) {
   return ckv_strmap_get(((listing *)ctx)->keys, key) != NULL;
 }
 
-/* Captures what changed into a batch; NULL when nothing changed (or out of
- * memory, logged). */
-static jbatch *build_batch(ckv_persist *p, bool first) {
+/* Captures what changed into a batch of records, or, when checkpoint, every
+ * session into a checkpoint; NULL when nothing changed, when a checkpoint
+ * cannot be written now (*ret_busy: a session it must list cannot be
+ * captured now), or out of memory (logged). */
+static jbatch *build_batch(ckv_persist *p, bool checkpoint, bool *ret_busy) {
   ckv_warm_journal *j = p->journal;
   jbatch *b = calloc(1, sizeof(*b));
   listing l = {0};
   size_t cap_w = 0;
+  *ret_busy = false;
   if (!b || ckv_strmap_new(&l.keys) < 0) goto oom;
   snprintf(b->state_dir, sizeof b->state_dir, "%s", p->opt.state_dir);
-  b->sweep = first;
+  const bool first = checkpoint; /* every session captured anew */
+  b->sweep = b->checkpoint = checkpoint;
   size_t cursor = 0;
   const char *key;
   ckv_srv_session *s;
@@ -354,6 +444,12 @@ static jbatch *build_batch(ckv_persist *p, bool first) {
     ckv_snap snap;
     if (r == CKV_OK) r = ckv_session_snap_capture_refs(s, &snap, err, sizeof err);
     if (r < 0) {
+      /* A checkpoint lists every session with its entry file: one whose last
+       * record is in the log and cannot be captured now makes it wait. */
+      if (checkpoint && has_entry && may_stay(s)) {
+        *ret_busy = true;
+        goto abandon;
+      }
       /* not now (moves in flight, away on disk): its previous entry stays while
        * its blocks do */
       if (has_entry && may_stay(s) && ckv_strmap_put(l.keys, key, (void *)1) < 0) goto oom;
@@ -401,17 +497,18 @@ static jbatch *build_batch(ckv_persist *p, bool first) {
     snprintf(k->tenant, sizeof k->tenant, "%.*s", slash ? (int)(slash - key) : 0, key);
     snprintf(k->id, sizeof k->id, "%s", slash ? slash + 1 : key);
   }
-  if (!first && !b->n_w && !b->n_rm) {
+  if (!checkpoint && !b->n_w && !b->n_rm) {
     ckv_strmap_free(l.keys);
     batch_free(b);
     return NULL;
   }
-  if (ckv_warm_manifest_encode(p, is_listed, &l, &b->manifest, &b->manifest_len) < 0) goto oom;
+  if (checkpoint && ckv_warm_manifest_encode(p, is_listed, &l, &b->manifest, &b->manifest_len) < 0) goto oom;
   ckv_strmap_free(l.keys);
   b->seq = ++j->seq;
   return b;
 oom:
   ckv_log(CKV_LOG_ERROR, "warm-journal-failed", NULL, NULL, "out of memory building a warm journal checkpoint");
+abandon:
   if (b)
     for (size_t i = 0; i < b->n_w; i++) { /* written again next time */
       ckv_srv_session *ws = session_of(p, b->w[i].key);
@@ -420,6 +517,32 @@ oom:
   ckv_strmap_free(l.keys);
   batch_free(b);
   return NULL;
+}
+
+/* CKV_TEST_WARM_COMPACT_BYTES=N (tests only): compact the log past N bytes
+ * instead of CKV_WARM_COMPACT_BYTES. */
+#define CKV_WARM_COMPACT_BYTES (UINT64_C(8) << 20)
+static uint64_t compact_bytes(void) {
+  const char *v = getenv("CKV_TEST_WARM_COMPACT_BYTES");
+  long long n = v ? strtoll(v, NULL, 10) : 0;
+  return n > 0 ? (uint64_t)n : CKV_WARM_COMPACT_BYTES;
+}
+
+/* The next batch: records appended to the log, or a checkpoint when one is
+ * due (the first of this daemon, no usable log, a failed batch, the tenants
+ * changed: it waits until it can be written; the log past its size: when
+ * it can, else records). */
+static jbatch *next_batch(ckv_persist *p, bool first) {
+  ckv_warm_journal *j = p->journal;
+  uint64_t sig = ckv_warm_tenants_sig(p);
+  bool must = first || j->log_fd < 0 || j->want_checkpoint || sig != j->tenants_sig;
+  bool busy = false;
+  if (must || j->log_bytes > j->compact_bytes) {
+    jbatch *b = build_batch(p, /* checkpoint= */ true, &busy);
+    if (b) b->tenants_sig = sig;
+    if (b || must) return b;
+  }
+  return build_batch(p, /* checkpoint= */ false, &busy);
 }
 
 /* ---- the module's face ---- */
@@ -432,6 +555,8 @@ int ckv_warm_journal_new(ckv_persist *p) {
     free(j);
     return -ENOMEM;
   }
+  j->log_fd = -1;
+  j->compact_bytes = compact_bytes();
   j->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (j->efd < 0) {
     int r = -errno;
@@ -459,9 +584,9 @@ bool ckv_warm_journal_first(ckv_persist *p) {
   if (!j || j->inflight) return false;
   ckv_snapdir_clean_temps(p->opt.state_dir, CKV_WARM_AREA);
   for (size_t i = 0; i < p->store->n_tenants; i++) p->store->tenants[i]->journal_hold = true;
-  jbatch *b = build_batch(p, /* first= */ true);
+  jbatch *b = next_batch(p, /* first= */ true);
   if (!b) return false;
-  write_batch(b); /* here: before the first request, a kill finds this daemon's
+  write_batch(j, b); /* here: before the first request, a kill finds this daemon's
                      journal */
   bool ok = b->status == CKV_OK;
   size_t n = b->n_w;
@@ -509,7 +634,7 @@ static int land_done(ckv_persist *p) {
 static void submit(ckv_persist *p, uint64_t now_ms) {
   ckv_warm_journal *j = p->journal;
   j->last_ms = now_ms;
-  jbatch *b = build_batch(p, /* first= */ false);
+  jbatch *b = next_batch(p, /* first= */ false);
   if (!b) return;
   pthread_mutex_lock(&j->lock);
   j->queued = b;
@@ -566,9 +691,9 @@ bool ckv_warm_journal_flush(ckv_persist *p) {
     j->inflight = NULL;
     if (b) land(p, b);
   }
-  jbatch *b = build_batch(p, /* first= */ false);
+  jbatch *b = next_batch(p, /* first= */ false);
   if (!b) return true;
-  write_batch(b); /* here: the loop has stopped serving */
+  write_batch(j, b); /* here: the loop has stopped serving */
   bool ok = b->status == CKV_OK;
   land(p, b);
   return ok;
@@ -601,6 +726,7 @@ void ckv_warm_journal_free(ckv_persist *p) {
   while ((e = ckv_strmap_next(j->entries, &cursor, NULL))) jentry_free(e);
   ckv_strmap_free(j->entries);
   close(j->efd);
+  if (j->log_fd >= 0) close(j->log_fd);
   pthread_mutex_destroy(&j->lock);
   pthread_cond_destroy(&j->wake);
   pthread_cond_destroy(&j->done_cv);

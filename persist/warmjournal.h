@@ -5,14 +5,18 @@
  * session under STATE_DIR/warm) at a clean stop.  This module keeps it
  * current in between, so that after a kill -9 the next daemon adopts the
  * arenas from systemd's fd store and the sessions on their blocks, each as
- * of its last entry.  It is a batched checkpoint, not a write-ahead log:
- * every warm_journal ms the loop's housekeeping captures each session that
- * changed since its entry (rounds, tokens, epoch, block table; opens, drops,
- * tier moves), header regions and token columns only, and hands the batch
- * to the journal's own writer thread, which writes each entry (temporary
- * file, fsync, rename, directory fsync), then the manifest naming every
- * journaled session (the same, last), then removes the entries of sessions
- * no longer listed.  One batch is in flight at a time.
+ * of its last durable record.  It is a write-ahead log over a checkpoint:
+ * the loop captures each session that changed (rounds, tokens, epoch, block
+ * table; opens, drops, tier moves), header regions and token columns only,
+ * and hands the batch to the journal's own writer thread, which appends one
+ * record per session (warmlog.h: PUT with the entry's bytes, DEL for a
+ * session no longer journaled, each sealed with its XXH64) to
+ * STATE_DIR/warm/journal.log and fdatasyncs once per batch.  Now and then
+ * (the log past CKV_WARM_COMPACT_BYTES, the tenants changed, a batch
+ * failed, a daemon's first) a batch is a checkpoint instead: every
+ * session's entry file (temporary file, fsync, rename, directory fsync),
+ * then the manifest, then a new empty log naming that manifest, then the
+ * entries no longer listed go.  One batch is in flight at a time.
  *
  * The rule that makes an entry safe to adopt: a block a journal entry on
  * disk may name keeps its bytes.  While the journal is on, every block a
