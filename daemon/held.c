@@ -17,17 +17,15 @@ struct ckv_held_reply {
   ckv_reply_to to;
   char key[CKV_HELD_KEY_MAX]; /* "tenant/id" of the session whose change it
                                  acknowledges */
-  uint64_t need; /* the journal batch that may cover it (warmjournal.h) */
+  uint64_t need;              /* the journal batch that may cover it (warmjournal.h) */
   size_t len;
   uint8_t data[]; /* the packed reply */
 };
 
 void ckv_held_note(ckv_server *s, const ckv_srv_session *sess) {
   uint64_t need = ckv_warm_journal_need(&s->persist, sess);
-  if (!need)
-    return;
-  ckv_store_session_key(sess->tenant, sess->id, s->hold_key,
-                        sizeof s->hold_key);
+  if (!need) return;
+  ckv_store_session_key(sess->tenant, sess->id, s->hold_key, sizeof s->hold_key);
   s->hold_need = need;
 }
 
@@ -36,23 +34,18 @@ void ckv_held_clear(ckv_server *s) {
   s->hold_key[0] = 0;
 }
 
-bool ckv_held_take(ckv_server *s, const ckv_reply_to *to, ckv_conn *c,
-                   Commitkv__V1__Response *rep) {
+bool ckv_held_take(ckv_server *s, const ckv_reply_to *to, ckv_conn *c, Commitkv__V1__Response *rep) {
   uint64_t need = s->hold_need;
   char key[CKV_HELD_KEY_MAX];
   memcpy(key, s->hold_key, sizeof key);
   ckv_held_clear(s);
-  if (!need || rep->code != 0 || !c)
-    return false;
-  if (ckv_warm_journal_covers(&s->persist, key, need))
-    return false;
+  if (!need || rep->code != 0 || !c) return false;
+  if (ckv_warm_journal_covers(&s->persist, key, need)) return false;
   size_t len = commitkv__v1__response__get_packed_size(rep);
   struct ckv_held_reply *h = malloc(sizeof(*h) + len);
   if (!h) {
-    ckv_log(
-        CKV_LOG_ERROR, "reply-not-held", c->tenant ? c->tenant->name : NULL,
-        NULL,
-        "out of memory holding a reply until its change is durable: sent now");
+    ckv_log(CKV_LOG_ERROR, "reply-not-held", c->tenant ? c->tenant->name : NULL, NULL,
+            "out of memory holding a reply until its change is durable: sent now");
     return false;
   }
   commitkv__v1__response__pack(rep, h->data);
@@ -73,8 +66,7 @@ static void send_one(ckv_server *s, struct ckv_held_reply *h) {
   ckv_conn *c = ckv_strmap_get(s->conns, h->to.keyhex);
   if (c && c->id == h->to.conn_id) {
     c->io_inflight--;
-    ckv_reply_send_packed(s, c->key, CKV_KEY_BYTES, h->to.delim, c, h->data,
-                          h->len);
+    ckv_reply_send_packed(s, c->key, CKV_KEY_BYTES, h->to.delim, c, h->data, h->len);
   }
   free(h);
 }
@@ -107,8 +99,7 @@ void ckv_held_free(ckv_server *s) {
     struct ckv_held_reply *h = s->held_head;
     s->held_head = h->next;
     ckv_conn *c = s->conns ? ckv_strmap_get(s->conns, h->to.keyhex) : NULL;
-    if (c && c->id == h->to.conn_id)
-      c->io_inflight--;
+    if (c && c->id == h->to.conn_id) c->io_inflight--;
     free(h);
   }
   s->n_held = 0;

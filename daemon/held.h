@@ -28,8 +28,7 @@ void ckv_held_clear(ckv_server *s);
  * is no error, rep is packed and held, and true is returned (the caller
  * sends nothing).  false: the caller sends it now.  The note is cleared
  * either way.  Out of memory: false (sent now, logged). */
-bool ckv_held_take(ckv_server *s, const ckv_reply_to *to, ckv_conn *c,
-                   Commitkv__V1__Response *rep);
+bool ckv_held_take(ckv_server *s, const ckv_reply_to *to, ckv_conn *c, Commitkv__V1__Response *rep);
 /* Sends every held reply whose change is durable now (the loop, each turn). */
 void ckv_held_release(ckv_server *s);
 /* Held replies waiting. */

@@ -594,8 +594,10 @@ static bool load_entry(ckv_persist *p, ckv_tenant *t, const char *id, const ckv_
     r = ckv_snap_parse(rec->entry, rec->entry_len, snap, err, sizeof err);
   } else {
     r = ckv_snapdir_area_file(p->opt.state_dir, CKV_WARM_AREA, t->name, id, path, sizeof path);
-    if (r == CKV_OK) r = ckv_snapdir_read(path, snap, err, sizeof err);
-    else snprintf(err, sizeof err, "no journal entry path: %s", ckv_strerror(r));
+    if (r == CKV_OK)
+      r = ckv_snapdir_read(path, snap, err, sizeof err);
+    else
+      snprintf(err, sizeof err, "no journal entry path: %s", ckv_strerror(r));
   }
   if (r < 0) {
     snprintf(why, sizeof why, "its journal %s was refused (%.300s)", rec ? "record" : "entry", err);
@@ -969,7 +971,8 @@ size_t ckv_warm_stop(ckv_persist *p) {
       ckv_fdstore_remove_arena(ckv_arena_generation(p->store->tenants[i]->arena), owner_tag(p));
     return 0;
   }
-  ckv_warmlog_remove(p->opt.state_dir); /* the continuous journal's records: all in this journal now */
+  /* the continuous journal's records: all in this journal now */
+  ckv_warmlog_remove(p->opt.state_dir);
   if (continuous) ckv_warm_sweep(p, in_store, p); /* entries of sessions gone since the last checkpoint */
   { /* this journal is a clean stop's (said at the next start; a checkpoint's is a killed daemon's) */
     char marker[4200];

@@ -69,7 +69,7 @@ typedef struct jbatch {
   /* A checkpoint (every listed session's entry file, the manifest, a new
    * empty log) or, when false, records appended to the log (warmlog.h). */
   bool checkpoint;
-  uint64_t log_bytes; /* the log's size after this batch (the writer's) */
+  uint64_t log_bytes;   /* the log's size after this batch (the writer's) */
   uint64_t tenants_sig; /* a checkpoint's: ckv_warm_tenants_sig when built */
   int status;
   char err[400];
@@ -95,9 +95,9 @@ struct ckv_warm_journal {
   /* The loop's: the log's size after the last batch, the tenants' part of
    * the last checkpoint's manifest (ckv_warm_tenants_sig). */
   uint64_t log_bytes, tenants_sig;
-  bool want_checkpoint; /* a failed batch: the next one is a checkpoint */
+  bool want_checkpoint;   /* a failed batch: the next one is a checkpoint */
   uint64_t compact_bytes; /* the log is compacted into a checkpoint past this size */
-  ckv_strmap *entries; /* "tenant/id" -> jentry */
+  ckv_strmap *entries;    /* "tenant/id" -> jentry */
 };
 
 static uint64_t mark_of(const ckv_srv_session *s) {

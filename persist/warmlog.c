@@ -19,12 +19,10 @@
 #define LOG_MAX (UINT64_C(1) << 30) /* compaction keeps it far below */
 
 static void put(ckv_warmlog_buf *b, const void *src, size_t n) {
-  if (b->oom || !n)
-    return;
+  if (b->oom || !n) return;
   if (b->n + n > b->cap) {
     size_t cap = b->cap ? b->cap : 4096;
-    while (cap < b->n + n)
-      cap *= 2;
+    while (cap < b->n + n) cap *= 2;
     uint8_t *p = realloc(b->p, cap);
     if (!p) {
       b->oom = true;
@@ -37,25 +35,21 @@ static void put(ckv_warmlog_buf *b, const void *src, size_t n) {
   b->n += n;
 }
 
-static uint64_t rec_sum(const uint8_t *head, const char *tenant, size_t tl,
-                        const char *id, size_t il, const uint8_t *entry,
-                        size_t n) {
+static uint64_t rec_sum(const uint8_t *head, const char *tenant, size_t tl, const char *id, size_t il,
+                        const uint8_t *entry, size_t n) {
   XXH64_state_t *st = XXH64_createState();
-  if (!st)
-    return 0; /* no record checks (never: a few bytes) */
+  if (!st) return 0; /* no record checks (never: a few bytes) */
   XXH64_reset(st, 0);
   XXH64_update(st, head, 32);
   XXH64_update(st, tenant, tl);
   XXH64_update(st, id, il);
-  if (n)
-    XXH64_update(st, entry, n);
+  if (n) XXH64_update(st, entry, n);
   uint64_t sum = XXH64_digest(st);
   XXH64_freeState(st);
   return sum;
 }
 
-void ckv_warmlog_encode(ckv_warmlog_buf *b, uint64_t seq, uint32_t type,
-                        const char *tenant, const char *id,
+void ckv_warmlog_encode(ckv_warmlog_buf *b, uint64_t seq, uint32_t type, const char *tenant, const char *id,
                         const uint8_t *entry, size_t n) {
   uint8_t head[CKV_WARMLOG_RECORD_BYTES] = {0};
   uint32_t magic = REC_MAGIC;
@@ -81,18 +75,13 @@ void ckv_warmlog_buf_done(ckv_warmlog_buf *b) {
 }
 
 static int log_path(const char *state_dir, char *path, size_t len) {
-  return snprintf(path, len, "%s/%s/%s", state_dir, CKV_WARM_AREA,
-                  CKV_WARM_LOG) >= (int)len
-             ? -ENAMETOOLONG
-             : CKV_OK;
+  return snprintf(path, len, "%s/%s/%s", state_dir, CKV_WARM_AREA, CKV_WARM_LOG) >= (int)len ? -ENAMETOOLONG : CKV_OK;
 }
 
-int ckv_warmlog_create(const char *state_dir, uint64_t manifest_sum,
-                       int *ret_fd, char *err, size_t errlen) {
+int ckv_warmlog_create(const char *state_dir, uint64_t manifest_sum, int *ret_fd, char *err, size_t errlen) {
   char path[4200], tmp[4300], top[4100];
   if (log_path(state_dir, path, sizeof path) < 0 ||
-      snprintf(top, sizeof top, "%s/%s", state_dir, CKV_WARM_AREA) >=
-          (int)sizeof top) {
+      snprintf(top, sizeof top, "%s/%s", state_dir, CKV_WARM_AREA) >= (int)sizeof top) {
     snprintf(err, errlen, "state directory path too long");
     return -ENAMETOOLONG;
   }
@@ -106,23 +95,17 @@ int ckv_warmlog_create(const char *state_dir, uint64_t manifest_sum,
   uint64_t sum = XXH64(head, 24, 0);
   memcpy(head + 24, &sum, 8);
   int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_APPEND, 0600);
-  int r = fd < 0 || write(fd, head, sizeof head) != (ssize_t)sizeof head ||
-                  fsync(fd) < 0
-              ? (errno ? -errno : -EIO)
-              : CKV_OK;
-  if (r == CKV_OK && rename(tmp, path) < 0)
-    r = -errno;
+  int r = fd < 0 || write(fd, head, sizeof head) != (ssize_t)sizeof head || fsync(fd) < 0 ? (errno ? -errno : -EIO)
+                                                                                          : CKV_OK;
+  if (r == CKV_OK && rename(tmp, path) < 0) r = -errno;
   if (r == CKV_OK) {
     int dfd = open(top, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0 || fsync(dfd) < 0)
-      r = -errno;
-    if (dfd >= 0)
-      close(dfd);
+    if (dfd < 0 || fsync(dfd) < 0) r = -errno;
+    if (dfd >= 0) close(dfd);
   }
   if (r < 0) {
     snprintf(err, errlen, "cannot write %.300s: %s", path, strerror(-r));
-    if (fd >= 0)
-      close(fd);
+    if (fd >= 0) close(fd);
     unlink(tmp);
     return r;
   }
@@ -130,25 +113,21 @@ int ckv_warmlog_create(const char *state_dir, uint64_t manifest_sum,
   return CKV_OK;
 }
 
-int ckv_warmlog_append(int fd, const void *buf, size_t len, char *err,
-                       size_t errlen) {
+int ckv_warmlog_append(int fd, const void *buf, size_t len, char *err, size_t errlen) {
   size_t done = 0;
   while (done < len) {
     ssize_t w = write(fd, (const uint8_t *)buf + done, len - done);
-    if (w < 0 && errno == EINTR)
-      continue;
+    if (w < 0 && errno == EINTR) continue;
     if (w <= 0) {
       int r = w < 0 ? -errno : -EIO;
-      snprintf(err, errlen, "appending to the warm journal's log: %s",
-               strerror(-r));
+      snprintf(err, errlen, "appending to the warm journal's log: %s", strerror(-r));
       return r;
     }
     done += (size_t)w;
   }
   if (fdatasync(fd) < 0) {
     int r = -errno;
-    snprintf(err, errlen, "fdatasync of the warm journal's log: %s",
-             strerror(-r));
+    snprintf(err, errlen, "fdatasync of the warm journal's log: %s", strerror(-r));
     return r;
   }
   return CKV_OK;
@@ -156,8 +135,7 @@ int ckv_warmlog_append(int fd, const void *buf, size_t len, char *err,
 
 void ckv_warmlog_remove(const char *state_dir) {
   char path[4200];
-  if (log_path(state_dir, path, sizeof path) == CKV_OK)
-    unlink(path);
+  if (log_path(state_dir, path, sizeof path) == CKV_OK) unlink(path);
 }
 
 void ckv_warmlog_done(ckv_warmlog *l) {
@@ -167,21 +145,17 @@ void ckv_warmlog_done(ckv_warmlog *l) {
 }
 
 /* Reads the whole file (at most LOG_MAX bytes). */
-static int slurp(const char *path, uint8_t **ret, size_t *ret_len, char *err,
-                 size_t errlen) {
+static int slurp(const char *path, uint8_t **ret, size_t *ret_len, char *err, size_t errlen) {
   int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) {
-    if (errno == ENOENT)
-      return -ENOENT;
+    if (errno == ENOENT) return -ENOENT;
     int r = -errno;
     snprintf(err, errlen, "cannot open %.300s: %s", path, strerror(errno));
     return r;
   }
   struct stat st;
-  if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) ||
-      (uint64_t)st.st_size > LOG_MAX) {
-    snprintf(err, errlen, "%.300s is not a regular file of at most %llu bytes",
-             path, (unsigned long long)LOG_MAX);
+  if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size > LOG_MAX) {
+    snprintf(err, errlen, "%.300s is not a regular file of at most %llu bytes", path, (unsigned long long)LOG_MAX);
     close(fd);
     return CKV_ERR_CORRUPT;
   }
@@ -189,8 +163,7 @@ static int slurp(const char *path, uint8_t **ret, size_t *ret_len, char *err,
   uint8_t *p = malloc(len ? len : 1);
   while (p && got < len) {
     ssize_t r = read(fd, p + got, len - got);
-    if (r <= 0)
-      break;
+    if (r <= 0) break;
     got += (size_t)r;
   }
   close(fd);
@@ -206,24 +179,19 @@ static int slurp(const char *path, uint8_t **ret, size_t *ret_len, char *err,
 
 /* Whether s (n bytes, not terminated) is a usable name: no NUL, no '/'. */
 static bool name_ok(const uint8_t *s, size_t n) {
-  if (!n)
-    return false;
+  if (!n) return false;
   for (size_t i = 0; i < n; i++)
-    if (!s[i] || s[i] == '/')
-      return false;
+    if (!s[i] || s[i] == '/') return false;
   return true;
 }
 
-int ckv_warmlog_read(const char *state_dir, uint64_t manifest_sum,
-                     ckv_warmlog *ret, char *err, size_t errlen) {
+int ckv_warmlog_read(const char *state_dir, uint64_t manifest_sum, ckv_warmlog *ret, char *err, size_t errlen) {
   char path[4200];
-  if (log_path(state_dir, path, sizeof path) < 0)
-    return -ENAMETOOLONG;
+  if (log_path(state_dir, path, sizeof path) < 0) return -ENAMETOOLONG;
   uint8_t *p = NULL;
   size_t len = 0;
   int r = slurp(path, &p, &len, err, errlen);
-  if (r < 0)
-    return r;
+  if (r < 0) return r;
   uint32_t ver, nver;
   uint64_t msum, hsum;
   if (len < CKV_WARMLOG_HEADER_BYTES || memcmp(p, LOG_MAGIC, 8) != 0) {
@@ -236,15 +204,12 @@ int ckv_warmlog_read(const char *state_dir, uint64_t manifest_sum,
   memcpy(&msum, p + 16, 8);
   memcpy(&hsum, p + 24, 8);
   if (ver != (uint32_t)~nver || ver != LOG_VERSION || XXH64(p, 24, 0) != hsum) {
-    snprintf(err, errlen,
-             "%.300s: damaged header or version %u (this build reads %u)", path,
-             ver, LOG_VERSION);
+    snprintf(err, errlen, "%.300s: damaged header or version %u (this build reads %u)", path, ver, LOG_VERSION);
     free(p);
     return CKV_ERR_CORRUPT;
   }
   if (msum != manifest_sum) {
-    snprintf(err, errlen,
-             "%.300s follows another checkpoint than the manifest's", path);
+    snprintf(err, errlen, "%.300s follows another checkpoint than the manifest's", path);
     free(p);
     return -ESTALE;
   }
@@ -272,13 +237,11 @@ int ckv_warmlog_read(const char *state_dir, uint64_t manifest_sum,
     memcpy(&elen, h + 24, 8);
     memcpy(&sum, h + 32, 8);
     size_t left = len - at - CKV_WARMLOG_RECORD_BYTES;
-    if (magic != REC_MAGIC ||
-        (type != CKV_WARMLOG_PUT && type != CKV_WARMLOG_DEL)) {
+    if (magic != REC_MAGIC || (type != CKV_WARMLOG_PUT && type != CKV_WARMLOG_DEL)) {
       why = "no record magic or an unknown type";
       break;
     }
-    if (tl > CKV_WARMLOG_TENANT_MAX || il > CKV_WARMLOG_ID_MAX ||
-        (type == CKV_WARMLOG_DEL && elen)) {
+    if (tl > CKV_WARMLOG_TENANT_MAX || il > CKV_WARMLOG_ID_MAX || (type == CKV_WARMLOG_DEL && elen)) {
       why = "lengths out of range";
       break;
     }
@@ -286,16 +249,14 @@ int ckv_warmlog_read(const char *state_dir, uint64_t manifest_sum,
       why = "a record cut short (torn tail)";
       break;
     }
-    const uint8_t *tenant = h + CKV_WARMLOG_RECORD_BYTES, *id = tenant + tl,
-                  *entry = id + il;
-    if (rec_sum(h, (const char *)tenant, tl, (const char *)id, il, entry,
-                (size_t)elen) != sum) {
+    const uint8_t *tenant = h + CKV_WARMLOG_RECORD_BYTES, *id = tenant + tl, *entry = id + il;
+    if (rec_sum(h, (const char *)tenant, tl, (const char *)id, il, entry, (size_t)elen) != sum) {
       why = "checksum mismatch";
       break;
     }
     if (seq != seq_want) {
-      snprintf(whybuf, sizeof whybuf, "sequence %llu where %llu belongs",
-               (unsigned long long)seq, (unsigned long long)seq_want);
+      snprintf(whybuf, sizeof whybuf, "sequence %llu where %llu belongs", (unsigned long long)seq,
+               (unsigned long long)seq_want);
       why = whybuf;
       break;
     }

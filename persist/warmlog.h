@@ -46,8 +46,7 @@ typedef struct ckv_warmlog_buf {
 
 /* Appends one record (seq, type, tenant, id, entry of n bytes; NULL/0 for
  * DEL) to b; b->oom says when memory ran out. */
-void ckv_warmlog_encode(ckv_warmlog_buf *b, uint64_t seq, uint32_t type,
-                        const char *tenant, const char *id,
+void ckv_warmlog_encode(ckv_warmlog_buf *b, uint64_t seq, uint32_t type, const char *tenant, const char *id,
                         const uint8_t *entry, size_t n);
 void ckv_warmlog_buf_done(ckv_warmlog_buf *b);
 
@@ -55,12 +54,10 @@ void ckv_warmlog_buf_done(ckv_warmlog_buf *b);
  * manifest of checksum manifest_sum (temporary file, fsync, rename,
  * directory fsync), and opened for appending: CKV_OK with *ret_fd, or
  * -errno with err. */
-int ckv_warmlog_create(const char *state_dir, uint64_t manifest_sum,
-                       int *ret_fd, char *err, size_t errlen);
+int ckv_warmlog_create(const char *state_dir, uint64_t manifest_sum, int *ret_fd, char *err, size_t errlen);
 /* Appends len bytes of records to fd and makes them durable (fdatasync):
  * CKV_OK or -errno with err.  On failure part of them may be in the file. */
-int ckv_warmlog_append(int fd, const void *buf, size_t len, char *err,
-                       size_t errlen);
+int ckv_warmlog_append(int fd, const void *buf, size_t len, char *err, size_t errlen);
 /* Removes STATE_DIR/warm/journal.log (a clean stop's journal has none). */
 void ckv_warmlog_remove(const char *state_dir);
 
@@ -90,8 +87,7 @@ typedef struct ckv_warmlog {
  * when it follows another checkpoint than manifest_sum's, else a code
  * (CKV_ERR_CORRUPT: its header does not check) with err.  Free with
  * ckv_warmlog_done. */
-int ckv_warmlog_read(const char *state_dir, uint64_t manifest_sum,
-                     ckv_warmlog *ret, char *err, size_t errlen);
+int ckv_warmlog_read(const char *state_dir, uint64_t manifest_sum, ckv_warmlog *ret, char *err, size_t errlen);
 void ckv_warmlog_done(ckv_warmlog *l);
 
 #endif
