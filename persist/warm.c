@@ -693,7 +693,9 @@ static bool rebuild_session(ckv_persist *p, ckv_tenant *t, const char *id, const
  * ignored (that checkpoint's manifest replaced it, with everything in it). */
 static void read_log(ckv_persist *p, uint64_t msum, jtenant *jt, size_t n_jt, ckv_warmlog *wl) {
   char err[512] = "";
-  int r = ckv_warmlog_read(p->opt.state_dir, msum, wl, err, sizeof err);
+  char dir[4200];
+  snprintf(dir, sizeof dir, "%s/%s", p->opt.state_dir, CKV_WARM_AREA);
+  int r = ckv_warmlog_read(dir, msum, wl, err, sizeof err);
   if (r == -ENOENT) return; /* a clean stop's journal, or an older daemon's */
   if (r == -ESTALE) {
     ckv_log(CKV_LOG_INFO, "warm-log", NULL, NULL, "warm journal log ignored: %s", err);
@@ -972,7 +974,7 @@ size_t ckv_warm_stop(ckv_persist *p) {
     return 0;
   }
   /* the continuous journal's records: all in this journal now */
-  ckv_warmlog_remove(p->opt.state_dir);
+  ckv_warmlog_remove(top);
   if (continuous) ckv_warm_sweep(p, in_store, p); /* entries of sessions gone since the last checkpoint */
   { /* this journal is a clean stop's (said at the next start; a checkpoint's is a killed daemon's) */
     char marker[4200];

@@ -168,7 +168,9 @@ static void write_checkpoint(ckv_warm_journal *j, jbatch *b) {
     j->log_fd = -1;
     uint64_t msum;
     memcpy(&msum, b->manifest + b->manifest_len - 8, 8);
-    b->status = ckv_warmlog_create(b->state_dir, msum, &j->log_fd, b->err, sizeof b->err);
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%s/%s", b->state_dir, CKV_WARM_AREA);
+    b->status = ckv_warmlog_create(dir, msum, &j->log_fd, b->err, sizeof b->err);
     j->log_seq = 0;
     b->log_bytes = CKV_WARMLOG_HEADER_BYTES;
   }

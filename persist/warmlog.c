@@ -11,7 +11,6 @@
 #include <xxhash.h>
 
 #include "commitkv/status.h"
-#include "persist/warm.h"
 
 #define LOG_MAGIC "CKVWLOG"
 #define LOG_VERSION 1u
@@ -74,14 +73,13 @@ void ckv_warmlog_buf_done(ckv_warmlog_buf *b) {
   memset(b, 0, sizeof *b);
 }
 
-static int log_path(const char *state_dir, char *path, size_t len) {
-  return snprintf(path, len, "%s/%s/%s", state_dir, CKV_WARM_AREA, CKV_WARM_LOG) >= (int)len ? -ENAMETOOLONG : CKV_OK;
+static int log_path(const char *warm_dir, char *path, size_t len) {
+  return snprintf(path, len, "%s/%s", warm_dir, CKV_WARM_LOG) >= (int)len ? -ENAMETOOLONG : CKV_OK;
 }
 
-int ckv_warmlog_create(const char *state_dir, uint64_t manifest_sum, int *ret_fd, char *err, size_t errlen) {
-  char path[4200], tmp[4300], top[4100];
-  if (log_path(state_dir, path, sizeof path) < 0 ||
-      snprintf(top, sizeof top, "%s/%s", state_dir, CKV_WARM_AREA) >= (int)sizeof top) {
+int ckv_warmlog_create(const char *warm_dir, uint64_t manifest_sum, int *ret_fd, char *err, size_t errlen) {
+  char path[4200], tmp[4300];
+  if (log_path(warm_dir, path, sizeof path) < 0) {
     snprintf(err, errlen, "state directory path too long");
     return -ENAMETOOLONG;
   }
@@ -99,7 +97,7 @@ int ckv_warmlog_create(const char *state_dir, uint64_t manifest_sum, int *ret_fd
                                                                                           : CKV_OK;
   if (r == CKV_OK && rename(tmp, path) < 0) r = -errno;
   if (r == CKV_OK) {
-    int dfd = open(top, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int dfd = open(warm_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd < 0 || fsync(dfd) < 0) r = -errno;
     if (dfd >= 0) close(dfd);
   }
@@ -133,9 +131,9 @@ int ckv_warmlog_append(int fd, const void *buf, size_t len, char *err, size_t er
   return CKV_OK;
 }
 
-void ckv_warmlog_remove(const char *state_dir) {
+void ckv_warmlog_remove(const char *warm_dir) {
   char path[4200];
-  if (log_path(state_dir, path, sizeof path) == CKV_OK) unlink(path);
+  if (log_path(warm_dir, path, sizeof path) == CKV_OK) unlink(path);
 }
 
 void ckv_warmlog_done(ckv_warmlog *l) {
@@ -185,9 +183,9 @@ static bool name_ok(const uint8_t *s, size_t n) {
   return true;
 }
 
-int ckv_warmlog_read(const char *state_dir, uint64_t manifest_sum, ckv_warmlog *ret, char *err, size_t errlen) {
+int ckv_warmlog_read(const char *warm_dir, uint64_t manifest_sum, ckv_warmlog *ret, char *err, size_t errlen) {
   char path[4200];
-  if (log_path(state_dir, path, sizeof path) < 0) return -ENAMETOOLONG;
+  if (log_path(warm_dir, path, sizeof path) < 0) return -ENAMETOOLONG;
   uint8_t *p = NULL;
   size_t len = 0;
   int r = slurp(path, &p, &len, err, errlen);

@@ -3,7 +3,7 @@
  *
  * Between two checkpoints (the manifest and one entry file per session,
  * warm.h) the continuous journal (warmjournal.h) does not rewrite files: it
- * appends records to STATE_DIR/warm/journal.log, one batch at a time and one
+ * appends records to WARM_DIR/journal.log (WARM_DIR: STATE_DIR/warm), one batch at a time and one
  * fdatasync per batch.  A record says "session T/ID is now this entry" (PUT,
  * the entry's snapshot bytes, CKV_SNAP_BLOCK_REFS) or "session T/ID is in
  * no entry any more" (DEL).  The log names the checkpoint it follows (the
@@ -50,16 +50,16 @@ void ckv_warmlog_encode(ckv_warmlog_buf *b, uint64_t seq, uint32_t type, const c
                         const uint8_t *entry, size_t n);
 void ckv_warmlog_buf_done(ckv_warmlog_buf *b);
 
-/* STATE_DIR/warm/journal.log replaced by an empty log following the
+/* WARM_DIR/journal.log replaced by an empty log following the
  * manifest of checksum manifest_sum (temporary file, fsync, rename,
  * directory fsync), and opened for appending: CKV_OK with *ret_fd, or
  * -errno with err. */
-int ckv_warmlog_create(const char *state_dir, uint64_t manifest_sum, int *ret_fd, char *err, size_t errlen);
+int ckv_warmlog_create(const char *warm_dir, uint64_t manifest_sum, int *ret_fd, char *err, size_t errlen);
 /* Appends len bytes of records to fd and makes them durable (fdatasync):
  * CKV_OK or -errno with err.  On failure part of them may be in the file. */
 int ckv_warmlog_append(int fd, const void *buf, size_t len, char *err, size_t errlen);
-/* Removes STATE_DIR/warm/journal.log (a clean stop's journal has none). */
-void ckv_warmlog_remove(const char *state_dir);
+/* Removes WARM_DIR/journal.log (a clean stop's journal has none). */
+void ckv_warmlog_remove(const char *warm_dir);
 
 /* One good record of a log read back (pointing into the log's buffer). */
 typedef struct ckv_warmlog_rec {
@@ -82,12 +82,12 @@ typedef struct ckv_warmlog {
                     did not */
 } ckv_warmlog;
 
-/* Reads STATE_DIR/warm/journal.log.  CKV_OK with *ret (its good records;
+/* Reads WARM_DIR/journal.log.  CKV_OK with *ret (its good records;
  * ret->cut says what was cut), -ENOENT when there is none, -ESTALE
  * when it follows another checkpoint than manifest_sum's, else a code
  * (CKV_ERR_CORRUPT: its header does not check) with err.  Free with
  * ckv_warmlog_done. */
-int ckv_warmlog_read(const char *state_dir, uint64_t manifest_sum, ckv_warmlog *ret, char *err, size_t errlen);
+int ckv_warmlog_read(const char *warm_dir, uint64_t manifest_sum, ckv_warmlog *ret, char *err, size_t errlen);
 void ckv_warmlog_done(ckv_warmlog *l);
 
 #endif

@@ -15,20 +15,17 @@
 #include <unistd.h>
 
 #include "commitkv/status.h"
-#include "persist/warm.h"
 #include "persist/warmlog.h"
 #include "testutil.h"
 
 #define MSUM UINT64_C(0x1234abcd5678ef01)
 
-/* A log of n records in state dir `dir`: PUT t/s<i> with an entry of 100+i
+/* A log of n records in `dir` (a state directory's warm/): PUT t/s<i> with an entry of 100+i
  * bytes (i, i+1, ...), every third a DEL.  Returns the file's path; the
  * records' offsets go to off[] (off[n] = the file's size). */
 static char *make_log(const char *dir, size_t n, size_t *off) {
   char *path = malloc(4300);
   cr_assert_not_null(path);
-  snprintf(path, 4300, "%s/%s", dir, CKV_WARM_AREA);
-  mkdir(path, 0700);
   char err[400];
   int fd = -1;
   cr_assert_eq(ckv_warmlog_create(dir, MSUM, &fd, err, sizeof err), CKV_OK, "%s", err);
@@ -51,7 +48,7 @@ static char *make_log(const char *dir, size_t n, size_t *off) {
   }
   off[n] = at;
   close(fd);
-  snprintf(path, 4300, "%s/%s/%s", dir, CKV_WARM_AREA, CKV_WARM_LOG);
+  snprintf(path, 4300, "%s/%s", dir, CKV_WARM_LOG);
   return path;
 }
 
