@@ -67,7 +67,7 @@ struct ckv_warm_memory {
   bool unclean;
   /* It found a journal that a clean stop did not write (no STATE_DIR/warm/
    * stopped beside it): the continuous journal of a daemon that was killed
-   * or crashed; sessions came back as of its last checkpoint. */
+   * or crashed; sessions came back as of their last durable record. */
   bool killed_with_journal;
 };
 
@@ -101,8 +101,8 @@ const char *ckv_warm_dropped(const ckv_persist *p, const char *tenant, const cha
 
 const char *ckv_warm_unclean(const ckv_persist *p) {
   if (p->warm && p->warm->killed_with_journal)
-    return "the daemon before this one was killed or crashed: sessions came back as of its last warm-journal "
-           "checkpoint, and this one was in none (opened, or ended and reopened, too shortly before the kill)";
+    return "the daemon before this one was killed or crashed: sessions came back with every change it had "
+           "answered, and this one was in none of its journal's records (its open was cut short by the kill)";
   return p->warm && p->warm->unclean
              ? "the daemon before this one did not stop cleanly (killed or crashed): sessions that lived only "
                "in its memory are gone, saved ones come back from their snapshots"
@@ -739,8 +739,8 @@ void ckv_warm_start(ckv_persist *p) {
     if (!clean && memory_of(p)) p->warm->killed_with_journal = true;
     if (!clean)
       ckv_log(CKV_LOG_WARNING, "warm-journal-killed", NULL, NULL,
-              "the daemon before this one did not stop cleanly: its sessions come back as of its last warm-journal "
-              "checkpoint (what changed after it is not kept)");
+              "the daemon before this one did not stop cleanly: its sessions come back as of their last durable "
+              "warm-journal record (every change it answered)");
   }
   if (r < 0 && r != -ENOENT)
     ckv_log(CKV_LOG_ERROR, "warm-journal-refused", NULL, NULL,

@@ -16,8 +16,9 @@
  * The journal is consumed when read (replaced by the new daemon's first
  * checkpoint, or removed), so it only ever describes the arenas of the
  * daemon that wrote it.  While serving, warmjournal.h keeps it current
- * ([daemon] warm_journal), so after a crash (kill -9) the sessions come
- * back as of their last checkpoint; with it off there is no journal after a
+ * ([daemon] warm_journal: a checkpoint and an append-only log, warmlog.h),
+ * so after a crash (kill -9) the sessions come back as of their last durable
+ * record (every change whose reply was sent); with it off there is no journal after a
  * crash and the arenas in the store are dropped, which the log says (saved
  * sessions come back from their snapshots).  Anything refused (a journal truncated, corrupt, of another
  * version; an arena missing, of another size or generation; a session entry
