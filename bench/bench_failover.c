@@ -389,6 +389,7 @@ int ckv_bench_failover(int argc, char **argv) {
                                        {"min-ms", required_argument, 0, 'a'},  {"max-ms", required_argument, 0, 'b'},
                                        {"round-ms", required_argument, 0, 'r'}, {"seed", required_argument, 0, 's'},
                                        {"daemon", required_argument, 0, 'd'},  {"journal", required_argument, 0, 'J'},
+                                       {"journal-delay", required_argument, 0, 'D'},
                                        {"quick", no_argument, 0, 'q'},
                                        {"json", no_argument, 0, 'j'},          {"help", no_argument, 0, 'h'},
                                        {0, 0, 0, 0}};
@@ -405,12 +406,15 @@ int ckv_bench_failover(int argc, char **argv) {
       case 's': r->seed = (unsigned)strtoul(optarg, NULL, 10); break;
       case 'd': daemon = optarg; break;
       case 'J': r->sd.journal = optarg; break;
+      case 'D': /* [daemon] warm_journal_delay: how long a batch waits for more changes */
+        snprintf(r->sd.extra, sizeof r->sd.extra, "--set daemon.warm_journal_delay=%.60s", optarg);
+        break;
       case 'q': r->quick = true; break;
       case 'j': r->json = true; break;
       default:
         fprintf(ch == 'h' ? stdout : stderr,
                 "usage: commitkv-bench failover [--workers W] [--kills K] [--min-ms A] [--max-ms B] [--round-ms R]\n"
-                "                               [--seed S] [--journal PERIOD] [--daemon PATH]\n"
+                "                               [--seed S] [--journal PERIOD] [--journal-delay D] [--daemon PATH]\n"
                 "                               [--quick] [--json]\n");
         return ch == 'h' ? 0 : 2;
     }

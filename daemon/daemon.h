@@ -75,6 +75,7 @@ typedef struct ckv_server_options {
   /* The continuous warm journal (persist/warmjournal.h): changed sessions
    * journaled this often; 0 = only at a clean stop. */
   uint64_t warm_journal_ms;
+  uint64_t warm_journal_delay_ms; /* a held reply's batch waits this long for more changes */
   uint32_t max_clients;  /* attached clients, all tenants together */
   uint32_t max_sessions; /* per tenant */
   uint64_t max_message;  /* larger requests are answered CKV_ERR_TOO_LARGE; ZMQ_MAXMSGSIZE is 2x + 64K */

@@ -209,6 +209,7 @@ int ckv_server_new(const ckv_server_options *opt, ckv_server **ret, char *err, s
                                   .remote = opt->remote,
                                   .autosave_ms = opt->autosave_ms,
                                   .warm_journal_ms = opt->warm_journal_ms,
+                                  .warm_journal_delay_ms = opt->warm_journal_delay_ms,
                                   .policy = opt->policy,
                                   .backend = s->backend,
                                   .owner_tag = owner_tag};
@@ -520,7 +521,12 @@ int ckv_server_run(ckv_server *s) {
       owners[n] = c;
       items[n++] = (zmq_pollitem_t){.fd = c->attach_fd, .events = ZMQ_POLLIN};
     }
-    int rc = zmq_poll(items, (int)n, HOUSEKEEPING_MS);
+    long timeout = HOUSEKEEPING_MS;
+    if (ckv_held_count(s)) { /* a batch held replies wait for starts after warm_journal_delay */
+      uint64_t w = ckv_warm_journal_wait_ms(&s->persist, ckv_now_ms());
+      if (w < (uint64_t)timeout) timeout = (long)w;
+    }
+    int rc = zmq_poll(items, (int)n, timeout);
     if (rc < 0 && zmq_errno() != EINTR) {
       ckv_log(CKV_LOG_ERROR, "poll", NULL, NULL, "zmq_poll: %s", zmq_strerror(zmq_errno()));
       break;

@@ -97,6 +97,7 @@ struct ckv_warm_journal {
   uint64_t log_bytes, tenants_sig;
   bool want_checkpoint;   /* a failed batch: the next one is a checkpoint */
   uint64_t compact_bytes; /* the log is compacted into a checkpoint past this size */
+  uint64_t wanted_since_ms; /* when a held reply first wanted a batch none has been built for (0: none) */
   ckv_strmap *entries;    /* "tenant/id" -> jentry */
 };
 
@@ -636,6 +637,7 @@ static int land_done(ckv_persist *p) {
 static void submit(ckv_persist *p, uint64_t now_ms) {
   ckv_warm_journal *j = p->journal;
   j->last_ms = now_ms;
+  j->wanted_since_ms = 0;
   jbatch *b = next_batch(p, /* first= */ false);
   if (!b) return;
   pthread_mutex_lock(&j->lock);
@@ -662,7 +664,17 @@ void ckv_warm_journal_pump(ckv_persist *p, bool wanted, uint64_t now_ms) {
   int landed = land_done(p);
   if (landed < 0) return;
   if (landed) release_held(p); /* blocks no entry on disk names any more (none in flight now) */
-  if (wanted && now_ms >= j->retry_after_ms) submit(p, now_ms);
+  if (!wanted || now_ms < j->retry_after_ms) return;
+  if (!j->wanted_since_ms) j->wanted_since_ms = now_ms;
+  if (now_ms - j->wanted_since_ms < p->opt.warm_journal_delay_ms) return; /* more changes may join it */
+  submit(p, now_ms);
+}
+
+uint64_t ckv_warm_journal_wait_ms(const ckv_persist *p, uint64_t now_ms) {
+  const ckv_warm_journal *j = p->journal;
+  if (!j || !j->wanted_since_ms || j->inflight) return UINT64_MAX;
+  uint64_t at = j->wanted_since_ms + p->opt.warm_journal_delay_ms;
+  return at > now_ms ? at - now_ms : 0;
 }
 
 uint64_t ckv_warm_journal_need(ckv_persist *p, const ckv_srv_session *s) {

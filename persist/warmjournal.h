@@ -61,8 +61,12 @@ void ckv_warm_journal_scan(ckv_persist *p, uint64_t now_ms);
 int ckv_warm_journal_fd(const ckv_persist *p);
 /* After every turn of the loop: lands a batch the writer finished (as the
  * housekeeping does) and, when `wanted` (a reply waits for the journal) and
- * none is in flight, builds and submits the next one at once. */
+ * none is in flight, builds and submits the next one: at once, or once
+ * [daemon] warm_journal_delay has passed since a reply first wanted it. */
 void ckv_warm_journal_pump(ckv_persist *p, bool wanted, uint64_t now_ms);
+/* How long the loop may sleep before a batch that a held reply wants may
+ * start ([daemon] warm_journal_delay); UINT64_MAX when none is waiting. */
+uint64_t ckv_warm_journal_wait_ms(const ckv_persist *p, uint64_t now_ms);
 /* Right after a request changed session s (the loop): 0 when its reply
  * need not wait (the journal is off; s is in no journal entry, being
  * quarantined or on the disk tier; its durable entry already holds its
