@@ -98,6 +98,7 @@ struct ckv_warm_journal {
   bool want_checkpoint;   /* a failed batch: the next one is a checkpoint */
   uint64_t compact_bytes; /* the log is compacted into a checkpoint past this size */
   uint64_t wanted_since_ms; /* when a held reply first wanted a batch none has been built for (0: none) */
+  ckv_strmap *wanted;       /* "tenant/id" -> (void *)1: sessions held replies wait for, not yet captured */
   ckv_strmap *entries;    /* "tenant/id" -> jentry */
 };
 
@@ -417,6 +418,91 @@ static bool is_listed(void *ctx, const ckv_srv_session *s) {
   return ckv_strmap_get(((listing *)ctx)->keys, key) != NULL;
 }
 
+/* Captures session s ("tenant/id" key) into b when it changed since its
+ * entry (or always, when `all`), noting it in `listed` (NULL: no listing
+ * kept).  0 done (captured, unchanged or not capturable now), 1 when a
+ * checkpoint cannot list it now (its last record may be in the log), -1
+ * out of memory. */
+static int add_session(ckv_persist *p, jbatch *b, size_t *cap_w, ckv_strmap *listed, const char *key,
+                       ckv_srv_session *s, bool all) {
+  ckv_warm_journal *j = p->journal;
+  bool has_entry = ckv_strmap_get(j->entries, key) != NULL;
+  uint64_t mark = 0;
+  bool changed = !has_entry || all || s->warm_mark != (mark = mark_of(s));
+  if (!changed) return listed && ckv_strmap_put(listed, key, (void *)1) < 0 ? -1 : 0;
+  char err[320] = "";
+  int r = capturable(s) ? ckv_srv_session_flush_meta(s) : CKV_ERR_BUSY;
+  ckv_snap snap;
+  if (r == CKV_OK) r = ckv_session_snap_capture_refs(s, &snap, err, sizeof err);
+  if (r < 0) {
+    /* A checkpoint lists every session with its entry file: one whose last
+     * record is in the log and cannot be captured now makes it wait. */
+    if (b->checkpoint && has_entry && may_stay(s)) return 1;
+    /* not now (moves in flight, away on disk): its previous entry stays while
+     * its blocks do */
+    if (listed && has_entry && may_stay(s) && ckv_strmap_put(listed, key, (void *)1) < 0) return -1;
+    if (r != CKV_ERR_BUSY)
+      ckv_log(CKV_LOG_DEBUG, "warm-journal", s->tenant->name, s->id, "not journaled now: %s", err);
+    return 0;
+  }
+  if (b->n_w == *cap_w) {
+    size_t ncap = *cap_w ? 2 * *cap_w : 16;
+    jwrite *w = realloc(b->w, ncap * sizeof(*w));
+    if (!w) {
+      ckv_snap_done(&snap);
+      return -1;
+    }
+    b->w = w;
+    *cap_w = ncap;
+  }
+  jwrite *w = &b->w[b->n_w++];
+  memset(w, 0, sizeof *w);
+  snprintf(w->key, sizeof w->key, "%s", key);
+  snprintf(w->tenant, sizeof w->tenant, "%s", s->tenant->name);
+  snprintf(w->id, sizeof w->id, "%s", s->id);
+  w->t = s->tenant;
+  w->snap = snap;
+  s->warm_mark = mark ? mark : mark_of(s);
+  w->mark = s->warm_mark;
+  return listed && ckv_strmap_put(listed, key, (void *)1) < 0 ? -1 : 0;
+}
+
+/* Records of the sessions held replies wait for (j->wanted) that changed:
+ * those captured leave the set, with those gone or in no entry any more
+ * (their DEL comes with the next full batch).  Cost: the sessions waited
+ * for, not every session.  NULL when none could be captured now. */
+static jbatch *build_wanted(ckv_persist *p) {
+  ckv_warm_journal *j = p->journal;
+  jbatch *b = calloc(1, sizeof(*b));
+  size_t cap_w = 0, cursor = 0;
+  if (!b) goto oom;
+  snprintf(b->state_dir, sizeof b->state_dir, "%s", p->opt.state_dir);
+  const char *k;
+  while (ckv_strmap_next(j->wanted, &cursor, &k)) {
+    char key[sizeof b->w[0].key];
+    snprintf(key, sizeof key, "%s", k);
+    ckv_srv_session *s = session_of(p, key);
+    size_t before = b->n_w;
+    if (s && may_stay(s) && add_session(p, b, &cap_w, NULL, key, s, /* all= */ false) < 0) goto oom;
+    if (!s || !may_stay(s) || b->n_w > before || s->warm_mark == mark_of(s)) ckv_strmap_del(j->wanted, key);
+  }
+  if (!b->n_w) {
+    batch_free(b);
+    return NULL;
+  }
+  b->seq = ++j->seq;
+  return b;
+oom:
+  ckv_log(CKV_LOG_ERROR, "warm-journal-failed", NULL, NULL, "out of memory building a warm journal batch");
+  if (b)
+    for (size_t i = 0; i < b->n_w; i++) { /* written again next time */
+      ckv_srv_session *ws = session_of(p, b->w[i].key);
+      if (ws) ws->warm_mark = 0;
+    }
+  batch_free(b);
+  return NULL;
+}
+
 /* Captures what changed into a batch of records, or, when checkpoint, every
  * session into a checkpoint; NULL when nothing changed, when a checkpoint
  * cannot be written now (*ret_busy: a session it must list cannot be
@@ -429,57 +515,17 @@ static jbatch *build_batch(ckv_persist *p, bool checkpoint, bool *ret_busy) {
   *ret_busy = false;
   if (!b || ckv_strmap_new(&l.keys) < 0) goto oom;
   snprintf(b->state_dir, sizeof b->state_dir, "%s", p->opt.state_dir);
-  const bool first = checkpoint; /* every session captured anew */
   b->sweep = b->checkpoint = checkpoint;
   size_t cursor = 0;
   const char *key;
   ckv_srv_session *s;
   while ((s = ckv_strmap_next(p->store->sessions, &cursor, &key))) {
-    bool has_entry = ckv_strmap_get(j->entries, key) != NULL;
-    uint64_t mark = 0;
-    bool changed = !has_entry || first || s->warm_mark != (mark = mark_of(s));
-    if (!changed) {
-      if (ckv_strmap_put(l.keys, key, (void *)1) < 0) goto oom;
-      continue;
+    int r = add_session(p, b, &cap_w, l.keys, key, s, /* all= */ checkpoint);
+    if (r < 0) goto oom;
+    if (r > 0) {
+      *ret_busy = true;
+      goto abandon;
     }
-    char err[320] = "";
-    int r = capturable(s) ? ckv_srv_session_flush_meta(s) : CKV_ERR_BUSY;
-    ckv_snap snap;
-    if (r == CKV_OK) r = ckv_session_snap_capture_refs(s, &snap, err, sizeof err);
-    if (r < 0) {
-      /* A checkpoint lists every session with its entry file: one whose last
-       * record is in the log and cannot be captured now makes it wait. */
-      if (checkpoint && has_entry && may_stay(s)) {
-        *ret_busy = true;
-        goto abandon;
-      }
-      /* not now (moves in flight, away on disk): its previous entry stays while
-       * its blocks do */
-      if (has_entry && may_stay(s) && ckv_strmap_put(l.keys, key, (void *)1) < 0) goto oom;
-      if (r != CKV_ERR_BUSY)
-        ckv_log(CKV_LOG_DEBUG, "warm-journal", s->tenant->name, s->id, "not journaled now: %s", err);
-      continue;
-    }
-    if (b->n_w == cap_w) {
-      size_t ncap = cap_w ? 2 * cap_w : 16;
-      jwrite *w = realloc(b->w, ncap * sizeof(*w));
-      if (!w) {
-        ckv_snap_done(&snap);
-        goto oom;
-      }
-      b->w = w;
-      cap_w = ncap;
-    }
-    jwrite *w = &b->w[b->n_w++];
-    memset(w, 0, sizeof *w);
-    snprintf(w->key, sizeof w->key, "%s", key);
-    snprintf(w->tenant, sizeof w->tenant, "%s", s->tenant->name);
-    snprintf(w->id, sizeof w->id, "%s", s->id);
-    w->t = s->tenant;
-    w->snap = snap;
-    s->warm_mark = mark ? mark : mark_of(s);
-    w->mark = s->warm_mark;
-    if (ckv_strmap_put(l.keys, key, (void *)1) < 0) goto oom;
   }
   /* entries of sessions no longer listed (dropped, closed for good, moved to
    * disk) */
@@ -535,17 +581,21 @@ static uint64_t compact_bytes(void) {
  * due (the first of this daemon, no usable log, a failed batch, the tenants
  * changed: it waits until it can be written; the log past its size: when
  * it can, else records). */
-static jbatch *next_batch(ckv_persist *p, bool first) {
+static jbatch *next_batch(ckv_persist *p, bool first, bool wanted_only) {
   ckv_warm_journal *j = p->journal;
   uint64_t sig = ckv_warm_tenants_sig(p);
   bool must = first || j->log_fd < 0 || j->want_checkpoint || sig != j->tenants_sig;
   bool busy = false;
   if (must || j->log_bytes > j->compact_bytes) {
     jbatch *b = build_batch(p, /* checkpoint= */ true, &busy);
-    if (b) b->tenants_sig = sig;
+    if (b) {
+      b->tenants_sig = sig;
+      ckv_strmap_free(j->wanted); /* every session captured: none waits any more */
+      if (ckv_strmap_new(&j->wanted) < 0) j->wanted = NULL;
+    }
     if (b || must) return b;
   }
-  return build_batch(p, /* checkpoint= */ false, &busy);
+  return wanted_only && j->wanted ? build_wanted(p) : build_batch(p, /* checkpoint= */ false, &busy);
 }
 
 /* ---- the module's face ---- */
@@ -560,10 +610,12 @@ int ckv_warm_journal_new(ckv_persist *p) {
   }
   j->log_fd = -1;
   j->compact_bytes = compact_bytes();
+  if (ckv_strmap_new(&j->wanted) < 0) j->wanted = NULL; /* then every batch is a full one */
   j->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (j->efd < 0) {
     int r = -errno;
     ckv_strmap_free(j->entries);
+    ckv_strmap_free(j->wanted);
     free(j);
     return r;
   }
@@ -574,6 +626,7 @@ int ckv_warm_journal_new(ckv_persist *p) {
   if (r != 0) {
     close(j->efd);
     ckv_strmap_free(j->entries);
+    ckv_strmap_free(j->wanted);
     free(j);
     return -r;
   }
@@ -587,7 +640,7 @@ bool ckv_warm_journal_first(ckv_persist *p) {
   if (!j || j->inflight) return false;
   ckv_snapdir_clean_temps(p->opt.state_dir, CKV_WARM_AREA);
   for (size_t i = 0; i < p->store->n_tenants; i++) p->store->tenants[i]->journal_hold = true;
-  jbatch *b = next_batch(p, /* first= */ true);
+  jbatch *b = next_batch(p, /* first= */ true, /* wanted_only= */ false);
   if (!b) return false;
   write_batch(j, b); /* here: before the first request, a kill finds this daemon's
                      journal */
@@ -634,11 +687,11 @@ static int land_done(ckv_persist *p) {
 }
 
 /* Builds the next batch and hands it to the writer thread (none in flight). */
-static void submit(ckv_persist *p, uint64_t now_ms) {
+static void submit(ckv_persist *p, uint64_t now_ms, bool wanted_only) {
   ckv_warm_journal *j = p->journal;
   j->last_ms = now_ms;
   j->wanted_since_ms = 0;
-  jbatch *b = next_batch(p, /* first= */ false);
+  jbatch *b = next_batch(p, /* first= */ false, wanted_only);
   if (!b) return;
   pthread_mutex_lock(&j->lock);
   j->queued = b;
@@ -653,7 +706,7 @@ void ckv_warm_journal_scan(ckv_persist *p, uint64_t now_ms) {
   if (land_done(p) < 0) return; /* nothing is given back while a batch is on its way */
   release_held(p);
   if (now_ms - j->last_ms < p->opt.warm_journal_ms || now_ms < j->retry_after_ms) return;
-  submit(p, now_ms);
+  submit(p, now_ms, /* wanted_only= */ false);
 }
 
 int ckv_warm_journal_fd(const ckv_persist *p) { return p->journal && p->journal->thread_up ? p->journal->efd : -1; }
@@ -667,7 +720,7 @@ void ckv_warm_journal_pump(ckv_persist *p, bool wanted, uint64_t now_ms) {
   if (!wanted || now_ms < j->retry_after_ms) return;
   if (!j->wanted_since_ms) j->wanted_since_ms = now_ms;
   if (now_ms - j->wanted_since_ms < p->opt.warm_journal_delay_ms) return; /* more changes may join it */
-  submit(p, now_ms);
+  submit(p, now_ms, /* wanted_only= */ true);
 }
 
 uint64_t ckv_warm_journal_wait_ms(const ckv_persist *p, uint64_t now_ms) {
@@ -684,7 +737,9 @@ uint64_t ckv_warm_journal_need(ckv_persist *p, const ckv_srv_session *s) {
   ckv_store_session_key(s->tenant, s->id, key, sizeof key);
   const jentry *e = ckv_strmap_get(j->entries, key);
   if (e && e->durable_seq && e->mark == mark_of(s)) return 0; /* no change since its durable entry */
-  return j->seq + 1;                                          /* the next batch built */
+  if (j->wanted && ckv_strmap_put(j->wanted, key, (void *)1) < 0) { /* the next full batch catches it */
+  }
+  return j->seq + 1; /* the next batch built */
 }
 
 bool ckv_warm_journal_covers(ckv_persist *p, const char *key, uint64_t need) {
@@ -705,7 +760,7 @@ bool ckv_warm_journal_flush(ckv_persist *p) {
     j->inflight = NULL;
     if (b) land(p, b);
   }
-  jbatch *b = next_batch(p, /* first= */ false);
+  jbatch *b = next_batch(p, /* first= */ false, /* wanted_only= */ false);
   if (!b) return true;
   write_batch(j, b); /* here: the loop has stopped serving */
   bool ok = b->status == CKV_OK;
@@ -739,6 +794,7 @@ void ckv_warm_journal_free(ckv_persist *p) {
   jentry *e;
   while ((e = ckv_strmap_next(j->entries, &cursor, NULL))) jentry_free(e);
   ckv_strmap_free(j->entries);
+  ckv_strmap_free(j->wanted);
   close(j->efd);
   if (j->log_fd >= 0) close(j->log_fd);
   pthread_mutex_destroy(&j->lock);

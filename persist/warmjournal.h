@@ -32,6 +32,7 @@
  * after the change is durable (ckv_warm_journal_need / _covers).  Such a
  * reply does not wait for the period: while one waits and no batch is in
  * flight, the loop starts the next batch at once (ckv_warm_journal_pump),
+ * with only the sessions replies wait for (the periodic batch walks all),
  * and the writer thread wakes the loop through an eventfd when it is
  * written (group commit: every change made while a batch is written goes
  * in the next one).  Reads are never held. */
