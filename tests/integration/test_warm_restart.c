@@ -55,7 +55,8 @@
  *   20-350 ms into the worker's rounds (so in the middle of any request:
  *   open, append, K/V writes, report, ack, drop), three fp16 sessions and
  *   one whose moves free and reallocate blocks, each dropped and opened
- *   anew under a new id when full; Restart=on-failure.  After each restart
+ *   anew under a new id when full, the log compacted every 256 KiB (so
+ *   kills land in compactions too); Restart=on-failure.  After each restart
  *   the worker gets its mapping back and every session whose open was
  *   answered resumes with at least every token whose append was answered
  *   (at most those plus an unanswered append), at an epoch past every
@@ -1336,6 +1337,9 @@ static void rw_recover(ckv_client *c, sdenv *e, rworker *rw, const char *when, s
 
 Test(warm, kill9_random_points_keep_every_answered_change, .timeout = 600) {
   sdenv *e = &g_sd;
+  /* the log compacted into a checkpoint every 256 KiB: kills land in
+   * compactions too */
+  snprintf(g_unit_env, sizeof g_unit_env, "CKV_TEST_WARM_COMPACT_BYTES=262144");
   SKIP_WITHOUT_SYSTEMD(e);
   ckv_client_options o = {.socket = e->d.socket, .attach_socket = e->d.attach, .name = "test_warm_restart",
                           .timeout_ms = 1500};
