@@ -127,11 +127,19 @@ const config_key ckv_cfg_keys[] = {
             "removes its autosave. The copy is made on the loop (about the session's bytes), so size "
             "the period to the sessions: 30s or more. 0 = off (the default)."},
     {SEC_DAEMON, "warm_journal", T_DURATION, DMN(warm_journal_ms), .imin = 0, .imax = 60000, .def = "100ms",
-     .doc = "Under systemd with a state directory (a warm restart, docs/warm-restart.md): sessions that "
-            "changed are journaled this often, off the loop, so that after a kill -9 the next daemon "
-            "keeps them on their blocks as of their last journal entry (a batched checkpoint per "
-            "changed session, then the manifest). Freed blocks a journal entry names stay allocated "
-            "until a newer journal no longer names them. 0 = only at a clean stop."},
+     .doc = "Under systemd with a state directory (a warm restart, docs/warm-restart.md): the warm "
+            "journal is kept current while serving, so that after a kill -9 the next daemon keeps every "
+            "session on its blocks with every change it answered: a reply to a request that changed a "
+            "session (open, append, report, ack, fork, restore) is sent once the change is on disk "
+            "(records appended to a log off the loop, one fdatasync per batch, compacted into a "
+            "checkpoint now and then). Changes no reply waits for are journaled this often. Freed blocks "
+            "a durable record names stay allocated until none does. 0 = only at a clean stop (nothing "
+            "held, nothing kept after a kill)."},
+    {SEC_DAEMON, "warm_journal_delay", T_DURATION, DMN(warm_journal_delay_ms), .imin = 0, .imax = 100,
+     .def = "0",
+     .doc = "With warm_journal on: how long a batch may wait for more changes after the first reply "
+            "started waiting for one (group commit: fewer, larger writes for a little latency on every "
+            "held reply). 0 = a batch starts as soon as a reply waits and none is being written."},
     {SEC_DAEMON, "max_clients", T_U32, DMN(max_clients), .imin = 1, .imax = 65536, .def = "256",
      .doc = "Connected clients, all tenants together: every resource a peer can claim has a limit. "
             "The ceiling over each tenant's own max_clients."},

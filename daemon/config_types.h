@@ -111,6 +111,7 @@ typedef struct ckv_config {
   uint64_t detach_keep_ms;                     /* detached sessions kept this long for resume */
   uint64_t autosave_ms;                        /* live sessions saved to state_dir/autosave this often; 0 = off */
   uint64_t warm_journal_ms;                    /* changed sessions journaled for a warm restart this often; 0 = at stop */
+  uint64_t warm_journal_delay_ms;              /* a batch a held reply waits for starts at most this late */
   uint32_t max_clients;                        /* connected clients, all tenants (the ceiling) */
   uint32_t max_sessions;                       /* open sessions per tenant */
   uint64_t max_message;                        /* bytes; ZMQ_MAXMSGSIZE */

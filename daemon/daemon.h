@@ -75,6 +75,7 @@ typedef struct ckv_server_options {
   /* The continuous warm journal (persist/warmjournal.h): changed sessions
    * journaled this often; 0 = only at a clean stop. */
   uint64_t warm_journal_ms;
+  uint64_t warm_journal_delay_ms; /* a held reply's batch waits this long for more changes */
   uint32_t max_clients;  /* attached clients, all tenants together */
   uint32_t max_sessions; /* per tenant */
   uint64_t max_message;  /* larger requests are answered CKV_ERR_TOO_LARGE; ZMQ_MAXMSGSIZE is 2x + 64K */
@@ -137,6 +138,9 @@ typedef struct ckv_reply_to {
   bool delim; /* the request came as [identity][empty][payload] (REQ sockets) */
 } ckv_reply_to;
 
+/* "tenant/id" of a session a held reply waits for (held.h). */
+#define CKV_HELD_KEY_MAX 400
+
 /* A handler's answer meaning "the reply comes later" (not an error). */
 #define CKV_REPLY_DEFERRED 1
 
@@ -168,6 +172,13 @@ typedef struct ckv_server {
    * fuzzer): then handlers do the I/O on the calling thread. */
   ckv_reply_to reply_to;
   bool reply_armed, reply_deferred;
+  /* Replies held until the warm journal holds their change (held.h), in
+   * the order they were held, and the note of the request being served
+   * (hold_need 0: its reply goes at once). */
+  struct ckv_held_reply *held_head, **held_tail;
+  size_t n_held;
+  char hold_key[CKV_HELD_KEY_MAX];
+  uint64_t hold_need;
   struct ckv_metrics *metrics;
   struct ckv_trace *trace; /* mlp-judge training traces, or NULL (owned by the caller) */
   bool attach_inherited; /* the attach socket came from systemd (socket activation) */

@@ -21,6 +21,7 @@
 #include "common/strmap.h"
 #include "daemon/attach.h"
 #include "daemon/config.h"
+#include "daemon/held.h"
 #include "daemon/metrics.h"
 #include "daemon/parked.h"
 #include "daemon/reply.h"
@@ -1067,11 +1068,16 @@ void ckv_handle_io_done(ckv_server *s, ckv_snapio_job *j) {
   Commitkv__V1__Response rep = COMMITKV__V1__RESPONSE__INIT;
   rep.request_id = q->to.request_id;
   reply_ctx x = {.rep = &rep, .t0_us = ckv_now_us()};
+  ckv_held_clear(s);
   int r = j->kind == CKV_SNAPIO_SAVE ? save_done(s, q, &x) : restore_done(s, c, q, &x);
+  if (r == CKV_OK && j->kind != CKV_SNAPIO_SAVE) { /* the restored session: durable before acknowledged */
+    ckv_srv_session *restored = ckv_store_session(&s->store, c->tenant, q->sg.id);
+    if (restored) ckv_held_note(s, restored);
+  }
   answer_failure(&x, r);
   ckv_reply_to to = q->to;
   ckv_reply_finish(s, c, &rep);
-  ckv_reply_send(s, &to, c, &rep);
+  if (!ckv_held_take(s, &to, c, &rep)) ckv_reply_send(s, &to, c, &rep);
   io_request_destroy(j); /* after the reply: its texts may point into the job */
 }
 
@@ -1448,6 +1454,10 @@ typedef struct handler_entry {
   unsigned flags;
   /* The session the request names (NULL: none, or the session may stay where it is). */
   const char *(*session_of)(const Commitkv__V1__Request *req);
+  /* The session whose journaled state it changes when it succeeds: its
+   * reply waits for the warm journal (held.h).  NULL: none (reads; a drop,
+   * which incarnations.log makes durable before the reply). */
+  const char *(*changes)(const Commitkv__V1__Request *req);
 } handler_entry;
 
 static const char *open_session_id(const Commitkv__V1__Request *r) { return r->open_session->session_id; }
@@ -1459,31 +1469,32 @@ static const char *view_session_id(const Commitkv__V1__Request *r) { return r->g
 static const char *save_session_id(const Commitkv__V1__Request *r) { return r->save_session->session_id; }
 static const char *close_session_id(const Commitkv__V1__Request *r) { return r->close_session->session_id; }
 static const char *fork_parent_id(const Commitkv__V1__Request *r) { return r->fork_session->parent_id; }
+static const char *fork_new_id(const Commitkv__V1__Request *r) { return r->fork_session->new_id; }
 
 /* Drop, Restore, Stats and the lists name no session the tier must bring
  * back: a dropped session's file goes with it (ckv_tier_forget). */
 static const handler_entry k_handlers[] = {
-    {COMMITKV__V1__REQUEST__BODY_HELLO, "hello", h_hello, 0, NULL},
-    {COMMITKV__V1__REQUEST__BODY_OPEN_SESSION, "open_session", h_open, H_OPEN, open_session_id},
+    {COMMITKV__V1__REQUEST__BODY_HELLO, "hello", h_hello, 0, NULL, NULL},
+    {COMMITKV__V1__REQUEST__BODY_OPEN_SESSION, "open_session", h_open, H_OPEN, open_session_id, open_session_id},
     {COMMITKV__V1__REQUEST__BODY_APPEND_TOKENS, "append_tokens", h_append, H_KV | H_OWNER_ONLY | H_APPENDS,
-     append_session_id},
+     append_session_id, append_session_id},
     {COMMITKV__V1__REQUEST__BODY_REPORT_ROUND, "report_round", h_report, H_KV | H_OWNER_ONLY | H_REPORTS,
-     report_session_id},
-    {COMMITKV__V1__REQUEST__BODY_ACK_EPOCH, "ack_epoch", h_ack, H_OWNER_ONLY, ack_session_id},
-    {COMMITKV__V1__REQUEST__BODY_ACQUIRE, "acquire", h_acquire, H_KV | H_OWNER_ONLY | H_PREFETCH, acquire_session_id},
-    {COMMITKV__V1__REQUEST__BODY_GET_VIEW, "get_view", h_view, H_KV | H_OWNER_ONLY, view_session_id},
-    {COMMITKV__V1__REQUEST__BODY_SAVE_SESSION, "save_session", h_save, H_KV, save_session_id},
-    {COMMITKV__V1__REQUEST__BODY_RESTORE_SESSION, "restore_session", h_restore, 0, NULL},
-    {COMMITKV__V1__REQUEST__BODY_CLOSE_SESSION, "close_session", h_close, H_OWNER_ONLY, close_session_id},
-    {COMMITKV__V1__REQUEST__BODY_DROP_SESSION, "drop_session", h_drop, 0, NULL},
-    {COMMITKV__V1__REQUEST__BODY_STATS, "stats", h_stats, 0, NULL},
-    {COMMITKV__V1__REQUEST__BODY_LIST_SESSIONS, "list_sessions", h_list, 0, NULL},
-    {COMMITKV__V1__REQUEST__BODY_HEARTBEAT, "heartbeat", h_heartbeat, 0, NULL},
-    {COMMITKV__V1__REQUEST__BODY_STATUS, "status", h_status, 0, NULL},
-    {COMMITKV__V1__REQUEST__BODY_LIST_SNAPSHOTS, "list_snapshots", h_list_snapshots, 0, NULL},
-    {COMMITKV__V1__REQUEST__BODY_LOOKUP_PREFIX, "lookup_prefix", h_lookup_prefix, 0, NULL},
+     report_session_id, report_session_id},
+    {COMMITKV__V1__REQUEST__BODY_ACK_EPOCH, "ack_epoch", h_ack, H_OWNER_ONLY, ack_session_id, ack_session_id},
+    {COMMITKV__V1__REQUEST__BODY_ACQUIRE, "acquire", h_acquire, H_KV | H_OWNER_ONLY | H_PREFETCH, acquire_session_id, NULL},
+    {COMMITKV__V1__REQUEST__BODY_GET_VIEW, "get_view", h_view, H_KV | H_OWNER_ONLY, view_session_id, NULL},
+    {COMMITKV__V1__REQUEST__BODY_SAVE_SESSION, "save_session", h_save, H_KV, save_session_id, NULL},
+    {COMMITKV__V1__REQUEST__BODY_RESTORE_SESSION, "restore_session", h_restore, 0, NULL, NULL},
+    {COMMITKV__V1__REQUEST__BODY_CLOSE_SESSION, "close_session", h_close, H_OWNER_ONLY, close_session_id, NULL},
+    {COMMITKV__V1__REQUEST__BODY_DROP_SESSION, "drop_session", h_drop, 0, NULL, NULL},
+    {COMMITKV__V1__REQUEST__BODY_STATS, "stats", h_stats, 0, NULL, NULL},
+    {COMMITKV__V1__REQUEST__BODY_LIST_SESSIONS, "list_sessions", h_list, 0, NULL, NULL},
+    {COMMITKV__V1__REQUEST__BODY_HEARTBEAT, "heartbeat", h_heartbeat, 0, NULL, NULL},
+    {COMMITKV__V1__REQUEST__BODY_STATUS, "status", h_status, 0, NULL, NULL},
+    {COMMITKV__V1__REQUEST__BODY_LIST_SNAPSHOTS, "list_snapshots", h_list_snapshots, 0, NULL, NULL},
+    {COMMITKV__V1__REQUEST__BODY_LOOKUP_PREFIX, "lookup_prefix", h_lookup_prefix, 0, NULL, NULL},
     /* the parent's K/V must be resident: it comes back from a tier first */
-    {COMMITKV__V1__REQUEST__BODY_FORK_SESSION, "fork_session", h_fork, H_KV, fork_parent_id},
+    {COMMITKV__V1__REQUEST__BODY_FORK_SESSION, "fork_session", h_fork, H_KV, fork_parent_id, fork_new_id},
 };
 
 /* The disk tier first: a session on disk (or in the remote store) comes back
@@ -1519,6 +1530,7 @@ static int tier_gate(ckv_server *s, ckv_conn *c, const handler_entry *h, const C
 void ckv_handle_request(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, Commitkv__V1__Response *rep) {
   reply_ctx x = {.rep = rep, .t0_us = ckv_now_us()};
   int r;
+  ckv_held_clear(s);
   if (req->version > CKV_PROTOCOL_VERSION) {
     r = fail(&x, CKV_ERR_VERSION, "request version %u is newer than this daemon's %u", req->version,
              CKV_PROTOCOL_VERSION);
@@ -1531,6 +1543,10 @@ void ckv_handle_request(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request 
       r = h ? h->fn(s, c, req, &x) : fail(&x, CKV_ERR_INVALID, "empty or unknown request type %d", (int)req->body_case);
     else if (r < 0)
       ckv_utf8_trim(x.msg);
+    if (r == CKV_OK && h && h->changes && c->tenant) { /* durable before acknowledged (held.h) */
+      ckv_srv_session *changed = ckv_store_session(&s->store, c->tenant, h->changes(req));
+      if (changed) ckv_held_note(s, changed);
+    }
   }
   answer_failure(&x, r);
 }

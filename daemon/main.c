@@ -420,6 +420,7 @@ int main(int argc, char **argv) {
       .detach_keep_ms = a.cfg.detach_keep_ms,
       .autosave_ms = a.cfg.autosave_ms,
       .warm_journal_ms = a.cfg.warm_journal_ms,
+      .warm_journal_delay_ms = a.cfg.warm_journal_delay_ms,
       .max_clients = a.cfg.max_clients,
       .max_sessions = a.cfg.max_sessions,
       .max_message = a.cfg.max_message,

@@ -18,4 +18,8 @@ void ckv_reply_send(ckv_server *s, const ckv_reply_to *to, ckv_conn *c, Commitkv
 void ckv_reply_send_raw(ckv_server *s, const void *id, size_t id_len, bool delim, const ckv_conn *c,
                         Commitkv__V1__Response *rep);
 
+/* Sends a reply packed before: [id][empty, when delim][data] (c, for the log, may be NULL). */
+void ckv_reply_send_packed(ckv_server *s, const void *id, size_t id_len, bool delim, const ckv_conn *c,
+                           const void *data, size_t len);
+
 #endif

@@ -29,6 +29,7 @@
 #include "daemon/activation.h"
 #include "daemon/attach.h"
 #include "daemon/handlers.h"
+#include "daemon/held.h"
 #include "daemon/instance.h"
 #include "daemon/metrics.h"
 #include "daemon/parked.h"
@@ -42,6 +43,7 @@
 #include "persist/snapio.h"
 #include "persist/tier.h"
 #include "persist/warm.h"
+#include "persist/warmjournal.h"
 #include "shm/arena.h"
 #include "shm/fdpass.h"
 #include "store/compressor.h"
@@ -99,8 +101,9 @@ static void serve_parked(ckv_server *s, const ckv_parked_req *p, int r, const ch
   }
   if (!deferred) {
     ckv_reply_finish(s, c, &rep);
-    ckv_reply_send(s, &p->to, c, &rep);
+    if (!ckv_held_take(s, &p->to, c, &rep)) ckv_reply_send(s, &p->to, c, &rep);
   }
+  ckv_held_clear(s);
 }
 
 /* Serves (or answers) every request of list p, taken out before: serving
@@ -151,6 +154,7 @@ int ckv_server_new(const ckv_server_options *opt, ckv_server **ret, char *err, s
   s->signal_fd = -1;
   s->lock_fd = -1;
   s->start_ms = ckv_now_ms();
+  s->held_tail = &s->held_head;
   int r;
   if (getrandom(s->boot_token, sizeof(s->boot_token), 0) != sizeof(s->boot_token)) {
     snprintf(err, errlen, "getrandom: %s", strerror(errno));
@@ -205,6 +209,7 @@ int ckv_server_new(const ckv_server_options *opt, ckv_server **ret, char *err, s
                                   .remote = opt->remote,
                                   .autosave_ms = opt->autosave_ms,
                                   .warm_journal_ms = opt->warm_journal_ms,
+                                  .warm_journal_delay_ms = opt->warm_journal_delay_ms,
                                   .policy = opt->policy,
                                   .backend = s->backend,
                                   .owner_tag = owner_tag};
@@ -285,6 +290,7 @@ ckv_server *ckv_server_free(ckv_server *s) {
   ckv_persist_done(&s->persist);
   ckv_store_done(&s->store);
   ckv_parked_free(s);
+  ckv_held_free(s);
   s->conns = ckv_strmap_free(s->conns);
   if (s->router) zmq_close(s->router);
   if (s->zctx) zmq_ctx_term(s->zctx);
@@ -382,8 +388,11 @@ static int serve_one(ckv_server *s) {
   s->reply_armed = s->reply_deferred = false;
   if (!deferred) {
     ckv_reply_finish(s, c, &rep);
-    ckv_reply_send_raw(s, zmq_msg_data(id), zmq_msg_size(id), delim, c, &rep);
+    /* a change the warm journal must hold first: the reply waits (held.h) */
+    if (!ckv_held_take(s, &s->reply_to, c, &rep))
+      ckv_reply_send_raw(s, zmq_msg_data(id), zmq_msg_size(id), delim, c, &rep);
   }
+  ckv_held_clear(s);
   for (int i = 0; i < n; i++) zmq_msg_close(&frames[i]);
   return 1;
 }
@@ -432,6 +441,16 @@ static void housekeeping(ckv_server *s) {
   ckv_persist_scan(&s->persist, now); /* idle sessions move to disk, changed ones get a crash copy */
 }
 
+/* Group commit (held.h): a batch the journal's writer finished lands, the
+ * replies it covers go, and while any still waits the next batch starts at
+ * once (none in flight). */
+static void journal_turn(ckv_server *s, uint64_t now) {
+  ckv_warm_journal_pump(&s->persist, /* wanted= */ false, now);
+  if (!ckv_held_count(s)) return;
+  ckv_held_release(s);
+  if (ckv_held_count(s)) ckv_warm_journal_pump(&s->persist, /* wanted= */ true, now);
+}
+
 static void read_signals(ckv_server *s) {
   struct signalfd_siginfo si;
   while (read(s->signal_fd, &si, sizeof(si)) == sizeof(si)) {
@@ -468,7 +487,7 @@ int ckv_server_run(ckv_server *s) {
   zmq_pollitem_t *items = NULL;
   ckv_conn **owners = NULL;
   while (!s->stopping) {
-    size_t want = 5 + s->n_pending + s->n_refused + ckv_strmap_size(s->conns);
+    size_t want = 6 + s->n_pending + s->n_refused + ckv_strmap_size(s->conns);
     if (want > cap) {
       size_t ncap = want * 2;
       zmq_pollitem_t *ni = realloc(items, ncap * sizeof(*ni));
@@ -487,6 +506,8 @@ int ckv_server_run(ckv_server *s) {
     items[n++] = (zmq_pollitem_t){.fd = s->signal_fd, .events = ZMQ_POLLIN};
     items[n++] = (zmq_pollitem_t){.fd = ckv_compressor_fd(s->store.compressor), .events = ZMQ_POLLIN};
     items[n++] = (zmq_pollitem_t){.fd = ckv_snapio_fd(s->persist.snapio), .events = ZMQ_POLLIN};
+    int journal_fd = ckv_warm_journal_fd(&s->persist); /* a batch written: held replies may go */
+    if (journal_fd >= 0) items[n++] = (zmq_pollitem_t){.fd = journal_fd, .events = ZMQ_POLLIN};
     const size_t first_pending = n;
     for (size_t i = 0; i < s->n_pending; i++)
       items[n++] = (zmq_pollitem_t){.fd = s->pending[i].fd, .events = ZMQ_POLLIN};
@@ -500,7 +521,12 @@ int ckv_server_run(ckv_server *s) {
       owners[n] = c;
       items[n++] = (zmq_pollitem_t){.fd = c->attach_fd, .events = ZMQ_POLLIN};
     }
-    int rc = zmq_poll(items, (int)n, HOUSEKEEPING_MS);
+    long timeout = HOUSEKEEPING_MS;
+    if (ckv_held_count(s)) { /* a batch held replies wait for starts after warm_journal_delay */
+      uint64_t w = ckv_warm_journal_wait_ms(&s->persist, ckv_now_ms());
+      if (w < (uint64_t)timeout) timeout = (long)w;
+    }
+    int rc = zmq_poll(items, (int)n, timeout);
     if (rc < 0 && zmq_errno() != EINTR) {
       ckv_log(CKV_LOG_ERROR, "poll", NULL, NULL, "zmq_poll: %s", zmq_strerror(zmq_errno()));
       break;
@@ -535,6 +561,7 @@ int ckv_server_run(ckv_server *s) {
       housekeeping(s);
       last_house = now;
     }
+    journal_turn(s, now);
     if (s->opt.on_tick && s->opt.tick_ms && now - last_tick >= s->opt.tick_ms) {
       char line[160];
       status_line(s, line, sizeof(line));
@@ -548,6 +575,11 @@ int ckv_server_run(ckv_server *s) {
   }
   ckv_snapio_wait_idle(s->persist.snapio);
   collect_io(s);
+  if (ckv_held_count(s)) { /* their changes written now, on this thread: they go before the stop */
+    ckv_warm_journal_flush(&s->persist);
+    ckv_held_release(s);
+    ckv_held_free(s);
+  }
   free(items);
   free(owners);
   ckv_log(CKV_LOG_NOTICE, "stopping", NULL, NULL, "drained; %zu sessions released", ckv_strmap_size(s->store.sessions));

@@ -47,6 +47,7 @@ typedef struct ckv_persist_options {
   const ckv_arena_backend *backend; /* warm.h: only host arenas outlive the process */
   uint64_t owner_tag;               /* warm.h: this daemon's tag on the arenas it hands to the fd store */
   uint64_t warm_journal_ms;         /* warmjournal.h: changed sessions journaled this often; 0 = at a clean stop only */
+  uint64_t warm_journal_delay_ms;   /* warmjournal.h: a batch a reply waits for starts at most this late */
 } ckv_persist_options;
 
 /* What the daemon must hear from persist/; every slot may be NULL. */

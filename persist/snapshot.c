@@ -292,6 +292,90 @@ uint64_t ckv_snap_file_size(const ckv_snap *snap) {
   return n + sh + 16u; /* the end section */
 }
 
+/* Every section of snap, from the preamble to the end section, to w->f;
+ * false on a write error (errno says which). */
+static bool write_body(writer *w, const ckv_snap *snap, const wbuf *hb, const wbuf *tb, const wbuf *ib,
+                       uint8_t *scratch) {
+  uint8_t pre[CKV_SNAP_PREAMBLE_BYTES];
+  uint32_t ver = CKV_SNAP_VERSION, nver = ~ver;
+  memcpy(pre, k_magic, 8);
+  memcpy(pre + 8, &ver, 4);
+  memcpy(pre + 12, &nver, 4);
+  bool ok = fwrite(pre, sizeof pre, 1, w->f) == 1;
+  w->written = sizeof pre;
+  ok = ok && write_section(w, CKV_SNAP_SEC_HEADER, hb->p, hb->n, NULL, 0);
+  ok = ok && write_section(w, CKV_SNAP_SEC_TOKENS, tb->p, tb->n, NULL, 0);
+  ok = ok && write_section(w, CKV_SNAP_SEC_IDS, ib->p, ib->n, NULL, 0);
+  for (size_t i = 0; ok && i < snap->n_blocks; i++) {
+    const ckv_snap_block *bl = &snap->blocks[i];
+    size_t head = ckv_block_payload_offset(bl->capacity);
+    uint8_t desc[BLOCK_DESC_BYTES] = {0};
+    uint32_t d32[6] = {bl->index, bl->format, bl->capacity, bl->used, bl->kept, 0};
+    memcpy(desc, d32, sizeof d32);
+    memcpy(desc + 24, &bl->bytes, 8);
+    /* one buffer: descriptor | header region | payload (copied once: a
+     * worker writing its draft slots must not make the hash lie) */
+    memcpy(scratch, bl->meta, head);
+    if (snap->flags & CKV_SNAP_BLOCK_REFS) { /* the payload stays in the kept arena */
+      memcpy(scratch + head, &bl->arena_offset, 8);
+      memcpy(scratch + head + 8, &bl->slab_offset, 8);
+      ok = write_section(w, CKV_SNAP_SEC_BLOCK, desc, sizeof desc, scratch, head + 16);
+      continue;
+    }
+    memcpy(scratch + head, bl->payload, bl->bytes - head);
+    ok = write_section(w, CKV_SNAP_SEC_BLOCK, desc, sizeof desc, scratch, bl->bytes);
+  }
+  uint8_t end[16];
+  uint32_t nsec = w->sections, zero = 0;
+  uint64_t before = w->written;
+  memcpy(end, &nsec, 4);
+  memcpy(end + 4, &zero, 4);
+  memcpy(end + 8, &before, 8);
+  ok = ok && write_section(w, CKV_SNAP_SEC_END, end, sizeof end, NULL, 0);
+  return ok && fflush(w->f) == 0;
+}
+
+/* The header, token and id payloads of snap, and a scratch buffer for its
+ * largest block: CKV_OK or -ENOMEM (the caller frees all four either way). */
+static int encode_parts(const ckv_snap *snap, wbuf *hb, wbuf *tb, wbuf *ib, uint8_t **ret_scratch) {
+  uint32_t kept[CKV_FORMAT_COUNT_];
+  kept_of(snap, kept);
+  header_payload(hb, snap, kept);
+  tokens_payload(tb, &snap->tokens);
+  for (size_t i = 0; i < snap->n_ids; i++) {
+    put_u32(ib, snap->ids[2 * i]);
+    put_u32(ib, snap->ids[2 * i + 1]);
+  }
+  uint64_t max_payload = 0;
+  for (size_t i = 0; i < snap->n_blocks; i++)
+    if (snap->blocks[i].bytes > max_payload) max_payload = snap->blocks[i].bytes;
+  *ret_scratch = malloc(max_payload + 16);
+  return hb->oom || tb->oom || ib->oom || !*ret_scratch ? -ENOMEM : CKV_OK;
+}
+
+int ckv_snap_encode(const ckv_snap *snap, uint8_t **ret, size_t *ret_len) {
+  wbuf hb = {0}, tb = {0}, ib = {0};
+  uint8_t *scratch = NULL;
+  char *buf = NULL;
+  size_t len = 0;
+  int r = encode_parts(snap, &hb, &tb, &ib, &scratch);
+  writer w = {0};
+  if (r == CKV_OK && !(w.f = open_memstream(&buf, &len))) r = -ENOMEM;
+  if (r == CKV_OK && !write_body(&w, snap, &hb, &tb, &ib, scratch)) r = -ENOMEM;
+  if (w.f && fclose(w.f) != 0 && r == CKV_OK) r = -ENOMEM;
+  if (r == CKV_OK) {
+    *ret = (uint8_t *)buf;
+    *ret_len = len;
+    buf = NULL;
+  }
+  free(buf);
+  free(hb.p);
+  free(tb.p);
+  free(ib.p);
+  free(scratch);
+  return r;
+}
+
 int ckv_snap_write(const char *dir, const char *name, const ckv_snap *snap, uint64_t *ret_bytes, char *err,
                    size_t errlen) {
   char path[4096], tmp[4096];
@@ -301,21 +385,10 @@ int ckv_snap_write(const char *dir, const char *name, const ckv_snap *snap, uint
                ++counter) >=
           (int)sizeof tmp)
     return ckv_fail(err, errlen, -ENAMETOOLONG, "snapshot path too long");
-  uint32_t kept[CKV_FORMAT_COUNT_];
-  kept_of(snap, kept);
   wbuf hb = {0}, tb = {0}, ib = {0};
-  header_payload(&hb, snap, kept);
-  tokens_payload(&tb, &snap->tokens);
-  for (size_t i = 0; i < snap->n_ids; i++) {
-    put_u32(&ib, snap->ids[2 * i]);
-    put_u32(&ib, snap->ids[2 * i + 1]);
-  }
-  uint64_t max_payload = 0;
-  for (size_t i = 0; i < snap->n_blocks; i++)
-    if (snap->blocks[i].bytes > max_payload) max_payload = snap->blocks[i].bytes;
-  uint8_t *scratch = malloc(max_payload + 16);
-  int r = CKV_OK;
-  if (hb.oom || tb.oom || ib.oom || !scratch) {
+  uint8_t *scratch = NULL;
+  int r = encode_parts(snap, &hb, &tb, &ib, &scratch);
+  if (r < 0) {
     r = ckv_fail(err, errlen, -ENOMEM, "out of memory encoding the snapshot");
     goto out;
   }
@@ -332,43 +405,7 @@ int ckv_snap_write(const char *dir, const char *name, const ckv_snap *snap, uint
     goto out;
   }
   test_write_delay();
-  uint8_t pre[CKV_SNAP_PREAMBLE_BYTES];
-  uint32_t ver = CKV_SNAP_VERSION, nver = ~ver;
-  memcpy(pre, k_magic, 8);
-  memcpy(pre + 8, &ver, 4);
-  memcpy(pre + 12, &nver, 4);
-  bool ok = fwrite(pre, sizeof pre, 1, w.f) == 1;
-  w.written = sizeof pre;
-  ok = ok && write_section(&w, CKV_SNAP_SEC_HEADER, hb.p, hb.n, NULL, 0);
-  ok = ok && write_section(&w, CKV_SNAP_SEC_TOKENS, tb.p, tb.n, NULL, 0);
-  ok = ok && write_section(&w, CKV_SNAP_SEC_IDS, ib.p, ib.n, NULL, 0);
-  for (size_t i = 0; ok && i < snap->n_blocks; i++) {
-    const ckv_snap_block *bl = &snap->blocks[i];
-    size_t head = ckv_block_payload_offset(bl->capacity);
-    uint8_t desc[BLOCK_DESC_BYTES] = {0};
-    uint32_t d32[6] = {bl->index, bl->format, bl->capacity, bl->used, bl->kept, 0};
-    memcpy(desc, d32, sizeof d32);
-    memcpy(desc + 24, &bl->bytes, 8);
-    /* one buffer: descriptor | header region | payload (copied once: a
-     * worker writing its draft slots must not make the hash lie) */
-    memcpy(scratch, bl->meta, head);
-    if (snap->flags & CKV_SNAP_BLOCK_REFS) { /* the payload stays in the kept arena */
-      memcpy(scratch + head, &bl->arena_offset, 8);
-      memcpy(scratch + head + 8, &bl->slab_offset, 8);
-      ok = write_section(&w, CKV_SNAP_SEC_BLOCK, desc, sizeof desc, scratch, head + 16);
-      continue;
-    }
-    memcpy(scratch + head, bl->payload, bl->bytes - head);
-    ok = write_section(&w, CKV_SNAP_SEC_BLOCK, desc, sizeof desc, scratch, bl->bytes);
-  }
-  uint8_t end[16];
-  uint32_t nsec = w.sections, zero = 0;
-  uint64_t before = w.written;
-  memcpy(end, &nsec, 4);
-  memcpy(end + 4, &zero, 4);
-  memcpy(end + 8, &before, 8);
-  ok = ok && write_section(&w, CKV_SNAP_SEC_END, end, sizeof end, NULL, 0);
-  ok = ok && fflush(w.f) == 0;
+  bool ok = write_body(&w, snap, &hb, &tb, &ib, scratch);
   if (!ok) {
     r = ckv_fail(err, errlen, errno ? -errno : -EIO, "writing %s: %s", tmp, strerror(errno ? errno : EIO));
   } else if (fsync(fileno(w.f)) < 0) {

@@ -114,6 +114,10 @@ typedef struct ckv_snap {
 int ckv_snap_write(const char *dir, const char *name, const ckv_snap *snap, uint64_t *ret_bytes, char *err,
                    size_t errlen);
 
+/* The bytes ckv_snap_write would write for `snap`, in memory (*ret
+ * malloc'd; ckv_snap_parse reads them): CKV_OK or -ENOMEM. */
+int ckv_snap_encode(const ckv_snap *snap, uint8_t **ret, size_t *ret_len);
+
 /* The size in bytes of the file ckv_snap_write would write for `snap`
  * (exactly: the disk quota charges a save before it is written). */
 uint64_t ckv_snap_file_size(const ckv_snap *snap);

@@ -42,6 +42,7 @@
 #include "persist/incarnations.h"
 #include "persist/statefile.h"
 #include "persist/tier.h"
+#include "persist/warmlog.h"
 #include "shm/arena.h"
 #include "shm/slab.h"
 #include "store/blockmem.h"
@@ -66,7 +67,7 @@ struct ckv_warm_memory {
   bool unclean;
   /* It found a journal that a clean stop did not write (no STATE_DIR/warm/
    * stopped beside it): the continuous journal of a daemon that was killed
-   * or crashed; sessions came back as of its last checkpoint. */
+   * or crashed; sessions came back as of their last durable record. */
   bool killed_with_journal;
 };
 
@@ -100,8 +101,8 @@ const char *ckv_warm_dropped(const ckv_persist *p, const char *tenant, const cha
 
 const char *ckv_warm_unclean(const ckv_persist *p) {
   if (p->warm && p->warm->killed_with_journal)
-    return "the daemon before this one was killed or crashed: sessions came back as of its last warm-journal "
-           "checkpoint, and this one was in none (opened, or ended and reopened, too shortly before the kill)";
+    return "the daemon before this one was killed or crashed: sessions came back with every change it had "
+           "answered, and this one was in none of its journal's records (its open was cut short by the kill)";
   return p->warm && p->warm->unclean
              ? "the daemon before this one did not stop cleanly (killed or crashed): sessions that lived only "
                "in its memory are gone, saved ones come back from their snapshots"
@@ -224,6 +225,17 @@ static void put_head(buf *m, const ckv_persist *p) {
   put_u64(m, now_ms_real());
   put_u64(m, owner_tag(p));
   put_u32(m, (uint32_t)p->store->n_tenants);
+}
+
+uint64_t ckv_warm_tenants_sig(const ckv_persist *p) {
+  buf m = {0};
+  for (size_t i = 0; i < p->store->n_tenants; i++) {
+    size_t count_at;
+    put_tenant(&m, p->store->tenants[i], &count_at);
+  }
+  uint64_t sig = m.oom ? 0 : XXH64(m.p, m.n, 0);
+  free(m.p);
+  return sig;
 }
 
 int ckv_warm_manifest_encode(ckv_persist *p, bool (*listed)(void *ctx, const ckv_srv_session *s), void *ctx,
@@ -366,17 +378,84 @@ typedef struct jtenant {
   uint32_t max_sessions, max_clients, policies, n_sessions;
   int32_t default_policy;
   char (*ids)[CKV_SESSION_ID_MAX + 1];
+  const ckv_warmlog_rec **rec; /* per id: its last record in the log, NULL: its entry file (apply_log) */
 } jtenant;
 
 static void jtenants_free(jtenant *t, size_t n) {
-  for (size_t i = 0; i < n; i++) free(t[i].ids);
+  for (size_t i = 0; i < n; i++) {
+    free(t[i].ids);
+    free(t[i].rec);
+  }
   free(t);
+}
+
+static void session_dropped_name(ckv_persist *p, const char *tenant, const char *id, const char *err);
+
+/* The log over the manifest, record by record, the last one per session
+ * winning: each tenant's sessions become those the manifest lists less
+ * those a DEL removed, plus those a PUT added, each with its last record
+ * (rec, NULL for its entry file).  A record of a tenant the manifest does
+ * not have drops its session (never: a new tenant makes a checkpoint).
+ * -ENOMEM (nothing changed) or CKV_OK. */
+static int apply_log(ckv_persist *p, jtenant *jt, size_t n_jt, const ckv_warmlog *wl) {
+  ckv_strmap *last = NULL;
+  if (ckv_strmap_new(&last) < 0) return -ENOMEM;
+  char key[CKV_WARMLOG_TENANT_MAX + CKV_WARMLOG_ID_MAX + 2];
+  for (size_t i = 0; i < wl->n; i++) {
+    snprintf(key, sizeof key, "%s/%s", wl->recs[i].tenant, wl->recs[i].id);
+    if (ckv_strmap_put(last, key, &wl->recs[i]) < 0) {
+      ckv_strmap_free(last);
+      return -ENOMEM;
+    }
+  }
+  for (size_t i = 0; i < n_jt; i++) {
+    jtenant *j = &jt[i];
+    size_t cap = (size_t)j->n_sessions + wl->n, n = 0;
+    char(*ids)[CKV_SESSION_ID_MAX + 1] = calloc(cap ? cap : 1, sizeof(*ids));
+    const ckv_warmlog_rec **rec = calloc(cap ? cap : 1, sizeof(*rec));
+    if (!ids || !rec) {
+      free(ids);
+      free(rec);
+      ckv_strmap_free(last);
+      return -ENOMEM;
+    }
+    for (uint32_t k = 0; k < j->n_sessions; k++) {
+      snprintf(key, sizeof key, "%s/%s", j->name, j->ids[k]);
+      const ckv_warmlog_rec *r = ckv_strmap_del(last, key);
+      if (r && r->type == CKV_WARMLOG_DEL) continue; /* left the journal after the checkpoint */
+      memcpy(ids[n], j->ids[k], sizeof ids[n]);
+      rec[n++] = r;
+    }
+    size_t cursor = 0, tl = strlen(j->name);
+    const char *k;
+    const ckv_warmlog_rec *r;
+    while ((r = ckv_strmap_next(last, &cursor, &k))) {
+      if (strncmp(k, j->name, tl) != 0 || k[tl] != '/' || r->type != CKV_WARMLOG_PUT) continue;
+      snprintf(ids[n], sizeof ids[n], "%s", r->id);
+      rec[n++] = r;
+    }
+    free(j->ids);
+    free(j->rec);
+    j->ids = ids;
+    j->rec = rec;
+    j->n_sessions = (uint32_t)n;
+  }
+  size_t cursor = 0;
+  const ckv_warmlog_rec *r;
+  while ((r = ckv_strmap_next(last, &cursor, NULL))) {
+    bool known = false;
+    for (size_t i = 0; i < n_jt && !known; i++) known = strcmp(jt[i].name, r->tenant) == 0;
+    if (r->type == CKV_WARMLOG_PUT && !known)
+      session_dropped_name(p, r->tenant, r->id, "its tenant is in no checkpoint of the journal");
+  }
+  ckv_strmap_free(last);
+  return CKV_OK;
 }
 
 /* Reads and checks the manifest.  CKV_OK with *ret and *ret_n, -ENOENT when
  * there is none, else a code and err. */
 static int read_manifest(const char *path, jtenant **ret, size_t *ret_n, uint64_t *ret_written, uint64_t *ret_owner,
-                         char *err, size_t errlen) {
+                         uint64_t *ret_sum, char *err, size_t errlen) {
   int cr = ckv_statefile_check_file(path, 1, err, errlen); /* the daemon's own journal, in its own directory */
   if (cr == -ENOENT) return -ENOENT;
   if (cr < 0) return cr;
@@ -477,6 +556,7 @@ static int read_manifest(const char *path, jtenant **ret, size_t *ret_n, uint64_
   *ret_n = nt;
   *ret_written = written;
   *ret_owner = owner;
+  *ret_sum = sum;
   ts = NULL;
   r = CKV_OK;
 out:
@@ -494,22 +574,33 @@ static void drop_arena_fd(ckv_fdstore_arena *a, const char *why) {
   ckv_fdstore_remove_arena(a->generation, a->owner);
 }
 
+static void session_dropped_name(ckv_persist *p, const char *tenant, const char *id, const char *err) {
+  ckv_log(CKV_LOG_WARNING, "warm-session-dropped", tenant, id, "not kept across the restart: %s", err);
+  note_dropped(p, tenant, id, "%.190s", err);
+}
+
 static void session_dropped(ckv_persist *p, const ckv_tenant *t, const char *id, const char *err) {
-  ckv_log(CKV_LOG_WARNING, "warm-session-dropped", t->name, id, "not kept across the restart: %s", err);
-  note_dropped(p, t->name, id, "%.190s", err);
+  session_dropped_name(p, t->name, id, err);
 }
 
 /* Reads session `id`'s journal entry into *snap and checks it against what
  * outlived the daemon that wrote it; false (logged, noted) when it is not
  * to be kept.  Runs for every session of the tenant before any is rebuilt:
  * the checks read the arena's block headers as the killed daemon left them. */
-static bool load_entry(ckv_persist *p, ckv_tenant *t, const char *id, ckv_snap *snap) {
+static bool load_entry(ckv_persist *p, ckv_tenant *t, const char *id, const ckv_warmlog_rec *rec, ckv_snap *snap) {
   char path[4096], err[512] = "", why[512];
-  int r = ckv_snapdir_area_file(p->opt.state_dir, CKV_WARM_AREA, t->name, id, path, sizeof path);
-  if (r == CKV_OK) r = ckv_snapdir_read(path, snap, err, sizeof err);
-  else snprintf(err, sizeof err, "no journal entry path: %s", ckv_strerror(r));
+  int r;
+  if (rec) { /* its last record in the log (warmlog.h), checked there; the entry is checked here */
+    r = ckv_snap_parse(rec->entry, rec->entry_len, snap, err, sizeof err);
+  } else {
+    r = ckv_snapdir_area_file(p->opt.state_dir, CKV_WARM_AREA, t->name, id, path, sizeof path);
+    if (r == CKV_OK)
+      r = ckv_snapdir_read(path, snap, err, sizeof err);
+    else
+      snprintf(err, sizeof err, "no journal entry path: %s", ckv_strerror(r));
+  }
   if (r < 0) {
-    snprintf(why, sizeof why, "its journal entry was refused (%.300s)", err);
+    snprintf(why, sizeof why, "its journal %s was refused (%.300s)", rec ? "record" : "entry", err);
     session_dropped(p, t, id, why);
     return false;
   }
@@ -559,7 +650,7 @@ static bool load_entry(ckv_persist *p, ckv_tenant *t, const char *id, ckv_snap *
 }
 
 /* Rebuilds session `id` of t from its checked journal entry (consumed); logs and notes a drop. */
-static bool rebuild_session(ckv_persist *p, ckv_tenant *t, const char *id, ckv_snap *snapp) {
+static bool rebuild_session(ckv_persist *p, ckv_tenant *t, const char *id, const char *from, ckv_snap *snapp) {
   char err[512] = "";
   int r;
   ckv_snap snap = *snapp;
@@ -589,12 +680,44 @@ static bool rebuild_session(ckv_persist *p, ckv_tenant *t, const char *id, ckv_s
   sess->detached_at_ms = ckv_now_ms();
   sess->warm_unresumed = true;
   ckv_log(CKV_LOG_INFO, "warm-session-kept", t->name, id,
-          "kept across the restart on its blocks: %zu tokens (%llu draft, %llu staged, %llu committed, %llu recycled), "
-          "epoch %llu",
-          sess->tokens.n, (unsigned long long)sess->count_by_state[0], (unsigned long long)sess->count_by_state[1],
+          "kept across the restart on its blocks (%s): %zu tokens (%llu draft, %llu staged, %llu committed, %llu "
+          "recycled), epoch %llu",
+          from, sess->tokens.n, (unsigned long long)sess->count_by_state[0], (unsigned long long)sess->count_by_state[1],
           (unsigned long long)sess->count_by_state[2], (unsigned long long)sess->count_by_state[3],
           (unsigned long long)sess->epoch);
   return true;
+}
+
+/* The log that follows the manifest (warmlog.h), applied over jt: what it
+ * holds, what was cut and why, is logged.  A log of another checkpoint is
+ * ignored (that checkpoint's manifest replaced it, with everything in it). */
+static void read_log(ckv_persist *p, uint64_t msum, jtenant *jt, size_t n_jt, ckv_warmlog *wl) {
+  char err[512] = "";
+  char dir[4200];
+  snprintf(dir, sizeof dir, "%s/%s", p->opt.state_dir, CKV_WARM_AREA);
+  int r = ckv_warmlog_read(dir, msum, wl, err, sizeof err);
+  if (r == -ENOENT) return; /* a clean stop's journal, or an older daemon's */
+  if (r == -ESTALE) {
+    ckv_log(CKV_LOG_INFO, "warm-log", NULL, NULL, "warm journal log ignored: %s", err);
+    return;
+  }
+  if (r < 0) {
+    ckv_log(CKV_LOG_ERROR, "warm-log-cut", NULL, NULL,
+            "warm journal log refused (%s): sessions come back as of the checkpoint, without any record after it",
+            err);
+    return;
+  }
+  if (wl->cut[0])
+    ckv_log(CKV_LOG_WARNING, "warm-log-cut", NULL, NULL,
+            "warm journal log cut at its last good record (%zu record(s), %llu of %llu bytes kept): %s", wl->n,
+            (unsigned long long)wl->good_bytes, (unsigned long long)wl->file_bytes, wl->cut);
+  else
+    ckv_log(CKV_LOG_INFO, "warm-log", NULL, NULL, "warm journal log read whole: %zu record(s), %llu bytes", wl->n,
+            (unsigned long long)wl->file_bytes);
+  if (apply_log(p, jt, n_jt, wl) < 0) {
+    ckv_log(CKV_LOG_ERROR, "warm-log-cut", NULL, NULL,
+            "out of memory applying the warm journal log: sessions come back as of the checkpoint");
+  }
 }
 
 void ckv_warm_start(ckv_persist *p) {
@@ -603,11 +726,11 @@ void ckv_warm_start(ckv_persist *p) {
   ckv_fdstore_take_arenas(&fds, &n_fds);
   jtenant *jt = NULL;
   size_t n_jt = 0;
-  uint64_t written = 0, owner = 0;
+  uint64_t written = 0, owner = 0, msum = 0;
   char path[4096], err[512] = "";
   int r = -ENOENT;
   if (p->opt.state_dir && *p->opt.state_dir && manifest_path(p, path, sizeof path) == CKV_OK)
-    r = read_manifest(path, &jt, &n_jt, &written, &owner, err, sizeof err);
+    r = read_manifest(path, &jt, &n_jt, &written, &owner, &msum, err, sizeof err);
   if (r == CKV_OK) {
     char marker[4200];
     snprintf(marker, sizeof marker, "%s/%s/%s", p->opt.state_dir, CKV_WARM_AREA, CKV_WARM_STOPPED);
@@ -616,8 +739,8 @@ void ckv_warm_start(ckv_persist *p) {
     if (!clean && memory_of(p)) p->warm->killed_with_journal = true;
     if (!clean)
       ckv_log(CKV_LOG_WARNING, "warm-journal-killed", NULL, NULL,
-              "the daemon before this one did not stop cleanly: its sessions come back as of its last warm-journal "
-              "checkpoint (what changed after it is not kept)");
+              "the daemon before this one did not stop cleanly: its sessions come back as of their last durable "
+              "warm-journal record (every change it answered)");
   }
   if (r < 0 && r != -ENOENT)
     ckv_log(CKV_LOG_ERROR, "warm-journal-refused", NULL, NULL,
@@ -636,6 +759,8 @@ void ckv_warm_start(ckv_persist *p) {
             n_jt);
     r = CKV_ERR_UNSUPPORTED;
   }
+  ckv_warmlog wl = {0};
+  if (r == CKV_OK) read_log(p, msum, jt, n_jt, &wl);
   size_t kept = 0, lost = 0;
   for (size_t i = 0; r == CKV_OK && i < n_jt; i++) {
     jtenant *j = &jt[i];
@@ -710,10 +835,14 @@ void ckv_warm_start(ckv_persist *p) {
     size_t tk = 0;
     ckv_snap *snaps = calloc(j->n_sessions ? j->n_sessions : 1, sizeof(*snaps));
     bool *ok = calloc(j->n_sessions ? j->n_sessions : 1, sizeof(*ok));
-    for (uint32_t k = 0; snaps && ok && k < j->n_sessions; k++) ok[k] = load_entry(p, t, j->ids[k], &snaps[k]);
+    for (uint32_t k = 0; snaps && ok && k < j->n_sessions; k++)
+      ok[k] = load_entry(p, t, j->ids[k], j->rec ? j->rec[k] : NULL, &snaps[k]);
     for (uint32_t k = 0; k < j->n_sessions; k++) {
       if (snaps && ok) {
-        if (ok[k]) tk += rebuild_session(p, t, j->ids[k], &snaps[k]);
+        char from[80] = "from the checkpoint";
+        if (j->rec && j->rec[k])
+          snprintf(from, sizeof from, "from log record %llu", (unsigned long long)j->rec[k]->seq);
+        if (ok[k]) tk += rebuild_session(p, t, j->ids[k], from, &snaps[k]);
       } else {
         session_dropped(p, t, j->ids[k], "out of memory");
       }
@@ -745,6 +874,7 @@ void ckv_warm_start(ckv_persist *p) {
    * ckv_warm_discard removes it when that cannot be written. */
   if (p->opt.state_dir && *p->opt.state_dir && !p->journal) remove_journal(p);
   jtenants_free(jt, n_jt);
+  ckv_warmlog_done(&wl); /* after the rebuild: the records pointed into it */
   free(fds);
 }
 
@@ -843,6 +973,8 @@ size_t ckv_warm_stop(ckv_persist *p) {
       ckv_fdstore_remove_arena(ckv_arena_generation(p->store->tenants[i]->arena), owner_tag(p));
     return 0;
   }
+  /* the continuous journal's records: all in this journal now */
+  ckv_warmlog_remove(top);
   if (continuous) ckv_warm_sweep(p, in_store, p); /* entries of sessions gone since the last checkpoint */
   { /* this journal is a clean stop's (said at the next start; a checkpoint's is a killed daemon's) */
     char marker[4200];

@@ -16,8 +16,9 @@
  * The journal is consumed when read (replaced by the new daemon's first
  * checkpoint, or removed), so it only ever describes the arenas of the
  * daemon that wrote it.  While serving, warmjournal.h keeps it current
- * ([daemon] warm_journal), so after a crash (kill -9) the sessions come
- * back as of their last checkpoint; with it off there is no journal after a
+ * ([daemon] warm_journal: a checkpoint and an append-only log, warmlog.h),
+ * so after a crash (kill -9) the sessions come back as of their last durable
+ * record (every change whose reply was sent); with it off there is no journal after a
  * crash and the arenas in the store are dropped, which the log says (saved
  * sessions come back from their snapshots).  Anything refused (a journal truncated, corrupt, of another
  * version; an arena missing, of another size or generation; a session entry
@@ -73,6 +74,9 @@ void ckv_warm_forget(ckv_persist *p);
 typedef struct ckv_srv_session ckv_srv_session;
 int ckv_warm_manifest_encode(ckv_persist *p, bool (*listed)(void *ctx, const ckv_srv_session *s), void *ctx,
                              uint8_t **ret, size_t *ret_len);
+/* A hash of the tenants' part of the manifest (names, arenas, limits): the
+ * continuous journal writes a checkpoint when it changes (0: out of memory). */
+uint64_t ckv_warm_tenants_sig(const ckv_persist *p);
 int ckv_warm_manifest_write(const char *state_dir, const uint8_t *m, size_t n, char *err, size_t errlen);
 /* Removes the entry files (and leftover temporary files) under STATE_DIR/warm
  * of every tenant/id that keep() does not want. */

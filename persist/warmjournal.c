@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -22,6 +23,7 @@
 #include "persist/snapshot.h"
 #include "persist/tier.h"
 #include "persist/warm.h"
+#include "persist/warmlog.h"
 #include "store/session.h"
 #include "store/store.h"
 #include "store/tenant.h"
@@ -32,6 +34,11 @@ typedef struct jentry {
   const ckv_tenant *tenant;
   uint64_t *off;
   size_t n, cap;
+  /* The entry known durable: the session's mark when it was captured and
+   * the batch that made it durable (0: none is known durable yet).  A reply
+   * held for the session goes once one of a batch built after its change
+   * is (ckv_warm_journal_covers). */
+  uint64_t mark, durable_seq;
 } jentry;
 
 typedef struct jwrite {
@@ -39,6 +46,7 @@ typedef struct jwrite {
   char tenant[CKV_SNAP_TENANT_MAX + 1];
   char id[CKV_SNAP_ID_MAX + 1];
   const ckv_tenant *t; /* the loop's: tenants live as long as the store */
+  uint64_t mark;       /* the session's mark_of when captured */
   ckv_snap snap;
 } jwrite;
 
@@ -49,6 +57,7 @@ typedef struct jkey {
 
 /* One batch: the writer thread's between submit and done. */
 typedef struct jbatch {
+  uint64_t seq; /* 1, 2, ... in the order the loop built them */
   char state_dir[4096];
   jwrite *w;
   size_t n_w;
@@ -57,6 +66,11 @@ typedef struct jbatch {
   uint8_t *manifest;
   size_t manifest_len;
   bool sweep; /* the first batch: every other file under warm/ goes */
+  /* A checkpoint (every listed session's entry file, the manifest, a new
+   * empty log) or, when false, records appended to the log (warmlog.h). */
+  bool checkpoint;
+  uint64_t log_bytes;   /* the log's size after this batch (the writer's) */
+  uint64_t tenants_sig; /* a checkpoint's: ckv_warm_tenants_sig when built */
   int status;
   char err[400];
   uint64_t io_us;
@@ -70,7 +84,22 @@ struct ckv_warm_journal {
   bool stop, thread_up;
   jbatch *inflight; /* the loop's: submitted, not landed */
   uint64_t last_ms;
-  ckv_strmap *entries; /* "tenant/id" -> jentry */
+  uint64_t seq;            /* the last batch built */
+  uint64_t retry_after_ms; /* after a failed batch, the next one waits until then */
+  int efd;                 /* eventfd: the writer thread says a batch is written */
+  /* The writer's (and the loop's while no batch is in flight): the log the
+   * last checkpoint began, open for appending (-1: none, the next batch is
+   * a checkpoint), and its records so far. */
+  int log_fd;
+  uint64_t log_seq, log_bytes_w;
+  /* The loop's: the log's size after the last batch, the tenants' part of
+   * the last checkpoint's manifest (ckv_warm_tenants_sig). */
+  uint64_t log_bytes, tenants_sig;
+  bool want_checkpoint;   /* a failed batch: the next one is a checkpoint */
+  uint64_t compact_bytes; /* the log is compacted into a checkpoint past this size */
+  uint64_t wanted_since_ms; /* when a held reply first wanted a batch none has been built for (0: none) */
+  ckv_strmap *wanted;       /* "tenant/id" -> (void *)1: sessions held replies wait for, not yet captured */
+  ckv_strmap *entries;    /* "tenant/id" -> jentry */
 };
 
 static uint64_t mark_of(const ckv_srv_session *s) {
@@ -118,12 +147,12 @@ static bool written_in(void *ctx, const char *tenant, const char *id) {
   return false;
 }
 
-/* Entries first (each atomically replaced), then the manifest, then what
- * it no longer names: a kill at any point leaves a manifest whose every
- * entry on disk names only blocks that are still held. */
-static void write_batch(jbatch *b) {
-  uint64_t t0 = ckv_now_us();
-  b->status = CKV_OK;
+/* A checkpoint: entries first (each atomically replaced), then the
+ * manifest, then a new empty log naming it, then what it no longer names:
+ * a kill at any point leaves a manifest whose every entry on disk names only
+ * blocks that are still held, and a log that is either the old manifest's
+ * (the old one still in place) or the new one's. */
+static void write_checkpoint(ckv_warm_journal *j, jbatch *b) {
   for (size_t i = 0; i < b->n_w && b->status == CKV_OK; i++) {
     char dir[4096], err[320];
     int r = ckv_snapdir_area_dir(b->state_dir, CKV_WARM_AREA, b->w[i].tenant,
@@ -137,6 +166,17 @@ static void write_batch(jbatch *b) {
   if (b->status == CKV_OK)
     b->status = ckv_warm_manifest_write(b->state_dir, b->manifest, b->manifest_len, b->err, sizeof b->err);
   if (b->status == CKV_OK) {
+    if (j->log_fd >= 0) close(j->log_fd);
+    j->log_fd = -1;
+    uint64_t msum;
+    memcpy(&msum, b->manifest + b->manifest_len - 8, 8);
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%s/%s", b->state_dir, CKV_WARM_AREA);
+    b->status = ckv_warmlog_create(dir, msum, &j->log_fd, b->err, sizeof b->err);
+    j->log_seq = 0;
+    b->log_bytes = CKV_WARMLOG_HEADER_BYTES;
+  }
+  if (b->status == CKV_OK) {
     for (size_t i = 0; i < b->n_rm; i++) {
       char path[4096];
       if (ckv_snapdir_area_file(b->state_dir, CKV_WARM_AREA, b->rm[i].tenant, b->rm[i].id, path, sizeof path) == CKV_OK)
@@ -148,6 +188,57 @@ static void write_batch(jbatch *b) {
       ckv_warm_sweep(&fake, written_in, &c);
     }
   }
+}
+
+/* Records appended to the log: a PUT per session written, a DEL per session
+ * no longer listed, one write and one fdatasync.  A failed append may leave
+ * part of them in the file: the log is closed and the next batch is a
+ * checkpoint (the reader cuts such a tail at the last good record). */
+static void write_records(ckv_warm_journal *j, jbatch *b) {
+  ckv_warmlog_buf rb = {0};
+  uint64_t seq = j->log_seq;
+  for (size_t i = 0; i < b->n_w && !rb.oom; i++) {
+    uint8_t *entry = NULL;
+    size_t n = 0;
+    if (ckv_snap_encode(&b->w[i].snap, &entry, &n) < 0) {
+      rb.oom = true;
+      break;
+    }
+    ckv_warmlog_encode(&rb, ++seq, CKV_WARMLOG_PUT, b->w[i].tenant, b->w[i].id, entry, n);
+    free(entry);
+  }
+  for (size_t i = 0; i < b->n_rm && !rb.oom; i++)
+    ckv_warmlog_encode(&rb, ++seq, CKV_WARMLOG_DEL, b->rm[i].tenant, b->rm[i].id, NULL, 0);
+  if (rb.oom) {
+    b->status = -ENOMEM;
+    snprintf(b->err, sizeof b->err, "out of memory encoding the journal's records");
+  } else {
+    b->status = ckv_warmlog_append(j->log_fd, rb.p, rb.n, b->err, sizeof b->err);
+  }
+  if (b->status == CKV_OK) {
+    j->log_seq = seq;
+    b->log_bytes += rb.n;
+  } else if (!rb.oom) {
+    close(j->log_fd);
+    j->log_fd = -1;
+  }
+  ckv_warmlog_buf_done(&rb);
+}
+
+static void write_batch(ckv_warm_journal *j, jbatch *b) {
+  uint64_t t0 = ckv_now_us();
+  b->status = CKV_OK;
+  if (b->checkpoint) {
+    write_checkpoint(j, b);
+  } else if (j->log_fd < 0) { /* never: the loop asks for a checkpoint then */
+    b->status = CKV_ERR_INTERNAL;
+    snprintf(b->err, sizeof b->err, "no log to append to");
+  } else {
+    b->log_bytes = j->log_bytes_w;
+    write_records(j, b);
+    j->log_bytes_w = b->log_bytes;
+  }
+  if (b->checkpoint && b->status == CKV_OK) j->log_bytes_w = b->log_bytes;
   b->io_us = ckv_now_us() - t0;
 }
 
@@ -160,10 +251,13 @@ static void *writer_main(void *arg) {
     jbatch *b = j->queued;
     j->queued = NULL;
     pthread_mutex_unlock(&j->lock);
-    write_batch(b);
+    write_batch(j, b);
     pthread_mutex_lock(&j->lock);
     j->written = b;
     pthread_cond_broadcast(&j->done_cv);
+    uint64_t one = 1;
+    if (write(j->efd, &one, sizeof one) < 0) { /* full (never: 2^64 - 2) or closed; the loop looks anyway */
+    }
   }
   pthread_mutex_unlock(&j->lock);
   return NULL;
@@ -215,8 +309,18 @@ static void land(ckv_persist *p, jbatch *b) {
       ((ckv_tenant *)t)->journal_hold = true;
     }
     if (!ok && s) s->warm_mark = 0; /* written again by the next batch */
+    jentry *e = ok ? ckv_strmap_get(j->entries, b->w[i].key) : NULL;
+    if (e) {
+      e->mark = b->w[i].mark;
+      e->durable_seq = b->seq;
+    }
   }
   if (ok) {
+    j->log_bytes = b->log_bytes;
+    if (b->checkpoint) {
+      j->tenants_sig = b->tenants_sig;
+      j->want_checkpoint = false;
+    }
     for (size_t i = 0; i < b->n_rm; i++) {
       char key[sizeof b->w[0].key];
       snprintf(key, sizeof key, "%s/%s", b->rm[i].tenant, b->rm[i].id);
@@ -224,11 +328,16 @@ static void land(ckv_persist *p, jbatch *b) {
     }
     p->counters.warm_checkpoints++;
     p->counters.warm_entries += b->n_w;
-    ckv_log(CKV_LOG_DEBUG, "warm-checkpoint", NULL, NULL,
-            "warm journal checkpoint durable: %zu entries written, %zu "
-            "removed, in %.3f ms",
-            b->n_w, b->n_rm, (double)b->io_us / 1e3);
+    if (b->checkpoint)
+      ckv_log(CKV_LOG_DEBUG, "warm-checkpoint", NULL, NULL,
+              "warm journal checkpoint durable: %zu entries written, %zu removed, in %.3f ms", b->n_w, b->n_rm,
+              (double)b->io_us / 1e3);
+    else
+      ckv_log(CKV_LOG_DEBUG, "warm-log", NULL, NULL,
+              "warm journal records durable: %zu session(s) written, %zu removed, log at %llu bytes, in %.3f ms",
+              b->n_w, b->n_rm, (unsigned long long)b->log_bytes, (double)b->io_us / 1e3);
   } else {
+    j->want_checkpoint = true; /* what the log holds may end in a torn record */
     p->counters.warm_journal_errors++;
     ckv_log(CKV_LOG_ERROR, "warm-journal-failed", NULL, NULL,
             "warm journal checkpoint not written: %s (%s); the previous one "
@@ -309,58 +418,114 @@ static bool is_listed(void *ctx, const ckv_srv_session *s) {
   return ckv_strmap_get(((listing *)ctx)->keys, key) != NULL;
 }
 
-/* Captures what changed into a batch; NULL when nothing changed (or out of
- * memory, logged). */
-static jbatch *build_batch(ckv_persist *p, bool first) {
+/* Captures session s ("tenant/id" key) into b when it changed since its
+ * entry (or always, when `all`), noting it in `listed` (NULL: no listing
+ * kept).  0 done (captured, unchanged or not capturable now), 1 when a
+ * checkpoint cannot list it now (its last record may be in the log), -1
+ * out of memory. */
+static int add_session(ckv_persist *p, jbatch *b, size_t *cap_w, ckv_strmap *listed, const char *key,
+                       ckv_srv_session *s, bool all) {
+  ckv_warm_journal *j = p->journal;
+  bool has_entry = ckv_strmap_get(j->entries, key) != NULL;
+  uint64_t mark = 0;
+  bool changed = !has_entry || all || s->warm_mark != (mark = mark_of(s));
+  if (!changed) return listed && ckv_strmap_put(listed, key, (void *)1) < 0 ? -1 : 0;
+  char err[320] = "";
+  int r = capturable(s) ? ckv_srv_session_flush_meta(s) : CKV_ERR_BUSY;
+  ckv_snap snap;
+  if (r == CKV_OK) r = ckv_session_snap_capture_refs(s, &snap, err, sizeof err);
+  if (r < 0) {
+    /* A checkpoint lists every session with its entry file: one whose last
+     * record is in the log and cannot be captured now makes it wait. */
+    if (b->checkpoint && has_entry && may_stay(s)) return 1;
+    /* not now (moves in flight, away on disk): its previous entry stays while
+     * its blocks do */
+    if (listed && has_entry && may_stay(s) && ckv_strmap_put(listed, key, (void *)1) < 0) return -1;
+    if (r != CKV_ERR_BUSY)
+      ckv_log(CKV_LOG_DEBUG, "warm-journal", s->tenant->name, s->id, "not journaled now: %s", err);
+    return 0;
+  }
+  if (b->n_w == *cap_w) {
+    size_t ncap = *cap_w ? 2 * *cap_w : 16;
+    jwrite *w = realloc(b->w, ncap * sizeof(*w));
+    if (!w) {
+      ckv_snap_done(&snap);
+      return -1;
+    }
+    b->w = w;
+    *cap_w = ncap;
+  }
+  jwrite *w = &b->w[b->n_w++];
+  memset(w, 0, sizeof *w);
+  snprintf(w->key, sizeof w->key, "%s", key);
+  snprintf(w->tenant, sizeof w->tenant, "%s", s->tenant->name);
+  snprintf(w->id, sizeof w->id, "%s", s->id);
+  w->t = s->tenant;
+  w->snap = snap;
+  s->warm_mark = mark ? mark : mark_of(s);
+  w->mark = s->warm_mark;
+  return listed && ckv_strmap_put(listed, key, (void *)1) < 0 ? -1 : 0;
+}
+
+/* Records of the sessions held replies wait for (j->wanted) that changed:
+ * those captured leave the set, with those gone or in no entry any more
+ * (their DEL comes with the next full batch).  Cost: the sessions waited
+ * for, not every session.  NULL when none could be captured now. */
+static jbatch *build_wanted(ckv_persist *p) {
+  ckv_warm_journal *j = p->journal;
+  jbatch *b = calloc(1, sizeof(*b));
+  size_t cap_w = 0, cursor = 0;
+  if (!b) goto oom;
+  snprintf(b->state_dir, sizeof b->state_dir, "%s", p->opt.state_dir);
+  const char *k;
+  while (ckv_strmap_next(j->wanted, &cursor, &k)) {
+    char key[sizeof b->w[0].key];
+    snprintf(key, sizeof key, "%s", k);
+    ckv_srv_session *s = session_of(p, key);
+    size_t before = b->n_w;
+    if (s && may_stay(s) && add_session(p, b, &cap_w, NULL, key, s, /* all= */ false) < 0) goto oom;
+    if (!s || !may_stay(s) || b->n_w > before || s->warm_mark == mark_of(s)) ckv_strmap_del(j->wanted, key);
+  }
+  if (!b->n_w) {
+    batch_free(b);
+    return NULL;
+  }
+  b->seq = ++j->seq;
+  return b;
+oom:
+  ckv_log(CKV_LOG_ERROR, "warm-journal-failed", NULL, NULL, "out of memory building a warm journal batch");
+  if (b)
+    for (size_t i = 0; i < b->n_w; i++) { /* written again next time */
+      ckv_srv_session *ws = session_of(p, b->w[i].key);
+      if (ws) ws->warm_mark = 0;
+    }
+  batch_free(b);
+  return NULL;
+}
+
+/* Captures what changed into a batch of records, or, when checkpoint, every
+ * session into a checkpoint; NULL when nothing changed, when a checkpoint
+ * cannot be written now (*ret_busy: a session it must list cannot be
+ * captured now), or out of memory (logged). */
+static jbatch *build_batch(ckv_persist *p, bool checkpoint, bool *ret_busy) {
   ckv_warm_journal *j = p->journal;
   jbatch *b = calloc(1, sizeof(*b));
   listing l = {0};
   size_t cap_w = 0;
+  *ret_busy = false;
   if (!b || ckv_strmap_new(&l.keys) < 0) goto oom;
   snprintf(b->state_dir, sizeof b->state_dir, "%s", p->opt.state_dir);
-  b->sweep = first;
+  b->sweep = b->checkpoint = checkpoint;
   size_t cursor = 0;
   const char *key;
   ckv_srv_session *s;
   while ((s = ckv_strmap_next(p->store->sessions, &cursor, &key))) {
-    bool has_entry = ckv_strmap_get(j->entries, key) != NULL;
-    uint64_t mark = 0;
-    bool changed = !has_entry || first || s->warm_mark != (mark = mark_of(s));
-    if (!changed) {
-      if (ckv_strmap_put(l.keys, key, (void *)1) < 0) goto oom;
-      continue;
+    int r = add_session(p, b, &cap_w, l.keys, key, s, /* all= */ checkpoint);
+    if (r < 0) goto oom;
+    if (r > 0) {
+      *ret_busy = true;
+      goto abandon;
     }
-    char err[320] = "";
-    int r = capturable(s) ? ckv_srv_session_flush_meta(s) : CKV_ERR_BUSY;
-    ckv_snap snap;
-    if (r == CKV_OK) r = ckv_session_snap_capture_refs(s, &snap, err, sizeof err);
-    if (r < 0) {
-      /* not now (moves in flight, away on disk): its previous entry stays while
-       * its blocks do */
-      if (has_entry && may_stay(s) && ckv_strmap_put(l.keys, key, (void *)1) < 0) goto oom;
-      if (r != CKV_ERR_BUSY)
-        ckv_log(CKV_LOG_DEBUG, "warm-journal", s->tenant->name, s->id, "not journaled now: %s", err);
-      continue;
-    }
-    if (b->n_w == cap_w) {
-      size_t ncap = cap_w ? 2 * cap_w : 16;
-      jwrite *w = realloc(b->w, ncap * sizeof(*w));
-      if (!w) {
-        ckv_snap_done(&snap);
-        goto oom;
-      }
-      b->w = w;
-      cap_w = ncap;
-    }
-    jwrite *w = &b->w[b->n_w++];
-    memset(w, 0, sizeof *w);
-    snprintf(w->key, sizeof w->key, "%s", key);
-    snprintf(w->tenant, sizeof w->tenant, "%s", s->tenant->name);
-    snprintf(w->id, sizeof w->id, "%s", s->id);
-    w->t = s->tenant;
-    w->snap = snap;
-    s->warm_mark = mark ? mark : mark_of(s);
-    if (ckv_strmap_put(l.keys, key, (void *)1) < 0) goto oom;
   }
   /* entries of sessions no longer listed (dropped, closed for good, moved to
    * disk) */
@@ -381,16 +546,18 @@ static jbatch *build_batch(ckv_persist *p, bool first) {
     snprintf(k->tenant, sizeof k->tenant, "%.*s", slash ? (int)(slash - key) : 0, key);
     snprintf(k->id, sizeof k->id, "%s", slash ? slash + 1 : key);
   }
-  if (!first && !b->n_w && !b->n_rm) {
+  if (!checkpoint && !b->n_w && !b->n_rm) {
     ckv_strmap_free(l.keys);
     batch_free(b);
     return NULL;
   }
-  if (ckv_warm_manifest_encode(p, is_listed, &l, &b->manifest, &b->manifest_len) < 0) goto oom;
+  if (checkpoint && ckv_warm_manifest_encode(p, is_listed, &l, &b->manifest, &b->manifest_len) < 0) goto oom;
   ckv_strmap_free(l.keys);
+  b->seq = ++j->seq;
   return b;
 oom:
   ckv_log(CKV_LOG_ERROR, "warm-journal-failed", NULL, NULL, "out of memory building a warm journal checkpoint");
+abandon:
   if (b)
     for (size_t i = 0; i < b->n_w; i++) { /* written again next time */
       ckv_srv_session *ws = session_of(p, b->w[i].key);
@@ -399,6 +566,36 @@ oom:
   ckv_strmap_free(l.keys);
   batch_free(b);
   return NULL;
+}
+
+/* CKV_TEST_WARM_COMPACT_BYTES=N (tests only): compact the log past N bytes
+ * instead of CKV_WARM_COMPACT_BYTES. */
+#define CKV_WARM_COMPACT_BYTES (UINT64_C(8) << 20)
+static uint64_t compact_bytes(void) {
+  const char *v = getenv("CKV_TEST_WARM_COMPACT_BYTES");
+  long long n = v ? strtoll(v, NULL, 10) : 0;
+  return n > 0 ? (uint64_t)n : CKV_WARM_COMPACT_BYTES;
+}
+
+/* The next batch: records appended to the log, or a checkpoint when one is
+ * due (the first of this daemon, no usable log, a failed batch, the tenants
+ * changed: it waits until it can be written; the log past its size: when
+ * it can, else records). */
+static jbatch *next_batch(ckv_persist *p, bool first, bool wanted_only) {
+  ckv_warm_journal *j = p->journal;
+  uint64_t sig = ckv_warm_tenants_sig(p);
+  bool must = first || j->log_fd < 0 || j->want_checkpoint || sig != j->tenants_sig;
+  bool busy = false;
+  if (must || j->log_bytes > j->compact_bytes) {
+    jbatch *b = build_batch(p, /* checkpoint= */ true, &busy);
+    if (b) {
+      b->tenants_sig = sig;
+      ckv_strmap_free(j->wanted); /* every session captured: none waits any more */
+      if (ckv_strmap_new(&j->wanted) < 0) j->wanted = NULL;
+    }
+    if (b || must) return b;
+  }
+  return wanted_only && j->wanted ? build_wanted(p) : build_batch(p, /* checkpoint= */ false, &busy);
 }
 
 /* ---- the module's face ---- */
@@ -411,12 +608,25 @@ int ckv_warm_journal_new(ckv_persist *p) {
     free(j);
     return -ENOMEM;
   }
+  j->log_fd = -1;
+  j->compact_bytes = compact_bytes();
+  if (ckv_strmap_new(&j->wanted) < 0) j->wanted = NULL; /* then every batch is a full one */
+  j->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (j->efd < 0) {
+    int r = -errno;
+    ckv_strmap_free(j->entries);
+    ckv_strmap_free(j->wanted);
+    free(j);
+    return r;
+  }
   pthread_mutex_init(&j->lock, NULL);
   pthread_cond_init(&j->wake, NULL);
   pthread_cond_init(&j->done_cv, NULL);
   int r = pthread_create(&j->thread, NULL, writer_main, j);
   if (r != 0) {
+    close(j->efd);
     ckv_strmap_free(j->entries);
+    ckv_strmap_free(j->wanted);
     free(j);
     return -r;
   }
@@ -430,9 +640,9 @@ bool ckv_warm_journal_first(ckv_persist *p) {
   if (!j || j->inflight) return false;
   ckv_snapdir_clean_temps(p->opt.state_dir, CKV_WARM_AREA);
   for (size_t i = 0; i < p->store->n_tenants; i++) p->store->tenants[i]->journal_hold = true;
-  jbatch *b = build_batch(p, /* first= */ true);
+  jbatch *b = next_batch(p, /* first= */ true, /* wanted_only= */ false);
   if (!b) return false;
-  write_batch(b); /* here: before the first request, a kill finds this daemon's
+  write_batch(j, b); /* here: before the first request, a kill finds this daemon's
                      journal */
   bool ok = b->status == CKV_OK;
   size_t n = b->n_w;
@@ -457,25 +667,105 @@ static jbatch *take_done(ckv_warm_journal *j, bool wait) {
   return b;
 }
 
-void ckv_warm_journal_scan(ckv_persist *p, uint64_t now_ms) {
+/* Lands the batch the writer thread finished, if any: 1 when one landed, 0
+ * when none was in flight, -1 while one is still on its way. */
+static int land_done(ckv_persist *p) {
   ckv_warm_journal *j = p->journal;
-  if (!j || !j->thread_up) return;
-  if (j->inflight) {
-    jbatch *b = take_done(j, /* wait= */ false);
-    if (!b) return; /* nothing is given back while a batch is on its way */
-    j->inflight = NULL;
-    land(p, b);
+  if (!j->inflight) return 0;
+  uint64_t n;
+  while (read(j->efd, &n, sizeof n) == sizeof n) {
   }
-  release_held(p);
-  if (now_ms - j->last_ms < p->opt.warm_journal_ms) return;
+  jbatch *b = take_done(j, /* wait= */ false);
+  if (!b) return -1;
+  j->inflight = NULL;
+  if (b->status != CKV_OK) {
+    uint64_t pause = p->opt.warm_journal_ms < 1000 ? p->opt.warm_journal_ms : 1000;
+    j->retry_after_ms = ckv_now_ms() + pause; /* a failing disk is not hammered */
+  }
+  land(p, b);
+  return 1;
+}
+
+/* Builds the next batch and hands it to the writer thread (none in flight). */
+static void submit(ckv_persist *p, uint64_t now_ms, bool wanted_only) {
+  ckv_warm_journal *j = p->journal;
   j->last_ms = now_ms;
-  jbatch *b = build_batch(p, /* first= */ false);
+  j->wanted_since_ms = 0;
+  jbatch *b = next_batch(p, /* first= */ false, wanted_only);
   if (!b) return;
   pthread_mutex_lock(&j->lock);
   j->queued = b;
   pthread_cond_signal(&j->wake);
   pthread_mutex_unlock(&j->lock);
   j->inflight = b;
+}
+
+void ckv_warm_journal_scan(ckv_persist *p, uint64_t now_ms) {
+  ckv_warm_journal *j = p->journal;
+  if (!j || !j->thread_up) return;
+  if (land_done(p) < 0) return; /* nothing is given back while a batch is on its way */
+  release_held(p);
+  if (now_ms - j->last_ms < p->opt.warm_journal_ms || now_ms < j->retry_after_ms) return;
+  submit(p, now_ms, /* wanted_only= */ false);
+}
+
+int ckv_warm_journal_fd(const ckv_persist *p) { return p->journal && p->journal->thread_up ? p->journal->efd : -1; }
+
+void ckv_warm_journal_pump(ckv_persist *p, bool wanted, uint64_t now_ms) {
+  ckv_warm_journal *j = p->journal;
+  if (!j || !j->thread_up) return;
+  int landed = land_done(p);
+  if (landed < 0) return;
+  if (landed) release_held(p); /* blocks no entry on disk names any more (none in flight now) */
+  if (!wanted || now_ms < j->retry_after_ms) return;
+  if (!j->wanted_since_ms) j->wanted_since_ms = now_ms;
+  if (now_ms - j->wanted_since_ms < p->opt.warm_journal_delay_ms) return; /* more changes may join it */
+  submit(p, now_ms, /* wanted_only= */ true);
+}
+
+uint64_t ckv_warm_journal_wait_ms(const ckv_persist *p, uint64_t now_ms) {
+  const ckv_warm_journal *j = p->journal;
+  if (!j || !j->wanted_since_ms || j->inflight) return UINT64_MAX;
+  uint64_t at = j->wanted_since_ms + p->opt.warm_journal_delay_ms;
+  return at > now_ms ? at - now_ms : 0;
+}
+
+uint64_t ckv_warm_journal_need(ckv_persist *p, const ckv_srv_session *s) {
+  ckv_warm_journal *j = p->journal;
+  if (!j || !j->thread_up || !s || !may_stay(s)) return 0;
+  char key[400];
+  ckv_store_session_key(s->tenant, s->id, key, sizeof key);
+  const jentry *e = ckv_strmap_get(j->entries, key);
+  if (e && e->durable_seq && e->mark == mark_of(s)) return 0; /* no change since its durable entry */
+  if (j->wanted && ckv_strmap_put(j->wanted, key, (void *)1) < 0) { /* the next full batch catches it */
+  }
+  return j->seq + 1; /* the next batch built */
+}
+
+bool ckv_warm_journal_covers(ckv_persist *p, const char *key, uint64_t need) {
+  ckv_warm_journal *j = p->journal;
+  if (!j || !j->thread_up) return true;
+  const ckv_srv_session *s = session_of(p, key);
+  if (!s || !may_stay(s)) return true; /* gone (its end is in incarnations.log), or in no journal entry */
+  const jentry *e = ckv_strmap_get(j->entries, key);
+  if (!e || !e->durable_seq) return false;
+  return e->durable_seq >= need || e->mark == mark_of(s);
+}
+
+bool ckv_warm_journal_flush(ckv_persist *p) {
+  ckv_warm_journal *j = p->journal;
+  if (!j || !j->thread_up) return true;
+  if (j->inflight) {
+    jbatch *b = take_done(j, /* wait= */ true);
+    j->inflight = NULL;
+    if (b) land(p, b);
+  }
+  jbatch *b = next_batch(p, /* first= */ false, /* wanted_only= */ false);
+  if (!b) return true;
+  write_batch(j, b); /* here: the loop has stopped serving */
+  bool ok = b->status == CKV_OK;
+  land(p, b);
+  return ok;
 }
 
 void ckv_warm_journal_stop(ckv_persist *p) {
@@ -504,6 +794,9 @@ void ckv_warm_journal_free(ckv_persist *p) {
   jentry *e;
   while ((e = ckv_strmap_next(j->entries, &cursor, NULL))) jentry_free(e);
   ckv_strmap_free(j->entries);
+  ckv_strmap_free(j->wanted);
+  close(j->efd);
+  if (j->log_fd >= 0) close(j->log_fd);
   pthread_mutex_destroy(&j->lock);
   pthread_cond_destroy(&j->wake);
   pthread_cond_destroy(&j->done_cv);

@@ -50,6 +50,27 @@
  *   (NOT_FOUND, saying why); one opened just before comes back exactly or
  *   answers NOT_FOUND saying the daemon was killed.  Prints the time from
  *   the kill to the first round served again.
+ * - kill9_random_points_keep_every_answered_change (issue 43, durable
+ *   before acknowledged): 50 x SIGKILL from a second thread at a random
+ *   20-350 ms into the worker's rounds (so in the middle of any request:
+ *   open, append, K/V writes, report, ack, drop), three fp16 sessions and
+ *   one whose moves free and reallocate blocks, each dropped and opened
+ *   anew under a new id when full, the log compacted every 256 KiB (so
+ *   kills land in compactions too); Restart=on-failure.  After each restart
+ *   the worker gets its mapping back and every session whose open was
+ *   answered resumes with at least every token whose append was answered
+ *   (at most those plus an unanswered append), at an epoch past every
+ *   report answered, and every position the worker wrote reads exactly its
+ *   private copy; a session whose open or drop was cut short either comes
+ *   back or answers NOT_FOUND saying why.  The next round of every session
+ *   runs and reads the same.  Fails when a reply goes before its change is
+ *   durable (an append's reply not held: "came back with 432 tokens, the
+ *   daemon had answered appends of 456").
+ * - kill9_log_cut_at_last_good_record: the journal log torn 5 bytes into
+ *   its last record (b's append) before the next start: the cut is logged,
+ *   b comes back as of its record before, a whole; then a byte of a's record
+ *   in the middle flipped, b's record after it intact: both come back as of
+ *   their records before the damaged one (nothing after the cut applied).
  * - kill9_reconnect_retries_keep_mapping: the worker retries
  *   ckv_client_reconnect from the moment of the kill (failing attempts while
  *   systemd restarts the unit): the attempt that succeeds still gets the
@@ -76,6 +97,7 @@
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -222,6 +244,10 @@ static void write_file(const char *path, const char *text) {
   fclose(f);
 }
 
+/* More environment for the unit's daemon (a test sets it before it starts
+ * the manager), e.g. "CKV_TEST_WARM_COMPACT_BYTES=1"; "" for none. */
+static char g_unit_env[256];
+
 /* Writes the unit: commitkvd on sockets and a state directory of this test.
  * ExecStartPre damages the journal when the test left a request for it in
  * DIR/damage ("manifest", "entry", "truncate", "version"; "stash" keeps a
@@ -231,6 +257,10 @@ static void write_unit(const sdenv *e) {
   char path[400], unit[4096], asan[600] = "";
   const char *ao = getenv("ASAN_OPTIONS");
   if (ao && *ao) snprintf(asan, sizeof asan, "Environment=\"ASAN_OPTIONS=%s\"\n", ao);
+  if (g_unit_env[0]) {
+    size_t at = strlen(asan);
+    snprintf(asan + at, sizeof asan - at, "Environment=\"%s\"\n", g_unit_env);
+  }
   snprintf(path, sizeof path, "%s/damage.sh", e->dir);
   char script[6144];
   snprintf(script, sizeof script,
@@ -245,7 +275,10 @@ static void write_unit(const sdenv *e) {
            "echo \"truncated $f\" >&2; exit 0; fi\n"
            "if [ \"$what\" = version ]; then printf '\\002\\000\\000\\000\\375\\377\\377\\377' | "
            "dd of=%2$s/warm/journal bs=1 seek=8 conv=notrunc 2>/dev/null; echo version 2 >&2; exit 0; fi\n"
+           "if [ \"${what%%%% *}\" = logtrunc ]; then truncate -s ${what#* } %2$s/warm/journal.log; "
+           "echo \"log cut to ${what#* } bytes\" >&2; exit 0; fi\n"
            "if [ \"$what\" = manifest ]; then f=%2$s/warm/journal; off=30\n"
+           "elif [ \"${what%%%% *}\" = logflip ]; then f=%2$s/warm/journal.log; off=${what#* }\n"
            "else f=$(ls %2$s/warm/*/b.ckvsnap); off=200; fi\n"
            "[ -f \"$f\" ] || { echo \"no journal file to damage\" >&2; exit 0; }\n"
            "b=$(dd if=\"$f\" bs=1 skip=$off count=1 2>/dev/null | od -An -tu1 | tr -d ' ')\n"
@@ -1006,6 +1039,9 @@ Test(warm, kill9_loop_keeps_journaled_sessions, .timeout = 300) {
 
 Test(warm, kill9_damaged_entry_drops_only_it, .timeout = 240) {
   sdenv *e = &g_sd;
+  /* every batch a checkpoint (the log compacted at once): b's entry file is
+   * its last state, not a record of the log */
+  snprintf(g_unit_env, sizeof g_unit_env, "CKV_TEST_WARM_COMPACT_BYTES=1");
   SKIP_WITHOUT_SYSTEMD(e);
   ckv_client *c = connect_to(&e->d);
   kworker a, b;
@@ -1081,6 +1117,432 @@ Test(warm, kill9_reconnect_retries_keep_mapping, .timeout = 120) {
   cr_assert_eq(t, a.n);
   kw_round(c, &a, false);
   kw_free(&a);
+  ckv_client_free(c);
+  sd_stop(e);
+}
+
+/* ---- kill -9 at random points in the middle of rounds (issue 43) ---- */
+
+/* A session of the random-kill worker: what the daemon acknowledged, what
+ * it may have taken without a reply reaching the worker, and which
+ * positions hold bytes the worker wrote (its private copy). */
+typedef struct rworker {
+  kworker w;         /* w.n: tokens whose append was answered (or that came back) */
+  uint8_t *valid;    /* [pos]: the worker wrote this position's K/V */
+  size_t pending;    /* tokens of an append sent whose reply did not come */
+  uint64_t acked_epoch; /* the epoch of the last report answered */
+  enum { RW_NONE, RW_OPEN, RW_DROP } op; /* an open or drop sent whose reply did not come */
+  unsigned gen;
+  char base[8];
+} rworker;
+
+/* The killer: every time it is armed, it waits a random 20-350 ms and
+ * sends SIGKILL to the daemon, while the worker is somewhere in its rounds. */
+typedef struct rkiller {
+  pthread_mutex_t m;
+  pthread_cond_t cv;
+  pid_t target; /* armed when > 0 */
+  pid_t killed; /* the pid it killed, until the worker has recovered */
+  unsigned seed;
+  bool stop;
+} rkiller;
+
+static void *rkiller_main(void *arg) {
+  rkiller *k = arg;
+  pthread_mutex_lock(&k->m);
+  for (;;) {
+    while (!k->target && !k->stop) pthread_cond_wait(&k->cv, &k->m);
+    if (k->stop) break;
+    pid_t pid = k->target;
+    k->target = 0;
+    unsigned wait_us = 20000u + (unsigned)(rand_r(&k->seed) % 330000u);
+    pthread_mutex_unlock(&k->m);
+    usleep(wait_us);
+    kill(pid, SIGKILL);
+    pthread_mutex_lock(&k->m);
+    k->killed = pid;
+    pthread_cond_broadcast(&k->cv);
+  }
+  pthread_mutex_unlock(&k->m);
+  return NULL;
+}
+
+#define RK_KILLS 50
+#define RK_WORKERS 4
+
+static void rw_open(ckv_client *c, rworker *rw) {
+  char id[32];
+  snprintf(id, sizeof id, "%s-%u", rw->base, rw->gen);
+  const char *policy = rw->w.policy;
+  uint16_t *copy = rw->w.copy;
+  ckv_session *s = NULL;
+  bool moves = strcmp(policy, "commitkv") == 0;
+  const char *names[] = {"sink_tokens", "recent_window", "persistence_rounds", "idle_rounds"};
+  const double values[] = {4, 16, 2, 6};
+  ckv_session_options so = {.policy = policy, .param_names = moves ? names : NULL, .param_values = moves ? values : NULL,
+                            .n_params = moves ? 4 : 0, .model_id = "stories260K", .model_revision = "r1"};
+  rw->op = RW_OPEN;
+  snprintf(rw->w.id, sizeof rw->w.id, "%s", id);
+  rw->w.s = NULL;
+  int r = ckv_session_open(c, id, &k_geom, &so, &s);
+  if (r != CKV_OK) return; /* the kill: recovered by rw_recover */
+  rw->op = RW_NONE;
+  rw->w.s = s;
+  rw->w.n = 0;
+  rw->w.round = 0;
+  rw->pending = 0;
+  rw->acked_epoch = 0;
+  memset(rw->valid, 0, KW_MAX_TOKENS);
+  (void)copy;
+}
+
+/* One round of rw (a new session in its place when it is full); CKV_OK or
+ * the code of the call the kill cut short. */
+static int rw_round(ckv_client *c, rworker *rw) {
+  kworker *w = &rw->w;
+  if (rw->op == RW_OPEN) return CKV_ERR_STATE;
+  if (w->n + PER_ROUND > KW_MAX_TOKENS) { /* full: a new conversation under a new id */
+    rw->op = RW_DROP;
+    int r = ckv_session_drop(w->s);
+    w->s = NULL;
+    if (r != CKV_OK) return r;
+    rw->op = RW_NONE;
+    rw->gen++;
+    rw_open(c, rw);
+    return rw->op == RW_NONE ? CKV_OK : CKV_ERR_STATE;
+  }
+  float sem[PER_ROUND];
+  for (uint32_t i = 0; i < PER_ROUND; i++) sem[i] = (w->n + i) % 8 == 1 ? 0.9f : 0.5f;
+  uint64_t first = 0;
+  rw->pending = PER_ROUND;
+  int r = ckv_session_append(w->s, PER_ROUND, NULL, NULL, sem, NULL, &first);
+  if (r != CKV_OK) return r;
+  cr_assert_eq(first, w->n, "append %s: first position %llu, the worker has %zu", w->id, (unsigned long long)first,
+               w->n);
+  w->n += PER_ROUND;
+  rw->pending = 0;
+  w->salt++;
+  for (size_t pos = w->n - PER_ROUND; pos < w->n; pos++) {
+    for (uint32_t layer = 0; layer < LAYERS; layer++) {
+      uint16_t *k = kw_at(w, pos, layer, 0), *v = kw_at(w, pos, layer, 1);
+      for (uint32_t e = 0; e < KW_ELEMS; e++) {
+        size_t tag = pos + 1000u * (uint32_t)w->id[0] + 7919u * (uint32_t)w->id[1] + 104729u * w->salt;
+        k[e] = ckv_f32_to_f16(ckv_test_kv_value(tag, layer, 0, e));
+        v[e] = ckv_f32_to_f16(ckv_test_kv_value(tag, layer, 1, e));
+      }
+      if ((r = ckv_session_write_kv(w->s, pos, layer, k, v)) != CKV_OK) return r;
+    }
+    rw->valid[pos] = 1;
+  }
+  float attn[KW_MAX_TOKENS];
+  for (size_t pos = 0; pos < w->n; pos++) attn[pos] = pos % 8 == 1 ? 4.f : pos + PER_ROUND >= w->n ? 1.f : 0.3f;
+  ckv_round_result rr;
+  if ((r = ckv_session_report(w->s, ++w->round, 0, attn, w->n, &rr)) != CKV_OK) return r;
+  rw->acked_epoch = rr.epoch;
+  return ckv_session_ack(w->s, rr.epoch, NULL);
+}
+
+/* rw's view after a resume: every draft slot holds a position below the
+ * count, at most once, and every position the worker wrote reads exactly
+ * its bytes; with draft_only every position is in a slot. */
+static void rw_verify(ckv_client *c, rworker *rw, bool draft_only, const char *when) {
+  kworker *w = &rw->w;
+  const ckv_view *v = NULL;
+  int r = ckv_session_view(w->s, &v);
+  cr_assert_eq(r, CKV_OK, "%s: view of %s: %s (%s)", when, w->id, ckv_strerror(r), ckv_client_last_error(c));
+  size_t t = ckv_session_tokens(w->s);
+  uint8_t *seen = calloc(t ? t : 1, 1);
+  cr_assert_not_null(seen);
+  size_t compared = 0;
+  for (size_t i = 0; i < v->n_draft; i++) {
+    const ckv_block_view *b = &v->draft[i];
+    const uint32_t *pos = ckv_block_positions_const(b->data);
+    for (uint32_t slot = 0; slot < b->capacity; slot++) {
+      if (!ckv_block_slot_valid(b->data, slot)) continue;
+      uint32_t p = pos[slot];
+      cr_assert_lt(p, t, "%s: %s: a draft slot holds position %u of %zu", when, w->id, p, t);
+      cr_assert_not(seen[p], "%s: %s: position %u in two slots", when, w->id, p);
+      seen[p] = 1;
+      if (!rw->valid[p]) continue; /* appended without the reply reaching the worker: never written */
+      for (uint32_t layer = 0; layer < LAYERS; layer++)
+        for (uint32_t kv = 0; kv < 2; kv++) {
+          const uint8_t *at = (const uint8_t *)b->data + ckv_draft_kv_offset(&k_geom, b->capacity, layer, kv, slot);
+          cr_assert_eq(memcmp(at, kw_at(w, p, layer, kv), KW_ELEMS * sizeof(uint16_t)), 0,
+                       "%s: %s: position %u layer %u %s differs from the worker's copy", when, w->id, p, layer,
+                       kv ? "V" : "K");
+        }
+      compared++;
+    }
+  }
+  if (draft_only)
+    for (size_t p = 0; p < t; p++) cr_assert(seen[p], "%s: %s: position %zu is in no slot", when, w->id, p);
+  free(seen);
+  (void)compared;
+}
+
+/* After the restart: rw comes back as the daemon acknowledged it, or (an
+ * open or drop cut short) either way, saying why when it does not. */
+static void rw_recover(ckv_client *c, sdenv *e, rworker *rw, const char *when, size_t *ret_kept_tokens) {
+  kworker *w = &rw->w;
+  char msg[512];
+  int r;
+  if (w->s) ckv_session_close(w->s);
+  w->s = resume(c, w->id, &r, msg, sizeof msg);
+  if (rw->op == RW_OPEN || rw->op == RW_DROP) { /* its reply never came: either outcome is right */
+    if (r != CKV_OK) {
+      cr_assert_eq(r, CKV_ERR_NOT_FOUND, "%s: resume of %s (%s cut short): %s (%s)", when, w->id,
+                   rw->op == RW_OPEN ? "open" : "drop", ckv_strerror(r), msg);
+      cr_assert(strstr(msg, "killed or crashed") || strstr(msg, "ended"), "%s: NOT_FOUND for %s does not say why: %s",
+                when, w->id, msg);
+    } else if (rw->op == RW_DROP) {
+      cr_assert_eq(ckv_session_drop(w->s), CKV_OK, "%s: drop %s again", when, w->id);
+      w->s = NULL;
+    } else {
+      cr_assert_eq(ckv_session_tokens(w->s), 0, "%s: %s, opened just before the kill, has tokens", when, w->id);
+    }
+    if (rw->op == RW_DROP || r != CKV_OK) {
+      if (w->s) { /* an open that came back after all: dropped, a new one below */
+        cr_assert_eq(ckv_session_drop(w->s), CKV_OK);
+        w->s = NULL;
+      }
+      rw->gen++;
+      rw->op = RW_NONE;
+      rw_open(c, rw);
+      cr_assert_eq(rw->op, RW_NONE, "%s: open of %s after the restart: %s", when, w->id, ckv_client_last_error(c));
+    } else {
+      rw->op = RW_NONE;
+      w->n = 0;
+      w->round = 0;
+      memset(rw->valid, 0, KW_MAX_TOKENS);
+    }
+    return;
+  }
+  /* its open was answered: it must come back, with every change answered */
+  cr_assert_eq(r, CKV_OK, "%s: resume of %s (%zu tokens answered): %s (%s); daemon log %s", when, w->id, w->n,
+               ckv_strerror(r), msg, e->d.log);
+  size_t t = ckv_session_tokens(w->s);
+  cr_assert_geq(t, w->n, "%s: %s came back with %zu tokens, the daemon had answered appends of %zu (log %s)", when,
+                w->id, t, w->n, e->d.log);
+  cr_assert_leq(t, w->n + rw->pending, "%s: %s came back with %zu tokens, the worker sent appends of %zu", when,
+                w->id, t, w->n + rw->pending);
+  if (rw->acked_epoch)
+    cr_assert_gt(ckv_session_epoch(w->s), rw->acked_epoch,
+                 "%s: %s came back at epoch %llu, its report answered epoch %llu (log %s)", when, w->id,
+                 (unsigned long long)ckv_session_epoch(w->s), (unsigned long long)rw->acked_epoch, e->d.log);
+  rw_verify(c, rw, strcmp(w->policy, "fp16") == 0, when);
+  *ret_kept_tokens += t;
+  w->n = t; /* an unanswered append it kept: its positions stay unwritten (valid 0) */
+  rw->pending = 0;
+}
+
+Test(warm, kill9_random_points_keep_every_answered_change, .timeout = 600) {
+  sdenv *e = &g_sd;
+  /* the log compacted into a checkpoint every 256 KiB: kills land in
+   * compactions too */
+  snprintf(g_unit_env, sizeof g_unit_env, "CKV_TEST_WARM_COMPACT_BYTES=262144");
+  SKIP_WITHOUT_SYSTEMD(e);
+  ckv_client_options o = {.socket = e->d.socket, .attach_socket = e->d.attach, .name = "test_warm_restart",
+                          .timeout_ms = 1500};
+  ckv_client *c = NULL;
+  int r = ckv_client_connect(&o, &c);
+  cr_assert_eq(r, CKV_OK, "connect: %s (%s)", ckv_strerror(r), ckv_client_connect_error());
+  const ckv_arena *mapping = c->arena;
+  rworker rws[RK_WORKERS];
+  const char *policies[RK_WORKERS] = {"fp16", "fp16", "fp16", "commitkv"};
+  for (int i = 0; i < RK_WORKERS; i++) {
+    memset(&rws[i], 0, sizeof rws[i]);
+    snprintf(rws[i].base, sizeof rws[i].base, "r%d", i);
+    rws[i].w.policy = policies[i];
+    rws[i].w.copy = calloc((size_t)KW_MAX_TOKENS * LAYERS * 2u * KW_ELEMS, sizeof(uint16_t));
+    rws[i].valid = calloc(KW_MAX_TOKENS, 1);
+    cr_assert(rws[i].w.copy && rws[i].valid);
+    rw_open(c, &rws[i]);
+    cr_assert_eq(rws[i].op, RW_NONE, "open: %s", ckv_client_last_error(c));
+  }
+  rkiller k = {.seed = 4242};
+  pthread_mutex_init(&k.m, NULL);
+  pthread_cond_init(&k.cv, NULL);
+  pthread_t th;
+  cr_assert_eq(pthread_create(&th, NULL, rkiller_main, &k), 0);
+  size_t rounds = 0, answered_tokens = 0, kept_tokens = 0, cut_short = 0;
+  long long worst_ms = 0;
+  for (int kill_no = 0; kill_no < RK_KILLS; kill_no++) {
+    pthread_mutex_lock(&k.m);
+    k.target = e->d.pid;
+    pthread_cond_signal(&k.cv);
+    pthread_mutex_unlock(&k.m);
+    /* rounds until the kill cuts one short */
+    int code = CKV_OK;
+    for (int i = 0; code == CKV_OK; i = (i + 1) % RK_WORKERS) {
+      code = rw_round(c, &rws[i]);
+      rounds += code == CKV_OK;
+      if (code != CKV_OK)
+        cr_assert(code == CKV_ERR_DAEMON_RESTARTED || code == CKV_ERR_TIMEOUT || code == CKV_ERR_DISCONNECTED ||
+                      code == CKV_ERR_STATE,
+                  "kill %d: %s: %s (%s)", kill_no + 1, rws[i].w.id, ckv_strerror(code), ckv_client_last_error(c));
+    }
+    pthread_mutex_lock(&k.m);
+    while (!k.killed) pthread_cond_wait(&k.cv, &k.m); /* an error before the kill: it comes all the same */
+    pid_t old = k.killed;
+    k.killed = 0;
+    pthread_mutex_unlock(&k.m);
+    long long t0 = ckv_test_now_ms();
+    wait_restarted(e, old);
+    long long end = ckv_test_now_ms() + DEADLINE_MS;
+    while ((r = ckv_client_reconnect(c)) != CKV_OK) {
+      cr_assert_lt(ckv_test_now_ms(), end, "kill %d: no reconnect: %s (log %s)", kill_no + 1, ckv_strerror(r),
+                   e->d.log);
+      usleep(5000);
+    }
+    cr_assert(ckv_client_arena_kept(c), "kill %d: the arena was mapped anew (log %s)", kill_no + 1, e->d.log);
+    cr_assert_eq(c->arena, mapping, "the client swapped its mapping");
+    char when[48];
+    snprintf(when, sizeof when, "kill %d", kill_no + 1);
+    for (int i = 0; i < RK_WORKERS; i++) {
+      answered_tokens += rws[i].op == RW_NONE ? rws[i].w.n : 0;
+      cut_short += rws[i].pending || rws[i].op != RW_NONE;
+      rw_recover(c, e, &rws[i], when, &kept_tokens);
+    }
+    /* the next round reads identical K/V on the kept blocks */
+    for (int i = 0; i < RK_WORKERS; i++) {
+      r = rw_round(c, &rws[i]);
+      cr_assert_eq(r, CKV_OK, "%s: the round after the restart of %s: %s (%s)", when, rws[i].w.id, ckv_strerror(r),
+                   ckv_client_last_error(c));
+      rw_verify(c, &rws[i], strcmp(rws[i].w.policy, "fp16") == 0, "the round after the restart");
+    }
+    long long ms = ckv_test_now_ms() - t0;
+    if (ms > worst_ms) worst_ms = ms;
+  }
+  pthread_mutex_lock(&k.m);
+  k.stop = true;
+  pthread_cond_signal(&k.cv);
+  pthread_mutex_unlock(&k.m);
+  pthread_join(th, NULL);
+  cr_assert(log_has(e->d.log, "warm-journal-killed"), "no start said the journal was a killed daemon's");
+  cr_assert(log_has(e->d.log, "from log record"), "no session came back from the log (log %s)", e->d.log);
+  printf("kill9_random: %d kills at random points, %zu rounds answered; tokens answered before the kills %zu, came "
+         "back %zu; requests cut short by a kill %zu; restart to the next round of every session at most %lld ms\n",
+         RK_KILLS, rounds, answered_tokens, kept_tokens, cut_short, worst_ms);
+  fflush(stdout);
+  for (int i = 0; i < RK_WORKERS; i++) {
+    if (rws[i].w.s) ckv_session_close(rws[i].w.s);
+    free(rws[i].w.copy);
+    free(rws[i].valid);
+  }
+  ckv_client_free(c);
+  sd_stop(e);
+}
+
+/* ---- a torn or damaged journal log is cut at its last good record ---- */
+
+typedef struct lrec {
+  size_t off, len;
+  uint32_t type;
+  char id[130];
+} lrec;
+
+/* The records of STATE/warm/journal.log (persist/warmlog.h's format), read
+ * by the test itself: at most max, their count returned. */
+static size_t read_log_records(const sdenv *e, lrec *out, size_t max) {
+  char path[400];
+  snprintf(path, sizeof path, "%s/warm/journal.log", e->state);
+  FILE *f = fopen(path, "rb");
+  cr_assert_not_null(f, "no journal log at %s", path);
+  static uint8_t buf[8u << 20];
+  size_t len = fread(buf, 1, sizeof buf, f);
+  fclose(f);
+  size_t at = 32, n = 0;
+  while (at + 40 <= len && n < max) {
+    uint32_t type;
+    uint16_t tl, il;
+    uint64_t el;
+    memcpy(&type, buf + at + 4, 4);
+    memcpy(&tl, buf + at + 16, 2);
+    memcpy(&il, buf + at + 18, 2);
+    memcpy(&el, buf + at + 24, 8);
+    size_t total = 40u + tl + il + (size_t)el;
+    cr_assert_leq(at + total, len, "a record of the live log runs past its end");
+    lrec *r = &out[n++];
+    r->off = at;
+    r->len = total;
+    r->type = type;
+    snprintf(r->id, sizeof r->id, "%.*s", (int)il, (const char *)buf + at + 40 + tl);
+    at += total;
+  }
+  cr_assert_eq(at, len, "the live log does not end on a record");
+  return n;
+}
+
+/* The last record of session `id` (its index), asserting there is one. */
+static size_t last_record_of(const lrec *r, size_t n, const char *id) {
+  for (size_t i = n; i-- > 0;)
+    if (strcmp(r[i].id, id) == 0) return i;
+  cr_assert_fail("no record of %s in the log", id);
+  return 0;
+}
+
+Test(warm, kill9_log_cut_at_last_good_record, .timeout = 240) {
+  sdenv *e = &g_sd;
+  SKIP_WITHOUT_SYSTEMD(e);
+  ckv_client *c = connect_to(&e->d);
+  kworker a, b;
+  kw_open(c, &a, "a", "fp16");
+  kw_open(c, &b, "b", "fp16");
+  for (int i = 0; i < 3; i++) {
+    kw_round(c, &a, false);
+    kw_round(c, &b, false);
+  }
+  const ckv_arena *mapping = c->arena;
+  char msg[512], req[64];
+  static lrec recs[4096];
+  size_t t = 0;
+
+  /* 1: a torn tail.  b's half round (appended and written, its reply came)
+   * is the log's last record; the kill tears it 5 bytes into its entry. */
+  size_t b_before = b.n;
+  kw_round(c, &b, /* half= */ true);
+  size_t n = read_log_records(e, recs, 4096);
+  size_t lb = last_record_of(recs, n, "b");
+  cr_assert_eq(lb, n - 1, "b's append is not the log's last record");
+  snprintf(req, sizeof req, "logtrunc %zu", recs[lb].off + 45);
+  request_damage(e, req);
+  kill_and_reconnect(e, c, mapping);
+  cr_assert(log_has(e->d.log, "warm-log-cut"), "the torn tail was not cut (log %s)", e->d.log);
+  size_t a_had = a.n;
+  cr_assert_eq(kw_resume(c, &a, msg, sizeof msg, &t, "torn tail"), CKV_OK, "resume a: %s", msg);
+  cr_assert_eq(t, a_had, "torn tail: a came back with %zu tokens of %zu", t, a_had);
+  cr_assert_eq(kw_resume(c, &b, msg, sizeof msg, &t, "torn tail"), CKV_OK, "resume b: %s", msg);
+  cr_assert_eq(t, b_before, "torn tail: b came back with %zu tokens, its last good record holds %zu", t, b_before);
+  kw_round(c, &a, false);
+  kw_round(c, &b, false);
+  kw_verify(c, &a, true, "after the torn tail");
+  kw_verify(c, &b, true, "after the torn tail");
+
+  /* 2: a damaged record in the middle.  a's half round, then b's: a
+   * byte of a's record flipped.  Both come back as of their records
+   * before it: b's later record is intact but after the cut. */
+  size_t a_mid = a.n, b_mid = b.n;
+  kw_round(c, &a, true);
+  kw_round(c, &b, true);
+  n = read_log_records(e, recs, 4096);
+  size_t la = last_record_of(recs, n, "a");
+  lb = last_record_of(recs, n, "b");
+  cr_assert_lt(la, lb, "a's record is not before b's");
+  snprintf(req, sizeof req, "logflip %zu", recs[la].off + recs[la].len - 100);
+  request_damage(e, req);
+  kill_and_reconnect(e, c, mapping);
+  cr_assert(log_has(e->d.log, "checksum mismatch"), "the damaged record was not cut (log %s)", e->d.log);
+  cr_assert_eq(kw_resume(c, &a, msg, sizeof msg, &t, "damaged record"), CKV_OK, "resume a: %s", msg);
+  cr_assert_eq(t, a_mid, "damaged record: a came back with %zu tokens, its last good record holds %zu", t, a_mid);
+  cr_assert_eq(kw_resume(c, &b, msg, sizeof msg, &t, "damaged record"), CKV_OK, "resume b: %s", msg);
+  cr_assert_eq(t, b_mid, "damaged record: b came back with %zu tokens: a record after the cut was applied (%zu)", t,
+               b_mid);
+  kw_round(c, &a, false);
+  kw_round(c, &b, false);
+  kw_verify(c, &a, true, "after the damaged record");
+  kw_verify(c, &b, true, "after the damaged record");
+  kw_free(&a);
+  kw_free(&b);
   ckv_client_free(c);
   sd_stop(e);
 }
