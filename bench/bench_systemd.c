@@ -4,7 +4,7 @@
  * own where /run/systemd/system exists (systemd 252 refuses --user
  * otherwise), with XDG_RUNTIME_DIR and XDG_CONFIG_HOME in the bench's
  * directory; it is driven with `systemctl --user` over its private socket,
- * as tests/integration/test_warm_restart.c does.  Diagnostics go to stderr. */
+ * as tests/support/warmcheck.c does.  Diagnostics go to stderr. */
 #include "bench/bench_systemd.h"
 
 #include <errno.h>
