@@ -672,7 +672,7 @@ typedef struct lrec {
  * by the test itself: at most max, their count returned. */
 static size_t read_log_records(const ckv_warm_env *e, lrec *out, size_t max) {
   char path[400];
-  snprintf(path, sizeof path, "%s/warm/journal.log", e->state);
+  snprintf(path, sizeof path, "%s/warm/journal.log", e->sd.state);
   FILE *f = fopen(path, "rb");
   cr_assert_not_null(f, "no journal log at %s", path);
   static uint8_t buf[8u << 20];

@@ -1,19 +1,14 @@
-/* warmcheck.c - the private `systemd --user` manager, the unit that runs
- * commitkvd under it (with an ExecStartPre that damages the journal on a
- * test's request), and the worker's side of a warm restart: connect, rounds,
+/* warmcheck.c - commitkvd as a unit of a private `systemd --user` (the
+ * manager and the unit are bench/bench_systemd.c's; here the ExecStartPre
+ * that damages the journal on a test's request, and failures as the
+ * test's), and the worker's side of a warm restart: connect, rounds,
  * resume, what its mapping shows (warmcheck.h). */
 #include "warmcheck.h"
 
-#include <errno.h>
-#include <fcntl.h>
-#include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mount.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "client/rpc.h"
@@ -26,103 +21,15 @@
 
 const ckv_geometry ckv_warm_geom = {CKV_WARM_LAYERS, CKV_WARM_HEADS, CKV_WARM_DIM, 0};
 
-/* The unit's name, one per test process: private managers of the same uid
- * started from one cgroup put their units' cgroups side by side, so two
- * test runs at once (another worktree's, say) that both named it
- * ckvwarm.service stopped and killed each other's daemons. */
-static const char *unit_name(void) {
-  static char name[64];
-  snprintf(name, sizeof name, "ckvwarm-%ld.service", (long)getpid());
-  return name;
-}
-
-/* ---- a private systemd user manager ---------------------------------- */
+/* ---- a private systemd user manager (bench/bench_systemd.h) ---------- */
 
 /* The env whose manager may run (set by ckv_warm_start, cleared by
  * ckv_warm_stop): the suite's fini stops it after a failed assertion. */
 static ckv_warm_env *g_env;
 
-static const char *find_exe(const char *const *candidates) {
-  for (int i = 0; candidates[i]; i++)
-    if (access(candidates[i], X_OK) == 0) return candidates[i];
-  return NULL;
-}
+int ckv_warm_ctl_unit(const ckv_warm_env *e, const char *verb) { return ckv_bench_sd_ctl_unit(&e->sd, verb); }
 
-static const char *systemd_bin(void) {
-  return find_exe((const char *const[]){"/lib/systemd/systemd", "/usr/lib/systemd/systemd", NULL});
-}
-static const char *systemctl_bin(void) {
-  return find_exe((const char *const[]){"/usr/bin/systemctl", "/bin/systemctl", NULL});
-}
-
-/* Runs `systemctl --user ARGS` against the private manager; its exit status. */
-static int ctl(const ckv_warm_env *e, const char *args) {
-  char cmd[1200];
-  snprintf(cmd, sizeof cmd, "XDG_RUNTIME_DIR=%s %s --user %s >>%s/systemctl.log 2>&1", e->xdg, systemctl_bin(), args,
-           e->dir);
-  int r = system(cmd);
-  return r == -1 || !WIFEXITED(r) ? -1 : WEXITSTATUS(r);
-}
-
-/* `systemctl --user VERB <this test's unit>`; its exit status. */
-int ckv_warm_ctl_unit(const ckv_warm_env *e, const char *verb) {
-  char args[200];
-  snprintf(args, sizeof args, "%s %s", verb, unit_name());
-  return ctl(e, args);
-}
-
-long ckv_warm_main_pid(const ckv_warm_env *e) {
-  char cmd[900];
-  snprintf(cmd, sizeof cmd, "XDG_RUNTIME_DIR=%s %s --user show -p MainPID --value %s", e->xdg, systemctl_bin(),
-           unit_name());
-  FILE *p = popen(cmd, "r");
-  if (!p) return 0;
-  long pid = 0;
-  if (fscanf(p, "%ld", &pid) != 1) pid = 0;
-  pclose(p);
-  return pid;
-}
-
-/* The child: a mount namespace where /run/systemd/system exists (a bind of
- * our own directory over /run/systemd), then the user manager. */
-static void manager_child(const ckv_warm_env *e) {
-  prctl(PR_SET_PDEATHSIG, SIGKILL);
-  char fakerun[400], log[400];
-  snprintf(fakerun, sizeof fakerun, "%s/fakerun", e->dir);
-  snprintf(log, sizeof log, "%s/manager.log", e->dir);
-  int fd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-  if (fd >= 0) {
-    dup2(fd, 1);
-    dup2(fd, 2);
-  }
-  if (unshare(CLONE_NEWNS) < 0) {
-    fprintf(stderr, "unshare(CLONE_NEWNS): %s\n", strerror(errno));
-    _exit(97);
-  }
-  if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0) {
-    fprintf(stderr, "mount --make-rprivate /: %s\n", strerror(errno));
-    _exit(97);
-  }
-  mkdir("/run/systemd", 0755);
-  if (mount(fakerun, "/run/systemd", NULL, MS_BIND, NULL) < 0) {
-    fprintf(stderr, "mount --bind %s /run/systemd: %s\n", fakerun, strerror(errno));
-    _exit(97);
-  }
-  mkdir("/run/systemd/system", 0755);
-  setenv("XDG_RUNTIME_DIR", e->xdg, 1);
-  setenv("XDG_CONFIG_HOME", e->cfg, 1);
-  execl(systemd_bin(), "systemd", "--user", (char *)NULL);
-  fprintf(stderr, "exec %s: %s\n", systemd_bin(), strerror(errno));
-  _exit(97);
-}
-
-/* Why no private manager can run here, or NULL. */
-static const char *cannot_run(void) {
-  if (geteuid() != 0) return "not root: a private systemd --user needs a mount namespace of its own";
-  if (!systemd_bin()) return "no systemd binary (/lib/systemd/systemd)";
-  if (!systemctl_bin()) return "no systemctl";
-  return NULL;
-}
+long ckv_warm_main_pid(const ckv_warm_env *e) { return (long)ckv_bench_sd_main_pid(&e->sd); }
 
 void ckv_warm_write_file(const char *path, const char *text) {
   FILE *f = fopen(path, "w");
@@ -136,19 +43,13 @@ static char g_unit_env[256];
 
 void ckv_warm_set_unit_env(const char *env) { snprintf(g_unit_env, sizeof g_unit_env, "%s", env); }
 
-/* Writes the unit: commitkvd on sockets and a state directory of this test.
- * ExecStartPre damages the journal when the test left a request for it in
- * DIR/damage ("manifest", "entry", "truncate", "version"; "stash" keeps a
- * copy of the journal the next daemon consumes, "unstash" puts that copy
- * back), between the old daemon's stop and the new one's start. */
-static void write_unit(const ckv_warm_env *e) {
-  char path[400], unit[4096], asan[600] = "";
-  const char *ao = getenv("ASAN_OPTIONS");
-  if (ao && *ao) snprintf(asan, sizeof asan, "Environment=\"ASAN_OPTIONS=%s\"\n", ao);
-  if (g_unit_env[0]) {
-    size_t at = strlen(asan);
-    snprintf(asan + at, sizeof asan - at, "Environment=\"%s\"\n", g_unit_env);
-  }
+/* Writes DIR/damage.sh, the unit's ExecStartPre: it damages the journal in
+ * STATE/warm when the test left a request for it in DIR/damage ("manifest",
+ * "entry", "truncate", "version"; "stash" keeps a copy of the journal the
+ * next daemon consumes, "unstash" puts that copy back), between the old
+ * daemon's stop and the new one's start. */
+static void write_damage_script(const ckv_warm_env *e, const char *state) {
+  char path[400];
   snprintf(path, sizeof path, "%s/damage.sh", e->dir);
   char script[6144];
   snprintf(script, sizeof script,
@@ -172,124 +73,52 @@ static void write_unit(const ckv_warm_env *e) {
            "b=$(dd if=\"$f\" bs=1 skip=$off count=1 2>/dev/null | od -An -tu1 | tr -d ' ')\n"
            "printf \"$(printf '\\\\%%03o' $(( (b ^ 255) & 255 )))\" | dd of=\"$f\" bs=1 seek=$off conv=notrunc 2>/dev/null\n"
            "echo \"damaged $f at $off\" >&2\n",
-           e->dir, e->state);
+           e->dir, state);
   ckv_warm_write_file(path, script);
   chmod(path, 0755);
-  snprintf(unit, sizeof unit,
-           "[Unit]\n"
-           "StartLimitIntervalSec=0\n" /* the kill loop restarts it more often than the default burst allows */
-           "[Service]\n"
-           "Type=notify\n"
-           "NotifyAccess=main\n"
-           "FileDescriptorStoreMax=64\n"
-           "Restart=on-failure\n"
-           "RestartSec=100ms\n"
-           "TimeoutStartSec=60s\n"
-           "TimeoutStopSec=60s\n"
-           "%s"
-           "ExecStartPre=%s/damage.sh\n"
-           "ExecStart=%s/commitkvd --socket %s --attach-socket %s --state-dir %s --backend host --set daemon.metrics= "
-           "--set daemon.detach_keep=120s %s\n"
-           "StandardOutput=append:%s\n"
-           "StandardError=append:%s\n",
-           asan, e->dir, ckv_test_bin_dir(), e->d.socket, e->d.attach, e->state, e->extra, e->d.log, e->d.log);
-  snprintf(path, sizeof path, "%s/systemd/user/%s", e->cfg, unit_name());
-  ckv_warm_write_file(path, unit);
 }
 
-/* Starts the manager and the unit; false (with why) when no manager runs.
- * `config`: text of a commitkvd.conf for the unit, or NULL. */
 bool ckv_warm_start(ckv_warm_env *e, const char *config, char *why, size_t whylen) {
   memset(e, 0, sizeof *e);
-  const char *no = cannot_run();
-  if (no) {
-    snprintf(why, whylen, "%s", no);
-    return false;
-  }
   e->dir = ckv_test_tmpdir("ckv-warm");
-  snprintf(e->xdg, sizeof e->xdg, "%s/xdg", e->dir);
-  snprintf(e->cfg, sizeof e->cfg, "%s/cfg", e->dir);
-  snprintf(e->state, sizeof e->state, "%s/state", e->dir);
-  char p[400];
-  mkdir(e->xdg, 0700);
-  mkdir(e->cfg, 0700);
-  mkdir(e->state, 0700);
-  snprintf(p, sizeof p, "%s/systemd", e->cfg);
-  mkdir(p, 0700);
-  snprintf(p, sizeof p, "%s/systemd/user", e->cfg);
-  mkdir(p, 0700);
-  snprintf(p, sizeof p, "%s/fakerun", e->dir);
-  mkdir(p, 0755);
-  snprintf(e->d.socket, sizeof e->d.socket, "ipc://%s/commitkvd.sock", e->dir);
-  snprintf(e->d.attach, sizeof e->d.attach, "%s/commitkvd.attach", e->dir);
-  snprintf(e->d.log, sizeof e->d.log, "%s/commitkvd.log", e->dir);
-  e->d.dir = e->state;
+  snprintf(e->sd.dir, sizeof e->sd.dir, "%s", e->dir);
+  snprintf(e->sd.daemon, sizeof e->sd.daemon, "%s/commitkvd", ckv_test_bin_dir());
+  char p[400], state[400];
+  snprintf(state, sizeof state, "%s/state", e->dir); /* where ckv_bench_sd_start puts it */
   if (config) {
     snprintf(p, sizeof p, "%s/commitkvd.conf", e->dir);
     ckv_warm_write_file(p, config);
-    snprintf(e->extra, sizeof e->extra, "--config %.400s", p);
+    snprintf(e->sd.extra, sizeof e->sd.extra, "--config %.400s", p);
     cr_assert_eq(chmod(e->dir, 0755), 0); /* other uids reach the sockets */
   }
-  write_unit(e);
+  write_damage_script(e, state);
+  snprintf(e->damage_script, sizeof e->damage_script, "%s/damage.sh", e->dir);
+  e->sd.exec_start_pre = e->damage_script;
+  e->sd.environment = g_unit_env[0] ? g_unit_env : NULL;
   g_env = e;
-  e->manager = fork();
-  cr_assert_geq(e->manager, 0);
-  if (e->manager == 0) manager_child(e);
-  char sock[400];
-  snprintf(sock, sizeof sock, "%s/systemd/private", e->xdg);
-  long long end = ckv_test_now_ms() + CKV_WARM_DEADLINE_MS;
-  while (access(sock, F_OK) != 0) {
-    int st;
-    if (waitpid(e->manager, &st, WNOHANG) == e->manager) {
-      e->manager = 0;
-      snprintf(p, sizeof p, "%s/manager.log", e->dir);
-      char *tail = ckv_test_file_tail(p, 300);
-      snprintf(why, whylen, "the private systemd --user did not start: %s", tail ? tail : "(no log)");
-      free(tail);
-      ckv_warm_stop(e);
-      return false;
-    }
-    cr_assert_lt(ckv_test_now_ms(), end, "the private systemd --user never made %s", sock);
-    usleep(20000);
+  /* The unit's name carries this process's pid (ckvwarm-<pid>.service):
+   * private managers of the same uid started from one cgroup put their units'
+   * cgroups side by side, so two test runs at once (another worktree's, say)
+   * that both named it ckvwarm.service stopped and killed each other's
+   * daemons. */
+  int st = ckv_bench_sd_start(&e->sd, "ckvwarm", why, whylen);
+  if (st == 1) { /* no private systemd can run here: the test skips */
+    ckv_warm_stop(e);
+    return false;
   }
-  /* the manager's socket exists before the manager answers on it: retried, as a unit's
-   * ExecStartPre would be (make test-asan at 4c7786b failed one daemon-reload here) */
-  int reload = -1;
-  while ((reload = ctl(e, "daemon-reload")) != 0 && ckv_test_now_ms() < end) usleep(100000);
-  if (reload != 0) {
-    snprintf(p, sizeof p, "%s/systemctl.log", e->dir);
-    char *tail = ckv_test_file_tail(p, 600);
-    cr_assert_fail("systemctl --user daemon-reload failed until the deadline: %s", tail ? tail : "(no log)");
-  }
-  cr_assert_eq(ckv_warm_ctl_unit(e, "start"), 0, "systemctl --user start failed; daemon log %s", e->d.log);
+  cr_assert_eq(st, 0, "%s (daemon log %s)", why, e->sd.log);
+  snprintf(e->d.socket, sizeof e->d.socket, "%s", e->sd.socket);
+  snprintf(e->d.attach, sizeof e->d.attach, "%s", e->sd.attach);
+  snprintf(e->d.log, sizeof e->d.log, "%s", e->sd.log);
+  e->d.dir = e->sd.state;
   e->d.pid = (pid_t)ckv_warm_main_pid(e);
   cr_assert_gt(e->d.pid, 0, "the unit has no main pid");
   return true;
 }
 
-/* Stops the unit and the manager; no commitkvd of this test is left. */
 void ckv_warm_stop(ckv_warm_env *e) {
   if (g_env == e) g_env = NULL;
-  pid_t daemon = e->manager ? (pid_t)ckv_warm_main_pid(e) : 0;
-  if (e->manager) {
-    ckv_warm_ctl_unit(e, "stop");
-    ctl(e, "exit");
-    long long end = ckv_test_now_ms() + 10000;
-    int st;
-    while (waitpid(e->manager, &st, WNOHANG) != e->manager) {
-      if (ckv_test_now_ms() > end) {
-        kill(e->manager, SIGKILL);
-        waitpid(e->manager, &st, 0);
-        break;
-      }
-      usleep(20000);
-    }
-    e->manager = 0;
-  }
-  if (daemon > 0 && kill(daemon, 0) == 0) {
-    kill(daemon, SIGKILL);
-    cr_expect_fail("commitkvd %d outlived its unit and manager", (int)daemon);
-  }
+  if (ckv_bench_sd_stop(&e->sd) == -2) cr_expect_fail("a commitkvd outlived its unit and manager (killed)");
   if (e->dir && getenv("CKV_TEST_VERBOSE")) { /* the daemons' story, for whoever debugs */
     char *log = ckv_test_read_file(e->d.log);
     fprintf(stderr, "---- %s ----\n%s\n", e->d.log, log ? log : "(none)");

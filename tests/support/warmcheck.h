@@ -4,8 +4,10 @@
  * journal at a clean stop) and test_warm_kill9 (kill -9, the journal log)
  * share.
  *
- * ckv_warm_start starts a private user manager (`systemd --user`) in a
- * mount namespace of its own, where /run/systemd/system exists (systemd 252
+ * ckv_warm_start starts, through bench/bench_systemd.h (the private manager
+ * of commitkv-bench failover and soak: tests may use bench/, never the
+ * reverse), a private user manager (`systemd --user`) in a mount namespace
+ * of its own, where /run/systemd/system exists (systemd 252
  * refuses --user without it, and PID 1 of a container is no systemd), with
  * XDG_RUNTIME_DIR and XDG_CONFIG_HOME in a temporary directory, and runs
  * commitkvd as a unit there (Type=notify, FileDescriptorStoreMax=,
@@ -24,6 +26,7 @@
 #include <stdio.h>
 #include <sys/types.h>
 
+#include "bench/bench_systemd.h"
 #include "commitkv/commitkv.h"
 #include "testutil.h"
 
@@ -42,11 +45,10 @@ extern const ckv_geometry ckv_warm_geom;
 /* ---- a private systemd user manager ---------------------------------- */
 
 typedef struct ckv_warm_env {
-  char *dir;
-  char xdg[300], cfg[300], state[300];
-  char extra[480]; /* more commitkvd arguments (--config ...) */
-  pid_t manager;
-  ckv_test_daemon d; /* socket, attach, log of the unit's daemon; dir = the state dir */
+  char *dir;               /* the test's temporary directory (removed by ckv_warm_stop) */
+  ckv_bench_sd sd;         /* the manager and the unit in dir; sd.state is the daemon's --state-dir */
+  char damage_script[400]; /* dir/damage.sh, the unit's ExecStartPre (ckv_warm_request_damage) */
+  ckv_test_daemon d;       /* socket, attach, log of the unit's daemon; dir = the state dir */
 } ckv_warm_env;
 
 /* More environment for the unit's daemon, e.g.
