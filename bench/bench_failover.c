@@ -7,7 +7,7 @@
  *                           [--quick] [--json]
  *
  * A private `systemd --user` (in a mount namespace of its own, where
- * /run/systemd/system exists, as tests/integration/test_warm_restart.c
+ * /run/systemd/system exists, as tests/support/warmcheck.c
  * starts one) runs commitkvd as the unit ckvfail-<pid>.service: Type=notify,
  * FileDescriptorStoreMax=, Restart=on-failure, RestartSec=100ms, the warm
  * journal at its default period (--journal sets [daemon] warm_journal).  W worker sessions (fp16, one client in this

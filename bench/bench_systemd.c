@@ -4,7 +4,7 @@
  * own where /run/systemd/system exists (systemd 252 refuses --user
  * otherwise), with XDG_RUNTIME_DIR and XDG_CONFIG_HOME in the bench's
  * directory; it is driven with `systemctl --user` over its private socket,
- * as tests/integration/test_warm_restart.c does.  Diagnostics go to stderr. */
+ * as tests/support/warmcheck.c does.  Diagnostics go to stderr. */
 #include "bench/bench_systemd.h"
 
 #include <errno.h>
@@ -52,7 +52,7 @@ static int ctl(const ckv_bench_sd *e, const char *args) {
   return r == -1 || !WIFEXITED(r) ? -1 : WEXITSTATUS(r);
 }
 
-static int ctl_unit(const ckv_bench_sd *e, const char *verb) {
+int ckv_bench_sd_ctl_unit(const ckv_bench_sd *e, const char *verb) {
   char args[200];
   snprintf(args, sizeof args, "%s %s", verb, e->unit);
   return ctl(e, args);
@@ -132,7 +132,7 @@ int ckv_bench_sd_stop(ckv_bench_sd *e) {
   pid_t daemon = e->manager ? ckv_bench_sd_main_pid(e) : 0;
   int rc = 0;
   if (e->manager) {
-    if (ctl_unit(e, "stop") != 0) rc = -1;
+    if (ckv_bench_sd_ctl_unit(e, "stop") != 0) rc = -1;
     ctl(e, "exit");
     long long end = now_ms() + 10000;
     int st;
@@ -149,7 +149,7 @@ int ckv_bench_sd_stop(ckv_bench_sd *e) {
   if (daemon > 0 && kill(daemon, 0) == 0) {
     fprintf(stderr, "commitkv-bench: commitkvd %d outlived its unit; killed\n", (int)daemon);
     kill(daemon, SIGKILL);
-    rc = -1;
+    rc = -2;
   }
   return rc;
 }
@@ -182,10 +182,12 @@ int ckv_bench_sd_start(ckv_bench_sd *e, const char *unit_prefix, char *why, size
   mkdir(p, 0700);
   snprintf(p, sizeof p, "%s/fakerun", e->dir);
   mkdir(p, 0755);
-  char asan[600] = "", unit[12288], journal[96] = "";
+  char asan[600] = "", env[600] = "", pre[PATH_MAX + 32] = "", unit[14336], journal[96] = "";
   if (e->journal) snprintf(journal, sizeof journal, " --set daemon.warm_journal=%.60s", e->journal);
   const char *ao = getenv("ASAN_OPTIONS");
   if (ao && *ao && strlen(ao) < 500) snprintf(asan, sizeof asan, "Environment=\"ASAN_OPTIONS=%s\"\n", ao);
+  if (e->environment && *e->environment) snprintf(env, sizeof env, "Environment=\"%.500s\"\n", e->environment);
+  if (e->exec_start_pre) snprintf(pre, sizeof pre, "ExecStartPre=%.*s\n", PATH_MAX, e->exec_start_pre);
   snprintf(unit, sizeof unit,
            "[Unit]\n"
            "StartLimitIntervalSec=0\n" /* the kills restart it more often than the default burst allows */
@@ -197,12 +199,13 @@ int ckv_bench_sd_start(ckv_bench_sd *e, const char *unit_prefix, char *why, size
            "RestartSec=100ms\n"
            "TimeoutStartSec=60s\n"
            "TimeoutStopSec=60s\n"
-           "%s"
+           "%s%s%s"
            "ExecStart=%s --socket %s --attach-socket %s --state-dir %s --backend host --set daemon.metrics= "
            "--set daemon.detach_keep=120s%s%s%.1000s\n"
            "StandardOutput=append:%s\n"
            "StandardError=append:%s\n",
-           asan, e->daemon, e->socket, e->attach, e->state, journal, e->extra[0] ? " " : "", e->extra, e->log, e->log);
+           asan, env, pre, e->daemon, e->socket, e->attach, e->state, journal, e->extra[0] ? " " : "", e->extra, e->log,
+           e->log);
   snprintf(p, sizeof p, "%s/systemd/user/%s", e->cfg, e->unit);
   if (write_text(p, unit) < 0) {
     snprintf(why, whylen, "cannot write the unit %.200s: %s", p, strerror(errno));
@@ -241,7 +244,7 @@ int ckv_bench_sd_start(ckv_bench_sd *e, const char *unit_prefix, char *why, size
     ckv_bench_sd_stop(e);
     return -1;
   }
-  if (ctl_unit(e, "start") != 0) {
+  if (ckv_bench_sd_ctl_unit(e, "start") != 0) {
     snprintf(why, whylen, "systemctl --user start %s failed: %s", e->unit, ckv_bench_file_tail(e->log, 300));
     ckv_bench_sd_stop(e);
     return -1;
