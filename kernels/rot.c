@@ -32,16 +32,23 @@ typedef struct rot_steps {
   /* the forward rotation straight from an FP16 head (NULL: widen the row, then forward) */
   void (*forward_f16)(const uint16_t *h, float *x, uint32_t n, const float *signs);
   void (*quant_heads)(const float *y, uint32_t nh, uint32_t n, uint32_t bits, uint8_t *ret_scales, uint8_t *rows);
+  /* both steps at once from an FP16 row, in registers (NULL: forward_f16 or widen and forward, then quant_heads) */
+  void (*quant_f16)(const uint16_t *h, const float *signs, uint32_t nh, uint32_t n, uint32_t bits,
+                    uint8_t *ret_scales, uint8_t *rows);
+  /* quant_heads of y less the block's key means, in registers (NULL: an axpy of -1, then quant_heads) */
+  void (*quant_less)(const float *y, const float *mean, uint32_t nh, uint32_t n, uint32_t bits, uint8_t *ret_scales,
+                     uint8_t *rows);
 } rot_steps;
 
 static rot_steps steps_for(uint32_t head_dim) {
   ckv_cpu_path p = ckv_kernels_path();
+  bool in_regs = head_dim <= 128u; /* a head fits the AVX-512 path's registers */
   if (p == CKV_PATH_AVX512 && head_dim % 16u == 0)
-    return (rot_steps){ckv_rot_forward_avx512, head_dim <= 128u ? ckv_rot_forward_f16_avx512 : NULL,
-                       ckv_rot_quant_heads_avx512};
+    return (rot_steps){ckv_rot_forward_avx512, in_regs ? ckv_rot_forward_f16_avx512 : NULL, ckv_rot_quant_heads_avx512,
+                       in_regs ? ckv_rot_quant_f16_heads_avx512 : NULL, in_regs ? ckv_rot_quant_less_heads_avx512 : NULL};
   if ((p == CKV_PATH_AVX512 || p == CKV_PATH_AVX2) && head_dim % 8u == 0)
-    return (rot_steps){ckv_rot_forward_avx2, NULL, ckv_rot_quant_heads_avx2};
-  return (rot_steps){ckv_rot_forward_with, NULL, ckv_rot_quant_heads};
+    return (rot_steps){ckv_rot_forward_avx2, NULL, ckv_rot_quant_heads_avx2, NULL, NULL};
+  return (rot_steps){ckv_rot_forward_with, NULL, ckv_rot_quant_heads, NULL, NULL};
 }
 
 void ckv_rot_quant_heads(const float *y, uint32_t nh, uint32_t n, uint32_t bits, uint8_t *ret_scales, uint8_t *rows) {
@@ -129,15 +136,52 @@ static void read_rotated_row(const ckv_rowops *ops, const rot_steps *rs, const c
   for (uint32_t hd = 0; hd < H; hd++) rs->forward(row + (size_t)hd * D, D, signs + ckv_rot_signs_index(g, l, kv, hd));
 }
 
+/* Where destination slot `slot` of (layer, kv) keeps its scales and its packed rows. */
+static void slot_dst(const ckv_geometry *g, void *dst, uint32_t fmt, uint32_t cap, uint32_t l, uint32_t kv,
+                     uint32_t slot, uint8_t **ret_scales, uint8_t **ret_rows) {
+  uint32_t H = g->n_kv_heads;
+  *ret_scales = ckv_b(dst, ckv_rot_scales_offset(fmt, g, cap, l, kv)) + (size_t)slot * H;
+  *ret_rows = ckv_b(dst, ckv_rot_codes_offset(fmt, g, cap, l, kv)) + (size_t)slot * H * ckv_rot_row_bytes(fmt, g);
+}
+
 /* Quantizes row (every head of K or V of one token, keys already less the
  * block's means) into destination slot `slot` of (layer, kv). */
 static void quant_row(const rot_steps *rs, const ckv_geometry *g, void *dst, uint32_t fmt, uint32_t cap, uint32_t l,
                       uint32_t kv, uint32_t slot, const float *row) {
-  uint32_t D = g->head_dim, H = g->n_kv_heads, bits = ckv_format_code_bits(fmt);
-  size_t rb = ckv_rot_row_bytes(fmt, g);
-  uint8_t *sc = ckv_b(dst, ckv_rot_scales_offset(fmt, g, cap, l, kv));
-  uint8_t *codes = ckv_b(dst, ckv_rot_codes_offset(fmt, g, cap, l, kv));
-  rs->quant_heads(row, H, D, bits, &sc[(size_t)slot * H], codes + (size_t)slot * H * rb);
+  uint8_t *sc, *rows;
+  slot_dst(g, dst, fmt, cap, l, kv, slot, &sc, &rows);
+  rs->quant_heads(row, g->n_kv_heads, g->head_dim, ckv_format_code_bits(fmt), sc, rows);
+}
+
+/* Quantizes the rotated keys row less the block's means (row is scratch: it may be overwritten) into slot
+ * `slot` of layer l. */
+static void quant_keys_less(const ckv_rowops *ops, const rot_steps *rs, const ckv_geometry *g, void *dst, uint32_t fmt,
+                            uint32_t cap, uint32_t l, uint32_t slot, float *row, const float *mean) {
+  if (rs->quant_less) {
+    uint8_t *sc, *rows;
+    slot_dst(g, dst, fmt, cap, l, 0, slot, &sc, &rows);
+    rs->quant_less(row, mean, g->n_kv_heads, g->head_dim, ckv_format_code_bits(fmt), sc, rows);
+    return;
+  }
+  ops->axpy(-1.0f, mean, row, (size_t)g->n_kv_heads * g->head_dim); /* row + -1 * mean = row - mean, one rounding */
+  quant_row(rs, g, dst, fmt, cap, l, 0, slot, row);
+}
+
+/* Rotates and quantizes the values of move m into its destination slot of layer l; next as read_rotated_row's. */
+static void quant_values(const ckv_rowops *ops, const rot_steps *rs, const ckv_geometry *g, const float *signs,
+                         const ckv_move *m, const ckv_move *next, uint32_t fmt, uint32_t cap, uint32_t l, float *row) {
+  const ckv_block_header *sh = ckv_move_src_hdr(m);
+  if (sh->format == CKV_FORMAT_DRAFT && g->dtype == CKV_DTYPE_FP16 && rs->quant_f16) {
+    const uint16_t *h = (const uint16_t *)ckv_cb(m->src, ckv_draft_kv_offset(g, sh->capacity, l, 1, m->src_slot));
+    uint8_t *sc, *rows;
+    if (next) prefetch_source(g, next, l, 1);
+    slot_dst(g, m->dst, fmt, cap, l, 1, m->dst_slot, &sc, &rows);
+    rs->quant_f16(h, signs + ckv_rot_signs_index(g, l, 1, 0), g->n_kv_heads, g->head_dim, ckv_format_code_bits(fmt), sc,
+                  rows);
+    return;
+  }
+  read_rotated_row(ops, rs, g, signs, m, next, l, 1, row);
+  quant_row(rs, g, m->dst, fmt, cap, l, 1, m->dst_slot, row);
 }
 
 /* The keys of layer l of the n moves bound for block dst, whose means are not
@@ -193,23 +237,18 @@ int ckv_rot_to(const ckv_rowops *ops, const ckv_geometry *g, const float *signs,
     for (uint32_t l = 0; l < g->n_layers; l++) {
       if (fresh) { /* the keys rotated once: for the means, then quantized from the buffer */
         layer_means(ops, &rs, g, signs, moves, order + i, j - i, l, keys, sum);
-        for (size_t k = i; k < j; k++) {
-          float *r = keys + (k - i) * te;
-          ops->axpy(-1.0f, sum, r, te); /* r + -1 * sum = r - sum, one rounding */
-          quant_row(&rs, g, dst, fmt, cap, l, 0, moves[order[k]].dst_slot, r);
-        }
+        for (size_t k = i; k < j; k++)
+          quant_keys_less(ops, &rs, g, dst, fmt, cap, l, moves[order[k]].dst_slot, keys + (k - i) * te, sum);
       } else {
         for (uint32_t hd = 0; hd < H; hd++) key_mean(g, dst, cap, l, hd, sum + (size_t)hd * D);
         for (size_t k = i; k < j; k++) {
           read_rotated_row(ops, &rs, g, signs, &moves[order[k]], k + PREFETCH_AHEAD < j ? &moves[order[k + PREFETCH_AHEAD]] : NULL, l, 0, row);
-          ops->axpy(-1.0f, sum, row, te); /* keys less the block's mean: row - sum, one rounding */
-          quant_row(&rs, g, dst, fmt, cap, l, 0, moves[order[k]].dst_slot, row);
+          quant_keys_less(ops, &rs, g, dst, fmt, cap, l, moves[order[k]].dst_slot, row, sum); /* less the block's mean */
         }
       }
-      for (size_t k = i; k < j; k++) {
-        read_rotated_row(ops, &rs, g, signs, &moves[order[k]], k + PREFETCH_AHEAD < j ? &moves[order[k + PREFETCH_AHEAD]] : NULL, l, 1, row);
-        quant_row(&rs, g, dst, fmt, cap, l, 1, moves[order[k]].dst_slot, row);
-      }
+      for (size_t k = i; k < j; k++)
+        quant_values(ops, &rs, g, signs, &moves[order[k]], k + PREFETCH_AHEAD < j ? &moves[order[k + PREFETCH_AHEAD]] : NULL,
+                     fmt, cap, l, row);
     }
     if (fresh) __atomic_fetch_or(meta, CKV_ROT_MEANS_SET, __ATOMIC_RELEASE);
     i = j;

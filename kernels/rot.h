@@ -24,6 +24,14 @@ void ckv_rot_pack_avx2(const float *y, uint32_t n, uint32_t bits, float inv, uin
  * n a multiple of 16, nh <= CKV_MAX_KV_HEADS, only on CPUs of the AVX-512 path. */
 void ckv_rot_quant_heads_avx512(const float *y, uint32_t nh, uint32_t n, uint32_t bits, uint8_t *ret_scales,
                                 uint8_t *rows);
+/* The fused steps of the AVX-512 path (rot_avx512.c), the bytes of ckv_rot_forward_with then
+ * ckv_rot_quant_heads: each FP16 head of h[nh][n] rotated with its signs (signs[nh][n]) and quantized in
+ * registers; and each head of y[nh][n] less mean[nh][n] (one rounding, as an axpy of -1) quantized.  n 16, 32, 64
+ * or 128. */
+void ckv_rot_quant_f16_heads_avx512(const uint16_t *h, const float *signs, uint32_t nh, uint32_t n, uint32_t bits,
+                                    uint8_t *ret_scales, uint8_t *rows);
+void ckv_rot_quant_less_heads_avx512(const float *y, const float *mean, uint32_t nh, uint32_t n, uint32_t bits,
+                                     uint8_t *ret_scales, uint8_t *rows);
 /* The same with ckv_rot_quant_head_avx2 per head, and with the scalar rule (rot.c). */
 void ckv_rot_quant_heads_avx2(const float *y, uint32_t nh, uint32_t n, uint32_t bits, uint8_t *ret_scales, uint8_t *rows);
 void ckv_rot_quant_heads(const float *y, uint32_t nh, uint32_t n, uint32_t bits, uint8_t *ret_scales, uint8_t *rows);

@@ -33,26 +33,28 @@ static inline __m512 mid16(__m512 t, __m512 h, __m512 bound) {
   return _mm512_range_ps(q, bound, 0x02);
 }
 
-/* Packs the codes m + offset (m from mid16, exact small integers) of 16 elements per step into row
- * (ckv_pack_code's layout, every byte written), for 1, 2 and 4 bits. */
+/* Packs the codes m + offset of 16 elements (m from mid16, exact small integers) into p (ckv_pack_code's
+ * layout, 16 * bits / 8 bytes written), for 1, 2 and 4 bits. */
+static inline void pack16(__m512 m, __m512 off, uint32_t bits, uint8_t *p) {
+  __m128i c = _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(_mm512_add_ps(m, off)));
+  if (bits == 4u) { /* byte pairs c0 | c1 << 4 */
+    __m128i w = _mm_maddubs_epi16(c, _mm_set1_epi16(0x1001));
+    _mm_storel_epi64((__m128i *)p, _mm_packus_epi16(w, w));
+  } else if (bits == 2u) { /* c0 + 4 c1 per 16 bits, then + 16 (c2 + 4 c3) per 32 bits: one byte per 4 codes */
+    __m128i w = _mm_madd_epi16(_mm_maddubs_epi16(c, _mm_set1_epi16(0x0401)), _mm_set1_epi32(0x00100001));
+    w = _mm_packus_epi32(w, w);
+    uint32_t v = (uint32_t)_mm_cvtsi128_si32(_mm_packus_epi16(w, w));
+    memcpy(p, &v, 4);
+  } else { /* 1 bit: code i is bit i of the nonzero mask */
+    uint16_t k = (uint16_t)_mm_test_epi8_mask(c, c);
+    memcpy(p, &k, 2);
+  }
+}
+
+/* pack16 of the mids m[0..n) of a head, 16 per step, for 1, 2 and 4 bits (every byte of row written). */
 static void pack16_mids(const float *m, uint32_t n, uint32_t bits, uint8_t *row) {
   const __m512 off = _mm512_set1_ps(ckv_rot_offset(bits));
-  for (uint32_t i = 0; i < n; i += 16) {
-    __m128i c = _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(_mm512_add_ps(_mm512_loadu_ps(m + i), off)));
-    uint8_t *p = row + (size_t)i * bits / 8u;
-    if (bits == 4u) { /* byte pairs c0 | c1 << 4 */
-      __m128i w = _mm_maddubs_epi16(c, _mm_set1_epi16(0x1001));
-      _mm_storel_epi64((__m128i *)p, _mm_packus_epi16(w, w));
-    } else if (bits == 2u) { /* c0 + 4 c1 per 16 bits, then + 16 (c2 + 4 c3) per 32 bits: one byte per 4 codes */
-      __m128i w = _mm_madd_epi16(_mm_maddubs_epi16(c, _mm_set1_epi16(0x0401)), _mm_set1_epi32(0x00100001));
-      w = _mm_packus_epi32(w, w);
-      uint32_t v = (uint32_t)_mm_cvtsi128_si32(_mm_packus_epi16(w, w));
-      memcpy(p, &v, 4);
-    } else { /* 1 bit: code i is bit i of the nonzero mask */
-      uint16_t k = (uint16_t)_mm_test_epi8_mask(c, c);
-      memcpy(p, &k, 2);
-    }
-  }
+  for (uint32_t i = 0; i < n; i += 16) pack16(_mm512_loadu_ps(m + i), off, bits, row + (size_t)i * bits / 8u);
 }
 
 /* Every scale code's value, inverse and square (ckv_rot_scale_value, ckv_rot_scale_inv, value * value: the same
@@ -65,6 +67,10 @@ __attribute__((constructor)) static void scale_tabs_init(void) {
     scale_sq_tab[c] = scale_value_tab[c] * scale_value_tab[c];
   }
 }
+
+/* Where the heads of a row come from (quant_row_n, below): FP32 as they are, FP32 less the key means, FP16 to be
+ * rotated. */
+enum { SRC_F32 = 0, SRC_F32_LESS = 1, SRC_F16 = 2 };
 
 /* The heads of a row are quantized GROUP at a time: each step for every head of the group before the next. */
 #define GROUP 4
@@ -117,8 +123,16 @@ static void quant_group(const float *y, uint32_t g, uint32_t n, uint32_t bits, u
   }
 }
 
+static inline __attribute__((always_inline)) void quant_row_n(int SRC, const void *src, const float *aux, uint32_t nh,
+                                                              uint32_t n, uint32_t bits, uint8_t *ret_scales,
+                                                              uint8_t *rows);
+
 void ckv_rot_quant_heads_avx512(const float *y, uint32_t nh, uint32_t n, uint32_t bits, uint8_t *ret_scales,
                                 uint8_t *rows) {
+  if (n <= 128u) { /* a head fits the registers */
+    quant_row_n(SRC_F32, y, NULL, nh, n, bits, ret_scales, rows);
+    return;
+  }
   size_t rb = (size_t)n * bits / 8u;
   for (uint32_t h0 = 0; h0 < nh; h0 += GROUP)
     quant_group(y + (size_t)h0 * n, nh - h0 < GROUP ? nh - h0 : GROUP, n, bits, ret_scales + h0, rows + h0 * rb);
@@ -274,16 +288,17 @@ void ckv_rot_dequant_row_avx512(const ckv_geometry *g, const void *blk, const ck
   }
 }
 
-/* ckv_rot_forward_with of a head of NV vectors (NV a power of two, 1..8, a constant at each call) held in
- * registers: finite (NaN -> 0, clamped) times the sign, the transform (stages 1..8 inside each vector, then
- * across them: each stage the same additions and subtractions as ckv_fwht's), the norm, one store. */
-static inline __attribute__((always_inline)) void forward_regs(const uint16_t *h, float *x, int NV, const float *signs,
-                                                               __m512 r) {
+/* ckv_rot_forward_with of a head of NV vectors (NV a power of two, 1..8, a constant at each call) into registers
+ * v[0..NV), from FP16 (from_f16, widened exactly) or FP32 src: finite (NaN -> 0, clamped) times the sign, the transform (stages 1..8 inside each vector, then
+ * across them: each stage the same additions and subtractions as ckv_fwht's), the norm. */
+static inline __attribute__((always_inline)) void forward_into(int from_f16, const void *src, int NV,
+                                                               const float *signs, __m512 r, __m512 *v) {
+  const uint16_t *h = src;
+  const float *x = src;
   const __m512 hi = _mm512_set1_ps(CKV_F16_MAX);
-  __m512 v[8];
 #pragma GCC unroll 8
   for (int k = 0; k < NV; k++) { /* from FP16 (h, widened exactly) or from x */
-    __m512 t = h ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + 16 * k))) : _mm512_loadu_ps(x + 16 * k);
+    __m512 t = from_f16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + 16 * k))) : _mm512_loadu_ps(x + 16 * k);
     /* ckv_rot_finite: NaN lanes zeroed, the rest clamped by magnitude */
     t = _mm512_maskz_range_ps(_mm512_cmp_ps_mask(t, t, _CMP_ORD_Q), t, hi, 0x02);
     v[k] = fwht16(_mm512_mul_ps(t, _mm512_loadu_ps(signs + 16 * k)));
@@ -298,7 +313,19 @@ static inline __attribute__((always_inline)) void forward_regs(const uint16_t *h
         v[j + len] = _mm512_sub_ps(a, b);
       }
 #pragma GCC unroll 8
-  for (int k = 0; k < NV; k++) _mm512_storeu_ps(x + 16 * k, _mm512_mul_ps(v[k], r));
+  for (int k = 0; k < NV; k++) v[k] = _mm512_mul_ps(v[k], r);
+}
+
+/* forward_into, then one store. */
+static inline __attribute__((always_inline)) void forward_regs(const uint16_t *h, float *x, int NV, const float *signs,
+                                                               __m512 r) {
+  __m512 v[8];
+  if (h)
+    forward_into(1, h, NV, signs, r, v);
+  else
+    forward_into(0, x, NV, signs, r, v);
+#pragma GCC unroll 8
+  for (int k = 0; k < NV; k++) _mm512_storeu_ps(x + 16 * k, v[k]);
 }
 
 void ckv_rot_forward_f16_avx512(const uint16_t *h, float *x, uint32_t n, const float *signs) {
@@ -331,4 +358,104 @@ void ckv_rot_forward_avx512(float *x, uint32_t n, const float *signs) {
   }
   fwht_from16(x, n);
   for (uint32_t i = 0; i < n; i += 16) _mm512_storeu_ps(x + i, _mm512_mul_ps(_mm512_loadu_ps(x + i), r));
+}
+
+/* ---- the heads of a row rotated and quantized with no row of rotated floats in between (the fused steps
+ * of rot.c), GROUP_REGS heads at a time in three phases: each head's floats (rotated from FP16, or less the key
+ * means, or as they are) with their statistics; every head's candidates (independent chains of scalar
+ * operations, which the core overlaps); each head's errors and codes.  Head by head instead, the chain of one
+ * head (sums, square root, division, sums again) would stall the core. ---- */
+#define GROUP_REGS 8
+
+/* The heads hd < g of the source (SRC: FP32 y[g][n]; y less aux[g][n]; FP16 h[g][n] rotated with the signs
+ * aux[g][n]), n = 16 * NV, quantized into ret_scales[g] and rows[g][n*bits/8]. */
+static inline __attribute__((always_inline)) void quant_group_regs(int SRC, int NV, const void *src, const float *aux,
+                                                                   uint32_t g, uint32_t bits, uint8_t *ret_scales,
+                                                                   uint8_t *rows) {
+  uint32_t n = 16u * (uint32_t)NV;
+  size_t rb = (size_t)n * bits / 8u;
+  float y[GROUP_REGS][128] __attribute__((aligned(64))), ss[GROUP_REGS], am[GROUP_REGS];
+  uint8_t cand[GROUP_REGS][CKV_ROT_CANDIDATES];
+  const __m512 r = _mm512_set1_ps(ckv_rot_norm(n));
+  for (uint32_t hd = 0; hd < g; hd++) {
+    __m512 v[8], s2 = _mm512_setzero_ps(), mx = _mm512_setzero_ps();
+    if (SRC == SRC_F16) {
+      forward_into(1, (const uint16_t *)src + (size_t)hd * n, NV, aux + (size_t)hd * n, r, v);
+    } else {
+      const float *x = (const float *)src + (size_t)hd * n;
+#pragma GCC unroll 8
+      for (int k = 0; k < NV; k++)
+        v[k] = SRC == SRC_F32_LESS ? _mm512_sub_ps(_mm512_loadu_ps(x + 16 * k), _mm512_loadu_ps(aux + (size_t)hd * n + 16 * k))
+                                   : _mm512_loadu_ps(x + 16 * k);
+    }
+#pragma GCC unroll 8
+    for (int k = 0; k < NV; k++) {
+      s2 = _mm512_add_ps(_mm512_mul_ps(v[k], v[k]), s2);
+      mx = _mm512_range_ps(mx, v[k], 0x0B); /* the larger magnitude, sign cleared */
+      _mm512_store_ps(&y[hd][16 * k], v[k]);
+    }
+    ss[hd] = lanes16_total(s2);
+    am[hd] = _mm512_reduce_max_ps(mx);
+  }
+  for (uint32_t hd = 0; hd < g; hd++) ckv_rot_candidates(ss[hd], am[hd], n, bits, cand[hd]);
+  const __m512 h = _mm512_set1_ps(0.5f), bound = _mm512_set1_ps((float)(1u << (bits - 1u)) - 0.5f);
+  const __m512 off = _mm512_set1_ps(ckv_rot_offset(bits));
+  for (uint32_t hd = 0; hd < g; hd++) {
+    const __m512 i0 = _mm512_set1_ps(scale_inv_tab[cand[hd][0]]), i1 = _mm512_set1_ps(scale_inv_tab[cand[hd][1]]);
+    __m512 m0[8], m1[8], e0 = _mm512_setzero_ps(), e1 = _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int k = 0; k < NV; k++) { /* t - mid(t), squared, summed: two roundings each */
+      __m512 v = _mm512_load_ps(&y[hd][16 * k]), t0 = _mm512_mul_ps(v, i0), t1 = _mm512_mul_ps(v, i1);
+      m0[k] = mid16(t0, h, bound);
+      m1[k] = mid16(t1, h, bound);
+      __m512 d0 = _mm512_sub_ps(t0, m0[k]), d1 = _mm512_sub_ps(t1, m1[k]);
+      e0 = _mm512_add_ps(_mm512_mul_ps(d0, d0), e0);
+      e1 = _mm512_add_ps(_mm512_mul_ps(d1, d1), e1);
+    }
+    float err[CKV_ROT_CANDIDATES] = {scale_sq_tab[cand[hd][0]] * lanes16_total(e0),
+                                     scale_sq_tab[cand[hd][1]] * lanes16_total(e1)};
+    uint8_t s8 = ckv_rot_best(cand[hd], err);
+    ret_scales[hd] = s8;
+    uint8_t *row = rows + hd * rb;
+    if (bits == 3u) {
+      ckv_rot_pack_avx2(y[hd], n, bits, scale_inv_tab[s8], row);
+      continue;
+    }
+    const __m512 *m = s8 == cand[hd][0] ? m0 : m1;
+#pragma GCC unroll 8
+    for (int k = 0; k < NV; k++) pack16(m[k], off, bits, row + (size_t)k * 2u * bits);
+  }
+}
+
+/* quant_group_regs of every head of a row, GROUP_REGS at a time, n = 16 * NV. */
+static inline __attribute__((always_inline)) void quant_row_regs(int SRC, int NV, const void *src, const float *aux,
+                                                                 uint32_t nh, uint32_t bits, uint8_t *ret_scales,
+                                                                 uint8_t *rows) {
+  uint32_t n = 16u * (uint32_t)NV;
+  size_t rb = (size_t)n * bits / 8u, es = SRC == SRC_F16 ? 2u : 4u;
+  for (uint32_t h0 = 0; h0 < nh; h0 += GROUP_REGS)
+    quant_group_regs(SRC, NV, (const uint8_t *)src + (size_t)h0 * n * es, aux ? aux + (size_t)h0 * n : NULL,
+                     nh - h0 < GROUP_REGS ? nh - h0 : GROUP_REGS, bits, ret_scales + h0, rows + h0 * rb);
+}
+
+/* quant_row_regs for n 16, 32, 64 or 128 (SRC a constant at each call). */
+static inline __attribute__((always_inline)) void quant_row_n(int SRC, const void *src, const float *aux, uint32_t nh,
+                                                              uint32_t n, uint32_t bits, uint8_t *ret_scales,
+                                                              uint8_t *rows) {
+  switch (n) {
+    case 16: quant_row_regs(SRC, 1, src, aux, nh, bits, ret_scales, rows); return;
+    case 32: quant_row_regs(SRC, 2, src, aux, nh, bits, ret_scales, rows); return;
+    case 64: quant_row_regs(SRC, 4, src, aux, nh, bits, ret_scales, rows); return;
+    default: quant_row_regs(SRC, 8, src, aux, nh, bits, ret_scales, rows); return;
+  }
+}
+
+void ckv_rot_quant_f16_heads_avx512(const uint16_t *h, const float *signs, uint32_t nh, uint32_t n, uint32_t bits,
+                                    uint8_t *ret_scales, uint8_t *rows) {
+  quant_row_n(SRC_F16, h, signs, nh, n, bits, ret_scales, rows);
+}
+
+void ckv_rot_quant_less_heads_avx512(const float *y, const float *mean, uint32_t nh, uint32_t n, uint32_t bits,
+                                     uint8_t *ret_scales, uint8_t *rows) {
+  quant_row_n(SRC_F32_LESS, y, mean, nh, n, bits, ret_scales, rows);
 }

@@ -1,0 +1,105 @@
+/* test_kernels_rot_steps.c - the rotated formats' hot steps (kernels/rot.h)
+ * called directly, each SIMD version this CPU can run against the scalar rule
+ * byte for byte: the heads of one row rotated (ckv_rot_forward_with) and
+ * quantized (ckv_rot_quant_heads) by the AVX2 and AVX-512 steps, and by the
+ * AVX-512 fused steps (FP16 heads rotated and quantized in registers; keys
+ * less their block's means).  Rows of 1 to 17 heads (whole groups and
+ * remainders), head_dim 16 to 128, every bit width, heads of Gaussians, with
+ * outliers, of zeros, constant, tiny (subnormal scales) and huge, and FP16
+ * rows holding NaN and +-Inf.  A path this CPU lacks is reported skipped. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+
+#include "kernels/rot.h"
+#include "kernels_fixture.h"
+
+/* Element i of head hd in row kind `kind`. */
+static float head_elem(kf_rng *r, uint32_t kind, uint32_t hd, uint32_t i) {
+  switch ((kind + hd) % 7) {
+    case 0: return kf_normal(r);
+    case 1: return i == 3 ? 400.0f : kf_normal(r) * 0.5f; /* one outlier */
+    case 2: return 0.0f;                               /* a head of zeros: scale code 0 */
+    case 3: return 7.25f;                              /* constant */
+    case 4: return kf_normal(r) * 3e-6f;               /* tiny: FP16 subnormals */
+    case 5: return kf_normal(r) * 20000.0f;            /* huge */
+    default: return kf_normal(r) + (i % 16 == 5 ? 30.0f : 0.0f);
+  }
+}
+
+/* The scalar rule's bytes for FP32 heads y[nh][n]: scales then rows. */
+static void scalar_quant(const float *y, uint32_t nh, uint32_t n, uint32_t bits, uint8_t *sc, uint8_t *rows) {
+  ckv_rot_quant_heads(y, nh, n, bits, sc, rows);
+}
+
+Test(rot_steps, simd_quant_heads_equal_scalar) {
+  static const uint32_t dims[] = {16, 32, 64, 128}, heads[] = {1, 3, 4, 8, 9, 17};
+  bool avx2 = ckv_kernels_path_supported(CKV_PATH_AVX2), avx512 = ckv_kernels_path_supported(CKV_PATH_AVX512);
+  if (!avx2) fprintf(stderr, "rot_steps: AVX2 not on this CPU: SKIPPED\n");
+  if (!avx512) fprintf(stderr, "rot_steps: AVX-512 not on this CPU: SKIPPED\n");
+  if (!avx2 && !avx512) cr_skip_test("no SIMD path on this CPU");
+  int compared = 0;
+  for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++)
+    for (size_t hi = 0; hi < sizeof heads / sizeof heads[0]; hi++)
+      for (uint32_t bits = 1; bits <= 4; bits++)
+        for (uint32_t kind = 0; kind < 3; kind++) {
+          uint32_t n = dims[di], nh = heads[hi];
+          size_t te = (size_t)nh * n, rb = (size_t)n * bits / 8u;
+          kf_rng r = {0x1234 + di * 131 + hi * 17 + bits * 5 + kind};
+          float *y = malloc(te * sizeof(float)), *mean = malloc(te * sizeof(float)), *less = malloc(te * sizeof(float));
+          float *signs = malloc(te * sizeof(float));
+          uint16_t *h = malloc(te * sizeof(uint16_t));
+          uint8_t *ref_rows = malloc(te), *rows = malloc(te), ref_sc[32], sc[32];
+          for (uint32_t hd = 0; hd < nh; hd++)
+            for (uint32_t i = 0; i < n; i++) {
+              size_t e = (size_t)hd * n + i;
+              y[e] = head_elem(&r, kind, hd, i);
+              mean[e] = kind == 1 ? kf_normal(&r) * 4.0f : 0.0f;
+              signs[e] = ckv_rot_sign(1, 0, hd, i);
+              h[e] = ckv_f32_to_f16(y[e]);
+            }
+          if (kind == 2) { /* non-finite FP16 in a few heads: NaN -> 0, +-Inf -> +-65504 */
+            h[1] = 0x7e00u;
+            if (nh > 1) h[n + 2] = 0x7c00u;
+            if (nh > 2) h[2 * n + 5] = 0xfc00u;
+          }
+          /* FP32 heads: as they are, and less the means */
+          for (size_t e = 0; e < te; e++) less[e] = y[e] - mean[e];
+          scalar_quant(y, nh, n, bits, ref_sc, ref_rows);
+          if (avx2) {
+            ckv_rot_quant_heads_avx2(y, nh, n, bits, sc, rows);
+            cr_expect(!memcmp(sc, ref_sc, nh) && !memcmp(rows, ref_rows, nh * rb), "avx2 quant n %u nh %u bits %u kind %u",
+                      n, nh, bits, kind);
+            compared++;
+          }
+          if (avx512) {
+            ckv_rot_quant_heads_avx512(y, nh, n, bits, sc, rows);
+            cr_expect(!memcmp(sc, ref_sc, nh) && !memcmp(rows, ref_rows, nh * rb),
+                      "avx512 quant n %u nh %u bits %u kind %u", n, nh, bits, kind);
+            memset(rows, 0xa5, nh * rb);
+            ckv_rot_quant_less_heads_avx512(y, mean, nh, n, bits, sc, rows);
+            scalar_quant(less, nh, n, bits, ref_sc, ref_rows);
+            cr_expect(!memcmp(sc, ref_sc, nh) && !memcmp(rows, ref_rows, nh * rb),
+                      "avx512 fused less-mean n %u nh %u bits %u kind %u", n, nh, bits, kind);
+            compared += 2;
+          }
+          /* FP16 heads rotated, then quantized: the scalar rule against the fused step */
+          for (size_t e = 0; e < te; e++) y[e] = ckv_f16_to_f32(h[e]);
+          for (uint32_t hd = 0; hd < nh; hd++) ckv_rot_forward_with(y + (size_t)hd * n, n, signs + (size_t)hd * n);
+          scalar_quant(y, nh, n, bits, ref_sc, ref_rows);
+          if (avx512) {
+            memset(rows, 0x5a, nh * rb);
+            ckv_rot_quant_f16_heads_avx512(h, signs, nh, n, bits, sc, rows);
+            cr_expect(!memcmp(sc, ref_sc, nh) && !memcmp(rows, ref_rows, nh * rb),
+                      "avx512 fused f16 n %u nh %u bits %u kind %u", n, nh, bits, kind);
+            compared++;
+          }
+          free(y);
+          free(mean);
+          free(less);
+          free(signs);
+          free(h);
+          free(ref_rows);
+          free(rows);
+        }
+  fprintf(stderr, "rot_steps: %d comparisons against the scalar rule\n", compared);
+}
