@@ -264,11 +264,25 @@ void ckv_rot_dequant_row_avx512(const ckv_geometry *g, const void *blk, const ck
     const __m512 s = _mm512_set1_ps(ckv_rot_scale_value(sc[hd]));
     const uint16_t *m = (const uint16_t *)((const uint8_t *)blk + ckv_rot_mean_offset(g, h->capacity, layer, hd));
     uint32_t key0 = ((layer * 2u + kv) * CKV_MAX_KV_HEADS + hd) * CKV_MAX_HEAD_DIM;
+    const uint16_t *mean = kv == 0 ? m : NULL;
+    switch (D * 8u + bits) { /* in registers, the unpacking specialised per width at the common head sizes */
+      case 16 * 8 + 4: dequant_head_regs(1, row, 4, s, mean, key0, x); continue;
+      case 32 * 8 + 4: dequant_head_regs(2, row, 4, s, mean, key0, x); continue;
+      case 64 * 8 + 1: dequant_head_regs(4, row, 1, s, mean, key0, x); continue;
+      case 64 * 8 + 2: dequant_head_regs(4, row, 2, s, mean, key0, x); continue;
+      case 64 * 8 + 3: dequant_head_regs(4, row, 3, s, mean, key0, x); continue;
+      case 64 * 8 + 4: dequant_head_regs(4, row, 4, s, mean, key0, x); continue;
+      case 128 * 8 + 1: dequant_head_regs(8, row, 1, s, mean, key0, x); continue;
+      case 128 * 8 + 2: dequant_head_regs(8, row, 2, s, mean, key0, x); continue;
+      case 128 * 8 + 3: dequant_head_regs(8, row, 3, s, mean, key0, x); continue;
+      case 128 * 8 + 4: dequant_head_regs(8, row, 4, s, mean, key0, x); continue;
+      default: break;
+    }
     switch (D) { /* in registers */
-      case 16: dequant_head_regs(1, row, bits, s, kv == 0 ? m : NULL, key0, x); continue;
-      case 32: dequant_head_regs(2, row, bits, s, kv == 0 ? m : NULL, key0, x); continue;
-      case 64: dequant_head_regs(4, row, bits, s, kv == 0 ? m : NULL, key0, x); continue;
-      case 128: dequant_head_regs(8, row, bits, s, kv == 0 ? m : NULL, key0, x); continue;
+      case 16: dequant_head_regs(1, row, bits, s, mean, key0, x); continue;
+      case 32: dequant_head_regs(2, row, bits, s, mean, key0, x); continue;
+      case 64: dequant_head_regs(4, row, bits, s, mean, key0, x); continue;
+      case 128: dequant_head_regs(8, row, bits, s, mean, key0, x); continue;
       default: break;
     }
     for (uint32_t i = 0; i < D; i += 16) {
