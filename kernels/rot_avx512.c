@@ -473,3 +473,10 @@ void ckv_rot_quant_less_heads_avx512(const float *y, const float *mean, uint32_t
                                      uint8_t *ret_scales, uint8_t *rows) {
   quant_row_n(SRC_F32_LESS, y, mean, nh, n, bits, ret_scales, rows);
 }
+
+/* ckv_rot_sign of elements [0, n) of the head whose first key is key0, 16 at a time (n a multiple of 16): the
+ * sign bit from signs16 on 1.0f. */
+void ckv_rot_signs_avx512(uint32_t key0, uint32_t n, float *dst) {
+  const __m512i one = _mm512_set1_epi32(0x3f800000);
+  for (uint32_t i = 0; i < n; i += 16) _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_or_si512(signs16(key0, i), one)));
+}

@@ -103,3 +103,35 @@ Test(rot_steps, simd_quant_heads_equal_scalar) {
         }
   fprintf(stderr, "rot_steps: %d comparisons against the scalar rule\n", compared);
 }
+
+/* The table of signs the quantizers read (ckv_rot_signs_new, 16 at a time on the AVX-512 path) holds
+ * ckv_rot_sign of every (layer, K|V, head, element) on every path this CPU runs. */
+Test(rot_steps, signs_table_equals_the_rule) {
+  static const ckv_cpu_path paths[] = {CKV_PATH_SCALAR, CKV_PATH_AVX2, CKV_PATH_AVX512};
+  static const uint32_t dims[] = {8, 16, 64, 128, 512};
+  int compared = 0;
+  for (size_t p = 0; p < 3; p++) {
+    if (ckv_kernels_force(paths[p]) != CKV_OK) {
+      fprintf(stderr, "rot_steps signs: path %s not on this CPU: SKIPPED\n", ckv_kernels_path_name(paths[p]));
+      continue;
+    }
+    for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
+      ckv_geometry g = {.n_layers = 3, .n_kv_heads = 5, .head_dim = dims[di], .dtype = CKV_DTYPE_FP16};
+      float *s = ckv_rot_signs_new(&g);
+      cr_assert(s);
+      for (uint32_t l = 0; l < g.n_layers; l++)
+        for (uint32_t kv = 0; kv < 2; kv++)
+          for (uint32_t h = 0; h < g.n_kv_heads; h++)
+            for (uint32_t i = 0; i < g.head_dim; i++) {
+              float want = ckv_rot_sign(l, kv, h, i), got = s[ckv_rot_signs_index(&g, l, kv, h) + i];
+              if (ckv_f32_bits(got) != ckv_f32_bits(want))
+                cr_assert(0, "path %s D %u: sign of (%u, %u, %u, %u) is %g, the rule's %g", ckv_kernels_path_name(paths[p]),
+                          g.head_dim, l, kv, h, i, got, want);
+            }
+      free(s);
+      compared++;
+    }
+  }
+  ckv_kernels_force(CKV_PATH_AUTO);
+  cr_expect(compared > 0);
+}
