@@ -46,6 +46,8 @@ typedef struct rot_steps {
   /* quant_heads of y less the block's key means, in registers (NULL: an axpy of -1, then quant_heads) */
   void (*quant_less)(const float *y, const float *mean, uint32_t nh, uint32_t n, uint32_t bits, uint8_t *ret_scales,
                      uint8_t *rows);
+  /* a head's key means from their sums, as FP16 and widened back (NULL: one element at a time) */
+  void (*means)(const float *sum, uint32_t n, uint32_t count, uint16_t *mean, float *ret_widened);
 } rot_steps;
 
 static rot_steps steps_for(uint32_t head_dim) {
@@ -53,10 +55,11 @@ static rot_steps steps_for(uint32_t head_dim) {
   bool in_regs = head_dim <= 128u; /* a head fits the AVX-512 path's registers */
   if (p == CKV_PATH_AVX512 && head_dim % 16u == 0)
     return (rot_steps){ckv_rot_forward_avx512, in_regs ? ckv_rot_forward_f16_avx512 : NULL, ckv_rot_quant_heads_avx512,
-                       in_regs ? ckv_rot_quant_f16_heads_avx512 : NULL, in_regs ? ckv_rot_quant_less_heads_avx512 : NULL};
+                       in_regs ? ckv_rot_quant_f16_heads_avx512 : NULL, in_regs ? ckv_rot_quant_less_heads_avx512 : NULL,
+                       ckv_rot_means_avx512};
   if ((p == CKV_PATH_AVX512 || p == CKV_PATH_AVX2) && head_dim % 8u == 0)
-    return (rot_steps){ckv_rot_forward_avx2, NULL, ckv_rot_quant_heads_avx2, NULL, NULL};
-  return (rot_steps){ckv_rot_forward_with, NULL, ckv_rot_quant_heads, NULL, NULL};
+    return (rot_steps){ckv_rot_forward_avx2, NULL, ckv_rot_quant_heads_avx2, NULL, NULL, NULL};
+  return (rot_steps){ckv_rot_forward_with, NULL, ckv_rot_quant_heads, NULL, NULL, NULL};
 }
 
 void ckv_rot_quant_heads(const float *y, uint32_t nh, uint32_t n, uint32_t bits, uint8_t *ret_scales, uint8_t *rows) {
@@ -210,6 +213,10 @@ static void layer_means(const ckv_rowops *ops, const rot_steps *rs, const ckv_ge
   }
   for (uint32_t hd = 0; hd < H; hd++) {
     uint16_t *mean = (uint16_t *)ckv_b(dst, ckv_rot_mean_offset(g, dh->capacity, l, hd));
+    if (rs->means) { /* written and read back in one pass */
+      rs->means(sum + (size_t)hd * D, (uint32_t)n, D, mean, sum + (size_t)hd * D);
+      continue;
+    }
     for (uint32_t i = 0; i < D; i++) mean[i] = ckv_rot_mean_f16(sum[(size_t)hd * D + i], (uint32_t)n);
     key_mean(g, dst, dh->capacity, l, hd, sum + (size_t)hd * D);
   }

@@ -15,6 +15,9 @@ float *ckv_rot_signs_new(const ckv_geometry *g);
 /* ckv_rot_sign(layer, kv, head, i) for i < n into dst[n], key0 = ((layer * 2 + kv) * CKV_MAX_KV_HEADS + head) *
  * CKV_MAX_HEAD_DIM (rot_avx512.c): n a multiple of 16, the AVX-512 path only. */
 void ckv_rot_signs_avx512(uint32_t key0, uint32_t n, float *dst);
+/* mean[i] = ckv_rot_mean_f16(sum[i], n) and ret_widened[i] = ckv_rot_finite(ckv_f16_to_f32(mean[i])) for
+ * i < count (rot_avx512.c): count a multiple of 16, the AVX-512 path only. */
+void ckv_rot_means_avx512(const float *sum, uint32_t n, uint32_t count, uint16_t *mean, float *ret_widened);
 /* The AVX2 versions of ckv_rot_forward_with and ckv_rot_quant_head (rot_avx2.c):
  * the same bytes; n a multiple of 8; only on CPUs with AVX2, FMA and F16C. */
 void ckv_rot_forward_avx2(float *x, uint32_t n, const float *signs);

@@ -480,3 +480,18 @@ void ckv_rot_signs_avx512(uint32_t key0, uint32_t n, float *dst) {
   const __m512i one = _mm512_set1_epi32(0x3f800000);
   for (uint32_t i = 0; i < n; i += 16) _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_or_si512(signs16(key0, i), one)));
 }
+
+/* ckv_rot_mean_f16 of sum[i] over n tokens for i < count (a multiple of 16) into mean[i], and the means read
+ * back as every later move reads them (ckv_rot_finite of the widened FP16) into ret_widened[i]: the
+ * division correctly rounded as the rule's, NaN -> 0 and the clamp to +-65504 before the conversion, which
+ * is then IEEE round-to-nearest-even as ckv_f32_to_f16 (finite values, no overflow). */
+void ckv_rot_means_avx512(const float *sum, uint32_t n, uint32_t count, uint16_t *mean, float *ret_widened) {
+  const __m512 vn = _mm512_set1_ps((float)n), hi = _mm512_set1_ps(CKV_F16_MAX);
+  for (uint32_t i = 0; i < count; i += 16) {
+    __m512 v = _mm512_div_ps(_mm512_loadu_ps(sum + i), vn);
+    v = _mm512_maskz_range_ps(_mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), v, hi, 0x02); /* ckv_rot_finite */
+    __m256i h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm256_storeu_si256((__m256i *)(mean + i), h);
+    _mm512_storeu_ps(ret_widened + i, _mm512_cvtph_ps(h)); /* finite: the widening is the rule's read */
+  }
+}

@@ -135,3 +135,38 @@ Test(rot_steps, signs_table_equals_the_rule) {
   ckv_kernels_force(CKV_PATH_AUTO);
   cr_expect(compared > 0);
 }
+
+/* A block's key means (ckv_rot_mean_f16, then read back finite) 16 at a time on the AVX-512 path, against the
+ * rule element by element: sums of 1 to 64 tokens, normal, huge (past FP16's range), tiny (FP16 subnormal
+ * means, ties of the rounding), NaN and +-Inf. */
+Test(rot_steps, means_equal_the_rule) {
+  if (!ckv_kernels_path_supported(CKV_PATH_AVX512)) cr_skip_test("AVX-512 not on this CPU");
+  enum { N = 256 };
+  kf_rng r = {0x3ea5};
+  float sum[N], wide[N];
+  uint16_t mean[N];
+  int compared = 0;
+  for (uint32_t tokens = 1; tokens <= 64; tokens = tokens * 3 + 1) {
+    for (uint32_t i = 0; i < N; i++) {
+      switch (i % 8) {
+        case 0: sum[i] = kf_normal(&r) * (float)tokens; break;
+        case 1: sum[i] = kf_normal(&r) * 1e6f * (float)tokens; break;
+        case 2: sum[i] = kf_normal(&r) * 3e-6f * (float)tokens; break;
+        case 3: sum[i] = ckv_f16_to_f32((uint16_t)(kf_next(&r) & 0x03ffu)) * (float)tokens; break; /* subnormal means */
+        case 4: sum[i] = (float)(kf_next(&r) % 2048) * 0x1p-25f * (float)tokens; break;           /* rounding ties */
+        case 5: sum[i] = i % 16 == 5 ? NAN : kf_normal(&r); break;
+        case 6: sum[i] = i % 32 == 6 ? INFINITY : -INFINITY; break;
+        default: sum[i] = 65504.0f * (float)tokens + (float)(i % 3) * 16.0f * (float)tokens; break;
+      }
+    }
+    ckv_rot_means_avx512(sum, tokens, N, mean, wide);
+    for (uint32_t i = 0; i < N; i++) {
+      uint16_t want = ckv_rot_mean_f16(sum[i], tokens);
+      float want_wide = ckv_rot_finite(ckv_f16_to_f32(want));
+      cr_assert_eq(mean[i], want, "tokens %u, sum %a: mean %#x, the rule's %#x", tokens, sum[i], mean[i], want);
+      cr_assert_eq(ckv_f32_bits(wide[i]), ckv_f32_bits(want_wide), "tokens %u, element %u read back", tokens, i);
+      compared++;
+    }
+  }
+  fprintf(stderr, "rot_steps means: %d elements against the rule\n", compared);
+}
