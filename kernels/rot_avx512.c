@@ -381,6 +381,81 @@ void ckv_rot_forward_avx512(float *x, uint32_t n, const float *signs) {
  * head (sums, square root, division, sums again) would stall the core. ---- */
 #define GROUP_REGS 8
 
+/* [a0 op a1, a2 op a3, b0 op b1, b2 op b3 | the same of lanes 4..7]: adjacent pairs of two vectors. */
+static inline __m256 pairs_add(__m256 a, __m256 b) {
+  return _mm256_add_ps(_mm256_shuffle_ps(a, b, 0x88), _mm256_shuffle_ps(a, b, 0xDD));
+}
+static inline __m256 pairs_max(__m256 a, __m256 b) {
+  return _mm256_max_ps(_mm256_shuffle_ps(a, b, 0x88), _mm256_shuffle_ps(a, b, 0xDD));
+}
+static inline __m256 halves_add(__m512 a) {
+  return _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+}
+static inline __m256 halves_max(__m512 a) {
+  return _mm256_max_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+}
+/* Lane h = lanes16_total(a[h]) for 8 accumulators at once, the rules' tree in each lane: m_j = l_j + l_{j+8},
+ * adjacent pairs (m0 + m1, m2 + m3, ...), pairs of those, then ((m0 + m1) + (m2 + m3)) + ((m4 + m5) + (m6 +
+ * m7)) as the low 128-bit lane plus the high one. */
+static inline __m256 totals8(const __m512 a[8]) {
+  __m256 t01 = pairs_add(halves_add(a[0]), halves_add(a[1])), t23 = pairs_add(halves_add(a[2]), halves_add(a[3]));
+  __m256 t45 = pairs_add(halves_add(a[4]), halves_add(a[5])), t67 = pairs_add(halves_add(a[6]), halves_add(a[7]));
+  __m256 u0 = pairs_add(t01, t23), u1 = pairs_add(t45, t67); /* lane k (k < 4): head k's first half, lane 4 + k its second */
+  __m128 h0 = _mm_add_ps(_mm256_castps256_ps128(u0), _mm256_extractf128_ps(u0, 1));
+  __m128 h1 = _mm_add_ps(_mm256_castps256_ps128(u1), _mm256_extractf128_ps(u1, 1));
+  return _mm256_insertf128_ps(_mm256_castps128_ps256(h0), h1, 1);
+}
+/* Lanes 0 and 1 = lanes16_total(a), lanes16_total(b): totals8's tree for two accumulators. */
+static inline __m128 totals2(__m512 a, __m512 b) {
+  __m256 t = pairs_add(halves_add(a), halves_add(b)), u = pairs_add(t, t);
+  return _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
+}
+/* Lane h = the largest lane of a[h] (any order: a maximum has no rounding). */
+static inline __m256 max8(const __m512 a[8]) {
+  __m256 t01 = pairs_max(halves_max(a[0]), halves_max(a[1])), t23 = pairs_max(halves_max(a[2]), halves_max(a[3]));
+  __m256 t45 = pairs_max(halves_max(a[4]), halves_max(a[5])), t67 = pairs_max(halves_max(a[6]), halves_max(a[7]));
+  __m256 u0 = pairs_max(t01, t23), u1 = pairs_max(t45, t67);
+  __m128 h0 = _mm_max_ps(_mm256_castps256_ps128(u0), _mm256_extractf128_ps(u0, 1));
+  __m128 h1 = _mm_max_ps(_mm256_castps256_ps128(u1), _mm256_extractf128_ps(u1, 1));
+  return _mm256_insertf128_ps(_mm256_castps128_ps256(h0), h1, 1);
+}
+
+/* ckv_rot_candidates of 8 heads at once (lane h: sum of squares ss, absmax am) into cand[8][2]: the same
+ * divisions, square roots and products (correctly rounded in every lane), ckv_rot_scale_floor from the
+ * exponent and mantissa bits, the next code, and 0 twice for a head of zeros. */
+static inline void candidates8(__m256 ss, __m256 am, uint32_t n, uint32_t bits, uint8_t cand[8][CKV_ROT_CANDIDATES]) {
+  const float half = (float)(1u << (bits - 1u));
+  __m256 rms = _mm256_sqrt_ps(_mm256_div_ps(ss, _mm256_set1_ps((float)n)));
+  __m256 g = _mm256_mul_ps(_mm256_set1_ps(ckv_rot_step(bits)), rms);
+  __m256 a = _mm256_div_ps(am, _mm256_set1_ps(half - 0.5f));
+  __m256 est = g; /* 2 and 1 bits */
+  if (bits >= 4u)
+    est = _mm256_sqrt_ps(_mm256_mul_ps(g, a));
+  else if (bits == 3u)
+    est = _mm256_mul_ps(g, _mm256_sqrt_ps(_mm256_sqrt_ps(_mm256_div_ps(a, g))));
+  /* a <= g, or !(g > 0): a */
+  __m256 take_a = _mm256_or_ps(_mm256_cmp_ps(a, g, _CMP_LE_OQ), _mm256_cmp_ps(g, _mm256_setzero_ps(), _CMP_NGT_UQ));
+  est = _mm256_blendv_ps(est, a, take_a);
+  /* the largest code whose scale is <= est: 8 (exponent + 16) plus the constants <= the mantissa, in [1, 255] */
+  __m256i u = _mm256_castps_si256(est);
+  __m256i k = _mm256_sub_epi32(_mm256_and_si256(_mm256_srli_epi32(u, 23), _mm256_set1_epi32(0xff)), _mm256_set1_epi32(111));
+  __m256 mant = _mm256_castsi256_ps(_mm256_or_si256(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffff)), _mm256_set1_epi32(127 << 23)));
+  static const float steps[7] = {1.09050773f, 1.18920712f, 1.29683955f, 1.41421356f, 1.54221083f, 1.68179283f, 1.83400809f};
+  __m256i c = _mm256_slli_epi32(k, 3);
+  for (int j = 0; j < 7; j++) /* a true compare is -1 */
+    c = _mm256_sub_epi32(c, _mm256_castps_si256(_mm256_cmp_ps(_mm256_set1_ps(steps[j]), mant, _CMP_LE_OQ)));
+  c = _mm256_min_epi32(_mm256_max_epi32(c, _mm256_set1_epi32(1)), _mm256_set1_epi32((int)CKV_ROT_SCALE_CODES));
+  __m256i c1 = _mm256_min_epi32(_mm256_add_epi32(c, _mm256_set1_epi32(1)), _mm256_set1_epi32((int)CKV_ROT_SCALE_CODES));
+  __m256i live = _mm256_castps_si256(_mm256_cmp_ps(am, _mm256_setzero_ps(), _CMP_GT_OQ)); /* !(am > 0): code 0 */
+  int32_t c0s[8], c1s[8];
+  _mm256_storeu_si256((__m256i *)c0s, _mm256_and_si256(c, live));
+  _mm256_storeu_si256((__m256i *)c1s, _mm256_and_si256(c1, live));
+  for (int h = 0; h < 8; h++) {
+    cand[h][0] = (uint8_t)c0s[h];
+    cand[h][1] = (uint8_t)c1s[h];
+  }
+}
+
 /* The heads hd < g of the source (SRC: FP32 y[g][n]; y less aux[g][n]; FP16 h[g][n] rotated with the signs
  * aux[g][n]), n = 16 * NV, quantized into ret_scales[g] and rows[g][n*bits/8]. */
 static inline __attribute__((always_inline)) void quant_group_regs(int SRC, int NV, const void *src, const float *aux,
@@ -388,9 +463,11 @@ static inline __attribute__((always_inline)) void quant_group_regs(int SRC, int 
                                                                    uint8_t *rows) {
   uint32_t n = 16u * (uint32_t)NV;
   size_t rb = (size_t)n * bits / 8u;
-  float y[GROUP_REGS][128] __attribute__((aligned(64))), ss[GROUP_REGS], am[GROUP_REGS];
+  float y[GROUP_REGS][128] __attribute__((aligned(64)));
   uint8_t cand[GROUP_REGS][CKV_ROT_CANDIDATES];
+  __m512 s2s[GROUP_REGS], mxs[GROUP_REGS];
   const __m512 r = _mm512_set1_ps(ckv_rot_norm(n));
+  for (uint32_t hd = g; hd < GROUP_REGS; hd++) s2s[hd] = mxs[hd] = _mm512_setzero_ps(); /* lanes of no head */
   for (uint32_t hd = 0; hd < g; hd++) {
     __m512 v[8], s2 = _mm512_setzero_ps(), mx = _mm512_setzero_ps();
     if (SRC == SRC_F16) {
@@ -408,10 +485,10 @@ static inline __attribute__((always_inline)) void quant_group_regs(int SRC, int 
       mx = _mm512_range_ps(mx, v[k], 0x0B); /* the larger magnitude, sign cleared */
       _mm512_store_ps(&y[hd][16 * k], v[k]);
     }
-    ss[hd] = lanes16_total(s2);
-    am[hd] = _mm512_reduce_max_ps(mx);
+    s2s[hd] = s2;
+    mxs[hd] = mx;
   }
-  for (uint32_t hd = 0; hd < g; hd++) ckv_rot_candidates(ss[hd], am[hd], n, bits, cand[hd]);
+  candidates8(totals8(s2s), max8(mxs), n, bits, cand);
   const __m512 h = _mm512_set1_ps(0.5f), bound = _mm512_set1_ps((float)(1u << (bits - 1u)) - 0.5f);
   const __m512 off = _mm512_set1_ps(ckv_rot_offset(bits));
   for (uint32_t hd = 0; hd < g; hd++) {
@@ -426,8 +503,9 @@ static inline __attribute__((always_inline)) void quant_group_regs(int SRC, int 
       e0 = _mm512_add_ps(_mm512_mul_ps(d0, d0), e0);
       e1 = _mm512_add_ps(_mm512_mul_ps(d1, d1), e1);
     }
-    float err[CKV_ROT_CANDIDATES] = {scale_sq_tab[cand[hd][0]] * lanes16_total(e0),
-                                     scale_sq_tab[cand[hd][1]] * lanes16_total(e1)};
+    float tot[4];
+    _mm_storeu_ps(tot, totals2(e0, e1));
+    float err[CKV_ROT_CANDIDATES] = {scale_sq_tab[cand[hd][0]] * tot[0], scale_sq_tab[cand[hd][1]] * tot[1]};
     uint8_t s8 = ckv_rot_best(cand[hd], err);
     ret_scales[hd] = s8;
     uint8_t *row = rows + hd * rb;
