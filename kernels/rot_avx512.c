@@ -305,16 +305,16 @@ void ckv_rot_dequant_row_avx512(const ckv_geometry *g, const void *blk, const ck
 /* ckv_rot_forward_with of a head of NV vectors (NV a power of two, 1..8, a constant at each call) into registers
  * v[0..NV), from FP16 (from_f16, widened exactly) or FP32 src: finite (NaN -> 0, clamped) times the sign, the transform (stages 1..8 inside each vector, then
  * across them: each stage the same additions and subtractions as ckv_fwht's), the norm. */
-static inline __attribute__((always_inline)) void forward_into(int from_f16, const void *src, int NV,
-                                                               const float *signs, __m512 r, __m512 *v) {
+static inline __attribute__((always_inline)) void forward_into_as(int from_f16, int finite, const void *src, int NV,
+                                                                  const float *signs, __m512 r, __m512 *v) {
   const uint16_t *h = src;
   const float *x = src;
   const __m512 hi = _mm512_set1_ps(CKV_F16_MAX);
 #pragma GCC unroll 8
   for (int k = 0; k < NV; k++) { /* from FP16 (h, widened exactly) or from x */
     __m512 t = from_f16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + 16 * k))) : _mm512_loadu_ps(x + 16 * k);
-    /* ckv_rot_finite: NaN lanes zeroed, the rest clamped by magnitude */
-    t = _mm512_maskz_range_ps(_mm512_cmp_ps_mask(t, t, _CMP_ORD_Q), t, hi, 0x02);
+    /* ckv_rot_finite: NaN lanes zeroed, the rest clamped by magnitude (the identity on finite FP16) */
+    if (!finite) t = _mm512_maskz_range_ps(_mm512_cmp_ps_mask(t, t, _CMP_ORD_Q), t, hi, 0x02);
     v[k] = fwht16(_mm512_mul_ps(t, _mm512_loadu_ps(signs + 16 * k)));
   }
 #pragma GCC unroll 4
@@ -328,6 +328,12 @@ static inline __attribute__((always_inline)) void forward_into(int from_f16, con
       }
 #pragma GCC unroll 8
   for (int k = 0; k < NV; k++) v[k] = _mm512_mul_ps(v[k], r);
+}
+
+/* forward_into_as for any input (NaN and +-Inf made finite first). */
+static inline __attribute__((always_inline)) void forward_into(int from_f16, const void *src, int NV,
+                                                               const float *signs, __m512 r, __m512 *v) {
+  forward_into_as(from_f16, 0, src, NV, signs, r, v);
 }
 
 /* forward_into, then one store. */
@@ -470,8 +476,9 @@ static inline __attribute__((always_inline)) void quant_group_regs(int SRC, int 
   for (uint32_t hd = g; hd < GROUP_REGS; hd++) s2s[hd] = mxs[hd] = _mm512_setzero_ps(); /* lanes of no head */
   for (uint32_t hd = 0; hd < g; hd++) {
     __m512 v[8], s2 = _mm512_setzero_ps(), mx = _mm512_setzero_ps();
-    if (SRC == SRC_F16) {
-      forward_into(1, (const uint16_t *)src + (size_t)hd * n, NV, aux + (size_t)hd * n, r, v);
+    const uint16_t *hh = (const uint16_t *)src + (size_t)hd * n;
+    if (SRC == SRC_F16) { /* as if every element were finite: see below */
+      forward_into_as(1, 1, hh, NV, aux + (size_t)hd * n, r, v);
     } else {
       const float *x = (const float *)src + (size_t)hd * n;
 #pragma GCC unroll 8
@@ -480,8 +487,18 @@ static inline __attribute__((always_inline)) void quant_group_regs(int SRC, int 
                                    : _mm512_loadu_ps(x + 16 * k);
     }
 #pragma GCC unroll 8
+    for (int k = 0; k < NV; k++) s2 = _mm512_add_ps(_mm512_mul_ps(v[k], v[k]), s2);
+    /* FP16 holds nothing beyond +-65504 but +-Inf and NaN; one of those makes every rotated element, so every
+     * lane's sum of squares, Inf or NaN (finite heads' sums stay below 2^47): then the head is rotated again
+     * with the rule's ckv_rot_finite */
+    if (SRC == SRC_F16 && _mm512_cmp_ps_mask(s2, _mm512_set1_ps(INFINITY), _CMP_LT_OQ) != (__mmask16)0xffff) {
+      forward_into(1, hh, NV, aux + (size_t)hd * n, r, v);
+      s2 = _mm512_setzero_ps();
+#pragma GCC unroll 8
+      for (int k = 0; k < NV; k++) s2 = _mm512_add_ps(_mm512_mul_ps(v[k], v[k]), s2);
+    }
+#pragma GCC unroll 8
     for (int k = 0; k < NV; k++) {
-      s2 = _mm512_add_ps(_mm512_mul_ps(v[k], v[k]), s2);
       mx = _mm512_range_ps(mx, v[k], 0x0B); /* the larger magnitude, sign cleared */
       _mm512_store_ps(&y[hd][16 * k], v[k]);
     }
