@@ -5,6 +5,8 @@
  * per-(layer, kv, head) signs looked up once per call instead of hashed per
  * element: the products are exact either way, so the bytes are those of the
  * CUDA kernels, which call the rules as they are. */
+#include <float.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -46,6 +48,8 @@ typedef struct rot_steps {
   /* quant_heads of y less the block's key means, in registers (NULL: an axpy of -1, then quant_heads) */
   void (*quant_less)(const float *y, const float *mean, uint32_t nh, uint32_t n, uint32_t bits, uint8_t *ret_scales,
                      uint8_t *rows);
+  /* a token's rotated keys from an FP16 row as if finite, added to the means' sums (NULL: forward, then an axpy) */
+  void (*forward_f16_sum)(const uint16_t *h, const float *signs, uint32_t nh, uint32_t n, float *y, float *sum);
   /* a head's key means from their sums, as FP16 and widened back (NULL: one element at a time) */
   void (*means)(const float *sum, uint32_t n, uint32_t count, uint16_t *mean, float *ret_widened);
 } rot_steps;
@@ -56,10 +60,10 @@ static rot_steps steps_for(uint32_t head_dim) {
   if (p == CKV_PATH_AVX512 && head_dim % 16u == 0)
     return (rot_steps){ckv_rot_forward_avx512, in_regs ? ckv_rot_forward_f16_avx512 : NULL, ckv_rot_quant_heads_avx512,
                        in_regs ? ckv_rot_quant_f16_heads_avx512 : NULL, in_regs ? ckv_rot_quant_less_heads_avx512 : NULL,
-                       ckv_rot_means_avx512};
+                       in_regs ? ckv_rot_forward_f16_sum_avx512 : NULL, ckv_rot_means_avx512};
   if ((p == CKV_PATH_AVX512 || p == CKV_PATH_AVX2) && head_dim % 8u == 0)
-    return (rot_steps){ckv_rot_forward_avx2, NULL, ckv_rot_quant_heads_avx2, NULL, NULL, NULL};
-  return (rot_steps){ckv_rot_forward_with, NULL, ckv_rot_quant_heads, NULL, NULL, NULL};
+    return (rot_steps){ckv_rot_forward_avx2, NULL, ckv_rot_quant_heads_avx2, NULL, NULL, NULL, NULL};
+  return (rot_steps){ckv_rot_forward_with, NULL, ckv_rot_quant_heads, NULL, NULL, NULL, NULL};
 }
 
 void ckv_rot_quant_heads(const float *y, uint32_t nh, uint32_t n, uint32_t bits, uint8_t *ret_scales, uint8_t *rows) {
@@ -205,11 +209,29 @@ static void layer_means(const ckv_rowops *ops, const rot_steps *rs, const ckv_ge
   void *dst = moves[order[0]].dst;
   uint32_t D = g->head_dim, H = g->n_kv_heads;
   size_t te = (size_t)H * D;
-  memset(sum, 0, te * sizeof(float));
-  for (size_t i = 0; i < n; i++) {
-    float *row = keys + i * te;
-    read_rotated_row(ops, rs, g, signs, &moves[order[i]], i + PREFETCH_AHEAD < n ? &moves[order[i + PREFETCH_AHEAD]] : NULL, l, 0, row);
-    ops->axpy(1.0f, row, sum, te); /* sum + 1 * row: one rounding, the sum's */
+  bool as_finite = rs->forward_f16_sum && g->dtype == CKV_DTYPE_FP16; /* FP16 drafts rotated as if finite */
+  for (int pass = 0; pass < 2; pass++) {
+    memset(sum, 0, te * sizeof(float));
+    for (size_t i = 0; i < n; i++) {
+      float *row = keys + i * te;
+      const ckv_move *m = &moves[order[i]], *next = i + PREFETCH_AHEAD < n ? &moves[order[i + PREFETCH_AHEAD]] : NULL;
+      const ckv_block_header *sh = ckv_move_src_hdr(m);
+      if (as_finite && sh->format == CKV_FORMAT_DRAFT) {
+        if (next) prefetch_source(g, next, l, 0);
+        rs->forward_f16_sum((const uint16_t *)ckv_cb(m->src, ckv_draft_kv_offset(g, sh->capacity, l, 0, m->src_slot)),
+                            signs + ckv_rot_signs_index(g, l, 0, 0), H, D, row, sum);
+        continue;
+      }
+      read_rotated_row(ops, rs, g, signs, m, next, l, 0, row);
+      ops->axpy(1.0f, row, sum, te); /* sum + 1 * row: one rounding, the sum's */
+    }
+    if (!as_finite) break;
+    /* a NaN or Inf read as if finite leaves its head's sums non-finite (finite keys' sums stay far below
+     * FLT_MAX): then every key of the layer again, with the rule's ckv_rot_finite */
+    size_t e = 0;
+    while (e < te && fabsf(sum[e]) <= FLT_MAX) e++;
+    if (e == te) break;
+    as_finite = false;
   }
   for (uint32_t hd = 0; hd < H; hd++) {
     uint16_t *mean = (uint16_t *)ckv_b(dst, ckv_rot_mean_offset(g, dh->capacity, l, hd));

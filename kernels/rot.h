@@ -36,6 +36,12 @@ void ckv_rot_quant_heads_avx512(const float *y, uint32_t nh, uint32_t n, uint32_
  * or 128. */
 void ckv_rot_quant_f16_heads_avx512(const uint16_t *h, const float *signs, uint32_t nh, uint32_t n, uint32_t bits,
                                     uint8_t *ret_scales, uint8_t *rows);
+/* The keys of a token for a fresh block's means (rot_avx512.c): each FP16 head of h[nh][n] rotated as if it were
+ * finite into y[nh][n] and added to sum[nh][n] (one rounding each, as an axpy of 1); a NaN or Inf in h makes
+ * its head's sums non-finite, which the caller checks (then rotates those keys again with ckv_rot_finite).
+ * n 16, 32, 64 or 128. */
+void ckv_rot_forward_f16_sum_avx512(const uint16_t *h, const float *signs, uint32_t nh, uint32_t n, float *y,
+                                    float *sum);
 void ckv_rot_quant_less_heads_avx512(const float *y, const float *mean, uint32_t nh, uint32_t n, uint32_t bits,
                                      uint8_t *ret_scales, uint8_t *rows);
 /* The same with ckv_rot_quant_head_avx2 per head, and with the scalar rule (rot.c). */

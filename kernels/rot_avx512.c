@@ -590,3 +590,31 @@ void ckv_rot_means_avx512(const float *sum, uint32_t n, uint32_t count, uint16_t
     _mm512_storeu_ps(ret_widened + i, _mm512_cvtph_ps(h)); /* finite: the widening is the rule's read */
   }
 }
+
+/* The keys of one token for a fresh block's means: each FP16 head of h[nh][n] rotated as if finite (see
+ * quant_group_regs) into y and added to sum (sum + y: one rounding, as an axpy of 1); n 16, 32, 64 or 128. */
+static inline __attribute__((always_inline)) void forward_sum_heads(int NV, const uint16_t *h, const float *signs,
+                                                                    uint32_t nh, float *y, float *sum) {
+  uint32_t n = 16u * (uint32_t)NV;
+  const __m512 r = _mm512_set1_ps(ckv_rot_norm(n));
+  for (uint32_t hd = 0; hd < nh; hd++) {
+    __m512 v[8];
+    forward_into_as(1, 1, h + (size_t)hd * n, NV, signs + (size_t)hd * n, r, v);
+#pragma GCC unroll 8
+    for (int k = 0; k < NV; k++) {
+      size_t e = (size_t)hd * n + 16u * (size_t)k;
+      _mm512_storeu_ps(y + e, v[k]);
+      _mm512_storeu_ps(sum + e, _mm512_add_ps(_mm512_loadu_ps(sum + e), v[k]));
+    }
+  }
+}
+
+void ckv_rot_forward_f16_sum_avx512(const uint16_t *h, const float *signs, uint32_t nh, uint32_t n, float *y,
+                                    float *sum) {
+  switch (n) {
+    case 16: forward_sum_heads(1, h, signs, nh, y, sum); return;
+    case 32: forward_sum_heads(2, h, signs, nh, y, sum); return;
+    case 64: forward_sum_heads(4, h, signs, nh, y, sum); return;
+    default: forward_sum_heads(8, h, signs, nh, y, sum); return;
+  }
+}

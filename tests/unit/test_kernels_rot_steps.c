@@ -8,6 +8,7 @@
  * outliers, of zeros, constant, tiny (subnormal scales) and huge, and FP16
  * rows holding NaN and +-Inf.  A path this CPU lacks is reported skipped. */
 #include <criterion/criterion.h>
+#include <float.h>
 #include <stdio.h>
 
 #include "kernels/rot.h"
@@ -169,4 +170,44 @@ Test(rot_steps, means_equal_the_rule) {
     }
   }
   fprintf(stderr, "rot_steps means: %d elements against the rule\n", compared);
+}
+
+/* A fresh block's keys on the AVX-512 path: each FP16 head rotated as if finite and added to the means' sums
+ * gives the scalar rotation's floats and sums (finite heads), and a head holding NaN or +-Inf leaves its sums
+ * non-finite (rot.c then rotates the layer again with ckv_rot_finite). */
+Test(rot_steps, keys_rotated_and_summed_equal_the_rule) {
+  if (!ckv_kernels_path_supported(CKV_PATH_AVX512)) cr_skip_test("AVX-512 not on this CPU");
+  static const uint32_t dims[] = {16, 32, 64, 128};
+  for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
+    enum { NH = 5 };
+    uint32_t n = dims[di];
+    size_t te = (size_t)NH * n;
+    kf_rng r = {0x5u + di};
+    float *signs = malloc(te * sizeof(float)), *y = malloc(te * sizeof(float)), *sum = malloc(te * sizeof(float));
+    float *ref = malloc(te * sizeof(float)), *ref_sum = malloc(te * sizeof(float));
+    uint16_t *h = malloc(te * sizeof(uint16_t));
+    for (size_t e = 0; e < te; e++) {
+      signs[e] = ckv_rot_sign(2, 0, (uint32_t)(e / n), (uint32_t)(e % n));
+      ref_sum[e] = sum[e] = kf_normal(&r) * 10.0f;
+    }
+    for (int token = 0; token < 3; token++) {
+      for (size_t e = 0; e < te; e++) {
+        h[e] = ckv_f32_to_f16(head_elem(&r, (uint32_t)token, (uint32_t)(e / n), (uint32_t)(e % n)));
+        ref[e] = ckv_f16_to_f32(h[e]);
+      }
+      if (token == 2) h[3 * n + 1] = 0x7c00u, h[4 * n] = 0xfe00u; /* +Inf in head 3, NaN in head 4 */
+      for (uint32_t hd = 0; hd < NH; hd++) ckv_rot_forward_with(ref + (size_t)hd * n, n, signs + (size_t)hd * n);
+      ckv_rot_forward_f16_sum_avx512(h, signs, NH, n, y, sum);
+      for (size_t e = 0; e < te; e++) {
+        ref_sum[e] = ref_sum[e] + ref[e];
+        if (token == 2 && e >= 3 * n) { /* the non-finite heads: every sum non-finite */
+          cr_assert(!(fabsf(sum[e]) <= FLT_MAX), "n %u element %zu: sum %g stays finite after a NaN or Inf", n, e, sum[e]);
+          continue;
+        }
+        cr_assert_eq(ckv_f32_bits(y[e]), ckv_f32_bits(ref[e]), "n %u token %d element %zu: %a, the rule's %a", n, token, e, y[e], ref[e]);
+        cr_assert_eq(ckv_f32_bits(sum[e]), ckv_f32_bits(ref_sum[e]), "n %u token %d element %zu: sum", n, token, e);
+      }
+    }
+    free(signs), free(y), free(sum), free(ref), free(ref_sum), free(h);
+  }
 }
