@@ -69,21 +69,33 @@ ckv_status ckv_kernels_dequantize(const ckv_geometry *g, const void *blk, uint32
     uint32_t idx[CKV_MAX_HEAD_DIM];
     float v[CKV_MAX_HEAD_DIM], sf[CKV_MAX_HEAD_DIM], zf[CKV_MAX_HEAD_DIM];
     if (kept < D) memset(ret, 0, ckv_draft_token_elems(g) * sizeof(float));
+    /* the offsets of (layer, head 0), then a head's bytes apart (ckv_commit_mask_offset and
+     * ckv_commit_key_chunk_offset, computed once per call instead of per head) */
+    uint32_t mw = ckv_commit_mask_words(g);
+    size_t head_bytes = ckv_commit_key_head_bytes(fmt, g, cap, kept), mask0 = ckv_commit_mask_offset(fmt, g, cap, kept, layer, 0);
+    size_t chunk_at = (size_t)mw * 8u + (size_t)chunk * ckv_commit_key_chunk_bytes(fmt, kept);
+    size_t row_at = (size_t)kept * 4u + (slot % CKV_COMMIT_CHUNK_TOKENS) * ckv_commit_key_row_bytes(fmt, kept);
     /* each head's row of this slot lies in its own chunk: ask for them all before the first is needed */
     for (uint32_t hd = 0; hd < g->n_kv_heads; hd++)
-      __builtin_prefetch(ckv_cb(blk, ckv_commit_key_chunk_offset(fmt, g, cap, kept, layer, hd, chunk)) + (size_t)kept * 4u +
-                         (slot % CKV_COMMIT_CHUNK_TOKENS) * ckv_commit_key_row_bytes(fmt, kept));
+      __builtin_prefetch(ckv_cb(blk, mask0 + hd * head_bytes + chunk_at + row_at));
     for (uint32_t hd = 0; hd < g->n_kv_heads; hd++) {
-      const uint64_t *mask = ckv_commit_mask(g, h, blk, layer, hd);
-      /* every channel kept (the usual case): the mask is checked by counting its bits, and channel j is
-       * kept channel j; otherwise the kept channels' indices */
-      uint32_t set = 0;
-      for (uint32_t w = 0; w < ckv_commit_mask_words(g); w++)
-        set += (uint32_t)__builtin_popcountll(D - 64u * w >= 64u ? mask[w] : mask[w] & ((1ull << (D - 64u * w)) - 1u));
-      if (set != kept || (kept < D && ckv_mask_channels(mask, D, idx) != kept)) return CKV_ERR_CORRUPT;
-      const uint8_t *c = ckv_cb(blk, ckv_commit_key_chunk_offset(fmt, g, cap, kept, layer, hd, chunk));
+      const uint64_t *mask = (const uint64_t *)ckv_cb(blk, mask0 + hd * head_bytes);
+      /* every channel kept (the usual case): every bit of the mask set, and channel j is kept channel j;
+       * otherwise the count of its bits must be kept, and the kept channels' indices */
+      if (kept == D) {
+        for (uint32_t w = 0; w < mw; w++) {
+          uint64_t want = D - 64u * w >= 64u ? ~0ull : (1ull << (D - 64u * w)) - 1u;
+          if ((mask[w] & want) != want) return CKV_ERR_CORRUPT;
+        }
+      } else {
+        uint32_t set = 0;
+        for (uint32_t w = 0; w < mw; w++)
+          set += (uint32_t)__builtin_popcountll(D - 64u * w >= 64u ? mask[w] : mask[w] & ((1ull << (D - 64u * w)) - 1u));
+        if (set != kept || ckv_mask_channels(mask, D, idx) != kept) return CKV_ERR_CORRUPT;
+      }
+      const uint8_t *c = ckv_cb(blk, mask0 + hd * head_bytes + chunk_at);
       const uint16_t *sc = (const uint16_t *)c, *zp = sc + kept;
-      const uint8_t *row = c + (size_t)kept * 4u + (slot % CKV_COMMIT_CHUNK_TOKENS) * ckv_commit_key_row_bytes(fmt, kept);
+      const uint8_t *row = c + row_at;
       /* ckv_mul_add(code, scale, zero): the product, then + 1 * zero (exact: one rounding, as the sum) */
       float *x = kept == D ? ret + (size_t)hd * D : v;
       if (ops->dequant_u_cols && (bits == 4 || bits == 2) && kept % 32u == 0) { /* one pass */

@@ -12,6 +12,12 @@ static inline size_t ckv_rot_signs_index(const ckv_geometry *g, uint32_t layer, 
 }
 /* Every sign of the geometry, [layer][kv][head][dim] (malloc'ed; NULL when out of memory). */
 float *ckv_rot_signs_new(const ckv_geometry *g);
+/* ckv_rot_sign(layer, kv, head, i) for i < n into dst[n], key0 = ((layer * 2 + kv) * CKV_MAX_KV_HEADS + head) *
+ * CKV_MAX_HEAD_DIM (rot_avx512.c): n a multiple of 16, the AVX-512 path only. */
+void ckv_rot_signs_avx512(uint32_t key0, uint32_t n, float *dst);
+/* mean[i] = ckv_rot_mean_f16(sum[i], n) and ret_widened[i] = ckv_rot_finite(ckv_f16_to_f32(mean[i])) for
+ * i < count (rot_avx512.c): count a multiple of 16, the AVX-512 path only. */
+void ckv_rot_means_avx512(const float *sum, uint32_t n, uint32_t count, uint16_t *mean, float *ret_widened);
 /* The AVX2 versions of ckv_rot_forward_with and ckv_rot_quant_head (rot_avx2.c):
  * the same bytes; n a multiple of 8; only on CPUs with AVX2, FMA and F16C. */
 void ckv_rot_forward_avx2(float *x, uint32_t n, const float *signs);
@@ -24,6 +30,20 @@ void ckv_rot_pack_avx2(const float *y, uint32_t n, uint32_t bits, float inv, uin
  * n a multiple of 16, nh <= CKV_MAX_KV_HEADS, only on CPUs of the AVX-512 path. */
 void ckv_rot_quant_heads_avx512(const float *y, uint32_t nh, uint32_t n, uint32_t bits, uint8_t *ret_scales,
                                 uint8_t *rows);
+/* The fused steps of the AVX-512 path (rot_avx512.c), the bytes of ckv_rot_forward_with then
+ * ckv_rot_quant_heads: each FP16 head of h[nh][n] rotated with its signs (signs[nh][n]) and quantized in
+ * registers; and each head of y[nh][n] less mean[nh][n] (one rounding, as an axpy of -1) quantized.  n 16, 32, 64
+ * or 128. */
+void ckv_rot_quant_f16_heads_avx512(const uint16_t *h, const float *signs, uint32_t nh, uint32_t n, uint32_t bits,
+                                    uint8_t *ret_scales, uint8_t *rows);
+/* The keys of a token for a fresh block's means (rot_avx512.c): each FP16 head of h[nh][n] rotated as if it were
+ * finite into y[nh][n] and added to sum[nh][n] (one rounding each, as an axpy of 1); a NaN or Inf in h makes
+ * its head's sums non-finite, which the caller checks (then rotates those keys again with ckv_rot_finite).
+ * n 16, 32, 64 or 128. */
+void ckv_rot_forward_f16_sum_avx512(const uint16_t *h, const float *signs, uint32_t nh, uint32_t n, float *y,
+                                    float *sum);
+void ckv_rot_quant_less_heads_avx512(const float *y, const float *mean, uint32_t nh, uint32_t n, uint32_t bits,
+                                     uint8_t *ret_scales, uint8_t *rows);
 /* The same with ckv_rot_quant_head_avx2 per head, and with the scalar rule (rot.c). */
 void ckv_rot_quant_heads_avx2(const float *y, uint32_t nh, uint32_t n, uint32_t bits, uint8_t *ret_scales, uint8_t *rows);
 void ckv_rot_quant_heads(const float *y, uint32_t nh, uint32_t n, uint32_t bits, uint8_t *ret_scales, uint8_t *rows);

@@ -33,26 +33,28 @@ static inline __m512 mid16(__m512 t, __m512 h, __m512 bound) {
   return _mm512_range_ps(q, bound, 0x02);
 }
 
-/* Packs the codes m + offset (m from mid16, exact small integers) of 16 elements per step into row
- * (ckv_pack_code's layout, every byte written), for 1, 2 and 4 bits. */
+/* Packs the codes m + offset of 16 elements (m from mid16, exact small integers) into p (ckv_pack_code's
+ * layout, 16 * bits / 8 bytes written), for 1, 2 and 4 bits. */
+static inline void pack16(__m512 m, __m512 off, uint32_t bits, uint8_t *p) {
+  __m128i c = _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(_mm512_add_ps(m, off)));
+  if (bits == 4u) { /* byte pairs c0 | c1 << 4 */
+    __m128i w = _mm_maddubs_epi16(c, _mm_set1_epi16(0x1001));
+    _mm_storel_epi64((__m128i *)p, _mm_packus_epi16(w, w));
+  } else if (bits == 2u) { /* c0 + 4 c1 per 16 bits, then + 16 (c2 + 4 c3) per 32 bits: one byte per 4 codes */
+    __m128i w = _mm_madd_epi16(_mm_maddubs_epi16(c, _mm_set1_epi16(0x0401)), _mm_set1_epi32(0x00100001));
+    w = _mm_packus_epi32(w, w);
+    uint32_t v = (uint32_t)_mm_cvtsi128_si32(_mm_packus_epi16(w, w));
+    memcpy(p, &v, 4);
+  } else { /* 1 bit: code i is bit i of the nonzero mask */
+    uint16_t k = (uint16_t)_mm_test_epi8_mask(c, c);
+    memcpy(p, &k, 2);
+  }
+}
+
+/* pack16 of the mids m[0..n) of a head, 16 per step, for 1, 2 and 4 bits (every byte of row written). */
 static void pack16_mids(const float *m, uint32_t n, uint32_t bits, uint8_t *row) {
   const __m512 off = _mm512_set1_ps(ckv_rot_offset(bits));
-  for (uint32_t i = 0; i < n; i += 16) {
-    __m128i c = _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(_mm512_add_ps(_mm512_loadu_ps(m + i), off)));
-    uint8_t *p = row + (size_t)i * bits / 8u;
-    if (bits == 4u) { /* byte pairs c0 | c1 << 4 */
-      __m128i w = _mm_maddubs_epi16(c, _mm_set1_epi16(0x1001));
-      _mm_storel_epi64((__m128i *)p, _mm_packus_epi16(w, w));
-    } else if (bits == 2u) { /* c0 + 4 c1 per 16 bits, then + 16 (c2 + 4 c3) per 32 bits: one byte per 4 codes */
-      __m128i w = _mm_madd_epi16(_mm_maddubs_epi16(c, _mm_set1_epi16(0x0401)), _mm_set1_epi32(0x00100001));
-      w = _mm_packus_epi32(w, w);
-      uint32_t v = (uint32_t)_mm_cvtsi128_si32(_mm_packus_epi16(w, w));
-      memcpy(p, &v, 4);
-    } else { /* 1 bit: code i is bit i of the nonzero mask */
-      uint16_t k = (uint16_t)_mm_test_epi8_mask(c, c);
-      memcpy(p, &k, 2);
-    }
-  }
+  for (uint32_t i = 0; i < n; i += 16) pack16(_mm512_loadu_ps(m + i), off, bits, row + (size_t)i * bits / 8u);
 }
 
 /* Every scale code's value, inverse and square (ckv_rot_scale_value, ckv_rot_scale_inv, value * value: the same
@@ -65,6 +67,10 @@ __attribute__((constructor)) static void scale_tabs_init(void) {
     scale_sq_tab[c] = scale_value_tab[c] * scale_value_tab[c];
   }
 }
+
+/* Where the heads of a row come from (quant_row_n, below): FP32 as they are, FP32 less the key means, FP16 to be
+ * rotated. */
+enum { SRC_F32 = 0, SRC_F32_LESS = 1, SRC_F16 = 2 };
 
 /* The heads of a row are quantized GROUP at a time: each step for every head of the group before the next. */
 #define GROUP 4
@@ -117,8 +123,16 @@ static void quant_group(const float *y, uint32_t g, uint32_t n, uint32_t bits, u
   }
 }
 
+static inline __attribute__((always_inline)) void quant_row_n(int SRC, const void *src, const float *aux, uint32_t nh,
+                                                              uint32_t n, uint32_t bits, uint8_t *ret_scales,
+                                                              uint8_t *rows);
+
 void ckv_rot_quant_heads_avx512(const float *y, uint32_t nh, uint32_t n, uint32_t bits, uint8_t *ret_scales,
                                 uint8_t *rows) {
+  if (n <= 128u) { /* a head fits the registers */
+    quant_row_n(SRC_F32, y, NULL, nh, n, bits, ret_scales, rows);
+    return;
+  }
   size_t rb = (size_t)n * bits / 8u;
   for (uint32_t h0 = 0; h0 < nh; h0 += GROUP)
     quant_group(y + (size_t)h0 * n, nh - h0 < GROUP ? nh - h0 : GROUP, n, bits, ret_scales + h0, rows + h0 * rb);
@@ -250,11 +264,25 @@ void ckv_rot_dequant_row_avx512(const ckv_geometry *g, const void *blk, const ck
     const __m512 s = _mm512_set1_ps(ckv_rot_scale_value(sc[hd]));
     const uint16_t *m = (const uint16_t *)((const uint8_t *)blk + ckv_rot_mean_offset(g, h->capacity, layer, hd));
     uint32_t key0 = ((layer * 2u + kv) * CKV_MAX_KV_HEADS + hd) * CKV_MAX_HEAD_DIM;
+    const uint16_t *mean = kv == 0 ? m : NULL;
+    switch (D * 8u + bits) { /* in registers, the unpacking specialised per width at the common head sizes */
+      case 16 * 8 + 4: dequant_head_regs(1, row, 4, s, mean, key0, x); continue;
+      case 32 * 8 + 4: dequant_head_regs(2, row, 4, s, mean, key0, x); continue;
+      case 64 * 8 + 1: dequant_head_regs(4, row, 1, s, mean, key0, x); continue;
+      case 64 * 8 + 2: dequant_head_regs(4, row, 2, s, mean, key0, x); continue;
+      case 64 * 8 + 3: dequant_head_regs(4, row, 3, s, mean, key0, x); continue;
+      case 64 * 8 + 4: dequant_head_regs(4, row, 4, s, mean, key0, x); continue;
+      case 128 * 8 + 1: dequant_head_regs(8, row, 1, s, mean, key0, x); continue;
+      case 128 * 8 + 2: dequant_head_regs(8, row, 2, s, mean, key0, x); continue;
+      case 128 * 8 + 3: dequant_head_regs(8, row, 3, s, mean, key0, x); continue;
+      case 128 * 8 + 4: dequant_head_regs(8, row, 4, s, mean, key0, x); continue;
+      default: break;
+    }
     switch (D) { /* in registers */
-      case 16: dequant_head_regs(1, row, bits, s, kv == 0 ? m : NULL, key0, x); continue;
-      case 32: dequant_head_regs(2, row, bits, s, kv == 0 ? m : NULL, key0, x); continue;
-      case 64: dequant_head_regs(4, row, bits, s, kv == 0 ? m : NULL, key0, x); continue;
-      case 128: dequant_head_regs(8, row, bits, s, kv == 0 ? m : NULL, key0, x); continue;
+      case 16: dequant_head_regs(1, row, bits, s, mean, key0, x); continue;
+      case 32: dequant_head_regs(2, row, bits, s, mean, key0, x); continue;
+      case 64: dequant_head_regs(4, row, bits, s, mean, key0, x); continue;
+      case 128: dequant_head_regs(8, row, bits, s, mean, key0, x); continue;
       default: break;
     }
     for (uint32_t i = 0; i < D; i += 16) {
@@ -274,18 +302,19 @@ void ckv_rot_dequant_row_avx512(const ckv_geometry *g, const void *blk, const ck
   }
 }
 
-/* ckv_rot_forward_with of a head of NV vectors (NV a power of two, 1..8, a constant at each call) held in
- * registers: finite (NaN -> 0, clamped) times the sign, the transform (stages 1..8 inside each vector, then
- * across them: each stage the same additions and subtractions as ckv_fwht's), the norm, one store. */
-static inline __attribute__((always_inline)) void forward_regs(const uint16_t *h, float *x, int NV, const float *signs,
-                                                               __m512 r) {
+/* ckv_rot_forward_with of a head of NV vectors (NV a power of two, 1..8, a constant at each call) into registers
+ * v[0..NV), from FP16 (from_f16, widened exactly) or FP32 src: finite (NaN -> 0, clamped) times the sign, the transform (stages 1..8 inside each vector, then
+ * across them: each stage the same additions and subtractions as ckv_fwht's), the norm. */
+static inline __attribute__((always_inline)) void forward_into_as(int from_f16, int finite, const void *src, int NV,
+                                                                  const float *signs, __m512 r, __m512 *v) {
+  const uint16_t *h = src;
+  const float *x = src;
   const __m512 hi = _mm512_set1_ps(CKV_F16_MAX);
-  __m512 v[8];
 #pragma GCC unroll 8
   for (int k = 0; k < NV; k++) { /* from FP16 (h, widened exactly) or from x */
-    __m512 t = h ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + 16 * k))) : _mm512_loadu_ps(x + 16 * k);
-    /* ckv_rot_finite: NaN lanes zeroed, the rest clamped by magnitude */
-    t = _mm512_maskz_range_ps(_mm512_cmp_ps_mask(t, t, _CMP_ORD_Q), t, hi, 0x02);
+    __m512 t = from_f16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + 16 * k))) : _mm512_loadu_ps(x + 16 * k);
+    /* ckv_rot_finite: NaN lanes zeroed, the rest clamped by magnitude (the identity on finite FP16) */
+    if (!finite) t = _mm512_maskz_range_ps(_mm512_cmp_ps_mask(t, t, _CMP_ORD_Q), t, hi, 0x02);
     v[k] = fwht16(_mm512_mul_ps(t, _mm512_loadu_ps(signs + 16 * k)));
   }
 #pragma GCC unroll 4
@@ -298,7 +327,25 @@ static inline __attribute__((always_inline)) void forward_regs(const uint16_t *h
         v[j + len] = _mm512_sub_ps(a, b);
       }
 #pragma GCC unroll 8
-  for (int k = 0; k < NV; k++) _mm512_storeu_ps(x + 16 * k, _mm512_mul_ps(v[k], r));
+  for (int k = 0; k < NV; k++) v[k] = _mm512_mul_ps(v[k], r);
+}
+
+/* forward_into_as for any input (NaN and +-Inf made finite first). */
+static inline __attribute__((always_inline)) void forward_into(int from_f16, const void *src, int NV,
+                                                               const float *signs, __m512 r, __m512 *v) {
+  forward_into_as(from_f16, 0, src, NV, signs, r, v);
+}
+
+/* forward_into, then one store. */
+static inline __attribute__((always_inline)) void forward_regs(const uint16_t *h, float *x, int NV, const float *signs,
+                                                               __m512 r) {
+  __m512 v[8];
+  if (h)
+    forward_into(1, h, NV, signs, r, v);
+  else
+    forward_into(0, x, NV, signs, r, v);
+#pragma GCC unroll 8
+  for (int k = 0; k < NV; k++) _mm512_storeu_ps(x + 16 * k, v[k]);
 }
 
 void ckv_rot_forward_f16_avx512(const uint16_t *h, float *x, uint32_t n, const float *signs) {
@@ -331,4 +378,243 @@ void ckv_rot_forward_avx512(float *x, uint32_t n, const float *signs) {
   }
   fwht_from16(x, n);
   for (uint32_t i = 0; i < n; i += 16) _mm512_storeu_ps(x + i, _mm512_mul_ps(_mm512_loadu_ps(x + i), r));
+}
+
+/* ---- the heads of a row rotated and quantized with no row of rotated floats in between (the fused steps
+ * of rot.c), GROUP_REGS heads at a time in three phases: each head's floats (rotated from FP16, or less the key
+ * means, or as they are) with their statistics; every head's candidates (independent chains of scalar
+ * operations, which the core overlaps); each head's errors and codes.  Head by head instead, the chain of one
+ * head (sums, square root, division, sums again) would stall the core. ---- */
+#define GROUP_REGS 8
+
+/* [a0 op a1, a2 op a3, b0 op b1, b2 op b3 | the same of lanes 4..7]: adjacent pairs of two vectors. */
+static inline __m256 pairs_add(__m256 a, __m256 b) {
+  return _mm256_add_ps(_mm256_shuffle_ps(a, b, 0x88), _mm256_shuffle_ps(a, b, 0xDD));
+}
+static inline __m256 pairs_max(__m256 a, __m256 b) {
+  return _mm256_max_ps(_mm256_shuffle_ps(a, b, 0x88), _mm256_shuffle_ps(a, b, 0xDD));
+}
+static inline __m256 halves_add(__m512 a) {
+  return _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+}
+static inline __m256 halves_max(__m512 a) {
+  return _mm256_max_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+}
+/* Lane h = lanes16_total(a[h]) for 8 accumulators at once, the rules' tree in each lane: m_j = l_j + l_{j+8},
+ * adjacent pairs (m0 + m1, m2 + m3, ...), pairs of those, then ((m0 + m1) + (m2 + m3)) + ((m4 + m5) + (m6 +
+ * m7)) as the low 128-bit lane plus the high one. */
+static inline __m256 totals8(const __m512 a[8]) {
+  __m256 t01 = pairs_add(halves_add(a[0]), halves_add(a[1])), t23 = pairs_add(halves_add(a[2]), halves_add(a[3]));
+  __m256 t45 = pairs_add(halves_add(a[4]), halves_add(a[5])), t67 = pairs_add(halves_add(a[6]), halves_add(a[7]));
+  __m256 u0 = pairs_add(t01, t23), u1 = pairs_add(t45, t67); /* lane k (k < 4): head k's first half, lane 4 + k its second */
+  __m128 h0 = _mm_add_ps(_mm256_castps256_ps128(u0), _mm256_extractf128_ps(u0, 1));
+  __m128 h1 = _mm_add_ps(_mm256_castps256_ps128(u1), _mm256_extractf128_ps(u1, 1));
+  return _mm256_insertf128_ps(_mm256_castps128_ps256(h0), h1, 1);
+}
+/* Lanes 0 and 1 = lanes16_total(a), lanes16_total(b): totals8's tree for two accumulators. */
+static inline __m128 totals2(__m512 a, __m512 b) {
+  __m256 t = pairs_add(halves_add(a), halves_add(b)), u = pairs_add(t, t);
+  return _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
+}
+/* Lane h = the largest lane of a[h] (any order: a maximum has no rounding). */
+static inline __m256 max8(const __m512 a[8]) {
+  __m256 t01 = pairs_max(halves_max(a[0]), halves_max(a[1])), t23 = pairs_max(halves_max(a[2]), halves_max(a[3]));
+  __m256 t45 = pairs_max(halves_max(a[4]), halves_max(a[5])), t67 = pairs_max(halves_max(a[6]), halves_max(a[7]));
+  __m256 u0 = pairs_max(t01, t23), u1 = pairs_max(t45, t67);
+  __m128 h0 = _mm_max_ps(_mm256_castps256_ps128(u0), _mm256_extractf128_ps(u0, 1));
+  __m128 h1 = _mm_max_ps(_mm256_castps256_ps128(u1), _mm256_extractf128_ps(u1, 1));
+  return _mm256_insertf128_ps(_mm256_castps128_ps256(h0), h1, 1);
+}
+
+/* ckv_rot_candidates of 8 heads at once (lane h: sum of squares ss, absmax am) into cand[8][2]: the same
+ * divisions, square roots and products (correctly rounded in every lane), ckv_rot_scale_floor from the
+ * exponent and mantissa bits, the next code, and 0 twice for a head of zeros. */
+static inline void candidates8(__m256 ss, __m256 am, uint32_t n, uint32_t bits, uint8_t cand[8][CKV_ROT_CANDIDATES]) {
+  const float half = (float)(1u << (bits - 1u));
+  __m256 rms = _mm256_sqrt_ps(_mm256_div_ps(ss, _mm256_set1_ps((float)n)));
+  __m256 g = _mm256_mul_ps(_mm256_set1_ps(ckv_rot_step(bits)), rms);
+  __m256 a = _mm256_div_ps(am, _mm256_set1_ps(half - 0.5f));
+  __m256 est = g; /* 2 and 1 bits */
+  if (bits >= 4u)
+    est = _mm256_sqrt_ps(_mm256_mul_ps(g, a));
+  else if (bits == 3u)
+    est = _mm256_mul_ps(g, _mm256_sqrt_ps(_mm256_sqrt_ps(_mm256_div_ps(a, g))));
+  /* a <= g, or !(g > 0): a */
+  __m256 take_a = _mm256_or_ps(_mm256_cmp_ps(a, g, _CMP_LE_OQ), _mm256_cmp_ps(g, _mm256_setzero_ps(), _CMP_NGT_UQ));
+  est = _mm256_blendv_ps(est, a, take_a);
+  /* the largest code whose scale is <= est: 8 (exponent + 16) plus the constants <= the mantissa, in [1, 255] */
+  __m256i u = _mm256_castps_si256(est);
+  __m256i k = _mm256_sub_epi32(_mm256_and_si256(_mm256_srli_epi32(u, 23), _mm256_set1_epi32(0xff)), _mm256_set1_epi32(111));
+  __m256 mant = _mm256_castsi256_ps(_mm256_or_si256(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffff)), _mm256_set1_epi32(127 << 23)));
+  static const float steps[7] = {1.09050773f, 1.18920712f, 1.29683955f, 1.41421356f, 1.54221083f, 1.68179283f, 1.83400809f};
+  __m256i c = _mm256_slli_epi32(k, 3);
+  for (int j = 0; j < 7; j++) /* a true compare is -1 */
+    c = _mm256_sub_epi32(c, _mm256_castps_si256(_mm256_cmp_ps(_mm256_set1_ps(steps[j]), mant, _CMP_LE_OQ)));
+  c = _mm256_min_epi32(_mm256_max_epi32(c, _mm256_set1_epi32(1)), _mm256_set1_epi32((int)CKV_ROT_SCALE_CODES));
+  __m256i c1 = _mm256_min_epi32(_mm256_add_epi32(c, _mm256_set1_epi32(1)), _mm256_set1_epi32((int)CKV_ROT_SCALE_CODES));
+  __m256i live = _mm256_castps_si256(_mm256_cmp_ps(am, _mm256_setzero_ps(), _CMP_GT_OQ)); /* !(am > 0): code 0 */
+  int32_t c0s[8], c1s[8];
+  _mm256_storeu_si256((__m256i *)c0s, _mm256_and_si256(c, live));
+  _mm256_storeu_si256((__m256i *)c1s, _mm256_and_si256(c1, live));
+  for (int h = 0; h < 8; h++) {
+    cand[h][0] = (uint8_t)c0s[h];
+    cand[h][1] = (uint8_t)c1s[h];
+  }
+}
+
+/* The heads hd < g of the source (SRC: FP32 y[g][n]; y less aux[g][n]; FP16 h[g][n] rotated with the signs
+ * aux[g][n]), n = 16 * NV, quantized into ret_scales[g] and rows[g][n*bits/8]. */
+static inline __attribute__((always_inline)) void quant_group_regs(int SRC, int NV, const void *src, const float *aux,
+                                                                   uint32_t g, uint32_t bits, uint8_t *ret_scales,
+                                                                   uint8_t *rows) {
+  uint32_t n = 16u * (uint32_t)NV;
+  size_t rb = (size_t)n * bits / 8u;
+  float y[GROUP_REGS][128] __attribute__((aligned(64)));
+  uint8_t cand[GROUP_REGS][CKV_ROT_CANDIDATES];
+  __m512 s2s[GROUP_REGS], mxs[GROUP_REGS];
+  const __m512 r = _mm512_set1_ps(ckv_rot_norm(n));
+  for (uint32_t hd = g; hd < GROUP_REGS; hd++) s2s[hd] = mxs[hd] = _mm512_setzero_ps(); /* lanes of no head */
+  for (uint32_t hd = 0; hd < g; hd++) {
+    __m512 v[8], s2 = _mm512_setzero_ps(), mx = _mm512_setzero_ps();
+    const uint16_t *hh = (const uint16_t *)src + (size_t)hd * n;
+    if (SRC == SRC_F16) { /* as if every element were finite: see below */
+      forward_into_as(1, 1, hh, NV, aux + (size_t)hd * n, r, v);
+    } else {
+      const float *x = (const float *)src + (size_t)hd * n;
+#pragma GCC unroll 8
+      for (int k = 0; k < NV; k++)
+        v[k] = SRC == SRC_F32_LESS ? _mm512_sub_ps(_mm512_loadu_ps(x + 16 * k), _mm512_loadu_ps(aux + (size_t)hd * n + 16 * k))
+                                   : _mm512_loadu_ps(x + 16 * k);
+    }
+#pragma GCC unroll 8
+    for (int k = 0; k < NV; k++) s2 = _mm512_add_ps(_mm512_mul_ps(v[k], v[k]), s2);
+    /* FP16 holds nothing beyond +-65504 but +-Inf and NaN; one of those makes every rotated element, so every
+     * lane's sum of squares, Inf or NaN (finite heads' sums stay below 2^47): then the head is rotated again
+     * with the rule's ckv_rot_finite */
+    if (SRC == SRC_F16 && _mm512_cmp_ps_mask(s2, _mm512_set1_ps(INFINITY), _CMP_LT_OQ) != (__mmask16)0xffff) {
+      forward_into(1, hh, NV, aux + (size_t)hd * n, r, v);
+      s2 = _mm512_setzero_ps();
+#pragma GCC unroll 8
+      for (int k = 0; k < NV; k++) s2 = _mm512_add_ps(_mm512_mul_ps(v[k], v[k]), s2);
+    }
+#pragma GCC unroll 8
+    for (int k = 0; k < NV; k++) {
+      mx = _mm512_range_ps(mx, v[k], 0x0B); /* the larger magnitude, sign cleared */
+      _mm512_store_ps(&y[hd][16 * k], v[k]);
+    }
+    s2s[hd] = s2;
+    mxs[hd] = mx;
+  }
+  candidates8(totals8(s2s), max8(mxs), n, bits, cand);
+  const __m512 h = _mm512_set1_ps(0.5f), bound = _mm512_set1_ps((float)(1u << (bits - 1u)) - 0.5f);
+  const __m512 off = _mm512_set1_ps(ckv_rot_offset(bits));
+  for (uint32_t hd = 0; hd < g; hd++) {
+    const __m512 i0 = _mm512_set1_ps(scale_inv_tab[cand[hd][0]]), i1 = _mm512_set1_ps(scale_inv_tab[cand[hd][1]]);
+    __m512 m0[8], m1[8], e0 = _mm512_setzero_ps(), e1 = _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int k = 0; k < NV; k++) { /* t - mid(t), squared, summed: two roundings each */
+      __m512 v = _mm512_load_ps(&y[hd][16 * k]), t0 = _mm512_mul_ps(v, i0), t1 = _mm512_mul_ps(v, i1);
+      m0[k] = mid16(t0, h, bound);
+      m1[k] = mid16(t1, h, bound);
+      __m512 d0 = _mm512_sub_ps(t0, m0[k]), d1 = _mm512_sub_ps(t1, m1[k]);
+      e0 = _mm512_add_ps(_mm512_mul_ps(d0, d0), e0);
+      e1 = _mm512_add_ps(_mm512_mul_ps(d1, d1), e1);
+    }
+    float tot[4];
+    _mm_storeu_ps(tot, totals2(e0, e1));
+    float err[CKV_ROT_CANDIDATES] = {scale_sq_tab[cand[hd][0]] * tot[0], scale_sq_tab[cand[hd][1]] * tot[1]};
+    uint8_t s8 = ckv_rot_best(cand[hd], err);
+    ret_scales[hd] = s8;
+    uint8_t *row = rows + hd * rb;
+    if (bits == 3u) {
+      ckv_rot_pack_avx2(y[hd], n, bits, scale_inv_tab[s8], row);
+      continue;
+    }
+    const __m512 *m = s8 == cand[hd][0] ? m0 : m1;
+#pragma GCC unroll 8
+    for (int k = 0; k < NV; k++) pack16(m[k], off, bits, row + (size_t)k * 2u * bits);
+  }
+}
+
+/* quant_group_regs of every head of a row, GROUP_REGS at a time, n = 16 * NV. */
+static inline __attribute__((always_inline)) void quant_row_regs(int SRC, int NV, const void *src, const float *aux,
+                                                                 uint32_t nh, uint32_t bits, uint8_t *ret_scales,
+                                                                 uint8_t *rows) {
+  uint32_t n = 16u * (uint32_t)NV;
+  size_t rb = (size_t)n * bits / 8u, es = SRC == SRC_F16 ? 2u : 4u;
+  for (uint32_t h0 = 0; h0 < nh; h0 += GROUP_REGS)
+    quant_group_regs(SRC, NV, (const uint8_t *)src + (size_t)h0 * n * es, aux ? aux + (size_t)h0 * n : NULL,
+                     nh - h0 < GROUP_REGS ? nh - h0 : GROUP_REGS, bits, ret_scales + h0, rows + h0 * rb);
+}
+
+/* quant_row_regs for n 16, 32, 64 or 128 (SRC a constant at each call). */
+static inline __attribute__((always_inline)) void quant_row_n(int SRC, const void *src, const float *aux, uint32_t nh,
+                                                              uint32_t n, uint32_t bits, uint8_t *ret_scales,
+                                                              uint8_t *rows) {
+  switch (n) {
+    case 16: quant_row_regs(SRC, 1, src, aux, nh, bits, ret_scales, rows); return;
+    case 32: quant_row_regs(SRC, 2, src, aux, nh, bits, ret_scales, rows); return;
+    case 64: quant_row_regs(SRC, 4, src, aux, nh, bits, ret_scales, rows); return;
+    default: quant_row_regs(SRC, 8, src, aux, nh, bits, ret_scales, rows); return;
+  }
+}
+
+void ckv_rot_quant_f16_heads_avx512(const uint16_t *h, const float *signs, uint32_t nh, uint32_t n, uint32_t bits,
+                                    uint8_t *ret_scales, uint8_t *rows) {
+  quant_row_n(SRC_F16, h, signs, nh, n, bits, ret_scales, rows);
+}
+
+void ckv_rot_quant_less_heads_avx512(const float *y, const float *mean, uint32_t nh, uint32_t n, uint32_t bits,
+                                     uint8_t *ret_scales, uint8_t *rows) {
+  quant_row_n(SRC_F32_LESS, y, mean, nh, n, bits, ret_scales, rows);
+}
+
+/* ckv_rot_sign of elements [0, n) of the head whose first key is key0, 16 at a time (n a multiple of 16): the
+ * sign bit from signs16 on 1.0f. */
+void ckv_rot_signs_avx512(uint32_t key0, uint32_t n, float *dst) {
+  const __m512i one = _mm512_set1_epi32(0x3f800000);
+  for (uint32_t i = 0; i < n; i += 16) _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_or_si512(signs16(key0, i), one)));
+}
+
+/* ckv_rot_mean_f16 of sum[i] over n tokens for i < count (a multiple of 16) into mean[i], and the means read
+ * back as every later move reads them (ckv_rot_finite of the widened FP16) into ret_widened[i]: the
+ * division correctly rounded as the rule's, NaN -> 0 and the clamp to +-65504 before the conversion, which
+ * is then IEEE round-to-nearest-even as ckv_f32_to_f16 (finite values, no overflow). */
+void ckv_rot_means_avx512(const float *sum, uint32_t n, uint32_t count, uint16_t *mean, float *ret_widened) {
+  const __m512 vn = _mm512_set1_ps((float)n), hi = _mm512_set1_ps(CKV_F16_MAX);
+  for (uint32_t i = 0; i < count; i += 16) {
+    __m512 v = _mm512_div_ps(_mm512_loadu_ps(sum + i), vn);
+    v = _mm512_maskz_range_ps(_mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), v, hi, 0x02); /* ckv_rot_finite */
+    __m256i h = _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm256_storeu_si256((__m256i *)(mean + i), h);
+    _mm512_storeu_ps(ret_widened + i, _mm512_cvtph_ps(h)); /* finite: the widening is the rule's read */
+  }
+}
+
+/* The keys of one token for a fresh block's means: each FP16 head of h[nh][n] rotated as if finite (see
+ * quant_group_regs) into y and added to sum (sum + y: one rounding, as an axpy of 1); n 16, 32, 64 or 128. */
+static inline __attribute__((always_inline)) void forward_sum_heads(int NV, const uint16_t *h, const float *signs,
+                                                                    uint32_t nh, float *y, float *sum) {
+  uint32_t n = 16u * (uint32_t)NV;
+  const __m512 r = _mm512_set1_ps(ckv_rot_norm(n));
+  for (uint32_t hd = 0; hd < nh; hd++) {
+    __m512 v[8];
+    forward_into_as(1, 1, h + (size_t)hd * n, NV, signs + (size_t)hd * n, r, v);
+#pragma GCC unroll 8
+    for (int k = 0; k < NV; k++) {
+      size_t e = (size_t)hd * n + 16u * (size_t)k;
+      _mm512_storeu_ps(y + e, v[k]);
+      _mm512_storeu_ps(sum + e, _mm512_add_ps(_mm512_loadu_ps(sum + e), v[k]));
+    }
+  }
+}
+
+void ckv_rot_forward_f16_sum_avx512(const uint16_t *h, const float *signs, uint32_t nh, uint32_t n, float *y,
+                                    float *sum) {
+  switch (n) {
+    case 16: forward_sum_heads(1, h, signs, nh, y, sum); return;
+    case 32: forward_sum_heads(2, h, signs, nh, y, sum); return;
+    case 64: forward_sum_heads(4, h, signs, nh, y, sum); return;
+    default: forward_sum_heads(8, h, signs, nh, y, sum); return;
+  }
 }

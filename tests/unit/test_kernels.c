@@ -548,3 +548,33 @@ Test(kernels, select_channels_equals_a_full_sort) {
   }
   cr_expect_gt(checked, 500);
 }
+
+/* A committed block's key channel mask is bytes a worker can write: dequantize checks it against the
+ * block's kept channels (every channel kept: every bit of the head's mask set; pruned: as many bits as
+ * kept) and refuses a mask that does not match with CKV_ERR_CORRUPT, on every head, never reading past it. */
+Test(kernels, dequantize_refuses_a_mask_that_does_not_match_kept_channels) {
+  const ckv_geometry g = {.n_layers = 2, .n_kv_heads = 3, .head_dim = 128, .dtype = CKV_DTYPE_FP16};
+  kf_rng r = {0xdec0de};
+  void *d = kf_block(CKV_FORMAT_DRAFT, &g, 64, 0);
+  kf_fill_draft(&g, d, &r, NULL, NULL, 0);
+  float *out = malloc(ckv_draft_token_elems(&g) * sizeof(float));
+  for (uint32_t kept = 128; kept >= 64; kept -= 64) {
+    void *c = kf_block(CKV_FORMAT_COMMIT4, &g, 64, kept);
+    ckv_move m[32];
+    for (uint32_t t = 0; t < 32; t++) m[t] = (ckv_move){.src = d, .src_slot = t, .dst = c, .dst_slot = t};
+    cr_assert_eq(ckv_kernels_move(&g, m, 32, CKV_MOVE_SET_VALID), CKV_OK);
+    const ckv_block_header *h = c;
+    for (uint32_t hd = 0; hd < g.n_kv_heads; hd++) {
+      cr_expect_eq(ckv_kernels_dequantize(&g, c, 1, 0, 5, out), CKV_OK);
+      uint64_t *mask = (uint64_t *)((uint8_t *)c + ckv_commit_mask_offset(h->format, &g, 64, kept, 1, hd));
+      uint64_t was = mask[1];
+      mask[1] ^= 1ull << 7; /* one channel more or one fewer */
+      cr_expect_eq(ckv_kernels_dequantize(&g, c, 1, 0, 5, out), CKV_ERR_CORRUPT, "kept %u head %u", kept, hd);
+      cr_expect_eq(ckv_kernels_dequantize(&g, c, 0, 0, 5, out), CKV_OK, "another layer's masks are intact");
+      mask[1] = was;
+    }
+    free(c);
+  }
+  free(out);
+  free(d);
+}
