@@ -190,10 +190,8 @@ static void note_root(ckv_prefix *p, const ckv_srv_session *s, ckv_pkey root) {
   ckv_shared_note_root(p, &pr);
 }
 
-/* Makes block idx of s (whole, private) a shared block with s as its one
- * holder; keyed with `key` when key is not NULL.  NULL on -ENOMEM. */
-static ckv_pblock *make_shared(ckv_srv_session *s, uint32_t idx,
-                               const ckv_pkey *key) {
+ckv_pblock *ckv_prefix_share_entry(ckv_srv_session *s, uint32_t idx,
+                                   const ckv_pkey *key) {
   ckv_prefix *p = registry(s->tenant);
   if (!p)
     return NULL;
@@ -201,17 +199,19 @@ static ckv_pblock *make_shared(ckv_srv_session *s, uint32_t idx,
   const uint32_t d = b->capacity;
   size_t head = ckv_block_payload_offset(d);
   ckv_pblock *pb = calloc(1, sizeof(*pb));
-  if (!pb || !(pb->meta = malloc(head)) || !(pb->roles = malloc(d)) ||
-      !(pb->tags = malloc(d)) ||
-      !(pb->semantic = malloc(d * sizeof(*pb->semantic)))) {
+  if (!pb || !(pb->meta = malloc(head)) || !(pb->roles = calloc(d, 1)) ||
+      !(pb->tags = calloc(d, 1)) ||
+      !(pb->semantic = calloc(d, sizeof(*pb->semantic)))) {
     ckv_pblock_free(pb);
     return NULL;
   }
   memcpy(pb->meta, b->meta, head);
-  /* the tokens, by slot (a whole block holds positions in slot order) */
+  /* the tokens, by slot: what a session linking the block starts them with */
   const uint32_t *positions = ckv_block_positions_const(b->meta);
   for (uint32_t i = 0; i < d; i++) {
     uint32_t pos = positions[i];
+    if (!ckv_block_slot_valid(b->meta, i) || pos >= s->tokens.n)
+      continue;
     pb->roles[i] = s->tokens.role[pos];
     pb->tags[i] = s->tokens.tags[pos];
     pb->semantic[i] = s->tokens.semantic[pos];
@@ -261,7 +261,7 @@ size_t ckv_prefix_publish(ckv_srv_session *s) {
      * can name the block: a linking session never writes it. */
     if (b->meta_state != CKV_META_CLEAN && ckv_srv_session_flush_meta(s) < 0)
       break;
-    if (!make_shared(s, idx, &ch->keys[k]))
+    if (!ckv_prefix_share_entry(s, idx, &ch->keys[k]))
       break;
     published++;
   }
@@ -474,7 +474,7 @@ int ckv_prefix_fork(ckv_srv_session *parent, ckv_srv_session *child, size_t at,
       if (b->meta_state != CKV_META_CLEAN &&
           (r = ckv_srv_session_flush_meta(parent)) < 0)
         break;
-      if (!(pb = make_shared(parent, idx, key)))
+      if (!(pb = ckv_prefix_share_entry(parent, idx, key)))
         r = -ENOMEM;
     }
     cidx = CKV_NO_BLOCK;

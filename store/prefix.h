@@ -46,6 +46,7 @@ typedef struct ckv_srv_session ckv_srv_session;
 typedef struct ckv_prefix ckv_prefix;
 typedef struct ckv_prefix_chain ckv_prefix_chain;
 typedef struct ckv_pblock ckv_pblock;
+typedef struct ckv_pkey ckv_pkey;
 
 /* Session side ---------------------------------------------------------- */
 
@@ -81,6 +82,12 @@ size_t ckv_prefix_lookup(ckv_tenant *t, const char *model_id,
  * CKV_ERR_QUOTA / CKV_ERR_NOSPACE (the tail block), -ENOMEM. */
 int ckv_prefix_fork(ckv_srv_session *parent, ckv_srv_session *child, size_t at,
                     size_t *ret_shared, char *why, size_t whylen);
+/* Makes block idx of s (private, every valid slot one of s's tokens) a
+ * shared block with s as its one holder, keyed with `key` when key is not
+ * NULL (another block with that key indexed: not indexed).  The header
+ * region must already be in the arena.  NULL on -ENOMEM. */
+ckv_pblock *ckv_prefix_share_entry(ckv_srv_session *s, uint32_t idx,
+                                   const ckv_pkey *key);
 /* Whether block `idx` of s is frozen (shared with another session): no
  * move may touch it.  A shared block with s as its only holder is taken
  * back (out of the index, private again) and false is returned. */

@@ -8,6 +8,7 @@
 #include "commitkv/status.h"
 #include "kernels/kernels.h"
 #include "store/compressor.h"
+#include "store/prefix.h"
 #include "store/session.h"
 #include "store/shared.h"
 #include "store/tenant.h"
@@ -211,37 +212,8 @@ static bool still_agree(const ckv_shared_swap *sw, const ckv_shared_moves_ops *o
  * indexed under the sources' keys.  NULL on -ENOMEM. */
 static ckv_pblock *share_dst(ckv_srv_session *s, const ckv_shared_swap *sw) {
   ckv_prefix *p = ckv_shared_registry(s->tenant);
-  const ckv_sblock *b = &s->blocks[sw->dst];
-  const uint32_t cap = b->capacity;
-  size_t head = ckv_block_payload_offset(cap);
-  ckv_pblock *pb = calloc(1, sizeof(*pb));
-  if (!p || !pb || !(pb->meta = malloc(head)) || !(pb->roles = calloc(cap, 1)) || !(pb->tags = calloc(cap, 1)) ||
-      !(pb->semantic = calloc(cap, sizeof(*pb->semantic)))) {
-    ckv_pblock_free(pb);
-    return NULL;
-  }
-  memcpy(pb->meta, b->meta, head);
-  for (uint32_t i = 0; i < sw->n; i++) {
-    uint32_t pos = sw->pos[i], slot = sw->dst_slot[i];
-    pb->roles[slot] = s->tokens.role[pos];
-    pb->tags[slot] = s->tokens.tags[pos];
-    pb->semantic[slot] = s->tokens.semantic[pos];
-  }
-  pb->offset = b->offset;
-  pb->bytes = b->bytes;
-  pb->id = b->id;
-  pb->capacity = (uint16_t)cap;
-  pb->format = b->format;
-  if (ckv_shared_add(p, pb) < 0) {
-    ckv_pblock_free(pb);
-    return NULL;
-  }
-  if (ckv_shared_user_add(pb, s, sw->dst) < 0) {
-    ckv_shared_forget(p, pb);
-    return NULL;
-  }
-  pb->holders = 1;
-  s->blocks[sw->dst].shared = pb;
+  ckv_pblock *pb = p ? ckv_prefix_share_entry(s, sw->dst, NULL) : NULL;
+  if (!pb) return NULL;
   /* the sources' keys, in slot order; an unkeyed source ends the indexing */
   ckv_pkey keys[SWAP_MAX_SRC * 4];
   uint32_t nk = 0;
