@@ -477,34 +477,7 @@ static void rw_verify(ckv_client *c, rworker *rw, bool draft_only, const char *w
   int r = ckv_session_view(w->s, &v);
   cr_assert_eq(r, CKV_OK, "%s: view of %s: %s (%s)", when, w->id, ckv_strerror(r), ckv_client_last_error(c));
   size_t t = ckv_session_tokens(w->s);
-  uint8_t *seen = calloc(t ? t : 1, 1);
-  cr_assert_not_null(seen);
-  size_t compared = 0;
-  for (size_t i = 0; i < v->n_draft; i++) {
-    const ckv_block_view *b = &v->draft[i];
-    const uint32_t *pos = ckv_block_positions_const(b->data);
-    for (uint32_t slot = 0; slot < b->capacity; slot++) {
-      if (!ckv_block_slot_valid(b->data, slot)) continue;
-      uint32_t p = pos[slot];
-      cr_assert_lt(p, t, "%s: %s: a draft slot holds position %u of %zu", when, w->id, p, t);
-      cr_assert_not(seen[p], "%s: %s: position %u in two slots", when, w->id, p);
-      seen[p] = 1;
-      if (!rw->valid[p]) continue; /* appended without the reply reaching the worker: never written */
-      for (uint32_t layer = 0; layer < CKV_WARM_LAYERS; layer++)
-        for (uint32_t kv = 0; kv < 2; kv++) {
-          const uint8_t *at =
-              (const uint8_t *)b->data + ckv_draft_kv_offset(&ckv_warm_geom, b->capacity, layer, kv, slot);
-          cr_assert_eq(memcmp(at, ckv_warm_worker_at(w, p, layer, kv), CKV_WARM_ELEMS * sizeof(uint16_t)), 0,
-                       "%s: %s: position %u layer %u %s differs from the worker's copy", when, w->id, p, layer,
-                       kv ? "V" : "K");
-        }
-      compared++;
-    }
-  }
-  if (draft_only)
-    for (size_t p = 0; p < t; p++) cr_assert(seen[p], "%s: %s: position %zu is in no slot", when, w->id, p);
-  free(seen);
-  (void)compared;
+  ckv_warm_worker_compare(v, w, t, rw->valid, draft_only, when);
 }
 
 /* After the restart: rw comes back as the daemon acknowledged it, or (an

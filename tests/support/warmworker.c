@@ -75,6 +75,35 @@ void ckv_warm_worker_round(ckv_client *c, ckv_warm_worker *w, bool half) {
   cr_assert_eq(ckv_session_ack(w->s, rr.epoch, NULL), CKV_OK);
 }
 
+void ckv_warm_worker_compare(const ckv_view *v, ckv_warm_worker *w, size_t t, const uint8_t *written,
+                             bool draft_only, const char *when) {
+  uint8_t *seen = calloc(t ? t : 1, 1);
+  cr_assert_not_null(seen);
+  for (size_t i = 0; i < v->n_draft; i++) {
+    const ckv_block_view *b = &v->draft[i];
+    const uint32_t *pos = ckv_block_positions_const(b->data);
+    for (uint32_t slot = 0; slot < b->capacity; slot++) {
+      if (!ckv_block_slot_valid(b->data, slot)) continue;
+      uint32_t p = pos[slot];
+      cr_assert_lt(p, t, "%s: %s: a draft slot holds position %u of %zu", when, w->id, p, t);
+      cr_assert_not(seen[p], "%s: %s: position %u in two slots", when, w->id, p);
+      seen[p] = 1;
+      if (written && !written[p]) continue; /* appended without the reply reaching the worker: never written */
+      for (uint32_t layer = 0; layer < CKV_WARM_LAYERS; layer++)
+        for (uint32_t kv = 0; kv < 2; kv++) {
+          const uint8_t *at =
+              (const uint8_t *)b->data + ckv_draft_kv_offset(&ckv_warm_geom, b->capacity, layer, kv, slot);
+          cr_assert_eq(memcmp(at, ckv_warm_worker_at(w, p, layer, kv), CKV_WARM_ELEMS * sizeof(uint16_t)), 0,
+                       "%s: %s: position %u layer %u %s differs from what the worker wrote", when, w->id, p, layer,
+                       kv ? "V" : "K");
+        }
+    }
+  }
+  if (draft_only)
+    for (size_t p = 0; p < t; p++) cr_assert(seen[p], "%s: %s: position %zu is in no slot", when, w->id, p);
+  free(seen);
+}
+
 /* The session's view after a resume: every draft slot holds a position
  * below its token count, at most once, with exactly the bytes the worker
  * wrote there (so no other session's or no older write's); with draft_only,
@@ -91,31 +120,7 @@ size_t ckv_warm_worker_verify(ckv_client *c, ckv_warm_worker *w, bool draft_only
   if (draft_only)
     cr_assert_eq(v->n_staged + v->n_committed + v->n_cold, 0, "%s: %s (%s) has compressed blocks", when, w->id,
                  w->policy);
-  uint8_t *seen = calloc(t ? t : 1, 1);
-  cr_assert_not_null(seen);
-  size_t elems = CKV_WARM_ELEMS;
-  for (size_t i = 0; i < v->n_draft; i++) {
-    const ckv_block_view *b = &v->draft[i];
-    const uint32_t *pos = ckv_block_positions_const(b->data);
-    for (uint32_t slot = 0; slot < b->capacity; slot++) {
-      if (!ckv_block_slot_valid(b->data, slot)) continue;
-      uint32_t p = pos[slot];
-      cr_assert_lt(p, t, "%s: %s: a draft slot holds position %u of %zu", when, w->id, p, t);
-      cr_assert_not(seen[p], "%s: %s: position %u in two slots", when, w->id, p);
-      seen[p] = 1;
-      for (uint32_t layer = 0; layer < CKV_WARM_LAYERS; layer++)
-        for (uint32_t kv = 0; kv < 2; kv++) {
-          const uint8_t *at =
-              (const uint8_t *)b->data + ckv_draft_kv_offset(&ckv_warm_geom, b->capacity, layer, kv, slot);
-          cr_assert_eq(memcmp(at, ckv_warm_worker_at(w, p, layer, kv), elems * sizeof(uint16_t)), 0,
-                       "%s: %s: position %u layer %u %s differs from what the worker wrote", when, w->id, p, layer,
-                       kv ? "V" : "K");
-        }
-    }
-  }
-  if (draft_only)
-    for (size_t p = 0; p < t; p++) cr_assert(seen[p], "%s: %s: position %zu is in no slot", when, w->id, p);
-  free(seen);
+  ckv_warm_worker_compare(v, w, t, NULL, draft_only, when);
   return t;
 }
 

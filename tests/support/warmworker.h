@@ -47,6 +47,12 @@ void ckv_warm_worker_round(ckv_client *c, ckv_warm_worker *w, bool half);
  * below its token count, at most once, with exactly the bytes the worker
  * wrote there; with draft_only, every position below the count is in a
  * draft slot.  Returns the count. */
+/* Every draft slot of view v holds a position below t, at most once, and
+ * every written position (all when written is NULL, else those with
+ * written[pos] set) reads exactly the worker's bytes; with draft_only,
+ * every position below t is in a slot. */
+void ckv_warm_worker_compare(const ckv_view *v, ckv_warm_worker *w, size_t t, const uint8_t *written,
+                             bool draft_only, const char *when);
 size_t ckv_warm_worker_verify(ckv_client *c, ckv_warm_worker *w, bool draft_only, const char *when);
 /* After a restart: the worker resumes w; CKV_OK with the session's count
  * checked (ckv_warm_worker_verify) and the worker's books set to it, else
