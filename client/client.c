@@ -37,6 +37,7 @@
 
 #define DEFAULT_TIMEOUT_MS 5000
 #define ATTACH_MAX_FRAME 4096
+#define ATTACH_MAX_FDS (CKV_ARENA_MAX_FDS + 1) /* the arena's and the prefix index's */
 #define HB_BACKOFF_MAX_MS 4000u /* the heartbeat's reconnect attempts back off to this */
 
 static void default_socket(char *buf, size_t len) {
@@ -176,7 +177,7 @@ static int arena_desc(ckv_client *c, const Commitkv__V1__ArenaInfo *a, const int
  * commitkv__v1__attach_reply__free_unpacked) and fds[0..*ret_n_fds) are the
  * descriptors that came with it, which the caller closes.  On failure
  * nothing is left open and c->last_error says why when the daemon did. */
-static int attach_exchange(ckv_client *c, const Commitkv__V1__AttachRequest *req, int fds[CKV_ARENA_MAX_FDS],
+static int attach_exchange(ckv_client *c, const Commitkv__V1__AttachRequest *req, int fds[ATTACH_MAX_FDS],
                            size_t *ret_n_fds, Commitkv__V1__AttachReply **ret_rep) {
   uint8_t buf[ATTACH_MAX_FRAME];
   size_t len = commitkv__v1__attach_request__get_packed_size(req);
@@ -184,7 +185,7 @@ static int attach_exchange(ckv_client *c, const Commitkv__V1__AttachRequest *req
   int r = ckv_frame_send(c->attach_fd, buf, len, NULL, 0);
   if (r < 0) return r;
   size_t n_fds = 0;
-  r = ckv_frame_recv(c->attach_fd, buf, sizeof(buf), &len, fds, CKV_ARENA_MAX_FDS, &n_fds);
+  r = ckv_frame_recv(c->attach_fd, buf, sizeof(buf), &len, fds, ATTACH_MAX_FDS, &n_fds);
   if (r < 0) return r == -EAGAIN || r == -EWOULDBLOCK ? CKV_ERR_TIMEOUT : r;
   Commitkv__V1__AttachReply *rep = commitkv__v1__attach_reply__unpack(NULL, len, buf);
   if (!rep) {
@@ -216,6 +217,14 @@ static void arena_error(ckv_client *c, const char *what, uint32_t arena_id, cons
            *detail ? ": " : "", detail);
 }
 
+/* Maps the tenant's prefix index (shm/prefix_index.h).  Optional: an index
+ * that cannot be mapped only sends lookups to the daemon. */
+static void map_prefix_index(ckv_client *c, int fd) {
+  ckv_pindex_unmap(c->pindex);
+  c->pindex = NULL;
+  if (ckv_pindex_map(fd, &c->pindex) < 0) c->pindex = NULL;
+}
+
 static int attach(ckv_client *c, const char *path, const char *name, bool want_arenas) {
   int r = ckv_unix_connect(path, &c->attach_fd);
   if (r < 0) {
@@ -229,7 +238,8 @@ static int attach(ckv_client *c, const char *path, const char *name, bool want_a
   req.version = CKV_CLIENT_VERSION;
   req.client_name = (char *)name;
   req.want_arenas = want_arenas;
-  int fds[CKV_ARENA_MAX_FDS];
+  req.want_prefix_index = want_arenas;
+  int fds[ATTACH_MAX_FDS];
   size_t n_fds = 0;
   Commitkv__V1__AttachReply *rep = NULL;
   c->last_error[0] = 0;
@@ -248,10 +258,20 @@ static int attach(ckv_client *c, const char *path, const char *name, bool want_a
   snprintf(c->tenant, sizeof(c->tenant), "%s", rep->tenant ? rep->tenant : "");
   c->admin = rep->admin;
   c->arena_kept = false;
+  /* The prefix index's fd comes after the arena's (which run to it). */
+  size_t n_arena_fds = n_fds;
+  if (rep->prefix_index) {
+    if (rep->prefix_index->fd_index >= n_fds) {
+      r = CKV_ERR_PROTO;
+      goto out;
+    }
+    n_arena_fds = rep->prefix_index->fd_index;
+    map_prefix_index(c, fds[n_arena_fds]);
+  }
   for (size_t i = 0; i < rep->n_arenas && i < 1; i++) {
     const Commitkv__V1__ArenaInfo *a = rep->arenas[i];
     ckv_arena_desc d;
-    r = arena_desc(c, a, fds, n_fds, &d);
+    r = arena_desc(c, a, fds, n_arena_fds, &d);
     if (r < 0) goto out;
     /* A warm restart (the daemon kept its arenas in systemd's fd store)
      * hands back the very arena this process still maps: keep that mapping,
@@ -372,6 +392,9 @@ static void teardown(ckv_client *c) {
       ckv_arena_free(c->arena);
     c->arena = NULL;
   }
+  /* The dead daemon's index says nothing about the next one's blocks. */
+  ckv_pindex_unmap(c->pindex);
+  c->pindex = NULL;
   c->restarted = true;
   /* Every session handle of the old daemon is stale from here on, in the same
    * step as its memory goes: a session opened on the next connection (by
@@ -476,9 +499,12 @@ ckv_client *ckv_client_free(ckv_client *c) {
     pthread_mutex_unlock(&c->hb_lock);
     pthread_join(c->hb_thread, NULL);
   }
+  /* Lookups answered here since the last heartbeat still count. */
+  if (c->dealer && !c->restarted && (c->local_lookup_tokens || c->local_hit_tokens)) (void)ckv_client_heartbeat(c);
   if (c->dealer) zmq_close(c->dealer);
   if (c->zctx) zmq_ctx_term(c->zctx);
   if (c->attach_fd >= 0) close(c->attach_fd);
+  ckv_pindex_unmap(c->pindex);
   ckv_arena_free(c->arena);
   ckv_arena_free(c->previous_arena);
   pthread_cond_destroy(&c->hb_cond);
@@ -522,11 +548,23 @@ uint32_t ckv_client_lease_ms(const ckv_client *c) { return c->lease_ms; }
 int ckv_client_heartbeat(ckv_client *c) {
   Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
   Commitkv__V1__Heartbeat hb = COMMITKV__V1__HEARTBEAT__INIT;
+  pthread_mutex_lock(&c->lock);
+  hb.prefix_lookup_tokens = c->local_lookup_tokens;
+  hb.prefix_hit_tokens = c->local_hit_tokens;
+  c->local_lookup_tokens = c->local_hit_tokens = 0;
+  pthread_mutex_unlock(&c->lock);
   req.body_case = COMMITKV__V1__REQUEST__BODY_HEARTBEAT;
   req.heartbeat = &hb;
   Commitkv__V1__Response *rep;
   int r = ckv_rpc(c, &req, &rep);
-  if (r == 0) ckv_rpc_free(rep);
+  if (r == 0) {
+    ckv_rpc_free(rep);
+  } else if (r != CKV_ERR_INVALID && r != CKV_ERR_AUTH) { /* not counted: try with the next one */
+    pthread_mutex_lock(&c->lock);
+    c->local_lookup_tokens += hb.prefix_lookup_tokens;
+    c->local_hit_tokens += hb.prefix_hit_tokens;
+    pthread_mutex_unlock(&c->lock);
+  }
   return r;
 }
 
@@ -538,7 +576,7 @@ static int refresh_arenas(ckv_client *c) {
   req.version = CKV_CLIENT_VERSION;
   req.want_arenas = true;
   req.refresh = true;
-  int fds[CKV_ARENA_MAX_FDS];
+  int fds[ATTACH_MAX_FDS];
   size_t n_fds = 0;
   Commitkv__V1__AttachReply *rep = NULL;
   int r = attach_exchange(c, &req, fds, &n_fds, &rep);

@@ -10,6 +10,7 @@
 
 #include "commitkv.pb-c.h"
 #include "commitkv/commitkv.h"
+#include "shm/prefix_index.h"
 
 typedef struct ckv_arena ckv_arena;
 
@@ -23,6 +24,11 @@ struct ckv_client {
    * reconnects.  Unmapped at the next reconnect or ckv_client_free. */
   ckv_arena *previous_arena;
   uint32_t arena_id;
+  /* The tenant's prefix index, mapped read-only (NULL: none; LookupPrefix
+   * goes to the daemon), and the lookups it answered since the last
+   * heartbeat (sent with it: the tenant's lookup figures). */
+  ckv_pindex_view *pindex;
+  uint64_t local_lookup_tokens, local_hit_tokens;
   bool arena_kept;      /* the last attach kept previous_arena (a warm restart of the daemon) */
   int cuda_device;      /* CUDA ordinal checked against the arena's device at the first CUDA attach
                          * (-1 before): a reconnect from another thread checks the same device */

@@ -216,9 +216,31 @@ int ckv_session_fork(ckv_session *parent, const char *new_id, uint64_t at_positi
 
 uint64_t ckv_session_matched_tokens(const ckv_session *s) { return s ? s->matched_tokens : 0; }
 
+/* A model name the daemon accepts (handlers.c check_model_name): a name it
+ * refuses goes to the daemon, which says why. */
+static bool model_name_ok(const char *v) {
+  size_t n = v ? strnlen(v, CKV_PINDEX_NAME_BYTES) : 0;
+  if (n > CKV_PINDEX_NAME_MAX) return false;
+  for (size_t i = 0; i < n; i++)
+    if ((unsigned char)v[i] < 0x20 || v[i] == 0x7f) return false;
+  return true;
+}
+
 int ckv_client_lookup_prefix(ckv_client *c, const uint32_t *token_ids, size_t n, const char *model_id,
                              const char *model_revision, uint64_t *ret_matched) {
   if (!c || !ret_matched || (n && !token_ids) || n > SIZE_MAX / 4) return CKV_ERR_INVALID;
+  /* In this process when the daemon published the tenant's index: no round
+   * trip (the answer is advisory either way: reuse_prefix matches again). */
+  pthread_mutex_lock(&c->lock);
+  bool names_ok = model_name_ok(model_id) && model_name_ok(model_revision);
+  int local = c->pindex && !c->restarted && names_ok ? ckv_pindex_lookup(c->pindex, model_id, model_revision, token_ids, n, ret_matched)
+                                         : CKV_ERR_BUSY;
+  if (local == CKV_OK) {
+    c->local_lookup_tokens += n;
+    c->local_hit_tokens += *ret_matched;
+  }
+  pthread_mutex_unlock(&c->lock);
+  if (local == CKV_OK) return CKV_OK;
   Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
   Commitkv__V1__LookupPrefix l = COMMITKV__V1__LOOKUP_PREFIX__INIT;
   l.token_ids.data = (uint8_t *)token_ids;

@@ -35,6 +35,7 @@
 #include "shm/arena.h"
 #include "shm/fdpass.h"
 #include "store/session.h"
+#include "store/shared.h"
 #include "store/tenant.h"
 
 #define ATTACH_MAX_FRAME 4096
@@ -242,9 +243,26 @@ static void ckv_attach_serve(ckv_server *s, int fd, const ckv_peer *who, const u
     rep.n_arenas = 1;
     rep.arenas = infos;
   }
+  int fds[CKV_ARENA_MAX_FDS + 1];
+  size_t n_fds = 0;
+  if (exported) {
+    memcpy(fds, ex.fds, ex.n_fds * sizeof(*fds));
+    n_fds = ex.n_fds;
+  }
+  /* The prefix index goes after the arena's fds (a worker without it asks
+   * the daemon: LookupPrefix). */
+  Commitkv__V1__PrefixIndexInfo pix = COMMITKV__V1__PREFIX_INDEX_INFO__INIT;
+  uint64_t pix_bytes = 0;
+  int pix_fd = exported && req->want_prefix_index ? ckv_prefix_index_fd(t, &pix_bytes) : -1;
+  if (pix_fd >= 0) {
+    pix.fd_index = (uint32_t)n_fds;
+    pix.bytes = pix_bytes;
+    fds[n_fds++] = pix_fd;
+    rep.prefix_index = &pix;
+  }
   /* A fresh connection's buffer always holds the reply; a peer already gone
    * shows as EOF in the poll set. */
-  (void)send_reply(fd, &rep, exported ? ex.fds : NULL, exported ? ex.n_fds : 0);
+  (void)send_reply(fd, &rep, n_fds ? fds : NULL, n_fds);
   ckv_log(CKV_LOG_INFO, "attach", t ? t->name : NULL, NULL, "client %llu '%s' pid %u uid %u%s",
           (unsigned long long)c->id, c->name, c->pid, c->uid, admin ? " (admin)" : "");
 }

@@ -1282,6 +1282,11 @@ static int h_stats(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req,
     ts->bytes->shared = pf.shared_bytes;
     ts->tokens->shared = shared_tok;
     ts->dedup_ratio = bytes[3] ? (double)bytes[4] / (double)bytes[3] : 0.0;
+    ts->prefix_lookup_tokens = pf.lookup_tokens;
+    ts->prefix_hit_tokens = pf.hit_tokens;
+    bool index_complete;
+    ckv_prefix_index_state(t, &ts->prefix_index_keys, &index_complete);
+    ts->prefix_index_complete = index_complete;
     all_shared_tok += shared_tok;
     all_shared_bytes += pf.shared_bytes;
     ts->name = t->name;
@@ -1409,7 +1414,20 @@ static int h_list(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
   return CKV_OK;
 }
 
+/* Lookups a worker answered from the published index count as the
+ * tenant's (its own figures only; matched never above asked). */
+static int note_local_lookups(ckv_conn *c, const Commitkv__V1__Heartbeat *hb, reply_ctx *x) {
+  if (!hb || (!hb->prefix_lookup_tokens && !hb->prefix_hit_tokens)) return CKV_OK;
+  if (!c->tenant) return fail(x, CKV_ERR_AUTH, "heartbeat: prefix lookups counted for no tenant (admin client)");
+  if (hb->prefix_hit_tokens > hb->prefix_lookup_tokens || hb->prefix_lookup_tokens > (1ull << 48))
+    return fail(x, CKV_ERR_INVALID, "heartbeat: prefix_hit_tokens above prefix_lookup_tokens, or a count above 2^48");
+  ckv_prefix_count_lookups(c->tenant, hb->prefix_lookup_tokens, hb->prefix_hit_tokens);
+  return CKV_OK;
+}
+
 static int h_heartbeat(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, reply_ctx *x) {
+  int r = note_local_lookups(c, req->heartbeat, x);
+  if (r < 0) return r;
   Commitkv__V1__HeartbeatAck *h = NEW(s, Commitkv__V1__HeartbeatAck, COMMITKV__V1__HEARTBEAT_ACK__INIT);
   if (!h) return -ENOMEM;
   h->server_time_ms = ckv_now_ms();

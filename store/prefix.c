@@ -27,11 +27,6 @@
 
 static ckv_prefix *registry(ckv_tenant *t) { return ckv_shared_registry(t); }
 
-static ckv_pkey hash128(const void *data, size_t len) {
-  XXH128_hash_t h = XXH3_128bits(data, len);
-  return (ckv_pkey){h.low64, h.high64};
-}
-
 static void put_str(XXH3_state_t *st, const char *v) {
   uint32_t n = (uint32_t)strlen(v);
   XXH3_128bits_update(st, &n, sizeof n);
@@ -61,12 +56,12 @@ static ckv_pkey root_of(const ckv_srv_session *s) {
   return (ckv_pkey){h.low64, h.high64};
 }
 
-/* Key of the block after `prev` holding ids[0..d). */
+/* Key of the block after `prev` holding ids[0..d): the one rule workers
+ * use too (shm/prefix_index.h). */
 static ckv_pkey link_key(ckv_pkey prev, const uint32_t *ids, uint32_t d) {
-  uint32_t buf[4 + CKV_MAX_BLOCK_TOKENS];
-  memcpy(buf, &prev, sizeof prev);
-  memcpy(buf + 4, ids, (size_t)d * sizeof(*ids));
-  return hash128(buf, (4 + (size_t)d) * sizeof(uint32_t));
+  _Static_assert(CKV_MAX_BLOCK_TOKENS <= CKV_PINDEX_MAX_KEY_TOKENS, "a draft block's key covers it whole");
+  _Static_assert(CKV_SESSION_MODEL_MAX == CKV_PINDEX_NAME_MAX, "the index holds every model name");
+  return ckv_pkey_link(prev, ids, d);
 }
 
 static ckv_prefix_chain *chain_of(ckv_srv_session *s) {
@@ -400,6 +395,14 @@ size_t ckv_prefix_lookup(ckv_tenant *t, const char *model_id,
   ckv_shared_figures(p)->lookup_tokens += n;
   ckv_shared_figures(p)->hit_tokens += best;
   return best;
+}
+
+void ckv_prefix_count_lookups(ckv_tenant *t, uint64_t asked, uint64_t hit) {
+  ckv_prefix *p = registry(t);
+  if (!p)
+    return;
+  ckv_shared_figures(p)->lookup_tokens += asked;
+  ckv_shared_figures(p)->hit_tokens += hit;
 }
 
 static int why_fail(char *why, size_t len, int code, const char *fmt,

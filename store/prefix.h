@@ -71,6 +71,9 @@ int ckv_prefix_attach(ckv_srv_session *s, const uint32_t *ids, size_t n,
 size_t ckv_prefix_lookup(ckv_tenant *t, const char *model_id,
                          const char *model_revision, const uint32_t *ids,
                          size_t n);
+/* Lookups a worker of t answered from the published index (shm/prefix_index.h):
+ * `asked` tokens, `hit` of them matched, added to the tenant's figures. */
+void ckv_prefix_count_lookups(ckv_tenant *t, uint64_t asked, uint64_t hit);
 /* Child (new, same tenant, geometry and block sizes as parent, no tokens)
  * starts with parent's first `at` tokens: whole draft blocks are shared
  * (made shared blocks if they are not yet), the partial tail is copied into

@@ -102,6 +102,7 @@ struct ckv_prefix {
   ckv_prefix_root roots[PREFIX_MAX_ROOTS];
   size_t n_roots;
   ckv_prefix_figures fig;
+  ckv_pindex *pub; /* the published mirror of by_key and roots (NULL: none) */
 };
 
 static ckv_pkey off_key(uint64_t offset) { return (ckv_pkey){offset, 0}; }
@@ -127,13 +128,61 @@ static void registry_free(ckv_prefix *p) {
     ckv_pblock_free(p->by_off.vals[i]);
   ptab_done(&p->by_key);
   ptab_done(&p->by_off);
+  ckv_pindex_free(p->pub);
   free(p);
 }
 
 ckv_prefix *ckv_shared_registry(ckv_tenant *t) {
-  if (!t->prefix && (t->prefix = calloc(1, sizeof(*t->prefix))))
+  if (!t->prefix && (t->prefix = calloc(1, sizeof(*t->prefix)))) {
     t->prefix_free = registry_free;
+    /* Without a published index, workers ask the daemon (LookupPrefix). */
+    (void)ckv_pindex_new(CKV_PREFIX_INDEX_SLOTS, &t->prefix->pub);
+  }
   return t->prefix;
+}
+
+/* ---- the published mirror (shm/prefix_index.h) ---- */
+
+static uint32_t key_tokens(const ckv_pblock *pb) {
+  return pb->n_subkeys ? pb->sub_tokens : pb->capacity;
+}
+
+static void publish_key(ckv_prefix *p, ckv_pkey k, const ckv_pblock *pb) {
+  int j = ckv_shared_sub_of(pb, k);
+  if (p->pub && j >= 0)
+    (void)ckv_pindex_put(p->pub, k, pb->offset, (uint32_t)j, key_tokens(pb));
+}
+
+/* An incomplete mirror (it was full) is rebuilt once the index fits in half
+ * of its slots again. */
+static void unpublish_key(ckv_prefix *p, ckv_pkey k) {
+  if (!p->pub)
+    return;
+  ckv_pindex_del(p->pub, k);
+  if (ckv_pindex_complete(p->pub) || p->by_key.n * 2 > ckv_pindex_slots(p->pub))
+    return;
+  ckv_pindex_rebuild_begin(p->pub);
+  for (size_t i = 0; i < p->by_key.cap; i++)
+    if (p->by_key.vals[i])
+      publish_key(p, p->by_key.keys[i], p->by_key.vals[i]);
+  for (size_t i = 0; i < p->n_roots; i++)
+    (void)ckv_pindex_add_root(p->pub, p->roots[i].model_id, p->roots[i].model_revision,
+                              p->roots[i].root, p->roots[i].block_tokens);
+  ckv_pindex_rebuild_end(p->pub);
+}
+
+int ckv_prefix_index_fd(ckv_tenant *t, uint64_t *ret_bytes) {
+  ckv_prefix *p = ckv_shared_registry(t);
+  if (!p || !p->pub)
+    return -1;
+  *ret_bytes = ckv_pindex_bytes(p->pub);
+  return ckv_pindex_reader_fd(p->pub);
+}
+
+void ckv_prefix_index_state(const ckv_tenant *t, uint64_t *ret_keys, bool *ret_complete) {
+  const ckv_prefix *p = t->prefix;
+  *ret_keys = p && p->pub ? ckv_pindex_entries(p->pub) : 0;
+  *ret_complete = p && p->pub && ckv_pindex_complete(p->pub);
 }
 
 ckv_pblock *ckv_shared_by_key(const ckv_prefix *p, ckv_pkey k) {
@@ -152,6 +201,7 @@ int ckv_shared_index(ckv_prefix *p, ckv_pblock *pb, ckv_pkey k) {
   int r = ptab_put(&p->by_key, k, pb);
   if (r < 0)
     return r;
+  publish_key(p, k, pb);
   pb->indexed = true;
   p->fig.indexed_blocks++;
   return CKV_OK;
@@ -162,10 +212,13 @@ void ckv_shared_unindex(ckv_prefix *p, ckv_pblock *pb) {
     return;
   if (pb->n_subkeys) {
     for (uint32_t j = 0; j < pb->n_subkeys; j++)
-      if (ptab_get(&p->by_key, pb->subkeys[j]) == pb)
+      if (ptab_get(&p->by_key, pb->subkeys[j]) == pb) {
         ptab_del(&p->by_key, pb->subkeys[j]);
+        unpublish_key(p, pb->subkeys[j]);
+      }
   } else if (ptab_get(&p->by_key, pb->key) == pb) {
     ptab_del(&p->by_key, pb->key);
+    unpublish_key(p, pb->key);
   }
   pb->indexed = false;
   p->fig.indexed_blocks--;
@@ -192,6 +245,7 @@ int ckv_shared_index_group(ckv_prefix *p, ckv_pblock *pb, const ckv_pkey *keys, 
       ckv_shared_unindex(p, pb);
       return r;
     }
+    publish_key(p, keys[j], pb);
     if (!any)
       p->fig.indexed_blocks++;
     any = true;
@@ -242,8 +296,11 @@ void ckv_shared_note_root(ckv_prefix *p, const ckv_prefix_root *r) {
   for (size_t i = 0; i < p->n_roots; i++)
     if (key_eq(p->roots[i].root, r->root))
       return;
-  if (p->n_roots < PREFIX_MAX_ROOTS)
+  if (p->n_roots < PREFIX_MAX_ROOTS) {
     p->roots[p->n_roots++] = *r;
+    if (p->pub)
+      (void)ckv_pindex_add_root(p->pub, r->model_id, r->model_revision, r->root, r->block_tokens);
+  }
 }
 
 size_t ckv_shared_roots(const ckv_prefix *p, const ckv_prefix_root **ret) {

@@ -15,9 +15,7 @@
 typedef struct ckv_tenant ckv_tenant;
 typedef struct ckv_prefix ckv_prefix;
 
-typedef struct ckv_pkey {
-  uint64_t lo, hi;
-} ckv_pkey;
+#include "shm/prefix_index.h" /* ckv_pkey, the index workers map */
 
 typedef struct ckv_srv_session ckv_srv_session;
 
@@ -128,6 +126,17 @@ void ckv_pblock_free(ckv_pblock *pb);
 ckv_prefix_figures *ckv_shared_figures(ckv_prefix *p);
 void ckv_shared_note_root(ckv_prefix *p, const ckv_prefix_root *r);
 size_t ckv_shared_roots(const ckv_prefix *p, const ckv_prefix_root **ret);
+
+/* The published copy of the tenant's index (shm/prefix_index.h): every
+ * change to the index above is mirrored into it.  Slots of the memfd: */
+#define CKV_PREFIX_INDEX_SLOTS (1u << 17)
+/* A read-only descriptor of the tenant's published index (owned by the
+ * tenant; makes the registry and the index on first use) and its size, or
+ * -1 when there is none (out of memory, no memfd). */
+int ckv_prefix_index_fd(ckv_tenant *t, uint64_t *ret_bytes);
+/* The published index's keys and whether it holds every indexed key
+ * (stats); 0 and false without one.  Makes nothing. */
+void ckv_prefix_index_state(const ckv_tenant *t, uint64_t *ret_keys, bool *ret_complete);
 
 /* One more holder. */
 void ckv_prefix_hold(ckv_tenant *t, ckv_pblock *pb);

@@ -23,7 +23,14 @@
  *   new private blocks only, no draft slot of a shared token is writable,
  *   and a session whose policy compresses at once (int8) leaves the shared
  *   blocks in draft, untouched, while its other tokens move; LookupPrefix
- *   refuses malformed input with a code. */
+ *   refuses malformed input with a code.
+ * - worker_lookup_reads_the_published_index: the worker's LookupPrefix is
+ *   answered in its own process from the tenant's index (no request), and
+ *   equals the daemon's answer for whole, partial, changed, other-revision
+ *   and empty inputs; it follows the blocks (gone when they are); its
+ *   lookups reach the tenant's figures with the heartbeat; a heartbeat with
+ *   more hits than lookups is refused.  The compressed-once test also
+ *   compares both answers on a compressed prefix. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <signal.h>
@@ -414,6 +421,91 @@ Test(prefix_share, two_processes_share_prefix_once, .timeout = 60) {
   ckv_test_rmdir(cfgdir);
 }
 
+/* ---- the index in the worker's process ---- */
+
+/* The daemon's own answer (a LookupPrefix request, not the client's index). */
+static uint64_t daemon_lookup(ckv_client *c, const uint32_t *ids, size_t n, const char *rev) {
+  Commitkv__V1__LookupPrefix lp = COMMITKV__V1__LOOKUP_PREFIX__INIT;
+  lp.token_ids.data = (uint8_t *)ids;
+  lp.token_ids.len = n * 4;
+  lp.model_id = "m";
+  lp.model_revision = (char *)rev;
+  Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
+  req.body_case = COMMITKV__V1__REQUEST__BODY_LOOKUP_PREFIX;
+  req.lookup_prefix = &lp;
+  Commitkv__V1__Response *rep = NULL;
+  cr_assert_eq(ckv_rpc(c, &req, &rep), CKV_OK, "%s", ckv_client_last_error(c));
+  uint64_t m = rep->prefix_match->matched_tokens;
+  ckv_rpc_free(rep);
+  return m;
+}
+
+/* The client's lookup, which must be answered from its mapped index:
+ * returns the match and adds n to *asked. */
+static uint64_t local_lookup(ckv_client *c, const uint32_t *ids, size_t n, const char *rev, uint64_t *asked) {
+  uint64_t before = c->local_lookup_tokens, m = 99999;
+  cr_assert_eq(ckv_client_lookup_prefix(c, ids, n, "m", rev, &m), CKV_OK, "%s", ckv_client_last_error(c));
+  cr_assert_eq(c->local_lookup_tokens, before + n, "the lookup of %zu ids was not answered in this process", n);
+  *asked += n;
+  return m;
+}
+
+Test(prefix_share, worker_lookup_reads_the_published_index, .timeout = 60) {
+  ckv_test_daemon d;
+  ckv_test_start_host(&d, "256M", NULL);
+  ckv_client *c = connect_to(&d);
+  cr_assert_not_null(c->pindex, "the client mapped no prefix index");
+  uint32_t *ids = prefix_ids();
+  uint64_t asked = 0, hit = 0;
+  cr_assert_eq(local_lookup(c, ids, PREFIX, "r1", &asked), 0, "an empty tenant matched");
+  ckv_session *a = open_s(c, "a", "fp16", NULL, 0);
+  write_tokens(a, 0, PREFIX, 0, 1); /* reported: every whole block published */
+  struct {
+    size_t n, changed; /* changed: a position whose id differs (or PREFIX: none) */
+    const char *rev;
+    uint64_t want;
+  } cases[] = {{PREFIX + 8, PREFIX, "r1", PREFIX}, {PREFIX, PREFIX, "r1", PREFIX}, {100, PREFIX, "r1", 96},
+               {15, PREFIX, "r1", 0},          {0, PREFIX, "r1", 0},          {PREFIX, 100, "r1", 96},
+               {PREFIX, 0, "r1", 0},            {PREFIX, PREFIX, "r2", 0},     {PREFIX, PREFIX, "", 0}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    if (cases[i].changed < PREFIX) ids[cases[i].changed] ^= 1;
+    uint64_t here = local_lookup(c, ids, cases[i].n, cases[i].rev, &asked);
+    uint64_t there = daemon_lookup(c, ids, cases[i].n, cases[i].rev);
+    cr_assert_eq(here, there, "case %zu: the worker's index says %llu, the daemon %llu", i, (unsigned long long)here,
+                 (unsigned long long)there);
+    cr_assert_eq(here, cases[i].want, "case %zu matched %llu", i, (unsigned long long)here);
+    hit += here;
+    if (cases[i].changed < PREFIX) ids[cases[i].changed] ^= 1;
+  }
+  /* the worker's lookups are the tenant's once the heartbeat brings them (the
+   * daemon's own lookups above counted at once) */
+  unsigned long long rpc_asked = ckv_test_stat(&d, "tenants.0.prefix.lookup_tokens");
+  unsigned long long rpc_hit = ckv_test_stat(&d, "tenants.0.prefix.hit_tokens");
+  cr_assert_eq(ckv_client_heartbeat(c), CKV_OK);
+  cr_assert_eq(ckv_test_stat(&d, "tenants.0.prefix.lookup_tokens"), rpc_asked + asked);
+  cr_assert_eq(ckv_test_stat(&d, "tenants.0.prefix.hit_tokens"), rpc_hit + hit);
+  cr_assert_eq(ckv_test_stat(&d, "tenants.0.prefix.index_keys"), PREFIX / 16);
+  /* a heartbeat with more hits than lookups is refused, and counts nothing */
+  Commitkv__V1__Heartbeat hb = COMMITKV__V1__HEARTBEAT__INIT;
+  hb.prefix_lookup_tokens = 5;
+  hb.prefix_hit_tokens = 6;
+  Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
+  req.body_case = COMMITKV__V1__REQUEST__BODY_HEARTBEAT;
+  req.heartbeat = &hb;
+  Commitkv__V1__Response *rep = NULL;
+  cr_assert_eq(ckv_rpc(c, &req, &rep), CKV_ERR_INVALID);
+  cr_assert_eq(ckv_test_stat(&d, "tenants.0.prefix.lookup_tokens"), rpc_asked + asked);
+  /* the index follows the blocks: dropped, they are matched no more */
+  cr_assert_eq(ckv_session_drop(a), CKV_OK);
+  cr_assert_eq(ckv_test_wait_stat(&d, "arenas.0.bytes_used", 0, 5000), 0);
+  cr_assert_eq(local_lookup(c, ids, PREFIX, "r1", &asked), 0, "the worker's index still names freed blocks");
+  cr_assert_eq(daemon_lookup(c, ids, PREFIX, "r1"), 0);
+  cr_assert_eq(ckv_test_stat(&d, "tenants.0.prefix.index_keys"), 0);
+  free(ids);
+  ckv_client_free(c);
+  ckv_test_stop_clean(&d);
+}
+
 /* ---- forks ---- */
 
 typedef struct fork_want {
@@ -665,6 +757,11 @@ Test(prefix_share, a_shared_prefix_is_compressed_once, .timeout = 60) {
   cr_assert_eq(na, nb);
   cr_assert_arr_eq(ia, ib, na * sizeof(*ia), "a and b read the prefix from different blocks");
   cr_assert_lt(na, CPREFIX / 16, "the prefix is still in its %u draft blocks", CPREFIX / 16);
+  /* the worker's index names the compressed blocks as the daemon does */
+  uint64_t here = 0;
+  cr_assert_eq(ckv_client_lookup_prefix(c, ids, CPREFIX, "m", "r1", &here), CKV_OK);
+  cr_assert_eq(here, CPREFIX, "the worker's index matched %llu of the compressed prefix", (unsigned long long)here);
+  cr_assert_eq(daemon_lookup(c, ids, CPREFIX, "r1"), CPREFIX);
   /* a session opened now links the compressed blocks */
   ckv_session *late = open_s(c, "late", "commitkv", ids, CPREFIX);
   cr_assert_eq(ckv_session_matched_tokens(late), CPREFIX, "the compressed prefix is not found");
