@@ -33,13 +33,14 @@
  *    prefix session is dropped once two agents hold the prefix (an fp16
  *    holder would keep the shared blocks FP16 for good): from then on the
  *    agents' own states decide its format, and agents opened later link
- *    the compressed blocks.  Why a prefix session and not agent 0 itself: under the
- *    commitkv policy a writer's first judged round stages its prefix tokens
- *    past the recent window, and a block published in that round that no
- *    other session holds yet is taken back at once (store/prefix.c: publish
- *    runs before the judge), so nothing would ever be matched.  The bench
- *    measures this each run (first_writer_commitkv_matched: a lookup after a
- *    commitkv-policy session reported the prefix).
+ *    the compressed blocks.  Why a prefix session and not agent 0 itself:
+ *    the bench's agents run all their turns before the next agent opens, far
+ *    past share_grace_rounds (the rounds a commitkv writer opened with
+ *    reuse_prefix keeps a freshly published block for a second holder;
+ *    without it the writer's first judged round stages its prefix and
+ *    nothing is ever matched).  The bench measures the grace each run
+ *    (first_writer_commitkv_matched: a lookup after a commitkv session
+ *    opened with reuse_prefix reported the prefix: the whole blocks).
  *
  * After the last agent the daemon's compressor is left to settle (queue
  * empty, pending tokens unchanged for SETTLE_QUIET_MS), every session
@@ -443,10 +444,11 @@ static int run_private(const agents_opts *o, const kv_table *kv, const char *dae
   return run_end(&x, r);
 }
 
-/* What a lookup finds after a commitkv-policy session wrote the prefix and
- * reported a round past it (the probe behind the prefix session). */
+/* What a lookup finds after a commitkv-policy session, opened with
+ * reuse_prefix on an empty tenant, wrote the prefix and reported a round
+ * past it: its blocks wait share_grace_rounds for a second holder. */
 static int probe_first_writer(run_ctx *x, const uint32_t *ids, uint64_t *ret_matched) {
-  ckv_session *s = open_session(x, "probe-first-writer", "commitkv", NULL, 0);
+  ckv_session *s = open_session(x, "probe-first-writer", "commitkv", ids, x->o->prefix);
   if (!s) return -1;
   int r = append_tokens(&x->ar, s, 0, 0, x->o->prefix);
   if (r == 0) r = report(&x->ar, s, 1);

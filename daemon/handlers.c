@@ -347,6 +347,7 @@ static int h_open(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req, 
   }
   ckv_autosave_session_new(&s->persist, sess, false); /* a crash copy of an earlier session of this id goes */
   size_t matched = 0;
+  sess->declared_prefix_tokens = n_reuse;
   if (n_reuse && (r = ckv_prefix_attach(sess, reuse_ids, n_reuse, &matched)) < 0) {
     ckv_store_drop_session(&s->store, sess);
     return fail(x, r, "cannot open session '%s' on a shared prefix: %s", o->session_id, ckv_strerror(r));

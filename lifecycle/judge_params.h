@@ -44,6 +44,7 @@ typedef struct ckv_judge_params {
   uint32_t scored_persistence_rounds; /* staged rounds before a worker-scored fact or filler commits; 0 = persistence_rounds */
   int demote;                /* recycled tokens keep their bytes in cold blocks (dropped only by quota) */
   float recall_attn;         /* relative attention that recalls a demoted token */
+  uint32_t share_grace_rounds; /* reuse_prefix sessions: rounds a published block waits for a second holder */
   int semantic_estimate_enabled; /* estimate semantic scores when the worker sends none */
   const ckv_mlp *mlp;        /* non-NULL: the mlp judge replaces the rules (commitkv policy) */
 } ckv_judge_params;

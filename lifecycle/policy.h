@@ -155,6 +155,13 @@ int ckv_policy_from_name(const char *name);
   X(recall_attn, recall_attn, FLOAT, 1, 0, 1e6, 1,                                                \
     "A demoted token whose reported relative attention reaches this (1.0 = an average live "      \
     "token's share) is recalled: back to committed, its block primary again.")                   \
+  X(share_grace_rounds, share_grace_rounds, U32, 4, 0, 100000, 1,                                \
+    "A session opened with reuse_prefix keeps each block it publishes within the token ids it "    \
+    "gave (the prefix it means to share) in draft, frozen to its own moves, for this many of its " \
+    "rounds while no other session holds it, so that a session opened meanwhile can reuse it "     \
+    "(once two hold it, it is compressed once for both). Without it a commitkv writer's first "    \
+    "judged round stages the prefix it just published, and nobody ever matches it. 0 = off; "      \
+    "its other blocks, and sessions opened without reuse_prefix, never wait.")                     \
   X(semantic_estimate, semantic_estimate_enabled, BOOL, 1, 0, 1, 0,                               \
     "When the worker sends no semantic score, estimate one from token-id rarity in the "          \
     "session (1 at an id's first occurrence, 1/(1 + k/8) after k earlier ones), so repeated "    \

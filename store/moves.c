@@ -175,6 +175,18 @@ static void note_stall(ckv_srv_session *s) {
             (unsigned long long)s->pending, ckv_strerror(s->stalled_on));
 }
 
+/* Fill blocks whose every used slot's token moved on (no ref, slots used)
+ * hold bytes and no token: a later move would only use what room is left
+ * before opening a new block anyway, so they go now (a session whose staged
+ * tokens all committed kept an empty staged block to its end). */
+static void retire_spent_fills(ckv_srv_session *s) {
+  for (int f = 0; f < CKV_FILL_COUNT; f++) {
+    uint32_t b = s->fill[f];
+    if (b != CKV_NO_BLOCK && s->blocks[b].refs == 0 && s->blocks[b].used > 0 && !s->blocks[b].shared)
+      ckv_srv_session_retire_block(s, b);
+  }
+}
+
 int ckv_moves_plan(ckv_srv_session *s, ckv_compressor *c, bool flush) {
   if (s->quarantined) return CKV_OK; /* its blocks are not trusted: nothing moves any more */
   s->stalled_on = 0;
@@ -189,6 +201,7 @@ int ckv_moves_plan(ckv_srv_session *s, ckv_compressor *c, bool flush) {
    * waits for its last part (each part would rescan every token). */
   if (r == CKV_OK && !deferred) r = compact(s, c);
   if (r == CKV_OK && !deferred && s->cold_dirty) r = separate_cold(s, c);
+  if (r == CKV_OK && !deferred) retire_spent_fills(s);
   if (r < 0) s->pending = count_pending(s); /* plan's own count may be short */
   note_stall(s);
   return r;

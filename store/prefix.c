@@ -256,8 +256,11 @@ size_t ckv_prefix_publish(ckv_srv_session *s) {
      * can name the block: a linking session never writes it. */
     if (b->meta_state != CKV_META_CLEAN && ckv_srv_session_flush_meta(s) < 0)
       break;
-    if (!ckv_prefix_share_entry(s, idx, &ch->keys[k]))
+    ckv_pblock *pb = ckv_prefix_share_entry(s, idx, &ch->keys[k]);
+    if (!pb)
       break;
+    if ((k + 1) * d <= s->declared_prefix_tokens && s->params.share_grace_rounds)
+      pb->grace_round = s->last_round + s->params.share_grace_rounds;
     published++;
   }
   if (published)
@@ -554,11 +557,16 @@ int ckv_prefix_fork(ckv_srv_session *parent, ckv_srv_session *child, size_t at,
 
 /* ---- the lifecycle's question ---- */
 
+/* A block its publisher alone holds, waiting for a second holder. */
+static bool in_grace(const ckv_srv_session *s, const ckv_pblock *pb) {
+  return pb->holders == 1 && pb->indexed && s->last_round < pb->grace_round;
+}
+
 bool ckv_prefix_is_frozen(const ckv_srv_session *s, uint32_t idx) {
   if (idx == CKV_NO_BLOCK || idx >= s->n_blocks)
     return false;
   const ckv_pblock *pb = s->blocks[idx].shared;
-  return pb && pb->holders > 1;
+  return pb && (pb->holders > 1 || in_grace(s, pb));
 }
 
 bool ckv_prefix_frozen(ckv_srv_session *s, uint32_t idx) {
@@ -568,7 +576,7 @@ bool ckv_prefix_frozen(ckv_srv_session *s, uint32_t idx) {
   ckv_pblock *pb = b->shared;
   if (!pb)
     return false;
-  if (pb->holders > 1 || pb->swapping) /* a compression in flight names it */
+  if (pb->holders > 1 || pb->swapping || in_grace(s, pb)) /* a compression in flight names it */
     return true;
   /* Ours alone (no retired entry of ours holds it either): private again. */
   b->shared = NULL;

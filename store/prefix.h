@@ -33,7 +33,12 @@
  * when all of them agree (store/shared_moves.h), and the compressed block
  * takes the draft blocks' places in the index.  A block with a single holder
  * is that session's again: the first move that touches it takes it out of
- * the index first (ckv_prefix_frozen). */
+ * the index first (ckv_prefix_frozen).  Except while it waits for a second
+ * holder: a session opened with reuse_prefix keeps each block it publishes
+ * within the token ids it gave (the prefix it means to share) frozen for
+ * share_grace_rounds of its own rounds (lifecycle/policy.h), so a commitkv
+ * writer's judge does not stage the prefix it just published before anyone
+ * could link it. */
 #ifndef CKV_STORE_PREFIX_H
 #define CKV_STORE_PREFIX_H
 

@@ -145,6 +145,10 @@ typedef struct ckv_srv_session {
   bool stall_logged;
   bool quarantined;
   char quarantine_reason[160];
+  /* The token ids OpenSession gave with reuse_prefix (the prefix the worker
+   * means to share): the blocks it publishes below this wait
+   * share_grace_rounds for a second holder (store/prefix.h). */
+  uint64_t declared_prefix_tokens;
   uint64_t pending;         /* tokens whose bytes do not match their state (as of the last plan) */
   uint64_t *next_block_id;  /* daemon-wide counter */
   struct idcount *ids;      /* token id -> occurrences, for the semantic estimate */

@@ -37,6 +37,9 @@ typedef struct ckv_pblock {
   uint16_t sub_tokens;
   uint8_t format;  /* the block's format (draft until compressed once) */
   bool swapping;   /* a compression of it is in flight (shared_moves.c) */
+  /* Its publisher, while the only holder, keeps it frozen until its round
+   * reaches this (share_grace_rounds; 0: no grace). */
+  uint64_t grace_round;
   /* The table entries pointing at it (holders counts these and the retired
    * entries still waiting for their reader). */
   ckv_pblock_user *users;

@@ -706,6 +706,24 @@ static void report_even(ckv_session *s, size_t n, uint64_t round) {
   free(attn);
 }
 
+/* The compressor settles and a's and b's readers acknowledge (so the draft
+ * blocks go): returns the tenant's shared bytes once they are at most a
+ * third of fp16 and every held byte is counted, or as they are after 10 s. */
+static unsigned long long wait_compressed_once(const ckv_test_daemon *d, ckv_session *a, ckv_session *b,
+                                               unsigned long long fp16) {
+  cr_assert_eq(ckv_test_wait_stat(d, "compress_queue", 0, 5000), 0);
+  unsigned long long shared = 0;
+  for (long long end = ckv_test_now_ms() + 10000; ckv_test_now_ms() < end; usleep(20000)) {
+    const ckv_view *v;
+    NEED(ckv_session_view(a, &v) == CKV_OK && ckv_session_ack(a, v->epoch, NULL) == CKV_OK, "a: view/ack");
+    NEED(ckv_session_view(b, &v) == CKV_OK && ckv_session_ack(b, v->epoch, NULL) == CKV_OK, "b: view/ack");
+    shared = ckv_test_stat(d, "bytes.shared");
+    if (shared && shared <= fp16 / 3 && ckv_test_stat(d, "bytes.total") == ckv_test_stat(d, "arenas.0.bytes_used"))
+      break;
+  }
+  return shared;
+}
+
 /* Two commitkv sessions on a 512-token prefix (an fp16 keeper wrote it and
  * goes once both hold it): as their judges stage and commit the prefix, its
  * blocks are compressed once, for both (the same block ids in both views,
@@ -730,17 +748,7 @@ Test(prefix_share, a_shared_prefix_is_compressed_once, .timeout = 60) {
     report_even(a, CPREFIX, round);
     report_even(b, CPREFIX, round);
   }
-  /* the compressor settles; both readers acknowledge, so the draft blocks go */
-  cr_assert_eq(ckv_test_wait_stat(&d, "compress_queue", 0, 5000), 0);
-  unsigned long long shared = 0;
-  for (long long end = ckv_test_now_ms() + 10000; ckv_test_now_ms() < end; usleep(20000)) {
-    const ckv_view *v;
-    NEED(ckv_session_view(a, &v) == CKV_OK && ckv_session_ack(a, v->epoch, NULL) == CKV_OK, "a: view/ack");
-    NEED(ckv_session_view(b, &v) == CKV_OK && ckv_session_ack(b, v->epoch, NULL) == CKV_OK, "b: view/ack");
-    shared = ckv_test_stat(&d, "bytes.shared");
-    if (shared && shared <= prefix_fp16 / 3 && ckv_test_stat(&d, "bytes.total") == ckv_test_stat(&d, "arenas.0.bytes_used"))
-      break;
-  }
+  unsigned long long shared = wait_compressed_once(&d, a, b, prefix_fp16);
   cr_log_info("compressed once: shared %llu bytes of the prefix's FP16 %llu (%.3f)", shared, prefix_fp16,
               (double)shared / (double)prefix_fp16);
   /* measured 0.22 (the sink block FP16, the rest ROT2 at the warm tokens' bits) */
@@ -817,6 +825,90 @@ static unsigned zero_variant(size_t pos, const void *ctx) {
   (void)pos;
   (void)ctx;
   return 0;
+}
+
+/* A commitkv writer opened with reuse_prefix (given CPREFIX ids, it
+ * matches nothing: the tenant holds no prefix yet) and its judge's share
+ * grace: share_grace_rounds (`grace`; < 0: the default). */
+static ckv_session *open_writer(ckv_client *c, const char *id, const uint32_t *ids, double grace) {
+  const char *names[] = {"share_grace_rounds"};
+  ckv_session_options o = {.policy = "commitkv", .model_id = "m", .model_revision = "r1", .token_ids = ids,
+                           .n_token_ids = CPREFIX, .reuse_prefix = true, .param_names = names,
+                           .param_values = &grace, .n_params = grace < 0 ? 0 : 1};
+  ckv_session *s = NULL;
+  int r = ckv_session_open(c, id, &k_geom, &o, &s);
+  cr_assert_eq(r, CKV_OK, "open %s: %s (%s)", id, ckv_strerror(r), ckv_client_last_error(c));
+  cr_assert_eq(ckv_session_matched_tokens(s), 0);
+  return s;
+}
+
+/* What the tenant's index matches of ids now: the worker's answer, checked
+ * against the daemon's. */
+static uint64_t matched_now(ckv_client *c, const uint32_t *ids) {
+  uint64_t m = 0;
+  cr_assert_eq(ckv_client_lookup_prefix(c, ids, CPREFIX, "m", "r1", &m), CKV_OK);
+  cr_assert_eq(m, daemon_lookup(c, ids, CPREFIX, "r1"));
+  return m;
+}
+
+/* The first writer of a prefix is a commitkv session (no fp16 keeper): its
+ * published blocks wait share_grace_rounds (default 4) of its rounds in
+ * draft while no other session holds them, so a session opened within them
+ * links the whole prefix, and once two hold it it is compressed once; past
+ * the grace with no second holder they are the writer's again (its judge
+ * moves them, the index forgets them).  Without the grace (0, the old
+ * behaviour) the writer's first judged round stages the prefix it just
+ * published and almost nothing matches: the check that the grace is what
+ * makes the match. */
+Test(prefix_share, a_commitkv_writer_prefix_waits_for_a_second_holder, .timeout = 60) {
+  ckv_test_daemon d;
+  ckv_test_start_host(&d, "256M", NULL);
+  ckv_client *c = connect_to(&d);
+  uint32_t *ids = prefix_ids();
+  /* no grace: the writer's judge takes its blocks back at once */
+  ckv_session *w0 = open_writer(c, "w0", ids, 0);
+  write_tokens(w0, 0, CPREFIX, 0, 1);
+  report_even(w0, CPREFIX, 2);
+  uint64_t m0 = matched_now(c, ids);
+  cr_log_info("without the grace a commitkv writer's prefix matches %llu of %u", (unsigned long long)m0, CPREFIX);
+  cr_assert_lt(m0, CPREFIX / 4, "without the grace %llu tokens matched", (unsigned long long)m0);
+  cr_assert_eq(ckv_session_drop(w0), CKV_OK);
+  cr_assert_eq(ckv_test_wait_stat(&d, "arenas.0.bytes_used", 0, 5000), 0);
+  /* the default grace, nobody comes: whole for 4 rounds, then the writer's */
+  ckv_session *w1 = open_writer(c, "w1", ids, -1);
+  write_tokens(w1, 0, CPREFIX, 0, 1);
+  for (uint64_t round = 2; round <= 4; round++) {
+    report_even(w1, CPREFIX, round);
+    cr_assert_eq(matched_now(c, ids), CPREFIX, "round %llu: the prefix is not matched within the grace",
+                 (unsigned long long)round);
+  }
+  for (uint64_t round = 5; round <= 6; round++) report_even(w1, CPREFIX, round);
+  uint64_t m1 = matched_now(c, ids);
+  cr_assert_lt(m1, CPREFIX / 4, "past the grace %llu tokens still matched", (unsigned long long)m1);
+  cr_assert_eq(ckv_session_drop(w1), CKV_OK);
+  cr_assert_eq(ckv_test_wait_stat(&d, "arenas.0.bytes_used", 0, 5000), 0);
+  /* a second session within the grace: one copy, compressed once for both */
+  ckv_session *w = open_writer(c, "w", ids, -1);
+  write_tokens(w, 0, CPREFIX, 0, 1);
+  report_even(w, CPREFIX, 2);
+  ckv_session *b = open_s(c, "b", "commitkv", ids, CPREFIX);
+  cr_assert_eq(ckv_session_matched_tokens(b), CPREFIX, "the second session matched %llu",
+               (unsigned long long)ckv_session_matched_tokens(b));
+  for (uint64_t round = 3; round <= 14; round++) {
+    report_even(w, CPREFIX, round);
+    report_even(b, CPREFIX, round - 2);
+  }
+  const unsigned long long prefix_fp16 = CPREFIX / 16 * draft_block_bytes();
+  unsigned long long shared = wait_compressed_once(&d, w, b, prefix_fp16);
+  cr_assert(shared > 0 && shared <= prefix_fp16 / 3, "shared bytes %llu, prefix FP16 %llu: not compressed once",
+            shared, prefix_fp16);
+  cr_assert_eq(ckv_test_stat(&d, "tokens.shared"), 2ull * CPREFIX, "the prefix is no longer shared by both");
+  cr_assert_eq(matched_now(c, ids), CPREFIX, "the compressed prefix is not matched");
+  ckv_session_drop(b);
+  ckv_session_drop(w);
+  free(ids);
+  ckv_client_free(c);
+  ckv_test_stop_clean(&d);
 }
 
 Test(prefix_share, no_protocol_write_into_shared_block, .timeout = 60) {

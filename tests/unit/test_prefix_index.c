@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "commitkv/status.h"
@@ -256,7 +257,12 @@ Test(prefix_index, reader_racing_a_writer_sees_whole_states) {
   pthread_t t;
   cr_assert_eq(pthread_create(&t, NULL, writer_main, &r), 0);
   unsigned all = 0, none = 0, busy = 0;
-  for (int i = 0; i < 100000; i++) {
+  /* 100 000 lookups at least, on until both tables were seen (a loaded
+   * machine may not run the writer for a while), at most 20 s */
+  struct timespec t0, now;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  for (long i = 0;; i++) {
+    if (i >= 100000 && ((all && none) || (clock_gettime(CLOCK_MONOTONIC, &now), now.tv_sec - t0.tv_sec > 20))) break;
     uint64_t m = 0;
     int rc = ckv_pindex_lookup(f.v, "m", "r", ids, 12 * D, &m);
     cr_assert(rc == CKV_OK || rc == CKV_ERR_BUSY, "%d", rc);
