@@ -290,24 +290,36 @@ static probed probe(const ckv_pindex_view *v, ckv_pkey k) {
   return (probed){0, 0, 0};
 }
 
+#define WALK_BATCH 32u /* keys hashed ahead, their slots prefetched together */
+
 /* Leading tokens of ids that the chain from root r matches (prefix.c match:
- * whole blocks of the root's size, a compressed block's sub-blocks in order). */
+ * whole blocks of the root's size, a compressed block's sub-blocks in order).
+ * The keys of a batch of blocks are hashed first and their home slots
+ * prefetched, so the probes' cache misses overlap instead of following one
+ * another (an index the daemon just wrote is cold in the worker's cache). */
 static uint64_t walk(const ckv_pindex_view *v, ckv_pkey root, uint32_t d, const uint32_t *ids, size_t n) {
   if (!d || d > CKV_PINDEX_MAX_KEY_TOKENS) return 0;
+  const size_t blocks = n / d;
   size_t k = 0;
   bool have_last = false;
   uint64_t last_group = 0;
   uint32_t last_sub = 0;
-  for (ckv_pkey prev = root; (k + 1) * (size_t)d <= n; k++) {
-    ckv_pkey key = ckv_pkey_link(prev, ids + k * d, d);
-    probed e = probe(v, key);
-    if (e.tokens != d) break;
-    bool next_of_last = have_last && e.group == last_group;
-    if (next_of_last ? e.sub != last_sub + 1 : e.sub != 0) break;
-    have_last = true;
-    last_group = e.group;
-    last_sub = e.sub;
-    prev = key;
+  ckv_pkey prev = root, keys[WALK_BATCH];
+  while (k < blocks) {
+    size_t batch = blocks - k < WALK_BATCH ? blocks - k : WALK_BATCH;
+    for (size_t i = 0; i < batch; i++) {
+      prev = keys[i] = ckv_pkey_link(prev, ids + (k + i) * d, d);
+      __builtin_prefetch(&v->slot[home(keys[i], v->slots)]);
+    }
+    for (size_t i = 0; i < batch; i++, k++) {
+      probed e = probe(v, keys[i]);
+      if (e.tokens != d) return (uint64_t)k * d;
+      bool next_of_last = have_last && e.group == last_group;
+      if (next_of_last ? e.sub != last_sub + 1 : e.sub != 0) return (uint64_t)k * d;
+      have_last = true;
+      last_group = e.group;
+      last_sub = e.sub;
+    }
   }
   return (uint64_t)k * d;
 }
