@@ -220,9 +220,12 @@ static void arena_error(ckv_client *c, const char *what, uint32_t arena_id, cons
 /* Maps the tenant's prefix index (shm/prefix_index.h).  Optional: an index
  * that cannot be mapped only sends lookups to the daemon. */
 static void map_prefix_index(ckv_client *c, int fd) {
+  ckv_pindex_view *v = NULL;
+  if (ckv_pindex_map(fd, &v) < 0) v = NULL;
+  pthread_rwlock_wrlock(&c->pindex_lock);
   ckv_pindex_unmap(c->pindex);
-  c->pindex = NULL;
-  if (ckv_pindex_map(fd, &c->pindex) < 0) c->pindex = NULL;
+  c->pindex = v;
+  pthread_rwlock_unlock(&c->pindex_lock);
 }
 
 static int attach(ckv_client *c, const char *path, const char *name, bool want_arenas) {
@@ -346,7 +349,7 @@ static int establish(ckv_client *c) {
   }
   pthread_mutex_lock(&c->lock);
   c->dealer = dealer;
-  c->restarted = false;
+  __atomic_store_n(&c->restarted, false, __ATOMIC_RELEASE);
   pthread_mutex_unlock(&c->lock);
   Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
   Commitkv__V1__Hello hello = COMMITKV__V1__HELLO__INIT;
@@ -393,9 +396,11 @@ static void teardown(ckv_client *c) {
     c->arena = NULL;
   }
   /* The dead daemon's index says nothing about the next one's blocks. */
+  pthread_rwlock_wrlock(&c->pindex_lock);
   ckv_pindex_unmap(c->pindex);
   c->pindex = NULL;
-  c->restarted = true;
+  pthread_rwlock_unlock(&c->pindex_lock);
+  __atomic_store_n(&c->restarted, true, __ATOMIC_RELEASE);
   /* Every session handle of the old daemon is stale from here on, in the same
    * step as its memory goes: a session opened on the next connection (by
    * another thread, as soon as establish clears `restarted`) never is. */
@@ -414,6 +419,7 @@ int ckv_client_connect(const ckv_client_options *opt, ckv_client **ret) {
   ckv_client *c = calloc(1, sizeof(*c));
   if (!c) return -ENOMEM;
   pthread_mutex_init(&c->lock, NULL);
+  pthread_rwlock_init(&c->pindex_lock, NULL);
   pthread_mutex_init(&c->hb_lock, NULL);
   pthread_mutex_init(&c->reconnect_lock, NULL);
   pthread_cond_init(&c->hb_cond, NULL);
@@ -500,7 +506,9 @@ ckv_client *ckv_client_free(ckv_client *c) {
     pthread_join(c->hb_thread, NULL);
   }
   /* Lookups answered here since the last heartbeat still count. */
-  if (c->dealer && !c->restarted && (c->local_lookup_tokens || c->local_hit_tokens)) (void)ckv_client_heartbeat(c);
+  if (c->dealer && !c->restarted &&
+      (__atomic_load_n(&c->local_lookup_tokens, __ATOMIC_RELAXED) || __atomic_load_n(&c->local_hit_tokens, __ATOMIC_RELAXED)))
+    (void)ckv_client_heartbeat(c);
   if (c->dealer) zmq_close(c->dealer);
   if (c->zctx) zmq_ctx_term(c->zctx);
   if (c->attach_fd >= 0) close(c->attach_fd);
@@ -511,6 +519,7 @@ ckv_client *ckv_client_free(ckv_client *c) {
   pthread_mutex_destroy(&c->hb_lock);
   pthread_mutex_destroy(&c->reconnect_lock);
   pthread_mutex_destroy(&c->lock);
+  pthread_rwlock_destroy(&c->pindex_lock);
   free(c);
   return NULL;
 }
@@ -548,11 +557,8 @@ uint32_t ckv_client_lease_ms(const ckv_client *c) { return c->lease_ms; }
 int ckv_client_heartbeat(ckv_client *c) {
   Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
   Commitkv__V1__Heartbeat hb = COMMITKV__V1__HEARTBEAT__INIT;
-  pthread_mutex_lock(&c->lock);
-  hb.prefix_lookup_tokens = c->local_lookup_tokens;
-  hb.prefix_hit_tokens = c->local_hit_tokens;
-  c->local_lookup_tokens = c->local_hit_tokens = 0;
-  pthread_mutex_unlock(&c->lock);
+  hb.prefix_lookup_tokens = __atomic_exchange_n(&c->local_lookup_tokens, 0, __ATOMIC_RELAXED);
+  hb.prefix_hit_tokens = __atomic_exchange_n(&c->local_hit_tokens, 0, __ATOMIC_RELAXED);
   req.body_case = COMMITKV__V1__REQUEST__BODY_HEARTBEAT;
   req.heartbeat = &hb;
   Commitkv__V1__Response *rep;
@@ -560,10 +566,8 @@ int ckv_client_heartbeat(ckv_client *c) {
   if (r == 0) {
     ckv_rpc_free(rep);
   } else if (r != CKV_ERR_INVALID && r != CKV_ERR_AUTH) { /* not counted: try with the next one */
-    pthread_mutex_lock(&c->lock);
-    c->local_lookup_tokens += hb.prefix_lookup_tokens;
-    c->local_hit_tokens += hb.prefix_hit_tokens;
-    pthread_mutex_unlock(&c->lock);
+    __atomic_fetch_add(&c->local_lookup_tokens, hb.prefix_lookup_tokens, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&c->local_hit_tokens, hb.prefix_hit_tokens, __ATOMIC_RELAXED);
   }
   return r;
 }
@@ -669,7 +673,7 @@ int ckv_rpc(ckv_client *c, Commitkv__V1__Request *req, Commitkv__V1__Response **
     if (zmq_poll(it, watch_attach ? 2 : 1, (long)left) <= 0) continue;
     if (watch_attach && it[1].revents) {
       if (attach_closed(c)) {
-        c->restarted = true;
+        __atomic_store_n(&c->restarted, true, __ATOMIC_RELEASE);
         r = CKV_ERR_DAEMON_RESTARTED;
         snprintf(c->last_error, sizeof(c->last_error),
                  "the daemon went away (its attach socket closed): ckv_client_reconnect() re-attaches once a "
@@ -696,7 +700,7 @@ int ckv_rpc(ckv_client *c, Commitkv__V1__Request *req, Commitkv__V1__Response **
     rep = NULL;
   }
   if (rep->boot_token.len == sizeof(c->boot_token) && memcmp(rep->boot_token.data, c->boot_token, 16) != 0) {
-    c->restarted = true;
+    __atomic_store_n(&c->restarted, true, __ATOMIC_RELEASE);
     r = CKV_ERR_DAEMON_RESTARTED;
     snprintf(c->last_error, sizeof(c->last_error), "the daemon restarted: ckv_client_reconnect() re-attaches");
     goto out;

@@ -25,8 +25,11 @@ struct ckv_client {
   ckv_arena *previous_arena;
   uint32_t arena_id;
   /* The tenant's prefix index, mapped read-only (NULL: none; LookupPrefix
-   * goes to the daemon), and the lookups it answered since the last
-   * heartbeat (sent with it: the tenant's lookup figures). */
+   * goes to the daemon), under its own lock so a lookup never waits for
+   * another thread's request (attach and reconnect write it), and the
+   * lookups it answered since the last heartbeat (atomic; sent with it: the
+   * tenant's lookup figures). */
+  pthread_rwlock_t pindex_lock;
   ckv_pindex_view *pindex;
   uint64_t local_lookup_tokens, local_hit_tokens;
   bool arena_kept;      /* the last attach kept previous_arena (a warm restart of the daemon) */
@@ -41,7 +44,8 @@ struct ckv_client {
   uint32_t lease_ms, heartbeat_ms;
   char last_error[512];
   char last_note[512]; /* the text of the last successful reply (ckv_client_last_note) */
-  bool restarted; /* the daemon's boot token changed: every call fails until reconnect */
+  bool restarted; /* the daemon's boot token changed: every call fails until reconnect (atomic stores:
+                   * a prefix lookup reads it without c->lock) */
   uint64_t generation; /* bumped by each reconnect: sessions opened before are stale */
   pthread_mutex_t reconnect_lock;
   char socket_ep[512], attach_path[512], name[64];

@@ -231,15 +231,16 @@ int ckv_client_lookup_prefix(ckv_client *c, const uint32_t *token_ids, size_t n,
   if (!c || !ret_matched || (n && !token_ids) || n > SIZE_MAX / 4) return CKV_ERR_INVALID;
   /* In this process when the daemon published the tenant's index: no round
    * trip (the answer is advisory either way: reuse_prefix matches again). */
-  pthread_mutex_lock(&c->lock);
   bool names_ok = model_name_ok(model_id) && model_name_ok(model_revision);
-  int local = c->pindex && !c->restarted && names_ok ? ckv_pindex_lookup(c->pindex, model_id, model_revision, token_ids, n, ret_matched)
-                                         : CKV_ERR_BUSY;
+  pthread_rwlock_rdlock(&c->pindex_lock);
+  int local = c->pindex && names_ok && !__atomic_load_n(&c->restarted, __ATOMIC_ACQUIRE)
+                  ? ckv_pindex_lookup(c->pindex, model_id, model_revision, token_ids, n, ret_matched)
+                  : CKV_ERR_BUSY;
+  pthread_rwlock_unlock(&c->pindex_lock);
   if (local == CKV_OK) {
-    c->local_lookup_tokens += n;
-    c->local_hit_tokens += *ret_matched;
+    __atomic_fetch_add(&c->local_lookup_tokens, (uint64_t)n, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&c->local_hit_tokens, *ret_matched, __ATOMIC_RELAXED);
   }
-  pthread_mutex_unlock(&c->lock);
   if (local == CKV_OK) return CKV_OK;
   Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
   Commitkv__V1__LookupPrefix l = COMMITKV__V1__LOOKUP_PREFIX__INIT;

@@ -443,9 +443,9 @@ static uint64_t daemon_lookup(ckv_client *c, const uint32_t *ids, size_t n, cons
 /* The client's lookup, which must be answered from its mapped index:
  * returns the match and adds n to *asked. */
 static uint64_t local_lookup(ckv_client *c, const uint32_t *ids, size_t n, const char *rev, uint64_t *asked) {
-  uint64_t before = c->local_lookup_tokens, m = 99999;
+  uint64_t before = __atomic_load_n(&c->local_lookup_tokens, __ATOMIC_RELAXED), m = 99999;
   cr_assert_eq(ckv_client_lookup_prefix(c, ids, n, "m", rev, &m), CKV_OK, "%s", ckv_client_last_error(c));
-  cr_assert_eq(c->local_lookup_tokens, before + n, "the lookup of %zu ids was not answered in this process", n);
+  cr_assert_eq(__atomic_load_n(&c->local_lookup_tokens, __ATOMIC_RELAXED), before + n, "the lookup of %zu ids was not answered in this process", n);
   *asked += n;
   return m;
 }
