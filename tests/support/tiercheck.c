@@ -3,6 +3,7 @@
 
 #include <criterion/criterion.h>
 #include <dirent.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,6 +68,45 @@ ckv_session *ckv_test_session_with_rounds(ckv_client *c, const char *id, const c
   }
   free(attn);
   return s;
+}
+
+ckv_session *ckv_test_written_session(ckv_client *c, const char *id, const ckv_geometry *g, uint32_t n, int *ret_code,
+                                      char *msg, size_t len) {
+  ckv_session_options so = {.policy = "fp16"};
+  ckv_session *s = NULL;
+  uint64_t first;
+  int r = ckv_session_open(c, id, g, &so, &s);
+  if (r == CKV_OK) r = ckv_session_append(s, n, NULL, NULL, NULL, NULL, &first);
+  if (r == CKV_OK) {
+    ckv_test_write_tokens(s, g, 0, n);
+    float *attn = calloc(n, sizeof(float));
+    ckv_round_result rr;
+    r = attn ? ckv_session_report(s, 1, 0, attn, n, &rr) : -ENOMEM;
+    free(attn);
+    if (r == CKV_OK) r = ckv_session_ack(s, rr.epoch, NULL);
+  }
+  *ret_code = r;
+  if (r != CKV_OK) {
+    snprintf(msg, len, "%s: %s (%s)", id, ckv_strerror(r), ckv_client_last_error(c));
+    if (s) ckv_session_close(s);
+    return NULL;
+  }
+  return s;
+}
+
+unsigned long long ckv_test_arena_used(ckv_client *c, const char *name) {
+  Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
+  Commitkv__V1__StatsRequest g = COMMITKV__V1__STATS_REQUEST__INIT;
+  req.body_case = COMMITKV__V1__REQUEST__BODY_STATS;
+  req.stats = &g;
+  Commitkv__V1__Response *rep = NULL;
+  cr_assert_eq(ckv_rpc(c, &req, &rep), CKV_OK);
+  unsigned long long used = ~0ull;
+  for (size_t i = 0; i < rep->stats->n_arenas; i++)
+    if (strcmp(rep->stats->arenas[i]->tenant, name) == 0) used = rep->stats->arenas[i]->bytes_used;
+  ckv_rpc_free(rep);
+  cr_assert_neq(used, ~0ull, "no arena of tenant %s", name);
+  return used;
 }
 
 Commitkv__V1__Response *ckv_test_list_sessions(ckv_client *c) {
@@ -134,7 +174,8 @@ void ckv_test_wait_settled(ckv_client *c) {
   for (;;) {
     Commitkv__V1__Response *rep = ckv_test_list_sessions(c);
     uint64_t pending = 0;
-    for (size_t i = 0; i < rep->session_list->n_sessions; i++) pending += rep->session_list->sessions[i]->pending_tokens;
+    for (size_t i = 0; i < rep->session_list->n_sessions; i++)
+      pending += rep->session_list->sessions[i]->pending_tokens;
     ckv_rpc_free(rep);
     if (!pending) return;
     cr_assert_lt(ckv_test_now_ms(), end, "moves never finished");

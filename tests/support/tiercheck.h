@@ -1,7 +1,8 @@
 /* tiercheck.h - what the tier tests (test_tiers, test_tier_remote,
- * test_tier_pressure) share: sessions given K/V and a history the same way
- * (so a view that went down and came back can be checked against
- * ckv_test_kv_value), where a session lives (the tier its ListSessions entry names, whether its file sits in the
+ * test_tier_pressure, test_high_water) share: sessions given K/V and a
+ * history the same way (so a view that went down and came back can be
+ * checked against ckv_test_kv_value), a tenant's arena bytes, where a session
+ * lives (the tier its ListSessions entry names, whether its file sits in the
  * disk tier, state_dir/tier/<tenant>/<id>.ckvsnap), and the waits for a
  * session, a stats field or every move to get where a test needs it.  The
  * waits poll for up to CKV_TEST_TIER_DEADLINE_MS and then fail the test. */
@@ -34,7 +35,19 @@ void ckv_test_write_tokens(ckv_session *s, const ckv_geometry *g, size_t from, s
 ckv_session *ckv_test_session_with_rounds(ckv_client *c, const char *id, const ckv_geometry *g,
                                           const ckv_session_options *base, uint32_t rounds);
 
-/* ---- where sessions are ---- */
+/* An fp16 session of n tokens on g with K/V written and one round reported
+ * (so the daemon knows its worker is done writing), its epoch acked.  It
+ * asserts nothing about the steps (a child of ckv_test_run_as may call it):
+ * NULL, the failing step's code in *ret_code and "id: error (text)" in msg
+ * when one failed; otherwise the session, *ret_code CKV_OK. */
+ckv_session *ckv_test_written_session(ckv_client *c, const char *id, const ckv_geometry *g, uint32_t n, int *ret_code,
+                                      char *msg, size_t len);
+
+/* ---- where bytes and sessions are ---- */
+
+/* Tenant `name`'s arena bytes in use (Stats; c must see that tenant's
+ * arena); fails the test when it has none. */
+unsigned long long ckv_test_arena_used(ckv_client *c, const char *name);
 
 /* The ListSessions reply (asserted to be one); free it with ckv_rpc_free. */
 Commitkv__V1__Response *ckv_test_list_sessions(ckv_client *c);
