@@ -76,6 +76,20 @@ static ckv_client *connect_to(const ckv_test_daemon *d) {
   return c;
 }
 
+/* A fresh store, daemon d on it, and a client of d: how most tests begin. */
+static ckv_client *start_with_store(ckv_test_store *st, ckv_test_daemon *d) {
+  ckv_test_store_start(st);
+  daemon_start(d, st);
+  return connect_to(d);
+}
+
+/* How they end: c freed, d stopped (it must exit 0), then the store. */
+static void stop_with_store(ckv_client *c, ckv_test_daemon *d, ckv_test_store *st) {
+  ckv_client_free(c);
+  cr_assert_eq(ckv_test_daemon_stop(d), 0);
+  ckv_test_store_stop(st);
+}
+
 /* Until the store holds `want` keys matching pattern. */
 static void wait_store_keys(const ckv_test_store *st, const char *pattern, size_t want) {
   long long end = ckv_test_now_ms() + DEADLINE_MS;
@@ -101,6 +115,14 @@ static ckv_session *session_with_rounds(ckv_client *c, const char *id, uint32_t 
   return ckv_test_session_with_rounds(c, id, &k_geom, &so, rounds);
 }
 
+/* session_with_rounds, its moves done, then quiet until it is in the remote tier. */
+static ckv_session *session_in_store(const ckv_test_daemon *d, ckv_client *c, const char *id, uint32_t rounds) {
+  ckv_session *s = session_with_rounds(c, id, rounds);
+  ckv_test_wait_settled(c);
+  ckv_test_wait_tier(d, c, id, "remote");
+  return s;
+}
+
 /* GetView of `id`, its code and text (no assertion on either). */
 static int get_view_raw(ckv_client *c, const char *id, char *msg, size_t len) {
   Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
@@ -119,10 +141,8 @@ static int get_view_raw(ckv_client *c, const char *id, char *msg, size_t len) {
 
 Test(tier_remote, idle_session_goes_disk_then_remote_and_back, .timeout = 120) {
   ckv_test_store st;
-  ckv_test_store_start(&st);
   ckv_test_daemon d;
-  daemon_start(&d, &st);
-  ckv_client *c = connect_to(&d);
+  ckv_client *c = start_with_store(&st, &d);
   ckv_session *a = session_with_rounds(c, "rt-a", 12);
   ckv_session *b = session_with_rounds(c, "rt-b", 4);
   ckv_test_wait_settled(c);
@@ -176,17 +196,13 @@ Test(tier_remote, idle_session_goes_disk_then_remote_and_back, .timeout = 120) {
   ckv_test_capture_free(&before);
   ckv_test_capture_free(&after);
   ckv_session_close(a);
-  ckv_client_free(c);
-  cr_assert_eq(ckv_test_daemon_stop(&d), 0);
-  ckv_test_store_stop(&st);
+  stop_with_store(c, &d, &st);
 }
 
 Test(tier_remote, store_stopped_keeps_the_session_and_says_so, .timeout = 180) {
   ckv_test_store st;
-  ckv_test_store_start(&st);
   ckv_test_daemon d;
-  daemon_start(&d, &st);
-  ckv_client *c = connect_to(&d);
+  ckv_client *c = start_with_store(&st, &d);
   cr_assert_eq(kill(st.pid, SIGSTOP), 0);
   ckv_session *a = session_with_rounds(c, "rt-s", 10);
   ckv_test_wait_settled(c);
@@ -228,9 +244,7 @@ Test(tier_remote, store_stopped_keeps_the_session_and_says_so, .timeout = 180) {
   ckv_test_capture_free(&before);
   ckv_test_capture_free(&after);
   ckv_session_close(a);
-  ckv_client_free(c);
-  cr_assert_eq(ckv_test_daemon_stop(&d), 0);
-  ckv_test_store_stop(&st);
+  stop_with_store(c, &d, &st);
 }
 
 Test(tier_remote, kill9_on_one_resumes_on_another, .timeout = 120) {
@@ -280,13 +294,9 @@ Test(tier_remote, kill9_on_one_resumes_on_another, .timeout = 120) {
  * the conversation was recorded before the drop was answered, and the store's copy is fenced. */
 Test(tier_remote, a_dropped_session_never_comes_back_from_the_store, .timeout = 180) {
   ckv_test_store st;
-  ckv_test_store_start(&st);
   ckv_test_daemon d;
-  daemon_start(&d, &st);
-  ckv_client *c = connect_to(&d);
-  ckv_session *s = session_with_rounds(c, "rt-n1", 6);
-  ckv_test_wait_settled(c);
-  ckv_test_wait_tier(&d, c, "rt-n1", "remote");
+  ckv_client *c = start_with_store(&st, &d);
+  ckv_session *s = session_in_store(&d, c, "rt-n1", 6);
   ckv_test_store_cmd(&st, "SAVE"); /* what the store holds now comes back with it */
   int port = st.port;
   ckv_test_store_kill(&st);
@@ -305,9 +315,7 @@ Test(tier_remote, a_dropped_session_never_comes_back_from_the_store, .timeout = 
   char *log = ckv_test_read_file(d.log);
   cr_assert(log && strstr(log, "copy-fenced"), "the daemon did not say it fenced the store's copy");
   free(log);
-  ckv_client_free(c);
-  cr_assert_eq(ckv_test_daemon_stop(&d), 0);
-  ckv_test_store_stop(&st);
+  stop_with_store(c, &d, &st);
 }
 
 /* ---- the store fence (issue 40: "with a store shared by several daemons
@@ -351,13 +359,9 @@ static void resume_refused(ckv_client *c, const char *id, const char *what) {
  * token with code 0.) */
 Test(tier_remote, a_second_daemon_never_takes_a_copy_the_store_fence_ended, .timeout = 180) {
   ckv_test_store st;
-  ckv_test_store_start(&st);
   ckv_test_daemon a, b;
-  daemon_start(&a, &st);
-  ckv_client *ca = connect_to(&a);
-  ckv_session *s = session_with_rounds(ca, "rt-fleet", 6);
-  ckv_test_wait_settled(ca);
-  ckv_test_wait_tier(&a, ca, "rt-fleet", "remote");
+  ckv_client *ca = start_with_store(&st, &a);
+  ckv_session *s = session_in_store(&a, ca, "rt-fleet", 6);
   size_t old_len = 0;
   uint8_t *old = ckv_test_store_get(&st, TIER_KEY("rt-fleet"), &old_len);
   cr_assert_not_null(old, "the remote tier's value is not under its key");
@@ -388,10 +392,8 @@ Test(tier_remote, a_second_daemon_never_takes_a_copy_the_store_fence_ended, .tim
   cr_assert(log && strstr(log, "copy-fenced") && strstr(log, "ended"), "daemon B did not say it fenced the copy");
   free(log);
   ckv_client_free(cb);
-  ckv_client_free(ca);
   cr_assert_eq(ckv_test_daemon_stop(&b), 0);
-  cr_assert_eq(ckv_test_daemon_stop(&a), 0);
-  ckv_test_store_stop(&st);
+  stop_with_store(ca, &a, &st);
 }
 
 /* a_forged_or_moved_store_fence_never_lets_an_old_value_through (issue 40): daemon A drops a session
@@ -403,13 +405,9 @@ Test(tier_remote, a_second_daemon_never_takes_a_copy_the_store_fence_ended, .tim
  * with the genuine record back it refuses it too. */
 Test(tier_remote, a_forged_or_moved_store_fence_never_lets_an_old_value_through, .timeout = 180) {
   ckv_test_store st;
-  ckv_test_store_start(&st);
   ckv_test_daemon a, b;
-  daemon_start(&a, &st);
-  ckv_client *ca = connect_to(&a);
-  ckv_session *s = session_with_rounds(ca, "rt-forge", 6);
-  ckv_test_wait_settled(ca);
-  ckv_test_wait_tier(&a, ca, "rt-forge", "remote");
+  ckv_client *ca = start_with_store(&st, &a);
+  ckv_session *s = session_in_store(&a, ca, "rt-forge", 6);
   size_t old_len = 0, gen_len = 0, live_len = 0;
   uint8_t *old = ckv_test_store_get(&st, TIER_KEY("rt-forge"), &old_len);
   cr_assert_not_null(old);
@@ -447,10 +445,8 @@ Test(tier_remote, a_forged_or_moved_store_fence_never_lets_an_old_value_through,
   free(live_rec);
   ckv_session_close(live);
   ckv_client_free(cb);
-  ckv_client_free(ca);
   cr_assert_eq(ckv_test_daemon_stop(&b), 0);
-  cr_assert_eq(ckv_test_daemon_stop(&a), 0);
-  ckv_test_store_stop(&st);
+  stop_with_store(ca, &a, &st);
 }
 
 /* a_drop_with_the_store_hung_is_answered_within_its_timeout (issue 40): the store stopped
@@ -459,13 +455,9 @@ Test(tier_remote, a_forged_or_moved_store_fence_never_lets_an_old_value_through,
  * text naming the failed delete; the store back, the retry writes the fence and deletes the copy. */
 Test(tier_remote, a_drop_with_the_store_hung_is_answered_within_its_timeout, .timeout = 120) {
   ckv_test_store st;
-  ckv_test_store_start(&st);
   ckv_test_daemon d;
-  daemon_start(&d, &st);
-  ckv_client *c = connect_to(&d);
-  ckv_session *s = session_with_rounds(c, "rt-hung", 4);
-  ckv_test_wait_settled(c);
-  ckv_test_wait_tier(&d, c, "rt-hung", "remote");
+  ckv_client *c = start_with_store(&st, &d);
+  ckv_session *s = session_in_store(&d, c, "rt-hung", 4);
   size_t open_len = 0;
   uint8_t *open_rec = ckv_test_store_get(&st, FENCE_KEY("rt-hung"), &open_len);
   cr_assert_eq(kill(st.pid, SIGSTOP), 0);
@@ -482,7 +474,5 @@ Test(tier_remote, a_drop_with_the_store_hung_is_answered_within_its_timeout, .ti
   cr_assert(store_changes_soon(&st, FENCE_KEY("rt-hung"), open_rec, open_len), "the fence's retry never landed");
   wait_store_keys(&st, TIER_KEY("rt-hung"), 0);
   free(open_rec);
-  ckv_client_free(c);
-  cr_assert_eq(ckv_test_daemon_stop(&d), 0);
-  ckv_test_store_stop(&st);
+  stop_with_store(c, &d, &st);
 }
