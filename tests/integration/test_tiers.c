@@ -64,6 +64,18 @@ static ckv_client *connect_to(const ckv_test_daemon *d) {
   return c;
 }
 
+/* daemon_start and a client of it: how most tests begin. */
+static ckv_client *start_with_client(ckv_test_daemon *d, const char *disk_memory) {
+  daemon_start(d, disk_memory);
+  return connect_to(d);
+}
+
+/* How they end: c freed, d stopped (it must exit 0). */
+static void stop_with_client(ckv_client *c, ckv_test_daemon *d) {
+  ckv_client_free(c);
+  cr_assert_eq(ckv_test_daemon_stop(d), 0);
+}
+
 static void wait_tier_file_gone(const ckv_test_daemon *d, const char *id) {
   long long end = ckv_test_now_ms() + DEADLINE_MS;
   while (ckv_test_tier_file_exists(d, id)) {
@@ -86,12 +98,20 @@ static ckv_session *session_with_rounds(ckv_client *c, const char *id, const cha
   return ckv_test_session_with_rounds(c, id, &k_geom, &so, rounds);
 }
 
+/* A commitkv session `id` of `rounds` rounds, its moves done, and its view then (*ret_before): what it must read as
+ * once it went down and came back. */
+static ckv_session *settled_session(ckv_client *c, const char *id, uint32_t rounds, ckv_capture *ret_before) {
+  ckv_session *s = session_with_rounds(c, id, "commitkv", rounds);
+  ckv_test_wait_settled(c);
+  *ret_before = ckv_test_capture_view(c, id, &k_geom);
+  return s;
+}
+
 /* ---- tests ---- */
 
 Test(tiers, idle_session_goes_to_disk_and_back, .timeout = 120) {
   ckv_test_daemon d;
-  daemon_start(&d, "64M");
-  ckv_client *c = connect_to(&d);
+  ckv_client *c = start_with_client(&d, "64M");
   ckv_session *a = session_with_rounds(c, "tier-a", "commitkv", 12);
   ckv_session *b = session_with_rounds(c, "tier-b", "fp16", 3);
   ckv_test_wait_settled(c);
@@ -165,8 +185,7 @@ Test(tiers, idle_session_goes_to_disk_and_back, .timeout = 120) {
   ckv_test_capture_free(&after_b);
   ckv_session_close(a);
   ckv_session_close(b);
-  ckv_client_free(c);
-  cr_assert_eq(ckv_test_daemon_stop(&d), 0);
+  stop_with_client(c, &d);
 }
 
 /* Acquire with prefetch (ckv_session_prefetch): on a resident session it says so; on a session on
@@ -174,11 +193,9 @@ Test(tiers, idle_session_goes_to_disk_and_back, .timeout = 120) {
  * later), and the session then comes back with no other request, identical, restored once. */
 Test(tiers, prefetch_starts_the_way_back_and_answers_at_once, .timeout = 120) {
   ckv_test_daemon d;
-  daemon_start(&d, "64M");
-  ckv_client *c = connect_to(&d);
-  ckv_session *a = session_with_rounds(c, "tier-p", "commitkv", 12);
-  ckv_test_wait_settled(c);
-  ckv_capture before = ckv_test_capture_view(c, "tier-p", &k_geom);
+  ckv_client *c = start_with_client(&d, "64M");
+  ckv_capture before;
+  ckv_session *a = settled_session(c, "tier-p", 12, &before);
   bool resident = false;
   cr_assert_eq(ckv_session_prefetch(a, &resident), CKV_OK, "%s", ckv_client_last_error(c));
   cr_assert(resident, "a session in memory answered not resident");
@@ -201,14 +218,12 @@ Test(tiers, prefetch_starts_the_way_back_and_answers_at_once, .timeout = 120) {
   ckv_test_capture_free(&before);
   ckv_test_capture_free(&after);
   ckv_session_close(a);
-  ckv_client_free(c);
-  cr_assert_eq(ckv_test_daemon_stop(&d), 0);
+  stop_with_client(c, &d);
 }
 
 Test(tiers, request_during_offload_keeps_session, .timeout = 180) {
   ckv_test_daemon d;
-  daemon_start(&d, "1G");
-  ckv_client *c = connect_to(&d);
+  ckv_client *c = start_with_client(&d, "1G");
   /* large enough that its write takes a while: 32 layers x 8 heads x 128 dims, 256 tokens (32 MiB) */
   const ckv_geometry g = {32, 8, 128, 0};
   ckv_session_options so = {.policy = "fp16"};
@@ -265,14 +280,12 @@ Test(tiers, request_during_offload_keeps_session, .timeout = 180) {
     }
   }
   ckv_session_close(s);
-  ckv_client_free(c);
-  cr_assert_eq(ckv_test_daemon_stop(&d), 0);
+  stop_with_client(c, &d);
 }
 
 Test(tiers, disk_memory_too_small_stays_resident, .timeout = 60) {
   ckv_test_daemon d;
-  daemon_start(&d, "4K");
-  ckv_client *c = connect_to(&d);
+  ckv_client *c = start_with_client(&d, "4K");
   ckv_session *s = session_with_rounds(c, "tier-small", "commitkv", 4);
   ckv_test_wait_settled(c); /* the last round's moves change the arena's bytes (slowly under valgrind) */
   unsigned long long used = ckv_test_stat(&d, "arenas.0.bytes_used");
@@ -288,17 +301,14 @@ Test(tiers, disk_memory_too_small_stays_resident, .timeout = 60) {
   ckv_capture v = ckv_test_capture_view(c, "tier-small", &k_geom); /* still served at once */
   ckv_test_capture_free(&v);
   ckv_session_close(s);
-  ckv_client_free(c);
-  cr_assert_eq(ckv_test_daemon_stop(&d), 0);
+  stop_with_client(c, &d);
 }
 
 Test(tiers, kill9_with_session_on_disk_resumes, .timeout = 120) {
   ckv_test_daemon d;
-  daemon_start(&d, "64M");
-  ckv_client *c = connect_to(&d);
-  ckv_session *s = session_with_rounds(c, "tier-k", "commitkv", 10);
-  ckv_test_wait_settled(c);
-  ckv_capture before = ckv_test_capture_view(c, "tier-k", &k_geom);
+  ckv_client *c = start_with_client(&d, "64M");
+  ckv_capture before;
+  ckv_session *s = settled_session(c, "tier-k", 10, &before);
   ckv_session_close(s); /* detached: it goes down all the same */
   ckv_test_wait_stat_at_least(&d, "tiers.1.offloads", 1);
   cr_assert(ckv_test_tier_file_exists(&d, "tier-k"));
@@ -335,8 +345,7 @@ Test(tiers, kill9_with_session_on_disk_resumes, .timeout = 120) {
   ckv_test_capture_free(&before);
   ckv_test_capture_free(&after);
   ckv_session_close(s2);
-  ckv_client_free(c);
-  cr_assert_eq(ckv_test_daemon_stop(&d), 0);
+  stop_with_client(c, &d);
 }
 
 Test(tiers, reference_worker_rides_through_offload, .timeout = 120) {
