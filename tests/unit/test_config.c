@@ -386,6 +386,20 @@ typedef struct num_case {
   uint64_t value;
 } num_case;
 
+/* Each case through parse, its output preset to `unset`: the status, then the value on success or the output
+ * untouched on failure. */
+static void expect_num_cases(int (*parse)(const char *, uint64_t *), const num_case *cases, size_t n, uint64_t unset) {
+  for (size_t i = 0; i < n; i++) {
+    uint64_t v = unset;
+    int r = parse(cases[i].text, &v);
+    cr_expect_eq(r, cases[i].status, "'%s': got %d", cases[i].text, r);
+    if (cases[i].status == CKV_OK)
+      cr_expect_eq(v, cases[i].value, "'%s': got %llu", cases[i].text, (unsigned long long)v);
+    else
+      cr_expect_eq(v, unset, "'%s': output written on failure", cases[i].text);
+  }
+}
+
 Test(config, parse_size) {
   static const num_case cases[] = {
       {"0", CKV_OK, 0},
@@ -420,15 +434,7 @@ Test(config, parse_size) {
       {"G", CKV_ERR_INVALID, 0},
       {"0x10", CKV_ERR_INVALID, 0},
   };
-  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    uint64_t v = 12345;
-    int r = ckv_parse_size(cases[i].text, &v);
-    cr_expect_eq(r, cases[i].status, "'%s': got %d", cases[i].text, r);
-    if (cases[i].status == CKV_OK)
-      cr_expect_eq(v, cases[i].value, "'%s': got %llu", cases[i].text, (unsigned long long)v);
-    else
-      cr_expect_eq(v, 12345, "'%s': output written on failure", cases[i].text);
-  }
+  expect_num_cases(ckv_parse_size, cases, sizeof cases / sizeof cases[0], 12345);
   cr_expect_eq(ckv_parse_size(NULL, &(uint64_t){0}), CKV_ERR_INVALID);
 }
 
@@ -456,15 +462,7 @@ Test(config, parse_duration) {
       {"1m30s", CKV_ERR_INVALID, 0},
       {"5us", CKV_ERR_INVALID, 0},
   };
-  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    uint64_t v = 777;
-    int r = ckv_parse_duration_ms(cases[i].text, &v);
-    cr_expect_eq(r, cases[i].status, "'%s': got %d", cases[i].text, r);
-    if (cases[i].status == CKV_OK)
-      cr_expect_eq(v, cases[i].value, "'%s': got %llu", cases[i].text, (unsigned long long)v);
-    else
-      cr_expect_eq(v, 777, "'%s': output written on failure", cases[i].text);
-  }
+  expect_num_cases(ckv_parse_duration_ms, cases, sizeof cases / sizeof cases[0], 777);
 }
 
 Test(config, format_round_trip) {
