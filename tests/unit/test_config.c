@@ -465,30 +465,29 @@ Test(config, parse_duration) {
   expect_num_cases(ckv_parse_duration_ms, cases, sizeof cases / sizeof cases[0], 777);
 }
 
+/* Each value formats to its text, and that text parses back to the value. */
+static void expect_round_trips(void (*format)(uint64_t, char *, size_t), int (*parse)(const char *, uint64_t *),
+                               const uint64_t *values, const char *const *texts, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    char buf[32];
+    uint64_t back = 0;
+    format(values[i], buf, sizeof buf);
+    cr_expect_str_eq(buf, texts[i]);
+    cr_expect_eq(parse(buf, &back), CKV_OK, "%s", buf);
+    cr_expect_eq(back, values[i], "%s", buf);
+  }
+}
+
 Test(config, format_round_trip) {
   static const uint64_t sizes[] = {0, 1, 1023, 1024, 1536, 4ull << 30, 3ull << 40, 5ull << 50,
                                    (1ull << 60), 1000000007ull, UINT64_MAX};
   static const char *const size_text[] = {"0", "1", "1023", "1K", "1536", "4G", "3T", "5P",
                                           "1024P", "1000000007", "18446744073709551615"};
-  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
-    char buf[32];
-    uint64_t back = 0;
-    ckv_format_size(sizes[i], buf, sizeof buf);
-    cr_expect_str_eq(buf, size_text[i]);
-    cr_expect_eq(ckv_parse_size(buf, &back), CKV_OK, "%s", buf);
-    cr_expect_eq(back, sizes[i], "%s", buf);
-  }
+  expect_round_trips(ckv_format_size, ckv_parse_size, sizes, size_text, sizeof sizes / sizeof sizes[0]);
   static const uint64_t durs[] = {0, 1, 999, 1000, 1500, 60000, 90000, 3600000, 86400000, 172800001};
   static const char *const dur_text[] = {"0", "1ms", "999ms", "1s", "1500ms", "1m", "90s",
                                          "1h", "1d", "172800001ms"};
-  for (size_t i = 0; i < sizeof durs / sizeof durs[0]; i++) {
-    char buf[32];
-    uint64_t back = 0;
-    ckv_format_duration_ms(durs[i], buf, sizeof buf);
-    cr_expect_str_eq(buf, dur_text[i]);
-    cr_expect_eq(ckv_parse_duration_ms(buf, &back), CKV_OK, "%s", buf);
-    cr_expect_eq(back, durs[i], "%s", buf);
-  }
+  expect_round_trips(ckv_format_duration_ms, ckv_parse_duration_ms, durs, dur_text, sizeof durs / sizeof durs[0]);
 }
 
 /* ---- policies ---- */
