@@ -25,11 +25,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "client/rpc.h"
-#include "commitkv.pb-c.h"
 #include "commitkv/commitkv.h"
 #include "commitkv/status.h"
-#include "kernels/quant.h"
 #include "testcheck.h"
 #include "testutil.h"
 #include "tiercheck.h"
@@ -44,34 +41,7 @@ TestSuite(high_water, .fini = ckv_test_leak_check);
 
 static const ckv_geometry k_geom = {2, 2, 32, 0}; /* 512 bytes of K/V per token */
 
-static void write_tokens(ckv_session *s, size_t from, size_t n) {
-  size_t elems = (size_t)k_geom.n_kv_heads * k_geom.head_dim;
-  uint16_t k[64], v[64];
-  for (size_t pos = from; pos < from + n; pos++)
-    for (uint32_t layer = 0; layer < k_geom.n_layers; layer++) {
-      for (size_t e = 0; e < elems; e++) {
-        k[e] = ckv_f32_to_f16(ckv_test_kv_value(pos, layer, 0, (uint32_t)e));
-        v[e] = ckv_f32_to_f16(ckv_test_kv_value(pos, layer, 1, (uint32_t)e));
-      }
-      cr_assert_eq(ckv_session_write_kv(s, pos, layer, k, v), CKV_OK);
-    }
-}
-
-/* Tenant `name`'s arena bytes in use (Stats). */
-static unsigned long long arena_used(ckv_client *c, const char *name) {
-  Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
-  Commitkv__V1__StatsRequest g = COMMITKV__V1__STATS_REQUEST__INIT;
-  req.body_case = COMMITKV__V1__REQUEST__BODY_STATS;
-  req.stats = &g;
-  Commitkv__V1__Response *rep = NULL;
-  cr_assert_eq(ckv_rpc(c, &req, &rep), CKV_OK);
-  unsigned long long used = ~0ull;
-  for (size_t i = 0; i < rep->stats->n_arenas; i++)
-    if (strcmp(rep->stats->arenas[i]->tenant, name) == 0) used = rep->stats->arenas[i]->bytes_used;
-  ckv_rpc_free(rep);
-  cr_assert_neq(used, ~0ull, "no arena of tenant %s", name);
-  return used;
-}
+static void write_tokens(ckv_session *s, size_t from, size_t n) { ckv_test_write_tokens(s, &k_geom, from, n); }
 
 typedef struct hw {
   ckv_test_daemon d;
@@ -118,26 +88,22 @@ static void setup(hw *h, const char *high_water) {
   cr_assert_eq(r, CKV_OK, "connect: %s (%s)", ckv_strerror(r), ckv_client_connect_error());
   cr_assert_str_eq(ckv_client_tenant(h->c), "p");
 
-  ckv_session_options so = {.policy = "fp16"};
-  ckv_session *a = NULL;
-  uint64_t first;
-  cr_assert_eq(ckv_session_open(h->c, "cold-a", &k_geom, &so, &a), CKV_OK);
-  cr_assert_eq(ckv_session_append(a, A_TOKENS, NULL, NULL, NULL, NULL, &first), CKV_OK);
-  write_tokens(a, 0, A_TOKENS);
-  float attn[A_TOKENS] = {0};
-  ckv_round_result rr;
-  cr_assert_eq(ckv_session_report(a, 1, 0, attn, A_TOKENS, &rr), CKV_OK);
-  cr_assert_eq(ckv_session_ack(a, rr.epoch, NULL), CKV_OK);
+  int code;
+  char msg[512];
+  ckv_session *a = ckv_test_written_session(h->c, "cold-a", &k_geom, A_TOKENS, &code, msg, sizeof msg);
+  cr_assert_eq(code, CKV_OK, "%s", msg);
   ckv_session_close(a); /* detached: the coldest session */
 
+  ckv_session_options so = {.policy = "fp16"};
   cr_assert_eq(ckv_session_open(h->c, "hot-b", &k_geom, &so, &h->b), CKV_OK);
   const unsigned long long quota = QUOTA_KIB * 1024ull;
-  for (int i = 0; arena_used(h->c, "p") <= quota / 2; i++) {
+  for (int i = 0; ckv_test_arena_used(h->c, "p") <= quota / 2; i++) {
     cr_assert_lt(i, 64, "B never took the tenant past half its quota");
     r = grow_b(h);
     cr_assert_eq(r, CKV_OK, "B's batch %d under the quota: %s (%s)", i, ckv_strerror(r), ckv_client_last_error(h->c));
   }
-  cr_assert_lt(arena_used(h->c, "p") + 4 * BATCH * 512ull, quota, "the test's geometry leaves no room under the quota");
+  cr_assert_lt(ckv_test_arena_used(h->c, "p") + 4 * BATCH * 512ull, quota,
+               "the test's geometry leaves no room under the quota");
 }
 
 static void teardown(hw *h) {
@@ -178,7 +144,7 @@ Test(high_water, over_mark_moves_in_background, .timeout = 120) {
     usleep(50000);
   }
   cr_assert_eq(ckv_test_stat(&h.d, "tiers.1.pressure_moves"), 1);
-  cr_assert_lt(arena_used(h.c, "p"), QUOTA_KIB * 1024ull / 2, "still over the mark after A went down");
+  cr_assert_lt(ckv_test_arena_used(h.c, "p"), QUOTA_KIB * 1024ull / 2, "still over the mark after A went down");
   teardown(&h);
 }
 

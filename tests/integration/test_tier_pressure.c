@@ -43,11 +43,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "client/rpc.h"
-#include "commitkv.pb-c.h"
 #include "commitkv/commitkv.h"
 #include "commitkv/status.h"
-#include "kernels/quant.h"
 #include "testcheck.h"
 #include "testutil.h"
 #include "tiercheck.h"
@@ -65,51 +62,12 @@ TestSuite(tier_pressure, .fini = ckv_test_leak_check);
 
 static const ckv_geometry k_geom = {2, 2, 32, 0}; /* 512 bytes of K/V per token */
 
-static void write_tokens_of(ckv_session *s, const ckv_geometry *g, size_t from, size_t n) {
-  size_t elems = (size_t)g->n_kv_heads * g->head_dim;
-  uint16_t k[256], v[256];
-  cr_assert_leq(elems, 256);
-  for (size_t pos = from; pos < from + n; pos++)
-    for (uint32_t layer = 0; layer < g->n_layers; layer++) {
-      for (size_t e = 0; e < elems; e++) {
-        k[e] = ckv_f32_to_f16(ckv_test_kv_value(pos, layer, 0, (uint32_t)e));
-        v[e] = ckv_f32_to_f16(ckv_test_kv_value(pos, layer, 1, (uint32_t)e));
-      }
-      cr_assert_eq(ckv_session_write_kv(s, pos, layer, k, v), CKV_OK);
-    }
-}
+static void write_tokens(ckv_session *s, size_t from, size_t n) { ckv_test_write_tokens(s, &k_geom, from, n); }
 
-static void write_tokens(ckv_session *s, size_t from, size_t n) { write_tokens_of(s, &k_geom, from, n); }
-
-/* A session of n tokens with K/V written and one round reported (so the
- * daemon knows its worker is done writing), its epoch acked; NULL and the
- * failure in *ret_code / msg when a step failed (the child reports it). */
-static ckv_session *written_session_of(ckv_client *c, const char *id, const ckv_geometry *g, uint32_t n, int *ret_code,
-                                       char *msg, size_t len) {
-  ckv_session_options so = {.policy = "fp16"};
-  ckv_session *s = NULL;
-  uint64_t first;
-  int r = ckv_session_open(c, id, g, &so, &s);
-  if (r == CKV_OK) r = ckv_session_append(s, n, NULL, NULL, NULL, NULL, &first);
-  if (r == CKV_OK) {
-    write_tokens_of(s, g, 0, n);
-    float *attn = calloc(n, sizeof(float));
-    ckv_round_result rr;
-    r = attn ? ckv_session_report(s, 1, 0, attn, n, &rr) : -ENOMEM;
-    free(attn);
-    if (r == CKV_OK) r = ckv_session_ack(s, rr.epoch, NULL);
-  }
-  *ret_code = r;
-  if (r != CKV_OK) {
-    snprintf(msg, len, "%s: %s (%s)", id, ckv_strerror(r), ckv_client_last_error(c));
-    if (s) ckv_session_close(s);
-    return NULL;
-  }
-  return s;
-}
-
+/* An fp16 session of n tokens on k_geom, one round reported and acked (ckv_test_written_session: no assertion, the
+ * child reports a failure). */
 static ckv_session *written_session(ckv_client *c, const char *id, uint32_t n, int *ret_code, char *msg, size_t len) {
-  return written_session_of(c, id, &k_geom, n, ret_code, msg, len);
+  return ckv_test_written_session(c, id, &k_geom, n, ret_code, msg, len);
 }
 
 static ckv_client *connect_to(const ckv_test_daemon *d) {
@@ -144,26 +102,6 @@ static void other_body(const void *ctx, void *report) {
   if (s) ckv_session_close(s);
   ckv_client_free(c);
 }
-
-/* ---- figures ---- */
-
-/* Tenant `name`'s arena bytes in use (Stats; this process is admin). */
-static unsigned long long arena_used(ckv_client *c, const char *name) {
-  Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;
-  Commitkv__V1__StatsRequest g = COMMITKV__V1__STATS_REQUEST__INIT;
-  req.body_case = COMMITKV__V1__REQUEST__BODY_STATS;
-  req.stats = &g;
-  Commitkv__V1__Response *rep = NULL;
-  cr_assert_eq(ckv_rpc(c, &req, &rep), CKV_OK);
-  unsigned long long used = ~0ull;
-  for (size_t i = 0; i < rep->stats->n_arenas; i++)
-    if (strcmp(rep->stats->arenas[i]->tenant, name) == 0) used = rep->stats->arenas[i]->bytes_used;
-  ckv_rpc_free(rep);
-  cr_assert_neq(used, ~0ull, "no arena of tenant %s", name);
-  return used;
-}
-
-
 
 /* ---- the scenario ---- */
 
@@ -220,7 +158,7 @@ static void run_scenario(scenario *sc, const char *const *sets, bool a_rests) {
 
   sc->c = connect_to(&sc->d);
   cr_assert_str_eq(ckv_client_tenant(sc->c), "p");
-  sc->o_bytes = arena_used(sc->c, "o");
+  sc->o_bytes = ckv_test_arena_used(sc->c, "o");
   cr_assert_gt(sc->o_bytes, 0);
   int code;
   char msg[512];
@@ -228,7 +166,7 @@ static void run_scenario(scenario *sc, const char *const *sets, bool a_rests) {
   cr_assert_not_null(sc->a, "%s", msg);
   sc->before_a = ckv_test_capture_view(sc->c, "cold-a", &k_geom);
   sc->a_quiet_since_ms = ckv_test_now_ms();
-  sc->a_bytes = arena_used(sc->c, "p");
+  sc->a_bytes = ckv_test_arena_used(sc->c, "p");
   cr_assert_gt(sc->a_bytes, 0);
 
   ckv_session_options so = {.policy = "fp16"};
@@ -237,7 +175,7 @@ static void run_scenario(scenario *sc, const char *const *sets, bool a_rests) {
   uint32_t tokens = 0;
   unsigned long long per_batch = 0, quota = QUOTA_KIB * 1024ull;
   for (int i = 0; i < MAX_BATCHES; i++) {
-    unsigned long long used = arena_used(sc->c, "p");
+    unsigned long long used = ckv_test_arena_used(sc->c, "p");
     if (i == 2) per_batch = (used - sc->a_bytes) / 2; /* measured: whole blocks per batch */
     if (per_batch && used + per_batch > quota) break;
     cr_assert_eq(grow_b(sc, &tokens), CKV_OK, "B's batch %d failed beside A before the quota: %s", i,
@@ -274,7 +212,7 @@ static void fill_b(scenario *sc) {
   fprintf(stderr, "test_tier_pressure: B holds %u tokens once A is on disk (%u beside A)\n", tokens,
           sc->b_tokens_beside_a);
   cr_assert_gt(tokens, sc->b_tokens_beside_a + BATCH, "B did not grow into A's room");
-  cr_assert_leq(arena_used(sc->c, "p"), QUOTA_KIB * 1024ull);
+  cr_assert_leq(ckv_test_arena_used(sc->c, "p"), QUOTA_KIB * 1024ull);
   sc->b_tokens = tokens;
 }
 
@@ -296,7 +234,7 @@ static void expect_old_refusal(scenario *sc) {
   cr_assert_str_eq(ckv_test_session_tier(sc->c, "cold-a", tier, sizeof tier), "primary");
   cr_assert_eq(ckv_test_stat(&sc->d, "tiers.1.offloads"), 0);
   cr_assert_eq(ckv_test_stat(&sc->d, "tiers.1.pressure_moves"), 0);
-  cr_assert_eq(arena_used(sc->c, "o"), sc->o_bytes);
+  cr_assert_eq(ckv_test_arena_used(sc->c, "o"), sc->o_bytes);
 }
 
 /* ---- tests ---- */
@@ -326,7 +264,7 @@ Test(tier_pressure, coldest_session_moves_before_quota_refusal, .timeout = 120) 
   cr_assert_eq(ckv_test_stat(&sc.d, "tiers.1.pressure_moves"), 1);
 
   /* the other tenant's session, the coldest of all, never moved */
-  cr_assert_eq(arena_used(sc.c, "o"), sc.o_bytes, "tenant o's arena changed under tenant p's pressure");
+  cr_assert_eq(ckv_test_arena_used(sc.c, "o"), sc.o_bytes, "tenant o's arena changed under tenant p's pressure");
   cr_assert_not(ckv_test_tier_file_exists(&sc.d, "o-keep"), "tenant o's session went to disk");
 
   /* room again (B dropped): A comes back on GetView, byte for byte */
@@ -346,7 +284,7 @@ Test(tier_pressure, coldest_session_moves_before_quota_refusal, .timeout = 120) 
   cr_assert_eq(ckv_test_stat(&sc.d, "tiers.1.sessions"), 0);
   cr_assert_eq(ckv_test_stat(&sc.d, "tiers.1.bytes"), 0);
   cr_assert_eq(ckv_test_stat(&sc.d, "tiers.1.errors"), 0);
-  cr_assert_leq(arena_used(sc.c, "p"), sc.a_bytes);
+  cr_assert_leq(ckv_test_arena_used(sc.c, "p"), sc.a_bytes);
   end_scenario(&sc);
 }
 
@@ -376,7 +314,7 @@ Test(tier_pressure, way_back_moves_the_coldest_first, .timeout = 120) {
   cr_assert_eq(ckv_test_stat(&sc.d, "tiers.1.offloads"), 2);
   cr_assert_eq(ckv_test_stat(&sc.d, "tiers.1.restores"), 1);
   cr_assert_eq(ckv_test_stat(&sc.d, "tiers.1.sessions"), 1);
-  cr_assert_eq(arena_used(sc.c, "o"), sc.o_bytes, "tenant o's arena changed under tenant p's pressure");
+  cr_assert_eq(ckv_test_arena_used(sc.c, "o"), sc.o_bytes, "tenant o's arena changed under tenant p's pressure");
 
   /* A dropped: B comes back identical too; every figure adds up */
   cr_assert_eq(ckv_session_drop(sc.a), CKV_OK);
@@ -483,14 +421,14 @@ static void stall_setup(stall_run *st, const char *pressure) {
   unsigned long long staged = ckv_format_block_bytes(CKV_FORMAT_STAGED, &k_geom, CKV_DEFAULT_CAPACITY_STAGED, 0);
   cr_assert_lt(draft, staged, "the premise: a draft block (%llu bytes) is smaller than a staged one (%llu)", draft,
                staged);
-  for (int i = 0; i < 4 * MAX_BATCHES && arena_used(st->c, "p") + draft <= quota; i++) {
+  for (int i = 0; i < 4 * MAX_BATCHES && ckv_test_arena_used(st->c, "p") + draft <= quota; i++) {
     uint64_t first;
     cr_assert_eq(ckv_session_append(st->b, STALL_BATCH, NULL, NULL, NULL, NULL, &first), CKV_OK,
                  "B's append %d: %s", i, ckv_client_last_error(st->c));
     write_tokens(st->b, first, STALL_BATCH);
     st->b_tokens += STALL_BATCH;
   }
-  unsigned long long left = quota - arena_used(st->c, "p");
+  unsigned long long left = quota - ckv_test_arena_used(st->c, "p");
   fprintf(stderr, "test_tier_pressure: B %u tokens beside A, %llu bytes of the quota left (a staged block: %llu)\n",
           st->b_tokens, left, staged);
   cr_assert_lt(left, staged, "the quota still holds a staged block: nothing would stall");
@@ -539,7 +477,7 @@ Test(tier_pressure, stalled_compression_moves_the_coldest_session, .timeout = 12
   cr_assert_eq(pending, 0, "B still has %u moves pending (%u after its first round); log: %s", pending, st.pending,
                ckv_test_file_tail(st.d.log, 2000));
   cr_assert_eq(ckv_test_stat(&st.d, "tiers.1.pressure_moves"), 1, "more than A moved");
-  cr_assert_leq(arena_used(st.c, "p"), QUOTA_KIB * 1024ull);
+  cr_assert_leq(ckv_test_arena_used(st.c, "p"), QUOTA_KIB * 1024ull);
   stall_end(&st);
 }
 
@@ -585,7 +523,7 @@ Test(tier_pressure, compression_stalled_on_the_arena_moves_the_coldest_session, 
   const uint32_t n = 64;
   uint64_t first;
   cr_assert_eq(ckv_session_append(b, n, NULL, NULL, NULL, NULL, &first), CKV_OK, "%s", ckv_client_last_error(c));
-  write_tokens_of(b, &gb, first, n);
+  ckv_test_write_tokens(b, &gb, first, n);
   /* every other chunk to a class of its own: layers x head_dim products that no other session has */
   static const uint32_t dims[] = {16, 32, 64, 128}, layers[] = {1, 3, 5, 7};
   ckv_session *cold[16];
@@ -595,13 +533,13 @@ Test(tier_pressure, compression_stalled_on_the_arena_moves_the_coldest_session, 
     const ckv_geometry g = {layers[i % 4], 1, dims[i / 4], 0};
     char id[32];
     snprintf(id, sizeof id, "cold-%d", i);
-    ckv_session *x = written_session_of(c, id, &g, 16, &code, msg, sizeof msg);
+    ckv_session *x = ckv_test_written_session(c, id, &g, 16, &code, msg, sizeof msg);
     if (x) cold[n_cold++] = x;
   }
   cr_assert_eq(code, CKV_ERR_NOSPACE, "the premise: the arena's chunks run out (%d sessions): %s", n_cold, msg);
   cr_assert_geq(n_cold, 2);
   long long quiet_since = ckv_test_now_ms();
-  unsigned long long used = arena_used(c, "p");
+  unsigned long long used = ckv_test_arena_used(c, "p");
   cr_assert_lt(used, 2 * 1024 * 1024, "the premise: the quota is far from full (%llu bytes used)", used);
   while (ckv_test_now_ms() < quiet_since + 1300) usleep(20000); /* quiet past CKV_TIER_PRESSURE_QUIET_MS */
   float attn[64] = {0};

@@ -41,7 +41,6 @@
 #include "commitkv/commitkv.h"
 #include "commitkv/status.h"
 #include "kernels/format.h"
-#include "kernels/quant.h"
 #include "redisstore.h"
 #include "testcheck.h"
 #include "testutil.h"
@@ -77,26 +76,18 @@ static ckv_client *connect_to(const ckv_test_daemon *d) {
   return c;
 }
 
-static unsigned long long wait_stat_at_least(const ckv_test_daemon *d, const char *path, unsigned long long want) {
-  long long end = ckv_test_now_ms() + DEADLINE_MS;
-  unsigned long long v;
-  while ((v = ckv_test_stat(d, path)) < want) {
-    cr_assert_lt(ckv_test_now_ms(), end, "stats %s stayed at %llu (want >= %llu); log: %s", path, v, want,
-                 ckv_test_file_tail(d->log, 2000));
-    usleep(20000);
-  }
-  return v;
+/* A fresh store, daemon d on it, and a client of d: how most tests begin. */
+static ckv_client *start_with_store(ckv_test_store *st, ckv_test_daemon *d) {
+  ckv_test_store_start(st);
+  daemon_start(d, st);
+  return connect_to(d);
 }
 
-/* Until ListSessions says session `id` is in tier `want` (it names no session, so it moves none). */
-static void wait_tier(const ckv_test_daemon *d, ckv_client *c, const char *id, const char *want) {
-  long long end = ckv_test_now_ms() + DEADLINE_MS;
-  char tier[32];
-  while (strcmp(ckv_test_session_tier(c, id, tier, sizeof tier), want) != 0) {
-    cr_assert_lt(ckv_test_now_ms(), end, "session %s stayed '%s' (want '%s'); log: %s", id, tier, want,
-                 ckv_test_file_tail(d->log, 2000));
-    usleep(10000);
-  }
+/* How they end: c freed, d stopped (it must exit 0), then the store. */
+static void stop_with_store(ckv_client *c, ckv_test_daemon *d, ckv_test_store *st) {
+  ckv_client_free(c);
+  cr_assert_eq(ckv_test_daemon_stop(d), 0);
+  ckv_test_store_stop(st);
 }
 
 /* Until the store holds `want` keys matching pattern. */
@@ -114,67 +105,22 @@ static void wait_store_keys(const ckv_test_store *st, const char *pattern, size_
 #define LAYERS 2u
 #define HEADS 2u
 #define DIM 32u
-#define PER_ROUND 24u
 
 static const ckv_geometry k_geom = {LAYERS, HEADS, DIM, 0};
 
-static void write_tokens(ckv_session *s, size_t from, size_t n) {
-  size_t elems = HEADS * DIM;
-  uint16_t k[HEADS * DIM], v[HEADS * DIM];
-  for (size_t pos = from; pos < from + n; pos++)
-    for (uint32_t layer = 0; layer < LAYERS; layer++) {
-      for (size_t e = 0; e < elems; e++) {
-        k[e] = ckv_f32_to_f16(ckv_test_kv_value(pos, layer, 0, (uint32_t)e));
-        v[e] = ckv_f32_to_f16(ckv_test_kv_value(pos, layer, 1, (uint32_t)e));
-      }
-      cr_assert_eq(ckv_session_write_kv(s, pos, layer, k, v), CKV_OK);
-    }
-}
-
-/* Opens `id` (commitkv, the test's model) and runs `rounds` rounds (facts
- * hot, older text cold, a third forgotten: staged and committed blocks). */
+/* `id` (commitkv, the test's model) with `rounds` rounds of history
+ * (ckv_test_session_with_rounds: staged and committed blocks). */
 static ckv_session *session_with_rounds(ckv_client *c, const char *id, uint32_t rounds) {
-  const char *names[] = {"sink_tokens", "recent_window", "persistence_rounds", "idle_rounds", "prune_keep"};
-  const double values[] = {4, 16, 2, 6, 1};
-  ckv_session_options so = {.policy = "commitkv", .param_names = names, .param_values = values, .n_params = 5,
-                            .model_id = MODEL, .model_revision = REV};
-  ckv_session *s = NULL;
-  int r = ckv_session_open(c, id, &k_geom, &so, &s);
-  cr_assert_eq(r, CKV_OK, "open %s: %s (%s)", id, ckv_strerror(r), ckv_client_last_error(c));
-  size_t n = 0;
-  float *attn = malloc(PER_ROUND * (rounds + 1) * sizeof(float));
-  cr_assert_not_null(attn);
-  for (uint32_t round = 1; round <= rounds; round++) {
-    float sem[PER_ROUND];
-    for (uint32_t i = 0; i < PER_ROUND; i++) sem[i] = (n + i) % 8 == 1 ? 0.9f : (n + i) % 3 == 0 ? 0.2f : 0.5f;
-    uint64_t first = 0;
-    r = ckv_session_append(s, PER_ROUND, NULL, NULL, sem, NULL, &first);
-    cr_assert_eq(r, CKV_OK, "append: %s (%s)", ckv_strerror(r), ckv_client_last_error(c));
-    write_tokens(s, n, PER_ROUND);
-    n += PER_ROUND;
-    for (size_t pos = 0; pos < n; pos++)
-      attn[pos] = pos % 8 == 1 ? 4.f : pos + PER_ROUND >= n ? 1.f : (pos % 3 == 0 && round > 6) ? 0.f : 0.3f;
-    ckv_round_result rr;
-    r = ckv_session_report(s, round, 0, attn, n, &rr);
-    cr_assert_eq(r, CKV_OK, "report: %s (%s)", ckv_strerror(r), ckv_client_last_error(c));
-    cr_assert_eq(ckv_session_ack(s, rr.epoch, NULL), CKV_OK);
-  }
-  free(attn);
-  return s;
+  ckv_session_options so = {.policy = "commitkv", .model_id = MODEL, .model_revision = REV};
+  return ckv_test_session_with_rounds(c, id, &k_geom, &so, rounds);
 }
 
-/* Every decided move of every session done (the views stop changing). */
-static void wait_settled(ckv_client *c) {
-  long long end = ckv_test_now_ms() + DEADLINE_MS;
-  for (;;) {
-    Commitkv__V1__Response *rep = ckv_test_list_sessions(c);
-    uint64_t pending = 0;
-    for (size_t i = 0; i < rep->session_list->n_sessions; i++) pending += rep->session_list->sessions[i]->pending_tokens;
-    ckv_rpc_free(rep);
-    if (!pending) return;
-    cr_assert_lt(ckv_test_now_ms(), end, "moves never finished");
-    usleep(10000);
-  }
+/* session_with_rounds, its moves done, then quiet until it is in the remote tier. */
+static ckv_session *session_in_store(const ckv_test_daemon *d, ckv_client *c, const char *id, uint32_t rounds) {
+  ckv_session *s = session_with_rounds(c, id, rounds);
+  ckv_test_wait_settled(c);
+  ckv_test_wait_tier(d, c, id, "remote");
+  return s;
 }
 
 /* GetView of `id`, its code and text (no assertion on either). */
@@ -195,13 +141,11 @@ static int get_view_raw(ckv_client *c, const char *id, char *msg, size_t len) {
 
 Test(tier_remote, idle_session_goes_disk_then_remote_and_back, .timeout = 120) {
   ckv_test_store st;
-  ckv_test_store_start(&st);
   ckv_test_daemon d;
-  daemon_start(&d, &st);
-  ckv_client *c = connect_to(&d);
+  ckv_client *c = start_with_store(&st, &d);
   ckv_session *a = session_with_rounds(c, "rt-a", 12);
   ckv_session *b = session_with_rounds(c, "rt-b", 4);
-  wait_settled(c);
+  ckv_test_wait_settled(c);
   ckv_capture before = ckv_test_capture_view(c, "rt-a", &k_geom);
   size_t compressed = 0;
   for (int f = CKV_FORMAT_STAGED; f < CKV_FORMAT_COUNT_; f++) compressed += before.per_format[f];
@@ -209,8 +153,8 @@ Test(tier_remote, idle_session_goes_disk_then_remote_and_back, .timeout = 120) {
   size_t tokens_a = ckv_session_tokens(a);
 
   /* quiet: disk after disk_idle, then the store after remote_idle more */
-  wait_tier(&d, c, "rt-a", "remote");
-  wait_tier(&d, c, "rt-b", "remote");
+  ckv_test_wait_tier(&d, c, "rt-a", "remote");
+  ckv_test_wait_tier(&d, c, "rt-b", "remote");
   cr_assert(!ckv_test_tier_file_exists(&d, "rt-a"), "the tier file stayed after the push");
   cr_assert_eq(ckv_test_stat(&d, "tiers.2.sessions"), 2);
   cr_assert_eq(ckv_test_stat(&d, "tiers.2.offloads"), 2);
@@ -252,25 +196,21 @@ Test(tier_remote, idle_session_goes_disk_then_remote_and_back, .timeout = 120) {
   ckv_test_capture_free(&before);
   ckv_test_capture_free(&after);
   ckv_session_close(a);
-  ckv_client_free(c);
-  cr_assert_eq(ckv_test_daemon_stop(&d), 0);
-  ckv_test_store_stop(&st);
+  stop_with_store(c, &d, &st);
 }
 
 Test(tier_remote, store_stopped_keeps_the_session_and_says_so, .timeout = 180) {
   ckv_test_store st;
-  ckv_test_store_start(&st);
   ckv_test_daemon d;
-  daemon_start(&d, &st);
-  ckv_client *c = connect_to(&d);
+  ckv_client *c = start_with_store(&st, &d);
   cr_assert_eq(kill(st.pid, SIGSTOP), 0);
   ckv_session *a = session_with_rounds(c, "rt-s", 10);
-  wait_settled(c);
+  ckv_test_wait_settled(c);
   ckv_capture before = ckv_test_capture_view(c, "rt-s", &k_geom);
 
   /* to disk; the push finds no answer within remote_timeout: it stays on disk, intact */
-  wait_stat_at_least(&d, "tiers.1.offloads", 1);
-  wait_stat_at_least(&d, "tiers.2.errors", 1);
+  ckv_test_wait_stat_at_least(&d, "tiers.1.offloads", 1);
+  ckv_test_wait_stat_at_least(&d, "tiers.2.errors", 1);
   char tier[32];
   ckv_test_session_tier(c, "rt-s", tier, sizeof tier);
   cr_assert(strcmp(tier, "disk") == 0 || strcmp(tier, "pushing") == 0, "after a failed push: '%s'", tier);
@@ -281,7 +221,7 @@ Test(tier_remote, store_stopped_keeps_the_session_and_says_so, .timeout = 180) {
 
   /* the store back: it moves on */
   cr_assert_eq(kill(st.pid, SIGCONT), 0);
-  wait_tier(&d, c, "rt-s", "remote");
+  ckv_test_wait_tier(&d, c, "rt-s", "remote");
   cr_assert(!ckv_test_tier_file_exists(&d, "rt-s"));
 
   /* the store stopped again: a request is refused with the store's error, the session stays remote */
@@ -304,9 +244,7 @@ Test(tier_remote, store_stopped_keeps_the_session_and_says_so, .timeout = 180) {
   ckv_test_capture_free(&before);
   ckv_test_capture_free(&after);
   ckv_session_close(a);
-  ckv_client_free(c);
-  cr_assert_eq(ckv_test_daemon_stop(&d), 0);
-  ckv_test_store_stop(&st);
+  stop_with_store(c, &d, &st);
 }
 
 Test(tier_remote, kill9_on_one_resumes_on_another, .timeout = 120) {
@@ -317,10 +255,10 @@ Test(tier_remote, kill9_on_one_resumes_on_another, .timeout = 120) {
   daemon_start(&d2, &st);
   ckv_client *c1 = connect_to(&d1);
   ckv_session *s = session_with_rounds(c1, "rt-k", 10);
-  wait_settled(c1);
+  ckv_test_wait_settled(c1);
   ckv_capture before = ckv_test_capture_view(c1, "rt-k", &k_geom);
   ckv_session_close(s); /* detached: it goes down all the same */
-  wait_tier(&d1, c1, "rt-k", "remote");
+  ckv_test_wait_tier(&d1, c1, "rt-k", "remote");
   ckv_client_free(c1);
   cr_assert_eq(kill(d1.pid, SIGKILL), 0);
   cr_assert_eq(ckv_test_wait(d1.pid, DEADLINE_MS), 128 + SIGKILL);
@@ -356,13 +294,9 @@ Test(tier_remote, kill9_on_one_resumes_on_another, .timeout = 120) {
  * the conversation was recorded before the drop was answered, and the store's copy is fenced. */
 Test(tier_remote, a_dropped_session_never_comes_back_from_the_store, .timeout = 180) {
   ckv_test_store st;
-  ckv_test_store_start(&st);
   ckv_test_daemon d;
-  daemon_start(&d, &st);
-  ckv_client *c = connect_to(&d);
-  ckv_session *s = session_with_rounds(c, "rt-n1", 6);
-  wait_settled(c);
-  wait_tier(&d, c, "rt-n1", "remote");
+  ckv_client *c = start_with_store(&st, &d);
+  ckv_session *s = session_in_store(&d, c, "rt-n1", 6);
   ckv_test_store_cmd(&st, "SAVE"); /* what the store holds now comes back with it */
   int port = st.port;
   ckv_test_store_kill(&st);
@@ -381,9 +315,7 @@ Test(tier_remote, a_dropped_session_never_comes_back_from_the_store, .timeout = 
   char *log = ckv_test_read_file(d.log);
   cr_assert(log && strstr(log, "copy-fenced"), "the daemon did not say it fenced the store's copy");
   free(log);
-  ckv_client_free(c);
-  cr_assert_eq(ckv_test_daemon_stop(&d), 0);
-  ckv_test_store_stop(&st);
+  stop_with_store(c, &d, &st);
 }
 
 /* ---- the store fence (issue 40: "with a store shared by several daemons
@@ -427,13 +359,9 @@ static void resume_refused(ckv_client *c, const char *id, const char *what) {
  * token with code 0.) */
 Test(tier_remote, a_second_daemon_never_takes_a_copy_the_store_fence_ended, .timeout = 180) {
   ckv_test_store st;
-  ckv_test_store_start(&st);
   ckv_test_daemon a, b;
-  daemon_start(&a, &st);
-  ckv_client *ca = connect_to(&a);
-  ckv_session *s = session_with_rounds(ca, "rt-fleet", 6);
-  wait_settled(ca);
-  wait_tier(&a, ca, "rt-fleet", "remote");
+  ckv_client *ca = start_with_store(&st, &a);
+  ckv_session *s = session_in_store(&a, ca, "rt-fleet", 6);
   size_t old_len = 0;
   uint8_t *old = ckv_test_store_get(&st, TIER_KEY("rt-fleet"), &old_len);
   cr_assert_not_null(old, "the remote tier's value is not under its key");
@@ -464,10 +392,8 @@ Test(tier_remote, a_second_daemon_never_takes_a_copy_the_store_fence_ended, .tim
   cr_assert(log && strstr(log, "copy-fenced") && strstr(log, "ended"), "daemon B did not say it fenced the copy");
   free(log);
   ckv_client_free(cb);
-  ckv_client_free(ca);
   cr_assert_eq(ckv_test_daemon_stop(&b), 0);
-  cr_assert_eq(ckv_test_daemon_stop(&a), 0);
-  ckv_test_store_stop(&st);
+  stop_with_store(ca, &a, &st);
 }
 
 /* a_forged_or_moved_store_fence_never_lets_an_old_value_through (issue 40): daemon A drops a session
@@ -479,13 +405,9 @@ Test(tier_remote, a_second_daemon_never_takes_a_copy_the_store_fence_ended, .tim
  * with the genuine record back it refuses it too. */
 Test(tier_remote, a_forged_or_moved_store_fence_never_lets_an_old_value_through, .timeout = 180) {
   ckv_test_store st;
-  ckv_test_store_start(&st);
   ckv_test_daemon a, b;
-  daemon_start(&a, &st);
-  ckv_client *ca = connect_to(&a);
-  ckv_session *s = session_with_rounds(ca, "rt-forge", 6);
-  wait_settled(ca);
-  wait_tier(&a, ca, "rt-forge", "remote");
+  ckv_client *ca = start_with_store(&st, &a);
+  ckv_session *s = session_in_store(&a, ca, "rt-forge", 6);
   size_t old_len = 0, gen_len = 0, live_len = 0;
   uint8_t *old = ckv_test_store_get(&st, TIER_KEY("rt-forge"), &old_len);
   cr_assert_not_null(old);
@@ -523,10 +445,8 @@ Test(tier_remote, a_forged_or_moved_store_fence_never_lets_an_old_value_through,
   free(live_rec);
   ckv_session_close(live);
   ckv_client_free(cb);
-  ckv_client_free(ca);
   cr_assert_eq(ckv_test_daemon_stop(&b), 0);
-  cr_assert_eq(ckv_test_daemon_stop(&a), 0);
-  ckv_test_store_stop(&st);
+  stop_with_store(ca, &a, &st);
 }
 
 /* a_drop_with_the_store_hung_is_answered_within_its_timeout (issue 40): the store stopped
@@ -535,13 +455,9 @@ Test(tier_remote, a_forged_or_moved_store_fence_never_lets_an_old_value_through,
  * text naming the failed delete; the store back, the retry writes the fence and deletes the copy. */
 Test(tier_remote, a_drop_with_the_store_hung_is_answered_within_its_timeout, .timeout = 120) {
   ckv_test_store st;
-  ckv_test_store_start(&st);
   ckv_test_daemon d;
-  daemon_start(&d, &st);
-  ckv_client *c = connect_to(&d);
-  ckv_session *s = session_with_rounds(c, "rt-hung", 4);
-  wait_settled(c);
-  wait_tier(&d, c, "rt-hung", "remote");
+  ckv_client *c = start_with_store(&st, &d);
+  ckv_session *s = session_in_store(&d, c, "rt-hung", 4);
   size_t open_len = 0;
   uint8_t *open_rec = ckv_test_store_get(&st, FENCE_KEY("rt-hung"), &open_len);
   cr_assert_eq(kill(st.pid, SIGSTOP), 0);
@@ -558,7 +474,5 @@ Test(tier_remote, a_drop_with_the_store_hung_is_answered_within_its_timeout, .ti
   cr_assert(store_changes_soon(&st, FENCE_KEY("rt-hung"), open_rec, open_len), "the fence's retry never landed");
   wait_store_keys(&st, TIER_KEY("rt-hung"), 0);
   free(open_rec);
-  ckv_client_free(c);
-  cr_assert_eq(ckv_test_daemon_stop(&d), 0);
-  ckv_test_store_stop(&st);
+  stop_with_store(c, &d, &st);
 }

@@ -34,8 +34,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "client/rpc.h"
-#include "commitkv.pb-c.h"
 #include "commitkv/commitkv.h"
 #include "commitkv/status.h"
 #include "kernels/format.h"
@@ -66,18 +64,17 @@ static ckv_client *connect_to(const ckv_test_daemon *d) {
   return c;
 }
 
-/* Waits until stats field `path` reads at least `want`; returns it. */
-static unsigned long long wait_stat_at_least(const ckv_test_daemon *d, const char *path, unsigned long long want) {
-  long long end = ckv_test_now_ms() + DEADLINE_MS;
-  unsigned long long v;
-  while ((v = ckv_test_stat(d, path)) < want) {
-    cr_assert_lt(ckv_test_now_ms(), end, "stats %s stayed at %llu (want >= %llu); log: %s", path, v, want,
-                 ckv_test_file_tail(d->log, 2000));
-    usleep(20000);
-  }
-  return v;
+/* daemon_start and a client of it: how most tests begin. */
+static ckv_client *start_with_client(ckv_test_daemon *d, const char *disk_memory) {
+  daemon_start(d, disk_memory);
+  return connect_to(d);
 }
 
+/* How they end: c freed, d stopped (it must exit 0). */
+static void stop_with_client(ckv_client *c, ckv_test_daemon *d) {
+  ckv_client_free(c);
+  cr_assert_eq(ckv_test_daemon_stop(d), 0);
+}
 
 static void wait_tier_file_gone(const ckv_test_daemon *d, const char *id) {
   long long end = ckv_test_now_ms() + DEADLINE_MS;
@@ -87,101 +84,37 @@ static void wait_tier_file_gone(const ckv_test_daemon *d, const char *id) {
   }
 }
 
-/* Waits until ListSessions says session `id` is in tier `want` (ListSessions names no session
- * for the tier, so it never brings one back). */
-static void wait_tier(const ckv_test_daemon *d, ckv_client *c, const char *id, const char *want) {
-  long long end = ckv_test_now_ms() + DEADLINE_MS;
-  char tier[32];
-  while (strcmp(ckv_test_session_tier(c, id, tier, sizeof tier), want) != 0) {
-    cr_assert_lt(ckv_test_now_ms(), end, "session %s stayed '%s' (want '%s'); log: %s", id, tier, want,
-                 ckv_test_file_tail(d->log, 2000));
-    usleep(10000);
-  }
-}
-
 /* ---- sessions with K/V ---- */
 
 #define LAYERS 2u
 #define HEADS 2u
 #define DIM 32u
-#define PER_ROUND 24u
 
 static const ckv_geometry k_geom = {LAYERS, HEADS, DIM, 0};
 
-static void write_tokens(ckv_session *s, const ckv_geometry *g, size_t from, size_t n) {
-  size_t elems = (size_t)g->n_kv_heads * g->head_dim;
-  uint16_t *k = malloc(elems * 2), *v = malloc(elems * 2);
-  cr_assert(k && v);
-  for (size_t pos = from; pos < from + n; pos++)
-    for (uint32_t layer = 0; layer < g->n_layers; layer++) {
-      for (size_t e = 0; e < elems; e++) {
-        k[e] = ckv_f32_to_f16(ckv_test_kv_value(pos, layer, 0, (uint32_t)e));
-        v[e] = ckv_f32_to_f16(ckv_test_kv_value(pos, layer, 1, (uint32_t)e));
-      }
-      cr_assert_eq(ckv_session_write_kv(s, pos, layer, k, v), CKV_OK);
-    }
-  free(k);
-  free(v);
+/* `id` with `policy` and `rounds` rounds of history (ckv_test_session_with_rounds). */
+static ckv_session *session_with_rounds(ckv_client *c, const char *id, const char *policy, uint32_t rounds) {
+  ckv_session_options so = {.policy = policy};
+  return ckv_test_session_with_rounds(c, id, &k_geom, &so, rounds);
 }
 
-/* Opens `id` with `policy` and runs `rounds` rounds (facts hot, older text
- * cold, a third of it forgotten: commitkv makes staged and committed blocks),
- * acking every epoch. */
-static ckv_session *session_with_rounds(ckv_client *c, const char *id, const char *policy, uint32_t rounds) {
-  const char *names[] = {"sink_tokens", "recent_window", "persistence_rounds", "idle_rounds", "prune_keep"};
-  const double values[] = {4, 16, 2, 6, 1};
-  bool ours = strcmp(policy, "commitkv") == 0;
-  ckv_session_options so = {.policy = policy, .param_names = ours ? names : NULL, .param_values = ours ? values : NULL,
-                            .n_params = ours ? 5 : 0};
-  ckv_session *s = NULL;
-  int r = ckv_session_open(c, id, &k_geom, &so, &s);
-  cr_assert_eq(r, CKV_OK, "open %s: %s (%s)", id, ckv_strerror(r), ckv_client_last_error(c));
-  size_t n = 0;
-  float *attn = malloc(PER_ROUND * (rounds + 1) * sizeof(float));
-  cr_assert_not_null(attn);
-  for (uint32_t round = 1; round <= rounds; round++) {
-    float sem[PER_ROUND];
-    for (uint32_t i = 0; i < PER_ROUND; i++) sem[i] = (n + i) % 8 == 1 ? 0.9f : (n + i) % 3 == 0 ? 0.2f : 0.5f;
-    uint64_t first = 0;
-    r = ckv_session_append(s, PER_ROUND, NULL, NULL, sem, NULL, &first);
-    cr_assert_eq(r, CKV_OK, "append: %s (%s)", ckv_strerror(r), ckv_client_last_error(c));
-    write_tokens(s, &k_geom, n, PER_ROUND);
-    n += PER_ROUND;
-    for (size_t pos = 0; pos < n; pos++)
-      attn[pos] = pos % 8 == 1 ? 4.f : pos + PER_ROUND >= n ? 1.f : (pos % 3 == 0 && round > 6) ? 0.f : 0.3f;
-    ckv_round_result rr;
-    r = ckv_session_report(s, round, 0, attn, n, &rr);
-    cr_assert_eq(r, CKV_OK, "report: %s (%s)", ckv_strerror(r), ckv_client_last_error(c));
-    cr_assert_eq(ckv_session_ack(s, rr.epoch, NULL), CKV_OK);
-  }
-  free(attn);
+/* A commitkv session `id` of `rounds` rounds, its moves done, and its view then (*ret_before): what it must read as
+ * once it went down and came back. */
+static ckv_session *settled_session(ckv_client *c, const char *id, uint32_t rounds, ckv_capture *ret_before) {
+  ckv_session *s = session_with_rounds(c, id, "commitkv", rounds);
+  ckv_test_wait_settled(c);
+  *ret_before = ckv_test_capture_view(c, id, &k_geom);
   return s;
 }
-
-/* Every decided move of every session done (the views stop changing). */
-static void wait_settled(ckv_client *c) {
-  long long end = ckv_test_now_ms() + DEADLINE_MS;
-  for (;;) {
-    Commitkv__V1__Response *rep = ckv_test_list_sessions(c);
-    uint64_t pending = 0;
-    for (size_t i = 0; i < rep->session_list->n_sessions; i++) pending += rep->session_list->sessions[i]->pending_tokens;
-    ckv_rpc_free(rep);
-    if (!pending) return;
-    cr_assert_lt(ckv_test_now_ms(), end, "moves never finished");
-    usleep(10000);
-  }
-}
-
 
 /* ---- tests ---- */
 
 Test(tiers, idle_session_goes_to_disk_and_back, .timeout = 120) {
   ckv_test_daemon d;
-  daemon_start(&d, "64M");
-  ckv_client *c = connect_to(&d);
+  ckv_client *c = start_with_client(&d, "64M");
   ckv_session *a = session_with_rounds(c, "tier-a", "commitkv", 12);
   ckv_session *b = session_with_rounds(c, "tier-b", "fp16", 3);
-  wait_settled(c);
+  ckv_test_wait_settled(c);
   ckv_capture before_a = ckv_test_capture_view(c, "tier-a", &k_geom), before_b = ckv_test_capture_view(c, "tier-b", &k_geom);
   cr_assert_gt(before_a.per_format[CKV_FORMAT_DRAFT], 0);
   size_t compressed = 0;
@@ -192,7 +125,7 @@ Test(tiers, idle_session_goes_to_disk_and_back, .timeout = 120) {
   cr_assert_eq(ckv_test_stat(&d, "tiers.1.offloads"), 0);
 
   /* quiet for disk_idle: both go down, and give their memory back */
-  wait_stat_at_least(&d, "tiers.1.offloads", 2);
+  ckv_test_wait_stat_at_least(&d, "tiers.1.offloads", 2);
   cr_assert_eq(ckv_test_stat(&d, "arenas.0.bytes_used"), 0, "the offloaded sessions still hold arena bytes");
   cr_assert_eq(ckv_test_stat(&d, "tenants.0.bytes.total"), 0);
   cr_assert_eq(ckv_test_stat(&d, "tiers.1.sessions"), 2);
@@ -252,8 +185,7 @@ Test(tiers, idle_session_goes_to_disk_and_back, .timeout = 120) {
   ckv_test_capture_free(&after_b);
   ckv_session_close(a);
   ckv_session_close(b);
-  ckv_client_free(c);
-  cr_assert_eq(ckv_test_daemon_stop(&d), 0);
+  stop_with_client(c, &d);
 }
 
 /* Acquire with prefetch (ckv_session_prefetch): on a resident session it says so; on a session on
@@ -261,22 +193,20 @@ Test(tiers, idle_session_goes_to_disk_and_back, .timeout = 120) {
  * later), and the session then comes back with no other request, identical, restored once. */
 Test(tiers, prefetch_starts_the_way_back_and_answers_at_once, .timeout = 120) {
   ckv_test_daemon d;
-  daemon_start(&d, "64M");
-  ckv_client *c = connect_to(&d);
-  ckv_session *a = session_with_rounds(c, "tier-p", "commitkv", 12);
-  wait_settled(c);
-  ckv_capture before = ckv_test_capture_view(c, "tier-p", &k_geom);
+  ckv_client *c = start_with_client(&d, "64M");
+  ckv_capture before;
+  ckv_session *a = settled_session(c, "tier-p", 12, &before);
   bool resident = false;
   cr_assert_eq(ckv_session_prefetch(a, &resident), CKV_OK, "%s", ckv_client_last_error(c));
   cr_assert(resident, "a session in memory answered not resident");
 
-  wait_stat_at_least(&d, "tiers.1.offloads", 1);
+  ckv_test_wait_stat_at_least(&d, "tiers.1.offloads", 1);
   char tier[32];
   cr_assert_str_eq(ckv_test_session_tier(c, "tier-p", tier, sizeof tier), "disk");
   resident = true;
   cr_assert_eq(ckv_session_prefetch(a, &resident), CKV_OK, "%s", ckv_client_last_error(c));
   cr_assert(!resident, "a session on disk answered resident before its file was read");
-  wait_tier(&d, c, "tier-p", "primary"); /* nothing else asks for it: it comes back by itself */
+  ckv_test_wait_tier(&d, c, "tier-p", "primary"); /* nothing else asks for it: it comes back by itself */
   cr_assert_eq(ckv_test_stat(&d, "tiers.1.restores"), 1);
   cr_assert_eq(ckv_test_stat(&d, "tiers.1.sessions"), 0);
   cr_assert_eq(ckv_session_prefetch(a, &resident), CKV_OK);
@@ -288,14 +218,12 @@ Test(tiers, prefetch_starts_the_way_back_and_answers_at_once, .timeout = 120) {
   ckv_test_capture_free(&before);
   ckv_test_capture_free(&after);
   ckv_session_close(a);
-  ckv_client_free(c);
-  cr_assert_eq(ckv_test_daemon_stop(&d), 0);
+  stop_with_client(c, &d);
 }
 
 Test(tiers, request_during_offload_keeps_session, .timeout = 180) {
   ckv_test_daemon d;
-  daemon_start(&d, "1G");
-  ckv_client *c = connect_to(&d);
+  ckv_client *c = start_with_client(&d, "1G");
   /* large enough that its write takes a while: 32 layers x 8 heads x 128 dims, 256 tokens (32 MiB) */
   const ckv_geometry g = {32, 8, 128, 0};
   ckv_session_options so = {.policy = "fp16"};
@@ -303,7 +231,7 @@ Test(tiers, request_during_offload_keeps_session, .timeout = 180) {
   cr_assert_eq(ckv_session_open(c, "tier-big", &g, &so, &s), CKV_OK, "%s", ckv_client_last_error(c));
   uint64_t first;
   cr_assert_eq(ckv_session_append(s, 256, NULL, NULL, NULL, NULL, &first), CKV_OK, "%s", ckv_client_last_error(c));
-  write_tokens(s, &g, 0, 256);
+  ckv_test_write_tokens(s, &g, 0, 256);
   float attn[256] = {0};
   ckv_round_result rr;
   cr_assert_eq(ckv_session_report(s, 1, 0, attn, 256, &rr), CKV_OK);
@@ -322,14 +250,14 @@ Test(tiers, request_during_offload_keeps_session, .timeout = 180) {
     cr_assert_eq(ckv_session_view(s, &v), CKV_OK, "%s", ckv_client_last_error(c));
     cancelled = ckv_test_stat(&d, "tiers.1.cancelled") > 0 ||
                 strcmp(ckv_test_session_tier(c, "tier-big", tier, sizeof tier), "offloading") == 0;
-    if (cancelled) wait_stat_at_least(&d, "tiers.1.cancelled", 1);
+    if (cancelled) ckv_test_wait_stat_at_least(&d, "tiers.1.cancelled", 1);
   }
   cr_assert(cancelled, "no request ever arrived during the write (5 tries)");
   /* The cancel takes effect when the write comes back (the loop then keeps the blocks).  That may
    * be close to disk_idle after the request: name the session again at once so that no second
    * offload starts under the checks below (one that does is cancelled the same way). */
   cr_assert_eq(ckv_session_view(s, &v0), CKV_OK, "%s", ckv_client_last_error(c));
-  wait_tier(&d, c, "tier-big", "primary");
+  ckv_test_wait_tier(&d, c, "tier-big", "primary");
   cr_assert_eq(ckv_test_stat(&d, "arenas.0.bytes_used"), used, "a cancelled offload freed blocks");
   cr_assert_eq(ckv_test_stat(&d, "tiers.1.bytes"), 0);
   wait_tier_file_gone(&d, "tier-big");
@@ -352,18 +280,16 @@ Test(tiers, request_during_offload_keeps_session, .timeout = 180) {
     }
   }
   ckv_session_close(s);
-  ckv_client_free(c);
-  cr_assert_eq(ckv_test_daemon_stop(&d), 0);
+  stop_with_client(c, &d);
 }
 
 Test(tiers, disk_memory_too_small_stays_resident, .timeout = 60) {
   ckv_test_daemon d;
-  daemon_start(&d, "4K");
-  ckv_client *c = connect_to(&d);
+  ckv_client *c = start_with_client(&d, "4K");
   ckv_session *s = session_with_rounds(c, "tier-small", "commitkv", 4);
-  wait_settled(c); /* the last round's moves change the arena's bytes (slowly under valgrind) */
+  ckv_test_wait_settled(c); /* the last round's moves change the arena's bytes (slowly under valgrind) */
   unsigned long long used = ckv_test_stat(&d, "arenas.0.bytes_used");
-  wait_stat_at_least(&d, "tiers.1.refused", 1);
+  ckv_test_wait_stat_at_least(&d, "tiers.1.refused", 1);
   usleep(500000);
   cr_assert_eq(ckv_test_stat(&d, "tiers.1.offloads"), 0);
   cr_assert_eq(ckv_test_stat(&d, "arenas.0.bytes_used"), used);
@@ -375,19 +301,16 @@ Test(tiers, disk_memory_too_small_stays_resident, .timeout = 60) {
   ckv_capture v = ckv_test_capture_view(c, "tier-small", &k_geom); /* still served at once */
   ckv_test_capture_free(&v);
   ckv_session_close(s);
-  ckv_client_free(c);
-  cr_assert_eq(ckv_test_daemon_stop(&d), 0);
+  stop_with_client(c, &d);
 }
 
 Test(tiers, kill9_with_session_on_disk_resumes, .timeout = 120) {
   ckv_test_daemon d;
-  daemon_start(&d, "64M");
-  ckv_client *c = connect_to(&d);
-  ckv_session *s = session_with_rounds(c, "tier-k", "commitkv", 10);
-  wait_settled(c);
-  ckv_capture before = ckv_test_capture_view(c, "tier-k", &k_geom);
+  ckv_client *c = start_with_client(&d, "64M");
+  ckv_capture before;
+  ckv_session *s = settled_session(c, "tier-k", 10, &before);
   ckv_session_close(s); /* detached: it goes down all the same */
-  wait_stat_at_least(&d, "tiers.1.offloads", 1);
+  ckv_test_wait_stat_at_least(&d, "tiers.1.offloads", 1);
   cr_assert(ckv_test_tier_file_exists(&d, "tier-k"));
   ckv_client_free(c);
   cr_assert_eq(kill(d.pid, SIGKILL), 0);
@@ -422,8 +345,7 @@ Test(tiers, kill9_with_session_on_disk_resumes, .timeout = 120) {
   ckv_test_capture_free(&before);
   ckv_test_capture_free(&after);
   ckv_session_close(s2);
-  ckv_client_free(c);
-  cr_assert_eq(ckv_test_daemon_stop(&d), 0);
+  stop_with_client(c, &d);
 }
 
 Test(tiers, reference_worker_rides_through_offload, .timeout = 120) {

@@ -386,6 +386,20 @@ typedef struct num_case {
   uint64_t value;
 } num_case;
 
+/* Each case through parse, its output preset to `unset`: the status, then the value on success or the output
+ * untouched on failure. */
+static void expect_num_cases(int (*parse)(const char *, uint64_t *), const num_case *cases, size_t n, uint64_t unset) {
+  for (size_t i = 0; i < n; i++) {
+    uint64_t v = unset;
+    int r = parse(cases[i].text, &v);
+    cr_expect_eq(r, cases[i].status, "'%s': got %d", cases[i].text, r);
+    if (cases[i].status == CKV_OK)
+      cr_expect_eq(v, cases[i].value, "'%s': got %llu", cases[i].text, (unsigned long long)v);
+    else
+      cr_expect_eq(v, unset, "'%s': output written on failure", cases[i].text);
+  }
+}
+
 Test(config, parse_size) {
   static const num_case cases[] = {
       {"0", CKV_OK, 0},
@@ -420,15 +434,7 @@ Test(config, parse_size) {
       {"G", CKV_ERR_INVALID, 0},
       {"0x10", CKV_ERR_INVALID, 0},
   };
-  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    uint64_t v = 12345;
-    int r = ckv_parse_size(cases[i].text, &v);
-    cr_expect_eq(r, cases[i].status, "'%s': got %d", cases[i].text, r);
-    if (cases[i].status == CKV_OK)
-      cr_expect_eq(v, cases[i].value, "'%s': got %llu", cases[i].text, (unsigned long long)v);
-    else
-      cr_expect_eq(v, 12345, "'%s': output written on failure", cases[i].text);
-  }
+  expect_num_cases(ckv_parse_size, cases, sizeof cases / sizeof cases[0], 12345);
   cr_expect_eq(ckv_parse_size(NULL, &(uint64_t){0}), CKV_ERR_INVALID);
 }
 
@@ -456,14 +462,19 @@ Test(config, parse_duration) {
       {"1m30s", CKV_ERR_INVALID, 0},
       {"5us", CKV_ERR_INVALID, 0},
   };
-  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    uint64_t v = 777;
-    int r = ckv_parse_duration_ms(cases[i].text, &v);
-    cr_expect_eq(r, cases[i].status, "'%s': got %d", cases[i].text, r);
-    if (cases[i].status == CKV_OK)
-      cr_expect_eq(v, cases[i].value, "'%s': got %llu", cases[i].text, (unsigned long long)v);
-    else
-      cr_expect_eq(v, 777, "'%s': output written on failure", cases[i].text);
+  expect_num_cases(ckv_parse_duration_ms, cases, sizeof cases / sizeof cases[0], 777);
+}
+
+/* Each value formats to its text, and that text parses back to the value. */
+static void expect_round_trips(void (*format)(uint64_t, char *, size_t), int (*parse)(const char *, uint64_t *),
+                               const uint64_t *values, const char *const *texts, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    char buf[32];
+    uint64_t back = 0;
+    format(values[i], buf, sizeof buf);
+    cr_expect_str_eq(buf, texts[i]);
+    cr_expect_eq(parse(buf, &back), CKV_OK, "%s", buf);
+    cr_expect_eq(back, values[i], "%s", buf);
   }
 }
 
@@ -472,25 +483,11 @@ Test(config, format_round_trip) {
                                    (1ull << 60), 1000000007ull, UINT64_MAX};
   static const char *const size_text[] = {"0", "1", "1023", "1K", "1536", "4G", "3T", "5P",
                                           "1024P", "1000000007", "18446744073709551615"};
-  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
-    char buf[32];
-    uint64_t back = 0;
-    ckv_format_size(sizes[i], buf, sizeof buf);
-    cr_expect_str_eq(buf, size_text[i]);
-    cr_expect_eq(ckv_parse_size(buf, &back), CKV_OK, "%s", buf);
-    cr_expect_eq(back, sizes[i], "%s", buf);
-  }
+  expect_round_trips(ckv_format_size, ckv_parse_size, sizes, size_text, sizeof sizes / sizeof sizes[0]);
   static const uint64_t durs[] = {0, 1, 999, 1000, 1500, 60000, 90000, 3600000, 86400000, 172800001};
   static const char *const dur_text[] = {"0", "1ms", "999ms", "1s", "1500ms", "1m", "90s",
                                          "1h", "1d", "172800001ms"};
-  for (size_t i = 0; i < sizeof durs / sizeof durs[0]; i++) {
-    char buf[32];
-    uint64_t back = 0;
-    ckv_format_duration_ms(durs[i], buf, sizeof buf);
-    cr_expect_str_eq(buf, dur_text[i]);
-    cr_expect_eq(ckv_parse_duration_ms(buf, &back), CKV_OK, "%s", buf);
-    cr_expect_eq(back, durs[i], "%s", buf);
-  }
+  expect_round_trips(ckv_format_duration_ms, ckv_parse_duration_ms, durs, dur_text, sizeof durs / sizeof durs[0]);
 }
 
 /* ---- policies ---- */

@@ -65,6 +65,15 @@ static void record(ckv_tokens *t, uint32_t round, const float *attn) {
   ckv_tokens_record_round(t, round, 0, attn, t->n, live_count(t));
 }
 
+/* Records round `round` with attention v on every token. */
+static void uniform_round(ckv_tokens *t, uint32_t round, float v) {
+  float *a = malloc((t->n + 1) * sizeof(float));
+  cr_assert_not_null(a);
+  for (size_t i = 0; i < t->n; i++) a[i] = v;
+  record(t, round, a);
+  free(a);
+}
+
 static int legal(uint8_t from, uint8_t to) {
   return (from == D && to == S) || (from == S && to == C) || (from != X && to == X);
 }
@@ -466,12 +475,10 @@ Test(judge, judge_every_skips_rounds_but_records_them) {
   ckv_tokens_init(&t);
   ckv_transition_list out = {0};
   uint64_t counts[4] = {0};
-  float attn[16 * 8];
   for (uint32_t round = 1; round <= 7; round++) {
     for (int i = 0; i < 16; i++) push(&t, ROLE_USER, 0.5f, round - 1);
     counts[D] += 16;
-    for (size_t i = 0; i < t.n; i++) attn[i] = 1.0f;
-    record(&t, round, attn);
+    uniform_round(&t, round, 1.0f);
     judge_checked(&t, round, &p, counts, &out);
     size_t n = moved(&out);
     if (round % 3)
@@ -523,14 +530,6 @@ Test(judge, far_sample_judges_a_rotating_quarter_of_far_tokens) {
 /* n tokens appended before round 1, all user role. */
 static void fill(ckv_tokens *t, size_t n, uint8_t role, float sem) {
   for (size_t i = 0; i < n; i++) push(t, role, sem, 0);
-}
-
-static void uniform_round(ckv_tokens *t, uint32_t round, float v) {
-  float *a = malloc((t->n + 1) * sizeof(float));
-  cr_assert_not_null(a);
-  for (size_t i = 0; i < t->n; i++) a[i] = v;
-  record(t, round, a);
-  free(a);
 }
 
 Test(baseline, fp16_never_changes_anything) {
@@ -718,11 +717,9 @@ static void filler_recycle_run(uint32_t rounds_after_commit) {
       push(&t, k == SYSTEM ? ROLE_SYSTEM : ROLE_USER, k == EMPTY || k == SYSTEM ? 0.1f : k == FACT ? 0.9f : -1.f, 0);
   ckv_transition_list out = {0};
   uint64_t counts[4] = {KINDS * PER, 0, 0, 0};
-  float attn[KINDS * PER];
   uint32_t committed_at = 0, recycled_at = 0;
   for (uint32_t round = 1; round <= 12; round++) {
-    for (size_t i = 0; i < t.n; i++) attn[i] = 5.f; /* every token heavily attended, every round */
-    record(&t, round, attn);
+    uniform_round(&t, round, 5.f); /* every token heavily attended, every round */
     judge_checked(&t, round, &p, counts, &out);
     if (!committed_at && t.state[EMPTY * PER] == C) committed_at = round;
     if (!recycled_at && t.state[EMPTY * PER] == X) recycled_at = round;
@@ -772,11 +769,9 @@ static void scored_persistence_run(uint32_t spr) {
     for (int i = 0; i < PER; i++) push(&t, ROLE_USER, sem[k], 0);
   ckv_transition_list out = {0};
   uint64_t counts[4] = {KINDS * PER, 0, 0, 0};
-  float attn[KINDS * PER];
   uint32_t staged_at[KINDS] = {0}, committed_at[KINDS] = {0};
   for (uint32_t round = 1; round <= 12; round++) {
-    for (size_t i = 0; i < t.n; i++) attn[i] = 5.f;
-    record(&t, round, attn);
+    uniform_round(&t, round, 5.f);
     judge_checked(&t, round, &p, counts, &out);
     for (int k = 0; k < KINDS; k++) {
       uint8_t st = t.state[k * PER];
