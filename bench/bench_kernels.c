@@ -24,7 +24,7 @@
  * bytes (ops: read + written; attention: the blocks read) take at the
  * memcpy bandwidth of all threads measured in this run (memcpy_threads_gbps,
  * or memcpy_gbps on one CPU), over its own time; 1 is the memory bound.
- * The formats with integer scores (int8, int4, rot4) are also timed with
+ * The formats with integer scores (int8, int4, rot4, rot2) are also timed with
  * them (ckv_attn_args.scores, the query quantized to INT8) beside the float
  * scores of the same blocks, on all threads and on one: "attention_int" in
  * JSON, with the output cosine of integer against float scores.
@@ -688,7 +688,7 @@ int ckv_bench_kernels(int argc, char **argv) {
   const uint32_t QH = 32;
   attn_result ar[3 * N_ATTN_FORMATS];
   attn_baseline base[3];
-  attn_int_result air[3 * 3];
+  attn_int_result air[3 * 4];
   int nair = 0;
   int nar = 0;
   uint32_t threads = 0;
@@ -732,7 +732,7 @@ int ckv_bench_kernels(int argc, char **argv) {
         bl->one_thread_us = best_call(run_fused, &one, min_iters, budget) * 1e6;
         threads = a.n_threads ? a.n_threads : 0;
       }
-      if (f == 1 || f == 2 || f == 5) { /* int8, int4, rot4: integer scores too */
+      if (f == 1 || f == 2 || f == 5 || f == 6) { /* int8, int4, rot4, rot2: integer scores too */
         attn_int_result *ir = &air[nair++];
         float iout[32 * 128];
         ckv_attn_args ia = a, one = a;

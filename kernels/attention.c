@@ -34,7 +34,7 @@
  * rot_values) are the scalar path and take the shapes the SIMD loops leave.
  *
  * Integer scores (ckv_attn_args.scores, attention_int.c): INT8 staged,
- * 4-bit committed and ROT4 keys can be scored with integer dot products of
+ * 4-bit committed, ROT4 and ROT2 keys can be scored with integer dot products of
  * an INT8-quantized query (once per call; per chunk for committed keys),
  * bit-identical on every CPU path; other formats keep the float path. */
 #include <math.h>
@@ -85,7 +85,7 @@ typedef struct attn_layout {
   size_t *slot_base; /* n_blocks + 1 prefix sums of the capacities */
   attn_part *parts;  /* (the array itself lives in the workspace too) */
   attn_ws *ws;
-  ckv_iquery qs8, qr8;   /* integer scores: qs and qr quantized, [hr][ld] */
+  ckv_iquery qs8, qr8, qr8c; /* integer scores: qs and qr quantized, [hr][ld] (qr8c: qr8 in crumb order) */
   const ckv_idotops *io; /* integer scores: the path's table; NULL: float scores */
   const ckv_attnops *A;  /* the SIMD loops of the path; NULL: the portable loops only */
   ckv_ablock_luts luts;
@@ -173,6 +173,7 @@ static size_t ws_layout(const ckv_attn_args *a, size_t slots, attn_layout *L, ui
   CARVE(L->slot_base, size_t, (size_t)a->n_blocks + 1);
   off += ckv_iquery_carve(&L->qs8, HR, (uint32_t)D, base ? base + off : NULL);
   off += ckv_iquery_carve(&L->qr8, HR, (uint32_t)D, base ? base + off : NULL);
+  off += ckv_iquery_carve(&L->qr8c, HR, (uint32_t)D, base ? base + off : NULL);
   CARVE(L->parts, attn_part, P);
   CARVE(L->ws, attn_ws, T);
   for (uint32_t p = 0; p < P; p++) {
@@ -242,7 +243,7 @@ static void score_block(const ckv_rowops *ops, const ckv_attn_args *a, const voi
   const float *qs = LY->qs + (size_t)h * RG * D;
   if (LY->io && ckv_iscore_format(fmt)) { /* integer scores (attention_int.c) */
     ckv_iscore_query q = {.qs = qs, .qr = LY->qr + (size_t)h * RG * D, .qs8 = iq_rows(&LY->qs8, (size_t)h * RG),
-                          .qr8 = iq_rows(&LY->qr8, (size_t)h * RG),
+                          .qr8 = iq_rows(&LY->qr8, (size_t)h * RG), .qr8c = iq_rows(&LY->qr8c, (size_t)h * RG),
                           .qsn = LY->qsn ? LY->qsn + (size_t)h * RG * ckv_idot_ld(D) : NULL};
     ckv_iscore_block(ops, LY->io, g, L, blk, h, &q, RG, &w->is, S);
     return;
@@ -431,6 +432,8 @@ static void run_blocks(const attn_job *j, attn_ws *w, attn_part *P, uint32_t b0,
       x.pf = NULL;
       if (next && simd) /* the loops ask for it along their rows */
         ckv_ablock_prefetch_range(g, a->layer, next, h, 2u * H, &x.pf, &x.pf_lines);
+      else if (next && j->L->io && ckv_iscore_format(fmt)) /* so do the integer scores, batch by batch */
+        ckv_ablock_prefetch_range(g, a->layer, next, h, 2u * H, &w->is.pf, &w->is.pf_lines);
       else if (next)
         ckv_ablock_prefetch(g, a->layer, next, h, 2u * H);
       if (simd)
@@ -555,13 +558,14 @@ ckv_status ckv_kernels_attention(const ckv_attn_args *a) {
     const float *q = a->q + ((rg / G) * a->n_q_heads + h * G + rg % G) * D;
     for (uint32_t d = 0; d < D; d++) L.qs[hr * D + d] = q[d] * scale;
   }
-  bool has_rot = false, has_staged = false, has_rot4 = false, has_c4 = false;
+  bool has_rot = false, has_staged = false, has_rot4 = false, has_rot2 = false, has_c4 = false;
   for (uint32_t b = 0; b < a->n_blocks; b++) {
     uint32_t fmt = ckv_hdr(a->blocks[b])->format;
     has_rot |= ckv_format_is_rot(fmt);
     has_c4 |= fmt == CKV_FORMAT_COMMIT4;
     has_staged |= fmt == CKV_FORMAT_STAGED;
     has_rot4 |= fmt == CKV_FORMAT_ROT4;
+    has_rot2 |= fmt == CKV_FORMAT_ROT2;
   }
   const ckv_rowops *ops = ckv_rowops_get();
   L.n_acc = has_c4 && D % 32u == 0 ? 2u : 1u; /* acc[1]: committed INT4 values in PACKP's order */
@@ -586,7 +590,8 @@ ckv_status ckv_kernels_attention(const ckv_attn_args *a) {
   L.io = int_scores_of(a) ? ckv_idotops_get() : NULL;
   L.A = ckv_attnops_get();
   if (L.A) ckv_ablock_tables(&L.luts);
-  if (L.io && has_staged) ckv_iquery_set(ops, L.qs, HR, D, D, 0, &L.qs8, L.ws[0].is.tmp);
+  for (uint32_t t = 0; L.A && t < L.n_threads; t++) L.ws[t].is.rot_scale = L.luts.rot_scale; /* the same values */
+  if (L.io && has_staged) ckv_iquery_set(ops, L.qs, HR, D, D, CKV_IQ_NATURAL, &L.qs8, L.ws[0].is.tmp);
   if (L.io && has_c4) { /* what every committed block with all channels kept folds its scales into */
     size_t ld = ckv_idot_ld(D);
     memset(L.qsn, 0, HR * ld * sizeof(float));
@@ -595,7 +600,8 @@ ckv_status ckv_kernels_attention(const ckv_attn_args *a) {
   } else {
     L.qsn = NULL;
   }
-  if (L.io && has_rot4) ckv_iquery_set(ops, L.qr, HR, D, D, 1, &L.qr8, L.ws[0].is.tmp);
+  if (L.io && has_rot4) ckv_iquery_set(ops, L.qr, HR, D, D, CKV_IQ_NIBBLE, &L.qr8, L.ws[0].is.tmp);
+  if (L.io && has_rot2) ckv_iquery_set(ops, L.qr, HR, D, D, CKV_IQ_CRUMB, &L.qr8c, L.ws[0].is.tmp);
   L.slot_base[0] = 0;
   for (uint32_t b = 0; b < a->n_blocks; b++) L.slot_base[b + 1] = L.slot_base[b] + ckv_hdr(a->blocks[b])->capacity;
   attn_job job = {.a = a, .ops = ops, .L = &L, .RG = RG, .HR = HR};

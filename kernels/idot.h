@@ -20,6 +20,11 @@
 static inline size_t ckv_idot_u4_index(size_t j) {
   return (j & ~(size_t)63) + ((j & 1u) ? 32u : 0u) + ((j & 63u) >> 1);
 }
+/* Query codes for 2-bit rows are stored in crumb order: within each group of
+ * 16 channels (4 code bytes, one dword), code p of byte k (channel 4k + p)
+ * at 4p + k, so the four codes p of a dword meet four contiguous query bytes.
+ * Index of channel j in that order. */
+static inline size_t ckv_idot_u2_index(size_t j) { return (j & ~(size_t)15) + 4u * (j & 3u) + ((j & 15u) >> 2); }
 /* Query row length (bytes) for n channels: whole 64-channel blocks, zero padded. */
 static inline size_t ckv_idot_ld(size_t n) { return (n + 63u) & ~(size_t)63u; }
 
@@ -34,6 +39,11 @@ static inline int32_t ckv_idot_u4_tail(const int8_t *q, const uint8_t *k, size_t
   for (size_t j = j0; j < n; j++) s += (int32_t)q[ckv_idot_u4_index(j)] * ((k[j >> 1] >> ((j & 1u) * 4u)) & 15);
   return s;
 }
+static inline int32_t ckv_idot_u2_tail(const int8_t *q, const uint8_t *k, size_t j0, size_t n) {
+  int32_t s = 0;
+  for (size_t j = j0; j < n; j++) s += (int32_t)q[ckv_idot_u2_index(j)] * ((k[j >> 2] >> ((j & 3u) * 2u)) & 3);
+  return s;
+}
 
 typedef struct ckv_idotops {
   const char *name;
@@ -45,9 +55,27 @@ typedef struct ckv_idotops {
    * p in nibble order (ckv_idot_u4_index), rows of ldp >= ckv_idot_ld(n) bytes zero padded. */
   void (*u4)(const int8_t *p, size_t nq, size_t ldp, const uint8_t *rows, size_t stride, size_t nt, size_t n,
              int32_t *out, size_t ldo);
+  /* The same with rows of n 2-bit codes (code j at bits 2*(j%4) of byte j/4, values 0..3) and
+   * p in crumb order (ckv_idot_u2_index), rows of ldp >= ckv_idot_ld(n) bytes zero padded. */
+  void (*u2)(const int8_t *p, size_t nq, size_t ldp, const uint8_t *rows, size_t stride, size_t nt, size_t n,
+             int32_t *out, size_t ldo);
+  /* The float steps around the sums, the same bits from every table (each operation rounded on its
+   * own, never fused, in the same order):
+   * o[i] = (float)(m * acc[i] - ps) * k * st[i], plus b where add_b, for i < n. */
+  void (*finish)(const int32_t *acc, int32_t m, int32_t ps, float k, const float *st, float b, bool add_b, float *o,
+                 size_t n);
+  /* sum x[i] * y[i]: 16 partial sums (element i into lane i % 16: a product, then a sum), then
+   * lanes l += l + w for w = 8, 4, 2, 1; lane 0. */
+  float (*dot16)(const float *x, const float *y, size_t n);
 } ckv_idotops;
 
 extern const ckv_idotops ckv_idot_scalar;
+/* The plain C 2-bit dots, epilogue and float dot (idot_scalar.c), shared by the tables without their own. */
+void ckv_idot_scalar_finish(const int32_t *acc, int32_t m, int32_t ps, float k, const float *st, float b, bool add_b,
+                            float *o, size_t n);
+float ckv_idot_scalar_dot16(const float *x, const float *y, size_t n);
+void ckv_idot_scalar_u2(const int8_t *p, size_t nq, size_t ldp, const uint8_t *rows, size_t stride, size_t nt, size_t n,
+                        int32_t *out, size_t ldo);
 extern const ckv_idotops ckv_idot_avx2;
 extern const ckv_idotops ckv_idot_avx512vnni;
 

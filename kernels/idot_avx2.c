@@ -103,4 +103,5 @@ static void a_u4(const int8_t *p, size_t nq, size_t ldp, const uint8_t *rows, si
   }
 }
 
-const ckv_idotops ckv_idot_avx2 = {.name = "avx2", .i8 = a_i8, .u4 = a_u4};
+const ckv_idotops ckv_idot_avx2 = {.name = "avx2", .i8 = a_i8, .u4 = a_u4, .u2 = ckv_idot_scalar_u2,
+                                   .finish = ckv_idot_scalar_finish, .dot16 = ckv_idot_scalar_dot16};
