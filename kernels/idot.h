@@ -20,13 +20,16 @@
 static inline size_t ckv_idot_u4_index(size_t j) {
   return (j & ~(size_t)63) + ((j & 1u) ? 32u : 0u) + ((j & 63u) >> 1);
 }
-/* Query codes for 2-bit rows are stored in crumb order: within each group of
- * 16 channels (4 code bytes, one dword), code p of byte k (channel 4k + p)
- * at 4p + k, so the four codes p of a dword meet four contiguous query bytes.
- * Index of channel j in that order. */
-static inline size_t ckv_idot_u2_index(size_t j) { return (j & ~(size_t)15) + 4u * (j & 3u) + ((j & 15u) >> 2); }
-/* Query row length (bytes) for n channels: whole 64-channel blocks, zero padded. */
-static inline size_t ckv_idot_ld(size_t n) { return (n + 63u) & ~(size_t)63u; }
+/* Query codes for 2-bit rows are stored in crumb order: within each block of
+ * 128 channels (32 code bytes), code p of byte k (channel 4k + p) at 32p + k,
+ * so the codes p of any run of code bytes meet contiguous query bytes (a
+ * SIMD path multiplies one plane of unpacked codes by contiguous query
+ * bytes).  Index of channel j in that order. */
+static inline size_t ckv_idot_u2_index(size_t j) {
+  return (j & ~(size_t)127) + 32u * (j & 3u) + ((j & 127u) >> 2);
+}
+/* Query row length (bytes) for n channels: whole 128-channel blocks (the crumb order's), zero padded. */
+static inline size_t ckv_idot_ld(size_t n) { return (n + 127u) & ~(size_t)127u; }
 
 /* Tails, shared by every path: the sums over channels [j0, n) of one query and one row. */
 static inline int32_t ckv_idot_i8_tail(const int8_t *q, const int8_t *k, size_t j0, size_t n) {
@@ -70,7 +73,7 @@ typedef struct ckv_idotops {
 } ckv_idotops;
 
 extern const ckv_idotops ckv_idot_scalar;
-/* The plain C 2-bit dots, epilogue and float dot (idot_scalar.c), shared by the tables without their own. */
+/* The plain C epilogue and float dot (idot_scalar.c), shared by the tables without their own; the 2-bit dots. */
 void ckv_idot_scalar_finish(const int32_t *acc, int32_t m, int32_t ps, float k, const float *st, float b, bool add_b,
                             float *o, size_t n);
 float ckv_idot_scalar_dot16(const float *x, const float *y, size_t n);

@@ -14,8 +14,8 @@
  * once for every query row of the group, where a sum per (token, row) would
  * be paid per row.  Per dword: 4-bit rows give two planes (low and high
  * nibbles: channels 8J + 2k and 8J + 2k + 1 of dword J, which the query's
- * nibble order keeps in four contiguous bytes), 2-bit rows four (crumb
- * order, idot.h).  Channels past the last whole dword (n not a multiple of
+ * nibble order keeps in four contiguous bytes), 2-bit rows four (the crumb
+ * order does the same, idot.h).  Channels past the last whole dword (n not a multiple of
  * 8 or 16) are summed by the scalar tails; tokens past nt in the last group
  * read the last row again and are not stored.
  *
@@ -76,11 +76,19 @@ AI void transpose16(__m512i r[16]) {
 /* The query's four bytes that meet plane p of dword J of a row of `bits`-bit codes (idot.h's orders). */
 AI size_t qoff(const int bits, size_t J, int p) {
   if (bits == 4) return 64u * (J / 8u) + 32u * (size_t)p + 4u * (J % 8u);
-  return 16u * J + 4u * (size_t)p;
+  return 128u * (J / 8u) + 32u * (size_t)p + 4u * (J % 8u);
 }
-typedef int32_t ckv_u32a __attribute__((may_alias, aligned(1))); /* an unaligned dword the compiler may fold */
-AI __m512i qdword(const int8_t *q, size_t off) {
-  return _mm512_set1_epi32(*(const ckv_u32a *)(const void *)(q + off)); /* dpbusd's embedded broadcast */
+/* acc + the dpbusd of codes u by the query dword at q + off broadcast to every lane: dpbusd with an
+ * embedded broadcast (one instruction, the dword read from L1; GCC will not fold the set1 of a
+ * separate broadcast into it, and 128 separate broadcasts a tile cost a fifth of the loop). */
+typedef int32_t ckv_u32a __attribute__((may_alias, aligned(1)));
+AI __m512i dp_q(__m512i acc, __m512i u, const int8_t *q, size_t off) {
+#if defined(__GNUC__) && !defined(CKV_NO_INLINE_ASM)
+  __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*(const ckv_u32a *)(const void *)(q + off)));
+  return acc;
+#else
+  return _mm512_dpbusd_epi32(acc, u, _mm512_set1_epi32(*(const ckv_u32a *)(const void *)(q + off)));
+#endif
 }
 
 /* NR query rows (rows past nq repeat the last; not stored) against tokens [t0, t0 + 16) of nd whole
@@ -112,18 +120,18 @@ AI void tile(const int8_t *p, size_t nq, size_t ldp, size_t i0, const uint8_t *r
         __m512i lo = _mm512_and_si512(x[j], m4), hi = _mm512_and_si512(_mm512_srli_epi16(x[j], 4), m4);
         UNROLL
         for (int r = 0; r < NR; r++) {
-          acc[r] = _mm512_dpbusd_epi32(acc[r], lo, qdword(q[r], qoff(4, J, 0)));
-          acc[r] = _mm512_dpbusd_epi32(acc[r], hi, qdword(q[r], qoff(4, J, 1)));
+          acc[r] = dp_q(acc[r], lo, q[r], qoff(4, J, 0));
+          acc[r] = dp_q(acc[r], hi, q[r], qoff(4, J, 1));
         }
       } else {
         __m512i c0 = _mm512_and_si512(x[j], m2), c1 = _mm512_and_si512(_mm512_srli_epi16(x[j], 2), m2);
         __m512i c2 = _mm512_and_si512(_mm512_srli_epi16(x[j], 4), m2), c3 = _mm512_and_si512(_mm512_srli_epi16(x[j], 6), m2);
         UNROLL
         for (int r = 0; r < NR; r++) {
-          acc[r] = _mm512_dpbusd_epi32(acc[r], c0, qdword(q[r], qoff(2, J, 0)));
-          acc[r] = _mm512_dpbusd_epi32(acc[r], c1, qdword(q[r], qoff(2, J, 1)));
-          acc[r] = _mm512_dpbusd_epi32(acc[r], c2, qdword(q[r], qoff(2, J, 2)));
-          acc[r] = _mm512_dpbusd_epi32(acc[r], c3, qdword(q[r], qoff(2, J, 3)));
+          acc[r] = dp_q(acc[r], c0, q[r], qoff(2, J, 0));
+          acc[r] = dp_q(acc[r], c1, q[r], qoff(2, J, 1));
+          acc[r] = dp_q(acc[r], c2, q[r], qoff(2, J, 2));
+          acc[r] = dp_q(acc[r], c3, q[r], qoff(2, J, 3));
         }
       }
     }

@@ -51,7 +51,6 @@ static void s_u4(const int8_t *p, size_t nq, size_t ldp, const uint8_t *rows, si
   }
 }
 
-/* (Also the AVX2 table's: 2-bit rows have no maddubs loop there.) */
 void ckv_idot_scalar_u2(const int8_t *p, size_t nq, size_t ldp, const uint8_t *rows, size_t stride, size_t nt, size_t n,
                         int32_t *out, size_t ldo) {
   for (size_t t = 0; t < nt; t++) {
