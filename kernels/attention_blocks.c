@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "kernels/access.h"
+#include "kernels/attention_bf16.h"
 #include "kernels/attention_blocks.h"
 #include "kernels/quant.h"
 
@@ -333,6 +334,12 @@ void ckv_ablock_values(const ckv_ablock_args *x, uint32_t h, const float *E, ckv
         for (uint32_t i = 0; i < n; i++) o[w->sub[i]] = e[w->sub[i]] * sc[w->sub[i]];
     }
     wt = w->wt;
+  }
+  if (x->bf16 && fmt == CKV_FORMAT_ROT4 && dense && cap % 2u == 0 && D % 128u == 0) {
+    pf_burst(x->pf, x->pf ? x->pf_lines : 0);
+    ckv_avalues_bf16_rot4(wt, RG, cap, v.base, v.stride, cap, D, x->luts->rot[4], w->wb,
+                          racc + 3u * ldr + (size_t)h * RG * D, D);
+    return;
   }
   pf_give(x, &v);
   x->A->values(wt, RG, cap, &v, w->sub, n, D, out + (size_t)h * RG * D, D);

@@ -8,6 +8,7 @@
 #include <cpuid.h>
 #endif
 
+#include "kernels/attention_bf16.h"
 #include "kernels/idot.h"
 #include "kernels/kernels.h"
 #include "kernels/rowops.h"
@@ -30,6 +31,25 @@ static bool cpu_has_avx512vnni(void) {
 bool ckv_idot_vnni_supported(void) {
 #if defined(__x86_64__) || defined(__i386__)
   return ckv_kernels_path_supported(CKV_PATH_AVX512) && cpu_has_avx512vnni();
+#else
+  return false;
+#endif
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+/* AVX512_BF16 from CPUID leaf 7 subleaf 1 (EAX bit 5). */
+static bool cpu_has_avx512bf16(void) {
+  unsigned a, b, c, d;
+  return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5));
+}
+#endif
+
+bool ckv_avalues_bf16_supported(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  static int bf16 = -1; /* checked once (CPUID is slow under a hypervisor); a benign race */
+  if (__atomic_load_n(&bf16, __ATOMIC_RELAXED) < 0)
+    __atomic_store_n(&bf16, ckv_kernels_path_supported(CKV_PATH_AVX512) && cpu_has_avx512bf16() ? 1 : 0, __ATOMIC_RELAXED);
+  return __atomic_load_n(&bf16, __ATOMIC_RELAXED) != 0;
 #else
   return false;
 #endif

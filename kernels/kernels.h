@@ -154,16 +154,26 @@ typedef struct ckv_attn_args {
                          online CPUs, one per MiB of the layer's K/V at most (short contexts stay on the
                          calling thread).  Callers that run attention from several threads at once set 1.
                          The result has the same bits for any value. */
-  uint32_t scores;    /* how q.k is computed for INT8 staged, 4-bit committed and ROT4 keys:
+  uint32_t scores;    /* how q.k is computed for INT8 staged, 4-bit committed, ROT4 and ROT2 keys:
                          CKV_ATTN_SCORES_FLOAT (dequantize, FP32 dot), CKV_ATTN_SCORES_INT8 (the query
                          quantized to INT8, one scale per row; integer dots, the same bits on every CPU
                          path; see attention_int.c for its error); 0: $CKV_ATTENTION_SCORES ("float" or
                          "int8"), else CKV_ATTN_SCORES_DEFAULT_INT.  Other formats are always FP32. */
+  uint32_t values;    /* how ROT4 values are summed (head_dim a multiple of 128, blocks with every slot
+                         valid): CKV_ATTN_VALUES_FLOAT (FP32 weights, FMA), CKV_ATTN_VALUES_BF16 (the
+                         weights rounded to BF16, BF16 pair dot products; CPUs with AVX512_BF16 on the
+                         AVX-512 path, else FP32; see attention_bf16.c for its error).  Only the output
+                         changes, never the mass.  0: $CKV_ATTENTION_VALUES ("float" or "bf16"), else
+                         CKV_ATTN_VALUES_DEFAULT_BF16. */
 } ckv_attn_args;
 #define CKV_ATTN_SCORES_FLOAT 1u
 #define CKV_ATTN_SCORES_INT8 2u
 /* The built-in choice (1: integer scores) when neither the call nor the environment chooses. */
 #define CKV_ATTN_SCORES_DEFAULT_INT 0
+#define CKV_ATTN_VALUES_FLOAT 1u
+#define CKV_ATTN_VALUES_BF16 2u
+/* The built-in choice (1: BF16 values where the CPU has them) when neither the call nor the environment chooses. */
+#define CKV_ATTN_VALUES_DEFAULT_BF16 0
 
 /* Scratch bytes ckv_kernels_attention needs for these arguments (0 if invalid). */
 size_t ckv_attention_workspace_bytes(const ckv_attn_args *a);
