@@ -47,7 +47,8 @@ AI __m512 dp_w(__m512 acc, __m512i x, const uint32_t *p) {
 /* NR (1..4) rows by the 64 channels of one nibble plane of one 128-channel chunk: 16 accumulators
  * across every pair of tokens. */
 AI void tile(const uint32_t *wb, size_t ldb, const uint8_t *base, size_t stride, uint32_t np, __m512i table,
-             float *acc, size_t lda, const int NR, const int plane) {
+             float *acc, size_t lda, const int NR, const int plane, const uint8_t *pf, uint32_t pfl) {
+  const uint32_t per = np ? (pfl + np - 1u) / np : pfl;
   const __m512i m4 = _mm512_set1_epi8(0x0f), zero = _mm512_setzero_si512();
   __m512 a[4][4];
   UNROLL
@@ -55,6 +56,7 @@ AI void tile(const uint32_t *wb, size_t ldb, const uint8_t *base, size_t stride,
     UNROLL
     for (int g = 0; g < 4; g++) a[r][g] = _mm512_loadu_ps(acc + r * lda + 16 * g);
   for (uint32_t j = 0; j < np; j++) {
+    for (uint32_t z = 0; z < per && pfl; z++, pfl--, pf += 64) __builtin_prefetch(pf, 0, 2);
     __m512i A = _mm512_loadu_si512(base + (size_t)(2u * j) * stride);
     __m512i B = _mm512_loadu_si512(base + (size_t)(2u * j + 1u) * stride);
     if (plane) A = _mm512_srli_epi16(A, 4), B = _mm512_srli_epi16(B, 4);
@@ -73,10 +75,12 @@ AI void tile(const uint32_t *wb, size_t ldb, const uint8_t *base, size_t stride,
   for (int r = 0; r < NR; r++)
     UNROLL
     for (int g = 0; g < 4; g++) _mm512_storeu_ps(acc + r * lda + 16 * g, a[r][g]);
+  for (; pfl; pfl--, pf += 64) __builtin_prefetch(pf, 0, 2);
 }
 
 void ckv_avalues_bf16_rot4(const float *w, size_t nq, size_t ldw, const uint8_t *base, size_t stride, uint32_t nt,
-                           uint32_t n, const float *lut, uint32_t *wb, float *acc, size_t lda) {
+                           uint32_t n, const float *lut, uint32_t *wb, float *acc, size_t lda, const uint8_t *pf,
+                           uint32_t pf_lines) {
   uint32_t np = nt / 2u;
   for (size_t r = 0; r < nq; r++) /* the weights as BF16 pairs: dword j = tokens 2j (low half), 2j + 1 */
     for (uint32_t t = 0; t < nt; t += 32) {
@@ -95,17 +99,19 @@ void ckv_avalues_bf16_rot4(const float *w, size_t nq, size_t ldw, const uint8_t 
     for (int plane = 0; plane < 2; plane++)
       for (size_t r0 = 0; r0 < nq; r0 += 4) {
         const uint32_t *wr = wb + r0 * np;
+        const uint8_t *p = c || plane || r0 ? NULL : pf; /* the lines asked for along the first tile's pairs */
+        uint32_t pl = p ? pf_lines : 0;
         const uint8_t *b = base + c / 2u;
         float *ar = acc + r0 * lda + c + 64u * (uint32_t)plane;
         switch ((nq - r0 >= 4 ? 4 : nq - r0) * 2 + plane) {
-        case 8: tile(wr, np, b, stride, np, table, ar, lda, 4, 0); break;
-        case 9: tile(wr, np, b, stride, np, table, ar, lda, 4, 1); break;
-        case 6: tile(wr, np, b, stride, np, table, ar, lda, 3, 0); break;
-        case 7: tile(wr, np, b, stride, np, table, ar, lda, 3, 1); break;
-        case 4: tile(wr, np, b, stride, np, table, ar, lda, 2, 0); break;
-        case 5: tile(wr, np, b, stride, np, table, ar, lda, 2, 1); break;
-        case 2: tile(wr, np, b, stride, np, table, ar, lda, 1, 0); break;
-        default: tile(wr, np, b, stride, np, table, ar, lda, 1, 1); break;
+        case 8: tile(wr, np, b, stride, np, table, ar, lda, 4, 0, p, pl); break;
+        case 9: tile(wr, np, b, stride, np, table, ar, lda, 4, 1, p, pl); break;
+        case 6: tile(wr, np, b, stride, np, table, ar, lda, 3, 0, p, pl); break;
+        case 7: tile(wr, np, b, stride, np, table, ar, lda, 3, 1, p, pl); break;
+        case 4: tile(wr, np, b, stride, np, table, ar, lda, 2, 0, p, pl); break;
+        case 5: tile(wr, np, b, stride, np, table, ar, lda, 2, 1, p, pl); break;
+        case 2: tile(wr, np, b, stride, np, table, ar, lda, 1, 0, p, pl); break;
+        default: tile(wr, np, b, stride, np, table, ar, lda, 1, 1, p, pl); break;
         }
       }
 }

@@ -25,8 +25,10 @@ static inline uint32_t ckv_avalues_bf16_channel(uint32_t pos) {
  * two products and the accumulator summed by one vdpbf16ps (FP32 sums, round to nearest even),
  * the pairs in increasing order.  Rows of 4-bit codes at base + t * stride (n / 2 bytes); lut: the
  * 16 code values (ROT4: code - 7.5, exact in BF16); nt even, n % 128 == 0; wb: scratch of
- * nq * nt / 2 dwords.  Only after ckv_avalues_bf16_supported(). */
+ * nq * nt / 2 dwords; pf_lines cache lines from pf (the next block's) are asked for along the first
+ * tile's pairs (pf NULL: none).  Only after ckv_avalues_bf16_supported(). */
 void ckv_avalues_bf16_rot4(const float *w, size_t nq, size_t ldw, const uint8_t *base, size_t stride, uint32_t nt,
-                           uint32_t n, const float *lut, uint32_t *wb, float *acc, size_t lda);
+                           uint32_t n, const float *lut, uint32_t *wb, float *acc, size_t lda, const uint8_t *pf,
+                           uint32_t pf_lines);
 
 #endif

@@ -336,9 +336,8 @@ void ckv_ablock_values(const ckv_ablock_args *x, uint32_t h, const float *E, ckv
     wt = w->wt;
   }
   if (x->bf16 && fmt == CKV_FORMAT_ROT4 && dense && cap % 2u == 0 && D % 128u == 0) {
-    pf_burst(x->pf, x->pf ? x->pf_lines : 0);
     ckv_avalues_bf16_rot4(wt, RG, cap, v.base, v.stride, cap, D, x->luts->rot[4], w->wb,
-                          racc + 3u * ldr + (size_t)h * RG * D, D);
+                          racc + 3u * ldr + (size_t)h * RG * D, D, x->pf, x->pf ? x->pf_lines : 0);
     return;
   }
   pf_give(x, &v);

@@ -180,15 +180,18 @@ static void score_rot(const ckv_rowops *ops, const ckv_idotops *io, const ckv_ge
     for (uint32_t i = 0; i < D; i++) mean[i] = ckv_rot_finite(mean[i]);
     for (size_t rg = 0; rg < nq; rg++) w->bias[rg] = io->dot16(q->qr + rg * D, mean, D);
   }
-  uint32_t nb = (cap + CKV_ISCORE_BATCH - 1u) / CKV_ISCORE_BATCH;
-  for (uint32_t t0 = 0; t0 < cap; t0 += CKV_ISCORE_BATCH, nb--) {
+  uint32_t nb = (cap + 15u) / 16u; /* the next block's lines: a share before every 16 tokens */
+  for (uint32_t t0 = 0; t0 < cap; t0 += CKV_ISCORE_BATCH) {
     uint32_t nt = cap - t0 < CKV_ISCORE_BATCH ? cap - t0 : CKV_ISCORE_BATCH;
-    pf_batch(w, nb);
-    const uint8_t *rows = codes + (size_t)t0 * H * rb;
-    if (bits == 4u)
-      io->u4(q8->p, nq, q8->ld, rows, H * rb, nt, D, w->acc, CKV_ISCORE_BATCH);
-    else
-      io->u2(q8->p, nq, q8->ld, rows, H * rb, nt, D, w->acc, CKV_ISCORE_BATCH);
+    for (uint32_t s = 0; s < nt; s += 16u, nb--) {
+      uint32_t ns = nt - s < 16u ? nt - s : 16u;
+      const uint8_t *rows = codes + (size_t)(t0 + s) * H * rb;
+      pf_batch(w, nb);
+      if (bits == 4u)
+        io->u4(q8->p, nq, q8->ld, rows, H * rb, ns, D, w->acc + s, CKV_ISCORE_BATCH);
+      else
+        io->u2(q8->p, nq, q8->ld, rows, H * rb, ns, D, w->acc + s, CKV_ISCORE_BATCH);
+    }
     uint32_t valid = valid32(blk, cap, t0);
     float st[CKV_ISCORE_BATCH];
     if (w->rot_scale)

@@ -132,3 +132,7 @@ const ckv_idotops *ckv_idotops_get(void) {
 }
 
 const char *ckv_kernels_idot_name(void) { return ckv_idotops_get()->name; }
+
+bool ckv_kernels_values_bf16_supported(void) {
+  return ckv_kernels_path() == CKV_PATH_AVX512 && ckv_avalues_bf16_supported();
+}

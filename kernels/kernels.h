@@ -46,6 +46,8 @@ const char *ckv_kernels_path_name(ckv_cpu_path path);
 /* The integer dot products the current path uses for integer attention scores:
  * "scalar", "avx2" (maddubs) or "avx512vnni" (the AVX-512 path on a CPU with VNNI; AVX2's otherwise). */
 const char *ckv_kernels_idot_name(void);
+/* Whether CKV_ATTN_VALUES_BF16 takes effect here (the AVX-512 path of a CPU with AVX512_BF16). */
+bool ckv_kernels_values_bf16_supported(void);
 
 /* ---- blocks ---------------------------------------------------------------- */
 /* Writes a fresh header (magic, format, dtype, capacity, kept channels,

@@ -64,6 +64,7 @@ static errs measure(uint32_t fmt, void *const *drafts, const float *q, const flo
   ckv_attn_args a = {.geom = &geom, .n_rows = R, .n_q_heads = QH, .q = q, .blocks = cb, .n_blocks = TOKENS / 64,
                      .out = oref};
   cr_assert_eq(ckv_kernels_attention_reference(&a), CKV_OK);
+  a.values = CKV_ATTN_VALUES_FLOAT; /* (BF16 values: test_kernels_bf16) */
   a.out = of, a.scores = CKV_ATTN_SCORES_FLOAT;
   cr_assert_eq(ckv_kernels_attention(&a), CKV_OK);
   a.out = oi, a.scores = CKV_ATTN_SCORES_INT8;
