@@ -81,11 +81,17 @@ void ckv_idot_scalar_u2(const int8_t *p, size_t nq, size_t ldp, const uint8_t *r
                         int32_t *out, size_t ldo);
 extern const ckv_idotops ckv_idot_avx2;
 extern const ckv_idotops ckv_idot_avx512vnni;
+extern const ckv_idotops ckv_idot_avxvnni;
+/* The AVX2 INT8 dots (idot_avx2.c), also the AVX-VNNI table's. */
+void ckv_idot_avx2_i8(const int8_t *p, size_t nq, size_t ldp, const int8_t *rows, size_t stride, size_t nt, size_t n,
+                      int32_t *out, size_t ldo);
 
 /* Whether this CPU runs ckv_idot_avx512vnni (AVX-512 F/BW/VL and VNNI). */
 bool ckv_idot_vnni_supported(void);
-/* The table for the current CPU path (dispatch.c): scalar, AVX2, or on the
- * AVX-512 path VNNI where the CPU has it (else the AVX2 table). */
+/* Whether this CPU runs ckv_idot_avxvnni (AVX2 and AVX-VNNI, the 256-bit VEX vpdpbusd). */
+bool ckv_idot_avxvnni_supported(void);
+/* The table for the current CPU path (dispatch.c): scalar; on the AVX2 path AVX-VNNI where the CPU
+ * has it, else AVX2; on the AVX-512 path AVX-512 VNNI where the CPU has it, else as AVX2's. */
 const ckv_idotops *ckv_idotops_get(void);
 
 #endif

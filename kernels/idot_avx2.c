@@ -35,7 +35,7 @@ static inline __m256i dot32_i8(__m256i acc, __m256i ak, __m256i k, const int8_t 
   return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(ak, sq), ones));
 }
 
-static void a_i8(const int8_t *p, size_t nq, size_t ldp, const int8_t *rows, size_t stride, size_t nt, size_t n,
+void ckv_idot_avx2_i8(const int8_t *p, size_t nq, size_t ldp, const int8_t *rows, size_t stride, size_t nt, size_t n,
                  int32_t *out, size_t ldo) {
   const __m256i ones = _mm256_set1_epi16(1);
   size_t full = n & ~(size_t)31;
@@ -134,5 +134,5 @@ static void a_u2(const int8_t *p, size_t nq, size_t ldp, const uint8_t *rows, si
   }
 }
 
-const ckv_idotops ckv_idot_avx2 = {.name = "avx2", .i8 = a_i8, .u4 = a_u4, .u2 = a_u2,
+const ckv_idotops ckv_idot_avx2 = {.name = "avx2", .i8 = ckv_idot_avx2_i8, .u4 = a_u4, .u2 = a_u2,
                                    .finish = ckv_idot_scalar_finish, .dot16 = ckv_idot_scalar_dot16};

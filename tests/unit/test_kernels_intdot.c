@@ -21,14 +21,16 @@ typedef struct path {
   const ckv_rowops *ops;
   bool ok;
 } path;
-static int paths(path out[4]) {
+enum { NPATH = 5 };
+static int paths(path out[NPATH]) {
   bool a2 = ckv_kernels_path_supported(CKV_PATH_AVX2), a5 = ckv_kernels_path_supported(CKV_PATH_AVX512);
   out[0] = (path){"scalar", &ckv_idot_scalar, &ckv_rowops_scalar, true};
   out[1] = (path){"avx2", &ckv_idot_avx2, &ckv_rowops_avx2, a2};
   out[2] = (path){"avx2 idot, avx512 rows (AVX-512 without VNNI)", &ckv_idot_avx2, &ckv_rowops_avx512, a5};
   out[3] = (path){"avx512vnni", &ckv_idot_avx512vnni, &ckv_rowops_avx512, ckv_idot_vnni_supported()};
+  out[4] = (path){"avxvnni", &ckv_idot_avxvnni, &ckv_rowops_avx2, ckv_idot_avxvnni_supported()};
   int n = 0;
-  for (int i = 0; i < 4; i++) {
+  for (int i = 0; i < NPATH; i++) {
     if (!out[i].ok) printf("intdot: %s not supported by this CPU: skipped\n", out[i].name);
     n += out[i].ok;
   }
@@ -65,7 +67,7 @@ static void check_table(const ckv_idotops *io, const int8_t *p, size_t nq, size_
 }
 
 Test(intdot, tables_equal_exact_sums) {
-  path P[4];
+  path P[NPATH];
   paths(P);
   kf_rng r = {77};
   enum { LD = 512, NT = 37, NQ = 17 };
@@ -81,14 +83,14 @@ Test(intdot, tables_equal_exact_sums) {
     for (size_t i = 0; i < NT * LD; i++) rows[i] = pass == 0 ? (uint8_t)kf_next(&r) : pass == 3 ? 0x7f : (i % 3 ? 0x80 : 0xff);
     for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++)
       for (size_t nq = 1; nq <= NQ; nq += (nq < 5 ? 1 : 4))
-        for (int i = 0; i < 4; i++) /* token counts: below one 16-token group of the VNNI lanes, one and a part, more */
+        for (int i = 0; i < NPATH; i++) /* token counts: below one 16-token group of the VNNI lanes, one and a part, more */
           for (size_t nt = 5; nt <= NT; nt += 16)
             if (P[i].ok) check_table(P[i].io, p, nq, LD, rows, LD, nt, ns[k], P[i].io->name);
   }
   /* the largest magnitude, all exact: 512 x (-128) x 127 */
   int32_t o[1];
   memset(rows, 0x80, LD), memset(p, 127, LD);
-  for (int i = 0; i < 4; i++)
+  for (int i = 0; i < NPATH; i++)
     if (P[i].ok) {
       P[i].io->i8(p, 1, LD, (const int8_t *)rows, LD, 1, LD, o, 1);
       cr_expect_eq(o[0], -128 * 127 * LD, "%s", P[i].io->name);
@@ -191,7 +193,7 @@ static void score_error(const ckv_geometry *g, uint32_t layer, const void *blk, 
 Test(intdot, block_scores_same_bits_on_every_path_and_close_to_exact) {
   const ckv_geometry geoms[] = {{2, 2, 128, CKV_DTYPE_FP16}, {1, 3, 40, CKV_DTYPE_BF16}, {1, 6, 8, CKV_DTYPE_FP16},
                                 {1, 2, 256, CKV_DTYPE_FP16}};
-  path P[4];
+  path P[NPATH];
   int tested = paths(P);
   for (size_t gi = 0; gi < sizeof geoms / sizeof geoms[0]; gi++) {
     const ckv_geometry *g = &geoms[gi];
@@ -225,13 +227,13 @@ Test(intdot, block_scores_same_bits_on_every_path_and_close_to_exact) {
         for (uint32_t h = 0; h < g->n_kv_heads; h++) {
           score(&ref, &P[0], g, layer, blk, h, nq);
           /* every path, with the call's nibble-ordered query and without (the block folds its own): the same bits */
-          for (int p = 0; p < 8; p++) {
-            if (!P[p % 4].ok || p == 0) continue;
-            s.use_qsn = p >= 4;
-            score(&s, &P[p % 4], g, layer, blk, h, nq);
+          for (int p = 0; p < 2 * NPATH; p++) {
+            if (!P[p % NPATH].ok || p == 0) continue;
+            s.use_qsn = p >= NPATH;
+            score(&s, &P[p % NPATH], g, layer, blk, h, nq);
             cr_expect_eq(memcmp(s.S, ref.S, nq * 64 * 4), 0,
                          "fmt %u kept %u D %u nq %zu head %u: %s scores (%s query) differ from scalar", fm[f].fmt,
-                         fm[f].kept, D, nq, h, P[p % 4].name, s.use_qsn ? "nibble-ordered" : "block-folded");
+                         fm[f].kept, D, nq, h, P[p % NPATH].name, s.use_qsn ? "nibble-ordered" : "block-folded");
           }
           score_error(g, layer, blk, h, ref.qs, nq, ref.S, &emax, &ss, &n);
         }
@@ -339,7 +341,7 @@ Test(intdot, attention_outputs_close_to_float_scores) {
  * exact scores of the dequantized keys. */
 Test(intdot, extreme_codes_do_not_saturate) {
   const ckv_geometry g = {1, 2, 256, CKV_DTYPE_FP16};
-  path P[4];
+  path P[NPATH];
   paths(P);
   kf_rng r = {5};
   void *d[4];
@@ -370,7 +372,7 @@ Test(intdot, extreme_codes_do_not_saturate) {
     scorer s;
     scorer_init(&s, &g, 3);
     for (int i = 0; i < 3 * 256; i++) s.qs[i] = i < 256 ? 1000.0f : i < 512 ? -1000.0f : 1e-3f;
-    for (int p = 0; p < 4; p++) {
+    for (int p = 0; p < NPATH; p++) {
       if (!P[p].ok) continue;
       for (uint32_t h = 0; h < 2; h++) {
         score(&s, &P[p], &g, 0, blk, h, 3);
