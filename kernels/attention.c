@@ -47,6 +47,7 @@
 #include "kernels/access.h"
 #include "kernels/attention_bf16.h"
 #include "kernels/attention_blocks.h"
+#include "kernels/attention_choice.h"
 #include "kernels/attention_int.h"
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
@@ -135,29 +136,6 @@ static uint32_t n_threads_of(const ckv_attn_args *a, size_t slots) {
   if (t > (long)ATTN_MAX_THREADS) t = ATTN_MAX_THREADS;
   uint32_t p = n_parts_of(a);
   return (uint32_t)t < p ? (uint32_t)t : p;
-}
-
-/* Whether this call scores staged, 4-bit committed and ROT4 keys with integer
- * dot products: a->scores, else $CKV_ATTENTION_SCORES ("int8" or "float"),
- * else CKV_ATTN_SCORES_DEFAULT_INT (kernels.h). */
-static bool int_scores_of(const ckv_attn_args *a) {
-  if (a->scores == CKV_ATTN_SCORES_INT8) return true;
-  if (a->scores == CKV_ATTN_SCORES_FLOAT) return false;
-  const char *e = getenv("CKV_ATTENTION_SCORES");
-  if (e && !strcmp(e, "int8")) return true;
-  if (e && !strcmp(e, "float")) return false;
-  return CKV_ATTN_SCORES_DEFAULT_INT;
-}
-
-/* Whether this call sums ROT4 values with BF16 dot products where the CPU can: a->values, else
- * $CKV_ATTENTION_VALUES ("bf16" or "float"), else CKV_ATTN_VALUES_DEFAULT_BF16 (kernels.h). */
-static bool values_bf16_of(const ckv_attn_args *a) {
-  if (a->values == CKV_ATTN_VALUES_BF16) return true;
-  if (a->values == CKV_ATTN_VALUES_FLOAT) return false;
-  const char *e = getenv("CKV_ATTENTION_VALUES");
-  if (e && !strcmp(e, "bf16")) return true;
-  if (e && !strcmp(e, "float")) return false;
-  return CKV_ATTN_VALUES_DEFAULT_BF16;
 }
 
 /* Carves the workspace (base NULL: only measures it).  Returns its bytes. */
@@ -585,7 +563,7 @@ ckv_status ckv_kernels_attention(const ckv_attn_args *a) {
   }
   const ckv_rowops *ops = ckv_rowops_get();
   L.n_acc = has_c4 && D % 32u == 0 ? 2u : 1u; /* acc[1]: committed INT4 values in PACKP's order */
-  L.bf16 = has_rot4 && D % 128u == 0 && values_bf16_of(a) && ckv_kernels_path() == CKV_PATH_AVX512 &&
+  L.bf16 = has_rot4 && D % 128u == 0 && ckv_attn_values_bf16(a) && ckv_kernels_path() == CKV_PATH_AVX512 &&
            ckv_avalues_bf16_supported();
   L.n_racc = has_rot ? (L.bf16 ? 4u : 3u) : 0u;
   if (has_rot) { /* the query in each KV head's key basis */
@@ -605,7 +583,7 @@ ckv_status ckv_kernels_attention(const ckv_attn_args *a) {
       for (uint32_t i = 0; i < D; i++) L.qsp[hr * D + i] = L.qs[hr * D + ckv_ablock_perm(4u, i)];
   else
     L.qsp = NULL;
-  L.io = int_scores_of(a) ? ckv_idotops_get() : NULL;
+  L.io = ckv_attn_int_scores(a) ? ckv_idotops_get() : NULL;
   L.A = ckv_attnops_get();
   if (L.A) ckv_ablock_tables(&L.luts);
   for (uint32_t t = 0; L.A && t < L.n_threads; t++) L.ws[t].is.rot_scale = L.luts.rot_scale; /* the same values */
