@@ -27,7 +27,7 @@
  * The formats with integer scores (int8, int4, rot4, rot2) are also timed with
  * them (ckv_attn_args.scores, the query quantized to INT8) beside the float
  * scores of the same blocks, on all threads and on one: "attention_int" in
- * JSON, with the output cosine of integer against float scores; rot4 also
+ * JSON, with the output cosine of integer against float scores; rot4 and rot2 also
  * with BF16 values (ckv_attn_args.values) where the CPU has AVX512_BF16:
  * values_bf16_us, int_values_bf16_us (integer scores and BF16 values), the
  * same on one thread, and speedup_int_bf16_vs_float (against the float
@@ -760,7 +760,7 @@ int ckv_bench_kernels(int argc, char **argv) {
         one.out = iout;
         ir->int_1t_us = best_call(run_fused, &one, min_iters, budget) * 1e6;
         ir->bf16_us = ir->int_bf16_us = ir->bf16_1t_us = ir->int_bf16_1t_us = 0, ir->bf16_cosine_min = 1;
-        if (f == 5 && ckv_kernels_values_bf16_supported()) { /* rot4: BF16 values too */
+        if ((f == 5 || f == 6) && ckv_kernels_values_bf16_supported()) { /* rot4, rot2: BF16 values too */
           float bout[32 * 128];
           ckv_attn_args b = a, b1 = one;
           b.values = b1.values = CKV_ATTN_VALUES_BF16;

@@ -73,9 +73,9 @@ typedef struct attn_ws {
 typedef struct attn_part {
   float *m, *l, *acc; /* running max and sum per (kv head, row, query head), accumulators [2][hr][D]:
                          the natural order, then committed INT4 values in PACKP's order */
-  float *racc;        /* accumulators of rotated blocks' values, in the rotated basis: [4][hr][D], the
+  float *racc;        /* accumulators of rotated blocks' values, in the rotated basis: [5][hr][D], the
                          natural order, then ROT4's and ROT2's permuted orders (ckv_ablock_perm), then
-                         ROT4's BF16 pair order (ckv_avalues_bf16_channel) */
+                         ROT4's and ROT2's BF16 pair orders (ckv_avalues_bf16_channel) */
 } attn_part;
 
 /* The whole workspace: shared inputs and outputs, then partitions, then threads. */
@@ -91,7 +91,7 @@ typedef struct attn_layout {
   ckv_iquery qs8, qr8, qr8c; /* integer scores: qs and qr quantized, [hr][ld] (qr8c: qr8 in crumb order) */
   const ckv_idotops *io; /* integer scores: the path's table; NULL: float scores */
   const ckv_attnops *A;  /* the SIMD loops of the path; NULL: the portable loops only */
-  bool bf16;             /* ROT4 values by BF16 dot products (ckv_attn_args.values) */
+  bool bf16;             /* ROT4 and ROT2 values by BF16 dot products (ckv_attn_args.values) */
   ckv_ablock_luts luts;
   uint32_t n_parts, n_threads;
   uint32_t n_acc, n_racc; /* accumulators the call's blocks use: acc[0..n_acc), racc[0..n_racc) */
@@ -173,7 +173,7 @@ static size_t ws_layout(const ckv_attn_args *a, size_t slots, attn_layout *L, ui
     CARVE(q->m, float, HR);
     CARVE(q->l, float, HR);
     CARVE(q->acc, float, 2u * HR * D);
-    CARVE(q->racc, float, 4u * HR * D);
+    CARVE(q->racc, float, 5u * HR * D);
   }
   for (uint32_t t = 0; t < T; t++) {
     attn_ws dummy, *w = base ? &L->ws[t] : &dummy;
@@ -408,7 +408,7 @@ static void run_blocks(const attn_job *j, attn_ws *w, attn_part *P, uint32_t b0,
     P->l[hr] = 0.0f;
   }
   memset(P->acc, 0, 2u * HR * D * sizeof(float));
-  memset(P->racc, 0, 4u * HR * D * sizeof(float));
+  memset(P->racc, 0, 5u * HR * D * sizeof(float));
   for (uint32_t b = b0; b < b1; b++) {
     const void *blk = a->blocks[b];
     uint32_t cap = ckv_hdr(blk)->capacity;
@@ -563,9 +563,9 @@ ckv_status ckv_kernels_attention(const ckv_attn_args *a) {
   }
   const ckv_rowops *ops = ckv_rowops_get();
   L.n_acc = has_c4 && D % 32u == 0 ? 2u : 1u; /* acc[1]: committed INT4 values in PACKP's order */
-  L.bf16 = has_rot4 && D % 128u == 0 && ckv_attn_values_bf16(a) && ckv_kernels_path() == CKV_PATH_AVX512 &&
-           ckv_avalues_bf16_supported();
-  L.n_racc = has_rot ? (L.bf16 ? 4u : 3u) : 0u;
+  L.bf16 = (has_rot4 || has_rot2) && D % 128u == 0 && ckv_attn_values_bf16(a) &&
+           ckv_kernels_path() == CKV_PATH_AVX512 && ckv_avalues_bf16_supported();
+  L.n_racc = has_rot ? (L.bf16 ? 5u : 3u) : 0u;
   if (has_rot) { /* the query in each KV head's key basis */
     for (size_t hr = 0; hr < HR; hr++) {
       float *qr = L.qr + hr * D, sum = 0.0f;
@@ -623,8 +623,9 @@ ckv_status ckv_kernels_attention(const ckv_attn_args *a) {
       for (uint32_t k = 0; k < 2; k++) /* the permuted sums back into the natural order */
         if (ckv_ablock_permuted(k ? 2u : 4u, D))
           for (uint32_t i = 0; i < D; i++) r[ckv_ablock_perm(k ? 2u : 4u, i)] += R->racc[(k + 1u) * HR * D + hr * D + i];
-      if (L.bf16) /* and the BF16 pair order's */
-        for (uint32_t i = 0; i < D; i++) r[ckv_avalues_bf16_channel(i)] += R->racc[3u * HR * D + hr * D + i];
+      for (uint32_t k = 0; L.bf16 && k < 2; k++) /* and the BF16 pair orders' */
+        for (uint32_t i = 0; i < D; i++)
+          r[ckv_avalues_bf16_channel(k ? 2u : 4u, i)] += R->racc[(3u + k) * HR * D + hr * D + i];
       ckv_rot_inverse(r, D, a->layer, 1, (uint32_t)h);
       for (uint32_t d = 0; d < D; d++) R->acc[hr * D + d] += r[d];
     }

@@ -1,4 +1,4 @@
-/* attention_bf16.c - the values of ROT4 blocks (sum over tokens of weight x
+/* attention_bf16.c - the values of ROT4 and ROT2 blocks (sum over tokens of weight x
  * decoded code) with AVX-512 BF16 dot products: vdpbf16ps multiplies pairs
  * of BF16 numbers and adds both products to an FP32 lane, 32 products an
  * instruction where an FMA does 16.  Compiled with -mavx512f -mavx512bw
@@ -10,7 +10,7 @@
  * token's scale), broadcast by the instruction itself; the pair's rows are
  * interleaved byte by byte (unpacks within 128-bit lanes), each byte pair
  * widened to two 16-bit code indices and looked up (vpermw) in the table of
- * the 16 code values as BF16 (ROT4: code - 7.5, exact), so lane i of a
+ * the code values as BF16 (code - 7.5 or code - 1.5, exact), so lane i of a
  * vector holds channel i's value for both tokens.  The accumulators are in
  * the order those unpacks give (ckv_avalues_bf16_channel), put back once per
  * call by attention.c.
@@ -44,12 +44,38 @@ AI __m512 dp_w(__m512 acc, __m512i x, const uint32_t *p) {
 #endif
 }
 
-/* NR (1..4) rows by the 64 channels of one nibble plane of one 128-channel chunk: 16 accumulators
- * across every pair of tokens. */
+/* The four vectors of pass `pass` (of 2) over one 128-channel chunk of a pair's rows A, B (64 bytes of
+ * 4-bit codes, or 32 of 2-bit codes in the low halves): lane i of x[g] holds both tokens' value of
+ * one channel as BF16 (ckv_avalues_bf16_channel). */
+AI void decode_pair(__m512i A, __m512i B, __m512i table, const int bits, const int pass, __m512i x[4]) {
+  if (bits == 4) { /* the pass's nibble plane; byte unpacks, then bytes widened to words */
+    const __m512i m4 = _mm512_set1_epi8(0x0f), zero = _mm512_setzero_si512();
+    if (pass) A = _mm512_srli_epi16(A, 4), B = _mm512_srli_epi16(B, 4);
+    A = _mm512_and_si512(A, m4), B = _mm512_and_si512(B, m4);
+    __m512i zl = _mm512_unpacklo_epi8(A, B), zh = _mm512_unpackhi_epi8(A, B);
+    x[0] = _mm512_permutexvar_epi16(_mm512_unpacklo_epi8(zl, zero), table);
+    x[1] = _mm512_permutexvar_epi16(_mm512_unpackhi_epi8(zl, zero), table);
+    x[2] = _mm512_permutexvar_epi16(_mm512_unpacklo_epi8(zh, zero), table);
+    x[3] = _mm512_permutexvar_epi16(_mm512_unpackhi_epi8(zh, zero), table);
+    return;
+  }
+  /* 2 bits: crumb planes 2 pass and 2 pass + 1, each a byte unpack of the 32-byte rows widened to words */
+  const __m256i m2 = _mm256_set1_epi8(0x03);
+  __m256i a = _mm512_castsi512_si256(A), b = _mm512_castsi512_si256(B);
+  for (int k = 0; k < 2; k++) {
+    int sh = 2 * (2 * pass + k);
+    __m256i ap = _mm256_and_si256(_mm256_srli_epi16(a, sh), m2), bp = _mm256_and_si256(_mm256_srli_epi16(b, sh), m2);
+    x[2 * k] = _mm512_permutexvar_epi16(_mm512_cvtepu8_epi16(_mm256_unpacklo_epi8(ap, bp)), table);
+    x[2 * k + 1] = _mm512_permutexvar_epi16(_mm512_cvtepu8_epi16(_mm256_unpackhi_epi8(ap, bp)), table);
+  }
+}
+
+/* NR (1..4) rows by the 64 channels of pass `pass` of one 128-channel chunk: 16 accumulators across
+ * every pair of tokens. */
 AI void tile(const uint32_t *wb, size_t ldb, const uint8_t *base, size_t stride, uint32_t np, __m512i table,
-             float *acc, size_t lda, const int NR, const int plane, const uint8_t *pf, uint32_t pfl) {
+             float *acc, size_t lda, const int NR, const int bits, const int pass, const uint8_t *pf, uint32_t pfl) {
   const uint32_t per = np ? (pfl + np - 1u) / np : pfl;
-  const __m512i m4 = _mm512_set1_epi8(0x0f), zero = _mm512_setzero_si512();
+  const __mmask64 bytes = bits == 4 ? ~(__mmask64)0 : (__mmask64)0xffffffffu; /* a chunk's row bytes */
   __m512 a[4][4];
   UNROLL
   for (int r = 0; r < NR; r++)
@@ -57,15 +83,10 @@ AI void tile(const uint32_t *wb, size_t ldb, const uint8_t *base, size_t stride,
     for (int g = 0; g < 4; g++) a[r][g] = _mm512_loadu_ps(acc + r * lda + 16 * g);
   for (uint32_t j = 0; j < np; j++) {
     for (uint32_t z = 0; z < per && pfl; z++, pfl--, pf += 64) __builtin_prefetch(pf, 0, 2);
-    __m512i A = _mm512_loadu_si512(base + (size_t)(2u * j) * stride);
-    __m512i B = _mm512_loadu_si512(base + (size_t)(2u * j + 1u) * stride);
-    if (plane) A = _mm512_srli_epi16(A, 4), B = _mm512_srli_epi16(B, 4);
-    A = _mm512_and_si512(A, m4), B = _mm512_and_si512(B, m4);
-    __m512i zl = _mm512_unpacklo_epi8(A, B), zh = _mm512_unpackhi_epi8(A, B), x[4];
-    x[0] = _mm512_permutexvar_epi16(_mm512_unpacklo_epi8(zl, zero), table);
-    x[1] = _mm512_permutexvar_epi16(_mm512_unpackhi_epi8(zl, zero), table);
-    x[2] = _mm512_permutexvar_epi16(_mm512_unpacklo_epi8(zh, zero), table);
-    x[3] = _mm512_permutexvar_epi16(_mm512_unpackhi_epi8(zh, zero), table);
+    __m512i A = _mm512_maskz_loadu_epi8(bytes, base + (size_t)(2u * j) * stride);
+    __m512i B = _mm512_maskz_loadu_epi8(bytes, base + (size_t)(2u * j + 1u) * stride);
+    __m512i x[4];
+    decode_pair(A, B, table, bits, pass, x);
     UNROLL
     for (int r = 0; r < NR; r++)
       UNROLL
@@ -78,9 +99,9 @@ AI void tile(const uint32_t *wb, size_t ldb, const uint8_t *base, size_t stride,
   for (; pfl; pfl--, pf += 64) __builtin_prefetch(pf, 0, 2);
 }
 
-void ckv_avalues_bf16_rot4(const float *w, size_t nq, size_t ldw, const uint8_t *base, size_t stride, uint32_t nt,
-                           uint32_t n, const float *lut, uint32_t *wb, float *acc, size_t lda, const uint8_t *pf,
-                           uint32_t pf_lines) {
+void ckv_avalues_bf16_rot(uint32_t bits, const float *w, size_t nq, size_t ldw, const uint8_t *base, size_t stride,
+                          uint32_t nt, uint32_t n, const float *lut, uint32_t *wb, float *acc, size_t lda,
+                          const uint8_t *pf, uint32_t pf_lines) {
   uint32_t np = nt / 2u;
   for (size_t r = 0; r < nq; r++) /* the weights as BF16 pairs: dword j = tokens 2j (low half), 2j + 1 */
     for (uint32_t t = 0; t < nt; t += 32) {
@@ -96,22 +117,24 @@ void ckv_avalues_bf16_rot4(const float *w, size_t nq, size_t ldw, const uint8_t 
   __m256i h = (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(lut));
   __m512i table = _mm512_inserti64x4(_mm512_castsi256_si512(h), h, 1);
   for (uint32_t c = 0; c < n; c += 128)
-    for (int plane = 0; plane < 2; plane++)
+    for (int pass = 0; pass < 2; pass++)
       for (size_t r0 = 0; r0 < nq; r0 += 4) {
         const uint32_t *wr = wb + r0 * np;
-        const uint8_t *p = c || plane || r0 ? NULL : pf; /* the lines asked for along the first tile's pairs */
+        const uint8_t *p = c || pass || r0 ? NULL : pf; /* the lines asked for along the first tile's pairs */
         uint32_t pl = p ? pf_lines : 0;
-        const uint8_t *b = base + c / 2u;
-        float *ar = acc + r0 * lda + c + 64u * (uint32_t)plane;
-        switch ((nq - r0 >= 4 ? 4 : nq - r0) * 2 + plane) {
-        case 8: tile(wr, np, b, stride, np, table, ar, lda, 4, 0, p, pl); break;
-        case 9: tile(wr, np, b, stride, np, table, ar, lda, 4, 1, p, pl); break;
-        case 6: tile(wr, np, b, stride, np, table, ar, lda, 3, 0, p, pl); break;
-        case 7: tile(wr, np, b, stride, np, table, ar, lda, 3, 1, p, pl); break;
-        case 4: tile(wr, np, b, stride, np, table, ar, lda, 2, 0, p, pl); break;
-        case 5: tile(wr, np, b, stride, np, table, ar, lda, 2, 1, p, pl); break;
-        case 2: tile(wr, np, b, stride, np, table, ar, lda, 1, 0, p, pl); break;
-        default: tile(wr, np, b, stride, np, table, ar, lda, 1, 1, p, pl); break;
+        const uint8_t *b = base + (size_t)c * bits / 8u;
+        float *ar = acc + r0 * lda + c + 64u * (uint32_t)pass;
+        int nr = nq - r0 >= 4 ? 4 : (int)(nq - r0);
+#define TILE(NR) (bits == 4 ? (pass ? tile(wr, np, b, stride, np, table, ar, lda, NR, 4, 1, p, pl)             \
+                                    : tile(wr, np, b, stride, np, table, ar, lda, NR, 4, 0, p, pl))           \
+                            : (pass ? tile(wr, np, b, stride, np, table, ar, lda, NR, 2, 1, p, pl)             \
+                                    : tile(wr, np, b, stride, np, table, ar, lda, NR, 2, 0, p, pl)))
+        switch (nr) {
+        case 4: TILE(4); break;
+        case 3: TILE(3); break;
+        case 2: TILE(2); break;
+        default: TILE(1); break;
         }
+#undef TILE
       }
 }

@@ -335,9 +335,10 @@ void ckv_ablock_values(const ckv_ablock_args *x, uint32_t h, const float *E, ckv
     }
     wt = w->wt;
   }
-  if (x->bf16 && fmt == CKV_FORMAT_ROT4 && dense && cap % 2u == 0 && D % 128u == 0) {
-    ckv_avalues_bf16_rot4(wt, RG, cap, v.base, v.stride, cap, D, x->luts->rot[4], w->wb,
-                          racc + 3u * ldr + (size_t)h * RG * D, D, x->pf, x->pf ? x->pf_lines : 0);
+  if (x->bf16 && (fmt == CKV_FORMAT_ROT4 || fmt == CKV_FORMAT_ROT2) && dense && cap % 2u == 0 && D % 128u == 0) {
+    uint32_t bits = ckv_format_code_bits(fmt);
+    ckv_avalues_bf16_rot(bits, wt, RG, cap, v.base, v.stride, cap, D, x->luts->rot[bits], w->wb,
+                         racc + (bits == 4u ? 3u : 4u) * ldr + (size_t)h * RG * D, D, x->pf, x->pf ? x->pf_lines : 0);
     return;
   }
   pf_give(x, &v);

@@ -11,7 +11,7 @@
 /* Whether the call scores INT8 staged, 4-bit committed, ROT4 and ROT2 keys with integer dot products:
  * a->scores, else $CKV_ATTENTION_SCORES ("int8" or "float"), else CKV_ATTN_SCORES_DEFAULT_INT. */
 bool ckv_attn_int_scores(const ckv_attn_args *a);
-/* Whether the call sums ROT4 values with BF16 dot products where the CPU can: a->values, else
+/* Whether the call sums ROT4 and ROT2 values with BF16 dot products where the CPU can: a->values, else
  * $CKV_ATTENTION_VALUES ("bf16" or "float"), else CKV_ATTN_VALUES_DEFAULT_BF16. */
 bool ckv_attn_values_bf16(const ckv_attn_args *a);
 

@@ -161,7 +161,7 @@ typedef struct ckv_attn_args {
                          quantized to INT8, one scale per row; integer dots, the same bits on every CPU
                          path; see attention_int.c for its error); 0: $CKV_ATTENTION_SCORES ("float" or
                          "int8"), else CKV_ATTN_SCORES_DEFAULT_INT.  Other formats are always FP32. */
-  uint32_t values;    /* how ROT4 values are summed (head_dim a multiple of 128, blocks with every slot
+  uint32_t values;    /* how ROT4 and ROT2 values are summed (head_dim a multiple of 128, blocks with every slot
                          valid): CKV_ATTN_VALUES_FLOAT (FP32 weights, FMA), CKV_ATTN_VALUES_BF16 (the
                          weights rounded to BF16, BF16 pair dot products; CPUs with AVX512_BF16 on the
                          AVX-512 path, else FP32; see attention_bf16.c for its error).  Only the output

@@ -1,7 +1,8 @@
-/* test_kernels_bf16.c - ROT4 values summed with BF16 dot products
+/* test_kernels_bf16.c - ROT4 and ROT2 values summed with BF16 dot products
  * (kernels/attention_bf16.c, ckv_attn_args.values = CKV_ATTN_VALUES_BF16):
- * the accumulator order is a permutation; outputs stay within the measured
- * bound of the oracle (kernels/attention_ref.c) over the same blocks, on keys
+ * the accumulator orders are permutations; outputs stay within the measured
+ * bound of the oracle (kernels/attention_ref.c) over the same blocks (ROT4,
+ * ROT2, and both in one call), on keys
  * with outlier channels and on plain Gaussian K/V, with float and with
  * integer scores; the mass has the same bits as with FP32 values (only the
  * output may change); blocks with an empty slot take the FP32 loops; the
@@ -22,8 +23,9 @@ static const ckv_geometry geom = {.n_layers = 1, .n_kv_heads = H, .head_dim = D,
 Test(bf16, pair_order_is_a_permutation) {
   for (uint32_t n = 128; n <= 512; n += 128) {
     uint8_t seen[512] = {0};
-    for (uint32_t p = 0; p < n; p++) {
-      uint32_t c = ckv_avalues_bf16_channel(p);
+    for (uint32_t p = 0; p < 2 * n; p++) { /* 4 bits, then 2 */
+      uint32_t c = ckv_avalues_bf16_channel(p < n ? 4u : 2u, p % n);
+      if (p == n) memset(seen, 0, sizeof seen);
       cr_assert_lt(c, n);
       cr_expect_eq(seen[c], 0, "channel %u twice", c);
       seen[c] = 1;
@@ -49,11 +51,12 @@ static double rel_l2(const float *a, const float *b, size_t n) {
   return s > 0 ? sqrt(d / s) : sqrt(d);
 }
 
-/* ROT4 blocks of 64 from the drafts; vacate: empty one slot of block 1 (it then takes the FP32 loops). */
-static void rot4_blocks(void *const *drafts, void **blk, bool vacate) {
+/* Blocks of 64 from the drafts, even ones of format f0, odd ones f1; vacate: empty one slot of block 1
+ * (it then takes the FP32 loops). */
+static void rot_blocks(void *const *drafts, void **blk, uint32_t f0, uint32_t f1, bool vacate) {
   ckv_move m[64];
   for (uint32_t b = 0; b < TOKENS / 64; b++) {
-    blk[b] = kf_block(CKV_FORMAT_ROT4, &geom, 64, 0);
+    blk[b] = kf_block(b % 2 ? f1 : f0, &geom, 64, 0);
     for (uint32_t i = 0; i < 64; i++)
       m[i] = (ckv_move){.src = drafts[b * 4 + i / 16], .src_slot = i % 16, .dst = blk[b], .dst_slot = i};
     cr_assert_eq(ckv_kernels_move(&geom, m, 64, CKV_MOVE_SET_VALID), CKV_OK);
@@ -62,6 +65,11 @@ static void rot4_blocks(void *const *drafts, void **blk, bool vacate) {
 }
 
 static void data_case(const char *name, bool outliers, uint64_t seed, double bound_float, double bound_int) {
+  static const struct {
+    const char *name;
+    uint32_t f0, f1;
+  } sets[] = {{"rot4", CKV_FORMAT_ROT4, CKV_FORMAT_ROT4}, {"rot2", CKV_FORMAT_ROT2, CKV_FORMAT_ROT2},
+              {"rot4+rot2", CKV_FORMAT_ROT4, CKV_FORMAT_ROT2}};
   kf_rng r = {seed};
   gains o;
   for (int e = 0; e < H * D; e++) o.gain[e] = 1.0f;
@@ -76,8 +84,9 @@ static void data_case(const char *name, bool outliers, uint64_t seed, double bou
   static float q[NOUT], oref[NOUT], of[NOUT], ob[NOUT], oi[NOUT], oib[NOUT];
   static float mf[TOKENS], mb[TOKENS];
   for (int i = 0; i < NOUT; i++) q[i] = kf_normal(&r) * (o.gain[(i / (D * (QH / H)) % H) * D + i % D] > 1 ? 0.5f : 1.0f);
-  for (int vac = 0; vac < 2; vac++) {
-    rot4_blocks(drafts, blk, vac);
+  for (int k = 0; k < 6; k++) {
+    int vac = k % 2;
+    rot_blocks(drafts, blk, sets[k / 2].f0, sets[k / 2].f1, vac);
     ckv_attn_args a = {.geom = &geom, .n_rows = R, .n_q_heads = QH, .q = q, .blocks = (const void *const *)blk,
                        .n_blocks = TOKENS / 64, .out = oref};
     cr_assert_eq(ckv_kernels_attention_reference(&a), CKV_OK);
@@ -85,19 +94,19 @@ static void data_case(const char *name, bool outliers, uint64_t seed, double bou
     cr_assert_eq(ckv_kernels_attention(&a), CKV_OK);
     a.values = CKV_ATTN_VALUES_BF16, a.out = ob, a.mass = mb;
     cr_assert_eq(ckv_kernels_attention(&a), CKV_OK);
-    cr_expect_eq(memcmp(mf, mb, sizeof mf), 0, "%s: BF16 values change the mass", name);
+    cr_expect_eq(memcmp(mf, mb, sizeof mf), 0, "%s %s: BF16 values change the mass", name, sets[k / 2].name);
     a.scores = CKV_ATTN_SCORES_INT8, a.values = CKV_ATTN_VALUES_FLOAT, a.out = oi, a.mass = NULL;
     cr_assert_eq(ckv_kernels_attention(&a), CKV_OK);
     a.values = CKV_ATTN_VALUES_BF16, a.out = oib;
     cr_assert_eq(ckv_kernels_attention(&a), CKV_OK);
     double ef = rel_l2(of, oref, NOUT), eb = rel_l2(ob, oref, NOUT), ei = rel_l2(oi, oref, NOUT),
            eib = rel_l2(oib, oref, NOUT);
-    printf("bf16: %-8s %s: against the oracle: fp32 values %.2e, bf16 %.2e; int8 scores with fp32 values %.4f, "
-           "with bf16 %.4f\n",
-           name, vac ? "one slot empty" : "every slot", ef, eb, ei, eib);
-    cr_expect_leq(ef, 1e-4, "%s: fp32 values %g", name, ef);
-    cr_expect_leq(eb, bound_float, "%s: bf16 values %g", name, eb);
-    cr_expect_leq(eib, bound_int, "%s: int8 scores, bf16 values %g", name, eib);
+    printf("bf16: %-8s %-9s %-14s: against the oracle: fp32 values %.2e, bf16 %.2e; int8 scores with fp32 values "
+           "%.4f, with bf16 %.4f\n",
+           name, sets[k / 2].name, vac ? "one slot empty" : "every slot", ef, eb, ei, eib);
+    cr_expect_leq(ef, 1e-4, "%s %s: fp32 values %g", name, sets[k / 2].name, ef);
+    cr_expect_leq(eb, bound_float, "%s %s: bf16 values %g", name, sets[k / 2].name, eb);
+    cr_expect_leq(eib, bound_int, "%s %s: int8 scores, bf16 values %g", name, sets[k / 2].name, eib);
     for (int b = 0; b < TOKENS / 64; b++) free(blk[b]);
   }
   for (int i = 0; i < TOKENS / 16; i++) free(drafts[i]);
@@ -108,8 +117,9 @@ Test(bf16, rot4_values_close_to_oracle) {
     printf("bf16: AVX512_BF16 not supported by this CPU: skipped\n");
     return;
   }
-  /* bounds: the measured worst with a margin (relative L2 against the oracle: BF16 values 1.06e-3 on
-   * the outlier keys, 1.57e-3 on Gaussian K/V; with integer scores too 0.0180, 0.0065) */
+  /* bounds: the measured worst with a margin (relative L2 against the oracle, ROT4 / ROT2 / both: BF16
+   * values 1.06e-3 / 1.22e-3 / 1.65e-3 on the outlier keys, 1.57e-3 / 1.72e-3 / 1.67e-3 on Gaussian
+   * K/V; with integer scores too at most 0.0180 and 0.0065) */
   data_case("outliers", true, 2024, 3e-3, 0.03);
   data_case("gaussian", false, 77, 3e-3, 0.03);
   ckv_kernels_force(CKV_PATH_AUTO);
@@ -122,7 +132,7 @@ Test(bf16, environment_chooses) {
     drafts[i] = kf_block(CKV_FORMAT_DRAFT, &geom, 16, 0);
     kf_fill_draft(&geom, drafts[i], &r, NULL, NULL, 16u * i);
   }
-  rot4_blocks(drafts, blk, false);
+  rot_blocks(drafts, blk, CKV_FORMAT_ROT4, CKV_FORMAT_ROT2, false);
   static float q[NOUT], o1[NOUT], o2[NOUT];
   for (int i = 0; i < NOUT; i++) q[i] = kf_normal(&r);
   ckv_attn_args a = {.geom = &geom, .n_rows = R, .n_q_heads = QH, .q = q, .blocks = (const void *const *)blk,
