@@ -24,10 +24,14 @@
  * bytes (ops: read + written; attention: the blocks read) take at the
  * memcpy bandwidth of all threads measured in this run (memcpy_threads_gbps,
  * or memcpy_gbps on one CPU), over its own time; 1 is the memory bound.
- * The formats with integer scores (int8, int4, rot4) are also timed with
+ * The formats with integer scores (int8, int4, rot4, rot2) are also timed with
  * them (ckv_attn_args.scores, the query quantized to INT8) beside the float
  * scores of the same blocks, on all threads and on one: "attention_int" in
- * JSON, with the output cosine of integer against float scores.
+ * JSON, with the output cosine of integer against float scores; rot4 and rot2 also
+ * with BF16 values (ckv_attn_args.values) where the CPU has AVX512_BF16:
+ * values_bf16_us, int_values_bf16_us (integer scores and BF16 values), the
+ * same on one thread, and speedup_int_bf16_vs_float (against the float
+ * scores and FP32 values of the same blocks).
  * On a machine with a GPU the CUDA kernels' figures follow (ckv-bench-gpu,
  * run beside this binary: GB/s against the device's peak bandwidth, fused
  * attention at 4K/32K/128K tokens per format), under "gpu" with --json.
@@ -64,6 +68,8 @@ typedef struct attn_int_result {
   uint32_t tokens;
   const char *format;
   double float_us, int_us, float_1t_us, int_1t_us, cosine_min;
+  /* ROT4 with BF16 values (CPUs with AVX512_BF16; else 0): float and integer scores, all threads and one */
+  double bf16_us, int_bf16_us, bf16_1t_us, int_bf16_1t_us, bf16_cosine_min;
 } attn_int_result;
 
 typedef struct attn_baseline {
@@ -79,6 +85,12 @@ static double now_s(void) {
   struct timespec ts;
   clock_gettime(g_clock, &ts);
   return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static double cosine(const float *a, const float *b, size_t n) {
+  double ab = 0, aa = 0, bb = 0;
+  for (size_t i = 0; i < n; i++) ab += (double)a[i] * b[i], aa += (double)a[i] * a[i], bb += (double)b[i] * b[i];
+  return aa > 0 && bb > 0 ? ab / sqrt(aa * bb) : 1.0;
 }
 
 /* Blocks of one format, all allocated in one arena-like buffer. */
@@ -688,7 +700,7 @@ int ckv_bench_kernels(int argc, char **argv) {
   const uint32_t QH = 32;
   attn_result ar[3 * N_ATTN_FORMATS];
   attn_baseline base[3];
-  attn_int_result air[3 * 3];
+  attn_int_result air[3 * 4];
   int nair = 0;
   int nar = 0;
   uint32_t threads = 0;
@@ -732,7 +744,7 @@ int ckv_bench_kernels(int argc, char **argv) {
         bl->one_thread_us = best_call(run_fused, &one, min_iters, budget) * 1e6;
         threads = a.n_threads ? a.n_threads : 0;
       }
-      if (f == 1 || f == 2 || f == 5) { /* int8, int4, rot4: integer scores too */
+      if (f == 1 || f == 2 || f == 5 || f == 6) { /* int8, int4, rot4, rot2: integer scores too */
         attn_int_result *ir = &air[nair++];
         float iout[32 * 128];
         ckv_attn_args ia = a, one = a;
@@ -747,6 +759,23 @@ int ckv_bench_kernels(int argc, char **argv) {
         one.scores = CKV_ATTN_SCORES_INT8;
         one.out = iout;
         ir->int_1t_us = best_call(run_fused, &one, min_iters, budget) * 1e6;
+        ir->bf16_us = ir->int_bf16_us = ir->bf16_1t_us = ir->int_bf16_1t_us = 0, ir->bf16_cosine_min = 1;
+        if ((f == 5 || f == 6) && ckv_kernels_values_bf16_supported()) { /* rot4, rot2: BF16 values too */
+          float bout[32 * 128];
+          ckv_attn_args b = a, b1 = one;
+          b.values = b1.values = CKV_ATTN_VALUES_BF16;
+          b.out = b1.out = bout;
+          b.scores = b1.scores = CKV_ATTN_SCORES_FLOAT;
+          ir->bf16_us = best_call(run_fused, &b, min_iters, budget) * 1e6;
+          ir->bf16_1t_us = best_call(run_fused, &b1, min_iters, budget) * 1e6;
+          for (uint32_t h = 0; h < QH; h++) {
+            double cs = cosine(bout + h * 128, out + h * 128, 128);
+            ir->bf16_cosine_min = cs < ir->bf16_cosine_min ? cs : ir->bf16_cosine_min;
+          }
+          b.scores = b1.scores = CKV_ATTN_SCORES_INT8;
+          ir->int_bf16_us = best_call(run_fused, &b, min_iters, budget) * 1e6;
+          ir->int_bf16_1t_us = best_call(run_fused, &b1, min_iters, budget) * 1e6;
+        }
         ir->cosine_min = 1;
         for (uint32_t h = 0; h < QH; h++) {
           double ab = 0, aa = 0, bb = 0;
@@ -804,10 +833,18 @@ int ckv_bench_kernels(int argc, char **argv) {
         if (ar[k].tokens == air[i].tokens && !strcmp(ar[k].format, "fp16")) fp16 = ar[k].us;
       printf("%s{\"tokens\": %u, \"format\": \"%s\", \"scores\": \"int8\", \"idot\": \"%s\", \"float_us\": %.1f, "
              "\"int_us\": %.1f, \"speedup_vs_float\": %.3f, \"speedup_vs_fp16\": %.3f, \"float_1t_us\": %.1f, "
-             "\"int_1t_us\": %.1f, \"speedup_vs_float_1t\": %.3f, \"cosine_vs_float_min\": %.6f}",
+             "\"int_1t_us\": %.1f, \"speedup_vs_float_1t\": %.3f, \"cosine_vs_float_min\": %.6f",
              i ? ", " : "", air[i].tokens, air[i].format, ckv_kernels_idot_name(), air[i].float_us, air[i].int_us,
              air[i].float_us / air[i].int_us, fp16 / air[i].int_us, air[i].float_1t_us, air[i].int_1t_us,
              air[i].float_1t_us / air[i].int_1t_us, air[i].cosine_min);
+      if (air[i].bf16_us > 0) /* BF16 values (rot4, AVX512_BF16): against the float scores and FP32 values */
+        printf(", \"values_bf16_us\": %.1f, \"int_values_bf16_us\": %.1f, \"values_bf16_1t_us\": %.1f, "
+               "\"int_values_bf16_1t_us\": %.1f, \"speedup_int_bf16_vs_float\": %.3f, \"speedup_int_bf16_vs_float_1t\": %.3f, "
+               "\"speedup_int_bf16_vs_fp16\": %.3f, \"values_bf16_cosine_vs_float_min\": %.6f",
+               air[i].bf16_us, air[i].int_bf16_us, air[i].bf16_1t_us, air[i].int_bf16_1t_us,
+               air[i].float_us / air[i].int_bf16_us, air[i].float_1t_us / air[i].int_bf16_1t_us, fp16 / air[i].int_bf16_us,
+               air[i].bf16_cosine_min);
+      printf("}");
     }
     printf("], \"attention_threads\": %ld, ", threads ? (long)threads : sysconf(_SC_NPROCESSORS_ONLN));
     if (g_peer_path)
@@ -852,6 +889,12 @@ int ckv_bench_kernels(int argc, char **argv) {
              air[i].float_us, air[i].int_us, air[i].float_us / air[i].int_us, fp16 / air[i].int_us, air[i].float_1t_us,
              air[i].int_1t_us, air[i].float_1t_us / air[i].int_1t_us, air[i].cosine_min);
     }
+    for (int i = 0; i < nair; i++)
+      if (air[i].bf16_us > 0)
+        printf("%-8u %-6s BF16 values: float scores %.1f us (1 thread %.1f), integer scores %.1f us (1 thread %.1f), "
+               "cos min %.6f\n",
+               air[i].tokens, air[i].format, air[i].bf16_us, air[i].bf16_1t_us, air[i].int_bf16_us, air[i].int_bf16_1t_us,
+               air[i].bf16_cosine_min);
     if (g_peer_path) print_peer_text(ar, nar);
     gpu_section(0);
   }

@@ -34,7 +34,7 @@
  * rot_values) are the scalar path and take the shapes the SIMD loops leave.
  *
  * Integer scores (ckv_attn_args.scores, attention_int.c): INT8 staged,
- * 4-bit committed and ROT4 keys can be scored with integer dot products of
+ * 4-bit committed, ROT4 and ROT2 keys can be scored with integer dot products of
  * an INT8-quantized query (once per call; per chunk for committed keys),
  * bit-identical on every CPU path; other formats keep the float path. */
 #include <math.h>
@@ -45,7 +45,9 @@
 #include <unistd.h>
 
 #include "kernels/access.h"
+#include "kernels/attention_bf16.h"
 #include "kernels/attention_blocks.h"
+#include "kernels/attention_choice.h"
 #include "kernels/attention_int.h"
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
@@ -71,8 +73,9 @@ typedef struct attn_ws {
 typedef struct attn_part {
   float *m, *l, *acc; /* running max and sum per (kv head, row, query head), accumulators [2][hr][D]:
                          the natural order, then committed INT4 values in PACKP's order */
-  float *racc;        /* accumulators of rotated blocks' values, in the rotated basis: [3][hr][D], the
-                         natural order, then ROT4's and ROT2's permuted orders (ckv_ablock_perm) */
+  float *racc;        /* accumulators of rotated blocks' values, in the rotated basis: [5][hr][D], the
+                         natural order, then ROT4's and ROT2's permuted orders (ckv_ablock_perm), then
+                         ROT4's and ROT2's BF16 pair orders (ckv_avalues_bf16_channel) */
 } attn_part;
 
 /* The whole workspace: shared inputs and outputs, then partitions, then threads. */
@@ -85,9 +88,10 @@ typedef struct attn_layout {
   size_t *slot_base; /* n_blocks + 1 prefix sums of the capacities */
   attn_part *parts;  /* (the array itself lives in the workspace too) */
   attn_ws *ws;
-  ckv_iquery qs8, qr8;   /* integer scores: qs and qr quantized, [hr][ld] */
+  ckv_iquery qs8, qr8, qr8c; /* integer scores: qs and qr quantized, [hr][ld] (qr8c: qr8 in crumb order) */
   const ckv_idotops *io; /* integer scores: the path's table; NULL: float scores */
   const ckv_attnops *A;  /* the SIMD loops of the path; NULL: the portable loops only */
+  bool bf16;             /* ROT4 and ROT2 values by BF16 dot products (ckv_attn_args.values) */
   ckv_ablock_luts luts;
   uint32_t n_parts, n_threads;
   uint32_t n_acc, n_racc; /* accumulators the call's blocks use: acc[0..n_acc), racc[0..n_racc) */
@@ -134,18 +138,6 @@ static uint32_t n_threads_of(const ckv_attn_args *a, size_t slots) {
   return (uint32_t)t < p ? (uint32_t)t : p;
 }
 
-/* Whether this call scores staged, 4-bit committed and ROT4 keys with integer
- * dot products: a->scores, else $CKV_ATTENTION_SCORES ("int8" or "float"),
- * else CKV_ATTN_SCORES_DEFAULT_INT (kernels.h). */
-static bool int_scores_of(const ckv_attn_args *a) {
-  if (a->scores == CKV_ATTN_SCORES_INT8) return true;
-  if (a->scores == CKV_ATTN_SCORES_FLOAT) return false;
-  const char *e = getenv("CKV_ATTENTION_SCORES");
-  if (e && !strcmp(e, "int8")) return true;
-  if (e && !strcmp(e, "float")) return false;
-  return CKV_ATTN_SCORES_DEFAULT_INT;
-}
-
 /* Carves the workspace (base NULL: only measures it).  Returns its bytes. */
 static size_t ws_layout(const ckv_attn_args *a, size_t slots, attn_layout *L, uint8_t *base) {
   const ckv_geometry *g = a->geom;
@@ -173,6 +165,7 @@ static size_t ws_layout(const ckv_attn_args *a, size_t slots, attn_layout *L, ui
   CARVE(L->slot_base, size_t, (size_t)a->n_blocks + 1);
   off += ckv_iquery_carve(&L->qs8, HR, (uint32_t)D, base ? base + off : NULL);
   off += ckv_iquery_carve(&L->qr8, HR, (uint32_t)D, base ? base + off : NULL);
+  off += ckv_iquery_carve(&L->qr8c, HR, (uint32_t)D, base ? base + off : NULL);
   CARVE(L->parts, attn_part, P);
   CARVE(L->ws, attn_ws, T);
   for (uint32_t p = 0; p < P; p++) {
@@ -180,7 +173,7 @@ static size_t ws_layout(const ckv_attn_args *a, size_t slots, attn_layout *L, ui
     CARVE(q->m, float, HR);
     CARVE(q->l, float, HR);
     CARVE(q->acc, float, 2u * HR * D);
-    CARVE(q->racc, float, 3u * HR * D);
+    CARVE(q->racc, float, 5u * HR * D);
   }
   for (uint32_t t = 0; t < T; t++) {
     attn_ws dummy, *w = base ? &L->ws[t] : &dummy;
@@ -207,6 +200,7 @@ static size_t ws_layout(const ckv_attn_args *a, size_t slots, attn_layout *L, ui
     CARVE(ab->pch, uint32_t, D);
     CARVE(ab->psc, float, D);
     CARVE(ab->pzp, float, D);
+    CARVE(ab->wb, uint32_t, RG * (cap_max / 2u + 1u));
   }
 #undef CARVE
   L->n_parts = P;
@@ -242,7 +236,7 @@ static void score_block(const ckv_rowops *ops, const ckv_attn_args *a, const voi
   const float *qs = LY->qs + (size_t)h * RG * D;
   if (LY->io && ckv_iscore_format(fmt)) { /* integer scores (attention_int.c) */
     ckv_iscore_query q = {.qs = qs, .qr = LY->qr + (size_t)h * RG * D, .qs8 = iq_rows(&LY->qs8, (size_t)h * RG),
-                          .qr8 = iq_rows(&LY->qr8, (size_t)h * RG),
+                          .qr8 = iq_rows(&LY->qr8, (size_t)h * RG), .qr8c = iq_rows(&LY->qr8c, (size_t)h * RG),
                           .qsn = LY->qsn ? LY->qsn + (size_t)h * RG * ckv_idot_ld(D) : NULL};
     ckv_iscore_block(ops, LY->io, g, L, blk, h, &q, RG, &w->is, S);
     return;
@@ -414,7 +408,7 @@ static void run_blocks(const attn_job *j, attn_ws *w, attn_part *P, uint32_t b0,
     P->l[hr] = 0.0f;
   }
   memset(P->acc, 0, 2u * HR * D * sizeof(float));
-  memset(P->racc, 0, 3u * HR * D * sizeof(float));
+  memset(P->racc, 0, 5u * HR * D * sizeof(float));
   for (uint32_t b = b0; b < b1; b++) {
     const void *blk = a->blocks[b];
     uint32_t cap = ckv_hdr(blk)->capacity;
@@ -422,7 +416,8 @@ static void run_blocks(const attn_job *j, attn_ws *w, attn_part *P, uint32_t b0,
     uint32_t fmt = ckv_hdr(blk)->format;
     const ckv_attnops *A = j->L->A;
     bool fast = A && ckv_ablock_takes(A, g, blk); /* the SIMD loops (attention_blocks.c) */
-    ckv_ablock_args x = {.A = A, .ops = ops, .luts = &j->L->luts, .g = g, .blk = blk, .layer = a->layer, .RG = RG};
+    ckv_ablock_args x = {.A = A, .ops = ops, .luts = &j->L->luts, .g = g, .blk = blk, .layer = a->layer, .RG = RG,
+                         .bf16 = j->L->bf16};
     if (fast) ckv_ablock_prepare(ops, &j->L->luts, g, a->layer, blk, &w->ab);
     const void *next = A && b + 1 < b1 ? a->blocks[b + 1] : NULL; /* prefetched over this block's heads */
     for (uint32_t h = 0; h < H; h++) {
@@ -431,6 +426,8 @@ static void run_blocks(const attn_job *j, attn_ws *w, attn_part *P, uint32_t b0,
       x.pf = NULL;
       if (next && simd) /* the loops ask for it along their rows */
         ckv_ablock_prefetch_range(g, a->layer, next, h, 2u * H, &x.pf, &x.pf_lines);
+      else if (next && j->L->io && ckv_iscore_format(fmt)) /* so do the integer scores, batch by batch */
+        ckv_ablock_prefetch_range(g, a->layer, next, h, 2u * H, &w->is.pf, &w->is.pf_lines);
       else if (next)
         ckv_ablock_prefetch(g, a->layer, next, h, 2u * H);
       if (simd)
@@ -555,17 +552,20 @@ ckv_status ckv_kernels_attention(const ckv_attn_args *a) {
     const float *q = a->q + ((rg / G) * a->n_q_heads + h * G + rg % G) * D;
     for (uint32_t d = 0; d < D; d++) L.qs[hr * D + d] = q[d] * scale;
   }
-  bool has_rot = false, has_staged = false, has_rot4 = false, has_c4 = false;
+  bool has_rot = false, has_staged = false, has_rot4 = false, has_rot2 = false, has_c4 = false;
   for (uint32_t b = 0; b < a->n_blocks; b++) {
     uint32_t fmt = ckv_hdr(a->blocks[b])->format;
     has_rot |= ckv_format_is_rot(fmt);
     has_c4 |= fmt == CKV_FORMAT_COMMIT4;
     has_staged |= fmt == CKV_FORMAT_STAGED;
     has_rot4 |= fmt == CKV_FORMAT_ROT4;
+    has_rot2 |= fmt == CKV_FORMAT_ROT2;
   }
   const ckv_rowops *ops = ckv_rowops_get();
   L.n_acc = has_c4 && D % 32u == 0 ? 2u : 1u; /* acc[1]: committed INT4 values in PACKP's order */
-  L.n_racc = has_rot ? 3u : 0u;
+  L.bf16 = (has_rot4 || has_rot2) && D % 128u == 0 && ckv_attn_values_bf16(a) &&
+           ckv_kernels_path() == CKV_PATH_AVX512 && ckv_avalues_bf16_supported();
+  L.n_racc = has_rot ? (L.bf16 ? 5u : 3u) : 0u;
   if (has_rot) { /* the query in each KV head's key basis */
     for (size_t hr = 0; hr < HR; hr++) {
       float *qr = L.qr + hr * D, sum = 0.0f;
@@ -583,10 +583,11 @@ ckv_status ckv_kernels_attention(const ckv_attn_args *a) {
       for (uint32_t i = 0; i < D; i++) L.qsp[hr * D + i] = L.qs[hr * D + ckv_ablock_perm(4u, i)];
   else
     L.qsp = NULL;
-  L.io = int_scores_of(a) ? ckv_idotops_get() : NULL;
+  L.io = ckv_attn_int_scores(a) ? ckv_idotops_get() : NULL;
   L.A = ckv_attnops_get();
   if (L.A) ckv_ablock_tables(&L.luts);
-  if (L.io && has_staged) ckv_iquery_set(ops, L.qs, HR, D, D, 0, &L.qs8, L.ws[0].is.tmp);
+  for (uint32_t t = 0; L.A && t < L.n_threads; t++) L.ws[t].is.rot_scale = L.luts.rot_scale; /* the same values */
+  if (L.io && has_staged) ckv_iquery_set(ops, L.qs, HR, D, D, CKV_IQ_NATURAL, &L.qs8, L.ws[0].is.tmp);
   if (L.io && has_c4) { /* what every committed block with all channels kept folds its scales into */
     size_t ld = ckv_idot_ld(D);
     memset(L.qsn, 0, HR * ld * sizeof(float));
@@ -595,7 +596,8 @@ ckv_status ckv_kernels_attention(const ckv_attn_args *a) {
   } else {
     L.qsn = NULL;
   }
-  if (L.io && has_rot4) ckv_iquery_set(ops, L.qr, HR, D, D, 1, &L.qr8, L.ws[0].is.tmp);
+  if (L.io && has_rot4) ckv_iquery_set(ops, L.qr, HR, D, D, CKV_IQ_NIBBLE, &L.qr8, L.ws[0].is.tmp);
+  if (L.io && has_rot2) ckv_iquery_set(ops, L.qr, HR, D, D, CKV_IQ_CRUMB, &L.qr8c, L.ws[0].is.tmp);
   L.slot_base[0] = 0;
   for (uint32_t b = 0; b < a->n_blocks; b++) L.slot_base[b + 1] = L.slot_base[b] + ckv_hdr(a->blocks[b])->capacity;
   attn_job job = {.a = a, .ops = ops, .L = &L, .RG = RG, .HR = HR};
@@ -621,6 +623,9 @@ ckv_status ckv_kernels_attention(const ckv_attn_args *a) {
       for (uint32_t k = 0; k < 2; k++) /* the permuted sums back into the natural order */
         if (ckv_ablock_permuted(k ? 2u : 4u, D))
           for (uint32_t i = 0; i < D; i++) r[ckv_ablock_perm(k ? 2u : 4u, i)] += R->racc[(k + 1u) * HR * D + hr * D + i];
+      for (uint32_t k = 0; L.bf16 && k < 2; k++) /* and the BF16 pair orders' */
+        for (uint32_t i = 0; i < D; i++)
+          r[ckv_avalues_bf16_channel(k ? 2u : 4u, i)] += R->racc[(3u + k) * HR * D + hr * D + i];
       ckv_rot_inverse(r, D, a->layer, 1, (uint32_t)h);
       for (uint32_t d = 0; d < D; d++) R->acc[hr * D + d] += r[d];
     }

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "kernels/access.h"
+#include "kernels/attention_bf16.h"
 #include "kernels/attention_blocks.h"
 #include "kernels/quant.h"
 
@@ -333,6 +334,12 @@ void ckv_ablock_values(const ckv_ablock_args *x, uint32_t h, const float *E, ckv
         for (uint32_t i = 0; i < n; i++) o[w->sub[i]] = e[w->sub[i]] * sc[w->sub[i]];
     }
     wt = w->wt;
+  }
+  if (x->bf16 && (fmt == CKV_FORMAT_ROT4 || fmt == CKV_FORMAT_ROT2) && dense && cap % 2u == 0 && D % 128u == 0) {
+    uint32_t bits = ckv_format_code_bits(fmt);
+    ckv_avalues_bf16_rot(bits, wt, RG, cap, v.base, v.stride, cap, D, x->luts->rot[bits], w->wb,
+                         racc + (bits == 4u ? 3u : 4u) * ldr + (size_t)h * RG * D, D, x->pf, x->pf ? x->pf_lines : 0);
+    return;
   }
   pf_give(x, &v);
   x->A->values(wt, RG, cap, &v, w->sub, n, D, out + (size_t)h * RG * D, D);

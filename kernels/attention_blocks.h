@@ -42,6 +42,7 @@ typedef struct ckv_ablock_ws {
   uint32_t n_live;
   float *ksc, *vsc, *vpar, *wt, *qk, *qg, *row, *tmp, *bias, *psc, *pzp; /* psc, pzp: head_dim */
   uint32_t *chan, *pch; /* head_dim: kept channels; the same in PACKP's order */
+  uint32_t *wb;         /* RG * cap / 2: BF16 weight pairs (ckv_ablock_args.bf16) */
 } ckv_ablock_ws;
 
 /* What the calls on one block share. */
@@ -53,6 +54,8 @@ typedef struct ckv_ablock_args {
   const void *blk;
   uint32_t layer;
   size_t RG; /* query rows per KV head */
+  bool bf16;         /* ROT4 and ROT2 values of blocks with every slot valid (head_dim % 128 == 0) by
+                        BF16 dot products into racc + 3 ldr and racc + 4 ldr (attention_bf16.h's orders) */
   const uint8_t *pf; /* lines the loops of the next call ask for along their work (ckv_arows.pf), or NULL */
   uint32_t pf_lines;
 } ckv_ablock_args;
@@ -78,8 +81,8 @@ void ckv_ablock_prepare(const ckv_rowops *ops, const ckv_ablock_luts *luts, cons
 void ckv_ablock_scores(const ckv_ablock_args *x, uint32_t h, const float *qs, const float *qsp, const float *qr,
                        const float *qrp, size_t ldp, ckv_ablock_ws *w, float *S);
 /* acc (or racc for rotated blocks, in the rotated basis) [h*RG + rg][head_dim] += sum_t E[rg*cap + t] v_t;
- * racc + ldr: ROT4's permuted order, racc + 2 ldr: ROT2's; acc + ldr: INT4 (committed) values in
- * PACKP's order. */
+ * racc + ldr: ROT4's permuted order, racc + 2 ldr: ROT2's, racc + 3 ldr and 4 ldr: ROT4's and ROT2's
+ * BF16 pair orders (x->bf16); acc + ldr: INT4 (committed) values in PACKP's order. */
 void ckv_ablock_values(const ckv_ablock_args *x, uint32_t h, const float *E, ckv_ablock_ws *w, float *acc,
                        float *racc, size_t ldr);
 

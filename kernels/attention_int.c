@@ -1,12 +1,13 @@
 /* attention_int.c - integer scores (q . k) for fused attention over INT8
- * staged, 4-bit committed (KIVI) and ROT4 key blocks.
+ * staged, 4-bit committed (KIVI), ROT4 and ROT2 key blocks.
  *
  * The query is quantized to INT8 with one scale per row (per query head and
  * row, over head_dim): once per call for staged and rotated blocks, once per
  * 32-token chunk for committed ones (their channel scales are folded into
  * the query first).  Each score is then an exact integer dot product from
  * the path's table (idot.h: AVX2 maddubs, AVX-512 VNNI, plain C) and a
- * float epilogue computed here in plain C in a fixed order, so a score has
+ * float epilogue in a fixed order (the table's finish and dot16: every
+ * operation rounded on its own, so plain C and AVX-512 agree), so a score has
  * the same bits on every path.  Scales and zero points are applied exactly
  * as the float path does; 4-bit codes are centred on 7.5 (2 dot - 15 sum q
  * is an integer) so the query's rounding error meets codes of at most 7.5.
@@ -51,32 +52,11 @@ size_t ckv_iscratch_carve(ckv_iscratch *s, size_t nq, uint32_t n, uint8_t *mem) 
   PIECE(s->tmp, int8_t, ld);
   PIECE(s->acc, int32_t, nq * CKV_ISCORE_BATCH);
 #undef PIECE
+  if (mem) s->pf = NULL, s->pf_lines = 0, s->rot_scale = NULL;
   return off;
 }
 
-/* sum x[i] * y[i] in a fixed order (16 interleaved partial sums, then a fixed
- * tree), so the bias terms are the same on every path and cost a 16th of a
- * serial loop's latency.  The 16 partial sums are four GCC vectors (lanes: a
- * product, then a sum, never fused: this file has no FMA flag), the same bits
- * as 16 scalar accumulators. */
 typedef float ckv_f32x4 __attribute__((vector_size(16)));
-static float dot16(const float *x, const float *y, size_t n) {
-  ckv_f32x4 v[4] = {{0}}; /* lanes 0-3, 4-7, 8-11, 12-15: four SSE registers on any x86-64 */
-  size_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    for (int k = 0; k < 4; k++) {
-      ckv_f32x4 a, b;
-      memcpy(&a, x + i + 4 * k, sizeof a);
-      memcpy(&b, y + i + 4 * k, sizeof b);
-      v[k] += a * b;
-    }
-  float acc[16];
-  memcpy(acc, v, sizeof acc);
-  for (size_t l = 0; i < n; i++, l++) acc[l] += x[i] * y[i];
-  for (size_t w = 8; w; w >>= 1)
-    for (size_t l = 0; l < w; l++) acc[l] += acc[l + w];
-  return acc[0];
-}
 
 /* even[m] = x[2m], odd[m] = x[2m + 1] for m < 32 (GCC vector shuffles: SSE2's shufps, or any target's). */
 static void deinterleave32(const float *x, float *even, float *odd) {
@@ -116,16 +96,18 @@ static int32_t sum_i8(const int8_t *p, size_t n) {
   return s;
 }
 
-void ckv_iquery_set(const ckv_rowops *ops, const float *x, size_t nq, size_t ldx, uint32_t n, int nibble,
+void ckv_iquery_set(const ckv_rowops *ops, const float *x, size_t nq, size_t ldx, uint32_t n, int order,
                     ckv_iquery *q, int8_t *tmp) {
   for (size_t i = 0; i < nq; i++) {
     const float *xi = x + i * ldx;
     int8_t *p = q->p + i * q->ld;
     float a = ops->absmax(xi, n) / 127.0f, inv = a > 0.0f ? 1.0f / a : 0.0f;
     memset(p, 0, q->ld);
-    ops->quant_i8(xi, inv, nibble ? tmp : p, n);
-    if (nibble)
+    ops->quant_i8(xi, inv, order != CKV_IQ_NATURAL ? tmp : p, n);
+    if (order == CKV_IQ_NIBBLE)
       for (uint32_t j = 0; j < n; j++) p[ckv_idot_u4_index(j)] = tmp[j];
+    else if (order == CKV_IQ_CRUMB)
+      for (uint32_t j = 0; j < n; j++) p[ckv_idot_u2_index(j)] = tmp[j];
     int32_t s = q->ld <= 8192u ? sum_i8(p, q->ld) : 0;
     for (size_t j = 0; q->ld > 8192u && j < q->ld; j++) s += p[j];
     q->a[i] = a;
@@ -148,51 +130,78 @@ static void empty_slots(float *o, uint32_t valid, uint32_t nt) {
     if (!((valid >> i) & 1u)) o[i] = -INFINITY;
 }
 
+/* The scratch's next-block lines (ckv_iscratch.pf): a share of them per batch, nb batches in all. */
+static void pf_batch(ckv_iscratch *w, uint32_t nb) {
+  uint32_t per = nb ? (w->pf_lines + nb - 1u) / nb : w->pf_lines;
+  for (uint32_t z = 0; z < per && w->pf_lines; z++, w->pf_lines--, w->pf += 64) __builtin_prefetch(w->pf, 0, 2);
+}
+
 static void score_staged(const ckv_idotops *io, const ckv_geometry *g, const void *blk, uint32_t layer, uint32_t h,
-                         const ckv_iquery *q, size_t nq, int32_t *acc, float *S) {
+                         const ckv_iquery *q, size_t nq, ckv_iscratch *w, float *S) {
   uint32_t cap = ckv_hdr(blk)->capacity, D = g->head_dim, ng = ckv_staged_groups(g), hg = ckv_staged_group_heads(g);
   size_t te = ckv_draft_token_elems(g);
   const int8_t *codes = (const int8_t *)ckv_cb(blk, ckv_staged_codes_offset(g, cap, layer, 0)) + (size_t)h * D;
   const uint16_t *sc = (const uint16_t *)ckv_cb(blk, ckv_staged_scales_offset(g, cap, layer, 0));
-  for (uint32_t t0 = 0; t0 < cap; t0 += CKV_ISCORE_BATCH) {
+  uint32_t nb = (cap + CKV_ISCORE_BATCH - 1u) / CKV_ISCORE_BATCH;
+  for (uint32_t t0 = 0; t0 < cap; t0 += CKV_ISCORE_BATCH, nb--) {
     uint32_t nt = cap - t0 < CKV_ISCORE_BATCH ? cap - t0 : CKV_ISCORE_BATCH;
-    io->i8(q->p, nq, q->ld, codes + (size_t)t0 * te, te, nt, D, acc, CKV_ISCORE_BATCH);
+    pf_batch(w, nb);
+    io->i8(q->p, nq, q->ld, codes + (size_t)t0 * te, te, nt, D, w->acc, CKV_ISCORE_BATCH);
     uint32_t valid = valid32(blk, cap, t0);
     float st[CKV_ISCORE_BATCH];
     for (uint32_t i = 0; i < nt; i++) st[i] = ckv_f16_to_f32(sc[(size_t)(t0 + i) * ng + h / hg]);
-    for (size_t rg = 0; rg < nq; rg++) { /* every slot of the batch (a loop a compiler vectorises), then the empty ones */
-      const int32_t *ac = acc + rg * CKV_ISCORE_BATCH;
-      float a = q->a[rg], *o = S + rg * cap + t0;
-      for (uint32_t i = 0; i < nt; i++) o[i] = (float)ac[i] * a * st[i];
+    for (size_t rg = 0; rg < nq; rg++) { /* every slot of the batch, then the empty ones */
+      float *o = S + rg * cap + t0;
+      io->finish(w->acc + rg * CKV_ISCORE_BATCH, 1, 0, q->a[rg], st, 0.0f, /* add_b= */ false, o, nt);
       empty_slots(o, valid, nt);
     }
   }
 }
 
-static void score_rot4(const ckv_rowops *ops, const ckv_idotops *io, const ckv_geometry *g, const void *blk, uint32_t layer, uint32_t h,
-                       const ckv_iscore_query *q, size_t nq, ckv_iscratch *w, float *S) {
-  uint32_t cap = ckv_hdr(blk)->capacity, D = g->head_dim, H = g->n_kv_heads, fmt = CKV_FORMAT_ROT4;
+/* Rotated keys of b = 4 or 2 bits: q . k = s (qr . (c - off)) + qr . mean, off = (2^b - 1) / 2, with
+ * qr ~ a p: s a/2 (2 p . c - (2^b - 1) sum p) + qr . mean, the bracket an exact integer. */
+static void score_rot(const ckv_rowops *ops, const ckv_idotops *io, const ckv_geometry *g, const void *blk,
+                      uint32_t layer, uint32_t h, const ckv_iscore_query *q, size_t nq, ckv_iscratch *w, float *S) {
+  uint32_t cap = ckv_hdr(blk)->capacity, D = g->head_dim, H = g->n_kv_heads, fmt = ckv_hdr(blk)->format;
+  uint32_t bits = ckv_format_code_bits(fmt);
+  int32_t levels = (int32_t)ckv_qa_levels(bits); /* 2^b - 1 */
+  const ckv_iquery *q8 = bits == 4u ? &q->qr8 : &q->qr8c;
   size_t rb = ckv_rot_row_bytes(fmt, g);
   const uint8_t *sc = ckv_cb(blk, ckv_rot_scales_offset(fmt, g, cap, layer, 0));
   const uint8_t *codes = ckv_cb(blk, ckv_rot_codes_offset(fmt, g, cap, layer, 0)) + (size_t)h * rb;
   float *mean = w->par; /* the key mean widened (exact on every path) and made finite, as ckv_rot_key_mean */
   ops->cvt_f16((const uint16_t *)ckv_cb(blk, ckv_rot_mean_offset(g, cap, layer, h)), mean, D);
-  for (uint32_t i = 0; i < D; i++) mean[i] = ckv_rot_finite(mean[i]);
-  for (size_t rg = 0; rg < nq; rg++) { /* the block's bias qr . mean, in index order */
-    const float *x = q->qr + rg * D;
-    w->bias[rg] = dot16(x, mean, D);
+  bool finite = true; /* the block's bias qr . mean; only a mean with a non-finite element (then some */
+  for (size_t rg = 0; rg < nq; rg++) { /* bias is not finite either) needs ckv_rot_finite first */
+    w->bias[rg] = io->dot16(q->qr + rg * D, mean, D);
+    finite &= isfinite(w->bias[rg]) != 0;
   }
+  if (!finite) {
+    for (uint32_t i = 0; i < D; i++) mean[i] = ckv_rot_finite(mean[i]);
+    for (size_t rg = 0; rg < nq; rg++) w->bias[rg] = io->dot16(q->qr + rg * D, mean, D);
+  }
+  uint32_t nb = (cap + 15u) / 16u; /* the next block's lines: a share before every 16 tokens */
   for (uint32_t t0 = 0; t0 < cap; t0 += CKV_ISCORE_BATCH) {
     uint32_t nt = cap - t0 < CKV_ISCORE_BATCH ? cap - t0 : CKV_ISCORE_BATCH;
-    io->u4(q->qr8.p, nq, q->qr8.ld, codes + (size_t)t0 * H * rb, H * rb, nt, D, w->acc, CKV_ISCORE_BATCH);
+    for (uint32_t s = 0; s < nt; s += 16u, nb--) {
+      uint32_t ns = nt - s < 16u ? nt - s : 16u;
+      const uint8_t *rows = codes + (size_t)(t0 + s) * H * rb;
+      pf_batch(w, nb);
+      if (bits == 4u)
+        io->u4(q8->p, nq, q8->ld, rows, H * rb, ns, D, w->acc + s, CKV_ISCORE_BATCH);
+      else
+        io->u2(q8->p, nq, q8->ld, rows, H * rb, ns, D, w->acc + s, CKV_ISCORE_BATCH);
+    }
     uint32_t valid = valid32(blk, cap, t0);
     float st[CKV_ISCORE_BATCH];
-    for (uint32_t i = 0; i < nt; i++) st[i] = ckv_rot_scale_value(sc[(size_t)(t0 + i) * H + h]);
-    for (size_t rg = 0; rg < nq; rg++) { /* every slot of the batch (loops a compiler vectorises), then the empty ones */
-      const int32_t *ac = w->acc + rg * CKV_ISCORE_BATCH;
-      int32_t ps = 15 * q->qr8.psum[rg];
-      float k = 0.5f * q->qr8.a[rg], b = w->bias[rg], *o = S + rg * cap + t0;
-      for (uint32_t i = 0; i < nt; i++) o[i] = (float)(2 * ac[i] - ps) * k * st[i] + b;
+    if (w->rot_scale)
+      for (uint32_t i = 0; i < nt; i++) st[i] = w->rot_scale[sc[(size_t)(t0 + i) * H + h]];
+    else
+      for (uint32_t i = 0; i < nt; i++) st[i] = ckv_rot_scale_value(sc[(size_t)(t0 + i) * H + h]);
+    for (size_t rg = 0; rg < nq; rg++) { /* every slot of the batch, then the empty ones */
+      float *o = S + rg * cap + t0;
+      io->finish(w->acc + rg * CKV_ISCORE_BATCH, 2, levels * q8->psum[rg], 0.5f * q8->a[rg], st, w->bias[rg],
+                 /* add_b= */ true, o, nt);
       empty_slots(o, valid, nt);
     }
   }
@@ -249,7 +258,7 @@ static void score_commit4(const ckv_rowops *ops, const ckv_idotops *io, const ck
     }
     for (size_t rg = 0; rg < nq; rg++) {
       ops->mul(qg + rg * ld, sp, w->qk + rg * ld, ld); /* one rounding per element: the same on every path */
-      w->bias[rg] = dot16(qg + rg * ld, wp, ld);
+      w->bias[rg] = io->dot16(qg + rg * ld, wp, ld);
     }
     ckv_iquery_set(ops, w->qk, nq, ld, (uint32_t)ld, 0, &w->q, w->tmp);
     io->u4(w->q.p, nq, w->q.ld, ch + (size_t)kept * 4u, krow, CKV_COMMIT_CHUNK_TOKENS, kept, w->acc,
@@ -270,11 +279,12 @@ void ckv_iscore_block(const ckv_rowops *ops, const ckv_idotops *io, const ckv_ge
   uint32_t cap = ckv_hdr(blk)->capacity, fmt = ckv_hdr(blk)->format;
   /* staged and ROT4 blocks write every slot; committed ones skip unsealed chunks and refused masks */
   if (fmt == CKV_FORMAT_STAGED) {
-    score_staged(io, g, blk, layer, h, &q->qs8, nq, w->acc, S);
-  } else if (fmt == CKV_FORMAT_ROT4) {
-    score_rot4(ops, io, g, blk, layer, h, q, nq, w, S);
+    score_staged(io, g, blk, layer, h, &q->qs8, nq, w, S);
+  } else if (fmt == CKV_FORMAT_ROT4 || fmt == CKV_FORMAT_ROT2) {
+    score_rot(ops, io, g, blk, layer, h, q, nq, w, S);
   } else {
     fill_neg_inf(S, nq * cap);
     if (fmt == CKV_FORMAT_COMMIT4) score_commit4(ops, io, g, layer, blk, h, q, nq, w, S);
   }
+  for (; w->pf_lines; w->pf_lines--, w->pf += 64) __builtin_prefetch(w->pf, 0, 2); /* what the batches left */
 }

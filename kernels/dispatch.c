@@ -1,13 +1,15 @@
 /* dispatch.c - chooses the CPU path (scalar, AVX2, AVX-512) from the CPU's
  * features once, lets tests and benchmarks force one, and hands the matching
- * row-primitive and integer-dot tables to the kernels (on the AVX-512 path
- * the integer dots use VNNI where the CPU has it, else AVX2's). */
+ * row-primitive and integer-dot tables to the kernels (the integer dots use
+ * AVX-512 VNNI on the AVX-512 path, AVX-VNNI on the AVX2 path, where the
+ * CPU has them, else AVX2's). */
 #include <stdlib.h>
 #include <string.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
 
+#include "kernels/attention_bf16.h"
 #include "kernels/idot.h"
 #include "kernels/kernels.h"
 #include "kernels/rowops.h"
@@ -30,6 +32,39 @@ static bool cpu_has_avx512vnni(void) {
 bool ckv_idot_vnni_supported(void) {
 #if defined(__x86_64__) || defined(__i386__)
   return ckv_kernels_path_supported(CKV_PATH_AVX512) && cpu_has_avx512vnni();
+#else
+  return false;
+#endif
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+/* AVX512_BF16 from CPUID leaf 7 subleaf 1 (EAX bit 5). */
+static bool cpu_has_avx512bf16(void) {
+  unsigned a, b, c, d;
+  return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 5));
+}
+
+/* AVX-VNNI from CPUID leaf 7 subleaf 1 (EAX bit 4). */
+static bool cpu_has_avxvnni(void) {
+  unsigned a, b, c, d;
+  return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 4));
+}
+#endif
+
+bool ckv_idot_avxvnni_supported(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  return ckv_kernels_path_supported(CKV_PATH_AVX2) && cpu_has_avxvnni();
+#else
+  return false;
+#endif
+}
+
+bool ckv_avalues_bf16_supported(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  static int bf16 = -1; /* checked once (CPUID is slow under a hypervisor); a benign race */
+  if (__atomic_load_n(&bf16, __ATOMIC_RELAXED) < 0)
+    __atomic_store_n(&bf16, ckv_kernels_path_supported(CKV_PATH_AVX512) && cpu_has_avx512bf16() ? 1 : 0, __ATOMIC_RELAXED);
+  return __atomic_load_n(&bf16, __ATOMIC_RELAXED) != 0;
 #else
   return false;
 #endif
@@ -101,14 +136,21 @@ const ckv_rowops *ckv_rowops_get(void) {
 }
 
 const ckv_idotops *ckv_idotops_get(void) {
-  static int vnni = -1; /* checked once; a benign race (every thread computes the same value) */
+  static int vnni = -1, avxvnni = -1; /* checked once; a benign race (every thread computes the same value) */
   switch (ckv_kernels_path()) {
   case CKV_PATH_AVX512:
     if (__atomic_load_n(&vnni, __ATOMIC_RELAXED) < 0) __atomic_store_n(&vnni, ckv_idot_vnni_supported() ? 1 : 0, __ATOMIC_RELAXED);
     return __atomic_load_n(&vnni, __ATOMIC_RELAXED) ? &ckv_idot_avx512vnni : &ckv_idot_avx2;
-  case CKV_PATH_AVX2: return &ckv_idot_avx2;
+  case CKV_PATH_AVX2:
+    if (__atomic_load_n(&avxvnni, __ATOMIC_RELAXED) < 0)
+      __atomic_store_n(&avxvnni, ckv_idot_avxvnni_supported() ? 1 : 0, __ATOMIC_RELAXED);
+    return __atomic_load_n(&avxvnni, __ATOMIC_RELAXED) ? &ckv_idot_avxvnni : &ckv_idot_avx2;
   default: return &ckv_idot_scalar;
   }
 }
 
 const char *ckv_kernels_idot_name(void) { return ckv_idotops_get()->name; }
+
+bool ckv_kernels_values_bf16_supported(void) {
+  return ckv_kernels_path() == CKV_PATH_AVX512 && ckv_avalues_bf16_supported();
+}

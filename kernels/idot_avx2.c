@@ -8,7 +8,8 @@
  * 127), a pair at most 2 * 128 * 127 = 32512; 4-bit codes (0..15) times q
  * give pairs of at most 2 * 15 * 127 = 3810, two such sums 7620.  Four
  * queries share each row load; channels left over after whole vectors are
- * summed by the scalar tails, which give the same integers. */
+ * summed by the scalar tails, which give the same integers.  2-bit rows:
+ * four planes of codes, each against 32 contiguous query bytes (crumb order). */
 #include <immintrin.h>
 
 #include "kernels/idot.h"
@@ -34,7 +35,7 @@ static inline __m256i dot32_i8(__m256i acc, __m256i ak, __m256i k, const int8_t 
   return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(ak, sq), ones));
 }
 
-static void a_i8(const int8_t *p, size_t nq, size_t ldp, const int8_t *rows, size_t stride, size_t nt, size_t n,
+void ckv_idot_avx2_i8(const int8_t *p, size_t nq, size_t ldp, const int8_t *rows, size_t stride, size_t nt, size_t n,
                  int32_t *out, size_t ldo) {
   const __m256i ones = _mm256_set1_epi16(1);
   size_t full = n & ~(size_t)31;
@@ -103,4 +104,35 @@ static void a_u4(const int8_t *p, size_t nq, size_t ldp, const uint8_t *rows, si
   }
 }
 
-const ckv_idotops ckv_idot_avx2 = {.name = "avx2", .i8 = a_i8, .u4 = a_u4};
+/* 2-bit rows: 128 channels (32 code bytes) at a time, four planes of codes (bits 2p of each byte)
+ * against the crumb order's four contiguous 32-byte runs of the query; pairs of at most
+ * 2 * 3 * 127, four planes' at most 3048 in int16, widened once per block. */
+static void a_u2(const int8_t *p, size_t nq, size_t ldp, const uint8_t *rows, size_t stride, size_t nt, size_t n,
+                 int32_t *out, size_t ldo) {
+  const __m256i ones = _mm256_set1_epi16(1), m2 = _mm256_set1_epi8(0x03);
+  size_t full = n & ~(size_t)127;
+  for (size_t t = 0; t < nt; t++) {
+    const uint8_t *k = rows + t * stride;
+    for (size_t i = 0; i < nq; i += 4) {
+      const int8_t *q[4];
+      group(p, nq, ldp, i, q);
+      __m256i s[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+      for (size_t d = 0; d < full; d += 128) {
+        __m256i b = _mm256_loadu_si256((const __m256i *)(k + d / 4)), c[4];
+        for (int pl = 0; pl < 4; pl++) c[pl] = _mm256_and_si256(_mm256_srli_epi16(b, 2 * pl), m2);
+        for (int r = 0; r < 4; r++) {
+          __m256i m = _mm256_maddubs_epi16(c[0], _mm256_loadu_si256((const __m256i *)(q[r] + d)));
+          for (int pl = 1; pl < 4; pl++)
+            m = _mm256_add_epi16(m, _mm256_maddubs_epi16(c[pl], _mm256_loadu_si256((const __m256i *)(q[r] + d + 32 * pl))));
+          s[r] = _mm256_add_epi32(s[r], _mm256_madd_epi16(m, ones));
+        }
+      }
+      int32_t tail[4];
+      for (size_t r = 0; r < 4; r++) tail[r] = ckv_idot_u2_tail(q[r], k, full, n);
+      store4(hsum4(s[0], s[1], s[2], s[3]), nq, i, out, ldo, t, tail);
+    }
+  }
+}
+
+const ckv_idotops ckv_idot_avx2 = {.name = "avx2", .i8 = ckv_idot_avx2_i8, .u4 = a_u4, .u2 = a_u2,
+                                   .finish = ckv_idot_scalar_finish, .dot16 = ckv_idot_scalar_dot16};

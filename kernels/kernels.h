@@ -46,6 +46,8 @@ const char *ckv_kernels_path_name(ckv_cpu_path path);
 /* The integer dot products the current path uses for integer attention scores:
  * "scalar", "avx2" (maddubs) or "avx512vnni" (the AVX-512 path on a CPU with VNNI; AVX2's otherwise). */
 const char *ckv_kernels_idot_name(void);
+/* Whether CKV_ATTN_VALUES_BF16 takes effect here (the AVX-512 path of a CPU with AVX512_BF16). */
+bool ckv_kernels_values_bf16_supported(void);
 
 /* ---- blocks ---------------------------------------------------------------- */
 /* Writes a fresh header (magic, format, dtype, capacity, kept channels,
@@ -154,16 +156,26 @@ typedef struct ckv_attn_args {
                          online CPUs, one per MiB of the layer's K/V at most (short contexts stay on the
                          calling thread).  Callers that run attention from several threads at once set 1.
                          The result has the same bits for any value. */
-  uint32_t scores;    /* how q.k is computed for INT8 staged, 4-bit committed and ROT4 keys:
+  uint32_t scores;    /* how q.k is computed for INT8 staged, 4-bit committed, ROT4 and ROT2 keys:
                          CKV_ATTN_SCORES_FLOAT (dequantize, FP32 dot), CKV_ATTN_SCORES_INT8 (the query
                          quantized to INT8, one scale per row; integer dots, the same bits on every CPU
                          path; see attention_int.c for its error); 0: $CKV_ATTENTION_SCORES ("float" or
                          "int8"), else CKV_ATTN_SCORES_DEFAULT_INT.  Other formats are always FP32. */
+  uint32_t values;    /* how ROT4 and ROT2 values are summed (head_dim a multiple of 128, blocks with every slot
+                         valid): CKV_ATTN_VALUES_FLOAT (FP32 weights, FMA), CKV_ATTN_VALUES_BF16 (the
+                         weights rounded to BF16, BF16 pair dot products; CPUs with AVX512_BF16 on the
+                         AVX-512 path, else FP32; see attention_bf16.c for its error).  Only the output
+                         changes, never the mass.  0: $CKV_ATTENTION_VALUES ("float" or "bf16"), else
+                         CKV_ATTN_VALUES_DEFAULT_BF16. */
 } ckv_attn_args;
 #define CKV_ATTN_SCORES_FLOAT 1u
 #define CKV_ATTN_SCORES_INT8 2u
 /* The built-in choice (1: integer scores) when neither the call nor the environment chooses. */
 #define CKV_ATTN_SCORES_DEFAULT_INT 0
+#define CKV_ATTN_VALUES_FLOAT 1u
+#define CKV_ATTN_VALUES_BF16 2u
+/* The built-in choice (1: BF16 values where the CPU has them) when neither the call nor the environment chooses. */
+#define CKV_ATTN_VALUES_DEFAULT_BF16 0
 
 /* Scratch bytes ckv_kernels_attention needs for these arguments (0 if invalid). */
 size_t ckv_attention_workspace_bytes(const ckv_attn_args *a);
