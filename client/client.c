@@ -603,6 +603,32 @@ static int refresh_arenas(ckv_client *c) {
   return r;
 }
 
+int ckv_rpc_refresh_prefix_index(ckv_client *c) {
+  pthread_mutex_lock(&c->lock); /* the attach socket carries one exchange at a time */
+  int r = CKV_ERR_DAEMON_RESTARTED;
+  if (c->restarted || c->attach_fd < 0) goto out;
+  Commitkv__V1__AttachRequest req = COMMITKV__V1__ATTACH_REQUEST__INIT;
+  req.version = CKV_CLIENT_VERSION;
+  req.want_arenas = true;
+  req.refresh = true;
+  req.want_prefix_index = true;
+  int fds[ATTACH_MAX_FDS];
+  size_t n_fds = 0;
+  Commitkv__V1__AttachReply *rep = NULL;
+  if ((r = attach_exchange(c, &req, fds, &n_fds, &rep)) < 0) goto out;
+  if (memcmp(rep->boot_token.data, c->boot_token, sizeof(c->boot_token)) != 0)
+    r = CKV_ERR_DAEMON_RESTARTED;
+  else if (!rep->prefix_index || rep->prefix_index->fd_index >= n_fds)
+    r = CKV_ERR_PROTO;
+  else
+    map_prefix_index(c, fds[rep->prefix_index->fd_index]);
+  for (size_t i = 0; i < n_fds; i++) close(fds[i]);
+  commitkv__v1__attach_reply__free_unpacked(rep, NULL);
+out:
+  pthread_mutex_unlock(&c->lock);
+  return r;
+}
+
 void *ckv_rpc_arena_ptr(ckv_client *c, uint32_t arena_id, uint64_t off, uint64_t len) {
   pthread_mutex_lock(&c->lock);
   void *p = NULL;

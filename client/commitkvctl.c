@@ -106,9 +106,9 @@ static int cmd_stats(ckv_client *c, bool json) {
       printf(", \"bytes\": ");
       json_bytes(t->bytes);
       printf(", \"dedup_ratio\": %.4f, \"prefix\": {\"lookup_tokens\": %" PRIu64 ", \"hit_tokens\": %" PRIu64
-             ", \"index_keys\": %" PRIu64 ", \"index_complete\": %s}}",
+             ", \"index_keys\": %" PRIu64 ", \"index_slots\": %" PRIu32 ", \"index_complete\": %s}}",
              t->dedup_ratio, t->prefix_lookup_tokens, t->prefix_hit_tokens, t->prefix_index_keys,
-             t->prefix_index_complete ? "true" : "false");
+             t->prefix_index_slots, t->prefix_index_complete ? "true" : "false");
     }
     printf("], \"detached_sessions\": %" PRIu64 ", \"leases_expired\": %" PRIu64 ", \"sessions_detached\": %" PRIu64
            ", \"sessions_resumed\": %" PRIu64 ", \"sessions_expired\": %" PRIu64 ", \"requests\": %" PRIu64

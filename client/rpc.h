@@ -65,6 +65,11 @@ struct ckv_client {
 int ckv_rpc(ckv_client *c, Commitkv__V1__Request *req, Commitkv__V1__Response **ret);
 void ckv_rpc_free(Commitkv__V1__Response *rep);
 
+/* The daemon replaced the tenant's prefix index with a bigger one (a lookup
+ * said CKV_ERR_STATE): fetch and map it (AttachRequest{refresh,
+ * want_prefix_index}).  CKV_OK or the exchange's error. */
+int ckv_rpc_refresh_prefix_index(ckv_client *c);
+
 /* The client's connection generation (see ckv_client_reconnect). */
 uint64_t ckv_rpc_generation(ckv_client *c);
 

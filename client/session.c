@@ -232,11 +232,16 @@ int ckv_client_lookup_prefix(ckv_client *c, const uint32_t *token_ids, size_t n,
   /* In this process when the daemon published the tenant's index: no round
    * trip (the answer is advisory either way: reuse_prefix matches again). */
   bool names_ok = model_name_ok(model_id) && model_name_ok(model_revision);
-  pthread_rwlock_rdlock(&c->pindex_lock);
-  int local = c->pindex && names_ok && !__atomic_load_n(&c->restarted, __ATOMIC_ACQUIRE)
-                  ? ckv_pindex_lookup(c->pindex, model_id, model_revision, token_ids, n, ret_matched)
-                  : CKV_ERR_BUSY;
-  pthread_rwlock_unlock(&c->pindex_lock);
+  int local = CKV_ERR_BUSY;
+  for (int attempt = 0; attempt < 2; attempt++) {
+    pthread_rwlock_rdlock(&c->pindex_lock);
+    local = c->pindex && names_ok && !__atomic_load_n(&c->restarted, __ATOMIC_ACQUIRE)
+                ? ckv_pindex_lookup(c->pindex, model_id, model_revision, token_ids, n, ret_matched)
+                : CKV_ERR_BUSY;
+    pthread_rwlock_unlock(&c->pindex_lock);
+    /* superseded: the daemon grew the index; fetch the new one and look again */
+    if (local != CKV_ERR_STATE || ckv_rpc_refresh_prefix_index(c) < 0) break;
+  }
   if (local == CKV_OK) {
     __atomic_fetch_add(&c->local_lookup_tokens, (uint64_t)n, __ATOMIC_RELAXED);
     __atomic_fetch_add(&c->local_hit_tokens, *ret_matched, __ATOMIC_RELAXED);

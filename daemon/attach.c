@@ -441,9 +441,26 @@ bool ckv_attach_conn_input(ckv_server *s, ckv_conn *c) {
     rep.n_arenas = 1;
     rep.arenas = infos;
   }
+  int fds[CKV_ARENA_MAX_FDS + 1];
+  size_t n_fds = 0;
+  if (rep.n_arenas) {
+    memcpy(fds, ex.fds, ex.n_fds * sizeof(*fds));
+    n_fds = ex.n_fds;
+  }
+  /* The tenant's prefix index as it is now (a full one was replaced by a
+   * bigger one: the worker's lookups said so). */
+  Commitkv__V1__PrefixIndexInfo pix = COMMITKV__V1__PREFIX_INDEX_INFO__INIT;
+  uint64_t pix_bytes = 0;
+  int pix_fd = rep.n_arenas && req->want_prefix_index ? ckv_prefix_index_fd(c->tenant, &pix_bytes) : -1;
+  if (pix_fd >= 0) {
+    pix.fd_index = (uint32_t)n_fds;
+    pix.bytes = pix_bytes;
+    fds[n_fds++] = pix_fd;
+    rep.prefix_index = &pix;
+  }
   /* A client that does not read its replies cannot be sent the next one
    * whole: its stream would be cut mid-frame, so it goes. */
-  if (send_reply(fd, &rep, rep.n_arenas ? ex.fds : NULL, rep.n_arenas ? ex.n_fds : 0) < 0) return false;
+  if (send_reply(fd, &rep, n_fds ? fds : NULL, n_fds) < 0) return false;
   c->last_seen_ms = ckv_now_ms();
   return true;
 }

@@ -1286,7 +1286,7 @@ static int h_stats(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req,
     ts->prefix_lookup_tokens = pf.lookup_tokens;
     ts->prefix_hit_tokens = pf.hit_tokens;
     bool index_complete;
-    ckv_prefix_index_state(t, &ts->prefix_index_keys, &index_complete);
+    ckv_prefix_index_state(t, &ts->prefix_index_keys, &ts->prefix_index_slots, &index_complete);
     ts->prefix_index_complete = index_complete;
     all_shared_tok += shared_tok;
     all_shared_bytes += pf.shared_bytes;

@@ -203,6 +203,12 @@ bool ckv_pindex_add_root(ckv_pindex *ix, const char *model_id, const char *model
   return ok;
 }
 
+void ckv_pindex_supersede(ckv_pindex *ix) {
+  write_begin(ix);
+  ckv_store_release_u32(&ix->h->superseded, 1);
+  write_end(ix);
+}
+
 void ckv_pindex_rebuild_begin(ckv_pindex *ix) {
   write_begin(ix);
   ix->rebuilding = true;
@@ -340,6 +346,7 @@ int ckv_pindex_lookup(const ckv_pindex_view *v, const char *model_id, const char
   for (uint32_t t = 0; t < CKV_PINDEX_TRIES; t++) {
     uint64_t seq = ckv_load_acquire_u64(&v->h->seq);
     if (seq & 1) continue;
+    if (ckv_load_acquire_u32(&v->h->superseded)) return CKV_ERR_STATE;
     if (!ckv_load_acquire_u32(&v->h->complete)) return CKV_ERR_BUSY;
     uint32_t n_roots = ckv_load_acquire_u32(&v->h->n_roots);
     if (n_roots > CKV_PINDEX_MAX_ROOTS) n_roots = CKV_PINDEX_MAX_ROOTS;

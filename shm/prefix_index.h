@@ -24,7 +24,10 @@
  * changed `seq` retries, and after CKV_PINDEX_TRIES tries says BUSY (the
  * client then asks the daemon).  `complete` is 0 while an entry could not
  * be published (the table was full): readers ask the daemon then, until
- * the daemon rebuilds the mirror with room. */
+ * the daemon rebuilds the mirror with room.  A table that fills up is
+ * replaced by one twice its size (the daemon's choice, store/shared.c):
+ * the old one is marked `superseded` and its lookups say STATE, upon which
+ * the worker fetches the new one (AttachRequest{refresh, want_prefix_index}). */
 #ifndef CKV_SHM_PREFIX_INDEX_H
 #define CKV_SHM_PREFIX_INDEX_H
 
@@ -54,8 +57,9 @@ typedef struct ckv_pindex_header {
   uint64_t bytes; /* of the whole mapping */
   uint64_t entries;
   uint32_t n_roots;
-  uint32_t complete; /* 0: some entry is missing; ask the daemon */
-  uint8_t reserved[16];
+  uint32_t complete;   /* 0: some entry is missing; ask the daemon */
+  uint32_t superseded; /* 1: the daemon publishes a bigger index now; fetch it (attach refresh) */
+  uint8_t reserved[12];
 } ckv_pindex_header;
 _Static_assert(sizeof(ckv_pindex_header) == 64, "prefix index header layout");
 
@@ -101,6 +105,9 @@ bool ckv_pindex_add_root(ckv_pindex *ix, const char *model_id, const char *model
                          uint32_t block_tokens);
 bool ckv_pindex_complete(const ckv_pindex *ix);
 uint64_t ckv_pindex_entries(const ckv_pindex *ix);
+/* Marks the index superseded (a bigger one replaces it): readers' lookups
+ * say CKV_ERR_STATE from now on. */
+void ckv_pindex_supersede(ckv_pindex *ix);
 /* A rebuild: every entry goes (roots stay), then the caller puts them all
  * again and ends it; readers see neither half (the sequence stays odd). */
 void ckv_pindex_rebuild_begin(ckv_pindex *ix);
@@ -119,7 +126,8 @@ void ckv_pindex_unmap(ckv_pindex_view *v);
 /* How many leading tokens of ids[0..n) match published blocks of
  * (model_id, model_revision), the best over the roots: what LookupPrefix
  * answers.  CKV_OK, CKV_ERR_BUSY (the daemon kept changing the index, or
- * it is incomplete: ask the daemon), CKV_ERR_INVALID. */
+ * it is incomplete: ask the daemon), CKV_ERR_STATE (superseded: fetch the
+ * new one), CKV_ERR_INVALID. */
 int ckv_pindex_lookup(const ckv_pindex_view *v, const char *model_id, const char *model_revision,
                       const uint32_t *ids, size_t n, uint64_t *ret_matched);
 

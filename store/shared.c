@@ -136,7 +136,7 @@ ckv_prefix *ckv_shared_registry(ckv_tenant *t) {
   if (!t->prefix && (t->prefix = calloc(1, sizeof(*t->prefix)))) {
     t->prefix_free = registry_free;
     /* Without a published index, workers ask the daemon (LookupPrefix). */
-    (void)ckv_pindex_new(CKV_PREFIX_INDEX_SLOTS, &t->prefix->pub);
+    (void)ckv_pindex_new(CKV_PREFIX_INDEX_MIN_SLOTS, &t->prefix->pub);
   }
   return t->prefix;
 }
@@ -147,10 +147,38 @@ static uint32_t key_tokens(const ckv_pblock *pb) {
   return pb->n_subkeys ? pb->sub_tokens : pb->capacity;
 }
 
-static void publish_key(ckv_prefix *p, ckv_pkey k, const ckv_pblock *pb) {
+static bool put_key(ckv_pindex *ix, ckv_pkey k, const ckv_pblock *pb) {
   int j = ckv_shared_sub_of(pb, k);
-  if (p->pub && j >= 0)
-    (void)ckv_pindex_put(p->pub, k, pb->offset, (uint32_t)j, key_tokens(pb));
+  return j < 0 || ckv_pindex_put(ix, k, pb->offset, (uint32_t)j, key_tokens(pb));
+}
+
+/* Everything the registry indexes, into ix (empty). */
+static void fill_index(const ckv_prefix *p, ckv_pindex *ix) {
+  for (size_t i = 0; i < p->by_key.cap; i++)
+    if (p->by_key.vals[i])
+      (void)put_key(ix, p->by_key.keys[i], p->by_key.vals[i]);
+  for (size_t i = 0; i < p->n_roots; i++)
+    (void)ckv_pindex_add_root(ix, p->roots[i].model_id, p->roots[i].model_revision, p->roots[i].root,
+                              p->roots[i].block_tokens);
+}
+
+/* The published index is full: a new one of twice its slots takes every
+ * key, and the old one tells its readers to fetch it.  At the largest size,
+ * or out of memory, the old one stays (incomplete: readers ask the daemon). */
+static void grow_index(ckv_prefix *p) {
+  uint32_t slots = ckv_pindex_slots(p->pub);
+  ckv_pindex *nx = NULL;
+  if (slots >= CKV_PREFIX_INDEX_MAX_SLOTS || ckv_pindex_new(slots * 2, &nx) < 0)
+    return;
+  fill_index(p, nx);
+  ckv_pindex_supersede(p->pub);
+  ckv_pindex_free(p->pub); /* the workers' mappings keep the old file until they fetch the new one */
+  p->pub = nx;
+}
+
+static void publish_key(ckv_prefix *p, ckv_pkey k, const ckv_pblock *pb) {
+  if (p->pub && !put_key(p->pub, k, pb))
+    grow_index(p);
 }
 
 /* An incomplete mirror (it was full) is rebuilt once the index fits in half
@@ -162,12 +190,7 @@ static void unpublish_key(ckv_prefix *p, ckv_pkey k) {
   if (ckv_pindex_complete(p->pub) || p->by_key.n * 2 > ckv_pindex_slots(p->pub))
     return;
   ckv_pindex_rebuild_begin(p->pub);
-  for (size_t i = 0; i < p->by_key.cap; i++)
-    if (p->by_key.vals[i])
-      publish_key(p, p->by_key.keys[i], p->by_key.vals[i]);
-  for (size_t i = 0; i < p->n_roots; i++)
-    (void)ckv_pindex_add_root(p->pub, p->roots[i].model_id, p->roots[i].model_revision,
-                              p->roots[i].root, p->roots[i].block_tokens);
+  fill_index(p, p->pub);
   ckv_pindex_rebuild_end(p->pub);
 }
 
@@ -179,9 +202,10 @@ int ckv_prefix_index_fd(ckv_tenant *t, uint64_t *ret_bytes) {
   return ckv_pindex_reader_fd(p->pub);
 }
 
-void ckv_prefix_index_state(const ckv_tenant *t, uint64_t *ret_keys, bool *ret_complete) {
+void ckv_prefix_index_state(const ckv_tenant *t, uint64_t *ret_keys, uint32_t *ret_slots, bool *ret_complete) {
   const ckv_prefix *p = t->prefix;
   *ret_keys = p && p->pub ? ckv_pindex_entries(p->pub) : 0;
+  *ret_slots = p && p->pub ? ckv_pindex_slots(p->pub) : 0;
   *ret_complete = p && p->pub && ckv_pindex_complete(p->pub);
 }
 

@@ -131,15 +131,19 @@ void ckv_shared_note_root(ckv_prefix *p, const ckv_prefix_root *r);
 size_t ckv_shared_roots(const ckv_prefix *p, const ckv_prefix_root **ret);
 
 /* The published copy of the tenant's index (shm/prefix_index.h): every
- * change to the index above is mirrored into it.  Slots of the memfd: */
-#define CKV_PREFIX_INDEX_SLOTS (1u << 17)
+ * change to the index above is mirrored into it.  It starts with MIN slots
+ * (128 KiB) and is replaced by one twice its size when it fills up, up to
+ * MAX (2^22 slots: 3.1 M keys, 128 MiB); past that, workers ask the daemon
+ * while it is full. */
+#define CKV_PREFIX_INDEX_MIN_SLOTS (1u << 12)
+#define CKV_PREFIX_INDEX_MAX_SLOTS (1u << 22)
 /* A read-only descriptor of the tenant's published index (owned by the
  * tenant; makes the registry and the index on first use) and its size, or
  * -1 when there is none (out of memory, no memfd). */
 int ckv_prefix_index_fd(ckv_tenant *t, uint64_t *ret_bytes);
-/* The published index's keys and whether it holds every indexed key
+/* The published index's keys, slots and whether it holds every indexed key
  * (stats); 0 and false without one.  Makes nothing. */
-void ckv_prefix_index_state(const ckv_tenant *t, uint64_t *ret_keys, bool *ret_complete);
+void ckv_prefix_index_state(const ckv_tenant *t, uint64_t *ret_keys, uint32_t *ret_slots, bool *ret_complete);
 
 /* One more holder. */
 void ckv_prefix_hold(ckv_tenant *t, ckv_pblock *pb);

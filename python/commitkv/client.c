@@ -179,7 +179,7 @@ static PyObject *stats_dict(const Commitkv__V1__Stats *s) {
   }
   for (size_t i = 0; i < s->n_tenants; i++) {
     const Commitkv__V1__TenantStats *t = s->tenants[i];
-    PyObject *d = Py_BuildValue("{szsKsKsKsKsKsKsKsNsNsds{sKsKsKsO}}", "name", t->name, "sessions", (unsigned long long)t->sessions,
+    PyObject *d = Py_BuildValue("{szsKsKsKsKsKsKsKsNsNsds{sKsKsKsKsO}}", "name", t->name, "sessions", (unsigned long long)t->sessions,
                                 "clients", (unsigned long long)t->clients, "quota_bytes",
                                 (unsigned long long)t->quota_bytes, "disk_bytes", (unsigned long long)t->disk_bytes,
                                 "snapshots", (unsigned long long)t->snapshots, "quota_disk",
@@ -187,7 +187,8 @@ static PyObject *stats_dict(const Commitkv__V1__Stats *s) {
                                 "tokens", token_counts(t->tokens), "bytes", byte_counts(t->bytes), "dedup_ratio",
                                 t->dedup_ratio, "prefix", "lookup_tokens", (unsigned long long)t->prefix_lookup_tokens,
                                 "hit_tokens", (unsigned long long)t->prefix_hit_tokens, "index_keys",
-                                (unsigned long long)t->prefix_index_keys, "index_complete",
+                                (unsigned long long)t->prefix_index_keys, "index_slots",
+                                (unsigned long long)t->prefix_index_slots, "index_complete",
                                 t->prefix_index_complete ? Py_True : Py_False);
     if (!d) goto fail;
     PyList_SET_ITEM(tenants, (Py_ssize_t)i, d);

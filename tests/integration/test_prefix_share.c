@@ -506,6 +506,38 @@ Test(prefix_share, worker_lookup_reads_the_published_index, .timeout = 60) {
   ckv_test_stop_clean(&d);
 }
 
+/* More blocks than the first index holds (4096 slots, 3/4 of them used at
+ * most): the daemon replaces it by one twice its size, the worker's next
+ * lookup finds the old one superseded, fetches the new one on the attach
+ * socket and answers in its own process, as the daemon would. */
+Test(prefix_share, a_full_index_grows_and_workers_fetch_it, .timeout = 60) {
+  enum { BLOCKS = 3500, N = BLOCKS * 16 };
+  ckv_test_daemon d;
+  ckv_test_start_host(&d, "256M", NULL);
+  ckv_client *c = connect_to(&d);
+  cr_assert_eq(ckv_test_stat(&d, "tenants.0.prefix.index_slots"), 4096, "the first index (made at attach)");
+  uint32_t *ids = malloc(N * sizeof(*ids));
+  for (size_t p = 0; p < N; p++) ids[p] = token_id(p, p < PREFIX ? 0 : 3);
+  uint64_t asked = 0;
+  cr_assert_eq(local_lookup(c, ids, N, "r1", &asked), 0);
+  ckv_session *s = open_s(c, "big", "fp16", NULL, 0);
+  write_tokens(s, 0, N, 3, 1);
+  cr_assert_eq(ckv_test_stat(&d, "tenants.0.prefix.index_keys"), BLOCKS);
+  cr_assert_eq(ckv_test_stat(&d, "tenants.0.prefix.index_slots"), 8192, "the full index was not replaced");
+  char *json = ckv_test_ctl(&d, (const char *const[]){"stats", "--json", NULL});
+  cr_assert_not_null(strstr(json, "\"index_complete\": true"), "the grown index is not complete: %s", json);
+  free(json);
+  cr_assert_eq(local_lookup(c, ids, N, "r1", &asked), N, "the worker did not fetch the grown index");
+  cr_assert_eq(daemon_lookup(c, ids, N, "r1"), N);
+  ids[N / 2] ^= 1;
+  cr_assert_eq(local_lookup(c, ids, N, "r1", &asked), N / 2);
+  cr_assert_eq(daemon_lookup(c, ids, N, "r1"), N / 2);
+  free(ids);
+  ckv_session_drop(s);
+  ckv_client_free(c);
+  ckv_test_stop_clean(&d);
+}
+
 /* ---- forks ---- */
 
 typedef struct fork_want {

@@ -8,7 +8,8 @@
  * - churn: 20 000 random puts and deletes against a reference set, every
  *   lookup agreeing (backward-shift deletion keeps every key findable);
  * - a full table makes the index incomplete (lookups say BUSY), and a
- *   rebuild with room makes it complete and exact again;
+ *   rebuild with room makes it complete and exact again; a superseded one
+ *   says STATE (fetch the new one);
  * - the workers' descriptor is read-only: no write, no shared writable
  *   mapping, no resize;
  * - a mapping that is not an index (bad magic, unsealed, short) is refused;
@@ -173,6 +174,10 @@ Test(prefix_index, full_table_is_incomplete_until_rebuilt) {
   ckv_pindex_rebuild_end(f.ix);
   cr_assert(ckv_pindex_complete(f.ix));
   cr_assert_eq(lookup(&f, "m", "r", ids, 64 * D), 20 * D, "the roots stay through a rebuild");
+  /* replaced by a bigger one: its readers are told to fetch that */
+  ckv_pindex_supersede(f.ix);
+  cr_assert_eq(ckv_pindex_lookup(f.v, "m", "r", ids, 64 * D, &m), CKV_ERR_STATE,
+               "a superseded index answered");
   free(ids);
   close_index(&f);
 }
