@@ -505,7 +505,9 @@ class Client:
                       model_revision: Optional[str] = None) -> int:
         """How many leading tokens of token_ids (uint32) this tenant's shared
         blocks of that model hold: a session opened with reuse_prefix on them
-        needs no prefill for that many (a multiple of the draft block size)."""
+        needs no prefill for that many (a multiple of the draft block size).
+        Answered in this process from the tenant's published prefix index
+        (no request to the daemon) when it is mapped; a hint either way."""
         return self._c.lookup_prefix(_u32_bytes(token_ids), model_id, model_revision)
 
     def stats(self) -> dict:

@@ -167,8 +167,12 @@ int ckv_session_open(ckv_client *c, const char *id, const ckv_geometry *g, const
 /* Leading tokens of token_ids[0..n) that the tenant's shared blocks of
  * model (model_id, model_revision; NULL = "") hold: a session opened with
  * reuse_prefix on them needs no prefill for that many.  *ret_matched is a
- * multiple of the draft block size.  Returns CKV_OK, CKV_ERR_INVALID,
- * CKV_ERR_LIMIT (more ids than a session may hold). */
+ * multiple of the draft block size.  Answered in this process from the
+ * tenant's prefix index the daemon publishes (no request; a few us), or by
+ * the daemon when that index is busy, full or not mapped.  The answer is a
+ * hint: ckv_session_open with reuse_prefix matches again.  Returns CKV_OK,
+ * CKV_ERR_INVALID, CKV_ERR_LIMIT (more ids than a session may hold: from the
+ * daemon only). */
 int ckv_client_lookup_prefix(ckv_client *c, const uint32_t *token_ids, size_t n, const char *model_id,
                              const char *model_revision, uint64_t *ret_matched);
 /* Opens session `new_id` (attached to this client) as a fork of `parent`:
