@@ -9,8 +9,11 @@
  * libcommitkv heartbeats, `commitkvctl status`, fresh attaches by other uids.
  * The bounds are freeze detectors, not benchmarks: on the old code every one
  * of these calls waited seconds (the loop read a trickled frame byte by byte,
- * 50 ms per recvmsg), or attaches failed at once. */
+ * 50 ms per recvmsg), or attaches failed at once.  Last, the tenant's
+ * prefix index a worker receives at attach (and on refresh) must be
+ * read-only and sealed: a worker never writes what other workers read. */
 #include <criterion/criterion.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -18,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -448,5 +452,75 @@ Test(attach_abuse, unmapped_uid_is_refused_before_its_frame_is_read, .timeout = 
   cr_assert_eq(rep.first_code[2], CKV_ERR_AUTH, "an unmapped peer that sent its request late got %s",
                ckv_status_name(rep.first_code[2]));
   cr_assert(strstr(rep.text, "not mapped"), "refusal text: '%s'", rep.text);
+  stop(&d, cfgdir);
+}
+
+/* ---- the prefix index a worker maps --------------------------------------- */
+
+/* Sends AttachRequest{want_arenas, want_prefix_index[, refresh]} on fd and
+ * returns the reply; fds[0..*n) are the descriptors that came with it. */
+static Commitkv__V1__AttachReply *attach_with_index(int fd, bool refresh, int fds[CKV_FRAME_MAX_FDS], size_t *n) {
+  Commitkv__V1__AttachRequest req = COMMITKV__V1__ATTACH_REQUEST__INIT;
+  req.version = 1;
+  req.client_name = "index-probe";
+  req.want_arenas = true;
+  req.want_prefix_index = true;
+  req.refresh = refresh;
+  uint8_t buf[CKV_RAW_FRAME_MAX];
+  size_t len = commitkv__v1__attach_request__pack(&req, buf);
+  cr_assert_eq(ckv_frame_send(fd, buf, len, NULL, 0), CKV_OK);
+  *n = 0;
+  cr_assert_eq(ckv_frame_recv(fd, buf, sizeof(buf), &len, fds, CKV_FRAME_MAX_FDS, n), CKV_OK);
+  Commitkv__V1__AttachReply *rep = commitkv__v1__attach_reply__unpack(NULL, len, buf);
+  cr_assert_not_null(rep);
+  cr_assert_eq(rep->code, CKV_OK, "%s", rep->message);
+  return rep;
+}
+
+/* What the worker got as the index: read-only (no writable shared mapping,
+ * no write, no truncation) and sealed against resizing; the arena's fd
+ * beside it is still the writable arena. */
+static void expect_read_only_index(const Commitkv__V1__AttachReply *rep, const int *fds, size_t n) {
+  cr_assert_not_null(rep->prefix_index, "no prefix index in the reply");
+  cr_assert_lt(rep->prefix_index->fd_index, n);
+  int ix = fds[rep->prefix_index->fd_index];
+  cr_assert_eq(fcntl(ix, F_GETFL) & O_ACCMODE, O_RDONLY, "the index's fd is not read-only");
+  cr_assert_eq(mmap(NULL, rep->prefix_index->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, ix, 0), MAP_FAILED,
+               "the worker could map the index writable");
+  cr_assert_lt(pwrite(ix, "x", 1, 0), 0, "the worker could write the index");
+  cr_assert_lt(ftruncate(ix, 0), 0, "the worker could truncate the index");
+  int seals = fcntl(ix, F_GET_SEALS);
+  cr_assert(seals >= 0 && (seals & F_SEAL_SHRINK) && (seals & F_SEAL_GROW), "seals %#x", seals);
+  void *ro = mmap(NULL, rep->prefix_index->bytes, PROT_READ, MAP_SHARED, ix, 0);
+  cr_assert_neq(ro, MAP_FAILED);
+  cr_assert_eq(memcmp(ro, "CKVPIDX1", 8), 0, "the index's magic"); /* little-endian "CKVPIDX1" */
+  munmap(ro, rep->prefix_index->bytes);
+  cr_assert_eq(rep->n_arenas, 1);
+  cr_assert_neq(rep->arenas[0]->fd_index, rep->prefix_index->fd_index);
+  int arena = fds[rep->arenas[0]->fd_index];
+  void *rw = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, arena, 0);
+  cr_assert_neq(rw, MAP_FAILED, "the arena's fd is not the writable arena");
+  munmap(rw, 4096);
+}
+
+Test(attach_abuse, the_prefix_index_a_worker_maps_is_read_only, .timeout = 60) {
+  ckv_test_daemon d;
+  char *cfgdir;
+  start(&d, &cfgdir, NULL);
+  int fd = -1;
+  cr_assert_eq(ckv_unix_connect(d.attach, &fd), 0);
+  ckv_sock_set_timeout(fd, 5000);
+  int fds[CKV_FRAME_MAX_FDS];
+  size_t n = 0;
+  Commitkv__V1__AttachReply *rep = attach_with_index(fd, false, fds, &n);
+  expect_read_only_index(rep, fds, n);
+  for (size_t i = 0; i < n; i++) close(fds[i]);
+  commitkv__v1__attach_reply__free_unpacked(rep, NULL);
+  /* and so it is when fetched again (the daemon grew it: AttachRequest{refresh}) */
+  rep = attach_with_index(fd, true, fds, &n);
+  expect_read_only_index(rep, fds, n);
+  for (size_t i = 0; i < n; i++) close(fds[i]);
+  commitkv__v1__attach_reply__free_unpacked(rep, NULL);
+  close(fd);
   stop(&d, cfgdir);
 }
