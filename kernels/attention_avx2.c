@@ -17,19 +17,7 @@
 
 #include "kernels/attention_simd.h"
 
-/* Forced inlining keeps the tiles' accumulators in registers; under AddressSanitizer
- * clang-14 spends minutes and gigabytes on the forced expansion of this file (the
- * fuzz build: >5 min, >4 GB; 7 s without), and speed does not matter there. */
-#if defined(__SANITIZE_ADDRESS__)
-#define AI static inline
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define AI static inline
-#endif
-#endif
-#ifndef AI
-#define AI static inline __attribute__((always_inline))
-#endif
+#include "kernels/force_inline.h" /* AI */
 /* The tiles' small loops, unrolled so their accumulators stay in registers (-O2 would keep them in memory). */
 #define UNROLL _Pragma("GCC unroll 4")
 

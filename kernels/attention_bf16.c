@@ -21,16 +21,7 @@
 
 #include "kernels/attention_bf16.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define AI static inline
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define AI static inline
-#endif
-#endif
-#ifndef AI
-#define AI static inline __attribute__((always_inline))
-#endif
+#include "kernels/force_inline.h" /* AI */
 #define UNROLL _Pragma("GCC unroll 4")
 
 /* acc + the pair products of x and the dword at p broadcast to every lane (vdpbf16ps with an embedded

@@ -35,16 +35,7 @@
 #include "kernels/idot.h"
 
 #define UNROLL _Pragma("GCC unroll 16")
-#if defined(__SANITIZE_ADDRESS__)
-#define AI static inline
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define AI static inline
-#endif
-#endif
-#ifndef AI
-#define AI static inline __attribute__((always_inline))
-#endif
+#include "kernels/force_inline.h" /* AI */
 
 /* In place: r[j] lane i = dword j of r[i] (a 16 x 16 dword transpose: unpacks within 128-bit
  * lanes, then two rounds of 128-bit lane shuffles). */

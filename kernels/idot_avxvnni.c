@@ -18,16 +18,7 @@
 
 #include "kernels/idot.h"
 
-#if defined(__SANITIZE_ADDRESS__)
-#define AI static inline
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define AI static inline
-#endif
-#endif
-#ifndef AI
-#define AI static inline __attribute__((always_inline))
-#endif
+#include "kernels/force_inline.h" /* AI */
 #define UNROLL _Pragma("GCC unroll 8")
 
 /* In place: r[j] lane i = dword j of r[i]. */
