@@ -24,6 +24,7 @@
 #include "examples/llm/model.h"
 
 #include "kernels_fixture.h"
+#include "modelkv.h"
 
 enum { D = 128, H = 2, QH = 8, R = 2, TOKENS = 512, NOUT = R * QH * D };
 static const ckv_geometry geom = {.n_layers = 1, .n_kv_heads = H, .head_dim = D, .dtype = CKV_DTYPE_FP16};
@@ -136,35 +137,12 @@ Test(intscore_error, outlier_keys_every_path) {
 enum { MT = 256, MQ = 64 };
 
 Test(intscore_error, real_model_kv) {
-  char path[1024];
-  if (ckv_model_path_from_env(path, sizeof(path)) < 0 || access(path, R_OK) != 0)
-    cr_skip_test("model not found (CKV_MODEL / CKV_MODEL_DIR): %s", path);
-  ckv_model *m = NULL;
-  ckv_model_state *st = NULL;
-  cr_assert_eq(ckv_model_load(path, &m), CKV_OK, "cannot load %s", path);
-  const ckv_model_config *c = ckv_model_config_get(m);
-  cr_assert_eq(ckv_model_state_new(m, false, &st), CKV_OK);
+  ckv_test_model_kv mkv;
+  char why[1200];
+  if (!ckv_test_model_kv_decode(MT, &mkv, why, sizeof(why))) cr_skip_test("%s", why);
+  const ckv_model_config *c = mkv.c;
   const int L = c->n_layers, kvd = c->kv_dim, qd = c->n_heads * c->head_dim;
-  float *kc = calloc((size_t)L * MT * kvd, sizeof(float)), *vc = calloc((size_t)L * MT * kvd, sizeof(float));
-  float *qs = calloc((size_t)L * MT * qd, sizeof(float)), *logits = calloc((size_t)c->vocab_size, sizeof(float));
-  cr_assert(kc && vc && qs && logits);
-  int tok = 1; /* BOS */
-  for (int pos = 0; pos < MT; pos++) {
-    cr_assert_eq(ckv_model_embed(m, st, tok), CKV_OK);
-    for (int l = 0; l < L; l++) {
-      cr_assert_eq(ckv_model_qkv(m, st, l, pos), CKV_OK);
-      memcpy(qs + ((size_t)l * MT + pos) * qd, ckv_model_state_q(st), (size_t)qd * sizeof(float));
-      memcpy(kc + ((size_t)l * MT + pos) * kvd, ckv_model_state_k(st), (size_t)kvd * sizeof(float));
-      memcpy(vc + ((size_t)l * MT + pos) * kvd, ckv_model_state_v(st), (size_t)kvd * sizeof(float));
-      float *out = ckv_model_state_attn_buf(st);
-      cr_assert_eq(ckv_model_attend_fp32(c, ckv_model_state_q(st), kc + (size_t)l * MT * kvd,
-                                         vc + (size_t)l * MT * kvd, (size_t)kvd, pos + 1, out, NULL),
-                   CKV_OK);
-      cr_assert_eq(ckv_model_finish_layer(m, st, l, out), CKV_OK);
-    }
-    cr_assert_eq(ckv_model_logits(m, st, logits), CKV_OK);
-    tok = ckv_model_argmax(logits, c->vocab_size);
-  }
+  const float *kc = mkv.k, *vc = mkv.v, *qs = mkv.q;
   ckv_geometry g = {.n_layers = 1, .n_kv_heads = (uint32_t)c->n_kv_heads, .head_dim = (uint32_t)c->head_dim,
                     .dtype = CKV_DTYPE_FP16};
   struct {
@@ -233,7 +211,6 @@ Test(intscore_error, real_model_kv) {
     cr_expect_leq(e_int16, (1.0 + fm[f].max_growth) * e_fmt, "%s: against FP16 %g with integer scores, %g without",
                   fm[f].name, e_int16, e_fmt);
   }
-  free(r16), free(ref), free(oi), free(kc), free(vc), free(qs), free(logits);
-  ckv_model_state_free(st);
-  ckv_model_free(m);
+  free(r16), free(ref), free(oi);
+  ckv_test_model_kv_free(&mkv);
 }
