@@ -367,6 +367,7 @@ static int establish(ckv_client *c) {
   }
   c->lease_ms = rep->welcome->lease_ms;
   c->heartbeat_ms = rep->welcome->heartbeat_ms ? rep->welcome->heartbeat_ms : 1000;
+  __atomic_store_n(&c->max_tokens, rep->welcome->max_tokens_per_session, __ATOMIC_RELAXED);
   ckv_rpc_free(rep);
   return CKV_OK;
 }

@@ -42,6 +42,7 @@ struct ckv_client {
   uint64_t next_request_id;
   int timeout_ms;
   uint32_t lease_ms, heartbeat_ms;
+  uint64_t max_tokens; /* the daemon's max_tokens_per_session (0: not said): longer lookups go to it */
   char last_error[512];
   char last_note[512]; /* the text of the last successful reply (ckv_client_last_note) */
   bool restarted; /* the daemon's boot token changed: every call fails until reconnect (atomic stores:

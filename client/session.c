@@ -231,11 +231,13 @@ int ckv_client_lookup_prefix(ckv_client *c, const uint32_t *token_ids, size_t n,
   if (!c || !ret_matched || (n && !token_ids) || n > SIZE_MAX / 4) return CKV_ERR_INVALID;
   /* In this process when the daemon published the tenant's index: no round
    * trip (the answer is advisory either way: reuse_prefix matches again). */
-  bool names_ok = model_name_ok(model_id) && model_name_ok(model_revision);
+  /* what the daemon refuses (names, more ids than a session holds) goes to it, which says why */
+  uint64_t max_tokens = __atomic_load_n(&c->max_tokens, __ATOMIC_RELAXED);
+  bool local_ok = model_name_ok(model_id) && model_name_ok(model_revision) && (!max_tokens || n <= max_tokens);
   int local = CKV_ERR_BUSY;
   for (int attempt = 0; attempt < 2; attempt++) {
     pthread_rwlock_rdlock(&c->pindex_lock);
-    local = c->pindex && names_ok && !__atomic_load_n(&c->restarted, __ATOMIC_ACQUIRE)
+    local = c->pindex && local_ok && !__atomic_load_n(&c->restarted, __ATOMIC_ACQUIRE)
                 ? ckv_pindex_lookup(c->pindex, model_id, model_revision, token_ids, n, ret_matched)
                 : CKV_ERR_BUSY;
     pthread_rwlock_unlock(&c->pindex_lock);

@@ -197,6 +197,7 @@ static int h_hello(ckv_server *s, ckv_conn *c, const Commitkv__V1__Request *req,
   w->lease_ms = s->opt.lease_ms;
   w->heartbeat_ms = s->opt.heartbeat_ms;
   w->max_message_bytes = s->opt.max_message;
+  w->max_tokens_per_session = s->opt.max_tokens_per_session;
   w->arenas = arena_infos(s, c->tenant, &w->n_arenas);
   x->rep->body_case = COMMITKV__V1__RESPONSE__BODY_WELCOME;
   x->rep->welcome = w;

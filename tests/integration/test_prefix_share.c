@@ -506,6 +506,28 @@ Test(prefix_share, worker_lookup_reads_the_published_index, .timeout = 60) {
   ckv_test_stop_clean(&d);
 }
 
+/* A lookup of more ids than a session may hold is the daemon's to refuse
+ * (CKV_ERR_LIMIT, as before the index was in the worker); within the
+ * limit the worker answers it. */
+Test(prefix_share, a_lookup_past_the_session_limit_is_refused, .timeout = 60) {
+  ckv_test_daemon d;
+  ckv_test_start_host(&d, "256M", (const char *const[]){"--set", "daemon.max_tokens_per_session=1024", NULL});
+  ckv_client *c = connect_to(&d);
+  uint32_t *ids = prefix_ids();
+  ckv_session *s = open_s(c, "a", "fp16", NULL, 0);
+  write_tokens(s, 0, 512, 0, 1);
+  uint64_t asked = 0, m = 0;
+  cr_assert_eq(local_lookup(c, ids, 512, "r1", &asked), 512);
+  cr_assert_eq(local_lookup(c, ids, 1024, "r1", &asked), 512);
+  cr_assert_eq(ckv_client_lookup_prefix(c, ids, 1025, "m", "r1", &m), CKV_ERR_LIMIT,
+               "a lookup of 1025 ids past a limit of 1024 was answered (%llu)", (unsigned long long)m);
+  cr_assert(strstr(ckv_client_last_error(c), "max_tokens_per_session"), "%s", ckv_client_last_error(c));
+  free(ids);
+  ckv_session_drop(s);
+  ckv_client_free(c);
+  ckv_test_stop_clean(&d);
+}
+
 /* More blocks than the first index holds (4096 slots, 3/4 of them used at
  * most): the daemon replaces it by one twice its size, the worker's next
  * lookup finds the old one superseded, fetches the new one on the attach

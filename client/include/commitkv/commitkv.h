@@ -171,8 +171,7 @@ int ckv_session_open(ckv_client *c, const char *id, const ckv_geometry *g, const
  * tenant's prefix index the daemon publishes (no request; a few us), or by
  * the daemon when that index is busy, full or not mapped.  The answer is a
  * hint: ckv_session_open with reuse_prefix matches again.  Returns CKV_OK,
- * CKV_ERR_INVALID, CKV_ERR_LIMIT (more ids than a session may hold: from the
- * daemon only). */
+ * CKV_ERR_INVALID, CKV_ERR_LIMIT (more ids than a session may hold). */
 int ckv_client_lookup_prefix(ckv_client *c, const uint32_t *token_ids, size_t n, const char *model_id,
                              const char *model_revision, uint64_t *ret_matched);
 /* Opens session `new_id` (attached to this client) as a fork of `parent`:
