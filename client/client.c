@@ -219,13 +219,16 @@ static void arena_error(ckv_client *c, const char *what, uint32_t arena_id, cons
 
 /* Maps the tenant's prefix index (shm/prefix_index.h).  Optional: an index
  * that cannot be mapped only sends lookups to the daemon. */
-static void map_prefix_index(ckv_client *c, int fd) {
-  ckv_pindex_view *v = NULL;
-  if (ckv_pindex_map(fd, &v) < 0) v = NULL;
+static void set_prefix_index(ckv_client *c, ckv_pindex_view *v) {
   pthread_rwlock_wrlock(&c->pindex_lock);
   ckv_pindex_unmap(c->pindex);
   c->pindex = v;
   pthread_rwlock_unlock(&c->pindex_lock);
+}
+
+static void map_prefix_index(ckv_client *c, int fd) {
+  ckv_pindex_view *v = NULL;
+  set_prefix_index(c, ckv_pindex_map(fd, &v) < 0 ? NULL : v);
 }
 
 static int attach(ckv_client *c, const char *path, const char *name, bool want_arenas) {
@@ -397,10 +400,7 @@ static void teardown(ckv_client *c) {
     c->arena = NULL;
   }
   /* The dead daemon's index says nothing about the next one's blocks. */
-  pthread_rwlock_wrlock(&c->pindex_lock);
-  ckv_pindex_unmap(c->pindex);
-  c->pindex = NULL;
-  pthread_rwlock_unlock(&c->pindex_lock);
+  set_prefix_index(c, NULL);
   __atomic_store_n(&c->restarted, true, __ATOMIC_RELEASE);
   /* Every session handle of the old daemon is stale from here on, in the same
    * step as its memory goes: a session opened on the next connection (by

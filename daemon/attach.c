@@ -123,6 +123,27 @@ static int arena_info(ckv_tenant *t, Commitkv__V1__ArenaInfo *info, ckv_arena_de
   return CKV_OK;
 }
 
+/* The descriptors an AttachReply to a client of tenant t carries: the
+ * arena's (ex; NULL: none exported), then, when asked for and the arena
+ * went too, the tenant's prefix index (filled into *pix, named by rep; a
+ * worker without it asks the daemon: LookupPrefix).  Returns how many. */
+static size_t reply_fds(ckv_tenant *t, const ckv_arena_desc *ex, bool want_index, int fds[CKV_ARENA_MAX_FDS + 1],
+                        Commitkv__V1__PrefixIndexInfo *pix, Commitkv__V1__AttachReply *rep) {
+  size_t n = 0;
+  if (!ex) return 0;
+  memcpy(fds, ex->fds, ex->n_fds * sizeof(*fds));
+  n = ex->n_fds;
+  uint64_t bytes = 0;
+  int fd = want_index ? ckv_prefix_index_fd(t, &bytes) : -1;
+  if (fd >= 0) {
+    pix->fd_index = (uint32_t)n;
+    pix->bytes = bytes;
+    fds[n++] = fd;
+    rep->prefix_index = pix;
+  }
+  return n;
+}
+
 /* What every successful AttachReply to client `c` says about it. */
 static void reply_for(const ckv_server *s, const ckv_conn *c, Commitkv__V1__AttachReply *rep) {
   rep->code = CKV_OK;
@@ -244,22 +265,8 @@ static void ckv_attach_serve(ckv_server *s, int fd, const ckv_peer *who, const u
     rep.arenas = infos;
   }
   int fds[CKV_ARENA_MAX_FDS + 1];
-  size_t n_fds = 0;
-  if (exported) {
-    memcpy(fds, ex.fds, ex.n_fds * sizeof(*fds));
-    n_fds = ex.n_fds;
-  }
-  /* The prefix index goes after the arena's fds (a worker without it asks
-   * the daemon: LookupPrefix). */
   Commitkv__V1__PrefixIndexInfo pix = COMMITKV__V1__PREFIX_INDEX_INFO__INIT;
-  uint64_t pix_bytes = 0;
-  int pix_fd = exported && req->want_prefix_index ? ckv_prefix_index_fd(t, &pix_bytes) : -1;
-  if (pix_fd >= 0) {
-    pix.fd_index = (uint32_t)n_fds;
-    pix.bytes = pix_bytes;
-    fds[n_fds++] = pix_fd;
-    rep.prefix_index = &pix;
-  }
+  size_t n_fds = reply_fds(t, exported ? &ex : NULL, req->want_prefix_index, fds, &pix, &rep);
   /* A fresh connection's buffer always holds the reply; a peer already gone
    * shows as EOF in the poll set. */
   (void)send_reply(fd, &rep, n_fds ? fds : NULL, n_fds);
@@ -441,23 +448,11 @@ bool ckv_attach_conn_input(ckv_server *s, ckv_conn *c) {
     rep.n_arenas = 1;
     rep.arenas = infos;
   }
+  /* the tenant's prefix index as it is now (a full one was replaced by a
+   * bigger one: the worker's lookups said so) */
   int fds[CKV_ARENA_MAX_FDS + 1];
-  size_t n_fds = 0;
-  if (rep.n_arenas) {
-    memcpy(fds, ex.fds, ex.n_fds * sizeof(*fds));
-    n_fds = ex.n_fds;
-  }
-  /* The tenant's prefix index as it is now (a full one was replaced by a
-   * bigger one: the worker's lookups said so). */
   Commitkv__V1__PrefixIndexInfo pix = COMMITKV__V1__PREFIX_INDEX_INFO__INIT;
-  uint64_t pix_bytes = 0;
-  int pix_fd = rep.n_arenas && req->want_prefix_index ? ckv_prefix_index_fd(c->tenant, &pix_bytes) : -1;
-  if (pix_fd >= 0) {
-    pix.fd_index = (uint32_t)n_fds;
-    pix.bytes = pix_bytes;
-    fds[n_fds++] = pix_fd;
-    rep.prefix_index = &pix;
-  }
+  size_t n_fds = reply_fds(c->tenant, rep.n_arenas ? &ex : NULL, req->want_prefix_index, fds, &pix, &rep);
   /* A client that does not read its replies cannot be sent the next one
    * whole: its stream would be cut mid-frame, so it goes. */
   if (send_reply(fd, &rep, n_fds ? fds : NULL, n_fds) < 0) return false;
