@@ -24,7 +24,9 @@
  *             or (c) the worker scored it a lasting fact or filler
  *             (worker_decided): it commits scored_persistence_rounds after
  *             it was staged, whatever its attention (a fact in the facts'
- *             format, filler in the cold or warm one, then recycled).
+ *             format, filler in the cold or warm one, then recycled);
+ *             with demote and filler_demote_staged, such filler that draws
+ *             no attention is recycled (demoted) from staged instead.
  * Rule (b) of both steps answers "what becomes of a draft token past the
  * window that is neither promoted nor idle": it is compressed step by step,
  * while tokens that keep drawing attention stay in INT8, where quantization
@@ -196,6 +198,12 @@ static int judge_rule_token(ckv_tokens *t, size_t pos, uint32_t round, const ckv
    * 0.99089 -> 0.99325 for 0.187 -> 0.192 of FP16 */
   int hot_filler = filler && p->filler_cold && mean >= p->attn_threshold;
   if (!(scored || fact || warm || mean < p->attn_threshold || (filler && p->filler_cold))) return CKV_OK;
+  /* filler the worker scored, drawing no attention: with demotion it goes to the cold tier from staged, never
+   * committed into primary memory in the cold format first, where every round's attention reads its ROT1 values
+   * (error 0.60) until filler_recycle_rounds recycles it */
+  if (p->filler_demote_staged && p->demote && scored && !fact && !warm && !hot_filler && t->semantic[pos] < k->empty_q &&
+      t->role[pos] != 1 /* ROLE_SYSTEM: never recycled */)
+    return change(t, pos, CKV_STATE_RECYCLED, round, out);
   int r = change(t, pos, CKV_STATE_COMMITTED, round, out);
   if (fact) t->flags[pos] |= CKV_TOKEN_FACT;
   if (warm || hot_filler) t->flags[pos] |= CKV_TOKEN_WARM;

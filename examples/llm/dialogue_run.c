@@ -7,7 +7,7 @@
  *                     [--json] [--limit N] [--bos ID] [--socket EP]
  *                     [--attach-socket PATH] [--prefix ID] [--sync] [--keep]
  *                     [--quiet] [--reconnect-timeout-ms MS] [--semantic entities|embed|none|oracle]
- *                     [--surprise NATS] [--share-prefix]
+ *                     [--surprise NATS] [--share-prefix] [--keep-copies]
  *
  * A byte-level model (ids 0..255 are bytes; BOS --bos, by default 256 when
  * the vocabulary is 257, else 1).  Each dialogue is one session, each turn
@@ -52,7 +52,12 @@
  * --semantic entities scores each turn from its text: a turn that names an
  * entity (a number, date, id or name: dialogue_turn_names_entity) scores
  * DLG_ORACLE_FACT, every other one DLG_ORACLE_OTHER; a turn whose entities a
- * later assistant turn all restates (a confirmation, an answer) drops to DLG_ORACLE_OTHER.  With turn labels
+ * later assistant turn all restates (a confirmation, an answer) drops to
+ * DLG_ORACLE_OTHER, and a turn that only repeats some of what a turn still
+ * held as a fact says (an answer, a read-back: a *copy*,
+ * dialogue_entity_label) scores DLG_ORACLE_OTHER from the start: its bytes
+ * go to the cold tier, the turn it repeats stays (--keep-copies: copies are
+ * facts, as before; the JSON counts them, "copy_turns").  With turn labels
  * (entities, oracle) a commitkv session is opened with
  * scored_persistence_rounds = DLG_TURN_LABEL_ROUNDS.
  * --surprise NATS (default DLG_SURPRISE_NATS; 0 = off) adds the model's
@@ -152,6 +157,7 @@ typedef struct opts {
   bool oracle;   /* --semantic oracle */
   bool entities; /* --semantic entities */
   bool share;    /* --share-prefix */
+  bool keep_copies; /* --keep-copies: the entity scorer labels copies facts */
   llm_worker_options w;
   llm_worker_params params; /* --param overrides */
 } opts;
@@ -176,6 +182,7 @@ typedef struct dlg_result {
   size_t turns_run;
   uint64_t *bytes_by_round, *tokens_by_round; /* after each round's report */
   size_t rounds;
+  uint64_t copy_turns; /* turns the entity scorer labelled copies (dialogue_entity_label) */
 } dlg_result;
 
 static int g_quiet;
@@ -196,7 +203,7 @@ static void usage(void) {
           "                         [--shadow] [--shadow-fp32] [--json] [--limit N] [--bos ID] [--socket EP]\n"
           "                         [--attach-socket PATH] [--prefix ID] [--sync] [--keep] [--quiet]\n"
           "                         [--reconnect-timeout-ms MS] [--semantic entities|embed|none|oracle]\n"
-          "                         [--surprise NATS] [--share-prefix]\n");
+          "                         [--surprise NATS] [--share-prefix] [--keep-copies]\n");
 }
 
 static int parse_args(int argc, char **argv, opts *o) {
@@ -211,6 +218,7 @@ static int parse_args(int argc, char **argv, opts *o) {
       {"quiet", no_argument, 0, 'q'},           {"help", no_argument, 0, 'h'},
       {"reconnect-timeout-ms", required_argument, 0, 'R'}, {"semantic", required_argument, 0, 'E'},
       {"surprise", required_argument, 0, 'S'}, {"share-prefix", no_argument, 0, 'X'},
+      {"keep-copies", no_argument, 0, 'C'},
       {0, 0, 0, 0}};
   int ch, bad = 0;
   long v = 0;
@@ -236,6 +244,7 @@ static int parse_args(int argc, char **argv, opts *o) {
       case 'k': o->w.keep = true; break;
       case 'q': o->quiet = true; break;
       case 'X': o->share = true; break;
+      case 'C': o->keep_copies = true; break;
       case 'R':
         if (!(bad = llm_worker_parse_long(optarg, 0, 24L * 3600 * 1000, &v))) o->w.reconnect_ms = (int)v;
         break;
@@ -381,6 +390,8 @@ static int run_dialogue(const opts *o, const ckv_model *m, ckv_client *c, const 
   else if (e == CKV_OK)
     e = llm_worker_open(&w, id);
   if (e < 0) what = "open session";
+  bool *held = calloc(res->turns_run + 1, sizeof(bool)), *superseded = calloc(res->turns_run + 1, sizeof(bool));
+  if (e == CKV_OK && (!held || !superseded)) e = -ENOMEM;
   for (size_t t = 0; e == CKV_OK && t < res->turns_run; t++) {
     const dialogue_turn *turn = &d->turns[t];
     const dialogue_recall *r = dialogue_recall_at(d, t);
@@ -388,13 +399,16 @@ static int run_dialogue(const opts *o, const ckv_model *m, ckv_client *c, const 
     if (dialogue_turn_is_topic_shift(turn)) llm_worker_topic_shift(&w);
     /* superseded: a later assistant turn says it all again (a confirmation, an answer: what answers copy from);
      * a user reading a booking back only checks it (variant E, tune seed 9103: recall 0.661 -> 0.847, FP16 0.847) */
-    for (size_t k = 0; o->entities && turn->role == 'A' && k < t; k++)
-      if (dialogue_turn_names_entity(&d->turns[k]) && dialogue_turn_restates(turn, &d->turns[k]))
-        llm_worker_fix_scores(&w, dialogue_turn_position(d, k), dialogue_turn_position(d, k + 1), DLG_ORACLE_OTHER);
-    if (o->oracle || o->entities)
-      llm_worker_fix_score(&w, (o->oracle ? dialogue_turn_holds_fact(d, t) : dialogue_turn_names_entity(turn))
-                                   ? DLG_ORACLE_FACT
-                                   : DLG_ORACLE_OTHER);
+    if (o->entities) {
+      dialogue_label label = dialogue_entity_label(d, t, held, superseded, !o->keep_copies);
+      for (size_t k = 0; k < t; k++)
+        if (superseded[k])
+          llm_worker_fix_scores(&w, dialogue_turn_position(d, k), dialogue_turn_position(d, k + 1), DLG_ORACLE_OTHER);
+      res->copy_turns += label == DIALOGUE_COPY;
+      llm_worker_fix_score(&w, label == DIALOGUE_FACT ? DLG_ORACLE_FACT : DLG_ORACLE_OTHER);
+    } else if (o->oracle) {
+      llm_worker_fix_score(&w, dialogue_turn_holds_fact(d, t) ? DLG_ORACLE_FACT : DLG_ORACLE_OTHER);
+    }
     /* the model's signal judges what the text scorer could not: a turn naming an entity is the entity rule's
      * (restated or not), the oracle's labels are exact */
     llm_worker_surprise_turn(&w, !o->oracle && !(o->entities && dialogue_turn_names_entity(turn)));
@@ -438,6 +452,8 @@ static int run_dialogue(const opts *o, const ckv_model *m, ckv_client *c, const 
   } else {
     (void)llm_worker_end(&w, /* recover= */ false);
   }
+  free(held);
+  free(superseded);
   llm_worker_done(&w);
   clock_gettime(CLOCK_MONOTONIC, &t1);
   res->st.seconds = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
@@ -457,7 +473,7 @@ typedef struct summary {
   tally kinds[32];
   size_t n_kinds;
   tally buckets[DIALOGUE_N_BUCKETS];
-  uint64_t steps, counted, agree, bytes_total, bytes_cold, bytes_fp16, recalled_blocks, dropped_tokens, surprise_turns;
+  uint64_t steps, counted, agree, bytes_total, bytes_cold, bytes_fp16, recalled_blocks, dropped_tokens, surprise_turns, copy_turns;
   uint64_t matched_tokens; /* --share-prefix: tokens the sessions started with from shared blocks */
   uint64_t keeper_tokens;  /* --share-prefix: tokens the keeper session ran (once) */
   double kl_sum, kl_max;
@@ -496,6 +512,7 @@ static int summarise(const dlg_result *res, size_t n_res, const item *items, siz
     s->bytes_total += x->bytes_total, s->bytes_fp16 += x->bytes_fp16, s->bytes_cold += x->bytes_cold;
     s->recalled_blocks += x->recalled_blocks, s->dropped_tokens += x->dropped_tokens;
     s->surprise_turns += x->surprise_turns;
+    s->copy_turns += res[i].copy_turns;
     s->matched_tokens += res[i].matched;
     if (res[i].rounds > s->max_rounds) s->max_rounds = res[i].rounds;
   }
@@ -569,6 +586,7 @@ static int print_json(const opts *o, const char *path, const dialogue_set *ds, i
   json_object_set_new(root, "params", params ? params : json_null());
   json_object_set_new(root, "surprise_nats", json_real(o->w.surprise_nats));
   json_object_set_new(root, "surprise_turns", json_integer((json_int_t)s->surprise_turns));
+  json_object_set_new(root, "copy_turns", json_integer((json_int_t)s->copy_turns));
   json_object_set_new(root, "share_prefix", json_boolean(o->share));
   if (o->share) { /* saved: what the dialogues did not run through the model, less what the keeper ran once */
     json_object_set_new(root, "matched_tokens", json_integer((json_int_t)s->matched_tokens));

@@ -159,6 +159,26 @@ bool dialogue_turn_restates(const dialogue_turn *later, const dialogue_turn *old
   return entity_words(old, word_in, later) > 0;
 }
 
+dialogue_label dialogue_entity_label(const dialogue *d, size_t t, bool *held, bool *superseded, bool copies_cold) {
+  const dialogue_turn *turn = &d->turns[t];
+  const bool names = dialogue_turn_names_entity(turn);
+  bool supersedes = false;
+  for (size_t k = 0; k < t; k++) {
+    bool gone = names && held[k] && turn->role == 'A' && dialogue_turn_restates(turn, &d->turns[k]);
+    if (superseded) superseded[k] = gone;
+    if (gone) held[k] = false, supersedes = true;
+  }
+  if (!names) {
+    held[t] = false;
+    return DIALOGUE_OTHER;
+  }
+  bool copy = false;
+  for (size_t k = 0; copies_cold && !supersedes && !copy && k < t; k++)
+    copy = held[k] && dialogue_turn_restates(&d->turns[k], turn) && !dialogue_turn_restates(turn, &d->turns[k]);
+  held[t] = !copy;
+  return copy ? DIALOGUE_COPY : DIALOGUE_FACT;
+}
+
 /* ---- loading ------------------------------------------------------------------ */
 
 typedef struct load_ctx {

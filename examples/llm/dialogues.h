@@ -99,6 +99,25 @@ bool dialogue_turn_names_entity(const dialogue_turn *t);
  * Silva.").  False when `old` names no entity. */
 bool dialogue_turn_restates(const dialogue_turn *later, const dialogue_turn *old);
 
+/* The entity scorer's label of a turn (dialogue_entity_label). */
+typedef enum dialogue_label {
+  DIALOGUE_OTHER, /* names no entity: filler */
+  DIALOGUE_FACT,  /* names an entity no turn still held says with more: a lasting fact */
+  DIALOGUE_COPY,  /* names only entities of one earlier held turn that says more: it adds nothing */
+} dialogue_label;
+
+/* Labels turn t of d from the text, given held[k] for every k < t (true: the
+ * scorer still holds turn k as a fact).  An assistant turn that restates
+ * every entity of a held turn supersedes it (a confirmation, an answer:
+ * what later answers copy from); a user reading a booking back only checks
+ * it, so only assistant turns supersede.  Superseded turns get
+ * superseded[k] = true and held[k] = false (superseded may be NULL).  A
+ * turn that supersedes nothing and whose entities are all in one held turn
+ * that names more (an answer repeating one value of a confirmation, a
+ * read-back) is a copy when copies_cold, else a fact.  Sets held[t]: a
+ * fact. */
+dialogue_label dialogue_entity_label(const dialogue *d, size_t t, bool *held, bool *superseded, bool copies_cold);
+
 /* Distance buckets in bytes, as tools/agentlm/eval.py prints them. */
 #define DIALOGUE_N_BUCKETS 5
 /* Bucket index of a distance (DIALOGUE_N_BUCKETS - 1: unknown, dist < 0). */

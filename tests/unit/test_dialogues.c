@@ -10,7 +10,8 @@
  * names an entity, and so do statements nobody asks about; and
  * dialogue_turn_restates: the confirmation restates the name, a repeated
  * answer restates the one before, the name does not restate the
- * confirmation. */
+ * confirmation; dialogue_entity_label: which turns are facts, which the
+ * confirmation supersedes and which only copy a held turn. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -77,5 +78,48 @@ Test(dialogues, turns_holding_a_recalled_value_are_labelled_facts) {
   cr_expect(dialogue_turn_restates(&tu[13], &tu[5]) == false, "the ticket answer lacks the name");
   cr_expect(dialogue_turn_restates(&tu[7], &tu[7]), "a turn restates itself");
   cr_expect(!dialogue_turn_restates(&tu[5], &tu[6]), "a turn with no entity is restated by nothing");
+  dialogue_set_free(&set);
+}
+
+/* The entity scorer's labels, turn by turn: the confirmation (5) supersedes the name (3); the answers (7, 11)
+ * and the repeated ticket number (13) only repeat a held turn that says more, so they are copies; the tool's
+ * result (4) says all the request (1) says and no less, so both stay facts.  With copies kept, they are facts. */
+Test(dialogues, answers_that_repeat_a_held_turn_are_copies) {
+  char path[] = "/tmp/ckv-test-dialogues-XXXXXX";
+  int fd = mkstemp(path);
+  cr_assert(fd >= 0);
+  FILE *f = fdopen(fd, "w");
+  cr_assert(f);
+  cr_assert(fputs(k_line, f) >= 0);
+  cr_assert(fclose(f) == 0);
+  dialogue_set set = {0};
+  char err[256] = "";
+  int e = dialogue_set_load(path, 0, &set, err, sizeof(err));
+  unlink(path);
+  cr_assert_eq(e, 0, "load: %s", err);
+  const dialogue *d = &set.d[0];
+  cr_assert_eq(d->n_turns, 14);
+#define O DIALOGUE_OTHER
+#define F DIALOGUE_FACT
+#define K DIALOGUE_COPY
+  static const dialogue_label want[14] = {O, F, O, F, F, F, O, K, O, O, O, K, O, K};
+  static const bool held_at_end[14] = {false, true, false, false, true, true, false,
+                                       false, false, false, false, false, false, false};
+  for (int copies_cold = 1; copies_cold >= 0; copies_cold--) {
+    bool held[14] = {false}, superseded[14];
+    for (size_t t = 0; t < d->n_turns; t++) {
+      dialogue_label l = dialogue_entity_label(d, t, held, superseded, copies_cold);
+      dialogue_label w = !copies_cold && want[t] == K ? F : want[t];
+      cr_expect_eq(l, w, "copies_cold %d: turn %zu (%.*s) labelled %d, want %d", copies_cold, t,
+                   (int)d->turns[t].len, d->turns[t].text, l, w);
+      for (size_t k = 0; k < t; k++)
+        cr_expect_eq(superseded[k], t == 5 && k == 3, "copies_cold %d: turn %zu superseded turn %zu", copies_cold, t, k);
+    }
+    for (size_t t = 0; copies_cold && t < d->n_turns; t++)
+      cr_expect_eq(held[t], held_at_end[t], "turn %zu held %d at the end", t, held[t]);
+  }
+#undef O
+#undef F
+#undef K
   dialogue_set_free(&set);
 }

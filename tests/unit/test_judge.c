@@ -990,3 +990,61 @@ Test(judge, vector_scan_decides_what_the_rules_decide, .timeout = 60) {
   p.far_sample = 0.25f;
   judge_paths_alike(&p, "far_sample 0.25");
 }
+
+/* ---- filler_demote_staged ---- */
+
+/* Turn labels (scored_persistence_rounds 1), demotion on: a token the worker scored empty that draws no
+ * attention goes from staged straight to recycled (demoted, DESIGN.md's colder tier), never committed in primary
+ * memory first; filler that draws attention still commits (the warm bits), and so does the worker's fact.  With
+ * the key off, or without demotion, the unattended filler commits and is recycled filler_recycle_rounds later.
+ * System-role tokens are never recycled, filler or not. */
+static void filler_demote_run(int demote_staged, int demote) {
+  ckv_judge_params p = params_for(CKV_POLICY_COMMITKV);
+  p.sink_tokens = 0;
+  p.recent_window = 0;
+  p.idle_rounds = 1000000;
+  p.scored_persistence_rounds = 1;
+  p.filler_demote_staged = demote_staged;
+  p.demote = demote;
+  cr_assert_eq(p.filler_recycle_rounds, 2, "the shipped filler_recycle_rounds changed: re-derive this test");
+  enum { QUIET, HOT, FACT, SYSTEM, KINDS, PER = 8 };
+  static const float sem[KINDS] = {0.1f, 0.1f, 0.9f, 0.1f};
+  ckv_tokens t;
+  ckv_tokens_init(&t);
+  for (int k = 0; k < KINDS; k++)
+    for (int i = 0; i < PER; i++) push(&t, k == SYSTEM ? ROLE_SYSTEM : ROLE_USER, sem[k], 0);
+  ckv_transition_list out = {0};
+  uint64_t counts[4] = {KINDS * PER, 0, 0, 0};
+  bool was_committed[KINDS] = {false};
+  uint32_t recycled_at[KINDS] = {0};
+  float *a = malloc(t.n * sizeof(float));
+  cr_assert_not_null(a);
+  for (uint32_t round = 1; round <= 8; round++) {
+    for (size_t i = 0; i < t.n; i++) a[i] = i / PER == HOT ? 5.f : 0.f; /* only HOT draws attention */
+    record(&t, round, a);
+    judge_checked(&t, round, &p, counts, &out);
+    for (int k = 0; k < KINDS; k++) {
+      for (int i = 1; i < PER; i++) cr_assert_eq(t.state[k * PER + i], t.state[k * PER], "kind %d disagrees", k);
+      was_committed[k] |= t.state[k * PER] == C;
+      if (!recycled_at[k] && t.state[k * PER] == X) recycled_at[k] = round;
+    }
+  }
+  free(a);
+  bool skip_primary = demote_staged && demote;
+  cr_expect_eq(was_committed[QUIET], !skip_primary, "unattended filler %s committed (key %d, demote %d)",
+               was_committed[QUIET] ? "was" : "was never", demote_staged, demote);
+  cr_expect_eq(recycled_at[QUIET], skip_primary ? 2u : 4u, "unattended filler recycled at round %u (key %d, demote %d)",
+               recycled_at[QUIET], demote_staged, demote);
+  cr_expect(was_committed[HOT], "attended filler never committed");
+  cr_expect(was_committed[FACT] && t.state[FACT * PER] == C, "the worker's fact is not kept committed");
+  cr_expect_eq(t.state[SYSTEM * PER], C, "system-role filler in state %u: never recycled", t.state[SYSTEM * PER]);
+  ckv_transition_list_done(&out);
+  ckv_tokens_done(&t);
+}
+
+Test(judge, filler_demote_staged_sends_unattended_filler_cold_from_staged) { filler_demote_run(1, 1); }
+
+Test(judge, filler_demote_staged_off_or_without_demotion_commits_filler_first) {
+  filler_demote_run(0, 1);
+  filler_demote_run(1, 0);
+}
