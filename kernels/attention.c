@@ -36,7 +36,9 @@
  * Integer scores (ckv_attn_args.scores, attention_int.c): INT8 staged,
  * 4-bit committed, ROT4 and ROT2 keys can be scored with integer dot products of
  * an INT8-quantized query (once per call; per chunk for committed keys),
- * bit-identical on every CPU path; other formats keep the float path. */
+ * bit-identical on every CPU path; other formats keep the float path.  Which
+ * formats a call scores so is per format (attention_choice.c): by default ROT4
+ * and ROT2, the formats it does not make less accurate. */
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -89,7 +91,8 @@ typedef struct attn_layout {
   attn_part *parts;  /* (the array itself lives in the workspace too) */
   attn_ws *ws;
   ckv_iquery qs8, qr8, qr8c; /* integer scores: qs and qr quantized, [hr][ld] (qr8c: qr8 in crumb order) */
-  const ckv_idotops *io; /* integer scores: the path's table; NULL: float scores */
+  const ckv_idotops *io; /* integer scores: the path's table; NULL: float scores for every format */
+  uint32_t ifmt;         /* the formats (bit 1 << format) scored with io (ckv_attn_int_score_formats) */
   const ckv_attnops *A;  /* the SIMD loops of the path; NULL: the portable loops only */
   bool bf16;             /* ROT4 and ROT2 values by BF16 dot products (ckv_attn_args.values) */
   ckv_ablock_luts luts;
@@ -98,6 +101,11 @@ typedef struct attn_layout {
 } attn_layout;
 
 static size_t up64(size_t n) { return (n + 63u) & ~(size_t)63u; }
+
+/* Whether keys of format fmt are scored with integer dot products in this call. */
+static bool int_scored(const attn_layout *L, uint32_t fmt) {
+  return L->io && fmt < 32u && ((L->ifmt >> fmt) & 1u) && ckv_iscore_format(fmt);
+}
 
 static int check_args(const ckv_attn_args *a, size_t *ret_slots) {
   if (!a || !a->geom || !a->q || !a->out || (!a->blocks && a->n_blocks)) return CKV_ERR_INVALID;
@@ -234,7 +242,7 @@ static void score_block(const ckv_rowops *ops, const ckv_attn_args *a, const voi
   uint32_t cap = hd->capacity, D = g->head_dim, fmt = hd->format, L = a->layer;
   size_t te = ckv_draft_token_elems(g);
   const float *qs = LY->qs + (size_t)h * RG * D;
-  if (LY->io && ckv_iscore_format(fmt)) { /* integer scores (attention_int.c) */
+  if (int_scored(LY, fmt)) { /* integer scores (attention_int.c) */
     ckv_iscore_query q = {.qs = qs, .qr = LY->qr + (size_t)h * RG * D, .qs8 = iq_rows(&LY->qs8, (size_t)h * RG),
                           .qr8 = iq_rows(&LY->qr8, (size_t)h * RG), .qr8c = iq_rows(&LY->qr8c, (size_t)h * RG),
                           .qsn = LY->qsn ? LY->qsn + (size_t)h * RG * ckv_idot_ld(D) : NULL};
@@ -422,11 +430,11 @@ static void run_blocks(const attn_job *j, attn_ws *w, attn_part *P, uint32_t b0,
     const void *next = A && b + 1 < b1 ? a->blocks[b + 1] : NULL; /* prefetched over this block's heads */
     for (uint32_t h = 0; h < H; h++) {
       float *S = SB + (size_t)h * RG * cap;
-      bool simd = fast && !(j->L->io && ckv_iscore_format(fmt));
+      bool simd = fast && !int_scored(j->L, fmt);
       x.pf = NULL;
       if (next && simd) /* the loops ask for it along their rows */
         ckv_ablock_prefetch_range(g, a->layer, next, h, 2u * H, &x.pf, &x.pf_lines);
-      else if (next && j->L->io && ckv_iscore_format(fmt)) /* so do the integer scores, batch by batch */
+      else if (next && int_scored(j->L, fmt)) /* so do the integer scores, batch by batch */
         ckv_ablock_prefetch_range(g, a->layer, next, h, 2u * H, &w->is.pf, &w->is.pf_lines);
       else if (next)
         ckv_ablock_prefetch(g, a->layer, next, h, 2u * H);
@@ -583,12 +591,13 @@ ckv_status ckv_kernels_attention(const ckv_attn_args *a) {
       for (uint32_t i = 0; i < D; i++) L.qsp[hr * D + i] = L.qs[hr * D + ckv_ablock_perm(4u, i)];
   else
     L.qsp = NULL;
-  L.io = ckv_attn_int_scores(a) ? ckv_idotops_get() : NULL;
+  L.ifmt = ckv_attn_int_score_formats(a);
+  L.io = L.ifmt ? ckv_idotops_get() : NULL;
   L.A = ckv_attnops_get();
   if (L.A) ckv_ablock_tables(&L.luts);
   for (uint32_t t = 0; L.A && t < L.n_threads; t++) L.ws[t].is.rot_scale = L.luts.rot_scale; /* the same values */
-  if (L.io && has_staged) ckv_iquery_set(ops, L.qs, HR, D, D, CKV_IQ_NATURAL, &L.qs8, L.ws[0].is.tmp);
-  if (L.io && has_c4) { /* what every committed block with all channels kept folds its scales into */
+  if (has_staged && int_scored(&L, CKV_FORMAT_STAGED)) ckv_iquery_set(ops, L.qs, HR, D, D, CKV_IQ_NATURAL, &L.qs8, L.ws[0].is.tmp);
+  if (has_c4 && int_scored(&L, CKV_FORMAT_COMMIT4)) { /* what every committed block with all channels kept folds its scales into */
     size_t ld = ckv_idot_ld(D);
     memset(L.qsn, 0, HR * ld * sizeof(float));
     for (size_t hr = 0; hr < HR; hr++)
@@ -596,8 +605,8 @@ ckv_status ckv_kernels_attention(const ckv_attn_args *a) {
   } else {
     L.qsn = NULL;
   }
-  if (L.io && has_rot4) ckv_iquery_set(ops, L.qr, HR, D, D, CKV_IQ_NIBBLE, &L.qr8, L.ws[0].is.tmp);
-  if (L.io && has_rot2) ckv_iquery_set(ops, L.qr, HR, D, D, CKV_IQ_CRUMB, &L.qr8c, L.ws[0].is.tmp);
+  if (has_rot4 && int_scored(&L, CKV_FORMAT_ROT4)) ckv_iquery_set(ops, L.qr, HR, D, D, CKV_IQ_NIBBLE, &L.qr8, L.ws[0].is.tmp);
+  if (has_rot2 && int_scored(&L, CKV_FORMAT_ROT2)) ckv_iquery_set(ops, L.qr, HR, D, D, CKV_IQ_CRUMB, &L.qr8c, L.ws[0].is.tmp);
   L.slot_base[0] = 0;
   for (uint32_t b = 0; b < a->n_blocks; b++) L.slot_base[b + 1] = L.slot_base[b] + ckv_hdr(a->blocks[b])->capacity;
   attn_job job = {.a = a, .ops = ops, .L = &L, .RG = RG, .HR = HR};

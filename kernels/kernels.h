@@ -160,7 +160,8 @@ typedef struct ckv_attn_args {
                          CKV_ATTN_SCORES_FLOAT (dequantize, FP32 dot), CKV_ATTN_SCORES_INT8 (the query
                          quantized to INT8, one scale per row; integer dots, the same bits on every CPU
                          path; see attention_int.c for its error); 0: $CKV_ATTENTION_SCORES ("float" or
-                         "int8"), else CKV_ATTN_SCORES_DEFAULT_INT.  Other formats are always FP32. */
+                         "int8"), else the format's default (CKV_ATTN_SCORES_DEFAULT_INT_FORMATS: ROT4
+                         and ROT2).  Other formats are always FP32. */
   uint32_t values;    /* how ROT4 and ROT2 values are summed (head_dim a multiple of 128, blocks with every slot
                          valid): CKV_ATTN_VALUES_FLOAT (FP32 weights, FMA), CKV_ATTN_VALUES_BF16 (the
                          weights rounded to BF16, BF16 pair dot products; CPUs with AVX512_BF16 on the
@@ -170,12 +171,22 @@ typedef struct ckv_attn_args {
 } ckv_attn_args;
 #define CKV_ATTN_SCORES_FLOAT 1u
 #define CKV_ATTN_SCORES_INT8 2u
-/* The built-in choice (1: integer scores) when neither the call nor the environment chooses. */
-#define CKV_ATTN_SCORES_DEFAULT_INT 0
+/* The formats whose keys are scored with integer dots when neither the call nor the environment chooses
+ * (bit 1 << format): ROT4 and ROT2, where they cost nothing measurable against the format's own error
+ * and are faster with VNNI (docs/formats-v2.md, issue 42 part 4).  INT8 staged and 4-bit committed keys
+ * stay FP32 by default: slower with integer scores on every path, and they add 4-14% to INT8's error. */
+#define CKV_ATTN_SCORES_DEFAULT_INT_FORMATS ((1u << CKV_FORMAT_ROT4) | (1u << CKV_FORMAT_ROT2))
 #define CKV_ATTN_VALUES_FLOAT 1u
 #define CKV_ATTN_VALUES_BF16 2u
 /* The built-in choice (1: BF16 values where the CPU has them) when neither the call nor the environment chooses. */
-#define CKV_ATTN_VALUES_DEFAULT_BF16 0
+#define CKV_ATTN_VALUES_DEFAULT_BF16 1
+
+/* How a call with these arguments computes the blocks of format fmt: *ret_scores CKV_ATTN_SCORES_FLOAT
+ * or CKV_ATTN_SCORES_INT8, *ret_values CKV_ATTN_VALUES_FLOAT or CKV_ATTN_VALUES_BF16 (BF16 only where
+ * this CPU's path runs them; head_dim and the blocks' slots decide per call too, see values above).
+ * Formats without an integer or BF16 path get FLOAT.  Reads a->scores, a->values and the environment
+ * only (a may have no blocks). */
+void ckv_attention_choice(const ckv_attn_args *a, uint32_t fmt, uint32_t *ret_scores, uint32_t *ret_values);
 
 /* Scratch bytes ckv_kernels_attention needs for these arguments (0 if invalid). */
 size_t ckv_attention_workspace_bytes(const ckv_attn_args *a);
