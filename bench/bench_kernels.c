@@ -35,7 +35,9 @@
  * with BF16 values (ckv_attn_args.values) where the CPU has AVX512_BF16:
  * values_bf16_us, int_values_bf16_us (integer scores and BF16 values), the
  * same on one thread, and speedup_int_bf16_vs_float (against the float
- * scores and FP32 values of the same blocks).
+ * scores and FP32 values of the same blocks); int8 with integer values
+ * (ckv_attn_args.values = CKV_ATTN_VALUES_INT8) where the CPU has AVX-512 VNNI:
+ * values_int8_us, values_int8_1t_us and their speedups over FP32 values.
  * On a machine with a GPU the CUDA kernels' figures follow (ckv-bench-gpu,
  * run beside this binary: GB/s against the device's peak bandwidth, fused
  * attention at 4K/32K/128K tokens per format), under "gpu" with --json.
@@ -76,6 +78,8 @@ typedef struct attn_int_result {
   double float_us, int_us, float_1t_us, int_1t_us, cosine_min;
   /* ROT4 with BF16 values (CPUs with AVX512_BF16; else 0): float and integer scores, all threads and one */
   double bf16_us, int_bf16_us, bf16_1t_us, int_bf16_1t_us, bf16_cosine_min;
+  /* INT8 with integer values (CPUs with AVX-512 VNNI; else 0): float scores, all threads and one */
+  double i8v_us, i8v_1t_us, i8v_cosine_min;
 } attn_int_result;
 
 typedef struct attn_baseline {
@@ -778,6 +782,24 @@ int ckv_bench_kernels(int argc, char **argv) {
         one.out = iout;
         ir->int_1t_us = best_call(run_fused, &one, min_iters, budget) * 1e6;
         ir->bf16_us = ir->int_bf16_us = ir->bf16_1t_us = ir->int_bf16_1t_us = 0, ir->bf16_cosine_min = 1;
+        ir->i8v_us = ir->i8v_1t_us = 0, ir->i8v_cosine_min = 1;
+        uint32_t vsc, vvc;
+        ckv_attn_args vq = a;
+        vq.values = CKV_ATTN_VALUES_INT8;
+        ckv_attention_choice(&vq, CKV_FORMAT_STAGED, &vsc, &vvc);
+        if (f == 1 && vvc == CKV_ATTN_VALUES_INT8) { /* int8: integer values too */
+          float vout[32 * 128];
+          ckv_attn_args b = vq, b1 = one;
+          b.scores = b1.scores = CKV_ATTN_SCORES_FLOAT;
+          b1.values = CKV_ATTN_VALUES_INT8;
+          b.out = b1.out = vout;
+          ir->i8v_us = best_call(run_fused, &b, min_iters, budget) * 1e6;
+          ir->i8v_1t_us = best_call(run_fused, &b1, min_iters, budget) * 1e6;
+          for (uint32_t h = 0; h < QH; h++) {
+            double cs = cosine(vout + h * 128, fout + h * 128, 128);
+            ir->i8v_cosine_min = cs < ir->i8v_cosine_min ? cs : ir->i8v_cosine_min;
+          }
+        }
         if ((f == 5 || f == 6) && ckv_kernels_values_bf16_supported()) { /* rot4, rot2: BF16 values too */
           float bout[32 * 128];
           ckv_attn_args b = a, b1 = one;
@@ -865,6 +887,11 @@ int ckv_bench_kernels(int argc, char **argv) {
                air[i].bf16_us, air[i].int_bf16_us, air[i].bf16_1t_us, air[i].int_bf16_1t_us,
                air[i].float_us / air[i].int_bf16_us, air[i].float_1t_us / air[i].int_bf16_1t_us, fp16 / air[i].int_bf16_us,
                air[i].bf16_cosine_min);
+      if (air[i].i8v_us > 0) /* INT8 with integer values (AVX-512 VNNI): against the FP32 values, float scores */
+        printf(", \"values_int8_us\": %.1f, \"values_int8_1t_us\": %.1f, \"speedup_values_int8_vs_float\": %.3f, "
+               "\"speedup_values_int8_vs_float_1t\": %.3f, \"values_int8_cosine_vs_float_min\": %.6f",
+               air[i].i8v_us, air[i].i8v_1t_us, air[i].float_us / air[i].i8v_us, air[i].float_1t_us / air[i].i8v_1t_us,
+               air[i].i8v_cosine_min);
       printf("}");
     }
     printf("], \"attention_threads\": %ld, ", threads ? (long)threads : sysconf(_SC_NPROCESSORS_ONLN));

@@ -50,6 +50,7 @@
 #include "kernels/attention_bf16.h"
 #include "kernels/attention_blocks.h"
 #include "kernels/attention_choice.h"
+#include "kernels/attention_i8v.h"
 #include "kernels/attention_int.h"
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
@@ -95,6 +96,7 @@ typedef struct attn_layout {
   uint32_t ifmt;         /* the formats (bit 1 << format) scored with io (ckv_attn_int_score_formats) */
   const ckv_attnops *A;  /* the SIMD loops of the path; NULL: the portable loops only */
   bool bf16;             /* ROT4 and ROT2 values by BF16 dot products (ckv_attn_args.values) */
+  bool i8v;              /* INT8 staged values by integer dot products (ckv_attn_args.values) */
   ckv_ablock_luts luts;
   uint32_t n_parts, n_threads;
   uint32_t n_acc, n_racc; /* accumulators the call's blocks use: acc[0..n_acc), racc[0..n_racc) */
@@ -425,7 +427,7 @@ static void run_blocks(const attn_job *j, attn_ws *w, attn_part *P, uint32_t b0,
     const ckv_attnops *A = j->L->A;
     bool fast = A && ckv_ablock_takes(A, g, blk); /* the SIMD loops (attention_blocks.c) */
     ckv_ablock_args x = {.A = A, .ops = ops, .luts = &j->L->luts, .g = g, .blk = blk, .layer = a->layer, .RG = RG,
-                         .bf16 = j->L->bf16};
+                         .bf16 = j->L->bf16, .i8v = j->L->i8v};
     if (fast) ckv_ablock_prepare(ops, &j->L->luts, g, a->layer, blk, &w->ab);
     const void *next = A && b + 1 < b1 ? a->blocks[b + 1] : NULL; /* prefetched over this block's heads */
     for (uint32_t h = 0; h < H; h++) {
@@ -573,6 +575,8 @@ ckv_status ckv_kernels_attention(const ckv_attn_args *a) {
   L.n_acc = has_c4 && D % 32u == 0 ? 2u : 1u; /* acc[1]: committed INT4 values in PACKP's order */
   L.bf16 = (has_rot4 || has_rot2) && D % 128u == 0 && ckv_attn_values_bf16(a) &&
            ckv_kernels_path() == CKV_PATH_AVX512 && ckv_avalues_bf16_supported();
+  L.i8v = has_staged && D % 64u == 0 && ckv_attn_values_i8(a) && ckv_kernels_path() == CKV_PATH_AVX512 &&
+          ckv_avalues_i8_supported();
   L.n_racc = has_rot ? (L.bf16 ? 5u : 3u) : 0u;
   if (has_rot) { /* the query in each KV head's key basis */
     for (size_t hr = 0; hr < HR; hr++) {

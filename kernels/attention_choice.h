@@ -16,5 +16,9 @@ uint32_t ckv_attn_int_score_formats(const ckv_attn_args *a);
 /* Whether the call sums ROT4 and ROT2 values with BF16 dot products where the CPU can: a->values, else
  * $CKV_ATTENTION_VALUES ("bf16" or "float"), else CKV_ATTN_VALUES_DEFAULT_BF16. */
 bool ckv_attn_values_bf16(const ckv_attn_args *a);
+/* Whether the call sums INT8 staged values with integer dot products where the CPU can: a->values
+ * (CKV_ATTN_VALUES_INT8: yes; FLOAT or BF16: no), else $CKV_ATTENTION_VALUES ("int8": yes; "bf16",
+ * "float": no), else CKV_ATTN_VALUES_DEFAULT_INT8. */
+bool ckv_attn_values_i8(const ckv_attn_args *a);
 
 #endif

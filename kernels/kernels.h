@@ -165,9 +165,13 @@ typedef struct ckv_attn_args {
   uint32_t values;    /* how ROT4 and ROT2 values are summed (head_dim a multiple of 128, blocks with every slot
                          valid): CKV_ATTN_VALUES_FLOAT (FP32 weights, FMA), CKV_ATTN_VALUES_BF16 (the
                          weights rounded to BF16, BF16 pair dot products; CPUs with AVX512_BF16 on the
-                         AVX-512 path, else FP32; see attention_bf16.c for its error).  Only the output
-                         changes, never the mass.  0: $CKV_ATTENTION_VALUES ("float" or "bf16"), else
-                         CKV_ATTN_VALUES_DEFAULT_BF16. */
+                         AVX-512 path, else FP32; see attention_bf16.c for its error); and INT8 staged
+                         values (head_dim a multiple of 64, capacity of 16, blocks with every slot
+                         valid): CKV_ATTN_VALUES_INT8 (the weights rounded to 8 bits per 16 tokens,
+                         integer dot products with the codes; CPUs with AVX512_VNNI on the AVX-512
+                         path, else FP32; see attention_i8v.c for its error; ROT4 and ROT2 as BF16).
+                         Only the output changes, never the mass.  0: $CKV_ATTENTION_VALUES ("float",
+                         "bf16" or "int8"), else CKV_ATTN_VALUES_DEFAULT_BF16 and _DEFAULT_INT8. */
 } ckv_attn_args;
 #define CKV_ATTN_SCORES_FLOAT 1u
 #define CKV_ATTN_SCORES_INT8 2u
@@ -178,11 +182,14 @@ typedef struct ckv_attn_args {
 #define CKV_ATTN_SCORES_DEFAULT_INT_FORMATS ((1u << CKV_FORMAT_ROT4) | (1u << CKV_FORMAT_ROT2))
 #define CKV_ATTN_VALUES_FLOAT 1u
 #define CKV_ATTN_VALUES_BF16 2u
+#define CKV_ATTN_VALUES_INT8 3u
 /* The built-in choice (1: BF16 values where the CPU has them) when neither the call nor the environment chooses. */
 #define CKV_ATTN_VALUES_DEFAULT_BF16 1
+/* The built-in choice for INT8 staged values (1: integer dots where the CPU has them). */
+#define CKV_ATTN_VALUES_DEFAULT_INT8 0
 
 /* How a call with these arguments computes the blocks of format fmt: *ret_scores CKV_ATTN_SCORES_FLOAT
- * or CKV_ATTN_SCORES_INT8, *ret_values CKV_ATTN_VALUES_FLOAT or CKV_ATTN_VALUES_BF16 (BF16 only where
+ * or CKV_ATTN_SCORES_INT8, *ret_values CKV_ATTN_VALUES_FLOAT, _BF16 or _INT8 (BF16, INT8 only where
  * this CPU's path runs them; head_dim and the blocks' slots decide per call too, see values above).
  * Formats without an integer or BF16 path get FLOAT.  Reads a->scores, a->values and the environment
  * only (a may have no blocks). */
