@@ -417,8 +417,8 @@ static void run_blocks(const attn_job *j, attn_ws *w, attn_part *P, uint32_t b0,
     P->m[hr] = -INFINITY;
     P->l[hr] = 0.0f;
   }
-  memset(P->acc, 0, 2u * HR * D * sizeof(float));
-  memset(P->racc, 0, 5u * HR * D * sizeof(float));
+  memset(P->acc, 0, j->L->n_acc * HR * D * sizeof(float)); /* only the accumulators the call reads */
+  memset(P->racc, 0, j->L->n_racc * HR * D * sizeof(float));
   for (uint32_t b = b0; b < b1; b++) {
     const void *blk = a->blocks[b];
     uint32_t cap = ckv_hdr(blk)->capacity;
@@ -514,23 +514,24 @@ static void *attn_thread_main(void *arg) {
   return NULL;
 }
 
+/* p = p * ap + q * aq over n floats, with the path's vector loops (the serial part of a call: it
+ * runs once per partition after the threads, 16 partitions and up to 7 arrays of [hr][D] at 32K). */
+static void fold(const ckv_rowops *ops, float *p, const float *q, float ap, float aq, uint32_t n) {
+  if (ap != 1.0f) ops->affine(p, ap, 0.0f, n);
+  if (aq != 0.0f) ops->axpy(aq, q, p, n);
+}
+
 /* Folds partition q into p (p's blocks come first): n_acc and n_racc accumulators of each. */
-static void combine(attn_part *p, const attn_part *q, size_t HR, uint32_t D, uint32_t n_acc, uint32_t n_racc) {
+static void combine(const ckv_rowops *ops, attn_part *p, const attn_part *q, size_t HR, uint32_t D, uint32_t n_acc,
+                    uint32_t n_racc) {
   for (size_t hr = 0; hr < HR; hr++) {
     float M = q->m[hr] > p->m[hr] ? q->m[hr] : p->m[hr];
     if (M == -INFINITY) continue;
     float ap = p->m[hr] == -INFINITY ? 0.0f : expf(p->m[hr] - M);
     float aq = q->m[hr] == -INFINITY ? 0.0f : expf(q->m[hr] - M);
-    for (uint32_t k = 0; k < n_acc; k++)
-      for (uint32_t d = 0; d < D; d++) {
-        size_t i = k * HR * D + hr * D + d;
-        p->acc[i] = p->acc[i] * ap + q->acc[i] * aq;
-      }
+    for (uint32_t k = 0; k < n_acc; k++) fold(ops, p->acc + k * HR * D + hr * D, q->acc + k * HR * D + hr * D, ap, aq, D);
     for (uint32_t k = 0; k < n_racc; k++)
-      for (uint32_t d = 0; d < D; d++) {
-        size_t i = k * HR * D + hr * D + d;
-        p->racc[i] = p->racc[i] * ap + q->racc[i] * aq;
-      }
+      fold(ops, p->racc + k * HR * D + hr * D, q->racc + k * HR * D + hr * D, ap, aq, D);
     p->l[hr] = p->l[hr] * ap + q->l[hr] * aq;
     p->m[hr] = M;
   }
@@ -626,7 +627,7 @@ ckv_status ckv_kernels_attention(const ckv_attn_args *a) {
   attn_thread_main(&th[0]);
   for (uint32_t t = 1; t < started; t++) pthread_join(th[t].tid, NULL);
   attn_part *R = &L.parts[0];
-  for (uint32_t p = 1; p < L.n_parts; p++) combine(R, &L.parts[p], HR, D, L.n_acc, L.n_racc);
+  for (uint32_t p = 1; p < L.n_parts; p++) combine(ops, R, &L.parts[p], HR, D, L.n_acc, L.n_racc);
   for (size_t hr = 0; hr < HR; hr++) {
     size_t h = hr / RG, rg = hr % RG;
     float *o = a->out + ((rg / G) * a->n_q_heads + h * G + rg % G) * D;
@@ -634,15 +635,15 @@ ckv_status ckv_kernels_attention(const ckv_attn_args *a) {
     if (has_rot) { /* back from the value basis of KV head h */
       float *r = R->racc + hr * D;
       for (uint32_t k = 0; k < 2; k++) /* the permuted sums back into the natural order */
-        if (ckv_ablock_permuted(k ? 2u : 4u, D))
+        if ((k ? has_rot2 : has_rot4) && ckv_ablock_permuted(k ? 2u : 4u, D))
           for (uint32_t i = 0; i < D; i++) r[ckv_ablock_perm(k ? 2u : 4u, i)] += R->racc[(k + 1u) * HR * D + hr * D + i];
       for (uint32_t k = 0; L.bf16 && k < 2; k++) /* and the BF16 pair orders' */
-        for (uint32_t i = 0; i < D; i++)
+        for (uint32_t i = 0; (k ? has_rot2 : has_rot4) && i < D; i++)
           r[ckv_avalues_bf16_channel(k ? 2u : 4u, i)] += R->racc[(3u + k) * HR * D + hr * D + i];
       ckv_rot_inverse(r, D, a->layer, 1, (uint32_t)h);
       for (uint32_t d = 0; d < D; d++) R->acc[hr * D + d] += r[d];
     }
-    if (D % 32u == 0) /* committed INT4 values, summed in PACKP's order */
+    if (L.n_acc > 1u) /* committed INT4 values, summed in PACKP's order */
       for (uint32_t i = 0; i < D; i++) R->acc[hr * D + ckv_ablock_perm(4u, i)] += R->acc[HR * D + hr * D + i];
     for (uint32_t d = 0; d < D; d++) o[d] = R->acc[hr * D + d] * inv;
   }
