@@ -24,14 +24,20 @@
  * bytes (ops: read + written; attention: the blocks read) take at the
  * memcpy bandwidth of all threads measured in this run (memcpy_threads_gbps,
  * or memcpy_gbps on one CPU), over its own time; 1 is the memory bound.
+ * The attention rows run each format's defaults (kernels.h: integer scores
+ * and BF16 values for ROT4 and ROT2 where the CPU has them), named by the
+ * row's "scores" and "values", and carry the same call on one thread (ms_1t,
+ * speedup_vs_fp16_1t: the figures to read with --cpu-time).
  * The formats with integer scores (int8, int4, rot4, rot2) are also timed with
  * them (ckv_attn_args.scores, the query quantized to INT8) beside the float
- * scores of the same blocks, on all threads and on one: "attention_int" in
+ * scores and FP32 values of the same blocks, on all threads and on one: "attention_int" in
  * JSON, with the output cosine of integer against float scores; rot4 and rot2 also
  * with BF16 values (ckv_attn_args.values) where the CPU has AVX512_BF16:
  * values_bf16_us, int_values_bf16_us (integer scores and BF16 values), the
  * same on one thread, and speedup_int_bf16_vs_float (against the float
- * scores and FP32 values of the same blocks).
+ * scores and FP32 values of the same blocks); int8 with integer values
+ * (ckv_attn_args.values = CKV_ATTN_VALUES_INT8) where the CPU has AVX-512 VNNI:
+ * values_int8_us, values_int8_1t_us and their speedups over FP32 values.
  * On a machine with a GPU the CUDA kernels' figures follow (ckv-bench-gpu,
  * run beside this binary: GB/s against the device's peak bandwidth, fused
  * attention at 4K/32K/128K tokens per format), under "gpu" with --json.
@@ -59,6 +65,8 @@ typedef struct attn_result {
   uint32_t tokens;
   const char *format;
   double us, gbps, bits;
+  double us_1t;                /* the same call on one thread */
+  const char *scores, *values; /* what the defaults chose for the row's (rotated, else main) format */
 } attn_result;
 
 /* The fp16 rows' baselines: the plain-C attention (attention_plain.c) and the
@@ -70,6 +78,8 @@ typedef struct attn_int_result {
   double float_us, int_us, float_1t_us, int_1t_us, cosine_min;
   /* ROT4 with BF16 values (CPUs with AVX512_BF16; else 0): float and integer scores, all threads and one */
   double bf16_us, int_bf16_us, bf16_1t_us, int_bf16_1t_us, bf16_cosine_min;
+  /* INT8 with integer values (CPUs with AVX-512 VNNI; else 0): float scores, all threads and one */
+  double i8v_us, i8v_1t_us, i8v_cosine_min;
 } attn_int_result;
 
 typedef struct attn_baseline {
@@ -550,6 +560,9 @@ static int run_fused(void *p) { return ckv_kernels_attention(p); }
 /* mix: the KIVI lifecycle (int2, int4, int8, fp16); mix_rot: the same shares with the rotated
  * committed formats (rot2, rot4, int8, fp16), what a session of the rotated lifecycle holds. */
 static const char *const attn_formats[] = {"fp16", "int8", "int4", "int2", "mix", "rot4", "rot2", "mix_rot"};
+/* The format whose default scores and values a row reports (mix_rot: its ROT4 part). */
+static const uint32_t attn_row_format[] = {CKV_FORMAT_DRAFT, CKV_FORMAT_STAGED, CKV_FORMAT_COMMIT4, CKV_FORMAT_COMMIT2,
+                                           CKV_FORMAT_COMMIT4, CKV_FORMAT_ROT4, CKV_FORMAT_ROT2, CKV_FORMAT_ROT4};
 #define N_ATTN_FORMATS 8
 
 /* Builds the blocks of one attention format from the drafts; returns the block list (caller frees sets). */
@@ -719,8 +732,8 @@ int ckv_bench_kernels(int argc, char **argv) {
         const ckv_block_header *h = list[b];
         bytes += ckv_format_block_bytes(h->format, &ga, h->capacity, h->kept_channels);
       }
-      ckv_attn_args a = {.geom = &ga, .n_rows = 1, .n_q_heads = QH, .q = q, .blocks = list, .n_blocks = (uint32_t)nb, .out = out,
-                         .scores = CKV_ATTN_SCORES_FLOAT};
+      /* the rows of the issue: each format's defaults (scores, values: kernels.h); attention_int below pins them */
+      ckv_attn_args a = {.geom = &ga, .n_rows = 1, .n_q_heads = QH, .q = q, .blocks = list, .n_blocks = (uint32_t)nb, .out = out};
       float *mass = malloc(ckv_attention_mass_len(list, (uint32_t)nb) * sizeof(float));
       a.mass = mass;
       a.workspace_bytes = ckv_attention_workspace_bytes(&a);
@@ -728,6 +741,11 @@ int ckv_bench_kernels(int argc, char **argv) {
       int min_iters = nsizes_arg ? 5 : quick ? 2 : 3; /* --tokens: sized runs, more tries on a shared machine */
       double budget = quick && !nsizes_arg ? 0.05 : 0.5;
       double best = best_call(run_fused, &a, min_iters, budget);
+      ckv_attn_args a1 = a;
+      a1.n_threads = 1;
+      double best_1t = best_call(run_fused, &a1, min_iters, budget);
+      uint32_t dsc, dvc;
+      ckv_attention_choice(&a, attn_row_format[f], &dsc, &dvc);
       if (f == 0) {
         attn_baseline *bl = &base[si];
         float plain_out[32 * 128];
@@ -747,19 +765,41 @@ int ckv_bench_kernels(int argc, char **argv) {
       if (f == 1 || f == 2 || f == 5 || f == 6) { /* int8, int4, rot4, rot2: integer scores too */
         attn_int_result *ir = &air[nair++];
         float iout[32 * 128];
-        ckv_attn_args ia = a, one = a;
+        float fout[32 * 128];
+        ckv_attn_args fa = a, ia = a, one = a; /* float scores and FP32 values, whatever the defaults */
+        fa.scores = one.scores = CKV_ATTN_SCORES_FLOAT;
+        fa.values = ia.values = one.values = CKV_ATTN_VALUES_FLOAT;
+        fa.out = one.out = fout;
         ia.scores = CKV_ATTN_SCORES_INT8;
         ia.out = iout;
         one.n_threads = 1;
         ir->tokens = (uint32_t)sizes[si];
         ir->format = attn_formats[f];
-        ir->float_us = best * 1e6;
+        ir->float_us = best_call(run_fused, &fa, min_iters, budget) * 1e6;
         ir->int_us = best_call(run_fused, &ia, min_iters, budget) * 1e6;
         ir->float_1t_us = best_call(run_fused, &one, min_iters, budget) * 1e6;
         one.scores = CKV_ATTN_SCORES_INT8;
         one.out = iout;
         ir->int_1t_us = best_call(run_fused, &one, min_iters, budget) * 1e6;
         ir->bf16_us = ir->int_bf16_us = ir->bf16_1t_us = ir->int_bf16_1t_us = 0, ir->bf16_cosine_min = 1;
+        ir->i8v_us = ir->i8v_1t_us = 0, ir->i8v_cosine_min = 1;
+        uint32_t vsc, vvc;
+        ckv_attn_args vq = a;
+        vq.values = CKV_ATTN_VALUES_INT8;
+        ckv_attention_choice(&vq, CKV_FORMAT_STAGED, &vsc, &vvc);
+        if (f == 1 && vvc == CKV_ATTN_VALUES_INT8) { /* int8: integer values too */
+          float vout[32 * 128];
+          ckv_attn_args b = vq, b1 = one;
+          b.scores = b1.scores = CKV_ATTN_SCORES_FLOAT;
+          b1.values = CKV_ATTN_VALUES_INT8;
+          b.out = b1.out = vout;
+          ir->i8v_us = best_call(run_fused, &b, min_iters, budget) * 1e6;
+          ir->i8v_1t_us = best_call(run_fused, &b1, min_iters, budget) * 1e6;
+          for (uint32_t h = 0; h < QH; h++) {
+            double cs = cosine(vout + h * 128, fout + h * 128, 128);
+            ir->i8v_cosine_min = cs < ir->i8v_cosine_min ? cs : ir->i8v_cosine_min;
+          }
+        }
         if ((f == 5 || f == 6) && ckv_kernels_values_bf16_supported()) { /* rot4, rot2: BF16 values too */
           float bout[32 * 128];
           ckv_attn_args b = a, b1 = one;
@@ -769,7 +809,7 @@ int ckv_bench_kernels(int argc, char **argv) {
           ir->bf16_us = best_call(run_fused, &b, min_iters, budget) * 1e6;
           ir->bf16_1t_us = best_call(run_fused, &b1, min_iters, budget) * 1e6;
           for (uint32_t h = 0; h < QH; h++) {
-            double cs = cosine(bout + h * 128, out + h * 128, 128);
+            double cs = cosine(bout + h * 128, fout + h * 128, 128);
             ir->bf16_cosine_min = cs < ir->bf16_cosine_min ? cs : ir->bf16_cosine_min;
           }
           b.scores = b1.scores = CKV_ATTN_SCORES_INT8;
@@ -780,16 +820,17 @@ int ckv_bench_kernels(int argc, char **argv) {
         for (uint32_t h = 0; h < QH; h++) {
           double ab = 0, aa = 0, bb = 0;
           for (uint32_t d = 0; d < 128; d++) {
-            ab += (double)iout[h * 128 + d] * out[h * 128 + d];
+            ab += (double)iout[h * 128 + d] * fout[h * 128 + d];
             aa += (double)iout[h * 128 + d] * iout[h * 128 + d];
-            bb += (double)out[h * 128 + d] * out[h * 128 + d];
+            bb += (double)fout[h * 128 + d] * fout[h * 128 + d];
           }
           double cs = aa > 0 && bb > 0 ? ab / sqrt(aa * bb) : 1.0;
           ir->cosine_min = cs < ir->cosine_min ? cs : ir->cosine_min;
         }
       }
       ar[nar++] = (attn_result){(uint32_t)sizes[si], attn_formats[f], best * 1e6, bytes / best / 1e9,
-                                bytes * 8.0 / ((double)sizes[si] * 2 * ckv_draft_token_elems(&ga))};
+                                bytes * 8.0 / ((double)sizes[si] * 2 * ckv_draft_token_elems(&ga)), best_1t * 1e6,
+                                dsc == CKV_ATTN_SCORES_INT8 ? "int8" : "float", dvc == CKV_ATTN_VALUES_BF16 ? "bf16" : "float"};
       free(a.workspace);
       free(mass);
       free(list);
@@ -813,10 +854,12 @@ int ckv_bench_kernels(int argc, char **argv) {
       double fp16 = ar[i - i % N_ATTN_FORMATS].us, plain = base[i / N_ATTN_FORMATS].plain_us;
       printf("%s{\"tokens\": %u, \"format\": \"%s\", \"threads\": %ld, \"ms\": %.4f, \"us_per_query\": %.1f, "
              "\"speedup_vs_fp16\": %.3f, \"ratio_plain\": %.3f, \"gbps\": %.3f, \"ratio_bound\": %.3f, "
-             "\"bits_per_element\": %.3f",
+             "\"bits_per_element\": %.3f, \"scores\": \"%s\", \"values\": \"%s\", \"ms_1t\": %.4f, "
+             "\"speedup_vs_fp16_1t\": %.3f",
              i ? ", " : "", ar[i].tokens, ar[i].format, threads ? (long)threads : sysconf(_SC_NPROCESSORS_ONLN),
              ar[i].us / 1e3, ar[i].us, fp16 / ar[i].us, plain > 0 ? plain / ar[i].us : 0.0, ar[i].gbps,
-             ratio_bound(ar[i].gbps, memcpy_gbps), ar[i].bits);
+             ratio_bound(ar[i].gbps, memcpy_gbps), ar[i].bits, ar[i].scores, ar[i].values, ar[i].us_1t / 1e3,
+             ar[i - i % N_ATTN_FORMATS].us_1t / ar[i].us_1t);
       print_peer_attn_json(ar[i].format, ar[i].tokens, ar[i].us);
       printf("}");
     }
@@ -844,6 +887,11 @@ int ckv_bench_kernels(int argc, char **argv) {
                air[i].bf16_us, air[i].int_bf16_us, air[i].bf16_1t_us, air[i].int_bf16_1t_us,
                air[i].float_us / air[i].int_bf16_us, air[i].float_1t_us / air[i].int_bf16_1t_us, fp16 / air[i].int_bf16_us,
                air[i].bf16_cosine_min);
+      if (air[i].i8v_us > 0) /* INT8 with integer values (AVX-512 VNNI): against the FP32 values, float scores */
+        printf(", \"values_int8_us\": %.1f, \"values_int8_1t_us\": %.1f, \"speedup_values_int8_vs_float\": %.3f, "
+               "\"speedup_values_int8_vs_float_1t\": %.3f, \"values_int8_cosine_vs_float_min\": %.6f",
+               air[i].i8v_us, air[i].i8v_1t_us, air[i].float_us / air[i].i8v_us, air[i].float_1t_us / air[i].i8v_1t_us,
+               air[i].i8v_cosine_min);
       printf("}");
     }
     printf("], \"attention_threads\": %ld, ", threads ? (long)threads : sysconf(_SC_NPROCESSORS_ONLN));

@@ -36,7 +36,9 @@
  * Integer scores (ckv_attn_args.scores, attention_int.c): INT8 staged,
  * 4-bit committed, ROT4 and ROT2 keys can be scored with integer dot products of
  * an INT8-quantized query (once per call; per chunk for committed keys),
- * bit-identical on every CPU path; other formats keep the float path. */
+ * bit-identical on every CPU path; other formats keep the float path.  Which
+ * formats a call scores so is per format (attention_choice.c): by default ROT4
+ * and ROT2, the formats it does not make less accurate. */
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -48,6 +50,7 @@
 #include "kernels/attention_bf16.h"
 #include "kernels/attention_blocks.h"
 #include "kernels/attention_choice.h"
+#include "kernels/attention_i8v.h"
 #include "kernels/attention_int.h"
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
@@ -89,15 +92,22 @@ typedef struct attn_layout {
   attn_part *parts;  /* (the array itself lives in the workspace too) */
   attn_ws *ws;
   ckv_iquery qs8, qr8, qr8c; /* integer scores: qs and qr quantized, [hr][ld] (qr8c: qr8 in crumb order) */
-  const ckv_idotops *io; /* integer scores: the path's table; NULL: float scores */
+  const ckv_idotops *io; /* integer scores: the path's table; NULL: float scores for every format */
+  uint32_t ifmt;         /* the formats (bit 1 << format) scored with io (ckv_attn_int_score_formats) */
   const ckv_attnops *A;  /* the SIMD loops of the path; NULL: the portable loops only */
   bool bf16;             /* ROT4 and ROT2 values by BF16 dot products (ckv_attn_args.values) */
+  bool i8v;              /* INT8 staged values by integer dot products (ckv_attn_args.values) */
   ckv_ablock_luts luts;
   uint32_t n_parts, n_threads;
   uint32_t n_acc, n_racc; /* accumulators the call's blocks use: acc[0..n_acc), racc[0..n_racc) */
 } attn_layout;
 
 static size_t up64(size_t n) { return (n + 63u) & ~(size_t)63u; }
+
+/* Whether keys of format fmt are scored with integer dot products in this call. */
+static bool int_scored(const attn_layout *L, uint32_t fmt) {
+  return L->io && fmt < 32u && ((L->ifmt >> fmt) & 1u) && ckv_iscore_format(fmt);
+}
 
 static int check_args(const ckv_attn_args *a, size_t *ret_slots) {
   if (!a || !a->geom || !a->q || !a->out || (!a->blocks && a->n_blocks)) return CKV_ERR_INVALID;
@@ -234,7 +244,7 @@ static void score_block(const ckv_rowops *ops, const ckv_attn_args *a, const voi
   uint32_t cap = hd->capacity, D = g->head_dim, fmt = hd->format, L = a->layer;
   size_t te = ckv_draft_token_elems(g);
   const float *qs = LY->qs + (size_t)h * RG * D;
-  if (LY->io && ckv_iscore_format(fmt)) { /* integer scores (attention_int.c) */
+  if (int_scored(LY, fmt)) { /* integer scores (attention_int.c) */
     ckv_iscore_query q = {.qs = qs, .qr = LY->qr + (size_t)h * RG * D, .qs8 = iq_rows(&LY->qs8, (size_t)h * RG),
                           .qr8 = iq_rows(&LY->qr8, (size_t)h * RG), .qr8c = iq_rows(&LY->qr8c, (size_t)h * RG),
                           .qsn = LY->qsn ? LY->qsn + (size_t)h * RG * ckv_idot_ld(D) : NULL};
@@ -407,8 +417,8 @@ static void run_blocks(const attn_job *j, attn_ws *w, attn_part *P, uint32_t b0,
     P->m[hr] = -INFINITY;
     P->l[hr] = 0.0f;
   }
-  memset(P->acc, 0, 2u * HR * D * sizeof(float));
-  memset(P->racc, 0, 5u * HR * D * sizeof(float));
+  memset(P->acc, 0, j->L->n_acc * HR * D * sizeof(float)); /* only the accumulators the call reads */
+  memset(P->racc, 0, j->L->n_racc * HR * D * sizeof(float));
   for (uint32_t b = b0; b < b1; b++) {
     const void *blk = a->blocks[b];
     uint32_t cap = ckv_hdr(blk)->capacity;
@@ -417,16 +427,16 @@ static void run_blocks(const attn_job *j, attn_ws *w, attn_part *P, uint32_t b0,
     const ckv_attnops *A = j->L->A;
     bool fast = A && ckv_ablock_takes(A, g, blk); /* the SIMD loops (attention_blocks.c) */
     ckv_ablock_args x = {.A = A, .ops = ops, .luts = &j->L->luts, .g = g, .blk = blk, .layer = a->layer, .RG = RG,
-                         .bf16 = j->L->bf16};
+                         .bf16 = j->L->bf16, .i8v = j->L->i8v};
     if (fast) ckv_ablock_prepare(ops, &j->L->luts, g, a->layer, blk, &w->ab);
     const void *next = A && b + 1 < b1 ? a->blocks[b + 1] : NULL; /* prefetched over this block's heads */
     for (uint32_t h = 0; h < H; h++) {
       float *S = SB + (size_t)h * RG * cap;
-      bool simd = fast && !(j->L->io && ckv_iscore_format(fmt));
+      bool simd = fast && !int_scored(j->L, fmt);
       x.pf = NULL;
       if (next && simd) /* the loops ask for it along their rows */
         ckv_ablock_prefetch_range(g, a->layer, next, h, 2u * H, &x.pf, &x.pf_lines);
-      else if (next && j->L->io && ckv_iscore_format(fmt)) /* so do the integer scores, batch by batch */
+      else if (next && int_scored(j->L, fmt)) /* so do the integer scores, batch by batch */
         ckv_ablock_prefetch_range(g, a->layer, next, h, 2u * H, &w->is.pf, &w->is.pf_lines);
       else if (next)
         ckv_ablock_prefetch(g, a->layer, next, h, 2u * H);
@@ -504,23 +514,24 @@ static void *attn_thread_main(void *arg) {
   return NULL;
 }
 
+/* p = p * ap + q * aq over n floats, with the path's vector loops (the serial part of a call: it
+ * runs once per partition after the threads, 16 partitions and up to 7 arrays of [hr][D] at 32K). */
+static void fold(const ckv_rowops *ops, float *p, const float *q, float ap, float aq, uint32_t n) {
+  if (ap != 1.0f) ops->affine(p, ap, 0.0f, n);
+  if (aq != 0.0f) ops->axpy(aq, q, p, n);
+}
+
 /* Folds partition q into p (p's blocks come first): n_acc and n_racc accumulators of each. */
-static void combine(attn_part *p, const attn_part *q, size_t HR, uint32_t D, uint32_t n_acc, uint32_t n_racc) {
+static void combine(const ckv_rowops *ops, attn_part *p, const attn_part *q, size_t HR, uint32_t D, uint32_t n_acc,
+                    uint32_t n_racc) {
   for (size_t hr = 0; hr < HR; hr++) {
     float M = q->m[hr] > p->m[hr] ? q->m[hr] : p->m[hr];
     if (M == -INFINITY) continue;
     float ap = p->m[hr] == -INFINITY ? 0.0f : expf(p->m[hr] - M);
     float aq = q->m[hr] == -INFINITY ? 0.0f : expf(q->m[hr] - M);
-    for (uint32_t k = 0; k < n_acc; k++)
-      for (uint32_t d = 0; d < D; d++) {
-        size_t i = k * HR * D + hr * D + d;
-        p->acc[i] = p->acc[i] * ap + q->acc[i] * aq;
-      }
+    for (uint32_t k = 0; k < n_acc; k++) fold(ops, p->acc + k * HR * D + hr * D, q->acc + k * HR * D + hr * D, ap, aq, D);
     for (uint32_t k = 0; k < n_racc; k++)
-      for (uint32_t d = 0; d < D; d++) {
-        size_t i = k * HR * D + hr * D + d;
-        p->racc[i] = p->racc[i] * ap + q->racc[i] * aq;
-      }
+      fold(ops, p->racc + k * HR * D + hr * D, q->racc + k * HR * D + hr * D, ap, aq, D);
     p->l[hr] = p->l[hr] * ap + q->l[hr] * aq;
     p->m[hr] = M;
   }
@@ -565,6 +576,8 @@ ckv_status ckv_kernels_attention(const ckv_attn_args *a) {
   L.n_acc = has_c4 && D % 32u == 0 ? 2u : 1u; /* acc[1]: committed INT4 values in PACKP's order */
   L.bf16 = (has_rot4 || has_rot2) && D % 128u == 0 && ckv_attn_values_bf16(a) &&
            ckv_kernels_path() == CKV_PATH_AVX512 && ckv_avalues_bf16_supported();
+  L.i8v = has_staged && D % 64u == 0 && ckv_attn_values_i8(a) && ckv_kernels_path() == CKV_PATH_AVX512 &&
+          ckv_avalues_i8_supported();
   L.n_racc = has_rot ? (L.bf16 ? 5u : 3u) : 0u;
   if (has_rot) { /* the query in each KV head's key basis */
     for (size_t hr = 0; hr < HR; hr++) {
@@ -583,12 +596,13 @@ ckv_status ckv_kernels_attention(const ckv_attn_args *a) {
       for (uint32_t i = 0; i < D; i++) L.qsp[hr * D + i] = L.qs[hr * D + ckv_ablock_perm(4u, i)];
   else
     L.qsp = NULL;
-  L.io = ckv_attn_int_scores(a) ? ckv_idotops_get() : NULL;
+  L.ifmt = ckv_attn_int_score_formats(a);
+  L.io = L.ifmt ? ckv_idotops_get() : NULL;
   L.A = ckv_attnops_get();
   if (L.A) ckv_ablock_tables(&L.luts);
   for (uint32_t t = 0; L.A && t < L.n_threads; t++) L.ws[t].is.rot_scale = L.luts.rot_scale; /* the same values */
-  if (L.io && has_staged) ckv_iquery_set(ops, L.qs, HR, D, D, CKV_IQ_NATURAL, &L.qs8, L.ws[0].is.tmp);
-  if (L.io && has_c4) { /* what every committed block with all channels kept folds its scales into */
+  if (has_staged && int_scored(&L, CKV_FORMAT_STAGED)) ckv_iquery_set(ops, L.qs, HR, D, D, CKV_IQ_NATURAL, &L.qs8, L.ws[0].is.tmp);
+  if (has_c4 && int_scored(&L, CKV_FORMAT_COMMIT4)) { /* what every committed block with all channels kept folds its scales into */
     size_t ld = ckv_idot_ld(D);
     memset(L.qsn, 0, HR * ld * sizeof(float));
     for (size_t hr = 0; hr < HR; hr++)
@@ -596,8 +610,8 @@ ckv_status ckv_kernels_attention(const ckv_attn_args *a) {
   } else {
     L.qsn = NULL;
   }
-  if (L.io && has_rot4) ckv_iquery_set(ops, L.qr, HR, D, D, CKV_IQ_NIBBLE, &L.qr8, L.ws[0].is.tmp);
-  if (L.io && has_rot2) ckv_iquery_set(ops, L.qr, HR, D, D, CKV_IQ_CRUMB, &L.qr8c, L.ws[0].is.tmp);
+  if (has_rot4 && int_scored(&L, CKV_FORMAT_ROT4)) ckv_iquery_set(ops, L.qr, HR, D, D, CKV_IQ_NIBBLE, &L.qr8, L.ws[0].is.tmp);
+  if (has_rot2 && int_scored(&L, CKV_FORMAT_ROT2)) ckv_iquery_set(ops, L.qr, HR, D, D, CKV_IQ_CRUMB, &L.qr8c, L.ws[0].is.tmp);
   L.slot_base[0] = 0;
   for (uint32_t b = 0; b < a->n_blocks; b++) L.slot_base[b + 1] = L.slot_base[b] + ckv_hdr(a->blocks[b])->capacity;
   attn_job job = {.a = a, .ops = ops, .L = &L, .RG = RG, .HR = HR};
@@ -613,7 +627,7 @@ ckv_status ckv_kernels_attention(const ckv_attn_args *a) {
   attn_thread_main(&th[0]);
   for (uint32_t t = 1; t < started; t++) pthread_join(th[t].tid, NULL);
   attn_part *R = &L.parts[0];
-  for (uint32_t p = 1; p < L.n_parts; p++) combine(R, &L.parts[p], HR, D, L.n_acc, L.n_racc);
+  for (uint32_t p = 1; p < L.n_parts; p++) combine(ops, R, &L.parts[p], HR, D, L.n_acc, L.n_racc);
   for (size_t hr = 0; hr < HR; hr++) {
     size_t h = hr / RG, rg = hr % RG;
     float *o = a->out + ((rg / G) * a->n_q_heads + h * G + rg % G) * D;
@@ -621,15 +635,15 @@ ckv_status ckv_kernels_attention(const ckv_attn_args *a) {
     if (has_rot) { /* back from the value basis of KV head h */
       float *r = R->racc + hr * D;
       for (uint32_t k = 0; k < 2; k++) /* the permuted sums back into the natural order */
-        if (ckv_ablock_permuted(k ? 2u : 4u, D))
+        if ((k ? has_rot2 : has_rot4) && ckv_ablock_permuted(k ? 2u : 4u, D))
           for (uint32_t i = 0; i < D; i++) r[ckv_ablock_perm(k ? 2u : 4u, i)] += R->racc[(k + 1u) * HR * D + hr * D + i];
       for (uint32_t k = 0; L.bf16 && k < 2; k++) /* and the BF16 pair orders' */
-        for (uint32_t i = 0; i < D; i++)
+        for (uint32_t i = 0; (k ? has_rot2 : has_rot4) && i < D; i++)
           r[ckv_avalues_bf16_channel(k ? 2u : 4u, i)] += R->racc[(3u + k) * HR * D + hr * D + i];
       ckv_rot_inverse(r, D, a->layer, 1, (uint32_t)h);
       for (uint32_t d = 0; d < D; d++) R->acc[hr * D + d] += r[d];
     }
-    if (D % 32u == 0) /* committed INT4 values, summed in PACKP's order */
+    if (L.n_acc > 1u) /* committed INT4 values, summed in PACKP's order */
       for (uint32_t i = 0; i < D; i++) R->acc[hr * D + ckv_ablock_perm(4u, i)] += R->acc[HR * D + hr * D + i];
     for (uint32_t d = 0; d < D; d++) o[d] = R->acc[hr * D + d] * inv;
   }

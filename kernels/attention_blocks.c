@@ -20,6 +20,7 @@
 
 #include "kernels/access.h"
 #include "kernels/attention_bf16.h"
+#include "kernels/attention_i8v.h"
 #include "kernels/attention_blocks.h"
 #include "kernels/quant.h"
 
@@ -334,6 +335,13 @@ void ckv_ablock_values(const ckv_ablock_args *x, uint32_t h, const float *E, ckv
         for (uint32_t i = 0; i < n; i++) o[w->sub[i]] = e[w->sub[i]] * sc[w->sub[i]];
     }
     wt = w->wt;
+  }
+  if (x->i8v && fmt == CKV_FORMAT_STAGED && dense && sc) {
+    uint8_t *wq = (uint8_t *)w->wb; /* RG * cap bytes, then RG * cap / CKV_I8V_GROUP floats: within wb */
+    float *dq = (float *)(void *)(wq + ((RG * cap + 3u) & ~(size_t)3u));
+    if (ckv_avalues_i8_staged(wt, RG, cap, (const int8_t *)v.base, v.stride, cap, D, wq, dq, out + (size_t)h * RG * D, D,
+                              x->pf, x->pf ? x->pf_lines : 0))
+      return;
   }
   if (x->bf16 && (fmt == CKV_FORMAT_ROT4 || fmt == CKV_FORMAT_ROT2) && dense && cap % 2u == 0 && D % 128u == 0) {
     uint32_t bits = ckv_format_code_bits(fmt);

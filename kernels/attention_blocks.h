@@ -42,7 +42,8 @@ typedef struct ckv_ablock_ws {
   uint32_t n_live;
   float *ksc, *vsc, *vpar, *wt, *qk, *qg, *row, *tmp, *bias, *psc, *pzp; /* psc, pzp: head_dim */
   uint32_t *chan, *pch; /* head_dim: kept channels; the same in PACKP's order */
-  uint32_t *wb;         /* RG * cap / 2: BF16 weight pairs (ckv_ablock_args.bf16) */
+  uint32_t *wb;         /* RG * (cap / 2 + 1): BF16 weight pairs (ckv_ablock_args.bf16), or the
+                           8-bit weights and their steps (ckv_ablock_args.i8v) */
 } ckv_ablock_ws;
 
 /* What the calls on one block share. */
@@ -54,6 +55,8 @@ typedef struct ckv_ablock_args {
   const void *blk;
   uint32_t layer;
   size_t RG; /* query rows per KV head */
+  bool i8v;          /* INT8 staged values of blocks with every slot valid by integer dot products into acc
+                        (attention_i8v.h; head_dim % 64 == 0, capacity % CKV_I8V_GROUP == 0) */
   bool bf16;         /* ROT4 and ROT2 values of blocks with every slot valid (head_dim % 128 == 0) by
                         BF16 dot products into racc + 3 ldr and racc + 4 ldr (attention_bf16.h's orders) */
   const uint8_t *pf; /* lines the loops of the next call ask for along their work (ckv_arows.pf), or NULL */

@@ -10,6 +10,7 @@
 #endif
 
 #include "kernels/attention_bf16.h"
+#include "kernels/attention_i8v.h"
 #include "kernels/idot.h"
 #include "kernels/kernels.h"
 #include "kernels/rowops.h"
@@ -57,6 +58,13 @@ bool ckv_idot_avxvnni_supported(void) {
 #else
   return false;
 #endif
+}
+
+bool ckv_avalues_i8_supported(void) {
+  static int vnni = -1; /* checked once (CPUID is slow under a hypervisor); a benign race */
+  if (__atomic_load_n(&vnni, __ATOMIC_RELAXED) < 0)
+    __atomic_store_n(&vnni, ckv_idot_vnni_supported() ? 1 : 0, __ATOMIC_RELAXED);
+  return __atomic_load_n(&vnni, __ATOMIC_RELAXED) != 0;
 }
 
 bool ckv_avalues_bf16_supported(void) {

@@ -160,22 +160,40 @@ typedef struct ckv_attn_args {
                          CKV_ATTN_SCORES_FLOAT (dequantize, FP32 dot), CKV_ATTN_SCORES_INT8 (the query
                          quantized to INT8, one scale per row; integer dots, the same bits on every CPU
                          path; see attention_int.c for its error); 0: $CKV_ATTENTION_SCORES ("float" or
-                         "int8"), else CKV_ATTN_SCORES_DEFAULT_INT.  Other formats are always FP32. */
+                         "int8"), else the format's default (CKV_ATTN_SCORES_DEFAULT_INT_FORMATS: ROT4
+                         and ROT2).  Other formats are always FP32. */
   uint32_t values;    /* how ROT4 and ROT2 values are summed (head_dim a multiple of 128, blocks with every slot
                          valid): CKV_ATTN_VALUES_FLOAT (FP32 weights, FMA), CKV_ATTN_VALUES_BF16 (the
                          weights rounded to BF16, BF16 pair dot products; CPUs with AVX512_BF16 on the
-                         AVX-512 path, else FP32; see attention_bf16.c for its error).  Only the output
-                         changes, never the mass.  0: $CKV_ATTENTION_VALUES ("float" or "bf16"), else
-                         CKV_ATTN_VALUES_DEFAULT_BF16. */
+                         AVX-512 path, else FP32; see attention_bf16.c for its error); and INT8 staged
+                         values (head_dim a multiple of 64, capacity of 16, blocks with every slot
+                         valid): CKV_ATTN_VALUES_INT8 (the weights rounded to 8 bits per 16 tokens,
+                         integer dot products with the codes; CPUs with AVX512_VNNI on the AVX-512
+                         path, else FP32; see attention_i8v.c for its error; ROT4 and ROT2 as BF16).
+                         Only the output changes, never the mass.  0: $CKV_ATTENTION_VALUES ("float",
+                         "bf16" or "int8"), else CKV_ATTN_VALUES_DEFAULT_BF16 and _DEFAULT_INT8. */
 } ckv_attn_args;
 #define CKV_ATTN_SCORES_FLOAT 1u
 #define CKV_ATTN_SCORES_INT8 2u
-/* The built-in choice (1: integer scores) when neither the call nor the environment chooses. */
-#define CKV_ATTN_SCORES_DEFAULT_INT 0
+/* The formats whose keys are scored with integer dots when neither the call nor the environment chooses
+ * (bit 1 << format): ROT4 and ROT2, where they cost nothing measurable against the format's own error
+ * and are faster with VNNI (docs/formats-v2.md, issue 42 part 4).  INT8 staged and 4-bit committed keys
+ * stay FP32 by default: slower with integer scores on every path, and they add 4-14% to INT8's error. */
+#define CKV_ATTN_SCORES_DEFAULT_INT_FORMATS ((1u << CKV_FORMAT_ROT4) | (1u << CKV_FORMAT_ROT2))
 #define CKV_ATTN_VALUES_FLOAT 1u
 #define CKV_ATTN_VALUES_BF16 2u
+#define CKV_ATTN_VALUES_INT8 3u
 /* The built-in choice (1: BF16 values where the CPU has them) when neither the call nor the environment chooses. */
-#define CKV_ATTN_VALUES_DEFAULT_BF16 0
+#define CKV_ATTN_VALUES_DEFAULT_BF16 1
+/* The built-in choice for INT8 staged values (1: integer dots where the CPU has them). */
+#define CKV_ATTN_VALUES_DEFAULT_INT8 0
+
+/* How a call with these arguments computes the blocks of format fmt: *ret_scores CKV_ATTN_SCORES_FLOAT
+ * or CKV_ATTN_SCORES_INT8, *ret_values CKV_ATTN_VALUES_FLOAT, _BF16 or _INT8 (BF16, INT8 only where
+ * this CPU's path runs them; head_dim and the blocks' slots decide per call too, see values above).
+ * Formats without an integer or BF16 path get FLOAT.  Reads a->scores, a->values and the environment
+ * only (a may have no blocks). */
+void ckv_attention_choice(const ckv_attn_args *a, uint32_t fmt, uint32_t *ret_scores, uint32_t *ret_values);
 
 /* Scratch bytes ckv_kernels_attention needs for these arguments (0 if invalid). */
 size_t ckv_attention_workspace_bytes(const ckv_attn_args *a);

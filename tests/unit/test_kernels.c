@@ -475,6 +475,7 @@ Test(kernels, attention_every_path_format_and_shape) {
       if (ckv_kernels_force(paths[p]) != CKV_OK) continue;
       for (int sc = 0; sc < 2; sc++) {
         a.scores = sc ? CKV_ATTN_SCORES_INT8 : CKV_ATTN_SCORES_FLOAT;
+        a.values = CKV_ATTN_VALUES_FLOAT; /* FP32 values: the 1e-4 bound (BF16 values: test_kernels_bf16) */
         a.out = o, a.mass = m, a.n_threads = 1;
         cr_assert_eq(ckv_kernels_attention(&a), CKV_OK);
         a.out = o3, a.mass = m3, a.n_threads = 3;

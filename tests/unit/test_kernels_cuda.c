@@ -2,7 +2,10 @@
  * transitions must write the same bytes on both (DESIGN.md §4 inv. 7), the
  * same dequantized values, and attention within FP32 rounding.  Without a
  * GPU (or without the CUDA build) every test reports itself skipped, never
- * passed.  CUDA is initialised inside each test (Criterion forks workers). */
+ * passed.  CUDA is initialised inside each test (Criterion forks workers).
+ * CUDA's attention is FP32 throughout, so the CPU side of each comparison
+ * asks for FP32 scores and values (the CPU's defaults for ROT4 and ROT2 are
+ * integer scores and BF16 values, bounded against the oracle elsewhere). */
 #include <criterion/criterion.h>
 #include <stdio.h>
 
@@ -90,7 +93,8 @@ Test(cuda, transitions_same_bytes) {
       cudaMalloc((void **)&dout, qn * 4);
       cudaMalloc((void **)&dmass, slots * 4);
       cudaMemcpy(dq, q, qn * 4, cudaMemcpyHostToDevice);
-      ckv_attn_args a = {.geom = g, .n_rows = 2, .n_q_heads = QH, .q = q, .blocks = hb, .n_blocks = 3, .out = o, .mass = mass};
+      ckv_attn_args a = {.geom = g, .n_rows = 2, .n_q_heads = QH, .q = q, .blocks = hb, .n_blocks = 3, .out = o, .mass = mass,
+                         .scores = CKV_ATTN_SCORES_FLOAT, .values = CKV_ATTN_VALUES_FLOAT};
       cr_assert_eq(ckv_kernels_attention(&a), CKV_OK);
       a.q = dq, a.blocks = dbk, a.out = dout, a.mass = dmass;
       cr_assert_eq(ckv_cuda_attention(&a, NULL), CKV_OK);
@@ -159,7 +163,8 @@ Test(cuda, rotated_formats_same_bytes) {
       cudaMalloc((void **)&dq, qn * 4), cudaMalloc((void **)&dout, qn * 4), cudaMalloc((void **)&dmass, slots * 4);
       cudaMemcpy(dq, q, qn * 4, cudaMemcpyHostToDevice);
       ckv_attn_args a = {.geom = g, .layer = g->n_layers - 1, .n_rows = 2, .n_q_heads = QH, .q = q, .blocks = hb,
-                         .n_blocks = 3, .out = o, .mass = mass};
+                         .n_blocks = 3, .out = o, .mass = mass, .scores = CKV_ATTN_SCORES_FLOAT,
+                         .values = CKV_ATTN_VALUES_FLOAT};
       cr_assert_eq(ckv_kernels_attention(&a), CKV_OK);
       a.q = dq, a.blocks = dbk, a.out = dout, a.mass = dmass;
       cr_assert_eq(ckv_cuda_attention(&a, NULL), CKV_OK);
@@ -219,7 +224,8 @@ Test(cuda, attention_splits_wide_heads_own_stream) {
   cudaMalloc((void **)&dq, qn * 4), cudaMalloc((void **)&dout, qn * 4), cudaMalloc((void **)&dmass, slots * 4);
   cudaMemcpy(dq, q, qn * 4, cudaMemcpyHostToDevice);
   ckv_attn_args a = {.geom = &g, .n_rows = rows, .n_q_heads = QH, .q = q, .blocks = (const void *const *)hb,
-                     .n_blocks = NB, .out = o, .mass = m};
+                     .n_blocks = NB, .out = o, .mass = m, .scores = CKV_ATTN_SCORES_FLOAT,
+                     .values = CKV_ATTN_VALUES_FLOAT};
   cr_assert_eq(ckv_kernels_attention(&a), CKV_OK);
   a.q = dq, a.blocks = (const void *const *)db, a.out = dout, a.mass = dmass;
   cr_assert_eq(ckv_cuda_attention(&a, st), CKV_OK);
@@ -257,7 +263,7 @@ Test(cuda, attention_large_query_tile) {
   cudaMalloc((void **)&dq, qn * 4), cudaMalloc((void **)&dout, qn * 4);
   cudaMemcpy(dq, q, qn * 4, cudaMemcpyHostToDevice);
   ckv_attn_args a = {.geom = &g, .n_rows = rows, .n_q_heads = QH, .q = q, .blocks = (const void *const *)hb,
-                     .n_blocks = 3, .out = o};
+                     .n_blocks = 3, .out = o, .scores = CKV_ATTN_SCORES_FLOAT, .values = CKV_ATTN_VALUES_FLOAT};
   cr_assert_eq(ckv_kernels_attention(&a), CKV_OK);
   a.q = dq, a.blocks = (const void *const *)db, a.out = dout;
   cr_assert_eq(ckv_cuda_attention(&a, NULL), CKV_OK);

@@ -312,6 +312,14 @@ static void attention_outputs_close_to_float_scores_on_path(void) {
     cr_assert_eq(ckv_kernels_attention(&x), CKV_OK);
     cr_expect_eq(memcmp(of, oe, sizeof of), 0, "%s: CKV_ATTENTION_SCORES=float gives the float path", fm[f].name);
     unsetenv("CKV_ATTENTION_SCORES");
+    /* neither the call nor the environment: the format's default, integer scores for ROT4 and ROT2 only */
+    bool int_default = fm[f].fmt == CKV_FORMAT_ROT4 || fm[f].fmt == CKV_FORMAT_ROT2;
+    uint32_t sc = 0, vc = 0;
+    ckv_attention_choice(&x, fm[f].fmt, &sc, &vc);
+    cr_expect_eq(sc, int_default ? CKV_ATTN_SCORES_INT8 : CKV_ATTN_SCORES_FLOAT, "%s: default scores %u", fm[f].name, sc);
+    cr_assert_eq(ckv_kernels_attention(&x), CKV_OK);
+    cr_expect_eq(memcmp(int_default ? oi : of, oe, sizeof oe), 0, "%s: the default gives the %s path", fm[f].name,
+                 int_default ? "integer" : "float");
     cosines ci = compare(oi, of, R * QH, D), c16f = compare(of, o16, R * QH, D), c16i = compare(oi, o16, R * QH, D);
     printf("intdot: %-5s attention cosine int vs float scores: mean %.6f min %.6f; vs fp16 keys: float %.5f (min %.5f), "
            "int %.5f (min %.5f)\n",

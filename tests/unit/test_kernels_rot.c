@@ -263,7 +263,11 @@ Test(rot, attention_over_mixed_formats_matches_the_oracle) {
   for (size_t p = 0; p < 3; p++) /* every path this CPU runs, the fused SIMD loops included */
   for (uint32_t layer = 0; layer < agent.n_layers && ckv_kernels_force(paths[p]) == CKV_OK; layer++) {
     ckv_attn_args a = {.geom = &agent, .layer = layer, .n_rows = ROWS, .n_q_heads = QH, .q = q,
-                       .blocks = (const void *const *)blocks, .n_blocks = NB, .out = out, .mass = mass};
+                       .blocks = (const void *const *)blocks, .n_blocks = NB, .out = out, .mass = mass,
+                       /* the float path against the oracle at 1e-4; the defaults (integer scores, BF16
+                        * values for ROT4 and ROT2) are bounded by test_kernels_intscore_error and
+                        * test_kernels_bf16 */
+                       .scores = CKV_ATTN_SCORES_FLOAT, .values = CKV_ATTN_VALUES_FLOAT};
     cr_assert_eq(ckv_kernels_attention(&a), CKV_OK);
     a.out = ref;
     a.mass = rmass;
