@@ -93,4 +93,14 @@ static inline double kf_max_rel(const float *a, const float *b, size_t n, double
   return m;
 }
 
+/* |a - b| / |b| over all elements (L2 norms; |a - b| alone when b is all zero). */
+static inline double kf_rel_l2(const float *a, const float *b, size_t n) {
+  double d = 0, s = 0;
+  for (size_t i = 0; i < n; i++) {
+    d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+    s += (double)b[i] * b[i];
+  }
+  return s > 0 ? sqrt(d / s) : sqrt(d);
+}
+
 #endif

@@ -40,7 +40,8 @@ static const char k_line[] =
     "{\"turn\": 11, \"question_turn\": 10, \"answer\": \"The flight is on August 23.\"}"
     "]}\n";
 
-Test(dialogues, turns_holding_a_recalled_value_are_labelled_facts) {
+/* k_line loaded through a file, as commitkv-dialogue reads it. */
+static void load_k_line(dialogue_set *set) {
   char path[] = "/tmp/ckv-test-dialogues-XXXXXX";
   int fd = mkstemp(path);
   cr_assert(fd >= 0);
@@ -48,11 +49,15 @@ Test(dialogues, turns_holding_a_recalled_value_are_labelled_facts) {
   cr_assert(f);
   cr_assert(fputs(k_line, f) >= 0);
   cr_assert(fclose(f) == 0);
-  dialogue_set set = {0};
   char err[256] = "";
-  int e = dialogue_set_load(path, 0, &set, err, sizeof(err));
+  int e = dialogue_set_load(path, 0, set, err, sizeof(err));
   unlink(path);
   cr_assert_eq(e, 0, "load: %s", err);
+}
+
+Test(dialogues, turns_holding_a_recalled_value_are_labelled_facts) {
+  dialogue_set set = {0};
+  load_k_line(&set);
   cr_assert_eq(set.n, 1);
   const dialogue *d = &set.d[0];
   cr_assert_eq(d->n_turns, 14);
@@ -85,18 +90,8 @@ Test(dialogues, turns_holding_a_recalled_value_are_labelled_facts) {
  * and the repeated ticket number (13) only repeat a held turn that says more, so they are copies; the tool's
  * result (4) says all the request (1) says and no less, so both stay facts.  With copies kept, they are facts. */
 Test(dialogues, answers_that_repeat_a_held_turn_are_copies) {
-  char path[] = "/tmp/ckv-test-dialogues-XXXXXX";
-  int fd = mkstemp(path);
-  cr_assert(fd >= 0);
-  FILE *f = fdopen(fd, "w");
-  cr_assert(f);
-  cr_assert(fputs(k_line, f) >= 0);
-  cr_assert(fclose(f) == 0);
   dialogue_set set = {0};
-  char err[256] = "";
-  int e = dialogue_set_load(path, 0, &set, err, sizeof(err));
-  unlink(path);
-  cr_assert_eq(e, 0, "load: %s", err);
+  load_k_line(&set);
   const dialogue *d = &set.d[0];
   cr_assert_eq(d->n_turns, 14);
 #define O DIALOGUE_OTHER

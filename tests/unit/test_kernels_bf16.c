@@ -42,15 +42,6 @@ static float gen_kv(kf_rng *r, uint32_t l, uint32_t kv, uint32_t e, void *ctx) {
   return kv == 0 ? v * o->gain[e] + 0.3f * o->gain[e] : v;
 }
 
-static double rel_l2(const float *a, const float *b, size_t n) {
-  double d = 0, s = 0;
-  for (size_t i = 0; i < n; i++) {
-    d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-    s += (double)b[i] * b[i];
-  }
-  return s > 0 ? sqrt(d / s) : sqrt(d);
-}
-
 /* Blocks of 64 from the drafts, even ones of format f0, odd ones f1; vacate: empty one slot of block 1
  * (it then takes the FP32 loops). */
 static void rot_blocks(void *const *drafts, void **blk, uint32_t f0, uint32_t f1, bool vacate) {
@@ -99,8 +90,8 @@ static void data_case(const char *name, bool outliers, uint64_t seed, double bou
     cr_assert_eq(ckv_kernels_attention(&a), CKV_OK);
     a.values = CKV_ATTN_VALUES_BF16, a.out = oib;
     cr_assert_eq(ckv_kernels_attention(&a), CKV_OK);
-    double ef = rel_l2(of, oref, NOUT), eb = rel_l2(ob, oref, NOUT), ei = rel_l2(oi, oref, NOUT),
-           eib = rel_l2(oib, oref, NOUT);
+    double ef = kf_rel_l2(of, oref, NOUT), eb = kf_rel_l2(ob, oref, NOUT), ei = kf_rel_l2(oi, oref, NOUT),
+           eib = kf_rel_l2(oib, oref, NOUT);
     printf("bf16: %-8s %-9s %-14s: against the oracle: fp32 values %.2e, bf16 %.2e; int8 scores with fp32 values "
            "%.4f, with bf16 %.4f\n",
            name, sets[k / 2].name, vac ? "one slot empty" : "every slot", ef, eb, ei, eib);

@@ -28,15 +28,6 @@ static float gen_kv(kf_rng *r, uint32_t l, uint32_t kv, uint32_t e, void *ctx) {
   return kv == 0 ? v * o->gain[e] + 0.3f * o->gain[e] : v;
 }
 
-static double rel_l2(const float *a, const float *b, size_t n) {
-  double d = 0, s = 0;
-  for (size_t i = 0; i < n; i++) {
-    d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-    s += (double)b[i] * b[i];
-  }
-  return s > 0 ? sqrt(d / s) : sqrt(d);
-}
-
 /* Staged blocks of 64 from the drafts; vacate: empty one slot of block 1 (it then takes the FP32 loops). */
 static void staged_blocks(void *const *drafts, void **blk, bool vacate) {
   ckv_move m[64];
@@ -88,8 +79,8 @@ static void data_case(const char *name, bool outliers, uint64_t seed, double bou
     cr_assert_eq(ckv_kernels_attention(&a), CKV_OK);
     a.values = CKV_ATTN_VALUES_INT8, a.out = oiv;
     cr_assert_eq(ckv_kernels_attention(&a), CKV_OK);
-    double ef = rel_l2(of, oref, NOUT), ev = rel_l2(ov, oref, NOUT), ei = rel_l2(oi, oref, NOUT),
-           eiv = rel_l2(oiv, oref, NOUT), e_fmt = rel_l2(oref, ref16, NOUT), ev16 = rel_l2(ov, ref16, NOUT);
+    double ef = kf_rel_l2(of, oref, NOUT), ev = kf_rel_l2(ov, oref, NOUT), ei = kf_rel_l2(oi, oref, NOUT),
+           eiv = kf_rel_l2(oiv, oref, NOUT), e_fmt = kf_rel_l2(oref, ref16, NOUT), ev16 = kf_rel_l2(ov, ref16, NOUT);
     printf("i8v: %-8s %-14s: against the oracle: fp32 values %.2e, int8 values %.2e; int8 scores with fp32 values "
            "%.4f, with int8 values %.4f; INT8's own error against FP16 %.4f, with int8 values %+.3f%%\n",
            name, vac ? "one slot empty" : "every slot", ef, ev, ei, eiv, e_fmt, 100.0 * (ev16 / e_fmt - 1.0));

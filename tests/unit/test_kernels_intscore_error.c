@@ -47,15 +47,6 @@ static float gen_kv(kf_rng *r, uint32_t l, uint32_t kv, uint32_t e, void *ctx) {
 }
 
 /* |a - b| / |b| over n floats. */
-static double rel_l2(const float *a, const float *b, size_t n) {
-  double d = 0, s = 0;
-  for (size_t i = 0; i < n; i++) {
-    d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
-    s += (double)b[i] * b[i];
-  }
-  return s > 0 ? sqrt(d / s) : sqrt(d);
-}
-
 /* sum |a - b| / sum |b| over n floats: the attention mass's error (the lifecycle reads the mass). */
 static double rel_l1(const float *a, const float *b, size_t n) {
   double d = 0, s = 0;
@@ -90,7 +81,7 @@ static errs measure(uint32_t fmt, void *const *drafts, const float *q, const flo
   a.out = oi, a.scores = CKV_ATTN_SCORES_INT8, a.mass = mi;
   cr_assert_eq(ckv_kernels_attention(&a), CKV_OK);
   for (uint32_t b = 0; b < TOKENS / 64; b++) free(blk[b]);
-  return (errs){rel_l2(oi, oref, NOUT), rel_l2(of, oref, NOUT), rel_l2(oref, ref16, NOUT), rel_l2(oi, ref16, NOUT),
+  return (errs){kf_rel_l2(oi, oref, NOUT), kf_rel_l2(of, oref, NOUT), kf_rel_l2(oref, ref16, NOUT), kf_rel_l2(oi, ref16, NOUT),
                 rel_l1(mi, mref, TOKENS), rel_l1(mref, mass16, TOKENS)};
 }
 
