@@ -102,8 +102,7 @@ static void data_case(const char *name, bool outliers, uint64_t seed, double bou
 
 Test(i8v, staged_values_close_to_oracle) {
   if (!ckv_avalues_i8_supported() || ckv_kernels_force(CKV_PATH_AVX512) != CKV_OK) {
-    printf("i8v: AVX-512 VNNI not supported by this CPU: skipped\n");
-    return;
+    cr_skip_test("i8v: AVX-512 VNNI not supported by this CPU: SKIPPED, nothing checked");
   }
   /* bounds: the measured worst with a margin (relative L2 against the oracle: INT8 values 2.33e-3 on the
    * outlier keys, 3.59e-3 on Gaussian K/V, where BF16 values on ROT4 / ROT2 give 1.1-1.7e-3
@@ -117,8 +116,7 @@ Test(i8v, staged_values_close_to_oracle) {
 /* The kernel itself: a per-channel sum against the same rounding done in plain C; and the refusals. */
 Test(i8v, kernel_sums_every_channel_in_order) {
   if (!ckv_avalues_i8_supported()) {
-    printf("i8v: AVX-512 VNNI not supported by this CPU: skipped\n");
-    return;
+    cr_skip_test("i8v: AVX-512 VNNI not supported by this CPU: SKIPPED, nothing checked");
   }
   enum { NT = 48, N = 192, NQ = 5, STRIDE = 256 };
   kf_rng r = {5};
