@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "client/cold_sketch.h"
 #include "commitkv/status.h"
 #include "kernels/kernels.h"
 
@@ -18,6 +19,12 @@ typedef struct summary {
   bool unknown; /* the block could not be read back: always selected */
   uint64_t seen; /* the last prune() that found it in the view */
   float *lo, *hi; /* [n_layers][n_kv_heads][head_dim] */
+  uint32_t cap;      /* the block's slots when summarised */
+  uint32_t *slot_pos; /* [cap]: each slot's position then, UINT32_MAX if it was not valid */
+  /* per valid slot, in slot order (where head_dim takes a sketch, cold_sketch.h): */
+  uint32_t *slot;  /* [n_valid] */
+  uint64_t *sign;  /* [n_valid][n_layers][n_kv_heads][words] */
+  float *alpha;    /* [n_valid][n_layers][n_kv_heads] */
 } summary;
 
 struct ckv_cold_cache {
@@ -26,16 +33,25 @@ struct ckv_cold_cache {
   uint64_t prunes; /* prune() calls that looked at the view */
   float *row; /* scratch: one slot's keys, all heads */
   size_t row_len;
+  float *rot; /* scratch: one head, rotated */
+  uint32_t rot_len;
 };
+
+static void summary_free(summary *s) {
+  free(s->slot_pos);
+  free(s->lo);
+  free(s->hi);
+  free(s->slot);
+  free(s->sign);
+  free(s->alpha);
+}
 
 void ckv_cold_cache_free(ckv_cold_cache *c) {
   if (!c) return;
-  for (size_t i = 0; i < c->n; i++) {
-    free(c->v[i].lo);
-    free(c->v[i].hi);
-  }
+  for (size_t i = 0; i < c->n; i++) summary_free(&c->v[i]);
   free(c->v);
   free(c->row);
+  free(c->rot);
   free(c);
 }
 
@@ -49,26 +65,38 @@ static size_t find(const ckv_cold_cache *c, uint64_t id) {
   return lo;
 }
 
-/* Reads block b's keys once: the per-channel bounds of every (layer, head). */
+/* Reads block b's keys once: the per-channel bounds of every (layer, head)
+ * and, where head_dim takes one, every valid slot's sketch. */
 static int summarise(ckv_cold_cache *c, const ckv_geometry *g, const ckv_block_view *b, summary *s) {
   const size_t per_layer = (size_t)g->n_kv_heads * g->head_dim, all = per_layer * g->n_layers;
-  *s = (summary){.id = b->id};
+  const ckv_block_header *h = b->data;
+  const uint32_t cap = b->capacity < h->capacity ? b->capacity : h->capacity, d = g->head_dim;
+  const uint32_t words = ckv_cold_sketch_words(d);
+  const size_t heads = (size_t)g->n_layers * g->n_kv_heads;
+  *s = (summary){.id = b->id, .cap = cap};
+  s->slot_pos = malloc((cap ? cap : 1) * sizeof(uint32_t));
   s->lo = malloc(all * sizeof(float));
   s->hi = malloc(all * sizeof(float));
-  if (!s->lo || !s->hi) {
-    free(s->lo);
-    free(s->hi);
+  if (words) {
+    s->slot = malloc((cap ? cap : 1) * sizeof(uint32_t));
+    s->sign = malloc((cap ? cap : 1) * heads * words * sizeof(uint64_t));
+    s->alpha = malloc((cap ? cap : 1) * heads * sizeof(float));
+  }
+  if (!s->slot_pos || !s->lo || !s->hi || (words && (!s->slot || !s->sign || !s->alpha))) {
+    summary_free(s);
     return -ENOMEM;
   }
   for (size_t i = 0; i < all; i++) {
     s->lo[i] = FLT_MAX;
     s->hi[i] = -FLT_MAX;
   }
-  const ckv_block_header *h = b->data;
-  uint32_t cap = b->capacity < h->capacity ? b->capacity : h->capacity;
+  const uint32_t *positions = ckv_block_positions_const(b->data);
+  for (uint32_t slot = 0; slot < cap; slot++)
+    s->slot_pos[slot] = ckv_block_slot_valid(b->data, slot) ? positions[slot] : UINT32_MAX;
   for (uint32_t slot = 0; slot < cap && !s->unknown; slot++) {
-    if (!ckv_block_slot_valid(b->data, slot)) continue;
-    s->n_valid++;
+    if (s->slot_pos[slot] == UINT32_MAX) continue;
+    const size_t at = s->n_valid++;
+    if (words) s->slot[at] = slot;
     for (uint32_t l = 0; l < g->n_layers; l++) {
       if (ckv_kernels_dequantize(g, b->data, l, 0, slot, c->row) != CKV_OK) {
         s->unknown = true; /* a header the worker's bytes broke, or an unsealed chunk: read it */
@@ -84,14 +112,38 @@ static int summarise(ckv_cold_cache *c, const ckv_geometry *g, const ckv_block_v
         lo[i] = x < lo[i] ? x : lo[i];
         hi[i] = x > hi[i] ? x : hi[i];
       }
+      for (uint32_t kv = 0; words && !s->unknown && kv < g->n_kv_heads; kv++) {
+        size_t hk = (at * g->n_layers + l) * g->n_kv_heads + kv;
+        ckv_cold_sketch_key(c->row + (size_t)kv * d, d, c->rot, s->sign + hk * words, &s->alpha[hk]);
+      }
     }
   }
   return CKV_OK;
 }
 
+/* Whether block b still holds the tokens it held when s was made: a token
+ * recalled out of a cold block leaves its slot, and a slot may be filled
+ * again; then the summary (bounds, sketches, slots) is made anew. */
+static bool fresh(const summary *s, const ckv_block_view *b) {
+  const ckv_block_header *h = b->data;
+  uint32_t cap = b->capacity < h->capacity ? b->capacity : h->capacity;
+  if (cap != s->cap) return false;
+  const uint32_t *positions = ckv_block_positions_const(b->data);
+  for (uint32_t slot = 0; slot < cap; slot++)
+    if ((ckv_block_slot_valid(b->data, slot) ? positions[slot] : UINT32_MAX) != s->slot_pos[slot]) return false;
+  return true;
+}
+
 static int lookup(ckv_cold_cache *c, const ckv_geometry *g, const ckv_block_view *b, summary **ret) {
   size_t at = find(c, b->id);
   if (at < c->n && c->v[at].id == b->id) {
+    if (!fresh(&c->v[at], b)) {
+      summary s;
+      int r = summarise(c, g, b, &s);
+      if (r < 0) return r;
+      summary_free(&c->v[at]);
+      c->v[at] = s;
+    }
     *ret = &c->v[at];
     return CKV_OK;
   }
@@ -123,12 +175,43 @@ static void prune(ckv_cold_cache *c, const ckv_view *v) {
   size_t keep = 0;
   for (size_t i = 0; i < c->n; i++) {
     if (c->v[i].seen == c->prunes) c->v[keep++] = c->v[i];
-    else {
-      free(c->v[i].lo);
-      free(c->v[i].hi);
-    }
+    else summary_free(&c->v[i]);
   }
   c->n = keep;
+}
+
+/* Creates the cache on first use and sizes its scratch for g. */
+static int cache_ready(ckv_cold_cache **cache, const ckv_geometry *g) {
+  if (!*cache && !(*cache = calloc(1, sizeof(**cache)))) return -ENOMEM;
+  ckv_cold_cache *c = *cache;
+  const size_t per_layer = (size_t)g->n_kv_heads * g->head_dim;
+  if (c->row_len < per_layer) {
+    float *nr = realloc(c->row, per_layer * sizeof(float));
+    if (!nr) return -ENOMEM;
+    c->row = nr;
+    c->row_len = per_layer;
+  }
+  if (c->rot_len < g->head_dim) {
+    float *nr = realloc(c->rot, g->head_dim * sizeof(float));
+    if (!nr) return -ENOMEM;
+    c->rot = nr;
+    c->rot_len = g->head_dim;
+  }
+  return CKV_OK;
+}
+
+int ckv_cold_cache_summary(ckv_cold_cache **cache, const ckv_geometry *g, const ckv_view *v, size_t i,
+                           ckv_cold_summary *ret) {
+  if (!cache || !g || !v || i >= v->n_cold || !ret) return CKV_ERR_INVALID;
+  int e = cache_ready(cache, g);
+  if (e < 0) return e;
+  ckv_cold_cache *c = *cache;
+  if (i == 0) prune(c, v);
+  summary *s;
+  if ((e = lookup(c, g, &v->cold[i], &s)) < 0) return e;
+  *ret = (ckv_cold_summary){.n_valid = s->n_valid, .unknown = s->unknown, .slot = s->slot, .sign = s->sign,
+                            .alpha = s->alpha};
+  return CKV_OK;
 }
 
 /* The best exact score per query head over the view's draft blocks (FP16:
@@ -179,15 +262,10 @@ int ckv_cold_select(ckv_cold_cache **cache, const ckv_geometry *g, const ckv_vie
     return CKV_ERR_INVALID;
   *ret_n = 0;
   if (!v->n_cold) return CKV_OK;
-  if (!*cache && !(*cache = calloc(1, sizeof(**cache)))) return -ENOMEM;
+  int e = cache_ready(cache, g);
+  if (e < 0) return e;
   ckv_cold_cache *c = *cache;
   const size_t per_layer = (size_t)g->n_kv_heads * g->head_dim;
-  if (c->row_len < per_layer) {
-    float *nr = realloc(c->row, per_layer * sizeof(float));
-    if (!nr) return -ENOMEM;
-    c->row = nr;
-    c->row_len = per_layer;
-  }
   if (!(scale > 0.f)) scale = 1.f / sqrtf((float)g->head_dim);
   float *best = malloc(n_q_heads * sizeof(float));
   ranked *rank = max_blocks ? malloc(v->n_cold * sizeof(*rank)) : NULL;

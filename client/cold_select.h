@@ -8,11 +8,15 @@
  * min_weight times the softmax weight of a key that attention surely reads
  * (the best exact score over the view's draft blocks: sinks and the recent
  * window) cannot take min_weight of any head's attention: it is skipped.
- * Summaries are keyed by block id (a cold block's bytes never change) and
- * kept across views. */
+ * Summaries are keyed by block id and kept across views; one is made anew
+ * when its block's valid slots or their positions changed (a token recalled
+ * out of it, a slot filled again: a quantized slot's bytes never change).  A
+ * summary also holds each valid slot's key sketch (cold_sketch.h), which
+ * cold_gather.c ranks tokens with. */
 #ifndef CKV_CLIENT_COLD_SELECT_H
 #define CKV_CLIENT_COLD_SELECT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -22,6 +26,27 @@
 typedef struct ckv_cold_cache ckv_cold_cache;
 
 void ckv_cold_cache_free(ckv_cold_cache *c);
+
+/* What a cold block's summary says of its slots: n_valid of them, in slot
+ * order; slot[i] is the i-th valid slot, and where head_dim takes a sketch
+ * (sign non-NULL) sign + ((i * n_layers + layer) * n_kv_heads + kv) * words
+ * and alpha[(i * n_layers + layer) * n_kv_heads + kv] are its key's sketch.
+ * unknown: the block's bytes could not be read back (nothing else is set).
+ * The arrays stay valid until the block leaves the view. */
+typedef struct ckv_cold_summary {
+  uint32_t n_valid;
+  bool unknown;
+  const uint32_t *slot;
+  const uint64_t *sign;
+  const float *alpha;
+} ckv_cold_summary;
+
+/* The summary of view->cold[i], computed on first use (*cache is created
+ * then).  Call it for i = 0 first in a pass over the view: that call forgets
+ * the summaries of blocks no longer cold.  Returns CKV_OK, CKV_ERR_INVALID,
+ * -ENOMEM. */
+int ckv_cold_cache_summary(ckv_cold_cache **cache, const ckv_geometry *g, const ckv_view *v, size_t i,
+                           ckv_cold_summary *ret);
 
 /* ckv_session_cold_select_top's work on a host-memory view (max_blocks 0:
  * no cap); *cache is created on first use.  Returns CKV_OK,

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "client/cold_gather.h"
 #include "client/cold_select.h"
 #include "client/rpc.h"
 #include "kernels/format.h"
@@ -57,6 +58,7 @@ struct ckv_session {
   size_t n_streams, cap_streams;
   /* cold blocks: their key summaries, and how many the next report says were read */
   ckv_cold_cache *cold;
+  ckv_cold_gather_scratch *gather;
   uint64_t recalled;
 };
 
@@ -72,6 +74,7 @@ static ckv_session *session_free(ckv_session *s) {
   free(s->transitions);
   free(s->streams);
   ckv_cold_cache_free(s->cold);
+  ckv_cold_gather_scratch_free(s->gather);
   free(s);
   return NULL;
 }
@@ -664,6 +667,15 @@ int ckv_session_cold_select_top(ckv_session *s, uint32_t layer, const float *q, 
 int ckv_session_cold_select(ckv_session *s, uint32_t layer, const float *q, uint32_t n_q_heads, float scale,
                             float min_weight, uint32_t *ret_idx, size_t *ret_n) {
   return ckv_session_cold_select_top(s, layer, q, n_q_heads, scale, min_weight, 0, ret_idx, ret_n);
+}
+
+int ckv_session_cold_gather(ckv_session *s, uint32_t layer, const float *q, uint32_t n_q_heads, float scale,
+                            uint32_t max_tokens, void *block, uint32_t capacity, uint32_t *ret_src, size_t *ret_n) {
+  if (!s || !ret_n) return CKV_ERR_INVALID;
+  if (!s->view_epoch) return CKV_ERR_STATE;
+  if (s->view.n_cold && strcmp(ckv_client_memory_kind(s->c), "host") != 0) return CKV_ERR_UNSUPPORTED;
+  return ckv_cold_gather(&s->cold, &s->gather, &s->geom, &s->view, layer, q, n_q_heads, scale, max_tokens, block,
+                         capacity, ret_src, ret_n);
 }
 
 int ckv_session_note_recalled(ckv_session *s, uint64_t n) {

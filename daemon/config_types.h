@@ -70,6 +70,7 @@ typedef struct ckv_policy_params {
   uint32_t scored_persistence_rounds; /* staged rounds before worker-scored facts and filler commit */
   bool demote;                 /* recycled tokens keep their bytes in cold blocks (dropped only by quota) */
   bool filler_demote_staged;   /* with demote: unattended worker-scored filler goes cold from staged */
+  uint32_t fact_cold_rounds;   /* with demote: rounds a lasting fact goes unattended before it goes cold; 0 = never */
   double recall_attn;          /* relative attention that recalls a demoted token */
   uint32_t share_grace_rounds; /* reuse_prefix sessions: rounds a published block waits for a second holder */
   bool semantic_estimate;      /* estimate a semantic score when the worker sends none */

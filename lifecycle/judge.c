@@ -9,6 +9,10 @@
  *             filler_recycle_rounds, a committed token the worker scored
  *             below semantic_threshold that many rounds after it committed,
  *             attended or not (filler draws attention: it is the trap);
+ *             with demote and fact_cold_rounds, a lasting fact committed
+ *             (or recalled) that many rounds ago goes cold too, demoted in
+ *             the facts' format (the worker's query gathers it when it needs
+ *             it, and that attention recalls it);
  *   draft->staged   (a) hot and meaningful: mean attention over R rounds >=
  *             attn_threshold and semantic >= semantic_threshold; or (b) out
  *             of the recent window for a round and not filler (INT8 is
@@ -138,21 +142,36 @@ typedef struct rule_consts {
  * quota or a drop does.  A fact asked for again twenty rounds later must
  * still be there.  Tokens committed because they went cold may still be
  * recycled when idle. */
-static int lasting_fact(const ckv_tokens *t, size_t pos, const rule_consts *k) {
-  return t->state[pos] == CKV_STATE_COMMITTED &&
-         ((t->tags[pos] & 4) || (t->flags[pos] & CKV_TOKEN_FACT) ||
-          ((t->flags[pos] & CKV_TOKEN_SEM_GIVEN) && t->semantic[pos] >= k->fact_q));
+static int fact_token(const ckv_tokens *t, size_t pos, const rule_consts *k) {
+  return (t->tags[pos] & 4) || (t->flags[pos] & CKV_TOKEN_FACT) ||
+         ((t->flags[pos] & CKV_TOKEN_SEM_GIVEN) && t->semantic[pos] >= k->fact_q);
 }
 
-int ckv_judge_lasting_fact(const ckv_tokens *t, size_t pos, const ckv_judge_params *p) {
-  (void)p;
+static int lasting_fact(const ckv_tokens *t, size_t pos, const rule_consts *k) {
+  return t->state[pos] == CKV_STATE_COMMITTED && fact_token(t, pos, k);
+}
+
+static rule_consts fact_consts(void) {
   static uint32_t fact_q; /* q16_first(CKV_FACT_SEMANTIC, 0) + 1, once (racing threads store the same) */
   uint32_t q = __atomic_load_n(&fact_q, __ATOMIC_RELAXED);
   if (!q) {
     q = q16_first(CKV_FACT_SEMANTIC, 0) + 1;
     __atomic_store_n(&fact_q, q, __ATOMIC_RELAXED);
   }
-  return lasting_fact(t, pos, &(rule_consts){.fact_q = q - 1});
+  return (rule_consts){.fact_q = q - 1};
+}
+
+int ckv_judge_lasting_fact(const ckv_tokens *t, size_t pos, const ckv_judge_params *p) {
+  (void)p;
+  rule_consts k = fact_consts();
+  return lasting_fact(t, pos, &k);
+}
+
+int ckv_judge_fact_format(const ckv_tokens *t, size_t pos, const ckv_judge_params *p) {
+  (void)p;
+  rule_consts k = fact_consts();
+  uint8_t st = t->state[pos];
+  return (st == CKV_STATE_COMMITTED || st == CKV_STATE_RECYCLED) && fact_token(t, pos, &k);
 }
 
 /* The worker scored the token (never the daemon's estimate) as a lasting
@@ -171,6 +190,12 @@ static int judge_rule_token(ckv_tokens *t, size_t pos, uint32_t round, const ckv
   if (st == CKV_STATE_RECYCLED) return CKV_OK;
   uint32_t idle = round - t->last_attended[pos], age = round - t->last_transition[pos];
   if (idle >= p->idle_rounds && t->role[pos] != 1 && !lasting_fact(t, pos, k))
+    return change(t, pos, CKV_STATE_RECYCLED, round, out);
+  /* a lasting fact goes cold fact_cold_rounds after it committed or was recalled (never dropped: demoted in its
+   * own format); the worker's query gathers it from there when it needs it, and that attention recalls it.  Its
+   * attention is not asked: keeping facts attended above recall_attn primary lost answers (agent model, 3x longer
+   * dialogues, 0.79 against 0.91) */
+  if (p->demote && p->fact_cold_rounds && age >= p->fact_cold_rounds && t->role[pos] != 1 && lasting_fact(t, pos, k))
     return change(t, pos, CKV_STATE_RECYCLED, round, out);
   if (st == CKV_STATE_COMMITTED && p->filler_recycle_rounds && age >= p->filler_recycle_rounds &&
       t->role[pos] != 1 && (t->flags[pos] & CKV_TOKEN_SEM_GIVEN) && t->semantic[pos] < k->empty_q)
@@ -224,6 +249,7 @@ static int judge_rules(ckv_tokens *t, uint32_t round, const ckv_judge_params *p,
                                  .semantic = t->semantic, .last_attended = t->last_attended,
                                  .last_transition = t->last_transition, .round = round,
                                  .idle_rounds = p->idle_rounds, .filler_recycle_rounds = p->filler_recycle_rounds,
+                                 .fact_cold_rounds = p->demote ? p->fact_cold_rounds : 0,
                                  .fact_q = k.fact_q, .empty_q = k.empty_q,
                                  .staged_age = p->scored_persistence_rounds &&
                                                        p->scored_persistence_rounds < p->persistence_rounds

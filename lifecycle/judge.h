@@ -39,8 +39,12 @@ int ckv_transition_list_add(ckv_transition_list *l, uint64_t pos, uint8_t from, 
 int ckv_judge_protected(const ckv_tokens *t, size_t pos, const ckv_judge_params *p);
 /* A committed token that is a lasting fact (committed for sustained attention
  * while meaningful, confirmed, or scored a fact by the worker): never
- * recycled for silence, and stored in the best-protected committed format. */
+ * recycled for silence (unless fact_cold_rounds sends it cold), and stored
+ * in the best-protected committed format. */
 int ckv_judge_lasting_fact(const ckv_tokens *t, size_t pos, const ckv_judge_params *p);
+/* A lasting fact, or one demoted to the cold tier (committed or recycled, a
+ * fact by the same marks): the tokens stored in the facts' format. */
+int ckv_judge_fact_format(const ckv_tokens *t, size_t pos, const ckv_judge_params *p);
 
 /* Runs the judge for `round` over every token: updates t->state and
  * t->last_transition and appends each change to `out`.  Returns CKV_OK or

@@ -44,6 +44,7 @@ typedef struct ckv_judge_params {
   uint32_t scored_persistence_rounds; /* staged rounds before a worker-scored fact or filler commits; 0 = persistence_rounds */
   int demote;                /* recycled tokens keep their bytes in cold blocks (dropped only by quota) */
   int filler_demote_staged;  /* with demote: unattended worker-scored filler goes cold from staged */
+  uint32_t fact_cold_rounds; /* with demote: rounds a lasting fact goes unattended before it goes cold; 0 = never */
   float recall_attn;         /* relative attention that recalls a demoted token */
   uint32_t share_grace_rounds; /* reuse_prefix sessions: rounds a published block waits for a second holder */
   int semantic_estimate_enabled; /* estimate semantic scores when the worker sends none */

@@ -27,6 +27,8 @@ __attribute__((target("avx2"))) size_t ckv_judge_scan_avx2(const ckv_judge_scan 
   const __m256i confirmed = _mm256_set1_epi32(4), fact_flag = _mm256_set1_epi32(CKV_TOKEN_FACT);
   const __m256i given = _mm256_set1_epi32(CKV_TOKEN_SEM_GIVEN);
   const __m256i filler_on = s->filler_recycle_rounds ? _mm256_set1_epi32(-1) : zero;
+  const __m256i fact_cold_on = s->fact_cold_rounds ? _mm256_set1_epi32(-1) : zero;
+  const __m256i fact_cold = _mm256_set1_epi32((int)s->fact_cold_rounds);
   size_t n = 0;
   for (; p + 8 <= end && n + 8 <= max; p += 8) {
     __m256i st = load8_u8(s->state + p), role = load8_u8(s->role + p);
@@ -44,7 +46,10 @@ __attribute__((target("avx2"))) size_t ckv_judge_scan_avx2(const ckv_judge_scan 
                         _mm256_cmpeq_epi32(_mm256_and_si256(flags, fact_flag), fact_flag)),
         _mm256_and_si256(is_given, _mm256_cmpgt_epi32(_mm256_add_epi32(sem, _mm256_set1_epi32(1)), fact_q)));
     __m256i idle_out = _mm256_and_si256(ge_u32(idle, idle_rounds), not_system); /* recycled unless a lasting fact */
-    __m256i goes_idle = _mm256_andnot_si256(fact, idle_out);
+    /* a fact old enough to go cold: the rules read its attention */
+    __m256i goes_idle = _mm256_or_si256(_mm256_andnot_si256(fact, idle_out),
+                                        _mm256_and_si256(_mm256_and_si256(fact, fact_cold_on),
+                                                         _mm256_and_si256(ge_u32(age, fact_cold), not_system)));
     __m256i filler = _mm256_and_si256(_mm256_and_si256(filler_on, ge_u32(age, frr)),
                                       _mm256_and_si256(not_system, _mm256_and_si256(is_given, _mm256_cmpgt_epi32(empty_q, sem))));
     __m256i staged_may = _mm256_or_si256(idle_out, ge_u32(age, staged_age)); /* a staged token is never a lasting fact */

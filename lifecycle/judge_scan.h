@@ -3,7 +3,7 @@
  *
  * Most tokens of a long session change nothing in a round: recycled ones
  * never do; a committed one only when it goes idle without being a lasting
- * fact, or when it is worker-scored filler past filler_recycle_rounds; a
+ * fact (or, with fact_cold_rounds, a fact committed that long ago), or when it is worker-scored filler past filler_recycle_rounds; a
  * staged one only when it goes idle or has been staged for its persistence
  * rounds.  The scan tests exactly those conditions for 8 tokens at a time
  * and lists the rest (every draft token, and the staged and committed ones
@@ -24,6 +24,7 @@ typedef struct ckv_judge_scan {
   uint32_t round;
   uint32_t idle_rounds;
   uint32_t filler_recycle_rounds; /* 0: off */
+  uint32_t fact_cold_rounds;      /* a lasting fact committed this long ago may go cold (0: never) */
   uint32_t fact_q;                /* semantic q >= this: a worker-scored lasting fact (65536: none) */
   uint32_t empty_q;               /* semantic q < this: below semantic_threshold */
   uint32_t staged_age;            /* a staged token younger than this (rounds) cannot commit */

@@ -159,6 +159,11 @@ int ckv_policy_from_name(const char *name);
     "attention read its ROT1 values (error 0.60). On the agent model's tune sets (4 x 24 "        \
     "dialogues, copies not yet scored filler) 0.188 of FP16 in primary memory against 0.196, "    \
     "recall 245 against 248 of 268 answers (FP16 254): bytes saved, answers within noise.")        \
+  X(fact_cold_rounds, fact_cold_rounds, U32, 0, 0, 1000000, 1,                                    \
+    "With demote, a lasting fact goes to the cold tier this many rounds after it committed (or "  \
+    "was recalled), in the facts' format (commit_bits): the worker gathers the cold tokens its "  \
+    "query needs most (ckv_session_cold_gather) and that attention recalls them. 0 = lasting "    \
+    "facts stay in primary memory.")                                                              \
   X(recall_attn, recall_attn, FLOAT, 1, 0, 1e6, 1,                                                \
     "A demoted token whose reported relative attention reaches this (1.0 = an average live "      \
     "token's share) is recalled: back to committed, its block primary again.")                   \

@@ -67,10 +67,11 @@ static uint32_t commit_format(const ckv_srv_session *s) {
 #define KIVI_PERSISTENCE_FACTOR 3u
 #define KIVI_HOT_NEVER_COMMITS 3.0e38f
 
-/* Bits by value: a rotated session stores its lasting facts in the commit
- * format and every other committed token in the cold_bits one. */
+/* Bits by value: a rotated session stores its lasting facts (demoted ones
+ * too: a fact that went cold keeps its bits) in the commit format and every
+ * other committed token in the cold_bits one. */
 static uint32_t token_commit_format(const ckv_srv_session *s, uint32_t cf, size_t pos) {
-  if (!ckv_format_is_rot(cf) || ckv_judge_lasting_fact(&s->tokens, pos, &s->params)) return cf;
+  if (!ckv_format_is_rot(cf) || ckv_judge_fact_format(&s->tokens, pos, &s->params)) return cf;
   uint32_t bits = (s->tokens.flags[pos] & CKV_TOKEN_WARM) ? s->params.warm_bits : s->params.cold_bits;
   return bits ? ckv_format_rot_of_bits(bits) : cf;
 }

@@ -59,7 +59,8 @@
  * go to the cold tier, the turn it repeats stays (--keep-copies: copies are
  * facts, as before; the JSON counts them, "copy_turns").  With turn labels
  * (entities, oracle) a commitkv session is opened with
- * scored_persistence_rounds = DLG_TURN_LABEL_ROUNDS.
+ * scored_persistence_rounds = DLG_TURN_LABEL_ROUNDS and fact_cold_rounds =
+ * DLG_FACT_COLD_ROUNDS (the worker gathers the cold tokens each query needs).
  * --surprise NATS (default DLG_SURPRISE_NATS; 0 = off) adds the model's
  * own signal to the text's: both turns of a copy (copy_signal.h: an n-gram
  * the model predicted that had cost it NATS when an earlier turn said it)
@@ -138,6 +139,12 @@
  * persistence_rounds for attention to agree (lifecycle/policy.h,
  * scored_persistence_rounds; --param scored_persistence_rounds=0 turns it off). */
 #define DLG_TURN_LABEL_ROUNDS 1.0
+/* ...and, since this worker gathers the cold tokens each query needs
+ * (ckv_session_cold_gather), to send lasting facts to the cold tier this
+ * many rounds after they commit (lifecycle/policy.h, fact_cold_rounds;
+ * --param fact_cold_rounds=0 keeps them in primary memory): commitkvd's own
+ * default is 0, for workers that read whole cold blocks. */
+#define DLG_FACT_COLD_ROUNDS 2.0
 /* The model's own signal beside the text's (llm_worker_options.surprise_nats,
  * examples/llm/copy_signal.h): both turns of a copy -- 5 bytes the model
  * predicted within 1 nat in all that had cost it at least 10 nats in an
@@ -723,15 +730,22 @@ static void print_table(const opts *o, const char *path, size_t skipped, const d
 
 /* ---- main ----------------------------------------------------------------- */
 
-/* Sends scored_persistence_rounds = DLG_TURN_LABEL_ROUNDS to a commitkv
- * session (a named one, or the daemon's default policy) unless --param set it. */
-static void trust_turn_labels(opts *o) {
+/* Sends name = value to a commitkv session (a named one, or the daemon's
+ * default policy) unless --param set it. */
+static void default_param(opts *o, const char *name, double value) {
   if (o->w.policy && strcmp(o->w.policy, "commitkv")) return;
   for (size_t i = 0; i < o->params.n; i++)
-    if (!strcmp(o->params.names[i], "scored_persistence_rounds")) return;
+    if (!strcmp(o->params.names[i], name)) return;
   if (o->params.n == LLM_WORKER_MAX_PARAMS) return;
-  o->params.names[o->params.n] = "scored_persistence_rounds";
-  o->params.values[o->params.n++] = DLG_TURN_LABEL_ROUNDS;
+  o->params.names[o->params.n] = name;
+  o->params.values[o->params.n++] = value;
+}
+
+/* Turn labels: the daemon acts on them a round after staging, and sends the
+ * facts they mark cold once they committed. */
+static void trust_turn_labels(opts *o) {
+  default_param(o, "scored_persistence_rounds", DLG_TURN_LABEL_ROUNDS);
+  default_param(o, "fact_cold_rounds", DLG_FACT_COLD_ROUNDS);
 }
 
 static const char *model_path(const opts *o, char *buf, size_t size) {

@@ -24,14 +24,6 @@
 #define LLM_SETTLE_POLL_MS 10
 #define LLM_SYNC_POLL_MS 1    /* options.sync: poll period while a round's moves finish */
 #define LLM_SETTLE_QUIET 5    /* polls without change: the rest waits for more tokens */
-/* A cold block is read when it could take this share of a head's attention
- * (ckv_session_cold_select), and at most this many per layer and query,
- * those whose key bounds pass the bar the most (ckv_session_cold_select_top,
- * Quest's top-k).  Uncapped, the bounds let most cold blocks through and
- * their ROT1 keys distract: on the agent model's 3x longer dialogues (tune
- * seed, demote = yes) 0.828 recall uncapped, 0.906 with 4 (FP16 0.922). */
-#define LLM_RECALL_MIN_WEIGHT 0.01f
-#define LLM_RECALL_MAX_BLOCKS 4u
 
 /* What FP16 K/V of n tokens take: the baseline every policy is compared to. */
 static uint64_t llm_fp16_bytes(const llm_worker *r, uint64_t n) {
@@ -54,9 +46,6 @@ static int refresh_view(llm_worker *r) {
     r->cap_blocks = n + v->n_cold + 1;
   }
   if (v->n_cold > r->cap_cold) {
-    uint32_t *ni = realloc(r->cold_idx, v->n_cold * sizeof(*ni));
-    if (!ni) return -ENOMEM;
-    r->cold_idx = ni;
     uint8_t *nr = realloc(r->cold_read, v->n_cold);
     if (!nr) return -ENOMEM;
     r->cold_read = nr;
@@ -93,27 +82,40 @@ static void add_mass(llm_worker *r, uint32_t n_blocks, uint64_t n_pos) {
   }
 }
 
-/* The view's cold blocks this layer's query could need
- * (ckv_session_cold_select), after the view's others in r->blocks: how many. */
+/* Counts view->cold[k] as read this round (once per view). */
+static void note_cold_read(llm_worker *r, uint32_t k) {
+  r->cold_read_round += !r->cold_read[k];
+  r->cold_read[k] = 1;
+}
+
+/* What this layer's query reads of the cold tier, after the view's blocks in
+ * r->blocks: the block of the cold tokens it needs most
+ * (ckv_session_cold_gather), or on device memory, which keeps no summaries
+ * here, every cold block.  *ret_n: how many blocks went there. */
 static int choose_cold(llm_worker *r, uint32_t layer, uint32_t *ret_n) {
   *ret_n = 0;
   const ckv_view *v = r->view;
   if (!v || !v->n_cold) return CKV_OK;
+  if (!r->gather) {
+    size_t bytes = ckv_format_block_bytes(CKV_FORMAT_DRAFT, &r->geom, LLM_GATHER_TOKENS, 0);
+    r->gather = aligned_alloc(CKV_BLOCK_ALIGN, (bytes + CKV_BLOCK_ALIGN - 1) / CKV_BLOCK_ALIGN * CKV_BLOCK_ALIGN);
+    if (!r->gather) return -ENOMEM;
+  }
   size_t n = 0;
-  int e = ckv_session_cold_select_top(r->s, layer, ckv_model_state_q(r->st), (uint32_t)r->mc->n_heads, 0.f,
-                                      LLM_RECALL_MIN_WEIGHT, LLM_RECALL_MAX_BLOCKS, r->cold_idx, &n);
-  if (e == CKV_ERR_UNSUPPORTED) { /* device memory: no summaries here, read them all */
-    for (n = 0; n < v->n_cold; n++) r->cold_idx[n] = (uint32_t)n;
-  } else if (e < 0) {
-    return e;
+  int e = ckv_session_cold_gather(r->s, layer, ckv_model_state_q(r->st), (uint32_t)r->mc->n_heads, 0.f,
+                                  LLM_GATHER_TOKENS, r->gather, LLM_GATHER_TOKENS, r->gather_src, &n);
+  if (e == CKV_OK) {
+    for (size_t i = 0; i < n; i++) note_cold_read(r, r->gather_src[i]);
+    if (n) r->blocks[r->n_blocks] = r->gather;
+    *ret_n = n ? 1u : 0u;
+    return CKV_OK;
   }
-  for (size_t i = 0; i < n; i++) {
-    uint32_t k = r->cold_idx[i];
-    r->blocks[r->n_blocks + i] = v->cold[k].data;
-    r->cold_read_round += !r->cold_read[k];
-    r->cold_read[k] = 1;
+  if (e != CKV_ERR_UNSUPPORTED) return e;
+  for (uint32_t k = 0; k < v->n_cold; k++) {
+    r->blocks[r->n_blocks + k] = v->cold[k].data;
+    note_cold_read(r, k);
   }
-  *ret_n = (uint32_t)n;
+  *ret_n = (uint32_t)v->n_cold;
   return CKV_OK;
 }
 
@@ -633,7 +635,7 @@ void llm_worker_done(llm_worker *r) {
   free(r->tags);
   free(r->slot_mass);
   free((void *)r->blocks);
-  free(r->cold_idx);
+  free(r->gather);
   free(r->cold_read);
   free(r->ws);
   free(r->aside);

@@ -64,6 +64,10 @@
 #define LLM_WORKER_TOP1_MARGIN 0.05f /* near-ties (FP16 rounding flips them) do not count */
 #define LLM_SURPRISE_SCORE 0.9f /* a turn raised by the copy signal: >= CKV_FACT_SEMANTIC, a lasting fact */
 #define LLM_COPY_NATS 1.0f      /* a token predicted this well may be a copy (copy_signal.h) */
+/* Cold tokens each layer's query reads (ckv_session_cold_gather): on the
+ * agent model with every lasting fact cold, 64 tokens chosen per query
+ * answered as well as reading every cold block. */
+#define LLM_GATHER_TOKENS 64u
 
 typedef struct llm_worker_options {
   const char *prog;               /* program name for messages */
@@ -156,7 +160,8 @@ typedef struct llm_worker {
   float *mass;              /* this round's attention mass per position */
   float *slot_mass;         /* kernel output: per (block, slot) */
   size_t cap_slot_mass;
-  const void **blocks;      /* the view's blocks, all formats, then the cold ones a query selects, then the aside block */
+  const void **blocks;      /* the view's blocks, all formats, then the cold tokens' gather block (or, on device
+                             * memory, every cold block), then the aside block */
   size_t cap_blocks;
   uint32_t n_blocks;
   void *ws;
@@ -165,7 +170,8 @@ typedef struct llm_worker {
   uint32_t aside_cap;
   uint64_t acked;           /* newest epoch acknowledged */
   const ckv_view *view;     /* the current view (its cold blocks are chosen per query) */
-  uint32_t *cold_idx;       /* ckv_session_cold_select's answer */
+  void *gather;             /* FP16 block of the cold tokens a query needs (ckv_session_cold_gather) */
+  uint32_t gather_src[LLM_GATHER_TOKENS]; /* each gathered token's cold block */
   uint8_t *cold_read;       /* per cold block of the view: read this round */
   size_t cap_cold;
   uint64_t cold_read_round; /* cold blocks read this round (distinct per view) */

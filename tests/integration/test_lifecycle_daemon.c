@@ -749,6 +749,91 @@ Test(lifecycle_daemon, demoted_tokens_stay_cold_and_come_back_for_the_query_that
   cr_assert_eq(ckv_test_daemon_stop(&d), 0);
 }
 
+/* The block of the session's slot that holds position pos among view->cold, or -1. */
+static int cold_slot_of(const ckv_view *v, uint32_t pos, uint32_t *ret_slot) {
+  for (size_t i = 0; i < v->n_cold; i++)
+    for (uint32_t slot = 0; slot < v->cold[i].capacity; slot++)
+      if (ckv_block_slot_valid(v->cold[i].data, slot) && ckv_block_positions_const(v->cold[i].data)[slot] == pos) {
+        *ret_slot = slot;
+        return (int)i;
+      }
+  return -1;
+}
+
+/* ckv_session_cold_gather: for a query along channel 0 of each head, the eight needles (the cold tokens it scores
+ * highest, first by their one-bit sketches, then exactly) and nothing else when it may take eight; all eight among
+ * sixteen; each gathered row is the FP16 of the cold copy's K and V for that layer, at the needle's position; a
+ * query that wants nothing in particular still gets max_tokens valid tokens; bad arguments are refused. */
+Test(lifecycle_daemon, cold_gather_brings_the_tokens_a_query_needs, .timeout = 60) {
+  ckv_test_daemon d;
+  cr_assert_eq(ckv_test_daemon_start(&d, k_daemon_args), 0, "commitkvd did not start");
+  ckv_client *c = connect_to(&d);
+  ckv_session *s;
+  uint64_t demoted = 0;
+  cr_expect_eq(cold_workload(1, c, &s, &demoted), 0);
+  const ckv_view *v;
+  cr_assert_eq(ckv_session_view(s, &v), CKV_OK);
+  cr_assert_geq(v->n_cold, 2, "cold blocks in the view: %zu", v->n_cold);
+  const ckv_geometry g = {LAYERS, HEADS, DIM, 0};
+  enum { CAP = 16 };
+  size_t bytes = ckv_format_block_bytes(CKV_FORMAT_DRAFT, &g, CAP, 0);
+  void *blk = aligned_alloc(CKV_BLOCK_ALIGN, (bytes + CKV_BLOCK_ALIGN - 1) / CKV_BLOCK_ALIGN * CKV_BLOCK_ALIGN);
+  cr_assert_not_null(blk);
+  float q[HEADS * DIM] = {0};
+  for (uint32_t h = 0; h < HEADS; h++) q[h * DIM] = 20.f;
+  uint32_t src[CAP];
+  size_t n = 0;
+  for (uint32_t layer = 0; layer < LAYERS; layer++) {
+    cr_assert_eq(ckv_session_cold_gather(s, layer, q, HEADS, 0.f, 8, blk, CAP, src, &n), CKV_OK, "%s",
+                 ckv_client_last_error(c));
+    cr_assert_eq(n, 8, "layer %u: %zu tokens gathered", layer, n);
+    const uint32_t *pos = ckv_block_positions_const(blk);
+    for (uint32_t slot = 0; slot < CAP; slot++) {
+      cr_expect_eq(ckv_block_slot_valid(blk, slot), slot < 8, "layer %u: slot %u valid %d", layer, slot,
+                   ckv_block_slot_valid(blk, slot));
+      if (slot >= 8) continue;
+      cr_expect_eq(pos[slot], NEEDLE_FIRST + slot, "layer %u: slot %u holds position %u, not needle %u", layer, slot,
+                   pos[slot], NEEDLE_FIRST + slot);
+      uint32_t from_slot;
+      int from = cold_slot_of(v, pos[slot], &from_slot);
+      cr_assert_geq(from, 0, "position %u is in no cold block", pos[slot]);
+      cr_expect_eq(src[slot], (uint32_t)from, "slot %u: source %u, the token is in cold block %d", slot, src[slot], from);
+      for (uint32_t kv = 0; kv < 2; kv++) {
+        float want[HEADS * DIM];
+        cr_assert_eq(ckv_kernels_dequantize(&g, v->cold[from].data, layer, kv, from_slot, want), CKV_OK);
+        const uint16_t *got = (const uint16_t *)((const uint8_t *)blk + ckv_draft_kv_offset(&g, CAP, layer, kv, slot));
+        for (uint32_t e = 0; e < HEADS * DIM; e++)
+          cr_assert_eq(got[e], ckv_f32_to_f16(want[e]), "layer %u slot %u %s[%u]: %04x, the cold copy says %04x", layer,
+                       slot, kv ? "V" : "K", e, got[e], ckv_f32_to_f16(want[e]));
+      }
+    }
+  }
+  /* sixteen: the eight needles among them */
+  cr_assert_eq(ckv_session_cold_gather(s, 0, q, HEADS, 0.f, 16, blk, CAP, src, &n), CKV_OK);
+  cr_expect_eq(n, 16);
+  uint32_t needles = 0;
+  for (uint32_t slot = 0; slot < n; slot++) {
+    uint32_t p = ckv_block_positions_const(blk)[slot];
+    needles += p >= NEEDLE_FIRST && p < NEEDLE_FIRST + 8;
+  }
+  cr_expect_eq(needles, 8, "%u of the 8 needles among 16 gathered tokens", needles);
+  /* a query orthogonal to every key: max_tokens tokens all the same */
+  for (uint32_t h = 0; h < HEADS; h++) q[h * DIM] = 0.f;
+  q[1] = 20.f;
+  cr_assert_eq(ckv_session_cold_gather(s, 1, q, HEADS, 0.f, 4, blk, CAP, NULL, &n), CKV_OK);
+  cr_expect_eq(n, 4);
+  /* refused: fewer slots than tokens, no tokens, a layer past the model's, a query head count off the geometry */
+  cr_expect_eq(ckv_session_cold_gather(s, 0, q, HEADS, 0.f, CAP + 1, blk, CAP, NULL, &n), CKV_ERR_INVALID);
+  cr_expect_eq(ckv_session_cold_gather(s, 0, q, HEADS, 0.f, 0, blk, CAP, NULL, &n), CKV_ERR_INVALID);
+  cr_expect_eq(ckv_session_cold_gather(s, LAYERS, q, HEADS, 0.f, 4, blk, CAP, NULL, &n), CKV_ERR_INVALID);
+  cr_expect_eq(ckv_session_cold_gather(s, 0, q, HEADS + 1, 0.f, 4, blk, CAP, NULL, &n), CKV_ERR_INVALID);
+  cr_expect_eq(ckv_session_cold_gather(s, 0, q, HEADS, 0.f, 4, NULL, CAP, NULL, &n), CKV_ERR_INVALID);
+  free(blk);
+  cr_assert_eq(ckv_session_drop(s), CKV_OK);
+  ckv_client_free(c);
+  cr_assert_eq(ckv_test_daemon_stop(&d), 0);
+}
+
 /* Waits until the session has no token waiting for its move. */
 static void settle_moves(ckv_client *c, ckv_session *s) {
   Commitkv__V1__Request req = COMMITKV__V1__REQUEST__INIT;

@@ -934,7 +934,7 @@ Test(config, template_loads_and_uncommented_equals_defaults, .init = setup, .fin
   fputs("uids = 1\n", f); /* the example's uids default is empty; a tenant needs one */
   fclose(f);
   cr_expect_eq(nd, 36); /* + warm_journal, warm_journal_delay (issue 43) */
-  cr_expect_eq(np, 31); /* + share_grace_rounds (issue 41), filler_demote_staged (issue 39) */
+  cr_expect_eq(np, 32); /* + share_grace_rounds (issue 41), filler_demote_staged, fact_cold_rounds (issue 39) */
   cr_expect_eq(nt, 11); /* + high_water (issue 43) */
   /* uids appears twice now: drop the empty one. */
   char *dup = strstr(text, "uids = \"\"\n");
@@ -978,7 +978,7 @@ Test(config, packaging_file_matches_table) {
   char *tmpl = capture(do_template, NULL);
   /* Every key of the table, with its current default. */
   size_t keys = for_each_template_key(tmpl, expect_line_in, text);
-  cr_expect_eq(keys, 78); /* + [daemon] warm_journal_delay, [policy] share_grace_rounds, filler_demote_staged */
+  cr_expect_eq(keys, 79); /* + [daemon] warm_journal_delay, [policy] share_grace_rounds, filler_demote_staged, fact_cold_rounds */
   cr_expect_str_eq(text + 1, tmpl,
                    "packaging/commitkvd.conf is stale: regenerate it with "
                    "ckv_config_write_template (commitkvd --print-default-config)");

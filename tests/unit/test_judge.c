@@ -989,6 +989,8 @@ Test(judge, vector_scan_decides_what_the_rules_decide, .timeout = 60) {
   judge_paths_alike(&p, "filler_recycle_rounds 2");
   p.far_sample = 0.25f;
   judge_paths_alike(&p, "far_sample 0.25");
+  p.fact_cold_rounds = 4;
+  judge_paths_alike(&p, "fact_cold_rounds 4");
 }
 
 /* ---- filler_demote_staged ---- */
@@ -1047,4 +1049,85 @@ Test(judge, filler_demote_staged_sends_unattended_filler_cold_from_staged) { fil
 Test(judge, filler_demote_staged_off_or_without_demotion_commits_filler_first) {
   filler_demote_run(0, 1);
   filler_demote_run(1, 0);
+}
+
+/* ---- fact_cold_rounds ---- */
+
+/* Turn labels (scored_persistence_rounds 1), demotion on: the worker's facts commit at round 2 and go cold
+ * (recycled: demoted, DESIGN.md's colder tier) fact_cold_rounds later, whatever their attention (the worker's
+ * query gathers what it needs from the cold tier, and the store recalls what that attention reaches); a fact
+ * recalled at some round (committed again) goes cold fact_cold_rounds after that; system-role facts never go.
+ * With the key at 0, or without demotion, no lasting fact is ever recycled, even with idle_rounds passed.  On the
+ * rule's own loop and the vector scan. */
+static void fact_cold_run(ckv_tokens_path path, uint32_t fact_cold_rounds, int demote) {
+  ckv_judge_params p = params_for(CKV_POLICY_COMMITKV);
+  p.sink_tokens = 0;
+  p.recent_window = 0;
+  p.idle_rounds = 3; /* commits first (round 2); from then only the fact rule may recycle a fact */
+  p.scored_persistence_rounds = 1;
+  p.fact_cold_rounds = fact_cold_rounds;
+  p.demote = demote;
+  cr_assert_eq(ckv_tokens_force_path(path), CKV_OK);
+  enum { QUIET, READ, RECALLED, SYSTEM, KINDS, PER = 16 };
+  const uint32_t recall_round = 2 + fact_cold_rounds + 1;
+  ckv_tokens t;
+  ckv_tokens_init(&t);
+  for (int k = 0; k < KINDS; k++)
+    for (int i = 0; i < PER; i++) push(&t, k == SYSTEM ? ROLE_SYSTEM : ROLE_USER, 0.9f, 0);
+  for (size_t i = 0; i < t.n; i++) t.flags[i] |= CKV_TOKEN_SEM_GIVEN;
+  ckv_transition_list out = {0};
+  uint64_t counts[4] = {KINDS * PER, 0, 0, 0};
+  uint32_t committed_at = 0, recycled_at[KINDS] = {0}, again_at = 0;
+  float *a = malloc(t.n * sizeof(float));
+  cr_assert_not_null(a);
+  for (uint32_t round = 1; round <= 20; round++) {
+    for (size_t i = 0; i < t.n; i++) a[i] = i / PER == READ || i / PER == RECALLED ? 5.f : 0.f;
+    record(&t, round, a);
+    if (round == recall_round && t.state[RECALLED * PER] == X) /* what the store does on a recall */
+      for (int i = 0; i < PER; i++) {
+        t.state[RECALLED * PER + i] = C;
+        t.last_transition[RECALLED * PER + i] = round;
+        counts[X]--, counts[C]++;
+      }
+    uint8_t before = t.state[RECALLED * PER];
+    judge_checked(&t, round, &p, counts, &out);
+    for (int k = 0; k < KINDS; k++) {
+      for (int i = 1; i < PER; i++) cr_assert_eq(t.state[k * PER + i], t.state[k * PER], "kind %d disagrees", k);
+      if (!recycled_at[k] && t.state[k * PER] == X) recycled_at[k] = round;
+    }
+    if (round > recall_round && before == C && t.state[RECALLED * PER] == X) again_at = round;
+    if (!committed_at && t.state[QUIET * PER] == C) committed_at = round;
+  }
+  free(a);
+  ckv_tokens_force_path((ckv_tokens_path)-1);
+  cr_expect_eq(committed_at, 2u, "the facts committed at round %u", committed_at);
+  bool cold = fact_cold_rounds && demote;
+  uint32_t want = cold ? 2 + fact_cold_rounds : 0u;
+  cr_expect_eq(recycled_at[QUIET], want, "an unread fact went cold at round %u (key %u, demote %d)", recycled_at[QUIET],
+               fact_cold_rounds, demote);
+  cr_expect_eq(recycled_at[READ], want, "a fact read every round went cold at round %u (key %u, demote %d)",
+               recycled_at[READ], fact_cold_rounds, demote);
+  cr_expect_eq(again_at, cold ? recall_round + fact_cold_rounds : 0u, "a recalled fact went cold again at round %u",
+               again_at);
+  if (cold) cr_expect(ckv_judge_fact_format(&t, QUIET * PER, &p), "a fact that went cold lost the facts' format");
+  cr_expect_eq(recycled_at[SYSTEM], 0u, "a system-role fact recycled at round %u", recycled_at[SYSTEM]);
+  ckv_transition_list_done(&out);
+  ckv_tokens_done(&t);
+}
+
+Test(judge, fact_cold_rounds_sends_facts_cold) {
+  fact_cold_run(CKV_TOKENS_PATH_SCALAR, 2, 1);
+  fact_cold_run(CKV_TOKENS_PATH_SCALAR, 5, 1);
+  if (ckv_tokens_force_path(CKV_TOKENS_PATH_AVX2) != CKV_OK) {
+    ckv_tokens_force_path((ckv_tokens_path)-1);
+    fprintf(stderr, "SKIPPED (part): this CPU has no AVX2: the vector scan's fact rule is not tested here\n");
+    return;
+  }
+  fact_cold_run(CKV_TOKENS_PATH_AVX2, 2, 1);
+  fact_cold_run(CKV_TOKENS_PATH_AVX2, 5, 1);
+}
+
+Test(judge, facts_never_go_cold_without_the_key_or_demotion) {
+  fact_cold_run(CKV_TOKENS_PATH_SCALAR, 0, 1);
+  fact_cold_run(CKV_TOKENS_PATH_SCALAR, 3, 0);
 }

@@ -307,6 +307,25 @@ int ckv_session_cold_select(ckv_session *s, uint32_t layer, const float *q, uint
  * (Quest's top-k pages).  ret_idx ascending, as ckv_session_cold_select's. */
 int ckv_session_cold_select_top(ckv_session *s, uint32_t layer, const float *q, uint32_t n_q_heads, float scale,
                                 float min_weight, size_t max_blocks, uint32_t *ret_idx, size_t *ret_n);
+/* The cold tokens of the current view that query q at `layer` needs most,
+ * gathered into `block`, which the caller owns and attention reads with the
+ * view's others: at most max_tokens of them, ranked by the largest share of
+ * any query head's softmax mass over the cold tokens, first from each cold
+ * block's one-bit key sketch (kept with its summary, computed once per block),
+ * then exactly from the keys of the best 16 x max_tokens.  Their K and V of
+ * this layer are written as FP16 to slots 0..*ret_n of `block` (ascending
+ * positions, valid bits set, every other slot invalid): a draft block of the
+ * session's geometry and `capacity` >= max_tokens slots, of
+ * ckv_format_block_bytes(CKV_FORMAT_DRAFT, geometry, capacity, 0) bytes,
+ * 64-byte aligned, which this call (re)initialises.  Only this layer's rows
+ * are written: gather again for the next layer.  ret_src (NULL, or room for
+ * max_tokens) gets each slot's index into view->cold.  Tokens of a cold block
+ * whose bytes cannot be read back are never gathered.  Host arenas only.
+ * q and scale as ckv_session_cold_select.  Returns CKV_OK, CKV_ERR_INVALID,
+ * CKV_ERR_STATE (no view fetched yet), CKV_ERR_UNSUPPORTED (a CUDA arena),
+ * -ENOMEM. */
+int ckv_session_cold_gather(ckv_session *s, uint32_t layer, const float *q, uint32_t n_q_heads, float scale,
+                            uint32_t max_tokens, void *block, uint32_t capacity, uint32_t *ret_src, size_t *ret_n);
 /* Adds n to the cold blocks the next ckv_session_report says this round's
  * attention read (ReportRound.recalled_blocks: counted by the daemon per
  * session, stats and ListSessions). */
