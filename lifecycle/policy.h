@@ -163,7 +163,10 @@ int ckv_policy_from_name(const char *name);
     "With demote, a lasting fact goes to the cold tier this many rounds after it committed (or "  \
     "was recalled), in the facts' format (commit_bits): the worker gathers the cold tokens its "  \
     "query needs most (ckv_session_cold_gather) and that attention recalls them. 0 = lasting "    \
-    "facts stay in primary memory.")                                                              \
+    "facts stay in primary memory, the default here: a worker that reads whole cold blocks "      \
+    "(ckv_session_cold_select_top) loses them (agent model: recall 0.56 against FP16 0.95). "     \
+    "commitkv-dialogue, which gathers, sends 2: on the agent model's tune sets (397 questions) "  \
+    "recall 0.919 against 0.904 at 0.096 of FP16 in primary memory against 0.182 (FP16 0.947).") \
   X(recall_attn, recall_attn, FLOAT, 1, 0, 1e6, 1,                                                \
     "A demoted token whose reported relative attention reaches this (1.0 = an average live "      \
     "token's share) is recalled: back to committed, its block primary again.")                   \

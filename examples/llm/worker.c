@@ -98,8 +98,10 @@ static int choose_cold(llm_worker *r, uint32_t layer, uint32_t *ret_n) {
   if (!v || !v->n_cold) return CKV_OK;
   if (!r->gather) {
     size_t bytes = ckv_format_block_bytes(CKV_FORMAT_DRAFT, &r->geom, LLM_GATHER_TOKENS, 0);
-    r->gather = aligned_alloc(CKV_BLOCK_ALIGN, (bytes + CKV_BLOCK_ALIGN - 1) / CKV_BLOCK_ALIGN * CKV_BLOCK_ALIGN);
+    bytes = (bytes + CKV_BLOCK_ALIGN - 1) / CKV_BLOCK_ALIGN * CKV_BLOCK_ALIGN;
+    r->gather = aligned_alloc(CKV_BLOCK_ALIGN, bytes);
     if (!r->gather) return -ENOMEM;
+    memset(r->gather, 0, bytes); /* the rows of slots a call leaves invalid are never garbage */
   }
   size_t n = 0;
   int e = ckv_session_cold_gather(r->s, layer, ckv_model_state_q(r->st), (uint32_t)r->mc->n_heads, 0.f,

@@ -124,11 +124,12 @@
 #define MAX_VARIANT_A_LOSS (2.0 / 32.0 + 1e-9)
 #define MIN_TEXT_ONLY_LOSS 0.2
 /* Bits by value alone: every token past the last round staged, then committed the round after: lasting facts in
- * commit_bits (ROT4), the rest in cold_bits (ROT1); no attention rule, no recycling (for silence or as filler). */
+ * commit_bits (ROT4), the rest in cold_bits (ROT1); no attention rule, no recycling (for silence or as filler), and
+ * facts kept in primary memory (fact_cold_rounds=0, which commitkv-dialogue would set to 2). */
 #define BITS_BY_VALUE_PARAMS                                                                                 \
   "--param", "persistence_rounds=1", "--param", "attn_threshold=1000000", "--param",                      \
       "high_attn_threshold=1000000", "--param", "idle_rounds=1000000", "--param", "cold_bits=1", "--param", \
-      "filler_recycle_rounds=0", "--sync"
+      "filler_recycle_rounds=0", "--param", "fact_cold_rounds=0", "--sync"
 
 /* --share-prefix on the first 12 public dialogues, measured (08:40 UTC, 2026-12-07, the shared 2-core machine): the
  * common system turn is 81 tokens with BOS, 80 of them in whole blocks, matched by each of the 12 sessions (960 in

@@ -749,7 +749,20 @@ Test(lifecycle_daemon, demoted_tokens_stay_cold_and_come_back_for_the_query_that
   cr_assert_eq(ckv_test_daemon_stop(&d), 0);
 }
 
-/* The block of the session's slot that holds position pos among view->cold, or -1. */
+/* A daemon, a client and the cold workload's session (demote = yes, nothing dropped); its view, with at least
+ * min_cold cold blocks. */
+static const ckv_view *cold_session(ckv_test_daemon *d, ckv_client **c, ckv_session **s, size_t min_cold) {
+  cr_assert_eq(ckv_test_daemon_start(d, k_daemon_args), 0, "commitkvd did not start");
+  *c = connect_to(d);
+  uint64_t demoted = 0;
+  cr_assert_eq(cold_workload(1, *c, s, &demoted), 0, "tokens dropped without a quota rule");
+  const ckv_view *v;
+  cr_assert_eq(ckv_session_view(*s, &v), CKV_OK);
+  cr_assert_geq(v->n_cold, min_cold, "cold blocks in the view: %zu", v->n_cold);
+  return v;
+}
+
+/* Where position pos is among view->cold: the block's index (its slot in *ret_slot), or -1. */
 static int cold_slot_of(const ckv_view *v, uint32_t pos, uint32_t *ret_slot) {
   for (size_t i = 0; i < v->n_cold; i++)
     for (uint32_t slot = 0; slot < v->cold[i].capacity; slot++)
@@ -766,14 +779,9 @@ static int cold_slot_of(const ckv_view *v, uint32_t pos, uint32_t *ret_slot) {
  * query that wants nothing in particular still gets max_tokens valid tokens; bad arguments are refused. */
 Test(lifecycle_daemon, cold_gather_brings_the_tokens_a_query_needs, .timeout = 60) {
   ckv_test_daemon d;
-  cr_assert_eq(ckv_test_daemon_start(&d, k_daemon_args), 0, "commitkvd did not start");
-  ckv_client *c = connect_to(&d);
+  ckv_client *c;
   ckv_session *s;
-  uint64_t demoted = 0;
-  cr_expect_eq(cold_workload(1, c, &s, &demoted), 0);
-  const ckv_view *v;
-  cr_assert_eq(ckv_session_view(s, &v), CKV_OK);
-  cr_assert_geq(v->n_cold, 2, "cold blocks in the view: %zu", v->n_cold);
+  const ckv_view *v = cold_session(&d, &c, &s, 2);
   const ckv_geometry g = {LAYERS, HEADS, DIM, 0};
   enum { CAP = 16 };
   size_t bytes = ckv_format_block_bytes(CKV_FORMAT_DRAFT, &g, CAP, 0);
@@ -873,14 +881,9 @@ static void attend_positions(ckv_client *c, ckv_session *s, uint32_t round, cons
  * building commitkvd with CKV_ROT_SPARSE_NUM 0). */
 Test(lifecycle_daemon, cold_blocks_that_recalls_empty_are_compacted, .timeout = 60) {
   ckv_test_daemon d;
-  cr_assert_eq(ckv_test_daemon_start(&d, k_daemon_args), 0, "commitkvd did not start");
-  ckv_client *c = connect_to(&d);
+  ckv_client *c;
   ckv_session *s;
-  uint64_t demoted = 0;
-  cr_assert_eq(cold_workload(1, c, &s, &demoted), 0);
-  const ckv_view *v;
-  cr_assert_eq(ckv_session_view(s, &v), CKV_OK);
-  cr_assert_geq(v->n_cold, 1, "no cold block");
+  const ckv_view *v = cold_session(&d, &c, &s, 1);
   /* the fullest cold block, and its tokens */
   size_t best = 0;
   uint32_t best_valid = 0;
