@@ -3,11 +3,12 @@
  * libcommitkv; the API is ckv_session_cold_gather in commitkv.h).
  *
  * Reading whole cold blocks lets a 64-token block stand for the one token a
- * question needs: on the agent model with every lasting fact cold (tune
- * seeds, 196 questions), the four blocks whose key bounds pass the bar the
- * most (ckv_session_cold_select_top) caught 40% of the cold tokens'
- * attention mass, and recall fell to 0.56 (FP16 0.95; reading every cold
- * block, 0.90).  So the choice is per token, in two steps:
+ * question needs: on the agent model with every lasting fact cold, the
+ * four blocks whose key bounds pass the bar the most
+ * (ckv_session_cold_select_top) caught 40% of the cold tokens' attention
+ * mass (8 dialogues), and recall fell to 0.56 (tune seeds, 397 questions,
+ * FP16 0.95; reading every cold block, 0.90 of 196).  So the choice is per
+ * token, in two steps:
  *   1. every valid token of every cold block is scored from its block's
  *      summary (the one-bit key sketch, cold_sketch.h: no byte of the block
  *      is read), and ranked by the largest share of any query head's

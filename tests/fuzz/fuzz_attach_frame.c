@@ -34,6 +34,7 @@
 #include "daemon/attach.h"
 #include "daemon/server.h"
 #include "common/strmap.h"
+#include "store/shared.h"
 #include "store/tenant.h"
 #include "fuzz.h"
 #include "fuzz_server.h"
@@ -70,12 +71,17 @@ int ckv_fuzz_attach_frame_init(void) {
   g_devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
   CKV_FUZZ_CHECK(g_devnull >= 0, "open /dev/null");
   for (int i = 0; i < MAX_CLIENTS; i++) g_clients[i].fd = -1;
-  /* The tenant's arena exists from the first attach on: make it now, so an
-   * input's descriptor count does not see its memfd appear. */
+  /* The tenant's arena exists from the first attach on, and its published
+   * prefix index (two descriptors: the daemon's and the workers' read-only
+   * one) from the first attach that asks for it: make both now, so an
+   * input's descriptor count does not see their memfds appear. */
   ckv_tenant_spec spec;
   resolve(NULL, 0, 0, &spec);
   int r = 0;
-  CKV_FUZZ_CHECK(ckv_attach_tenant(g_server, &spec, &r), "tenant: %s", ckv_strerror(r));
+  ckv_tenant *t = ckv_attach_tenant(g_server, &spec, &r);
+  CKV_FUZZ_CHECK(t, "tenant: %s", ckv_strerror(r));
+  uint64_t index_bytes = 0;
+  CKV_FUZZ_CHECK(ckv_prefix_index_fd(t, &index_bytes) >= 0, "the tenant's prefix index");
   return 0;
 }
 
