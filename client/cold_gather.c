@@ -12,9 +12,9 @@
 #include "kernels/kernels.h"
 #include "kernels/quant.h"
 
-/* A cold token: view->cold[blk], the i-th valid slot of its summary. */
+/* A cold token: slot `slot` of view->cold[blk], at position pos. */
 typedef struct cand {
-  uint32_t blk, i, slot, pos;
+  uint32_t blk, slot, pos;
 } cand;
 
 struct ckv_cold_gather_scratch {
@@ -100,10 +100,7 @@ static void exact_scores(ckv_cold_gather_scratch *s, const ckv_geometry *g, cons
     return;
   }
   for (uint32_t h = 0; h < n_q_heads; h++) {
-    const float *k = s->row + (size_t)(h / group) * d, *qh = q + (size_t)h * d;
-    float dot = 0.f;
-    for (uint32_t x = 0; x < d; x++) dot += qh[x] * k[x];
-    dot *= scale;
+    float dot = ckv_cold_head_score(q + (size_t)h * d, s->row + (size_t)(h / group) * d, d, scale);
     out[h] = isfinite(dot) ? dot : -INFINITY;
   }
 }
@@ -156,10 +153,7 @@ int ckv_cold_gather(ckv_cold_cache **cache, ckv_cold_gather_scratch **scratch, c
   if (!v->n_cold) return CKV_OK;
   if (!(scale > 0.f)) scale = 1.f / sqrtf((float)g->head_dim);
   size_t n = 0; /* at most this many cold tokens */
-  for (size_t i = 0; i < v->n_cold; i++) {
-    uint32_t cap = ((const ckv_block_header *)v->cold[i].data)->capacity;
-    n += v->cold[i].capacity < cap ? v->cold[i].capacity : cap;
-  }
+  for (size_t i = 0; i < v->n_cold; i++) n += ckv_cold_block_slots(&v->cold[i]);
   if ((e = scratch_ready(scratch, g, n_q_heads, n ? n : 1)) < 0) return e;
   ckv_cold_gather_scratch *s = *scratch;
   const uint32_t d = g->head_dim, words = ckv_cold_sketch_words(d), group = n_q_heads / g->n_kv_heads;
@@ -173,8 +167,7 @@ int ckv_cold_gather(ckv_cold_cache **cache, ckv_cold_gather_scratch **scratch, c
      * its tokens are scored exactly, one by one, and those that do not read back are never chosen */
     const bool sketched = !sm.unknown && sm.sign;
     const uint32_t *positions = ckv_block_positions_const(v->cold[i].data);
-    uint32_t cap = ((const ckv_block_header *)v->cold[i].data)->capacity;
-    if (v->cold[i].capacity < cap) cap = v->cold[i].capacity;
+    const uint32_t cap = ckv_cold_block_slots(&v->cold[i]);
     uint32_t j = 0; /* the sketch of slot `slot` is the j-th of the summary's (its slots ascend) */
     for (uint32_t slot = 0; slot < cap && k < n; slot++) {
       if (!ckv_block_slot_valid(v->cold[i].data, slot)) continue;
@@ -182,7 +175,7 @@ int ckv_cold_gather(ckv_cold_cache **cache, ckv_cold_gather_scratch **scratch, c
         while (j < sm.n_valid && sm.slot[j] < slot) j++;
         if (j == sm.n_valid || sm.slot[j] != slot) continue; /* summaries are made anew when slots change */
       }
-      s->c[k] = (cand){(uint32_t)i, j, slot, positions[slot]};
+      s->c[k] = (cand){(uint32_t)i, slot, positions[slot]};
       s->ord[k] = (uint32_t)k;
       float *sc = s->score + k * n_q_heads;
       if (sketched) {

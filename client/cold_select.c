@@ -69,8 +69,7 @@ static size_t find(const ckv_cold_cache *c, uint64_t id) {
  * and, where head_dim takes one, every valid slot's sketch. */
 static int summarise(ckv_cold_cache *c, const ckv_geometry *g, const ckv_block_view *b, summary *s) {
   const size_t per_layer = (size_t)g->n_kv_heads * g->head_dim, all = per_layer * g->n_layers;
-  const ckv_block_header *h = b->data;
-  const uint32_t cap = b->capacity < h->capacity ? b->capacity : h->capacity, d = g->head_dim;
+  const uint32_t cap = ckv_cold_block_slots(b), d = g->head_dim;
   const uint32_t words = ckv_cold_sketch_words(d);
   const size_t heads = (size_t)g->n_layers * g->n_kv_heads;
   *s = (summary){.id = b->id, .cap = cap};
@@ -125,8 +124,7 @@ static int summarise(ckv_cold_cache *c, const ckv_geometry *g, const ckv_block_v
  * recalled out of a cold block leaves its slot, and a slot may be filled
  * again; then the summary (bounds, sketches, slots) is made anew. */
 static bool fresh(const summary *s, const ckv_block_view *b) {
-  const ckv_block_header *h = b->data;
-  uint32_t cap = b->capacity < h->capacity ? b->capacity : h->capacity;
+  const uint32_t cap = ckv_cold_block_slots(b);
   if (cap != s->cap) return false;
   const uint32_t *positions = ckv_block_positions_const(b->data);
   for (uint32_t slot = 0; slot < cap; slot++)
@@ -214,6 +212,12 @@ int ckv_cold_cache_summary(ckv_cold_cache **cache, const ckv_geometry *g, const 
   return CKV_OK;
 }
 
+float ckv_cold_head_score(const float *qh, const float *k, uint32_t d, float scale) {
+  float dot = 0.f;
+  for (uint32_t x = 0; x < d; x++) dot += qh[x] * k[x];
+  return dot * scale;
+}
+
 /* The best exact score per query head over the view's draft blocks (FP16:
  * the sinks and the recent window, which attention always reads). */
 static void draft_scores(ckv_cold_cache *c, const ckv_geometry *g, const ckv_view *v, uint32_t layer, const float *q,
@@ -222,16 +226,12 @@ static void draft_scores(ckv_cold_cache *c, const ckv_geometry *g, const ckv_vie
   for (uint32_t h = 0; h < n_q_heads; h++) best[h] = -INFINITY;
   for (size_t i = 0; i < v->n_draft; i++) {
     const ckv_block_view *b = &v->draft[i];
-    const ckv_block_header *hdr = b->data;
-    uint32_t cap = b->capacity < hdr->capacity ? b->capacity : hdr->capacity;
+    const uint32_t cap = ckv_cold_block_slots(b);
     for (uint32_t slot = 0; slot < cap; slot++) {
       if (!ckv_block_slot_valid(b->data, slot) || ckv_kernels_dequantize(g, b->data, layer, 0, slot, c->row) != CKV_OK)
         continue;
       for (uint32_t h = 0; h < n_q_heads; h++) {
-        const float *k = c->row + (size_t)(h / group) * d, *qh = q + (size_t)h * d;
-        float dot = 0.f;
-        for (uint32_t x = 0; x < d; x++) dot += qh[x] * k[x];
-        dot *= scale;
+        float dot = ckv_cold_head_score(q + (size_t)h * d, c->row + (size_t)(h / group) * d, d, scale);
         if (isfinite(dot) && dot > best[h]) best[h] = dot;
       }
     }

@@ -41,6 +41,17 @@ typedef struct ckv_cold_summary {
   const float *alpha;
 } ckv_cold_summary;
 
+/* The slots of a cold block that can be read: its header's capacity, at
+ * most the view's. */
+static inline uint32_t ckv_cold_block_slots(const ckv_block_view *b) {
+  uint32_t cap = ((const ckv_block_header *)b->data)->capacity;
+  return b->capacity < cap ? b->capacity : cap;
+}
+
+/* scale * qh . k over d elements: one query head's exact score of one key
+ * (possibly non-finite: the callers decide). */
+float ckv_cold_head_score(const float *qh, const float *k, uint32_t d, float scale);
+
 /* The summary of view->cold[i], computed on first use (*cache is created
  * then).  Call it for i = 0 first in a pass over the view: that call forgets
  * the summaries of blocks no longer cold.  Returns CKV_OK, CKV_ERR_INVALID,
