@@ -34,7 +34,7 @@ static inline __m512 mid16(__m512 t, __m512 h, __m512 bound) {
 }
 
 /* Packs the codes m + offset of 16 elements (m from mid16, exact small integers) into p (ckv_pack_code's
- * layout, 16 * bits / 8 bytes written), for 1, 2 and 4 bits. */
+ * layout, 16 * bits / 8 bytes written), for 1, 2, 3 and 4 bits. */
 static inline void pack16(__m512 m, __m512 off, uint32_t bits, uint8_t *p) {
   __m128i c = _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(_mm512_add_ps(m, off)));
   if (bits == 4u) { /* byte pairs c0 | c1 << 4 */
@@ -45,13 +45,20 @@ static inline void pack16(__m512 m, __m512 off, uint32_t bits, uint8_t *p) {
     w = _mm_packus_epi32(w, w);
     uint32_t v = (uint32_t)_mm_cvtsi128_si32(_mm_packus_epi16(w, w));
     memcpy(p, &v, 4);
+  } else if (bits == 3u) { /* c0 + 8 c1 per 16 bits, + 64 (c2 + 8 c3) per 32 (12 bits), two of those side by
+                              * side per 64 bits (24 bits: 8 codes), the two 24-bit groups: 6 bytes */
+    __m128i w = _mm_madd_epi16(_mm_maddubs_epi16(c, _mm_set1_epi16(0x0801)), _mm_set1_epi32(0x00400001));
+    w = _mm_or_si128(w, _mm_srli_epi64(w, 20));
+    uint64_t lo = (uint64_t)_mm_cvtsi128_si64(w) & 0xffffffu, hi = (uint64_t)_mm_extract_epi64(w, 1) & 0xffffffu;
+    uint64_t v = lo | hi << 24;
+    memcpy(p, &v, 6);
   } else { /* 1 bit: code i is bit i of the nonzero mask */
     uint16_t k = (uint16_t)_mm_test_epi8_mask(c, c);
     memcpy(p, &k, 2);
   }
 }
 
-/* pack16 of the mids m[0..n) of a head, 16 per step, for 1, 2 and 4 bits (every byte of row written). */
+/* pack16 of the mids m[0..n) of a head, 16 per step (every byte of row written). */
 static void pack16_mids(const float *m, uint32_t n, uint32_t bits, uint8_t *row) {
   const __m512 off = _mm512_set1_ps(ckv_rot_offset(bits));
   for (uint32_t i = 0; i < n; i += 16) pack16(_mm512_loadu_ps(m + i), off, bits, row + (size_t)i * bits / 8u);
@@ -77,7 +84,7 @@ enum { SRC_F32 = 0, SRC_F32_LESS = 1, SRC_F16 = 2 };
 
 /* ckv_rot_quant_head for g <= GROUP heads y[g][n] (n a multiple of 16): the sum of squares and each candidate's
  * squared errors in one 16-lane register (the rules' lane order); the candidates' (code - offset) kept from the
- * error pass, so the codes are the better one's, converted and packed (3 bits: rot_avx2.c's packing). */
+ * error pass, so the codes are the better one's, converted and packed. */
 static void quant_group(const float *y, uint32_t g, uint32_t n, uint32_t bits, uint8_t *ret_scales, uint8_t *rows) {
   float ss[GROUP], am[GROUP], err[GROUP][CKV_ROT_CANDIDATES];
   uint8_t cand[GROUP][CKV_ROT_CANDIDATES];
@@ -115,10 +122,7 @@ static void quant_group(const float *y, uint32_t g, uint32_t n, uint32_t bits, u
   }
   for (uint32_t hd = 0; hd < g; hd++) {
     uint8_t s8 = ckv_rot_best(cand[hd], err[hd]);
-    if (bits == 3u)
-      ckv_rot_pack_avx2(y + (size_t)hd * n, n, bits, scale_inv_tab[s8], rows + hd * rb);
-    else
-      pack16_mids(mids[hd][s8 == cand[hd][0] ? 0 : 1], n, bits, rows + hd * rb);
+    pack16_mids(mids[hd][s8 == cand[hd][0] ? 0 : 1], n, bits, rows + hd * rb);
     ret_scales[hd] = s8;
   }
 }
@@ -530,10 +534,6 @@ static inline __attribute__((always_inline)) void quant_group_regs(int SRC, int 
     uint8_t s8 = ckv_rot_best(cand[hd], err);
     ret_scales[hd] = s8;
     uint8_t *row = rows + hd * rb;
-    if (bits == 3u) {
-      ckv_rot_pack_avx2(y[hd], n, bits, scale_inv_tab[s8], row);
-      continue;
-    }
     const __m512 *m = s8 == cand[hd][0] ? m0 : m1;
 #pragma GCC unroll 8
     for (int k = 0; k < NV; k++) pack16(m[k], off, bits, row + (size_t)k * 2u * bits);
