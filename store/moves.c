@@ -649,19 +649,16 @@ static int compact(ckv_srv_session *s, ckv_compressor *c) {
  * asks for), so the block ends up all live or all cold.  Runs when the
  * last round demoted or recalled something (s->cold_dirty), bounded like a
  * plan; a block with a token in flight waits for a later call.
- * And a full cold block at most three quarters of whose slots still hold a
- * token (the rest were recalled, or left as the smaller side) moves them all
- * to the cold fill block of their format, and retires.  Moving requantizes
- * each token against its new block's key mean: on the agent model (tune seed
- * 9103, 24 dialogues) total bytes 0.280 -> 0.253 of FP16 with recall and KL as
- * before at half; at three quarters, on the 3x longer dialogues (held-out
- * seeds 9808 and 9909, 48 dialogues) 0.258 -> 0.237 at KL 0.0088 -> 0.0077:
- * the facts' ROT4 cold blocks were a fifth empty.
+ * And a full cold block at most half of whose slots still hold a token (the
+ * rest were recalled, or left as the smaller side) moves them all to the cold
+ * fill block of their format, and retires.  Moving requantizes each token
+ * against its new block's key mean: on the agent model (tune seed 9103, 24
+ * dialogues) total bytes 0.280 -> 0.253 of FP16 with recall and KL as before.
  * Primary blocks are left alone: compacting them too (half full or less)
  * saved 0.002 of primary bytes and cost agent-synthetic's cosine 0.9912 ->
  * 0.9900; at three quarters 0.006, KL 0.0088 -> 0.0095 and one public answer. */
-#define CKV_ROT_SPARSE_NUM 3
-#define CKV_ROT_SPARSE_DEN 4
+#define CKV_ROT_SPARSE_NUM 1
+#define CKV_ROT_SPARSE_DEN 2
 
 static int separate_cold(ckv_srv_session *s, ckv_compressor *c) {
   if (!demotes(s) || ckv_compressor_room(c) == 0) return CKV_OK;
@@ -700,7 +697,7 @@ static int separate_cold(ckv_srv_session *s, ckv_compressor *c) {
     }
     /* sparse: at most CKV_ROT_SPARSE_NUM / CKV_ROT_SPARSE_DEN of its slots hold a token: all of them move */
     bool move_cold = cold <= live;
-    /* a cold block (or one left cold once its live side moves out) that sparse: all of it moves */
+    /* a cold block (or one left cold once its live side moves out) at most half full: all of it moves */
     bool sparse = (!live || !move_cold) && k->used == capacity && cold * CKV_ROT_SPARSE_DEN <= capacity * CKV_ROT_SPARSE_NUM;
     if ((!live || !cold) && !sparse) continue;
     uint32_t n_move = sparse ? live + cold : move_cold ? cold : live;
