@@ -8,6 +8,7 @@
  * --quick: CI-sized (32 MiB, 1K/4K tokens, few iterations); --mib N: op
  * buffer size; --tokens N,...: the attention sizes instead (multiples of 512, e.g. 32768);
  * --cpu-time: time with the thread CPU clock instead of wall.
+ * --only ops|attention: that half only (memcpy is measured either way; the rows of the other half are absent).
  * --peer PATH: before ours and again after, runs the outside peer PATH (bench/peer/ggml_peer.c,
  * built by `make bench-peer`: ggml's CPU kernels) on the same sizes and thread count, each peer
  * figure the better of its two runs (a load change between the phases favours neither side, or
@@ -353,9 +354,6 @@ static const uint32_t op_fmt_codes[] = {CKV_FORMAT_STAGED, CKV_FORMAT_COMMIT4, C
 
 /* Every op of every format, on one thread and on all; results in g_ops.  0, or -1 when out of memory. */
 static int run_ops(const ckv_geometry *g, blockset *dr, size_t tokens, int reps, op_ctx *mc) {
-  long np = sysconf(_SC_NPROCESSORS_ONLN);
-  g_op_threads = np < 1 ? 1 : np > 64 ? 64 : (int)np;
-  g_memcpy_threads_gbps = g_op_threads > 1 ? 2.0 * mc->bytes / best_of(reps, memcpy_threads, mc) / 1e9 : 0;
   size_t draft_bytes = dr->n * dr->bytes_each, fp32_bytes = tokens * ckv_token_elems(g) * 4;
   int plain_ok = ckv_bench_quant_plain_supported();
   ckv_move *moves = NULL;
@@ -642,6 +640,7 @@ static void gpu_section(int json) {
 
 int ckv_bench_kernels(int argc, char **argv) {
   int json = 0, quick = 0;
+  const char *only = NULL; /* --only ops|attention */
   size_t mib = 1024;
   size_t sizes_arg[3];
   size_t nsizes_arg = 0; /* --tokens */
@@ -651,6 +650,8 @@ int ckv_bench_kernels(int argc, char **argv) {
     else if (!strcmp(argv[i], "--cpu-time")) g_clock = CLOCK_THREAD_CPUTIME_ID;
     else if (!strcmp(argv[i], "--mib") && i + 1 < argc) mib = strtoul(argv[++i], NULL, 10);
     else if (!strcmp(argv[i], "--peer") && i + 1 < argc) g_peer_path = argv[++i];
+    else if (!strcmp(argv[i], "--only") && i + 1 < argc && (!strcmp(argv[i + 1], "ops") || !strcmp(argv[i + 1], "attention")))
+      only = argv[++i];
     else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) {
       for (char *e = argv[++i]; *e && nsizes_arg < 3; e += *e == ',') {
         size_t n = strtoul(e, &e, 10) / 512 * 512; /* the mixes' shares in whole 64-token blocks */
@@ -663,7 +664,7 @@ int ckv_bench_kernels(int argc, char **argv) {
       }
     }
     else {
-      fprintf(stderr, "usage: commitkv-bench kernels [--json] [--quick] [--mib N] [--tokens N[,N...]] [--cpu-time] [--peer PATH]\n");
+      fprintf(stderr, "usage: commitkv-bench kernels [--json] [--quick] [--mib N] [--tokens N[,N...]] [--cpu-time] [--peer PATH] [--only ops|attention]\n");
       return 2;
     }
   }
@@ -691,6 +692,9 @@ int ckv_bench_kernels(int argc, char **argv) {
   c.ring = (float *)c.b; /* the memcpy target doubles as the FP32 output ring (as large as the source) */
   memset(c.b, 1, draft_bytes);
   double memcpy_gbps = 2.0 * draft_bytes / best_of(reps, run_memcpy, &c) / 1e9;
+  long np = sysconf(_SC_NPROCESSORS_ONLN); /* and on every CPU: the bound of the ops' and attention's threaded rows */
+  g_op_threads = np < 1 ? 1 : np > 64 ? 64 : (int)np;
+  g_memcpy_threads_gbps = g_op_threads > 1 ? 2.0 * c.bytes / best_of(reps, memcpy_threads, &c) / 1e9 : 0;
   /* attention sizes (here: the peer runs before our figures too) */
   size_t sizes_full[] = {4096, 32768, 131072}, sizes_quick[] = {1024, 4096};
   size_t *sizes = nsizes_arg ? sizes_arg : quick ? sizes_quick : sizes_full;
@@ -701,7 +705,7 @@ int ckv_bench_kernels(int argc, char **argv) {
     fprintf(log, "kernels: running the peer %s (before)\n", g_peer_path);
     ckv_peer_run(&g_peer, g_peer_path, mib, sizes, nsizes, peer_threads, quick);
   }
-  if (run_ops(&g, &dr, tokens, reps, &c)) {
+  if ((!only || !strcmp(only, "ops")) && run_ops(&g, &dr, tokens, reps, &c)) {
     fprintf(stderr, "kernels: out of memory\n");
     return 1;
   }
@@ -719,7 +723,8 @@ int ckv_bench_kernels(int argc, char **argv) {
   uint32_t threads = 0;
   float q[32 * 128], out[32 * 128];
   for (size_t i = 0; i < 32 * 128; i++) q[i] = (float)((i * 2654435761u) % 1000) / 500.0f - 1.0f;
-  for (size_t si = 0; si < nsizes; si++) {
+  size_t n_attn_sizes = only && !strcmp(only, "ops") ? 0 : nsizes; /* --only ops: no attention rows */
+  for (size_t si = 0; si < n_attn_sizes; si++) {
     blockset drafts = {0};
     if (drafts_new(&drafts, &ga, sizes[si], 11 + si)) return 1;
     for (int f = 0; f < N_ATTN_FORMATS; f++) {
@@ -864,7 +869,7 @@ int ckv_bench_kernels(int argc, char **argv) {
       printf("}");
     }
     printf("], \"attention_baselines\": [");
-    for (size_t si = 0; si < nsizes; si++)
+    for (size_t si = 0; si < n_attn_sizes; si++)
       printf("%s{\"tokens\": %zu, \"fp16_us\": %.1f, \"fp16_one_thread_us\": %.1f, \"plain_c_us\": %.1f, "
              "\"speedup_vs_plain_c\": %.3f, \"max_abs_diff\": %.2e}",
              si ? ", " : "", sizes[si], ar[si * N_ATTN_FORMATS].us, base[si].one_thread_us, base[si].plain_us,
@@ -902,8 +907,12 @@ int ckv_bench_kernels(int argc, char **argv) {
     printf("\"gpu\": ");
     gpu_section(1);
     printf("}\n");
-  } else {
+  } else if (!n_attn_sizes) { /* --only ops */
     print_ops_text(memcpy_gbps);
+    gpu_section(0);
+  } else {
+    if (g_nops) print_ops_text(memcpy_gbps);
+    else printf("memcpy: %.2f GB/s (read + written), %.2f GB/s on %d threads\n", memcpy_gbps, g_memcpy_threads_gbps, g_op_threads);
     printf("\nattention, one layer, 8 KV heads x 128, 32 query heads, 1 query row, %ld threads\n"
            "%-8s %-8s %12s %10s %10s %8s %6s\n",
            threads ? (long)threads : sysconf(_SC_NPROCESSORS_ONLN), "tokens", "format", "us/query", "vs fp16",
@@ -917,7 +926,7 @@ int ckv_bench_kernels(int argc, char **argv) {
            "(CKV_ATTENTION_THREADS) and on one, and a plain-C loop (attention_plain.c)\n%-8s %12s %12s %12s %10s %10s\n",
            threads ? (long)threads : sysconf(_SC_NPROCESSORS_ONLN), "tokens", "fused us", "1 thread us", "plain C us",
            "vs plain", "max diff");
-    for (size_t si = 0; si < nsizes; si++) {
+    for (size_t si = 0; si < n_attn_sizes; si++) {
       if (base[si].plain_us < 0)
         printf("%-8zu %12.1f %12.1f %12s %10s %10s\n", sizes[si], ar[si * N_ATTN_FORMATS].us, base[si].one_thread_us, "-", "-",
                "(no AVX2)");
