@@ -56,7 +56,8 @@
  * variant sets), with --shadow --sync; the bench takes recall,
  * shadow_recall, kl_mean, top1_agreement, bytes_ratio_fp16 (the primary
  * tier), total_bytes_ratio_fp16 (every tier: demoted tokens' cold blocks
- * too) and recalled_blocks (cold blocks attention read) from it.
+ * too, and the worker's summaries of them, commitkv-dialogue's
+ * bytes_summary) and recalled_blocks (cold blocks attention read) from it.
  *
  * A benchmark never asserts quality: it exits 1 only when something broke.
  * Figures go to stdout (a table, or one JSON object with --json); progress

@@ -27,6 +27,13 @@ struct ckv_cold_gather_scratch {
   uint16_t *h16;
   size_t tables_len;
   uint32_t heads_cap, row_cap, rot_cap;
+  /* code-scored blocks (ckv_cold_code_scored): the query rotated as their keys are, times the softmax scale,
+   * [n_q_heads][head_dim]; per code width b (1, 2, 4) the tables of code_tables, [n_q_heads][d*b/8][256]
+   * (built in a call when a block of that width comes up); per query head its dot with a block's key mean */
+  float *rq, *code_tab[5], *mean_dot, *mean;
+  size_t rq_len, code_tab_len[5];
+  bool code_built[5];
+  uint8_t *exact; /* [n]: the token's first score is exact (code-scored or read one by one) */
 };
 
 void ckv_cold_gather_scratch_free(ckv_cold_gather_scratch *s) {
@@ -42,6 +49,11 @@ void ckv_cold_gather_scratch_free(ckv_cold_gather_scratch *s) {
   free(s->row2);
   free(s->rot);
   free(s->h16);
+  free(s->rq);
+  for (int b = 0; b < 5; b++) free(s->code_tab[b]);
+  free(s->mean_dot);
+  free(s->mean);
+  free(s->exact);
   free(s);
 }
 
@@ -61,12 +73,14 @@ static int scratch_ready(ckv_cold_gather_scratch **sp, const ckv_geometry *g, ui
     size_t nn = n > s->n_cap ? n + n / 2 + 64 : s->n_cap;
     uint32_t nh = n_q_heads > s->heads_cap ? n_q_heads : s->heads_cap;
     if (grow((void **)&s->c, nn, sizeof(cand)) || grow((void **)&s->score, nn * nh, sizeof(float)) ||
-        grow((void **)&s->rank, nn, sizeof(float)) || grow((void **)&s->ord, nn, sizeof(uint32_t)))
+        grow((void **)&s->rank, nn, sizeof(float)) || grow((void **)&s->ord, nn, sizeof(uint32_t)) ||
+        grow((void **)&s->exact, nn, sizeof(uint8_t)))
       return -ENOMEM;
     s->n_cap = nn;
   }
   if (n_q_heads > s->heads_cap) {
-    if (grow((void **)&s->total, n_q_heads, sizeof(float)) || grow((void **)&s->lse, n_q_heads, sizeof(float)))
+    if (grow((void **)&s->total, n_q_heads, sizeof(float)) || grow((void **)&s->lse, n_q_heads, sizeof(float)) ||
+        grow((void **)&s->mean_dot, n_q_heads, sizeof(float)))
       return -ENOMEM;
     s->heads_cap = n_q_heads;
   }
@@ -82,8 +96,86 @@ static int scratch_ready(ckv_cold_gather_scratch **sp, const ckv_geometry *g, ui
     s->row_cap = row;
   }
   if (d > s->rot_cap) {
-    if (grow((void **)&s->rot, d, sizeof(float))) return -ENOMEM;
+    if (grow((void **)&s->rot, d, sizeof(float)) || grow((void **)&s->mean, d, sizeof(float))) return -ENOMEM;
     s->rot_cap = d;
+  }
+  if ((size_t)n_q_heads * d > s->rq_len) {
+    if (grow((void **)&s->rq, (size_t)n_q_heads * d, sizeof(float))) return -ENOMEM;
+    s->rq_len = (size_t)n_q_heads * d;
+  }
+  for (uint32_t b = 1; b <= 4; b++) s->code_built[b] = false;
+  return CKV_OK;
+}
+
+/* ---- scores from a rotated block's codes -------------------------------------------------------------- */
+/* A rotated key of (layer, kv head) is mean + scale (code - offset) in the basis of R, its rotation
+ * (kernels/quant.h), which is orthogonal: q.k = (R q).mean + scale sum_c (R q)_c (code_c - offset).  Per query
+ * head, a table per byte of a code row gives the sum over that byte's codes for each of its 256 values, so a
+ * key's exact score takes d*b/8 lookups (b = 1: as many as a sketch's) and no memory beyond the block. */
+static int code_tables(ckv_cold_gather_scratch *s, uint32_t n_q_heads, uint32_t d, uint32_t b) {
+  const uint32_t per = 8u / b, mask = (1u << b) - 1u, nbytes = d * b / 8u;
+  const size_t len = (size_t)n_q_heads * nbytes * 256u;
+  if (len > s->code_tab_len[b]) {
+    if (grow((void **)&s->code_tab[b], len, sizeof(float))) return -ENOMEM;
+    s->code_tab_len[b] = len;
+  }
+  const float off = ckv_rot_offset(b);
+  float val[16];
+  for (uint32_t c = 0; c <= mask; c++) val[c] = (float)c - off;
+  for (uint32_t h = 0; h < n_q_heads; h++)
+    for (uint32_t j = 0; j < nbytes; j++) {
+      const float *x = s->rq + (size_t)h * d + (size_t)j * per;
+      float *t = s->code_tab[b] + ((size_t)h * nbytes + j) * 256u;
+      for (uint32_t byte = 0; byte < 256u; byte++) {
+        float acc = 0.f;
+        for (uint32_t m = 0; m < per; m++) acc += x[m] * val[(byte >> (m * b)) & mask];
+        t[byte] = acc;
+      }
+    }
+  s->code_built[b] = true;
+  return CKV_OK;
+}
+
+/* Every valid slot of code-scored cold block i (slots below max_slots), as candidates from s->c[*k] on, each
+ * query head's score exact. */
+static int code_scores(ckv_cold_gather_scratch *s, const ckv_geometry *g, const ckv_view *v, size_t i,
+                       uint32_t layer, uint32_t n_q_heads, size_t *k, size_t n) {
+  const ckv_block_view *bv = &v->cold[i];
+  const uint32_t fmt = bv->format, b = ckv_format_code_bits(fmt), d = g->head_dim, H = g->n_kv_heads;
+  const uint32_t group = n_q_heads / H, nbytes = d * b / 8u, cap = bv->capacity;
+  if (!s->code_built[b]) {
+    int e = code_tables(s, n_q_heads, d, b);
+    if (e < 0) return e;
+  }
+  const uint8_t *sc = (const uint8_t *)bv->data + ckv_rot_scales_offset(fmt, g, cap, layer, 0);
+  const uint8_t *codes = (const uint8_t *)bv->data + ckv_rot_codes_offset(fmt, g, cap, layer, 0);
+  for (uint32_t h = 0; h < n_q_heads; h++) {
+    if (h % group == 0) { /* the key mean of kv head h / group, as the kernels read it */
+      const uint16_t *m = (const uint16_t *)(const void *)((const uint8_t *)bv->data + ckv_rot_mean_offset(g, cap, layer, h / group));
+      for (uint32_t x = 0; x < d; x++) s->mean[x] = ckv_rot_finite(ckv_f16_to_f32(m[x]));
+    }
+    float dot = 0.f;
+    for (uint32_t x = 0; x < d; x++) dot += s->rq[(size_t)h * d + x] * s->mean[x];
+    s->mean_dot[h] = dot;
+  }
+  const uint32_t *positions = ckv_block_positions_const(bv->data);
+  const uint32_t slots = ckv_cold_block_slots(bv);
+  for (uint32_t slot = 0; slot < slots && *k < n; slot++) {
+    if (!ckv_block_slot_valid(bv->data, slot)) continue;
+    s->c[*k] = (cand){(uint32_t)i, slot, positions[slot]};
+    s->ord[*k] = (uint32_t)*k;
+    s->exact[*k] = 1;
+    float *out = s->score + *k * n_q_heads;
+    for (uint32_t h = 0; h < n_q_heads; h++) {
+      const uint32_t kv = h / group;
+      const uint8_t *row = codes + ((size_t)slot * H + kv) * nbytes;
+      const float *t = s->code_tab[b] + (size_t)h * nbytes * 256u;
+      float acc = 0.f;
+      for (uint32_t j = 0; j < nbytes; j++) acc += t[(size_t)j * 256u + row[j]];
+      float score = s->mean_dot[h] + ckv_rot_scale_value(sc[(size_t)slot * H + kv]) * acc;
+      out[h] = isfinite(score) ? score : -INFINITY;
+    }
+    (*k)++;
   }
   return CKV_OK;
 }
@@ -157,10 +249,20 @@ int ckv_cold_gather(ckv_cold_cache **cache, ckv_cold_gather_scratch **scratch, c
   if ((e = scratch_ready(scratch, g, n_q_heads, n ? n : 1)) < 0) return e;
   ckv_cold_gather_scratch *s = *scratch;
   const uint32_t d = g->head_dim, words = ckv_cold_sketch_words(d), group = n_q_heads / g->n_kv_heads;
-  if (words) ckv_cold_sketch_tables(q, n_q_heads, d, scale, s->rot, s->tables, s->total);
+  bool sketch_tables = false, any_sketched = false;
   const size_t table_stride = (size_t)(d / 8) * 256;
+  for (uint32_t h = 0; h < n_q_heads; h++) { /* the query as code-scored blocks' keys are rotated */
+    float *x = s->rq + (size_t)h * d;
+    for (uint32_t i = 0; i < d; i++) x[i] = q[(size_t)h * d + i] * scale;
+    ckv_rot_forward(x, d, layer, 0, h / group);
+  }
+  if ((e = ckv_cold_cache_forget(cache, g, v)) < 0) return e;
   size_t k = 0;
   for (size_t i = 0; i < v->n_cold; i++) {
+    if (ckv_cold_code_scored(g, &v->cold[i])) {
+      if ((e = code_scores(s, g, v, i, layer, n_q_heads, &k, n)) < 0) return e;
+      continue;
+    }
     ckv_cold_summary sm;
     if ((e = ckv_cold_cache_summary(cache, g, v, i, &sm)) < 0) return e;
     /* a summary without sketches (a block whose bytes did not all read back, or no sketch at this head_dim):
@@ -177,8 +279,11 @@ int ckv_cold_gather(ckv_cold_cache **cache, ckv_cold_gather_scratch **scratch, c
       }
       s->c[k] = (cand){(uint32_t)i, slot, positions[slot]};
       s->ord[k] = (uint32_t)k;
+      s->exact[k] = !sketched;
       float *sc = s->score + k * n_q_heads;
       if (sketched) {
+        if (!sketch_tables) ckv_cold_sketch_tables(q, n_q_heads, d, scale, s->rot, s->tables, s->total);
+        sketch_tables = any_sketched = true;
         for (uint32_t h = 0; h < n_q_heads; h++) {
           size_t hk = ((size_t)j * g->n_layers + layer) * g->n_kv_heads + h / group;
           sc[h] = ckv_cold_sketch_score(s->tables + h * table_stride, s->total[h], sm.sign + hk * words, sm.alpha[hk], d);
@@ -195,9 +300,10 @@ int ckv_cold_gather(ckv_cold_cache **cache, ckv_cold_gather_scratch **scratch, c
   rank_by_share(s, n_q_heads, n);
   qsort(s->ord, n, sizeof(*s->ord), by_rank_desc);
   size_t m = n;
-  if (words) { /* the shortlist, scored exactly (again, for tokens scored exactly already: the same) */
+  if (words && any_sketched) { /* the shortlist, its sketched tokens scored exactly */
     m = (size_t)CKV_COLD_GATHER_SHORTLIST * max_tokens < n ? (size_t)CKV_COLD_GATHER_SHORTLIST * max_tokens : n;
-    for (size_t t = 0; t < m; t++) exact_scores(s, g, v, layer, q, n_q_heads, scale, s->ord[t]);
+    for (size_t t = 0; t < m; t++)
+      if (!s->exact[s->ord[t]]) exact_scores(s, g, v, layer, q, n_q_heads, scale, s->ord[t]);
     rank_by_share(s, n_q_heads, m);
     qsort(s->ord, m, sizeof(*s->ord), by_rank_desc);
   }

@@ -55,6 +55,23 @@ void ckv_cold_cache_free(ckv_cold_cache *c) {
   free(c);
 }
 
+/* The bytes one summary holds at geometry g (what summarise allocates). */
+static size_t summary_bytes(const summary *s, const ckv_geometry *g) {
+  const size_t heads = (size_t)g->n_layers * g->n_kv_heads, valid = s->n_valid ? s->n_valid : 1;
+  const uint32_t words = s->sign ? ckv_cold_sketch_words(g->head_dim) : 0;
+  size_t n = sizeof(summary) + (s->cap ? s->cap : 1) * sizeof(uint32_t);
+  if (s->lo) n += 2u * heads * g->head_dim * sizeof(float);
+  if (words) n += valid * (sizeof(uint32_t) + heads * (words * sizeof(uint64_t) + sizeof(float)));
+  return n;
+}
+
+size_t ckv_cold_cache_bytes(const ckv_cold_cache *c, const ckv_geometry *g) {
+  if (!c || !g) return 0;
+  size_t n = sizeof(*c) + c->cap * sizeof(summary);
+  for (size_t i = 0; i < c->n; i++) n += summary_bytes(&c->v[i], g) - sizeof(summary);
+  return n;
+}
+
 static size_t find(const ckv_cold_cache *c, uint64_t id) {
   size_t lo = 0, hi = c->n;
   while (lo < hi) {
@@ -65,55 +82,86 @@ static size_t find(const ckv_cold_cache *c, uint64_t id) {
   return lo;
 }
 
-/* Reads block b's keys once: the per-channel bounds of every (layer, head)
- * and, where head_dim takes one, every valid slot's sketch. */
+/* Reads block b's keys once: its slots and, where head_dim takes one, every
+ * valid slot's sketch (arrays sized by the valid slots).  The key bounds are
+ * left to bounds(): only ckv_cold_select reads them. */
 static int summarise(ckv_cold_cache *c, const ckv_geometry *g, const ckv_block_view *b, summary *s) {
-  const size_t per_layer = (size_t)g->n_kv_heads * g->head_dim, all = per_layer * g->n_layers;
+  const size_t per_layer = (size_t)g->n_kv_heads * g->head_dim;
   const uint32_t cap = ckv_cold_block_slots(b), d = g->head_dim;
-  const uint32_t words = ckv_cold_sketch_words(d);
+  const uint32_t words = ckv_cold_code_scored(g, b) ? 0 : ckv_cold_sketch_words(d);
   const size_t heads = (size_t)g->n_layers * g->n_kv_heads;
   *s = (summary){.id = b->id, .cap = cap};
   s->slot_pos = malloc((cap ? cap : 1) * sizeof(uint32_t));
+  if (!s->slot_pos) return -ENOMEM;
+  const uint32_t *positions = ckv_block_positions_const(b->data);
+  uint32_t valid = 0;
+  for (uint32_t slot = 0; slot < cap; slot++) {
+    s->slot_pos[slot] = ckv_block_slot_valid(b->data, slot) ? positions[slot] : UINT32_MAX;
+    valid += s->slot_pos[slot] != UINT32_MAX;
+  }
+  if (words) {
+    s->slot = malloc((valid ? valid : 1) * sizeof(uint32_t));
+    s->sign = malloc((valid ? valid : 1) * heads * words * sizeof(uint64_t));
+    s->alpha = malloc((valid ? valid : 1) * heads * sizeof(float));
+    if (!s->slot || !s->sign || !s->alpha) {
+      summary_free(s);
+      return -ENOMEM;
+    }
+  }
+  for (uint32_t slot = 0; slot < cap && !s->unknown; slot++) {
+    if (s->slot_pos[slot] == UINT32_MAX) continue;
+    const size_t at = s->n_valid++;
+    if (words) s->slot[at] = slot;
+    for (uint32_t l = 0; l < g->n_layers && !s->unknown; l++) {
+      if (ckv_kernels_dequantize(g, b->data, l, 0, slot, c->row) != CKV_OK) {
+        s->unknown = true; /* a header the worker's bytes broke, or an unsealed chunk: read it */
+        break;
+      }
+      for (size_t i = 0; i < per_layer; i++)
+        if (!isfinite(c->row[i])) {
+          s->unknown = true;
+          break;
+        }
+      for (uint32_t kv = 0; words && !s->unknown && kv < g->n_kv_heads; kv++) {
+        size_t hk = (at * g->n_layers + l) * g->n_kv_heads + kv;
+        ckv_cold_sketch_key(c->row + (size_t)kv * d, d, c->rot, s->sign + hk * words, &s->alpha[hk]);
+      }
+    }
+  }
+  return CKV_OK;
+}
+
+/* Quest's bound of a summarised block that is not unknown: per (layer, kv
+ * head, channel) the minimum and maximum of its valid slots' keys. */
+static int bounds(ckv_cold_cache *c, const ckv_geometry *g, const ckv_block_view *b, summary *s) {
+  const size_t per_layer = (size_t)g->n_kv_heads * g->head_dim, all = per_layer * g->n_layers;
   s->lo = malloc(all * sizeof(float));
   s->hi = malloc(all * sizeof(float));
-  if (words) {
-    s->slot = malloc((cap ? cap : 1) * sizeof(uint32_t));
-    s->sign = malloc((cap ? cap : 1) * heads * words * sizeof(uint64_t));
-    s->alpha = malloc((cap ? cap : 1) * heads * sizeof(float));
-  }
-  if (!s->slot_pos || !s->lo || !s->hi || (words && (!s->slot || !s->sign || !s->alpha))) {
-    summary_free(s);
+  if (!s->lo || !s->hi) {
+    free(s->lo), free(s->hi);
+    s->lo = s->hi = NULL;
     return -ENOMEM;
   }
   for (size_t i = 0; i < all; i++) {
     s->lo[i] = FLT_MAX;
     s->hi[i] = -FLT_MAX;
   }
-  const uint32_t *positions = ckv_block_positions_const(b->data);
-  for (uint32_t slot = 0; slot < cap; slot++)
-    s->slot_pos[slot] = ckv_block_slot_valid(b->data, slot) ? positions[slot] : UINT32_MAX;
-  for (uint32_t slot = 0; slot < cap && !s->unknown; slot++) {
+  for (uint32_t slot = 0; slot < s->cap; slot++) {
     if (s->slot_pos[slot] == UINT32_MAX) continue;
-    const size_t at = s->n_valid++;
-    if (words) s->slot[at] = slot;
     for (uint32_t l = 0; l < g->n_layers; l++) {
       if (ckv_kernels_dequantize(g, b->data, l, 0, slot, c->row) != CKV_OK) {
-        s->unknown = true; /* a header the worker's bytes broke, or an unsealed chunk: read it */
-        break;
+        s->unknown = true; /* read fine when summarised: the worker's bytes changed since */
+        return CKV_OK;
       }
       float *lo = s->lo + l * per_layer, *hi = s->hi + l * per_layer;
       for (size_t i = 0; i < per_layer; i++) {
         float x = c->row[i];
         if (!isfinite(x)) {
           s->unknown = true;
-          break;
+          return CKV_OK;
         }
         lo[i] = x < lo[i] ? x : lo[i];
         hi[i] = x > hi[i] ? x : hi[i];
-      }
-      for (uint32_t kv = 0; words && !s->unknown && kv < g->n_kv_heads; kv++) {
-        size_t hk = (at * g->n_layers + l) * g->n_kv_heads + kv;
-        ckv_cold_sketch_key(c->row + (size_t)kv * d, d, c->rot, s->sign + hk * words, &s->alpha[hk]);
       }
     }
   }
@@ -195,6 +243,14 @@ static int cache_ready(ckv_cold_cache **cache, const ckv_geometry *g) {
     c->rot = nr;
     c->rot_len = g->head_dim;
   }
+  return CKV_OK;
+}
+
+int ckv_cold_cache_forget(ckv_cold_cache **cache, const ckv_geometry *g, const ckv_view *v) {
+  if (!cache || !g || !v) return CKV_ERR_INVALID;
+  int e = cache_ready(cache, g);
+  if (e < 0) return e;
+  prune(*cache, v);
   return CKV_OK;
 }
 
@@ -283,6 +339,7 @@ int ckv_cold_select(ckv_cold_cache **cache, const ckv_geometry *g, const ckv_vie
     summary *s;
     if ((r = lookup(c, g, &v->cold[i], &s)) < 0) break;
     if (!s->n_valid) continue;
+    if (!s->unknown && !s->lo && (r = bounds(c, g, &v->cold[i], s)) < 0) break;
     bool need = s->unknown;
     float margin = need ? INFINITY : -INFINITY;
     for (uint32_t h = 0; h < n_q_heads && (!need || rank); h++) {

@@ -26,6 +26,10 @@
 typedef struct ckv_cold_cache ckv_cold_cache;
 
 void ckv_cold_cache_free(ckv_cold_cache *c);
+/* The bytes the cache's summaries hold (key bounds, sketches, slot lists, the
+ * records themselves) at geometry g: worker memory that serves the cold tier,
+ * which commitkv-dialogue counts in its total bytes.  0 for NULL. */
+size_t ckv_cold_cache_bytes(const ckv_cold_cache *c, const ckv_geometry *g);
 
 /* What a cold block's summary says of its slots: n_valid of them, in slot
  * order; slot[i] is the i-th valid slot, and where head_dim takes a sketch
@@ -48,6 +52,17 @@ static inline uint32_t ckv_cold_block_slots(const ckv_block_view *b) {
   return b->capacity < cap ? b->capacity : cap;
 }
 
+/* Whether the cold gather scores block b's keys straight from its codes
+ * (cold_gather.c): a rotated block of 1, 2 or 4 bits per element, whose
+ * bytes (the view's, from the daemon) hold its layout at the view's
+ * capacity.  Such blocks keep no sketches in their summaries: their codes
+ * are a smaller and exact summary of themselves. */
+static inline bool ckv_cold_code_scored(const ckv_geometry *g, const ckv_block_view *b) {
+  if (!ckv_format_is_rot(b->format) || !ckv_format_valid(b->format, g, b->capacity, 0)) return false;
+  const uint32_t bits = ckv_format_code_bits(b->format);
+  return (bits == 1u || bits == 2u || bits == 4u) && b->bytes >= ckv_rot_block_bytes(b->format, g, b->capacity);
+}
+
 /* scale * qh . k over d elements: one query head's exact score of one key
  * (possibly non-finite: the callers decide). */
 float ckv_cold_head_score(const float *qh, const float *k, uint32_t d, float scale);
@@ -58,6 +73,11 @@ float ckv_cold_head_score(const float *qh, const float *k, uint32_t d, float sca
  * -ENOMEM. */
 int ckv_cold_cache_summary(ckv_cold_cache **cache, const ckv_geometry *g, const ckv_view *v, size_t i,
                            ckv_cold_summary *ret);
+
+/* Forgets the summaries of blocks no longer cold in v, as the summary of
+ * view->cold[0] does (*cache is created on first use).  Returns CKV_OK,
+ * CKV_ERR_INVALID, -ENOMEM. */
+int ckv_cold_cache_forget(ckv_cold_cache **cache, const ckv_geometry *g, const ckv_view *v);
 
 /* ckv_session_cold_select_top's work on a host-memory view (max_blocks 0:
  * no cap); *cache is created on first use.  Returns CKV_OK,

@@ -678,6 +678,8 @@ int ckv_session_cold_gather(ckv_session *s, uint32_t layer, const float *q, uint
                          capacity, ret_src, ret_n);
 }
 
+size_t ckv_session_cold_summary_bytes(const ckv_session *s) { return s ? ckv_cold_cache_bytes(s->cold, &s->geom) : 0; }
+
 int ckv_session_note_recalled(ckv_session *s, uint64_t n) {
   if (!s) return CKV_ERR_INVALID;
   s->recalled += n;

@@ -480,7 +480,7 @@ typedef struct summary {
   tally kinds[32];
   size_t n_kinds;
   tally buckets[DIALOGUE_N_BUCKETS];
-  uint64_t steps, counted, agree, bytes_total, bytes_cold, bytes_fp16, recalled_blocks, dropped_tokens, surprise_turns, copy_turns;
+  uint64_t steps, counted, agree, bytes_total, bytes_cold, bytes_summary, bytes_fp16, recalled_blocks, dropped_tokens, surprise_turns, copy_turns;
   uint64_t matched_tokens; /* --share-prefix: tokens the sessions started with from shared blocks */
   uint64_t keeper_tokens;  /* --share-prefix: tokens the keeper session ran (once) */
   double kl_sum, kl_max;
@@ -517,6 +517,7 @@ static int summarise(const dlg_result *res, size_t n_res, const item *items, siz
     s->steps += x->steps, s->counted += x->top1_counted, s->agree += x->top1_agree, s->kl_sum += x->kl_sum;
     if (x->kl_max > s->kl_max || isnan(x->kl_max)) s->kl_max = x->kl_max;
     s->bytes_total += x->bytes_total, s->bytes_fp16 += x->bytes_fp16, s->bytes_cold += x->bytes_cold;
+    s->bytes_summary += x->bytes_summary;
     s->recalled_blocks += x->recalled_blocks, s->dropped_tokens += x->dropped_tokens;
     s->surprise_turns += x->surprise_turns;
     s->copy_turns += res[i].copy_turns;
@@ -620,12 +621,16 @@ static int print_json(const opts *o, const char *path, const dialogue_set *ds, i
   json_object_set_new(root, "top1_counted", json_integer((json_int_t)s->counted));
   json_object_set_new(root, "bytes_total", json_integer((json_int_t)s->bytes_total));
   json_object_set_new(root, "bytes_fp16", json_integer((json_int_t)s->bytes_fp16));
-  /* primary: what attention reads every round (cold blocks left out); total: every tier */
+  /* primary: what attention reads every round (cold blocks left out); total: every tier, and the worker's
+   * summaries of its cold blocks (bytes_summary) */
   json_object_set_new(root, "bytes_primary", json_integer((json_int_t)(s->bytes_total - s->bytes_cold)));
   json_object_set_new(root, "bytes_cold", json_integer((json_int_t)s->bytes_cold));
   json_object_set_new(root, "bytes_ratio_fp16",
                       json_real(ratio((double)(s->bytes_total - s->bytes_cold), (double)s->bytes_fp16)));
-  json_object_set_new(root, "total_bytes_ratio_fp16", json_real(ratio((double)s->bytes_total, (double)s->bytes_fp16)));
+  json_object_set_new(root, "total_bytes_ratio_fp16",
+                      json_real(ratio((double)(s->bytes_total + s->bytes_summary), (double)s->bytes_fp16)));
+  json_object_set_new(root, "bytes_summary", json_integer((json_int_t)s->bytes_summary));
+  json_object_set_new(root, "summary_bytes_ratio_fp16", json_real(ratio((double)s->bytes_summary, (double)s->bytes_fp16)));
   json_object_set_new(root, "recalled_blocks", json_integer((json_int_t)s->recalled_blocks));
   json_object_set_new(root, "dropped_tokens", json_integer((json_int_t)s->dropped_tokens));
   for (size_t r = 0; r < s->max_rounds; r++) json_array_append_new(rounds, json_real(s->ratio_by_round[r]));
@@ -674,7 +679,9 @@ static int print_json(const opts *o, const char *path, const dialogue_set *ds, i
                           "tokens_by_round", tok, "seconds", st->seconds, "reconnects", st->reconnects);
     if (j) {
       json_object_set_new(j, "bytes_cold", json_integer((json_int_t)st->bytes_cold));
-      json_object_set_new(j, "total_bytes_ratio_fp16", json_real(ratio((double)st->bytes_total, (double)st->bytes_fp16)));
+      json_object_set_new(j, "total_bytes_ratio_fp16",
+                          json_real(ratio((double)(st->bytes_total + st->bytes_summary), (double)st->bytes_fp16)));
+      json_object_set_new(j, "bytes_summary", json_integer((json_int_t)st->bytes_summary));
       json_object_set_new(j, "recalled_blocks", json_integer((json_int_t)st->recalled_blocks));
       json_object_set_new(j, "dropped_tokens", json_integer((json_int_t)st->dropped_tokens));
       json_object_set_new(j, "matched_tokens", json_integer((json_int_t)x->matched));
@@ -715,10 +722,11 @@ static void print_table(const opts *o, const char *path, size_t skipped, const d
            ratio(s->kl_sum, (double)s->steps), s->kl_max, ratio((double)s->agree, (double)s->counted), s->agree,
            s->counted, s->steps);
   printf("bytes / FP16 at the end: primary %.3f, total %.3f (%" PRIu64 " / %" PRIu64 " / %" PRIu64
-         "); cold blocks read %" PRIu64 ", tokens dropped %" PRIu64 "\n",
+         "; the total counts %" PRIu64 " bytes of cold-block summaries in the worker); cold blocks read %" PRIu64
+         ", tokens dropped %" PRIu64 "\n",
          ratio((double)(s->bytes_total - s->bytes_cold), (double)s->bytes_fp16),
-         ratio((double)s->bytes_total, (double)s->bytes_fp16), s->bytes_total - s->bytes_cold, s->bytes_total,
-         s->bytes_fp16, s->recalled_blocks, s->dropped_tokens);
+         ratio((double)(s->bytes_total + s->bytes_summary), (double)s->bytes_fp16), s->bytes_total - s->bytes_cold,
+         s->bytes_total + s->bytes_summary, s->bytes_fp16, s->bytes_summary, s->recalled_blocks, s->dropped_tokens);
   if (o->share)
     printf("shared prefix: %" PRIu64 " tokens matched, %" PRIu64 " run once by the keeper: %" PRId64
            " prefill tokens saved\n", s->matched_tokens, s->keeper_tokens,

@@ -429,6 +429,7 @@ static int session_info(llm_worker *r, uint64_t *ret_epoch, uint64_t *ret_pendin
     snprintf(r->res->policy, sizeof(r->res->policy), "%s", si->policy ? si->policy : "");
     r->res->bytes_total = si->bytes->total;
     r->res->bytes_cold = si->bytes->cold;
+    r->res->bytes_summary = ckv_session_cold_summary_bytes(r->s);
     r->res->dropped_tokens = si->tokens->dropped;
     r->res->bytes_fp16_live = si->bytes->fp16_equivalent;
     uint64_t by[3] = {si->bytes->draft, si->bytes->staged, si->bytes->committed};

@@ -135,6 +135,7 @@ typedef struct llm_worker_stats {
   uint64_t bytes_total, bytes_fp16, bytes_fp16_live; /* bytes_fp16: every appended token in FP16 */
   uint64_t bytes_state[3]; /* daemon's block bytes: draft, staged, committed */
   uint64_t bytes_cold;     /* of those, in cold blocks (ByteCounts.cold): bytes_total - bytes_cold is primary */
+  uint64_t bytes_summary;  /* the worker's own: its cold blocks' summaries (ckv_session_cold_summary_bytes) */
   uint64_t recalled_blocks; /* cold blocks attention read, per round (each counted once a round) */
   uint64_t dropped_tokens;  /* tokens the daemon dropped for good (TokenCounts.dropped) */
   uint64_t surprise_turns;  /* turns raised by the copy signal (options.surprise_nats) */

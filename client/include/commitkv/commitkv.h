@@ -326,6 +326,11 @@ int ckv_session_cold_select_top(ckv_session *s, uint32_t layer, const float *q, 
  * -ENOMEM. */
 int ckv_session_cold_gather(ckv_session *s, uint32_t layer, const float *q, uint32_t n_q_heads, float scale,
                             uint32_t max_tokens, void *block, uint32_t capacity, uint32_t *ret_src, size_t *ret_n);
+/* The bytes this process holds to serve the session's cold blocks: the
+ * summaries ckv_session_cold_select and ckv_session_cold_gather keep per cold
+ * block (key bounds, key sketches, slot lists), which the daemon's byte counts
+ * do not see.  0 before any cold block was summarised. */
+size_t ckv_session_cold_summary_bytes(const ckv_session *s);
 /* Adds n to the cold blocks the next ckv_session_report says this round's
  * attention read (ReportRound.recalled_blocks: counted by the daemon per
  * session, stats and ListSessions). */
