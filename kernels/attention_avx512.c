@@ -243,8 +243,8 @@ AI void scores_enc(const float *q, size_t nq, size_t ldq, const ckv_arows *k, co
   }
 }
 
-static void z_scores(const float *q, size_t nq, size_t ldq, const ckv_arows *k, const uint16_t *idx, size_t ni,
-                     uint32_t n, float *out, size_t ldo) {
+AI void scores_n(const float *q, size_t nq, size_t ldq, const ckv_arows *k, const uint16_t *idx, size_t ni,
+                 uint32_t n, float *out, size_t ldo) {
   switch (k->enc) {
   case CKV_AENC_F16: scores_enc(q, nq, ldq, k, idx, ni, n, out, ldo, CKV_AENC_F16); break;
   case CKV_AENC_BF16: scores_enc(q, nq, ldq, k, idx, ni, n, out, ldo, CKV_AENC_BF16); break;
@@ -252,6 +252,12 @@ static void z_scores(const float *q, size_t nq, size_t ldq, const ckv_arows *k, 
   case CKV_AENC_PACKP: scores_enc(q, nq, ldq, k, idx, ni, n, out, ldo, CKV_AENC_PACKP); break;
   default: scores_enc(q, nq, ldq, k, idx, ni, n, out, ldo, CKV_AENC_PACK); break;
   }
+}
+/* head_dim 128 (the common geometry) gets loops whose masks and row-end tests fold away. */
+static void z_scores(const float *q, size_t nq, size_t ldq, const ckv_arows *k, const uint16_t *idx, size_t ni,
+                     uint32_t n, float *out, size_t ldo) {
+  if (n == 128u) scores_n(q, nq, ldq, k, idx, ni, 128u, out, ldo);
+  else scores_n(q, nq, ldq, k, idx, ni, n, out, ldo);
 }
 
 /* The table of one token's 32-element group g: code c -> c * scale + zero (two roundings). */
@@ -334,8 +340,8 @@ AI void values_enc(const float *w, size_t nq, size_t ldw, const ckv_arows *v, co
   }
 }
 
-static void z_values(const float *w, size_t nq, size_t ldw, const ckv_arows *v, const uint16_t *idx, size_t ni,
-                     uint32_t n, float *acc, size_t lda) {
+AI void values_n(const float *w, size_t nq, size_t ldw, const ckv_arows *v, const uint16_t *idx, size_t ni,
+                 uint32_t n, float *acc, size_t lda) {
   switch (v->enc) {
   case CKV_AENC_F16: values_enc(w, nq, ldw, v, idx, ni, n, acc, lda, CKV_AENC_F16); break;
   case CKV_AENC_BF16: values_enc(w, nq, ldw, v, idx, ni, n, acc, lda, CKV_AENC_BF16); break;
@@ -345,6 +351,11 @@ static void z_values(const float *w, size_t nq, size_t ldw, const ckv_arows *v, 
   case CKV_AENC_AFFINEP: values_enc(w, nq, ldw, v, idx, ni, n, acc, lda, CKV_AENC_AFFINEP); break;
   default: values_enc(w, nq, ldw, v, idx, ni, n, acc, lda, CKV_AENC_PACK); break;
   }
+}
+static void z_values(const float *w, size_t nq, size_t ldw, const ckv_arows *v, const uint16_t *idx, size_t ni,
+                     uint32_t n, float *acc, size_t lda) {
+  if (n == 128u) values_n(w, nq, ldw, v, idx, ni, 128u, acc, lda);
+  else values_n(w, nq, ldw, v, idx, ni, n, acc, lda);
 }
 
 static float z_maxf(const float *x, size_t n, float m) {
