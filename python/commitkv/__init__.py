@@ -353,7 +353,7 @@ class Session:
 
     def attention(self, layer: int, q: Any, scale: Optional[float] = None, *, threads: int = 0,
                   extra_k: Any = None, extra_v: Any = None, cold_max_blocks: int = 4,
-                  cold_min_weight: float = 0.01) -> tuple:
+                  cold_min_weight: float = 0.01, cold_gather: int = 0) -> tuple:
         """Fused decode attention of `q` over every block of the current view.
 
         q: (n_q_heads, head_dim) or (n_rows, n_q_heads, head_dim), n_q_heads a
@@ -361,7 +361,13 @@ class Session:
         reads draft, staged and committed blocks in place, and the cold blocks
         (demoted tokens) a query row could need: those whose key bounds could
         take cold_min_weight of a head's attention, at most cold_max_blocks
-        per row (0: no cap), as the C workers do (ckv_session_cold_select_top).  scale defaults to
+        per row (0: no cap), as ckv_session_cold_select_top chooses them.  cold_gather > 0 reads
+        the cold tier per token instead, as the C reference worker does (64): per query row the
+        cold_gather cold tokens that take the largest share of a head's attention over the cold
+        tokens (ckv_session_cold_gather: rotated cold blocks scored exactly from their codes), as
+        FP16 in a private block, each row attended on its own over the view and its tokens; the
+        gathered tokens' mass counts at their positions, so :meth:`report` can recall them
+        (cold_max_blocks and cold_min_weight are not used then).  scale defaults to
         1/sqrt(head_dim); threads 0 lets the kernel choose.  extra_k, extra_v:
         optional K/V of this layer for tokens the session does not hold,
         (n, n_kv_heads, head_dim) (converted to float16, 1 <= n <= 4096),
@@ -378,7 +384,8 @@ class Session:
             ek = np.ascontiguousarray(np.asarray(extra_k), dtype=np.float16)
             ev = np.ascontiguousarray(np.asarray(extra_v), dtype=np.float16)
         out, mass, _epoch, _n = self._s.attention(int(layer), qa, 0.0 if scale is None else float(scale),
-                                                  int(threads), ek, ev, int(cold_max_blocks), float(cold_min_weight))
+                                                  int(threads), ek, ev, int(cold_max_blocks), float(cold_min_weight),
+                                                  int(cold_gather))
         return np.frombuffer(out, dtype=np.float32).reshape(qa.shape), np.frombuffer(mass, dtype=np.float32)
 
     def report(self, round: int, attention_mass: Any, semantic: Any = None, *, first_position: int = 0) -> RoundResult:

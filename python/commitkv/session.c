@@ -288,7 +288,7 @@ static int copy_view(ckvpy_session *self, view_copy *ret, const cold_query *cq, 
     return r;
   }
   size_t n = v->n_draft + v->n_staged + v->n_committed;
-  ckv_block_view *b = malloc((n + v->n_cold ? n + v->n_cold : 1) * sizeof(*b));
+  ckv_block_view *b = malloc((n + v->n_cold + 1) * sizeof(*b)); /* +1: a gathered block (session_attention) */
   uint8_t *pick = cq && v->n_cold ? calloc(v->n_cold, 1) : NULL;
   if (!b || (cq && v->n_cold && !pick)) {
     free(b);
@@ -438,17 +438,66 @@ static int attend(const ckvpy_session *self, const view_copy *vc, uint32_t layer
   return r;
 }
 
+/* cold_gather: per query row, the cold tokens it needs most (ckv_session_cold_gather) in a private draft
+ * block of `per_row` slots, as the C worker reads the cold tier. */
+typedef struct gathered {
+  void **blk;
+  ckv_block_view *view; /* blk[i] as a block of the view, for attend */
+  size_t *n;            /* tokens gathered for row i */
+} gathered;
+
+static void gathered_free(gathered *gb, uint32_t rows) {
+  for (uint32_t i = 0; gb->blk && i < rows; i++) free(gb->blk[i]);
+  free(gb->blk);
+  free(gb->view);
+  free(gb->n);
+  *gb = (gathered){0};
+}
+
+/* Fills gb for `rows` query rows; call with self->lock held, after copy_view (the view it gathers from). */
+static int gather_cold(ckvpy_session *self, uint32_t layer, uint32_t rows, uint32_t qheads, float scale, const float *q,
+                       uint32_t per_row, gathered *gb, char *err, size_t errlen) {
+  const size_t bytes = ckv_format_block_bytes(CKV_FORMAT_DRAFT, &self->geom, per_row, 0);
+  const size_t row = (size_t)qheads * self->geom.head_dim;
+  gb->blk = calloc(rows, sizeof(void *));
+  gb->view = calloc(rows, sizeof(ckv_block_view));
+  gb->n = calloc(rows, sizeof(size_t));
+  if (!bytes || !gb->blk || !gb->view || !gb->n) {
+    snprintf(err, errlen, "out of memory");
+    return -ENOMEM;
+  }
+  for (uint32_t i = 0; i < rows; i++) {
+    if (!(gb->blk[i] = aligned_alloc(64, (bytes + 63u) / 64u * 64u))) {
+      snprintf(err, errlen, "out of memory");
+      return -ENOMEM;
+    }
+    memset(gb->blk[i], 0, bytes); /* rows of slots the gather leaves invalid are never garbage */
+    int r = ckv_session_cold_gather(self->s, layer, q + i * row, qheads, scale, per_row, gb->blk[i], per_row, NULL,
+                                    &gb->n[i]);
+    if (r < 0) {
+      ckvpy_copy_error(self->client->c, r, err, errlen);
+      return r;
+    }
+    gb->view[i] = (ckv_block_view){.data = gb->blk[i], .bytes = bytes, .format = CKV_FORMAT_DRAFT, .capacity = per_row};
+  }
+  return CKV_OK;
+}
+
 static PyObject *session_attention(ckvpy_session *self, PyObject *args, PyObject *kw) {
   static char *kwlist[] = {"layer", "q", "scale", "threads", "extra_k", "extra_v", "cold_max_blocks",
-                           "cold_min_weight", NULL};
-  unsigned int layer, threads = 0, cold_max = 4;
+                           "cold_min_weight", "cold_gather", NULL};
+  unsigned int layer, threads = 0, cold_max = 4, gather = 0;
   PyObject *oq, *oek = NULL, *oev = NULL;
   double scale = 0.0, cold_min_weight = 0.01;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "IO|dIOOId", kwlist, &layer, &oq, &scale, &threads, &oek, &oev, &cold_max,
-                                   &cold_min_weight))
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "IO|dIOOIdI", kwlist, &layer, &oq, &scale, &threads, &oek, &oev, &cold_max,
+                                   &cold_min_weight, &gather))
     return NULL;
   if (!(cold_min_weight > 0.0 && cold_min_weight <= 1.0)) {
     PyErr_SetString(PyExc_ValueError, "cold_min_weight: a share of attention in (0, 1]");
+    return NULL;
+  }
+  if (gather > CKV_MAX_BLOCK_TOKENS) {
+    PyErr_Format(PyExc_ValueError, "cold_gather: %u tokens per query row; at most %u", gather, CKV_MAX_BLOCK_TOKENS);
     return NULL;
   }
   if ((oek && oek != Py_None) != (oev && oev != Py_None)) {
@@ -497,13 +546,17 @@ static PyObject *session_attention(ckvpy_session *self, PyObject *args, PyObject
   float *out = (float *)PyByteArray_AS_STRING(out_obj);
   view_copy vc = {0};
   float *pos_mass = NULL;
+  gathered gb = {0};
   int r;
   char err[512];
   Py_BEGIN_ALLOW_THREADS
   pthread_mutex_lock(&self->lock);
-  cold_query cq = {.layer = layer, .rows = (uint32_t)rows, .qheads = (uint32_t)qh, .max_blocks = cold_max,
+  /* cold_gather: no cold block whole (no row selects one), each row's cold tokens gathered instead */
+  cold_query cq = {.layer = layer, .rows = gather ? 0u : (uint32_t)rows, .qheads = (uint32_t)qh, .max_blocks = cold_max,
                    .scale = (float)scale, .min_weight = (float)cold_min_weight, .q = qb.buf};
   r = copy_view(self, &vc, &cq, err, sizeof(err));
+  if (r == CKV_OK && gather)
+    r = gather_cold(self, layer, (uint32_t)rows, (uint32_t)qh, (float)scale, qb.buf, gather, &gb, err, sizeof(err));
   bool reading = r == CKV_OK;
   if (reading) pthread_rwlock_rdlock(&self->readers); /* before the lock goes: no ack in between */
   pthread_mutex_unlock(&self->lock);
@@ -512,10 +565,19 @@ static PyObject *session_attention(ckvpy_session *self, PyObject *args, PyObject
     r = -ENOMEM;
   if (r == CKV_OK) {
     pos_mass = calloc(vc.tokens ? vc.tokens : 1, sizeof(float));
-    r = pos_mass ? attend(self, &vc, layer, (uint32_t)rows, (uint32_t)qh, (float)scale, threads, qb.buf, extra, out,
-                          pos_mass)
-                 : -ENOMEM;
+    if (!pos_mass) r = -ENOMEM;
+    else if (!gather)
+      r = attend(self, &vc, layer, (uint32_t)rows, (uint32_t)qh, (float)scale, threads, qb.buf, extra, out, pos_mass);
+    else /* row by row, each over the view and its own gathered block (listed last, so its mass counts) */
+      for (Py_ssize_t i = 0; i < rows && r == CKV_OK; i++) {
+        const size_t row = (size_t)qh * self->geom.head_dim;
+        view_copy vr = vc;
+        if (gb.n[i]) vr.blocks[vr.n++] = gb.view[i];
+        r = attend(self, &vr, layer, 1, (uint32_t)qh, (float)scale, threads, (const float *)qb.buf + (size_t)i * row,
+                   extra, out + (size_t)i * row, pos_mass);
+      }
   }
+  gathered_free(&gb, (uint32_t)rows);
   if (reading) {
     pthread_rwlock_unlock(&self->readers);
     if (r < 0) snprintf(err, sizeof(err), "attention kernel: %s", ckv_strerror(r));
@@ -749,7 +811,7 @@ static PyMethodDef session_methods[] = {
     {"view", (PyCFunction)session_view, METH_NOARGS, "view() -> (epoch, n_tokens, [block dict])"},
     {"info", (PyCFunction)session_info, METH_NOARGS, "info() -> (epoch, pending_tokens, compress_queue) as the daemon has them now"},
     {"attention", (PyCFunction)(void (*)(void))session_attention, METH_VARARGS | METH_KEYWORDS,
-     "attention(layer, q, scale=0, threads=0, extra_k=None, extra_v=None) -> (out bytes, mass bytes, epoch, n_positions)"},
+     "attention(layer, q, scale=0, threads=0, extra_k=None, extra_v=None, cold_max_blocks=4, cold_min_weight=0.01, cold_gather=0) -> (out bytes, mass bytes, epoch, n_positions)"},
     {"report", (PyCFunction)(void (*)(void))session_report, METH_VARARGS | METH_KEYWORDS,
      "report(round, attention_mass, first_position, semantic_positions, semantic_scores) -> (epoch, pending, "
      "[transition])"},

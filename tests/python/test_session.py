@@ -252,6 +252,22 @@ def test_rounds_move_tokens_and_views_follow(client, sid):
         read_one = {p for p in cold_positions if mass_one[p] > 0}
         assert read_all == cold_positions, f"{len(cold_positions - read_all)} cold tokens unread uncapped"
         assert read_one and len(read_one) < len(read_all) or len(view.cold) == 1
+        # cold_gather: the cold tier read per token, as the C worker does: exactly that many cold
+        # tokens get mass; gathering every one gives what reading every cold block gives (their
+        # K/V as FP16 copies); two rows gather each their own; more than a block's tokens refused
+        n_cold = len(cold_positions)
+        assert n_cold > 4
+        _, mass_g = s.attention(0, zq, cold_gather=4)
+        assert len({p for p in cold_positions if mass_g[p] > 0}) == 4
+        out_blocks, mass_blocks = s.attention(0, q, cold_max_blocks=0)
+        out_gather, mass_gather = s.attention(0, q, cold_gather=n_cold)
+        np.testing.assert_allclose(out_gather, out_blocks, rtol=1e-2, atol=2e-3)
+        np.testing.assert_allclose(mass_gather, mass_blocks, rtol=1e-2, atol=1e-4)
+        out2, mass2 = s.attention(0, np.stack([q, zq]), cold_gather=n_cold)
+        np.testing.assert_allclose(out2[0], out_blocks, rtol=1e-2, atol=2e-3)
+        np.testing.assert_allclose(mass2, mass_blocks + mass_all, rtol=1e-2, atol=1e-4)
+        with pytest.raises(ValueError, match="cold_gather"):
+            s.attention(0, zq, cold_gather=1 << 20)
 
 
 def test_session_close_keep_detaches_and_resume_finds_it(client, sid):
