@@ -68,6 +68,7 @@ import commitkv  # noqa: E402
 
 PROG = "torch_worker"
 MAX_ANSWER = 200  # bytes decoded at most per answer
+COLD_GATHER = 64  # cold tokens each query reads, gathered as the C worker does (examples/llm/worker.h LLM_GATHER_TOKENS)
 BOS_BYTE_MODEL = 256  # BOS of a vocabulary of 257 (bytes + BOS)
 BOS_DEFAULT = 1  # llama2.c's BOS otherwise
 DEFAULT_MODEL_FILE = "stories260K.bin"
@@ -357,7 +358,7 @@ class Worker:
             q, k, v = m.qkv(x, layer, pos)
             k16, v16 = k.to(torch.float16), v.to(torch.float16)
             self.s.write_kv(pos, layer, k16, v16)
-            out, mass = self.s.attention(layer, q)
+            out, mass = self.s.attention(layer, q, cold_gather=COLD_GATHER)
             if layer == 0:
                 self._ack_newest()  # the view just read is the newest: nothing older is read after this
             self.mass[:mass.size] += mass
@@ -408,7 +409,8 @@ class Worker:
                 q, k, v = m.qkv(x, layer, pos)
                 ak[layer, j] = k.to(torch.float16).numpy()
                 av[layer, j] = v.to(torch.float16).numpy()
-                out, mass = self.s.attention(layer, q, extra_k=ak[layer, :j + 1], extra_v=av[layer, :j + 1])
+                out, mass = self.s.attention(layer, q, extra_k=ak[layer, :j + 1], extra_v=av[layer, :j + 1],
+                                             cold_gather=COLD_GATHER)
                 self.mass[:mass.size] += mass
                 x = m.finish_layer(x, layer, torch.from_numpy(out).reshape(-1))
             lg = m.logits(x)

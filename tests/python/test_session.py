@@ -255,6 +255,10 @@ def test_rounds_move_tokens_and_views_follow(client, sid):
         # cold_gather: the cold tier read per token, as the C worker does: exactly that many cold
         # tokens get mass; gathering every one gives what reading every cold block gives (their
         # K/V as FP16 copies); two rows gather each their own; more than a block's tokens refused
+        s.settle()  # moves still running would change the view between the calls compared here
+        view = s.view()
+        cold_positions = {int(p) for b in view.cold for p in b.positions[b.valid]}
+        _, mass_all = s.attention(0, zq, cold_max_blocks=0)
         n_cold = len(cold_positions)
         assert n_cold > 4
         _, mass_g = s.attention(0, zq, cold_gather=4)
