@@ -136,8 +136,8 @@ static int code_tables(ckv_cold_gather_scratch *s, uint32_t n_q_heads, uint32_t 
   return CKV_OK;
 }
 
-/* Every valid slot of code-scored cold block i (slots below max_slots), as candidates from s->c[*k] on, each
- * query head's score exact. */
+/* Every valid slot of code-scored cold block i (of the slots both its header and the view hold), as candidates
+ * from s->c[*k] on (at most n in all), each query head's score exact; s->rq holds the rotated query. */
 static int code_scores(ckv_cold_gather_scratch *s, const ckv_geometry *g, const ckv_view *v, size_t i,
                        uint32_t layer, uint32_t n_q_heads, size_t *k, size_t n) {
   const ckv_block_view *bv = &v->cold[i];
@@ -249,17 +249,18 @@ int ckv_cold_gather(ckv_cold_cache **cache, ckv_cold_gather_scratch **scratch, c
   if ((e = scratch_ready(scratch, g, n_q_heads, n ? n : 1)) < 0) return e;
   ckv_cold_gather_scratch *s = *scratch;
   const uint32_t d = g->head_dim, words = ckv_cold_sketch_words(d), group = n_q_heads / g->n_kv_heads;
-  bool sketch_tables = false, any_sketched = false;
+  bool sketch_tables = false, any_sketched = false, rotated = false;
   const size_t table_stride = (size_t)(d / 8) * 256;
-  for (uint32_t h = 0; h < n_q_heads; h++) { /* the query as code-scored blocks' keys are rotated */
-    float *x = s->rq + (size_t)h * d;
-    for (uint32_t i = 0; i < d; i++) x[i] = q[(size_t)h * d + i] * scale;
-    ckv_rot_forward(x, d, layer, 0, h / group);
-  }
   if ((e = ckv_cold_cache_forget(cache, g, v)) < 0) return e;
   size_t k = 0;
   for (size_t i = 0; i < v->n_cold; i++) {
-    if (ckv_cold_code_scored(g, &v->cold[i])) {
+    if (ckv_cold_code_scored(g, &v->cold[i])) { /* (so head_dim is one the rotation takes) */
+      for (uint32_t h = 0; h < n_q_heads && !rotated; h++) { /* the query as these blocks' keys are rotated */
+        float *x = s->rq + (size_t)h * d;
+        for (uint32_t c = 0; c < d; c++) x[c] = q[(size_t)h * d + c] * scale;
+        ckv_rot_forward(x, d, layer, 0, h / group);
+      }
+      rotated = true;
       if ((e = code_scores(s, g, v, i, layer, n_q_heads, &k, n)) < 0) return e;
       continue;
     }
