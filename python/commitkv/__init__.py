@@ -367,7 +367,8 @@ class Session:
         tokens (ckv_session_cold_gather: rotated cold blocks scored exactly from their codes), as
         FP16 in a private block, each row attended on its own over the view and its tokens; the
         gathered tokens' mass counts at their positions, so :meth:`report` can recall them
-        (cold_max_blocks and cold_min_weight are not used then).  scale defaults to
+        (cold_max_blocks and cold_min_weight are not used then; each row's block holds every layer,
+        and one call's blocks at most 256 MiB: a ValueError asks for fewer rows).  scale defaults to
         1/sqrt(head_dim); threads 0 lets the kernel choose.  extra_k, extra_v:
         optional K/V of this layer for tokens the session does not hold,
         (n, n_kv_heads, head_dim) (converted to float16, 1 <= n <= 4096),

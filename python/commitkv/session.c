@@ -439,7 +439,9 @@ static int attend(const ckvpy_session *self, const view_copy *vc, uint32_t layer
 }
 
 /* cold_gather: per query row, the cold tokens it needs most (ckv_session_cold_gather) in a private draft
- * block of `per_row` slots, as the C worker reads the cold tier. */
+ * block of `per_row` slots, as the C worker reads the cold tier; the blocks of one call hold at most
+ * GATHER_MAX_BYTES. */
+#define GATHER_MAX_BYTES ((size_t)256 << 20)
 typedef struct gathered {
   void **blk;
   ckv_block_view *view; /* blk[i] as a block of the view, for attend */
@@ -540,6 +542,16 @@ static PyObject *session_attention(ckvpy_session *self, PyObject *args, PyObject
       qh < 1 || qh % self->geom.n_kv_heads != 0 || qh > 65536 || rows > 65536) {
     PyErr_Format(PyExc_ValueError, "q: wrong shape (ndim %d); wanted %s", qb.ndim, want);
     goto out;
+  }
+  if (gather) { /* a block of every layer per row: bounded, so many rows cannot take the host's memory */
+    size_t per_row = ckv_format_block_bytes(CKV_FORMAT_DRAFT, &self->geom, gather, 0);
+    if (!per_row || (size_t)rows > GATHER_MAX_BYTES / per_row) {
+      PyErr_Format(PyExc_ValueError,
+                   "cold_gather: %u tokens for each of %zd query rows need %zu bytes of blocks; at most %zu: pass "
+                   "fewer rows or tokens",
+                   gather, rows, (size_t)rows * per_row, (size_t)GATHER_MAX_BYTES);
+      goto out;
+    }
   }
   out_obj = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)(qb.len));
   if (!out_obj) goto out;

@@ -272,6 +272,8 @@ def test_rounds_move_tokens_and_views_follow(client, sid):
         np.testing.assert_allclose(mass2, mass_blocks + mass_all, rtol=1e-2, atol=1e-4)
         with pytest.raises(ValueError, match="cold_gather"):
             s.attention(0, zq, cold_gather=1 << 20)
+        with pytest.raises(ValueError, match="fewer rows"):  # 4096 rows of 1024-token blocks: GiBs
+            s.attention(0, np.zeros((4096, H, D), dtype=np.float32), cold_gather=1024)
 
 
 def test_session_close_keep_detaches_and_resume_finds_it(client, sid):
