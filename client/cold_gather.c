@@ -249,7 +249,7 @@ int ckv_cold_gather(ckv_cold_cache **cache, ckv_cold_gather_scratch **scratch, c
   if ((e = scratch_ready(scratch, g, n_q_heads, n ? n : 1)) < 0) return e;
   ckv_cold_gather_scratch *s = *scratch;
   const uint32_t d = g->head_dim, words = ckv_cold_sketch_words(d), group = n_q_heads / g->n_kv_heads;
-  bool sketch_tables = false, any_sketched = false, rotated = false;
+  bool any_sketched = false, rotated = false; /* any_sketched: the sketch tables are built */
   const size_t table_stride = (size_t)(d / 8) * 256;
   if ((e = ckv_cold_cache_forget(cache, g, v)) < 0) return e;
   size_t k = 0;
@@ -283,8 +283,8 @@ int ckv_cold_gather(ckv_cold_cache **cache, ckv_cold_gather_scratch **scratch, c
       s->exact[k] = !sketched;
       float *sc = s->score + k * n_q_heads;
       if (sketched) {
-        if (!sketch_tables) ckv_cold_sketch_tables(q, n_q_heads, d, scale, s->rot, s->tables, s->total);
-        sketch_tables = any_sketched = true;
+        if (!any_sketched) ckv_cold_sketch_tables(q, n_q_heads, d, scale, s->rot, s->tables, s->total);
+        any_sketched = true;
         for (uint32_t h = 0; h < n_q_heads; h++) {
           size_t hk = ((size_t)j * g->n_layers + layer) * g->n_kv_heads + h / group;
           sc[h] = ckv_cold_sketch_score(s->tables + h * table_stride, s->total[h], sm.sign + hk * words, sm.alpha[hk], d);
@@ -301,7 +301,7 @@ int ckv_cold_gather(ckv_cold_cache **cache, ckv_cold_gather_scratch **scratch, c
   rank_by_share(s, n_q_heads, n);
   qsort(s->ord, n, sizeof(*s->ord), by_rank_desc);
   size_t m = n;
-  if (words && any_sketched) { /* the shortlist, its sketched tokens scored exactly */
+  if (any_sketched) { /* the shortlist, its sketched tokens scored exactly */
     m = (size_t)CKV_COLD_GATHER_SHORTLIST * max_tokens < n ? (size_t)CKV_COLD_GATHER_SHORTLIST * max_tokens : n;
     for (size_t t = 0; t < m; t++)
       if (!s->exact[s->ord[t]]) exact_scores(s, g, v, layer, q, n_q_heads, scale, s->ord[t]);
